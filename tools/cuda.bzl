@@ -1,0 +1,52 @@
+"""cuda_library: compiles .cu files with nvcc from a genrule into a static library.
+
+Bazel 4 has no CUDA rules; this macro runs nvcc on each .cu file (one object per
+file, so a change recompiles one unit) and wraps the objects in a cc_library.
+When the toolkit is missing, `fallback_srcs` (plain C++) are used instead.
+"""
+
+load("@local_cuda//:defs.bzl", "HAS_CUDA", "NVCC", "NVCC_ARCH_FLAGS")
+
+# -fmad=false: the kernels must round exactly like the CPU reference, so no
+# contraction of a*b+c into one fused multiply-add.
+_NVCC_FLAGS = [
+    "-std=c++17",
+    "-O3",
+    "-fmad=false",
+    "--expt-relaxed-constexpr",
+    "-Xcompiler=-fPIC",
+    "-I.",
+] + NVCC_ARCH_FLAGS
+
+def cuda_library(name, srcs, hdrs = [], deps = [], fallback_srcs = [], visibility = None, **kwargs):
+    if not HAS_CUDA:
+        native.cc_library(
+            name = name,
+            srcs = fallback_srcs,
+            hdrs = hdrs,
+            deps = deps,
+            visibility = visibility,
+            **kwargs
+        )
+        return
+    objs = []
+    for src in srcs:
+        obj = src.replace(".cu", ".cu.o")
+        rule_name = name + "_" + src.replace("/", "_").replace(".", "_")
+        native.genrule(
+            name = rule_name,
+            srcs = [src] + hdrs + native.glob(["*.h"]),
+            outs = [obj],
+            cmd = "%s %s -c $(location %s) -o $@" % (NVCC, " ".join(_NVCC_FLAGS), src),
+            message = "nvcc " + src,
+        )
+        objs.append(obj)
+    native.cc_library(
+        name = name,
+        srcs = objs,
+        hdrs = hdrs,
+        deps = deps + ["@local_cuda//:cudart"],
+        linkstatic = True,
+        visibility = visibility,
+        **kwargs
+    )
