@@ -51,6 +51,14 @@ float MinKeepNan(float a, float b) {
   return a < b ? a : b;
 }
 
+// Element rounding for the block quantizers. An exact zero (+0 or -0) becomes +0,
+// as in both references: microxcaling computes sign(w) * round(|w|) and
+// torch.sign(-0.0) is +0; TransformerEngine's E2M1 cast sends x >= 0.0, which
+// -0.0 satisfies, to code 0. A nonzero value that rounds to zero keeps its sign.
+float ZeroOrRound(float w, ElemFormat elem, Rounding rounding, float u) {
+  return w == 0.0f ? 0.0f : RoundToElem(w, elem, rounding, u);
+}
+
 float Uniform(Rounding rounding, uint64_t seed, int64_t index) {
   return rounding == Rounding::kStochastic ? PhiloxUniform(seed, static_cast<uint64_t>(index))
                                            : 0.0f;
@@ -199,7 +207,7 @@ Status MxQuantizeRef(const float* x, int64_t rows, int64_t cols, const MxOptions
         }
         // Step 5: scale, round to the element grid (then saturate), scale back.
         float w = std::ldexp(x[index], -e);
-        float r = RoundToElem(w, options.elem, options.rounding,
+        float r = ZeroOrRound(w, options.elem, options.rounding,
                               Uniform(options.rounding, options.seed, index));
         if (out != nullptr) out[index] = std::ldexp(r, e);
         if (codes != nullptr) codes[index] = EncodeElem(r, options.elem);
@@ -284,7 +292,7 @@ Status Nvfp4QuantizeRef(const float* x, int64_t rows, int64_t cols, const Nvfp4O
           // Step 4: E2M1 of the clamped, scaled value.
           float scaled = y[index] * s_b;
           float clamped = std::isnan(scaled) ? scaled : std::min(std::max(scaled, -6.0f), 6.0f);
-          float q = RoundToElem(clamped, ElemFormat::kE2M1, options.rounding,
+          float q = ZeroOrRound(clamped, ElemFormat::kE2M1, options.rounding,
                                 Uniform(options.rounding, options.seed, index));
           if (codes != nullptr) codes[index] = EncodeElem(q, ElemFormat::kE2M1);
           // Step 5: dequantize in the spec's order.

@@ -13,6 +13,8 @@
 //     ceil(rows/block) x cols for axis 0, row-major.
 //   - NVFP4 scales: E4M3 bytes, one per 16-element block, same layout rule as
 //     MX with block 16 (a 16x16 tile repeats its scale in each of its 16 blocks).
+//   - An exact zero input (+0 or -0) quantizes to +0 in MX and NVFP4, as in both
+//     references; a nonzero value that rounds to zero keeps its sign (-0).
 //   - Stochastic rounding draws element i's uniform from Philox4x32-10 keyed by
 //     the seed, counter i (i = row * cols + col, the row-major index in x).
 #ifndef KEEL_KERNELS_QUANTIZE_H_

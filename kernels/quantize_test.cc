@@ -124,8 +124,9 @@ TEST(MxTest, ZeroBlockUsesTwoToMinus126AndStaysZero) {
     Mx r = RunMx(x, 1, 32, o);
     // e = -126 - emax < -127 for every format, so it clamps to -127: byte 0.
     EXPECT_EQ(r.scales[0], 0);
-    for (int k = 0; k < 32; ++k) EXPECT_EQ(r.out[k], 0.0f);
-    EXPECT_TRUE(std::signbit(r.out[3]));
+    // Exact zeros of either sign come out as +0 (as microxcaling's sign() * ...).
+    for (int k = 0; k < 32; ++k) EXPECT_EQ(FloatBits(r.out[k]), 0u) << k;
+    EXPECT_EQ(r.codes[3], 0);
   }
 }
 
@@ -218,7 +219,8 @@ TEST(MxTest, TieRulesDiffer) {
   Mx away = RunMx(x, 1, 32, o);
   EXPECT_EQ(even.out[1], 2.0f);
   EXPECT_EQ(away.out[1], 3.0f);
-  EXPECT_EQ(FloatBits(even.out[2]), FloatBits(-0.0f));
+  EXPECT_EQ(FloatBits(even.out[2]), FloatBits(-0.0f));  // nonzero: the sign stays
+  EXPECT_EQ(even.codes[2], 0x8);
   EXPECT_EQ(away.out[2], -0.5f);
 }
 
@@ -328,6 +330,20 @@ TEST(Nvfp4Test, TensorScaleSpecials) {
   nan[20] = kNan;
   Nv n = RunNv(nan, 1, 32, Nvfp4Options());
   for (float v : n.out) EXPECT_TRUE(std::isnan(v));
+}
+
+TEST(Nvfp4Test, SignOfZeroFollowsTransformerEngine) {
+  // TE's E2M1 cast gives code 0 to -0.0 (x >= 0.0 holds) and code 8 (-0) to
+  // values in [-0.25, 0) of the scaled domain.
+  std::vector<float> x(16, 0.0f);
+  x[0] = 6.0f;
+  x[1] = -0.0f;
+  x[2] = -0.1f;  // scaled by ~1: -0.1 rounds to -0
+  Nv r = RunNv(x, 1, 16, Nvfp4Options());
+  EXPECT_EQ(r.codes[1], 0x0);
+  EXPECT_EQ(FloatBits(r.out[1]), 0u);
+  EXPECT_EQ(r.codes[2], 0x8);
+  EXPECT_EQ(FloatBits(r.out[2]), 0x80000000u);
 }
 
 TEST(Nvfp4Test, TilesGiveWAndItsTransposeTheSameValues) {

@@ -1,0 +1,464 @@
+// Fast scalar numerics of the CUDA quantizers (quantize_cuda.cu): element rounding
+// and encoding, MX (E8M0) and NVFP4 (E4M3) block scales, BF16 rounding, the 16-point
+// RHT, per-tensor FP8, and the index helpers the kernels need.
+//
+// Everything here is KEEL_HD (host and device), so quant_core_test.cc checks each
+// function on the CPU, bit for bit, against the reference in formats.h and
+// quantize.h; the kernels call exactly these functions, which makes that test the
+// CI guard on the GPU's numbers. Speed comes from reading exponents off the fp32
+// bits and building powers of two from bits; what is computed never changes: every
+// result is the value the reference gets with frexp/ldexp/floor, and every
+// floating-point operation here is one the reference also performs, in its order,
+// or is exact (a power-of-two scaling, a multiplication by +-1).
+//
+// NaN: the GPU's arithmetic returns one canonical positive NaN, while x86 keeps the
+// NaN operand (and its sign). Where the sign of a NaN reaches an element code, the
+// functions below decide it explicitly, the way the reference compiled for x86-64
+// does (see Fp8Element and Nvfp4Element).
+#ifndef KEEL_KERNELS_QUANT_CORE_H_
+#define KEEL_KERNELS_QUANT_CORE_H_
+
+#include <cfloat>
+#include <cstdint>
+
+#if !defined(__CUDA_ARCH__)
+#include <cmath>
+#include <cstring>
+#endif
+
+#include "kernels/formats.h"  // ElemFormat, Rounding (enums only: nothing here calls formats.cc)
+#include "kernels/philox.h"   // KEEL_HD, Philox4x32
+
+namespace keel {
+namespace qcore {
+
+// ---- bits ----------------------------------------------------------------------
+
+constexpr uint32_t kSignBit = 0x80000000u;
+constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
+constexpr uint32_t kInfBits = 0x7F800000u;
+constexpr uint32_t kQuietNanBits = 0x7FC00000u;  // std::numeric_limits<float>::quiet_NaN()
+constexpr uint32_t kFltMaxBits = 0x7F7FFFFFu;
+
+KEEL_HD uint32_t AsBits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return bits;
+#endif
+}
+
+KEEL_HD float AsFloat(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float x;
+  std::memcpy(&x, &bits, sizeof(x));
+  return x;
+#endif
+}
+
+KEEL_HD float QuietNan() { return AsFloat(kQuietNanBits); }
+KEEL_HD bool IsNan(float x) { return (AsBits(x) & kAbsMask) > kInfBits; }
+KEEL_HD bool IsFinite(float x) { return (AsBits(x) & kAbsMask) < kInfBits; }
+
+// |x| as bits. Unsigned order of these is the order of magnitudes, with +Inf above
+// every finite value and every NaN above +Inf, so an integer max over them is a
+// NaN-propagating amax (NaN wins), exactly and with no float compare.
+KEEL_HD uint32_t AbsBits(float x) { return AsBits(x) & kAbsMask; }
+// The same, with NaN counted as 0: the amax that ignores NaN (per-tensor FP8).
+KEEL_HD uint32_t AbsBitsNoNan(float x) {
+  uint32_t a = AsBits(x) & kAbsMask;
+  return a > kInfBits ? 0u : a;
+}
+
+KEEL_HD int CountLeadingZeros(uint32_t v) {  // v != 0
+#if defined(__CUDA_ARCH__)
+  return __clz(static_cast<int>(v));
+#else
+  return __builtin_clz(v);
+#endif
+}
+
+// Correctly rounded fp32 division (nvcc's '/' is too unless built with
+// -prec-div=false or --use_fast_math; the intrinsic keeps it so regardless).
+KEEL_HD float Div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+KEEL_HD float Min(float a, float b) { return a < b ? a : b; }  // callers exclude NaN
+KEEL_HD float Max(float a, float b) { return a > b ? a : b; }
+
+// floor(log2|x|) for finite x != 0, exactly, subnormals included (frexp's k - 1).
+KEEL_HD int FloorLog2(float x) {
+  uint32_t a = AsBits(x) & kAbsMask;
+  int biased = static_cast<int>(a >> 23);
+  if (biased != 0) return biased - 127;
+  // Subnormal: |x| = a * 2^-149 with a < 2^23, so floor(log2|x|) = (31 - clz(a)) - 149.
+  return -118 - CountLeadingZeros(a);
+}
+
+// 2^k as a float, exactly, for k in [-149, 127] (subnormal below -126).
+KEEL_HD float Pow2(int k) {
+  return k >= -126 ? AsFloat(static_cast<uint32_t>(k + 127) << 23)
+                   : AsFloat(1u << (k + 149));
+}
+
+// ---- element formats -------------------------------------------------------------
+
+// What the rounding needs of an element format (the same numbers as Spec() in
+// formats.cc, as compile-time constants so the kernels fold them).
+struct ElemConsts {
+  int bits;            // total bits including sign
+  int mbits;           // stored mantissa bits
+  int bias;
+  int emax;            // floor(log2(max_normal))
+  uint32_t max_bits;   // fp32 bits of max_normal
+  uint32_t max_code;   // code of +max_normal
+  uint32_t nan_code;   // code EncodeElem gives +NaN (formats without NaN: max_code)
+};
+
+KEEL_HD constexpr ElemConsts ConstsOf(ElemFormat format) {
+  return format == ElemFormat::kE4M3   ? ElemConsts{8, 3, 7, 8, 0x43E00000u, 0x7Eu, 0x7Fu}
+         : format == ElemFormat::kE5M2 ? ElemConsts{8, 2, 15, 15, 0x47600000u, 0x7Bu, 0x7Eu}
+         : format == ElemFormat::kE3M2 ? ElemConsts{6, 2, 3, 4, 0x41E00000u, 0x1Fu, 0x1Fu}
+         : format == ElemFormat::kE2M3 ? ElemConsts{6, 3, 1, 2, 0x40F00000u, 0x1Fu, 0x1Fu}
+                                       : ElemConsts{4, 1, 1, 2, 0x40C00000u, 0x7u, 0x7u};  // E2M1
+}
+
+// A value of an element format and its bit code (sign in bit `bits - 1`).
+struct Rounded {
+  float value;
+  uint32_t code;
+};
+
+// RoundQuanta of formats.h for n >= 0 with an exact fraction: floor(n) plus one
+// when `mode` rounds up. n - floor(n) is exact, so the comparisons are too.
+KEEL_HD float RoundQuantaFast(float n, Rounding mode, float u) {
+#if defined(__CUDA_ARCH__)
+  float whole = truncf(n);  // n >= 0: trunc is floor
+#else
+  float whole = std::trunc(n);
+#endif
+  float fraction = n - whole;
+  switch (mode) {
+    case Rounding::kNearestEven:
+#if defined(__CUDA_ARCH__)
+      return rintf(n);  // cvt.rni: ties to even
+#else
+      return std::nearbyint(n);  // default rounding mode: ties to even
+#endif
+    case Rounding::kNearestAway:
+      return fraction >= 0.5f ? whole + 1.0f : whole;
+    case Rounding::kStochastic:
+      return u < fraction ? whole + 1.0f : whole;
+  }
+  return whole;
+}
+
+// RoundToElem and EncodeElem of formats.h in one step: x rounded to the element
+// grid under `mode` (saturating to +-max_normal after rounding, never Inf, sign of
+// zero kept, NaN returned as is) and the code of the result.
+//
+// For |x| < max_normal with p = max(floor(log2|x|), 1 - bias), the value is
+// n * 2^(p - mbits) with n = round(|x| / 2^(p - mbits)) an integer in
+// [0, 2^(mbits + 1)], and its code is ((p - 1 + bias) << mbits) + n: in the
+// subnormal binade (p = 1 - bias) that is n itself, above it exponent field
+// p + bias and mantissa n - 2^mbits, and n = 2^(mbits + 1) carries into the next
+// exponent as it should. Codes are monotonic in magnitude, so a result above
+// max_normal is exactly a code above max_code.
+KEEL_HD Rounded RoundElem(float x, ElemConsts c, Rounding mode, float u) {
+  const uint32_t bits = AsBits(x);
+  const uint32_t sign = bits & kSignBit;
+  const uint32_t magnitude = bits ^ sign;
+  const uint32_t sign_code = sign >> (32 - c.bits);
+  if (magnitude > kInfBits) return Rounded{x, sign_code | c.nan_code};
+  // |x| >= max_normal (Inf included): rounding can only go to max_normal or above,
+  // and the clamp brings it back to max_normal, whatever the mode.
+  if (magnitude >= c.max_bits) return Rounded{AsFloat(sign | c.max_bits), sign_code | c.max_code};
+  // fp32 zero and subnormals have biased exponent 0: far below 1 - bias, so p = 1 - bias.
+  int p = static_cast<int>(magnitude >> 23) - 127;
+  if (p < 1 - c.bias) p = 1 - c.bias;
+  // n = |x| * 2^(mbits - p): exact (a power-of-two scaling that stays normal).
+  const float n = AsFloat(magnitude) * AsFloat(static_cast<uint32_t>(127 + c.mbits - p) << 23);
+  const float whole = RoundQuantaFast(n, mode, u);
+  uint32_t code = (static_cast<uint32_t>(p - 1 + c.bias) << c.mbits) + static_cast<uint32_t>(whole);
+  uint32_t value_bits = AsBits(whole * AsFloat(static_cast<uint32_t>(127 + p - c.mbits) << 23));
+  if (code > c.max_code) {  // rounded above max_normal: clamp
+    code = c.max_code;
+    value_bits = c.max_bits;
+  }
+  return Rounded{AsFloat(sign | value_bits), sign_code | code};
+}
+
+// The value of a code that RoundElem can produce (NaN codes of E4M3/E5M2 give NaN;
+// only the low `bits` bits are read). Used to recover a block scale from its byte.
+KEEL_HD float DecodeElemFast(uint32_t code, ElemConsts c) {
+  code &= (1u << c.bits) - 1u;
+  const uint32_t sign = (code >> (c.bits - 1)) << 31;
+  const uint32_t magnitude_code = code & ((1u << (c.bits - 1)) - 1u);
+  if (c.bits == 8 && c.mbits == 3 && magnitude_code == 0x7Fu) return AsFloat(sign | kQuietNanBits);
+  if (c.bits == 8 && c.mbits == 2 && magnitude_code >= 0x7Cu)  // E5M2 exponent field 31
+    return AsFloat(sign | (magnitude_code == 0x7Cu ? kInfBits : kQuietNanBits));
+  const int field = static_cast<int>(magnitude_code >> c.mbits);
+  const uint32_t mantissa = magnitude_code & ((1u << c.mbits) - 1u);
+  // value = n * 2^(p - mbits) with p = max(field - bias, 1 - bias) and n the
+  // mantissa plus the implicit bit of a normal.
+  const int p = field == 0 ? 1 - c.bias : field - c.bias;
+  const uint32_t n = field == 0 ? mantissa : mantissa + (1u << c.mbits);
+  return AsFloat(sign | AsBits(static_cast<float>(n) * Pow2(p - c.mbits)));
+}
+
+// E4M3 round-to-nearest-even: the NVFP4 block scale (NUMERICS.md section 3 step 2).
+KEEL_HD Rounded RoundE4M3Rne(float d) {
+  return RoundElem(d, ConstsOf(ElemFormat::kE4M3), Rounding::kNearestEven, 0.0f);
+}
+
+// ---- MX block scale (NUMERICS.md section 2) ---------------------------------------
+
+struct MxScale {
+  bool nan;         // the block is all NaN (a NaN or Inf in it, or e > 127)
+  int e;            // shared exponent, in [-127, 127] unless nan
+  uint32_t byte;    // E8M0: e + 127, 0xFF when nan
+  float scale;      // 2^e (subnormal for e = -127)
+  float inv_scale;  // 2^-e (always normal: e <= 126)
+};
+
+// The block's scale from amax_bits = max over the block of AbsBits(v): a value at
+// or above kInfBits means a NaN or Inf is in the block. Steps 1-4 of section 2,
+// with the bump of item 8 when `bump`.
+KEEL_HD MxScale MxScaleFromAmax(uint32_t amax_bits, ElemConsts c, bool bump) {
+  MxScale s;
+  s.nan = amax_bits >= kInfBits;
+  if (amax_bits == 0) amax_bits = 0x00800000u;  // 2^-126
+  int e = s.nan ? 0 : FloorLog2(AsFloat(amax_bits)) - c.emax;
+  if (bump) {
+    // The significand of amax (normalised, as frexp gives it) against the largest
+    // element significand (max_normal / 2^emax): compare the 23 fraction bits.
+    uint32_t fraction = amax_bits & 0x007FFFFFu;
+    if ((amax_bits >> 23) == 0) fraction = (amax_bits << (CountLeadingZeros(amax_bits) - 8)) & 0x007FFFFFu;
+    if (fraction > (c.max_bits & 0x007FFFFFu)) e += 1;
+  }
+  if (e > 127) s.nan = true;
+  if (e < -127) e = -127;
+  if (s.nan) e = 0;
+  s.e = e;
+  s.byte = s.nan ? 0xFFu : static_cast<uint32_t>(e + 127);
+  s.scale = Pow2(e);
+  s.inv_scale = Pow2(-e);
+  return s;
+}
+
+// The scale a byte written by MxScaleFromAmax stands for.
+KEEL_HD MxScale MxScaleFromByte(uint32_t byte) {
+  MxScale s;
+  s.nan = byte == 0xFFu;
+  s.e = s.nan ? 0 : static_cast<int>(byte) - 127;
+  s.byte = byte;
+  s.scale = Pow2(s.e);
+  s.inv_scale = Pow2(-s.e);
+  return s;
+}
+
+// Step 5 for one element: w = x / 2^e (one correctly rounded multiplication by
+// 2^-e, as ldexp rounds), rounded to the element grid, times 2^e (exact: the
+// smallest element quantum times 2^-127 is still a multiple of 2^-149).
+KEEL_HD Rounded MxElement(float x, const MxScale& s, ElemConsts c, Rounding mode, float u) {
+  if (s.nan) return Rounded{QuietNan(), c.nan_code};
+  Rounded r = RoundElem(x * s.inv_scale, c, mode, u);
+  r.value = r.value * s.scale;
+  return r;
+}
+
+// ---- BF16 --------------------------------------------------------------------------
+
+// FloatToBf16 of formats.h: the low 16 bits are the fraction of one bf16 ulp.
+KEEL_HD uint16_t Bf16Round(float x, Rounding mode, float u) {
+  const uint32_t bits = AsBits(x);
+  if ((bits & kAbsMask) > kInfBits) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  const uint32_t upper = bits >> 16;
+  const uint32_t lower = bits & 0xFFFFu;
+  bool up;
+  switch (mode) {
+    case Rounding::kNearestEven: up = lower > 0x8000u || (lower == 0x8000u && (upper & 1u)); break;
+    case Rounding::kNearestAway: up = lower >= 0x8000u; break;
+    default:  // kStochastic: u < lower / 2^16, compared exactly after scaling u by 2^16
+      up = u * 65536.0f < static_cast<float>(lower);
+      break;
+  }
+  // A carry into the exponent field moves to the next binade or to Inf, as it should.
+  return static_cast<uint16_t>(upper + (up ? 1u : 0u));
+}
+
+KEEL_HD float Bf16Value(uint16_t bits) { return AsFloat(static_cast<uint32_t>(bits) << 16); }
+
+// ---- per-tensor FP8 ----------------------------------------------------------------
+
+struct Fp8Scale {
+  float scale;  // max_normal / amax (1 when amax is 0 or not finite, FLT_MAX on overflow)
+  float inv;    // 1 / scale: the decode scale
+};
+
+// amax: max |x| over the tensor ignoring NaN (may be +Inf).
+KEEL_HD Fp8Scale Fp8ScaleFromAmax(float amax, ElemConsts c) {
+  Fp8Scale s;
+  s.scale = 1.0f;
+  if (amax > 0.0f && IsFinite(amax)) {
+    s.scale = Div(AsFloat(c.max_bits), amax);
+    if (!IsFinite(s.scale)) s.scale = FLT_MAX;
+  }
+  s.inv = Div(1.0f, s.scale);
+  return s;
+}
+
+// One element: r = round(x * scale) saturating, dequantized r * (1 / scale). A NaN
+// x keeps its sign in the code, as x * scale does on x86 (the GPU's product would
+// be the canonical +NaN).
+KEEL_HD Rounded Fp8Element(float x, const Fp8Scale& s, ElemConsts c, Rounding mode, float u) {
+  Rounded r = RoundElem(IsNan(x) ? x : x * s.scale, c, mode, u);
+  r.value = r.value * s.inv;
+  return r;
+}
+
+// ---- NVFP4 (NUMERICS.md section 3) ------------------------------------------------
+
+struct Nvfp4TensorScale {
+  float s_enc;
+  float s_dec;
+  float m;  // s_enc * (1/6), the factor from a block amax to its scale
+};
+
+// Step 1, from the tensor amax (NaN-propagating max |y|).
+KEEL_HD Nvfp4TensorScale Nvfp4TensorScaleFromAmax(float amax_t) {
+  Nvfp4TensorScale t;
+  float s_enc = Div(448.0f * 6.0f, amax_t);
+  if ((AsBits(s_enc) & kAbsMask) == kInfBits) s_enc = FLT_MAX;
+  if (s_enc == 0.0f) s_enc = 1.0f;
+  t.s_enc = s_enc;
+  t.s_dec = Div(1.0f, s_enc);
+  t.m = s_enc * (1.0f / 6.0f);
+  return t;
+}
+
+struct Nvfp4BlockScale {
+  float sf;        // E4M3 block scale value (NaN when the tensor or block amax is NaN)
+  uint32_t code;   // its E4M3 byte
+  float s_b;       // encode scale applied to the block's elements
+};
+
+// Steps 2-3 from the block (or tile) amax. The reference's NaN-keeping min gives
+// the positive quiet NaN, so NaN scales encode as 0x7F.
+KEEL_HD Nvfp4BlockScale Nvfp4BlockScaleFromAmax(float amax_b, const Nvfp4TensorScale& t) {
+  float d = amax_b * t.m;
+  if (IsNan(d)) {
+    d = QuietNan();
+  } else {
+    d = Min(d, FLT_MAX);
+    d = Min(Max(d, -448.0f), 448.0f);
+  }
+  const Rounded sf = RoundE4M3Rne(d);
+  float s_b = Div(1.0f, sf.value * t.s_dec);
+  s_b = IsNan(s_b) ? QuietNan() : Min(s_b, FLT_MAX);
+  return Nvfp4BlockScale{sf.value, sf.code, s_b};
+}
+
+// The block scale a stored E4M3 byte stands for (the byte is exact, so s_b follows).
+KEEL_HD Nvfp4BlockScale Nvfp4BlockScaleFromCode(uint32_t code, const Nvfp4TensorScale& t) {
+  const float sf = DecodeElemFast(code, ConstsOf(ElemFormat::kE4M3));
+  float s_b = Div(1.0f, sf * t.s_dec);
+  s_b = IsNan(s_b) ? QuietNan() : Min(s_b, FLT_MAX);
+  return Nvfp4BlockScale{IsNan(sf) ? QuietNan() : sf, code, s_b};
+}
+
+// Step 4 for one (rotated) element. A NaN product only happens when s_b is the
+// reference's +NaN (a NaN anywhere in y makes the tensor amax NaN), and the
+// reference built for x86-64 then yields that +NaN: its code is the positive max
+// code (0x7). The GPU's canonical NaN is positive too; it is made explicit here.
+KEEL_HD Rounded Nvfp4Element(float y, const Nvfp4BlockScale& b, Rounding mode, float u) {
+  const ElemConsts c = ConstsOf(ElemFormat::kE2M1);
+  const float scaled = y * b.s_b;
+  if (IsNan(scaled)) return Rounded{QuietNan(), c.nan_code};
+  return RoundElem(Min(Max(scaled, -6.0f), 6.0f), c, mode, u);
+}
+
+// Step 5: (q * sf) * S_dec, in that order.
+KEEL_HD float Nvfp4Dequant(float q, const Nvfp4BlockScale& b, const Nvfp4TensorScale& t) {
+  return (q * b.sf) * t.s_dec;
+}
+
+// ---- random Hadamard transform -------------------------------------------------------
+
+// s_i = -1 for i in {3, 5, 6, 7, 8, 9, 10, 12, 14, 15} (NUMERICS.md section 3).
+constexpr uint32_t kRhtNegativeSigns = 0xD7E8u;
+
+KEEL_HD constexpr int Parity4(int v) { return (v ^ (v >> 1) ^ (v >> 2) ^ (v >> 3)) & 1; }
+
+// The coefficient s_i * H16[i][j] / 4 (H16[i][j] = (-1)^popcount(i & j)).
+KEEL_HD constexpr float RhtCoefficient(int i, int j) {
+  return ((static_cast<int>(kRhtNegativeSigns >> i) & 1) ^ Parity4(i & j)) ? -0.25f : 0.25f;
+}
+
+// Output j of the RHT of one 16-element chunk, summed exactly as RhtRef does:
+// sum = 0, then sum += in[i] * coefficient for i = 0..15, in fp32, no FMA. With j
+// known at compile time (unrolled loops) the coefficients are immediates.
+KEEL_HD float RhtOutput(const float in[16], int j) {
+  float sum = 0.0f;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 0; i < 16; ++i) sum = sum + in[i] * RhtCoefficient(i, j);
+  return sum;
+}
+
+// ---- stochastic rounding ---------------------------------------------------------------
+
+// PhiloxUniform(seed, 4 * group + k) for k = 0..3 from one Philox call.
+KEEL_HD void PhiloxUniform4(uint64_t seed, uint64_t group, float u[4]) {
+  const Philox4 r = Philox4x32(static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32), 0u,
+                               0u, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  for (int k = 0; k < 4; ++k) u[k] = static_cast<float>(r.v[k] >> 8) * (1.0f / 16777216.0f);
+}
+
+// ---- indexing ----------------------------------------------------------------------------
+
+// Division of a 32-bit n by a fixed d >= 1 as a multiply-high, add and shift
+// (Granlund and Montgomery, "Division by invariant integers using
+// multiplication", 1994): l = ceil(log2 d), m = floor(2^32 (2^l - d) / d) + 1,
+// n / d = (mulhi(m, n) + n) >> l, the sum taken in 64 bits. Exact for every n < 2^32.
+struct FastDivmod {
+  uint32_t divisor = 1;
+  uint32_t multiplier = 1;
+  int shift = 0;
+
+  FastDivmod() = default;
+  explicit FastDivmod(uint32_t d) : divisor(d) {
+    shift = 0;
+    while ((uint64_t{1} << shift) < d) ++shift;
+    multiplier = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
+  }
+
+  KEEL_HD uint32_t Div(uint32_t n) const {
+#if defined(__CUDA_ARCH__)
+    const uint32_t high = __umulhi(multiplier, n);
+#else
+    const uint32_t high = static_cast<uint32_t>((static_cast<uint64_t>(multiplier) * n) >> 32);
+#endif
+    return static_cast<uint32_t>((static_cast<uint64_t>(high) + n) >> shift);
+  }
+  // Quotient and remainder.
+  KEEL_HD void DivMod(uint32_t n, uint32_t* q, uint32_t* r) const {
+    *q = Div(n);
+    *r = n - *q * divisor;
+  }
+};
+
+}  // namespace qcore
+}  // namespace keel
+
+#endif  // KEEL_KERNELS_QUANT_CORE_H_
