@@ -18,7 +18,10 @@ _NVCC_FLAGS = [
     "-I.",
 ] + NVCC_ARCH_FLAGS
 
-def cuda_library(name, srcs, hdrs = [], deps = [], fallback_srcs = [], visibility = None, **kwargs):
+# nvcc_hdrs: headers of other packages that the .cu files include (labels such as
+# "//kernels:quant_core.h"), so that the nvcc action sees them and reruns when they
+# change; headers of this package are seen already (hdrs and every *.h here).
+def cuda_library(name, srcs, hdrs = [], deps = [], fallback_srcs = [], nvcc_hdrs = [], visibility = None, **kwargs):
     if not HAS_CUDA:
         native.cc_library(
             name = name,
@@ -29,13 +32,14 @@ def cuda_library(name, srcs, hdrs = [], deps = [], fallback_srcs = [], visibilit
             **kwargs
         )
         return
+    local_hdrs = hdrs + [h for h in native.glob(["*.h"]) if h not in hdrs]
     objs = []
     for src in srcs:
         obj = src.replace(".cu", ".cu.o")
         rule_name = name + "_" + src.replace("/", "_").replace(".", "_")
         native.genrule(
             name = rule_name,
-            srcs = [src] + hdrs + native.glob(["*.h"]),
+            srcs = [src] + local_hdrs + nvcc_hdrs,
             outs = [obj],
             cmd = "%s %s -c $(location %s) -o $@" % (NVCC, " ".join(_NVCC_FLAGS), src),
             message = "nvcc " + src,

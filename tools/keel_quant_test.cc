@@ -30,12 +30,12 @@ std::string TempPath(const std::string& name) {
   return std::string(tmp ? tmp : "/tmp") + "/" + name;
 }
 
-struct Run {
+struct RunResult {
   int exit_code;
   std::string stderr_text;
 };
 
-Run KeelQuant(const std::string& args) {
+RunResult KeelQuant(const std::string& args) {
   std::string err = TempPath("stderr.txt");
   std::string command = Binary() + " " + args + " 2>" + err;
   int status = std::system(command.c_str());
@@ -106,7 +106,7 @@ TEST(KeelQuantTest, OutputsAreTheCpuReferenceByteForByte) {
     SCOPED_TRACE(f.format + " " + f.extra);
     std::remove(out.c_str());
     std::remove(packed.c_str());
-    Run run = KeelQuant("--format " + f.format + " --rows 32 --cols 48 --in " + in + " --out " + out +
+    RunResult run = KeelQuant("--format " + f.format + " --rows 32 --cols 48 --in " + in + " --out " + out +
                         " --packed-out " + packed + " " + f.extra);
     ASSERT_EQ(run.exit_code, 0) << run.stderr_text;
     f.request.rows = rows;
@@ -174,7 +174,7 @@ TEST(KeelQuantTest, BadInputGivesOneLineErrorAndNoOutput) {
   for (const Bad& bad : cases) {
     SCOPED_TRACE(bad.args);
     std::remove(out.c_str());
-    Run run = KeelQuant(bad.args);
+    RunResult run = KeelQuant(bad.args);
     EXPECT_EQ(run.exit_code, bad.exit_code);
     EXPECT_FALSE(Exists(out));
     EXPECT_NE(run.stderr_text.find(bad.must_mention), std::string::npos) << run.stderr_text;
