@@ -294,7 +294,9 @@ Status Nvfp4QuantizeRef(const float* x, int64_t rows, int64_t cols, const Nvfp4O
           float clamped = std::isnan(scaled) ? scaled : std::min(std::max(scaled, -6.0f), 6.0f);
           float q = ZeroOrRound(clamped, ElemFormat::kE2M1, options.rounding,
                                 Uniform(options.rounding, options.seed, index));
-          if (codes != nullptr) codes[index] = EncodeElem(q, ElemFormat::kE2M1);
+          // E2M1 has no NaN; like TransformerEngine's cast (no interval holds a NaN)
+          // a NaN gets code 0. The NaN scale byte and S_dec carry the NaN.
+          if (codes != nullptr) codes[index] = std::isnan(q) ? 0 : EncodeElem(q, ElemFormat::kE2M1);
           // Step 5: dequantize in the spec's order.
           if (out != nullptr) out[index] = (q * sf) * s_dec;
         }

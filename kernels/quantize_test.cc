@@ -330,6 +330,8 @@ TEST(Nvfp4Test, TensorScaleSpecials) {
   nan[20] = kNan;
   Nv n = RunNv(nan, 1, 32, Nvfp4Options());
   for (float v : n.out) EXPECT_TRUE(std::isnan(v));
+  for (uint8_t c : n.codes) EXPECT_EQ(c, 0);  // as TransformerEngine's E2M1 cast
+  EXPECT_EQ(n.scales[0], 0x7F);               // E4M3 NaN
 }
 
 TEST(Nvfp4Test, SignOfZeroFollowsTransformerEngine) {
