@@ -22,7 +22,7 @@ namespace {
 
 std::string Binary() {
   const char* srcdir = std::getenv("TEST_SRCDIR");
-  return std::string(srcdir ? srcdir : ".") + "/keel/tools/keel-quant";
+  return std::string(srcdir ? srcdir : ".") + "/keel/kernels/keel-quant";
 }
 
 std::string TempPath(const std::string& name) {

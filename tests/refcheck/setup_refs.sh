@@ -3,7 +3,7 @@
 # never commit them) from local git mirrors of the upstream repositories, at
 # the pinned commits of README.md.
 #
-#   tools/refcheck/setup_refs.sh MICROXCALING_GIT_DIR TRANSFORMERENGINE_GIT_DIR
+#   tests/refcheck/setup_refs.sh MICROXCALING_GIT_DIR TRANSFORMERENGINE_GIT_DIR
 #
 # Each argument is a git directory (bare or a checkout) that holds the pinned
 # commit, e.g. a clone of https://github.com/microsoft/microxcaling and of

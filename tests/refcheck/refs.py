@@ -47,7 +47,7 @@ class MxReference:
             raise RuntimeError("torch is not importable")
         path = os.path.join(os.path.abspath(refs_dir), "microxcaling")
         if not os.path.isfile(os.path.join(path, "mx", "mx_ops.py")):
-            raise RuntimeError("microxcaling not found under %s (run tools/refcheck/setup_refs.sh)" % path)
+            raise RuntimeError("microxcaling not found under %s (run tests/refcheck/setup_refs.sh)" % path)
         if path not in sys.path:
             sys.path.insert(0, path)
         # mx/ is used as a namespace package (no __init__.py copied): its
@@ -158,7 +158,7 @@ class Nvfp4Reference:
                 % torch.__version__)
         te_dir = os.path.join(os.path.abspath(refs_dir), "te")
         if not os.path.isfile(os.path.join(te_dir, "reference_nvfp4.py")):
-            raise RuntimeError("TE reference not found under %s (run tools/refcheck/setup_refs.sh)" % te_dir)
+            raise RuntimeError("TE reference not found under %s (run tests/refcheck/setup_refs.sh)" % te_dir)
         if str(device).startswith("cuda"):
             # TE's RHT is a torch matmul: keep it in true fp32 (no TF32).
             torch.backends.cuda.matmul.allow_tf32 = False

@@ -2,8 +2,8 @@
 """Bit-exactness harness: keel-quant against microxcaling's quantize_mx_op and
 TransformerEngine's NVFP4 reference quantizer. See README.md.
 
-  python3 tools/refcheck/refcheck.py --keel-quant bazel-bin/tools/keel-quant [--refs .refs] [--quick]
-  python3 tools/refcheck/refcheck.py --self-test [--refs .refs] [--quick]
+  python3 tests/refcheck/refcheck.py --keel-quant bazel-bin/kernels/keel-quant [--refs .refs] [--quick]
+  python3 tests/refcheck/refcheck.py --self-test [--refs .refs] [--quick]
 
 Exit status: 0 all PASS (SKIPs allowed), 1 any FAIL, 2 usage / setup error.
 """
