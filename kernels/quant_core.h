@@ -12,9 +12,9 @@
 // or is exact (a power-of-two scaling, a multiplication by +-1).
 //
 // NaN: the GPU's arithmetic returns one canonical positive NaN, while x86 keeps the
-// NaN operand (and its sign). Where the sign of a NaN reaches an element code, the
-// functions below decide it explicitly, the way the reference compiled for x86-64
-// does (see Fp8Element and Nvfp4Element).
+// NaN operand (and its sign). Where the sign of a NaN reaches an element code (only
+// per-tensor FP8 does that), the functions below decide it explicitly, the way the
+// reference does (see Fp8Element).
 #ifndef KEEL_KERNELS_QUANT_CORE_H_
 #define KEEL_KERNELS_QUANT_CORE_H_
 
@@ -92,8 +92,22 @@ KEEL_HD float Div(float a, float b) {
 #endif
 }
 
-KEEL_HD float Min(float a, float b) { return a < b ? a : b; }  // callers exclude NaN
-KEEL_HD float Max(float a, float b) { return a > b ? a : b; }
+// min/max for operands that are not NaN (or whose NaN result is discarded): one
+// instruction on the device; the reference's a < b ? a : b on the host.
+KEEL_HD float Min(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fminf(a, b);
+#else
+  return a < b ? a : b;
+#endif
+}
+KEEL_HD float Max(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fmaxf(a, b);
+#else
+  return a > b ? a : b;
+#endif
+}
 
 // floor(log2|x|) for finite x != 0, exactly, subnormals included (frexp's k - 1).
 KEEL_HD int FloorLog2(float x) {
@@ -138,63 +152,68 @@ struct Rounded {
   uint32_t code;
 };
 
-// RoundQuanta of formats.h for n >= 0 with an exact fraction: floor(n) plus one
-// when `mode` rounds up. n - floor(n) is exact, so the comparisons are too.
-KEEL_HD float RoundQuantaFast(float n, Rounding mode, float u) {
-#if defined(__CUDA_ARCH__)
-  float whole = truncf(n);  // n >= 0: trunc is floor
-#else
-  float whole = std::trunc(n);
-#endif
-  float fraction = n - whole;
-  switch (mode) {
-    case Rounding::kNearestEven:
-#if defined(__CUDA_ARCH__)
-      return rintf(n);  // cvt.rni: ties to even
-#else
-      return std::nearbyint(n);  // default rounding mode: ties to even
-#endif
-    case Rounding::kNearestAway:
-      return fraction >= 0.5f ? whole + 1.0f : whole;
-    case Rounding::kStochastic:
-      return u < fraction ? whole + 1.0f : whole;
+// The core of RoundElem for finite w with |w| < 2^(emax + 1), given as its bits:
+// w rounded to the element grid under `mode`, clamped to +-max_normal after
+// rounding, sign kept (zero included), and the result's code.
+//
+// With p = max(floor(log2|w|), 1 - bias) the grid step is q = 2^(p - mbits). For
+// big = 2^(p - mbits + 23), |w| + big lies in [big, 2 big), where the fp32 step is
+// exactly q: the hardware addition rounds |w| to the grid, ties to even, and the
+// low bits of the sum are n, the number of quanta. So value = (|w| + big) - big
+// (exact) and code = ((p - 1 + bias) << mbits) + n: in the subnormal binade
+// (p = 1 - bias) that is n itself, above it exponent field p + bias with mantissa
+// n - 2^mbits, and n = 2^(mbits + 1) carries into the next exponent as it should.
+// Codes grow with magnitude, so a value above max_normal is a code above max_code.
+// The other modes start from the nearest-even n: rem = |w| - value is exact
+// (Sterbenz) and says whether a tie went down (nearest_away moves it up) or which
+// grid point is below |w| (stochastic: up iff u < (|w| - floor) / q, exact too).
+// This is RoundQuanta of formats.h on n = |w| / q, without leaving fp32.
+KEEL_HD Rounded RoundElemCore(uint32_t bits, ElemConsts c, Rounding mode, float u) {
+  const uint32_t sign = bits & kSignBit;
+  const float magnitude = AsFloat(bits ^ sign);
+  uint32_t exponent = bits & 0x7F800000u;  // fp32 zero and subnormals: 0, below 1 - bias
+  const uint32_t min_exponent = static_cast<uint32_t>(128 - c.bias) << 23;
+  if (exponent < min_exponent) exponent = min_exponent;
+  const uint32_t big_bits = exponent + (static_cast<uint32_t>(23 - c.mbits) << 23);
+  const float big = AsFloat(big_bits);
+  const float sum = magnitude + big;
+  uint32_t n = AsBits(sum) - big_bits;
+  float value = sum - big;
+  if (mode != Rounding::kNearestEven) {
+    const float rem = magnitude - value;                    // in [-q/2, q/2]
+    const float q = AsFloat(big_bits - (23u << 23));        // 2^(p - mbits)
+    if (mode == Rounding::kNearestAway) {
+      if (rem == AsFloat(big_bits - (24u << 23))) {         // a tie that went down
+        n += 1;
+        value = value + q;
+      }
+    } else {                                                // kStochastic
+      const bool below = rem < 0.0f;
+      const float floor_value = below ? value - q : value;
+      n -= below ? 1u : 0u;
+      const float fraction = (magnitude - floor_value) * AsFloat(0x8A800000u - big_bits);  // / q
+      const bool up = u < fraction;
+      n += up ? 1u : 0u;
+      value = up ? floor_value + q : floor_value;
+    }
   }
-  return whole;
+  uint32_t code = (big_bits >> (23 - c.mbits)) -
+                  (static_cast<uint32_t>(151 - c.bias - c.mbits) << c.mbits) + n;
+  if (code > c.max_code) code = c.max_code;                // rounded above max_normal: clamp
+  value = Min(value, AsFloat(c.max_bits));
+  return Rounded{AsFloat(AsBits(value) | sign), code | (sign >> (32 - c.bits))};
 }
 
-// RoundToElem and EncodeElem of formats.h in one step: x rounded to the element
-// grid under `mode` (saturating to +-max_normal after rounding, never Inf, sign of
-// zero kept, NaN returned as is) and the code of the result.
-//
-// For |x| < max_normal with p = max(floor(log2|x|), 1 - bias), the value is
-// n * 2^(p - mbits) with n = round(|x| / 2^(p - mbits)) an integer in
-// [0, 2^(mbits + 1)], and its code is ((p - 1 + bias) << mbits) + n: in the
-// subnormal binade (p = 1 - bias) that is n itself, above it exponent field
-// p + bias and mantissa n - 2^mbits, and n = 2^(mbits + 1) carries into the next
-// exponent as it should. Codes are monotonic in magnitude, so a result above
-// max_normal is exactly a code above max_code.
+// RoundToElem and EncodeElem of formats.h in one step, for any x: NaN is returned
+// as is with the NaN code (sign kept), and |x| >= max_normal (Inf included) gives
+// +-max_normal whatever the mode (rounding can only land on max_normal or above,
+// and max_normal is on the grid, so the core leaves a clamped input unchanged).
 KEEL_HD Rounded RoundElem(float x, ElemConsts c, Rounding mode, float u) {
-  const uint32_t bits = AsBits(x);
-  const uint32_t sign = bits & kSignBit;
-  const uint32_t magnitude = bits ^ sign;
-  const uint32_t sign_code = sign >> (32 - c.bits);
-  if (magnitude > kInfBits) return Rounded{x, sign_code | c.nan_code};
-  // |x| >= max_normal (Inf included): rounding can only go to max_normal or above,
-  // and the clamp brings it back to max_normal, whatever the mode.
-  if (magnitude >= c.max_bits) return Rounded{AsFloat(sign | c.max_bits), sign_code | c.max_code};
-  // fp32 zero and subnormals have biased exponent 0: far below 1 - bias, so p = 1 - bias.
-  int p = static_cast<int>(magnitude >> 23) - 127;
-  if (p < 1 - c.bias) p = 1 - c.bias;
-  // n = |x| * 2^(mbits - p): exact (a power-of-two scaling that stays normal).
-  const float n = AsFloat(magnitude) * AsFloat(static_cast<uint32_t>(127 + c.mbits - p) << 23);
-  const float whole = RoundQuantaFast(n, mode, u);
-  uint32_t code = (static_cast<uint32_t>(p - 1 + c.bias) << c.mbits) + static_cast<uint32_t>(whole);
-  uint32_t value_bits = AsBits(whole * AsFloat(static_cast<uint32_t>(127 + p - c.mbits) << 23));
-  if (code > c.max_code) {  // rounded above max_normal: clamp
-    code = c.max_code;
-    value_bits = c.max_bits;
-  }
-  return Rounded{AsFloat(sign | value_bits), sign_code | code};
+  uint32_t bits = AsBits(x);
+  const uint32_t magnitude = bits & kAbsMask;
+  if (magnitude > kInfBits) return Rounded{x, ((bits & kSignBit) >> (32 - c.bits)) | c.nan_code};
+  if (magnitude > c.max_bits) bits = (bits & kSignBit) | c.max_bits;
+  return RoundElemCore(bits, c, mode, u);
 }
 
 // The value of a code that RoundElem can produce (NaN codes of E4M3/E5M2 give NaN;
@@ -215,9 +234,12 @@ KEEL_HD float DecodeElemFast(uint32_t code, ElemConsts c) {
   return AsFloat(sign | AsBits(static_cast<float>(n) * Pow2(p - c.mbits)));
 }
 
-// E4M3 round-to-nearest-even: the NVFP4 block scale (NUMERICS.md section 3 step 2).
+// E4M3 round-to-nearest-even of d in [-448, 448] or NaN: the NVFP4 block scale
+// (NUMERICS.md section 3 step 2).
 KEEL_HD Rounded RoundE4M3Rne(float d) {
-  return RoundElem(d, ConstsOf(ElemFormat::kE4M3), Rounding::kNearestEven, 0.0f);
+  const ElemConsts c = ConstsOf(ElemFormat::kE4M3);
+  if (IsNan(d)) return Rounded{d, ((AsBits(d) & kSignBit) >> 24) | c.nan_code};
+  return RoundElemCore(AsBits(d), c, Rounding::kNearestEven, 0.0f);  // d in [-448, 448]
 }
 
 // ---- MX block scale (NUMERICS.md section 2) ---------------------------------------
@@ -266,14 +288,30 @@ KEEL_HD MxScale MxScaleFromByte(uint32_t byte) {
   return s;
 }
 
-// Step 5 for one element: w = x / 2^e (one correctly rounded multiplication by
-// 2^-e, as ldexp rounds), rounded to the element grid, times 2^e (exact: the
-// smallest element quantum times 2^-127 is still a multiple of 2^-149).
-KEEL_HD Rounded MxElement(float x, const MxScale& s, ElemConsts c, Rounding mode, float u) {
-  if (s.nan) return Rounded{QuietNan(), c.nan_code};
-  Rounded r = RoundElem(x * s.inv_scale, c, mode, u);
+// The block quantizers' zero rule (ZeroOrRound in quantize.cc): a scaled value
+// that is exactly zero, -0 included, becomes +0 before rounding. It applies to
+// the value after scaling, so a tiny negative x whose w underflows to -0 also
+// gives +0; a nonzero w that rounds to zero keeps its sign.
+KEEL_HD uint32_t PlusZeroBits(float w) {
+  const uint32_t bits = AsBits(w);
+  return bits == kSignBit ? 0u : bits;
+}
+
+// Step 5 for one element of a block that is not NaN: w = x / 2^e (one correctly
+// rounded multiplication by 2^-e, as ldexp rounds), rounded to the element grid,
+// times 2^e (exact: the smallest element quantum times 2^-127 is still a multiple
+// of 2^-149). |w| < 2^(emax + 1) because the block amax set e.
+KEEL_HD Rounded MxElementFinite(float x, const MxScale& s, ElemConsts c, Rounding mode, float u) {
+  Rounded r = RoundElemCore(PlusZeroBits(x * s.inv_scale), c, mode, u);
   r.value = r.value * s.scale;
   return r;
+}
+
+// The element of a NaN block.
+KEEL_HD Rounded MxNanElement(ElemConsts c) { return Rounded{QuietNan(), c.nan_code}; }
+
+KEEL_HD Rounded MxElement(float x, const MxScale& s, ElemConsts c, Rounding mode, float u) {
+  return s.nan ? MxNanElement(c) : MxElementFinite(x, s, c, mode, u);
 }
 
 // ---- BF16 --------------------------------------------------------------------------
@@ -376,15 +414,15 @@ KEEL_HD Nvfp4BlockScale Nvfp4BlockScaleFromCode(uint32_t code, const Nvfp4Tensor
   return Nvfp4BlockScale{IsNan(sf) ? QuietNan() : sf, code, s_b};
 }
 
-// Step 4 for one (rotated) element. A NaN product only happens when s_b is the
-// reference's +NaN (a NaN anywhere in y makes the tensor amax NaN), and the
-// reference built for x86-64 then yields that +NaN: its code is the positive max
-// code (0x7). The GPU's canonical NaN is positive too; it is made explicit here.
+// Step 4 for one (rotated) element, with the zero rule of PlusZeroBits. E2M1 has
+// no NaN: a NaN product (a NaN y, or the NaN s_b of a NaN tensor amax) gets code 0,
+// as TransformerEngine's cast and the reference give it; the value stays NaN.
 KEEL_HD Rounded Nvfp4Element(float y, const Nvfp4BlockScale& b, Rounding mode, float u) {
-  const ElemConsts c = ConstsOf(ElemFormat::kE2M1);
   const float scaled = y * b.s_b;
-  if (IsNan(scaled)) return Rounded{QuietNan(), c.nan_code};
-  return RoundElem(Min(Max(scaled, -6.0f), 6.0f), c, mode, u);
+  Rounded r = RoundElemCore(PlusZeroBits(Min(Max(scaled, -6.0f), 6.0f)), ConstsOf(ElemFormat::kE2M1),
+                            mode, u);
+  if (IsNan(scaled)) r = Rounded{QuietNan(), 0u};  // a select, not a branch, in the kernels
+  return r;
 }
 
 // Step 5: (q * sf) * S_dec, in that order.
@@ -404,16 +442,50 @@ KEEL_HD constexpr float RhtCoefficient(int i, int j) {
   return ((static_cast<int>(kRhtNegativeSigns >> i) & 1) ^ Parity4(i & j)) ? -0.25f : 0.25f;
 }
 
-// Output j of the RHT of one 16-element chunk, summed exactly as RhtRef does:
-// sum = 0, then sum += in[i] * coefficient for i = 0..15, in fp32, no FMA. With j
-// known at compile time (unrolled loops) the coefficients are immediates.
-KEEL_HD float RhtOutput(const float in[16], int j) {
+// sum += quarter[i] * sign(i, j) for i = 0..15 from sum = 0, where quarter[i] =
+// in[i] * 0.25: x * (-0.25) is exactly -(x * 0.25) and s + (-t) is s - t, so this
+// is RhtRef's sum += in[i] * (s_i * H16[i][j] * 0.25) bit for bit, with one
+// multiplication per input instead of one per term.
+KEEL_HD float RhtSum(const float quarter[16], int j) {
   float sum = 0.0f;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-  for (int i = 0; i < 16; ++i) sum = sum + in[i] * RhtCoefficient(i, j);
+  for (int i = 0; i < 16; ++i) sum = RhtCoefficient(i, j) < 0.0f ? sum - quarter[i] : sum + quarter[i];
   return sum;
+}
+
+// Output j of the RHT of one 16-element chunk, summed exactly as RhtRef does:
+// in index order, in fp32, no FMA. With j known at compile time (unrolled loops)
+// the signs are constants.
+KEEL_HD float RhtOutput(const float in[16], int j) {
+  float quarter[16];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 0; i < 16; ++i) quarter[i] = in[i] * 0.25f;
+  return RhtSum(quarter, j);
+}
+
+// Outputs half * 8 .. half * 8 + 7 of one chunk whose elements 0..7 are lo and
+// 8..15 are hi, bit-identical to RhtOutput(in, half * 8 + e): H16[i][8 + e] is
+// H16[i][e] for i < 8 and -H16[i][e] for i >= 8, so the upper half is the lower
+// half's sum with the hi terms negated (exact). Two lanes that share a chunk thus
+// run the same instructions (no divergence) on their own half.
+KEEL_HD void RhtHalf(const float lo[8], const float hi[8], int half, float y[8]) {
+  const uint32_t flip = static_cast<uint32_t>(half) << 31;
+  float quarter[16];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 0; i < 8; ++i) {
+    quarter[i] = lo[i] * 0.25f;
+    quarter[8 + i] = AsFloat(AsBits(hi[i] * 0.25f) ^ flip);
+  }
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int e = 0; e < 8; ++e) y[e] = RhtSum(quarter, e);
 }
 
 // ---- stochastic rounding ---------------------------------------------------------------

@@ -326,7 +326,9 @@ Status Fp8TensorQuantizeRef(const float* x, int64_t count, ElemFormat elem, Roun
   const float scale_inv = 1.0f / scale;
   if (scale_out != nullptr) *scale_out = scale_inv;
   for (int64_t i = 0; i < count; ++i) {
-    float r = RoundToElem(x[i] * scale, elem, rounding, Uniform(rounding, seed, i));
+    // A NaN passes through with its sign (the product's NaN sign is not portable).
+    float scaled = std::isnan(x[i]) ? x[i] : x[i] * scale;
+    float r = RoundToElem(scaled, elem, rounding, Uniform(rounding, seed, i));
     if (codes != nullptr) codes[i] = EncodeElem(r, elem);
     if (out != nullptr) out[i] = r * scale_inv;
   }

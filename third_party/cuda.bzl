@@ -43,6 +43,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], fallback_srcs = [], nvcc_hdrs
             outs = [obj],
             cmd = "%s %s -c $(location %s) -o $@" % (NVCC, " ".join(_NVCC_FLAGS), src),
             message = "nvcc " + src,
+            tags = kwargs.get("tags", []),
         )
         objs.append(obj)
     native.cc_library(

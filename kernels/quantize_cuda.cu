@@ -1,0 +1,1396 @@
+// CUDA quantizers of quantize_cuda.h (MX, NVFP4 with 1x16 blocks or 16x16 tiles
+// and optional RHT, per-tensor FP8, BF16) and QuantizeCuda of quantizer.h. They
+// agree bit for bit with the CPU reference in quantize.cc: every number is computed
+// by a quant_core.h function, which quant_core_test.cc checks against that
+// reference on the CPU. This file only decides who loads what: the kernels first,
+// then their launchers, then QuantizeCuda for host arrays.
+//
+// How x is read (once, at full bandwidth, 256 threads per CTA, grid sized to the
+// resident CTAs with grid-stride loops):
+//   - Along rows (axis 1): a thread loads 8 consecutive elements (16 bytes of bf16
+//     or 2 x 16 of fp32); the 2..32 adjacent lanes that cover one block combine
+//     their amax with xor-shuffles, so a warp's load is 512 or 1024 contiguous
+//     bytes. Each thread takes two such units per iteration, loads first, so that
+//     enough bytes are in flight.
+//   - Down columns (axis 0): a thread owns two adjacent columns and holds the
+//     whole column block (32 or 16 rows) in registers; a warp's load per row is
+//     128 (bf16) or 256 (fp32) contiguous bytes. No shared memory anywhere except
+//     the 8-word amax reduction.
+//   - NVFP4 16x16 tiles along rows: one warp per tile (lane = row * 2 + half);
+//     the tile amax is a full-warp reduction. Down columns, 8 lanes share a tile.
+//   - RHT along rows: the two lanes of a 16-chunk swap their halves with 8
+//     shuffles and each computes its own 8 outputs (quant_core RhtHalf).
+//   - Shapes the fast kernels do not cover (MX blocks other than 8..256 by powers
+//     of two along rows or other than 32 down columns, odd column counts) take a
+//     generic path: one kernel for the block scales, then one thread per pair of
+//     elements, so that each packed FP4 byte has exactly one writer.
+#include "kernels/quantize_cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kernels/formats.h"
+#include "kernels/quant_core.h"
+#include "kernels/quantize.h"
+#include "kernels/quantizer.h"
+
+namespace keel {
+namespace {
+
+using qcore::ElemConsts;
+using qcore::Rounded;
+
+constexpr int kThreads = 256;  // per CTA, every kernel
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+// Work counts below this use 32-bit index division (FastDivmod); the margin covers
+// the inactive tail of the last grid-stride step.
+constexpr int64_t kNarrowLimit = (int64_t{1} << 32) - (int64_t{1} << 24);
+
+// ============================================================================
+// Device helpers: loads, stores, reductions
+// ============================================================================
+
+// bf16 inputs travel as their bits (uint16_t); a bf16 is the fp32 with those bits
+// on top, so the conversion is exact.
+__device__ __forceinline__ float Bf16Float(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
+
+__device__ __forceinline__ float Load1(const float* p) { return __ldg(p); }
+__device__ __forceinline__ float Load1(const uint16_t* p) { return Bf16Float(__ldg(p)); }
+
+// Eight consecutive elements at a 16-byte aligned address.
+__device__ __forceinline__ void Load8(const float* p, float v[8]) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(p));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+  v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ void Load8(const uint16_t* p, float v[8]) {
+  const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
+  const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    v[2 * k] = __uint_as_float(w[k] << 16);
+    v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+  }
+}
+
+// Two adjacent elements, kept in their raw form in registers until used (a column
+// block stays in registers: 32 words for bf16, 64 for fp32).
+template <typename InT> struct Raw2;
+template <> struct Raw2<float> {
+  using Type = float2;
+  __device__ static Type Load(const float* p) { return __ldg(reinterpret_cast<const float2*>(p)); }
+  __device__ static Type Zero() { return make_float2(0.0f, 0.0f); }
+  __device__ static void Unpack(Type r, float* a, float* b) { *a = r.x; *b = r.y; }
+};
+template <> struct Raw2<uint16_t> {
+  using Type = uint32_t;
+  __device__ static Type Load(const uint16_t* p) {
+    return __ldg(reinterpret_cast<const unsigned int*>(p));
+  }
+  __device__ static Type Zero() { return 0u; }
+  __device__ static void Unpack(Type r, float* a, float* b) {
+    *a = __uint_as_float(r << 16);
+    *b = __uint_as_float(r & 0xFFFF0000u);
+  }
+};
+
+// Dequantized output: fp32, or bf16 rounded to nearest even from the fp32 value
+// by the hardware conversion (one instruction per pair; the same bits as
+// FloatToBf16's nearest_even except that a NaN comes out as the canonical NaN).
+__device__ __forceinline__ uint32_t ToBf16x2(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+__device__ __forceinline__ uint32_t ToBf16(float v) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+__device__ __forceinline__ void StoreOut8(void* out, bool bf16, int64_t i, const float v[8]) {
+  if (bf16) {
+    const uint4 w = make_uint4(ToBf16x2(v[0], v[1]), ToBf16x2(v[2], v[3]), ToBf16x2(v[4], v[5]),
+                               ToBf16x2(v[6], v[7]));
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(out) + i) = w;
+  } else {
+    float4* q = reinterpret_cast<float4*>(static_cast<float*>(out) + i);
+    q[0] = make_float4(v[0], v[1], v[2], v[3]);
+    q[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+}
+__device__ __forceinline__ void StoreOut2(void* out, bool bf16, int64_t i, float a, float b) {
+  if (bf16) {
+    *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(out) + i) = ToBf16x2(a, b);
+  } else {
+    *reinterpret_cast<float2*>(static_cast<float*>(out) + i) = make_float2(a, b);
+  }
+}
+__device__ __forceinline__ void StoreOut1(void* out, bool bf16, int64_t i, float a) {
+  if (bf16) static_cast<uint16_t*>(out)[i] = static_cast<uint16_t>(ToBf16(a));
+  else static_cast<float*>(out)[i] = a;
+}
+
+// Codes of 8 consecutive elements starting at an index i that is a multiple of 8:
+// FP4 packs element i + m into bits 4m.. of a little-endian word (element 2k in the
+// low nibble of byte k, as PackCodes does); 6- and 8-bit codes take a byte each.
+template <int kBits>
+__device__ __forceinline__ void StoreCodes8(uint8_t* codes, int64_t i, const uint32_t c[8]) {
+  if constexpr (kBits == 4) {
+    uint32_t w = 0;
+#pragma unroll
+    for (int m = 0; m < 8; ++m) w |= c[m] << (4 * m);
+    *reinterpret_cast<uint32_t*>(codes + i / 2) = w;
+  } else {
+    uint2 w;
+    w.x = c[0] | (c[1] << 8) | (c[2] << 16) | (c[3] << 24);
+    w.y = c[4] | (c[5] << 8) | (c[6] << 16) | (c[7] << 24);
+    *reinterpret_cast<uint2*>(codes + i) = w;
+  }
+}
+// Codes of two row-adjacent elements at an even index i.
+template <int kBits>
+__device__ __forceinline__ void StoreCodes2(uint8_t* codes, int64_t i, uint32_t c0, uint32_t c1) {
+  if constexpr (kBits == 4) codes[i / 2] = static_cast<uint8_t>(c0 | (c1 << 4));
+  else *reinterpret_cast<uint16_t*>(codes + i) = static_cast<uint16_t>(c0 | (c1 << 8));
+}
+
+// The uniforms of elements i and i + 1 for even i (same Philox group).
+__device__ __forceinline__ void Uniform2(uint64_t seed, int64_t i, float* u0, float* u1) {
+  float u[4];
+  qcore::PhiloxUniform4(seed, static_cast<uint64_t>(i) >> 2, u);
+  const bool upper = (i & 2) != 0;
+  *u0 = upper ? u[2] : u[0];
+  *u1 = upper ? u[3] : u[1];
+}
+// The uniforms of elements i .. i + 7 for i a multiple of 8.
+__device__ __forceinline__ void Uniform8(uint64_t seed, int64_t i, float u[8]) {
+  qcore::PhiloxUniform4(seed, static_cast<uint64_t>(i) >> 2, u);
+  qcore::PhiloxUniform4(seed, (static_cast<uint64_t>(i) >> 2) + 1, u + 4);
+}
+
+// Division of a work index by a fixed divisor: a multiply-high (FastDivmod) when
+// every index fits in 32 bits, a 64-bit division otherwise.
+struct IndexDiv {
+  qcore::FastDivmod fast;
+  int64_t divisor = 1;
+  bool wide = false;
+};
+
+IndexDiv MakeIndexDiv(int64_t divisor, int64_t max_index) {
+  IndexDiv d;
+  d.divisor = divisor;
+  d.wide = max_index >= kNarrowLimit || divisor >= kNarrowLimit;
+  if (!d.wide) d.fast = qcore::FastDivmod(static_cast<uint32_t>(divisor));
+  return d;
+}
+
+__device__ __forceinline__ void DivMod(int64_t n, const IndexDiv& by, int64_t* q, int64_t* r) {
+  if (by.wide) {
+    *q = n / by.divisor;
+    *r = n - *q * by.divisor;
+  } else {
+    uint32_t q32, r32;
+    by.fast.DivMod(static_cast<uint32_t>(n), &q32, &r32);
+    *q = q32;
+    *r = r32;
+  }
+}
+
+// Max over the CTA of each thread's m, then one atomicMax per CTA. Non-negative
+// float bits order like the floats, so the unsigned max is the float max (NaN bits
+// above +Inf: a NaN wins, which is the NaN-propagating amax).
+__device__ __forceinline__ void CtaMaxToGlobal(uint32_t m, unsigned int* out) {
+  __shared__ uint32_t warp_max[kWarps];
+  m = __reduce_max_sync(kFullMask, m);
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) m = max(m, warp_max[w]);
+    m = max(m, warp_max[0]);
+    if (m != 0) atomicMax(out, m);
+  }
+}
+
+// ============================================================================
+// Kernels: MX (NUMERICS.md section 2)
+// ============================================================================
+
+struct MxRowsArgs {
+  int64_t rows, cols;
+  int64_t blocks_per_row;
+  int64_t units_per_row;      // cols / 8
+  int64_t padded_units;       // blocks_per_row * lanes: a trailing partial block's idle lanes
+  int lanes;                  // block / 8 lanes per block: 1, 2, 4, .. 32
+  int lane_shift;             // log2(lanes)
+  int64_t total;              // rows * padded_units
+  IndexDiv by_padded;
+  bool bump;
+  uint64_t seed;
+  DeviceOutputs o;
+};
+
+// Axis 1, block = 8 * lanes, cols % 8 == 0. A unit is 8 consecutive elements of
+// a row; units are numbered row by row with each row padded to whole blocks, so
+// the lanes of one block are adjacent and aligned within their warp.
+template <typename InT, ElemFormat F, Rounding R>
+__global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__ x, const MxRowsArgs a) {
+  constexpr ElemConsts c = qcore::ConstsOf(F);
+  constexpr int kUnits = 2;
+  const bool out_bf16 = a.o.out_dtype == DType::kBF16;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * (kThreads * kUnits);
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits); base < a.total; base += step) {
+    float v[kUnits][8];
+    int64_t row[kUnits], unit[kUnits];
+    bool active[kUnits];
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {  // all loads first
+      const int64_t g = base + u * kThreads + threadIdx.x;
+      DivMod(g, a.by_padded, &row[u], &unit[u]);
+      active[u] = g < a.total && unit[u] < a.units_per_row;
+      if (active[u]) {
+        Load8(x + row[u] * a.cols + unit[u] * 8, v[u]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[u][e] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      uint32_t amax = 0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) amax = max(amax, qcore::AbsBits(v[u][e]));
+      for (int o = 1; o < a.lanes; o <<= 1) amax = max(amax, __shfl_xor_sync(kFullMask, amax, o));
+      if (!active[u]) continue;
+      const qcore::MxScale s = qcore::MxScaleFromAmax(amax, c, a.bump);
+      const int64_t i0 = row[u] * a.cols + unit[u] * 8;
+      float uni[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if constexpr (R == Rounding::kStochastic) Uniform8(a.seed, i0, uni);
+      float out[8];
+      uint32_t code[8];
+      if (s.nan) {  // per block, so that 2^e and 2^-e are computed once per unit
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          out[e] = qcore::QuietNan();
+          code[e] = c.nan_code;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const Rounded r = qcore::MxElementFinite(v[u][e], s, c, R, uni[e]);
+          out[e] = r.value;
+          code[e] = r.code;
+        }
+      }
+      if (a.o.codes != nullptr) StoreCodes8<c.bits>(a.o.codes, i0, code);
+      if (a.o.out != nullptr) StoreOut8(a.o.out, out_bf16, i0, out);
+      if (a.o.scales != nullptr && (unit[u] & (a.lanes - 1)) == 0)
+        a.o.scales[row[u] * a.blocks_per_row + (unit[u] >> a.lane_shift)] = static_cast<uint8_t>(s.byte);
+    }
+  }
+}
+
+struct MxColsArgs {
+  int64_t rows, cols;
+  int64_t total;              // ceil(rows / block) * (cols / 2)
+  IndexDiv by_pairs;          // cols / 2
+  bool bump;
+  uint64_t seed;
+  DeviceOutputs o;
+};
+
+// Axis 0, block kBlock rows, cols even: a thread owns columns (c0, c0 + 1) of one
+// row block; consecutive threads take consecutive column pairs.
+template <typename InT, ElemFormat F, Rounding R, int kBlock>
+__global__ void __launch_bounds__(kThreads) MxColsKernel(const InT* __restrict__ x, const MxColsArgs a) {
+  constexpr ElemConsts c = qcore::ConstsOf(F);
+  using Raw = Raw2<InT>;
+  const bool out_bf16 = a.o.out_dtype == DType::kBF16;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; w < a.total; w += step) {
+    int64_t rb, cp;
+    DivMod(w, a.by_pairs, &rb, &cp);
+    const int64_t r0 = rb * kBlock, c0 = cp * 2;
+    const int64_t n = min(static_cast<int64_t>(kBlock), a.rows - r0);
+    const InT* p = x + r0 * a.cols + c0;
+    typename Raw::Type raw[kBlock];
+#pragma unroll
+    for (int r = 0; r < kBlock; ++r) raw[r] = r < n ? Raw::Load(p + r * a.cols) : Raw::Zero();
+    uint32_t amax0 = 0, amax1 = 0;
+#pragma unroll
+    for (int r = 0; r < kBlock; ++r) {
+      float v0, v1;
+      Raw::Unpack(raw[r], &v0, &v1);
+      amax0 = max(amax0, qcore::AbsBits(v0));
+      amax1 = max(amax1, qcore::AbsBits(v1));
+    }
+    const qcore::MxScale s0 = qcore::MxScaleFromAmax(amax0, c, a.bump);
+    const qcore::MxScale s1 = qcore::MxScaleFromAmax(amax1, c, a.bump);
+#pragma unroll
+    for (int r = 0; r < kBlock; ++r) {
+      if (r >= n) break;
+      const int64_t i = (r0 + r) * a.cols + c0;
+      float v0, v1, u0 = 0.0f, u1 = 0.0f;
+      Raw::Unpack(raw[r], &v0, &v1);
+      if constexpr (R == Rounding::kStochastic) Uniform2(a.seed, i, &u0, &u1);
+      // Computed unconditionally, NaN blocks selected after: keeps 2^+-e out of the loop.
+      Rounded q0 = qcore::MxElementFinite(v0, s0, c, R, u0);
+      Rounded q1 = qcore::MxElementFinite(v1, s1, c, R, u1);
+      if (s0.nan) q0 = qcore::MxNanElement(c);
+      if (s1.nan) q1 = qcore::MxNanElement(c);
+      if (a.o.codes != nullptr) StoreCodes2<c.bits>(a.o.codes, i, q0.code, q1.code);
+      if (a.o.out != nullptr) StoreOut2(a.o.out, out_bf16, i, q0.value, q1.value);
+    }
+    if (a.o.scales != nullptr)
+      *reinterpret_cast<uint16_t*>(a.o.scales + rb * a.cols + c0) = static_cast<uint16_t>(s0.byte | (s1.byte << 8));
+  }
+}
+
+struct MxGenericArgs {
+  int64_t rows, cols, count;
+  int axis;
+  int block;
+  int64_t blocks_per_line;
+  int64_t blocks;             // MxScaleCount
+  ElemConsts c;
+  bool bump;
+  uint64_t seed;
+  uint8_t* scales;            // the scale bytes: outputs.scales or a temporary
+  DeviceOutputs o;
+};
+
+// Generic path, pass 1: one thread per block computes its scale byte. Block w is
+// scale index w in both layouts (axis 1: line-major; axis 0: block-row-major, so
+// consecutive threads read consecutive columns).
+template <typename InT>
+__global__ void __launch_bounds__(kThreads) MxGenericScalesKernel(const InT* __restrict__ x, const MxGenericArgs a) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; w < a.blocks; w += step) {
+    int64_t start, stride, n;
+    if (a.axis == 1) {
+      const int64_t line = w / a.blocks_per_line, b = w - line * a.blocks_per_line;
+      start = line * a.cols + b * a.block;
+      stride = 1;
+      n = min(static_cast<int64_t>(a.block), a.cols - b * a.block);
+    } else {
+      const int64_t b = w / a.cols, line = w - b * a.cols;
+      start = b * a.block * a.cols + line;
+      stride = a.cols;
+      n = min(static_cast<int64_t>(a.block), a.rows - b * a.block);
+    }
+    uint32_t amax = 0;
+    for (int64_t k = 0; k < n; ++k) amax = max(amax, qcore::AbsBits(Load1(x + start + k * stride)));
+    a.scales[w] = static_cast<uint8_t>(qcore::MxScaleFromAmax(amax, a.c, a.bump).byte);
+  }
+}
+
+// Generic path, pass 2: one thread per pair of elements (2p, 2p + 1) in row-major
+// order, so it alone writes their packed FP4 byte.
+template <typename InT, Rounding R>
+__global__ void __launch_bounds__(kThreads) MxGenericElementsKernel(const InT* __restrict__ x, const MxGenericArgs a) {
+  const bool out_bf16 = a.o.out_dtype == DType::kBF16;
+  const int64_t pairs = (a.count + 1) / 2;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; p < pairs; p += step) {
+    uint32_t code[2] = {0, 0};
+    const int halves = 2 * p + 1 < a.count ? 2 : 1;
+    for (int h = 0; h < halves; ++h) {
+      const int64_t i = 2 * p + h;
+      const int64_t row = i / a.cols, col = i - row * a.cols;
+      const int64_t s_index = a.axis == 1 ? row * a.blocks_per_line + col / a.block
+                                          : (row / a.block) * a.cols + col;
+      const qcore::MxScale s = qcore::MxScaleFromByte(a.scales[s_index]);
+      const float u = R == Rounding::kStochastic ? PhiloxUniform(a.seed, static_cast<uint64_t>(i)) : 0.0f;
+      const Rounded r = qcore::MxElement(Load1(x + i), s, a.c, R, u);
+      code[h] = r.code;
+      if (a.o.out != nullptr) StoreOut1(a.o.out, out_bf16, i, r.value);
+    }
+    if (a.o.codes != nullptr) {
+      if (a.c.bits == 4) {
+        a.o.codes[p] = static_cast<uint8_t>(code[0] | (code[1] << 4));
+      } else {
+        a.o.codes[2 * p] = static_cast<uint8_t>(code[0]);
+        if (halves == 2) a.o.codes[2 * p + 1] = static_cast<uint8_t>(code[1]);
+      }
+    }
+  }
+}
+
+// ============================================================================
+// Kernels: NVFP4 (NUMERICS.md section 3)
+// ============================================================================
+
+struct Nvfp4Args {
+  int64_t rows, cols;
+  int64_t total;              // work items (see each kernel)
+  IndexDiv by_inner;          // work item -> (outer, inner)
+  int64_t blocks_per_row;     // axis 1: cols / 16
+  uint64_t seed;
+  const float* amax_in;       // quantize: the tensor amax
+  unsigned int* amax_out;     // amax pass: max |y| bits, atomically
+  DeviceOutputs o;
+};
+
+// Axis 1 (blocks of 16 along rows), cols % 16 == 0. A unit is 8 elements, half a
+// block: for 1x16, units run row by row (inner = cols / 8); for 16x16 tiles, one
+// warp is one tile (inner = tiles per 16-row band), lane = 2 * row-in-tile + half.
+// kAmaxOnly: the amax pass (only needed with RHT; otherwise a plain max over x).
+template <typename InT, Rounding R, bool kTile, bool kRht, bool kAmaxOnly>
+__global__ void __launch_bounds__(kThreads) Nvfp4RowsKernel(const InT* __restrict__ x, const Nvfp4Args a) {
+  constexpr int kUnits = 2;
+  const bool out_bf16 = a.o.out_dtype == DType::kBF16;
+  qcore::Nvfp4TensorScale t{};
+  if constexpr (!kAmaxOnly) {
+    t = qcore::Nvfp4TensorScaleFromAmax(__ldg(a.amax_in));
+    if (a.o.tensor_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *a.o.tensor_scale = t.s_dec;
+  }
+  uint32_t thread_max = 0;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * (kThreads * kUnits);
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits); base < a.total; base += step) {
+    float v[kUnits][8];
+    int64_t row[kUnits], col[kUnits];
+    bool active[kUnits];
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int64_t g = base + u * kThreads + threadIdx.x;
+      active[u] = g < a.total;
+      if constexpr (kTile) {
+        int64_t band, tile_col;
+        DivMod(g >> 5, a.by_inner, &band, &tile_col);
+        row[u] = band * 16 + ((g & 31) >> 1);
+        col[u] = tile_col * 16 + (g & 1) * 8;
+      } else {
+        int64_t unit;
+        DivMod(g, a.by_inner, &row[u], &unit);
+        col[u] = unit * 8;
+      }
+      if (active[u]) {
+        Load8(x + row[u] * a.cols + col[u], v[u]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[u][e] = 0.0f;
+      }
+    }
+    const int half = threadIdx.x & 1;  // which half of its 16-chunk this lane holds
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      float y[8];
+      if constexpr (kRht) {
+        float lo[8], hi[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float other = __shfl_xor_sync(kFullMask, v[u][e], 1);
+          lo[e] = half ? other : v[u][e];
+          hi[e] = half ? v[u][e] : other;
+        }
+        qcore::RhtHalf(lo, hi, half, y);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) y[e] = v[u][e];
+      }
+      uint32_t amax = 0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) amax = max(amax, qcore::AbsBits(y[e]));
+      if constexpr (kAmaxOnly) {
+        thread_max = max(thread_max, amax);  // idle lanes hold zeros
+        continue;
+      }
+      amax = max(amax, __shfl_xor_sync(kFullMask, amax, 1));
+      if constexpr (kTile) {
+#pragma unroll
+        for (int o = 2; o < 32; o <<= 1) amax = max(amax, __shfl_xor_sync(kFullMask, amax, o));
+      }
+      if (!active[u]) continue;
+      const qcore::Nvfp4BlockScale s = qcore::Nvfp4BlockScaleFromAmax(__uint_as_float(amax), t);
+      const int64_t i0 = row[u] * a.cols + col[u];
+      float uni[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if constexpr (R == Rounding::kStochastic) Uniform8(a.seed, i0, uni);
+      float out[8];
+      uint32_t code[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const Rounded q = qcore::Nvfp4Element(y[e], s, R, uni[e]);
+        code[e] = q.code;
+        out[e] = qcore::Nvfp4Dequant(q.value, s, t);
+      }
+      if (a.o.codes != nullptr) StoreCodes8<4>(a.o.codes, i0, code);
+      if (a.o.out != nullptr) StoreOut8(a.o.out, out_bf16, i0, out);
+      if (a.o.scales != nullptr && half == 0)
+        a.o.scales[row[u] * a.blocks_per_row + (col[u] >> 4)] = static_cast<uint8_t>(s.code);
+    }
+  }
+  if constexpr (kAmaxOnly) CtaMaxToGlobal(thread_max, a.amax_out);
+}
+
+// Axis 0 (blocks of 16 down columns), rows % 16 == 0, cols even. Work item = (row
+// block, column pair), column pair fastest (inner = cols / 2). A thread holds its
+// two 16-element column chunks; the RHT runs down each column in registers. For
+// 16x16 tiles the 8 lanes of 16 adjacent columns (aligned: cols % 16 == 0) share
+// the tile amax.
+template <typename InT, Rounding R, bool kTile, bool kRht, bool kAmaxOnly>
+__global__ void __launch_bounds__(kThreads) Nvfp4ColsKernel(const InT* __restrict__ x, const Nvfp4Args a) {
+  using Raw = Raw2<InT>;
+  const bool out_bf16 = a.o.out_dtype == DType::kBF16;
+  qcore::Nvfp4TensorScale t{};
+  if constexpr (!kAmaxOnly) {
+    t = qcore::Nvfp4TensorScaleFromAmax(__ldg(a.amax_in));
+    if (a.o.tensor_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *a.o.tensor_scale = t.s_dec;
+  }
+  uint32_t thread_max = 0;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads; base < a.total; base += step) {
+    const int64_t w = base + threadIdx.x;
+    const bool active = w < a.total;
+    int64_t rb, cp;
+    DivMod(w, a.by_inner, &rb, &cp);
+    const int64_t c0 = cp * 2;
+    float in0[16], in1[16];
+    {
+      typename Raw::Type raw[16];
+      const InT* p = x + rb * 16 * a.cols + c0;
+#pragma unroll
+      for (int r = 0; r < 16; ++r) raw[r] = active ? Raw::Load(p + r * a.cols) : Raw::Zero();
+#pragma unroll
+      for (int r = 0; r < 16; ++r) Raw::Unpack(raw[r], &in0[r], &in1[r]);
+    }
+    float y0[16], y1[16];
+    if constexpr (kRht) {
+      float q0[16], q1[16];
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        q0[r] = in0[r] * 0.25f;
+        q1[r] = in1[r] * 0.25f;
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        y0[j] = qcore::RhtSum(q0, j);
+        y1[j] = qcore::RhtSum(q1, j);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        y0[j] = in0[j];
+        y1[j] = in1[j];
+      }
+    }
+    uint32_t amax0 = 0, amax1 = 0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      amax0 = max(amax0, qcore::AbsBits(y0[j]));
+      amax1 = max(amax1, qcore::AbsBits(y1[j]));
+    }
+    if constexpr (kAmaxOnly) {
+      thread_max = max(thread_max, max(amax0, amax1));
+      continue;
+    }
+    if constexpr (kTile) {
+      amax0 = max(amax0, amax1);
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) amax0 = max(amax0, __shfl_xor_sync(kFullMask, amax0, o));
+      amax1 = amax0;
+    }
+    if (!active) continue;
+    const qcore::Nvfp4BlockScale s0 = qcore::Nvfp4BlockScaleFromAmax(__uint_as_float(amax0), t);
+    const qcore::Nvfp4BlockScale s1 = qcore::Nvfp4BlockScaleFromAmax(__uint_as_float(amax1), t);
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const int64_t i = (rb * 16 + r) * a.cols + c0;
+      float u0 = 0.0f, u1 = 0.0f;
+      if constexpr (R == Rounding::kStochastic) Uniform2(a.seed, i, &u0, &u1);
+      const Rounded q0 = qcore::Nvfp4Element(y0[r], s0, R, u0);
+      const Rounded q1 = qcore::Nvfp4Element(y1[r], s1, R, u1);
+      if (a.o.codes != nullptr) StoreCodes2<4>(a.o.codes, i, q0.code, q1.code);
+      if (a.o.out != nullptr)
+        StoreOut2(a.o.out, out_bf16, i, qcore::Nvfp4Dequant(q0.value, s0, t), qcore::Nvfp4Dequant(q1.value, s1, t));
+    }
+    if (a.o.scales != nullptr)
+      *reinterpret_cast<uint16_t*>(a.o.scales + rb * a.cols + c0) = static_cast<uint16_t>(s0.code | (s1.code << 8));
+  }
+  if constexpr (kAmaxOnly) CtaMaxToGlobal(thread_max, a.amax_out);
+}
+
+// Generic NVFP4 (axis 0 with an odd column count; 1x16 only, since a 16x16 tile
+// needs cols % 16 == 0). Pass 1: one thread per (row block, column) writes y (the
+// RHT down its column, or x) as fp32 to a temporary, row-major.
+template <typename InT>
+__global__ void __launch_bounds__(kThreads) Nvfp4GenericYKernel(const InT* __restrict__ x, int64_t rows, int64_t cols,
+                                                                bool rht, float* __restrict__ y) {
+  const int64_t work = rows / 16 * cols;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; w < work; w += step) {
+    const int64_t rb = w / cols, col = w - rb * cols;
+    float in[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) in[r] = Load1(x + (rb * 16 + r) * cols + col);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) y[(rb * 16 + j) * cols + col] = rht ? qcore::RhtOutput(in, j) : in[j];
+  }
+}
+
+// Pass 2: one thread per (row block, column) writes the block's E4M3 scale byte.
+__global__ void __launch_bounds__(kThreads) Nvfp4GenericScalesKernel(const float* __restrict__ y, const Nvfp4Args a,
+                                                                     uint8_t* __restrict__ scales) {
+  const qcore::Nvfp4TensorScale t = qcore::Nvfp4TensorScaleFromAmax(__ldg(a.amax_in));
+  const int64_t work = a.rows / 16 * a.cols;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; w < work; w += step) {
+    const int64_t rb = w / a.cols, col = w - rb * a.cols;
+    uint32_t amax = 0;
+    for (int r = 0; r < 16; ++r) amax = max(amax, qcore::AbsBits(__ldg(y + (rb * 16 + r) * a.cols + col)));
+    scales[w] = static_cast<uint8_t>(qcore::Nvfp4BlockScaleFromAmax(__uint_as_float(amax), t).code);
+  }
+}
+
+// Pass 3: one thread per pair of elements in row-major order (one writer per byte).
+template <Rounding R>
+__global__ void __launch_bounds__(kThreads) Nvfp4GenericElementsKernel(const float* __restrict__ y, const Nvfp4Args a,
+                                                                       const uint8_t* __restrict__ scales) {
+  const bool out_bf16 = a.o.out_dtype == DType::kBF16;
+  const qcore::Nvfp4TensorScale t = qcore::Nvfp4TensorScaleFromAmax(__ldg(a.amax_in));
+  if (a.o.tensor_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *a.o.tensor_scale = t.s_dec;
+  const int64_t count = a.rows * a.cols;
+  const int64_t pairs = (count + 1) / 2;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; p < pairs; p += step) {
+    uint32_t code[2] = {0, 0};
+    const int halves = 2 * p + 1 < count ? 2 : 1;
+    for (int h = 0; h < halves; ++h) {
+      const int64_t i = 2 * p + h;
+      const int64_t row = i / a.cols, col = i - row * a.cols;
+      const qcore::Nvfp4BlockScale s = qcore::Nvfp4BlockScaleFromCode(scales[(row / 16) * a.cols + col], t);
+      const float u = R == Rounding::kStochastic ? PhiloxUniform(a.seed, static_cast<uint64_t>(i)) : 0.0f;
+      const Rounded q = qcore::Nvfp4Element(__ldg(y + i), s, R, u);
+      code[h] = q.code;
+      if (a.o.out != nullptr) StoreOut1(a.o.out, out_bf16, i, qcore::Nvfp4Dequant(q.value, s, t));
+    }
+    if (a.o.codes != nullptr) a.o.codes[p] = static_cast<uint8_t>(code[0] | (code[1] << 4));
+  }
+}
+
+// ============================================================================
+// Kernels: tensor amax, per-tensor FP8, BF16
+// ============================================================================
+
+// max |x| over count elements (NaN wins, or NaN ignored), into *amax by atomicMax.
+template <typename InT, bool kIgnoreNan>
+__global__ void __launch_bounds__(kThreads) AmaxKernel(const InT* __restrict__ x, int64_t count, unsigned int* amax) {
+  uint32_t m = 0;
+  const int64_t units = count / 8;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t u = tid; u < units; u += step) {
+    float v[8];
+    Load8(x + u * 8, v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) m = max(m, kIgnoreNan ? qcore::AbsBitsNoNan(v[e]) : qcore::AbsBits(v[e]));
+  }
+  for (int64_t i = units * 8 + tid; i < count; i += step) {
+    const float v = Load1(x + i);
+    m = max(m, kIgnoreNan ? qcore::AbsBitsNoNan(v) : qcore::AbsBits(v));
+  }
+  CtaMaxToGlobal(m, amax);
+}
+
+// Per-tensor FP8, elementwise in units of 8 (two per thread per step, loads first),
+// plus a scalar tail for count % 8.
+template <typename InT, ElemFormat F, Rounding R>
+__global__ void __launch_bounds__(kThreads) Fp8Kernel(const InT* __restrict__ x, int64_t count, const float* amax,
+                                                      uint64_t seed, const DeviceOutputs o) {
+  constexpr ElemConsts c = qcore::ConstsOf(F);
+  constexpr int kUnits = 2;
+  const bool out_bf16 = o.out_dtype == DType::kBF16;
+  const qcore::Fp8Scale s = qcore::Fp8ScaleFromAmax(__ldg(amax), c);
+  if (o.tensor_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *o.tensor_scale = s.inv;
+  const int64_t units = count / 8;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * (kThreads * kUnits);
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits); base < units; base += step) {
+    float v[kUnits][8];
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int64_t unit = base + u * kThreads + threadIdx.x;
+      if (unit < units) Load8(x + unit * 8, v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int64_t unit = base + u * kThreads + threadIdx.x;
+      if (unit >= units) continue;
+      float uni[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if constexpr (R == Rounding::kStochastic) Uniform8(seed, unit * 8, uni);
+      float out[8];
+      uint32_t code[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const Rounded r = qcore::Fp8Element(v[u][e], s, c, R, uni[e]);
+        out[e] = r.value;
+        code[e] = r.code;
+      }
+      if (o.codes != nullptr) StoreCodes8<8>(o.codes, unit * 8, code);
+      if (o.out != nullptr) StoreOut8(o.out, out_bf16, unit * 8, out);
+    }
+  }
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  for (int64_t i = units * 8 + tid; i < count; i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const float u = R == Rounding::kStochastic ? PhiloxUniform(seed, static_cast<uint64_t>(i)) : 0.0f;
+    const Rounded r = qcore::Fp8Element(Load1(x + i), s, c, R, u);
+    if (o.codes != nullptr) o.codes[i] = static_cast<uint8_t>(r.code);
+    if (o.out != nullptr) StoreOut1(o.out, out_bf16, i, r.value);
+  }
+}
+
+// BF16 rounding, elementwise like Fp8Kernel. codes: the bf16 bits, 2 bytes each.
+template <typename InT, Rounding R>
+__global__ void __launch_bounds__(kThreads) Bf16Kernel(const InT* __restrict__ x, int64_t count, uint64_t seed,
+                                                       const DeviceOutputs o) {
+  constexpr int kUnits = 2;
+  const bool out_bf16 = o.out_dtype == DType::kBF16;
+  const int64_t units = count / 8;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * (kThreads * kUnits);
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits); base < units; base += step) {
+    float v[kUnits][8];
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int64_t unit = base + u * kThreads + threadIdx.x;
+      if (unit < units) Load8(x + unit * 8, v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int64_t unit = base + u * kThreads + threadIdx.x;
+      if (unit >= units) continue;
+      float uni[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if constexpr (R == Rounding::kStochastic) Uniform8(seed, unit * 8, uni);
+      uint32_t b[8];
+      float out[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        b[e] = qcore::Bf16Round(v[u][e], R, uni[e]);
+        out[e] = qcore::Bf16Value(static_cast<uint16_t>(b[e]));
+      }
+      if (o.codes != nullptr) {
+        *reinterpret_cast<uint4*>(o.codes + unit * 16) =
+            make_uint4(b[0] | (b[1] << 16), b[2] | (b[3] << 16), b[4] | (b[5] << 16), b[6] | (b[7] << 16));
+      }
+      if (o.out != nullptr) StoreOut8(o.out, out_bf16, unit * 8, out);
+    }
+  }
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  for (int64_t i = units * 8 + tid; i < count; i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const float u = R == Rounding::kStochastic ? PhiloxUniform(seed, static_cast<uint64_t>(i)) : 0.0f;
+    const uint16_t b = qcore::Bf16Round(Load1(x + i), R, u);
+    if (o.codes != nullptr) reinterpret_cast<uint16_t*>(o.codes)[i] = b;
+    if (o.out != nullptr) StoreOut1(o.out, out_bf16, i, qcore::Bf16Value(b));
+  }
+}
+
+// ============================================================================
+// Launchers
+// ============================================================================
+
+Status CudaError(cudaError_t error, const char* call, const char* file, int line) {
+  return Status::Error(std::string(file) + ":" + std::to_string(line) + ": " + call + " failed: " +
+                       cudaGetErrorName(error) + " (" + cudaGetErrorString(error) + ")");
+}
+
+// Evaluates a CUDA runtime call; on failure returns a Status naming the call, the
+// file and the line from the enclosing function.
+#define KEEL_CUDA_CHECK(call)                                                  \
+  do {                                                                         \
+    const cudaError_t keel_cuda_error_ = (call);                               \
+    if (keel_cuda_error_ != cudaSuccess)                                       \
+      return CudaError(keel_cuda_error_, #call, __FILE__, __LINE__);           \
+  } while (0)
+
+#define KEEL_RETURN_IF_ERROR(expr)             \
+  do {                                         \
+    Status keel_status_ = (expr);              \
+    if (!keel_status_.ok()) return keel_status_; \
+  } while (0)
+
+// Resident CTAs per SM for each kernel, per device (cudaOccupancy... is cheap but
+// not free, and launchers run every training step).
+std::mutex g_occupancy_mutex;
+std::map<std::pair<const void*, int>, int> g_occupancy;  // guarded by g_occupancy_mutex
+std::map<int, int> g_sm_count;                           // guarded by g_occupancy_mutex
+
+// Launches kernel<<<grid, kThreads, 0, stream>>>(args...) with grid = the CTAs
+// needed, at most the CTAs the GPU holds at once (the kernels loop grid-stride).
+template <typename... KernelArgs, typename... Args>
+Status Launch(void (*kernel)(KernelArgs...), int64_t ctas_needed, cudaStream_t stream, Args&&... args) {
+  int device = 0;
+  KEEL_CUDA_CHECK(cudaGetDevice(&device));
+  int resident = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_occupancy_mutex);
+    auto sm = g_sm_count.find(device);
+    if (sm == g_sm_count.end()) {
+      int count = 0;
+      KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+      sm = g_sm_count.emplace(device, count).first;
+    }
+    const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
+    auto found = g_occupancy.find(key);
+    if (found == g_occupancy.end()) {
+      int per_sm = 0;
+      KEEL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+      found = g_occupancy.emplace(key, std::max(per_sm, 1)).first;
+    }
+    resident = found->second * sm->second;
+  }
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(ctas_needed, resident));
+  kernel<<<static_cast<unsigned int>(grid), kThreads, 0, stream>>>(std::forward<Args>(args)...);
+  KEEL_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A temporary from the stream's memory pool, freed in stream order when it goes.
+class StreamBuffer {
+ public:
+  explicit StreamBuffer(cudaStream_t stream) : stream_(stream) {}
+  ~StreamBuffer() {
+    if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);  // errors surface at the next check
+  }
+  StreamBuffer(const StreamBuffer&) = delete;
+  StreamBuffer& operator=(const StreamBuffer&) = delete;
+  Status Allocate(size_t bytes) {
+    KEEL_CUDA_CHECK(cudaMallocAsync(&ptr_, std::max<size_t>(bytes, 16), stream_));
+    return Status::Ok();
+  }
+  template <typename T> T* get() const { return static_cast<T*>(ptr_); }
+
+ private:
+  cudaStream_t stream_;
+  void* ptr_ = nullptr;
+};
+
+// Compile-time dispatch of the runtime choices.
+template <typename Fn>
+Status WithInput(DType dtype, Fn&& fn) {
+  return dtype == DType::kF32 ? fn(float{}) : fn(uint16_t{});
+}
+template <ElemFormat F> using ElemTag = std::integral_constant<ElemFormat, F>;
+template <typename Fn>
+Status WithElem(ElemFormat format, Fn&& fn) {
+  switch (format) {
+    case ElemFormat::kE4M3: return fn(ElemTag<ElemFormat::kE4M3>{});
+    case ElemFormat::kE5M2: return fn(ElemTag<ElemFormat::kE5M2>{});
+    case ElemFormat::kE3M2: return fn(ElemTag<ElemFormat::kE3M2>{});
+    case ElemFormat::kE2M3: return fn(ElemTag<ElemFormat::kE2M3>{});
+    case ElemFormat::kE2M1: return fn(ElemTag<ElemFormat::kE2M1>{});
+  }
+  return Status::Error("format: unknown element format");
+}
+template <Rounding R> using RoundTag = std::integral_constant<Rounding, R>;
+template <typename Fn>
+Status WithRounding(Rounding rounding, Fn&& fn) {
+  switch (rounding) {
+    case Rounding::kNearestEven: return fn(RoundTag<Rounding::kNearestEven>{});
+    case Rounding::kNearestAway: return fn(RoundTag<Rounding::kNearestAway>{});
+    case Rounding::kStochastic: return fn(RoundTag<Rounding::kStochastic>{});
+  }
+  return Status::Error("rounding: unknown rounding mode");
+}
+// NVFP4 rounds to nearest even or stochastically (ValidateNvfp4 refuses the rest).
+template <typename Fn>
+Status WithNvfp4Rounding(Rounding rounding, Fn&& fn) {
+  if (rounding == Rounding::kStochastic) return fn(RoundTag<Rounding::kStochastic>{});
+  return fn(RoundTag<Rounding::kNearestEven>{});
+}
+template <bool B> using BoolTag = std::integral_constant<bool, B>;
+template <typename Fn>
+Status WithBool(bool value, Fn&& fn) {
+  return value ? fn(BoolTag<true>{}) : fn(BoolTag<false>{});
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Checks the pointers every entry point shares. `scales_allowed` and
+// `tensor_scale_allowed` say which outputs the quantizer has.
+Status CheckIo(const void* x, DType x_dtype, const DeviceOutputs& o, bool scales_allowed,
+               bool tensor_scale_allowed, const char* what) {
+  const std::string prefix = std::string(what) + ": ";
+  if (x == nullptr) return Status::Error(prefix + "x: null; need a device pointer");
+  if (x_dtype != DType::kF32 && x_dtype != DType::kBF16)
+    return Status::Error(prefix + "x_dtype: " + std::to_string(static_cast<int>(x_dtype)) +
+                         " is not allowed; use DType::kF32 or DType::kBF16");
+  if (o.out != nullptr && o.out_dtype != DType::kF32 && o.out_dtype != DType::kBF16)
+    return Status::Error(prefix + "outputs.out_dtype: " + std::to_string(static_cast<int>(o.out_dtype)) +
+                         " is not allowed; use DType::kF32 or DType::kBF16");
+  if (!scales_allowed && o.scales != nullptr)
+    return Status::Error(prefix + "outputs.scales: must be null; this format has no block scales");
+  if (!tensor_scale_allowed && o.tensor_scale != nullptr)
+    return Status::Error(prefix + "outputs.tensor_scale: must be null; this format has no tensor scale");
+  const std::pair<const void*, const char*> pointers[] = {
+      {x, "x"}, {o.out, "outputs.out"}, {o.codes, "outputs.codes"}, {o.scales, "outputs.scales"}};
+  for (const auto& p : pointers) {
+    if (p.first != nullptr && !Aligned16(p.first))
+      return Status::Error(prefix + p.second + ": not 16-byte aligned; the kernels load and store 16 bytes at a time");
+  }
+  return Status::Ok();
+}
+
+Status CheckCount(int64_t count, const char* what) {
+  if (count < 1 || count > (int64_t{1} << 40))
+    return Status::Error(std::string(what) + ": count: " + std::to_string(count) +
+                         " is not allowed; need 1..2^40");
+  return Status::Ok();
+}
+
+// ---- MX ----
+
+Status LaunchMx(const void* x, DType x_dtype, int64_t rows, int64_t cols, const MxOptions& options,
+                const DeviceOutputs& o, cudaStream_t stream) {
+  const int block = options.block;
+  const int lanes = block / 8;
+  const bool rows_fast = options.axis == 1 && cols % 8 == 0 && block % 8 == 0 && lanes <= 32 &&
+                         (lanes & (lanes - 1)) == 0;
+  const bool cols_fast = options.axis == 0 && block == 32 && cols % 2 == 0;
+  if (rows_fast) {
+    MxRowsArgs a{};
+    a.rows = rows;
+    a.cols = cols;
+    a.blocks_per_row = CeilDiv(cols, block);
+    a.units_per_row = cols / 8;
+    a.padded_units = a.blocks_per_row * lanes;
+    a.lanes = lanes;
+    a.lane_shift = 0;
+    while ((1 << a.lane_shift) < lanes) ++a.lane_shift;
+    a.total = rows * a.padded_units;
+    a.by_padded = MakeIndexDiv(a.padded_units, a.total);
+    a.bump = options.bump_exponent;
+    a.seed = options.seed;
+    a.o = o;
+    const int64_t ctas = CeilDiv(a.total, kThreads * 2);
+    return WithInput(x_dtype, [&](auto in) {
+      using InT = decltype(in);
+      return WithElem(options.elem, [&](auto fmt) {
+        return WithRounding(options.rounding, [&](auto rnd) {
+          return Launch(MxRowsKernel<InT, decltype(fmt)::value, decltype(rnd)::value>, ctas, stream,
+                        static_cast<const InT*>(x), a);
+        });
+      });
+    });
+  }
+  if (cols_fast) {
+    MxColsArgs a{};
+    a.rows = rows;
+    a.cols = cols;
+    a.total = CeilDiv(rows, 32) * (cols / 2);
+    a.by_pairs = MakeIndexDiv(cols / 2, a.total);
+    a.bump = options.bump_exponent;
+    a.seed = options.seed;
+    a.o = o;
+    const int64_t ctas = CeilDiv(a.total, kThreads);
+    return WithInput(x_dtype, [&](auto in) {
+      using InT = decltype(in);
+      return WithElem(options.elem, [&](auto fmt) {
+        return WithRounding(options.rounding, [&](auto rnd) {
+          return Launch(MxColsKernel<InT, decltype(fmt)::value, decltype(rnd)::value, 32>, ctas, stream,
+                        static_cast<const InT*>(x), a);
+        });
+      });
+    });
+  }
+  // Generic: scale bytes first (into outputs.scales, or a temporary), then elements.
+  MxGenericArgs a{};
+  a.rows = rows;
+  a.cols = cols;
+  a.count = rows * cols;
+  a.axis = options.axis;
+  a.block = block;
+  a.blocks_per_line = CeilDiv(options.axis == 1 ? cols : rows, block);
+  a.blocks = MxScaleCount(rows, cols, block, options.axis);
+  a.c = qcore::ConstsOf(options.elem);
+  a.bump = options.bump_exponent;
+  a.seed = options.seed;
+  a.o = o;
+  StreamBuffer temp(stream);
+  a.scales = o.scales;
+  if (a.scales == nullptr) {
+    KEEL_RETURN_IF_ERROR(temp.Allocate(static_cast<size_t>(a.blocks)));
+    a.scales = temp.get<uint8_t>();
+  }
+  return WithInput(x_dtype, [&](auto in) {
+    using InT = decltype(in);
+    const InT* xin = static_cast<const InT*>(x);
+    KEEL_RETURN_IF_ERROR(Launch(MxGenericScalesKernel<InT>, CeilDiv(a.blocks, kThreads), stream, xin, a));
+    return WithRounding(options.rounding, [&](auto rnd) {
+      return Launch(MxGenericElementsKernel<InT, decltype(rnd)::value>, CeilDiv(CeilDiv(a.count, 2), kThreads),
+                    stream, xin, a);
+    });
+  });
+}
+
+// ---- NVFP4 ----
+
+// The amax pass: max |y| over the tensor into *amax (which it zeroes first).
+Status LaunchNvfp4Amax(const void* x, DType x_dtype, int64_t rows, int64_t cols, const Nvfp4Options& options,
+                       float* amax, cudaStream_t stream) {
+  unsigned int* amax_bits = reinterpret_cast<unsigned int*>(amax);
+  KEEL_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
+  const int64_t count = rows * cols;
+  if (!options.rht) {  // the RHT aside, the amax is over x in any order
+    return WithInput(x_dtype, [&](auto in) {
+      using InT = decltype(in);
+      return Launch(AmaxKernel<InT, false>, CeilDiv(CeilDiv(count, 8), kThreads), stream,
+                    static_cast<const InT*>(x), count, amax_bits);
+    });
+  }
+  Nvfp4Args a{};
+  a.rows = rows;
+  a.cols = cols;
+  a.amax_out = amax_bits;
+  if (options.axis == 1) {
+    a.total = count / 8;
+    a.by_inner = MakeIndexDiv(cols / 8, a.total);
+    return WithInput(x_dtype, [&](auto in) {
+      using InT = decltype(in);
+      return Launch(Nvfp4RowsKernel<InT, Rounding::kNearestEven, false, true, true>,
+                    CeilDiv(a.total, kThreads * 2), stream, static_cast<const InT*>(x), a);
+    });
+  }
+  if (cols % 2 == 0) {
+    a.total = rows / 16 * (cols / 2);
+    a.by_inner = MakeIndexDiv(cols / 2, a.total);
+    return WithInput(x_dtype, [&](auto in) {
+      using InT = decltype(in);
+      return Launch(Nvfp4ColsKernel<InT, Rounding::kNearestEven, false, true, true>, CeilDiv(a.total, kThreads),
+                    stream, static_cast<const InT*>(x), a);
+    });
+  }
+  // Odd column count: materialise y, then a plain max over it.
+  StreamBuffer y(stream);
+  KEEL_RETURN_IF_ERROR(y.Allocate(static_cast<size_t>(count) * sizeof(float)));
+  KEEL_RETURN_IF_ERROR(WithInput(x_dtype, [&](auto in) {
+    using InT = decltype(in);
+    return Launch(Nvfp4GenericYKernel<InT>, CeilDiv(rows / 16 * cols, kThreads), stream,
+                  static_cast<const InT*>(x), rows, cols, true, y.get<float>());
+  }));
+  return Launch(AmaxKernel<float, false>, CeilDiv(CeilDiv(count, 8), kThreads), stream,
+                static_cast<const float*>(y.get<float>()), count, amax_bits);
+}
+
+Status LaunchNvfp4(const void* x, DType x_dtype, int64_t rows, int64_t cols, const Nvfp4Options& options,
+                   const float* amax, const DeviceOutputs& o, cudaStream_t stream) {
+  StreamBuffer amax_temp(stream);
+  if (amax == nullptr) {
+    KEEL_RETURN_IF_ERROR(amax_temp.Allocate(sizeof(float)));
+    KEEL_RETURN_IF_ERROR(LaunchNvfp4Amax(x, x_dtype, rows, cols, options, amax_temp.get<float>(), stream));
+    amax = amax_temp.get<float>();
+  }
+  Nvfp4Args a{};
+  a.rows = rows;
+  a.cols = cols;
+  a.blocks_per_row = cols / 16;
+  a.seed = options.seed;
+  a.amax_in = amax;
+  a.o = o;
+  if (options.axis == 1) {
+    a.total = rows * cols / 8;
+    // 16x16: one warp (32 units) per tile, tiles numbered band by band.
+    a.by_inner = options.tile_16x16 ? MakeIndexDiv(cols / 16, a.total / 32) : MakeIndexDiv(cols / 8, a.total);
+    return WithInput(x_dtype, [&](auto in) {
+      using InT = decltype(in);
+      return WithNvfp4Rounding(options.rounding, [&](auto rnd) {
+        return WithBool(options.tile_16x16, [&](auto tile) {
+          return WithBool(options.rht, [&](auto rht) {
+            return Launch(Nvfp4RowsKernel<InT, decltype(rnd)::value, decltype(tile)::value, decltype(rht)::value, false>,
+                          CeilDiv(a.total, kThreads * 2), stream, static_cast<const InT*>(x), a);
+          });
+        });
+      });
+    });
+  }
+  if (cols % 2 == 0) {
+    a.total = rows / 16 * (cols / 2);
+    a.by_inner = MakeIndexDiv(cols / 2, a.total);
+    return WithInput(x_dtype, [&](auto in) {
+      using InT = decltype(in);
+      return WithNvfp4Rounding(options.rounding, [&](auto rnd) {
+        return WithBool(options.tile_16x16, [&](auto tile) {
+          return WithBool(options.rht, [&](auto rht) {
+            return Launch(Nvfp4ColsKernel<InT, decltype(rnd)::value, decltype(tile)::value, decltype(rht)::value, false>,
+                          CeilDiv(a.total, kThreads), stream, static_cast<const InT*>(x), a);
+          });
+        });
+      });
+    });
+  }
+  // Odd column count (1x16 down columns): y to a temporary, scales, then elements.
+  const int64_t count = rows * cols;
+  StreamBuffer y(stream), scale_temp(stream);
+  KEEL_RETURN_IF_ERROR(y.Allocate(static_cast<size_t>(count) * sizeof(float)));
+  uint8_t* scales = o.scales;
+  if (scales == nullptr) {
+    KEEL_RETURN_IF_ERROR(scale_temp.Allocate(static_cast<size_t>(rows / 16 * cols)));
+    scales = scale_temp.get<uint8_t>();
+  }
+  const int64_t ctas = CeilDiv(rows / 16 * cols, kThreads);
+  KEEL_RETURN_IF_ERROR(WithInput(x_dtype, [&](auto in) {
+    using InT = decltype(in);
+    return Launch(Nvfp4GenericYKernel<InT>, ctas, stream, static_cast<const InT*>(x), rows, cols,
+                  options.rht, y.get<float>());
+  }));
+  const float* y_in = y.get<float>();
+  KEEL_RETURN_IF_ERROR(Launch(Nvfp4GenericScalesKernel, ctas, stream, y_in, a, scales));
+  const uint8_t* scales_in = scales;
+  return WithNvfp4Rounding(options.rounding, [&](auto rnd) {
+    return Launch(Nvfp4GenericElementsKernel<decltype(rnd)::value>, CeilDiv(CeilDiv(count, 2), kThreads),
+                  stream, y_in, a, scales_in);
+  });
+}
+
+}  // namespace
+
+// ============================================================================
+// Device-pointer API (quantize_cuda.h)
+// ============================================================================
+
+Status MxQuantizeCuda(const void* x, DType x_dtype, int64_t rows, int64_t cols, const MxOptions& options,
+                      const DeviceOutputs& outputs, void* stream) {
+  KEEL_RETURN_IF_ERROR(ValidateMx(rows, cols, options));
+  KEEL_RETURN_IF_ERROR(CheckIo(x, x_dtype, outputs, true, false, "MxQuantizeCuda"));
+  return LaunchMx(x, x_dtype, rows, cols, options, outputs, static_cast<cudaStream_t>(stream));
+}
+
+Status Nvfp4AmaxCuda(const void* x, DType x_dtype, int64_t rows, int64_t cols, const Nvfp4Options& options,
+                     float* amax, void* stream) {
+  KEEL_RETURN_IF_ERROR(ValidateNvfp4(rows, cols, options));
+  KEEL_RETURN_IF_ERROR(CheckIo(x, x_dtype, DeviceOutputs{}, false, false, "Nvfp4AmaxCuda"));
+  if (amax == nullptr) return Status::Error("Nvfp4AmaxCuda: amax: null; need a device float");
+  return LaunchNvfp4Amax(x, x_dtype, rows, cols, options, amax, static_cast<cudaStream_t>(stream));
+}
+
+Status Nvfp4QuantizeCuda(const void* x, DType x_dtype, int64_t rows, int64_t cols, const Nvfp4Options& options,
+                         const float* amax, const DeviceOutputs& outputs, void* stream) {
+  KEEL_RETURN_IF_ERROR(ValidateNvfp4(rows, cols, options));
+  KEEL_RETURN_IF_ERROR(CheckIo(x, x_dtype, outputs, true, true, "Nvfp4QuantizeCuda"));
+  return LaunchNvfp4(x, x_dtype, rows, cols, options, amax, outputs, static_cast<cudaStream_t>(stream));
+}
+
+Status Fp8TensorAmaxCuda(const void* x, DType x_dtype, int64_t count, float* amax, void* stream) {
+  KEEL_RETURN_IF_ERROR(CheckCount(count, "Fp8TensorAmaxCuda"));
+  KEEL_RETURN_IF_ERROR(CheckIo(x, x_dtype, DeviceOutputs{}, false, false, "Fp8TensorAmaxCuda"));
+  if (amax == nullptr) return Status::Error("Fp8TensorAmaxCuda: amax: null; need a device float");
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  KEEL_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), s));
+  return WithInput(x_dtype, [&](auto in) {
+    using InT = decltype(in);
+    return Launch(AmaxKernel<InT, true>, CeilDiv(CeilDiv(count, 8), kThreads), s, static_cast<const InT*>(x),
+                  count, reinterpret_cast<unsigned int*>(amax));
+  });
+}
+
+Status Fp8TensorQuantizeCuda(const void* x, DType x_dtype, int64_t count, ElemFormat elem, Rounding rounding,
+                             uint64_t seed, const float* amax, const DeviceOutputs& outputs, void* stream) {
+  KEEL_RETURN_IF_ERROR(CheckCount(count, "Fp8TensorQuantizeCuda"));
+  if (elem != ElemFormat::kE4M3 && elem != ElemFormat::kE5M2)
+    return Status::Error(std::string("Fp8TensorQuantizeCuda: elem: ") + Spec(elem).name +
+                         " is not allowed for per-tensor FP8; use e4m3 or e5m2");
+  KEEL_RETURN_IF_ERROR(CheckIo(x, x_dtype, outputs, false, true, "Fp8TensorQuantizeCuda"));
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  StreamBuffer amax_temp(s);
+  if (amax == nullptr) {
+    KEEL_RETURN_IF_ERROR(amax_temp.Allocate(sizeof(float)));
+    KEEL_RETURN_IF_ERROR(Fp8TensorAmaxCuda(x, x_dtype, count, amax_temp.get<float>(), stream));
+    amax = amax_temp.get<float>();
+  }
+  const int64_t ctas = CeilDiv(CeilDiv(count, 8), kThreads * 2);
+  return WithInput(x_dtype, [&](auto in) {
+    using InT = decltype(in);
+    return WithRounding(rounding, [&](auto rnd) {
+      if (elem == ElemFormat::kE4M3)
+        return Launch(Fp8Kernel<InT, ElemFormat::kE4M3, decltype(rnd)::value>, ctas, s,
+                      static_cast<const InT*>(x), count, amax, seed, outputs);
+      return Launch(Fp8Kernel<InT, ElemFormat::kE5M2, decltype(rnd)::value>, ctas, s,
+                    static_cast<const InT*>(x), count, amax, seed, outputs);
+    });
+  });
+}
+
+Status Bf16QuantizeCuda(const void* x, DType x_dtype, int64_t count, Rounding rounding, uint64_t seed,
+                        const DeviceOutputs& outputs, void* stream) {
+  KEEL_RETURN_IF_ERROR(CheckCount(count, "Bf16QuantizeCuda"));
+  KEEL_RETURN_IF_ERROR(CheckIo(x, x_dtype, outputs, false, false, "Bf16QuantizeCuda"));
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int64_t ctas = CeilDiv(CeilDiv(count, 8), kThreads * 2);
+  return WithInput(x_dtype, [&](auto in) {
+    using InT = decltype(in);
+    return WithRounding(rounding, [&](auto rnd) {
+      return Launch(Bf16Kernel<InT, decltype(rnd)::value>, ctas, s, static_cast<const InT*>(x), count, seed,
+                    outputs);
+    });
+  });
+}
+
+// ============================================================================
+// Device memory helpers (quantize_cuda.h)
+// ============================================================================
+
+Status CudaMalloc(void** device_ptr, size_t bytes) {
+  if (device_ptr == nullptr) return Status::Error("CudaMalloc: device_ptr: null");
+  KEEL_CUDA_CHECK(cudaMalloc(device_ptr, bytes));
+  return Status::Ok();
+}
+
+Status CudaFree(void* device_ptr) {
+  KEEL_CUDA_CHECK(cudaFree(device_ptr));
+  return Status::Ok();
+}
+
+Status CudaMemcpyToDevice(void* device_dst, const void* host_src, size_t bytes) {
+  KEEL_CUDA_CHECK(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice));
+  return Status::Ok();
+}
+
+Status CudaMemcpyToHost(void* host_dst, const void* device_src, size_t bytes) {
+  KEEL_CUDA_CHECK(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost));
+  return Status::Ok();
+}
+
+Status CudaMemset(void* device_ptr, int byte, size_t bytes) {
+  KEEL_CUDA_CHECK(cudaMemset(device_ptr, byte, bytes));
+  return Status::Ok();
+}
+
+Status CudaSynchronize() {
+  KEEL_CUDA_CHECK(cudaDeviceSynchronize());
+  return Status::Ok();
+}
+
+Status CudaDeviceDescription(std::string* text) {
+  int device = 0;
+  KEEL_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop;
+  KEEL_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  *text = std::string(prop.name) + ", sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
+          std::to_string(prop.multiProcessorCount) + " SMs";
+  return Status::Ok();
+}
+
+// ============================================================================
+// QuantizeCuda (quantizer.h): host arrays in and out
+// ============================================================================
+
+namespace {
+
+// cudaMalloc'd memory, freed when it goes out of scope.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  Status Allocate(size_t bytes) {
+    KEEL_CUDA_CHECK(cudaMalloc(&ptr_, std::max<size_t>(bytes, 16)));
+    bytes_ = bytes;
+    return Status::Ok();
+  }
+  template <typename T> T* get() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+Status CopyToHost(const DeviceBuffer& from, std::vector<uint8_t>* to) {
+  to->resize(from.bytes());
+  if (from.bytes() > 0) KEEL_CUDA_CHECK(cudaMemcpy(to->data(), from.get<void>(), from.bytes(), cudaMemcpyDeviceToHost));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status QuantizeCuda(const QuantRequest& request, const float* x, QuantResult* result) {
+  KEEL_RETURN_IF_ERROR(ValidateRequest(request));
+  if (x == nullptr) return Status::Error("QuantizeCuda: x: null; need rows x cols floats");
+  if (result == nullptr) return Status::Error("QuantizeCuda: result: null");
+  int devices = 0;
+  const cudaError_t probe = cudaGetDeviceCount(&devices);
+  if (probe != cudaSuccess || devices == 0) {
+    cudaGetLastError();  // clear it: the caller may fall back to the CPU
+    return Status::Error(std::string("no CUDA GPU visible: ") +
+                         (probe != cudaSuccess ? cudaGetErrorString(probe) : "cudaGetDeviceCount found none"));
+  }
+
+  const int64_t count = request.rows * request.cols;
+  const bool bf16 = request.format == QuantFormat::kBf16;
+  const bool mx = IsMx(request.format);
+  const bool nvfp4 = request.format == QuantFormat::kNvfp4;
+  const ElemFormat elem = ElementOf(request.format);
+  size_t code_bytes = static_cast<size_t>(count);
+  if (bf16) code_bytes = static_cast<size_t>(count) * 2;
+  else if (Spec(elem).bits == 4) code_bytes = static_cast<size_t>((count + 1) / 2);
+  size_t scale_bytes = 0;
+  if (mx) scale_bytes = static_cast<size_t>(MxScaleCount(request.rows, request.cols, request.block, request.axis));
+  if (nvfp4) scale_bytes = static_cast<size_t>(MxScaleCount(request.rows, request.cols, 16, request.axis));
+  const bool has_tensor_scale = !mx && !bf16;
+
+  DeviceBuffer d_x, d_out, d_codes, d_scales, d_tensor_scale;
+  KEEL_RETURN_IF_ERROR(d_x.Allocate(static_cast<size_t>(count) * sizeof(float)));
+  KEEL_RETURN_IF_ERROR(d_out.Allocate(static_cast<size_t>(count) * sizeof(float)));
+  KEEL_RETURN_IF_ERROR(d_codes.Allocate(code_bytes));
+  if (scale_bytes > 0) KEEL_RETURN_IF_ERROR(d_scales.Allocate(scale_bytes));
+  if (has_tensor_scale) KEEL_RETURN_IF_ERROR(d_tensor_scale.Allocate(sizeof(float)));
+  KEEL_CUDA_CHECK(cudaMemcpy(d_x.get<void>(), x, static_cast<size_t>(count) * sizeof(float), cudaMemcpyHostToDevice));
+
+  DeviceOutputs o;
+  o.out = d_out.get<void>();
+  o.out_dtype = DType::kF32;
+  o.codes = d_codes.get<uint8_t>();
+  o.scales = scale_bytes > 0 ? d_scales.get<uint8_t>() : nullptr;
+  o.tensor_scale = has_tensor_scale ? d_tensor_scale.get<float>() : nullptr;
+  cudaStream_t stream = nullptr;  // the legacy default stream: cudaMemcpy below waits for it
+  if (bf16) {
+    KEEL_RETURN_IF_ERROR(
+        Bf16QuantizeCuda(d_x.get<void>(), DType::kF32, count, request.rounding, request.seed, o, stream));
+  } else if (mx) {
+    MxOptions options;
+    options.elem = elem;
+    options.block = request.block;
+    options.axis = request.axis;
+    options.rounding = request.rounding;
+    options.seed = request.seed;
+    KEEL_RETURN_IF_ERROR(MxQuantizeCuda(d_x.get<void>(), DType::kF32, request.rows, request.cols, options, o, stream));
+  } else if (nvfp4) {
+    Nvfp4Options options;
+    options.tile_16x16 = request.tile_16x16;
+    options.rht = request.rht;
+    options.axis = request.axis;
+    options.rounding = request.rounding;
+    options.seed = request.seed;
+    KEEL_RETURN_IF_ERROR(
+        Nvfp4QuantizeCuda(d_x.get<void>(), DType::kF32, request.rows, request.cols, options, nullptr, o, stream));
+  } else {
+    KEEL_RETURN_IF_ERROR(Fp8TensorQuantizeCuda(d_x.get<void>(), DType::kF32, count, elem, request.rounding,
+                                               request.seed, nullptr, o, stream));
+  }
+  KEEL_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+  QuantResult r;
+  r.out.resize(static_cast<size_t>(count));
+  KEEL_CUDA_CHECK(cudaMemcpy(r.out.data(), d_out.get<void>(), static_cast<size_t>(count) * sizeof(float),
+                             cudaMemcpyDeviceToHost));
+  KEEL_RETURN_IF_ERROR(CopyToHost(d_codes, &r.packed_codes));
+  if (scale_bytes > 0) KEEL_RETURN_IF_ERROR(CopyToHost(d_scales, &r.scales));
+  if (has_tensor_scale) {
+    r.has_tensor_scale = true;
+    KEEL_CUDA_CHECK(cudaMemcpy(&r.tensor_scale, d_tensor_scale.get<void>(), sizeof(float), cudaMemcpyDeviceToHost));
+  }
+  *result = std::move(r);
+  return Status::Ok();
+}
+
+}  // namespace keel
