@@ -380,6 +380,7 @@ KEEL_HD Nvfp4TensorScale Nvfp4TensorScaleFromAmax(float amax_t) {
   if (s_enc == 0.0f) s_enc = 1.0f;
   t.s_enc = s_enc;
   t.s_dec = Div(1.0f, s_enc);
+  if (IsNan(t.s_dec)) t.s_dec = QuietNan();  // canonical, as the reference stores it
   t.m = s_enc * (1.0f / 6.0f);
   return t;
 }

@@ -260,7 +260,9 @@ Status Nvfp4QuantizeRef(const float* x, int64_t rows, int64_t cols, const Nvfp4O
   float s_enc = (448.0f * 6.0f) / amax_t;
   if (std::isinf(s_enc)) s_enc = FLT_MAX;
   if (s_enc == 0.0f) s_enc = 1.0f;
-  const float s_dec = 1.0f / s_enc;
+  // A NaN tensor (NaN amax) stores the canonical quiet NaN, whatever payload the
+  // division produced, so CPU and GPU write the same packed bytes.
+  const float s_dec = std::isnan(s_enc) ? kNan : 1.0f / s_enc;
   if (s_dec_out != nullptr) *s_dec_out = s_dec;
   const float m = s_enc * (1.0f / 6.0f);
 

@@ -331,6 +331,7 @@ TEST(Nvfp4Test, TensorScaleSpecials) {
   Nv n = RunNv(nan, 1, 32, Nvfp4Options());
   for (float v : n.out) EXPECT_TRUE(std::isnan(v));
   for (uint8_t c : n.codes) EXPECT_EQ(c, 0);  // as TransformerEngine's E2M1 cast
+  EXPECT_EQ(FloatBits(n.s_dec), 0x7FC00000u);  // the canonical quiet NaN
   EXPECT_EQ(n.scales[0], 0x7F);               // E4M3 NaN
 }
 
