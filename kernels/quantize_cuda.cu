@@ -27,6 +27,8 @@
 #include "kernels/quantize_cuda.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -106,6 +108,36 @@ template <> struct Raw2<uint16_t> {
   }
 };
 
+// Eight consecutive elements at a 16-byte aligned address, kept raw in registers
+// (a software-pipelined kernel holds the next step's loads this way).
+template <typename InT> struct Raw8;
+template <> struct Raw8<float> {
+  struct Type {
+    float4 a, b;
+  };
+  __device__ static Type Load(const float* p) {
+    return Type{__ldg(reinterpret_cast<const float4*>(p)), __ldg(reinterpret_cast<const float4*>(p) + 1)};
+  }
+  __device__ static Type Zero() { return Type{make_float4(0, 0, 0, 0), make_float4(0, 0, 0, 0)}; }
+  __device__ static void Unpack(const Type& r, float v[8]) {
+    v[0] = r.a.x; v[1] = r.a.y; v[2] = r.a.z; v[3] = r.a.w;
+    v[4] = r.b.x; v[5] = r.b.y; v[6] = r.b.z; v[7] = r.b.w;
+  }
+};
+template <> struct Raw8<uint16_t> {
+  using Type = uint4;
+  __device__ static Type Load(const uint16_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+  __device__ static Type Zero() { return make_uint4(0, 0, 0, 0); }
+  __device__ static void Unpack(const Type& r, float v[8]) {
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[2 * k] = __uint_as_float(w[k] << 16);
+      v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+    }
+  }
+};
+
 // Dequantized output: fp32, or bf16 rounded to nearest even from the fp32 value
 // by the hardware conversion (one instruction per pair; the same bits as
 // FloatToBf16's nearest_even except that a NaN comes out as the canonical NaN).
@@ -177,6 +209,50 @@ __device__ __forceinline__ void Uniform8(uint64_t seed, int64_t i, float u[8]) {
   qcore::PhiloxUniform4(seed, (static_cast<uint64_t>(i) >> 2) + 1, u + 4);
 }
 
+// ---- Hardware FP8 conversion (sm_89 and later) ----------------------------------
+// cvt.rn.satfinite.{e4m3,e5m2}x2.f32 rounds two floats to nearest even and clamps
+// to +-max_normal: for a finite w with |w| < 2^(emax + 1) that is RoundElemCore's
+// nearest_even code, since rounding then clamping and saturating the rounded value
+// agree (a tie just above max_normal goes to the even grid point max_normal, and
+// anything that would round higher saturates to it). One instruction per pair
+// instead of about a dozen per element. What it does not do is Keel's zero rule
+// and NaN codes: MX callers make w with ScaledPlusZero (hardware keeps -0's sign),
+// and callers select NaN codes themselves. Below sm_89 the quant_core path runs.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define KEEL_HW_FP8 1
+#else
+#define KEEL_HW_FP8 0
+#endif
+
+template <ElemFormat F>
+constexpr bool kHwFp8Format = F == ElemFormat::kE4M3 || F == ElemFormat::kE5M2;
+
+template <ElemFormat F>
+constexpr __nv_fp8_interpretation_t Fp8Kind() {
+  return F == ElemFormat::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+}
+
+// Codes of lo and hi, lo in the low byte (the order StoreCodes wants).
+template <ElemFormat F>
+__device__ __forceinline__ uint32_t HwFp8x2(float lo, float hi) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, Fp8Kind<F>());
+}
+
+// The values of two codes made by HwFp8x2 (exact: E4M3 and E5M2 are subsets of fp16).
+template <ElemFormat F>
+__device__ __forceinline__ float2 HwFp8x2Value(uint32_t codes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), Fp8Kind<F>());
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+// x * 2^-e (the one rounding MxElementFinite does) with the zero rule of
+// PlusZeroBits applied, in two instructions: w + 0 is w for every w != 0 and +0
+// for w = +-0 under round-to-nearest. The separate __fadd_rn keeps it from being
+// fused: an FMA would keep the -0 of a product that underflows.
+__device__ __forceinline__ float ScaledPlusZero(float x, float inv_scale) {
+  return __fadd_rn(__fmul_rn(x, inv_scale), 0.0f);
+}
+
 // Division of a work index by a fixed divisor: a multiply-high (FastDivmod) when
 // every index fits in 32 bits, a 64-bit division otherwise.
 struct IndexDiv {
@@ -245,25 +321,41 @@ struct MxRowsArgs {
 template <typename InT, ElemFormat F, Rounding R>
 __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__ x, const MxRowsArgs a) {
   constexpr ElemConsts c = qcore::ConstsOf(F);
+  constexpr bool kHw = KEEL_HW_FP8 && kHwFp8Format<F> && R == Rounding::kNearestEven;
+  // Two units per step: with four (98 registers, or 80 with spills at three CTAs
+  // per SM) the H200 ran slower than with two and 4 CTAs per SM.
   constexpr int kUnits = 2;
+  using Raw = Raw8<InT>;
   const bool out_bf16 = a.o.out_dtype == DType::kBF16;
   const int64_t step = static_cast<int64_t>(gridDim.x) * (kThreads * kUnits);
+  // Software pipelined: the loads of step k + 1 are issued before the arithmetic
+  // of step k, so each thread keeps 2 * kUnits 16-byte loads in flight while it
+  // computes (loading then computing in turn left the kernel latency-bound).
+  typename Raw::Type next[kUnits];
+  int64_t next_row[kUnits], next_unit[kUnits];
+  bool next_active[kUnits];
+  auto load_step = [&](int64_t base) {
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int64_t g = base + u * kThreads + threadIdx.x;
+      DivMod(g, a.by_padded, &next_row[u], &next_unit[u]);
+      next_active[u] = g < a.total && next_unit[u] < a.units_per_row;
+      next[u] = next_active[u] ? Raw::Load(x + next_row[u] * a.cols + next_unit[u] * 8) : Raw::Zero();
+    }
+  };
+  load_step(static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits));
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits); base < a.total; base += step) {
     float v[kUnits][8];
     int64_t row[kUnits], unit[kUnits];
     bool active[kUnits];
 #pragma unroll
-    for (int u = 0; u < kUnits; ++u) {  // all loads first
-      const int64_t g = base + u * kThreads + threadIdx.x;
-      DivMod(g, a.by_padded, &row[u], &unit[u]);
-      active[u] = g < a.total && unit[u] < a.units_per_row;
-      if (active[u]) {
-        Load8(x + row[u] * a.cols + unit[u] * 8, v[u]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[u][e] = 0.0f;
-      }
+    for (int u = 0; u < kUnits; ++u) {
+      Raw::Unpack(next[u], v[u]);
+      row[u] = next_row[u];
+      unit[u] = next_unit[u];
+      active[u] = next_active[u];
     }
+    load_step(base + step);  // inactive (zeros) past the end
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
       uint32_t amax = 0;
@@ -282,6 +374,21 @@ __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__
         for (int e = 0; e < 8; ++e) {
           out[e] = qcore::QuietNan();
           code[e] = c.nan_code;
+        }
+      } else if constexpr (kHw) {
+        // MxElementFinite with the conversion in hardware: w = x * 2^-e exactly as
+        // there, value = code value * 2^e (exact).
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) {
+          const uint32_t pair = HwFp8x2<F>(ScaledPlusZero(v[u][e], s.inv_scale),
+                                           ScaledPlusZero(v[u][e + 1], s.inv_scale));
+          code[e] = pair & 0xFFu;
+          code[e + 1] = pair >> 8;
+          if (a.o.out != nullptr) {
+            const float2 q = HwFp8x2Value<F>(pair);
+            out[e] = q.x * s.scale;
+            out[e + 1] = q.y * s.scale;
+          }
         }
       } else {
 #pragma unroll
@@ -343,8 +450,17 @@ __global__ void __launch_bounds__(kThreads) MxColsKernel(const InT* __restrict__
       Raw::Unpack(raw[r], &v0, &v1);
       if constexpr (R == Rounding::kStochastic) Uniform2(a.seed, i, &u0, &u1);
       // Computed unconditionally, NaN blocks selected after: keeps 2^+-e out of the loop.
-      Rounded q0 = qcore::MxElementFinite(v0, s0, c, R, u0);
-      Rounded q1 = qcore::MxElementFinite(v1, s1, c, R, u1);
+      Rounded q0, q1;
+      if constexpr (KEEL_HW_FP8 && kHwFp8Format<F> && R == Rounding::kNearestEven) {
+        // As MxElementFinite, with the conversion of the pair in hardware.
+        const uint32_t pair = HwFp8x2<F>(ScaledPlusZero(v0, s0.inv_scale), ScaledPlusZero(v1, s1.inv_scale));
+        const float2 q = a.o.out != nullptr ? HwFp8x2Value<F>(pair) : make_float2(0.0f, 0.0f);
+        q0 = Rounded{q.x * s0.scale, pair & 0xFFu};
+        q1 = Rounded{q.y * s1.scale, pair >> 8};
+      } else {
+        q0 = qcore::MxElementFinite(v0, s0, c, R, u0);
+        q1 = qcore::MxElementFinite(v1, s1, c, R, u1);
+      }
       if (s0.nan) q0 = qcore::MxNanElement(c);
       if (s1.nan) q1 = qcore::MxNanElement(c);
       if (a.o.codes != nullptr) StoreCodes2<c.bits>(a.o.codes, i, q0.code, q1.code);
@@ -454,32 +570,44 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsKernel(const InT* __restric
     if (a.o.tensor_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *a.o.tensor_scale = t.s_dec;
   }
   uint32_t thread_max = 0;
+  using Raw = Raw8<InT>;
   const int64_t step = static_cast<int64_t>(gridDim.x) * (kThreads * kUnits);
+  // Software pipelined as MxRowsKernel: step k + 1's loads are in flight while
+  // step k computes.
+  typename Raw::Type next[kUnits];
+  int64_t next_row[kUnits], next_col[kUnits];
+  bool next_active[kUnits];
+  auto load_step = [&](int64_t base) {
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int64_t g = base + u * kThreads + threadIdx.x;
+      next_active[u] = g < a.total;
+      if constexpr (kTile) {
+        int64_t band, tile_col;
+        DivMod(g >> 5, a.by_inner, &band, &tile_col);
+        next_row[u] = band * 16 + ((g & 31) >> 1);
+        next_col[u] = tile_col * 16 + (g & 1) * 8;
+      } else {
+        int64_t unit;
+        DivMod(g, a.by_inner, &next_row[u], &unit);
+        next_col[u] = unit * 8;
+      }
+      next[u] = next_active[u] ? Raw::Load(x + next_row[u] * a.cols + next_col[u]) : Raw::Zero();
+    }
+  };
+  load_step(static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits));
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits); base < a.total; base += step) {
     float v[kUnits][8];
     int64_t row[kUnits], col[kUnits];
     bool active[kUnits];
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
-      const int64_t g = base + u * kThreads + threadIdx.x;
-      active[u] = g < a.total;
-      if constexpr (kTile) {
-        int64_t band, tile_col;
-        DivMod(g >> 5, a.by_inner, &band, &tile_col);
-        row[u] = band * 16 + ((g & 31) >> 1);
-        col[u] = tile_col * 16 + (g & 1) * 8;
-      } else {
-        int64_t unit;
-        DivMod(g, a.by_inner, &row[u], &unit);
-        col[u] = unit * 8;
-      }
-      if (active[u]) {
-        Load8(x + row[u] * a.cols + col[u], v[u]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[u][e] = 0.0f;
-      }
+      Raw::Unpack(next[u], v[u]);
+      row[u] = next_row[u];
+      col[u] = next_col[u];
+      active[u] = next_active[u];
     }
+    load_step(base + step);  // inactive (zeros) past the end
     const int half = threadIdx.x & 1;  // which half of its 16-chunk this lane holds
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
@@ -706,7 +834,9 @@ template <typename InT, ElemFormat F, Rounding R>
 __global__ void __launch_bounds__(kThreads) Fp8Kernel(const InT* __restrict__ x, int64_t count, const float* amax,
                                                       uint64_t seed, const DeviceOutputs o) {
   constexpr ElemConsts c = qcore::ConstsOf(F);
-  constexpr int kUnits = 2;
+  // Four 16-byte bf16 loads per thread before any arithmetic: with two, the kernel
+  // was latency-bound (H200: 0.41 ms before, 0.22 ms with this and the hardware cvt).
+  constexpr int kUnits = sizeof(InT) == 2 ? 4 : 2;
   const bool out_bf16 = o.out_dtype == DType::kBF16;
   const qcore::Fp8Scale s = qcore::Fp8ScaleFromAmax(__ldg(amax), c);
   if (o.tensor_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *o.tensor_scale = s.inv;
@@ -727,11 +857,34 @@ __global__ void __launch_bounds__(kThreads) Fp8Kernel(const InT* __restrict__ x,
       if constexpr (R == Rounding::kStochastic) Uniform8(seed, unit * 8, uni);
       float out[8];
       uint32_t code[8];
+      if constexpr (KEEL_HW_FP8 && R == Rounding::kNearestEven) {
+        // Fp8Element with the conversion in hardware. Saturation covers |x * scale|
+        // at or above max_normal, Inf included, as RoundElem's clamp does; -0 keeps
+        // its code 0x80 here (no zero rule for per-tensor FP8). A NaN x gets the
+        // reference's code, its own sign with the NaN code, by a select; its value
+        // (NaN code value times 1 / scale) is the GPU's canonical NaN either way.
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const Rounded r = qcore::Fp8Element(v[u][e], s, c, R, uni[e]);
-        out[e] = r.value;
-        code[e] = r.code;
+        for (int e = 0; e < 8; e += 2) {
+          const uint32_t pair = HwFp8x2<F>(v[u][e] * s.scale, v[u][e + 1] * s.scale);
+          code[e] = pair & 0xFFu;
+          code[e + 1] = pair >> 8;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            if (qcore::IsNan(v[u][e + h])) code[e + h] = ((qcore::AsBits(v[u][e + h]) >> 24) & 0x80u) | c.nan_code;
+          }
+          if (o.out != nullptr) {
+            const float2 q = HwFp8x2Value<F>(code[e] | (code[e + 1] << 8));
+            out[e] = q.x * s.inv;
+            out[e + 1] = q.y * s.inv;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const Rounded r = qcore::Fp8Element(v[u][e], s, c, R, uni[e]);
+          out[e] = r.value;
+          code[e] = r.code;
+        }
       }
       if (o.codes != nullptr) StoreCodes8<8>(o.codes, unit * 8, code);
       if (o.out != nullptr) StoreOut8(o.out, out_bf16, unit * 8, out);
