@@ -17,6 +17,26 @@ std::vector<uint8_t> QuantResult::PackedFile() const {
   return file;
 }
 
+MxOptions MxOptionsOf(const QuantRequest& request) {
+  MxOptions options;
+  options.elem = ElementOf(request.format);
+  options.block = request.block;
+  options.axis = request.axis;
+  options.rounding = request.rounding;
+  options.seed = request.seed;
+  return options;
+}
+
+Nvfp4Options Nvfp4OptionsOf(const QuantRequest& request) {
+  Nvfp4Options options;
+  options.tile_16x16 = request.tile_16x16;
+  options.rht = request.rht;
+  options.axis = request.axis;
+  options.rounding = request.rounding;
+  options.seed = request.seed;
+  return options;
+}
+
 Status ValidateRequest(const QuantRequest& request) {
   const char* name = QuantFormatName(request.format);
   if (!IsMx(request.format) && request.block != 32)
@@ -27,21 +47,9 @@ Status ValidateRequest(const QuantRequest& request) {
                          "; tiles apply to nvfp4 only");
   if (request.format != QuantFormat::kNvfp4 && request.rht)
     return Status::Error(std::string("rht: not allowed for ") + name + "; RHT applies to nvfp4 only");
-  if (IsMx(request.format)) {
-    MxOptions options;
-    options.elem = ElementOf(request.format);
-    options.block = request.block;
-    options.axis = request.axis;
-    return ValidateMx(request.rows, request.cols, options);
-  }
-  if (request.format == QuantFormat::kNvfp4) {
-    Nvfp4Options options;
-    options.tile_16x16 = request.tile_16x16;
-    options.rht = request.rht;
-    options.axis = request.axis;
-    options.rounding = request.rounding;
-    return ValidateNvfp4(request.rows, request.cols, options);
-  }
+  if (IsMx(request.format)) return ValidateMx(request.rows, request.cols, MxOptionsOf(request));
+  if (request.format == QuantFormat::kNvfp4)
+    return ValidateNvfp4(request.rows, request.cols, Nvfp4OptionsOf(request));
   // Per-tensor FP8 and BF16 are elementwise: the axis changes nothing but must be valid.
   if (request.axis != 0 && request.axis != 1)
     return Status::Error("axis: " + std::to_string(request.axis) + " is not allowed; use 1 or 0");
@@ -72,26 +80,14 @@ Status QuantizeCpu(const QuantRequest& request, const float* x, QuantResult* res
   const ElemFormat elem = ElementOf(request.format);
   std::vector<uint8_t> codes(count);
   if (IsMx(request.format)) {
-    MxOptions options;
-    options.elem = elem;
-    options.block = request.block;
-    options.axis = request.axis;
-    options.rounding = request.rounding;
-    options.seed = request.seed;
     r.scales.resize(MxScaleCount(request.rows, request.cols, request.block, request.axis));
-    status = MxQuantizeRef(x, request.rows, request.cols, options, r.out.data(), codes.data(),
-                           r.scales.data());
+    status = MxQuantizeRef(x, request.rows, request.cols, MxOptionsOf(request), r.out.data(),
+                           codes.data(), r.scales.data());
   } else if (request.format == QuantFormat::kNvfp4) {
-    Nvfp4Options options;
-    options.tile_16x16 = request.tile_16x16;
-    options.rht = request.rht;
-    options.axis = request.axis;
-    options.rounding = request.rounding;
-    options.seed = request.seed;
     r.scales.resize(MxScaleCount(request.rows, request.cols, 16, request.axis));
     r.has_tensor_scale = true;
-    status = Nvfp4QuantizeRef(x, request.rows, request.cols, options, r.out.data(), codes.data(),
-                              r.scales.data(), &r.tensor_scale);
+    status = Nvfp4QuantizeRef(x, request.rows, request.cols, Nvfp4OptionsOf(request), r.out.data(),
+                              codes.data(), r.scales.data(), &r.tensor_scale);
   } else {
     r.has_tensor_scale = true;
     status = Fp8TensorQuantizeRef(x, count, elem, request.rounding, request.seed, r.out.data(),

@@ -44,6 +44,10 @@ struct QuantResult {
   std::vector<uint8_t> PackedFile() const;
 };
 
+// The lower-level options a request stands for (MX formats and nvfp4 only).
+MxOptions MxOptionsOf(const QuantRequest& request);
+Nvfp4Options Nvfp4OptionsOf(const QuantRequest& request);
+
 // Checks every field of the request against the format (block only for MX,
 // tile and RHT only for nvfp4, shapes the tile divides, ...).
 Status ValidateRequest(const QuantRequest& request);
