@@ -210,21 +210,10 @@ GpuResult RunGpu(const Case& c) {
   const bool has_tensor_scale = r.format == QuantFormat::kNvfp4 || r.format == QuantFormat::kFp8E4M3 ||
                                 r.format == QuantFormat::kFp8E5M2;
   if (IsMx(r.format)) {
-    MxOptions options;
-    options.elem = ElementOf(r.format);
-    options.block = r.block;
-    options.axis = r.axis;
-    options.rounding = r.rounding;
-    options.seed = r.seed;
     o.scales = d_scales;
-    s = MxQuantizeCuda(d_x, c.in_dtype, r.rows, r.cols, options, o, nullptr);
+    s = MxQuantizeCuda(d_x, c.in_dtype, r.rows, r.cols, MxOptionsOf(r), o, nullptr);
   } else if (r.format == QuantFormat::kNvfp4) {
-    Nvfp4Options options;
-    options.tile_16x16 = r.tile_16x16;
-    options.rht = r.rht;
-    options.axis = r.axis;
-    options.rounding = r.rounding;
-    options.seed = r.seed;
+    const Nvfp4Options options = Nvfp4OptionsOf(r);
     o.scales = d_scales;
     o.tensor_scale = d_tensor_scale;
     const float* amax = nullptr;

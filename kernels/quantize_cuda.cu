@@ -87,6 +87,20 @@ __device__ __forceinline__ void Load8(const uint16_t* p, float v[8]) {
   }
 }
 
+// Per-half max of two bf16 pairs: sm_90 has max.u16x2, one instruction for two
+// elements. Applied to magnitude bits (x & 0x7FFF7FFF) it is AbsBits' max per
+// element, since a bf16's magnitude bits order as its fp32 bits do, NaN above Inf.
+__device__ __forceinline__ uint32_t MaxU16x2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t r;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+#else
+  return max(a & 0xFFFFu, b & 0xFFFFu) | max(a & 0xFFFF0000u, b & 0xFFFF0000u);
+#endif
+}
+constexpr uint32_t kBf16x2AbsMask = 0x7FFF7FFFu;
+
 // Two adjacent elements, kept in their raw form in registers until used (a column
 // block stays in registers: 32 words for bf16, 64 for fp32).
 template <typename InT> struct Raw2;
@@ -95,6 +109,16 @@ template <> struct Raw2<float> {
   __device__ static Type Load(const float* p) { return __ldg(reinterpret_cast<const float2*>(p)); }
   __device__ static Type Zero() { return make_float2(0.0f, 0.0f); }
   __device__ static void Unpack(Type r, float* a, float* b) { *a = r.x; *b = r.y; }
+  // Running max of AbsBits of each of the two columns.
+  struct AbsMax {
+    uint32_t lo = 0, hi = 0;
+    __device__ void Add(Type r) {
+      lo = max(lo, qcore::AbsBits(r.x));
+      hi = max(hi, qcore::AbsBits(r.y));
+    }
+    __device__ uint32_t Lo() const { return lo; }
+    __device__ uint32_t Hi() const { return hi; }
+  };
 };
 template <> struct Raw2<uint16_t> {
   using Type = uint32_t;
@@ -106,6 +130,13 @@ template <> struct Raw2<uint16_t> {
     *a = __uint_as_float(r << 16);
     *b = __uint_as_float(r & 0xFFFF0000u);
   }
+  // The same, both columns in one packed max (two instructions per pair).
+  struct AbsMax {
+    uint32_t m = 0;
+    __device__ void Add(Type r) { m = MaxU16x2(m, r & kBf16x2AbsMask); }
+    __device__ uint32_t Lo() const { return m << 16; }
+    __device__ uint32_t Hi() const { return m & 0xFFFF0000u; }
+  };
 };
 
 // Eight consecutive elements at a 16-byte aligned address, kept raw in registers
@@ -123,6 +154,15 @@ template <> struct Raw8<float> {
     v[0] = r.a.x; v[1] = r.a.y; v[2] = r.a.z; v[3] = r.a.w;
     v[4] = r.b.x; v[5] = r.b.y; v[6] = r.b.z; v[7] = r.b.w;
   }
+  // max over the 8 elements of AbsBits.
+  __device__ static uint32_t AbsMax(const Type& r) {
+    float v[8];
+    Unpack(r, v);
+    uint32_t m = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) m = max(m, qcore::AbsBits(v[e]));
+    return m;
+  }
 };
 template <> struct Raw8<uint16_t> {
   using Type = uint4;
@@ -135,6 +175,12 @@ template <> struct Raw8<uint16_t> {
       v[2 * k] = __uint_as_float(w[k] << 16);
       v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
     }
+  }
+  // The same with packed 16x2 maxima: 4 masks, 3 maxes and 3 to finish, not 16.
+  __device__ static uint32_t AbsMax(const Type& r) {
+    const uint32_t m = MaxU16x2(MaxU16x2(r.x & kBf16x2AbsMask, r.y & kBf16x2AbsMask),
+                                MaxU16x2(r.z & kBf16x2AbsMask, r.w & kBf16x2AbsMask));
+    return max(m << 16, m & 0xFFFF0000u);
   }
 };
 
@@ -253,6 +299,44 @@ __device__ __forceinline__ float ScaledPlusZero(float x, float inv_scale) {
   return __fadd_rn(__fmul_rn(x, inv_scale), 0.0f);
 }
 
+// ---- Nearest-even rounding to E3M2, E2M3 and E2M1 ------------------------------
+// qcore::RoundElemCore for Rounding::kNearestEven, written for the instruction
+// count: |w| is an operand modifier of the magic addition instead of a separate
+// mask, and kClamp = false drops the clamp to max_normal for callers whose |w| is
+// at most max_normal already (NVFP4 clamps w to +-6 before rounding, and 6 is on
+// the grid, so rounding cannot exceed it). Same additions, same bits: see
+// RoundElemCore for why (|w| + big) - big is the nearest-even grid point and the
+// low bits of the sum count its quanta. w must not be NaN.
+template <ElemFormat F, bool kClamp>
+__device__ __forceinline__ Rounded RneSmall(float w) {
+  constexpr ElemConsts c = qcore::ConstsOf(F);
+  const uint32_t bits = __float_as_uint(w);
+  const uint32_t sign = bits & qcore::kSignBit;
+  const uint32_t big_bits = max(bits & 0x7F800000u, static_cast<uint32_t>(128 - c.bias) << 23) +
+                            (static_cast<uint32_t>(23 - c.mbits) << 23);
+  const float big = __uint_as_float(big_bits);
+  const float sum = __fadd_rn(fabsf(w), big);
+  const uint32_t n = __float_as_uint(sum) - big_bits;
+  float value = __fsub_rn(sum, big);
+  uint32_t code = (big_bits >> (23 - c.mbits)) - (static_cast<uint32_t>(151 - c.bias - c.mbits) << c.mbits) + n;
+  if constexpr (kClamp) {
+    code = min(code, c.max_code);
+    value = fminf(value, __uint_as_float(c.max_bits));
+  }
+  return Rounded{__uint_as_float(__float_as_uint(value) | sign), code | (sign >> (32 - c.bits))};
+}
+
+// Nvfp4Element (nearest_even) for a block whose s_b is not NaN. Then no y * s_b is
+// NaN: a NaN y makes the block amax NaN and so s_b NaN, and s_b is never 0 (sf is
+// at most 448 and |S_dec| below 2^117, so 1 / (sf * S_dec) is not 1 / Inf), so an
+// infinite y gives an infinite product that the clamp takes to +-6. Blocks with a
+// NaN s_b are handled whole by the caller. The + 0 is PlusZeroBits (see
+// ScaledPlusZero).
+__device__ __forceinline__ Rounded Nvfp4ElementRne(float y, float s_b) {
+  const float w = __fadd_rn(fminf(fmaxf(__fmul_rn(y, s_b), -6.0f), 6.0f), 0.0f);
+  return RneSmall<ElemFormat::kE2M1, false>(w);
+}
+
 // Division of a work index by a fixed divisor: a multiply-high (FastDivmod) when
 // every index fits in 32 bits, a 64-bit division otherwise.
 struct IndexDiv {
@@ -346,11 +430,13 @@ __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__
   load_step(static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits));
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits); base < a.total; base += step) {
     float v[kUnits][8];
+    uint32_t unit_amax[kUnits];
     int64_t row[kUnits], unit[kUnits];
     bool active[kUnits];
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
       Raw::Unpack(next[u], v[u]);
+      unit_amax[u] = Raw::AbsMax(next[u]);
       row[u] = next_row[u];
       unit[u] = next_unit[u];
       active[u] = next_active[u];
@@ -358,9 +444,7 @@ __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__
     load_step(base + step);  // inactive (zeros) past the end
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
-      uint32_t amax = 0;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) amax = max(amax, qcore::AbsBits(v[u][e]));
+      uint32_t amax = unit_amax[u];
       for (int o = 1; o < a.lanes; o <<= 1) amax = max(amax, __shfl_xor_sync(kFullMask, amax, o));
       if (!active[u]) continue;
       const qcore::MxScale s = qcore::MxScaleFromAmax(amax, c, a.bump);
@@ -390,6 +474,20 @@ __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__
             out[e + 1] = q.y * s.scale;
           }
         }
+      } else if constexpr (R == Rounding::kNearestEven) {
+        // MxElementFinite, with the zero rule as in ScaledPlusZero and RneSmall's
+        // shorter rounding (E3M2, E2M3, E2M1 and, below sm_89, FP8). Two copies of
+        // the loop, so that codes-only calls skip the value arithmetic.
+        auto round8 = [&](auto with_values) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const Rounded r = RneSmall<F, true>(ScaledPlusZero(v[u][e], s.inv_scale));
+            if constexpr (decltype(with_values)::value) out[e] = r.value * s.scale;
+            code[e] = r.code;
+          }
+        };
+        if (a.o.out != nullptr) round8(std::true_type{});
+        else round8(std::false_type{});
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -410,6 +508,7 @@ struct MxColsArgs {
   int64_t rows, cols;
   int64_t total;              // ceil(rows / block) * (cols / 2)
   IndexDiv by_pairs;          // cols / 2
+  int prefetch;               // L2 prefetch of the item this many grid steps ahead; 0: none (see the kernel)
   bool bump;
   uint64_t seed;
   DeviceOutputs o;
@@ -432,16 +531,28 @@ __global__ void __launch_bounds__(kThreads) MxColsKernel(const InT* __restrict__
     typename Raw::Type raw[kBlock];
 #pragma unroll
     for (int r = 0; r < kBlock; ++r) raw[r] = r < n ? Raw::Load(p + r * a.cols) : Raw::Zero();
-    uint32_t amax0 = 0, amax1 = 0;
+    // An L2 prefetch of a later item. The launcher leaves it off: on the H200 it
+    // made the kernel slower (MX FP8 down columns 0.24 -> 0.32 ms at 1 step ahead).
+    // The branch is kept because of what it does to ptxas: with it this kernel gets
+    // 70 registers instead of 89 (FP6, FP4) or 114 (FP8), so 3 CTAs per SM instead
+    // of 2, and MX FP8 down columns went from 0.308 to 0.239 ms. Fences tried instead
+    // (__syncwarp, asm barriers on the loaded words or the row stride,
+    // __launch_bounds__ with 3 CTAs, which spills) did not get the same allocation.
+    if (a.prefetch > 0 && w + a.prefetch * step < a.total) {
+      int64_t rb2, cp2;
+      DivMod(w + a.prefetch * step, a.by_pairs, &rb2, &cp2);
+      const int64_t n2 = min(static_cast<int64_t>(kBlock), a.rows - rb2 * kBlock);
+      const InT* p2 = x + rb2 * kBlock * a.cols + cp2 * 2;
 #pragma unroll
-    for (int r = 0; r < kBlock; ++r) {
-      float v0, v1;
-      Raw::Unpack(raw[r], &v0, &v1);
-      amax0 = max(amax0, qcore::AbsBits(v0));
-      amax1 = max(amax1, qcore::AbsBits(v1));
+      for (int r = 0; r < kBlock; ++r) {
+        if (r < n2) asm volatile("prefetch.global.L2 [%0];" ::"l"(p2 + r * a.cols));
+      }
     }
-    const qcore::MxScale s0 = qcore::MxScaleFromAmax(amax0, c, a.bump);
-    const qcore::MxScale s1 = qcore::MxScaleFromAmax(amax1, c, a.bump);
+    typename Raw::AbsMax amax;
+#pragma unroll
+    for (int r = 0; r < kBlock; ++r) amax.Add(raw[r]);
+    const qcore::MxScale s0 = qcore::MxScaleFromAmax(amax.Lo(), c, a.bump);
+    const qcore::MxScale s1 = qcore::MxScaleFromAmax(amax.Hi(), c, a.bump);
 #pragma unroll
     for (int r = 0; r < kBlock; ++r) {
       if (r >= n) break;
@@ -457,6 +568,11 @@ __global__ void __launch_bounds__(kThreads) MxColsKernel(const InT* __restrict__
         const float2 q = a.o.out != nullptr ? HwFp8x2Value<F>(pair) : make_float2(0.0f, 0.0f);
         q0 = Rounded{q.x * s0.scale, pair & 0xFFu};
         q1 = Rounded{q.y * s1.scale, pair >> 8};
+      } else if constexpr (R == Rounding::kNearestEven) {
+        q0 = RneSmall<F, true>(ScaledPlusZero(v0, s0.inv_scale));
+        q1 = RneSmall<F, true>(ScaledPlusZero(v1, s1.inv_scale));
+        q0.value = q0.value * s0.scale;
+        q1.value = q1.value * s1.scale;
       } else {
         q0 = qcore::MxElementFinite(v0, s0, c, R, u0);
         q1 = qcore::MxElementFinite(v1, s1, c, R, u1);
@@ -598,11 +714,13 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsKernel(const InT* __restric
   load_step(static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits));
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits); base < a.total; base += step) {
     float v[kUnits][8];
+    uint32_t unit_amax[kUnits];  // of x: the amax of y without the RHT
     int64_t row[kUnits], col[kUnits];
     bool active[kUnits];
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
       Raw::Unpack(next[u], v[u]);
+      if constexpr (!kRht) unit_amax[u] = Raw::AbsMax(next[u]);
       row[u] = next_row[u];
       col[u] = next_col[u];
       active[u] = next_active[u];
@@ -626,8 +744,12 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsKernel(const InT* __restric
         for (int e = 0; e < 8; ++e) y[e] = v[u][e];
       }
       uint32_t amax = 0;
+      if constexpr (kRht) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) amax = max(amax, qcore::AbsBits(y[e]));
+        for (int e = 0; e < 8; ++e) amax = max(amax, qcore::AbsBits(y[e]));
+      } else {
+        amax = unit_amax[u];
+      }
       if constexpr (kAmaxOnly) {
         thread_max = max(thread_max, amax);  // idle lanes hold zeros
         continue;
@@ -644,11 +766,34 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsKernel(const InT* __restric
       if constexpr (R == Rounding::kStochastic) Uniform8(a.seed, i0, uni);
       float out[8];
       uint32_t code[8];
+      if constexpr (R == Rounding::kNearestEven) {
+        if (qcore::IsNan(s.s_b)) {  // every y * s_b is NaN: code 0, value NaN (Nvfp4Element)
+          const float nan_out = qcore::Nvfp4Dequant(qcore::QuietNan(), s, t);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const Rounded q = qcore::Nvfp4Element(y[e], s, R, uni[e]);
-        code[e] = q.code;
-        out[e] = qcore::Nvfp4Dequant(q.value, s, t);
+          for (int e = 0; e < 8; ++e) {
+            code[e] = 0;
+            out[e] = nan_out;
+          }
+        } else {
+          // Two copies, so that codes-only calls skip the value arithmetic.
+          auto round8 = [&](auto with_values) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              const Rounded q = Nvfp4ElementRne(y[e], s.s_b);
+              code[e] = q.code;
+              if constexpr (decltype(with_values)::value) out[e] = qcore::Nvfp4Dequant(q.value, s, t);
+            }
+          };
+          if (a.o.out != nullptr) round8(std::true_type{});
+          else round8(std::false_type{});
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const Rounded q = qcore::Nvfp4Element(y[e], s, R, uni[e]);
+          code[e] = q.code;
+          out[e] = qcore::Nvfp4Dequant(q.value, s, t);
+        }
       }
       if (a.o.codes != nullptr) StoreCodes8<4>(a.o.codes, i0, code);
       if (a.o.out != nullptr) StoreOut8(a.o.out, out_bf16, i0, out);
@@ -682,11 +827,16 @@ __global__ void __launch_bounds__(kThreads) Nvfp4ColsKernel(const InT* __restric
     DivMod(w, a.by_inner, &rb, &cp);
     const int64_t c0 = cp * 2;
     float in0[16], in1[16];
+    typename Raw::AbsMax x_amax;  // of x: the amax of y without the RHT
     {
       typename Raw::Type raw[16];
       const InT* p = x + rb * 16 * a.cols + c0;
 #pragma unroll
       for (int r = 0; r < 16; ++r) raw[r] = active ? Raw::Load(p + r * a.cols) : Raw::Zero();
+      if constexpr (!kRht) {
+#pragma unroll
+        for (int r = 0; r < 16; ++r) x_amax.Add(raw[r]);
+      }
 #pragma unroll
       for (int r = 0; r < 16; ++r) Raw::Unpack(raw[r], &in0[r], &in1[r]);
     }
@@ -711,10 +861,15 @@ __global__ void __launch_bounds__(kThreads) Nvfp4ColsKernel(const InT* __restric
       }
     }
     uint32_t amax0 = 0, amax1 = 0;
+    if constexpr (kRht) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      amax0 = max(amax0, qcore::AbsBits(y0[j]));
-      amax1 = max(amax1, qcore::AbsBits(y1[j]));
+      for (int j = 0; j < 16; ++j) {
+        amax0 = max(amax0, qcore::AbsBits(y0[j]));
+        amax1 = max(amax1, qcore::AbsBits(y1[j]));
+      }
+    } else {
+      amax0 = x_amax.Lo();
+      amax1 = x_amax.Hi();
     }
     if constexpr (kAmaxOnly) {
       thread_max = max(thread_max, max(amax0, amax1));
@@ -734,8 +889,17 @@ __global__ void __launch_bounds__(kThreads) Nvfp4ColsKernel(const InT* __restric
       const int64_t i = (rb * 16 + r) * a.cols + c0;
       float u0 = 0.0f, u1 = 0.0f;
       if constexpr (R == Rounding::kStochastic) Uniform2(a.seed, i, &u0, &u1);
-      const Rounded q0 = qcore::Nvfp4Element(y0[r], s0, R, u0);
-      const Rounded q1 = qcore::Nvfp4Element(y1[r], s1, R, u1);
+      Rounded q0, q1;
+      if constexpr (R == Rounding::kNearestEven) {
+        // NaN blocks selected per block (see Nvfp4ElementRne), after the rounding.
+        q0 = Nvfp4ElementRne(y0[r], s0.s_b);
+        q1 = Nvfp4ElementRne(y1[r], s1.s_b);
+        if (qcore::IsNan(s0.s_b)) q0 = Rounded{qcore::QuietNan(), 0u};
+        if (qcore::IsNan(s1.s_b)) q1 = Rounded{qcore::QuietNan(), 0u};
+      } else {
+        q0 = qcore::Nvfp4Element(y0[r], s0, R, u0);
+        q1 = qcore::Nvfp4Element(y1[r], s1, R, u1);
+      }
       if (a.o.codes != nullptr) StoreCodes2<4>(a.o.codes, i, q0.code, q1.code);
       if (a.o.out != nullptr)
         StoreOut2(a.o.out, out_bf16, i, qcore::Nvfp4Dequant(q0.value, s0, t), qcore::Nvfp4Dequant(q1.value, s1, t));
@@ -1139,6 +1303,7 @@ Status LaunchMx(const void* x, DType x_dtype, int64_t rows, int64_t cols, const 
     a.cols = cols;
     a.total = CeilDiv(rows, 32) * (cols / 2);
     a.by_pairs = MakeIndexDiv(cols / 2, a.total);
+    a.prefetch = 0;  // off: slower on the H200 (see MxColsKernel)
     a.bump = options.bump_exponent;
     a.seed = options.seed;
     a.o = o;
@@ -1510,22 +1675,11 @@ Status QuantizeCuda(const QuantRequest& request, const float* x, QuantResult* re
     KEEL_RETURN_IF_ERROR(
         Bf16QuantizeCuda(d_x.get<void>(), DType::kF32, count, request.rounding, request.seed, o, stream));
   } else if (mx) {
-    MxOptions options;
-    options.elem = elem;
-    options.block = request.block;
-    options.axis = request.axis;
-    options.rounding = request.rounding;
-    options.seed = request.seed;
-    KEEL_RETURN_IF_ERROR(MxQuantizeCuda(d_x.get<void>(), DType::kF32, request.rows, request.cols, options, o, stream));
+    KEEL_RETURN_IF_ERROR(MxQuantizeCuda(d_x.get<void>(), DType::kF32, request.rows, request.cols,
+                                        MxOptionsOf(request), o, stream));
   } else if (nvfp4) {
-    Nvfp4Options options;
-    options.tile_16x16 = request.tile_16x16;
-    options.rht = request.rht;
-    options.axis = request.axis;
-    options.rounding = request.rounding;
-    options.seed = request.seed;
-    KEEL_RETURN_IF_ERROR(
-        Nvfp4QuantizeCuda(d_x.get<void>(), DType::kF32, request.rows, request.cols, options, nullptr, o, stream));
+    KEEL_RETURN_IF_ERROR(Nvfp4QuantizeCuda(d_x.get<void>(), DType::kF32, request.rows, request.cols,
+                                           Nvfp4OptionsOf(request), nullptr, o, stream));
   } else {
     KEEL_RETURN_IF_ERROR(Fp8TensorQuantizeCuda(d_x.get<void>(), DType::kF32, count, elem, request.rounding,
                                                request.seed, nullptr, o, stream));
