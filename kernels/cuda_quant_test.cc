@@ -129,13 +129,14 @@ struct Case {
   DType out_dtype = DType::kF32;
   bool host_api = false;    // QuantizeCuda instead of the device API
   bool amax_first = false;  // NVFP4 / FP8: run the amax function, pass its result
+  bool bump = false;        // MX: the paper's bump-exponent fix (device API only)
 };
 
 std::string Describe(const Case& c) {
   const QuantRequest& r = c.request;
   char text[256];
   std::string extra;
-  if (IsMx(r.format)) extra = " block=" + std::to_string(r.block);
+  if (IsMx(r.format)) extra = " block=" + std::to_string(r.block) + (c.bump ? " bump" : "");
   if (r.format == QuantFormat::kNvfp4) {
     extra = std::string(r.tile_16x16 ? " 16x16" : " 1x16") + (r.rht ? " rht" : "");
     if (c.amax_first) extra += " amax-given";
@@ -211,7 +212,9 @@ GpuResult RunGpu(const Case& c) {
                                 r.format == QuantFormat::kFp8E5M2;
   if (IsMx(r.format)) {
     o.scales = d_scales;
-    s = MxQuantizeCuda(d_x, c.in_dtype, r.rows, r.cols, MxOptionsOf(r), o, nullptr);
+    MxOptions options = MxOptionsOf(r);
+    options.bump_exponent = c.bump;
+    s = MxQuantizeCuda(d_x, c.in_dtype, r.rows, r.cols, options, o, nullptr);
   } else if (r.format == QuantFormat::kNvfp4) {
     const Nvfp4Options options = Nvfp4OptionsOf(r);
     o.scales = d_scales;
@@ -276,7 +279,19 @@ Outcome RunCase(const Case& c) {
   const QuantRequest& r = c.request;
   const std::vector<float>& cpu_x = c.in_dtype == DType::kF32 ? c.input->f32 : c.input->bf16_f32;
   QuantResult want;
-  Status cpu = QuantizeCpu(r, cpu_x.data(), &want);
+  Status cpu;
+  if (c.bump) {  // QuantRequest has no bump flag: call the MX reference directly
+    MxOptions options = MxOptionsOf(r);
+    options.bump_exponent = true;
+    std::vector<uint8_t> codes(r.rows * r.cols);
+    want.out.resize(codes.size());
+    want.scales.resize(MxScaleCount(r.rows, r.cols, r.block, r.axis));
+    cpu = MxQuantizeRef(cpu_x.data(), r.rows, r.cols, options, want.out.data(), codes.data(),
+                        want.scales.data());
+    want.packed_codes = PackCodes(codes.data(), codes.size(), options.elem);
+  } else {
+    cpu = QuantizeCpu(r, cpu_x.data(), &want);
+  }
   Outcome outcome;
   if (!cpu.ok()) {
     outcome.line = "FAIL  " + Describe(c) + "  cpu reference refused: " + cpu.message();
@@ -416,6 +431,13 @@ int Main(int argc, char** argv) {
         add(r, big_specials, DType::kF32, DType::kF32, false, false);
         add(r, big_specials, DType::kBF16, DType::kBF16, false, false);
       }
+  // The bump-exponent fix, along rows (its own kernel instantiations) and down columns.
+  for (QuantFormat f : kMxFormats)
+    for (int axis : {1, 0}) {
+      add(Request(f, big_specials, axis, Rounding::kNearestEven), big_specials, DType::kBF16, DType::kBF16,
+          false, false);
+      cases.back().bump = true;
+    }
   // MX block sizes other than 32 (16 and 64 take the fast kernels along rows, the
   // rest the generic path) and shapes with partial blocks and odd sizes.
   for (QuantFormat f : kMxFormats)

@@ -16,6 +16,9 @@
 //     whole column block (32 or 16 rows) in registers; a warp's load per row is
 //     128 (bf16) or 256 (fp32) contiguous bytes. No shared memory anywhere except
 //     the 8-word amax reduction.
+//   - NVFP4 along rows, nearest_even without RHT: one thread per 16-element
+//     block (two 16-byte loads of bf16), so the block scale is computed once; for
+//     16x16 tiles a warp covers 4 tiles along the row (see Nvfp4RowsRneKernel).
 //   - NVFP4 16x16 tiles along rows: one warp per tile (lane = row * 2 + half);
 //     the tile amax is a full-warp reduction. Down columns, 8 lanes share a tile.
 //   - RHT along rows: the two lanes of a 16-chunk swap their halves with 8
@@ -394,7 +397,6 @@ struct MxRowsArgs {
   int lane_shift;             // log2(lanes)
   int64_t total;              // rows * padded_units
   IndexDiv by_padded;
-  bool bump;
   uint64_t seed;
   DeviceOutputs o;
 };
@@ -402,8 +404,13 @@ struct MxRowsArgs {
 // Axis 1, block = 8 * lanes, cols % 8 == 0. A unit is 8 consecutive elements of
 // a row; units are numbered row by row with each row padded to whole blocks, so
 // the lanes of one block are adjacent and aligned within their warp.
-template <typename InT, ElemFormat F, Rounding R>
+// kBump: the bump exponent rule (a template flag, so the common path has no
+// branch on it). kDense: cols % block == 0 and rows * cols < 2^31, chosen by the
+// launcher; then there is no padding, unit g holds elements 8g .. 8g + 7 and its
+// scale byte is g / lanes, so indices are 32-bit and need no division.
+template <typename InT, ElemFormat F, Rounding R, bool kBump, bool kDense>
 __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__ x, const MxRowsArgs a) {
+  using Index = std::conditional_t<kDense, uint32_t, int64_t>;
   constexpr ElemConsts c = qcore::ConstsOf(F);
   constexpr bool kHw = KEEL_HW_FP8 && kHwFp8Format<F> && R == Rounding::kNearestEven;
   // Two units per step: with four (98 registers, or 80 with spills at three CTAs
@@ -411,27 +418,35 @@ __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__
   constexpr int kUnits = 2;
   using Raw = Raw8<InT>;
   const bool out_bf16 = a.o.out_dtype == DType::kBF16;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * (kThreads * kUnits);
+  const Index total = static_cast<Index>(a.total);
+  const Index step = static_cast<Index>(gridDim.x) * (kThreads * kUnits);
   // Software pipelined: the loads of step k + 1 are issued before the arithmetic
   // of step k, so each thread keeps 2 * kUnits 16-byte loads in flight while it
   // computes (loading then computing in turn left the kernel latency-bound).
   typename Raw::Type next[kUnits];
-  int64_t next_row[kUnits], next_unit[kUnits];
+  Index next_row[kUnits], next_unit[kUnits];  // dense: row 0, the unit counted over the tensor
   bool next_active[kUnits];
-  auto load_step = [&](int64_t base) {
+  auto load_step = [&](Index base) {
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
-      const int64_t g = base + u * kThreads + threadIdx.x;
-      DivMod(g, a.by_padded, &next_row[u], &next_unit[u]);
-      next_active[u] = g < a.total && next_unit[u] < a.units_per_row;
-      next[u] = next_active[u] ? Raw::Load(x + next_row[u] * a.cols + next_unit[u] * 8) : Raw::Zero();
+      const Index g = base + u * kThreads + threadIdx.x;
+      if constexpr (kDense) {
+        next_row[u] = 0;
+        next_unit[u] = g;
+        next_active[u] = g < total;
+        next[u] = next_active[u] ? Raw::Load(x + g * 8) : Raw::Zero();
+      } else {
+        DivMod(g, a.by_padded, &next_row[u], &next_unit[u]);
+        next_active[u] = g < total && next_unit[u] < a.units_per_row;
+        next[u] = next_active[u] ? Raw::Load(x + next_row[u] * a.cols + next_unit[u] * 8) : Raw::Zero();
+      }
     }
   };
-  load_step(static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits));
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits); base < a.total; base += step) {
+  load_step(static_cast<Index>(blockIdx.x) * (kThreads * kUnits));
+  for (Index base = static_cast<Index>(blockIdx.x) * (kThreads * kUnits); base < total; base += step) {
     float v[kUnits][8];
     uint32_t unit_amax[kUnits];
-    int64_t row[kUnits], unit[kUnits];
+    Index row[kUnits], unit[kUnits];
     bool active[kUnits];
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
@@ -447,8 +462,8 @@ __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__
       uint32_t amax = unit_amax[u];
       for (int o = 1; o < a.lanes; o <<= 1) amax = max(amax, __shfl_xor_sync(kFullMask, amax, o));
       if (!active[u]) continue;
-      const qcore::MxScale s = qcore::MxScaleFromAmax(amax, c, a.bump);
-      const int64_t i0 = row[u] * a.cols + unit[u] * 8;
+      const qcore::MxScale s = qcore::MxScaleFromAmax(amax, c, kBump);
+      const int64_t i0 = kDense ? static_cast<int64_t>(unit[u]) * 8 : row[u] * a.cols + unit[u] * 8;
       float uni[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       if constexpr (R == Rounding::kStochastic) Uniform8(a.seed, i0, uni);
       float out[8];
@@ -498,8 +513,10 @@ __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__
       }
       if (a.o.codes != nullptr) StoreCodes8<c.bits>(a.o.codes, i0, code);
       if (a.o.out != nullptr) StoreOut8(a.o.out, out_bf16, i0, out);
-      if (a.o.scales != nullptr && (unit[u] & (a.lanes - 1)) == 0)
-        a.o.scales[row[u] * a.blocks_per_row + (unit[u] >> a.lane_shift)] = static_cast<uint8_t>(s.byte);
+      if (a.o.scales != nullptr && (unit[u] & (a.lanes - 1)) == 0) {
+        const Index scale = kDense ? unit[u] >> a.lane_shift : row[u] * a.blocks_per_row + (unit[u] >> a.lane_shift);
+        a.o.scales[scale] = static_cast<uint8_t>(s.byte);
+      }
     }
   }
 }
@@ -802,6 +819,137 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsKernel(const InT* __restric
     }
   }
   if constexpr (kAmaxOnly) CtaMaxToGlobal(thread_max, a.amax_out);
+}
+
+// NVFP4 along rows, nearest_even, no RHT, one thread per 16-element block: the
+// block (or tile) scale, its correctly rounded division included, is computed
+// once, not by both lanes of a pair. Each thread takes two blocks per step, at
+// element offsets e0 and e1; with cols % 16 == 0 a block at element offset e has
+// its codes at bytes e / 2 .. e / 2 + 7 and its scale byte at e / 16.
+//   - 1x16: blocks are numbered row-major over the tensor, so e = 16 * block and
+//     a thread's two blocks lie kThreads blocks apart (each warp load instruction
+//     then covers 1 KiB of bf16 with its neighbour).
+//   - 16x16 (kTile, cols % 64 == 0): a warp covers 4 tiles side by side, lane =
+//     8 * tile + r, and holds rows r and r + 8 of its tile, so each row the warp
+//     reads is 4 x 16 contiguous elements; the tile amax is a max over the thread's
+//     two blocks and the tile's 8 lanes, and the tile scale serves both blocks.
+// Index is uint32_t when every element index fits in 31 bits (the launcher
+// decides), which shortens the address arithmetic; int64_t otherwise.
+template <typename InT, bool kTile, typename Index>
+__global__ void __launch_bounds__(kThreads) Nvfp4RowsRneKernel(const InT* __restrict__ x, const Nvfp4Args a) {
+  using Raw = Raw8<InT>;
+  const bool out_bf16 = a.o.out_dtype == DType::kBF16;
+  const qcore::Nvfp4TensorScale t = qcore::Nvfp4TensorScaleFromAmax(__ldg(a.amax_in));
+  if (a.o.tensor_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *a.o.tensor_scale = t.s_dec;
+  const Index total = static_cast<Index>(a.total);  // thread items (see the launcher)
+  const Index step = static_cast<Index>(gridDim.x) * kThreads;
+  const Index cols = static_cast<Index>(a.cols);
+  const Index blocks = static_cast<Index>(a.rows * a.cols / 16);
+  // Element offsets of item i's two blocks, and whether each exists.
+  auto blocks_of = [&](Index i, Index e[2], bool active[2]) {
+    if constexpr (kTile) {
+      Index band, group;
+      if constexpr (sizeof(Index) == 4) {
+        a.by_inner.fast.DivMod(i >> 5, &band, &group);
+      } else {
+        DivMod(i >> 5, a.by_inner, &band, &group);
+      }
+      const Index lane = i & 31;
+      e[0] = (band * 16 + (lane & 7)) * cols + group * 64 + (lane >> 3) * 16;
+      e[1] = e[0] + 8 * cols;
+      active[0] = active[1] = i < total;
+    } else {
+      const Index block = 2 * (i - threadIdx.x) + threadIdx.x;  // i - threadIdx.x: this CTA's step base
+      e[0] = block * 16;
+      e[1] = (block + kThreads) * 16;
+      active[0] = block < blocks;
+      active[1] = block + kThreads < blocks;
+    }
+  };
+  // Software pipelined as MxRowsKernel: the next step's four 16-byte loads are
+  // issued before this step's arithmetic.
+  typename Raw::Type next[2][2];
+  auto load_step = [&](Index i) {
+    Index e[2];
+    bool active[2];
+    blocks_of(i, e, active);
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      next[b][0] = active[b] ? Raw::Load(x + e[b]) : Raw::Zero();
+      next[b][1] = active[b] ? Raw::Load(x + e[b] + 8) : Raw::Zero();
+    }
+  };
+  const Index first = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x;
+  load_step(first);
+  for (Index i = first; i < total; i += step) {  // tiles: a whole warp is active or not
+    typename Raw::Type cur[2][2];
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      cur[b][0] = next[b][0];
+      cur[b][1] = next[b][1];
+    }
+    load_step(i + step);  // inactive (zeros) past the end
+    Index e[2];
+    bool active[2];
+    blocks_of(i, e, active);
+    uint32_t amax[2];
+#pragma unroll
+    for (int b = 0; b < 2; ++b) amax[b] = max(Raw::AbsMax(cur[b][0]), Raw::AbsMax(cur[b][1]));
+    qcore::Nvfp4BlockScale scale[2];
+    if constexpr (kTile) {
+      uint32_t m = max(amax[0], amax[1]);
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) m = max(m, __shfl_xor_sync(kFullMask, m, o));
+      scale[0] = scale[1] = qcore::Nvfp4BlockScaleFromAmax(__uint_as_float(m), t);
+    } else {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) scale[b] = qcore::Nvfp4BlockScaleFromAmax(__uint_as_float(amax[b]), t);
+    }
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      if (!active[b]) continue;
+      const qcore::Nvfp4BlockScale& s = scale[b];
+      float y[16];
+      Raw::Unpack(cur[b][0], y);
+      Raw::Unpack(cur[b][1], y + 8);
+      float out[16];
+      uint32_t code[16];
+      if (qcore::IsNan(s.s_b)) {  // every y * s_b is NaN: code 0, value NaN (Nvfp4Element)
+        const float nan_out = qcore::Nvfp4Dequant(qcore::QuietNan(), s, t);
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {
+          code[k] = 0;
+          out[k] = nan_out;
+        }
+      } else {
+        // Two copies, so that codes-only calls skip the value arithmetic.
+        auto round16 = [&](auto with_values) {
+#pragma unroll
+          for (int k = 0; k < 16; ++k) {
+            const Rounded q = Nvfp4ElementRne(y[k], s.s_b);
+            code[k] = q.code;
+            if constexpr (decltype(with_values)::value) out[k] = qcore::Nvfp4Dequant(q.value, s, t);
+          }
+        };
+        if (a.o.out != nullptr) round16(std::true_type{});
+        else round16(std::false_type{});
+      }
+      if (a.o.codes != nullptr) {  // 16 FP4 codes: one 8-byte store, element 2k in byte k's low nibble
+        uint2 w = make_uint2(0u, 0u);
+#pragma unroll
+        for (int m = 0; m < 8; ++m) {
+          w.x |= code[m] << (4 * m);
+          w.y |= code[8 + m] << (4 * m);
+        }
+        *reinterpret_cast<uint2*>(a.o.codes + e[b] / 2) = w;
+      }
+      if (a.o.out != nullptr) {
+        StoreOut8(a.o.out, out_bf16, e[b], out);
+        StoreOut8(a.o.out, out_bf16, e[b] + 8, out + 8);
+      }
+      if (a.o.scales != nullptr) a.o.scales[e[b] / 16] = static_cast<uint8_t>(s.code);
+    }
+  }
 }
 
 // Axis 0 (blocks of 16 down columns), rows % 16 == 0, cols even. Work item = (row
@@ -1283,16 +1431,21 @@ Status LaunchMx(const void* x, DType x_dtype, int64_t rows, int64_t cols, const 
     while ((1 << a.lane_shift) < lanes) ++a.lane_shift;
     a.total = rows * a.padded_units;
     a.by_padded = MakeIndexDiv(a.padded_units, a.total);
-    a.bump = options.bump_exponent;
     a.seed = options.seed;
     a.o = o;
+    const bool dense = cols % block == 0 && rows * cols < (int64_t{1} << 31);
     const int64_t ctas = CeilDiv(a.total, kThreads * 2);
     return WithInput(x_dtype, [&](auto in) {
       using InT = decltype(in);
       return WithElem(options.elem, [&](auto fmt) {
         return WithRounding(options.rounding, [&](auto rnd) {
-          return Launch(MxRowsKernel<InT, decltype(fmt)::value, decltype(rnd)::value>, ctas, stream,
-                        static_cast<const InT*>(x), a);
+          return WithBool(options.bump_exponent, [&](auto bump) {
+            return WithBool(dense, [&](auto d) {
+              return Launch(MxRowsKernel<InT, decltype(fmt)::value, decltype(rnd)::value, decltype(bump)::value,
+                                         decltype(d)::value>,
+                            ctas, stream, static_cast<const InT*>(x), a);
+            });
+          });
         });
       });
     });
@@ -1412,6 +1565,23 @@ Status LaunchNvfp4(const void* x, DType x_dtype, int64_t rows, int64_t cols, con
   a.seed = options.seed;
   a.amax_in = amax;
   a.o = o;
+  // Nearest even without RHT: one thread per block (tiles need cols % 64 == 0).
+  const bool tile = options.tile_16x16;
+  if (options.axis == 1 && !options.rht && options.rounding == Rounding::kNearestEven && (!tile || cols % 64 == 0)) {
+    // Two blocks per thread item: 16x16, rows % 16 == 0 and a warp's items are 4
+    // whole tiles; 1x16, items run to whole CTA steps and blocks past the end idle.
+    a.total = tile ? rows * cols / 32 : CeilDiv(rows * cols / 16, 2 * kThreads) * kThreads;
+    const bool narrow = rows * cols < (int64_t{1} << 31);
+    if (tile) a.by_inner = MakeIndexDiv(cols / 64, a.total / 32);  // warp -> (band, group of 4 tiles)
+    return WithInput(x_dtype, [&](auto in) {
+      using InT = decltype(in);
+      return WithBool(tile, [&](auto tile_tag) {
+        constexpr bool kTile = decltype(tile_tag)::value;
+        auto kernel = narrow ? Nvfp4RowsRneKernel<InT, kTile, uint32_t> : Nvfp4RowsRneKernel<InT, kTile, int64_t>;
+        return Launch(kernel, CeilDiv(a.total, kThreads), stream, static_cast<const InT*>(x), a);
+      });
+    });
+  }
   if (options.axis == 1) {
     a.total = rows * cols / 8;
     // 16x16: one warp (32 units) per tile, tiles numbered band by band.
