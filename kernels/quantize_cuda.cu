@@ -340,6 +340,36 @@ __device__ __forceinline__ Rounded Nvfp4ElementRne(float y, float s_b) {
   return RneSmall<ElemFormat::kE2M1, false>(w);
 }
 
+// Nearest-even NVFP4 step 4-5 for the kN elements of one block (or part of one):
+// a NaN block scale (a NaN tensor or block) gives code 0 and NaN for all of them,
+// as Nvfp4Element does; otherwise each element rounds, and the dequantized value
+// is computed only when it is wanted (codes-only calls skip that arithmetic).
+template <int kN>
+__device__ __forceinline__ void Nvfp4RoundRne(const float (&y)[kN], const qcore::Nvfp4BlockScale& s,
+                                              const qcore::Nvfp4TensorScale& t, bool with_values,
+                                              uint32_t (&code)[kN], float (&out)[kN]) {
+  if (qcore::IsNan(s.s_b)) {
+    const float nan_out = qcore::Nvfp4Dequant(qcore::QuietNan(), s, t);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      code[k] = 0;
+      out[k] = nan_out;
+    }
+    return;
+  }
+  // Two copies of the loop, so that the codes-only one has no value arithmetic.
+  auto round = [&](auto values) {
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      const Rounded q = Nvfp4ElementRne(y[k], s.s_b);
+      code[k] = q.code;
+      if constexpr (decltype(values)::value) out[k] = qcore::Nvfp4Dequant(q.value, s, t);
+    }
+  };
+  if (with_values) round(std::true_type{});
+  else round(std::false_type{});
+}
+
 // Division of a work index by a fixed divisor: a multiply-high (FastDivmod) when
 // every index fits in 32 bits, a 64-bit division otherwise.
 struct IndexDiv {
@@ -784,26 +814,7 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsKernel(const InT* __restric
       float out[8];
       uint32_t code[8];
       if constexpr (R == Rounding::kNearestEven) {
-        if (qcore::IsNan(s.s_b)) {  // every y * s_b is NaN: code 0, value NaN (Nvfp4Element)
-          const float nan_out = qcore::Nvfp4Dequant(qcore::QuietNan(), s, t);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            code[e] = 0;
-            out[e] = nan_out;
-          }
-        } else {
-          // Two copies, so that codes-only calls skip the value arithmetic.
-          auto round8 = [&](auto with_values) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-              const Rounded q = Nvfp4ElementRne(y[e], s.s_b);
-              code[e] = q.code;
-              if constexpr (decltype(with_values)::value) out[e] = qcore::Nvfp4Dequant(q.value, s, t);
-            }
-          };
-          if (a.o.out != nullptr) round8(std::true_type{});
-          else round8(std::false_type{});
-        }
+        Nvfp4RoundRne(y, s, t, a.o.out != nullptr, code, out);
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -914,26 +925,7 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsRneKernel(const InT* __rest
       Raw::Unpack(cur[b][1], y + 8);
       float out[16];
       uint32_t code[16];
-      if (qcore::IsNan(s.s_b)) {  // every y * s_b is NaN: code 0, value NaN (Nvfp4Element)
-        const float nan_out = qcore::Nvfp4Dequant(qcore::QuietNan(), s, t);
-#pragma unroll
-        for (int k = 0; k < 16; ++k) {
-          code[k] = 0;
-          out[k] = nan_out;
-        }
-      } else {
-        // Two copies, so that codes-only calls skip the value arithmetic.
-        auto round16 = [&](auto with_values) {
-#pragma unroll
-          for (int k = 0; k < 16; ++k) {
-            const Rounded q = Nvfp4ElementRne(y[k], s.s_b);
-            code[k] = q.code;
-            if constexpr (decltype(with_values)::value) out[k] = qcore::Nvfp4Dequant(q.value, s, t);
-          }
-        };
-        if (a.o.out != nullptr) round16(std::true_type{});
-        else round16(std::false_type{});
-      }
+      Nvfp4RoundRne(y, s, t, a.o.out != nullptr, code, out);
       if (a.o.codes != nullptr) {  // 16 FP4 codes: one 8-byte store, element 2k in byte k's low nibble
         uint2 w = make_uint2(0u, 0u);
 #pragma unroll
