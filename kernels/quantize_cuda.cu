@@ -562,22 +562,31 @@ struct MxColsArgs {
 };
 
 // Axis 0, block kBlock rows, cols even: a thread owns columns (c0, c0 + 1) of one
-// row block; consecutive threads take consecutive column pairs.
-template <typename InT, ElemFormat F, Rounding R, int kBlock>
+// row block; consecutive threads take consecutive column pairs. kDense: rows %
+// kBlock == 0 and rows * cols < 2^31, chosen by the launcher; then every block is
+// whole and indices are 32-bit.
+template <typename InT, ElemFormat F, Rounding R, int kBlock, bool kDense>
 __global__ void __launch_bounds__(kThreads) MxColsKernel(const InT* __restrict__ x, const MxColsArgs a) {
+  using Index = std::conditional_t<kDense, uint32_t, int64_t>;
   constexpr ElemConsts c = qcore::ConstsOf(F);
   using Raw = Raw2<InT>;
   const bool out_bf16 = a.o.out_dtype == DType::kBF16;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
-  for (int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; w < a.total; w += step) {
-    int64_t rb, cp;
-    DivMod(w, a.by_pairs, &rb, &cp);
-    const int64_t r0 = rb * kBlock, c0 = cp * 2;
-    const int64_t n = min(static_cast<int64_t>(kBlock), a.rows - r0);
-    const InT* p = x + r0 * a.cols + c0;
+  const Index cols = static_cast<Index>(a.cols);
+  const Index total = static_cast<Index>(a.total);
+  const Index step = static_cast<Index>(gridDim.x) * kThreads;
+  for (Index w = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; w < total; w += step) {
+    Index rb, cp;
+    if constexpr (kDense) {
+      a.by_pairs.fast.DivMod(w, &rb, &cp);
+    } else {
+      DivMod(w, a.by_pairs, &rb, &cp);
+    }
+    const Index r0 = rb * kBlock, c0 = cp * 2;
+    const int n = kDense ? kBlock : static_cast<int>(min(static_cast<int64_t>(kBlock), a.rows - r0));
+    const InT* p = x + r0 * cols + c0;
     typename Raw::Type raw[kBlock];
 #pragma unroll
-    for (int r = 0; r < kBlock; ++r) raw[r] = r < n ? Raw::Load(p + r * a.cols) : Raw::Zero();
+    for (int r = 0; r < kBlock; ++r) raw[r] = r < n ? Raw::Load(p + r * cols) : Raw::Zero();
     // An L2 prefetch of a later item. The launcher leaves it off: on the H200 it
     // made the kernel slower (MX FP8 down columns 0.24 -> 0.32 ms at 1 step ahead).
     // The branch is kept because of what it does to ptxas: with it this kernel gets
@@ -585,7 +594,7 @@ __global__ void __launch_bounds__(kThreads) MxColsKernel(const InT* __restrict__
     // of 2, and MX FP8 down columns went from 0.308 to 0.239 ms. Fences tried instead
     // (__syncwarp, asm barriers on the loaded words or the row stride,
     // __launch_bounds__ with 3 CTAs, which spills) did not get the same allocation.
-    if (a.prefetch > 0 && w + a.prefetch * step < a.total) {
+    if (a.prefetch > 0 && w + a.prefetch * step < total) {
       int64_t rb2, cp2;
       DivMod(w + a.prefetch * step, a.by_pairs, &rb2, &cp2);
       const int64_t n2 = min(static_cast<int64_t>(kBlock), a.rows - rb2 * kBlock);
@@ -600,37 +609,43 @@ __global__ void __launch_bounds__(kThreads) MxColsKernel(const InT* __restrict__
     for (int r = 0; r < kBlock; ++r) amax.Add(raw[r]);
     const qcore::MxScale s0 = qcore::MxScaleFromAmax(amax.Lo(), c, a.bump);
     const qcore::MxScale s1 = qcore::MxScaleFromAmax(amax.Hi(), c, a.bump);
+    // Two copies of the loop, so that codes-only calls skip the value arithmetic.
+    auto quantize_rows = [&](auto with_values) {
+      constexpr bool kValues = decltype(with_values)::value;
 #pragma unroll
-    for (int r = 0; r < kBlock; ++r) {
-      if (r >= n) break;
-      const int64_t i = (r0 + r) * a.cols + c0;
-      float v0, v1, u0 = 0.0f, u1 = 0.0f;
-      Raw::Unpack(raw[r], &v0, &v1);
-      if constexpr (R == Rounding::kStochastic) Uniform2(a.seed, i, &u0, &u1);
-      // Computed unconditionally, NaN blocks selected after: keeps 2^+-e out of the loop.
-      Rounded q0, q1;
-      if constexpr (KEEL_HW_FP8 && kHwFp8Format<F> && R == Rounding::kNearestEven) {
-        // As MxElementFinite, with the conversion of the pair in hardware.
-        const uint32_t pair = HwFp8x2<F>(ScaledPlusZero(v0, s0.inv_scale), ScaledPlusZero(v1, s1.inv_scale));
-        const float2 q = a.o.out != nullptr ? HwFp8x2Value<F>(pair) : make_float2(0.0f, 0.0f);
-        q0 = Rounded{q.x * s0.scale, pair & 0xFFu};
-        q1 = Rounded{q.y * s1.scale, pair >> 8};
-      } else if constexpr (R == Rounding::kNearestEven) {
-        q0 = RneSmall<F, true>(ScaledPlusZero(v0, s0.inv_scale));
-        q1 = RneSmall<F, true>(ScaledPlusZero(v1, s1.inv_scale));
-        q0.value = q0.value * s0.scale;
-        q1.value = q1.value * s1.scale;
-      } else {
-        q0 = qcore::MxElementFinite(v0, s0, c, R, u0);
-        q1 = qcore::MxElementFinite(v1, s1, c, R, u1);
+      for (int r = 0; r < kBlock; ++r) {
+        if (r >= n) break;
+        const Index i = (r0 + r) * cols + c0;
+        float v0, v1, u0 = 0.0f, u1 = 0.0f;
+        Raw::Unpack(raw[r], &v0, &v1);
+        if constexpr (R == Rounding::kStochastic) Uniform2(a.seed, i, &u0, &u1);
+        // Computed unconditionally, NaN blocks selected after: keeps 2^+-e out of the loop.
+        Rounded q0, q1;
+        if constexpr (KEEL_HW_FP8 && kHwFp8Format<F> && R == Rounding::kNearestEven) {
+          // As MxElementFinite, with the conversion of the pair in hardware.
+          const uint32_t pair = HwFp8x2<F>(ScaledPlusZero(v0, s0.inv_scale), ScaledPlusZero(v1, s1.inv_scale));
+          const float2 q = kValues ? HwFp8x2Value<F>(pair) : make_float2(0.0f, 0.0f);
+          q0 = Rounded{q.x * s0.scale, pair & 0xFFu};
+          q1 = Rounded{q.y * s1.scale, pair >> 8};
+        } else if constexpr (R == Rounding::kNearestEven) {
+          q0 = RneSmall<F, true>(ScaledPlusZero(v0, s0.inv_scale));
+          q1 = RneSmall<F, true>(ScaledPlusZero(v1, s1.inv_scale));
+          q0.value = q0.value * s0.scale;
+          q1.value = q1.value * s1.scale;
+        } else {
+          q0 = qcore::MxElementFinite(v0, s0, c, R, u0);
+          q1 = qcore::MxElementFinite(v1, s1, c, R, u1);
+        }
+        if (s0.nan) q0 = qcore::MxNanElement(c);
+        if (s1.nan) q1 = qcore::MxNanElement(c);
+        if (a.o.codes != nullptr) StoreCodes2<c.bits>(a.o.codes, i, q0.code, q1.code);
+        if constexpr (kValues) StoreOut2(a.o.out, out_bf16, i, q0.value, q1.value);
       }
-      if (s0.nan) q0 = qcore::MxNanElement(c);
-      if (s1.nan) q1 = qcore::MxNanElement(c);
-      if (a.o.codes != nullptr) StoreCodes2<c.bits>(a.o.codes, i, q0.code, q1.code);
-      if (a.o.out != nullptr) StoreOut2(a.o.out, out_bf16, i, q0.value, q1.value);
-    }
+    };
+    if (a.o.out != nullptr) quantize_rows(std::true_type{});
+    else quantize_rows(std::false_type{});
     if (a.o.scales != nullptr)
-      *reinterpret_cast<uint16_t*>(a.o.scales + rb * a.cols + c0) = static_cast<uint16_t>(s0.byte | (s1.byte << 8));
+      *reinterpret_cast<uint16_t*>(a.o.scales + rb * cols + c0) = static_cast<uint16_t>(s0.byte | (s1.byte << 8));
   }
 }
 
@@ -949,8 +964,9 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsRneKernel(const InT* __rest
 // two 16-element column chunks; the RHT runs down each column in registers. For
 // 16x16 tiles the 8 lanes of 16 adjacent columns (aligned: cols % 16 == 0) share
 // the tile amax.
-template <typename InT, Rounding R, bool kTile, bool kRht, bool kAmaxOnly>
+template <typename InT, Rounding R, bool kTile, bool kRht, bool kAmaxOnly, typename Index>
 __global__ void __launch_bounds__(kThreads) Nvfp4ColsKernel(const InT* __restrict__ x, const Nvfp4Args a) {
+  constexpr bool kNarrow = std::is_same_v<Index, uint32_t>;
   using Raw = Raw2<InT>;
   const bool out_bf16 = a.o.out_dtype == DType::kBF16;
   qcore::Nvfp4TensorScale t{};
@@ -959,20 +975,26 @@ __global__ void __launch_bounds__(kThreads) Nvfp4ColsKernel(const InT* __restric
     if (a.o.tensor_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *a.o.tensor_scale = t.s_dec;
   }
   uint32_t thread_max = 0;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads; base < a.total; base += step) {
-    const int64_t w = base + threadIdx.x;
-    const bool active = w < a.total;
-    int64_t rb, cp;
-    DivMod(w, a.by_inner, &rb, &cp);
-    const int64_t c0 = cp * 2;
+  const Index cols = static_cast<Index>(a.cols);
+  const Index total = static_cast<Index>(a.total);
+  const Index step = static_cast<Index>(gridDim.x) * kThreads;
+  for (Index base = static_cast<Index>(blockIdx.x) * kThreads; base < total; base += step) {
+    const Index w = base + threadIdx.x;
+    const bool active = w < total;
+    Index rb, cp;
+    if constexpr (kNarrow) {
+      a.by_inner.fast.DivMod(w, &rb, &cp);
+    } else {
+      DivMod(w, a.by_inner, &rb, &cp);
+    }
+    const Index c0 = cp * 2;
     float in0[16], in1[16];
     typename Raw::AbsMax x_amax;  // of x: the amax of y without the RHT
     {
       typename Raw::Type raw[16];
-      const InT* p = x + rb * 16 * a.cols + c0;
+      const InT* p = x + rb * 16 * cols + c0;
 #pragma unroll
-      for (int r = 0; r < 16; ++r) raw[r] = active ? Raw::Load(p + r * a.cols) : Raw::Zero();
+      for (int r = 0; r < 16; ++r) raw[r] = active ? Raw::Load(p + r * cols) : Raw::Zero();
       if constexpr (!kRht) {
 #pragma unroll
         for (int r = 0; r < 16; ++r) x_amax.Add(raw[r]);
@@ -1024,28 +1046,34 @@ __global__ void __launch_bounds__(kThreads) Nvfp4ColsKernel(const InT* __restric
     if (!active) continue;
     const qcore::Nvfp4BlockScale s0 = qcore::Nvfp4BlockScaleFromAmax(__uint_as_float(amax0), t);
     const qcore::Nvfp4BlockScale s1 = qcore::Nvfp4BlockScaleFromAmax(__uint_as_float(amax1), t);
+    // Two copies of the loop, so that codes-only calls skip the value arithmetic.
+    auto quantize_rows = [&](auto with_values) {
+      constexpr bool kValues = decltype(with_values)::value;
 #pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      const int64_t i = (rb * 16 + r) * a.cols + c0;
-      float u0 = 0.0f, u1 = 0.0f;
-      if constexpr (R == Rounding::kStochastic) Uniform2(a.seed, i, &u0, &u1);
-      Rounded q0, q1;
-      if constexpr (R == Rounding::kNearestEven) {
-        // NaN blocks selected per block (see Nvfp4ElementRne), after the rounding.
-        q0 = Nvfp4ElementRne(y0[r], s0.s_b);
-        q1 = Nvfp4ElementRne(y1[r], s1.s_b);
-        if (qcore::IsNan(s0.s_b)) q0 = Rounded{qcore::QuietNan(), 0u};
-        if (qcore::IsNan(s1.s_b)) q1 = Rounded{qcore::QuietNan(), 0u};
-      } else {
-        q0 = qcore::Nvfp4Element(y0[r], s0, R, u0);
-        q1 = qcore::Nvfp4Element(y1[r], s1, R, u1);
+      for (int r = 0; r < 16; ++r) {
+        const Index i = (rb * 16 + r) * cols + c0;
+        float u0 = 0.0f, u1 = 0.0f;
+        if constexpr (R == Rounding::kStochastic) Uniform2(a.seed, i, &u0, &u1);
+        Rounded q0, q1;
+        if constexpr (R == Rounding::kNearestEven) {
+          // NaN blocks selected per block (see Nvfp4ElementRne), after the rounding.
+          q0 = Nvfp4ElementRne(y0[r], s0.s_b);
+          q1 = Nvfp4ElementRne(y1[r], s1.s_b);
+          if (qcore::IsNan(s0.s_b)) q0 = Rounded{qcore::QuietNan(), 0u};
+          if (qcore::IsNan(s1.s_b)) q1 = Rounded{qcore::QuietNan(), 0u};
+        } else {
+          q0 = qcore::Nvfp4Element(y0[r], s0, R, u0);
+          q1 = qcore::Nvfp4Element(y1[r], s1, R, u1);
+        }
+        if (a.o.codes != nullptr) StoreCodes2<4>(a.o.codes, i, q0.code, q1.code);
+        if constexpr (kValues)
+          StoreOut2(a.o.out, out_bf16, i, qcore::Nvfp4Dequant(q0.value, s0, t), qcore::Nvfp4Dequant(q1.value, s1, t));
       }
-      if (a.o.codes != nullptr) StoreCodes2<4>(a.o.codes, i, q0.code, q1.code);
-      if (a.o.out != nullptr)
-        StoreOut2(a.o.out, out_bf16, i, qcore::Nvfp4Dequant(q0.value, s0, t), qcore::Nvfp4Dequant(q1.value, s1, t));
-    }
+    };
+    if (a.o.out != nullptr) quantize_rows(std::true_type{});
+    else quantize_rows(std::false_type{});
     if (a.o.scales != nullptr)
-      *reinterpret_cast<uint16_t*>(a.o.scales + rb * a.cols + c0) = static_cast<uint16_t>(s0.code | (s1.code << 8));
+      *reinterpret_cast<uint16_t*>(a.o.scales + rb * cols + c0) = static_cast<uint16_t>(s0.code | (s1.code << 8));
   }
   if constexpr (kAmaxOnly) CtaMaxToGlobal(thread_max, a.amax_out);
 }
@@ -1452,13 +1480,16 @@ Status LaunchMx(const void* x, DType x_dtype, int64_t rows, int64_t cols, const 
     a.bump = options.bump_exponent;
     a.seed = options.seed;
     a.o = o;
+    const bool dense = rows % 32 == 0 && rows * cols < (int64_t{1} << 31);
     const int64_t ctas = CeilDiv(a.total, kThreads);
     return WithInput(x_dtype, [&](auto in) {
       using InT = decltype(in);
       return WithElem(options.elem, [&](auto fmt) {
         return WithRounding(options.rounding, [&](auto rnd) {
-          return Launch(MxColsKernel<InT, decltype(fmt)::value, decltype(rnd)::value, 32>, ctas, stream,
-                        static_cast<const InT*>(x), a);
+          return WithBool(dense, [&](auto d) {
+            return Launch(MxColsKernel<InT, decltype(fmt)::value, decltype(rnd)::value, 32, decltype(d)::value>, ctas,
+                          stream, static_cast<const InT*>(x), a);
+          });
         });
       });
     });
@@ -1526,7 +1557,7 @@ Status LaunchNvfp4Amax(const void* x, DType x_dtype, int64_t rows, int64_t cols,
     a.by_inner = MakeIndexDiv(cols / 2, a.total);
     return WithInput(x_dtype, [&](auto in) {
       using InT = decltype(in);
-      return Launch(Nvfp4ColsKernel<InT, Rounding::kNearestEven, false, true, true>, CeilDiv(a.total, kThreads),
+      return Launch(Nvfp4ColsKernel<InT, Rounding::kNearestEven, false, true, true, int64_t>, CeilDiv(a.total, kThreads),
                     stream, static_cast<const InT*>(x), a);
     });
   }
@@ -1593,13 +1624,18 @@ Status LaunchNvfp4(const void* x, DType x_dtype, int64_t rows, int64_t cols, con
   if (cols % 2 == 0) {
     a.total = rows / 16 * (cols / 2);
     a.by_inner = MakeIndexDiv(cols / 2, a.total);
+    const bool narrow = rows * cols < (int64_t{1} << 31);  // 32-bit element indices
     return WithInput(x_dtype, [&](auto in) {
       using InT = decltype(in);
       return WithNvfp4Rounding(options.rounding, [&](auto rnd) {
         return WithBool(options.tile_16x16, [&](auto tile) {
           return WithBool(options.rht, [&](auto rht) {
-            return Launch(Nvfp4ColsKernel<InT, decltype(rnd)::value, decltype(tile)::value, decltype(rht)::value, false>,
-                          CeilDiv(a.total, kThreads), stream, static_cast<const InT*>(x), a);
+            return WithBool(narrow, [&](auto n) {
+              using Index = std::conditional_t<decltype(n)::value, uint32_t, int64_t>;
+              return Launch(Nvfp4ColsKernel<InT, decltype(rnd)::value, decltype(tile)::value, decltype(rht)::value,
+                                            false, Index>,
+                            CeilDiv(a.total, kThreads), stream, static_cast<const InT*>(x), a);
+            });
           });
         });
       });
