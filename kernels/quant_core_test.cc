@@ -32,6 +32,16 @@ using qcore::Rounded;
 
 const ElemFormat kFormats[] = {ElemFormat::kE4M3, ElemFormat::kE5M2, ElemFormat::kE3M2,
                                ElemFormat::kE2M3, ElemFormat::kE2M1};
+
+// Every finite non-negative value of a format, in code order.
+std::vector<float> PositiveGrid(ElemFormat f) {
+  std::vector<float> grid;
+  for (uint32_t code = 0; code < (1u << (Spec(f).bits - 1)); ++code) {
+    float v = DecodeElem(static_cast<uint8_t>(code), f);
+    if (std::isfinite(v)) grid.push_back(v);
+  }
+  return grid;
+}
 const Rounding kModes[] = {Rounding::kNearestEven, Rounding::kNearestAway, Rounding::kStochastic};
 
 std::string Describe(ElemFormat f, Rounding mode, float x, float u) {
@@ -121,12 +131,7 @@ TEST(QuantCoreTest, RoundElemOnCodesMidpointsAndNeighboursAtManyScales) {
   std::mt19937_64 rng(2);
   for (ElemFormat f : kFormats) {
     const ElemSpec& spec = Spec(f);
-    // Every finite non-negative grid value, in code order.
-    std::vector<float> grid;
-    for (uint32_t code = 0; code < (1u << (spec.bits - 1)); ++code) {
-      float v = DecodeElem(static_cast<uint8_t>(code), f);
-      if (std::isfinite(v)) grid.push_back(v);
-    }
+    const std::vector<float> grid = PositiveGrid(f);
     std::vector<float> points;
     for (size_t i = 0; i < grid.size(); ++i) {
       points.push_back(grid[i]);
@@ -434,11 +439,7 @@ TEST(QuantCoreTest, MxBlocksOfGridPointsAndMidpointsAtEveryScale) {
   std::mt19937_64 rng(15);
   for (ElemFormat f : kFormats) {
     const ElemSpec& spec = Spec(f);
-    std::vector<float> grid;
-    for (uint32_t code = 0; code < (1u << (spec.bits - 1)); ++code) {
-      float v = DecodeElem(static_cast<uint8_t>(code), f);
-      if (std::isfinite(v)) grid.push_back(v);
-    }
+    const std::vector<float> grid = PositiveGrid(f);
     std::vector<float> x;
     for (int k = -150; k <= 127 - spec.emax; ++k) {
       x.push_back(std::ldexp(spec.max_normal, k));
