@@ -362,6 +362,20 @@ class Harness:
                                    "maxdiff=%.3g" % cv["maxdiff"], pk], details if (bad or self.args.verbose) else ())
         self.cross_device(fields, outs)
 
+    def sr_runs(self, x, base, fields, ff):
+        """Runs keel-quant three times for a stochastic-rounding check: twice with one
+        seed (must reproduce) and once with another (must differ). Returns the three
+        runs, or None after emitting a FAIL when any run exits non-zero."""
+        s1, s3 = sr_seeds(fields)
+        r1 = self.runner.run(x, base + ["--seed", s1])
+        r2 = self.runner.run(x, base + ["--seed", s1])
+        r3 = self.runner.run(x, base + ["--seed", s3])
+        if r1.rc or r2.rc or r3.rc:
+            self.emit("FAIL", ff + ["keel-quant exit %d: %s" % (r1.rc or r2.rc or r3.rc,
+                                                               (r1.err or r2.err or r3.err)[:300])])
+            return None
+        return r1, r2, r3
+
     def cross_device(self, fields, outs):
         if len(outs) < 2:
             return
@@ -394,15 +408,11 @@ class Harness:
         for dev in devices:
             base = ["--format", fmt, "--axis", str(axis), "--block", str(block), "--rounding", "stochastic",
                     "--device", dev]
-            s1, s3 = sr_seeds(fields)
-            r1 = self.runner.run(x, base + ["--seed", s1])
-            r2 = self.runner.run(x, base + ["--seed", s1])
-            r3 = self.runner.run(x, base + ["--seed", s3])
             ff = fields + ["dev=%s" % dev]
-            if r1.rc or r2.rc or r3.rc:
-                self.emit("FAIL", ff + ["keel-quant exit %d: %s" % (r1.rc or r2.rc or r3.rc,
-                                                                   (r1.err or r2.err or r3.err)[:300])])
+            runs = self.sr_runs(x, base, fields, ff)
+            if runs is None:
                 continue
+            r1, r2, r3 = runs
             outs[dev] = r1
             self.emit(*self._sr_verdict(ff, x, r1, r2, r3, lo, hi, w, scale, elem, ref_scales, None))
         self.cross_device(fields, outs)
@@ -539,15 +549,11 @@ class Harness:
         for dev in devices:
             base = ["--format", "nvfp4", "--axis", str(axis), "--tile", "16x16" if tile16 else "1x16",
                     "--rounding", "stochastic", "--device", dev] + (["--rht"] if rht else [])
-            s1, s3 = sr_seeds(fields)
-            r1 = self.runner.run(x, base + ["--seed", s1])
-            r2 = self.runner.run(x, base + ["--seed", s1])
-            r3 = self.runner.run(x, base + ["--seed", s3])
             ff = fields + ["dev=%s" % dev]
-            if r1.rc or r2.rc or r3.rc:
-                self.emit("FAIL", ff + ["keel-quant exit %d: %s" % (r1.rc or r2.rc or r3.rc,
-                                                                   (r1.err or r2.err or r3.err)[:300])])
+            runs = self.sr_runs(x, base, fields, ff)
+            if runs is None:
                 continue
+            r1, r2, r3 = runs
             outs[dev] = r1
             # frac is measured on t (the scaled value), candidates on the output
             self.emit(*self._sr_verdict_nv(ff, axis, t, r1, r2, r3, lo_q, hi_q, ref))
