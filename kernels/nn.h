@@ -1,0 +1,236 @@
+// The neural-network layer kernels the trainer runs, behind one interface with a
+// CPU implementation (nn_cpu.h, the reference, plain C++ with threads) and a CUDA
+// implementation (nn_cuda.h: own kernels plus cuBLASLt GEMMs). The models in
+// worker/ are written once against Backend, so the CPU and CUDA runs execute the
+// same sequence of operations and differ only in floating-point summation order.
+//
+// Contract shared by every operation:
+//   - Pointers are backend memory (host memory for the CPU backend, device memory
+//     for CUDA) obtained from Alloc, float32 unless said otherwise, row-major.
+//   - Work may be queued and run later (CUDA: one stream, in call order); a value
+//     returned to the host (SumSquares, Dots, ReadOperandStats, Download) waits
+//     for everything queued before it.
+//   - Every operation is deterministic: the same inputs give the same bits on the
+//     same backend and device, every run (no atomics whose order varies).
+//   - "accumulate" outputs (marked +=) add into what is there; all other outputs
+//     are overwritten. Inputs and outputs do not alias unless said so.
+//   - A failure (bad shape, CUDA error) returns a Status naming it; nothing throws.
+#ifndef KEEL_KERNELS_NN_H_
+#define KEEL_KERNELS_NN_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/formats.h"
+#include "kernels/quantize.h"
+#include "kernels/status.h"
+
+namespace keel {
+
+// How one GEMM operand is rounded before the product (one role of a precision
+// scheme, NUMERICS.md section 4). kind == kFp32 leaves the operand untouched.
+struct OperandFormat {
+  enum class Kind { kFp32, kQuant };
+  Kind kind = Kind::kFp32;
+  QuantFormat format = QuantFormat::kBf16;   // when kind == kQuant
+  Rounding rounding = Rounding::kNearestEven;
+  int mx_block = 32;                         // MX formats
+  bool bump_exponent = false;                // MX: the paper's fix (section 2 item 8)
+  bool tile_16x16 = false;                   // NVFP4: one amax per 16x16 tile
+  bool rht = false;                          // NVFP4: random Hadamard transform first
+
+  bool quantized() const { return kind == Kind::kQuant; }
+};
+
+// Counters of one quantized operand, summed over the calls since the last reset.
+// saturated (clipped): elements whose code has the format's largest magnitude
+// (E4M3 448, E5M2 57344, E3M2 28, E2M3 7.5, E2M1 6) while |x| is larger than
+// |dequantized value| (x after the RHT when one is applied; the dequantized value
+// in float32 with every scale applied, as the CPU reference computes it). BF16
+// never saturates. blocks: MX/NVFP4 blocks of the layout in quantize.h (a 16x16
+// tile counts as its 16 blocks), 1 per call for per-tensor FP8 and BF16;
+// nan_blocks: those holding a NaN or Inf input (MX scale byte 0xFF).
+struct OperandStats {
+  int64_t elements = 0;
+  int64_t saturated = 0;
+  int64_t blocks = 0;
+  int64_t nan_blocks = 0;
+};
+
+// The six operand roles of a quantized linear layer, in this order everywhere
+// (metrics labels use these names).
+enum class Role { kFwdX, kFwdW, kDgradDy, kDgradW, kWgradDy, kWgradX };
+constexpr int kRoleCount = 6;
+const char* RoleName(Role role);  // "fwd_x", "fwd_w", "dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x"
+
+// Formats of one linear layer's six roles plus what the kernels need to draw
+// stochastic-rounding bits and to record statistics.
+struct LinearQuant {
+  OperandFormat role[kRoleCount];
+  // Stochastic rounding of role r in this call uses seed Mix(seed, r): the model
+  // passes a seed unique to (run seed, step, micro-step, layer, pass).
+  uint64_t seed = 0;
+  // Statistics slot (0 .. stats_slots-1 of ResetOperandStats) whose six role
+  // counters this call adds to; -1 records nothing.
+  int stats_slot = -1;
+};
+
+// The per-role seed the kernels use: a fixed 64-bit mix of (seed, role).
+uint64_t RoleSeed(uint64_t seed, Role role);
+
+// A span of backend floats, for the batched reductions.
+struct Span {
+  const float* data = nullptr;
+  int64_t count = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu" or "cuda"; Describe gives the device ("cpu: 2 threads", "NVIDIA H200, sm_90, 132 SMs").
+  virtual const char* name() const = 0;
+  virtual std::string Describe() const = 0;
+
+  // ---- Memory ---------------------------------------------------------------
+  // Zero-filled, aligned to 256 bytes. Free(nullptr) is a no-op.
+  virtual Status Alloc(size_t bytes, void** ptr) = 0;
+  virtual void Free(void* ptr) = 0;
+  virtual Status Upload(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual Status Download(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual Status CopyBytes(void* dst, const void* src, size_t bytes) = 0;  // backend to backend
+  virtual Status Fill(float* x, int64_t count, float value) = 0;
+  // Waits for all queued work; reports deferred errors.
+  virtual Status Sync() = 0;
+
+  // ---- Elementwise ------------------------------------------------------------
+  // out = a + b (out may alias a or b).
+  virtual Status Add(const float* a, const float* b, float* out, int64_t count) = 0;
+  // y += alpha * x.
+  virtual Status Axpy(float alpha, const float* x, float* y, int64_t count) = 0;
+  // x *= alpha.
+  virtual Status Scale(float* x, int64_t count, float alpha) = 0;
+  // dst[r * dst_ld + c] = src[r * src_ld + c] for r < rows, c < cols.
+  virtual Status Copy2D(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows,
+                        int64_t cols) = 0;
+  // x_i = stddev * z_i with z_i = sqrt(-2 ln u1) * cos(2 pi u2),
+  // u1 = 1 - PhiloxUniform(seed, 2 (offset + i)), u2 = PhiloxUniform(seed, 2 (offset + i) + 1)
+  // (fp32 math; CPU and CUDA may differ in the last bits of log/cos).
+  virtual Status RandomNormal(float* x, int64_t count, uint64_t seed, uint64_t offset,
+                              float stddev) = 0;
+
+  // ---- Quantization -------------------------------------------------------------
+  // out = the dequantized value of x (rows x cols, blocks along `axis` as in
+  // quantize.h) in float32, including any per-tensor scale; format.kind == kFp32
+  // copies. Used on parameters that a scheme quantizes outside GEMMs (layernorm
+  // affine). out may alias x.
+  virtual Status QuantizeDequantize(const float* x, int64_t rows, int64_t cols, int axis,
+                                    const OperandFormat& format, uint64_t seed, float* out) = 0;
+
+  // ---- Linear layer (NUMERICS.md section 4) -------------------------------------
+  // y (rows x out) = Q_fwd_x(x) . Q_fwd_w(w)^T + bias, x: rows x in, w: out x in,
+  // bias: out floats or null. Quantization of x and w along `in`, FP32
+  // accumulation; NVFP4/FP8 per-tensor decode scales are folded into the GEMM's
+  // alpha (so a BF16 GEMM sees exact operands, section 5).
+  virtual Status LinearForward(const float* x, const float* w, const float* bias, float* y,
+                               int64_t rows, int64_t in, int64_t out, const LinearQuant& q) = 0;
+  // dx (rows x in) = Q_dgrad_dy(dy) . Q_dgrad_w(w) (dy along `out`, w down its
+  // columns), written (dx may be null: skipped);
+  // dw (out x in) += Q_wgrad_dy(dy)^T . Q_wgrad_x(x) (both along rows);
+  // dbias (out) += column sums of dy (dbias may be null). Operands are quantized
+  // afresh from x, w and dy (never reused from the forward).
+  virtual Status LinearBackward(const float* x, const float* w, const float* dy, float* dx,
+                                float* dw, float* dbias, int64_t rows, int64_t in, int64_t out,
+                                const LinearQuant& q) = 0;
+  // Statistics: ResetOperandStats(n) zeroes n slots x 6 roles; ReadOperandStats
+  // returns them (slot-major, role-minor, n * 6 entries).
+  virtual Status ResetOperandStats(int slots) = 0;
+  virtual Status ReadOperandStats(std::vector<OperandStats>* stats) = 0;
+
+  // ---- Layers ---------------------------------------------------------------------
+  // y = (x - mean) * rstd * gamma + beta per row (cols features), population
+  // variance, rstd = 1 / sqrt(var + eps); beta may be null (no bias). mean and
+  // rstd (rows floats) are saved for the backward.
+  virtual Status LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
+                                  float* mean, float* rstd, int64_t rows, int64_t cols,
+                                  float eps) = 0;
+  // dx += ..., dgamma += ..., dbeta += ... (dbeta may be null).
+  virtual Status LayerNormBackward(const float* x, const float* gamma, const float* mean,
+                                   const float* rstd, const float* dy, float* dx, float* dgamma,
+                                   float* dbeta, int64_t rows, int64_t cols) = 0;
+
+  // Exact GELU: y = x * 0.5 * (1 + erf(x / sqrt(2))). Backward: dx = dy * gelu'(x) (written).
+  virtual Status GeluForward(const float* x, float* y, int64_t count) = 0;
+  virtual Status GeluBackward(const float* x, const float* dy, float* dx, int64_t count) = 0;
+
+  // SwiGLU on x (rows x 2h: gate in columns [0, h), up in [h, 2h)):
+  // y (rows x h) = silu(gate) * up, silu(a) = a / (1 + exp(-a)). Backward writes dx (rows x 2h).
+  virtual Status SwigluForward(const float* x, float* y, int64_t rows, int64_t h) = 0;
+  virtual Status SwigluBackward(const float* x, const float* dy, float* dx, int64_t rows,
+                                int64_t h) = 0;
+
+  // Token + learned position embedding: out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :],
+  // tokens: batch x seq int32 in backend memory. Backward: dwte, dwpe += (deterministic).
+  virtual Status EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe,
+                                  float* out, int64_t batch, int64_t seq, int64_t dim) = 0;
+  virtual Status EmbeddingBackward(const int32_t* tokens, const float* dout, float* dwte,
+                                   float* dwpe, int64_t batch, int64_t seq, int64_t dim) = 0;
+
+  // Causal multi-head softmax attention. qkv: (batch*seq) x 3*dim, q in columns
+  // [0, dim), k in [dim, 2 dim), v in [2 dim, 3 dim), head h in columns
+  // [h*hd, (h+1)*hd) of each, hd = dim / heads. out: (batch*seq) x dim, heads
+  // side by side. probs: batch*heads*seq*seq floats of scratch saved for the
+  // backward (the softmax, zero above the diagonal). Scores = q.k / sqrt(hd).
+  // bf16_operands: q, k, v and probs are rounded to bf16 (nearest even) before
+  // their products, accumulation stays fp32 (what the GPU's BF16 path does);
+  // false: fp32 throughout.
+  virtual Status AttentionForward(const float* qkv, float* out, float* probs, int64_t batch,
+                                  int64_t seq, int64_t heads, int64_t dim,
+                                  bool bf16_operands) = 0;
+  // dqkv (written) from dout; the same operand rounding as the forward.
+  virtual Status AttentionBackward(const float* qkv, const float* probs, const float* dout,
+                                   float* dqkv, int64_t batch, int64_t seq, int64_t heads,
+                                   int64_t dim, bool bf16_operands) = 0;
+
+  // Softmax cross-entropy over the first `vocab` of `padded_vocab` columns of
+  // logits (rows x padded_vocab): losses[r] = logsumexp - logit[target[r]].
+  // targets: rows int32 in backend memory; a target < 0 is ignored (loss 0).
+  virtual Status CrossEntropyForward(const float* logits, const int32_t* targets, float* losses,
+                                     int64_t rows, int64_t padded_vocab, int64_t vocab) = 0;
+  // dlogits (written) = scale * (softmax - onehot(target)) in the first `vocab`
+  // columns, 0 in the padding and for ignored rows. dlogits may alias logits.
+  virtual Status CrossEntropyBackward(const float* logits, const int32_t* targets, float* dlogits,
+                                      int64_t rows, int64_t padded_vocab, int64_t vocab,
+                                      float scale) = 0;
+
+  // ---- Optimizer --------------------------------------------------------------------
+  // Adam(W) with bias correction at step t (1-based), on fp32 master weights:
+  // g = grad * grad_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+  // p -= lr * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + weight_decay * p)
+  // (decoupled decay; weight_decay 0 is plain Adam).
+  virtual Status AdamW(float* param, const float* grad, float* m, float* v, int64_t count,
+                       float lr, float beta1, float beta2, float eps, float weight_decay, int step,
+                       float grad_scale) = 0;
+
+  // ---- Reductions (return to the host, in double) -------------------------------
+  // out[i] = sum of squares of spans[i]; sums() = sum of a; dots: sum a_i * b_i.
+  virtual Status SumSquares(const std::vector<Span>& spans, std::vector<double>* out) = 0;
+  virtual Status Sums(const std::vector<Span>& spans, std::vector<double>* out) = 0;
+  virtual Status Dots(const std::vector<Span>& a, const std::vector<Span>& b,
+                      std::vector<double>* out) = 0;
+};
+
+// Factories (nn_cpu.cc, nn_cuda.cu; the CUDA one fails without CUDA or a GPU).
+Status MakeCpuBackend(int threads, std::unique_ptr<Backend>* out);
+Status MakeCudaBackend(std::unique_ptr<Backend>* out);
+
+// "cpu" or "cuda" (CUDA fails with a clear error when built without CUDA or
+// when no GPU is visible). threads: CPU worker threads (0: hardware concurrency).
+Status MakeBackend(const std::string& name, int threads, std::unique_ptr<Backend>* out);
+
+}  // namespace keel
+
+#endif  // KEEL_KERNELS_NN_H_
