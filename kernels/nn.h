@@ -162,7 +162,8 @@ class Backend {
                                    const float* rstd, const float* dy, float* dx, float* dgamma,
                                    float* dbeta, int64_t rows, int64_t cols) = 0;
 
-  // Exact GELU: y = x * 0.5 * (1 + erf(x / sqrt(2))). Backward: dx = dy * gelu'(x) (written).
+  // Exact GELU: y = x * 0.5 * (1 + erf(x / sqrt(2))) (y may alias x). Backward:
+  // dx = dy * gelu'(x) (written).
   virtual Status GeluForward(const float* x, float* y, int64_t count) = 0;
   virtual Status GeluBackward(const float* x, const float* dy, float* dx, int64_t count) = 0;
 

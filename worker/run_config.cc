@@ -1,0 +1,530 @@
+// YAML run configs (see run_config.h). Every field is read in this file only.
+#include "worker/run_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+
+namespace keel {
+namespace {
+
+// Errors carry "source:line:col: field: ..." (yaml-cpp marks are 0-based).
+class Reader {
+ public:
+  explicit Reader(std::string source) : source_(std::move(source)) {}
+
+  std::string Where(const YAML::Node& node) const {
+    YAML::Mark m = node.Mark();
+    if (m.line < 0) return source_ + ": ";
+    return source_ + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1) + ": ";
+  }
+
+  Status Error(const YAML::Node& node, const std::string& field, const std::string& what) const {
+    return Status::Error(Where(node) + field + ": " + what);
+  }
+
+  // Rejects keys outside `allowed` so that a typo never passes silently.
+  Status CheckKeys(const YAML::Node& map, const std::string& field,
+                   const std::set<std::string>& allowed) const {
+    if (!map.IsMap()) return Error(map, field, "expected a mapping");
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      std::string key = it->first.as<std::string>();
+      if (!allowed.count(key)) {
+        std::string list;
+        for (const std::string& a : allowed) list += (list.empty() ? "" : ", ") + a;
+        return Error(it->first, field.empty() ? key : field + "." + key,
+                     "unknown key (allowed: " + list + ")");
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status String(const YAML::Node& node, const std::string& field, std::string* out) const {
+    if (!node.IsScalar()) return Error(node, field, "expected a string");
+    *out = node.Scalar();
+    return Status::Ok();
+  }
+
+  Status Int(const YAML::Node& node, const std::string& field, int64_t lo, int64_t hi,
+             int64_t* out) const {
+    int64_t v;
+    if (!node.IsScalar() || !YAML::convert<int64_t>::decode(node, v)) {
+      return Error(node, field, "'" + Text(node) + "' is not an integer");
+    }
+    if (v < lo || v > hi) {
+      return Error(node, field, std::to_string(v) + " is out of range (allowed: " +
+                                    std::to_string(lo) + " .. " + std::to_string(hi) + ")");
+    }
+    *out = v;
+    return Status::Ok();
+  }
+
+  Status Int(const YAML::Node& node, const std::string& field, int64_t lo, int64_t hi,
+             int* out) const {
+    int64_t v;
+    Status s = Int(node, field, lo, hi, &v);
+    if (s.ok()) *out = static_cast<int>(v);
+    return s;
+  }
+
+  Status Float(const YAML::Node& node, const std::string& field, double lo, double hi,
+               float* out) const {
+    double v;
+    if (!node.IsScalar() || !YAML::convert<double>::decode(node, v) || !std::isfinite(v)) {
+      return Error(node, field, "'" + Text(node) + "' is not a finite number");
+    }
+    if (v < lo || v > hi) {
+      std::ostringstream range;
+      range << lo << " .. " << hi;
+      return Error(node, field, Text(node) + " is out of range (allowed: " + range.str() + ")");
+    }
+    *out = static_cast<float>(v);
+    return Status::Ok();
+  }
+
+  Status Bool(const YAML::Node& node, const std::string& field, bool* out) const {
+    bool v;
+    if (!node.IsScalar() || !YAML::convert<bool>::decode(node, v)) {
+      return Error(node, field, "'" + Text(node) + "' is not a boolean (allowed: true, false)");
+    }
+    *out = v;
+    return Status::Ok();
+  }
+
+  Status OneOf(const YAML::Node& node, const std::string& field,
+               const std::vector<std::string>& allowed, std::string* out) const {
+    std::string v;
+    Status s = String(node, field, &v);
+    if (!s.ok()) return s;
+    std::string list;
+    for (const std::string& a : allowed) {
+      if (a == v) {
+        *out = v;
+        return Status::Ok();
+      }
+      list += (list.empty() ? "" : ", ") + a;
+    }
+    return Error(node, field, "unknown value '" + v + "' (allowed: " + list + ")");
+  }
+
+  static std::string Text(const YAML::Node& node) {
+    if (node.IsScalar()) return node.Scalar();
+    return node.IsMap() ? "<mapping>" : node.IsSequence() ? "<sequence>" : "<null>";
+  }
+
+ private:
+  std::string source_;
+};
+
+#define KEEL_RETURN_IF_ERROR(expr) \
+  do {                             \
+    Status _s = (expr);            \
+    if (!_s.ok()) return _s;       \
+  } while (0)
+
+const std::set<std::string> kRoleKeys = {"fwd_x", "fwd_w", "dgrad_dy", "dgrad_w", "wgrad_dy",
+                                         "wgrad_x"};
+
+// precision: either a preset name, or a mapping {preset, overrides...}.
+Status ParsePrecision(const Reader& r, const YAML::Node& node, PrecisionScheme* out) {
+  const std::string f = "precision";
+  PrecisionScheme s;
+  if (node.IsScalar()) {
+    Status st = SchemeFromPreset(node.Scalar(), &s);
+    if (!st.ok()) return r.Error(node, f, st.message().substr(st.message().find(':') + 2));
+    *out = s;
+    return Status::Ok();
+  }
+  std::set<std::string> keys = {"preset", "rounding", "grad_rounding", "layernorm", "forward_only",
+                                "bf16_first_blocks", "bf16_last_blocks", "bf16_head", "attention",
+                                "mx_block", "bump_exponent", "nvfp4_weight_16x16",
+                                "nvfp4_rht_wgrad", "nvfp4_sr_grads", "name"};
+  keys.insert(kRoleKeys.begin(), kRoleKeys.end());
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(node, f, keys));
+  if (node["preset"]) {
+    std::vector<std::string> names;
+    for (const PresetInfo& p : Presets()) names.push_back(p.name);
+    std::string preset;
+    KEEL_RETURN_IF_ERROR(r.OneOf(node["preset"], f + ".preset", names, &preset));
+    SchemeFromPreset(preset, &s);
+  }
+  bool custom = false;
+  // Roles first: a forward role set without its backward twins also sets those
+  // (NUMERICS.md section 4 defaults: backward activations/gradients take fwd_x's
+  // format, dgrad_w takes fwd_w's).
+  for (int i = 0; i < kRoleCount; ++i) {
+    const char* role = RoleName(static_cast<Role>(i));
+    if (!node[role]) continue;
+    std::string text;
+    KEEL_RETURN_IF_ERROR(r.String(node[role], f + "." + role, &text));
+    Status st = ParseOperandFormat(f + "." + role, text, &s.roles[i]);
+    if (!st.ok()) return Status::Error(r.Where(node[role]) + st.message());
+    custom = true;
+  }
+  auto role = [&](Role x) -> OperandFormat& { return s.roles[static_cast<int>(x)]; };
+  if (node["fwd_x"]) {
+    for (Role b : {Role::kDgradDy, Role::kWgradDy, Role::kWgradX}) {
+      if (!node[RoleName(b)]) role(b) = role(Role::kFwdX);
+    }
+  }
+  if (node["fwd_w"] && !node["dgrad_w"]) role(Role::kDgradW) = role(Role::kFwdW);
+
+  std::vector<std::string> roundings = {"nearest_even", "nearest_away", "stochastic"};
+  if (node["rounding"]) {
+    std::string text;
+    KEEL_RETURN_IF_ERROR(r.OneOf(node["rounding"], f + ".rounding", roundings, &text));
+    Rounding rounding;
+    ParseRounding(text, &rounding);
+    for (OperandFormat& o : s.roles) o.rounding = rounding;
+    s.layernorm.rounding = rounding;
+    custom = true;
+  }
+  if (node["grad_rounding"]) {
+    std::string text;
+    KEEL_RETURN_IF_ERROR(r.OneOf(node["grad_rounding"], f + ".grad_rounding", roundings, &text));
+    Rounding rounding;
+    ParseRounding(text, &rounding);
+    role(Role::kDgradDy).rounding = rounding;
+    role(Role::kWgradDy).rounding = rounding;
+    custom = true;
+  }
+  if (node["layernorm"]) {
+    std::string text;
+    KEEL_RETURN_IF_ERROR(r.String(node["layernorm"], f + ".layernorm", &text));
+    Status st = ParseOperandFormat(f + ".layernorm", text, &s.layernorm);
+    if (!st.ok()) return Status::Error(r.Where(node["layernorm"]) + st.message());
+    custom = true;
+  }
+  if (node["forward_only"]) {
+    KEEL_RETURN_IF_ERROR(r.Bool(node["forward_only"], f + ".forward_only", &s.forward_only));
+    custom = true;
+  }
+  if (node["bf16_first_blocks"]) {
+    KEEL_RETURN_IF_ERROR(
+        r.Int(node["bf16_first_blocks"], f + ".bf16_first_blocks", 0, 1 << 20, &s.bf16_first_blocks));
+    custom = true;
+  }
+  if (node["bf16_last_blocks"]) {
+    KEEL_RETURN_IF_ERROR(
+        r.Int(node["bf16_last_blocks"], f + ".bf16_last_blocks", 0, 1 << 20, &s.bf16_last_blocks));
+    custom = true;
+  }
+  if (node["bf16_head"]) {
+    KEEL_RETURN_IF_ERROR(r.Bool(node["bf16_head"], f + ".bf16_head", &s.bf16_head));
+    custom = true;
+  }
+  if (node["attention"]) {
+    std::string text;
+    KEEL_RETURN_IF_ERROR(r.OneOf(node["attention"], f + ".attention", {"bf16", "fp32"}, &text));
+    s.attention_bf16 = text == "bf16";
+    custom = true;
+  }
+  if (node["mx_block"]) {
+    int block;
+    KEEL_RETURN_IF_ERROR(r.Int(node["mx_block"], f + ".mx_block", 1, 1 << 16, &block));
+    for (OperandFormat& o : s.roles) o.mx_block = block;
+    s.layernorm.mx_block = block;
+    custom = true;
+  }
+  if (node["bump_exponent"]) {
+    bool bump;
+    KEEL_RETURN_IF_ERROR(r.Bool(node["bump_exponent"], f + ".bump_exponent", &bump));
+    for (OperandFormat& o : s.roles) o.bump_exponent = bump && o.quantized() && IsMx(o.format);
+    s.layernorm.bump_exponent = bump && s.layernorm.quantized() && IsMx(s.layernorm.format);
+    custom = true;
+  }
+  auto nvfp4_flag = [&](const char* key, const std::function<void(bool)>& apply) -> Status {
+    if (!node[key]) return Status::Ok();
+    bool v;
+    KEEL_RETURN_IF_ERROR(r.Bool(node[key], f + "." + key, &v));
+    apply(v);
+    custom = true;
+    return Status::Ok();
+  };
+  auto is_nvfp4 = [](const OperandFormat& o) {
+    return o.quantized() && o.format == QuantFormat::kNvfp4;
+  };
+  KEEL_RETURN_IF_ERROR(nvfp4_flag("nvfp4_weight_16x16", [&](bool v) {
+    for (Role x : {Role::kFwdW, Role::kDgradW}) role(x).tile_16x16 = v && is_nvfp4(role(x));
+  }));
+  KEEL_RETURN_IF_ERROR(nvfp4_flag("nvfp4_rht_wgrad", [&](bool v) {
+    bool both = is_nvfp4(role(Role::kWgradDy)) && is_nvfp4(role(Role::kWgradX));
+    role(Role::kWgradDy).rht = v && both;
+    role(Role::kWgradX).rht = v && both;
+  }));
+  KEEL_RETURN_IF_ERROR(nvfp4_flag("nvfp4_sr_grads", [&](bool v) {
+    for (Role x : {Role::kDgradDy, Role::kWgradDy}) {
+      if (is_nvfp4(role(x))) role(x).rounding = v ? Rounding::kStochastic : Rounding::kNearestEven;
+    }
+  }));
+  if (node["name"]) {
+    KEEL_RETURN_IF_ERROR(r.String(node["name"], f + ".name", &s.name));
+  } else if (custom) {
+    s.name = "custom";
+  }
+  Status st = ValidateScheme(s);
+  if (!st.ok()) return Status::Error(r.Where(node) + st.message());
+  *out = s;
+  return Status::Ok();
+}
+
+// Sets node[path] = value for a dotted path, creating mappings on the way.
+Status ApplyOverride(YAML::Node root, const std::string& assignment) {
+  size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return Status::Error("--set: '" + assignment + "' is not of the form key.path=value");
+  }
+  std::string path = assignment.substr(0, eq);
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    return Status::Error("--set " + path + ": the value is not valid YAML: " + e.msg);
+  }
+  std::vector<std::string> keys;
+  std::stringstream parts(path);
+  for (std::string key; std::getline(parts, key, '.');) keys.push_back(key);
+  std::vector<YAML::Node> chain = {root};
+  for (size_t i = 0; i + 1 < keys.size(); ++i) {
+    YAML::Node next = chain.back()[keys[i]];
+    if (!next.IsMap()) {
+      if (next.IsDefined() && !next.IsNull() && keys[i] == "precision" && next.IsScalar()) {
+        // "precision: mxfp4" then --set precision.bump_exponent=true: keep the preset.
+        std::string preset = next.Scalar();
+        next = YAML::Node(YAML::NodeType::Map);
+        next["preset"] = preset;
+      } else if (next.IsDefined() && !next.IsNull()) {
+        return Status::Error("--set " + path + ": '" + keys[i] + "' is not a mapping");
+      } else {
+        next = YAML::Node(YAML::NodeType::Map);
+      }
+      chain.back()[keys[i]] = next;
+    }
+    chain.push_back(chain.back()[keys[i]]);
+  }
+  chain.back()[keys.back()] = value;
+  return Status::Ok();
+}
+
+Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
+  RunConfig c;
+  if (!root.IsMap()) return r.Error(root, "config", "expected a mapping at the top level");
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(
+      root, "",
+      {"name", "model", "data", "precision", "optimizer", "schedule", "steps", "batch", "seq",
+       "grad_accum", "seed", "backend", "threads", "run_dir", "checkpoint_every",
+       "keep_checkpoints", "probe_every", "operand_stats", "log_every"}));
+  if (root["name"]) KEEL_RETURN_IF_ERROR(r.String(root["name"], "name", &c.name));
+  if (YAML::Node m = root["model"]) {
+    KEEL_RETURN_IF_ERROR(r.CheckKeys(m, "model",
+                                     {"type", "layers", "width", "heads", "context", "vocab",
+                                      "padded_vocab", "mlp", "mlp_hidden", "qk_layernorm", "bias",
+                                      "ln_eps"}));
+    ModelConfig& mc = c.model;
+    if (m["type"]) KEEL_RETURN_IF_ERROR(r.OneOf(m["type"], "model.type", {"proxy", "gpt"}, &mc.type));
+    if (m["layers"]) KEEL_RETURN_IF_ERROR(r.Int(m["layers"], "model.layers", 1, 1024, &mc.layers));
+    if (m["width"]) KEEL_RETURN_IF_ERROR(r.Int(m["width"], "model.width", 1, 1 << 16, &mc.width));
+    if (m["heads"]) KEEL_RETURN_IF_ERROR(r.Int(m["heads"], "model.heads", 1, 1024, &mc.heads));
+    if (m["context"]) KEEL_RETURN_IF_ERROR(r.Int(m["context"], "model.context", 1, 1 << 20, &mc.context));
+    if (m["vocab"]) KEEL_RETURN_IF_ERROR(r.Int(m["vocab"], "model.vocab", 2, 65536, &mc.vocab));
+    if (m["padded_vocab"]) {
+      KEEL_RETURN_IF_ERROR(r.Int(m["padded_vocab"], "model.padded_vocab", 0, 1 << 20, &mc.padded_vocab));
+    }
+    if (m["mlp"]) KEEL_RETURN_IF_ERROR(r.OneOf(m["mlp"], "model.mlp", {"gelu", "swiglu"}, &mc.mlp));
+    if (m["mlp_hidden"]) {
+      KEEL_RETURN_IF_ERROR(r.Int(m["mlp_hidden"], "model.mlp_hidden", 0, 1 << 20, &mc.mlp_hidden));
+    }
+    if (m["qk_layernorm"]) KEEL_RETURN_IF_ERROR(r.Bool(m["qk_layernorm"], "model.qk_layernorm", &mc.qk_layernorm));
+    if (m["bias"]) KEEL_RETURN_IF_ERROR(r.Bool(m["bias"], "model.bias", &mc.bias));
+    if (m["ln_eps"]) KEEL_RETURN_IF_ERROR(r.Float(m["ln_eps"], "model.ln_eps", 1e-30, 1.0, &mc.ln_eps));
+  }
+  if (YAML::Node d = root["data"]) {
+    KEEL_RETURN_IF_ERROR(r.CheckKeys(d, "data", {"train", "val", "val_batches", "eval_every"}));
+    if (d["train"]) KEEL_RETURN_IF_ERROR(r.String(d["train"], "data.train", &c.data.train));
+    if (d["val"]) KEEL_RETURN_IF_ERROR(r.String(d["val"], "data.val", &c.data.val));
+    if (d["val_batches"]) {
+      KEEL_RETURN_IF_ERROR(r.Int(d["val_batches"], "data.val_batches", 1, 1 << 20, &c.data.val_batches));
+    }
+    if (d["eval_every"]) {
+      KEEL_RETURN_IF_ERROR(r.Int(d["eval_every"], "data.eval_every", 0, 1 << 30, &c.data.eval_every));
+    }
+  }
+  if (root["precision"]) KEEL_RETURN_IF_ERROR(ParsePrecision(r, root["precision"], &c.precision));
+  if (YAML::Node o = root["optimizer"]) {
+    KEEL_RETURN_IF_ERROR(r.CheckKeys(
+        o, "optimizer", {"type", "lr", "beta1", "beta2", "eps", "weight_decay", "grad_clip"}));
+    OptimizerConfig& oc = c.optimizer;
+    if (o["type"]) KEEL_RETURN_IF_ERROR(r.OneOf(o["type"], "optimizer.type", {"adam", "adamw"}, &oc.type));
+    if (o["lr"]) KEEL_RETURN_IF_ERROR(r.Float(o["lr"], "optimizer.lr", 0.0, 10.0, &oc.lr));
+    if (o["beta1"]) KEEL_RETURN_IF_ERROR(r.Float(o["beta1"], "optimizer.beta1", 0.0, 0.999999, &oc.beta1));
+    if (o["beta2"]) KEEL_RETURN_IF_ERROR(r.Float(o["beta2"], "optimizer.beta2", 0.0, 0.99999999, &oc.beta2));
+    if (o["eps"]) KEEL_RETURN_IF_ERROR(r.Float(o["eps"], "optimizer.eps", 0.0, 1.0, &oc.eps));
+    if (o["weight_decay"]) {
+      KEEL_RETURN_IF_ERROR(r.Float(o["weight_decay"], "optimizer.weight_decay", 0.0, 10.0, &oc.weight_decay));
+    }
+    if (o["grad_clip"]) KEEL_RETURN_IF_ERROR(r.Float(o["grad_clip"], "optimizer.grad_clip", 0.0, 1e30, &oc.grad_clip));
+    if (oc.type == "adam" && oc.weight_decay != 0.0f) {
+      return r.Error(o["weight_decay"], "optimizer.weight_decay",
+                     r.Text(o["weight_decay"]) + " needs optimizer.type adamw (adam has no weight decay)");
+    }
+  }
+  if (YAML::Node s = root["schedule"]) {
+    KEEL_RETURN_IF_ERROR(r.CheckKeys(s, "schedule", {"type", "warmup_steps", "min_lr_ratio"}));
+    if (s["type"]) {
+      KEEL_RETURN_IF_ERROR(r.OneOf(s["type"], "schedule.type", {"constant", "cosine", "linear"}, &c.schedule.type));
+    }
+    if (s["warmup_steps"]) {
+      KEEL_RETURN_IF_ERROR(r.Int(s["warmup_steps"], "schedule.warmup_steps", 0, 1 << 30, &c.schedule.warmup_steps));
+    }
+    if (s["min_lr_ratio"]) {
+      KEEL_RETURN_IF_ERROR(r.Float(s["min_lr_ratio"], "schedule.min_lr_ratio", 0.0, 1.0, &c.schedule.min_lr_ratio));
+    }
+  }
+  if (root["steps"]) KEEL_RETURN_IF_ERROR(r.Int(root["steps"], "steps", 1, int64_t(1) << 40, &c.steps));
+  if (root["batch"]) KEEL_RETURN_IF_ERROR(r.Int(root["batch"], "batch", 1, 1 << 24, &c.batch));
+  if (root["seq"]) KEEL_RETURN_IF_ERROR(r.Int(root["seq"], "seq", 0, 1 << 20, &c.seq));
+  if (root["grad_accum"]) KEEL_RETURN_IF_ERROR(r.Int(root["grad_accum"], "grad_accum", 1, 1 << 16, &c.grad_accum));
+  if (root["seed"]) {
+    int64_t seed;
+    KEEL_RETURN_IF_ERROR(r.Int(root["seed"], "seed", 0, INT64_MAX, &seed));
+    c.seed = static_cast<uint64_t>(seed);
+  }
+  if (root["backend"]) KEEL_RETURN_IF_ERROR(r.OneOf(root["backend"], "backend", {"cpu", "cuda"}, &c.backend));
+  if (root["threads"]) KEEL_RETURN_IF_ERROR(r.Int(root["threads"], "threads", 0, 1024, &c.threads));
+  if (root["run_dir"]) KEEL_RETURN_IF_ERROR(r.String(root["run_dir"], "run_dir", &c.run_dir));
+  if (root["checkpoint_every"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(root["checkpoint_every"], "checkpoint_every", 0, 1 << 30, &c.checkpoint_every));
+  }
+  if (root["keep_checkpoints"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(root["keep_checkpoints"], "keep_checkpoints", 0, 1 << 20, &c.keep_checkpoints));
+  }
+  if (root["probe_every"]) KEEL_RETURN_IF_ERROR(r.Int(root["probe_every"], "probe_every", 0, 1 << 30, &c.probe_every));
+  if (root["operand_stats"]) KEEL_RETURN_IF_ERROR(r.Bool(root["operand_stats"], "operand_stats", &c.operand_stats));
+  if (root["log_every"]) KEEL_RETURN_IF_ERROR(r.Int(root["log_every"], "log_every", 1, 1 << 30, &c.log_every));
+  if (c.run_dir.empty()) c.run_dir = "runs/" + c.name;
+  if (c.seq == 0) c.seq = c.model.context;
+  if (c.model.padded_vocab == 0) c.model.padded_vocab = (c.model.vocab + 127) / 128 * 128;
+  if (c.model.mlp_hidden == 0) {
+    c.model.mlp_hidden = c.model.mlp == "gelu" ? 4 * c.model.width
+                                               : (8 * c.model.width / 3 + 63) / 64 * 64;
+  }
+  Status st = ValidateRunConfig(c);
+  if (!st.ok()) return Status::Error(r.Where(root) + st.message());
+  *out = c;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateRunConfig(const RunConfig& c) {
+  const ModelConfig& m = c.model;
+  if (m.type == "gpt") {
+    if (c.data.train.empty()) return Status::Error("data.train: missing (gpt needs token shards)");
+    if (m.width % m.heads != 0) {
+      return Status::Error("model.heads: " + std::to_string(m.heads) + " does not divide model.width " +
+                           std::to_string(m.width));
+    }
+    if (c.seq > m.context) {
+      return Status::Error("seq: " + std::to_string(c.seq) + " is larger than model.context " +
+                           std::to_string(m.context));
+    }
+    if (m.padded_vocab < m.vocab) {
+      return Status::Error("model.padded_vocab: " + std::to_string(m.padded_vocab) +
+                           " is smaller than model.vocab " + std::to_string(m.vocab));
+    }
+  }
+  if (c.probe_every < 0) return Status::Error("probe_every: must be >= 0");
+  return ValidateScheme(c.precision);
+}
+
+Status ParseRunConfig(const std::string& yaml_text, const std::string& source,
+                      const std::vector<std::string>& overrides, RunConfig* out) {
+  Reader r(source);
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    return Status::Error(source + ":" + std::to_string(e.mark.line + 1) + ":" +
+                         std::to_string(e.mark.column + 1) + ": invalid YAML: " + e.msg);
+  }
+  if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  for (const std::string& o : overrides) KEEL_RETURN_IF_ERROR(ApplyOverride(root, o));
+  try {
+    return ParseNode(r, root, out);
+  } catch (const YAML::Exception& e) {
+    return Status::Error(source + ": " + e.what());
+  }
+}
+
+Status LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides,
+                     RunConfig* out) {
+  std::ifstream in(path);
+  if (!in) return Status::Error("--config: cannot read '" + path + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseRunConfig(text.str(), path, overrides, out);
+}
+
+std::string SchemeToYaml(const PrecisionScheme& s) {
+  // Every role and option spelled out, so the text alone rebuilds the scheme.
+  YAML::Emitter e;
+  e << YAML::Flow << YAML::BeginMap;
+  e << YAML::Key << "name" << YAML::Value << s.name;
+  auto fmt = [&](const char* key, const OperandFormat& f) {
+    e << YAML::Key << key << YAML::Value << YAML::BeginMap;
+    e << YAML::Key << "format" << YAML::Value << OperandFormatName(f);
+    e << YAML::Key << "rounding" << YAML::Value << RoundingName(f.rounding);
+    e << YAML::Key << "mx_block" << YAML::Value << f.mx_block;
+    e << YAML::Key << "bump_exponent" << YAML::Value << f.bump_exponent;
+    e << YAML::Key << "tile_16x16" << YAML::Value << f.tile_16x16;
+    e << YAML::Key << "rht" << YAML::Value << f.rht;
+    e << YAML::EndMap;
+  };
+  for (int i = 0; i < kRoleCount; ++i) fmt(RoleName(static_cast<Role>(i)), s.roles[i]);
+  fmt("layernorm", s.layernorm);
+  e << YAML::Key << "forward_only" << YAML::Value << s.forward_only;
+  e << YAML::Key << "bf16_first_blocks" << YAML::Value << s.bf16_first_blocks;
+  e << YAML::Key << "bf16_last_blocks" << YAML::Value << s.bf16_last_blocks;
+  e << YAML::Key << "bf16_head" << YAML::Value << s.bf16_head;
+  e << YAML::Key << "attention_bf16" << YAML::Value << s.attention_bf16;
+  e << YAML::EndMap;
+  return e.c_str();
+}
+
+Status ParseSchemeYaml(const std::string& yaml_text, PrecisionScheme* out) {
+  try {
+    YAML::Node n = YAML::Load(yaml_text);
+    PrecisionScheme s;
+    s.name = n["name"].as<std::string>();
+    auto fmt = [&](const char* key, OperandFormat* f) -> Status {
+      YAML::Node m = n[key];
+      KEEL_RETURN_IF_ERROR(ParseOperandFormat(key, m["format"].as<std::string>(), f));
+      if (!ParseRounding(m["rounding"].as<std::string>(), &f->rounding)) {
+        return Status::Error(std::string(key) + ".rounding: unknown value");
+      }
+      f->mx_block = m["mx_block"].as<int>();
+      f->bump_exponent = m["bump_exponent"].as<bool>();
+      f->tile_16x16 = m["tile_16x16"].as<bool>();
+      f->rht = m["rht"].as<bool>();
+      return Status::Ok();
+    };
+    for (int i = 0; i < kRoleCount; ++i) KEEL_RETURN_IF_ERROR(fmt(RoleName(static_cast<Role>(i)), &s.roles[i]));
+    KEEL_RETURN_IF_ERROR(fmt("layernorm", &s.layernorm));
+    s.forward_only = n["forward_only"].as<bool>();
+    s.bf16_first_blocks = n["bf16_first_blocks"].as<int>();
+    s.bf16_last_blocks = n["bf16_last_blocks"].as<int>();
+    s.bf16_head = n["bf16_head"].as<bool>();
+    s.attention_bf16 = n["attention_bf16"].as<bool>();
+    KEEL_RETURN_IF_ERROR(ValidateScheme(s));
+    *out = s;
+    return Status::Ok();
+  } catch (const YAML::Exception& e) {
+    return Status::Error(std::string("stored precision scheme: ") + e.what());
+  }
+}
+
+}  // namespace keel

@@ -1,0 +1,96 @@
+// A training run's configuration (`keel-train --config run.yaml`): model, data,
+// precision scheme, optimizer, schedule, checkpoints and metrics. Parsed from
+// YAML in one place (ParseRunConfig); every error names the field (with its line
+// and column), the value and what is allowed, and leaves *out untouched.
+#ifndef KEEL_WORKER_RUN_CONFIG_H_
+#define KEEL_WORKER_RUN_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/status.h"
+#include "worker/scheme.h"
+
+namespace keel {
+
+struct ModelConfig {
+  std::string type = "proxy";  // proxy | gpt
+  int layers = 4;              // proxy: depth L; gpt: transformer blocks
+  int width = 512;             // proxy: d; gpt: model width
+  // gpt only
+  int heads = 12;
+  int context = 1024;          // max sequence length (position embeddings)
+  int vocab = 50257;
+  int padded_vocab = 0;        // 0: vocab rounded up to a multiple of 128
+  std::string mlp = "gelu";    // gelu | swiglu
+  int mlp_hidden = 0;          // 0: 4 x width (gelu), 8/3 x width rounded up to 64 (swiglu)
+  bool qk_layernorm = false;
+  bool bias = true;            // false: no biases in linears and layernorms
+  float ln_eps = 1e-5f;
+};
+
+struct DataConfig {
+  std::string train;  // llm.c token shard path or glob (gpt)
+  std::string val;    // optional
+  int val_batches = 4;
+  int eval_every = 0;  // steps between val evaluations (0: never)
+};
+
+struct OptimizerConfig {
+  std::string type = "adam";  // adam | adamw
+  float lr = 6e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // adamw only (decoupled), applied to matrices
+  float grad_clip = 0.0f;     // global-norm clipping threshold (0: off)
+};
+
+struct ScheduleConfig {
+  std::string type = "constant";  // constant | cosine | linear
+  int warmup_steps = 0;           // linear warmup from lr/warmup to lr
+  float min_lr_ratio = 0.0f;      // cosine/linear decay down to lr * min_lr_ratio
+};
+
+struct RunConfig {
+  std::string name = "run";
+  ModelConfig model;
+  DataConfig data;
+  PrecisionScheme precision;  // default fp32
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  int64_t steps = 100;
+  int batch = 64;       // proxy: samples per micro-batch; gpt: sequences
+  int seq = 0;          // gpt tokens per sequence (0: model.context)
+  int grad_accum = 1;   // micro-batches per optimizer step
+  uint64_t seed = 1337;
+  std::string backend = "cpu";  // cpu | cuda
+  int threads = 0;              // cpu backend threads (0: all cores)
+  std::string run_dir;          // "" : runs/<name>
+  int checkpoint_every = 0;     // steps (0: only the final checkpoint)
+  int keep_checkpoints = 3;     // newest kept (0: all)
+  int probe_every = 0;          // gradient-bias probe period (0: off)
+  bool operand_stats = true;    // per-operand saturation/NaN counters every step
+  int log_every = 1;            // terminal progress period
+};
+
+// Parses YAML text (`source` names it in messages). Unknown keys are errors.
+// overrides: "key.path=value" assignments applied to the YAML before parsing
+// (e.g. "optimizer.lr=1e-3", "precision=mxfp4"), as the CLI's --set gives them.
+Status ParseRunConfig(const std::string& yaml_text, const std::string& source,
+                      const std::vector<std::string>& overrides, RunConfig* out);
+Status LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides,
+                     RunConfig* out);
+
+// The scheme as a one-line YAML mapping (every field), readable by
+// ParseSchemeYaml: stored in checkpoints so a switched scheme survives resume.
+std::string SchemeToYaml(const PrecisionScheme& scheme);
+Status ParseSchemeYaml(const std::string& yaml_text, PrecisionScheme* out);
+
+// Checks cross-field rules (gpt needs data.train, heads divide width, ...).
+Status ValidateRunConfig(const RunConfig& config);
+
+}  // namespace keel
+
+#endif  // KEEL_WORKER_RUN_CONFIG_H_

@@ -1,0 +1,535 @@
+// The training loop (see trainer.h).
+#include "worker/trainer.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "worker/io/file_util.h"
+#include "worker/io/json.h"
+#include "worker/io/safetensors.h"
+
+namespace keel {
+namespace {
+
+#define RETURN_IF_ERROR(expr) \
+  do {                        \
+    Status _s = (expr);       \
+    if (!_s.ok()) return _s;  \
+  } while (0)
+
+constexpr char kCheckpointFormat[] = "keel-checkpoint-1";
+
+uint64_t Mix(uint64_t a, uint64_t b) { return RoleSeed(a ^ (b * 0x9FB21C651E98DF25ull), Role::kWgradX); }
+
+double SafeRatio(double num, double den) { return den > 0 ? num / den : 0.0; }
+
+std::string StepDirName(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
+std::string FormatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  long s = static_cast<long>(seconds + 0.5);
+  char text[32];
+  if (s >= 3600) {
+    std::snprintf(text, sizeof(text), "%ldh%02ldm", s / 3600, (s / 60) % 60);
+  } else if (s >= 60) {
+    std::snprintf(text, sizeof(text), "%ldm%02lds", s / 60, s % 60);
+  } else {
+    std::snprintf(text, sizeof(text), "%lds", s);
+  }
+  return text;
+}
+
+}  // namespace
+
+std::string StepMetrics::ToJson() const {
+  JsonWriter w;
+  w.Add("step", step).Add("loss", loss).Add("lr", lr).Add("tokens_per_s", tokens_per_s);
+  w.Add("step_ms", step_seconds * 1e3).Add("scheme", scheme).Add("grad_norm", grad_norm);
+  JsonValue norms = JsonValue::Object();
+  for (const GroupValue& g : grad_norms) norms.Set(g.name, g.value);
+  w.Add("grad_norm_layers", norms);
+  w.Add("update_ratio", update_ratio);
+  JsonValue ratios = JsonValue::Object();
+  for (const GroupValue& g : update_ratios) ratios.Set(g.name, g.value);
+  w.Add("update_ratio_layers", ratios);
+  JsonValue ln = JsonValue::Object();
+  for (const LnGamma& g : ln_gamma) {
+    JsonValue v = JsonValue::Object();
+    v.Set("mean", g.mean);
+    v.Set("std", g.std);
+    ln.Set(g.name, v);
+  }
+  w.Add("ln_gamma", ln);
+  JsonValue ops = JsonValue::Object();
+  for (const OperandMetric& o : operands) {
+    JsonValue v = JsonValue::Object();
+    v.Set("saturated", o.saturated);
+    v.Set("nan_blocks", o.nan_blocks);
+    JsonValue layer = ops.Find(o.linear) ? *ops.Find(o.linear) : JsonValue::Object();
+    layer.Set(RoleName(o.role), v);
+    ops.Set(o.linear, layer);
+  }
+  w.Add("quant", ops);
+  if (probed) {
+    JsonValue p = JsonValue::Object();
+    p.Set("cosine", probe.cosine);
+    p.Set("rel_error", probe.rel_error);
+    p.Set("zeta", probe.zeta);
+    JsonValue layers = JsonValue::Object();
+    for (const ProbeLayer& l : probe_layers) {
+      JsonValue v = JsonValue::Object();
+      v.Set("cosine", l.values.cosine);
+      v.Set("rel_error", l.values.rel_error);
+      v.Set("zeta", l.values.zeta);
+      layers.Set(l.name, v);
+    }
+    p.Set("layers", layers);
+    w.Add("probe", p);
+  }
+  if (evaluated) w.Add("val_loss", val_loss);
+  return w.str();
+}
+
+Trainer::~Trainer() {
+  if (metrics_file_) std::fclose(metrics_file_);
+  if (backend_) {
+    for (float* p : {grads_, adam_m_, adam_v_, probe_grads_, previous_}) backend_->Free(p);
+  }
+  model_.reset();  // frees its buffers through backend_, so before it
+}
+
+Status Trainer::Create(const RunConfig& config, std::unique_ptr<Trainer>* out) {
+  RETURN_IF_ERROR(ValidateRunConfig(config));
+  std::unique_ptr<Trainer> t(new Trainer);
+  t->config_ = config;
+  t->scheme_ = config.precision;
+  RETURN_IF_ERROR(MakeBackend(config.backend, config.threads, &t->backend_));
+  if (config.model.type == "gpt") {
+    RETURN_IF_ERROR(TokenLoader::Open(config.data.train, config.batch, config.seq, &t->train_loader_));
+    if (t->train_loader_->max_token() >= config.model.vocab) {
+      return Status::Error("data.train: token id " + std::to_string(t->train_loader_->max_token()) +
+                           " is outside model.vocab " + std::to_string(config.model.vocab) +
+                           " (allowed: 0 .. vocab-1)");
+    }
+    if (!config.data.val.empty()) {
+      RETURN_IF_ERROR(TokenLoader::Open(config.data.val, config.batch, config.seq, &t->val_loader_));
+    }
+  }
+  RETURN_IF_ERROR(MakeModel(config, t->backend_.get(), &t->model_));
+  const size_t bytes = static_cast<size_t>(t->model_->param_count()) * sizeof(float);
+  for (float** p : {&t->grads_, &t->adam_m_, &t->adam_v_, &t->previous_}) {
+    void* mem = nullptr;
+    RETURN_IF_ERROR(t->backend_->Alloc(bytes, &mem));
+    *p = static_cast<float*>(mem);
+  }
+  if (config.probe_every > 0) {
+    void* mem = nullptr;
+    RETURN_IF_ERROR(t->backend_->Alloc(bytes, &mem));
+    t->probe_grads_ = static_cast<float*>(mem);
+  }
+  RETURN_IF_ERROR(t->model_->Init(config.seed));
+  *out = std::move(t);
+  return Status::Ok();
+}
+
+double Trainer::LearningRate(int64_t step) const {
+  const ScheduleConfig& s = config_.schedule;
+  const double lr = config_.optimizer.lr;
+  if (step < s.warmup_steps) return lr * static_cast<double>(step + 1) / s.warmup_steps;
+  if (s.type == "constant") return lr;
+  const double span = std::max<int64_t>(1, config_.steps - s.warmup_steps);
+  const double progress = std::min(1.0, static_cast<double>(step - s.warmup_steps) / span);
+  const double min_lr = lr * s.min_lr_ratio;
+  if (s.type == "cosine") return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+  return lr - (lr - min_lr) * progress;  // linear
+}
+
+std::string Trainer::GroupOf(const ParamInfo& p) const {
+  if (p.block >= 0) return std::to_string(p.block);
+  if (p.name == "wte" || p.name == "wpe") return "embed";
+  return "final";
+}
+
+Status Trainer::SwitchScheme(const PrecisionScheme& scheme) {
+  RETURN_IF_ERROR(ValidateScheme(scheme));
+  scheme_ = scheme;
+  return Status::Ok();
+}
+
+Status Trainer::NextBatch(int micro, Batch* batch) {
+  const uint64_t index = static_cast<uint64_t>(step_) * config_.grad_accum + micro;
+  batch->data_seed = Mix(config_.seed ^ 0xDA7Aull, index);
+  if (train_loader_) return train_loader_->Next(&batch->inputs, &batch->targets);
+  return Status::Ok();
+}
+
+Status Trainer::Step(StepMetrics* m) {
+  auto start = std::chrono::steady_clock::now();
+  Backend& b = *backend_;
+  const std::vector<ParamInfo>& params = model_->param_info();
+  const int64_t count = model_->param_count();
+  const bool stats = config_.operand_stats && scheme_.AnyQuantized();
+  const int slots = static_cast<int>(model_->linear_names().size());
+  const bool probe = config_.probe_every > 0 && (step_ + 1) % config_.probe_every == 0;
+  *m = StepMetrics();
+  m->step = step_ + 1;
+  m->scheme = scheme_.name;
+  m->lr = LearningRate(step_);
+
+  RETURN_IF_ERROR(b.Fill(grads_, count, 0.0f));
+  if (stats) RETURN_IF_ERROR(b.ResetOperandStats(slots));
+  std::vector<Batch> batches;
+  double loss_sum = 0;
+  for (int k = 0; k < config_.grad_accum; ++k) {
+    Batch batch;
+    RETURN_IF_ERROR(NextBatch(k, &batch));
+    double loss = 0;
+    const uint64_t quant_seed = Mix(config_.seed ^ 0x0A7Aull, static_cast<uint64_t>(step_) * config_.grad_accum + k);
+    RETURN_IF_ERROR(model_->ForwardBackward(batch, scheme_, quant_seed, 1.0f / config_.grad_accum,
+                                            stats, grads_, &loss));
+    loss_sum += loss;
+    if (probe) batches.push_back(std::move(batch));
+  }
+  m->loss = loss_sum / config_.grad_accum;
+  if (stats) {
+    std::vector<OperandStats> counters;
+    RETURN_IF_ERROR(b.ReadOperandStats(&counters));
+    for (int s = 0; s < slots; ++s) {
+      for (int r = 0; r < kRoleCount; ++r) {
+        const OperandStats& c = counters[s * kRoleCount + r];
+        if (c.elements == 0) continue;  // fp32 roles record nothing
+        OperandMetric o;
+        o.linear = model_->linear_names()[s];
+        o.role = static_cast<Role>(r);
+        o.saturated = SafeRatio(static_cast<double>(c.saturated), static_cast<double>(c.elements));
+        o.nan_blocks = SafeRatio(static_cast<double>(c.nan_blocks), static_cast<double>(c.blocks));
+        m->operands.push_back(o);
+      }
+    }
+  }
+
+  // Norms of the gradient and of the weights before the update, per tensor.
+  std::vector<Span> spans;
+  for (const ParamInfo& p : params) spans.push_back(Span{grads_ + p.offset, p.count});
+  for (const ParamInfo& p : params) spans.push_back(Span{model_->params() + p.offset, p.count});
+  std::vector<double> squares;
+  RETURN_IF_ERROR(b.SumSquares(spans, &squares));
+  std::map<std::string, double> group_grad, group_weight;
+  std::vector<std::string> group_order;
+  double grad_sq = 0, weight_sq = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::string g = GroupOf(params[i]);
+    if (!group_grad.count(g)) group_order.push_back(g);
+    group_grad[g] += squares[i];
+    group_weight[g] += squares[params.size() + i];
+    grad_sq += squares[i];
+    weight_sq += squares[params.size() + i];
+  }
+  m->grad_norm = std::sqrt(grad_sq);
+  for (const std::string& g : group_order) m->grad_norms.push_back({g, std::sqrt(group_grad[g])});
+
+  if (probe) RETURN_IF_ERROR(RunProbe(batches, m));
+
+  // Update: global-norm clipping folds into the gradient scale.
+  float grad_scale = 1.0f;
+  if (config_.optimizer.grad_clip > 0 && m->grad_norm > config_.optimizer.grad_clip) {
+    grad_scale = static_cast<float>(config_.optimizer.grad_clip / m->grad_norm);
+  }
+  RETURN_IF_ERROR(b.CopyBytes(previous_, model_->params(), static_cast<size_t>(count) * sizeof(float)));
+  const OptimizerConfig& o = config_.optimizer;
+  for (const ParamInfo& p : params) {
+    float wd = o.type == "adamw" && p.decay ? o.weight_decay : 0.0f;
+    RETURN_IF_ERROR(b.AdamW(model_->params() + p.offset, grads_ + p.offset, adam_m_ + p.offset,
+                            adam_v_ + p.offset, p.count, static_cast<float>(m->lr), o.beta1, o.beta2,
+                            o.eps, wd, static_cast<int>(step_ + 1), grad_scale));
+  }
+  RETURN_IF_ERROR(b.Axpy(-1.0f, model_->params(), previous_, count));
+  spans.clear();
+  for (const ParamInfo& p : params) spans.push_back(Span{previous_ + p.offset, p.count});
+  RETURN_IF_ERROR(b.SumSquares(spans, &squares));
+  std::map<std::string, double> group_delta;
+  double delta_sq = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    group_delta[GroupOf(params[i])] += squares[i];
+    delta_sq += squares[i];
+  }
+  m->update_ratio = SafeRatio(std::sqrt(delta_sq), std::sqrt(weight_sq));
+  for (const std::string& g : group_order) {
+    m->update_ratios.push_back({g, SafeRatio(std::sqrt(group_delta[g]), std::sqrt(group_weight[g]))});
+  }
+
+  // Layernorm gains (after the update).
+  for (const ParamInfo& p : params) {
+    if (!p.ln_gamma) continue;
+    std::vector<float> gamma(p.count);
+    RETURN_IF_ERROR(b.Download(gamma.data(), model_->params() + p.offset, p.count * sizeof(float)));
+    double sum = 0, sq = 0;
+    for (float g : gamma) sum += g;
+    double mean = sum / p.count;
+    for (float g : gamma) sq += (g - mean) * (g - mean);
+    m->ln_gamma.push_back({p.name, mean, std::sqrt(sq / p.count)});
+  }
+  ++step_;
+  if (val_loader_ && config_.data.eval_every > 0 && step_ % config_.data.eval_every == 0) {
+    RETURN_IF_ERROR(Evaluate(&m->val_loss));
+    m->evaluated = true;
+  }
+  RETURN_IF_ERROR(b.Sync());
+  m->step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  m->tokens_per_s = SafeRatio(static_cast<double>(model_->items_per_batch()) * config_.grad_accum,
+                              m->step_seconds);
+  return Status::Ok();
+}
+
+Status Trainer::RunProbe(const std::vector<Batch>& batches, StepMetrics* m) {
+  Backend& b = *backend_;
+  PrecisionScheme fp32;
+  SchemeFromPreset("fp32", &fp32);
+  RETURN_IF_ERROR(b.Fill(probe_grads_, model_->param_count(), 0.0f));
+  for (size_t k = 0; k < batches.size(); ++k) {
+    double loss = 0;
+    RETURN_IF_ERROR(model_->ForwardBackward(batches[k], fp32, 0, 1.0f / config_.grad_accum, false,
+                                            probe_grads_, &loss));
+  }
+  const std::vector<ParamInfo>& params = model_->param_info();
+  std::vector<Span> gq, g;
+  for (const ParamInfo& p : params) {
+    gq.push_back(Span{grads_ + p.offset, p.count});
+    g.push_back(Span{probe_grads_ + p.offset, p.count});
+  }
+  std::vector<double> cross, gq_sq, g_sq;
+  RETURN_IF_ERROR(b.Dots(gq, g, &cross));
+  RETURN_IF_ERROR(b.SumSquares(gq, &gq_sq));
+  RETURN_IF_ERROR(b.SumSquares(g, &g_sq));
+  auto values = [](double c, double qq, double gg) {
+    ProbeValues v;
+    v.cosine = SafeRatio(c, std::sqrt(qq) * std::sqrt(gg));
+    v.rel_error = SafeRatio(std::sqrt(std::max(0.0, qq - 2 * c + gg)), std::sqrt(gg));
+    v.zeta = SafeRatio(c - gg, gg);
+    return v;
+  };
+  std::map<std::string, double> gc, gqq, ggg;
+  std::vector<std::string> order;
+  double tc = 0, tq = 0, tg = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::string name = GroupOf(params[i]);
+    if (!gc.count(name)) order.push_back(name);
+    gc[name] += cross[i];
+    gqq[name] += gq_sq[i];
+    ggg[name] += g_sq[i];
+    tc += cross[i];
+    tq += gq_sq[i];
+    tg += g_sq[i];
+  }
+  m->probed = true;
+  m->probe = values(tc, tq, tg);
+  for (const std::string& name : order) m->probe_layers.push_back({name, values(gc[name], gqq[name], ggg[name])});
+  return Status::Ok();
+}
+
+Status Trainer::Evaluate(double* loss) {
+  // The val loader restarts at the beginning each time: every evaluation sees
+  // the same batches.
+  RETURN_IF_ERROR(val_loader_->Seek(TokenLoader::Position()));
+  double sum = 0;
+  for (int i = 0; i < config_.data.val_batches; ++i) {
+    Batch batch;
+    RETURN_IF_ERROR(val_loader_->Next(&batch.inputs, &batch.targets));
+    double l = 0;
+    RETURN_IF_ERROR(model_->Evaluate(batch, scheme_, Mix(config_.seed ^ 0xE7A1ull, i), &l));
+    sum += l;
+  }
+  *loss = sum / config_.data.val_batches;
+  return Status::Ok();
+}
+
+Status Trainer::OpenMetricsFile() {
+  if (metrics_file_) return Status::Ok();
+  RETURN_IF_ERROR(MakeDirs(config_.run_dir));
+  std::string path = config_.run_dir + "/metrics.jsonl";
+  metrics_file_ = std::fopen(path.c_str(), "a");
+  if (!metrics_file_) return Status::Error("run_dir: cannot append to '" + path + "'");
+  return Status::Ok();
+}
+
+Status Trainer::Train(const MetricsCallback& callback, bool progress) {
+  RETURN_IF_ERROR(OpenMetricsFile());
+  if (progress) {
+    std::fprintf(stderr, "keel-train: %s on %s, %lld parameters, scheme %s\n", config_.model.type.c_str(),
+                 backend_->Describe().c_str(), static_cast<long long>(model_->param_count()),
+                 scheme_.name.c_str());
+  }
+  auto start = std::chrono::steady_clock::now();
+  const int64_t first = step_;
+  while (step_ < config_.steps) {
+    StepMetrics m;
+    RETURN_IF_ERROR(Step(&m));
+    std::string line = m.ToJson();
+    std::fprintf(metrics_file_, "%s\n", line.c_str());
+    std::fflush(metrics_file_);
+    if (callback) callback(m);
+    if (progress && (step_ % config_.log_every == 0 || step_ == config_.steps)) {
+      double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      double eta = elapsed / static_cast<double>(step_ - first) * static_cast<double>(config_.steps - step_);
+      std::fprintf(stderr, "step %lld/%lld | loss %.6g | lr %.3g | %.0f %s/s | ETA %s%s\n",
+                   static_cast<long long>(step_), static_cast<long long>(config_.steps), m.loss, m.lr,
+                   m.tokens_per_s, config_.model.type == "gpt" ? "tok" : "samples",
+                   FormatDuration(eta).c_str(),
+                   m.evaluated ? (" | val " + std::to_string(m.val_loss)).c_str() : "");
+    }
+    if (config_.checkpoint_every > 0 && step_ % config_.checkpoint_every == 0 && step_ < config_.steps) {
+      std::string dir;
+      RETURN_IF_ERROR(SaveCheckpoint(&dir));
+    }
+  }
+  std::string dir;
+  RETURN_IF_ERROR(SaveCheckpoint(&dir));
+  if (progress) std::fprintf(stderr, "keel-train: done, checkpoint %s\n", dir.c_str());
+  return Status::Ok();
+}
+
+Status Trainer::SaveCheckpoint(std::string* out_dir) {
+  Backend& b = *backend_;
+  const std::vector<ParamInfo>& params = model_->param_info();
+  const size_t count = static_cast<size_t>(model_->param_count());
+  std::vector<float> weights(count), m(count), v(count);
+  RETURN_IF_ERROR(b.Download(weights.data(), model_->params(), count * sizeof(float)));
+  RETURN_IF_ERROR(b.Download(m.data(), adam_m_, count * sizeof(float)));
+  RETURN_IF_ERROR(b.Download(v.data(), adam_v_, count * sizeof(float)));
+  std::vector<TensorRef> model_tensors, optimizer_tensors;
+  for (const ParamInfo& p : params) {
+    model_tensors.push_back(TensorRef{p.name, p.shape, weights.data() + p.offset});
+    optimizer_tensors.push_back(TensorRef{"m." + p.name, p.shape, m.data() + p.offset});
+    optimizer_tensors.push_back(TensorRef{"v." + p.name, p.shape, v.data() + p.offset});
+  }
+  std::map<std::string, std::string> meta;
+  meta["format"] = kCheckpointFormat;
+  meta["step"] = std::to_string(step_);
+  meta["model"] = config_.model.type;
+  meta["seed"] = std::to_string(config_.seed);
+  meta["scheme"] = SchemeToYaml(scheme_);
+  if (train_loader_) {
+    TokenLoader::Position pos = train_loader_->position();
+    meta["data.shard"] = std::to_string(pos.shard);
+    meta["data.offset"] = std::to_string(pos.offset);
+    meta["data.epoch"] = std::to_string(pos.epoch);
+  }
+  const std::string root = config_.run_dir + "/checkpoints";
+  const std::string final_dir = root + "/" + StepDirName(step_);
+  const std::string tmp_dir = final_dir + ".tmp";
+  RETURN_IF_ERROR(MakeDirs(tmp_dir));
+  RETURN_IF_ERROR(WriteSafetensors(tmp_dir + "/model.safetensors", model_tensors, {{"format", kCheckpointFormat}, {"step", meta["step"]}}));
+  RETURN_IF_ERROR(WriteSafetensors(tmp_dir + "/optimizer.safetensors", optimizer_tensors, meta));
+  // A directory without ".tmp" is always complete: rename is the commit.
+  std::string old = final_dir + ".old";
+  if (access(final_dir.c_str(), F_OK) == 0) {
+    std::rename(final_dir.c_str(), old.c_str());
+  }
+  if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
+    return Status::Error("checkpoint: cannot rename '" + tmp_dir + "' to '" + final_dir + "'");
+  }
+  if (access(old.c_str(), F_OK) == 0) {
+    std::remove((old + "/model.safetensors").c_str());
+    std::remove((old + "/optimizer.safetensors").c_str());
+    rmdir(old.c_str());
+  }
+  // Keep the newest keep_checkpoints.
+  if (config_.keep_checkpoints > 0) {
+    std::vector<std::string> names;
+    RETURN_IF_ERROR(ListDir(root, &names));
+    std::vector<std::string> steps;
+    for (const std::string& n : names) {
+      if (n.rfind("step_", 0) == 0 && n.size() == 13) steps.push_back(n);
+    }
+    std::sort(steps.begin(), steps.end());
+    for (size_t i = 0; i + config_.keep_checkpoints < steps.size(); ++i) {
+      std::string d = root + "/" + steps[i];
+      std::remove((d + "/model.safetensors").c_str());
+      std::remove((d + "/optimizer.safetensors").c_str());
+      rmdir(d.c_str());
+    }
+  }
+  *out_dir = final_dir;
+  return Status::Ok();
+}
+
+Status Trainer::Resume(const std::string& requested) {
+  std::string dir = requested;
+  if (requested == "latest") {
+    const std::string root = config_.run_dir + "/checkpoints";
+    std::vector<std::string> names;
+    if (!ListDir(root, &names).ok()) return Status::Error("--resume latest: no checkpoints under '" + root + "'");
+    std::string best;
+    for (const std::string& n : names) {
+      if (n.rfind("step_", 0) == 0 && n.size() == 13 && n > best) best = n;
+    }
+    if (best.empty()) return Status::Error("--resume latest: no checkpoints under '" + root + "'");
+    dir = root + "/" + best;
+  }
+  std::vector<Tensor> weights, optimizer;
+  std::map<std::string, std::string> wmeta, meta;
+  RETURN_IF_ERROR(ReadSafetensors(dir + "/model.safetensors", &weights, &wmeta));
+  RETURN_IF_ERROR(ReadSafetensors(dir + "/optimizer.safetensors", &optimizer, &meta));
+  if (meta["format"] != kCheckpointFormat) {
+    return Status::Error("checkpoint " + dir + ": format '" + meta["format"] + "' is not " + kCheckpointFormat);
+  }
+  if (wmeta["step"] != meta["step"]) {
+    return Status::Error("checkpoint " + dir + ": model.safetensors is from step " + wmeta["step"] +
+                         " but optimizer.safetensors from step " + meta["step"]);
+  }
+  if (meta["model"] != config_.model.type) {
+    return Status::Error("checkpoint " + dir + ": holds a '" + meta["model"] + "' model, the config a '" +
+                         config_.model.type + "'");
+  }
+  // Everything is checked before anything is changed.
+  const std::vector<ParamInfo>& params = model_->param_info();
+  std::map<std::string, const Tensor*> by_name;
+  for (const Tensor& t : weights) by_name[t.name] = &t;
+  for (const Tensor& t : optimizer) by_name["opt:" + t.name] = &t;
+  const size_t count = static_cast<size_t>(model_->param_count());
+  std::vector<float> w(count, 0.0f), m(count, 0.0f), v(count, 0.0f);
+  for (const ParamInfo& p : params) {
+    for (const std::string& key : {p.name, "opt:m." + p.name, "opt:v." + p.name}) {
+      auto it = by_name.find(key);
+      if (it == by_name.end()) return Status::Error("checkpoint " + dir + ": tensor '" + key + "' is missing");
+      if (it->second->shape != p.shape) {
+        return Status::Error("checkpoint " + dir + ": tensor '" + key + "' has another shape than the model's");
+      }
+    }
+    std::copy(by_name[p.name]->data.begin(), by_name[p.name]->data.end(), w.begin() + p.offset);
+    std::copy(by_name["opt:m." + p.name]->data.begin(), by_name["opt:m." + p.name]->data.end(), m.begin() + p.offset);
+    std::copy(by_name["opt:v." + p.name]->data.begin(), by_name["opt:v." + p.name]->data.end(), v.begin() + p.offset);
+  }
+  if (weights.size() != params.size()) {
+    return Status::Error("checkpoint " + dir + ": holds " + std::to_string(weights.size()) +
+                         " tensors, the model has " + std::to_string(params.size()));
+  }
+  PrecisionScheme scheme;
+  RETURN_IF_ERROR(ParseSchemeYaml(meta["scheme"], &scheme));
+  int64_t step = std::atoll(meta["step"].c_str());
+  TokenLoader::Position pos;
+  if (train_loader_) {
+    pos.shard = std::atoll(meta["data.shard"].c_str());
+    pos.offset = std::atoll(meta["data.offset"].c_str());
+    pos.epoch = std::atoll(meta["data.epoch"].c_str());
+    RETURN_IF_ERROR(train_loader_->Seek(pos));
+  }
+  RETURN_IF_ERROR(backend_->Upload(model_->params(), w.data(), count * sizeof(float)));
+  RETURN_IF_ERROR(backend_->Upload(adam_m_, m.data(), count * sizeof(float)));
+  RETURN_IF_ERROR(backend_->Upload(adam_v_, v.data(), count * sizeof(float)));
+  scheme_ = scheme;
+  step_ = step;
+  return Status::Ok();
+}
+
+}  // namespace keel

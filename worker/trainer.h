@@ -1,0 +1,137 @@
+// The training loop of keel-train: one run's model, data, optimizer, precision
+// scheme, metrics and checkpoints on one backend.
+//
+// Determinism: every random draw (initial weights, proxy data, stochastic
+// rounding) is a function of (config.seed, step, micro-step), and every kernel is
+// deterministic, so the same config on the same backend gives the same loss
+// curve, and a run resumed from a checkpoint continues bit for bit.
+#ifndef KEEL_WORKER_TRAINER_H_
+#define KEEL_WORKER_TRAINER_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/nn.h"
+#include "kernels/status.h"
+#include "worker/io/token_loader.h"
+#include "worker/model.h"
+#include "worker/run_config.h"
+#include "worker/scheme.h"
+
+namespace keel {
+
+// What one optimizer step measured. Fractions are of the operand's elements
+// (saturated) and blocks (nan_blocks) over the step's micro-batches.
+struct OperandMetric {
+  std::string linear;  // "blocks.0.fc1", "h.3.attn.c_attn", "lm_head"
+  Role role;
+  double saturated = 0;
+  double nan_blocks = 0;
+};
+
+struct GroupValue {
+  std::string name;  // a block ("0", "1", ...) or "embed" / "head" / "final"
+  double value = 0;
+};
+
+// The gradient-bias probe: the step's gradient g_q against the gradient g on the
+// same weights and batch with unquantized (fp32) operands. cosine = <g_q, g> /
+// (|g_q| |g|), rel_error = |g_q - g| / |g|, zeta = <g_q - g, g> / |g|^2 (the
+// multiplicative bias of g_q = (1 + zeta) g).
+struct ProbeValues {
+  double cosine = 0, rel_error = 0, zeta = 0;
+};
+struct ProbeLayer {
+  std::string name;
+  ProbeValues values;
+};
+
+struct StepMetrics {
+  int64_t step = 0;            // 1-based: the number of optimizer steps done
+  double loss = 0;             // mean over the step's micro-batches
+  double lr = 0;
+  double tokens_per_s = 0;     // proxy: samples per second
+  double step_seconds = 0;
+  double grad_norm = 0;        // global, before clipping
+  std::vector<GroupValue> grad_norms;     // per layer group
+  double update_ratio = 0;     // |w_new - w_old| / |w_old|, global
+  std::vector<GroupValue> update_ratios;  // per layer group
+  struct LnGamma {
+    std::string name;
+    double mean = 0, std = 0;
+  };
+  std::vector<LnGamma> ln_gamma;
+  std::vector<OperandMetric> operands;    // quantized roles only
+  bool probed = false;
+  ProbeValues probe;
+  std::vector<ProbeLayer> probe_layers;
+  bool evaluated = false;
+  double val_loss = 0;
+  std::string scheme;          // the scheme's name during this step
+
+  // One JSON object on one line (the metrics.jsonl format; docs/train.md).
+  std::string ToJson() const;
+};
+
+using MetricsCallback = std::function<void(const StepMetrics&)>;
+
+class Trainer {
+ public:
+  // Builds the backend, model and data, initialises the weights.
+  static Status Create(const RunConfig& config, std::unique_ptr<Trainer>* out);
+  ~Trainer();
+
+  // One optimizer step (grad_accum micro-batches, clip, update); fills *metrics.
+  Status Step(StepMetrics* metrics);
+
+  // Steps until config.steps, writing metrics.jsonl in the run directory, calling
+  // `callback` after each step, checkpointing every checkpoint_every steps and at
+  // the end. progress: a status line on stderr every log_every steps.
+  Status Train(const MetricsCallback& callback, bool progress);
+
+  // Switches the precision scheme; the next step uses it. Weights, optimizer
+  // state and data position are untouched.
+  Status SwitchScheme(const PrecisionScheme& scheme);
+  const PrecisionScheme& scheme() const { return scheme_; }
+
+  // Checkpoint: <run_dir>/checkpoints/step_<8 digits>/{model,optimizer}.safetensors.
+  Status SaveCheckpoint(std::string* dir);
+  // Restores weights, optimizer state, step, scheme and data position from a
+  // checkpoint directory, or from the newest one of this run when dir == "latest".
+  Status Resume(const std::string& dir);
+
+  int64_t step() const { return step_; }
+  const RunConfig& config() const { return config_; }
+  Model* model() const { return model_.get(); }
+  Backend* backend() const { return backend_.get(); }
+  // The learning rate the schedule gives for optimizer step `step` (0-based).
+  double LearningRate(int64_t step) const;
+
+ private:
+  Trainer() = default;
+  Status NextBatch(int micro, Batch* batch);
+  Status RunProbe(const std::vector<Batch>& batches, StepMetrics* metrics);
+  Status Evaluate(double* loss);
+  Status OpenMetricsFile();
+  std::string GroupOf(const ParamInfo& p) const;
+
+  RunConfig config_;
+  PrecisionScheme scheme_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<TokenLoader> train_loader_;
+  std::unique_ptr<TokenLoader> val_loader_;
+  float* grads_ = nullptr;
+  float* adam_m_ = nullptr;
+  float* adam_v_ = nullptr;
+  float* probe_grads_ = nullptr;
+  float* previous_ = nullptr;  // weights before the update (update ratio)
+  int64_t step_ = 0;
+  FILE* metrics_file_ = nullptr;
+};
+
+}  // namespace keel
+
+#endif  // KEEL_WORKER_TRAINER_H_
