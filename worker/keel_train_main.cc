@@ -46,7 +46,7 @@ int Fail(int code, const std::string& message) {
   return code;
 }
 
-int Presets() {
+int PresetsCommand() {
   for (const PresetInfo& p : Presets()) {
     PrecisionScheme s;
     SchemeFromPreset(p.name, &s);
@@ -147,7 +147,7 @@ int TrainCommand(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "prepare-text") == 0) return keel::PrepareTextCommand(argc, argv);
-  if (argc >= 2 && std::strcmp(argv[1], "presets") == 0) return keel::Presets();
+  if (argc >= 2 && std::strcmp(argv[1], "presets") == 0) return keel::PresetsCommand();
   if (argc < 2) {
     std::fputs(keel::kUsage, stderr);
     return 2;
