@@ -1,0 +1,36 @@
+// Argument checks shared by the CPU backend's files (nn_cpu*.cc); not a public
+// header. Messages name the operation, the field, the value and what is allowed.
+#ifndef KEEL_KERNELS_NN_CPU_INTERNAL_H_
+#define KEEL_KERNELS_NN_CPU_INTERNAL_H_
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/status.h"
+
+namespace keel {
+namespace cpu_internal {
+
+inline Status CheckMin(const char* op, const char* field, int64_t value, int64_t min) {
+  if (value >= min) return Status::Ok();
+  return Status::Error(std::string(op) + ": " + field + ": " + std::to_string(value) +
+                       " is not allowed; need >= " + std::to_string(min));
+}
+
+// A null pointer is an error unless `count` elements are zero (nothing to touch).
+inline Status CheckPtr(const char* op, const char* field, const void* ptr, int64_t count = 1) {
+  if (ptr != nullptr || count == 0) return Status::Ok();
+  return Status::Error(std::string(op) + ": " + field +
+                       ": null is not allowed; pass backend memory");
+}
+
+}  // namespace cpu_internal
+}  // namespace keel
+
+#define KEEL_CPU_RETURN_IF_ERROR(expr)           \
+  do {                                           \
+    ::keel::Status keel_status_ = (expr);        \
+    if (!keel_status_.ok()) return keel_status_; \
+  } while (0)
+
+#endif  // KEEL_KERNELS_NN_CPU_INTERNAL_H_

@@ -1,0 +1,365 @@
+// CpuBackend's pointwise and per-row layers (nn.h): layernorm, exact GELU,
+// SwiGLU, token + position embedding and softmax cross-entropy, forward and
+// backward. Row statistics (layernorm's mean and variance, the softmax's
+// normaliser) are summed in double in index order; everything per element is
+// fp32. Sums over rows (dgamma, dbeta, the embedding gradients) are split
+// across threads by column, so each one still runs over the rows in order.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/nn_cpu.h"
+#include "kernels/nn_cpu_internal.h"
+
+namespace keel {
+
+using cpu_internal::CheckMin;
+using cpu_internal::CheckPtr;
+
+namespace {
+
+// Rows (or elements) per piece handed to a thread: enough work to pay for the hand-off.
+int64_t RowGrain(int64_t cols) { return std::max<int64_t>(1, 8192 / std::max<int64_t>(cols, 1)); }
+constexpr int64_t kElementGrain = 4096;
+constexpr float kSqrt2 = 1.41421356237309504880f;
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;  // 1 / sqrt(2 pi)
+
+}  // namespace
+
+// ---- LayerNorm ----------------------------------------------------------------------
+
+Status CpuBackend::LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
+                                    float* mean, float* rstd, int64_t rows, int64_t cols,
+                                    float eps) {
+  static const char kOp[] = "LayerNormForward";
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "cols", cols, 1));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "gamma", gamma));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "y", y));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "mean", mean));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "rstd", rstd));
+  if (!(eps >= 0.0f))
+    return Status::Error(std::string(kOp) + ": eps: " + std::to_string(eps) +
+                         " is not allowed; need >= 0");
+  pool_.ParallelRange(rows, RowGrain(cols), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * cols;
+      float* yr = y + r * cols;
+      double sum = 0.0;
+      for (int64_t c = 0; c < cols; ++c) sum += xr[c];
+      const float m = static_cast<float>(sum / cols);
+      // Two passes (population variance around the rounded mean): no cancellation.
+      double squares = 0.0;
+      for (int64_t c = 0; c < cols; ++c) {
+        double d = static_cast<double>(xr[c]) - m;
+        squares += d * d;
+      }
+      const float var = static_cast<float>(squares / cols);
+      const float s = 1.0f / std::sqrt(var + eps);
+      for (int64_t c = 0; c < cols; ++c) {
+        float normalized = (xr[c] - m) * s;
+        yr[c] = beta != nullptr ? normalized * gamma[c] + beta[c] : normalized * gamma[c];
+      }
+      mean[r] = m;
+      rstd[r] = s;
+    }
+  });
+  return Status::Ok();
+}
+
+Status CpuBackend::LayerNormBackward(const float* x, const float* gamma, const float* mean,
+                                     const float* rstd, const float* dy, float* dx, float* dgamma,
+                                     float* dbeta, int64_t rows, int64_t cols) {
+  static const char kOp[] = "LayerNormBackward";
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "cols", cols, 1));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "gamma", gamma));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "mean", mean));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "rstd", rstd));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dy", dy));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dx", dx));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dgamma", dgamma));
+  // dx, per row: with n = (x - mean) * rstd and g = dy * gamma,
+  // dx += (g - mean(g) - n * mean(g * n)) * rstd.
+  pool_.ParallelRange(rows, RowGrain(cols), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * cols;
+      const float* dyr = dy + r * cols;
+      float* dxr = dx + r * cols;
+      const float m = mean[r], s = rstd[r];
+      double g_sum = 0.0, gn_sum = 0.0;
+      for (int64_t c = 0; c < cols; ++c) {
+        float n = (xr[c] - m) * s;
+        float g = dyr[c] * gamma[c];
+        g_sum += g;
+        gn_sum += static_cast<double>(g) * n;
+      }
+      const float g_mean = static_cast<float>(g_sum / cols);
+      const float gn_mean = static_cast<float>(gn_sum / cols);
+      for (int64_t c = 0; c < cols; ++c) {
+        float n = (xr[c] - m) * s;
+        float g = dyr[c] * gamma[c];
+        dxr[c] += ((g - g_mean) - n * gn_mean) * s;
+      }
+    }
+  });
+  // dgamma += sum over rows of dy * n, dbeta += sum over rows of dy; split by column.
+  pool_.ParallelRange(cols, 64, [&](int64_t begin, int64_t end) {
+    const int64_t width = end - begin;
+    std::vector<float> g_acc(width, 0.0f), b_acc(width, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols + begin;
+      const float* dyr = dy + r * cols + begin;
+      const float m = mean[r], s = rstd[r];
+      for (int64_t c = 0; c < width; ++c) {
+        float n = (xr[c] - m) * s;
+        g_acc[c] += dyr[c] * n;
+        b_acc[c] += dyr[c];
+      }
+    }
+    for (int64_t c = 0; c < width; ++c) {
+      dgamma[begin + c] += g_acc[c];
+      if (dbeta != nullptr) dbeta[begin + c] += b_acc[c];
+    }
+  });
+  return Status::Ok();
+}
+
+// ---- GELU -----------------------------------------------------------------------------
+
+Status CpuBackend::GeluForward(const float* x, float* y, int64_t count) {
+  static const char kOp[] = "GeluForward";
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "count", count, 0));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "x", x, count));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "y", y, count));
+  pool_.ParallelRange(count, kElementGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float v = x[i];
+      y[i] = v * 0.5f * (1.0f + std::erf(v / kSqrt2));
+    }
+  });
+  return Status::Ok();
+}
+
+Status CpuBackend::GeluBackward(const float* x, const float* dy, float* dx, int64_t count) {
+  static const char kOp[] = "GeluBackward";
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "count", count, 0));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "x", x, count));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dy", dy, count));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dx", dx, count));
+  pool_.ParallelRange(count, kElementGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      // gelu'(x) = Phi(x) + x * phi(x), Phi the normal CDF and phi its density.
+      float v = x[i];
+      float cdf = 0.5f * (1.0f + std::erf(v / kSqrt2));
+      float pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
+      dx[i] = dy[i] * (cdf + v * pdf);
+    }
+  });
+  return Status::Ok();
+}
+
+// ---- SwiGLU ---------------------------------------------------------------------------
+
+Status CpuBackend::SwigluForward(const float* x, float* y, int64_t rows, int64_t h) {
+  static const char kOp[] = "SwigluForward";
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "h", h, 1));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "y", y));
+  pool_.ParallelRange(rows, RowGrain(h), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* gate = x + r * 2 * h;
+      const float* up = gate + h;
+      float* yr = y + r * h;
+      for (int64_t c = 0; c < h; ++c) {
+        float a = gate[c];
+        yr[c] = a / (1.0f + std::exp(-a)) * up[c];
+      }
+    }
+  });
+  return Status::Ok();
+}
+
+Status CpuBackend::SwigluBackward(const float* x, const float* dy, float* dx, int64_t rows,
+                                  int64_t h) {
+  static const char kOp[] = "SwigluBackward";
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "h", h, 1));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dy", dy));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dx", dx));
+  pool_.ParallelRange(rows, RowGrain(h), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* gate = x + r * 2 * h;
+      const float* up = gate + h;
+      const float* dyr = dy + r * h;
+      float* dgate = dx + r * 2 * h;
+      float* dup = dgate + h;
+      for (int64_t c = 0; c < h; ++c) {
+        // silu'(a) = sigmoid(a) * (1 + a * (1 - sigmoid(a))).
+        float a = gate[c];
+        float sigmoid = 1.0f / (1.0f + std::exp(-a));
+        float silu = a * sigmoid;
+        dgate[c] = dyr[c] * up[c] * (sigmoid * (1.0f + a * (1.0f - sigmoid)));
+        dup[c] = dyr[c] * silu;
+      }
+    }
+  });
+  return Status::Ok();
+}
+
+// ---- Embedding --------------------------------------------------------------------------
+
+namespace {
+
+Status CheckTokens(const char* op, const int32_t* tokens, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    if (tokens[i] < 0)
+      return Status::Error(std::string(op) + ": tokens[" + std::to_string(i) + "]: " +
+                           std::to_string(tokens[i]) + " is not allowed; need a token id >= 0");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CpuBackend::EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe,
+                                    float* out, int64_t batch, int64_t seq, int64_t dim) {
+  static const char kOp[] = "EmbeddingForward";
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "batch", batch, 1));
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "seq", seq, 1));
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "dim", dim, 1));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "tokens", tokens));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "wte", wte));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "wpe", wpe));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "out", out));
+  // nn.h passes no vocabulary size, so only negative ids can be caught here.
+  KEEL_CPU_RETURN_IF_ERROR(CheckTokens(kOp, tokens, batch * seq));
+  pool_.ParallelRange(batch * seq, RowGrain(dim), [&](int64_t begin, int64_t end) {
+    for (int64_t bt = begin; bt < end; ++bt) {
+      const float* token_row = wte + static_cast<int64_t>(tokens[bt]) * dim;
+      const float* position_row = wpe + (bt % seq) * dim;
+      float* o = out + bt * dim;
+      for (int64_t c = 0; c < dim; ++c) o[c] = token_row[c] + position_row[c];
+    }
+  });
+  return Status::Ok();
+}
+
+Status CpuBackend::EmbeddingBackward(const int32_t* tokens, const float* dout, float* dwte,
+                                     float* dwpe, int64_t batch, int64_t seq, int64_t dim) {
+  static const char kOp[] = "EmbeddingBackward";
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "batch", batch, 1));
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "seq", seq, 1));
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "dim", dim, 1));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "tokens", tokens));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dout", dout));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dwte", dwte));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dwpe", dwpe));
+  KEEL_CPU_RETURN_IF_ERROR(CheckTokens(kOp, tokens, batch * seq));
+  // A token may repeat, so rows of dwte are shared between positions: split by
+  // column instead, and walk the positions in order within each column range.
+  pool_.ParallelRange(dim, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t bt = 0; bt < batch * seq; ++bt) {
+      const float* d = dout + bt * dim;
+      float* token_row = dwte + static_cast<int64_t>(tokens[bt]) * dim;
+      float* position_row = dwpe + (bt % seq) * dim;
+      for (int64_t c = begin; c < end; ++c) {
+        token_row[c] += d[c];
+        position_row[c] += d[c];
+      }
+    }
+  });
+  return Status::Ok();
+}
+
+// ---- Cross-entropy ------------------------------------------------------------------------
+
+namespace {
+
+Status CheckCrossEntropy(const char* op, const float* logits, const int32_t* targets, int64_t rows,
+                         int64_t padded_vocab, int64_t vocab) {
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(op, "rows", rows, 1));
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(op, "vocab", vocab, 1));
+  KEEL_CPU_RETURN_IF_ERROR(CheckMin(op, "padded_vocab", padded_vocab, vocab));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(op, "logits", logits));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(op, "targets", targets));
+  for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] >= vocab)
+      return Status::Error(std::string(op) + ": targets[" + std::to_string(r) +
+                           "]: " + std::to_string(targets[r]) + " is not allowed; need < vocab (" +
+                           std::to_string(vocab) + "), or < 0 to ignore the row");
+  }
+  return Status::Ok();
+}
+
+// The softmax normaliser of one row: max and sum of exp(logit - max) (the sum
+// in double, in column order).
+void SoftmaxStats(const float* row, int64_t vocab, float* max_out, double* sum_out) {
+  float max = row[0];
+  for (int64_t c = 1; c < vocab; ++c) max = std::max(max, row[c]);
+  double sum = 0.0;
+  for (int64_t c = 0; c < vocab; ++c) sum += std::exp(row[c] - max);
+  *max_out = max;
+  *sum_out = sum;
+}
+
+}  // namespace
+
+Status CpuBackend::CrossEntropyForward(const float* logits, const int32_t* targets, float* losses,
+                                       int64_t rows, int64_t padded_vocab, int64_t vocab) {
+  static const char kOp[] = "CrossEntropyForward";
+  KEEL_CPU_RETURN_IF_ERROR(CheckCrossEntropy(kOp, logits, targets, rows, padded_vocab, vocab));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "losses", losses));
+  pool_.ParallelRange(rows, RowGrain(vocab), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      if (targets[r] < 0) {
+        losses[r] = 0.0f;
+        continue;
+      }
+      const float* row = logits + r * padded_vocab;
+      float max;
+      double sum;
+      SoftmaxStats(row, vocab, &max, &sum);
+      // logsumexp - logit[target], formed in double and rounded once.
+      losses[r] = static_cast<float>(static_cast<double>(max) + std::log(sum) -
+                                     static_cast<double>(row[targets[r]]));
+    }
+  });
+  return Status::Ok();
+}
+
+Status CpuBackend::CrossEntropyBackward(const float* logits, const int32_t* targets, float* dlogits,
+                                        int64_t rows, int64_t padded_vocab, int64_t vocab,
+                                        float scale) {
+  static const char kOp[] = "CrossEntropyBackward";
+  KEEL_CPU_RETURN_IF_ERROR(CheckCrossEntropy(kOp, logits, targets, rows, padded_vocab, vocab));
+  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dlogits", dlogits));
+  pool_.ParallelRange(rows, RowGrain(vocab), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = logits + r * padded_vocab;
+      float* d = dlogits + r * padded_vocab;  // may be row itself: each element is read first
+      const int32_t target = targets[r];
+      if (target < 0) {
+        std::fill(d, d + padded_vocab, 0.0f);
+        continue;
+      }
+      float max;
+      double sum;
+      SoftmaxStats(row, vocab, &max, &sum);
+      const float inv_sum = static_cast<float>(1.0 / sum);
+      for (int64_t c = 0; c < vocab; ++c) {
+        float p = std::exp(row[c] - max) * inv_sum;
+        d[c] = scale * (c == target ? p - 1.0f : p);
+      }
+      std::fill(d + vocab, d + padded_vocab, 0.0f);
+    }
+  });
+  return Status::Ok();
+}
+
+}  // namespace keel

@@ -1,0 +1,1084 @@
+// The CPU backend against first principles: finite-difference gradients of
+// every layer, AdamW and RandomNormal against their formulas, the quantized
+// linear layer against an explicit reference quantization and a double GEMM,
+// the operand statistics on a hand-made tensor, and bit-identical results for
+// 1 and 3 threads.
+//
+// The CPU backend's memory is host memory, so the tests pass std::vector data
+// straight to it (Alloc is exercised on its own).
+#include "kernels/nn_cpu.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/formats.h"
+#include "kernels/gemm_cpu.h"
+#include "kernels/nn.h"
+#include "kernels/philox.h"
+#include "kernels/quantize.h"
+
+namespace keel {
+namespace {
+
+constexpr double kU = 1.0 / 16777216.0;  // fp32 unit roundoff, 2^-24
+
+std::unique_ptr<Backend> MakeCpu(int threads) {
+  std::unique_ptr<Backend> backend;
+  Status status = MakeCpuBackend(threads, &backend);
+  EXPECT_TRUE(status.ok()) << status.message();
+  return backend;
+}
+
+std::vector<float> Normal(int64_t n, uint32_t seed, float stddev = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, stddev);
+  std::vector<float> x(n);
+  for (float& v : x) v = normal(rng);
+  return x;
+}
+
+// Normal values with a few large outliers, as activations and gradients have,
+// so that the quantizers' scales differ from block to block.
+std::vector<float> WithOutliers(int64_t n, uint32_t seed) {
+  std::vector<float> x = Normal(n, seed);
+  std::mt19937 rng(seed + 1000);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  for (float& v : x) {
+    if (uniform(rng) < 0.03f) v *= 20.0f * (1.0f + uniform(rng));
+  }
+  return x;
+}
+
+double WeightedSum(const std::vector<float>& y, const std::vector<float>& r) {
+  double sum = 0.0;
+  for (size_t i = 0; i < y.size(); ++i) sum += static_cast<double>(y[i]) * r[i];
+  return sum;
+}
+
+// ---- Gradient checks -----------------------------------------------------------------
+//
+// Every layer's backward is compared with central differences of the scalar
+// L = sum_i y_i r_i (r random, L accumulated in double), so dL/dy = r is what
+// the backward receives. Step h = 1e-2 on inputs of order 1:
+//   - truncation error of the central difference is h^2/6 |L'''| ~ 2e-5 for
+//     these smooth functions with O(1) derivatives;
+//   - the forward's fp32 outputs carry relative errors of a few 2^-24, which
+//     move L by at most ~1e-5 for the sizes below; divided by 2h that is ~5e-4.
+// So the difference and the analytic gradient agree to a few 1e-4 (observed:
+// at most 5e-5); the checks allow 1e-3 * max(1, |gradient|). A wrong formula
+// (a missing term, a wrong sign, a wrong column) is off by O(0.1 - 1) and fails.
+constexpr float kStep = 1e-2f;
+constexpr double kGradTolerance = 1e-3;
+
+void ExpectGradient(const std::string& what, std::vector<float>* param,
+                    const std::function<double()>& loss, const std::vector<float>& analytic) {
+  ASSERT_EQ(param->size(), analytic.size()) << what;
+  for (size_t i = 0; i < param->size(); ++i) {
+    const float saved = (*param)[i];
+    const float plus = saved + kStep, minus = saved - kStep;
+    (*param)[i] = plus;
+    const double loss_plus = loss();
+    (*param)[i] = minus;
+    const double loss_minus = loss();
+    (*param)[i] = saved;
+    const double numeric = (loss_plus - loss_minus) / (static_cast<double>(plus) - minus);
+    const double error = std::fabs(numeric - analytic[i]) / std::max(1.0, std::fabs(numeric));
+    EXPECT_LE(error, kGradTolerance)
+        << what << "[" << i << "]: analytic " << analytic[i] << ", numeric " << numeric;
+  }
+  // Guard against a vacuous check: the gradient must not be all zeros.
+  double norm = 0.0;
+  for (float g : analytic) norm += std::fabs(g);
+  EXPECT_GT(norm, 1e-3) << what << ": zero gradient";
+}
+
+// A "+=" output: the backward adds into `base`; the test hands it base and
+// looks at the increment.
+std::vector<float> Minus(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> d(a.size());
+  for (size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
+  return d;
+}
+
+class NnCpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override { backend_ = MakeCpu(2); }
+  std::unique_ptr<Backend> backend_;
+};
+
+#define ASSERT_OK(expr)                             \
+  do {                                              \
+    Status status_ = (expr);                        \
+    ASSERT_TRUE(status_.ok()) << status_.message(); \
+  } while (0)
+
+TEST_F(NnCpuTest, LinearFp32Gradients) {
+  const int64_t rows = 5, in = 7, out = 6;
+  std::vector<float> x = Normal(rows * in, 1), w = Normal(out * in, 2), bias = Normal(out, 3);
+  std::vector<float> r = Normal(rows * out, 4), y(rows * out);
+  LinearQuant q;  // every role fp32
+  auto loss = [&]() {
+    EXPECT_TRUE(
+        backend_->LinearForward(x.data(), w.data(), bias.data(), y.data(), rows, in, out, q).ok());
+    return WeightedSum(y, r);
+  };
+  // dx is written (start from garbage); dw and dbias are += (start from a base).
+  std::vector<float> dx(rows * in, 123.0f), dw_base = Normal(out * in, 5), db_base = Normal(out, 6);
+  std::vector<float> dw = dw_base, db = db_base;
+  ASSERT_OK(backend_->LinearBackward(x.data(), w.data(), r.data(), dx.data(), dw.data(), db.data(),
+                                     rows, in, out, q));
+  ExpectGradient("linear dx", &x, loss, dx);
+  ExpectGradient("linear dw", &w, loss, Minus(dw, dw_base));
+  ExpectGradient("linear dbias", &bias, loss, Minus(db, db_base));
+}
+
+TEST_F(NnCpuTest, LayerNormGradientsWithAndWithoutBeta) {
+  const int64_t rows = 4, cols = 9;
+  for (bool with_beta : {true, false}) {
+    SCOPED_TRACE(with_beta ? "with beta" : "without beta");
+    std::vector<float> x = Normal(rows * cols, 11, 2.0f), gamma = Normal(cols, 12);
+    std::vector<float> beta = Normal(cols, 13), r = Normal(rows * cols, 14);
+    for (float& v : x) v += 0.5f;  // a nonzero mean, so the centring matters
+    std::vector<float> y(rows * cols), mean(rows), rstd(rows);
+    const float* beta_ptr = with_beta ? beta.data() : nullptr;
+    auto loss = [&]() {
+      EXPECT_TRUE(backend_
+                      ->LayerNormForward(x.data(), gamma.data(), beta_ptr, y.data(), mean.data(),
+                                         rstd.data(), rows, cols, 1e-5f)
+                      .ok());
+      return WeightedSum(y, r);
+    };
+    loss();  // mean and rstd of the unperturbed x, for the backward
+    std::vector<float> dx_base = Normal(rows * cols, 15), dg_base = Normal(cols, 16),
+                       db_base = Normal(cols, 17);
+    std::vector<float> dx = dx_base, dg = dg_base, db = db_base;
+    ASSERT_OK(backend_->LayerNormBackward(x.data(), gamma.data(), mean.data(), rstd.data(),
+                                          r.data(), dx.data(), dg.data(),
+                                          with_beta ? db.data() : nullptr, rows, cols));
+    ExpectGradient("layernorm dx", &x, loss, Minus(dx, dx_base));
+    ExpectGradient("layernorm dgamma", &gamma, loss, Minus(dg, dg_base));
+    if (with_beta) {
+      ExpectGradient("layernorm dbeta", &beta, loss, Minus(db, db_base));
+    } else {
+      EXPECT_EQ(db, db_base);  // untouched when null was passed
+    }
+  }
+}
+
+TEST_F(NnCpuTest, LayerNormForwardNormalises) {
+  const int64_t rows = 3, cols = 64;
+  std::vector<float> x = Normal(rows * cols, 21, 3.0f), gamma(cols, 1.0f), y(rows * cols);
+  std::vector<float> mean(rows), rstd(rows);
+  for (float& v : x) v += 5.0f;
+  ASSERT_OK(backend_->LayerNormForward(x.data(), gamma.data(), nullptr, y.data(), mean.data(),
+                                       rstd.data(), rows, cols, 0.0f));
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = 0, v = 0;
+    for (int64_t c = 0; c < cols; ++c) m += y[r * cols + c];
+    for (int64_t c = 0; c < cols; ++c) v += std::pow(y[r * cols + c] - m / cols, 2);
+    EXPECT_NEAR(m / cols, 0.0, 1e-5);
+    EXPECT_NEAR(v / cols, 1.0, 1e-5);
+  }
+}
+
+TEST_F(NnCpuTest, GeluGradientAndValues) {
+  const int64_t n = 40;
+  std::vector<float> x = Normal(n, 31, 2.0f), r = Normal(n, 32), y(n), dx(n, 7.0f);
+  auto loss = [&]() {
+    EXPECT_TRUE(backend_->GeluForward(x.data(), y.data(), n).ok());
+    return WeightedSum(y, r);
+  };
+  ASSERT_OK(backend_->GeluBackward(x.data(), r.data(), dx.data(), n));
+  ExpectGradient("gelu dx", &x, loss, dx);
+  // The exact (erf) GELU, not the tanh approximation: they differ by ~1e-3 near |x| = 2.
+  loss();
+  for (int64_t i = 0; i < n; ++i) {
+    double expected = 0.5 * x[i] * (1.0 + std::erf(x[i] / std::sqrt(2.0)));
+    EXPECT_NEAR(y[i], expected, 1e-6 * std::max(1.0, std::fabs(expected)));
+  }
+}
+
+TEST_F(NnCpuTest, SwigluGradient) {
+  const int64_t rows = 3, h = 5;
+  std::vector<float> x = Normal(rows * 2 * h, 41, 2.0f), r = Normal(rows * h, 42);
+  std::vector<float> y(rows * h), dx(rows * 2 * h, 7.0f);
+  auto loss = [&]() {
+    EXPECT_TRUE(backend_->SwigluForward(x.data(), y.data(), rows, h).ok());
+    return WeightedSum(y, r);
+  };
+  ASSERT_OK(backend_->SwigluBackward(x.data(), r.data(), dx.data(), rows, h));
+  ExpectGradient("swiglu dx", &x, loss, dx);
+  loss();
+  const double gate = x[1], up = x[h + 1];  // row 0, column 1
+  EXPECT_NEAR(y[1], gate / (1.0 + std::exp(-gate)) * up, 1e-6);
+}
+
+TEST_F(NnCpuTest, EmbeddingGradients) {
+  const int64_t batch = 2, seq = 3, dim = 4, vocab = 5;
+  std::vector<int32_t> tokens = {1, 3, 1, 4, 1, 0};  // token 1 three times: the += must add up
+  std::vector<float> wte = Normal(vocab * dim, 51), wpe = Normal(seq * dim, 52);
+  std::vector<float> r = Normal(batch * seq * dim, 53), out(batch * seq * dim);
+  auto loss = [&]() {
+    EXPECT_TRUE(
+        backend_
+            ->EmbeddingForward(tokens.data(), wte.data(), wpe.data(), out.data(), batch, seq, dim)
+            .ok());
+    return WeightedSum(out, r);
+  };
+  std::vector<float> dwte_base = Normal(vocab * dim, 54), dwpe_base = Normal(seq * dim, 55);
+  std::vector<float> dwte = dwte_base, dwpe = dwpe_base;
+  ASSERT_OK(backend_->EmbeddingBackward(tokens.data(), r.data(), dwte.data(), dwpe.data(), batch,
+                                        seq, dim));
+  ExpectGradient("embedding dwte", &wte, loss, Minus(dwte, dwte_base));
+  ExpectGradient("embedding dwpe", &wpe, loss, Minus(dwpe, dwpe_base));
+  loss();
+  EXPECT_EQ(out[(1 * seq + 2) * dim + 3], wte[0 * dim + 3] + wpe[2 * dim + 3]);
+  tokens[2] = -1;
+  EXPECT_FALSE(
+      backend_->EmbeddingForward(tokens.data(), wte.data(), wpe.data(), out.data(), batch, seq, dim)
+          .ok());
+}
+
+TEST_F(NnCpuTest, AttentionGradient) {
+  const int64_t batch = 2, seq = 5, heads = 2, dim = 6;
+  std::vector<float> qkv = Normal(batch * seq * 3 * dim, 61), r = Normal(batch * seq * dim, 62);
+  std::vector<float> out(batch * seq * dim), probs(batch * heads * seq * seq);
+  auto loss = [&]() {
+    EXPECT_TRUE(
+        backend_
+            ->AttentionForward(qkv.data(), out.data(), probs.data(), batch, seq, heads, dim, false)
+            .ok());
+    return WeightedSum(out, r);
+  };
+  loss();
+  std::vector<float> dqkv(qkv.size(), 7.0f);
+  ASSERT_OK(backend_->AttentionBackward(qkv.data(), probs.data(), r.data(), dqkv.data(), batch, seq,
+                                        heads, dim, false));
+  ExpectGradient("attention dqkv", &qkv, loss, dqkv);
+  // Causality: the first token attends only to itself, so its output is its v.
+  loss();
+  for (int64_t d = 0; d < dim; ++d) EXPECT_FLOAT_EQ(out[d], qkv[2 * dim + d]);
+  for (int64_t t = 0; t < seq; ++t) {
+    double row = 0.0;
+    for (int64_t j = 0; j < seq; ++j) {
+      float p = probs[t * seq + j];
+      if (j > t) {
+        EXPECT_EQ(p, 0.0f);
+      }
+      row += p;
+    }
+    EXPECT_NEAR(row, 1.0, 1e-6);
+  }
+}
+
+// bf16_operands: the product operands are bf16 values, so the output moves by
+// about 2^-9 relative from the fp32 path, and stays close to it.
+TEST_F(NnCpuTest, AttentionBf16OperandsRoundBeforeProducts) {
+  const int64_t batch = 1, seq = 8, heads = 1, dim = 8;
+  std::vector<float> qkv = Normal(seq * 3 * dim, 63);
+  std::vector<float> out32(seq * dim), out16(seq * dim), probs(seq * seq);
+  ASSERT_OK(backend_->AttentionForward(qkv.data(), out32.data(), probs.data(), batch, seq, heads,
+                                       dim, false));
+  ASSERT_OK(backend_->AttentionForward(qkv.data(), out16.data(), probs.data(), batch, seq, heads,
+                                       dim, true));
+  double max_diff = 0.0;
+  for (size_t i = 0; i < out32.size(); ++i)
+    max_diff = std::max(max_diff, static_cast<double>(std::fabs(out32[i] - out16[i])));
+  EXPECT_GT(max_diff, 0.0);
+  EXPECT_LT(max_diff, 0.05);
+  // Row 0 attends to token 0 only: its output is v_0 rounded to bf16 (P = 1 exactly).
+  for (int64_t d = 0; d < dim; ++d)
+    EXPECT_EQ(out16[d], Bf16ToFloat(FloatToBf16(qkv[2 * dim + d], Rounding::kNearestEven, 0.0f)));
+}
+
+// The bf16 path against a double-precision attention that rounds exactly the
+// operands the backend's comment lists (q, k, v, P, dout, dS) and nothing else.
+// Tolerance 1e-5 of the sum of |terms|: fp32 accumulation over at most
+// seq * hd terms errs by ~1e-6 of it, while leaving out any one of the
+// roundings moves results by ~2^-9 = 2e-3 of it.
+TEST_F(NnCpuTest, AttentionBf16MatchesRoundedReference) {
+  const int64_t batch = 2, seq = 6, heads = 2, dim = 16, hd = dim / heads, ld = 3 * dim;
+  std::vector<float> qkv = Normal(batch * seq * ld, 65), dout = Normal(batch * seq * dim, 66);
+  std::vector<float> out(batch * seq * dim), probs(batch * heads * seq * seq), dqkv(qkv.size());
+  ASSERT_OK(backend_->AttentionForward(qkv.data(), out.data(), probs.data(), batch, seq, heads, dim,
+                                       true));
+  ASSERT_OK(backend_->AttentionBackward(qkv.data(), probs.data(), dout.data(), dqkv.data(), batch,
+                                        seq, heads, dim, true));
+  auto bf16 = [](double v) {
+    return static_cast<double>(
+        Bf16ToFloat(FloatToBf16(static_cast<float>(v), Rounding::kNearestEven, 0.0f)));
+  };
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  auto expect_close = [](const char* what, float got, double want, double bound) {
+    EXPECT_NEAR(got, want, 1e-5 * bound + 1e-7) << what;
+  };
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      auto at = [&](const std::vector<float>& m, int64_t stride, int64_t t, int64_t column) {
+        return bf16(m[(b * seq + t) * stride + column]);
+      };
+      auto q = [&](int64_t t, int64_t d) { return at(qkv, ld, t, h * hd + d); };
+      auto k = [&](int64_t t, int64_t d) { return at(qkv, ld, t, dim + h * hd + d); };
+      auto v = [&](int64_t t, int64_t d) { return at(qkv, ld, t, 2 * dim + h * hd + d); };
+      auto dO = [&](int64_t t, int64_t d) { return at(dout, dim, t, h * hd + d); };
+      const float* P = &probs[(b * heads + h) * seq * seq];
+      std::vector<double> dK(seq * hd, 0.0), dKb(seq * hd, 0.0), dV(seq * hd, 0.0),
+          dVb(seq * hd, 0.0);
+      for (int64_t t = 0; t < seq; ++t) {
+        // Forward: the softmax of the bf16 scores, and O = bf16(P) . bf16(v).
+        std::vector<double> s(t + 1);
+        double max = -1e300, sum = 0.0;
+        for (int64_t j = 0; j <= t; ++j) {
+          s[j] = 0.0;
+          for (int64_t d = 0; d < hd; ++d) s[j] += q(t, d) * k(j, d);
+          s[j] *= scale;
+          max = std::max(max, s[j]);
+        }
+        for (int64_t j = 0; j <= t; ++j) sum += std::exp(s[j] - max);
+        for (int64_t j = 0; j <= t; ++j)
+          EXPECT_NEAR(P[t * seq + j], std::exp(s[j] - max) / sum, 1e-6);
+        for (int64_t d = 0; d < hd; ++d) {
+          double o = 0.0, bound = 0.0;
+          for (int64_t j = 0; j <= t; ++j) {
+            o += bf16(P[t * seq + j]) * v(j, d);
+            bound += std::fabs(bf16(P[t * seq + j]) * v(j, d));
+          }
+          expect_close("out", out[(b * seq + t) * dim + h * hd + d], o, bound);
+        }
+        // Backward.
+        std::vector<double> dP(t + 1), dS(t + 1);
+        double p_dp = 0.0;
+        for (int64_t j = 0; j <= t; ++j) {
+          dP[j] = 0.0;
+          for (int64_t d = 0; d < hd; ++d) dP[j] += dO(t, d) * v(j, d);
+          p_dp += P[t * seq + j] * dP[j];
+        }
+        for (int64_t j = 0; j <= t; ++j) dS[j] = bf16(P[t * seq + j] * (dP[j] - p_dp));
+        for (int64_t d = 0; d < hd; ++d) {
+          double dq = 0.0, bound = 0.0;
+          for (int64_t j = 0; j <= t; ++j) {
+            dq += dS[j] * k(j, d);
+            bound += std::fabs(dS[j] * k(j, d));
+            dK[j * hd + d] += dS[j] * q(t, d);
+            dKb[j * hd + d] += std::fabs(dS[j] * q(t, d));
+            dV[j * hd + d] += bf16(P[t * seq + j]) * dO(t, d);
+            dVb[j * hd + d] += std::fabs(bf16(P[t * seq + j]) * dO(t, d));
+          }
+          expect_close("dq", dqkv[(b * seq + t) * ld + h * hd + d], scale * dq, scale * bound);
+        }
+      }
+      for (int64_t t = 0; t < seq; ++t) {
+        for (int64_t d = 0; d < hd; ++d) {
+          expect_close("dk", dqkv[(b * seq + t) * ld + dim + h * hd + d], scale * dK[t * hd + d],
+                       scale * dKb[t * hd + d]);
+          expect_close("dv", dqkv[(b * seq + t) * ld + 2 * dim + h * hd + d], dV[t * hd + d],
+                       dVb[t * hd + d]);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(NnCpuTest, CrossEntropyGradientWithPaddingAndIgnoredTarget) {
+  const int64_t rows = 4, padded = 7, vocab = 5;
+  const float scale = 0.25f;
+  std::vector<float> logits = Normal(rows * padded, 71, 2.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = vocab; c < padded; ++c) logits[r * padded + c] = 50.0f;  // must be ignored
+  }
+  std::vector<int32_t> targets = {2, -1, 0, 4};
+  std::vector<float> losses(rows);
+  auto loss = [&]() {
+    EXPECT_TRUE(
+        backend_
+            ->CrossEntropyForward(logits.data(), targets.data(), losses.data(), rows, padded, vocab)
+            .ok());
+    double sum = 0.0;
+    for (float l : losses) sum += static_cast<double>(scale) * l;
+    return sum;
+  };
+  std::vector<float> dlogits(rows * padded, 9.0f);
+  ASSERT_OK(backend_->CrossEntropyBackward(logits.data(), targets.data(), dlogits.data(), rows,
+                                           padded, vocab, scale));
+  ExpectGradient("cross-entropy dlogits", &logits, loss, dlogits);
+  loss();
+  EXPECT_EQ(losses[1], 0.0f);
+  for (int64_t c = 0; c < padded; ++c) EXPECT_EQ(dlogits[1 * padded + c], 0.0f);
+  for (int64_t c = vocab; c < padded; ++c) EXPECT_EQ(dlogits[0 * padded + c], 0.0f);
+  // Row 0's loss by hand.
+  double sum = 0.0;
+  for (int64_t c = 0; c < vocab; ++c) sum += std::exp(static_cast<double>(logits[c]));
+  EXPECT_NEAR(losses[0], std::log(sum) - logits[2], 1e-5);
+  // dlogits may alias logits.
+  std::vector<float> in_place = logits;
+  ASSERT_OK(backend_->CrossEntropyBackward(in_place.data(), targets.data(), in_place.data(), rows,
+                                           padded, vocab, scale));
+  EXPECT_EQ(in_place, dlogits);
+  // A target in the padding is an error.
+  targets[3] = 5;
+  Status status = backend_->CrossEntropyForward(logits.data(), targets.data(), losses.data(), rows,
+                                                padded, vocab);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("targets[3]"), std::string::npos) << status.message();
+}
+
+// ---- AdamW ----------------------------------------------------------------------------
+
+TEST_F(NnCpuTest, AdamWMatchesFormulaInDouble) {
+  const int64_t n = 6;
+  for (float weight_decay : {0.0f, 0.1f}) {
+    SCOPED_TRACE(weight_decay);
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, grad_scale = 0.5f;
+    std::vector<float> p = Normal(n, 81), m(n, 0.0f), v(n, 0.0f);
+    std::vector<double> pd(p.begin(), p.end()), md(n, 0.0), vd(n, 0.0);
+    for (int step = 1; step <= 4; ++step) {
+      std::vector<float> g = Normal(n, 82 + step);
+      ASSERT_OK(backend_->AdamW(p.data(), g.data(), m.data(), v.data(), n, lr, b1, b2, eps,
+                                weight_decay, step, grad_scale));
+      for (int64_t i = 0; i < n; ++i) {
+        double gi = static_cast<double>(g[i]) * grad_scale;
+        md[i] = b1 * md[i] + (1.0 - b1) * gi;
+        vd[i] = b2 * vd[i] + (1.0 - b2) * gi * gi;
+        double m_hat = md[i] / (1.0 - std::pow(static_cast<double>(b1), step));
+        double v_hat = vd[i] / (1.0 - std::pow(static_cast<double>(b2), step));
+        pd[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + weight_decay * pd[i]);
+      }
+    }
+    // Each step's update is ~lr; fp32 evaluation errs by a few 2^-24 relative
+    // on p, m and v per step.
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_NEAR(p[i], pd[i], 2e-6 * std::max(1.0, std::fabs(pd[i])));
+      EXPECT_NEAR(m[i], md[i], 1e-6);
+      EXPECT_NEAR(v[i], vd[i], 1e-6);
+    }
+  }
+  std::vector<float> one(1);
+  EXPECT_FALSE(backend_
+                   ->AdamW(one.data(), one.data(), one.data(), one.data(), 1, 1e-3f, 0.9f, 0.999f,
+                           1e-8f, 0.0f, 0, 1.0f)
+                   .ok());
+}
+
+// ---- RandomNormal ---------------------------------------------------------------------
+
+TEST_F(NnCpuTest, RandomNormalFormulaAndMoments) {
+  const int64_t n = 100000;
+  const uint64_t seed = 42, offset = 1000;
+  const float stddev = 2.0f;
+  std::vector<float> x(n);
+  ASSERT_OK(backend_->RandomNormal(x.data(), n, seed, offset, stddev));
+  for (int64_t i = 0; i < 8; ++i) {
+    float u1 = 1.0f - PhiloxUniform(seed, 2 * (offset + i));
+    float u2 = PhiloxUniform(seed, 2 * (offset + i) + 1);
+    float z = std::sqrt(-2.0f * std::log(u1)) * std::cos(6.28318530717958647692f * u2);
+    EXPECT_EQ(x[i], stddev * z) << i;
+  }
+  double sum = 0.0, squares = 0.0;
+  for (float v : x) {
+    sum += v / stddev;
+    squares += static_cast<double>(v / stddev) * (v / stddev);
+  }
+  const double mean = sum / n, variance = squares / n - mean * mean;
+  // 5 sigma: the mean's sigma is 1/sqrt(n), the variance's sqrt(2/n).
+  EXPECT_LT(std::fabs(mean), 5.0 / std::sqrt(static_cast<double>(n)));
+  EXPECT_LT(std::fabs(variance - 1.0), 5.0 * std::sqrt(2.0 / n));
+  // The offset continues the stream: elements 5.. of offset 1000 are offset 1005.
+  std::vector<float> tail(10);
+  ASSERT_OK(backend_->RandomNormal(tail.data(), 10, seed, offset + 5, stddev));
+  for (int64_t i = 0; i < 10; ++i) EXPECT_EQ(tail[i], x[5 + i]);
+}
+
+// ---- GEMM -------------------------------------------------------------------------------
+
+// GemmCpu promises the naive k-ordered fp32 loop's bits, for any transposes,
+// edges that are not multiples of the tiles, and several k slices.
+TEST(GemmCpuTest, EqualsNaiveLoopBitForBit) {
+  ThreadPool pool(3);
+  const GemmShape shape{137, 531, 301};  // m, n, k: partial tiles and blocks everywhere
+  for (int variant = 0; variant < 8; ++variant) {
+    const bool ta = variant & 1, tb = variant & 2, accumulate = variant & 4;
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    std::vector<float> a = Normal(shape.m * shape.k, 91), b = Normal(shape.k * shape.n, 92);
+    std::vector<float> c = Normal(shape.m * shape.n, 93), expected = c;
+    const int64_t lda = ta ? shape.m : shape.k, ldb = tb ? shape.k : shape.n;
+    GemmCpu(&pool, shape, ta, tb, 0.75f, a.data(), lda, b.data(), ldb, accumulate, c.data(),
+            shape.n);
+    GemmNaive(shape, ta, tb, 0.75f, a.data(), lda, b.data(), ldb, accumulate, expected.data(),
+              shape.n);
+    ASSERT_EQ(0, std::memcmp(c.data(), expected.data(), c.size() * sizeof(float)));
+  }
+  // And the loop itself is a matrix product (not, say, A^T B by mistake).
+  const GemmShape small{2, 2, 3};
+  const float a[] = {1, 2, 3, 4, 5, 6}, b[] = {1, 0, 0, 1, 1, 1};
+  float c[4];
+  GemmCpu(&pool, small, false, false, 1.0f, a, 3, b, 2, false, c, 2);
+  EXPECT_EQ(c[0], 4.0f);
+  EXPECT_EQ(c[1], 5.0f);
+  EXPECT_EQ(c[2], 10.0f);
+  EXPECT_EQ(c[3], 11.0f);
+}
+
+// ---- Quantized linear layer ---------------------------------------------------------------
+
+// c[i][j] = sum_p a[i][p] b[p][j] in double, with bound[i][j] = sum_p |a b|.
+struct DoubleGemm {
+  std::vector<double> c, bound;
+};
+DoubleGemm GemmDouble(const std::vector<float>& a, bool ta, const std::vector<float>& b, bool tb,
+                      int64_t m, int64_t n, int64_t k) {
+  DoubleGemm result{std::vector<double>(m * n, 0.0), std::vector<double>(m * n, 0.0)};
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t p = 0; p < k; ++p) {
+        double av = ta ? a[p * m + i] : a[i * k + p];
+        double bv = tb ? b[j * k + p] : b[p * n + j];
+        result.c[i * n + j] += av * bv;
+        result.bound[i * n + j] += std::fabs(av * bv);
+      }
+    }
+  }
+  return result;
+}
+
+// |got - (base + expected)| within fp32 summation error: k products and k - 1
+// additions, each rounding by at most 2^-24 relative, plus `extra` roundings
+// (alpha folding, the += and bias additions) on the result.
+void ExpectGemmClose(const std::string& what, const std::vector<float>& got,
+                     const std::vector<float>& base, const DoubleGemm& expected, int64_t k,
+                     int extra) {
+  ASSERT_EQ(got.size(), expected.c.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    double want = expected.c[i] + (base.empty() ? 0.0 : base[i]);
+    double tolerance = (k + extra) * kU * (expected.bound[i] + std::fabs(want)) + 1e-30;
+    ASSERT_NEAR(got[i], want, tolerance) << what << "[" << i << "]";
+  }
+}
+
+std::vector<float> MxRef(const std::vector<float>& x, int64_t rows, int64_t cols, int axis,
+                         const OperandFormat& f, uint64_t seed) {
+  MxOptions o;
+  o.elem = ElementOf(f.format);
+  o.block = f.mx_block;
+  o.axis = axis;
+  o.rounding = f.rounding;
+  o.seed = seed;
+  o.bump_exponent = f.bump_exponent;
+  std::vector<float> out(x.size());
+  Status status = MxQuantizeRef(x.data(), rows, cols, o, out.data(), nullptr, nullptr);
+  EXPECT_TRUE(status.ok()) << status.message();
+  return out;
+}
+
+std::vector<float> Nvfp4Ref(const std::vector<float>& x, int64_t rows, int64_t cols, int axis,
+                            const OperandFormat& f, uint64_t seed) {
+  Nvfp4Options o;
+  o.tile_16x16 = f.tile_16x16;
+  o.rht = f.rht;
+  o.axis = axis;
+  o.rounding = f.rounding;
+  o.seed = seed;
+  std::vector<float> out(x.size());
+  Status status = Nvfp4QuantizeRef(x.data(), rows, cols, o, out.data(), nullptr, nullptr, nullptr);
+  EXPECT_TRUE(status.ok()) << status.message();
+  return out;
+}
+
+OperandFormat Quant(QuantFormat format, Rounding rounding = Rounding::kNearestEven) {
+  OperandFormat f;
+  f.kind = OperandFormat::Kind::kQuant;
+  f.format = format;
+  f.rounding = rounding;
+  return f;
+}
+
+int RoleIndex(Role role) { return static_cast<int>(role); }
+
+TEST_F(NnCpuTest, QuantizedLinearMxfp8MatchesReference) {
+  const int64_t rows = 32, in = 64, out = 48;
+  LinearQuant q;
+  for (OperandFormat& f : q.role) f = Quant(QuantFormat::kMxfp8E4M3);
+  q.role[RoleIndex(Role::kDgradDy)] = Quant(QuantFormat::kMxfp8E5M2);
+  q.role[RoleIndex(Role::kWgradDy)] = Quant(QuantFormat::kMxfp8E5M2, Rounding::kStochastic);
+  q.role[RoleIndex(Role::kFwdW)].bump_exponent = true;
+  q.seed = 20240611;
+  auto seed = [&](Role role) { return RoleSeed(q.seed, role); };
+  auto fmt = [&](Role role) { return q.role[RoleIndex(role)]; };
+
+  std::vector<float> x = WithOutliers(rows * in, 101), w = WithOutliers(out * in, 102);
+  std::vector<float> dy = WithOutliers(rows * out, 103), bias = Normal(out, 104);
+  std::vector<float> y(rows * out);
+  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), bias.data(), y.data(), rows, in, out, q));
+  std::vector<float> xq = MxRef(x, rows, in, 1, fmt(Role::kFwdX), seed(Role::kFwdX));
+  std::vector<float> wq = MxRef(w, out, in, 1, fmt(Role::kFwdW), seed(Role::kFwdW));
+  DoubleGemm fwd = GemmDouble(xq, false, wq, true, rows, out, in);
+  std::vector<float> bias_rows(rows * out);
+  for (int64_t i = 0; i < rows * out; ++i) bias_rows[i] = bias[i % out];
+  ExpectGemmClose("y", y, bias_rows, fwd, in, 2);
+  // The quantization did happen: y is far from the fp32 product somewhere.
+  DoubleGemm exact = GemmDouble(x, false, w, true, rows, out, in);
+  double max_diff = 0.0;
+  for (size_t i = 0; i < y.size(); ++i)
+    max_diff =
+        std::max(max_diff, std::fabs(y[i] - bias_rows[i] - exact.c[i]) / (exact.bound[i] + 1e-6));
+  EXPECT_GT(max_diff, 1e-4);
+
+  std::vector<float> dx(rows * in, 5.0f), dw_base = Normal(out * in, 105),
+                                          db_base = Normal(out, 106);
+  std::vector<float> dw = dw_base, db = db_base;
+  ASSERT_OK(backend_->LinearBackward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(),
+                                     rows, in, out, q));
+  // dgrad: dy blocked along `out` (axis 1), w down its columns (axis 0).
+  std::vector<float> dyq1 = MxRef(dy, rows, out, 1, fmt(Role::kDgradDy), seed(Role::kDgradDy));
+  std::vector<float> wq0 = MxRef(w, out, in, 0, fmt(Role::kDgradW), seed(Role::kDgradW));
+  ExpectGemmClose("dx", dx, {}, GemmDouble(dyq1, false, wq0, false, rows, in, out), out, 1);
+  // wgrad: dy and x blocked along the rows (axis 0), stochastic rounding seeded per role.
+  std::vector<float> dyq0 = MxRef(dy, rows, out, 0, fmt(Role::kWgradDy), seed(Role::kWgradDy));
+  std::vector<float> xq0 = MxRef(x, rows, in, 0, fmt(Role::kWgradX), seed(Role::kWgradX));
+  ExpectGemmClose("dw", dw, dw_base, GemmDouble(dyq0, true, xq0, false, out, in, rows), rows, 2);
+  // dbias: column sums of the unquantized dy.
+  for (int64_t o = 0; o < out; ++o) {
+    double sum = db_base[o];
+    for (int64_t r = 0; r < rows; ++r) sum += dy[r * out + o];
+    EXPECT_NEAR(db[o], sum, 1e-4);
+  }
+  // A different seed changes the stochastic wgrad_dy rounding, hence dw.
+  LinearQuant q2 = q;
+  q2.seed += 1;
+  std::vector<float> dw2 = dw_base;
+  ASSERT_OK(backend_->LinearBackward(x.data(), w.data(), dy.data(), nullptr, dw2.data(), nullptr,
+                                     rows, in, out, q2));
+  EXPECT_NE(dw, dw2);
+}
+
+TEST_F(NnCpuTest, QuantizedLinearNvfp4MatchesReference) {
+  const int64_t rows = 32, in = 48, out = 32;
+  LinearQuant q;
+  for (OperandFormat& f : q.role) f = Quant(QuantFormat::kNvfp4);
+  q.role[RoleIndex(Role::kFwdW)].tile_16x16 = true;
+  q.role[RoleIndex(Role::kDgradW)].tile_16x16 = true;
+  q.role[RoleIndex(Role::kDgradDy)].rounding = Rounding::kStochastic;
+  q.role[RoleIndex(Role::kWgradDy)].rounding = Rounding::kStochastic;
+  q.seed = 77;
+  auto seed = [&](Role role) { return RoleSeed(q.seed, role); };
+  auto fmt = [&](Role role) { return q.role[RoleIndex(role)]; };
+  std::vector<float> x = WithOutliers(rows * in, 111), w = WithOutliers(out * in, 112);
+  std::vector<float> dy = WithOutliers(rows * out, 113);
+
+  // The references' outputs include S_dec; the backend folds S_dec_a * S_dec_b
+  // into alpha instead, which moves each product by at most 3 roundings.
+  std::vector<float> y(rows * out);
+  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), nullptr, y.data(), rows, in, out, q));
+  std::vector<float> xq = Nvfp4Ref(x, rows, in, 1, fmt(Role::kFwdX), seed(Role::kFwdX));
+  std::vector<float> wq = Nvfp4Ref(w, out, in, 1, fmt(Role::kFwdW), seed(Role::kFwdW));
+  ExpectGemmClose("y", y, {}, GemmDouble(xq, false, wq, true, rows, out, in), in, 4);
+
+  std::vector<float> dx(rows * in), dw(out * in, 0.0f);
+  ASSERT_OK(backend_->LinearBackward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), nullptr,
+                                     rows, in, out, q));
+  std::vector<float> dyq1 = Nvfp4Ref(dy, rows, out, 1, fmt(Role::kDgradDy), seed(Role::kDgradDy));
+  std::vector<float> wq0 = Nvfp4Ref(w, out, in, 0, fmt(Role::kDgradW), seed(Role::kDgradW));
+  ExpectGemmClose("dx", dx, {}, GemmDouble(dyq1, false, wq0, false, rows, in, out), out, 4);
+  std::vector<float> dyq0 = Nvfp4Ref(dy, rows, out, 0, fmt(Role::kWgradDy), seed(Role::kWgradDy));
+  std::vector<float> xq0 = Nvfp4Ref(x, rows, in, 0, fmt(Role::kWgradX), seed(Role::kWgradX));
+  ExpectGemmClose("dw", dw, {}, GemmDouble(dyq0, true, xq0, false, out, in, rows), rows, 5);
+}
+
+TEST_F(NnCpuTest, PerTensorFp8AndBf16Roles) {
+  const int64_t rows = 8, in = 24, out = 8;
+  LinearQuant q;
+  q.role[RoleIndex(Role::kFwdX)] = Quant(QuantFormat::kFp8E4M3);
+  q.role[RoleIndex(Role::kFwdW)] = Quant(QuantFormat::kBf16);
+  std::vector<float> x = WithOutliers(rows * in, 121), w = Normal(out * in, 122), y(rows * out);
+  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), nullptr, y.data(), rows, in, out, q));
+  std::vector<float> xq(x.size()), wq(w.size());
+  ASSERT_OK(Fp8TensorQuantizeRef(x.data(), x.size(), ElemFormat::kE4M3, Rounding::kNearestEven, 0,
+                                 xq.data(), nullptr, nullptr));
+  ASSERT_OK(Bf16QuantizeRef(w.data(), w.size(), Rounding::kNearestEven, 0, wq.data(), nullptr));
+  ExpectGemmClose("y", y, {}, GemmDouble(xq, false, wq, true, rows, out, in), in, 4);
+}
+
+TEST_F(NnCpuTest, RhtOnBothWgradRolesCancelsInDw) {
+  const int64_t rows = 64, in = 32, out = 16;
+  std::vector<float> x = WithOutliers(rows * in, 131), w = Normal(out * in, 132);
+  std::vector<float> dy = WithOutliers(rows * out, 133);
+  LinearQuant plain;  // nvfp4 on the two wgrad roles, fp32 elsewhere
+  plain.role[RoleIndex(Role::kWgradDy)] = Quant(QuantFormat::kNvfp4, Rounding::kStochastic);
+  plain.role[RoleIndex(Role::kWgradX)] = Quant(QuantFormat::kNvfp4);
+  plain.seed = 9;
+  LinearQuant rotated = plain;
+  rotated.role[RoleIndex(Role::kWgradDy)].rht = true;
+  rotated.role[RoleIndex(Role::kWgradX)].rht = true;
+
+  std::vector<float> dw_plain(out * in, 0.0f), dw_rht(out * in, 0.0f);
+  ASSERT_OK(backend_->LinearBackward(x.data(), w.data(), dy.data(), nullptr, dw_plain.data(),
+                                     nullptr, rows, in, out, plain));
+  ASSERT_OK(backend_->LinearBackward(x.data(), w.data(), dy.data(), nullptr, dw_rht.data(), nullptr,
+                                     rows, in, out, rotated));
+  // Exactly the product of the two rotated, quantized operands.
+  const OperandFormat& fdy = rotated.role[RoleIndex(Role::kWgradDy)];
+  const OperandFormat& fx = rotated.role[RoleIndex(Role::kWgradX)];
+  std::vector<float> dyq = Nvfp4Ref(dy, rows, out, 0, fdy, RoleSeed(rotated.seed, Role::kWgradDy));
+  std::vector<float> xq = Nvfp4Ref(x, rows, in, 0, fx, RoleSeed(rotated.seed, Role::kWgradX));
+  ExpectGemmClose("dw (rht)", dw_rht, {}, GemmDouble(dyq, true, xq, false, out, in, rows), rows, 5);
+
+  // The rotation cancels: dw with the RHT is the exact dw up to NVFP4's error
+  // (4-bit elements, about 10% rms per element on these operands), a relative
+  // Frobenius error measured at 0.17 with the RHT and 0.12 without; a rotation
+  // that did not cancel (one side only, or along the wrong axis) multiplies dy^T
+  // by an unrelated orthogonal matrix and gives an error near 1.4.
+  DoubleGemm exact = GemmDouble(dy, true, x, false, out, in, rows);
+  auto relative_error = [&](const std::vector<float>& got) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      num += std::pow(got[i] - exact.c[i], 2);
+      den += std::pow(exact.c[i], 2);
+    }
+    return std::sqrt(num / den);
+  };
+  const double error_rht = relative_error(dw_rht), error_plain = relative_error(dw_plain);
+  EXPECT_LT(error_rht, 0.25) << "plain nvfp4: " << error_plain;
+  EXPECT_LT(error_plain, 0.25);
+  EXPECT_GT(error_rht, 0.0);
+  EXPECT_NE(dw_rht, dw_plain);  // the RHT was applied
+}
+
+// With the RHT, saturation compares the rotated input with its dequantized
+// value (nn.h): recount it here from the reference's codes and outputs.
+TEST_F(NnCpuTest, RhtOperandStatsJudgeTheRotatedInput) {
+  const int64_t rows = 64, in = 32, out = 16;
+  std::vector<float> x = WithOutliers(rows * in, 191), w = Normal(out * in, 192);
+  std::vector<float> dy = WithOutliers(rows * out, 193), dw(out * in, 0.0f);
+  LinearQuant q;
+  q.role[RoleIndex(Role::kWgradDy)] = Quant(QuantFormat::kNvfp4);
+  q.role[RoleIndex(Role::kWgradX)] = Quant(QuantFormat::kNvfp4);
+  q.role[RoleIndex(Role::kWgradDy)].rht = q.role[RoleIndex(Role::kWgradX)].rht = true;
+  q.stats_slot = 0;
+  ASSERT_OK(backend_->ResetOperandStats(1));
+  ASSERT_OK(backend_->LinearBackward(x.data(), w.data(), dy.data(), nullptr, dw.data(), nullptr,
+                                     rows, in, out, q));
+  std::vector<OperandStats> stats;
+  ASSERT_OK(backend_->ReadOperandStats(&stats));
+  // Saturated elements of x (rows x in, axis 0) counted against `input`.
+  auto count = [&](const std::vector<float>& input) {
+    Nvfp4Options o;
+    o.rht = true;
+    o.axis = 0;
+    std::vector<float> dequantized(x.size());
+    std::vector<uint8_t> codes(x.size());
+    EXPECT_TRUE(
+        Nvfp4QuantizeRef(x.data(), rows, in, o, dequantized.data(), codes.data(), nullptr, nullptr)
+            .ok());
+    int64_t saturated = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (std::fabs(DecodeElem(codes[i], ElemFormat::kE2M1)) == 6.0f &&
+          std::fabs(input[i]) > std::fabs(dequantized[i]))
+        ++saturated;
+    }
+    return saturated;
+  };
+  std::vector<float> rotated(x.size());
+  RhtRef(x.data(), rows, in, 0, rotated.data());
+  const int64_t expected = count(rotated);
+  ASSERT_NE(expected, count(x)) << "the data must tell the rotated input from the raw one";
+  const OperandStats& sx = stats[RoleIndex(Role::kWgradX)];
+  EXPECT_EQ(sx.saturated, expected);
+  EXPECT_EQ(sx.elements, rows * in);
+  EXPECT_EQ(sx.blocks, rows * in / 16);
+  EXPECT_EQ(sx.nan_blocks, 0);
+  EXPECT_EQ(stats[RoleIndex(Role::kWgradDy)].elements, rows * out);
+  EXPECT_EQ(stats[RoleIndex(Role::kFwdX)].elements, 0);  // fp32 roles record nothing
+}
+
+TEST_F(NnCpuTest, RhtMisuseIsAnError) {
+  const int64_t rows = 32, in = 16, out = 16;
+  std::vector<float> x = Normal(rows * in, 141), w = Normal(out * in, 142),
+                     dy = Normal(rows * out, 143);
+  std::vector<float> y(rows * out), dw(out * in, 0.0f);
+  LinearQuant q;
+  q.role[RoleIndex(Role::kWgradDy)] = Quant(QuantFormat::kNvfp4);
+  q.role[RoleIndex(Role::kWgradX)] = Quant(QuantFormat::kNvfp4);
+  q.role[RoleIndex(Role::kWgradDy)].rht = true;  // only one side
+  Status status = backend_->LinearBackward(x.data(), w.data(), dy.data(), nullptr, dw.data(),
+                                           nullptr, rows, in, out, q);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("wgrad_dy.rht"), std::string::npos) << status.message();
+  EXPECT_EQ(dw, std::vector<float>(out * in, 0.0f));  // nothing written
+
+  LinearQuant fwd;
+  fwd.role[RoleIndex(Role::kFwdX)] = Quant(QuantFormat::kNvfp4);
+  fwd.role[RoleIndex(Role::kFwdX)].rht = true;
+  status = backend_->LinearForward(x.data(), w.data(), nullptr, y.data(), rows, in, out, fwd);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("fwd_x.rht"), std::string::npos) << status.message();
+
+  q.role[RoleIndex(Role::kWgradX)].rht = true;  // both: fine at 32 rows, an error at 24
+  ASSERT_OK(backend_->LinearBackward(x.data(), w.data(), dy.data(), nullptr, dw.data(), nullptr,
+                                     rows, in, out, q));
+  status = backend_->LinearBackward(x.data(), w.data(), dy.data(), nullptr, dw.data(), nullptr, 24,
+                                    in, out, q);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("rows: 24"), std::string::npos) << status.message();
+
+  LinearQuant mx;
+  mx.role[RoleIndex(Role::kWgradDy)] = Quant(QuantFormat::kMxfp8E4M3);
+  mx.role[RoleIndex(Role::kWgradX)] = Quant(QuantFormat::kMxfp8E4M3);
+  mx.role[RoleIndex(Role::kWgradDy)].rht = mx.role[RoleIndex(Role::kWgradX)].rht = true;
+  EXPECT_FALSE(backend_
+                   ->LinearBackward(x.data(), w.data(), dy.data(), nullptr, dw.data(), nullptr,
+                                    rows, in, out, mx)
+                   .ok());
+}
+
+// ---- Operand statistics -------------------------------------------------------------------
+
+TEST_F(NnCpuTest, OperandStatsOnHandMadeTensor) {
+  // x: 2 rows x 64 = four E4M3 blocks of 32 along the row.
+  //   block 0: amax 1.76, just above 1.75 = 448 * 2^-8, the largest value its
+  //            scale 2^-8 reaches: clipped to 1.75, saturated;
+  //   block 1: amax exactly 1.75: represented, the largest code but not saturated;
+  //   block 2: a NaN: a NaN block (its other elements are not saturated either);
+  //   block 3: zeros.
+  const int64_t rows = 2, in = 64, out = 3;
+  std::vector<float> x(rows * in, 0.0f);
+  for (int i = 0; i < 32; ++i) x[i] = 0.01f * i;
+  x[5] = 1.76f;
+  for (int i = 32; i < 64; ++i) x[i] = -0.02f * (i - 32);
+  x[40] = -1.75f;
+  x[64 + 3] = std::numeric_limits<float>::quiet_NaN();
+  x[64 + 4] = 1.0f;
+  std::vector<float> w = Normal(out * in, 151), y(rows * out);
+  LinearQuant q;
+  q.role[RoleIndex(Role::kFwdX)] = Quant(QuantFormat::kMxfp8E4M3);
+  q.role[RoleIndex(Role::kFwdW)] = Quant(QuantFormat::kBf16);
+  q.stats_slot = 1;
+  ASSERT_OK(backend_->ResetOperandStats(2));
+  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), nullptr, y.data(), rows, in, out, q));
+  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), nullptr, y.data(), rows, in, out, q));
+  std::vector<OperandStats> stats;
+  ASSERT_OK(backend_->ReadOperandStats(&stats));
+  ASSERT_EQ(stats.size(), 2u * kRoleCount);
+  const OperandStats& fx = stats[1 * kRoleCount + RoleIndex(Role::kFwdX)];
+  EXPECT_EQ(fx.elements, 2 * rows * in);  // two calls
+  EXPECT_EQ(fx.saturated, 2);
+  EXPECT_EQ(fx.blocks, 2 * 4);
+  EXPECT_EQ(fx.nan_blocks, 2);
+  const OperandStats& fw = stats[1 * kRoleCount + RoleIndex(Role::kFwdW)];
+  EXPECT_EQ(fw.elements, 2 * out * in);
+  EXPECT_EQ(fw.saturated, 0);
+  EXPECT_EQ(fw.blocks, 2);  // BF16: one block per call
+  EXPECT_EQ(fw.nan_blocks, 0);
+  for (int r = 0; r < kRoleCount; ++r) EXPECT_EQ(stats[r].elements, 0) << "slot 0 untouched";
+  for (int r = 2; r < kRoleCount; ++r) EXPECT_EQ(stats[kRoleCount + r].elements, 0) << r;
+
+  // NVFP4 counts 1x16 blocks (a 16x16 tile as its 16 blocks) and saturates at 6.
+  LinearQuant nv;
+  nv.role[RoleIndex(Role::kFwdW)] = Quant(QuantFormat::kNvfp4);
+  nv.role[RoleIndex(Role::kFwdW)].tile_16x16 = true;
+  nv.stats_slot = 0;
+  std::vector<float> w16 = Normal(16 * in, 152), y16(rows * 16);
+  std::vector<float> finite_x = Normal(rows * in, 153);
+  ASSERT_OK(
+      backend_->LinearForward(finite_x.data(), w16.data(), nullptr, y16.data(), rows, in, 16, nv));
+  ASSERT_OK(backend_->ReadOperandStats(&stats));
+  EXPECT_EQ(stats[RoleIndex(Role::kFwdW)].blocks, 16 * in / 16);
+  EXPECT_EQ(stats[RoleIndex(Role::kFwdW)].elements, 16 * in);
+
+  ASSERT_OK(backend_->ResetOperandStats(2));
+  ASSERT_OK(backend_->ReadOperandStats(&stats));
+  for (const OperandStats& s : stats)
+    EXPECT_EQ(s.elements + s.blocks + s.saturated + s.nan_blocks, 0);
+  q.stats_slot = 2;  // only slots 0 and 1 exist
+  Status status = backend_->LinearForward(x.data(), w.data(), nullptr, y.data(), rows, in, out, q);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("stats_slot"), std::string::npos) << status.message();
+}
+
+// ---- QuantizeDequantize -----------------------------------------------------------------
+
+TEST_F(NnCpuTest, QuantizeDequantizeIncludesPerTensorScale) {
+  const int64_t rows = 16, cols = 32;
+  std::vector<float> x = WithOutliers(rows * cols, 161), out(rows * cols);
+  OperandFormat nv = Quant(QuantFormat::kNvfp4);
+  ASSERT_OK(backend_->QuantizeDequantize(x.data(), rows, cols, 1, nv, 5, out.data()));
+  EXPECT_EQ(out, Nvfp4Ref(x, rows, cols, 1, nv, 5));
+  OperandFormat mx = Quant(QuantFormat::kMxfp6E2M3, Rounding::kStochastic);
+  std::vector<float> in_place = x;
+  ASSERT_OK(backend_->QuantizeDequantize(in_place.data(), rows, cols, 0, mx, 6, in_place.data()));
+  EXPECT_EQ(in_place, MxRef(x, rows, cols, 0, mx, 6));
+  OperandFormat fp8 = Quant(QuantFormat::kFp8E5M2);
+  ASSERT_OK(backend_->QuantizeDequantize(x.data(), rows, cols, 1, fp8, 0, out.data()));
+  std::vector<float> expected(x.size());
+  ASSERT_OK(Fp8TensorQuantizeRef(x.data(), x.size(), ElemFormat::kE5M2, Rounding::kNearestEven, 0,
+                                 expected.data(), nullptr, nullptr));
+  EXPECT_EQ(out, expected);
+  ASSERT_OK(backend_->QuantizeDequantize(x.data(), rows, cols, 1, OperandFormat(), 0, out.data()));
+  EXPECT_EQ(out, x);
+  EXPECT_FALSE(backend_->QuantizeDequantize(x.data(), rows, cols, 2, nv, 0, out.data()).ok());
+}
+
+// ---- Determinism --------------------------------------------------------------------------
+
+TEST(NnCpuDeterminismTest, OneAndThreeThreadsGiveTheSameBits) {
+  std::unique_ptr<Backend> one = MakeCpu(1), three = MakeCpu(3);
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  {  // GEMM at a size with several blocks in m, n and k
+    const GemmShape shape{300, 700, 600};
+    std::vector<float> a = Normal(shape.m * shape.k, 171), b = Normal(shape.n * shape.k, 172);
+    std::vector<float> c1(shape.m * shape.n), c3(shape.m * shape.n);
+    ThreadPool pool1(1), pool3(3);
+    GemmCpu(&pool1, shape, false, true, 1.0f, a.data(), shape.k, b.data(), shape.k, false,
+            c1.data(), shape.n);
+    GemmCpu(&pool3, shape, false, true, 1.0f, a.data(), shape.k, b.data(), shape.k, false,
+            c3.data(), shape.n);
+    EXPECT_TRUE(same(c1, c3));
+  }
+  {  // quantized linear, forward and backward
+    const int64_t rows = 256, in = 320, out = 160;
+    LinearQuant q;
+    for (OperandFormat& f : q.role) f = Quant(QuantFormat::kMxfp8E4M3, Rounding::kStochastic);
+    q.seed = 3;
+    std::vector<float> x = WithOutliers(rows * in, 173), w = Normal(out * in, 174);
+    std::vector<float> dy = Normal(rows * out, 175), bias = Normal(out, 176);
+    std::vector<float> y[2], dx[2], dw[2], db[2];
+    Backend* backends[2] = {one.get(), three.get()};
+    for (int b = 0; b < 2; ++b) {
+      y[b].resize(rows * out);
+      dx[b].resize(rows * in);
+      dw[b].assign(out * in, 0.5f);
+      db[b].assign(out, 0.5f);
+      ASSERT_OK(backends[b]->LinearForward(x.data(), w.data(), bias.data(), y[b].data(), rows, in,
+                                           out, q));
+      ASSERT_OK(backends[b]->LinearBackward(x.data(), w.data(), dy.data(), dx[b].data(),
+                                            dw[b].data(), db[b].data(), rows, in, out, q));
+    }
+    EXPECT_TRUE(same(y[0], y[1]));
+    EXPECT_TRUE(same(dx[0], dx[1]));
+    EXPECT_TRUE(same(dw[0], dw[1]));
+    EXPECT_TRUE(same(db[0], db[1]));
+  }
+  {  // attention with bf16 operands, forward and backward
+    const int64_t batch = 2, seq = 33, heads = 3, dim = 48;
+    std::vector<float> qkv = Normal(batch * seq * 3 * dim, 177),
+                       dout = Normal(batch * seq * dim, 178);
+    std::vector<float> out[2], probs[2], dqkv[2];
+    Backend* backends[2] = {one.get(), three.get()};
+    for (int b = 0; b < 2; ++b) {
+      out[b].resize(batch * seq * dim);
+      probs[b].resize(batch * heads * seq * seq);
+      dqkv[b].resize(qkv.size());
+      ASSERT_OK(backends[b]->AttentionForward(qkv.data(), out[b].data(), probs[b].data(), batch,
+                                              seq, heads, dim, true));
+      ASSERT_OK(backends[b]->AttentionBackward(qkv.data(), probs[b].data(), dout.data(),
+                                               dqkv[b].data(), batch, seq, heads, dim, true));
+    }
+    EXPECT_TRUE(same(out[0], out[1]));
+    EXPECT_TRUE(same(probs[0], probs[1]));
+    EXPECT_TRUE(same(dqkv[0], dqkv[1]));
+  }
+}
+
+// ---- Memory, elementwise, reductions, errors ----------------------------------------------
+
+TEST_F(NnCpuTest, AllocIsZeroedAndAligned) {
+  void* ptr = nullptr;
+  ASSERT_OK(backend_->Alloc(1000, &ptr));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(ptr) % 256, 0u);
+  std::vector<unsigned char> host(1000, 0xAB);
+  ASSERT_OK(backend_->Download(host.data(), ptr, host.size()));
+  EXPECT_EQ(host, std::vector<unsigned char>(1000, 0));
+  std::vector<float> values = {1.0f, 2.0f, 3.0f};
+  ASSERT_OK(backend_->Upload(ptr, values.data(), 12));
+  EXPECT_EQ(static_cast<float*>(ptr)[2], 3.0f);
+  backend_->Free(ptr);
+  backend_->Free(nullptr);
+  EXPECT_STREQ(backend_->name(), "cpu");
+  EXPECT_EQ(backend_->Describe(), "cpu: 2 threads");
+}
+
+TEST_F(NnCpuTest, ElementwiseOps) {
+  std::vector<float> a = {1, 2, 3, 4}, b = {10, 20, 30, 40}, out(4);
+  ASSERT_OK(backend_->Add(a.data(), b.data(), out.data(), 4));
+  EXPECT_EQ(out, (std::vector<float>{11, 22, 33, 44}));
+  ASSERT_OK(backend_->Add(a.data(), b.data(), a.data(), 4));  // out aliases a
+  EXPECT_EQ(a, (std::vector<float>{11, 22, 33, 44}));
+  ASSERT_OK(backend_->Axpy(0.5f, b.data(), a.data(), 4));
+  EXPECT_EQ(a, (std::vector<float>{16, 32, 48, 64}));
+  ASSERT_OK(backend_->Scale(a.data(), 4, 0.25f));
+  EXPECT_EQ(a, (std::vector<float>{4, 8, 12, 16}));
+  ASSERT_OK(backend_->Fill(a.data(), 3, -1.0f));
+  EXPECT_EQ(a, (std::vector<float>{-1, -1, -1, 16}));
+  std::vector<float> src = {1, 2, 3, 4, 5, 6}, dst(8, 0.0f);  // 2 x 2 of a 2 x 3 into a 2 x 4
+  ASSERT_OK(backend_->Copy2D(src.data(), 3, dst.data(), 4, 2, 2));
+  EXPECT_EQ(dst, (std::vector<float>{1, 2, 0, 0, 4, 5, 0, 0}));
+  EXPECT_FALSE(backend_->Copy2D(src.data(), 1, dst.data(), 4, 2, 2).ok());
+  EXPECT_FALSE(backend_->Fill(a.data(), -1, 0.0f).ok());
+}
+
+TEST_F(NnCpuTest, ReductionsInDouble) {
+  std::vector<float> a = Normal(200000, 181), b = Normal(200000, 182);
+  std::vector<Span> spans = {{a.data(), 200000}, {b.data(), 17}, {a.data(), 0}};
+  std::vector<double> sums, squares, dots;
+  ASSERT_OK(backend_->Sums(spans, &sums));
+  ASSERT_OK(backend_->SumSquares(spans, &squares));
+  ASSERT_OK(backend_->Dots(spans, {{b.data(), 200000}, {a.data(), 17}, {b.data(), 0}}, &dots));
+  double s = 0, sq = 0, d = 0, s17 = 0;
+  for (int i = 0; i < 200000; ++i) {
+    s += a[i];
+    sq += static_cast<double>(a[i]) * a[i];
+    d += static_cast<double>(a[i]) * b[i];
+  }
+  for (int i = 0; i < 17; ++i) s17 += b[i];
+  ASSERT_EQ(sums.size(), 3u);
+  // Chunked double sums against one sequential double sum: both err by ~1e-16
+  // relative per addition, far below float resolution.
+  EXPECT_NEAR(sums[0], s, 1e-12 * sq);
+  EXPECT_NEAR(sums[1], s17, 1e-12);
+  EXPECT_EQ(sums[2], 0.0);
+  EXPECT_NEAR(squares[0], sq, 1e-12 * sq);
+  EXPECT_NEAR(dots[0], d, 1e-12 * sq);
+  EXPECT_FALSE(backend_->Dots(spans, {{b.data(), 5}}, &dots).ok());
+}
+
+TEST_F(NnCpuTest, ShapeErrorsNameTheField) {
+  std::vector<float> buf(1000);
+  Status status = backend_->AttentionForward(buf.data(), buf.data(), buf.data(), 1, 4, 5, 8, false);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("heads: 5"), std::string::npos) << status.message();
+  status =
+      backend_->LinearForward(buf.data(), buf.data(), nullptr, buf.data(), 0, 4, 4, LinearQuant());
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("rows: 0"), std::string::npos) << status.message();
+  status = backend_->LayerNormForward(buf.data(), buf.data(), nullptr, buf.data(), buf.data(),
+                                      buf.data(), 2, -3, 1e-5f);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("cols: -3"), std::string::npos) << status.message();
+  // Quantizer errors name the role and the field.
+  LinearQuant nv;
+  nv.role[RoleIndex(Role::kFwdX)] = Quant(QuantFormat::kNvfp4);
+  status = backend_->LinearForward(buf.data(), buf.data(), nullptr, buf.data(), 2, 24, 2, nv);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("fwd_x: cols: 24"), std::string::npos) << status.message();
+  nv.role[RoleIndex(Role::kFwdX)].rounding = Rounding::kNearestAway;
+  status = backend_->LinearForward(buf.data(), buf.data(), nullptr, buf.data(), 2, 32, 2, nv);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("fwd_x: rounding"), std::string::npos) << status.message();
+  std::unique_ptr<Backend> backend;
+  EXPECT_FALSE(MakeCpuBackend(-1, &backend).ok());
+  ASSERT_OK(MakeCpuBackend(0, &backend));  // hardware concurrency
+  EXPECT_EQ(backend->name(), std::string("cpu"));
+}
+
+}  // namespace
+}  // namespace keel
