@@ -1,0 +1,553 @@
+// JSON parser (recursive descent over the bytes) and writer.
+#include "worker/io/json.h"
+
+#include <charconv>
+#include <clocale>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <locale.h>
+#include <unordered_set>
+
+#include "worker/io/utf8.h"
+
+namespace keel {
+namespace {
+
+const std::string kEmptyString;
+const std::vector<JsonValue> kEmptyArray;
+const std::vector<JsonValue::Member> kEmptyMembers;
+
+// 2^63 as a double: the first double that int64 cannot hold.
+constexpr double kTwoPow63 = 9223372036854775808.0;
+
+class Parser {
+ public:
+  explicit Parser(const std::string& text) : text_(text) {}
+
+  Status ParseDocument(JsonValue* out) {
+    SkipWhitespace();
+    Status s = ParseValue(out, 0);
+    if (!s.ok()) return s;
+    SkipWhitespace();
+    if (pos_ != text_.size()) return Error("end of input after the value");
+    return Status::Ok();
+  }
+
+ private:
+  // "JSON: at byte 12: expected ':' after object key, found 'x'".
+  Status Error(const std::string& expected) const { return ErrorAt(pos_, expected); }
+  Status ErrorAt(size_t pos, const std::string& expected) const {
+    std::string found;
+    if (pos >= text_.size()) {
+      found = "end of input";
+    } else {
+      const unsigned char c = static_cast<unsigned char>(text_[pos]);
+      if (c >= 0x20 && c < 0x7F) {
+        found = std::string("'") + static_cast<char>(c) + "'";
+      } else {
+        char hex[16];
+        std::snprintf(hex, sizeof(hex), "byte 0x%02X", c);
+        found = hex;
+      }
+    }
+    return Status::Error("JSON: at byte " + std::to_string(pos) + ": expected " + expected +
+                         ", found " + found);
+  }
+
+  bool AtEnd() const { return pos_ >= text_.size(); }
+  char Peek() const { return text_[pos_]; }
+
+  void SkipWhitespace() {
+    while (!AtEnd() && (Peek() == ' ' || Peek() == '\t' || Peek() == '\n' || Peek() == '\r')) {
+      ++pos_;
+    }
+  }
+
+  Status ParseValue(JsonValue* out, int depth) {
+    if (AtEnd()) return Error("a value");
+    switch (Peek()) {
+      case '{': return ParseObject(out, depth + 1);
+      case '[': return ParseArray(out, depth + 1);
+      case '"': {
+        std::string s;
+        Status status = ParseString(&s);
+        if (!status.ok()) return status;
+        *out = JsonValue(std::move(s));
+        return Status::Ok();
+      }
+      case 't': return ParseLiteral("true", JsonValue(true), out);
+      case 'f': return ParseLiteral("false", JsonValue(false), out);
+      case 'n': return ParseLiteral("null", JsonValue(), out);
+      default:
+        if (Peek() == '-' || (Peek() >= '0' && Peek() <= '9')) return ParseNumber(out);
+        return Error("a value (object, array, string, number, true, false or null)");
+    }
+  }
+
+  Status ParseLiteral(const char* word, JsonValue value, JsonValue* out) {
+    const std::string w = word;
+    if (text_.compare(pos_, w.size(), w) != 0) {
+      // Point at the first byte that differs.
+      size_t i = 0;
+      while (pos_ + i < text_.size() && i < w.size() && text_[pos_ + i] == w[i]) ++i;
+      return ErrorAt(pos_ + i, "'" + w + "'");
+    }
+    pos_ += w.size();
+    *out = std::move(value);
+    return Status::Ok();
+  }
+
+  Status ParseObject(JsonValue* out, int depth) {
+    if (depth > kMaxJsonDepth) {
+      return Error("nesting no deeper than " + std::to_string(kMaxJsonDepth));
+    }
+    ++pos_;  // '{'
+    JsonValue object = JsonValue::Object();
+    std::unordered_set<std::string> keys;
+    SkipWhitespace();
+    if (!AtEnd() && Peek() == '}') {
+      ++pos_;
+      *out = std::move(object);
+      return Status::Ok();
+    }
+    while (true) {
+      SkipWhitespace();
+      if (AtEnd() || Peek() != '"') return Error("'\"' starting an object key");
+      const size_t key_pos = pos_;
+      std::string key;
+      Status s = ParseString(&key);
+      if (!s.ok()) return s;
+      if (!keys.insert(key).second) {
+        return Status::Error("JSON: at byte " + std::to_string(key_pos) +
+                             ": expected a unique object key, found a second \"" + key + "\"");
+      }
+      SkipWhitespace();
+      if (AtEnd() || Peek() != ':') return Error("':' after object key");
+      ++pos_;
+      SkipWhitespace();
+      JsonValue value;
+      s = ParseValue(&value, depth);
+      if (!s.ok()) return s;
+      object.Set(key, std::move(value));
+      SkipWhitespace();
+      if (AtEnd()) return Error("',' or '}' after object member");
+      if (Peek() == ',') {
+        ++pos_;
+        continue;
+      }
+      if (Peek() == '}') {
+        ++pos_;
+        *out = std::move(object);
+        return Status::Ok();
+      }
+      return Error("',' or '}' after object member");
+    }
+  }
+
+  Status ParseArray(JsonValue* out, int depth) {
+    if (depth > kMaxJsonDepth) {
+      return Error("nesting no deeper than " + std::to_string(kMaxJsonDepth));
+    }
+    ++pos_;  // '['
+    JsonValue array = JsonValue::Array();
+    SkipWhitespace();
+    if (!AtEnd() && Peek() == ']') {
+      ++pos_;
+      *out = std::move(array);
+      return Status::Ok();
+    }
+    while (true) {
+      SkipWhitespace();
+      JsonValue value;
+      Status s = ParseValue(&value, depth);
+      if (!s.ok()) return s;
+      array.Append(std::move(value));
+      SkipWhitespace();
+      if (AtEnd()) return Error("',' or ']' after array element");
+      if (Peek() == ',') {
+        ++pos_;
+        continue;
+      }
+      if (Peek() == ']') {
+        ++pos_;
+        *out = std::move(array);
+        return Status::Ok();
+      }
+      return Error("',' or ']' after array element");
+    }
+  }
+
+  // Four hex digits at pos_ into *code.
+  Status ParseHex4(unsigned* code) {
+    *code = 0;
+    for (int i = 0; i < 4; ++i) {
+      if (AtEnd()) return Error("4 hex digits after \\u");
+      const char c = Peek();
+      unsigned digit;
+      if (c >= '0' && c <= '9') {
+        digit = c - '0';
+      } else if (c >= 'a' && c <= 'f') {
+        digit = c - 'a' + 10;
+      } else if (c >= 'A' && c <= 'F') {
+        digit = c - 'A' + 10;
+      } else {
+        return Error("4 hex digits after \\u");
+      }
+      *code = *code * 16 + digit;
+      ++pos_;
+    }
+    return Status::Ok();
+  }
+
+  Status ParseString(std::string* out) {
+    ++pos_;  // opening quote
+    out->clear();
+    while (true) {
+      if (AtEnd()) return Error("'\"' closing the string");
+      const unsigned char c = static_cast<unsigned char>(Peek());
+      if (c == '"') {
+        ++pos_;
+        return Status::Ok();
+      }
+      if (c < 0x20) return Error("a string character (control characters must be escaped)");
+      if (c == '\\') {
+        ++pos_;
+        if (AtEnd()) return Error("an escape character after '\\'");
+        const char e = Peek();
+        ++pos_;
+        switch (e) {
+          case '"': out->push_back('"'); break;
+          case '\\': out->push_back('\\'); break;
+          case '/': out->push_back('/'); break;
+          case 'b': out->push_back('\b'); break;
+          case 'f': out->push_back('\f'); break;
+          case 'n': out->push_back('\n'); break;
+          case 'r': out->push_back('\r'); break;
+          case 't': out->push_back('\t'); break;
+          case 'u': {
+            const size_t escape_pos = pos_ - 2;
+            unsigned cp;
+            Status s = ParseHex4(&cp);
+            if (!s.ok()) return s;
+            if (cp >= 0xDC00 && cp <= 0xDFFF) {
+              return ErrorAt(escape_pos, "a high surrogate before a low surrogate \\u escape");
+            }
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+              if (text_.compare(pos_, 2, "\\u") != 0) {
+                return Error("a low surrogate \\uDC00-\\uDFFF after a high surrogate");
+              }
+              pos_ += 2;
+              unsigned low;
+              s = ParseHex4(&low);
+              if (!s.ok()) return s;
+              if (low < 0xDC00 || low > 0xDFFF) {
+                return ErrorAt(pos_ - 6, "a low surrogate \\uDC00-\\uDFFF after a high surrogate");
+              }
+              cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+            }
+            AppendUtf8(cp, out);
+            break;
+          }
+          default:
+            return ErrorAt(pos_ - 1, "an escape character (one of \" \\ / b f n r t u)");
+        }
+        continue;
+      }
+      if (c < 0x80) {
+        out->push_back(static_cast<char>(c));
+        ++pos_;
+        continue;
+      }
+      const size_t length = Utf8SequenceLength(
+          reinterpret_cast<const unsigned char*>(text_.data()) + pos_, text_.size() - pos_);
+      if (length == 0) return Error("valid UTF-8");
+      out->append(text_, pos_, length);
+      pos_ += length;
+    }
+  }
+
+  Status ParseNumber(JsonValue* out) {
+    const size_t start = pos_;
+    bool integral = true;
+    if (Peek() == '-') ++pos_;
+    if (AtEnd() || !IsDigit(Peek())) return Error("a digit");
+    if (Peek() == '0') {
+      ++pos_;
+      if (!AtEnd() && IsDigit(Peek())) {
+        return Error("no leading zero ('.', 'e' or the end of the number)");
+      }
+    } else {
+      while (!AtEnd() && IsDigit(Peek())) ++pos_;
+    }
+    if (!AtEnd() && Peek() == '.') {
+      integral = false;
+      ++pos_;
+      if (AtEnd() || !IsDigit(Peek())) return Error("a digit after '.'");
+      while (!AtEnd() && IsDigit(Peek())) ++pos_;
+    }
+    if (!AtEnd() && (Peek() == 'e' || Peek() == 'E')) {
+      integral = false;
+      ++pos_;
+      if (!AtEnd() && (Peek() == '+' || Peek() == '-')) ++pos_;
+      if (AtEnd() || !IsDigit(Peek())) return Error("a digit in the exponent");
+      while (!AtEnd() && IsDigit(Peek())) ++pos_;
+    }
+    const char* first = text_.data() + start;
+    const char* last = text_.data() + pos_;
+    if (integral) {
+      int64_t value;
+      auto result = std::from_chars(first, last, value);
+      // "-0" stays the double -0.0; integers beyond int64 fall through to double.
+      if (result.ec == std::errc() && result.ptr == last && !(value == 0 && *first == '-')) {
+        *out = JsonValue(value);
+        return Status::Ok();
+      }
+    }
+    double value;
+    auto result = std::from_chars(first, last, value);
+    if (result.ec == std::errc::result_out_of_range) {
+      // from_chars reports both overflow and underflow; strtod in the C locale
+      // tells them apart (underflow gives 0 or a subnormal, overflow HUGE_VAL).
+      static locale_t c_locale = newlocale(LC_ALL_MASK, "C", static_cast<locale_t>(0));
+      value = strtod_l(std::string(first, last).c_str(), nullptr, c_locale);
+      if (std::isinf(value)) return ErrorAt(start, "a number within the range of a double");
+    } else if (result.ec != std::errc() || result.ptr != last) {
+      return ErrorAt(start, "a number");
+    }
+    *out = JsonValue(value);
+    return Status::Ok();
+  }
+
+  static bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+  const std::string& text_;
+  size_t pos_ = 0;
+};
+
+void AppendEscaped(const std::string& s, std::string* out) {
+  out->push_back('"');
+  const unsigned char* data = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t size = s.size();
+  size_t i = 0;
+  while (i < size) {
+    const unsigned char c = data[i];
+    if (c >= 0x80) {
+      const size_t length = Utf8SequenceLength(data + i, size - i);
+      if (length == 0) {
+        out->append("\xEF\xBF\xBD");  // U+FFFD for a byte that is not UTF-8
+        ++i;
+      } else {
+        out->append(s, i, length);
+        i += length;
+      }
+      continue;
+    }
+    switch (c) {
+      case '"': out->append("\\\""); break;
+      case '\\': out->append("\\\\"); break;
+      case '\b': out->append("\\b"); break;
+      case '\f': out->append("\\f"); break;
+      case '\n': out->append("\\n"); break;
+      case '\r': out->append("\\r"); break;
+      case '\t': out->append("\\t"); break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out->append(buf);
+        } else {
+          out->push_back(static_cast<char>(c));
+        }
+    }
+    ++i;
+  }
+  out->push_back('"');
+}
+
+void AppendJson(const JsonValue& value, std::string* out) {
+  switch (value.type()) {
+    case JsonValue::Type::kNull: out->append("null"); return;
+    case JsonValue::Type::kBool: out->append(value.bool_value() ? "true" : "false"); return;
+    case JsonValue::Type::kNumber:
+      if (value.is_int()) {
+        out->append(std::to_string(value.int_value()));
+      } else {
+        out->append(JsonNumber(value.number()));
+      }
+      return;
+    case JsonValue::Type::kString: AppendEscaped(value.string_value(), out); return;
+    case JsonValue::Type::kArray: {
+      out->push_back('[');
+      bool first = true;
+      for (const JsonValue& element : value.array()) {
+        if (!first) out->push_back(',');
+        first = false;
+        AppendJson(element, out);
+      }
+      out->push_back(']');
+      return;
+    }
+    case JsonValue::Type::kObject: {
+      out->push_back('{');
+      bool first = true;
+      for (const JsonValue::Member& member : value.members()) {
+        if (!first) out->push_back(',');
+        first = false;
+        AppendEscaped(member.first, out);
+        out->push_back(':');
+        AppendJson(member.second, out);
+      }
+      out->push_back('}');
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+JsonValue::JsonValue(double value) : type_(Type::kNumber), number_(value) {
+  if (std::isfinite(value) && value == std::trunc(value) && value >= -kTwoPow63 &&
+      value < kTwoPow63 && !(value == 0.0 && std::signbit(value))) {
+    has_int_ = true;
+    int_ = static_cast<int64_t>(value);
+  }
+}
+
+void JsonValue::SetInt(int64_t value) {
+  type_ = Type::kNumber;
+  number_ = static_cast<double>(value);
+  int_ = value;
+  has_int_ = true;
+}
+
+void JsonValue::SetUint(uint64_t value) {
+  if (value <= static_cast<uint64_t>(INT64_MAX)) {
+    SetInt(static_cast<int64_t>(value));
+  } else {
+    type_ = Type::kNumber;
+    number_ = static_cast<double>(value);
+  }
+}
+
+JsonValue JsonValue::Array() {
+  JsonValue v;
+  v.type_ = Type::kArray;
+  return v;
+}
+
+JsonValue JsonValue::Object() {
+  JsonValue v;
+  v.type_ = Type::kObject;
+  return v;
+}
+
+const std::string& JsonValue::string_value() const {
+  return type_ == Type::kString ? string_ : kEmptyString;
+}
+
+bool JsonValue::ToDouble(double* out) const {
+  if (type_ == Type::kNumber) {
+    *out = number_;
+    return true;
+  }
+  if (type_ != Type::kString) return false;
+  if (string_ == "NaN") {
+    *out = std::nan("");
+  } else if (string_ == "Infinity") {
+    *out = HUGE_VAL;
+  } else if (string_ == "-Infinity") {
+    *out = -HUGE_VAL;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const std::vector<JsonValue>& JsonValue::array() const {
+  return type_ == Type::kArray ? array_ : kEmptyArray;
+}
+
+void JsonValue::Append(JsonValue value) {
+  if (type_ == Type::kNull) type_ = Type::kArray;
+  if (type_ != Type::kArray) return;
+  array_.push_back(std::move(value));
+}
+
+const std::vector<JsonValue::Member>& JsonValue::members() const {
+  return type_ == Type::kObject ? members_ : kEmptyMembers;
+}
+
+const JsonValue* JsonValue::Find(const std::string& key) const {
+  if (type_ != Type::kObject) return nullptr;
+  for (const Member& member : members_) {
+    if (member.first == key) return &member.second;
+  }
+  return nullptr;
+}
+
+void JsonValue::Set(const std::string& key, JsonValue value) {
+  if (type_ == Type::kNull) type_ = Type::kObject;
+  if (type_ != Type::kObject) return;
+  for (Member& member : members_) {
+    if (member.first == key) {
+      member.second = std::move(value);
+      return;
+    }
+  }
+  members_.emplace_back(key, std::move(value));
+}
+
+size_t JsonValue::size() const {
+  if (type_ == Type::kArray) return array_.size();
+  if (type_ == Type::kObject) return members_.size();
+  return 0;
+}
+
+bool JsonValue::operator==(const JsonValue& other) const {
+  if (type_ != other.type_) return false;
+  switch (type_) {
+    case Type::kNull: return true;
+    case Type::kBool: return bool_ == other.bool_;
+    case Type::kNumber:
+      if (has_int_ && other.has_int_) return int_ == other.int_;
+      return number_ == other.number_;
+    case Type::kString: return string_ == other.string_;
+    case Type::kArray: return array_ == other.array_;
+    case Type::kObject: return members_ == other.members_;
+  }
+  return false;
+}
+
+Status ParseJson(const std::string& text, JsonValue* out) {
+  JsonValue value;
+  Status s = Parser(text).ParseDocument(&value);
+  if (!s.ok()) return s;
+  *out = std::move(value);
+  return Status::Ok();
+}
+
+std::string JsonNumber(double value) {
+  if (std::isnan(value)) return "\"NaN\"";
+  if (std::isinf(value)) return value > 0 ? "\"Infinity\"" : "\"-Infinity\"";
+  // to_chars without a format or precision gives the shortest round-trip form.
+  char buf[64];
+  auto result = std::to_chars(buf, buf + sizeof(buf), value);
+  return std::string(buf, result.ptr);
+}
+
+std::string ToJson(const JsonValue& value) {
+  std::string out;
+  AppendJson(value, &out);
+  return out;
+}
+
+JsonWriter& JsonWriter::Add(const std::string& key, const JsonValue& value) {
+  if (text_.size() > 1) text_.push_back(',');
+  AppendEscaped(key, &text_);
+  text_.push_back(':');
+  AppendJson(value, &text_);
+  return *this;
+}
+
+}  // namespace keel

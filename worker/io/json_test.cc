@@ -1,0 +1,256 @@
+// Tests of the JSON value, parser and writer: round trips, escaping, exact
+// integers, shortest doubles, non-finite values as strings, and parse errors
+// with their byte offsets.
+#include "worker/io/json.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include <gtest/gtest.h>
+
+namespace keel {
+namespace {
+
+JsonValue MustParse(const std::string& text) {
+  JsonValue v;
+  Status s = ParseJson(text, &v);
+  EXPECT_TRUE(s.ok()) << text << ": " << s.message();
+  return v;
+}
+
+std::string ParseError(const std::string& text) {
+  JsonValue v = "unchanged";
+  Status s = ParseJson(text, &v);
+  EXPECT_FALSE(s.ok()) << "accepted: " << text;
+  EXPECT_EQ(v, JsonValue("unchanged"));
+  return s.message();
+}
+
+TEST(JsonTest, ParsesEveryTypeAndKeepsMemberOrder) {
+  JsonValue v = MustParse(
+      " {\"z\": null, \"a\": [true, false, -1.5e2, \"s\"], \"m\": {\"k\": 0}} \n");
+  ASSERT_TRUE(v.is_object());
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_EQ(v.members()[0].first, "z");
+  EXPECT_EQ(v.members()[1].first, "a");
+  EXPECT_EQ(v.members()[2].first, "m");
+  EXPECT_TRUE(v.Find("z")->is_null());
+  const JsonValue& a = *v.Find("a");
+  ASSERT_EQ(a.size(), 4u);
+  EXPECT_TRUE(a.array()[0].bool_value());
+  EXPECT_TRUE(a.array()[1].is_bool());
+  EXPECT_FALSE(a.array()[1].bool_value());
+  EXPECT_EQ(a.array()[2].number(), -150.0);
+  EXPECT_EQ(a.array()[3].string_value(), "s");
+  EXPECT_EQ(v.Find("m")->Find("k")->int_value(), 0);
+  EXPECT_EQ(v.Find("missing"), nullptr);
+}
+
+TEST(JsonTest, WriterIsCompactAndRoundTrips) {
+  const std::string text =
+      "{\"b\":[1,-2,3.25,\"x\",null,true,{}],\"a\":{\"n\":[[]],\"e\":\"\"},\"c\":-0.001}";
+  JsonValue v = MustParse(text);
+  EXPECT_EQ(ToJson(v), text);
+  EXPECT_EQ(MustParse(ToJson(v)), v);
+}
+
+TEST(JsonTest, BuiltValuesSerialize) {
+  JsonValue v = JsonValue::Object();
+  v.Set("step", 7);
+  v.Set("name", "run-1");
+  JsonValue list = JsonValue::Array();
+  list.Append(1.5);
+  list.Append(false);
+  list.Append(nullptr);
+  v.Set("list", list);
+  v.Set("step", int64_t{8});  // replaces in place, keeps the position
+  EXPECT_EQ(ToJson(v), "{\"step\":8,\"name\":\"run-1\",\"list\":[1.5,false,null]}");
+}
+
+TEST(JsonTest, StringEscapingRoundTrips) {
+  const std::string raw =
+      std::string("q\"b\\s/\b\f\n\r\t\x01\x1f\x7f", 14) + "\xC3\xA9\xF0\x9F\x98\x80";
+  const std::string json = ToJson(JsonValue(raw));
+  EXPECT_EQ(json, std::string("\"q\\\"b\\\\s/\\b\\f\\n\\r\\t\\u0001\\u001f\x7f") +
+                      "\xC3\xA9\xF0\x9F\x98\x80\"");
+  EXPECT_EQ(MustParse(json).string_value(), raw);
+  // A NUL byte inside a string survives.
+  const std::string nul("a\0b", 3);
+  EXPECT_EQ(ToJson(JsonValue(nul)), "\"a\\u0000b\"");
+  EXPECT_EQ(MustParse(ToJson(JsonValue(nul))).string_value(), nul);
+}
+
+TEST(JsonTest, UnicodeEscapesDecodeToUtf8IncludingSurrogatePairs) {
+  EXPECT_EQ(MustParse("\"\\u00e9\\u20AC\\ud83d\\ude00\\/\"").string_value(),
+            "\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80/");
+  EXPECT_EQ(MustParse("\"\\u0000\"").string_value(), std::string(1, '\0'));
+}
+
+TEST(JsonTest, WriterReplacesInvalidUtf8WithReplacementCharacter) {
+  EXPECT_EQ(ToJson(JsonValue(std::string("a\xFF" "b\xC3", 4))),
+            "\"a\xEF\xBF\xBD" "b\xEF\xBF\xBD\"");
+}
+
+TEST(JsonTest, IntegersAreExactBeyondDoublePrecision) {
+  const int64_t big = (int64_t{1} << 53) + 1;  // not a double
+  JsonValue v = MustParse("[9007199254740993, -9223372036854775808, 9223372036854775807]");
+  EXPECT_EQ(v.array()[0].int_value(), big);
+  EXPECT_EQ(v.array()[1].int_value(), INT64_MIN);
+  EXPECT_EQ(v.array()[2].int_value(), INT64_MAX);
+  EXPECT_EQ(ToJson(v), "[9007199254740993,-9223372036854775808,9223372036854775807]");
+  EXPECT_EQ(ToJson(JsonValue(big)), "9007199254740993");
+  // Above INT64_MAX a uint64 keeps only its double: 2^64, written exactly.
+  EXPECT_EQ(ToJson(JsonValue(uint64_t{18446744073709551615u})), "18446744073709551616");
+  // Beyond int64: a double only.
+  JsonValue huge = MustParse("9223372036854775808");
+  EXPECT_FALSE(huge.is_int());
+  EXPECT_EQ(huge.number(), 9223372036854775808.0);
+}
+
+TEST(JsonTest, IntegralDoublesHaveIntsButNegativeZeroKeepsItsSign) {
+  EXPECT_TRUE(MustParse("1e3").is_int());
+  EXPECT_EQ(MustParse("1e3").int_value(), 1000);
+  EXPECT_TRUE(MustParse("2.0").is_int());
+  EXPECT_FALSE(MustParse("2.5").is_int());
+  JsonValue neg_zero = MustParse("-0");
+  EXPECT_FALSE(neg_zero.is_int());
+  EXPECT_TRUE(std::signbit(neg_zero.number()));
+  EXPECT_EQ(ToJson(JsonValue(-0.0)), "-0");
+  EXPECT_TRUE(std::signbit(MustParse(ToJson(JsonValue(-0.0))).number()));
+}
+
+TEST(JsonTest, DoublesUseTheShortestFormThatRoundTrips) {
+  EXPECT_EQ(JsonNumber(0.1), "0.1");
+  EXPECT_EQ(JsonNumber(1.0 / 3.0), "0.3333333333333333");
+  EXPECT_EQ(JsonNumber(2.5), "2.5");
+  EXPECT_EQ(JsonNumber(1e300), "1e+300");
+  EXPECT_EQ(JsonNumber(5e-324), "5e-324");
+  EXPECT_EQ(JsonNumber(static_cast<double>(3.14159f)), "3.141590118408203");
+  std::mt19937_64 rng(1);
+  for (int i = 0; i < 20000; ++i) {
+    uint64_t bits = rng();
+    double d;
+    std::memcpy(&d, &bits, sizeof(d));
+    if (!std::isfinite(d)) continue;
+    const std::string text = ToJson(JsonValue(d));
+    JsonValue back = MustParse(text);
+    ASSERT_TRUE(back.is_number()) << text;
+    ASSERT_EQ(back.number(), d) << text;
+    ASSERT_EQ(std::signbit(back.number()), std::signbit(d)) << text;
+  }
+}
+
+TEST(JsonTest, NonFiniteDoublesAreWrittenAsStringsAndReadBack) {
+  const double inf = std::numeric_limits<double>::infinity();
+  JsonWriter w;
+  w.Add("nan", std::nan("")).Add("inf", inf).Add("ninf", -inf).Add("x", 1.25);
+  EXPECT_EQ(w.str(), "{\"nan\":\"NaN\",\"inf\":\"Infinity\",\"ninf\":\"-Infinity\",\"x\":1.25}");
+  JsonValue v = MustParse(w.str());
+  double d = 0;
+  ASSERT_TRUE(v.Find("nan")->ToDouble(&d));
+  EXPECT_TRUE(std::isnan(d));
+  ASSERT_TRUE(v.Find("inf")->ToDouble(&d));
+  EXPECT_EQ(d, inf);
+  ASSERT_TRUE(v.Find("ninf")->ToDouble(&d));
+  EXPECT_EQ(d, -inf);
+  ASSERT_TRUE(v.Find("x")->ToDouble(&d));
+  EXPECT_EQ(d, 1.25);
+  d = 7;
+  EXPECT_FALSE(JsonValue("nan").ToDouble(&d));  // only the writer's exact spellings
+  EXPECT_FALSE(JsonValue(true).ToDouble(&d));
+  EXPECT_EQ(d, 7);
+}
+
+TEST(JsonTest, WriterBuildsOneLineObjects) {
+  JsonWriter w;
+  EXPECT_EQ(w.str(), "{}");
+  w.Add("step", 10).Add("loss", 2.5).Add("scheme", "mxfp8_e4m3").Add("ok", true);
+  w.Add("tag\n\"q\"", std::string("a\tb")).Add("n", JsonValue());
+  const std::string line = w.str();
+  EXPECT_EQ(line,
+            "{\"step\":10,\"loss\":2.5,\"scheme\":\"mxfp8_e4m3\",\"ok\":true,"
+            "\"tag\\n\\\"q\\\"\":\"a\\tb\",\"n\":null}");
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  EXPECT_EQ(MustParse(line).Find("tag\n\"q\"")->string_value(), "a\tb");
+  w.Clear();
+  w.Add("a", size_t{3});
+  EXPECT_EQ(w.str(), "{\"a\":3}");
+}
+
+TEST(JsonTest, ParseErrorsGiveTheByteOffsetAndWhatWasExpected) {
+  EXPECT_EQ(ParseError(""), "JSON: at byte 0: expected a value, found end of input");
+  EXPECT_EQ(ParseError("{\"a\" 1}"),
+            "JSON: at byte 5: expected ':' after object key, found '1'");
+  EXPECT_EQ(ParseError("[1,]"),
+            "JSON: at byte 3: expected a value (object, array, string, number, true, false or "
+            "null), found ']'");
+  EXPECT_EQ(ParseError("{\"a\":1,}"),
+            "JSON: at byte 7: expected '\"' starting an object key, found '}'");
+  EXPECT_EQ(ParseError("[1 2]"), "JSON: at byte 3: expected ',' or ']' after array element, "
+                                 "found '2'");
+  EXPECT_EQ(ParseError("{\"a\":1} x"),
+            "JSON: at byte 8: expected end of input after the value, found 'x'");
+  EXPECT_EQ(ParseError("tru"), "JSON: at byte 3: expected 'true', found end of input");
+  EXPECT_EQ(ParseError("nul!"), "JSON: at byte 3: expected 'null', found '!'");
+  EXPECT_EQ(ParseError("\"abc"), "JSON: at byte 4: expected '\"' closing the string, found "
+                                 "end of input");
+  EXPECT_EQ(ParseError("\"a\nb\""), "JSON: at byte 2: expected a string character (control "
+                                    "characters must be escaped), found byte 0x0A");
+  EXPECT_EQ(ParseError("\"\\x\""), "JSON: at byte 2: expected an escape character (one of \" "
+                                   "\\ / b f n r t u), found 'x'");
+  EXPECT_EQ(ParseError("\"\\u12g4\""),
+            "JSON: at byte 5: expected 4 hex digits after \\u, found 'g'");
+  EXPECT_EQ(ParseError("\"\\ude00\""), "JSON: at byte 1: expected a high surrogate before a "
+                                       "low surrogate \\u escape, found '\\'");
+  EXPECT_EQ(ParseError("\"\\ud83d x\""), "JSON: at byte 7: expected a low surrogate "
+                                         "\\uDC00-\\uDFFF after a high surrogate, found ' '");
+  EXPECT_EQ(ParseError("\"a\xC3(\""), "JSON: at byte 2: expected valid UTF-8, found byte 0xC3");
+  EXPECT_EQ(ParseError("{\"k\":1,\"k\":2}"), "JSON: at byte 7: expected a unique object key, "
+                                             "found a second \"k\"");
+}
+
+TEST(JsonTest, NumberGrammarIsStrict) {
+  EXPECT_EQ(ParseError("01"), "JSON: at byte 1: expected no leading zero ('.', 'e' or the end "
+                              "of the number), found '1'");
+  EXPECT_EQ(ParseError("-"), "JSON: at byte 1: expected a digit, found end of input");
+  EXPECT_EQ(ParseError("1."), "JSON: at byte 2: expected a digit after '.', found end of input");
+  EXPECT_EQ(ParseError("1e+"), "JSON: at byte 3: expected a digit in the exponent, found end "
+                               "of input");
+  EXPECT_EQ(ParseError("[1e999]"), "JSON: at byte 1: expected a number within the range of a "
+                                   "double, found '1'");
+  ParseError("+1");
+  ParseError(".5");
+  ParseError("NaN");
+  ParseError("Infinity");
+  ParseError("0x10");
+  EXPECT_EQ(MustParse("1e-999").number(), 0.0);  // underflow rounds to zero
+  EXPECT_EQ(MustParse("-12.5E-1").number(), -1.25);
+}
+
+TEST(JsonTest, DeepNestingIsRefusedNotACrash) {
+  const std::string ok = std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']');
+  MustParse(ok);
+  const std::string deep = std::string(kMaxJsonDepth + 1, '[') +
+                           std::string(kMaxJsonDepth + 1, ']');
+  EXPECT_EQ(ParseError(deep), "JSON: at byte " + std::to_string(kMaxJsonDepth) +
+                                  ": expected nesting no deeper than 512, found '['");
+  ParseError(std::string(100000, '['));
+}
+
+TEST(JsonTest, WrongTypeAccessorsReturnDefaults) {
+  JsonValue s("text");
+  EXPECT_EQ(s.number(), 0.0);
+  EXPECT_EQ(s.int_value(), 0);
+  EXPECT_FALSE(s.bool_value());
+  EXPECT_TRUE(s.array().empty());
+  EXPECT_TRUE(s.members().empty());
+  EXPECT_EQ(s.Find("x"), nullptr);
+  EXPECT_EQ(JsonValue(3).string_value(), "");
+  EXPECT_EQ(s.size(), 0u);
+}
+
+}  // namespace
+}  // namespace keel
