@@ -85,8 +85,8 @@ Status CpuBackend::CopyBytes(void* dst, const void* src, size_t bytes) {
 }
 
 Status CpuBackend::Fill(float* x, int64_t count, float value) {
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin("Fill", "count", count, 0));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr("Fill", "x", x, count));
+  KEEL_RETURN_IF_ERROR(CheckMin("Fill", "count", count, 0));
+  KEEL_RETURN_IF_ERROR(CheckPtr("Fill", "x", x, count));
   pool_.ParallelRange(count, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) x[i] = value;
   });
@@ -96,10 +96,10 @@ Status CpuBackend::Fill(float* x, int64_t count, float value) {
 // ---- Elementwise ----------------------------------------------------------------
 
 Status CpuBackend::Add(const float* a, const float* b, float* out, int64_t count) {
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin("Add", "count", count, 0));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr("Add", "a", a, count));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr("Add", "b", b, count));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr("Add", "out", out, count));
+  KEEL_RETURN_IF_ERROR(CheckMin("Add", "count", count, 0));
+  KEEL_RETURN_IF_ERROR(CheckPtr("Add", "a", a, count));
+  KEEL_RETURN_IF_ERROR(CheckPtr("Add", "b", b, count));
+  KEEL_RETURN_IF_ERROR(CheckPtr("Add", "out", out, count));
   pool_.ParallelRange(count, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
   });
@@ -107,9 +107,9 @@ Status CpuBackend::Add(const float* a, const float* b, float* out, int64_t count
 }
 
 Status CpuBackend::Axpy(float alpha, const float* x, float* y, int64_t count) {
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin("Axpy", "count", count, 0));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr("Axpy", "x", x, count));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr("Axpy", "y", y, count));
+  KEEL_RETURN_IF_ERROR(CheckMin("Axpy", "count", count, 0));
+  KEEL_RETURN_IF_ERROR(CheckPtr("Axpy", "x", x, count));
+  KEEL_RETURN_IF_ERROR(CheckPtr("Axpy", "y", y, count));
   pool_.ParallelRange(count, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) y[i] += alpha * x[i];
   });
@@ -117,8 +117,8 @@ Status CpuBackend::Axpy(float alpha, const float* x, float* y, int64_t count) {
 }
 
 Status CpuBackend::Scale(float* x, int64_t count, float alpha) {
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin("Scale", "count", count, 0));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr("Scale", "x", x, count));
+  KEEL_RETURN_IF_ERROR(CheckMin("Scale", "count", count, 0));
+  KEEL_RETURN_IF_ERROR(CheckPtr("Scale", "x", x, count));
   pool_.ParallelRange(count, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) x[i] *= alpha;
   });
@@ -127,13 +127,13 @@ Status CpuBackend::Scale(float* x, int64_t count, float alpha) {
 
 Status CpuBackend::Copy2D(const float* src, int64_t src_ld, float* dst, int64_t dst_ld,
                           int64_t rows, int64_t cols) {
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin("Copy2D", "rows", rows, 0));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin("Copy2D", "cols", cols, 0));
+  KEEL_RETURN_IF_ERROR(CheckMin("Copy2D", "rows", rows, 0));
+  KEEL_RETURN_IF_ERROR(CheckMin("Copy2D", "cols", cols, 0));
   if (rows == 0 || cols == 0) return Status::Ok();
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin("Copy2D", "src_ld", src_ld, cols));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin("Copy2D", "dst_ld", dst_ld, cols));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr("Copy2D", "src", src));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr("Copy2D", "dst", dst));
+  KEEL_RETURN_IF_ERROR(CheckMin("Copy2D", "src_ld", src_ld, cols));
+  KEEL_RETURN_IF_ERROR(CheckMin("Copy2D", "dst_ld", dst_ld, cols));
+  KEEL_RETURN_IF_ERROR(CheckPtr("Copy2D", "src", src));
+  KEEL_RETURN_IF_ERROR(CheckPtr("Copy2D", "dst", dst));
   pool_.ParallelRange(rows, std::max<int64_t>(1, kGrain / cols), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
       std::memcpy(dst + r * dst_ld, src + r * src_ld, sizeof(float) * cols);
@@ -143,8 +143,8 @@ Status CpuBackend::Copy2D(const float* src, int64_t src_ld, float* dst, int64_t 
 
 Status CpuBackend::RandomNormal(float* x, int64_t count, uint64_t seed, uint64_t offset,
                                 float stddev) {
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin("RandomNormal", "count", count, 0));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr("RandomNormal", "x", x, count));
+  KEEL_RETURN_IF_ERROR(CheckMin("RandomNormal", "count", count, 0));
+  KEEL_RETURN_IF_ERROR(CheckPtr("RandomNormal", "x", x, count));
   const float two_pi = 6.28318530717958647692f;
   pool_.ParallelRange(count, kGrain / 4, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -164,12 +164,12 @@ Status CpuBackend::RandomNormal(float* x, int64_t count, uint64_t seed, uint64_t
 Status CpuBackend::AdamW(float* param, const float* grad, float* m, float* v, int64_t count,
                          float lr, float beta1, float beta2, float eps, float weight_decay,
                          int step, float grad_scale) {
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin("AdamW", "count", count, 0));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin("AdamW", "step", step, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr("AdamW", "param", param, count));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr("AdamW", "grad", grad, count));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr("AdamW", "m", m, count));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr("AdamW", "v", v, count));
+  KEEL_RETURN_IF_ERROR(CheckMin("AdamW", "count", count, 0));
+  KEEL_RETURN_IF_ERROR(CheckMin("AdamW", "step", step, 1));
+  KEEL_RETURN_IF_ERROR(CheckPtr("AdamW", "param", param, count));
+  KEEL_RETURN_IF_ERROR(CheckPtr("AdamW", "grad", grad, count));
+  KEEL_RETURN_IF_ERROR(CheckPtr("AdamW", "m", m, count));
+  KEEL_RETURN_IF_ERROR(CheckPtr("AdamW", "v", v, count));
   // The bias corrections in double (beta2^t for large t loses digits in float),
   // rounded once; everything per element is fp32.
   const float correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), step));
@@ -212,14 +212,14 @@ Status Reduce(ThreadPool* pool, const char* op, ReduceKind kind, const std::vect
   std::vector<Chunk> chunks;
   for (size_t s = 0; s < a.size(); ++s) {
     const std::string field = "spans[" + std::to_string(s) + "].count";
-    KEEL_CPU_RETURN_IF_ERROR(CheckMin(op, field.c_str(), a[s].count, 0));
-    KEEL_CPU_RETURN_IF_ERROR(CheckPtr(op, "spans[].data", a[s].data, a[s].count));
+    KEEL_RETURN_IF_ERROR(CheckMin(op, field.c_str(), a[s].count, 0));
+    KEEL_RETURN_IF_ERROR(CheckPtr(op, "spans[].data", a[s].data, a[s].count));
     if (b != nullptr) {
       if ((*b)[s].count != a[s].count)
         return Status::Error(std::string(op) + ": b[" + std::to_string(s) + "].count: " +
                              std::to_string((*b)[s].count) + " is not allowed; need a[" +
                              std::to_string(s) + "].count (" + std::to_string(a[s].count) + ")");
-      KEEL_CPU_RETURN_IF_ERROR(CheckPtr(op, "b[].data", (*b)[s].data, (*b)[s].count));
+      KEEL_RETURN_IF_ERROR(CheckPtr(op, "b[].data", (*b)[s].data, (*b)[s].count));
     }
     for (int64_t begin = 0; begin < a[s].count; begin += kReduceChunk)
       chunks.push_back({s, begin, std::min(a[s].count, begin + kReduceChunk)});

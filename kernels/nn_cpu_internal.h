@@ -27,10 +27,4 @@ inline Status CheckPtr(const char* op, const char* field, const void* ptr, int64
 }  // namespace cpu_internal
 }  // namespace keel
 
-#define KEEL_CPU_RETURN_IF_ERROR(expr)           \
-  do {                                           \
-    ::keel::Status keel_status_ = (expr);        \
-    if (!keel_status_.ok()) return keel_status_; \
-  } while (0)
-
 #endif  // KEEL_KERNELS_NN_CPU_INTERNAL_H_

@@ -33,13 +33,13 @@ Status CpuBackend::LayerNormForward(const float* x, const float* gamma, const fl
                                     float* mean, float* rstd, int64_t rows, int64_t cols,
                                     float eps) {
   static const char kOp[] = "LayerNormForward";
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "cols", cols, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "gamma", gamma));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "y", y));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "mean", mean));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "rstd", rstd));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "cols", cols, 1));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "gamma", gamma));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "y", y));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "mean", mean));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "rstd", rstd));
   if (!(eps >= 0.0f))
     return Status::Error(std::string(kOp) + ": eps: " + std::to_string(eps) +
                          " is not allowed; need >= 0");
@@ -73,15 +73,15 @@ Status CpuBackend::LayerNormBackward(const float* x, const float* gamma, const f
                                      const float* rstd, const float* dy, float* dx, float* dgamma,
                                      float* dbeta, int64_t rows, int64_t cols) {
   static const char kOp[] = "LayerNormBackward";
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "cols", cols, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "gamma", gamma));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "mean", mean));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "rstd", rstd));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dy", dy));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dx", dx));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dgamma", dgamma));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "cols", cols, 1));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "gamma", gamma));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "mean", mean));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "rstd", rstd));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dy", dy));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dx", dx));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dgamma", dgamma));
   // dx, per row: with n = (x - mean) * rstd and g = dy * gamma,
   // dx += (g - mean(g) - n * mean(g * n)) * rstd.
   pool_.ParallelRange(rows, RowGrain(cols), [&](int64_t begin, int64_t end) {
@@ -132,9 +132,9 @@ Status CpuBackend::LayerNormBackward(const float* x, const float* gamma, const f
 
 Status CpuBackend::GeluForward(const float* x, float* y, int64_t count) {
   static const char kOp[] = "GeluForward";
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "count", count, 0));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "x", x, count));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "y", y, count));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "count", count, 0));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x, count));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "y", y, count));
   pool_.ParallelRange(count, kElementGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       float v = x[i];
@@ -146,10 +146,10 @@ Status CpuBackend::GeluForward(const float* x, float* y, int64_t count) {
 
 Status CpuBackend::GeluBackward(const float* x, const float* dy, float* dx, int64_t count) {
   static const char kOp[] = "GeluBackward";
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "count", count, 0));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "x", x, count));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dy", dy, count));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dx", dx, count));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "count", count, 0));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x, count));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dy", dy, count));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dx", dx, count));
   pool_.ParallelRange(count, kElementGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       // gelu'(x) = Phi(x) + x * phi(x), Phi the normal CDF and phi its density.
@@ -166,10 +166,10 @@ Status CpuBackend::GeluBackward(const float* x, const float* dy, float* dx, int6
 
 Status CpuBackend::SwigluForward(const float* x, float* y, int64_t rows, int64_t h) {
   static const char kOp[] = "SwigluForward";
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "h", h, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "y", y));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "h", h, 1));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "y", y));
   pool_.ParallelRange(rows, RowGrain(h), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* gate = x + r * 2 * h;
@@ -187,11 +187,11 @@ Status CpuBackend::SwigluForward(const float* x, float* y, int64_t rows, int64_t
 Status CpuBackend::SwigluBackward(const float* x, const float* dy, float* dx, int64_t rows,
                                   int64_t h) {
   static const char kOp[] = "SwigluBackward";
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "h", h, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dy", dy));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dx", dx));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "h", h, 1));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dy", dy));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dx", dx));
   pool_.ParallelRange(rows, RowGrain(h), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* gate = x + r * 2 * h;
@@ -230,15 +230,15 @@ Status CheckTokens(const char* op, const int32_t* tokens, int64_t count) {
 Status CpuBackend::EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe,
                                     float* out, int64_t batch, int64_t seq, int64_t dim) {
   static const char kOp[] = "EmbeddingForward";
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "batch", batch, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "seq", seq, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "dim", dim, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "tokens", tokens));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "wte", wte));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "wpe", wpe));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "out", out));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "batch", batch, 1));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "seq", seq, 1));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "dim", dim, 1));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "tokens", tokens));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "wte", wte));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "wpe", wpe));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "out", out));
   // nn.h passes no vocabulary size, so only negative ids can be caught here.
-  KEEL_CPU_RETURN_IF_ERROR(CheckTokens(kOp, tokens, batch * seq));
+  KEEL_RETURN_IF_ERROR(CheckTokens(kOp, tokens, batch * seq));
   pool_.ParallelRange(batch * seq, RowGrain(dim), [&](int64_t begin, int64_t end) {
     for (int64_t bt = begin; bt < end; ++bt) {
       const float* token_row = wte + static_cast<int64_t>(tokens[bt]) * dim;
@@ -253,14 +253,14 @@ Status CpuBackend::EmbeddingForward(const int32_t* tokens, const float* wte, con
 Status CpuBackend::EmbeddingBackward(const int32_t* tokens, const float* dout, float* dwte,
                                      float* dwpe, int64_t batch, int64_t seq, int64_t dim) {
   static const char kOp[] = "EmbeddingBackward";
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "batch", batch, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "seq", seq, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "dim", dim, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "tokens", tokens));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dout", dout));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dwte", dwte));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dwpe", dwpe));
-  KEEL_CPU_RETURN_IF_ERROR(CheckTokens(kOp, tokens, batch * seq));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "batch", batch, 1));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "seq", seq, 1));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "dim", dim, 1));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "tokens", tokens));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dout", dout));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dwte", dwte));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dwpe", dwpe));
+  KEEL_RETURN_IF_ERROR(CheckTokens(kOp, tokens, batch * seq));
   // A token may repeat, so rows of dwte are shared between positions: split by
   // column instead, and walk the positions in order within each column range.
   pool_.ParallelRange(dim, 64, [&](int64_t begin, int64_t end) {
@@ -283,11 +283,11 @@ namespace {
 
 Status CheckCrossEntropy(const char* op, const float* logits, const int32_t* targets, int64_t rows,
                          int64_t padded_vocab, int64_t vocab) {
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(op, "rows", rows, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(op, "vocab", vocab, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(op, "padded_vocab", padded_vocab, vocab));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(op, "logits", logits));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(op, "targets", targets));
+  KEEL_RETURN_IF_ERROR(CheckMin(op, "rows", rows, 1));
+  KEEL_RETURN_IF_ERROR(CheckMin(op, "vocab", vocab, 1));
+  KEEL_RETURN_IF_ERROR(CheckMin(op, "padded_vocab", padded_vocab, vocab));
+  KEEL_RETURN_IF_ERROR(CheckPtr(op, "logits", logits));
+  KEEL_RETURN_IF_ERROR(CheckPtr(op, "targets", targets));
   for (int64_t r = 0; r < rows; ++r) {
     if (targets[r] >= vocab)
       return Status::Error(std::string(op) + ": targets[" + std::to_string(r) +
@@ -313,8 +313,8 @@ void SoftmaxStats(const float* row, int64_t vocab, float* max_out, double* sum_o
 Status CpuBackend::CrossEntropyForward(const float* logits, const int32_t* targets, float* losses,
                                        int64_t rows, int64_t padded_vocab, int64_t vocab) {
   static const char kOp[] = "CrossEntropyForward";
-  KEEL_CPU_RETURN_IF_ERROR(CheckCrossEntropy(kOp, logits, targets, rows, padded_vocab, vocab));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "losses", losses));
+  KEEL_RETURN_IF_ERROR(CheckCrossEntropy(kOp, logits, targets, rows, padded_vocab, vocab));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "losses", losses));
   pool_.ParallelRange(rows, RowGrain(vocab), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       if (targets[r] < 0) {
@@ -337,8 +337,8 @@ Status CpuBackend::CrossEntropyBackward(const float* logits, const int32_t* targ
                                         int64_t rows, int64_t padded_vocab, int64_t vocab,
                                         float scale) {
   static const char kOp[] = "CrossEntropyBackward";
-  KEEL_CPU_RETURN_IF_ERROR(CheckCrossEntropy(kOp, logits, targets, rows, padded_vocab, vocab));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dlogits", dlogits));
+  KEEL_RETURN_IF_ERROR(CheckCrossEntropy(kOp, logits, targets, rows, padded_vocab, vocab));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dlogits", dlogits));
   pool_.ParallelRange(rows, RowGrain(vocab), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* row = logits + r * padded_vocab;

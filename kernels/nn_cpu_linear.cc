@@ -315,22 +315,22 @@ Status CpuBackend::ReadOperandStats(std::vector<OperandStats>* stats) {
 Status CpuBackend::LinearForward(const float* x, const float* w, const float* bias, float* y,
                                  int64_t rows, int64_t in, int64_t out, const LinearQuant& q) {
   static const char kOp[] = "LinearForward";
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "in", in, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "out", out, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "w", w));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "y", y));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "in", in, 1));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "out", out, 1));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "w", w));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "y", y));
   std::lock_guard<std::mutex> lock(linear_mutex_);
-  KEEL_CPU_RETURN_IF_ERROR(ValidateLinearQuant(kOp, q, rows, stats_slots_));
+  KEEL_RETURN_IF_ERROR(ValidateLinearQuant(kOp, q, rows, stats_slots_));
 
   OperandStats role_stats[kRoleCount];
   const bool record = q.stats_slot >= 0;
   auto stats_of = [&](Role role) { return record ? &role_stats[static_cast<int>(role)] : nullptr; };
   const std::string prefix = kOp;
-  KEEL_CPU_RETURN_IF_ERROR(Prefixed(
+  KEEL_RETURN_IF_ERROR(Prefixed(
       prefix, PrepareOperand(Role::kFwdX, x, rows, in, 1, q, &operand_a_, stats_of(Role::kFwdX))));
-  KEEL_CPU_RETURN_IF_ERROR(Prefixed(
+  KEEL_RETURN_IF_ERROR(Prefixed(
       prefix, PrepareOperand(Role::kFwdW, w, out, in, 1, q, &operand_b_, stats_of(Role::kFwdW))));
   const float alpha = operand_a_.decode_scale * operand_b_.decode_scale;
   // y = alpha * x_q . w_q^T: B is w stored out x in, i.e. op(B) = w^T.
@@ -352,15 +352,15 @@ Status CpuBackend::LinearBackward(const float* x, const float* w, const float* d
                                   float* dw, float* dbias, int64_t rows, int64_t in, int64_t out,
                                   const LinearQuant& q) {
   static const char kOp[] = "LinearBackward";
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "in", in, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "out", out, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "w", w));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dy", dy));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "dw", dw));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "in", in, 1));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "out", out, 1));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "w", w));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dy", dy));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dw", dw));
   std::lock_guard<std::mutex> lock(linear_mutex_);
-  KEEL_CPU_RETURN_IF_ERROR(ValidateLinearQuant(kOp, q, rows, stats_slots_));
+  KEEL_RETURN_IF_ERROR(ValidateLinearQuant(kOp, q, rows, stats_slots_));
 
   OperandStats role_stats[kRoleCount];
   const bool record = q.stats_slot >= 0;
@@ -369,16 +369,16 @@ Status CpuBackend::LinearBackward(const float* x, const float* w, const float* d
   // All four operands are quantized before any output is touched, so that a
   // format error (say nvfp4 with rows not a multiple of 16) changes nothing.
   if (dx != nullptr) {
-    KEEL_CPU_RETURN_IF_ERROR(
+    KEEL_RETURN_IF_ERROR(
         Prefixed(prefix, PrepareOperand(Role::kDgradDy, dy, rows, out, 1, q, &operand_a_,
                                         stats_of(Role::kDgradDy))));
-    KEEL_CPU_RETURN_IF_ERROR(Prefixed(
+    KEEL_RETURN_IF_ERROR(Prefixed(
         prefix,
         PrepareOperand(Role::kDgradW, w, out, in, 0, q, &operand_b_, stats_of(Role::kDgradW))));
   }
-  KEEL_CPU_RETURN_IF_ERROR(Prefixed(prefix, PrepareOperand(Role::kWgradDy, dy, rows, out, 0, q,
+  KEEL_RETURN_IF_ERROR(Prefixed(prefix, PrepareOperand(Role::kWgradDy, dy, rows, out, 0, q,
                                                            &operand_c_, stats_of(Role::kWgradDy))));
-  KEEL_CPU_RETURN_IF_ERROR(Prefixed(prefix, PrepareOperand(Role::kWgradX, x, rows, in, 0, q,
+  KEEL_RETURN_IF_ERROR(Prefixed(prefix, PrepareOperand(Role::kWgradX, x, rows, in, 0, q,
                                                            &operand_d_, stats_of(Role::kWgradX))));
   if (dx != nullptr) {
     // dx (rows x in) = dy_q (rows x out) . w_q (out x in).
@@ -408,10 +408,10 @@ Status CpuBackend::LinearBackward(const float* x, const float* w, const float* d
 Status CpuBackend::QuantizeDequantize(const float* x, int64_t rows, int64_t cols, int axis,
                                       const OperandFormat& format, uint64_t seed, float* out) {
   static const char kOp[] = "QuantizeDequantize";
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckMin(kOp, "cols", cols, 1));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
-  KEEL_CPU_RETURN_IF_ERROR(CheckPtr(kOp, "out", out));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "cols", cols, 1));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
+  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "out", out));
   if (axis != 0 && axis != 1)
     return Status::Error(std::string(kOp) + ": axis: " + std::to_string(axis) +
                          " is not allowed; use 1 (along rows) or 0 (down columns)");

@@ -26,4 +26,13 @@ class Status {
 
 }  // namespace keel
 
+// Returns the Status of `expr` from the enclosing function when it failed.
+#ifndef KEEL_RETURN_IF_ERROR
+#define KEEL_RETURN_IF_ERROR(expr)         \
+  do {                                     \
+    ::keel::Status _keel_status = (expr);  \
+    if (!_keel_status.ok()) return _keel_status; \
+  } while (0)
+#endif
+
 #endif  // KEEL_KERNELS_STATUS_H_

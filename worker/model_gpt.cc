@@ -11,12 +11,6 @@
 namespace keel {
 namespace {
 
-#define RETURN_IF_ERROR(expr) \
-  do {                        \
-    Status _s = (expr);       \
-    if (!_s.ok()) return _s;  \
-  } while (0)
-
 uint64_t Mix(uint64_t a, uint64_t b) { return RoleSeed(a ^ (b * 0x2545F4914F6CDD1Dull), Role::kFwdW); }
 
 // Indices of one block's parameters in params_ (-1 when absent).
@@ -83,54 +77,54 @@ class GptModel : public Model {
     lnf_w_ = Add("ln_f.weight", {d_}, -1, false, true);
     if (b) lnf_b_ = Add("ln_f.bias", {d_}, -1, false);
     linear_names_.push_back("lm_head");
-    RETURN_IF_ERROR(AllocateParams());
+    KEEL_RETURN_IF_ERROR(AllocateParams());
 
     // Activations (what the backward needs) and gradient scratch.
     const int64_t heads = m_.heads;
     res_.resize(blocks_ + 1);
-    for (float*& r : res_) RETURN_IF_ERROR(Scratch(bt_ * d_, &r));
+    for (float*& r : res_) KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &r));
     acts_.resize(blocks_);
     for (BlockActs& a : acts_) {
-      RETURN_IF_ERROR(Scratch(bt_ * d_, &a.ln1));
-      RETURN_IF_ERROR(Scratch(bt_, &a.ln1_mean));
-      RETURN_IF_ERROR(Scratch(bt_, &a.ln1_rstd));
-      RETURN_IF_ERROR(Scratch(bt_ * 3 * d_, &a.qkv));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.ln1));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_, &a.ln1_mean));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_, &a.ln1_rstd));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * 3 * d_, &a.qkv));
       if (m_.qk_layernorm) {
-        RETURN_IF_ERROR(Scratch(bt_ * 3 * d_, &a.qkv_normed));
-        RETURN_IF_ERROR(Scratch(bt_ * d_, &a.q_raw));
-        RETURN_IF_ERROR(Scratch(bt_ * d_, &a.k_raw));
-        RETURN_IF_ERROR(Scratch(bt_ * heads, &a.q_mean));
-        RETURN_IF_ERROR(Scratch(bt_ * heads, &a.q_rstd));
-        RETURN_IF_ERROR(Scratch(bt_ * heads, &a.k_mean));
-        RETURN_IF_ERROR(Scratch(bt_ * heads, &a.k_rstd));
+        KEEL_RETURN_IF_ERROR(Scratch(bt_ * 3 * d_, &a.qkv_normed));
+        KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.q_raw));
+        KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.k_raw));
+        KEEL_RETURN_IF_ERROR(Scratch(bt_ * heads, &a.q_mean));
+        KEEL_RETURN_IF_ERROR(Scratch(bt_ * heads, &a.q_rstd));
+        KEEL_RETURN_IF_ERROR(Scratch(bt_ * heads, &a.k_mean));
+        KEEL_RETURN_IF_ERROR(Scratch(bt_ * heads, &a.k_rstd));
       }
-      RETURN_IF_ERROR(Scratch(static_cast<int64_t>(batch_) * heads * seq_ * seq_, &a.probs));
-      RETURN_IF_ERROR(Scratch(bt_ * d_, &a.att));
-      RETURN_IF_ERROR(Scratch(bt_ * d_, &a.mid));
-      RETURN_IF_ERROR(Scratch(bt_ * d_, &a.ln2));
-      RETURN_IF_ERROR(Scratch(bt_, &a.ln2_mean));
-      RETURN_IF_ERROR(Scratch(bt_, &a.ln2_rstd));
-      RETURN_IF_ERROR(Scratch(bt_ * fc_out_, &a.fc));
-      RETURN_IF_ERROR(Scratch(bt_ * hidden_, &a.act));
+      KEEL_RETURN_IF_ERROR(Scratch(static_cast<int64_t>(batch_) * heads * seq_ * seq_, &a.probs));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.att));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.mid));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.ln2));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_, &a.ln2_mean));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_, &a.ln2_rstd));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * fc_out_, &a.fc));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * hidden_, &a.act));
     }
-    RETURN_IF_ERROR(Scratch(bt_ * d_, &lnf_));
-    RETURN_IF_ERROR(Scratch(bt_, &lnf_mean_));
-    RETURN_IF_ERROR(Scratch(bt_, &lnf_rstd_));
-    RETURN_IF_ERROR(Scratch(bt_ * m_.padded_vocab, &logits_));
-    RETURN_IF_ERROR(Scratch(bt_, &losses_));
-    RETURN_IF_ERROR(ScratchInts(bt_, &tokens_));
-    RETURN_IF_ERROR(ScratchInts(bt_, &targets_));
-    RETURN_IF_ERROR(Scratch(bt_ * d_, &dres_));
-    RETURN_IF_ERROR(Scratch(bt_ * d_, &dln_));
-    RETURN_IF_ERROR(Scratch(bt_ * 3 * d_, &dqkv_));
-    RETURN_IF_ERROR(Scratch(bt_ * d_, &datt_));
-    RETURN_IF_ERROR(Scratch(bt_ * fc_out_, &dfc_));
-    RETURN_IF_ERROR(Scratch(bt_ * hidden_, &dact_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &lnf_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_, &lnf_mean_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_, &lnf_rstd_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * m_.padded_vocab, &logits_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_, &losses_));
+    KEEL_RETURN_IF_ERROR(ScratchInts(bt_, &tokens_));
+    KEEL_RETURN_IF_ERROR(ScratchInts(bt_, &targets_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &dres_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &dln_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * 3 * d_, &dqkv_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &datt_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * fc_out_, &dfc_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * hidden_, &dact_));
     if (m_.qk_layernorm) {
-      RETURN_IF_ERROR(Scratch(bt_ * d_, &dhead_in_));
-      RETURN_IF_ERROR(Scratch(bt_ * d_, &dhead_out_));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &dhead_in_));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &dhead_out_));
     }
-    RETURN_IF_ERROR(Scratch(param_count_, &affine_));  // quantized layernorm affine copies
+    KEEL_RETURN_IF_ERROR(Scratch(param_count_, &affine_));  // quantized layernorm affine copies
     return Status::Ok();
   }
 
@@ -160,49 +154,49 @@ class GptModel : public Model {
   Status ForwardBackward(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed,
                          float grad_scale, bool stats, float* grads, double* loss) override {
     int64_t valid = 0;
-    RETURN_IF_ERROR(Forward(batch, scheme, quant_seed, stats, loss, &valid));
+    KEEL_RETURN_IF_ERROR(Forward(batch, scheme, quant_seed, stats, loss, &valid));
     if (valid == 0) return Status::Ok();
     const float scale = grad_scale / static_cast<float>(valid);
     auto G = [&](int index) { return index < 0 ? nullptr : grads + params_[index].offset; };
     // Head (tied to wte) and final layernorm.
-    RETURN_IF_ERROR(backend_->CrossEntropyBackward(logits_, targets_, logits_, bt_, m_.padded_vocab,
+    KEEL_RETURN_IF_ERROR(backend_->CrossEntropyBackward(logits_, targets_, logits_, bt_, m_.padded_vocab,
                                                    m_.vocab, scale));
-    RETURN_IF_ERROR(backend_->LinearBackward(lnf_, P(wte_), logits_, dln_, G(wte_), nullptr, bt_, d_,
+    KEEL_RETURN_IF_ERROR(backend_->LinearBackward(lnf_, P(wte_), logits_, dln_, G(wte_), nullptr, bt_, d_,
                                              m_.padded_vocab, Quant(scheme, -1, 0, quant_seed, stats)));
-    RETURN_IF_ERROR(backend_->Fill(dres_, bt_ * d_, 0.0f));
-    RETURN_IF_ERROR(backend_->LayerNormBackward(res_[blocks_], Affine(lnf_w_), lnf_mean_, lnf_rstd_,
+    KEEL_RETURN_IF_ERROR(backend_->Fill(dres_, bt_ * d_, 0.0f));
+    KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(res_[blocks_], Affine(lnf_w_), lnf_mean_, lnf_rstd_,
                                                 dln_, dres_, G(lnf_w_), G(lnf_b_), bt_, d_));
     for (int l = blocks_ - 1; l >= 0; --l) {
       const BlockParams& q = bp_[l];
       const BlockActs& a = acts_[l];
       // MLP.
-      RETURN_IF_ERROR(backend_->LinearBackward(a.act, P(q.fcproj_w), dres_, dact_, G(q.fcproj_w),
+      KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.act, P(q.fcproj_w), dres_, dact_, G(q.fcproj_w),
                                                G(q.fcproj_b), bt_, hidden_, d_,
                                                Quant(scheme, l, 3, quant_seed, stats)));
       if (m_.mlp == "swiglu") {
-        RETURN_IF_ERROR(backend_->SwigluBackward(a.fc, dact_, dfc_, bt_, hidden_));
+        KEEL_RETURN_IF_ERROR(backend_->SwigluBackward(a.fc, dact_, dfc_, bt_, hidden_));
       } else {
-        RETURN_IF_ERROR(backend_->GeluBackward(a.fc, dact_, dfc_, bt_ * hidden_));
+        KEEL_RETURN_IF_ERROR(backend_->GeluBackward(a.fc, dact_, dfc_, bt_ * hidden_));
       }
-      RETURN_IF_ERROR(backend_->LinearBackward(a.ln2, P(q.fc_w), dfc_, dln_, G(q.fc_w), G(q.fc_b),
+      KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.ln2, P(q.fc_w), dfc_, dln_, G(q.fc_w), G(q.fc_b),
                                                bt_, d_, fc_out_, Quant(scheme, l, 2, quant_seed, stats)));
-      RETURN_IF_ERROR(backend_->LayerNormBackward(a.mid, Affine(q.ln2_w), a.ln2_mean, a.ln2_rstd,
+      KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(a.mid, Affine(q.ln2_w), a.ln2_mean, a.ln2_rstd,
                                                   dln_, dres_, G(q.ln2_w), G(q.ln2_b), bt_, d_));
       // Attention.
-      RETURN_IF_ERROR(backend_->LinearBackward(a.att, P(q.proj_w), dres_, datt_, G(q.proj_w),
+      KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.att, P(q.proj_w), dres_, datt_, G(q.proj_w),
                                                G(q.proj_b), bt_, d_, d_,
                                                Quant(scheme, l, 1, quant_seed, stats)));
       const float* qkv_used = m_.qk_layernorm ? a.qkv_normed : a.qkv;
-      RETURN_IF_ERROR(backend_->AttentionBackward(qkv_used, a.probs, datt_, dqkv_, batch_, seq_,
+      KEEL_RETURN_IF_ERROR(backend_->AttentionBackward(qkv_used, a.probs, datt_, dqkv_, batch_, seq_,
                                                   m_.heads, d_, AttentionBf16(scheme, l)));
       if (m_.qk_layernorm) {
-        RETURN_IF_ERROR(HeadNormBackward(a.q_raw, q.qln_w, q.qln_b, a.q_mean, a.q_rstd, 0, grads));
-        RETURN_IF_ERROR(HeadNormBackward(a.k_raw, q.kln_w, q.kln_b, a.k_mean, a.k_rstd, d_, grads));
+        KEEL_RETURN_IF_ERROR(HeadNormBackward(a.q_raw, q.qln_w, q.qln_b, a.q_mean, a.q_rstd, 0, grads));
+        KEEL_RETURN_IF_ERROR(HeadNormBackward(a.k_raw, q.kln_w, q.kln_b, a.k_mean, a.k_rstd, d_, grads));
       }
-      RETURN_IF_ERROR(backend_->LinearBackward(a.ln1, P(q.attn_w), dqkv_, dln_, G(q.attn_w),
+      KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.ln1, P(q.attn_w), dqkv_, dln_, G(q.attn_w),
                                                G(q.attn_b), bt_, d_, 3 * d_,
                                                Quant(scheme, l, 0, quant_seed, stats)));
-      RETURN_IF_ERROR(backend_->LayerNormBackward(res_[l], Affine(q.ln1_w), a.ln1_mean, a.ln1_rstd,
+      KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(res_[l], Affine(q.ln1_w), a.ln1_mean, a.ln1_rstd,
                                                   dln_, dres_, G(q.ln1_w), G(q.ln1_b), bt_, d_));
     }
     return backend_->EmbeddingBackward(tokens_, dres_, G(wte_), G(wpe_), batch_, seq_, d_);
@@ -246,7 +240,7 @@ class GptModel : public Model {
       if (p.shape.size() != 1) continue;
       bool layernorm = p.name.find("ln_") != std::string::npos || p.name.find("_ln.") != std::string::npos;
       if (!layernorm) continue;
-      RETURN_IF_ERROR(backend_->QuantizeDequantize(P(i), 1, p.count, 1, scheme.layernorm,
+      KEEL_RETURN_IF_ERROR(backend_->QuantizeDequantize(P(i), 1, p.count, 1, scheme.layernorm,
                                                    Mix(seed, 1000003ull + i), Affine(static_cast<int>(i))));
     }
     return Status::Ok();
@@ -256,8 +250,8 @@ class GptModel : public Model {
   // token and head, over hd features.
   Status HeadNormForward(const float* qkv, float* qkv_normed, float* raw, int w, int b, float* mean,
                          float* rstd, int64_t col0) {
-    RETURN_IF_ERROR(backend_->Copy2D(qkv + col0, 3 * d_, raw, d_, bt_, d_));
-    RETURN_IF_ERROR(backend_->LayerNormForward(raw, Affine(w), Affine(b), dhead_out_, mean, rstd,
+    KEEL_RETURN_IF_ERROR(backend_->Copy2D(qkv + col0, 3 * d_, raw, d_, bt_, d_));
+    KEEL_RETURN_IF_ERROR(backend_->LayerNormForward(raw, Affine(w), Affine(b), dhead_out_, mean, rstd,
                                                bt_ * m_.heads, hd_, m_.ln_eps));
     return backend_->Copy2D(dhead_out_, d_, qkv_normed + col0, 3 * d_, bt_, d_);
   }
@@ -267,9 +261,9 @@ class GptModel : public Model {
   Status HeadNormBackward(const float* raw, int w, int b, const float* mean, const float* rstd,
                           int64_t col0, float* grads) {
     auto G = [&](int index) { return index < 0 ? nullptr : grads + params_[index].offset; };
-    RETURN_IF_ERROR(backend_->Copy2D(dqkv_ + col0, 3 * d_, dhead_in_, d_, bt_, d_));
-    RETURN_IF_ERROR(backend_->Fill(dhead_out_, bt_ * d_, 0.0f));
-    RETURN_IF_ERROR(backend_->LayerNormBackward(raw, Affine(w), mean, rstd, dhead_in_, dhead_out_,
+    KEEL_RETURN_IF_ERROR(backend_->Copy2D(dqkv_ + col0, 3 * d_, dhead_in_, d_, bt_, d_));
+    KEEL_RETURN_IF_ERROR(backend_->Fill(dhead_out_, bt_ * d_, 0.0f));
+    KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(raw, Affine(w), mean, rstd, dhead_in_, dhead_out_,
                                                 G(w), G(b), bt_ * m_.heads, hd_));
     return backend_->Copy2D(dhead_out_, d_, dqkv_ + col0, 3 * d_, bt_, d_);
   }
@@ -283,49 +277,49 @@ class GptModel : public Model {
     }
     *valid = 0;
     for (int32_t t : batch.targets) *valid += t >= 0;
-    RETURN_IF_ERROR(backend_->Upload(tokens_, batch.inputs.data(), bt_ * sizeof(int32_t)));
-    RETURN_IF_ERROR(backend_->Upload(targets_, batch.targets.data(), bt_ * sizeof(int32_t)));
-    RETURN_IF_ERROR(QuantizeAffine(scheme, quant_seed));
-    RETURN_IF_ERROR(backend_->EmbeddingForward(tokens_, P(wte_), P(wpe_), res_[0], batch_, seq_, d_));
+    KEEL_RETURN_IF_ERROR(backend_->Upload(tokens_, batch.inputs.data(), bt_ * sizeof(int32_t)));
+    KEEL_RETURN_IF_ERROR(backend_->Upload(targets_, batch.targets.data(), bt_ * sizeof(int32_t)));
+    KEEL_RETURN_IF_ERROR(QuantizeAffine(scheme, quant_seed));
+    KEEL_RETURN_IF_ERROR(backend_->EmbeddingForward(tokens_, P(wte_), P(wpe_), res_[0], batch_, seq_, d_));
     for (int l = 0; l < blocks_; ++l) {
       const BlockParams& q = bp_[l];
       BlockActs& a = acts_[l];
-      RETURN_IF_ERROR(backend_->LayerNormForward(res_[l], Affine(q.ln1_w), Affine(q.ln1_b), a.ln1,
+      KEEL_RETURN_IF_ERROR(backend_->LayerNormForward(res_[l], Affine(q.ln1_w), Affine(q.ln1_b), a.ln1,
                                                  a.ln1_mean, a.ln1_rstd, bt_, d_, m_.ln_eps));
-      RETURN_IF_ERROR(backend_->LinearForward(a.ln1, P(q.attn_w), q.attn_b < 0 ? nullptr : P(q.attn_b),
+      KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.ln1, P(q.attn_w), q.attn_b < 0 ? nullptr : P(q.attn_b),
                                               a.qkv, bt_, d_, 3 * d_, Quant(scheme, l, 0, quant_seed, stats)));
       const float* qkv_used = a.qkv;
       if (m_.qk_layernorm) {
-        RETURN_IF_ERROR(backend_->CopyBytes(a.qkv_normed, a.qkv, bt_ * 3 * d_ * sizeof(float)));
-        RETURN_IF_ERROR(HeadNormForward(a.qkv, a.qkv_normed, a.q_raw, q.qln_w, q.qln_b, a.q_mean, a.q_rstd, 0));
-        RETURN_IF_ERROR(HeadNormForward(a.qkv, a.qkv_normed, a.k_raw, q.kln_w, q.kln_b, a.k_mean, a.k_rstd, d_));
+        KEEL_RETURN_IF_ERROR(backend_->CopyBytes(a.qkv_normed, a.qkv, bt_ * 3 * d_ * sizeof(float)));
+        KEEL_RETURN_IF_ERROR(HeadNormForward(a.qkv, a.qkv_normed, a.q_raw, q.qln_w, q.qln_b, a.q_mean, a.q_rstd, 0));
+        KEEL_RETURN_IF_ERROR(HeadNormForward(a.qkv, a.qkv_normed, a.k_raw, q.kln_w, q.kln_b, a.k_mean, a.k_rstd, d_));
         qkv_used = a.qkv_normed;
       }
-      RETURN_IF_ERROR(backend_->AttentionForward(qkv_used, a.att, a.probs, batch_, seq_, m_.heads, d_,
+      KEEL_RETURN_IF_ERROR(backend_->AttentionForward(qkv_used, a.att, a.probs, batch_, seq_, m_.heads, d_,
                                                  AttentionBf16(scheme, l)));
-      RETURN_IF_ERROR(backend_->LinearForward(a.att, P(q.proj_w), q.proj_b < 0 ? nullptr : P(q.proj_b),
+      KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.att, P(q.proj_w), q.proj_b < 0 ? nullptr : P(q.proj_b),
                                               a.mid, bt_, d_, d_, Quant(scheme, l, 1, quant_seed, stats)));
-      RETURN_IF_ERROR(backend_->Add(a.mid, res_[l], a.mid, bt_ * d_));
-      RETURN_IF_ERROR(backend_->LayerNormForward(a.mid, Affine(q.ln2_w), Affine(q.ln2_b), a.ln2,
+      KEEL_RETURN_IF_ERROR(backend_->Add(a.mid, res_[l], a.mid, bt_ * d_));
+      KEEL_RETURN_IF_ERROR(backend_->LayerNormForward(a.mid, Affine(q.ln2_w), Affine(q.ln2_b), a.ln2,
                                                  a.ln2_mean, a.ln2_rstd, bt_, d_, m_.ln_eps));
-      RETURN_IF_ERROR(backend_->LinearForward(a.ln2, P(q.fc_w), q.fc_b < 0 ? nullptr : P(q.fc_b), a.fc,
+      KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.ln2, P(q.fc_w), q.fc_b < 0 ? nullptr : P(q.fc_b), a.fc,
                                               bt_, d_, fc_out_, Quant(scheme, l, 2, quant_seed, stats)));
       if (m_.mlp == "swiglu") {
-        RETURN_IF_ERROR(backend_->SwigluForward(a.fc, a.act, bt_, hidden_));
+        KEEL_RETURN_IF_ERROR(backend_->SwigluForward(a.fc, a.act, bt_, hidden_));
       } else {
-        RETURN_IF_ERROR(backend_->GeluForward(a.fc, a.act, bt_ * hidden_));
+        KEEL_RETURN_IF_ERROR(backend_->GeluForward(a.fc, a.act, bt_ * hidden_));
       }
-      RETURN_IF_ERROR(backend_->LinearForward(a.act, P(q.fcproj_w), q.fcproj_b < 0 ? nullptr : P(q.fcproj_b),
+      KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.act, P(q.fcproj_w), q.fcproj_b < 0 ? nullptr : P(q.fcproj_b),
                                               res_[l + 1], bt_, hidden_, d_, Quant(scheme, l, 3, quant_seed, stats)));
-      RETURN_IF_ERROR(backend_->Add(res_[l + 1], a.mid, res_[l + 1], bt_ * d_));
+      KEEL_RETURN_IF_ERROR(backend_->Add(res_[l + 1], a.mid, res_[l + 1], bt_ * d_));
     }
-    RETURN_IF_ERROR(backend_->LayerNormForward(res_[blocks_], Affine(lnf_w_), Affine(lnf_b_), lnf_,
+    KEEL_RETURN_IF_ERROR(backend_->LayerNormForward(res_[blocks_], Affine(lnf_w_), Affine(lnf_b_), lnf_,
                                                lnf_mean_, lnf_rstd_, bt_, d_, m_.ln_eps));
-    RETURN_IF_ERROR(backend_->LinearForward(lnf_, P(wte_), nullptr, logits_, bt_, d_, m_.padded_vocab,
+    KEEL_RETURN_IF_ERROR(backend_->LinearForward(lnf_, P(wte_), nullptr, logits_, bt_, d_, m_.padded_vocab,
                                             Quant(scheme, -1, 0, quant_seed, stats)));
-    RETURN_IF_ERROR(backend_->CrossEntropyForward(logits_, targets_, losses_, bt_, m_.padded_vocab, m_.vocab));
+    KEEL_RETURN_IF_ERROR(backend_->CrossEntropyForward(logits_, targets_, losses_, bt_, m_.padded_vocab, m_.vocab));
     std::vector<double> sums;
-    RETURN_IF_ERROR(backend_->Sums({Span{losses_, bt_}}, &sums));
+    KEEL_RETURN_IF_ERROR(backend_->Sums({Span{losses_, bt_}}, &sums));
     *loss = *valid > 0 ? sums[0] / static_cast<double>(*valid) : 0.0;
     return Status::Ok();
   }

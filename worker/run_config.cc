@@ -120,12 +120,6 @@ class Reader {
   std::string source_;
 };
 
-#define KEEL_RETURN_IF_ERROR(expr) \
-  do {                             \
-    Status _s = (expr);            \
-    if (!_s.ok()) return _s;       \
-  } while (0)
-
 const std::set<std::string> kRoleKeys = {"fwd_x", "fwd_w", "dgrad_dy", "dgrad_w", "wgrad_dy",
                                          "wgrad_x"};
 

@@ -17,12 +17,6 @@
 namespace keel {
 namespace {
 
-#define RETURN_IF_ERROR(expr) \
-  do {                        \
-    Status _s = (expr);       \
-    if (!_s.ok()) return _s;  \
-  } while (0)
-
 constexpr char kCheckpointFormat[] = "keel-checkpoint-1";
 
 uint64_t Mix(uint64_t a, uint64_t b) { return RoleSeed(a ^ (b * 0x9FB21C651E98DF25ull), Role::kWgradX); }
@@ -109,35 +103,35 @@ Trainer::~Trainer() {
 }
 
 Status Trainer::Create(const RunConfig& config, std::unique_ptr<Trainer>* out) {
-  RETURN_IF_ERROR(ValidateRunConfig(config));
+  KEEL_RETURN_IF_ERROR(ValidateRunConfig(config));
   std::unique_ptr<Trainer> t(new Trainer);
   t->config_ = config;
   t->scheme_ = config.precision;
-  RETURN_IF_ERROR(MakeBackend(config.backend, config.threads, &t->backend_));
+  KEEL_RETURN_IF_ERROR(MakeBackend(config.backend, config.threads, &t->backend_));
   if (config.model.type == "gpt") {
-    RETURN_IF_ERROR(TokenLoader::Open(config.data.train, config.batch, config.seq, &t->train_loader_));
+    KEEL_RETURN_IF_ERROR(TokenLoader::Open(config.data.train, config.batch, config.seq, &t->train_loader_));
     if (t->train_loader_->max_token() >= config.model.vocab) {
       return Status::Error("data.train: token id " + std::to_string(t->train_loader_->max_token()) +
                            " is outside model.vocab " + std::to_string(config.model.vocab) +
                            " (allowed: 0 .. vocab-1)");
     }
     if (!config.data.val.empty()) {
-      RETURN_IF_ERROR(TokenLoader::Open(config.data.val, config.batch, config.seq, &t->val_loader_));
+      KEEL_RETURN_IF_ERROR(TokenLoader::Open(config.data.val, config.batch, config.seq, &t->val_loader_));
     }
   }
-  RETURN_IF_ERROR(MakeModel(config, t->backend_.get(), &t->model_));
+  KEEL_RETURN_IF_ERROR(MakeModel(config, t->backend_.get(), &t->model_));
   const size_t bytes = static_cast<size_t>(t->model_->param_count()) * sizeof(float);
   for (float** p : {&t->grads_, &t->adam_m_, &t->adam_v_, &t->previous_}) {
     void* mem = nullptr;
-    RETURN_IF_ERROR(t->backend_->Alloc(bytes, &mem));
+    KEEL_RETURN_IF_ERROR(t->backend_->Alloc(bytes, &mem));
     *p = static_cast<float*>(mem);
   }
   if (config.probe_every > 0) {
     void* mem = nullptr;
-    RETURN_IF_ERROR(t->backend_->Alloc(bytes, &mem));
+    KEEL_RETURN_IF_ERROR(t->backend_->Alloc(bytes, &mem));
     t->probe_grads_ = static_cast<float*>(mem);
   }
-  RETURN_IF_ERROR(t->model_->Init(config.seed));
+  KEEL_RETURN_IF_ERROR(t->model_->Init(config.seed));
   *out = std::move(t);
   return Status::Ok();
 }
@@ -161,7 +155,7 @@ std::string Trainer::GroupOf(const ParamInfo& p) const {
 }
 
 Status Trainer::SwitchScheme(const PrecisionScheme& scheme) {
-  RETURN_IF_ERROR(ValidateScheme(scheme));
+  KEEL_RETURN_IF_ERROR(ValidateScheme(scheme));
   scheme_ = scheme;
   return Status::Ok();
 }
@@ -186,16 +180,16 @@ Status Trainer::Step(StepMetrics* m) {
   m->scheme = scheme_.name;
   m->lr = LearningRate(step_);
 
-  RETURN_IF_ERROR(b.Fill(grads_, count, 0.0f));
-  if (stats) RETURN_IF_ERROR(b.ResetOperandStats(slots));
+  KEEL_RETURN_IF_ERROR(b.Fill(grads_, count, 0.0f));
+  if (stats) KEEL_RETURN_IF_ERROR(b.ResetOperandStats(slots));
   std::vector<Batch> batches;
   double loss_sum = 0;
   for (int k = 0; k < config_.grad_accum; ++k) {
     Batch batch;
-    RETURN_IF_ERROR(NextBatch(k, &batch));
+    KEEL_RETURN_IF_ERROR(NextBatch(k, &batch));
     double loss = 0;
     const uint64_t quant_seed = Mix(config_.seed ^ 0x0A7Aull, static_cast<uint64_t>(step_) * config_.grad_accum + k);
-    RETURN_IF_ERROR(model_->ForwardBackward(batch, scheme_, quant_seed, 1.0f / config_.grad_accum,
+    KEEL_RETURN_IF_ERROR(model_->ForwardBackward(batch, scheme_, quant_seed, 1.0f / config_.grad_accum,
                                             stats, grads_, &loss));
     loss_sum += loss;
     if (probe) batches.push_back(std::move(batch));
@@ -203,7 +197,7 @@ Status Trainer::Step(StepMetrics* m) {
   m->loss = loss_sum / config_.grad_accum;
   if (stats) {
     std::vector<OperandStats> counters;
-    RETURN_IF_ERROR(b.ReadOperandStats(&counters));
+    KEEL_RETURN_IF_ERROR(b.ReadOperandStats(&counters));
     for (int s = 0; s < slots; ++s) {
       for (int r = 0; r < kRoleCount; ++r) {
         const OperandStats& c = counters[s * kRoleCount + r];
@@ -223,7 +217,7 @@ Status Trainer::Step(StepMetrics* m) {
   for (const ParamInfo& p : params) spans.push_back(Span{grads_ + p.offset, p.count});
   for (const ParamInfo& p : params) spans.push_back(Span{model_->params() + p.offset, p.count});
   std::vector<double> squares;
-  RETURN_IF_ERROR(b.SumSquares(spans, &squares));
+  KEEL_RETURN_IF_ERROR(b.SumSquares(spans, &squares));
   std::map<std::string, double> group_grad, group_weight;
   std::vector<std::string> group_order;
   double grad_sq = 0, weight_sq = 0;
@@ -238,25 +232,25 @@ Status Trainer::Step(StepMetrics* m) {
   m->grad_norm = std::sqrt(grad_sq);
   for (const std::string& g : group_order) m->grad_norms.push_back({g, std::sqrt(group_grad[g])});
 
-  if (probe) RETURN_IF_ERROR(RunProbe(batches, m));
+  if (probe) KEEL_RETURN_IF_ERROR(RunProbe(batches, m));
 
   // Update: global-norm clipping folds into the gradient scale.
   float grad_scale = 1.0f;
   if (config_.optimizer.grad_clip > 0 && m->grad_norm > config_.optimizer.grad_clip) {
     grad_scale = static_cast<float>(config_.optimizer.grad_clip / m->grad_norm);
   }
-  RETURN_IF_ERROR(b.CopyBytes(previous_, model_->params(), static_cast<size_t>(count) * sizeof(float)));
+  KEEL_RETURN_IF_ERROR(b.CopyBytes(previous_, model_->params(), static_cast<size_t>(count) * sizeof(float)));
   const OptimizerConfig& o = config_.optimizer;
   for (const ParamInfo& p : params) {
     float wd = o.type == "adamw" && p.decay ? o.weight_decay : 0.0f;
-    RETURN_IF_ERROR(b.AdamW(model_->params() + p.offset, grads_ + p.offset, adam_m_ + p.offset,
+    KEEL_RETURN_IF_ERROR(b.AdamW(model_->params() + p.offset, grads_ + p.offset, adam_m_ + p.offset,
                             adam_v_ + p.offset, p.count, static_cast<float>(m->lr), o.beta1, o.beta2,
                             o.eps, wd, static_cast<int>(step_ + 1), grad_scale));
   }
-  RETURN_IF_ERROR(b.Axpy(-1.0f, model_->params(), previous_, count));
+  KEEL_RETURN_IF_ERROR(b.Axpy(-1.0f, model_->params(), previous_, count));
   spans.clear();
   for (const ParamInfo& p : params) spans.push_back(Span{previous_ + p.offset, p.count});
-  RETURN_IF_ERROR(b.SumSquares(spans, &squares));
+  KEEL_RETURN_IF_ERROR(b.SumSquares(spans, &squares));
   std::map<std::string, double> group_delta;
   double delta_sq = 0;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -272,7 +266,7 @@ Status Trainer::Step(StepMetrics* m) {
   for (const ParamInfo& p : params) {
     if (!p.ln_gamma) continue;
     std::vector<float> gamma(p.count);
-    RETURN_IF_ERROR(b.Download(gamma.data(), model_->params() + p.offset, p.count * sizeof(float)));
+    KEEL_RETURN_IF_ERROR(b.Download(gamma.data(), model_->params() + p.offset, p.count * sizeof(float)));
     double sum = 0, sq = 0;
     for (float g : gamma) sum += g;
     double mean = sum / p.count;
@@ -281,10 +275,10 @@ Status Trainer::Step(StepMetrics* m) {
   }
   ++step_;
   if (val_loader_ && config_.data.eval_every > 0 && step_ % config_.data.eval_every == 0) {
-    RETURN_IF_ERROR(Evaluate(&m->val_loss));
+    KEEL_RETURN_IF_ERROR(Evaluate(&m->val_loss));
     m->evaluated = true;
   }
-  RETURN_IF_ERROR(b.Sync());
+  KEEL_RETURN_IF_ERROR(b.Sync());
   m->step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   m->tokens_per_s = SafeRatio(static_cast<double>(model_->items_per_batch()) * config_.grad_accum,
                               m->step_seconds);
@@ -295,10 +289,10 @@ Status Trainer::RunProbe(const std::vector<Batch>& batches, StepMetrics* m) {
   Backend& b = *backend_;
   PrecisionScheme fp32;
   SchemeFromPreset("fp32", &fp32);
-  RETURN_IF_ERROR(b.Fill(probe_grads_, model_->param_count(), 0.0f));
+  KEEL_RETURN_IF_ERROR(b.Fill(probe_grads_, model_->param_count(), 0.0f));
   for (size_t k = 0; k < batches.size(); ++k) {
     double loss = 0;
-    RETURN_IF_ERROR(model_->ForwardBackward(batches[k], fp32, 0, 1.0f / config_.grad_accum, false,
+    KEEL_RETURN_IF_ERROR(model_->ForwardBackward(batches[k], fp32, 0, 1.0f / config_.grad_accum, false,
                                             probe_grads_, &loss));
   }
   const std::vector<ParamInfo>& params = model_->param_info();
@@ -308,9 +302,9 @@ Status Trainer::RunProbe(const std::vector<Batch>& batches, StepMetrics* m) {
     g.push_back(Span{probe_grads_ + p.offset, p.count});
   }
   std::vector<double> cross, gq_sq, g_sq;
-  RETURN_IF_ERROR(b.Dots(gq, g, &cross));
-  RETURN_IF_ERROR(b.SumSquares(gq, &gq_sq));
-  RETURN_IF_ERROR(b.SumSquares(g, &g_sq));
+  KEEL_RETURN_IF_ERROR(b.Dots(gq, g, &cross));
+  KEEL_RETURN_IF_ERROR(b.SumSquares(gq, &gq_sq));
+  KEEL_RETURN_IF_ERROR(b.SumSquares(g, &g_sq));
   auto values = [](double c, double qq, double gg) {
     ProbeValues v;
     v.cosine = SafeRatio(c, std::sqrt(qq) * std::sqrt(gg));
@@ -340,13 +334,13 @@ Status Trainer::RunProbe(const std::vector<Batch>& batches, StepMetrics* m) {
 Status Trainer::Evaluate(double* loss) {
   // The val loader restarts at the beginning each time: every evaluation sees
   // the same batches.
-  RETURN_IF_ERROR(val_loader_->Seek(TokenLoader::Position()));
+  KEEL_RETURN_IF_ERROR(val_loader_->Seek(TokenLoader::Position()));
   double sum = 0;
   for (int i = 0; i < config_.data.val_batches; ++i) {
     Batch batch;
-    RETURN_IF_ERROR(val_loader_->Next(&batch.inputs, &batch.targets));
+    KEEL_RETURN_IF_ERROR(val_loader_->Next(&batch.inputs, &batch.targets));
     double l = 0;
-    RETURN_IF_ERROR(model_->Evaluate(batch, scheme_, Mix(config_.seed ^ 0xE7A1ull, i), &l));
+    KEEL_RETURN_IF_ERROR(model_->Evaluate(batch, scheme_, Mix(config_.seed ^ 0xE7A1ull, i), &l));
     sum += l;
   }
   *loss = sum / config_.data.val_batches;
@@ -355,7 +349,7 @@ Status Trainer::Evaluate(double* loss) {
 
 Status Trainer::OpenMetricsFile() {
   if (metrics_file_) return Status::Ok();
-  RETURN_IF_ERROR(MakeDirs(config_.run_dir));
+  KEEL_RETURN_IF_ERROR(MakeDirs(config_.run_dir));
   std::string path = config_.run_dir + "/metrics.jsonl";
   metrics_file_ = std::fopen(path.c_str(), "a");
   if (!metrics_file_) return Status::Error("run_dir: cannot append to '" + path + "'");
@@ -363,7 +357,7 @@ Status Trainer::OpenMetricsFile() {
 }
 
 Status Trainer::Train(const MetricsCallback& callback, bool progress) {
-  RETURN_IF_ERROR(OpenMetricsFile());
+  KEEL_RETURN_IF_ERROR(OpenMetricsFile());
   if (progress) {
     std::fprintf(stderr, "keel-train: %s on %s, %lld parameters, scheme %s\n", config_.model.type.c_str(),
                  backend_->Describe().c_str(), static_cast<long long>(model_->param_count()),
@@ -373,7 +367,7 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
   const int64_t first = step_;
   while (step_ < config_.steps) {
     StepMetrics m;
-    RETURN_IF_ERROR(Step(&m));
+    KEEL_RETURN_IF_ERROR(Step(&m));
     std::string line = m.ToJson();
     std::fprintf(metrics_file_, "%s\n", line.c_str());
     std::fflush(metrics_file_);
@@ -389,11 +383,11 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
     }
     if (config_.checkpoint_every > 0 && step_ % config_.checkpoint_every == 0 && step_ < config_.steps) {
       std::string dir;
-      RETURN_IF_ERROR(SaveCheckpoint(&dir));
+      KEEL_RETURN_IF_ERROR(SaveCheckpoint(&dir));
     }
   }
   std::string dir;
-  RETURN_IF_ERROR(SaveCheckpoint(&dir));
+  KEEL_RETURN_IF_ERROR(SaveCheckpoint(&dir));
   if (progress) std::fprintf(stderr, "keel-train: done, checkpoint %s\n", dir.c_str());
   return Status::Ok();
 }
@@ -403,9 +397,9 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
   const std::vector<ParamInfo>& params = model_->param_info();
   const size_t count = static_cast<size_t>(model_->param_count());
   std::vector<float> weights(count), m(count), v(count);
-  RETURN_IF_ERROR(b.Download(weights.data(), model_->params(), count * sizeof(float)));
-  RETURN_IF_ERROR(b.Download(m.data(), adam_m_, count * sizeof(float)));
-  RETURN_IF_ERROR(b.Download(v.data(), adam_v_, count * sizeof(float)));
+  KEEL_RETURN_IF_ERROR(b.Download(weights.data(), model_->params(), count * sizeof(float)));
+  KEEL_RETURN_IF_ERROR(b.Download(m.data(), adam_m_, count * sizeof(float)));
+  KEEL_RETURN_IF_ERROR(b.Download(v.data(), adam_v_, count * sizeof(float)));
   std::vector<TensorRef> model_tensors, optimizer_tensors;
   for (const ParamInfo& p : params) {
     model_tensors.push_back(TensorRef{p.name, p.shape, weights.data() + p.offset});
@@ -427,9 +421,9 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
   const std::string root = config_.run_dir + "/checkpoints";
   const std::string final_dir = root + "/" + StepDirName(step_);
   const std::string tmp_dir = final_dir + ".tmp";
-  RETURN_IF_ERROR(MakeDirs(tmp_dir));
-  RETURN_IF_ERROR(WriteSafetensors(tmp_dir + "/model.safetensors", model_tensors, {{"format", kCheckpointFormat}, {"step", meta["step"]}}));
-  RETURN_IF_ERROR(WriteSafetensors(tmp_dir + "/optimizer.safetensors", optimizer_tensors, meta));
+  KEEL_RETURN_IF_ERROR(MakeDirs(tmp_dir));
+  KEEL_RETURN_IF_ERROR(WriteSafetensors(tmp_dir + "/model.safetensors", model_tensors, {{"format", kCheckpointFormat}, {"step", meta["step"]}}));
+  KEEL_RETURN_IF_ERROR(WriteSafetensors(tmp_dir + "/optimizer.safetensors", optimizer_tensors, meta));
   // A directory without ".tmp" is always complete: rename is the commit.
   std::string old = final_dir + ".old";
   if (access(final_dir.c_str(), F_OK) == 0) {
@@ -446,7 +440,7 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
   // Keep the newest keep_checkpoints.
   if (config_.keep_checkpoints > 0) {
     std::vector<std::string> names;
-    RETURN_IF_ERROR(ListDir(root, &names));
+    KEEL_RETURN_IF_ERROR(ListDir(root, &names));
     std::vector<std::string> steps;
     for (const std::string& n : names) {
       if (n.rfind("step_", 0) == 0 && n.size() == 13) steps.push_back(n);
@@ -478,8 +472,8 @@ Status Trainer::Resume(const std::string& requested) {
   }
   std::vector<Tensor> weights, optimizer;
   std::map<std::string, std::string> wmeta, meta;
-  RETURN_IF_ERROR(ReadSafetensors(dir + "/model.safetensors", &weights, &wmeta));
-  RETURN_IF_ERROR(ReadSafetensors(dir + "/optimizer.safetensors", &optimizer, &meta));
+  KEEL_RETURN_IF_ERROR(ReadSafetensors(dir + "/model.safetensors", &weights, &wmeta));
+  KEEL_RETURN_IF_ERROR(ReadSafetensors(dir + "/optimizer.safetensors", &optimizer, &meta));
   if (meta["format"] != kCheckpointFormat) {
     return Status::Error("checkpoint " + dir + ": format '" + meta["format"] + "' is not " + kCheckpointFormat);
   }
@@ -515,18 +509,18 @@ Status Trainer::Resume(const std::string& requested) {
                          " tensors, the model has " + std::to_string(params.size()));
   }
   PrecisionScheme scheme;
-  RETURN_IF_ERROR(ParseSchemeYaml(meta["scheme"], &scheme));
+  KEEL_RETURN_IF_ERROR(ParseSchemeYaml(meta["scheme"], &scheme));
   int64_t step = std::atoll(meta["step"].c_str());
   TokenLoader::Position pos;
   if (train_loader_) {
     pos.shard = std::atoll(meta["data.shard"].c_str());
     pos.offset = std::atoll(meta["data.offset"].c_str());
     pos.epoch = std::atoll(meta["data.epoch"].c_str());
-    RETURN_IF_ERROR(train_loader_->Seek(pos));
+    KEEL_RETURN_IF_ERROR(train_loader_->Seek(pos));
   }
-  RETURN_IF_ERROR(backend_->Upload(model_->params(), w.data(), count * sizeof(float)));
-  RETURN_IF_ERROR(backend_->Upload(adam_m_, m.data(), count * sizeof(float)));
-  RETURN_IF_ERROR(backend_->Upload(adam_v_, v.data(), count * sizeof(float)));
+  KEEL_RETURN_IF_ERROR(backend_->Upload(model_->params(), w.data(), count * sizeof(float)));
+  KEEL_RETURN_IF_ERROR(backend_->Upload(adam_m_, m.data(), count * sizeof(float)));
+  KEEL_RETURN_IF_ERROR(backend_->Upload(adam_v_, v.data(), count * sizeof(float)));
   scheme_ = scheme;
   step_ = step;
   return Status::Ok();
