@@ -370,6 +370,15 @@ __device__ __forceinline__ void Nvfp4RoundRne(const float (&y)[kN], const qcore:
   else round(std::false_type{});
 }
 
+// The tensor scale a dequantized NVFP4 output carries: t, or t with S_dec = 1 when
+// outputs.out_without_tensor_scale (q * sf, exact in bf16; the caller folds S_dec
+// into its GEMM's alpha). Only the output uses it: block scales still come from t.
+__device__ __forceinline__ qcore::Nvfp4TensorScale OutTensorScale(qcore::Nvfp4TensorScale t,
+                                                                  const DeviceOutputs& o) {
+  if (o.out_without_tensor_scale) t.s_dec = 1.0f;
+  return t;
+}
+
 // Division of a work index by a fixed divisor: a multiply-high (FastDivmod) when
 // every index fits in 32 bits, a 64-bit division otherwise.
 struct IndexDiv {
@@ -829,13 +838,13 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsKernel(const InT* __restric
       float out[8];
       uint32_t code[8];
       if constexpr (R == Rounding::kNearestEven) {
-        Nvfp4RoundRne(y, s, t, a.o.out != nullptr, code, out);
+        Nvfp4RoundRne(y, s, OutTensorScale(t, a.o), a.o.out != nullptr, code, out);
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const Rounded q = qcore::Nvfp4Element(y[e], s, R, uni[e]);
           code[e] = q.code;
-          out[e] = qcore::Nvfp4Dequant(q.value, s, t);
+          out[e] = qcore::Nvfp4Dequant(q.value, s, OutTensorScale(t, a.o));
         }
       }
       if (a.o.codes != nullptr) StoreCodes8<4>(a.o.codes, i0, code);
@@ -940,7 +949,7 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsRneKernel(const InT* __rest
       Raw::Unpack(cur[b][1], y + 8);
       float out[16];
       uint32_t code[16];
-      Nvfp4RoundRne(y, s, t, a.o.out != nullptr, code, out);
+      Nvfp4RoundRne(y, s, OutTensorScale(t, a.o), a.o.out != nullptr, code, out);
       if (a.o.codes != nullptr) {  // 16 FP4 codes: one 8-byte store, element 2k in byte k's low nibble
         uint2 w = make_uint2(0u, 0u);
 #pragma unroll
@@ -1067,7 +1076,8 @@ __global__ void __launch_bounds__(kThreads) Nvfp4ColsKernel(const InT* __restric
         }
         if (a.o.codes != nullptr) StoreCodes2<4>(a.o.codes, i, q0.code, q1.code);
         if constexpr (kValues)
-          StoreOut2(a.o.out, out_bf16, i, qcore::Nvfp4Dequant(q0.value, s0, t), qcore::Nvfp4Dequant(q1.value, s1, t));
+          StoreOut2(a.o.out, out_bf16, i, qcore::Nvfp4Dequant(q0.value, s0, OutTensorScale(t, a.o)),
+                    qcore::Nvfp4Dequant(q1.value, s1, OutTensorScale(t, a.o)));
       }
     };
     if (a.o.out != nullptr) quantize_rows(std::true_type{});
@@ -1130,7 +1140,7 @@ __global__ void __launch_bounds__(kThreads) Nvfp4GenericElementsKernel(const flo
       const float u = R == Rounding::kStochastic ? PhiloxUniform(a.seed, static_cast<uint64_t>(i)) : 0.0f;
       const Rounded q = qcore::Nvfp4Element(__ldg(y + i), s, R, u);
       code[h] = q.code;
-      if (a.o.out != nullptr) StoreOut1(a.o.out, out_bf16, i, qcore::Nvfp4Dequant(q.value, s, t));
+      if (a.o.out != nullptr) StoreOut1(a.o.out, out_bf16, i, qcore::Nvfp4Dequant(q.value, s, OutTensorScale(t, a.o)));
     }
     if (a.o.codes != nullptr) a.o.codes[p] = static_cast<uint8_t>(code[0] | (code[1] << 4));
   }
@@ -1172,6 +1182,10 @@ __global__ void __launch_bounds__(kThreads) Fp8Kernel(const InT* __restrict__ x,
   const bool out_bf16 = o.out_dtype == DType::kBF16;
   const qcore::Fp8Scale s = qcore::Fp8ScaleFromAmax(__ldg(amax), c);
   if (o.tensor_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *o.tensor_scale = s.inv;
+  // What the output is multiplied by: 1 / scale, or 1 (the code's value, exact in
+  // bf16) when outputs.out_without_tensor_scale; the rounding still uses s.scale.
+  qcore::Fp8Scale s_out = s;
+  if (o.out_without_tensor_scale) s_out.inv = 1.0f;
   const int64_t units = count / 8;
   const int64_t step = static_cast<int64_t>(gridDim.x) * (kThreads * kUnits);
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits); base < units; base += step) {
@@ -1206,14 +1220,14 @@ __global__ void __launch_bounds__(kThreads) Fp8Kernel(const InT* __restrict__ x,
           }
           if (o.out != nullptr) {
             const float2 q = HwFp8x2Value<F>(code[e] | (code[e + 1] << 8));
-            out[e] = q.x * s.inv;
-            out[e + 1] = q.y * s.inv;
+            out[e] = q.x * s_out.inv;
+            out[e + 1] = q.y * s_out.inv;
           }
         }
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          const Rounded r = qcore::Fp8Element(v[u][e], s, c, R, uni[e]);
+          const Rounded r = qcore::Fp8Element(v[u][e], s_out, c, R, uni[e]);
           out[e] = r.value;
           code[e] = r.code;
         }
@@ -1225,7 +1239,7 @@ __global__ void __launch_bounds__(kThreads) Fp8Kernel(const InT* __restrict__ x,
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   for (int64_t i = units * 8 + tid; i < count; i += static_cast<int64_t>(gridDim.x) * kThreads) {
     const float u = R == Rounding::kStochastic ? PhiloxUniform(seed, static_cast<uint64_t>(i)) : 0.0f;
-    const Rounded r = qcore::Fp8Element(Load1(x + i), s, c, R, u);
+    const Rounded r = qcore::Fp8Element(Load1(x + i), s_out, c, R, u);
     if (o.codes != nullptr) o.codes[i] = static_cast<uint8_t>(r.code);
     if (o.out != nullptr) StoreOut1(o.out, out_bf16, i, r.value);
   }
@@ -1293,11 +1307,7 @@ Status CudaError(cudaError_t error, const char* call, const char* file, int line
       return CudaError(keel_cuda_error_, #call, __FILE__, __LINE__);           \
   } while (0)
 
-#define KEEL_RETURN_IF_ERROR(expr)             \
-  do {                                         \
-    Status keel_status_ = (expr);              \
-    if (!keel_status_.ok()) return keel_status_; \
-  } while (0)
+// KEEL_RETURN_IF_ERROR comes from kernels/status.h.
 
 // Resident CTAs per SM for each kernel, per device (cudaOccupancy... is cheap but
 // not free, and launchers run every training step).

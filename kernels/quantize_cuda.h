@@ -51,6 +51,12 @@ struct DeviceOutputs {
   uint8_t* scales = nullptr;
   // One float: NVFP4's S_dec, or per-tensor FP8's decode scale 1 / scale.
   float* tensor_scale = nullptr;
+  // NVFP4 and per-tensor FP8 only: `out` leaves the per-tensor decode scale out
+  // (NVFP4: q * block scale; FP8: the code's value), which is exact in bf16, so a
+  // GEMM on bf16 operands sees the exact operands and takes the decode scales in
+  // its alpha (NUMERICS.md section 5). Codes, scales and tensor_scale are the same
+  // either way; MX and BF16 ignore it.
+  bool out_without_tensor_scale = false;
 };
 
 // MX block quantization (NUMERICS.md section 2), one pass.

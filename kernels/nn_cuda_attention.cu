@@ -1,0 +1,342 @@
+// Causal multi-head attention of the CUDA backend: cuBLASLt strided-batched GEMMs
+// over (batch, head) for the four products, plus a causal softmax kernel and its
+// backward.
+//
+// Forward:  q, k, v are copied out of qkv into [b, h, t, d] (rounded to bf16 when
+//           bf16_operands), S = q k^T lands in `probs`, the softmax rewrites it in
+//           place (scaled by 1 / sqrt(hd), zero above the diagonal) and also writes
+//           a bf16 copy for the next product, O = P v, and O goes back to heads side
+//           by side in `out`.
+// Backward: dP = dO v^T; one pass over (P, dP) gives dS = P (dP - rowsum(P dP))
+//           and, for bf16 operands, P in bf16; then dV = P^T dO, dQ = dS k / sqrt(hd),
+//           dK = dS^T q / sqrt(hd) (the scale as the GEMMs' alpha), written back
+//           into dqkv. The order of operations is the CPU reference's
+//           (nn_cpu_attention.cc), so the two differ only in the order of fp32 sums.
+// With bf16_operands every GEMM operand (q, k, v, P, dO, dS) is bf16 (nearest
+// even) and the GEMMs run BF16 x BF16 -> FP32; otherwise FP32 GEMMs without TF32.
+// The full T x T products are computed (the upper triangle is wasted work); a
+// fused (flash) kernel would avoid that and the T x T traffic, at the cost of
+// materialising `probs` anyway, which nn.h asks for.
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <string>
+
+#include "kernels/nn_cuda_internal.h"
+
+namespace keel {
+namespace nncuda {
+
+namespace {
+
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+template <typename T> __device__ __forceinline__ T FromFloat(float v);
+template <> __device__ __forceinline__ float FromFloat<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+struct Shape {
+  int64_t batch, seq, heads, hd, dim;
+};
+
+// ============================================================================
+// Kernels
+// ============================================================================
+
+// [b, t, col0 + h * hd + d] of a row-major (batch*seq) x ld matrix -> [b, h, t, d],
+// for up to three column offsets at once (q, k, v). One thread per element.
+template <typename OutT>
+__global__ void PermuteKernel(const float* __restrict__ src, int64_t ld, int64_t off0, int64_t off1, int64_t off2,
+                              OutT* __restrict__ out0, OutT* __restrict__ out1, OutT* __restrict__ out2, Shape s) {
+  const int64_t n = s.batch * s.heads * s.seq * s.hd;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t d = i % s.hd;
+    const int64_t t = (i / s.hd) % s.seq;
+    const int64_t bh = i / (s.hd * s.seq);
+    const int64_t b = bh / s.heads, h = bh - b * s.heads;
+    const float* row = src + (b * s.seq + t) * ld + h * s.hd + d;
+    out0[i] = FromFloat<OutT>(row[off0]);
+    if (out1 != nullptr) out1[i] = FromFloat<OutT>(row[off1]);
+    if (out2 != nullptr) out2[i] = FromFloat<OutT>(row[off2]);
+  }
+}
+
+// The inverse for up to three sources: dst[b, t, off_k + h * hd + d] = src_k[b, h, t, d].
+__global__ void UnpermuteKernel(const float* __restrict__ src0, const float* __restrict__ src1,
+                                const float* __restrict__ src2, float* __restrict__ dst, int64_t ld, int64_t off0,
+                                int64_t off1, int64_t off2, Shape s) {
+  const int64_t n = s.batch * s.heads * s.seq * s.hd;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t d = i % s.hd;
+    const int64_t t = (i / s.hd) % s.seq;
+    const int64_t bh = i / (s.hd * s.seq);
+    const int64_t b = bh / s.heads, h = bh - b * s.heads;
+    float* row = dst + (b * s.seq + t) * ld + h * s.hd + d;
+    row[off0] = src0[i];
+    if (src1 != nullptr) row[off1] = src1[i];
+    if (src2 != nullptr) row[off2] = src2[i];
+  }
+}
+
+// One warp per row (b, h, t) of the scores in p: s_j = p_j * scale for j <= t,
+// softmax over those, written back in place with zeros for j > t, and to pb in bf16
+// when pb is not null. Three passes over the row (max, sum, write), which stays in L1.
+__global__ void __launch_bounds__(256) SoftmaxForwardKernel(float* p, __nv_bfloat16* __restrict__ pb, int64_t rows,
+                                                            int64_t seq, float scale) {
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const int64_t t = r % seq;
+  float* row = p + r * seq;
+  float m = -INFINITY;
+  for (int64_t j = lane; j <= t; j += 32) m = fmaxf(m, row[j] * scale);
+  m = WarpMax(m);
+  float sum = 0.0f;
+  for (int64_t j = lane; j <= t; j += 32) sum += expf(row[j] * scale - m);
+  sum = WarpSum(sum);
+  const float inv_sum = 1.0f / sum;
+  __nv_bfloat16* brow = pb != nullptr ? pb + r * seq : nullptr;
+  for (int64_t j = lane; j < seq; j += 32) {
+    const float v = j <= t ? expf(row[j] * scale - m) * inv_sum : 0.0f;
+    row[j] = v;
+    if (brow != nullptr) brow[j] = __float2bfloat16_rn(v);
+  }
+}
+
+// One warp per row: D = sum_j P_j dP_j, dS_j = P_j (dP_j - D) (0 above the
+// diagonal). bf16: dS and P to ds_b and p_b; fp32: dS in place of dP.
+__global__ void __launch_bounds__(256) SoftmaxBackwardKernel(const float* __restrict__ p, float* dp,
+                                                             __nv_bfloat16* __restrict__ ds_b,
+                                                             __nv_bfloat16* __restrict__ p_b, int64_t rows,
+                                                             int64_t seq) {
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const int64_t t = r % seq;
+  const float* prow = p + r * seq;
+  float* dprow = dp + r * seq;
+  float dot = 0.0f;
+  for (int64_t j = lane; j <= t; j += 32) dot += prow[j] * dprow[j];
+  dot = WarpSum(dot);
+  for (int64_t j = lane; j < seq; j += 32) {
+    const float pj = j <= t ? prow[j] : 0.0f;
+    const float ds = j <= t ? pj * (dprow[j] - dot) : 0.0f;
+    if (ds_b != nullptr) {
+      ds_b[r * seq + j] = __float2bfloat16_rn(ds);
+      p_b[r * seq + j] = __float2bfloat16_rn(pj);
+    } else {
+      dprow[j] = ds;
+    }
+  }
+}
+
+__global__ void SetFloatKernel(float* p, float value) { *p = value; }
+
+Status CheckAttentionShape(const char* what, int64_t batch, int64_t seq, int64_t heads, int64_t dim) {
+  if (batch < 1 || seq < 1 || heads < 1 || dim < 1 || dim % heads != 0)
+    return Status::Error(std::string(what) + ": shape: batch " + std::to_string(batch) + ", seq " +
+                         std::to_string(seq) + ", heads " + std::to_string(heads) + ", dim " + std::to_string(dim) +
+                         " is not allowed; need all >= 1 and dim a multiple of heads");
+  if (batch * heads > (int64_t{1} << 30))
+    return Status::Error(std::string(what) + ": batch * heads: " + std::to_string(batch * heads) + " is too large");
+  return Status::Ok();
+}
+
+}  // namespace
+
+// ============================================================================
+// Launchers
+// ============================================================================
+
+Status CudaBackend::AttentionForward(const float* qkv, float* out, float* probs, int64_t batch, int64_t seq,
+                                     int64_t heads, int64_t dim, bool bf16) {
+  KEEL_RETURN_IF_ERROR(CheckAttentionShape("AttentionForward", batch, seq, heads, dim));
+  if (qkv == nullptr || out == nullptr || probs == nullptr)
+    return Status::Error("AttentionForward: qkv, out or probs: null");
+  const Shape s{batch, seq, heads, dim / heads, dim};
+  const int64_t bh = batch * heads;
+  const int64_t head_elems = seq * s.hd;            // one (b, h) of q, k, v, o
+  const int64_t n = bh * head_elems;                // all of q (or k, v, o)
+  const size_t elem = bf16 ? 2 : 4;
+  KEEL_RETURN_IF_ERROR(attn_q_.Reserve(n * elem, stream_));
+  KEEL_RETURN_IF_ERROR(attn_k_.Reserve(n * elem, stream_));
+  KEEL_RETURN_IF_ERROR(attn_v_.Reserve(n * elem, stream_));
+  KEEL_RETURN_IF_ERROR(attn_o_.Reserve(n * sizeof(float), stream_));
+  if (bf16) {
+    KEEL_RETURN_IF_ERROR(attn_p_.Reserve(static_cast<size_t>(bh * seq * seq) * 2, stream_));
+    PermuteKernel<__nv_bfloat16><<<GridFor(n), kThreads, 0, stream_>>>(
+        qkv, 3 * dim, 0, dim, 2 * dim, attn_q_.get<__nv_bfloat16>(), attn_k_.get<__nv_bfloat16>(),
+        attn_v_.get<__nv_bfloat16>(), s);
+  } else {
+    PermuteKernel<float><<<GridFor(n), kThreads, 0, stream_>>>(qkv, 3 * dim, 0, dim, 2 * dim, attn_q_.get<float>(),
+                                                               attn_k_.get<float>(), attn_v_.get<float>(), s);
+  }
+  NN_LAUNCH_CHECK();
+  // S (row-major t x t) = q k^T: column-major S^T... = k (stored d x t, transposed) . q^T (stored d x t).
+  GemmArgs g;
+  g.bf16 = bf16;
+  g.trans_a = true;
+  g.m = seq;
+  g.n = seq;
+  g.k = s.hd;
+  g.a = attn_k_.get<void>();
+  g.lda = s.hd;
+  g.stride_a = head_elems;
+  g.b = attn_q_.get<void>();
+  g.ldb = s.hd;
+  g.stride_b = head_elems;
+  g.c = probs;
+  g.ldc = seq;
+  g.stride_c = seq * seq;
+  g.batch = bh;
+  g.alpha = blas_.one();
+  KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
+  const float scale = 1.0f / sqrtf(static_cast<float>(s.hd));
+  const int64_t rows = bh * seq;
+  SoftmaxForwardKernel<<<static_cast<unsigned int>(CeilDiv(rows, 8)), 256, 0, stream_>>>(
+      probs, bf16 ? attn_p_.get<__nv_bfloat16>() : nullptr, rows, seq, scale);
+  NN_LAUNCH_CHECK();
+  // O (row-major t x d) = P v: column-major O^T = v^T (stored d x t) . P^T (stored t x t).
+  GemmArgs o;
+  o.bf16 = bf16;
+  o.m = s.hd;
+  o.n = seq;
+  o.k = seq;
+  o.a = attn_v_.get<void>();
+  o.lda = s.hd;
+  o.stride_a = head_elems;
+  o.b = bf16 ? attn_p_.get<void>() : static_cast<const void*>(probs);
+  o.ldb = seq;
+  o.stride_b = seq * seq;
+  o.c = attn_o_.get<float>();
+  o.ldc = s.hd;
+  o.stride_c = head_elems;
+  o.batch = bh;
+  o.alpha = blas_.one();
+  KEEL_RETURN_IF_ERROR(blas_.Gemm(o));
+  UnpermuteKernel<<<GridFor(n), kThreads, 0, stream_>>>(attn_o_.get<float>(), nullptr, nullptr, out, dim, 0, 0, 0, s);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::AttentionBackward(const float* qkv, const float* probs, const float* dout, float* dqkv,
+                                      int64_t batch, int64_t seq, int64_t heads, int64_t dim, bool bf16) {
+  KEEL_RETURN_IF_ERROR(CheckAttentionShape("AttentionBackward", batch, seq, heads, dim));
+  if (qkv == nullptr || probs == nullptr || dout == nullptr || dqkv == nullptr)
+    return Status::Error("AttentionBackward: qkv, probs, dout or dqkv: null");
+  const Shape s{batch, seq, heads, dim / heads, dim};
+  const int64_t bh = batch * heads;
+  const int64_t head_elems = seq * s.hd;
+  const int64_t n = bh * head_elems;
+  const int64_t square = bh * seq * seq;
+  const size_t elem = bf16 ? 2 : 4;
+  KEEL_RETURN_IF_ERROR(attn_q_.Reserve(n * elem, stream_));
+  KEEL_RETURN_IF_ERROR(attn_k_.Reserve(n * elem, stream_));
+  KEEL_RETURN_IF_ERROR(attn_v_.Reserve(n * elem, stream_));
+  KEEL_RETURN_IF_ERROR(attn_o_.Reserve(n * elem, stream_));  // dO
+  KEEL_RETURN_IF_ERROR(attn_dq_.Reserve(n * sizeof(float), stream_));
+  KEEL_RETURN_IF_ERROR(attn_dk_.Reserve(n * sizeof(float), stream_));
+  KEEL_RETURN_IF_ERROR(attn_dv_.Reserve(n * sizeof(float), stream_));
+  KEEL_RETURN_IF_ERROR(attn_dp_.Reserve(static_cast<size_t>(square) * sizeof(float), stream_));
+  if (bf16) {
+    KEEL_RETURN_IF_ERROR(attn_p_.Reserve(static_cast<size_t>(square) * 2, stream_));
+    KEEL_RETURN_IF_ERROR(attn_ds_.Reserve(static_cast<size_t>(square) * 2, stream_));
+    PermuteKernel<__nv_bfloat16><<<GridFor(n), kThreads, 0, stream_>>>(
+        qkv, 3 * dim, 0, dim, 2 * dim, attn_q_.get<__nv_bfloat16>(), attn_k_.get<__nv_bfloat16>(),
+        attn_v_.get<__nv_bfloat16>(), s);
+    NN_LAUNCH_CHECK();
+    PermuteKernel<__nv_bfloat16><<<GridFor(n), kThreads, 0, stream_>>>(dout, dim, 0, 0, 0, attn_o_.get<__nv_bfloat16>(),
+                                                                       nullptr, nullptr, s);
+  } else {
+    PermuteKernel<float><<<GridFor(n), kThreads, 0, stream_>>>(qkv, 3 * dim, 0, dim, 2 * dim, attn_q_.get<float>(),
+                                                               attn_k_.get<float>(), attn_v_.get<float>(), s);
+    NN_LAUNCH_CHECK();
+    PermuteKernel<float><<<GridFor(n), kThreads, 0, stream_>>>(dout, dim, 0, 0, 0, attn_o_.get<float>(), nullptr,
+                                                               nullptr, s);
+  }
+  NN_LAUNCH_CHECK();
+  const void* q = attn_q_.get<void>();
+  const void* k = attn_k_.get<void>();
+  const void* v = attn_v_.get<void>();
+  const void* d_o = attn_o_.get<void>();
+  float* dp = attn_dp_.get<float>();
+
+  // dP (row-major t x t) = dO v^T: column-major = v (stored d x t, transposed) . dO^T (stored d x t).
+  GemmArgs g;
+  g.bf16 = bf16;
+  g.trans_a = true;
+  g.m = seq;
+  g.n = seq;
+  g.k = s.hd;
+  g.a = v;
+  g.lda = s.hd;
+  g.stride_a = head_elems;
+  g.b = d_o;
+  g.ldb = s.hd;
+  g.stride_b = head_elems;
+  g.c = dp;
+  g.ldc = seq;
+  g.stride_c = seq * seq;
+  g.batch = bh;
+  g.alpha = blas_.one();
+  KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
+
+  const int64_t rows = bh * seq;
+  SoftmaxBackwardKernel<<<static_cast<unsigned int>(CeilDiv(rows, 8)), 256, 0, stream_>>>(
+      probs, dp, bf16 ? attn_ds_.get<__nv_bfloat16>() : nullptr, bf16 ? attn_p_.get<__nv_bfloat16>() : nullptr, rows,
+      seq);
+  NN_LAUNCH_CHECK();
+  float* scale = small_ + kAttentionScaleSlot;
+  SetFloatKernel<<<1, 1, 0, stream_>>>(scale, 1.0f / sqrtf(static_cast<float>(s.hd)));
+  NN_LAUNCH_CHECK();
+  const void* p_op = bf16 ? attn_p_.get<void>() : static_cast<const void*>(probs);
+  const void* ds_op = bf16 ? attn_ds_.get<void>() : static_cast<const void*>(dp);
+
+  // Three products with m = d, n = t, k = t into [b, h, t, d] fp32.
+  auto head_gemm = [&](const void* a, const void* b, bool trans_b, const float* alpha, float* c) {
+    GemmArgs h;
+    h.bf16 = bf16;
+    h.trans_b = trans_b;
+    h.m = s.hd;
+    h.n = seq;
+    h.k = seq;
+    h.a = a;
+    h.lda = s.hd;
+    h.stride_a = head_elems;
+    h.b = b;
+    h.ldb = seq;
+    h.stride_b = seq * seq;
+    h.c = c;
+    h.ldc = s.hd;
+    h.stride_c = head_elems;
+    h.batch = bh;
+    h.alpha = alpha;
+    return blas_.Gemm(h);
+  };
+  // dV (t x d) = P^T dO: column-major dV^T = dO^T (stored d x t) . P (stored as P^T, transposed).
+  KEEL_RETURN_IF_ERROR(head_gemm(d_o, p_op, true, blas_.one(), attn_dv_.get<float>()));
+  // dQ (t x d) = dS k: column-major dQ^T = k^T (stored d x t) . dS^T (stored t x t).
+  KEEL_RETURN_IF_ERROR(head_gemm(k, ds_op, false, scale, attn_dq_.get<float>()));
+  // dK (t x d) = dS^T q: column-major dK^T = q^T (stored d x t) . dS (stored as dS^T, transposed).
+  KEEL_RETURN_IF_ERROR(head_gemm(q, ds_op, true, scale, attn_dk_.get<float>()));
+  UnpermuteKernel<<<GridFor(n), kThreads, 0, stream_>>>(attn_dq_.get<float>(), attn_dk_.get<float>(),
+                                                        attn_dv_.get<float>(), dqkv, 3 * dim, 0, dim, 2 * dim, s);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+}  // namespace nncuda
+}  // namespace keel

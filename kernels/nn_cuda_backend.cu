@@ -1,0 +1,499 @@
+// The CUDA backend's class (nn_cuda_internal.h) and its simple operations: set-up,
+// memory, elementwise ops, RandomNormal, AdamW and the batched reductions. The
+// linear layer, the other layers and attention live in nn_cuda_linear.cu,
+// nn_cuda_layers.cu and nn_cuda_attention.cu; the cuBLASLt wrapper in
+// nn_cuda_gemm.cu.
+//
+// Elementwise kernels take 16-byte vectors when every pointer allows it (a float4
+// path plus a scalar tail), otherwise one float at a time; all are grid-stride.
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "kernels/nn_cuda_internal.h"
+#include "kernels/philox.h"
+
+namespace keel {
+namespace nncuda {
+
+namespace {
+
+int64_t g_grid_cap = 132 * 32;  // set from the device's SM count in Init
+
+// ============================================================================
+// Kernels
+// ============================================================================
+
+__global__ void FillKernel(float* x, int64_t n, float value, bool vec) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if (vec) {
+    const float4 v = make_float4(value, value, value, value);
+    for (int64_t j = i; j < n / 4; j += stride) reinterpret_cast<float4*>(x)[j] = v;
+    done = n / 4 * 4;
+  }
+  for (int64_t j = done + i; j < n; j += stride) x[j] = value;
+}
+
+// out may alias a or b: each element is read and then written by one thread.
+__global__ void AddKernel(const float* a, const float* b, float* out, int64_t n, bool vec) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if (vec) {
+    for (int64_t j = i; j < n / 4; j += stride) {
+      const float4 x = reinterpret_cast<const float4*>(a)[j];
+      const float4 y = reinterpret_cast<const float4*>(b)[j];
+      reinterpret_cast<float4*>(out)[j] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+    }
+    done = n / 4 * 4;
+  }
+  for (int64_t j = done + i; j < n; j += stride) out[j] = a[j] + b[j];
+}
+
+// y += alpha * x: the product rounded, then the sum (no FMA: -fmad=false), as the
+// CPU's y[i] += alpha * x[i].
+__global__ void AxpyKernel(float alpha, const float* __restrict__ x, float* __restrict__ y, int64_t n,
+                           bool vec) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if (vec) {
+    for (int64_t j = i; j < n / 4; j += stride) {
+      const float4 a = reinterpret_cast<const float4*>(x)[j];
+      float4 b = reinterpret_cast<float4*>(y)[j];
+      b.x = b.x + alpha * a.x;
+      b.y = b.y + alpha * a.y;
+      b.z = b.z + alpha * a.z;
+      b.w = b.w + alpha * a.w;
+      reinterpret_cast<float4*>(y)[j] = b;
+    }
+    done = n / 4 * 4;
+  }
+  for (int64_t j = done + i; j < n; j += stride) y[j] = y[j] + alpha * x[j];
+}
+
+__global__ void ScaleKernel(float* x, int64_t n, float alpha, bool vec) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if (vec) {
+    for (int64_t j = i; j < n / 4; j += stride) {
+      float4 a = reinterpret_cast<float4*>(x)[j];
+      a.x *= alpha;
+      a.y *= alpha;
+      a.z *= alpha;
+      a.w *= alpha;
+      reinterpret_cast<float4*>(x)[j] = a;
+    }
+    done = n / 4 * 4;
+  }
+  for (int64_t j = done + i; j < n; j += stride) x[j] *= alpha;
+}
+
+// Box-Muller of nn.h: u1 = 1 - U(2k), u2 = U(2k + 1) with k = offset + i. Both
+// uniforms come from one Philox call (indices 2k and 2k + 1 share the group k / 2),
+// with PhiloxUniform's exact bits.
+__global__ void RandomNormalKernel(float* x, int64_t n, uint64_t seed, uint64_t offset, float stddev) {
+  const float kTwoPi = 6.28318530717958647692f;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const uint64_t k = offset + static_cast<uint64_t>(i);
+    const uint64_t group = k >> 1;  // (2k) >> 2
+    const Philox4 r = Philox4x32(static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32), 0u, 0u,
+                                 static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+    const int lane = static_cast<int>((2 * k) & 3);  // 0 or 2
+    const float u1 = 1.0f - static_cast<float>(r.v[lane] >> 8) * (1.0f / 16777216.0f);
+    const float u2 = static_cast<float>(r.v[lane + 1] >> 8) * (1.0f / 16777216.0f);
+    const float z = sqrtf(-2.0f * logf(u1)) * cosf(kTwoPi * u2);
+    x[i] = stddev * z;
+  }
+}
+
+struct AdamArgs {
+  float lr, beta1, beta2, eps, weight_decay, grad_scale;
+  float bias1, bias2;  // 1 - beta^t
+};
+
+// One element per thread iteration, in nn.h's order of operations.
+__global__ void AdamWKernel(float* __restrict__ param, const float* __restrict__ grad, float* __restrict__ m,
+                            float* __restrict__ v, int64_t n, AdamArgs a) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float g = grad[i] * a.grad_scale;
+    const float mi = a.beta1 * m[i] + (1.0f - a.beta1) * g;
+    const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * (g * g);
+    m[i] = mi;
+    v[i] = vi;
+    const float m_hat = mi / a.bias1;
+    const float v_hat = vi / a.bias2;
+    const float p = param[i];
+    param[i] = p - a.lr * (m_hat / (sqrtf(v_hat) + a.eps) + a.weight_decay * p);
+  }
+}
+
+// ---- Reductions ----
+
+struct ReduceChunk {
+  const float* a;
+  const float* b;
+  int64_t count;
+};
+
+constexpr int kReduceThreads = 256;
+constexpr int64_t kReduceChunk = int64_t{1} << 16;  // floats per block
+
+// One block per chunk: each thread sums its strided elements in double, then a
+// fixed shared-memory tree; partials[chunk] is the chunk's sum.
+__global__ void __launch_bounds__(kReduceThreads) ReduceChunksKernel(const ReduceChunk* __restrict__ chunks,
+                                                                     int kind, double* __restrict__ partials) {
+  __shared__ double sums[kReduceThreads];
+  const ReduceChunk c = chunks[blockIdx.x];
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < c.count; i += kReduceThreads) {
+    const double x = c.a[i];
+    if (kind == 0) acc += x * x;
+    else if (kind == 1) acc += x;
+    else acc += x * static_cast<double>(c.b[i]);
+  }
+  sums[threadIdx.x] = acc;
+  __syncthreads();
+  for (int half = kReduceThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[blockIdx.x] = sums[0];
+}
+
+// One thread per span: its chunks' partials in order.
+__global__ void ReduceSpansKernel(const double* __restrict__ partials, const int64_t* __restrict__ first, int spans,
+                                  double* __restrict__ out) {
+  const int s = blockIdx.x * blockDim.x + threadIdx.x;
+  if (s >= spans) return;
+  double acc = 0.0;
+  for (int64_t c = first[s]; c < first[s + 1]; ++c) acc += partials[c];
+  out[s] = acc;
+}
+
+bool Vec4(const void* a, const void* b = nullptr, const void* c = nullptr) {
+  return Aligned(a, 16) && (b == nullptr || Aligned(b, 16)) && (c == nullptr || Aligned(c, 16));
+}
+
+Status CheckCount(int64_t count, const char* what) {
+  if (count < 0)
+    return Status::Error(std::string(what) + ": count: " + std::to_string(count) + " is negative; need >= 0");
+  return Status::Ok();
+}
+
+}  // namespace
+
+// ============================================================================
+// Shared helpers
+// ============================================================================
+
+Status CudaError(cudaError_t error, const char* call, const char* file, int line) {
+  return Status::Error(std::string(file) + ":" + std::to_string(line) + ": " + call + " failed: " +
+                       cudaGetErrorName(error) + " (" + cudaGetErrorString(error) + ")");
+}
+
+unsigned int GridFor(int64_t work, int64_t per_block) {
+  const int64_t blocks = CeilDiv(work, per_block);
+  return static_cast<unsigned int>(std::max<int64_t>(1, std::min(blocks, g_grid_cap)));
+}
+
+Status Scratch::Reserve(size_t bytes, cudaStream_t stream) {
+  if (bytes <= bytes_) return Status::Ok();
+  if (ptr_ != nullptr) {
+    NN_CUDA_CHECK(cudaFreeAsync(ptr_, stream));
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  // A quarter more than asked, in whole MiB, so that slowly growing shapes do not
+  // reallocate every call.
+  const size_t mib = size_t{1} << 20;
+  const size_t want = (bytes + bytes / 4 + mib - 1) / mib * mib;
+  NN_CUDA_CHECK(cudaMallocAsync(&ptr_, want, stream));
+  bytes_ = want;
+  return Status::Ok();
+}
+
+void Scratch::Release(cudaStream_t stream) {
+  if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream);
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+// ============================================================================
+// Set-up, memory
+// ============================================================================
+
+CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  Scratch* scratch[] = {&op_a_,    &op_b_,    &codes_,   &scales_,  &partials_, &quant_temp_,
+                        &attn_q_,  &attn_k_,  &attn_v_,  &attn_o_,  &attn_p_,   &attn_dp_, &attn_ds_,
+                        &attn_dq_, &attn_dk_, &attn_dv_, &embed_,   &reduce_desc_, &align_in_};
+  for (Scratch* s : scratch) s->Release(stream_);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (small_ != nullptr) cudaFree(small_);
+  if (stats_ != nullptr) cudaFree(stats_);
+  if (stats_temp_ != nullptr) cudaFree(stats_temp_);
+  if (host_pinned_ != nullptr) cudaFreeHost(host_pinned_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+Status CudaBackend::Init() {
+  int devices = 0;
+  const cudaError_t probe = cudaGetDeviceCount(&devices);
+  if (probe != cudaSuccess || devices == 0) {
+    cudaGetLastError();  // clear it: the caller may fall back to the CPU
+    return Status::Error(std::string("backend: cuda: no CUDA GPU visible (") +
+                         (probe != cudaSuccess ? std::string("cudaGetDeviceCount: ") + cudaGetErrorString(probe)
+                                               : std::string("cudaGetDeviceCount found none")) +
+                         ")");
+  }
+  NN_CUDA_CHECK(cudaGetDevice(&device_));
+  cudaDeviceProp prop;
+  NN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  sm_count_ = prop.multiProcessorCount;
+  g_grid_cap = static_cast<int64_t>(sm_count_) * 32;
+  description_ = std::string(prop.name) + ", sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
+                 std::to_string(prop.multiProcessorCount) + " SMs";
+  NN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  // Scratch comes from the device's default pool (cudaMallocAsync): keep what it
+  // holds instead of returning it to the driver at every synchronisation.
+  cudaMemPool_t pool;
+  NN_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+  uint64_t threshold = UINT64_MAX;
+  NN_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  KEEL_RETURN_IF_ERROR(blas_.Init(stream_));
+  NN_CUDA_CHECK(cudaMalloc(&small_, kSmallFloats * sizeof(float)));
+  NN_CUDA_CHECK(cudaMemset(small_, 0, kSmallFloats * sizeof(float)));
+  NN_CUDA_CHECK(cudaMalloc(&stats_temp_, 2 * sizeof(unsigned long long)));
+  host_pinned_bytes_ = size_t{1} << 20;
+  NN_CUDA_CHECK(cudaHostAlloc(&host_pinned_, host_pinned_bytes_, cudaHostAllocDefault));
+  return Status::Ok();
+}
+
+Status CudaBackend::Alloc(size_t bytes, void** ptr) {
+  if (ptr == nullptr) return Status::Error("Alloc: ptr: null");
+  *ptr = nullptr;
+  if (bytes == 0) bytes = 1;
+  // cudaMalloc aligns to 256 bytes; the memset is queued so later work sees zeros.
+  NN_CUDA_CHECK(cudaMalloc(ptr, bytes));
+  NN_CUDA_CHECK(cudaMemsetAsync(*ptr, 0, bytes, stream_));
+  return Status::Ok();
+}
+
+void CudaBackend::Free(void* ptr) {
+  if (ptr == nullptr) return;
+  cudaStreamSynchronize(stream_);  // queued work may still use it
+  cudaFree(ptr);
+}
+
+Status CudaBackend::Upload(void* dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  if (dst == nullptr || host_src == nullptr) return Status::Error("Upload: dst or host_src: null");
+  NN_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+  // The caller may reuse host_src when this returns.
+  NN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::Download(void* host_dst, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  if (host_dst == nullptr || src == nullptr) return Status::Error("Download: host_dst or src: null");
+  NN_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  NN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::CopyBytes(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return Status::Ok();
+  NN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::Sync() {
+  NN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  NN_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+// ============================================================================
+// Elementwise
+// ============================================================================
+
+Status CudaBackend::Fill(float* x, int64_t count, float value) {
+  KEEL_RETURN_IF_ERROR(CheckCount(count, "Fill"));
+  if (count == 0) return Status::Ok();
+  const bool vec = Vec4(x);
+  FillKernel<<<GridFor(vec ? count / 4 + 1 : count), kThreads, 0, stream_>>>(x, count, value, vec);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::Add(const float* a, const float* b, float* out, int64_t count) {
+  KEEL_RETURN_IF_ERROR(CheckCount(count, "Add"));
+  if (count == 0) return Status::Ok();
+  const bool vec = Vec4(a, b, out);
+  AddKernel<<<GridFor(vec ? count / 4 + 1 : count), kThreads, 0, stream_>>>(a, b, out, count, vec);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::Axpy(float alpha, const float* x, float* y, int64_t count) {
+  KEEL_RETURN_IF_ERROR(CheckCount(count, "Axpy"));
+  if (count == 0) return Status::Ok();
+  const bool vec = Vec4(x, y);
+  AxpyKernel<<<GridFor(vec ? count / 4 + 1 : count), kThreads, 0, stream_>>>(alpha, x, y, count, vec);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::Scale(float* x, int64_t count, float alpha) {
+  KEEL_RETURN_IF_ERROR(CheckCount(count, "Scale"));
+  if (count == 0) return Status::Ok();
+  const bool vec = Vec4(x);
+  ScaleKernel<<<GridFor(vec ? count / 4 + 1 : count), kThreads, 0, stream_>>>(x, count, alpha, vec);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::Copy2D(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows,
+                           int64_t cols) {
+  if (rows < 0 || cols < 0 || src_ld < cols || dst_ld < cols)
+    return Status::Error("Copy2D: shape: rows " + std::to_string(rows) + ", cols " + std::to_string(cols) +
+                         ", src_ld " + std::to_string(src_ld) + ", dst_ld " + std::to_string(dst_ld) +
+                         " is not allowed; need rows, cols >= 0 and both ld >= cols");
+  if (rows == 0 || cols == 0) return Status::Ok();
+  NN_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_ld * sizeof(float), src, src_ld * sizeof(float), cols * sizeof(float),
+                                  rows, cudaMemcpyDeviceToDevice, stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::RandomNormal(float* x, int64_t count, uint64_t seed, uint64_t offset, float stddev) {
+  KEEL_RETURN_IF_ERROR(CheckCount(count, "RandomNormal"));
+  if (count == 0) return Status::Ok();
+  RandomNormalKernel<<<GridFor(count), kThreads, 0, stream_>>>(x, count, seed, offset, stddev);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+// ============================================================================
+// Optimizer
+// ============================================================================
+
+Status CudaBackend::AdamW(float* param, const float* grad, float* m, float* v, int64_t count, float lr,
+                          float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale) {
+  KEEL_RETURN_IF_ERROR(CheckCount(count, "AdamW"));
+  if (step < 1) return Status::Error("AdamW: step: " + std::to_string(step) + " is not allowed; need >= 1 (1-based)");
+  if (count == 0) return Status::Ok();
+  AdamArgs a;
+  a.lr = lr;
+  a.beta1 = beta1;
+  a.beta2 = beta2;
+  a.eps = eps;
+  a.weight_decay = weight_decay;
+  a.grad_scale = grad_scale;
+  // The bias corrections in double, rounded once (beta2^t loses digits in float).
+  a.bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), step));
+  a.bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), step));
+  AdamWKernel<<<GridFor(count), kThreads, 0, stream_>>>(param, grad, m, v, count, a);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+// ============================================================================
+// Reductions
+// ============================================================================
+
+Status CudaBackend::Reduce(int kind, const std::vector<Span>& a, const std::vector<Span>* b,
+                           std::vector<double>* out) {
+  const char* what = kind == 0 ? "SumSquares" : kind == 1 ? "Sums" : "Dots";
+  if (out == nullptr) return Status::Error(std::string(what) + ": out: null");
+  if (b != nullptr && b->size() != a.size())
+    return Status::Error(std::string(what) + ": a has " + std::to_string(a.size()) + " spans and b " +
+                         std::to_string(b->size()) + "; need the same count");
+  const int spans = static_cast<int>(a.size());
+  out->assign(a.size(), 0.0);
+  if (spans == 0) return Status::Ok();
+  std::vector<ReduceChunk> chunks;
+  std::vector<int64_t> first(a.size() + 1, 0);
+  for (int s = 0; s < spans; ++s) {
+    first[s] = static_cast<int64_t>(chunks.size());
+    const int64_t n = a[s].count;
+    if (n < 0 || (n > 0 && a[s].data == nullptr))
+      return Status::Error(std::string(what) + ": span " + std::to_string(s) + ": count " + std::to_string(n) +
+                           " with data " + (a[s].data ? "set" : "null") + "; need count >= 0 and data");
+    if (b != nullptr && ((*b)[s].count != n || (n > 0 && (*b)[s].data == nullptr)))
+      return Status::Error(std::string(what) + ": span " + std::to_string(s) + ": b has " +
+                           std::to_string((*b)[s].count) + " floats, a " + std::to_string(n) + "; need equal");
+    for (int64_t off = 0; off < n; off += kReduceChunk) {
+      chunks.push_back(ReduceChunk{a[s].data + off, b != nullptr ? (*b)[s].data + off : nullptr,
+                                   std::min(kReduceChunk, n - off)});
+    }
+  }
+  first[spans] = static_cast<int64_t>(chunks.size());
+  const int64_t nchunks = static_cast<int64_t>(chunks.size());
+  const size_t chunk_bytes = chunks.size() * sizeof(ReduceChunk);
+  const size_t first_bytes = first.size() * sizeof(int64_t);
+  const size_t result_bytes = a.size() * sizeof(double);
+  const size_t desc_bytes = chunk_bytes + first_bytes;
+  // Device layout: chunks | first | partials (nchunks doubles) | results.
+  const size_t partial_offset = (desc_bytes + 15) / 16 * 16;
+  const size_t result_offset = partial_offset + static_cast<size_t>(nchunks) * sizeof(double);
+  KEEL_RETURN_IF_ERROR(reduce_desc_.Reserve(result_offset + result_bytes + 16, stream_));
+  const size_t host_need = std::max(desc_bytes, result_bytes);
+  if (host_need > host_pinned_bytes_) {
+    NN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    NN_CUDA_CHECK(cudaFreeHost(host_pinned_));
+    host_pinned_ = nullptr;
+    host_pinned_bytes_ = host_need * 2;
+    NN_CUDA_CHECK(cudaHostAlloc(&host_pinned_, host_pinned_bytes_, cudaHostAllocDefault));
+  }
+  // The pinned buffer is free: every earlier use ended with a synchronisation.
+  char* host = static_cast<char*>(host_pinned_);
+  if (chunk_bytes > 0) std::memcpy(host, chunks.data(), chunk_bytes);
+  std::memcpy(host + chunk_bytes, first.data(), first_bytes);
+  char* dev = reduce_desc_.get<char>();
+  NN_CUDA_CHECK(cudaMemcpyAsync(dev, host, desc_bytes, cudaMemcpyHostToDevice, stream_));
+  double* partials = reinterpret_cast<double*>(dev + partial_offset);
+  double* results = reinterpret_cast<double*>(dev + result_offset);
+  if (nchunks > 0) {
+    ReduceChunksKernel<<<static_cast<unsigned int>(nchunks), kReduceThreads, 0, stream_>>>(
+        reinterpret_cast<const ReduceChunk*>(dev), kind, partials);
+    NN_LAUNCH_CHECK();
+  }
+  ReduceSpansKernel<<<static_cast<unsigned int>(CeilDiv(spans, 128)), 128, 0, stream_>>>(
+      partials, reinterpret_cast<const int64_t*>(dev + chunk_bytes), spans, results);
+  NN_LAUNCH_CHECK();
+  NN_CUDA_CHECK(cudaMemcpyAsync(host, results, result_bytes, cudaMemcpyDeviceToHost, stream_));
+  NN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::memcpy(out->data(), host, result_bytes);
+  return Status::Ok();
+}
+
+Status CudaBackend::SumSquares(const std::vector<Span>& spans, std::vector<double>* out) {
+  return Reduce(0, spans, nullptr, out);
+}
+
+Status CudaBackend::Sums(const std::vector<Span>& spans, std::vector<double>* out) {
+  return Reduce(1, spans, nullptr, out);
+}
+
+Status CudaBackend::Dots(const std::vector<Span>& a, const std::vector<Span>& b, std::vector<double>* out) {
+  return Reduce(2, a, &b, out);
+}
+
+}  // namespace nncuda
+
+Status MakeCudaBackend(std::unique_ptr<Backend>* out) {
+  if (out == nullptr) return Status::Error("MakeCudaBackend: out: null");
+  auto backend = std::make_unique<nncuda::CudaBackend>();
+  KEEL_RETURN_IF_ERROR(backend->Init());
+  *out = std::move(backend);
+  return Status::Ok();
+}
+
+}  // namespace keel

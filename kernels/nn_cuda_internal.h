@@ -1,0 +1,291 @@
+// Internals shared by the CUDA backend's compilation units (nn_cuda_*.cu): the
+// CudaBackend class, error checks, scratch buffers, the cuBLASLt wrapper and the
+// launch helpers. Only .cu files include this (it needs the CUDA headers); the
+// public entry point is MakeCudaBackend in nn.h.
+//
+// Threading: a CudaBackend is used from one host thread at a time (the trainer's);
+// everything it queues goes to its one non-blocking stream, in call order.
+#ifndef KEEL_KERNELS_NN_CUDA_INTERNAL_H_
+#define KEEL_KERNELS_NN_CUDA_INTERNAL_H_
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/nn.h"
+#include "kernels/quantize_cuda.h"
+
+namespace keel {
+namespace nncuda {
+
+// ---- Errors ---------------------------------------------------------------------
+
+Status CudaError(cudaError_t error, const char* call, const char* file, int line);
+Status CublasError(cublasStatus_t status, const char* call, const char* file, int line);
+
+// Evaluate a CUDA runtime / cuBLASLt call; on failure return a Status naming the
+// call with file and line.
+#define NN_CUDA_CHECK(call)                                                        \
+  do {                                                                             \
+    const cudaError_t nn_cuda_error_ = (call);                                     \
+    if (nn_cuda_error_ != cudaSuccess)                                             \
+      return ::keel::nncuda::CudaError(nn_cuda_error_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+#define NN_CUBLAS_CHECK(call)                                                          \
+  do {                                                                                 \
+    const cublasStatus_t nn_cublas_status_ = (call);                                   \
+    if (nn_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                    \
+      return ::keel::nncuda::CublasError(nn_cublas_status_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+// After a <<<...>>> launch: reports a bad configuration at the launch site.
+#define NN_LAUNCH_CHECK() NN_CUDA_CHECK(cudaGetLastError())
+
+// ---- Launch geometry ---------------------------------------------------------------
+
+constexpr int kThreads = 256;
+
+__host__ __device__ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Blocks for a grid-stride loop over `work` items at `per_block` items a block:
+// enough to fill the GPU a few times over, never more than the work needs.
+unsigned int GridFor(int64_t work, int64_t per_block = kThreads);
+
+inline bool Aligned(const void* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// Sums over rows (dbias, LayerNorm dgamma / dbeta) run in two passes with a fixed
+// order: pass 1 writes one partial sum per chunk of rows and column (chunks =
+// ColumnChunks(rows), each ceil(rows / chunks) rows); FinalizeColumnPartials adds
+// each column's partials in chunk order to out[c] (out null: nothing).
+int64_t ColumnChunks(int64_t rows);
+Status FinalizeColumnPartials(const float* partial, int64_t chunks, int64_t cols, float* out,
+                              cudaStream_t stream);
+
+// ---- Scratch memory ------------------------------------------------------------------
+
+// A device buffer that grows on demand and is otherwise kept: the steady state
+// allocates nothing. Growth frees the old buffer in stream order (cudaFreeAsync), so
+// work already queued on it still finds it.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  Status Reserve(size_t bytes, cudaStream_t stream);
+  void Release(cudaStream_t stream);
+  template <typename T> T* get() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// ---- cuBLASLt ------------------------------------------------------------------------
+
+// One (strided-batched) GEMM in cuBLASLt's column-major terms:
+//   C (m x n, ldc) = alpha * op(A) . op(B) + beta * C [+ bias broadcast along n]
+// op(A) is m x k (A stored k x m when trans_a), op(B) is k x n (B stored n x k when
+// trans_b). A row-major r x c matrix is a column-major c x r one with ld = c, so
+// the callers compute row-major products as transposed column-major ones.
+struct GemmArgs {
+  bool bf16 = false;             // A and B bf16 (else fp32); C always fp32
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  int64_t lda = 0, stride_a = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0, stride_b = 0;
+  float* c = nullptr;
+  int64_t ldc = 0, stride_c = 0;
+  int64_t batch = 1;
+  const float* alpha = nullptr;  // device float
+  bool accumulate = false;       // beta = 1, else 0
+  const float* bias = nullptr;   // m floats added to every column, or null
+};
+
+// The cuBLASLt handle, its workspace and a cache of matmul plans (descriptors and
+// the heuristic's algorithm) per shape, so a training step queries the heuristic
+// only on its first pass. Compute type CUBLAS_COMPUTE_32F everywhere: FP32
+// accumulation, and no TF32 for fp32 operands. Pointer mode device: alpha and beta
+// are device floats (the decode scales of NVFP4 / FP8 operands are only known there).
+class Blas {
+ public:
+  Blas() = default;
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+  Status Init(cudaStream_t stream);
+  Status Gemm(const GemmArgs& g);
+  // Device floats 1.0f and 0.0f, for alpha.
+  const float* one() const { return constants_ + 1; }
+
+ private:
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo;
+  };
+  // Everything but the pointers, plus the pointers' alignments (the heuristic's
+  // algorithm may assume them).
+  using Key = std::tuple<bool, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                         int64_t, int64_t, int64_t, int64_t, bool, int>;
+  Status MakePlan(const GemmArgs& g, int alignment, Plan* plan);
+
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  float* constants_ = nullptr;  // device: [0] = 0.0f, [1] = 1.0f
+  std::map<Key, Plan> plans_;
+};
+
+// ---- The backend -----------------------------------------------------------------------
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() = default;
+  ~CudaBackend() override;
+  Status Init();
+
+  const char* name() const override { return "cuda"; }
+  std::string Describe() const override { return description_; }
+
+  Status Alloc(size_t bytes, void** ptr) override;
+  void Free(void* ptr) override;
+  Status Upload(void* dst, const void* host_src, size_t bytes) override;
+  Status Download(void* host_dst, const void* src, size_t bytes) override;
+  Status CopyBytes(void* dst, const void* src, size_t bytes) override;
+  Status Fill(float* x, int64_t count, float value) override;
+  Status Sync() override;
+
+  Status Add(const float* a, const float* b, float* out, int64_t count) override;
+  Status Axpy(float alpha, const float* x, float* y, int64_t count) override;
+  Status Scale(float* x, int64_t count, float alpha) override;
+  Status Copy2D(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows,
+                int64_t cols) override;
+  Status RandomNormal(float* x, int64_t count, uint64_t seed, uint64_t offset,
+                      float stddev) override;
+
+  Status QuantizeDequantize(const float* x, int64_t rows, int64_t cols, int axis,
+                            const OperandFormat& format, uint64_t seed, float* out) override;
+
+  Status LinearForward(const float* x, const float* w, const float* bias, float* y, int64_t rows,
+                       int64_t in, int64_t out, const LinearQuant& q) override;
+  Status LinearBackward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                        float* dbias, int64_t rows, int64_t in, int64_t out,
+                        const LinearQuant& q) override;
+  Status ResetOperandStats(int slots) override;
+  Status ReadOperandStats(std::vector<OperandStats>* stats) override;
+
+  Status LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
+                          float* mean, float* rstd, int64_t rows, int64_t cols,
+                          float eps) override;
+  Status LayerNormBackward(const float* x, const float* gamma, const float* mean,
+                           const float* rstd, const float* dy, float* dx, float* dgamma,
+                           float* dbeta, int64_t rows, int64_t cols) override;
+  Status GeluForward(const float* x, float* y, int64_t count) override;
+  Status GeluBackward(const float* x, const float* dy, float* dx, int64_t count) override;
+  Status SwigluForward(const float* x, float* y, int64_t rows, int64_t h) override;
+  Status SwigluBackward(const float* x, const float* dy, float* dx, int64_t rows,
+                        int64_t h) override;
+  Status EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* out,
+                          int64_t batch, int64_t seq, int64_t dim) override;
+  Status EmbeddingBackward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe,
+                           int64_t batch, int64_t seq, int64_t dim) override;
+  Status AttentionForward(const float* qkv, float* out, float* probs, int64_t batch, int64_t seq,
+                          int64_t heads, int64_t dim, bool bf16_operands) override;
+  Status AttentionBackward(const float* qkv, const float* probs, const float* dout, float* dqkv,
+                           int64_t batch, int64_t seq, int64_t heads, int64_t dim,
+                           bool bf16_operands) override;
+  Status CrossEntropyForward(const float* logits, const int32_t* targets, float* losses,
+                             int64_t rows, int64_t padded_vocab, int64_t vocab) override;
+  Status CrossEntropyBackward(const float* logits, const int32_t* targets, float* dlogits,
+                              int64_t rows, int64_t padded_vocab, int64_t vocab,
+                              float scale) override;
+
+  Status AdamW(float* param, const float* grad, float* m, float* v, int64_t count, float lr,
+               float beta1, float beta2, float eps, float weight_decay, int step,
+               float grad_scale) override;
+
+  Status SumSquares(const std::vector<Span>& spans, std::vector<double>* out) override;
+  Status Sums(const std::vector<Span>& spans, std::vector<double>* out) override;
+  Status Dots(const std::vector<Span>& a, const std::vector<Span>& b,
+              std::vector<double>* out) override;
+
+ private:
+  // Small device floats the linear layer passes between its kernels and cuBLASLt.
+  // Slots per role: the quantizer's amax and its tensor decode scale.
+  static constexpr int kAmaxSlot = 0;         // + role
+  static constexpr int kTensorScaleSlot = 8;  // + role
+  static constexpr int kAlphaSlot = 16;       // + GEMM (0 fwd, 1 dgrad, 2 wgrad)
+  static constexpr int kAttentionScaleSlot = 20;  // 1 / sqrt(hd) for dQ and dK
+  static constexpr int kSmallFloats = 32;
+
+  // One GEMM operand after its role's quantization.
+  struct Operand {
+    const void* data = nullptr;          // bf16 or fp32 values, row-major like the source
+    const float* tensor_scale = nullptr; // device decode scale for alpha (NVFP4, FP8), or null
+  };
+  // Quantizes x (rows x cols) for `role` along `axis` into buffer `scratch`, bf16
+  // when `bf16` else fp32, without the per-tensor decode scale (returned in
+  // out->tensor_scale for alpha); kFp32 roles pass x through. Adds the role's
+  // statistics when stats_slot >= 0.
+  Status PrepareOperand(const float* x, int64_t rows, int64_t cols, int axis, Role role,
+                        const LinearQuant& q, bool bf16, Scratch* scratch, Operand* out);
+  // Device counters of one quantization (see OperandStats) added to slot/role.
+  Status AddOperandStats(const float* x, int64_t rows, int64_t cols, int axis,
+                         const OperandFormat& f, const uint8_t* codes, const uint8_t* scales,
+                         const float* tensor_scale, int slot, Role role);
+  // Quantize x (fp32) with `format` into out (fp32 or bf16), codes/scales when
+  // non-null; tensor_scale receives NVFP4 / FP8 decode scales.
+  Status Quantize(const float* x, int64_t rows, int64_t cols, int axis,
+                  const OperandFormat& format, uint64_t seed, void* out, bool out_bf16,
+                  bool out_without_tensor_scale, uint8_t* codes, uint8_t* scales,
+                  float* amax, float* tensor_scale);
+  // alpha = product of the two decode scales (null ones count as 1) in slot `gemm`.
+  Status Alpha(const Operand& a, const Operand& b, int gemm, const float** alpha);
+  // out (+)= column sums of m (rows x cols, row-major), in a fixed order.
+  Status ColumnSums(const float* m, int64_t rows, int64_t cols, float* out);
+  // Shared by the three reductions: kind 0 sum of squares, 1 sum, 2 dot.
+  Status Reduce(int kind, const std::vector<Span>& a, const std::vector<Span>* b,
+                std::vector<double>* out);
+
+  int device_ = 0;
+  int sm_count_ = 1;
+  std::string description_;
+  cudaStream_t stream_ = nullptr;
+  Blas blas_;
+  float* small_ = nullptr;             // kSmallFloats device floats
+  unsigned long long* stats_ = nullptr;  // slots x 6 roles x 4 counters
+  int stats_slots_ = 0;
+  unsigned long long* stats_temp_ = nullptr;  // 2 per-call counters of the stats kernels
+  void* host_pinned_ = nullptr;        // staging for reductions' descriptors and results
+  size_t host_pinned_bytes_ = 0;
+
+  // Scratch, grown on demand and kept.
+  Scratch op_a_, op_b_;                // quantized GEMM operands
+  Scratch codes_, scales_;             // codes and scales of a quantization, for its stats
+  Scratch partials_;                   // column-sum and reduction partials
+  Scratch quant_temp_;                 // QuantizeDequantize with out == x
+  Scratch align_in_;                   // a quantizer input that is not 16-byte aligned
+  Scratch attn_q_, attn_k_, attn_v_, attn_o_;  // attention, per head [b, h, t, d]
+  Scratch attn_p_, attn_dp_, attn_ds_; // attention: probabilities in bf16, dP, dS in bf16
+  Scratch attn_dq_, attn_dk_, attn_dv_;
+  Scratch embed_;                      // embedding backward's sort
+  Scratch reduce_desc_;                // the reductions' span descriptors
+};
+
+}  // namespace nncuda
+}  // namespace keel
+
+#endif  // KEEL_KERNELS_NN_CUDA_INTERNAL_H_

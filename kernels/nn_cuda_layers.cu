@@ -1,0 +1,679 @@
+// The CUDA backend's layers other than linear and attention: LayerNorm, exact
+// GELU, SwiGLU, token + position embedding and softmax cross-entropy.
+//
+// Determinism: every sum has a fixed order. Row reductions are per-thread strided
+// sums followed by a fixed xor-shuffle tree (a warp per row) or a fixed shared-
+// memory tree (a block per row); the parameter gradients summed over rows (LayerNorm
+// dgamma / dbeta) go through per-chunk partial sums and a second pass in chunk
+// order; the embedding gradients add each position's row in position order, as
+// the CPU does (dwte after ranking equal tokens: integer work only), so they are
+// the CPU's bits. No float atomics anywhere.
+#include <cmath>
+#include <string>
+
+#include "kernels/nn_cuda_internal.h"
+
+namespace keel {
+namespace nncuda {
+
+namespace {
+
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+__device__ __forceinline__ double WarpSum(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+// ============================================================================
+// Kernels: LayerNorm
+// ============================================================================
+
+// One warp per row: mean, then the population variance around the rounded mean
+// (two passes, the row stays in L1; both sums in double, as the CPU reference
+// sums them), then y = (x - mean) * rstd * gamma + beta. kVec: cols % 4 == 0 and
+// 16-byte aligned rows, loaded as float4.
+template <bool kVec>
+__global__ void __launch_bounds__(256) LayerNormForwardKernel(const float* __restrict__ x, const float* __restrict__ gamma,
+                                                              const float* __restrict__ beta, float* __restrict__ y,
+                                                              float* __restrict__ mean, float* __restrict__ rstd,
+                                                              int64_t rows, int64_t cols, float eps) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const float* xr = x + row * cols;
+  float* yr = y + row * cols;
+  double sum = 0.0;
+  if constexpr (kVec) {
+    for (int64_t c = lane; c < cols / 4; c += 32) {
+      const float4 v = reinterpret_cast<const float4*>(xr)[c];
+      sum += v.x;
+      sum += v.y;
+      sum += v.z;
+      sum += v.w;
+    }
+  } else {
+    for (int64_t c = lane; c < cols; c += 32) sum += xr[c];
+  }
+  const float m = static_cast<float>(WarpSum(sum) / static_cast<double>(cols));
+  const double md = m;
+  double sq = 0.0;
+  if constexpr (kVec) {
+    for (int64_t c = lane; c < cols / 4; c += 32) {
+      const float4 v = reinterpret_cast<const float4*>(xr)[c];
+      const double d0 = v.x - md, d1 = v.y - md, d2 = v.z - md, d3 = v.w - md;
+      sq += d0 * d0;
+      sq += d1 * d1;
+      sq += d2 * d2;
+      sq += d3 * d3;
+    }
+  } else {
+    for (int64_t c = lane; c < cols; c += 32) {
+      const double d = xr[c] - md;
+      sq += d * d;
+    }
+  }
+  const float var = static_cast<float>(WarpSum(sq) / static_cast<double>(cols));
+  const float s = 1.0f / sqrtf(var + eps);
+  if constexpr (kVec) {
+    for (int64_t c = lane; c < cols / 4; c += 32) {
+      const float4 v = reinterpret_cast<const float4*>(xr)[c];
+      const float4 g = reinterpret_cast<const float4*>(gamma)[c];
+      float4 o;
+      o.x = (v.x - m) * s * g.x;
+      o.y = (v.y - m) * s * g.y;
+      o.z = (v.z - m) * s * g.z;
+      o.w = (v.w - m) * s * g.w;
+      if (beta != nullptr) {
+        const float4 b = reinterpret_cast<const float4*>(beta)[c];
+        o.x = o.x + b.x;
+        o.y = o.y + b.y;
+        o.z = o.z + b.z;
+        o.w = o.w + b.w;
+      }
+      reinterpret_cast<float4*>(yr)[c] = o;
+    }
+  } else {
+    for (int64_t c = lane; c < cols; c += 32) {
+      float o = (xr[c] - m) * s * gamma[c];
+      if (beta != nullptr) o = o + beta[c];
+      yr[c] = o;
+    }
+  }
+  if (lane == 0) {
+    if (mean != nullptr) mean[row] = m;
+    if (rstd != nullptr) rstd[row] = s;
+  }
+}
+
+// dx += ((g - mean(g)) - xhat * mean(g * xhat)) * rstd with g = dy * gamma and
+// xhat = (x - mean) * rstd (the two means summed in double); one warp per row.
+// kVec: cols % 4 == 0 and every pointer 16-byte aligned, four columns a step.
+template <bool kVec>
+__global__ void __launch_bounds__(256) LayerNormBackwardKernel(const float* __restrict__ x, const float* __restrict__ gamma,
+                                                               const float* __restrict__ mean,
+                                                               const float* __restrict__ rstd,
+                                                               const float* __restrict__ dy, float* __restrict__ dx,
+                                                               int64_t rows, int64_t cols) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const float* xr = x + row * cols;
+  const float* dyr = dy + row * cols;
+  float* dxr = dx + row * cols;
+  const float m = mean[row], s = rstd[row];
+  constexpr int kWidth = kVec ? 4 : 1;
+  // Loads kWidth consecutive floats at column c (a multiple of kWidth).
+  auto load = [](const float* p, int64_t c, float v[kWidth]) {
+    if constexpr (kVec) {
+      const float4 q = *reinterpret_cast<const float4*>(p + c);
+      v[0] = q.x;
+      v[1] = q.y;
+      v[2] = q.z;
+      v[3] = q.w;
+    } else {
+      v[0] = p[c];
+    }
+  };
+  double sum_g = 0.0, sum_gx = 0.0;
+  for (int64_t c = lane * kWidth; c < cols; c += 32 * kWidth) {
+    float xv[kWidth], dv[kWidth], gv[kWidth];
+    load(xr, c, xv);
+    load(dyr, c, dv);
+    load(gamma, c, gv);
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) {
+      const float g = dv[k] * gv[k];
+      const float xhat = (xv[k] - m) * s;
+      sum_g += g;
+      sum_gx += static_cast<double>(g) * xhat;
+    }
+  }
+  const float mean_g = static_cast<float>(WarpSum(sum_g) / static_cast<double>(cols));
+  const float mean_gx = static_cast<float>(WarpSum(sum_gx) / static_cast<double>(cols));
+  for (int64_t c = lane * kWidth; c < cols; c += 32 * kWidth) {
+    float xv[kWidth], dv[kWidth], gv[kWidth], ov[kWidth];
+    load(xr, c, xv);
+    load(dyr, c, dv);
+    load(gamma, c, gv);
+    load(dxr, c, ov);
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) {
+      const float g = dv[k] * gv[k];
+      const float xhat = (xv[k] - m) * s;
+      ov[k] = ov[k] + ((g - mean_g) - xhat * mean_gx) * s;
+    }
+    if constexpr (kVec) {
+      *reinterpret_cast<float4*>(dxr + c) = make_float4(ov[0], ov[1], ov[2], ov[3]);
+    } else {
+      dxr[c] = ov[0];
+    }
+  }
+}
+
+// dgamma / dbeta partials: block (x, y) covers columns 32x .. 32x + 31 and rows
+// [y * rows_per_chunk, ...), as ColumnPartialsKernel (nn_cuda_linear.cu) with the
+// summands dy * xhat and dy.
+__global__ void __launch_bounds__(256) LayerNormParamPartialsKernel(const float* __restrict__ x,
+                                                                    const float* __restrict__ mean,
+                                                                    const float* __restrict__ rstd,
+                                                                    const float* __restrict__ dy, int64_t rows,
+                                                                    int64_t cols, int64_t rows_per_chunk,
+                                                                    float* __restrict__ partial_gamma,
+                                                                    float* __restrict__ partial_beta) {
+  __shared__ float sums_g[8][33];
+  __shared__ float sums_b[8][33];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = min(rows, r0 + rows_per_chunk);
+  float acc_g = 0.0f, acc_b = 0.0f;
+  if (col < cols) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+      const float d = dy[r * cols + col];
+      const float xhat = (x[r * cols + col] - mean[r]) * rstd[r];
+      acc_g += d * xhat;
+      acc_b += d;
+    }
+  }
+  sums_g[threadIdx.y][threadIdx.x] = acc_g;
+  sums_b[threadIdx.y][threadIdx.x] = acc_b;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float tg = sums_g[0][threadIdx.x], tb = sums_b[0][threadIdx.x];
+    for (int k = 1; k < 8; ++k) {
+      tg += sums_g[k][threadIdx.x];
+      tb += sums_b[k][threadIdx.x];
+    }
+    partial_gamma[blockIdx.y * cols + col] = tg;
+    partial_beta[blockIdx.y * cols + col] = tb;
+  }
+}
+
+// ============================================================================
+// Kernels: GELU, SwiGLU
+// ============================================================================
+
+constexpr float kSqrt2 = 1.41421356237309504880f;
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;  // 1 / sqrt(2 pi)
+
+__device__ __forceinline__ float Gelu(float x) { return x * 0.5f * (1.0f + erff(x / kSqrt2)); }
+
+// gelu'(x) = Phi(x) + x phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2)), phi the normal density.
+__device__ __forceinline__ float GeluGrad(float x) {
+  const float cdf = 0.5f * (1.0f + erff(x / kSqrt2));
+  const float pdf = expf(-0.5f * x * x) * kInvSqrt2Pi;
+  return cdf + x * pdf;
+}
+
+__global__ void GeluForwardKernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, bool vec) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if (vec) {
+    for (int64_t j = i; j < n / 4; j += stride) {
+      const float4 v = reinterpret_cast<const float4*>(x)[j];
+      reinterpret_cast<float4*>(y)[j] = make_float4(Gelu(v.x), Gelu(v.y), Gelu(v.z), Gelu(v.w));
+    }
+    done = n / 4 * 4;
+  }
+  for (int64_t j = done + i; j < n; j += stride) y[j] = Gelu(x[j]);
+}
+
+__global__ void GeluBackwardKernel(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ dx,
+                                   int64_t n, bool vec) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if (vec) {
+    for (int64_t j = i; j < n / 4; j += stride) {
+      const float4 v = reinterpret_cast<const float4*>(x)[j];
+      const float4 d = reinterpret_cast<const float4*>(dy)[j];
+      reinterpret_cast<float4*>(dx)[j] =
+          make_float4(d.x * GeluGrad(v.x), d.y * GeluGrad(v.y), d.z * GeluGrad(v.z), d.w * GeluGrad(v.w));
+    }
+    done = n / 4 * 4;
+  }
+  for (int64_t j = done + i; j < n; j += stride) dx[j] = dy[j] * GeluGrad(x[j]);
+}
+
+__device__ __forceinline__ float Sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
+
+__global__ void SwigluForwardKernel(const float* __restrict__ x, float* __restrict__ y, int64_t rows, int64_t h) {
+  const int64_t n = rows * h;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t r = i / h, c = i - r * h;
+    const float a = x[r * 2 * h + c], u = x[r * 2 * h + h + c];
+    y[i] = a / (1.0f + expf(-a)) * u;
+  }
+}
+
+// d gate = dy * up * silu'(a), silu'(a) = s (1 + a (1 - s)) with s = sigmoid(a);
+// d up = dy * silu(a).
+__global__ void SwigluBackwardKernel(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ dx,
+                                     int64_t rows, int64_t h) {
+  const int64_t n = rows * h;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t r = i / h, c = i - r * h;
+    const float a = x[r * 2 * h + c], u = x[r * 2 * h + h + c];
+    const float s = Sigmoid(a);
+    const float silu = a * s;
+    const float d = dy[i];
+    dx[r * 2 * h + c] = d * u * (s * (1.0f + a * (1.0f - s)));
+    dx[r * 2 * h + h + c] = d * silu;
+  }
+}
+
+// ============================================================================
+// Kernels: embedding
+// ============================================================================
+
+__global__ void EmbeddingForwardKernel(const int32_t* __restrict__ tokens, const float* __restrict__ wte,
+                                       const float* __restrict__ wpe, float* __restrict__ out, int64_t positions,
+                                       int64_t seq, int64_t dim) {
+  const int64_t n = positions * dim;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t p = i / dim, c = i - p * dim;
+    const int64_t t = p % seq;
+    out[i] = wte[static_cast<int64_t>(tokens[p]) * dim + c] + wpe[t * dim + c];
+  }
+}
+
+// For every position p: rank[p] = positions q < p with the same token, head[p] =
+// the first such position (p itself when rank is 0), count[p] = all positions with
+// that token. Every pair is compared (tokens staged in shared memory): N^2 integer
+// compares, a few microseconds for N = 16K.
+__global__ void __launch_bounds__(256) EmbeddingRankKernel(const int32_t* __restrict__ tokens, int n,
+                                                           int* __restrict__ rank, int* __restrict__ head,
+                                                           int* __restrict__ count) {
+  __shared__ int32_t tile[256];
+  const int p = blockIdx.x * 256 + threadIdx.x;
+  const int32_t mine = p < n ? tokens[p] : 0;
+  int before = 0, total = 0, first = p;
+  for (int base = 0; base < n; base += 256) {
+    __syncthreads();
+    if (base + static_cast<int>(threadIdx.x) < n) tile[threadIdx.x] = tokens[base + threadIdx.x];
+    __syncthreads();
+    const int limit = min(256, n - base);
+    for (int k = 0; k < limit; ++k) {
+      if (tile[k] == mine) {
+        const int q = base + k;
+        ++total;
+        if (q < p) ++before;
+        first = min(first, q);
+      }
+    }
+  }
+  if (p < n) {
+    rank[p] = before;
+    head[p] = first;
+    count[p] = total;
+  }
+}
+
+// Exclusive scan of (rank[p] == 0 ? count[p] : 0) in one block: start[p] is where
+// head p's positions begin in the sorted list (integers: any order is exact).
+__global__ void __launch_bounds__(1024) EmbeddingScanKernel(const int* __restrict__ rank, const int* __restrict__ count,
+                                                            int n, int* __restrict__ start) {
+  __shared__ int sums[1024];
+  const int per = (n + 1023) / 1024;
+  const int begin = threadIdx.x * per, end = min(n, begin + per);
+  int local = 0;
+  for (int p = begin; p < end; ++p) local += rank[p] == 0 ? count[p] : 0;
+  sums[threadIdx.x] = local;
+  __syncthreads();
+  for (int o = 1; o < 1024; o <<= 1) {
+    const int add = threadIdx.x >= o ? sums[threadIdx.x - o] : 0;
+    __syncthreads();
+    sums[threadIdx.x] += add;
+    __syncthreads();
+  }
+  int running = sums[threadIdx.x] - local;  // exclusive
+  for (int p = begin; p < end; ++p) {
+    start[p] = running;
+    running += rank[p] == 0 ? count[p] : 0;
+  }
+}
+
+__global__ void EmbeddingScatterKernel(const int* __restrict__ rank, const int* __restrict__ head,
+                                       const int* __restrict__ start, int n, int* __restrict__ sorted) {
+  const int p = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p < n) sorted[start[head[p]] + rank[p]] = p;
+}
+
+// One block per head position: the token's dout rows added to dwte[token] one by one
+// in position order (the CPU reference's order, so the same bits).
+__global__ void __launch_bounds__(256) EmbeddingTokenGradKernel(const int32_t* __restrict__ tokens,
+                                                                const float* __restrict__ dout,
+                                                                const int* __restrict__ rank,
+                                                                const int* __restrict__ count,
+                                                                const int* __restrict__ start,
+                                                                const int* __restrict__ sorted, int64_t dim,
+                                                                float* __restrict__ dwte) {
+  const int p = blockIdx.x;
+  if (rank[p] != 0) return;
+  const int first = start[p], k_end = first + count[p];
+  float* row = dwte + static_cast<int64_t>(tokens[p]) * dim;
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+    float acc = row[c];
+    for (int k = first; k < k_end; ++k) acc += dout[static_cast<int64_t>(sorted[k]) * dim + c];
+    row[c] = acc;
+  }
+}
+
+// dwpe[t, c] += dout[b, t, c] for b = 0, 1, ... in turn (the CPU's order and bits).
+__global__ void EmbeddingPositionGradKernel(const float* __restrict__ dout, int64_t batch, int64_t seq, int64_t dim,
+                                            float* __restrict__ dwpe) {
+  const int64_t n = seq * dim;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float acc = dwpe[i];
+    for (int64_t b = 0; b < batch; ++b) acc += dout[b * n + i];
+    dwpe[i] = acc;
+  }
+}
+
+// ============================================================================
+// Kernels: cross-entropy
+// ============================================================================
+
+constexpr int kCeThreads = 512;
+
+// (max, sum of exp(v - max)) of the row's first `vocab` logits: one pass per
+// thread with a running max (the sum rescaled when the max grows; the sum in
+// double, as the CPU reference keeps it), then a fixed shared-memory tree. Every
+// thread gets the row's pair. One pass instead of two: the rows (200 KB for GPT-2)
+// do not stay in cache between passes.
+__device__ void RowMaxSum(const float* row, int64_t padded, int64_t vocab, bool vec, float* max_out, double* sum_out) {
+  __shared__ float ms[kCeThreads];
+  __shared__ double ss[kCeThreads];
+  float m = -INFINITY;
+  double s = 0.0;
+  auto add = [&](float v) {
+    if (v > m) {
+      s = s * static_cast<double>(expf(m - v)) + 1.0;  // m = -inf: s is 0 and expf(-inf) is 0
+      m = v;
+    } else {
+      s += expf(v - m);
+    }
+  };
+  if (vec) {
+    for (int64_t c4 = threadIdx.x; c4 < padded / 4; c4 += kCeThreads) {
+      const float4 v = reinterpret_cast<const float4*>(row)[c4];
+      const int64_t c = c4 * 4;
+      if (c < vocab) add(v.x);
+      if (c + 1 < vocab) add(v.y);
+      if (c + 2 < vocab) add(v.z);
+      if (c + 3 < vocab) add(v.w);
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < vocab; c += kCeThreads) add(row[c]);
+  }
+  ms[threadIdx.x] = m;
+  ss[threadIdx.x] = s;
+  __syncthreads();
+  for (int half = kCeThreads / 2; half > 0; half >>= 1) {
+    if (threadIdx.x < half) {
+      const float m1 = ms[threadIdx.x], m2 = ms[threadIdx.x + half];
+      const float mm = fmaxf(m1, m2);
+      const double s1 = m1 == -INFINITY ? 0.0 : ss[threadIdx.x] * static_cast<double>(expf(m1 - mm));
+      const double s2 = m2 == -INFINITY ? 0.0 : ss[threadIdx.x + half] * static_cast<double>(expf(m2 - mm));
+      ms[threadIdx.x] = mm;
+      ss[threadIdx.x] = s1 + s2;
+    }
+    __syncthreads();
+  }
+  *max_out = ms[0];
+  *sum_out = ss[0];
+}
+
+__global__ void __launch_bounds__(kCeThreads) CrossEntropyForwardKernel(const float* __restrict__ logits,
+                                                                        const int32_t* __restrict__ targets,
+                                                                        float* __restrict__ losses, int64_t padded,
+                                                                        int64_t vocab, bool vec) {
+  const int64_t r = blockIdx.x;
+  const int32_t target = targets[r];
+  if (target < 0) {  // ignored (uniform across the block)
+    if (threadIdx.x == 0) losses[r] = 0.0f;
+    return;
+  }
+  const float* row = logits + r * padded;
+  float m;
+  double s;
+  RowMaxSum(row, padded, vocab, vec, &m, &s);
+  // logsumexp - logit[target], formed in double and rounded once (as the CPU does).
+  if (threadIdx.x == 0)
+    losses[r] = target < vocab ? static_cast<float>(static_cast<double>(m) + log(s) - static_cast<double>(row[target]))
+                               : NAN;
+}
+
+// dlogits may alias logits: the row's max and sum are complete (a barrier inside
+// RowMaxSum) before any thread writes, and each element is read and then written
+// by the same thread.
+__global__ void __launch_bounds__(kCeThreads) CrossEntropyBackwardKernel(const float* logits,
+                                                                         const int32_t* __restrict__ targets,
+                                                                         float* dlogits, int64_t padded, int64_t vocab,
+                                                                         float scale, bool vec) {
+  const int64_t r = blockIdx.x;
+  const int32_t target = targets[r];
+  const float* row = logits + r * padded;
+  float* drow = dlogits + r * padded;
+  if (target < 0) {
+    for (int64_t c = threadIdx.x; c < padded; c += kCeThreads) drow[c] = 0.0f;
+    return;
+  }
+  float m;
+  double s;
+  RowMaxSum(row, padded, vocab, vec, &m, &s);
+  __syncthreads();  // every thread has read m and s from shared memory before anyone writes
+  const float inv_sum = static_cast<float>(1.0 / s);
+  auto grad = [&](float v, int64_t c) {
+    if (c >= vocab) return 0.0f;
+    const float p = expf(v - m) * inv_sum;
+    return scale * (p - (c == target ? 1.0f : 0.0f));
+  };
+  if (vec) {
+    for (int64_t c4 = threadIdx.x; c4 < padded / 4; c4 += kCeThreads) {
+      const float4 v = reinterpret_cast<const float4*>(row)[c4];
+      const int64_t c = c4 * 4;
+      reinterpret_cast<float4*>(drow)[c4] = make_float4(grad(v.x, c), grad(v.y, c + 1), grad(v.z, c + 2), grad(v.w, c + 3));
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < padded; c += kCeThreads) drow[c] = grad(row[c], c);
+  }
+}
+
+Status CheckRowsCols(const char* what, int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 1)
+    return Status::Error(std::string(what) + ": shape: rows " + std::to_string(rows) + ", cols " +
+                         std::to_string(cols) + " is not allowed; need rows >= 0, cols >= 1");
+  return Status::Ok();
+}
+
+}  // namespace
+
+// ============================================================================
+// Launchers
+// ============================================================================
+
+Status CudaBackend::LayerNormForward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                                     float* rstd, int64_t rows, int64_t cols, float eps) {
+  KEEL_RETURN_IF_ERROR(CheckRowsCols("LayerNormForward", rows, cols));
+  if (rows == 0) return Status::Ok();
+  if (x == nullptr || gamma == nullptr || y == nullptr) return Status::Error("LayerNormForward: x, gamma or y: null");
+  const bool vec = cols % 4 == 0 && Aligned(x, 16) && Aligned(y, 16) && Aligned(gamma, 16) &&
+                   (beta == nullptr || Aligned(beta, 16));
+  const unsigned int blocks = static_cast<unsigned int>(CeilDiv(rows, 8));  // 8 warps (rows) per block
+  if (vec) {
+    LayerNormForwardKernel<true><<<blocks, 256, 0, stream_>>>(x, gamma, beta, y, mean, rstd, rows, cols, eps);
+  } else {
+    LayerNormForwardKernel<false><<<blocks, 256, 0, stream_>>>(x, gamma, beta, y, mean, rstd, rows, cols, eps);
+  }
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::LayerNormBackward(const float* x, const float* gamma, const float* mean, const float* rstd,
+                                      const float* dy, float* dx, float* dgamma, float* dbeta, int64_t rows,
+                                      int64_t cols) {
+  KEEL_RETURN_IF_ERROR(CheckRowsCols("LayerNormBackward", rows, cols));
+  if (rows == 0) return Status::Ok();
+  if (x == nullptr || gamma == nullptr || mean == nullptr || rstd == nullptr || dy == nullptr)
+    return Status::Error("LayerNormBackward: x, gamma, mean, rstd or dy: null");
+  if (dx != nullptr) {
+    const bool vec = cols % 4 == 0 && Aligned(x, 16) && Aligned(gamma, 16) && Aligned(dy, 16) && Aligned(dx, 16);
+    const unsigned int blocks = static_cast<unsigned int>(CeilDiv(rows, 8));
+    if (vec) {
+      LayerNormBackwardKernel<true><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, cols);
+    } else {
+      LayerNormBackwardKernel<false><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, cols);
+    }
+    NN_LAUNCH_CHECK();
+  }
+  if (dgamma == nullptr && dbeta == nullptr) return Status::Ok();
+  const int64_t chunks = ColumnChunks(rows);
+  const int64_t rows_per_chunk = CeilDiv(rows, chunks);
+  KEEL_RETURN_IF_ERROR(partials_.Reserve(static_cast<size_t>(2 * chunks * cols) * sizeof(float), stream_));
+  float* pg = partials_.get<float>();
+  float* pb = pg + chunks * cols;
+  LayerNormParamPartialsKernel<<<dim3(static_cast<unsigned int>(CeilDiv(cols, 32)), static_cast<unsigned int>(chunks)),
+                                 dim3(32, 8), 0, stream_>>>(x, mean, rstd, dy, rows, cols, rows_per_chunk, pg, pb);
+  NN_LAUNCH_CHECK();
+  KEEL_RETURN_IF_ERROR(FinalizeColumnPartials(pg, chunks, cols, dgamma, stream_));
+  return FinalizeColumnPartials(pb, chunks, cols, dbeta, stream_);
+}
+
+Status CudaBackend::GeluForward(const float* x, float* y, int64_t count) {
+  if (count < 0) return Status::Error("GeluForward: count: " + std::to_string(count) + " is negative");
+  if (count == 0) return Status::Ok();
+  const bool vec = Aligned(x, 16) && Aligned(y, 16);
+  GeluForwardKernel<<<GridFor(vec ? count / 4 + 1 : count), kThreads, 0, stream_>>>(x, y, count, vec);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::GeluBackward(const float* x, const float* dy, float* dx, int64_t count) {
+  if (count < 0) return Status::Error("GeluBackward: count: " + std::to_string(count) + " is negative");
+  if (count == 0) return Status::Ok();
+  const bool vec = Aligned(x, 16) && Aligned(dy, 16) && Aligned(dx, 16);
+  GeluBackwardKernel<<<GridFor(vec ? count / 4 + 1 : count), kThreads, 0, stream_>>>(x, dy, dx, count, vec);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::SwigluForward(const float* x, float* y, int64_t rows, int64_t h) {
+  KEEL_RETURN_IF_ERROR(CheckRowsCols("SwigluForward", rows, h));
+  if (rows == 0) return Status::Ok();
+  SwigluForwardKernel<<<GridFor(rows * h), kThreads, 0, stream_>>>(x, y, rows, h);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::SwigluBackward(const float* x, const float* dy, float* dx, int64_t rows, int64_t h) {
+  KEEL_RETURN_IF_ERROR(CheckRowsCols("SwigluBackward", rows, h));
+  if (rows == 0) return Status::Ok();
+  SwigluBackwardKernel<<<GridFor(rows * h), kThreads, 0, stream_>>>(x, dy, dx, rows, h);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* out,
+                                     int64_t batch, int64_t seq, int64_t dim) {
+  if (batch < 0 || seq < 0 || dim < 1)
+    return Status::Error("EmbeddingForward: shape: batch " + std::to_string(batch) + ", seq " + std::to_string(seq) +
+                         ", dim " + std::to_string(dim) + " is not allowed");
+  if (batch * seq == 0) return Status::Ok();
+  EmbeddingForwardKernel<<<GridFor(batch * seq * dim), kThreads, 0, stream_>>>(tokens, wte, wpe, out, batch * seq,
+                                                                                seq, dim);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::EmbeddingBackward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe,
+                                      int64_t batch, int64_t seq, int64_t dim) {
+  if (batch < 0 || seq < 0 || dim < 1)
+    return Status::Error("EmbeddingBackward: shape: batch " + std::to_string(batch) + ", seq " + std::to_string(seq) +
+                         ", dim " + std::to_string(dim) + " is not allowed");
+  const int64_t positions = batch * seq;
+  if (positions == 0) return Status::Ok();
+  if (positions >= (int64_t{1} << 30))
+    return Status::Error("EmbeddingBackward: batch * seq: " + std::to_string(positions) + " is too large; need < 2^30");
+  if (dwte != nullptr) {
+    const int n = static_cast<int>(positions);
+    KEEL_RETURN_IF_ERROR(embed_.Reserve(static_cast<size_t>(5) * n * sizeof(int), stream_));
+    int* rank = embed_.get<int>();
+    int* head = rank + n;
+    int* count = head + n;
+    int* start = count + n;
+    int* sorted = start + n;
+    const unsigned int blocks = static_cast<unsigned int>(CeilDiv(n, 256));
+    EmbeddingRankKernel<<<blocks, 256, 0, stream_>>>(tokens, n, rank, head, count);
+    NN_LAUNCH_CHECK();
+    EmbeddingScanKernel<<<1, 1024, 0, stream_>>>(rank, count, n, start);
+    NN_LAUNCH_CHECK();
+    EmbeddingScatterKernel<<<blocks, 256, 0, stream_>>>(rank, head, start, n, sorted);
+    NN_LAUNCH_CHECK();
+    EmbeddingTokenGradKernel<<<static_cast<unsigned int>(n), 256, 0, stream_>>>(tokens, dout, rank, count, start,
+                                                                                sorted, dim, dwte);
+    NN_LAUNCH_CHECK();
+  }
+  if (dwpe != nullptr) {
+    EmbeddingPositionGradKernel<<<GridFor(seq * dim), kThreads, 0, stream_>>>(dout, batch, seq, dim, dwpe);
+    NN_LAUNCH_CHECK();
+  }
+  return Status::Ok();
+}
+
+Status CudaBackend::CrossEntropyForward(const float* logits, const int32_t* targets, float* losses, int64_t rows,
+                                        int64_t padded_vocab, int64_t vocab) {
+  if (rows < 0 || vocab < 1 || padded_vocab < vocab)
+    return Status::Error("CrossEntropyForward: shape: rows " + std::to_string(rows) + ", padded_vocab " +
+                         std::to_string(padded_vocab) + ", vocab " + std::to_string(vocab) +
+                         " is not allowed; need 1 <= vocab <= padded_vocab");
+  if (rows == 0) return Status::Ok();
+  const bool vec = padded_vocab % 4 == 0 && Aligned(logits, 16);
+  CrossEntropyForwardKernel<<<static_cast<unsigned int>(rows), kCeThreads, 0, stream_>>>(logits, targets, losses,
+                                                                                         padded_vocab, vocab, vec);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::CrossEntropyBackward(const float* logits, const int32_t* targets, float* dlogits, int64_t rows,
+                                         int64_t padded_vocab, int64_t vocab, float scale) {
+  if (rows < 0 || vocab < 1 || padded_vocab < vocab)
+    return Status::Error("CrossEntropyBackward: shape: rows " + std::to_string(rows) + ", padded_vocab " +
+                         std::to_string(padded_vocab) + ", vocab " + std::to_string(vocab) +
+                         " is not allowed; need 1 <= vocab <= padded_vocab");
+  if (rows == 0) return Status::Ok();
+  const bool vec = padded_vocab % 4 == 0 && Aligned(logits, 16) && Aligned(dlogits, 16);
+  CrossEntropyBackwardKernel<<<static_cast<unsigned int>(rows), kCeThreads, 0, stream_>>>(
+      logits, targets, dlogits, padded_vocab, vocab, scale, vec);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+}  // namespace nncuda
+}  // namespace keel

@@ -1,0 +1,657 @@
+// The CUDA backend's quantized linear layer (NUMERICS.md sections 4-5), its
+// operand statistics and QuantizeDequantize.
+//
+// Each GEMM quantizes its two operands afresh along its K axis (quantize_cuda.h):
+//   forward  y  = Q(x) . Q(w)^T       x, w along `in` (axis 1)
+//   dgrad    dx = Q(dy) . Q(w)        dy along `out` (axis 1), w down its columns (axis 0)
+//   wgrad    dw += Q(dy)^T . Q(x)     dy, x along the rows (axis 0)
+// When both roles are quantized, every format's values (MX, NVFP4 and per-tensor
+// FP8 without their per-tensor decode scale, BF16) are exact in bf16, so the
+// quantizers write bf16 straight into the GEMM's operand buffers and a BF16 x BF16
+// -> FP32 cuBLASLt GEMM runs with alpha = the product of the decode scales (a
+// device float). When either role is fp32, the other is dequantized in fp32 (code
+// times block scale, the decode scale again in alpha) and an FP32 GEMM (no TF32)
+// runs on it and the raw fp32 operand. Both are what the CPU reference computes,
+// up to the order of the fp32 sums.
+//
+// Statistics (OperandStats of nn.h) come from a second pass over x and the codes
+// and scales the quantizer wrote, so that the dequantized values compared are the
+// CPU reference's fp32 ones; integer atomics only, so the counts are exact and
+// the same every run. Nothing here waits for the host.
+#include <algorithm>
+#include <string>
+
+#include "kernels/nn_cuda_internal.h"
+#include "kernels/quant_core.h"
+
+namespace keel {
+namespace nncuda {
+
+namespace {
+
+// ============================================================================
+// Kernels
+// ============================================================================
+
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+// Adds a thread's two counts to out[0] and out[1]: a warp sum, then one 64-bit
+// integer atomic per warp (exact and order-free).
+__device__ __forceinline__ void AddCounts(unsigned int saturated, unsigned int nonfinite,
+                                          unsigned long long* out) {
+  saturated = __reduce_add_sync(kFullMask, saturated);
+  nonfinite = __reduce_add_sync(kFullMask, nonfinite);
+  if ((threadIdx.x & 31) == 0) {
+    if (saturated != 0) atomicAdd(out, static_cast<unsigned long long>(saturated));
+    if (nonfinite != 0) atomicAdd(out + 1, static_cast<unsigned long long>(nonfinite));
+  }
+}
+
+template <int kBits>
+__device__ __forceinline__ uint32_t CodeAt(const uint8_t* codes, int64_t i) {
+  if constexpr (kBits == 4) return (codes[i >> 1] >> ((i & 1) * 4)) & 0xFu;
+  return codes[i];
+}
+
+struct StatsArgs {
+  const float* x;
+  int64_t rows, cols;
+  int axis;
+  int block;                  // MX block
+  const uint8_t* codes;       // one per byte, FP4 two per byte (PackCodes)
+  const uint8_t* scales;      // quantize.h layout
+  const float* tensor_scale;  // NVFP4 S_dec, FP8 1 / scale
+  int64_t scale_count;
+  unsigned long long* out;    // [0] saturated, [1] NaN/Inf blocks (MX, NVFP4) or elements (FP8, BF16)
+};
+
+// MX: an element saturated if its code has the largest magnitude and |x| exceeds
+// |code value * 2^e| (the reference's dequantized value, exactly); NaN blocks (scale
+// byte 0xFF) have no saturated elements and count as nan blocks. Codes are read 16
+// at a time (one 16-byte load, 8 bytes for FP4; the buffer is 256-byte aligned);
+// only the rare largest-magnitude code looks at its scale and x.
+template <ElemFormat F>
+__global__ void __launch_bounds__(kThreads) MxStatsKernel(const StatsArgs a) {
+  constexpr qcore::ElemConsts c = qcore::ConstsOf(F);
+  constexpr uint32_t kMagnitude = (1u << (c.bits - 1)) - 1u;
+  const int64_t count = a.rows * a.cols;
+  const int64_t per_line = CeilDiv(a.axis == 1 ? a.cols : a.rows, a.block);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  unsigned int saturated = 0, nan_blocks = 0;
+  auto check = [&](uint32_t code, int64_t i) {
+    if ((code & kMagnitude) != c.max_code) return;
+    const int64_t row = i / a.cols, col = i - row * a.cols;
+    const int64_t s = a.axis == 1 ? row * per_line + col / a.block : (row / a.block) * a.cols + col;
+    const uint32_t byte = a.scales[s];
+    if (byte == 0xFFu) return;
+    const float value = qcore::DecodeElemFast(code, c) * qcore::Pow2(static_cast<int>(byte) - 127);
+    if (fabsf(a.x[i]) > fabsf(value)) ++saturated;
+  };
+  const int64_t groups = count / 16;
+  for (int64_t g = tid; g < groups; g += stride) {
+    uint32_t w[4];
+    if constexpr (c.bits == 4) {
+      const uint2 v = reinterpret_cast<const uint2*>(a.codes)[g];
+      w[0] = v.x;
+      w[1] = v.y;
+      w[2] = w[3] = 0u;
+    } else {
+      const uint4 v = reinterpret_cast<const uint4*>(a.codes)[g];
+      w[0] = v.x;
+      w[1] = v.y;
+      w[2] = v.z;
+      w[3] = v.w;
+    }
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      const uint32_t code = c.bits == 4 ? (w[k >> 3] >> (4 * (k & 7))) & 0xFu : (w[k >> 2] >> (8 * (k & 3))) & 0xFFu;
+      check(code, g * 16 + k);
+    }
+  }
+  for (int64_t i = groups * 16 + tid; i < count; i += stride) check(CodeAt<c.bits>(a.codes, i), i);
+  for (int64_t s = tid; s < a.scale_count; s += stride) nan_blocks += a.scales[s] == 0xFFu ? 1u : 0u;
+  AddCounts(saturated, nan_blocks, a.out);
+}
+
+// NVFP4: one thread per 16-element block (its scale index is the block index in
+// both layouts). y is x, or its RHT computed as the reference does; a saturated
+// element has code +-6 and |y| above |(6 * sf) * S_dec|.
+__global__ void __launch_bounds__(kThreads) Nvfp4StatsKernel(const StatsArgs a, bool rht) {
+  const int64_t blocks = a.rows * a.cols / 16;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const float s_dec = *a.tensor_scale;
+  unsigned int saturated = 0, nan_blocks = 0;
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; w < blocks; w += stride) {
+    int64_t first, step;
+    if (a.axis == 1) {
+      first = w * 16;  // rows x (cols / 16) blocks, row-major: block w starts at element 16 w
+      step = 1;
+    } else {
+      const int64_t rb = w / a.cols, col = w - rb * a.cols;
+      first = rb * 16 * a.cols + col;
+      step = a.cols;
+    }
+    float y[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) y[k] = a.x[first + k * step];
+    if (rht) {
+      float in[16];
+#pragma unroll
+      for (int k = 0; k < 16; ++k) in[k] = y[k];
+#pragma unroll
+      for (int k = 0; k < 16; ++k) y[k] = qcore::RhtOutput(in, k);
+    }
+    bool nonfinite = false;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) nonfinite |= !qcore::IsFinite(y[k]);
+    nan_blocks += nonfinite ? 1u : 0u;
+    const float sf = qcore::DecodeElemFast(a.scales[w], qcore::ConstsOf(ElemFormat::kE4M3));
+    const float top = fabsf((6.0f * sf) * s_dec);  // NaN for a NaN scale: nothing saturates
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      if ((CodeAt<4>(a.codes, first + k * step) & 7u) == 7u && fabsf(y[k]) > top) ++saturated;
+    }
+  }
+  AddCounts(saturated, nan_blocks, a.out);
+}
+
+// Per-tensor FP8: saturated elements as above with value = code value / scale; the
+// NaN/Inf elements are counted, and the caller turns that into 0 or 1 block.
+template <ElemFormat F>
+__global__ void __launch_bounds__(kThreads) Fp8StatsKernel(const StatsArgs a) {
+  constexpr qcore::ElemConsts c = qcore::ConstsOf(F);
+  const int64_t count = a.rows * a.cols;
+  const float inv = *a.tensor_scale;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  unsigned int saturated = 0, nonfinite = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < count; i += stride) {
+    const float v = a.x[i];
+    nonfinite += qcore::IsFinite(v) ? 0u : 1u;
+    const uint32_t code = a.codes[i];
+    if ((code & 0x7Fu) == c.max_code && fabsf(v) > fabsf(qcore::DecodeElemFast(code, c) * inv)) ++saturated;
+  }
+  AddCounts(saturated, nonfinite, a.out);
+}
+
+// BF16 never saturates: only the NaN/Inf elements.
+__global__ void __launch_bounds__(kThreads) NonFiniteKernel(const float* x, int64_t count, unsigned long long* out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  unsigned int nonfinite = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < count; i += stride)
+    nonfinite += qcore::IsFinite(x[i]) ? 0u : 1u;
+  AddCounts(0u, nonfinite, out);
+}
+
+// slot (elements, saturated, blocks, nan_blocks) += this call's counts.
+__global__ void StatsFinalizeKernel(unsigned long long* slot, unsigned long long elements, unsigned long long blocks,
+                                    const unsigned long long* temp, bool per_tensor) {
+  slot[0] += elements;
+  slot[1] += temp[0];
+  slot[2] += blocks;
+  slot[3] += per_tensor ? (temp[1] > 0 ? 1ull : 0ull) : temp[1];
+}
+
+// alpha = a * b, a null pointer standing for 1.
+__global__ void AlphaKernel(const float* a, const float* b, float* alpha) {
+  *alpha = (a != nullptr ? *a : 1.0f) * (b != nullptr ? *b : 1.0f);
+}
+
+// y[r, c] += bias[c] (when the GEMM epilogue cannot take the bias).
+__global__ void AddBiasKernel(float* y, const float* bias, int64_t rows, int64_t cols) {
+  const int64_t count = rows * cols;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
+    y[i] = y[i] + bias[i % cols];
+}
+
+// Column sums, pass 1: block (x, y) sums columns 32x .. 32x + 31 over rows
+// [y * rows_per_chunk, ...) (thread (c, r) every 8th row from r, then the 8 partial
+// sums in order), into partial[y * cols + column].
+__global__ void __launch_bounds__(256) ColumnPartialsKernel(const float* __restrict__ m, int64_t rows, int64_t cols,
+                                                            int64_t rows_per_chunk, float* __restrict__ partial) {
+  __shared__ float sums[8][33];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = min(rows, r0 + rows_per_chunk);
+  float acc = 0.0f;
+  if (col < cols) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) acc += m[r * cols + col];
+  }
+  sums[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float total = sums[0][threadIdx.x];
+    for (int k = 1; k < 8; ++k) total += sums[k][threadIdx.x];
+    partial[blockIdx.y * cols + col] = total;
+  }
+}
+
+// Pass 2: out[c] += the chunks' partials of column c. Block x takes columns 32x ..
+// 32x + 31; thread (c, k) sums chunks k, k + 8, ... and the 8 sums are added in
+// order, so that a column's many partials are not one thread's serial chain.
+__global__ void __launch_bounds__(256) ColumnFinalizeKernel(const float* __restrict__ partial, int64_t chunks,
+                                                            int64_t cols, float* __restrict__ out) {
+  __shared__ float sums[8][33];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  float acc = 0.0f;
+  if (col < cols) {
+    for (int64_t c = threadIdx.y; c < chunks; c += 8) acc += partial[c * cols + col];
+  }
+  sums[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float total = sums[0][threadIdx.x];
+    for (int k = 1; k < 8; ++k) total += sums[k][threadIdx.x];
+    out[col] += total;
+  }
+}
+
+// ============================================================================
+// Host helpers
+// ============================================================================
+
+bool IsPerTensor(QuantFormat f) { return f == QuantFormat::kFp8E4M3 || f == QuantFormat::kFp8E5M2; }
+bool HasTensorScale(QuantFormat f) { return f == QuantFormat::kNvfp4 || IsPerTensor(f); }
+
+std::string ShapeText(int64_t rows, int64_t in, int64_t out) {
+  return "rows " + std::to_string(rows) + ", in " + std::to_string(in) + ", out " + std::to_string(out);
+}
+
+Status CheckLinearShape(const char* what, int64_t rows, int64_t in, int64_t out) {
+  if (rows < 1 || in < 1 || out < 1)
+    return Status::Error(std::string(what) + ": shape: " + ShapeText(rows, in, out) +
+                         " is not allowed; need every dimension >= 1");
+  return Status::Ok();
+}
+
+// RHT belongs to NVFP4 and to the wgrad pair only, and then to both of its roles
+// (so that the transforms cancel in dY^T X).
+Status CheckRht(const LinearQuant& q, int64_t rows) {
+  for (int r = 0; r < kRoleCount; ++r) {
+    const OperandFormat& f = q.role[r];
+    if (!f.quantized() || !f.rht) continue;
+    if (f.format != QuantFormat::kNvfp4)
+      return Status::Error(std::string("linear: role ") + RoleName(static_cast<Role>(r)) + ": rht is set for " +
+                           QuantFormatName(f.format) + "; only nvfp4 has a random Hadamard transform");
+    if (r != static_cast<int>(Role::kWgradDy) && r != static_cast<int>(Role::kWgradX))
+      return Status::Error(std::string("linear: role ") + RoleName(static_cast<Role>(r)) +
+                           ": rht is not allowed; only the wgrad roles (wgrad_dy, wgrad_x) take it");
+  }
+  const OperandFormat& dy = q.role[static_cast<int>(Role::kWgradDy)];
+  const OperandFormat& x = q.role[static_cast<int>(Role::kWgradX)];
+  const bool rht_dy = dy.quantized() && dy.rht, rht_x = x.quantized() && x.rht;
+  if (rht_dy != rht_x)
+    return Status::Error(std::string("linear: rht is set on ") + (rht_dy ? "wgrad_dy" : "wgrad_x") +
+                         " only; set it on both wgrad roles (the transforms must cancel) or on neither");
+  if (rht_dy && rows % 16 != 0)
+    return Status::Error("linear: rows: " + std::to_string(rows) +
+                         " is not allowed with the RHT on the wgrad roles; need a multiple of 16 (the RHT "
+                         "rotates chunks of 16 tokens)");
+  return Status::Ok();
+}
+
+}  // namespace
+
+int64_t ColumnChunks(int64_t rows) { return std::min<int64_t>(128, CeilDiv(rows, 64)); }
+
+Status FinalizeColumnPartials(const float* partial, int64_t chunks, int64_t cols, float* out, cudaStream_t stream) {
+  if (out == nullptr) return Status::Ok();
+  ColumnFinalizeKernel<<<static_cast<unsigned int>(CeilDiv(cols, 32)), dim3(32, 8), 0, stream>>>(partial, chunks, cols,
+                                                                                                 out);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+// ============================================================================
+// Quantization
+// ============================================================================
+
+Status CudaBackend::Quantize(const float* x, int64_t rows, int64_t cols, int axis, const OperandFormat& f,
+                             uint64_t seed, void* out, bool out_bf16, bool out_without_tensor_scale, uint8_t* codes,
+                             uint8_t* scales, float* amax, float* tensor_scale) {
+  DeviceOutputs o;
+  o.out = out;
+  o.out_dtype = out_bf16 ? DType::kBF16 : DType::kF32;
+  o.codes = codes;
+  o.out_without_tensor_scale = out_without_tensor_scale;
+  const int64_t count = rows * cols;
+  if (f.format == QuantFormat::kBf16) {
+    o.codes = nullptr;  // the stats need no bf16 codes
+    return Bf16QuantizeCuda(x, DType::kF32, count, f.rounding, seed, o, stream_);
+  }
+  if (IsMx(f.format)) {
+    MxOptions options;
+    options.elem = ElementOf(f.format);
+    options.block = f.mx_block;
+    options.axis = axis;
+    options.rounding = f.rounding;
+    options.seed = seed;
+    options.bump_exponent = f.bump_exponent;
+    o.scales = scales;
+    return MxQuantizeCuda(x, DType::kF32, rows, cols, options, o, stream_);
+  }
+  if (f.format == QuantFormat::kNvfp4) {
+    Nvfp4Options options;
+    options.tile_16x16 = f.tile_16x16;
+    options.rht = f.rht;
+    options.axis = axis;
+    options.rounding = f.rounding;
+    options.seed = seed;
+    o.scales = scales;
+    o.tensor_scale = tensor_scale;
+    KEEL_RETURN_IF_ERROR(Nvfp4AmaxCuda(x, DType::kF32, rows, cols, options, amax, stream_));
+    return Nvfp4QuantizeCuda(x, DType::kF32, rows, cols, options, amax, o, stream_);
+  }
+  o.tensor_scale = tensor_scale;
+  KEEL_RETURN_IF_ERROR(Fp8TensorAmaxCuda(x, DType::kF32, count, amax, stream_));
+  return Fp8TensorQuantizeCuda(x, DType::kF32, count, ElementOf(f.format), f.rounding, seed, amax, o, stream_);
+}
+
+Status CudaBackend::AddOperandStats(const float* x, int64_t rows, int64_t cols, int axis, const OperandFormat& f,
+                                    const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, int slot,
+                                    Role role) {
+  const int64_t count = rows * cols;
+  NN_CUDA_CHECK(cudaMemsetAsync(stats_temp_, 0, 2 * sizeof(unsigned long long), stream_));
+  StatsArgs a;
+  a.x = x;
+  a.rows = rows;
+  a.cols = cols;
+  a.axis = axis;
+  a.block = f.mx_block;
+  a.codes = codes;
+  a.scales = scales;
+  a.tensor_scale = tensor_scale;
+  a.scale_count = 0;
+  a.out = stats_temp_;
+  int64_t blocks = 1;
+  const bool per_tensor = !IsMx(f.format) && f.format != QuantFormat::kNvfp4;
+  const unsigned int grid = GridFor(count);
+  if (IsMx(f.format)) {
+    blocks = MxScaleCount(rows, cols, f.mx_block, axis);
+    a.scale_count = blocks;
+    const unsigned int mx_grid = GridFor(std::max(count / 16, blocks));
+    switch (ElementOf(f.format)) {
+      case ElemFormat::kE4M3: MxStatsKernel<ElemFormat::kE4M3><<<mx_grid, kThreads, 0, stream_>>>(a); break;
+      case ElemFormat::kE5M2: MxStatsKernel<ElemFormat::kE5M2><<<mx_grid, kThreads, 0, stream_>>>(a); break;
+      case ElemFormat::kE3M2: MxStatsKernel<ElemFormat::kE3M2><<<mx_grid, kThreads, 0, stream_>>>(a); break;
+      case ElemFormat::kE2M3: MxStatsKernel<ElemFormat::kE2M3><<<mx_grid, kThreads, 0, stream_>>>(a); break;
+      case ElemFormat::kE2M1: MxStatsKernel<ElemFormat::kE2M1><<<mx_grid, kThreads, 0, stream_>>>(a); break;
+    }
+  } else if (f.format == QuantFormat::kNvfp4) {
+    blocks = count / 16;
+    Nvfp4StatsKernel<<<GridFor(blocks), kThreads, 0, stream_>>>(a, f.rht);
+  } else if (f.format == QuantFormat::kFp8E4M3) {
+    Fp8StatsKernel<ElemFormat::kE4M3><<<grid, kThreads, 0, stream_>>>(a);
+  } else if (f.format == QuantFormat::kFp8E5M2) {
+    Fp8StatsKernel<ElemFormat::kE5M2><<<grid, kThreads, 0, stream_>>>(a);
+  } else {
+    NonFiniteKernel<<<grid, kThreads, 0, stream_>>>(x, count, stats_temp_);
+  }
+  NN_LAUNCH_CHECK();
+  unsigned long long* counters = stats_ + (static_cast<int64_t>(slot) * kRoleCount + static_cast<int>(role)) * 4;
+  StatsFinalizeKernel<<<1, 1, 0, stream_>>>(counters, static_cast<unsigned long long>(count),
+                                            static_cast<unsigned long long>(blocks), stats_temp_, per_tensor);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, int axis, Role role,
+                                   const LinearQuant& q, bool bf16, Scratch* scratch, Operand* out) {
+  const OperandFormat& f = q.role[static_cast<int>(role)];
+  out->tensor_scale = nullptr;
+  if (!f.quantized()) {  // fp32 GEMM on the unquantized operand
+    out->data = x;
+    return Status::Ok();
+  }
+  const int64_t count = rows * cols;
+  // The quantizers load 16 bytes at a time: an unaligned view is copied first.
+  if (!Aligned(x, 16)) {
+    KEEL_RETURN_IF_ERROR(align_in_.Reserve(static_cast<size_t>(count) * sizeof(float), stream_));
+    NN_CUDA_CHECK(cudaMemcpyAsync(align_in_.get<float>(), x, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    x = align_in_.get<float>();
+  }
+  KEEL_RETURN_IF_ERROR(scratch->Reserve(static_cast<size_t>(count) * (bf16 ? 2 : 4), stream_));
+  const bool stats = q.stats_slot >= 0;
+  uint8_t* codes = nullptr;
+  uint8_t* scales = nullptr;
+  if (stats && f.format != QuantFormat::kBf16) {
+    KEEL_RETURN_IF_ERROR(codes_.Reserve(static_cast<size_t>(count) + 16, stream_));
+    codes = codes_.get<uint8_t>();
+    if (IsMx(f.format) || f.format == QuantFormat::kNvfp4) {
+      const int block = f.format == QuantFormat::kNvfp4 ? 16 : f.mx_block;
+      KEEL_RETURN_IF_ERROR(scales_.Reserve(static_cast<size_t>(MxScaleCount(rows, cols, block, axis)) + 16, stream_));
+      scales = scales_.get<uint8_t>();
+    }
+  }
+  const int r = static_cast<int>(role);
+  float* amax = small_ + kAmaxSlot + r;
+  float* tensor_scale = small_ + kTensorScaleSlot + r;
+  // The per-tensor decode scale stays out of the values and goes into alpha.
+  const Status s = Quantize(x, rows, cols, axis, f, RoleSeed(q.seed, role), scratch->get<void>(), bf16, true, codes,
+                            scales, amax, tensor_scale);
+  if (!s.ok()) return Status::Error(std::string("linear: role ") + RoleName(role) + ": " + s.message());
+  if (stats) KEEL_RETURN_IF_ERROR(AddOperandStats(x, rows, cols, axis, f, codes, scales, tensor_scale, q.stats_slot, role));
+  out->data = scratch->get<void>();
+  if (HasTensorScale(f.format)) out->tensor_scale = tensor_scale;
+  return Status::Ok();
+}
+
+Status CudaBackend::Alpha(const Operand& a, const Operand& b, int gemm, const float** alpha) {
+  if (a.tensor_scale == nullptr && b.tensor_scale == nullptr) {
+    *alpha = blas_.one();
+    return Status::Ok();
+  }
+  float* slot = small_ + kAlphaSlot + gemm;
+  AlphaKernel<<<1, 1, 0, stream_>>>(a.tensor_scale, b.tensor_scale, slot);
+  NN_LAUNCH_CHECK();
+  *alpha = slot;
+  return Status::Ok();
+}
+
+Status CudaBackend::ColumnSums(const float* m, int64_t rows, int64_t cols, float* out) {
+  if (rows <= 0 || cols <= 0) return Status::Ok();
+  const int64_t chunks = ColumnChunks(rows);  // a fixed function of the shape
+  const int64_t rows_per_chunk = CeilDiv(rows, chunks);
+  KEEL_RETURN_IF_ERROR(partials_.Reserve(static_cast<size_t>(chunks * cols) * sizeof(float), stream_));
+  float* partial = partials_.get<float>();
+  ColumnPartialsKernel<<<dim3(static_cast<unsigned int>(CeilDiv(cols, 32)), static_cast<unsigned int>(chunks)),
+                         dim3(32, 8), 0, stream_>>>(m, rows, cols, rows_per_chunk, partial);
+  NN_LAUNCH_CHECK();
+  return FinalizeColumnPartials(partial, chunks, cols, out, stream_);
+}
+
+// ============================================================================
+// Linear layer
+// ============================================================================
+
+Status CudaBackend::LinearForward(const float* x, const float* w, const float* bias, float* y, int64_t rows,
+                                  int64_t in, int64_t out, const LinearQuant& q) {
+  KEEL_RETURN_IF_ERROR(CheckLinearShape("LinearForward", rows, in, out));
+  if (x == nullptr || w == nullptr || y == nullptr) return Status::Error("LinearForward: x, w or y: null");
+  KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
+  if (q.stats_slot < -1 || q.stats_slot >= stats_slots_)
+    return Status::Error("LinearForward: stats_slot: " + std::to_string(q.stats_slot) + " is not allowed; need -1 or 0.." +
+                         std::to_string(stats_slots_ - 1) + " (ResetOperandStats made " +
+                         std::to_string(stats_slots_) + " slots)");
+  const bool bf16 = q.role[static_cast<int>(Role::kFwdX)].quantized() && q.role[static_cast<int>(Role::kFwdW)].quantized();
+  Operand qx, qw;
+  KEEL_RETURN_IF_ERROR(PrepareOperand(x, rows, in, 1, Role::kFwdX, q, bf16, &op_a_, &qx));
+  KEEL_RETURN_IF_ERROR(PrepareOperand(w, out, in, 1, Role::kFwdW, q, bf16, &op_b_, &qw));
+  GemmArgs g;
+  // y^T (out x rows, column-major) = W (stored in x out) ^T . X^T (stored in x rows).
+  g.bf16 = bf16;
+  g.trans_a = true;
+  g.m = out;
+  g.n = rows;
+  g.k = in;
+  g.a = qw.data;
+  g.lda = in;
+  g.b = qx.data;
+  g.ldb = in;
+  g.c = y;
+  g.ldc = out;
+  KEEL_RETURN_IF_ERROR(Alpha(qx, qw, 0, &g.alpha));
+  // The bias rides in the GEMM's epilogue (y = alpha * acc + bias, what the CPU
+  // computes in two steps) unless cuBLASLt has no such algorithm for the shape.
+  bool epilogue_bias = bias != nullptr && Aligned(bias, 16);
+  if (epilogue_bias) {
+    g.bias = bias;
+    if (!blas_.Gemm(g).ok()) epilogue_bias = false;
+    g.bias = nullptr;
+  }
+  if (!epilogue_bias) KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
+  if (bias != nullptr && !epilogue_bias) {
+    AddBiasKernel<<<GridFor(rows * out), kThreads, 0, stream_>>>(y, bias, rows, out);
+    NN_LAUNCH_CHECK();
+  }
+  return Status::Ok();
+}
+
+Status CudaBackend::LinearBackward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                                   float* dbias, int64_t rows, int64_t in, int64_t out, const LinearQuant& q) {
+  KEEL_RETURN_IF_ERROR(CheckLinearShape("LinearBackward", rows, in, out));
+  if (x == nullptr || w == nullptr || dy == nullptr) return Status::Error("LinearBackward: x, w or dy: null");
+  KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
+  if (q.stats_slot < -1 || q.stats_slot >= stats_slots_)
+    return Status::Error("LinearBackward: stats_slot: " + std::to_string(q.stats_slot) + " is not allowed; need -1 or 0.." +
+                         std::to_string(stats_slots_ - 1) + " (ResetOperandStats made " +
+                         std::to_string(stats_slots_) + " slots)");
+  const OperandFormat& f_ddy = q.role[static_cast<int>(Role::kDgradDy)];
+  const OperandFormat& f_dw = q.role[static_cast<int>(Role::kDgradW)];
+  const OperandFormat& f_wdy = q.role[static_cast<int>(Role::kWgradDy)];
+  const OperandFormat& f_wx = q.role[static_cast<int>(Role::kWgradX)];
+  const bool bf16_dgrad = f_ddy.quantized() && f_dw.quantized();
+  const bool bf16_wgrad = f_wdy.quantized() && f_wx.quantized();
+  Operand qdy;
+  if (dx != nullptr) {
+    // dx^T (in x rows) = W^T (stored in x out) . dY^T (stored out x rows).
+    Operand qw;
+    KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 1, Role::kDgradDy, q, bf16_dgrad, &op_a_, &qdy));
+    KEEL_RETURN_IF_ERROR(PrepareOperand(w, out, in, 0, Role::kDgradW, q, bf16_dgrad, &op_b_, &qw));
+    GemmArgs g;
+    g.bf16 = bf16_dgrad;
+    g.m = in;
+    g.n = rows;
+    g.k = out;
+    g.a = qw.data;
+    g.lda = in;
+    g.b = qdy.data;
+    g.ldb = out;
+    g.c = dx;
+    g.ldc = in;
+    KEEL_RETURN_IF_ERROR(Alpha(qdy, qw, 1, &g.alpha));
+    KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
+  }
+  if (dbias != nullptr) KEEL_RETURN_IF_ERROR(ColumnSums(dy, rows, out, dbias));
+  if (dw != nullptr) {
+    // dW^T (in x out) += X^T (stored in x rows) . dY (stored out x rows, transposed).
+    // BF16 rounding is elementwise, so a deterministic bf16 dy from the dgrad serves
+    // the wgrad too (the same bits as quantizing it again down the columns).
+    const bool reuse_dy = dx != nullptr && bf16_dgrad && bf16_wgrad && f_ddy.format == QuantFormat::kBf16 &&
+                          f_wdy.format == QuantFormat::kBf16 && f_ddy.rounding == f_wdy.rounding &&
+                          f_ddy.rounding != Rounding::kStochastic;
+    Operand qdy_w, qx;
+    if (reuse_dy) {
+      qdy_w = qdy;
+      if (q.stats_slot >= 0)
+        KEEL_RETURN_IF_ERROR(AddOperandStats(dy, rows, out, 0, f_wdy, nullptr, nullptr, nullptr, q.stats_slot,
+                                           Role::kWgradDy));
+    } else {
+      KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 0, Role::kWgradDy, q, bf16_wgrad, &op_a_, &qdy_w));
+    }
+    KEEL_RETURN_IF_ERROR(PrepareOperand(x, rows, in, 0, Role::kWgradX, q, bf16_wgrad, &op_b_, &qx));
+    GemmArgs g;
+    g.bf16 = bf16_wgrad;
+    g.trans_b = true;
+    g.m = in;
+    g.n = out;
+    g.k = rows;
+    g.a = qx.data;
+    g.lda = in;
+    g.b = qdy_w.data;
+    g.ldb = out;
+    g.c = dw;
+    g.ldc = in;
+    g.accumulate = true;
+    KEEL_RETURN_IF_ERROR(Alpha(qdy_w, qx, 2, &g.alpha));
+    KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
+  }
+  return Status::Ok();
+}
+
+// ============================================================================
+// Statistics, QuantizeDequantize
+// ============================================================================
+
+Status CudaBackend::ResetOperandStats(int slots) {
+  if (slots < 0)
+    return Status::Error("ResetOperandStats: slots: " + std::to_string(slots) + " is not allowed; need >= 0");
+  if (slots > stats_slots_ || stats_ == nullptr) {
+    NN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (stats_ != nullptr) NN_CUDA_CHECK(cudaFree(stats_));
+    stats_ = nullptr;
+    NN_CUDA_CHECK(cudaMalloc(&stats_, std::max(1, slots) * kRoleCount * 4 * sizeof(unsigned long long)));
+  }
+  stats_slots_ = slots;
+  if (slots > 0)
+    NN_CUDA_CHECK(cudaMemsetAsync(stats_, 0, static_cast<size_t>(slots) * kRoleCount * 4 * sizeof(unsigned long long),
+                                  stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::ReadOperandStats(std::vector<OperandStats>* stats) {
+  if (stats == nullptr) return Status::Error("ReadOperandStats: stats: null");
+  const size_t n = static_cast<size_t>(stats_slots_) * kRoleCount;
+  std::vector<unsigned long long> raw(n * 4);
+  if (n > 0) {
+    NN_CUDA_CHECK(cudaMemcpyAsync(raw.data(), stats_, raw.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                                  stream_));
+  }
+  NN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  stats->assign(n, OperandStats{});
+  for (size_t i = 0; i < n; ++i) {
+    (*stats)[i].elements = static_cast<int64_t>(raw[4 * i]);
+    (*stats)[i].saturated = static_cast<int64_t>(raw[4 * i + 1]);
+    (*stats)[i].blocks = static_cast<int64_t>(raw[4 * i + 2]);
+    (*stats)[i].nan_blocks = static_cast<int64_t>(raw[4 * i + 3]);
+  }
+  return Status::Ok();
+}
+
+Status CudaBackend::QuantizeDequantize(const float* x, int64_t rows, int64_t cols, int axis,
+                                       const OperandFormat& format, uint64_t seed, float* out) {
+  if (rows < 0 || cols < 0)
+    return Status::Error("QuantizeDequantize: shape: " + std::to_string(rows) + " x " + std::to_string(cols) +
+                         " is not allowed; need rows, cols >= 0");
+  if (axis != 0 && axis != 1)
+    return Status::Error("QuantizeDequantize: axis: " + std::to_string(axis) + " is not allowed; use 0 or 1");
+  if (rows == 0 || cols == 0) return Status::Ok();
+  if (x == nullptr || out == nullptr) return Status::Error("QuantizeDequantize: x or out: null");
+  const int64_t count = rows * cols;
+  const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+  if (!format.quantized()) return CopyBytes(out, x, bytes);
+  if (format.rht)
+    return Status::Error("QuantizeDequantize: rht: true is not allowed; the RHT applies only to the two wgrad "
+                         "operands of LinearBackward");
+  const float* src = x;
+  if (!Aligned(x, 16)) {
+    KEEL_RETURN_IF_ERROR(align_in_.Reserve(bytes, stream_));
+    NN_CUDA_CHECK(cudaMemcpyAsync(align_in_.get<float>(), x, bytes, cudaMemcpyDeviceToDevice, stream_));
+    src = align_in_.get<float>();
+  }
+  // In place (or unaligned out): quantize into a temporary, then copy.
+  float* dst = out;
+  if (out == x || !Aligned(out, 16)) {
+    KEEL_RETURN_IF_ERROR(quant_temp_.Reserve(bytes, stream_));
+    dst = quant_temp_.get<float>();
+  }
+  const Status s = Quantize(src, rows, cols, axis, format, seed, dst, false, false, nullptr, nullptr,
+                            small_ + kAmaxSlot + kRoleCount, small_ + kTensorScaleSlot + kRoleCount);
+  if (!s.ok()) return Status::Error("QuantizeDequantize: " + s.message());
+  if (dst != out) NN_CUDA_CHECK(cudaMemcpyAsync(out, dst, bytes, cudaMemcpyDeviceToDevice, stream_));
+  return Status::Ok();
+}
+
+}  // namespace nncuda
+}  // namespace keel

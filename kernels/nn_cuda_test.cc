@@ -1,0 +1,971 @@
+// The CUDA backend against the CPU backend (the reference): every operation on
+// the same random inputs, determinism (two runs, identical bits), the operand
+// statistics, and timings of the GPT-2-sized operations.
+//
+// What agrees how closely, and why (each check repeats its tolerance):
+//   - Same fp32 operations in the same order on both sides (Fill, Add, Axpy,
+//     Scale, Copy2D, AdamW, the embedding, the quantizers): bit for bit. nvcc
+//     builds with -fmad=false and IEEE division and square root, the CPU with
+//     -ffp-contract=off, so no fused multiply-add changes a rounding.
+//   - Libm functions (logf, cosf, erff, expf): CUDA's and glibc's differ by an
+//     ulp or two, so a few 1e-7 relative, plus an absolute floor where a value
+//     is a difference near zero.
+//   - Sums whose order differs (GEMMs, row and column reductions, softmax
+//     normalisers): normwise, max |gpu - cpu| / max |cpu| <= 1e-5. The two sides
+//     sum the same rounded operands (quantized operands are bit-identical, and
+//     both fold the NVFP4 / FP8 decode scales into the GEMM's alpha), so the only
+//     difference is fp32 rounding of K terms: sqrt(K) * 2^-24 * |terms| ~ 1e-6 of
+//     the largest output here.
+//   - bf16 attention: the fp32 probabilities (and dS) differ in their last bits,
+//     and rounding them to bf16 turns that into a 2^-8 step for the rare element
+//     near a rounding boundary; 99% of the outputs stay within 1e-5 normwise and
+//     all within 4e-3.
+//
+// Needs a GPU, so CI does not run it (tag manual). Run it on the GPU machine from
+// dist/ (scripts/dist) or with bazel run //kernels:nn_cuda_test.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/formats.h"
+#include "kernels/nn.h"
+#include "kernels/quantize.h"
+#include "kernels/quantize_cuda.h"
+
+namespace keel {
+namespace {
+
+#define ASSERT_OK(expr)                                         \
+  do {                                                          \
+    const Status status_ = (expr);                              \
+    ASSERT_TRUE(status_.ok()) << #expr << ": " << status_.message(); \
+  } while (0)
+
+// ---- Inputs ------------------------------------------------------------------------
+
+std::vector<float> Normal(int64_t n, uint32_t seed, float stddev = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, stddev);
+  std::vector<float> x(n);
+  for (float& v : x) v = normal(rng);
+  return x;
+}
+
+// Normal values with 3% outliers of 20-40x, so that block scales differ and some
+// elements saturate.
+std::vector<float> WithOutliers(int64_t n, uint32_t seed, float stddev = 1.0f) {
+  std::vector<float> x = Normal(n, seed, stddev);
+  std::mt19937 rng(seed + 1000);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  for (float& v : x) {
+    if (uniform(rng) < 0.03f) v *= 20.0f * (1.0f + uniform(rng));
+  }
+  return x;
+}
+
+std::vector<int32_t> Tokens(int64_t n, int32_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
+  std::vector<int32_t> t(n);
+  for (int32_t& v : t) v = pick(rng);
+  return t;
+}
+
+// ---- Comparisons ----------------------------------------------------------------------
+
+bool SameBits(float a, float b) {
+  if (std::isnan(a) && std::isnan(b)) return true;
+  uint32_t x, y;
+  std::memcpy(&x, &a, 4);
+  std::memcpy(&y, &b, 4);
+  return x == y;
+}
+
+// Elements whose bits differ (any NaN equals any NaN).
+void ExpectBits(const std::string& what, const std::vector<float>& ref, const std::vector<float>& got) {
+  ASSERT_EQ(ref.size(), got.size()) << what;
+  int64_t differ = 0, first = -1;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!SameBits(ref[i], got[i])) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++differ;
+    }
+  }
+  EXPECT_EQ(differ, 0) << what << ": " << differ << " of " << ref.size() << " elements differ, first at " << first
+                       << " (cpu " << (first >= 0 ? ref[first] : 0.0f) << ", cuda "
+                       << (first >= 0 ? got[first] : 0.0f) << ")";
+}
+
+// max |got - ref| / max |ref|; NaN positions must agree.
+double Normwise(const std::string& what, const std::vector<float>& ref, const std::vector<float>& got) {
+  EXPECT_EQ(ref.size(), got.size()) << what;
+  double max_ref = 0.0, max_diff = 0.0;
+  int64_t nan_mismatch = 0;
+  for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
+    if (std::isnan(ref[i]) || std::isnan(got[i])) {
+      if (std::isnan(ref[i]) != std::isnan(got[i])) ++nan_mismatch;
+      continue;
+    }
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
+    max_diff = std::max(max_diff, std::fabs(static_cast<double>(got[i]) - ref[i]));
+  }
+  EXPECT_EQ(nan_mismatch, 0) << what << ": NaN in one backend only";
+  return max_ref > 0.0 ? max_diff / max_ref : max_diff;
+}
+
+void ExpectNormwise(const std::string& what, const std::vector<float>& ref, const std::vector<float>& got,
+                    double tolerance) {
+  const double err = Normwise(what, ref, got);
+  EXPECT_LE(err, tolerance) << what << ": normwise error " << err;
+  std::printf("  %-44s normwise %.2e (tolerance %.0e)\n", what.c_str(), err, tolerance);
+}
+
+// |got - ref| <= abs_tol + rel_tol |ref| for every element.
+void ExpectElementwise(const std::string& what, const std::vector<float>& ref, const std::vector<float>& got,
+                       double rel_tol, double abs_tol) {
+  ASSERT_EQ(ref.size(), got.size()) << what;
+  int64_t bad = 0, worst = -1;
+  double worst_excess = 0.0, max_rel = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(ref[i]) && std::isnan(got[i])) continue;
+    const double d = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    const double allowed = abs_tol + rel_tol * std::fabs(ref[i]);
+    if (ref[i] != 0.0f) max_rel = std::max(max_rel, d / std::fabs(ref[i]));
+    if (!(d <= allowed)) {
+      ++bad;
+      if (d - allowed > worst_excess || worst < 0) {
+        worst_excess = d - allowed;
+        worst = static_cast<int64_t>(i);
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " elements outside " << rel_tol << " rel + " << abs_tol
+                    << " abs; worst at " << worst << " (cpu " << (worst >= 0 ? ref[worst] : 0.0f) << ", cuda "
+                    << (worst >= 0 ? got[worst] : 0.0f) << ")";
+  std::printf("  %-44s max relative %.2e\n", what.c_str(), max_rel);
+}
+
+// ---- Fixture: both backends, tensors on both --------------------------------------------
+
+// The same data on the CPU backend (host memory) and on the GPU.
+struct Dual {
+  void* cpu = nullptr;
+  void* gpu = nullptr;
+  size_t bytes = 0;
+  float* c() const { return static_cast<float*>(cpu); }
+  float* g() const { return static_cast<float*>(gpu); }
+  int32_t* ci() const { return static_cast<int32_t*>(cpu); }
+  int32_t* gi() const { return static_cast<int32_t*>(gpu); }
+};
+
+class NnCudaTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    Status s = MakeCpuBackend(0, &cpu_);
+    if (!s.ok()) std::fprintf(stderr, "cpu backend: %s\n", s.message().c_str());
+    s = MakeCudaBackend(&gpu_);
+    if (!s.ok()) {
+      std::fprintf(stderr, "cuda backend: %s\n", s.message().c_str());
+    } else {
+      std::printf("cpu: %s\ncuda: %s\n", cpu_->Describe().c_str(), gpu_->Describe().c_str());
+    }
+  }
+  static void TearDownTestSuite() {
+    gpu_.reset();
+    cpu_.reset();
+  }
+  void SetUp() override {
+    ASSERT_TRUE(cpu_ != nullptr) << "no CPU backend";
+    ASSERT_TRUE(gpu_ != nullptr) << "no CUDA backend (see stderr): this test needs a GPU";
+  }
+  void TearDown() override {
+    for (Dual& d : tensors_) {
+      cpu_->Free(d.cpu);
+      gpu_->Free(d.gpu);
+    }
+    tensors_.clear();
+  }
+
+  Dual Make(const void* host, size_t bytes) {
+    Dual d;
+    d.bytes = bytes;
+    Status s = cpu_->Alloc(bytes, &d.cpu);
+    EXPECT_TRUE(s.ok()) << s.message();
+    s = gpu_->Alloc(bytes, &d.gpu);
+    EXPECT_TRUE(s.ok()) << s.message();
+    if (host != nullptr && bytes > 0) {
+      EXPECT_TRUE(cpu_->Upload(d.cpu, host, bytes).ok());
+      s = gpu_->Upload(d.gpu, host, bytes);
+      EXPECT_TRUE(s.ok()) << s.message();
+    }
+    tensors_.push_back(d);
+    return d;
+  }
+  Dual Floats(const std::vector<float>& v) { return Make(v.data(), v.size() * sizeof(float)); }
+  Dual Ints(const std::vector<int32_t>& v) { return Make(v.data(), v.size() * sizeof(int32_t)); }
+  Dual Zeros(int64_t floats) { return Make(nullptr, static_cast<size_t>(floats) * sizeof(float)); }
+
+  // Re-uploads host data into both copies (e.g. to reset a "+=" output).
+  void Set(const Dual& d, const std::vector<float>& v) {
+    ASSERT_EQ(v.size() * sizeof(float), d.bytes);
+    ASSERT_OK(cpu_->Upload(d.cpu, v.data(), d.bytes));
+    ASSERT_OK(gpu_->Upload(d.gpu, v.data(), d.bytes));
+  }
+  static std::vector<float> Get(Backend* b, const void* p, size_t bytes) {
+    std::vector<float> v(bytes / sizeof(float));
+    const Status s = b->Download(v.data(), p, bytes);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return v;
+  }
+  std::vector<float> Cpu(const Dual& d) { return Get(cpu_.get(), d.cpu, d.bytes); }
+  std::vector<float> Gpu(const Dual& d) { return Get(gpu_.get(), d.gpu, d.bytes); }
+
+  static std::unique_ptr<Backend> cpu_, gpu_;
+  std::vector<Dual> tensors_;
+};
+
+std::unique_ptr<Backend> NnCudaTest::cpu_;
+std::unique_ptr<Backend> NnCudaTest::gpu_;
+
+// ---- Formats ------------------------------------------------------------------------------
+
+OperandFormat Quant(QuantFormat format, Rounding rounding = Rounding::kNearestEven) {
+  OperandFormat f;
+  f.kind = OperandFormat::Kind::kQuant;
+  f.format = format;
+  f.rounding = rounding;
+  return f;
+}
+
+int R(Role role) { return static_cast<int>(role); }
+
+LinearQuant AllRoles(const OperandFormat& f) {
+  LinearQuant q;
+  for (OperandFormat& r : q.role) r = f;
+  return q;
+}
+
+// The NVFP4 training recipe: 16x16 weight tiles, RHT on the wgrad pair, stochastic
+// rounding of the gradients.
+LinearQuant Nvfp4Recipe() {
+  LinearQuant q = AllRoles(Quant(QuantFormat::kNvfp4));
+  q.role[R(Role::kFwdW)].tile_16x16 = true;
+  q.role[R(Role::kDgradW)].tile_16x16 = true;
+  q.role[R(Role::kWgradDy)].rht = true;
+  q.role[R(Role::kWgradX)].rht = true;
+  q.role[R(Role::kDgradDy)].rounding = Rounding::kStochastic;
+  q.role[R(Role::kWgradDy)].rounding = Rounding::kStochastic;
+  return q;
+}
+
+struct Scheme {
+  std::string name;
+  LinearQuant q;
+  bool needs_16 = false;  // NVFP4: every dimension a multiple of 16
+};
+
+std::vector<Scheme> Schemes() {
+  std::vector<Scheme> s;
+  s.push_back({"fp32", LinearQuant{}});
+  s.push_back({"bf16", AllRoles(Quant(QuantFormat::kBf16))});
+  s.push_back({"mxfp8_e4m3", AllRoles(Quant(QuantFormat::kMxfp8E4M3))});
+  {
+    LinearQuant q = AllRoles(Quant(QuantFormat::kMxfp8E4M3, Rounding::kNearestAway));
+    for (Role r : {Role::kDgradDy, Role::kWgradDy}) q.role[R(r)] = Quant(QuantFormat::kMxfp8E5M2, Rounding::kStochastic);
+    for (OperandFormat& f : q.role) f.bump_exponent = true;
+    s.push_back({"mxfp8 e4m3 fwd / e5m2 sr bwd, bump", q});
+  }
+  s.push_back({"mxfp6_e2m3", AllRoles(Quant(QuantFormat::kMxfp6E2M3))});
+  s.push_back({"mxfp6_e3m2 sr", AllRoles(Quant(QuantFormat::kMxfp6E3M2, Rounding::kStochastic))});
+  s.push_back({"mxfp4", AllRoles(Quant(QuantFormat::kMxfp4))});
+  s.push_back({"nvfp4 recipe", Nvfp4Recipe(), true});
+  {
+    LinearQuant q = AllRoles(Quant(QuantFormat::kFp8E4M3));
+    for (Role r : {Role::kDgradDy, Role::kWgradDy}) q.role[R(r)] = Quant(QuantFormat::kFp8E5M2);
+    s.push_back({"fp8 e4m3 / e5m2 per tensor", q});
+  }
+  {
+    // FP32 GEMMs with one quantized operand each, and a bf16 wgrad.
+    LinearQuant q;
+    q.role[R(Role::kFwdW)] = Quant(QuantFormat::kMxfp8E4M3);
+    q.role[R(Role::kDgradDy)] = Quant(QuantFormat::kFp8E4M3);
+    q.role[R(Role::kWgradDy)] = Quant(QuantFormat::kBf16, Rounding::kStochastic);
+    q.role[R(Role::kWgradX)] = Quant(QuantFormat::kBf16);
+    s.push_back({"mixed fp32 / quantized", q});
+  }
+  return s;
+}
+
+void ExpectStatsEqual(const std::string& what, const std::vector<OperandStats>& cpu,
+                      const std::vector<OperandStats>& gpu) {
+  ASSERT_EQ(cpu.size(), gpu.size()) << what;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const std::string role = what + " slot " + std::to_string(i / kRoleCount) + " " +
+                             RoleName(static_cast<Role>(i % kRoleCount));
+    EXPECT_EQ(cpu[i].elements, gpu[i].elements) << role << " elements";
+    EXPECT_EQ(cpu[i].saturated, gpu[i].saturated) << role << " saturated";
+    EXPECT_EQ(cpu[i].blocks, gpu[i].blocks) << role << " blocks";
+    EXPECT_EQ(cpu[i].nan_blocks, gpu[i].nan_blocks) << role << " nan_blocks";
+  }
+}
+
+// ============================================================================
+// Memory and elementwise
+// ============================================================================
+
+TEST_F(NnCudaTest, ElementwiseOpsMatchBitForBit) {
+  const int64_t n = (1 << 20) + 3;  // a scalar tail after the float4 part
+  Dual a = Floats(Normal(n, 1)), b = Floats(Normal(n, 2)), out = Zeros(n);
+  for (Backend* be : {cpu_.get(), gpu_.get()}) {
+    const bool g = be == gpu_.get();
+    float* pa = g ? a.g() : a.c();
+    float* pb = g ? b.g() : b.c();
+    float* po = g ? out.g() : out.c();
+    ASSERT_OK(be->Add(pa, pb, po, n));
+    ASSERT_OK(be->Add(po, pb, po, n));  // out aliases a
+    ASSERT_OK(be->Axpy(-0.37f, pa, po, n));
+    ASSERT_OK(be->Scale(po, n, 1.7f));
+    ASSERT_OK(be->Axpy(0.5f, pa + 1, pb + 3, n - 5));  // unaligned views: the scalar path
+    ASSERT_OK(be->Copy2D(pa + 7, 1000, po + 11, 999, 300, 500));
+    ASSERT_OK(be->Fill(pa + 1, 1001, 3.25f));
+  }
+  // Same fp32 operations in the same order: bit for bit.
+  ExpectBits("add/axpy/scale/copy2d out", Cpu(out), Gpu(out));
+  ExpectBits("axpy on unaligned views", Cpu(b), Gpu(b));
+  ExpectBits("fill", Cpu(a), Gpu(a));
+}
+
+TEST_F(NnCudaTest, RandomNormalMatchesToLibmUlps) {
+  const int64_t n = 1 << 20;
+  Dual x = Zeros(n);
+  ASSERT_OK(cpu_->RandomNormal(x.c(), n, 0x1234567ull, 777, 0.02f));
+  ASSERT_OK(gpu_->RandomNormal(x.g(), n, 0x1234567ull, 777, 0.02f));
+  const std::vector<float> c = Cpu(x), g = Gpu(x);
+  // logf and cosf differ by an ulp or two between CUDA and glibc; the uniforms are
+  // the same bits. The absolute floor covers cos near its zeros.
+  ExpectElementwise("random normal", c, g, 1e-5, 2e-8);
+  double mean = 0, var = 0;
+  for (float v : g) mean += v;
+  mean /= n;
+  for (float v : g) var += (v - mean) * (v - mean);
+  var /= n;
+  EXPECT_NEAR(mean, 0.0, 1e-4);
+  EXPECT_NEAR(std::sqrt(var), 0.02, 1e-4);
+}
+
+TEST_F(NnCudaTest, AdamWMatchesBitForBit) {
+  const int64_t n = 100003;
+  Dual p = Floats(Normal(n, 3)), g = Floats(Normal(n, 4, 1e-2f)), m = Floats(Normal(n, 5, 1e-3f)),
+       v = Floats(std::vector<float>(n, 1e-5f));
+  for (int step = 1; step <= 3; ++step) {
+    ASSERT_OK(cpu_->AdamW(p.c(), g.c(), m.c(), v.c(), n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step * 7, 0.5f));
+    ASSERT_OK(gpu_->AdamW(p.g(), g.g(), m.g(), v.g(), n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step * 7, 0.5f));
+  }
+  // The same fp32 operations (IEEE division and sqrt, no FMA) and the same bias
+  // corrections: bit for bit.
+  ExpectBits("adamw param", Cpu(p), Gpu(p));
+  ExpectBits("adamw m", Cpu(m), Gpu(m));
+  ExpectBits("adamw v", Cpu(v), Gpu(v));
+}
+
+TEST_F(NnCudaTest, ReductionsMatchInDouble) {
+  const std::vector<int64_t> sizes = {0, 1, 1000, 65536, 65537, 300001};
+  std::vector<Dual> a, b;
+  std::vector<Span> sa_c, sa_g, sb_c, sb_g;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    a.push_back(Floats(Normal(std::max<int64_t>(1, sizes[i]), 10 + i)));
+    b.push_back(Floats(Normal(std::max<int64_t>(1, sizes[i]), 20 + i)));
+    sa_c.push_back(Span{a.back().c(), sizes[i]});
+    sa_g.push_back(Span{a.back().g(), sizes[i]});
+    sb_c.push_back(Span{b.back().c(), sizes[i]});
+    sb_g.push_back(Span{b.back().g(), sizes[i]});
+  }
+  std::vector<double> c, g;
+  // Double sums of fp32 terms in different orders: ~1e-16 relative of the sum of
+  // magnitudes; 1e-12 of that leaves room for cancellation.
+  auto expect = [&](const char* what, const std::vector<double>& scale) {
+    ASSERT_EQ(c.size(), g.size());
+    for (size_t i = 0; i < c.size(); ++i)
+      EXPECT_NEAR(c[i], g[i], 1e-12 * scale[i] + 1e-300) << what << " span " << i;
+  };
+  std::vector<double> magnitude;
+  ASSERT_OK(cpu_->SumSquares(sa_c, &c));
+  ASSERT_OK(gpu_->SumSquares(sa_g, &g));
+  magnitude = c;
+  expect("sum of squares", magnitude);
+  ASSERT_OK(cpu_->Sums(sa_c, &c));
+  ASSERT_OK(gpu_->Sums(sa_g, &g));
+  expect("sums", magnitude);
+  ASSERT_OK(cpu_->Dots(sa_c, sb_c, &c));
+  ASSERT_OK(gpu_->Dots(sa_g, sb_g, &g));
+  expect("dots", magnitude);
+  EXPECT_EQ(g[0], 0.0);
+}
+
+// ============================================================================
+// Quantization
+// ============================================================================
+
+TEST_F(NnCudaTest, QuantizeDequantizeIsBitExact) {
+  const int64_t rows = 96, cols = 160;
+  std::vector<float> host = WithOutliers(rows * cols, 31);
+  host[5] = std::numeric_limits<float>::quiet_NaN();  // one NaN block in MX, NaN tensor in NVFP4 / FP8
+  Dual x = Floats(host), out = Zeros(rows * cols);
+  std::vector<std::pair<std::string, OperandFormat>> formats;
+  const QuantFormat all[] = {QuantFormat::kMxfp8E4M3, QuantFormat::kMxfp8E5M2, QuantFormat::kMxfp6E3M2,
+                             QuantFormat::kMxfp6E2M3, QuantFormat::kMxfp4,     QuantFormat::kNvfp4,
+                             QuantFormat::kFp8E4M3,   QuantFormat::kFp8E5M2,   QuantFormat::kBf16};
+  for (QuantFormat f : all) {
+    for (Rounding r : {Rounding::kNearestEven, Rounding::kNearestAway, Rounding::kStochastic}) {
+      if (f == QuantFormat::kNvfp4 && r == Rounding::kNearestAway) continue;
+      OperandFormat of = Quant(f, r);
+      formats.push_back({std::string(QuantFormatName(f)) + " " + RoundingName(r), of});
+    }
+  }
+  OperandFormat tiles = Quant(QuantFormat::kNvfp4);
+  tiles.tile_16x16 = true;
+  formats.push_back({"nvfp4 16x16", tiles});
+  OperandFormat block16 = Quant(QuantFormat::kMxfp8E4M3);
+  block16.mx_block = 16;
+  block16.bump_exponent = true;
+  formats.push_back({"mxfp8_e4m3 block 16 bump", block16});
+  for (int nan = 0; nan < 2; ++nan) {
+    std::vector<float> input = host;
+    if (nan == 0) input[5] = 1.5f;
+    Set(x, input);
+    for (const auto& f : formats) {
+      for (int axis = 0; axis < 2; ++axis) {
+        const std::string what = f.first + " axis " + std::to_string(axis) + (nan ? " with NaN" : "");
+        ASSERT_OK(cpu_->QuantizeDequantize(x.c(), rows, cols, axis, f.second, 99, out.c()));
+        ASSERT_OK(gpu_->QuantizeDequantize(x.g(), rows, cols, axis, f.second, 99, out.g()));
+        // The quantizers are bit-identical (cuda_quant_test): no tolerance.
+        ExpectBits(what, Cpu(out), Gpu(out));
+      }
+    }
+  }
+  // In place (out == x) on both.
+  Set(x, host);
+  ASSERT_OK(cpu_->QuantizeDequantize(x.c(), rows, cols, 1, Quant(QuantFormat::kMxfp4), 5, x.c()));
+  ASSERT_OK(gpu_->QuantizeDequantize(x.g(), rows, cols, 1, Quant(QuantFormat::kMxfp4), 5, x.g()));
+  ExpectBits("mxfp4 in place", Cpu(x), Gpu(x));
+}
+
+// DeviceOutputs::out_without_tensor_scale: the output times the tensor scale is
+// the reference's dequantized value, bit for bit, and the bf16 output is exact.
+TEST_F(NnCudaTest, OutputWithoutTensorScaleTimesScaleIsReference) {
+  const int64_t rows = 64, cols = 128, n = rows * cols;
+  const std::vector<float> x = WithOutliers(n, 41);
+  void *dx = nullptr, *dout = nullptr, *dscale = nullptr;
+  ASSERT_OK(CudaMalloc(&dx, n * 4));
+  ASSERT_OK(CudaMalloc(&dout, n * 4));
+  ASSERT_OK(CudaMalloc(&dscale, 16));
+  ASSERT_OK(CudaMemcpyToDevice(dx, x.data(), n * 4));
+  for (int fmt = 0; fmt < 3; ++fmt) {
+    for (DType out_type : {DType::kF32, DType::kBF16}) {
+      DeviceOutputs o;
+      o.out = dout;
+      o.out_dtype = out_type;
+      o.tensor_scale = static_cast<float*>(dscale);
+      o.out_without_tensor_scale = true;
+      std::vector<float> ref(n);
+      std::string what;
+      if (fmt == 0) {
+        Nvfp4Options options;
+        options.tile_16x16 = true;
+        ASSERT_OK(Nvfp4QuantizeCuda(dx, DType::kF32, rows, cols, options, nullptr, o, nullptr));
+        ASSERT_OK(Nvfp4QuantizeRef(x.data(), rows, cols, options, ref.data(), nullptr, nullptr, nullptr));
+        what = "nvfp4";
+      } else if (fmt == 1) {
+        Nvfp4Options options;
+        options.axis = 0;
+        options.rht = true;
+        options.rounding = Rounding::kStochastic;
+        options.seed = 3;
+        ASSERT_OK(Nvfp4QuantizeCuda(dx, DType::kF32, rows, cols, options, nullptr, o, nullptr));
+        ASSERT_OK(Nvfp4QuantizeRef(x.data(), rows, cols, options, ref.data(), nullptr, nullptr, nullptr));
+        what = "nvfp4 axis 0 rht sr";
+      } else {
+        ASSERT_OK(Fp8TensorQuantizeCuda(dx, DType::kF32, n, ElemFormat::kE5M2, Rounding::kNearestEven, 0, nullptr, o,
+                                        nullptr));
+        ASSERT_OK(Fp8TensorQuantizeRef(x.data(), n, ElemFormat::kE5M2, Rounding::kNearestEven, 0, ref.data(), nullptr,
+                                       nullptr));
+        what = "fp8 e5m2";
+      }
+      ASSERT_OK(CudaSynchronize());
+      std::vector<float> got(n);
+      if (out_type == DType::kF32) {
+        ASSERT_OK(CudaMemcpyToHost(got.data(), dout, n * 4));
+      } else {
+        std::vector<uint16_t> bits(n);
+        ASSERT_OK(CudaMemcpyToHost(bits.data(), dout, n * 2));
+        for (int64_t i = 0; i < n; ++i) got[i] = Bf16ToFloat(bits[i]);
+        what += " bf16";
+      }
+      float scale = 0.0f;
+      ASSERT_OK(CudaMemcpyToHost(&scale, dscale, 4));
+      for (float& v : got) v = v * scale;  // the reference's (q * sf) * S_dec, code * (1 / scale)
+      ExpectBits(what + " out * tensor_scale", ref, got);
+    }
+  }
+  CudaFree(dx);
+  CudaFree(dout);
+  CudaFree(dscale);
+}
+
+// ============================================================================
+// Linear layer
+// ============================================================================
+
+struct LinearShape {
+  int64_t rows, in, out;
+};
+
+TEST_F(NnCudaTest, LinearMatchesCpuForEveryScheme) {
+  for (const LinearShape& shape : {LinearShape{512, 768, 1024}, LinearShape{100, 72, 40}}) {
+    const int64_t rows = shape.rows, in = shape.in, out = shape.out;
+    // The bias sits 16 bytes into its buffer, as in the models' packed parameters;
+    // in the odd shape x starts 4 bytes in (not 16-byte aligned): the quantizers then
+    // work on an aligned copy and the fp32 GEMM takes x as it is.
+    const int64_t x_offset = rows % 16 == 0 ? 0 : 1;
+    Dual x = Floats(WithOutliers(rows * in + x_offset, 51)), w = Floats(WithOutliers(out * in, 52, 0.05f)),
+         bias = Floats(Normal(out + 4, 53)), dy = Floats(WithOutliers(rows * out, 54, 1e-3f));
+    Dual y = Zeros(rows * out), dx = Zeros(rows * in), dw = Zeros(out * in), db = Zeros(out);
+    const std::vector<float> dw0 = Normal(out * in, 55, 1e-3f), db0 = Normal(out, 56, 1e-3f);
+    const bool mult16 = rows % 16 == 0 && in % 16 == 0 && out % 16 == 0;
+    for (const Scheme& s : Schemes()) {
+      if (s.needs_16 && !mult16) continue;
+      const std::string what = s.name + " " + std::to_string(rows) + "x" + std::to_string(in) + "->" +
+                               std::to_string(out);
+      SCOPED_TRACE(what);
+      std::printf("%s\n", what.c_str());
+      LinearQuant q = s.q;
+      q.seed = 0xABCDEF;
+      q.stats_slot = 1;
+      Set(dw, dw0);
+      Set(db, db0);
+      for (Backend* be : {cpu_.get(), gpu_.get()}) {
+        const bool g = be == gpu_.get();
+        auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+        ASSERT_OK(be->ResetOperandStats(2));
+        ASSERT_OK(be->LinearForward(p(x) + x_offset, p(w), p(bias) + 4, p(y), rows, in, out, q));
+        ASSERT_OK(be->LinearBackward(p(x) + x_offset, p(w), p(dy), p(dx), p(dw), p(db), rows, in, out, q));
+      }
+      // Identical rounded operands and alpha, fp32 sums in another order: 1e-5 normwise.
+      ExpectNormwise("y", Cpu(y), Gpu(y), 1e-5);
+      ExpectNormwise("dx", Cpu(dx), Gpu(dx), 1e-5);
+      ExpectNormwise("dw (+=)", Cpu(dw), Gpu(dw), 1e-5);
+      ExpectNormwise("dbias (+=)", Cpu(db), Gpu(db), 1e-5);
+      std::vector<OperandStats> sc, sg;
+      ASSERT_OK(cpu_->ReadOperandStats(&sc));
+      ASSERT_OK(gpu_->ReadOperandStats(&sg));
+      ExpectStatsEqual(s.name, sc, sg);
+      int64_t saturated = 0;
+      for (const OperandStats& st : sg) saturated += st.saturated;
+      std::printf("  stats equal (saturated elements over the roles: %lld)\n", static_cast<long long>(saturated));
+    }
+  }
+}
+
+TEST_F(NnCudaTest, LinearStatsWithNonFiniteInputs) {
+  const int64_t rows = 64, in = 96, out = 48;
+  std::vector<float> xh = WithOutliers(rows * in, 61), dyh = WithOutliers(rows * out, 62);
+  xh[3 * in + 40] = std::numeric_limits<float>::quiet_NaN();
+  xh[17 * in + 5] = std::numeric_limits<float>::infinity();
+  dyh[9 * out + 7] = -std::numeric_limits<float>::infinity();
+  Dual x = Floats(xh), w = Floats(Normal(out * in, 63, 0.1f)), dy = Floats(dyh);
+  Dual y = Zeros(rows * out), dx = Zeros(rows * in), dw = Zeros(out * in);
+  std::vector<LinearQuant> schemes = {AllRoles(Quant(QuantFormat::kMxfp8E4M3)), AllRoles(Quant(QuantFormat::kMxfp4)),
+                                      Nvfp4Recipe(), AllRoles(Quant(QuantFormat::kFp8E4M3)),
+                                      AllRoles(Quant(QuantFormat::kBf16))};
+  for (Backend* be : {cpu_.get(), gpu_.get()}) ASSERT_OK(be->ResetOperandStats(static_cast<int>(schemes.size())));
+  for (size_t i = 0; i < schemes.size(); ++i) {
+    LinearQuant q = schemes[i];
+    q.stats_slot = static_cast<int>(i);
+    for (Backend* be : {cpu_.get(), gpu_.get()}) {
+      const bool g = be == gpu_.get();
+      auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+      ASSERT_OK(be->LinearForward(p(x), p(w), nullptr, p(y), rows, in, out, q));
+      ASSERT_OK(be->LinearBackward(p(x), p(w), p(dy), p(dx), p(dw), nullptr, rows, in, out, q));
+      ASSERT_OK(be->LinearForward(p(x), p(w), nullptr, p(y), rows, in, out, q));  // counts add up
+    }
+  }
+  std::vector<OperandStats> sc, sg;
+  ASSERT_OK(cpu_->ReadOperandStats(&sc));
+  ASSERT_OK(gpu_->ReadOperandStats(&sg));
+  ExpectStatsEqual("non-finite", sc, sg);
+  int64_t nan_blocks = 0;
+  for (const OperandStats& s : sg) nan_blocks += s.nan_blocks;
+  EXPECT_GT(nan_blocks, 0);
+}
+
+TEST_F(NnCudaTest, LinearRejectsWhatTheCpuRejects) {
+  const int64_t rows = 32, in = 32, out = 32;
+  Dual x = Floats(Normal(rows * in, 71)), w = Floats(Normal(out * in, 72)), y = Zeros(rows * out);
+  LinearQuant rht_fwd = AllRoles(Quant(QuantFormat::kNvfp4));
+  rht_fwd.role[R(Role::kFwdX)].rht = true;
+  LinearQuant bad_slot;
+  bad_slot.stats_slot = 5;
+  ASSERT_OK(gpu_->ResetOperandStats(1));
+  ASSERT_OK(cpu_->ResetOperandStats(1));
+  for (const LinearQuant& q : {rht_fwd, bad_slot}) {
+    const Status c = cpu_->LinearForward(x.c(), w.c(), nullptr, y.c(), rows, in, out, q);
+    const Status g = gpu_->LinearForward(x.g(), w.g(), nullptr, y.g(), rows, in, out, q);
+    EXPECT_FALSE(c.ok());
+    EXPECT_FALSE(g.ok());
+    std::printf("  cuda says: %s\n", g.message().c_str());
+  }
+  LinearQuant one_rht = AllRoles(Quant(QuantFormat::kNvfp4));
+  one_rht.role[R(Role::kWgradX)].rht = true;
+  Dual dw = Zeros(out * in), dy = Floats(Normal(rows * out, 73));
+  EXPECT_FALSE(gpu_->LinearBackward(x.g(), w.g(), dy.g(), nullptr, dw.g(), nullptr, rows, in, out, one_rht).ok());
+}
+
+// ============================================================================
+// Layers
+// ============================================================================
+
+TEST_F(NnCudaTest, LayerNormMatchesCpu) {
+  struct Case {
+    int64_t rows, cols;
+    bool beta;
+  };
+  for (const Case& k : {Case{512, 768, true}, Case{37, 100, false}, Case{64, 1023, true}}) {
+    SCOPED_TRACE(std::to_string(k.rows) + "x" + std::to_string(k.cols));
+    std::vector<float> xh = Normal(k.rows * k.cols, 81, 2.0f);
+    for (float& v : xh) v += 0.7f;
+    Dual x = Floats(xh), gamma = Floats(Normal(k.cols, 82)), beta = Floats(Normal(k.cols, 83)),
+         y = Zeros(k.rows * k.cols), mean = Zeros(k.rows), rstd = Zeros(k.rows),
+         dy = Floats(Normal(k.rows * k.cols, 84)), dx = Floats(Normal(k.rows * k.cols, 85)),
+         dg = Floats(Normal(k.cols, 86)), db = Floats(Normal(k.cols, 87));
+    for (Backend* be : {cpu_.get(), gpu_.get()}) {
+      const bool g = be == gpu_.get();
+      auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+      ASSERT_OK(be->LayerNormForward(p(x), p(gamma), k.beta ? p(beta) : nullptr, p(y), p(mean), p(rstd), k.rows,
+                                     k.cols, 1e-5f));
+      ASSERT_OK(be->LayerNormBackward(p(x), p(gamma), p(mean), p(rstd), p(dy), p(dx), p(dg), k.beta ? p(db) : nullptr,
+                                      k.rows, k.cols));
+    }
+    // Mean and variance are double sums on both sides, rounded once: equal or one
+    // ulp apart, so y agrees to a few ulps of its terms.
+    ExpectElementwise("layernorm mean", Cpu(mean), Gpu(mean), 1e-6, 1e-7);
+    ExpectElementwise("layernorm rstd", Cpu(rstd), Gpu(rstd), 1e-6, 0.0);
+    ExpectNormwise("layernorm y", Cpu(y), Gpu(y), 1e-6);
+    ExpectNormwise("layernorm dx (+=)", Cpu(dx), Gpu(dx), 1e-5);
+    // Column sums over the rows in another order.
+    ExpectNormwise("layernorm dgamma (+=)", Cpu(dg), Gpu(dg), 1e-5);
+    ExpectNormwise("layernorm dbeta (+=)", Cpu(db), Gpu(db), 1e-5);
+  }
+}
+
+TEST_F(NnCudaTest, GeluAndSwigluMatchToLibmUlps) {
+  const int64_t n = (1 << 18) + 1, rows = 300, h = 257;
+  Dual x = Floats(Normal(n, 91, 3.0f)), dy = Floats(Normal(n, 92)), y = Zeros(n), dx = Zeros(n);
+  Dual xs = Floats(Normal(rows * 2 * h, 93, 3.0f)), dys = Floats(Normal(rows * h, 94)), ys = Zeros(rows * h),
+       dxs = Zeros(rows * 2 * h);
+  for (Backend* be : {cpu_.get(), gpu_.get()}) {
+    const bool g = be == gpu_.get();
+    auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+    ASSERT_OK(be->GeluForward(p(x), p(y), n));
+    ASSERT_OK(be->GeluBackward(p(x), p(dy), p(dx), n));
+    ASSERT_OK(be->SwigluForward(p(xs), p(ys), rows, h));
+    ASSERT_OK(be->SwigluBackward(p(xs), p(dys), p(dxs), rows, h));
+  }
+  // erff / expf differ by an ulp or two between CUDA and glibc: a few ulps of the
+  // result. Where the formula cancels, an ulp of an O(1) term becomes an absolute
+  // error: 1 + erf(x / sqrt 2) for x < -4 (CUDA's erff returns -1 where glibc's is an
+  // ulp above: gelu -1.7e-7 against -0), Phi + x phi, and 1 + a (1 - s) near a =
+  // -1.28 in silu'. Seen on the H200: up to 3.7e-7 on values of order 1; the floor
+  // is 1e-6.
+  ExpectElementwise("gelu y", Cpu(y), Gpu(y), 2e-6, 1e-6);
+  ExpectElementwise("gelu dx", Cpu(dx), Gpu(dx), 2e-6, 1e-6);
+  ExpectElementwise("swiglu y", Cpu(ys), Gpu(ys), 2e-6, 1e-6);
+  ExpectElementwise("swiglu dx", Cpu(dxs), Gpu(dxs), 2e-6, 1e-6);
+}
+
+TEST_F(NnCudaTest, EmbeddingMatchesBitForBit) {
+  const int64_t batch = 4, seq = 64, dim = 96, vocab = 50;
+  Dual tokens = Ints(Tokens(batch * seq, vocab, 101)), wte = Floats(Normal(vocab * dim, 102)),
+       wpe = Floats(Normal(seq * dim, 103)), out = Zeros(batch * seq * dim),
+       dout = Floats(Normal(batch * seq * dim, 104)), dwte = Floats(Normal(vocab * dim, 105)),
+       dwpe = Floats(Normal(seq * dim, 106));
+  for (Backend* be : {cpu_.get(), gpu_.get()}) {
+    const bool g = be == gpu_.get();
+    auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+    ASSERT_OK(be->EmbeddingForward(g ? tokens.gi() : tokens.ci(), p(wte), p(wpe), p(out), batch, seq, dim));
+    ASSERT_OK(be->EmbeddingBackward(g ? tokens.gi() : tokens.ci(), p(dout), p(dwte), p(dwpe), batch, seq, dim));
+  }
+  // The GPU adds each token's rows in position order, as the CPU does: bit for bit.
+  ExpectBits("embedding out", Cpu(out), Gpu(out));
+  ExpectBits("embedding dwte (+=)", Cpu(dwte), Gpu(dwte));
+  ExpectBits("embedding dwpe (+=)", Cpu(dwpe), Gpu(dwpe));
+}
+
+TEST_F(NnCudaTest, AttentionMatchesCpu) {
+  const int64_t batch = 2, seq = 192, heads = 4, dim = 256;
+  Dual qkv = Floats(Normal(batch * seq * 3 * dim, 111)), out = Zeros(batch * seq * dim),
+       probs = Zeros(batch * heads * seq * seq), dout = Floats(Normal(batch * seq * dim, 112)),
+       dqkv = Zeros(batch * seq * 3 * dim);
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 operands" : "fp32");
+    std::printf("attention %s\n", bf16 ? "bf16 operands" : "fp32");
+    for (Backend* be : {cpu_.get(), gpu_.get()}) {
+      const bool g = be == gpu_.get();
+      auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+      ASSERT_OK(be->AttentionForward(p(qkv), p(out), p(probs), batch, seq, heads, dim, bf16));
+      ASSERT_OK(be->AttentionBackward(p(qkv), p(probs), p(dout), p(dqkv), batch, seq, heads, dim, bf16));
+    }
+    const std::vector<float> cp = Cpu(probs), gp = Gpu(probs);
+    // The probabilities are fp32 softmaxes of fp32 dots summed in another order.
+    ExpectNormwise("probs", cp, gp, 1e-5);
+    int64_t upper = 0;
+    for (int64_t r = 0; r < batch * heads * seq; ++r)
+      for (int64_t j = r % seq + 1; j < seq; ++j) upper += gp[r * seq + j] != 0.0f;
+    EXPECT_EQ(upper, 0) << "nonzero probabilities above the diagonal";
+    const std::vector<float> co = Cpu(out), go = Gpu(out), cd = Cpu(dqkv), gd = Gpu(dqkv);
+    if (!bf16) {
+      ExpectNormwise("out", co, go, 1e-5);
+      ExpectNormwise("dqkv", cd, gd, 1e-5);
+    } else {
+      // See the file comment: a probability or dS a hair from a bf16 rounding
+      // boundary can round the other way on one side.
+      for (const auto& t : {std::make_pair(std::string("out"), std::make_pair(&co, &go)),
+                            std::make_pair(std::string("dqkv"), std::make_pair(&cd, &gd))}) {
+        const std::vector<float>& c = *t.second.first;
+        const std::vector<float>& g = *t.second.second;
+        ExpectNormwise(t.first + " (all)", c, g, 4e-3);
+        double max_ref = 0;
+        for (float v : c) max_ref = std::max(max_ref, std::fabs(static_cast<double>(v)));
+        int64_t far = 0;
+        for (size_t i = 0; i < c.size(); ++i) far += std::fabs(static_cast<double>(g[i]) - c[i]) > 1e-5 * max_ref;
+        EXPECT_LE(far, static_cast<int64_t>(c.size() / 100)) << t.first;
+        std::printf("  %-44s %lld of %zu elements beyond 1e-5 normwise\n", (t.first + " (tight)").c_str(),
+                    static_cast<long long>(far), c.size());
+      }
+    }
+  }
+}
+
+TEST_F(NnCudaTest, CrossEntropyMatchesCpu) {
+  struct Case {
+    int64_t rows, padded, vocab;
+  };
+  for (const Case& k : {Case{64, 1024, 1000}, Case{33, 1001, 999}}) {
+    SCOPED_TRACE(std::to_string(k.padded));
+    std::vector<int32_t> th = Tokens(k.rows, static_cast<int32_t>(k.vocab), 121);
+    th[3] = -1;
+    th[10] = -100;
+    std::vector<float> lh = Normal(k.rows * k.padded, 122, 3.0f);
+    Dual logits = Floats(lh), targets = Ints(th), losses = Zeros(k.rows), dl = Zeros(k.rows * k.padded);
+    for (Backend* be : {cpu_.get(), gpu_.get()}) {
+      const bool g = be == gpu_.get();
+      auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+      ASSERT_OK(be->CrossEntropyForward(p(logits), g ? targets.gi() : targets.ci(), p(losses), k.rows, k.padded,
+                                        k.vocab));
+      ASSERT_OK(be->CrossEntropyBackward(p(logits), g ? targets.gi() : targets.ci(), p(dl), k.rows, k.padded, k.vocab,
+                                         1.0f / 64));
+    }
+    // The normaliser is a double sum on both sides (the GPU's with a running max):
+    // the losses agree to a few fp32 ulps of logsumexp.
+    ExpectElementwise("losses", Cpu(losses), Gpu(losses), 1e-6, 1e-6);
+    // exp differs by an ulp; 1 / sum by an ulp.
+    ExpectElementwise("dlogits", Cpu(dl), Gpu(dl), 1e-5, 1e-10);
+    // In place (dlogits == logits) gives the same bits as out of place.
+    const std::vector<float> separate = Gpu(dl);
+    ASSERT_OK(gpu_->CrossEntropyBackward(logits.g(), targets.gi(), logits.g(), k.rows, k.padded, k.vocab, 1.0f / 64));
+    ExpectBits("dlogits in place", separate, Gpu(logits));
+  }
+}
+
+// ============================================================================
+// Determinism
+// ============================================================================
+
+TEST_F(NnCudaTest, RepeatedRunsGiveIdenticalBits) {
+  const int64_t rows = 2048, in = 768, out = 3072;
+  const int64_t batch = 2, seq = 512, heads = 12, dim = 768, vocab = 2000, padded = 2048;
+  Dual x = Floats(WithOutliers(rows * in, 131)), w = Floats(WithOutliers(out * in, 132, 0.05f)),
+       bias = Floats(Normal(out, 133)), dy = Floats(WithOutliers(rows * out, 134, 1e-3f));
+  Dual qkv = Floats(Normal(batch * seq * 3 * dim, 135)), dout = Floats(Normal(batch * seq * dim, 136));
+  Dual lnx = Floats(Normal(rows * in, 137)), gamma = Floats(Normal(in, 138));
+  Dual tokens = Ints(Tokens(rows, 300, 139)), logits = Floats(Normal(rows * padded, 140, 2.0f));
+  Dual targets = Ints(Tokens(rows, vocab, 141));
+  // Outputs (GPU only).
+  Dual y = Zeros(rows * out), dx = Zeros(rows * in), dw = Zeros(out * in), db = Zeros(out);
+  Dual aout = Zeros(batch * seq * dim), probs = Zeros(batch * heads * seq * seq), dqkv = Zeros(batch * seq * 3 * dim);
+  Dual lny = Zeros(rows * in), mean = Zeros(rows), rstd = Zeros(rows), lndx = Zeros(rows * in), dg = Zeros(in),
+       dbeta = Zeros(in);
+  Dual dwte = Zeros(300 * in), dwpe = Zeros(rows * in), losses = Zeros(rows), dl = Zeros(rows * padded);
+  std::vector<Dual> outputs = {y, dx, dw, db, aout, probs, dqkv, lny, mean, rstd, lndx, dg, dbeta, dwte, dwpe, losses, dl};
+  std::vector<std::vector<float>> first;
+  std::vector<double> norms_first;
+  for (int run = 0; run < 2; ++run) {
+    for (const Dual& d : outputs) ASSERT_OK(gpu_->Fill(d.g(), static_cast<int64_t>(d.bytes / 4), 0.0f));
+    ASSERT_OK(gpu_->ResetOperandStats(2));
+    for (int k = 0; k < 2; ++k) {
+      LinearQuant q = k == 0 ? Nvfp4Recipe() : AllRoles(Quant(QuantFormat::kMxfp8E4M3, Rounding::kStochastic));
+      q.seed = 77;
+      q.stats_slot = k;
+      ASSERT_OK(gpu_->LinearForward(x.g(), w.g(), bias.g(), y.g(), rows, in, out, q));
+      ASSERT_OK(gpu_->LinearBackward(x.g(), w.g(), dy.g(), dx.g(), dw.g(), db.g(), rows, in, out, q));
+    }
+    ASSERT_OK(gpu_->AttentionForward(qkv.g(), aout.g(), probs.g(), batch, seq, heads, dim, true));
+    ASSERT_OK(gpu_->AttentionBackward(qkv.g(), probs.g(), dout.g(), dqkv.g(), batch, seq, heads, dim, true));
+    ASSERT_OK(gpu_->LayerNormForward(lnx.g(), gamma.g(), nullptr, lny.g(), mean.g(), rstd.g(), rows, in, 1e-5f));
+    ASSERT_OK(gpu_->LayerNormBackward(lnx.g(), gamma.g(), mean.g(), rstd.g(), lny.g(), lndx.g(), dg.g(), dbeta.g(),
+                                      rows, in));
+    ASSERT_OK(gpu_->EmbeddingBackward(tokens.gi(), lnx.g(), dwte.g(), dwpe.g(), 1, rows, in));
+    ASSERT_OK(gpu_->CrossEntropyForward(logits.g(), targets.gi(), losses.g(), rows, padded, vocab));
+    ASSERT_OK(gpu_->CrossEntropyBackward(logits.g(), targets.gi(), dl.g(), rows, padded, vocab, 0.5f));
+    std::vector<double> norms;
+    ASSERT_OK(gpu_->SumSquares({Span{dw.g(), out * in}, Span{dqkv.g(), batch * seq * 3 * dim}}, &norms));
+    std::vector<OperandStats> stats;
+    ASSERT_OK(gpu_->ReadOperandStats(&stats));
+    std::vector<std::vector<float>> got;
+    for (const Dual& d : outputs) got.push_back(Gpu(d));
+    if (run == 0) {
+      first = got;
+      norms_first = norms;
+    } else {
+      for (size_t i = 0; i < got.size(); ++i) ExpectBits("run 2 output " + std::to_string(i), first[i], got[i]);
+      EXPECT_EQ(norms, norms_first);
+    }
+  }
+}
+
+// ============================================================================
+// Timing (prints; no assertions beyond success)
+// ============================================================================
+
+double TimeMs(Backend* b, int iterations, const std::function<Status()>& body) {
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(body().ok());  // warm-up: plans, scratch
+  EXPECT_TRUE(b->Sync().ok());
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iterations; ++i) {
+    const Status s = body();
+    EXPECT_TRUE(s.ok()) << s.message();
+  }
+  EXPECT_TRUE(b->Sync().ok());
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / iterations;
+}
+
+TEST_F(NnCudaTest, TimingGpt2Shapes) {
+  std::printf("device: %s\n", gpu_->Describe().c_str());
+  const int64_t rows = 16384, in = 768, out = 3072;
+  void *x, *w, *bias, *y, *dy, *dx, *dw, *db;
+  for (auto pr : {std::make_pair(&x, rows * in), std::make_pair(&w, out * in), std::make_pair(&bias, out),
+                  std::make_pair(&y, rows * out), std::make_pair(&dy, rows * out), std::make_pair(&dx, rows * in),
+                  std::make_pair(&dw, out * in), std::make_pair(&db, out)}) {
+    ASSERT_OK(gpu_->Alloc(pr.second * 4, pr.first));
+    ASSERT_OK(gpu_->RandomNormal(static_cast<float*>(*pr.first), pr.second, 5, 0, 0.1f));
+  }
+  auto f = [](void* p) { return static_cast<float*>(p); };
+  const double flops = 3.0 * 2.0 * rows * in * out;
+  std::vector<std::pair<std::string, LinearQuant>> schemes = {
+      {"fp32 (FP32 GEMM, no TF32)", LinearQuant{}},
+      {"bf16", AllRoles(Quant(QuantFormat::kBf16))},
+      {"mxfp8_e4m3", AllRoles(Quant(QuantFormat::kMxfp8E4M3))},
+      {"nvfp4 recipe", Nvfp4Recipe()},
+  };
+  for (auto& s : schemes) {
+    for (bool stats : {false, true}) {
+      if (stats && s.first.rfind("fp32", 0) == 0) continue;
+      LinearQuant q = s.second;
+      q.stats_slot = stats ? 0 : -1;
+      ASSERT_OK(gpu_->ResetOperandStats(1));
+      const double fwd = TimeMs(gpu_.get(), 10, [&] { return gpu_->LinearForward(f(x), f(w), f(bias), f(y), rows, in, out, q); });
+      const double both = TimeMs(gpu_.get(), 10, [&] {
+        Status st = gpu_->LinearForward(f(x), f(w), f(bias), f(y), rows, in, out, q);
+        if (!st.ok()) return st;
+        return gpu_->LinearBackward(f(x), f(w), f(dy), f(dx), f(dw), f(db), rows, in, out, q);
+      });
+      std::printf("linear %lldx%lld->%lld %-28s%s fwd %.3f ms, fwd+bwd %.3f ms = %.1f TFLOP/s\n",
+                  static_cast<long long>(rows), static_cast<long long>(in), static_cast<long long>(out),
+                  s.first.c_str(), stats ? " +stats" : "", fwd, both, flops / (both * 1e-3) / 1e12);
+    }
+  }
+  for (void* p : {x, w, bias, y, dy, dx, dw, db}) gpu_->Free(p);
+
+  // Attention at GPT-2 124M, batch 16 x 1024.
+  const int64_t batch = 16, seq = 1024, heads = 12, dim = 768;
+  void *qkv, *aout, *probs, *dout, *dqkv;
+  ASSERT_OK(gpu_->Alloc(batch * seq * 3 * dim * 4, &qkv));
+  ASSERT_OK(gpu_->Alloc(batch * seq * dim * 4, &aout));
+  ASSERT_OK(gpu_->Alloc(batch * heads * seq * seq * 4, &probs));
+  ASSERT_OK(gpu_->Alloc(batch * seq * dim * 4, &dout));
+  ASSERT_OK(gpu_->Alloc(batch * seq * 3 * dim * 4, &dqkv));
+  ASSERT_OK(gpu_->RandomNormal(f(qkv), batch * seq * 3 * dim, 6, 0, 1.0f));
+  ASSERT_OK(gpu_->RandomNormal(f(dout), batch * seq * dim, 7, 0, 1.0f));
+  // Six GEMMs of 2 * t * t * hd flops per (batch, head), counting the full squares.
+  const double attn_flops = 6.0 * 2.0 * batch * heads * seq * seq * (dim / heads);
+  for (bool bf16 : {true, false}) {
+    const double fwd = TimeMs(gpu_.get(), 5, [&] {
+      return gpu_->AttentionForward(f(qkv), f(aout), f(probs), batch, seq, heads, dim, bf16);
+    });
+    const double bwd = TimeMs(gpu_.get(), 5, [&] {
+      return gpu_->AttentionBackward(f(qkv), f(probs), f(dout), f(dqkv), batch, seq, heads, dim, bf16);
+    });
+    std::printf("attention b%lld t%lld h%lld d%lld %s: fwd %.3f ms, bwd %.3f ms (%.1f TFLOP/s counting full squares)\n",
+                static_cast<long long>(batch), static_cast<long long>(seq), static_cast<long long>(heads),
+                static_cast<long long>(dim), bf16 ? "bf16" : "fp32", fwd, bwd,
+                attn_flops / ((fwd + bwd) * 1e-3) / 1e12);
+  }
+  for (void* p : {qkv, aout, probs, dout, dqkv}) gpu_->Free(p);
+
+  // LayerNorm, GELU and cross-entropy at the same token count.
+  const int64_t tokens = batch * seq, vocab = 50257, padded = 50304;
+  void *a, *b, *g, *dg, *m, *r, *d, *logits, *targets, *losses;
+  ASSERT_OK(gpu_->Alloc(tokens * 3072 * 4, &a));
+  ASSERT_OK(gpu_->Alloc(tokens * 3072 * 4, &b));
+  ASSERT_OK(gpu_->Alloc(tokens * 3072 * 4, &d));
+  ASSERT_OK(gpu_->Alloc(768 * 4, &g));
+  ASSERT_OK(gpu_->Alloc(2 * 768 * 4, &dg));
+  ASSERT_OK(gpu_->Alloc(tokens * 4, &m));
+  ASSERT_OK(gpu_->Alloc(tokens * 4, &r));
+  ASSERT_OK(gpu_->RandomNormal(f(a), tokens * 3072, 8, 0, 1.0f));
+  ASSERT_OK(gpu_->Fill(f(g), 768, 1.0f));
+  const double ln_f = TimeMs(gpu_.get(), 10, [&] {
+    return gpu_->LayerNormForward(f(a), f(g), f(g), f(b), f(m), f(r), tokens, 768, 1e-5f);
+  });
+  const double ln_b = TimeMs(gpu_.get(), 10, [&] {
+    return gpu_->LayerNormBackward(f(a), f(g), f(m), f(r), f(b), f(d), f(dg), f(dg) + 768, tokens, 768);
+  });
+  const double gelu_f = TimeMs(gpu_.get(), 10, [&] { return gpu_->GeluForward(f(a), f(b), tokens * 3072); });
+  const double gelu_b = TimeMs(gpu_.get(), 10, [&] { return gpu_->GeluBackward(f(a), f(b), f(d), tokens * 3072); });
+  const double ln_bytes = tokens * 768 * 4.0;
+  std::printf("layernorm %lldx768: fwd %.3f ms (%.0f GB/s), bwd %.3f ms\n", static_cast<long long>(tokens), ln_f,
+              3 * ln_bytes / (ln_f * 1e-3) / 1e9, ln_b);
+  std::printf("gelu %lldx3072: fwd %.3f ms (%.0f GB/s), bwd %.3f ms (%.0f GB/s)\n", static_cast<long long>(tokens),
+              gelu_f, 2 * tokens * 3072 * 4.0 / (gelu_f * 1e-3) / 1e9, gelu_b,
+              3 * tokens * 3072 * 4.0 / (gelu_b * 1e-3) / 1e9);
+  for (void* p : {a, b, d}) gpu_->Free(p);
+  ASSERT_OK(gpu_->Alloc(tokens * padded * 4, &logits));
+  ASSERT_OK(gpu_->Alloc(tokens * 4, &targets));
+  ASSERT_OK(gpu_->Alloc(tokens * 4, &losses));
+  ASSERT_OK(gpu_->RandomNormal(f(logits), tokens * padded, 9, 0, 1.0f));
+  const double ce_f = TimeMs(gpu_.get(), 5, [&] {
+    return gpu_->CrossEntropyForward(f(logits), static_cast<int32_t*>(targets), f(losses), tokens, padded, vocab);
+  });
+  const double ce_b = TimeMs(gpu_.get(), 5, [&] {
+    return gpu_->CrossEntropyBackward(f(logits), static_cast<int32_t*>(targets), f(logits), tokens, padded, vocab,
+                                      1.0f / tokens);
+  });
+  const double logit_bytes = tokens * padded * 4.0;
+  std::printf("cross-entropy %lldx%lld: fwd %.3f ms (%.0f GB/s), bwd in place %.3f ms (%.0f GB/s)\n",
+              static_cast<long long>(tokens), static_cast<long long>(padded), ce_f,
+              logit_bytes / (ce_f * 1e-3) / 1e9, ce_b, 3 * logit_bytes / (ce_b * 1e-3) / 1e9);
+  for (void* p : {g, dg, m, r, logits, targets, losses}) gpu_->Free(p);
+}
+
+}  // namespace
+}  // namespace keel
