@@ -351,7 +351,30 @@ Status Trainer::OpenMetricsFile() {
   if (metrics_file_) return Status::Ok();
   KEEL_RETURN_IF_ERROR(MakeDirs(config_.run_dir));
   std::string path = config_.run_dir + "/metrics.jsonl";
-  metrics_file_ = std::fopen(path.c_str(), "a");
+  if (step_ > 0) {
+    // Resumed: keep the lines up to the checkpoint's step, so the file holds
+    // one line per step of the trajectory this run continues.
+    std::string old;
+    if (ReadFile(path, &old).ok()) {
+      std::string kept;
+      size_t begin = 0;
+      while (begin < old.size()) {
+        size_t end = old.find('\n', begin);
+        if (end == std::string::npos) end = old.size();
+        std::string line = old.substr(begin, end - begin);
+        JsonValue v;
+        const JsonValue* step = nullptr;
+        if (ParseJson(line, &v).ok() && (step = v.Find("step")) && step->int_value() <= step_) {
+          kept += line + "\n";
+        }
+        begin = end + 1;
+      }
+      KEEL_RETURN_IF_ERROR(WriteFileAtomic(path, kept));
+    }
+    metrics_file_ = std::fopen(path.c_str(), "a");
+  } else {
+    metrics_file_ = std::fopen(path.c_str(), "w");  // a fresh run starts a fresh file
+  }
   if (!metrics_file_) return Status::Error("run_dir: cannot append to '" + path + "'");
   return Status::Ok();
 }
@@ -446,7 +469,10 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
       if (n.rfind("step_", 0) == 0 && n.size() == 13) steps.push_back(n);
     }
     std::sort(steps.begin(), steps.end());
-    for (size_t i = 0; i + config_.keep_checkpoints < steps.size(); ++i) {
+    // The one just written always stays, even when the directory holds later
+    // steps (a run restarted from scratch into an old run directory).
+    steps.erase(std::remove(steps.begin(), steps.end(), StepDirName(step_)), steps.end());
+    for (size_t i = 0; i + config_.keep_checkpoints < steps.size() + 1; ++i) {
       std::string d = root + "/" + steps[i];
       std::remove((d + "/model.safetensors").c_str());
       std::remove((d + "/optimizer.safetensors").c_str());

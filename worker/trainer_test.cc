@@ -151,6 +151,71 @@ TEST(TrainerTest, CorruptOrTruncatedCheckpointIsRefusedAndChangesNothing) {
   EXPECT_EQ(Losses(fresh.get(), 2), Losses(reference.get(), 2));
 }
 
+TEST(TrainerTest, KeepsTheNewestCheckpointsAndNeverTheOneJustWritten) {
+  RunConfig c = ProxyConfig(TempDir("proxy_keep"), "fp32");
+  c.keep_checkpoints = 2;
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  std::string dir;
+  for (int i = 0; i < 4; ++i) {
+    Losses(t.get(), 1);
+    ASSERT_TRUE(t->SaveCheckpoint(&dir).ok());
+  }
+  auto exists = [&](const std::string& name) {
+    return std::ifstream(c.run_dir + "/checkpoints/" + name + "/model.safetensors").good();
+  };
+  EXPECT_FALSE(exists("step_00000002"));
+  EXPECT_TRUE(exists("step_00000003"));
+  EXPECT_TRUE(exists("step_00000004"));
+  // A fresh run in the same directory: its step-1 checkpoint stays, resumable.
+  std::unique_ptr<Trainer> again;
+  ASSERT_TRUE(Trainer::Create(c, &again).ok());
+  Losses(again.get(), 1);
+  ASSERT_TRUE(again->SaveCheckpoint(&dir).ok());
+  EXPECT_TRUE(exists("step_00000001"));
+  std::unique_ptr<Trainer> resumed;
+  ASSERT_TRUE(Trainer::Create(c, &resumed).ok());
+  EXPECT_TRUE(resumed->Resume(dir).ok());
+}
+
+std::vector<int64_t> MetricSteps(const std::string& run_dir) {
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::vector<int64_t> steps;
+  for (std::string line; std::getline(in, line);) {
+    steps.push_back(std::atoll(line.substr(line.find("\"step\":") + 7).c_str()));
+  }
+  return steps;
+}
+
+TEST(TrainerTest, MetricsFileHoldsOneLinePerStepAcrossResumeAndRerun) {
+  RunConfig c = ProxyConfig(TempDir("proxy_metrics"), "fp32");
+  c.steps = 4;
+  c.checkpoint_every = 2;
+  int callbacks = 0;
+  {
+    std::unique_ptr<Trainer> t;
+    ASSERT_TRUE(Trainer::Create(c, &t).ok());
+    ASSERT_TRUE(t->Train([&](const StepMetrics&) { ++callbacks; }, false).ok());
+  }
+  EXPECT_EQ(callbacks, 4);
+  EXPECT_EQ(MetricSteps(c.run_dir), (std::vector<int64_t>{1, 2, 3, 4}));
+  c.steps = 6;
+  {
+    std::unique_ptr<Trainer> t;
+    ASSERT_TRUE(Trainer::Create(c, &t).ok());
+    ASSERT_TRUE(t->Resume(c.run_dir + "/checkpoints/step_00000002").ok());
+    ASSERT_TRUE(t->Train(nullptr, false).ok());
+  }
+  EXPECT_EQ(MetricSteps(c.run_dir), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  c.steps = 3;
+  {
+    std::unique_ptr<Trainer> t;  // a fresh run in the same directory starts a fresh file
+    ASSERT_TRUE(Trainer::Create(c, &t).ok());
+    ASSERT_TRUE(t->Train(nullptr, false).ok());
+  }
+  EXPECT_EQ(MetricSteps(c.run_dir), (std::vector<int64_t>{1, 2, 3}));
+}
+
 TEST(TrainerTest, SchemeSwitchMidRunKeepsTraining) {
   std::unique_ptr<Trainer> t;
   ASSERT_TRUE(Trainer::Create(ProxyConfig(TempDir("proxy_switch"), "fp32"), &t).ok());
