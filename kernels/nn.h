@@ -138,7 +138,7 @@ class Backend {
   virtual Status LinearForward(const float* x, const float* w, const float* bias, float* y,
                                int64_t rows, int64_t in, int64_t out, const LinearQuant& q) = 0;
   // dx (rows x in) = Q_dgrad_dy(dy) . Q_dgrad_w(w) (dy along `out`, w down its
-  // columns), written (dx may be null: skipped);
+  // columns), written (dx may be null: skipped); dw must not be null;
   // dw (out x in) += Q_wgrad_dy(dy)^T . Q_wgrad_x(x) (both along rows);
   // dbias (out) += column sums of dy (dbias may be null). Operands are quantized
   // afresh from x, w and dy (never reused from the forward).
@@ -175,6 +175,9 @@ class Backend {
 
   // Token + learned position embedding: out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :],
   // tokens: batch x seq int32 in backend memory. Backward: dwte, dwpe += (deterministic).
+  // Token ids and targets live in backend memory, so only the CPU backend can
+  // refuse one out of range; callers check ids on the host (the trainer checks
+  // its shards against the vocabulary when it opens them).
   virtual Status EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe,
                                   float* out, int64_t batch, int64_t seq, int64_t dim) = 0;
   virtual Status EmbeddingBackward(const int32_t* tokens, const float* dout, float* dwte,

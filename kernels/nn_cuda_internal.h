@@ -242,6 +242,8 @@ class CudaBackend final : public Backend {
   // statistics when stats_slot >= 0.
   Status PrepareOperand(const float* x, int64_t rows, int64_t cols, int axis, Role role,
                         const LinearQuant& q, bool bf16, Scratch* scratch, Operand* out);
+  // "op: stats_slot: N is not allowed ..." unless -1 <= slot < the slots ResetOperandStats made.
+  Status CheckStatsSlot(const char* op, int slot) const;
   // Device counters of one quantization (see OperandStats) added to slot/role.
   Status AddOperandStats(const float* x, int64_t rows, int64_t cols, int axis,
                          const OperandFormat& f, const uint8_t* codes, const uint8_t* scales,

@@ -465,15 +465,19 @@ Status CudaBackend::ColumnSums(const float* m, int64_t rows, int64_t cols, float
 // Linear layer
 // ============================================================================
 
+Status CudaBackend::CheckStatsSlot(const char* op, int slot) const {
+  if (slot >= -1 && slot < stats_slots_) return Status::Ok();
+  return Status::Error(std::string(op) + ": stats_slot: " + std::to_string(slot) +
+                       " is not allowed; need -1 or 0.." + std::to_string(stats_slots_ - 1) +
+                       " (ResetOperandStats made " + std::to_string(stats_slots_) + " slots)");
+}
+
 Status CudaBackend::LinearForward(const float* x, const float* w, const float* bias, float* y, int64_t rows,
                                   int64_t in, int64_t out, const LinearQuant& q) {
   KEEL_RETURN_IF_ERROR(CheckLinearShape("LinearForward", rows, in, out));
   if (x == nullptr || w == nullptr || y == nullptr) return Status::Error("LinearForward: x, w or y: null");
   KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
-  if (q.stats_slot < -1 || q.stats_slot >= stats_slots_)
-    return Status::Error("LinearForward: stats_slot: " + std::to_string(q.stats_slot) + " is not allowed; need -1 or 0.." +
-                         std::to_string(stats_slots_ - 1) + " (ResetOperandStats made " +
-                         std::to_string(stats_slots_) + " slots)");
+  KEEL_RETURN_IF_ERROR(CheckStatsSlot("LinearForward", q.stats_slot));
   const bool bf16 = q.role[static_cast<int>(Role::kFwdX)].quantized() && q.role[static_cast<int>(Role::kFwdW)].quantized();
   Operand qx, qw;
   KEEL_RETURN_IF_ERROR(PrepareOperand(x, rows, in, 1, Role::kFwdX, q, bf16, &op_a_, &qx));
@@ -511,12 +515,11 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
 Status CudaBackend::LinearBackward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                                    float* dbias, int64_t rows, int64_t in, int64_t out, const LinearQuant& q) {
   KEEL_RETURN_IF_ERROR(CheckLinearShape("LinearBackward", rows, in, out));
-  if (x == nullptr || w == nullptr || dy == nullptr) return Status::Error("LinearBackward: x, w or dy: null");
+  if (x == nullptr || w == nullptr || dy == nullptr || dw == nullptr) {
+    return Status::Error("LinearBackward: x, w, dy or dw: null");
+  }
   KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
-  if (q.stats_slot < -1 || q.stats_slot >= stats_slots_)
-    return Status::Error("LinearBackward: stats_slot: " + std::to_string(q.stats_slot) + " is not allowed; need -1 or 0.." +
-                         std::to_string(stats_slots_ - 1) + " (ResetOperandStats made " +
-                         std::to_string(stats_slots_) + " slots)");
+  KEEL_RETURN_IF_ERROR(CheckStatsSlot("LinearBackward", q.stats_slot));
   const OperandFormat& f_ddy = q.role[static_cast<int>(Role::kDgradDy)];
   const OperandFormat& f_dw = q.role[static_cast<int>(Role::kDgradW)];
   const OperandFormat& f_wdy = q.role[static_cast<int>(Role::kWgradDy)];
@@ -544,7 +547,7 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
   }
   if (dbias != nullptr) KEEL_RETURN_IF_ERROR(ColumnSums(dy, rows, out, dbias));
-  if (dw != nullptr) {
+  {
     // dW^T (in x out) += X^T (stored in x rows) . dY (stored out x rows, transposed).
     // BF16 rounding is elementwise, so a deterministic bf16 dy from the dgrad serves
     // the wgrad too (the same bits as quantizing it again down the columns).
