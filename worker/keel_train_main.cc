@@ -134,7 +134,7 @@ int TrainCommand(int argc, char** argv) {
   if (!s.ok()) return Fail(1, s.message());
   if (!resume.empty()) {
     s = trainer->Resume(resume);
-    if (!s.ok()) return Fail(1, s.message());
+    if (!s.ok()) return Fail(1, "--resume " + resume + ": " + s.message());
     if (!quiet) std::fprintf(stderr, "keel-train: resumed at step %lld\n", static_cast<long long>(trainer->step()));
   }
   s = trainer->Train(nullptr, !quiet);
