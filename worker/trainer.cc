@@ -109,7 +109,12 @@ Status Trainer::Create(const RunConfig& config, std::unique_ptr<Trainer>* out) {
   t->scheme_ = config.precision;
   KEEL_RETURN_IF_ERROR(MakeBackend(config.backend, config.threads, &t->backend_));
   if (config.model.type == "gpt") {
-    KEEL_RETURN_IF_ERROR(TokenLoader::Open(config.data.train, config.batch, config.seq, &t->train_loader_));
+    Status opened = TokenLoader::Open(config.data.train, config.batch, config.seq, &t->train_loader_);
+    if (!opened.ok()) {
+      return Status::Error("data.train: " + opened.message() +
+                           " (make shards with `keel-train prepare-text IN.txt OUT_PREFIX`, "
+                           "scripts/prepare-fortunes for the examples, or llm.c's data scripts)");
+    }
     if (t->train_loader_->max_token() >= config.model.vocab) {
       return Status::Error("data.train: token id " + std::to_string(t->train_loader_->max_token()) +
                            " is outside model.vocab " + std::to_string(config.model.vocab) +
