@@ -432,6 +432,13 @@ Status ValidateRunConfig(const RunConfig& c) {
     }
   }
   if (c.probe_every < 0) return Status::Error("probe_every: must be >= 0");
+  // RHT rotates 16-token chunks of the wgrad operands, so a micro-batch's rows
+  // (tokens) must come in multiples of 16.
+  const int64_t rows = m.type == "gpt" ? static_cast<int64_t>(c.batch) * c.seq : c.batch;
+  if (c.precision.roles[static_cast<int>(Role::kWgradX)].rht && rows % 16 != 0) {
+    return Status::Error("batch: " + std::to_string(rows) + (m.type == "gpt" ? " tokens (batch x seq)" : " samples") +
+                         " per micro-batch is not allowed with RHT on the wgrad operands (a multiple of 16)");
+  }
   return ValidateScheme(c.precision);
 }
 

@@ -131,6 +131,9 @@ TEST(RunConfigTest, ErrorsNameFieldValueAndAllowed) {
   Parse("model:\n  type: gpt\n", &st);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("data.train"), std::string::npos) << st.message();
+  Parse("precision: nvfp4_recipe\nbatch: 100\n", &st);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("batch: 100"), std::string::npos) << st.message();
   Parse("optimizer:\n  weight_decay: 0.1\n", &st);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("adamw"), std::string::npos) << st.message();

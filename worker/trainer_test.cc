@@ -67,6 +67,19 @@ TEST(TrainerTest, ProxyFp32TrainsItsLossDown) {
   for (double l : losses) EXPECT_TRUE(std::isfinite(l));
 }
 
+TEST(TrainerTest, EveryPresetTrainsTheProxy) {
+  for (const PresetInfo& p : Presets()) {
+    std::unique_ptr<Trainer> t;
+    ASSERT_TRUE(Trainer::Create(ProxyConfig(TempDir("proxy_presets"), p.name), &t).ok()) << p.name;
+    std::vector<StepMetrics> m;
+    std::vector<double> losses = Losses(t.get(), 20, &m);
+    ASSERT_EQ(losses.size(), 20u) << p.name;
+    EXPECT_LT(Mean(losses, 15, 20), Mean(losses, 0, 3)) << p.name;
+    // Quantized roles report statistics; fp32 has none to report.
+    EXPECT_EQ(m[0].operands.empty(), p.name == "fp32") << p.name;
+  }
+}
+
 TEST(TrainerTest, SameSeedSameCurveOtherSeedOtherCurve) {
   RunConfig c = ProxyConfig(TempDir("proxy_seed"), "mxfp8_e4m3");
   std::unique_ptr<Trainer> a, b, other;
