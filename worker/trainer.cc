@@ -49,13 +49,14 @@ std::string StepMetrics::ToJson() const {
   JsonWriter w;
   w.Add("step", step).Add("loss", loss).Add("lr", lr).Add("tokens_per_s", tokens_per_s);
   w.Add("step_ms", step_seconds * 1e3).Add("scheme", scheme).Add("grad_norm", grad_norm);
-  JsonValue norms = JsonValue::Object();
-  for (const GroupValue& g : grad_norms) norms.Set(g.name, g.value);
-  w.Add("grad_norm_layers", norms);
+  auto groups = [](const std::vector<GroupValue>& values) {
+    JsonValue object = JsonValue::Object();
+    for (const GroupValue& g : values) object.Set(g.name, g.value);
+    return object;
+  };
+  w.Add("grad_norm_layers", groups(grad_norms));
   w.Add("update_ratio", update_ratio);
-  JsonValue ratios = JsonValue::Object();
-  for (const GroupValue& g : update_ratios) ratios.Set(g.name, g.value);
-  w.Add("update_ratio_layers", ratios);
+  w.Add("update_ratio_layers", groups(update_ratios));
   JsonValue ln = JsonValue::Object();
   for (const LnGamma& g : ln_gamma) {
     JsonValue v = JsonValue::Object();

@@ -279,8 +279,9 @@ TEST(TrainerTest, GradientBiasProbe) {
   }
 }
 
-// Real English text from the Debian package fortunes (installed by scripts/install-deps).
-std::string FortunesText() {
+// Byte-level shards <dir>/<prefix>_{train,val}.bin of real English text from the
+// Debian package fortunes (installed by scripts/install-deps).
+void PrepareFortunes(const std::string& dir, const std::string& prefix) {
   std::string text;
   for (const char* name : {"literature", "wisdom", "science", "people"}) {
     std::ifstream in(std::string("/usr/share/games/fortunes/") + name);
@@ -288,17 +289,16 @@ std::string FortunesText() {
     ss << in.rdbuf();
     text += ss.str();
   }
-  return text;
-}
-
-TEST(TrainerTest, GptLearnsEnglishFromByteShards) {
-  std::string text = FortunesText();
   ASSERT_GT(text.size(), 100000u) << "install the Debian package 'fortunes' (scripts/install-deps)";
-  std::string dir = TempDir("gpt_text");
   ASSERT_EQ(std::system(("mkdir -p '" + dir + "'").c_str()), 0);
   std::ofstream(dir + "/in.txt", std::ios::binary) << text;
   PrepareSummary summary;
-  ASSERT_TRUE(PrepareText(dir + "/in.txt", dir + "/fortunes", 0.1, &summary).ok());
+  ASSERT_TRUE(PrepareText(dir + "/in.txt", dir + "/" + prefix, 0.1, &summary).ok());
+}
+
+TEST(TrainerTest, GptLearnsEnglishFromByteShards) {
+  std::string dir = TempDir("gpt_text");
+  ASSERT_NO_FATAL_FAILURE(PrepareFortunes(dir, "fortunes"));
   // GPT-2's block, then the options: SwiGLU, QK-LayerNorm, no biases.
   const std::vector<std::vector<std::string>> variants = {
       {"model.mlp=gelu"}, {"model.mlp=swiglu", "model.qk_layernorm=true", "model.bias=false"}};
@@ -327,13 +327,8 @@ TEST(TrainerTest, GptLearnsEnglishFromByteShards) {
 }
 
 TEST(TrainerTest, GptResumeRestoresDataPosition) {
-  std::string text = FortunesText();
-  ASSERT_GT(text.size(), 100000u) << "install the Debian package 'fortunes' (scripts/install-deps)";
   std::string dir = TempDir("gpt_resume");
-  ASSERT_EQ(std::system(("mkdir -p '" + dir + "'").c_str()), 0);
-  std::ofstream(dir + "/in.txt", std::ios::binary) << text;
-  PrepareSummary summary;
-  ASSERT_TRUE(PrepareText(dir + "/in.txt", dir + "/t", 0.1, &summary).ok());
+  ASSERT_NO_FATAL_FAILURE(PrepareFortunes(dir, "t"));
   RunConfig c;
   Status s = ParseRunConfig(
       "model: {type: gpt, layers: 1, width: 32, heads: 2, context: 32, vocab: 256}\n"
