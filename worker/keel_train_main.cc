@@ -3,6 +3,7 @@
 //              [--resume DIR|latest] [--set key=value ...] [--quiet]
 //   keel-train prepare-text IN.txt OUT_PREFIX [--val-fraction F]
 //   keel-train presets
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -39,7 +40,18 @@ const char kUsage[] =
     "  --quiet              no progress lines on stderr (metrics still go to metrics.jsonl)\n"
     "  --help               this text\n"
     "\n"
-    "Exit status: 0 done, 1 training failed, 2 bad usage or config.\n";
+    "SIGINT or SIGTERM stops after the step in progress and writes a checkpoint.\n"
+    "Exit status: 0 done, 1 training failed, 2 bad usage or config, 130 interrupted\n"
+    "(checkpointed).\n";
+
+// SIGINT / SIGTERM: finish the step in progress, checkpoint, exit 130.
+Trainer* g_trainer = nullptr;
+volatile sig_atomic_t g_signal = 0;
+
+void OnSignal(int signal_number) {
+  g_signal = signal_number;
+  if (g_trainer != nullptr) g_trainer->RequestStop();
+}
 
 int Fail(int code, const std::string& message) {
   std::fprintf(stderr, "keel-train: %s\n", message.c_str());
@@ -137,8 +149,19 @@ int TrainCommand(int argc, char** argv) {
     if (!s.ok()) return Fail(1, "--resume " + resume + ": " + s.message());
     if (!quiet) std::fprintf(stderr, "keel-train: resumed at step %lld\n", static_cast<long long>(trainer->step()));
   }
+  g_trainer = trainer.get();
+  struct sigaction action = {};
+  action.sa_handler = OnSignal;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
   s = trainer->Train(nullptr, !quiet);
+  g_trainer = nullptr;
   if (!s.ok()) return Fail(1, s.message());
+  if (g_signal != 0) {
+    std::fprintf(stderr, "keel-train: interrupted (signal %d) after step %lld; resume with --resume latest\n",
+                 static_cast<int>(g_signal), static_cast<long long>(trainer->step()));
+    return 130;
+  }
   return 0;
 }
 

@@ -410,6 +410,7 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
                    FormatDuration(eta).c_str(),
                    m.evaluated ? (" | val " + std::to_string(m.val_loss)).c_str() : "");
     }
+    if (stop_requested()) break;
     if (config_.checkpoint_every > 0 && step_ % config_.checkpoint_every == 0 && step_ < config_.steps) {
       std::string dir;
       KEEL_RETURN_IF_ERROR(SaveCheckpoint(&dir));
@@ -417,7 +418,10 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
   }
   std::string dir;
   KEEL_RETURN_IF_ERROR(SaveCheckpoint(&dir));
-  if (progress) std::fprintf(stderr, "keel-train: done, checkpoint %s\n", dir.c_str());
+  if (progress) {
+    std::fprintf(stderr, "keel-train: %s at step %lld, checkpoint %s\n",
+                 step_ < config_.steps ? "stopped" : "done", static_cast<long long>(step_), dir.c_str());
+  }
   return Status::Ok();
 }
 

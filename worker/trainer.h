@@ -8,6 +8,7 @@
 #ifndef KEEL_WORKER_TRAINER_H_
 #define KEEL_WORKER_TRAINER_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -91,6 +92,12 @@ class Trainer {
   // the end. progress: a status line on stderr every log_every steps.
   Status Train(const MetricsCallback& callback, bool progress);
 
+  // Asks Train to stop after the step in progress: it writes a checkpoint and
+  // returns Ok with step() < config.steps. Safe from another thread or a signal
+  // handler (it only sets an atomic flag).
+  void RequestStop() { stop_requested_.store(true); }
+  bool stop_requested() const { return stop_requested_.load(); }
+
   // Switches the precision scheme; the next step uses it. Weights, optimizer
   // state and data position are untouched.
   Status SwitchScheme(const PrecisionScheme& scheme);
@@ -130,6 +137,7 @@ class Trainer {
   float* previous_ = nullptr;  // weights before the update (update ratio)
   int64_t step_ = 0;
   FILE* metrics_file_ = nullptr;
+  std::atomic<bool> stop_requested_{false};
 };
 
 }  // namespace keel

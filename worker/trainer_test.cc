@@ -229,6 +229,20 @@ TEST(TrainerTest, MetricsFileHoldsOneLinePerStepAcrossResumeAndRerun) {
   EXPECT_EQ(MetricSteps(c.run_dir), (std::vector<int64_t>{1, 2, 3}));
 }
 
+TEST(TrainerTest, RequestStopCheckpointsAfterTheCurrentStep) {
+  RunConfig c = ProxyConfig(TempDir("proxy_stop"), "fp32");
+  c.steps = 50;
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  Trainer* raw = t.get();
+  ASSERT_TRUE(t->Train([raw](const StepMetrics& m) { if (m.step == 3) raw->RequestStop(); }, false).ok());
+  EXPECT_EQ(t->step(), 3);
+  std::unique_ptr<Trainer> resumed;
+  ASSERT_TRUE(Trainer::Create(c, &resumed).ok());
+  ASSERT_TRUE(resumed->Resume("latest").ok());
+  EXPECT_EQ(resumed->step(), 3);
+}
+
 TEST(TrainerTest, SchemeSwitchMidRunKeepsTraining) {
   std::unique_ptr<Trainer> t;
   ASSERT_TRUE(Trainer::Create(ProxyConfig(TempDir("proxy_switch"), "fp32"), &t).ok());
