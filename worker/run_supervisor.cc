@@ -1,0 +1,182 @@
+// One keel-train process under keel-worker (see run_supervisor.h).
+#include "worker/run_supervisor.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "worker/io/file_util.h"
+#include "worker/io/json.h"
+
+namespace keel {
+namespace {
+
+std::string Join(const std::vector<int32_t>& gpus) {
+  std::string text;
+  for (int32_t g : gpus) text += (text.empty() ? "" : ",") + std::to_string(g);
+  return text;
+}
+
+}  // namespace
+
+Status RunSupervisor::Start(const RunLaunch& launch, std::unique_ptr<RunSupervisor>* out) {
+  if (launch.run_id.empty()) return Status::Error("run: empty run id");
+  KEEL_RETURN_IF_ERROR(MakeDirs(launch.run_dir));
+  const std::string config = launch.run_dir + "/run.yaml";
+  KEEL_RETURN_IF_ERROR(WriteFileAtomic(config, launch.spec_yaml));
+  if (launch.resume_checkpoint.empty()) {
+    // A fresh start owns the directory's metrics: no lines of an earlier attempt.
+    unlink((launch.run_dir + "/metrics.jsonl").c_str());
+  }
+  std::vector<std::string> args = {launch.trainer, "--config", config, "--run-dir", launch.run_dir, "--quiet",
+                                   "--backend", launch.gpus.empty() ? "cpu" : "cuda"};
+  if (!launch.resume_checkpoint.empty()) {
+    args.push_back("--resume");
+    args.push_back(launch.resume_checkpoint);
+  }
+  const std::string log = launch.run_dir + "/trainer.log";
+  int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd < 0) return Status::Error("run " + launch.run_id + ": cannot open '" + log + "': " + strerror(errno));
+  const std::string devices = Join(launch.gpus);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(&a[0]);
+  argv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(log_fd);
+    return Status::Error("run " + launch.run_id + ": fork failed: " + strerror(errno));
+  }
+  if (pid == 0) {
+    // Child: only async-signal-safe calls until exec.
+    dup2(log_fd, STDOUT_FILENO);
+    dup2(log_fd, STDERR_FILENO);
+    setenv("CUDA_VISIBLE_DEVICES", devices.c_str(), 1);
+    setpgid(0, 0);  // its own process group: a signal to the worker's terminal does not reach it
+    execv(argv[0], argv.data());
+    const char msg[] = "keel-worker: exec of the trainer failed\n";
+    ssize_t ignored = write(STDERR_FILENO, msg, sizeof(msg) - 1);
+    (void)ignored;
+    _exit(127);
+  }
+  close(log_fd);
+  std::unique_ptr<RunSupervisor> s(new RunSupervisor);
+  s->launch_ = launch;
+  s->pid_ = pid;
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+RunSupervisor::~RunSupervisor() {
+  if (pid_ > 0 && !reaped_) {
+    kill(pid_, SIGKILL);
+    int status;
+    waitpid(pid_, &status, 0);
+  }
+}
+
+Status RunSupervisor::Signal(int signal) {
+  if (reaped_) return Status::Ok();
+  if (kill(pid_, signal) != 0 && errno != ESRCH) {
+    return Status::Error("run " + launch_.run_id + ": kill failed: " + strerror(errno));
+  }
+  return Status::Ok();
+}
+
+Status RunSupervisor::ReadNewMetrics(RunProgress* progress) {
+  const std::string path = launch_.run_dir + "/metrics.jsonl";
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return Status::Ok();  // not written yet
+  if (st.st_ino != metrics_inode_ || st.st_size < metrics_offset_) {
+    // Replaced (a resumed trainer rewrites it) or truncated: read it again; the
+    // store keeps one point per step, so points sent twice are harmless.
+    metrics_inode_ = st.st_ino;
+    metrics_offset_ = 0;
+    partial_line_.clear();
+  }
+  if (st.st_size == metrics_offset_) return Status::Ok();
+  std::string chunk(static_cast<size_t>(st.st_size - metrics_offset_), '\0');
+  KEEL_RETURN_IF_ERROR(ReadFileRange(path, metrics_offset_, static_cast<int64_t>(chunk.size()), &chunk[0]));
+  metrics_offset_ = st.st_size;
+  partial_line_ += chunk;
+  size_t begin = 0;
+  for (size_t end; (end = partial_line_.find('\n', begin)) != std::string::npos; begin = end + 1) {
+    std::string line = partial_line_.substr(begin, end - begin);
+    JsonValue v;
+    if (!ParseJson(line, &v).ok() || !v.is_object()) continue;  // never a complete bad line from keel-train
+    v1::MetricPoint m;
+    m.set_run_id(launch_.run_id);
+    auto number = [&](const char* key) {
+      double d = 0;
+      const JsonValue* f = v.Find(key);
+      if (f) f->ToDouble(&d);
+      return d;
+    };
+    m.set_step(static_cast<int64_t>(number("step")));
+    m.set_loss(number("loss"));
+    m.set_lr(number("lr"));
+    m.set_tokens_per_s(number("tokens_per_s"));
+    m.set_grad_norm(number("grad_norm"));
+    m.set_json(line);
+    progress->metrics.push_back(std::move(m));
+  }
+  partial_line_.erase(0, begin);
+  return Status::Ok();
+}
+
+Status RunSupervisor::FindNewCheckpoints(RunProgress* progress) {
+  std::vector<std::string> names;
+  if (!ListDir(launch_.run_dir + "/checkpoints", &names).ok()) return Status::Ok();
+  std::string newest;
+  for (const std::string& n : names) {
+    // Complete checkpoints only: "step_" + 8 digits (a ".tmp" one is still being written).
+    if (n.size() == 13 && n.rfind("step_", 0) == 0 && n > newest) newest = n;
+  }
+  if (newest.empty() || newest == last_checkpoint_) return Status::Ok();
+  last_checkpoint_ = newest;
+  v1::CheckpointNotice c;
+  c.set_run_id(launch_.run_id);
+  c.set_step(std::atoll(newest.c_str() + 5));
+  c.set_path(launch_.run_dir + "/checkpoints/" + newest);
+  progress->checkpoints.push_back(std::move(c));
+  return Status::Ok();
+}
+
+Status RunSupervisor::Poll(RunProgress* progress) {
+  *progress = RunProgress();
+  if (reaped_) return Status::Ok();
+  int status = 0;
+  pid_t done = waitpid(pid_, &status, WNOHANG);
+  // Read what the process wrote; after it exited, this is everything.
+  KEEL_RETURN_IF_ERROR(ReadNewMetrics(progress));
+  KEEL_RETURN_IF_ERROR(FindNewCheckpoints(progress));
+  if (done == pid_) {
+    reaped_ = true;
+    progress->exited = true;
+    progress->exit.set_run_id(launch_.run_id);
+    if (WIFEXITED(status)) {
+      progress->exit.set_exit_code(WEXITSTATUS(status));
+    } else if (WIFSIGNALED(status)) {
+      progress->exit.set_exit_code(-1);
+      progress->exit.set_signal(WTERMSIG(status));
+    }
+    std::string log;
+    if (ReadFile(launch_.run_dir + "/trainer.log", &log).ok() && !log.empty()) {
+      // The last line of the trainer's output says why it stopped.
+      size_t end = log.find_last_not_of('\n');
+      size_t begin = log.rfind('\n', end);
+      progress->exit.set_message(log.substr(begin == std::string::npos ? 0 : begin + 1, end - (begin == std::string::npos ? 0 : begin + 1) + 1));
+    }
+  } else if (done < 0 && errno != EINTR) {
+    return Status::Error("run " + launch_.run_id + ": waitpid failed: " + strerror(errno));
+  }
+  return Status::Ok();
+}
+
+}  // namespace keel

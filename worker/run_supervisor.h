@@ -1,0 +1,70 @@
+// keel-worker's supervision of one keel-train process: starts it with its run
+// directory, config and GPUs, follows what it writes (metrics.jsonl lines,
+// new checkpoints) and reports how it ended. A crashing trainer is an exit to
+// report, never a problem for the worker.
+#ifndef KEEL_WORKER_RUN_SUPERVISOR_H_
+#define KEEL_WORKER_RUN_SUPERVISOR_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/status.h"
+#include "proto/keel.pb.h"
+
+namespace keel {
+
+struct RunLaunch {
+  std::string run_id;
+  std::string trainer;            // path of the keel-train binary (or a stand-in)
+  std::string run_dir;            // created if missing; holds run.yaml, trainer.log, metrics.jsonl
+  std::string spec_yaml;          // the run config
+  std::vector<int32_t> gpus;      // CUDA_VISIBLE_DEVICES; empty: --backend cpu
+  std::string resume_checkpoint;  // "" : fresh start
+};
+
+// What Poll saw since the previous call.
+struct RunProgress {
+  std::vector<v1::MetricPoint> metrics;
+  std::vector<v1::CheckpointNotice> checkpoints;
+  bool exited = false;
+  v1::RunExit exit;  // when exited: exit_code, or signal (exit_code -1)
+};
+
+class RunSupervisor {
+ public:
+  // Writes <run_dir>/run.yaml and starts
+  //   trainer --config <run_dir>/run.yaml --run-dir <run_dir> --quiet --backend cpu|cuda
+  //           [--resume <checkpoint>]
+  // with stdout and stderr appended to <run_dir>/trainer.log and
+  // CUDA_VISIBLE_DEVICES set to the GPUs ("" for a CPU run).
+  static Status Start(const RunLaunch& launch, std::unique_ptr<RunSupervisor>* out);
+  ~RunSupervisor();  // kills the process if it still runs (SIGKILL) and reaps it
+
+  // Non-blocking: new complete metrics lines, new checkpoint directories, exit.
+  Status Poll(RunProgress* progress);
+  // Sends `signal` (SIGTERM: keel-train checkpoints after its step and exits 130).
+  Status Signal(int signal);
+
+  pid_t pid() const { return pid_; }
+  const RunLaunch& launch() const { return launch_; }
+
+ private:
+  RunSupervisor() = default;
+  Status ReadNewMetrics(RunProgress* progress);
+  Status FindNewCheckpoints(RunProgress* progress);
+
+  RunLaunch launch_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int64_t metrics_offset_ = 0;   // bytes of metrics.jsonl already consumed
+  ino_t metrics_inode_ = 0;      // the file those bytes came from
+  std::string partial_line_;     // a line still being written
+  std::string last_checkpoint_;  // newest checkpoint directory reported
+};
+
+}  // namespace keel
+
+#endif  // KEEL_WORKER_RUN_SUPERVISOR_H_
