@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -57,8 +58,13 @@ Status RunSupervisor::Start(const RunLaunch& launch, std::unique_ptr<RunSupervis
     // Child: only async-signal-safe calls until exec.
     dup2(log_fd, STDOUT_FILENO);
     dup2(log_fd, STDERR_FILENO);
+    setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 1);  // the order NVML (DetectGpus) counts in
     setenv("CUDA_VISIBLE_DEVICES", devices.c_str(), 1);
     setpgid(0, 0);  // its own process group: a signal to the worker's terminal does not reach it
+    // If the worker dies (even by kill -9) the trainer stops too, checkpointing
+    // on the way out, so no orphan keeps writing a run another worker resumes.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() == 1) _exit(126);  // the worker died before prctl took effect
     execv(argv[0], argv.data());
     const char msg[] = "keel-worker: exec of the trainer failed\n";
     ssize_t ignored = write(STDERR_FILENO, msg, sizeof(msg) - 1);

@@ -39,7 +39,8 @@ class RunSupervisor {
   //   trainer --config <run_dir>/run.yaml --run-dir <run_dir> --quiet --backend cpu|cuda
   //           [--resume <checkpoint>]
   // with stdout and stderr appended to <run_dir>/trainer.log and
-  // CUDA_VISIBLE_DEVICES set to the GPUs ("" for a CPU run).
+  // CUDA_VISIBLE_DEVICES set to the GPUs ("" for a CPU run). The trainer gets
+  // SIGTERM when the thread that started it dies, whatever kills the worker.
   static Status Start(const RunLaunch& launch, std::unique_ptr<RunSupervisor>* out);
   ~RunSupervisor();  // kills the process if it still runs (SIGKILL) and reaps it
 

@@ -1,0 +1,264 @@
+// keel-worker's agent (see agent.h).
+#include "worker/agent.h"
+
+#include <dlfcn.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "proto/keel.grpc.pb.h"
+
+namespace keel {
+namespace {
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Commands read by the stream's reader thread, handled on the agent thread.
+class CommandQueue {
+ public:
+  void Push(v1::WorkerCommand c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands_.push_back(std::move(c));
+  }
+  std::vector<v1::WorkerCommand> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<v1::WorkerCommand> out(commands_.begin(), commands_.end());
+    commands_.clear();
+    return out;
+  }
+
+ private:
+  std::mutex mu_;  // guards commands_
+  std::deque<v1::WorkerCommand> commands_;
+};
+
+}  // namespace
+
+std::vector<v1::Device> DetectGpus() {
+  // NVML through dlopen: no build-time CUDA dependency, and a machine without
+  // the driver simply has no GPUs. Indices are NVML's (PCI bus order); the
+  // trainer gets CUDA_DEVICE_ORDER=PCI_BUS_ID so that CUDA counts the same way.
+  std::vector<v1::Device> devices;
+  void* nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!nvml) return devices;
+  using InitFn = int (*)();
+  using CountFn = int (*)(unsigned int*);
+  using HandleFn = int (*)(unsigned int, void**);
+  using NameFn = int (*)(void*, char*, unsigned int);
+  struct Memory {
+    unsigned long long total, free, used;
+  };
+  using MemoryFn = int (*)(void*, Memory*);
+  auto init = reinterpret_cast<InitFn>(dlsym(nvml, "nvmlInit_v2"));
+  auto count = reinterpret_cast<CountFn>(dlsym(nvml, "nvmlDeviceGetCount_v2"));
+  auto handle = reinterpret_cast<HandleFn>(dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2"));
+  auto name = reinterpret_cast<NameFn>(dlsym(nvml, "nvmlDeviceGetName"));
+  auto memory = reinterpret_cast<MemoryFn>(dlsym(nvml, "nvmlDeviceGetMemoryInfo"));
+  unsigned int n = 0;
+  if (init && count && handle && name && memory && init() == 0 && count(&n) == 0) {
+    for (unsigned int i = 0; i < n; ++i) {
+      void* h = nullptr;
+      if (handle(i, &h) != 0) continue;
+      char text[96] = {0};
+      Memory mem = {0, 0, 0};
+      name(h, text, sizeof(text));
+      memory(h, &mem);
+      v1::Device d;
+      d.set_index(static_cast<int32_t>(i));
+      d.set_name(text);
+      d.set_memory_bytes(static_cast<int64_t>(mem.total));
+      devices.push_back(d);
+    }
+  }
+  // NVML stays loaded: unloading it while the driver holds state is not safe.
+  return devices;
+}
+
+Agent::Agent(AgentOptions options) : options_(std::move(options)) {
+  if (options_.host.empty()) {
+    char name[256] = {0};
+    gethostname(name, sizeof(name) - 1);
+    options_.host = name;
+  }
+}
+
+Agent::~Agent() = default;
+
+void Agent::Queue(v1::WorkerMessage message) {
+  message.set_worker_id(worker_id_);
+  pending_.push_back(std::move(message));
+  while (pending_.size() > options_.max_pending) pending_.pop_front();
+}
+
+void Agent::HandleCommand(const v1::WorkerCommand& command) {
+  auto event = [&](const std::string& run_id, const std::string& kind, const std::string& text) {
+    v1::WorkerMessage m;
+    m.mutable_event()->set_run_id(run_id);
+    m.mutable_event()->set_unix_ms(NowMs());
+    m.mutable_event()->set_kind(kind);
+    m.mutable_event()->set_message(text);
+    Queue(std::move(m));
+  };
+  if (command.has_start()) {
+    const v1::Assignment& a = command.start();
+    if (runs_.count(a.run_id())) return;  // already running here (a re-sent assignment)
+    RunLaunch launch;
+    launch.run_id = a.run_id();
+    launch.trainer = options_.trainer;
+    launch.run_dir = options_.work_dir + "/runs/" + a.run_id();
+    launch.spec_yaml = a.spec().yaml();
+    launch.gpus.assign(a.device_indices().begin(), a.device_indices().end());
+    launch.resume_checkpoint = a.resume_checkpoint();
+    std::unique_ptr<RunSupervisor> s;
+    Status st = RunSupervisor::Start(launch, &s);
+    if (!st.ok()) {
+      v1::WorkerMessage m;
+      m.mutable_exit()->set_run_id(a.run_id());
+      m.mutable_exit()->set_exit_code(-1);
+      m.mutable_exit()->set_message("keel-worker could not start the trainer: " + st.message());
+      Queue(std::move(m));
+      return;
+    }
+    v1::WorkerMessage m;
+    m.mutable_started()->set_run_id(a.run_id());
+    m.mutable_started()->set_pid(s->pid());
+    Queue(std::move(m));
+    if (options_.verbose) std::fprintf(stderr, "keel-worker: started run %s (pid %d)\n", a.run_id().c_str(), s->pid());
+    runs_[a.run_id()] = std::move(s);
+  } else if (command.has_cancel()) {
+    auto it = runs_.find(command.cancel().run_id());
+    if (it != runs_.end()) it->second->Signal(SIGTERM);  // checkpoint, then exit 130
+  } else if (command.has_switch_precision()) {
+    // Live scheme switches reach the trainer in the stability issue; say so.
+    event(command.switch_precision().run_id(), "unsupported",
+          "this keel-worker cannot switch a running trainer's precision yet");
+  } else if (command.has_rollback()) {
+    event(command.rollback().run_id(), "unsupported", "this keel-worker cannot roll back a running trainer yet");
+  }
+}
+
+void Agent::PollRuns() {
+  for (auto it = runs_.begin(); it != runs_.end();) {
+    RunProgress p;
+    Status st = it->second->Poll(&p);
+    if (!st.ok() && options_.verbose) std::fprintf(stderr, "keel-worker: %s\n", st.message().c_str());
+    for (v1::MetricPoint& metric : p.metrics) {
+      v1::WorkerMessage m;
+      *m.mutable_metric() = std::move(metric);
+      Queue(std::move(m));
+    }
+    for (v1::CheckpointNotice& c : p.checkpoints) {
+      v1::WorkerMessage m;
+      *m.mutable_checkpoint() = std::move(c);
+      Queue(std::move(m));
+    }
+    if (p.exited) {
+      if (options_.verbose) {
+        std::fprintf(stderr, "keel-worker: run %s exited (code %d, signal %d)\n", it->first.c_str(),
+                     p.exit.exit_code(), p.exit.signal());
+      }
+      v1::WorkerMessage m;
+      *m.mutable_exit() = p.exit;
+      Queue(std::move(m));
+      it = runs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool Agent::Serve(const std::atomic<bool>* stop) {
+  auto channel = grpc::CreateChannel(options_.server, grpc::InsecureChannelCredentials());
+  auto stub = v1::WorkerService::NewStub(channel);
+  v1::RegisterRequest request;
+  request.set_host(options_.host);
+  for (const v1::Device& d : options_.devices) *request.add_devices() = d;
+  request.set_cpu_slots(options_.devices.empty() ? options_.cpu_slots : 0);
+  request.set_worker_id(worker_id_);
+  for (const auto& run : runs_) request.add_live_run_ids(run.first);
+  v1::RegisterResponse response;
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer " + options_.token);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::Status status = stub->Register(&context, request, &response);
+    if (!status.ok()) {
+      if (options_.verbose) {
+        std::fprintf(stderr, "keel-worker: register with %s failed: %s\n", options_.server.c_str(),
+                     status.error_message().c_str());
+      }
+      return false;
+    }
+  }
+  const bool first = worker_id_.empty();
+  worker_id_ = response.worker_id();
+  for (v1::WorkerMessage& m : pending_) m.set_worker_id(worker_id_);
+  ++connects_;
+  if (options_.verbose) {
+    std::fprintf(stderr, "keel-worker: %s %s as %s (%zu GPUs, %d CPU slots, %zu live runs)\n",
+                 first ? "registered with" : "reconnected to", options_.server.c_str(), worker_id_.c_str(),
+                 options_.devices.size(), request.cpu_slots(), runs_.size());
+  }
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", "Bearer " + options_.token);
+  context.AddMetadata("keel-worker-id", worker_id_);
+  auto stream = stub->Connect(&context);
+  CommandQueue commands;
+  std::atomic<bool> reader_done{false};
+  std::thread reader([&] {
+    v1::WorkerCommand command;
+    while (stream->Read(&command)) commands.Push(command);
+    reader_done = true;
+  });
+  const int64_t heartbeat_ms = response.heartbeat_interval_ms() > 0 ? response.heartbeat_interval_ms() : 1000;
+  int64_t last_heartbeat = 0;
+  bool healthy = true;
+  while (!stop->load() && healthy && !reader_done.load()) {
+    for (const v1::WorkerCommand& c : commands.Take()) HandleCommand(c);
+    PollRuns();
+    if (NowMs() - last_heartbeat >= heartbeat_ms) {
+      v1::WorkerMessage m;
+      m.mutable_heartbeat()->set_unix_ms(NowMs());
+      Queue(std::move(m));
+      last_heartbeat = NowMs();
+    }
+    while (!pending_.empty()) {
+      if (!stream->Write(pending_.front())) {
+        healthy = false;  // keeld went away: keep the message for the next connection
+        break;
+      }
+      pending_.pop_front();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.poll_ms));
+  }
+  context.TryCancel();
+  reader.join();
+  return true;
+}
+
+Status Agent::Run(const std::atomic<bool>* stop) {
+  int backoff_ms = 100;
+  while (!stop->load()) {
+    bool reached = Serve(stop);
+    if (stop->load()) break;
+    // Keep the runs going while keeld is away; their output waits in pending_.
+    auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(backoff_ms);
+    while (std::chrono::steady_clock::now() < until && !stop->load()) {
+      PollRuns();
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.poll_ms));
+    }
+    backoff_ms = reached ? 100 : std::min(options_.max_backoff_ms, backoff_ms * 2);
+  }
+  return Status::Ok();
+}
+
+}  // namespace keel

@@ -1,0 +1,70 @@
+// keel-worker's agent: registers this host with keeld, keeps one bidirectional
+// stream open (heartbeats, metrics, events, checkpoint notices and exits up;
+// start / cancel / switch / rollback commands down), starts one keel-train per
+// assigned run through RunSupervisor, and reconnects with backoff when keeld
+// goes away, re-attaching the runs that kept training meanwhile. Messages that
+// could not be sent wait in a queue (oldest dropped beyond `max_pending`) and go
+// out after the reconnect; keeld keeps one metric point per step, so a point
+// sent twice is harmless.
+#ifndef KEEL_WORKER_AGENT_H_
+#define KEEL_WORKER_AGENT_H_
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/status.h"
+#include "proto/keel.pb.h"
+#include "worker/run_supervisor.h"
+
+namespace keel {
+
+struct AgentOptions {
+  std::string server = "127.0.0.1:7070";  // keeld's address
+  std::string token;                      // the worker join token
+  std::string trainer;                    // keel-train binary
+  std::string work_dir = "keel-worker";   // runs/<run_id>/ live here
+  std::string host;                       // "" : gethostname()
+  std::vector<v1::Device> devices;        // GPUs to offer (empty: CPU slots)
+  int cpu_slots = 1;
+  int poll_ms = 100;
+  int max_backoff_ms = 5000;
+  size_t max_pending = 100000;
+  bool verbose = true;                    // one line per connect, start, exit on stderr
+};
+
+class Agent {
+ public:
+  explicit Agent(AgentOptions options);
+  ~Agent();
+
+  // Serves until *stop becomes true; then stops accepting work, leaves running
+  // trainers alone (they are killed with the agent's supervisors) and returns.
+  Status Run(const std::atomic<bool>* stop);
+
+  // For tests and status lines.
+  std::string worker_id() const { return worker_id_; }
+  int connects() const { return connects_.load(); }
+
+ private:
+  bool Serve(const std::atomic<bool>* stop);  // one connection; false when keeld is unreachable
+  void HandleCommand(const v1::WorkerCommand& command);
+  void PollRuns();
+  void Queue(v1::WorkerMessage message);
+
+  AgentOptions options_;
+  std::string worker_id_;
+  std::atomic<int> connects_{0};
+  std::map<std::string, std::unique_ptr<RunSupervisor>> runs_;  // by run id; agent thread only
+  std::deque<v1::WorkerMessage> pending_;                        // agent thread only
+};
+
+// The CUDA devices this process can see (empty without CUDA or GPUs).
+std::vector<v1::Device> DetectGpus();
+
+}  // namespace keel
+
+#endif  // KEEL_WORKER_AGENT_H_

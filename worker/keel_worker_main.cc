@@ -1,0 +1,100 @@
+// keel-worker: runs keel-train for keeld on this host.
+//   keel-worker [--server HOST:PORT] [--token-file F] [--trainer PATH]
+//               [--work-dir DIR] [--cpu-slots N] [--no-gpus]
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "worker/agent.h"
+
+namespace {
+
+const char kUsage[] =
+    "usage: keel-worker [options]\n"
+    "  Registers this host with keeld, offers its GPUs (found through NVML) or, without\n"
+    "  GPUs, CPU slots, and runs one keel-train per assigned run under <work-dir>/runs/.\n"
+    "options:\n"
+    "  --server HOST:PORT   keeld's address (default $KEEL_SERVER or 127.0.0.1:7070)\n"
+    "  --token-file FILE    the worker join token (default $KEEL_WORKER_TOKEN)\n"
+    "  --trainer PATH       keel-train (default: keel-train beside this binary)\n"
+    "  --work-dir DIR       run directories (default ./keel-worker)\n"
+    "  --cpu-slots N        concurrent CPU runs offered when there is no GPU (default 1)\n"
+    "  --no-gpus            offer CPU slots even when GPUs are present\n"
+    "  --quiet              no connection/run lines on stderr\n"
+    "Ctrl-C or SIGTERM stops the worker; its trainers are stopped with it.\n";
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop = true; }
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "keel-worker: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  keel::AgentOptions options;
+  if (const char* env = std::getenv("KEEL_SERVER")) options.server = env;
+  if (const char* env = std::getenv("KEEL_WORKER_TOKEN")) options.token = env;
+  std::string self = argv[0];
+  options.trainer = self.substr(0, self.rfind('/') + 1) + "keel-train";
+  bool gpus = true;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](const char* flag) -> std::string {
+      if (i + 1 >= argc) {
+        std::exit(Fail(std::string(flag) + ": missing value"));
+      }
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--server") {
+      options.server = value("--server");
+    } else if (a == "--token-file") {
+      std::string path = value("--token-file");
+      std::ifstream in(path);
+      if (!(in >> options.token)) return Fail("--token-file: cannot read a token from '" + path + "'");
+    } else if (a == "--trainer") {
+      options.trainer = value("--trainer");
+    } else if (a == "--work-dir") {
+      options.work_dir = value("--work-dir");
+    } else if (a == "--cpu-slots") {
+      std::string v = value("--cpu-slots");
+      char* end = nullptr;
+      long n = std::strtol(v.c_str(), &end, 10);
+      if (*end != '\0' || n < 1 || n > 1024) return Fail("--cpu-slots: '" + v + "' is not allowed (1 .. 1024)");
+      options.cpu_slots = static_cast<int>(n);
+    } else if (a == "--no-gpus") {
+      gpus = false;
+    } else if (a == "--quiet") {
+      options.verbose = false;
+    } else {
+      return Fail("unknown argument '" + a + "' (see keel-worker --help)");
+    }
+  }
+  if (options.token.empty()) return Fail("no worker token (--token-file or KEEL_WORKER_TOKEN)");
+  if (access(options.trainer.c_str(), X_OK) != 0) {
+    return Fail("--trainer: '" + options.trainer + "' is not an executable keel-train");
+  }
+  if (gpus) options.devices = keel::DetectGpus();
+  struct sigaction action = {};
+  action.sa_handler = OnSignal;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  keel::Agent agent(options);
+  keel::Status s = agent.Run(&g_stop);
+  if (!s.ok()) {
+    std::fprintf(stderr, "keel-worker: %s\n", s.message().c_str());
+    return 1;
+  }
+  return 0;
+}
