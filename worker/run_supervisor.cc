@@ -49,6 +49,7 @@ Status RunSupervisor::Start(const RunLaunch& launch, std::unique_ptr<RunSupervis
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(&a[0]);
   argv.push_back(nullptr);
+  const pid_t worker_pid = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     close(log_fd);
@@ -64,7 +65,7 @@ Status RunSupervisor::Start(const RunLaunch& launch, std::unique_ptr<RunSupervis
     // If the worker dies (even by kill -9) the trainer stops too, checkpointing
     // on the way out, so no orphan keeps writing a run another worker resumes.
     prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() == 1) _exit(126);  // the worker died before prctl took effect
+    if (getppid() != worker_pid) _exit(126);  // the worker died before prctl took effect
     execv(argv[0], argv.data());
     const char msg[] = "keel-worker: exec of the trainer failed\n";
     ssize_t ignored = write(STDERR_FILENO, msg, sizeof(msg) - 1);
