@@ -1,0 +1,124 @@
+// Store: keeld's persistent state (sweeps, runs, metric points, events,
+// workers) behind one interface, so that SQLite (the default, store_sqlite.cc)
+// and later PostgreSQL are interchangeable.
+//
+// Contract shared by every implementation:
+// - Records are the keel.proto messages; a stored record reads back equal to
+//   the message that was written.
+// - Each method is one transaction. A write is durable (committed and synced)
+//   before the method returns OK: keeld acknowledges nothing that a crash of
+//   keeld (kill -9) or of the machine could lose. A failed method changes
+//   nothing.
+// - Methods are thread-safe: an implementation serialises them on one mutex
+//   per Store object.
+// - Errors are Status values whose message names the record, the id and what
+//   was wrong. A missing record gives a message of the form
+//   "<kind> '<id>' not found" (e.g. "sweep 'sw1' not found"); test for it with
+//   IsNotFound(), never by matching the text elsewhere.
+#ifndef KEEL_SERVER_STORE_H_
+#define KEEL_SERVER_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/status.h"
+#include "proto/keel.pb.h"
+
+namespace keel {
+
+// True when `status` failed because the record it asked for does not exist
+// (its message ends in " not found"; no other store error does).
+bool IsNotFound(const Status& status);
+
+// Builds the NotFound error for a record: "<kind> '<id>' not found".
+Status NotFoundError(const std::string& kind, const std::string& id);
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // ---- Sweeps and their runs -------------------------------------------------
+
+  // Inserts `sweep` and all of its `runs`, all or nothing. Ids must be
+  // non-empty and unique (no sweep or run with the same id may exist, and the
+  // batch may not repeat one: the error names the duplicate id). Every run's
+  // sweep_id must equal sweep.id().
+  virtual Status CreateSweep(const v1::Sweep& sweep, const std::vector<v1::Run>& runs) = 0;
+  virtual Status GetSweep(const std::string& id, v1::Sweep* out) = 0;
+  // All sweeps in creation order.
+  virtual Status ListSweeps(std::vector<v1::Sweep>* out) = 0;
+  // Replaces the stored sweep with the same id (NotFound when there is none).
+  virtual Status UpdateSweep(const v1::Sweep& sweep) = 0;
+
+  virtual Status GetRun(const std::string& id, v1::Run* out) = 0;
+  // Runs of `sweep_id` (all runs when empty) in creation order; NotFound when
+  // sweep_id names no sweep.
+  virtual Status ListRuns(const std::string& sweep_id, std::vector<v1::Run>* out) = 0;
+  // Runs now in `state`, in creation order.
+  virtual Status ListRunsInState(v1::RunState state, std::vector<v1::Run>* out) = 0;
+  // Replaces the stored run with the same id (NotFound when there is none).
+  // A run's sweep_id never changes: a different one is an error.
+  virtual Status UpdateRun(const v1::Run& run) = 0;
+  // UpdateRun for each run, in one transaction: all or nothing.
+  virtual Status UpdateRuns(const std::vector<v1::Run>& runs) = 0;
+
+  // ---- Metrics -----------------------------------------------------------------
+
+  // Stores the points in one transaction. Idempotent on (run_id, step): a point
+  // for a step already stored replaces the earlier one (a run restarted from a
+  // checkpoint re-sends its steps). Every run_id must name a stored run.
+  virtual Status AppendMetrics(const std::vector<v1::MetricPoint>& points) = 0;
+  // The points of `run_id` in ascending step order. When max_points > 0 and
+  // there are more points than that, returns exactly max_points of them,
+  // chosen deterministically: the first and the last point and points evenly
+  // spaced by index in between (point i of n for i = round(k*(n-1)/(m-1)),
+  // k = 0..m-1). max_points == 1 returns only the last point. NotFound when the
+  // run does not exist; an existing run without points gives an empty list.
+  virtual Status GetMetrics(const std::string& run_id, int max_points,
+                            std::vector<v1::MetricPoint>* out) = 0;
+  // The point with the highest step of `run_id` (NotFound when it has none).
+  virtual Status LastMetric(const std::string& run_id, v1::MetricPoint* out) = 0;
+  // Deletes the points of `run_id` with step > `step` (a rollback to `step`).
+  virtual Status DeleteMetricsAfter(const std::string& run_id, int64_t step) = 0;
+
+  // ---- Events --------------------------------------------------------------------
+
+  // Appends an event. A non-empty run_id must name a stored run; the event is
+  // then also filed under that run's sweep. An empty run_id is a keeld-level
+  // event (listed only when both filters are empty).
+  virtual Status AppendEvent(const v1::Event& event) = 0;
+  // Events in insertion order, filtered by run_id and/or sweep_id (an empty
+  // filter matches everything). NotFound when a filter names no run / sweep.
+  virtual Status ListEvents(const std::string& run_id, const std::string& sweep_id,
+                            std::vector<v1::Event>* out) = 0;
+
+  // ---- Workers -------------------------------------------------------------------
+
+  // Inserts the worker or replaces the stored one with the same id.
+  virtual Status UpsertWorker(const v1::Worker& worker) = 0;
+  // All workers in order of first registration.
+  virtual Status ListWorkers(std::vector<v1::Worker>* out) = 0;
+  virtual Status GetWorker(const std::string& id, v1::Worker* out) = 0;
+
+  // ---- Export ----------------------------------------------------------------------
+
+  // Totals for the Prometheus exporter; any pointer may be null.
+  virtual Status Counts(int64_t* sweeps, int64_t* runs, int64_t* metric_points) = 0;
+};
+
+// The schema version this build writes and reads (the `schema_version` table).
+constexpr int kStoreSchemaVersion = 1;
+
+// Opens the SQLite store at `path`, creating the file and its schema when
+// missing. The database runs in WAL mode with synchronous=FULL (a commit
+// survives kill -9 and power loss) and foreign keys on. Refuses a file whose
+// schema version is newer than kStoreSchemaVersion (written by a newer keeld)
+// and changes nothing in it. On success *out owns the store; the file stays
+// open until the Store is destroyed. Open one Store per file per process.
+Status OpenSqliteStore(const std::string& path, std::unique_ptr<Store>* out);
+
+}  // namespace keel
+
+#endif  // KEEL_SERVER_STORE_H_

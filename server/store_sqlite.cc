@@ -1,0 +1,651 @@
+// The SQLite implementation of Store (store.h): one connection per Store,
+// serialised by the Store's mutex. Each record is one row holding the columns
+// that queries filter or sort on plus the serialized proto message, which is
+// what reads return.
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "server/store.h"
+
+namespace keel {
+namespace {
+
+constexpr char kNotFoundSuffix[] = " not found";
+
+// Version 1. Every table keeps insertion order in an INTEGER PRIMARY KEY `seq`
+// (AUTOINCREMENT: a deleted row's seq is never reused, so order stays creation
+// order). Metrics are keyed by (run_id, step) so that a re-sent step replaces
+// the earlier point.
+constexpr char kSchemaV1[] = R"sql(
+CREATE TABLE sweeps (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  state INTEGER NOT NULL,
+  created_unix_ms INTEGER NOT NULL,
+  proto BLOB NOT NULL
+);
+CREATE TABLE runs (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  sweep_id TEXT NOT NULL REFERENCES sweeps(id),
+  state INTEGER NOT NULL,
+  proto BLOB NOT NULL
+);
+CREATE INDEX runs_by_sweep ON runs(sweep_id, seq);
+CREATE INDEX runs_by_state ON runs(state, seq);
+CREATE TABLE metrics (
+  run_id TEXT NOT NULL REFERENCES runs(id),
+  step INTEGER NOT NULL,
+  proto BLOB NOT NULL,
+  PRIMARY KEY (run_id, step)
+) WITHOUT ROWID;
+CREATE TABLE events (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  run_id TEXT REFERENCES runs(id),
+  sweep_id TEXT REFERENCES sweeps(id),
+  proto BLOB NOT NULL
+);
+CREATE INDEX events_by_run ON events(run_id, seq);
+CREATE INDEX events_by_sweep ON events(sweep_id, seq);
+CREATE TABLE workers (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  proto BLOB NOT NULL
+);
+)sql";
+
+std::string SqliteError(sqlite3* db, const std::string& what) {
+  return "sqlite: " + what + ": " + (db != nullptr ? sqlite3_errmsg(db) : "out of memory");
+}
+
+// One prepared statement, finalized on destruction.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+    if (rc_ != SQLITE_OK) error_ = SqliteError(db, std::string("prepare \"") + sql + "\"");
+  }
+  ~Stmt() { sqlite3_finalize(stmt_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+
+  Status status() const { return rc_ == SQLITE_OK ? Status::Ok() : Status::Error(error_); }
+
+  // Binds are 1-based as in SQLite. A bind error shows up in the next Step().
+  Stmt& Bind(int i, const std::string& text) {
+    Check(sqlite3_bind_text(stmt_, i, text.data(), static_cast<int>(text.size()),
+                            SQLITE_TRANSIENT));
+    return *this;
+  }
+  Stmt& BindBlob(int i, const std::string& bytes) {
+    Check(sqlite3_bind_blob(stmt_, i, bytes.data(), static_cast<int>(bytes.size()),
+                            SQLITE_TRANSIENT));
+    return *this;
+  }
+  Stmt& Bind(int i, int64_t v) {
+    Check(sqlite3_bind_int64(stmt_, i, v));
+    return *this;
+  }
+  // NULL for an empty string (nullable foreign keys).
+  Stmt& BindOrNull(int i, const std::string& text) {
+    if (text.empty()) {
+      Check(sqlite3_bind_null(stmt_, i));
+      return *this;
+    }
+    return Bind(i, text);
+  }
+
+  // Runs one step: *row is true when a row is available.
+  Status Step(bool* row) {
+    *row = false;
+    if (rc_ != SQLITE_OK) return Status::Error(error_);
+    int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) {
+      *row = true;
+      return Status::Ok();
+    }
+    if (rc == SQLITE_DONE) return Status::Ok();
+    return Status::Error(SqliteError(db_, std::string("step \"") + sqlite3_sql(stmt_) + "\""));
+  }
+  // Runs a statement that returns no rows.
+  Status Run() {
+    bool row;
+    KEEL_RETURN_IF_ERROR(Step(&row));
+    return Status::Ok();
+  }
+  // Makes the statement reusable with new binds.
+  void Reset() {
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+  }
+
+  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+  std::string Text(int col) const {
+    const unsigned char* p = sqlite3_column_text(stmt_, col);
+    return p == nullptr ? std::string()
+                        : std::string(reinterpret_cast<const char*>(p),
+                                      static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
+  }
+  // Parses the blob in `col` into `msg`.
+  Status Parse(int col, google::protobuf::Message* msg) const {
+    const void* p = sqlite3_column_blob(stmt_, col);
+    int n = sqlite3_column_bytes(stmt_, col);
+    if (!msg->ParseFromArray(p, n)) {
+      return Status::Error("store: stored " + msg->GetTypeName() + " record is corrupt (" +
+                           std::to_string(n) + " bytes do not parse)");
+    }
+    return Status::Ok();
+  }
+
+ private:
+  void Check(int rc) {
+    if (rc != SQLITE_OK && rc_ == SQLITE_OK) {
+      rc_ = rc;
+      error_ = SqliteError(db_, "bind");
+    }
+  }
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_ = SQLITE_OK;
+  std::string error_;
+};
+
+Status Exec(sqlite3* db, const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = std::string("sqlite: \"") + sql + "\": " +
+                      (err != nullptr ? err : sqlite3_errmsg(db));
+    sqlite3_free(err);
+    return Status::Error(msg);
+  }
+  return Status::Ok();
+}
+
+Status Serialize(const google::protobuf::Message& msg, std::string* out) {
+  if (!msg.SerializeToString(out)) {
+    return Status::Error("store: cannot serialize " + msg.GetTypeName());
+  }
+  return Status::Ok();
+}
+
+// Runs `body` inside one transaction: COMMIT when it returns OK (the commit is
+// synced: synchronous=FULL), ROLLBACK otherwise. Writes take the write lock at
+// BEGIN (IMMEDIATE) so that a commit never fails for a lock upgrade.
+template <typename Body>
+Status InTransaction(sqlite3* db, bool write, Body body) {
+  KEEL_RETURN_IF_ERROR(Exec(db, write ? "BEGIN IMMEDIATE" : "BEGIN"));
+  Status status = body();
+  if (status.ok()) status = Exec(db, "COMMIT");
+  if (!status.ok() && !sqlite3_get_autocommit(db)) Exec(db, "ROLLBACK");
+  return status;
+}
+
+Status RequireId(const std::string& id, const std::string& what) {
+  if (id.empty()) return Status::Error(what + ": id is empty; every record needs a non-empty id");
+  return Status::Ok();
+}
+
+class SqliteStore : public Store {
+ public:
+  explicit SqliteStore(sqlite3* db) : db_(db) {}
+  ~SqliteStore() override { sqlite3_close_v2(db_); }
+
+  Status CreateSweep(const v1::Sweep& sweep, const std::vector<v1::Run>& runs) override {
+    KEEL_RETURN_IF_ERROR(RequireId(sweep.id(), "CreateSweep: sweep"));
+    std::set<std::string> ids = {sweep.id()};
+    for (const v1::Run& run : runs) {
+      KEEL_RETURN_IF_ERROR(RequireId(run.id(), "CreateSweep: run of sweep '" + sweep.id() + "'"));
+      if (run.sweep_id() != sweep.id()) {
+        return Status::Error("CreateSweep: run '" + run.id() + "' has sweep_id '" +
+                             run.sweep_id() + "'; it must be the sweep's id '" + sweep.id() +
+                             "'");
+      }
+      if (!ids.insert(run.id()).second) {
+        return Status::Error("CreateSweep: duplicate id '" + run.id() +
+                             "' within the submitted sweep; ids must be unique");
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    return InTransaction(db_, true, [&]() -> Status {
+      bool exists;
+      KEEL_RETURN_IF_ERROR(Exists("sweeps", sweep.id(), &exists));
+      if (exists) {
+        return Status::Error("CreateSweep: duplicate id: sweep '" + sweep.id() +
+                             "' already exists");
+      }
+      std::string blob;
+      KEEL_RETURN_IF_ERROR(Serialize(sweep, &blob));
+      Stmt ins_sweep(db_,
+                     "INSERT INTO sweeps(id, state, created_unix_ms, proto) VALUES(?,?,?,?)");
+      ins_sweep.Bind(1, sweep.id())
+          .Bind(2, static_cast<int64_t>(sweep.state()))
+          .Bind(3, sweep.created_unix_ms())
+          .BindBlob(4, blob);
+      KEEL_RETURN_IF_ERROR(ins_sweep.Run());
+      Stmt ins_run(db_, "INSERT INTO runs(id, sweep_id, state, proto) VALUES(?,?,?,?)");
+      for (const v1::Run& run : runs) {
+        KEEL_RETURN_IF_ERROR(Exists("runs", run.id(), &exists));
+        if (exists) {
+          return Status::Error("CreateSweep: duplicate id: run '" + run.id() +
+                               "' already exists");
+        }
+        KEEL_RETURN_IF_ERROR(Serialize(run, &blob));
+        ins_run.Reset();
+        ins_run.Bind(1, run.id())
+            .Bind(2, run.sweep_id())
+            .Bind(3, static_cast<int64_t>(run.state()))
+            .BindBlob(4, blob);
+        KEEL_RETURN_IF_ERROR(ins_run.Run());
+      }
+      return Status::Ok();
+    });
+  }
+
+  Status GetSweep(const std::string& id, v1::Sweep* out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return InTransaction(db_, false, [&]() { return GetById("sweeps", "sweep", id, out); });
+  }
+
+  Status ListSweeps(std::vector<v1::Sweep>* out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    out->clear();
+    return InTransaction(db_, false, [&]() -> Status {
+      Stmt q(db_, "SELECT proto FROM sweeps ORDER BY seq");
+      return ReadAll(&q, out);
+    });
+  }
+
+  Status UpdateSweep(const v1::Sweep& sweep) override {
+    KEEL_RETURN_IF_ERROR(RequireId(sweep.id(), "UpdateSweep: sweep"));
+    std::lock_guard<std::mutex> lock(mu_);
+    return InTransaction(db_, true, [&]() -> Status {
+      std::string blob;
+      KEEL_RETURN_IF_ERROR(Serialize(sweep, &blob));
+      Stmt q(db_, "UPDATE sweeps SET state = ?, created_unix_ms = ?, proto = ? WHERE id = ?");
+      q.Bind(1, static_cast<int64_t>(sweep.state()))
+          .Bind(2, sweep.created_unix_ms())
+          .BindBlob(3, blob)
+          .Bind(4, sweep.id());
+      KEEL_RETURN_IF_ERROR(q.Run());
+      if (sqlite3_changes(db_) == 0) return NotFoundError("sweep", sweep.id());
+      return Status::Ok();
+    });
+  }
+
+  Status GetRun(const std::string& id, v1::Run* out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return InTransaction(db_, false, [&]() { return GetById("runs", "run", id, out); });
+  }
+
+  Status ListRuns(const std::string& sweep_id, std::vector<v1::Run>* out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    out->clear();
+    return InTransaction(db_, false, [&]() -> Status {
+      if (sweep_id.empty()) {
+        Stmt q(db_, "SELECT proto FROM runs ORDER BY seq");
+        return ReadAll(&q, out);
+      }
+      KEEL_RETURN_IF_ERROR(RequireExists("sweeps", "sweep", sweep_id));
+      Stmt q(db_, "SELECT proto FROM runs WHERE sweep_id = ? ORDER BY seq");
+      q.Bind(1, sweep_id);
+      return ReadAll(&q, out);
+    });
+  }
+
+  Status ListRunsInState(v1::RunState state, std::vector<v1::Run>* out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    out->clear();
+    return InTransaction(db_, false, [&]() -> Status {
+      Stmt q(db_, "SELECT proto FROM runs WHERE state = ? ORDER BY seq");
+      q.Bind(1, static_cast<int64_t>(state));
+      return ReadAll(&q, out);
+    });
+  }
+
+  Status UpdateRun(const v1::Run& run) override { return UpdateRuns({run}); }
+
+  Status UpdateRuns(const std::vector<v1::Run>& runs) override {
+    for (const v1::Run& run : runs) KEEL_RETURN_IF_ERROR(RequireId(run.id(), "UpdateRun: run"));
+    std::lock_guard<std::mutex> lock(mu_);
+    return InTransaction(db_, true, [&]() -> Status {
+      Stmt sweep_of(db_, "SELECT sweep_id FROM runs WHERE id = ?");
+      Stmt update(db_, "UPDATE runs SET state = ?, proto = ? WHERE id = ?");
+      std::string blob;
+      for (const v1::Run& run : runs) {
+        sweep_of.Reset();
+        sweep_of.Bind(1, run.id());
+        bool row;
+        KEEL_RETURN_IF_ERROR(sweep_of.Step(&row));
+        if (!row) return NotFoundError("run", run.id());
+        if (sweep_of.Text(0) != run.sweep_id()) {
+          return Status::Error("UpdateRun: run '" + run.id() + "' has sweep_id '" +
+                               run.sweep_id() + "' but belongs to sweep '" + sweep_of.Text(0) +
+                               "'; a run's sweep_id never changes");
+        }
+        KEEL_RETURN_IF_ERROR(Serialize(run, &blob));
+        update.Reset();
+        update.Bind(1, static_cast<int64_t>(run.state())).BindBlob(2, blob).Bind(3, run.id());
+        KEEL_RETURN_IF_ERROR(update.Run());
+      }
+      return Status::Ok();
+    });
+  }
+
+  Status AppendMetrics(const std::vector<v1::MetricPoint>& points) override {
+    for (const v1::MetricPoint& p : points) {
+      KEEL_RETURN_IF_ERROR(RequireId(p.run_id(), "AppendMetrics: run_id of a metric point"));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    return InTransaction(db_, true, [&]() -> Status {
+      // Check each run once, for an error that names it (the foreign key would
+      // only say "FOREIGN KEY constraint failed").
+      std::set<std::string> runs;
+      for (const v1::MetricPoint& p : points) runs.insert(p.run_id());
+      for (const std::string& run : runs) KEEL_RETURN_IF_ERROR(RequireExists("runs", "run", run));
+      Stmt ins(db_, "INSERT OR REPLACE INTO metrics(run_id, step, proto) VALUES(?,?,?)");
+      std::string blob;
+      for (const v1::MetricPoint& p : points) {
+        KEEL_RETURN_IF_ERROR(Serialize(p, &blob));
+        ins.Reset();
+        ins.Bind(1, p.run_id()).Bind(2, p.step()).BindBlob(3, blob);
+        KEEL_RETURN_IF_ERROR(ins.Run());
+      }
+      return Status::Ok();
+    });
+  }
+
+  Status GetMetrics(const std::string& run_id, int max_points,
+                    std::vector<v1::MetricPoint>* out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    out->clear();
+    return InTransaction(db_, false, [&]() -> Status {
+      KEEL_RETURN_IF_ERROR(RequireExists("runs", "run", run_id));
+      Stmt count(db_, "SELECT COUNT(*) FROM metrics WHERE run_id = ?");
+      count.Bind(1, run_id);
+      bool row;
+      KEEL_RETURN_IF_ERROR(count.Step(&row));
+      const int64_t n = row ? count.Int(0) : 0;
+      Stmt q(db_, "SELECT proto FROM metrics WHERE run_id = ? ORDER BY step");
+      q.Bind(1, run_id);
+      if (max_points <= 0 || n <= max_points) return ReadAll(&q, out);
+      // Downsample by index: keep point round(k*(n-1)/(m-1)) for k = 0..m-1.
+      // n > m makes the spacing (n-1)/(m-1) > 1, so the indices are distinct
+      // and increasing, with k = 0 the first point and k = m-1 the last.
+      const int64_t m = max_points;
+      int64_t k = 0;
+      auto target = [&](int64_t kk) {
+        return m == 1 ? n - 1 : (kk * (n - 1) + (m - 1) / 2) / (m - 1);
+      };
+      out->reserve(static_cast<size_t>(m));
+      for (int64_t i = 0; k < m; ++i) {
+        KEEL_RETURN_IF_ERROR(q.Step(&row));
+        if (!row) break;
+        if (i != target(k)) continue;  // skipped rows are never parsed
+        out->emplace_back();
+        KEEL_RETURN_IF_ERROR(q.Parse(0, &out->back()));
+        ++k;
+      }
+      return Status::Ok();
+    });
+  }
+
+  Status LastMetric(const std::string& run_id, v1::MetricPoint* out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return InTransaction(db_, false, [&]() -> Status {
+      KEEL_RETURN_IF_ERROR(RequireExists("runs", "run", run_id));
+      Stmt q(db_, "SELECT proto FROM metrics WHERE run_id = ? ORDER BY step DESC LIMIT 1");
+      q.Bind(1, run_id);
+      bool row;
+      KEEL_RETURN_IF_ERROR(q.Step(&row));
+      if (!row) return NotFoundError("last metric of run", run_id);
+      return q.Parse(0, out);
+    });
+  }
+
+  Status DeleteMetricsAfter(const std::string& run_id, int64_t step) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return InTransaction(db_, true, [&]() -> Status {
+      KEEL_RETURN_IF_ERROR(RequireExists("runs", "run", run_id));
+      Stmt q(db_, "DELETE FROM metrics WHERE run_id = ? AND step > ?");
+      q.Bind(1, run_id).Bind(2, step);
+      return q.Run();
+    });
+  }
+
+  Status AppendEvent(const v1::Event& event) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return InTransaction(db_, true, [&]() -> Status {
+      std::string sweep_id;
+      if (!event.run_id().empty()) {
+        Stmt q(db_, "SELECT sweep_id FROM runs WHERE id = ?");
+        q.Bind(1, event.run_id());
+        bool row;
+        KEEL_RETURN_IF_ERROR(q.Step(&row));
+        if (!row) return NotFoundError("run", event.run_id());
+        sweep_id = q.Text(0);
+      }
+      std::string blob;
+      KEEL_RETURN_IF_ERROR(Serialize(event, &blob));
+      Stmt ins(db_, "INSERT INTO events(run_id, sweep_id, proto) VALUES(?,?,?)");
+      ins.BindOrNull(1, event.run_id()).BindOrNull(2, sweep_id).BindBlob(3, blob);
+      return ins.Run();
+    });
+  }
+
+  Status ListEvents(const std::string& run_id, const std::string& sweep_id,
+                    std::vector<v1::Event>* out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    out->clear();
+    return InTransaction(db_, false, [&]() -> Status {
+      if (!run_id.empty()) KEEL_RETURN_IF_ERROR(RequireExists("runs", "run", run_id));
+      if (!sweep_id.empty()) KEEL_RETURN_IF_ERROR(RequireExists("sweeps", "sweep", sweep_id));
+      // An empty filter is "?1 = ''", true for every row.
+      Stmt q(db_,
+             "SELECT proto FROM events WHERE (?1 = '' OR run_id = ?1) "
+             "AND (?2 = '' OR sweep_id = ?2) ORDER BY seq");
+      q.Bind(1, run_id).Bind(2, sweep_id);
+      return ReadAll(&q, out);
+    });
+  }
+
+  Status UpsertWorker(const v1::Worker& worker) override {
+    KEEL_RETURN_IF_ERROR(RequireId(worker.id(), "UpsertWorker: worker"));
+    std::lock_guard<std::mutex> lock(mu_);
+    return InTransaction(db_, true, [&]() -> Status {
+      std::string blob;
+      KEEL_RETURN_IF_ERROR(Serialize(worker, &blob));
+      // ON CONFLICT DO UPDATE (not INSERT OR REPLACE) keeps the row's seq, so
+      // ListWorkers stays in order of first registration.
+      Stmt q(db_,
+             "INSERT INTO workers(id, proto) VALUES(?,?) "
+             "ON CONFLICT(id) DO UPDATE SET proto = excluded.proto");
+      q.Bind(1, worker.id()).BindBlob(2, blob);
+      return q.Run();
+    });
+  }
+
+  Status ListWorkers(std::vector<v1::Worker>* out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    out->clear();
+    return InTransaction(db_, false, [&]() -> Status {
+      Stmt q(db_, "SELECT proto FROM workers ORDER BY seq");
+      return ReadAll(&q, out);
+    });
+  }
+
+  Status GetWorker(const std::string& id, v1::Worker* out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return InTransaction(db_, false, [&]() { return GetById("workers", "worker", id, out); });
+  }
+
+  Status Counts(int64_t* sweeps, int64_t* runs, int64_t* metric_points) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return InTransaction(db_, false, [&]() -> Status {
+      Stmt q(db_,
+             "SELECT (SELECT COUNT(*) FROM sweeps), (SELECT COUNT(*) FROM runs), "
+             "(SELECT COUNT(*) FROM metrics)");
+      bool row;
+      KEEL_RETURN_IF_ERROR(q.Step(&row));
+      if (!row) return Status::Error("store: Counts returned no row");
+      if (sweeps != nullptr) *sweeps = q.Int(0);
+      if (runs != nullptr) *runs = q.Int(1);
+      if (metric_points != nullptr) *metric_points = q.Int(2);
+      return Status::Ok();
+    });
+  }
+
+ private:
+  // Helpers below run with mu_ held, inside a transaction. `table` is always
+  // one of the literal table names above, never user input.
+  Status Exists(const std::string& table, const std::string& id, bool* exists) {
+    const std::string sql = "SELECT 1 FROM " + table + " WHERE id = ?";
+    Stmt q(db_, sql.c_str());
+    q.Bind(1, id);
+    return q.Step(exists);
+  }
+
+  Status RequireExists(const std::string& table, const std::string& kind, const std::string& id) {
+    bool exists;
+    KEEL_RETURN_IF_ERROR(Exists(table, id, &exists));
+    return exists ? Status::Ok() : NotFoundError(kind, id);
+  }
+
+  Status GetById(const std::string& table, const std::string& kind, const std::string& id,
+                 google::protobuf::Message* out) {
+    const std::string sql = "SELECT proto FROM " + table + " WHERE id = ?";
+    Stmt q(db_, sql.c_str());
+    q.Bind(1, id);
+    bool row;
+    KEEL_RETURN_IF_ERROR(q.Step(&row));
+    if (!row) return NotFoundError(kind, id);
+    return q.Parse(0, out);
+  }
+
+  template <typename Msg>
+  Status ReadAll(Stmt* q, std::vector<Msg>* out) {
+    for (;;) {
+      bool row;
+      KEEL_RETURN_IF_ERROR(q->Step(&row));
+      if (!row) return Status::Ok();
+      out->emplace_back();
+      KEEL_RETURN_IF_ERROR(q->Parse(0, &out->back()));
+    }
+  }
+
+  // mu_ serialises every method: the one SQLite connection db_ (opened
+  // SQLITE_OPEN_NOMUTEX) and its transaction state are used by one thread at a
+  // time.
+  std::mutex mu_;
+  sqlite3* const db_;
+};
+
+// Reads the schema version of an existing database into *version (0 when the
+// schema_version table does not exist: a new, empty file).
+Status ReadSchemaVersion(sqlite3* db, int64_t* version) {
+  *version = 0;
+  Stmt exists(db, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'");
+  bool row;
+  KEEL_RETURN_IF_ERROR(exists.Step(&row));
+  if (!row) return Status::Ok();
+  Stmt q(db, "SELECT MAX(version) FROM schema_version");
+  KEEL_RETURN_IF_ERROR(q.Step(&row));
+  if (row) *version = q.Int(0);
+  return Status::Ok();
+}
+
+Status CheckVersion(const std::string& path, int64_t version) {
+  if (version > kStoreSchemaVersion) {
+    return Status::Error("store '" + path + "': schema version " + std::to_string(version) +
+                         " is newer than version " + std::to_string(kStoreSchemaVersion) +
+                         ", the newest this keeld supports; run a newer keeld (the file was "
+                         "left unchanged)");
+  }
+  return Status::Ok();
+}
+
+Status Open(const std::string& path, sqlite3* db) {
+  if (sqlite3_busy_timeout(db, 10000) != SQLITE_OK) {
+    return Status::Error(SqliteError(db, "busy_timeout"));
+  }
+  // Refuse a newer schema before changing anything in the file (journal mode
+  // included).
+  int64_t version = 0;
+  KEEL_RETURN_IF_ERROR(ReadSchemaVersion(db, &version));
+  KEEL_RETURN_IF_ERROR(CheckVersion(path, version));
+
+  // WAL: readers never block the writer and a commit is one append. FULL: the
+  // WAL is fsynced at every commit, so an acknowledged write survives power
+  // loss, not only a killed process (NORMAL would not).
+  {
+    Stmt wal(db, "PRAGMA journal_mode = WAL");
+    bool row;
+    KEEL_RETURN_IF_ERROR(wal.Step(&row));
+    if (!row || wal.Text(0) != "wal") {
+      return Status::Error("store '" + path + "': cannot switch to WAL journal mode (got '" +
+                           (row ? wal.Text(0) : std::string()) +
+                           "'); the store needs a local file system that supports it");
+    }
+  }
+  KEEL_RETURN_IF_ERROR(Exec(db, "PRAGMA synchronous = FULL"));
+  KEEL_RETURN_IF_ERROR(Exec(db, "PRAGMA foreign_keys = ON"));
+
+  return InTransaction(db, true, [&]() -> Status {
+    // Read again under the write lock: another process may have created the
+    // schema since.
+    KEEL_RETURN_IF_ERROR(ReadSchemaVersion(db, &version));
+    KEEL_RETURN_IF_ERROR(CheckVersion(path, version));
+    if (version == kStoreSchemaVersion) return Status::Ok();
+    if (version != 0) {
+      // Older versions get their migrations here, one step at a time.
+      return Status::Error("store '" + path + "': schema version " + std::to_string(version) +
+                           " has no migration to version " +
+                           std::to_string(kStoreSchemaVersion));
+    }
+    KEEL_RETURN_IF_ERROR(Exec(db, "CREATE TABLE schema_version (version INTEGER NOT NULL)"));
+    KEEL_RETURN_IF_ERROR(Exec(db, kSchemaV1));
+    Stmt ins(db, "INSERT INTO schema_version(version) VALUES(?)");
+    ins.Bind(1, static_cast<int64_t>(kStoreSchemaVersion));
+    return ins.Run();
+  });
+}
+
+}  // namespace
+
+bool IsNotFound(const Status& status) {
+  const std::string& m = status.message();
+  const size_t n = sizeof(kNotFoundSuffix) - 1;
+  return !status.ok() && m.size() >= n && m.compare(m.size() - n, n, kNotFoundSuffix) == 0;
+}
+
+Status NotFoundError(const std::string& kind, const std::string& id) {
+  return Status::Error(kind + " '" + id + "'" + kNotFoundSuffix);
+}
+
+Status OpenSqliteStore(const std::string& path, std::unique_ptr<Store>* out) {
+  if (path.empty()) return Status::Error("OpenSqliteStore: path is empty; give a database file");
+  sqlite3* db = nullptr;
+  int rc = sqlite3_open_v2(path.c_str(), &db,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                           nullptr);
+  if (rc != SQLITE_OK) {
+    Status status = Status::Error("store '" + path + "': " + SqliteError(db, "open"));
+    sqlite3_close_v2(db);
+    return status;
+  }
+  Status status = Open(path, db);
+  if (!status.ok()) {
+    sqlite3_close_v2(db);
+    return status;
+  }
+  out->reset(new SqliteStore(db));
+  return Status::Ok();
+}
+
+}  // namespace keel

@@ -1,0 +1,756 @@
+// Tests of the SQLite Store (store.h) on real files under $TEST_TMPDIR:
+// round trips, atomicity, metric idempotence and downsampling, durability
+// across close, _exit and SIGKILL, schema version refusal, concurrent writers.
+#include "server/store.h"
+
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <google/protobuf/util/message_differencer.h>
+#include <gtest/gtest.h>
+
+namespace keel {
+namespace {
+
+using google::protobuf::util::MessageDifferencer;
+
+#define ASSERT_OK(expr)                           \
+  do {                                            \
+    ::keel::Status _s = (expr);                   \
+    ASSERT_TRUE(_s.ok()) << #expr << ": " << _s.message(); \
+  } while (0)
+
+// A fresh database path per test (the file does not exist yet).
+std::string TestDbPath() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  std::string base = dir != nullptr ? dir : "/tmp";
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string path = base + "/" + info->test_suite_name() + "_" + info->name() + ".db";
+  std::remove(path.c_str());
+  std::remove((path + "-wal").c_str());
+  std::remove((path + "-shm").c_str());
+  return path;
+}
+
+v1::Sweep MakeSweep(const std::string& id) {
+  v1::Sweep s;
+  s.set_id(id);
+  s.set_name("name of " + id);
+  s.set_state(v1::SWEEP_ACTIVE);
+  s.mutable_spec()->set_yaml("base: {}\naxes: {lr: [1, 2]}\n");
+  s.mutable_spec()->set_source(id + ".yaml");
+  s.set_created_unix_ms(1700000000000);
+  s.set_runs_total(2);
+  (*s.mutable_runs_by_state())["QUEUED"] = 2;
+  (*s.mutable_runs_by_state())["RUNNING"] = 0;
+  return s;
+}
+
+v1::Run MakeRun(const std::string& id, const std::string& sweep_id) {
+  v1::Run r;
+  r.set_id(id);
+  r.set_sweep_id(sweep_id);
+  r.set_state(v1::QUEUED);
+  r.mutable_spec()->set_yaml("optimizer: {lr: 6e-4}\n");
+  (*r.mutable_axes())["optimizer.lr"] = "6e-4";
+  (*r.mutable_axes())["seed"] = "1";
+  r.set_precision("mxfp8_e4m3");
+  r.set_step(10);
+  r.set_steps(1000);
+  r.set_loss(3.25);
+  r.set_restarts(1);
+  r.set_worker_id("w1");
+  r.set_checkpoint("/ckpt/" + id);
+  r.set_message("hello");
+  r.set_created_unix_ms(1700000000001);
+  r.set_updated_unix_ms(1700000000002);
+  return r;
+}
+
+v1::MetricPoint MakePoint(const std::string& run_id, int64_t step, double loss = -1) {
+  v1::MetricPoint p;
+  p.set_run_id(run_id);
+  p.set_step(step);
+  p.set_loss(loss < 0 ? 10.0 - 0.001 * static_cast<double>(step) : loss);
+  p.set_lr(1e-3);
+  p.set_tokens_per_s(12345.5);
+  p.set_grad_norm(0.75);
+  p.set_json("{\"step\":" + std::to_string(step) + "}");
+  return p;
+}
+
+v1::Event MakeEvent(const std::string& run_id, int64_t step, const std::string& kind) {
+  v1::Event e;
+  e.set_run_id(run_id);
+  e.set_step(step);
+  e.set_unix_ms(1700000000100 + step);
+  e.set_kind(kind);
+  e.set_message(kind + " at " + std::to_string(step));
+  (*e.mutable_details())["loss_z"] = "7.5";
+  return e;
+}
+
+std::unique_ptr<Store> Open(const std::string& path) {
+  std::unique_ptr<Store> store;
+  Status s = OpenSqliteStore(path, &store);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return store;
+}
+
+std::vector<std::string> RunIds(const std::vector<v1::Run>& runs) {
+  std::vector<std::string> ids;
+  for (const auto& r : runs) ids.push_back(r.id());
+  return ids;
+}
+
+std::vector<int64_t> Steps(const std::vector<v1::MetricPoint>& points) {
+  std::vector<int64_t> steps;
+  for (const auto& p : points) steps.push_back(p.step());
+  return steps;
+}
+
+std::vector<std::string> EventKinds(const std::vector<v1::Event>& events) {
+  std::vector<std::string> kinds;
+  for (const auto& e : events) kinds.push_back(e.kind());
+  return kinds;
+}
+
+// ---- Round trips -------------------------------------------------------------
+
+TEST(StoreTest, SweepAndRunRoundTrip) {
+  auto store = Open(TestDbPath());
+  ASSERT_TRUE(store);
+  v1::Sweep sweep = MakeSweep("sw1");
+  std::vector<v1::Run> runs = {MakeRun("r1", "sw1"), MakeRun("r2", "sw1")};
+  ASSERT_OK(store->CreateSweep(sweep, runs));
+
+  v1::Sweep got;
+  ASSERT_OK(store->GetSweep("sw1", &got));
+  EXPECT_TRUE(MessageDifferencer::Equals(sweep, got)) << got.DebugString();
+  v1::Run run;
+  ASSERT_OK(store->GetRun("r2", &run));
+  EXPECT_TRUE(MessageDifferencer::Equals(runs[1], run)) << run.DebugString();
+
+  sweep.set_state(v1::SWEEP_DONE);
+  (*sweep.mutable_runs_by_state())["SUCCEEDED"] = 2;
+  ASSERT_OK(store->UpdateSweep(sweep));
+  ASSERT_OK(store->GetSweep("sw1", &got));
+  EXPECT_TRUE(MessageDifferencer::Equals(sweep, got)) << got.DebugString();
+
+  runs[0].set_state(v1::RUNNING);
+  runs[0].set_step(500);
+  ASSERT_OK(store->UpdateRun(runs[0]));
+  ASSERT_OK(store->GetRun("r1", &run));
+  EXPECT_TRUE(MessageDifferencer::Equals(runs[0], run)) << run.DebugString();
+}
+
+TEST(StoreTest, NotFoundErrors) {
+  auto store = Open(TestDbPath());
+  ASSERT_TRUE(store);
+  v1::Sweep sweep;
+  Status s = store->GetSweep("x", &sweep);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "sweep 'x' not found");
+  EXPECT_TRUE(IsNotFound(s));
+  v1::Run run;
+  EXPECT_TRUE(IsNotFound(store->GetRun("nope", &run)));
+  v1::Worker worker;
+  EXPECT_TRUE(IsNotFound(store->GetWorker("nope", &worker)));
+  EXPECT_TRUE(IsNotFound(store->UpdateSweep(MakeSweep("nope"))));
+  EXPECT_TRUE(IsNotFound(store->UpdateRun(MakeRun("nope", "sw"))));
+  std::vector<v1::Run> runs;
+  EXPECT_TRUE(IsNotFound(store->ListRuns("nope", &runs)));
+  std::vector<v1::MetricPoint> points;
+  EXPECT_TRUE(IsNotFound(store->GetMetrics("nope", 0, &points)));
+  EXPECT_TRUE(IsNotFound(store->AppendMetrics({MakePoint("nope", 1)})));
+  EXPECT_TRUE(IsNotFound(store->AppendEvent(MakeEvent("nope", 1, "state"))));
+  // Other errors are not NotFound.
+  EXPECT_FALSE(IsNotFound(Status::Ok()));
+  ASSERT_OK(store->CreateSweep(MakeSweep("sw"), {}));
+  Status dup = store->CreateSweep(MakeSweep("sw"), {});
+  EXPECT_FALSE(dup.ok());
+  EXPECT_FALSE(IsNotFound(dup));
+  // A run without metrics: LastMetric is NotFound, GetMetrics is empty.
+  ASSERT_OK(store->CreateSweep(MakeSweep("sw2"), {MakeRun("r", "sw2")}));
+  v1::MetricPoint last;
+  EXPECT_TRUE(IsNotFound(store->LastMetric("r", &last)));
+  ASSERT_OK(store->GetMetrics("r", 0, &points));
+  EXPECT_TRUE(points.empty());
+}
+
+TEST(StoreTest, ListsKeepCreationOrder) {
+  auto store = Open(TestDbPath());
+  ASSERT_TRUE(store);
+  // Ids sort differently from creation order on purpose.
+  ASSERT_OK(store->CreateSweep(MakeSweep("zeta"), {MakeRun("z2", "zeta"), MakeRun("z1", "zeta")}));
+  ASSERT_OK(store->CreateSweep(MakeSweep("alpha"), {MakeRun("a9", "alpha")}));
+  ASSERT_OK(store->CreateSweep(MakeSweep("mid"), {}));
+
+  std::vector<v1::Sweep> sweeps;
+  ASSERT_OK(store->ListSweeps(&sweeps));
+  ASSERT_EQ(sweeps.size(), 3u);
+  EXPECT_EQ(sweeps[0].id(), "zeta");
+  EXPECT_EQ(sweeps[1].id(), "alpha");
+  EXPECT_EQ(sweeps[2].id(), "mid");
+
+  std::vector<v1::Run> runs;
+  ASSERT_OK(store->ListRuns("", &runs));
+  EXPECT_EQ(RunIds(runs), (std::vector<std::string>{"z2", "z1", "a9"}));
+  ASSERT_OK(store->ListRuns("zeta", &runs));
+  EXPECT_EQ(RunIds(runs), (std::vector<std::string>{"z2", "z1"}));
+  ASSERT_OK(store->ListRuns("mid", &runs));
+  EXPECT_TRUE(runs.empty());
+}
+
+TEST(StoreTest, ListRunsInStateAndUpdateRuns) {
+  auto store = Open(TestDbPath());
+  ASSERT_TRUE(store);
+  std::vector<v1::Run> runs = {MakeRun("a", "s"), MakeRun("b", "s"), MakeRun("c", "s")};
+  ASSERT_OK(store->CreateSweep(MakeSweep("s"), runs));
+  runs[0].set_state(v1::RUNNING);
+  runs[2].set_state(v1::RUNNING);
+  runs[2].set_worker_id("w9");
+  ASSERT_OK(store->UpdateRuns({runs[0], runs[2]}));
+
+  std::vector<v1::Run> got;
+  ASSERT_OK(store->ListRunsInState(v1::RUNNING, &got));
+  EXPECT_EQ(RunIds(got), (std::vector<std::string>{"a", "c"}));
+  EXPECT_EQ(got[1].worker_id(), "w9");
+  ASSERT_OK(store->ListRunsInState(v1::QUEUED, &got));
+  EXPECT_EQ(RunIds(got), (std::vector<std::string>{"b"}));
+  ASSERT_OK(store->ListRunsInState(v1::FAILED, &got));
+  EXPECT_TRUE(got.empty());
+
+  // UpdateRuns is all or nothing: a missing run rolls back the others.
+  runs[1].set_state(v1::FAILED);
+  Status s = store->UpdateRuns({runs[1], MakeRun("missing", "s")});
+  EXPECT_TRUE(IsNotFound(s)) << s.message();
+  v1::Run b;
+  ASSERT_OK(store->GetRun("b", &b));
+  EXPECT_EQ(b.state(), v1::QUEUED);
+
+  // A run's sweep_id never changes.
+  v1::Run moved = runs[1];
+  moved.set_sweep_id("other");
+  s = store->UpdateRun(moved);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("sweep_id"), std::string::npos) << s.message();
+}
+
+TEST(StoreTest, WorkerRoundTripAndUpsert) {
+  auto store = Open(TestDbPath());
+  ASSERT_TRUE(store);
+  v1::Worker w;
+  w.set_id("w2");
+  w.set_host("gpu-node-7");
+  v1::Device* d = w.add_devices();
+  d->set_index(0);
+  d->set_name("NVIDIA H200");
+  d->set_memory_bytes(int64_t{141} << 30);
+  d->set_run_id("r1");
+  w.add_devices()->set_index(1);
+  w.set_cpu_slots(16);
+  w.set_connected(true);
+  w.set_lease_expires_unix_ms(1700000009999);
+  w.add_run_ids("r1");
+  ASSERT_OK(store->UpsertWorker(w));
+  v1::Worker w1;
+  w1.set_id("w1");
+  w1.set_host("other");
+  ASSERT_OK(store->UpsertWorker(w1));
+
+  v1::Worker got;
+  ASSERT_OK(store->GetWorker("w2", &got));
+  EXPECT_TRUE(MessageDifferencer::Equals(w, got)) << got.DebugString();
+
+  // Upsert replaces and keeps the first-registration order.
+  w.set_connected(false);
+  w.clear_run_ids();
+  ASSERT_OK(store->UpsertWorker(w));
+  std::vector<v1::Worker> workers;
+  ASSERT_OK(store->ListWorkers(&workers));
+  ASSERT_EQ(workers.size(), 2u);
+  EXPECT_EQ(workers[0].id(), "w2");
+  EXPECT_EQ(workers[1].id(), "w1");
+  EXPECT_TRUE(MessageDifferencer::Equals(w, workers[0])) << workers[0].DebugString();
+}
+
+TEST(StoreTest, Counts) {
+  auto store = Open(TestDbPath());
+  ASSERT_TRUE(store);
+  int64_t sweeps = -1, runs = -1, points = -1;
+  ASSERT_OK(store->Counts(&sweeps, &runs, &points));
+  EXPECT_EQ(sweeps, 0);
+  EXPECT_EQ(runs, 0);
+  EXPECT_EQ(points, 0);
+  ASSERT_OK(store->CreateSweep(MakeSweep("s1"), {MakeRun("a", "s1"), MakeRun("b", "s1")}));
+  ASSERT_OK(store->CreateSweep(MakeSweep("s2"), {MakeRun("c", "s2")}));
+  ASSERT_OK(store->AppendMetrics({MakePoint("a", 1), MakePoint("a", 2), MakePoint("c", 1)}));
+  ASSERT_OK(store->Counts(&sweeps, &runs, &points));
+  EXPECT_EQ(sweeps, 2);
+  EXPECT_EQ(runs, 3);
+  EXPECT_EQ(points, 3);
+}
+
+// ---- CreateSweep validation and atomicity ------------------------------------------
+
+TEST(StoreTest, CreateSweepIsAtomicOnDuplicateRunId) {
+  auto store = Open(TestDbPath());
+  ASSERT_TRUE(store);
+  ASSERT_OK(store->CreateSweep(MakeSweep("s1"), {MakeRun("r1", "s1")}));
+
+  // r1 exists already: neither s2 nor r2 (inserted before r1 in the batch) stay.
+  Status s = store->CreateSweep(MakeSweep("s2"), {MakeRun("r2", "s2"), MakeRun("r1", "s2")});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("'r1'"), std::string::npos) << s.message();
+  v1::Sweep sweep;
+  EXPECT_TRUE(IsNotFound(store->GetSweep("s2", &sweep)));
+  v1::Run run;
+  EXPECT_TRUE(IsNotFound(store->GetRun("r2", &run)));
+  int64_t sweeps = 0, runs = 0;
+  ASSERT_OK(store->Counts(&sweeps, &runs, nullptr));
+  EXPECT_EQ(sweeps, 1);
+  EXPECT_EQ(runs, 1);
+
+  // A duplicate inside the batch names the id and stores nothing.
+  s = store->CreateSweep(MakeSweep("s3"), {MakeRun("x", "s3"), MakeRun("x", "s3")});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("'x'"), std::string::npos) << s.message();
+  EXPECT_TRUE(IsNotFound(store->GetSweep("s3", &sweep)));
+
+  // A duplicate sweep id names it.
+  s = store->CreateSweep(MakeSweep("s1"), {MakeRun("fresh", "s1")});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("'s1'"), std::string::npos) << s.message();
+  EXPECT_TRUE(IsNotFound(store->GetRun("fresh", &run)));
+
+  // A run of another sweep, or with no id, is refused.
+  s = store->CreateSweep(MakeSweep("s4"), {MakeRun("y", "elsewhere")});
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("sweep_id"), std::string::npos) << s.message();
+  s = store->CreateSweep(MakeSweep("s4"), {MakeRun("", "s4")});
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(IsNotFound(store->GetSweep("s4", &sweep)));
+}
+
+// ---- Metrics -------------------------------------------------------------------
+
+TEST(StoreTest, MetricsIdempotentPerStep) {
+  auto store = Open(TestDbPath());
+  ASSERT_TRUE(store);
+  ASSERT_OK(store->CreateSweep(MakeSweep("s"), {MakeRun("r", "s"), MakeRun("q", "s")}));
+  std::vector<v1::MetricPoint> batch;
+  for (int step = 1; step <= 5; ++step) batch.push_back(MakePoint("r", step));
+  ASSERT_OK(store->AppendMetrics(batch));
+  ASSERT_OK(store->AppendMetrics({MakePoint("q", 3)}));
+  // A restart from step 2 re-sends steps 3 and 4 with new values, out of order.
+  ASSERT_OK(store->AppendMetrics({MakePoint("r", 4, 2.5), MakePoint("r", 3, 1.5)}));
+
+  std::vector<v1::MetricPoint> got;
+  ASSERT_OK(store->GetMetrics("r", 0, &got));
+  EXPECT_EQ(Steps(got), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(got[2].loss(), 1.5);
+  EXPECT_EQ(got[3].loss(), 2.5);
+  EXPECT_TRUE(MessageDifferencer::Equals(got[0], batch[0])) << got[0].DebugString();
+  v1::MetricPoint last;
+  ASSERT_OK(store->LastMetric("r", &last));
+  EXPECT_TRUE(MessageDifferencer::Equals(last, batch[4])) << last.DebugString();
+  int64_t points = 0;
+  ASSERT_OK(store->Counts(nullptr, nullptr, &points));
+  EXPECT_EQ(points, 6);
+
+  // A batch with an unknown run stores nothing of the batch.
+  Status s = store->AppendMetrics({MakePoint("r", 6), MakePoint("ghost", 1)});
+  EXPECT_TRUE(IsNotFound(s)) << s.message();
+  ASSERT_OK(store->LastMetric("r", &last));
+  EXPECT_EQ(last.step(), 5);
+}
+
+TEST(StoreTest, MetricsDownsamplingIsExact) {
+  auto store = Open(TestDbPath());
+  ASSERT_TRUE(store);
+  ASSERT_OK(store->CreateSweep(MakeSweep("s"), {MakeRun("r", "s")}));
+  // Steps 0, 10, ..., 990: point i has step 10*i.
+  const int n = 100;
+  std::vector<v1::MetricPoint> batch;
+  for (int i = n - 1; i >= 0; --i) batch.push_back(MakePoint("r", 10 * i));
+  ASSERT_OK(store->AppendMetrics(batch));
+
+  std::vector<v1::MetricPoint> got;
+  ASSERT_OK(store->GetMetrics("r", 0, &got));
+  ASSERT_EQ(got.size(), static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) EXPECT_EQ(got[i].step(), 10 * i);
+  ASSERT_OK(store->GetMetrics("r", n, &got));
+  EXPECT_EQ(got.size(), static_cast<size_t>(n));
+  ASSERT_OK(store->GetMetrics("r", 1000, &got));
+  EXPECT_EQ(got.size(), static_cast<size_t>(n));
+
+  // m = 4 of 100: indices round(k*99/3) = 0, 33, 66, 99.
+  ASSERT_OK(store->GetMetrics("r", 4, &got));
+  EXPECT_EQ(Steps(got), (std::vector<int64_t>{0, 330, 660, 990}));
+  // m = 2: first and last only.
+  ASSERT_OK(store->GetMetrics("r", 2, &got));
+  EXPECT_EQ(Steps(got), (std::vector<int64_t>{0, 990}));
+  // m = 1: the last point.
+  ASSERT_OK(store->GetMetrics("r", 1, &got));
+  EXPECT_EQ(Steps(got), (std::vector<int64_t>{990}));
+  // m = 7: round(k*99/6) = 0, 17 (16.5 rounds up), 33, 50 (49.5), 66, 83 (82.5), 99.
+  ASSERT_OK(store->GetMetrics("r", 7, &got));
+  EXPECT_EQ(Steps(got), (std::vector<int64_t>{0, 170, 330, 500, 660, 830, 990}));
+
+  // Every m: exactly m points, first and last kept, ascending, and the same
+  // answer twice (deterministic); the full records come back.
+  for (int m = 2; m < n; ++m) {
+    ASSERT_OK(store->GetMetrics("r", m, &got));
+    ASSERT_EQ(got.size(), static_cast<size_t>(m)) << "m=" << m;
+    EXPECT_EQ(got.front().step(), 0) << "m=" << m;
+    EXPECT_EQ(got.back().step(), 10 * (n - 1)) << "m=" << m;
+    for (int k = 1; k < m; ++k) {
+      EXPECT_LT(got[k - 1].step(), got[k].step()) << "m=" << m;
+      // Even spacing: index within half a step of the ideal k*(n-1)/(m-1).
+      const double ideal = static_cast<double>(k) * (n - 1) / (m - 1);
+      EXPECT_LE(std::abs(got[k].step() / 10 - ideal), 0.5) << "m=" << m << " k=" << k;
+    }
+    std::vector<v1::MetricPoint> again;
+    ASSERT_OK(store->GetMetrics("r", m, &again));
+    EXPECT_EQ(Steps(got), Steps(again));
+    EXPECT_EQ(got[1].json(), "{\"step\":" + std::to_string(got[1].step()) + "}");
+  }
+}
+
+TEST(StoreTest, DeleteMetricsAfterRollsBack) {
+  auto store = Open(TestDbPath());
+  ASSERT_TRUE(store);
+  ASSERT_OK(store->CreateSweep(MakeSweep("s"), {MakeRun("r", "s"), MakeRun("other", "s")}));
+  std::vector<v1::MetricPoint> batch;
+  for (int step = 1; step <= 10; ++step) {
+    batch.push_back(MakePoint("r", step));
+    batch.push_back(MakePoint("other", step));
+  }
+  ASSERT_OK(store->AppendMetrics(batch));
+  ASSERT_OK(store->DeleteMetricsAfter("r", 6));
+
+  std::vector<v1::MetricPoint> got;
+  ASSERT_OK(store->GetMetrics("r", 0, &got));
+  EXPECT_EQ(Steps(got), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  v1::MetricPoint last;
+  ASSERT_OK(store->LastMetric("r", &last));
+  EXPECT_EQ(last.step(), 6);
+  // Other runs keep theirs.
+  ASSERT_OK(store->GetMetrics("other", 0, &got));
+  EXPECT_EQ(got.size(), 10u);
+  // After the rollback the run re-sends steps from 7.
+  ASSERT_OK(store->AppendMetrics({MakePoint("r", 7, 0.5)}));
+  ASSERT_OK(store->LastMetric("r", &last));
+  EXPECT_EQ(last.step(), 7);
+  EXPECT_EQ(last.loss(), 0.5);
+  // Rolling back before the first step empties the run.
+  ASSERT_OK(store->DeleteMetricsAfter("r", 0));
+  ASSERT_OK(store->GetMetrics("r", 0, &got));
+  EXPECT_TRUE(got.empty());
+  EXPECT_TRUE(IsNotFound(store->DeleteMetricsAfter("ghost", 0)));
+}
+
+// ---- Events ----------------------------------------------------------------------
+
+TEST(StoreTest, EventFilters) {
+  auto store = Open(TestDbPath());
+  ASSERT_TRUE(store);
+  ASSERT_OK(store->CreateSweep(MakeSweep("s1"), {MakeRun("a", "s1"), MakeRun("b", "s1")}));
+  ASSERT_OK(store->CreateSweep(MakeSweep("s2"), {MakeRun("c", "s2")}));
+  const v1::Event e1 = MakeEvent("a", 1, "e1");
+  ASSERT_OK(store->AppendEvent(e1));
+  ASSERT_OK(store->AppendEvent(MakeEvent("c", 2, "e2")));
+  ASSERT_OK(store->AppendEvent(MakeEvent("b", 3, "e3")));
+  ASSERT_OK(store->AppendEvent(MakeEvent("a", 4, "e4")));
+  ASSERT_OK(store->AppendEvent(MakeEvent("", 5, "e5")));  // keeld-level
+
+  std::vector<v1::Event> got;
+  ASSERT_OK(store->ListEvents("", "", &got));
+  EXPECT_EQ(EventKinds(got), (std::vector<std::string>{"e1", "e2", "e3", "e4", "e5"}));
+  EXPECT_TRUE(MessageDifferencer::Equals(got[0], e1)) << got[0].DebugString();
+  ASSERT_OK(store->ListEvents("a", "", &got));
+  EXPECT_EQ(EventKinds(got), (std::vector<std::string>{"e1", "e4"}));
+  ASSERT_OK(store->ListEvents("", "s1", &got));
+  EXPECT_EQ(EventKinds(got), (std::vector<std::string>{"e1", "e3", "e4"}));
+  ASSERT_OK(store->ListEvents("", "s2", &got));
+  EXPECT_EQ(EventKinds(got), (std::vector<std::string>{"e2"}));
+  ASSERT_OK(store->ListEvents("b", "s1", &got));
+  EXPECT_EQ(EventKinds(got), (std::vector<std::string>{"e3"}));
+  ASSERT_OK(store->ListEvents("b", "s2", &got));
+  EXPECT_TRUE(got.empty());
+  EXPECT_TRUE(IsNotFound(store->ListEvents("ghost", "", &got)));
+  EXPECT_TRUE(IsNotFound(store->ListEvents("", "ghost", &got)));
+}
+
+// ---- Durability ---------------------------------------------------------------------
+
+// Writes one of everything; CheckAll verifies it.
+void WriteAll(Store* store) {
+  ASSERT_OK(store->CreateSweep(MakeSweep("s"), {MakeRun("r1", "s"), MakeRun("r2", "s")}));
+  v1::Run r1 = MakeRun("r1", "s");
+  r1.set_state(v1::SUCCEEDED);
+  ASSERT_OK(store->UpdateRun(r1));
+  ASSERT_OK(store->AppendMetrics({MakePoint("r1", 1), MakePoint("r1", 2)}));
+  ASSERT_OK(store->AppendEvent(MakeEvent("r1", 2, "state")));
+  v1::Worker w;
+  w.set_id("w");
+  w.set_host("h");
+  ASSERT_OK(store->UpsertWorker(w));
+}
+
+void CheckAll(Store* store) {
+  v1::Sweep sweep;
+  ASSERT_OK(store->GetSweep("s", &sweep));
+  EXPECT_TRUE(MessageDifferencer::Equals(sweep, MakeSweep("s")));
+  std::vector<v1::Run> runs;
+  ASSERT_OK(store->ListRuns("s", &runs));
+  EXPECT_EQ(RunIds(runs), (std::vector<std::string>{"r1", "r2"}));
+  v1::Run r1;
+  ASSERT_OK(store->GetRun("r1", &r1));
+  EXPECT_EQ(r1.state(), v1::SUCCEEDED);
+  std::vector<v1::MetricPoint> points;
+  ASSERT_OK(store->GetMetrics("r1", 0, &points));
+  EXPECT_EQ(Steps(points), (std::vector<int64_t>{1, 2}));
+  std::vector<v1::Event> events;
+  ASSERT_OK(store->ListEvents("r1", "", &events));
+  EXPECT_EQ(EventKinds(events), (std::vector<std::string>{"state"}));
+  v1::Worker w;
+  ASSERT_OK(store->GetWorker("w", &w));
+  EXPECT_EQ(w.host(), "h");
+}
+
+TEST(StoreTest, ReopenAfterCloseKeepsEverything) {
+  const std::string path = TestDbPath();
+  {
+    auto store = Open(path);
+    ASSERT_TRUE(store);
+    WriteAll(store.get());
+  }
+  auto store = Open(path);
+  ASSERT_TRUE(store);
+  CheckAll(store.get());
+}
+
+TEST(StoreTest, ChildExitingWithoutCloseLosesNothing) {
+  const std::string path = TestDbPath();
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The child: writes, then ends without destroying the Store or running
+    // any destructor (the store's connection is never closed).
+    std::unique_ptr<Store> store;
+    if (!OpenSqliteStore(path, &store).ok()) _exit(2);
+    WriteAll(store.get());
+    if (::testing::Test::HasFailure()) _exit(3);
+    store.release();  // leak on purpose: no sqlite3_close, no checkpoint
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  // The WAL was never checkpointed into the main file: recovery reads it.
+  auto store = Open(path);
+  ASSERT_TRUE(store);
+  CheckAll(store.get());
+}
+
+TEST(StoreTest, KillNineKeepsEveryAcknowledgedWrite) {
+  const std::string path = TestDbPath();
+  {
+    auto store = Open(path);
+    ASSERT_TRUE(store);
+    ASSERT_OK(store->CreateSweep(MakeSweep("s"), {MakeRun("r", "s")}));
+  }
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The child appends steps forever and reports each step once AppendMetrics
+    // returned OK (acknowledged).
+    close(fds[0]);
+    std::unique_ptr<Store> store;
+    if (!OpenSqliteStore(path, &store).ok()) _exit(2);
+    for (int64_t step = 1;; ++step) {
+      if (!store->AppendMetrics({MakePoint("r", step)}).ok()) _exit(3);
+      if (write(fds[1], &step, sizeof(step)) != sizeof(step)) _exit(4);
+    }
+  }
+  close(fds[1]);
+  int64_t acked = 0, step = 0;
+  while (acked < 50 && read(fds[0], &step, sizeof(step)) == sizeof(step)) acked = step;
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  // Drain what the child acknowledged before it died.
+  while (read(fds[0], &step, sizeof(step)) == sizeof(step)) acked = step;
+  close(fds[0]);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "child exited with " << WEXITSTATUS(status);
+  ASSERT_GE(acked, 50);
+
+  auto store = Open(path);
+  ASSERT_TRUE(store);
+  v1::MetricPoint last;
+  ASSERT_OK(store->LastMetric("r", &last));
+  // Every acknowledged step is there (one more may have committed unreported).
+  EXPECT_GE(last.step(), acked);
+  EXPECT_LE(last.step(), acked + 1);
+  std::vector<v1::MetricPoint> points;
+  ASSERT_OK(store->GetMetrics("r", 0, &points));
+  ASSERT_EQ(points.size(), static_cast<size_t>(last.step()));
+  for (size_t i = 0; i < points.size(); ++i) EXPECT_EQ(points[i].step(), int64_t(i) + 1);
+}
+
+// ---- Schema ------------------------------------------------------------------------
+
+// Runs one SQL statement on the file directly, bypassing the Store.
+void RawExec(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* err = nullptr;
+  int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
+  EXPECT_EQ(rc, SQLITE_OK) << (err ? err : "");
+  sqlite3_free(err);
+  sqlite3_close(db);
+}
+
+std::string RawQueryText(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  std::string out;
+  if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) return "open failed";
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) == SQLITE_OK &&
+      sqlite3_step(stmt) == SQLITE_ROW) {
+    const unsigned char* p = sqlite3_column_text(stmt, 0);
+    out = p ? reinterpret_cast<const char*>(p) : "";
+  } else {
+    out = std::string("error: ") + sqlite3_errmsg(db);
+  }
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+  return out;
+}
+
+TEST(StoreTest, CreatesSchemaInWalMode) {
+  const std::string path = TestDbPath();
+  {
+    auto store = Open(path);
+    ASSERT_TRUE(store);
+  }
+  EXPECT_EQ(RawQueryText(path, "PRAGMA journal_mode"), "wal");
+  EXPECT_EQ(RawQueryText(path, "SELECT version FROM schema_version"),
+            std::to_string(kStoreSchemaVersion));
+  // Reopening an existing file keeps its schema and one version row.
+  auto store = Open(path);
+  ASSERT_TRUE(store);
+  EXPECT_EQ(RawQueryText(path, "SELECT COUNT(*) FROM schema_version"), "1");
+}
+
+TEST(StoreTest, RefusesNewerSchemaVersion) {
+  const std::string path = TestDbPath();
+  {
+    auto store = Open(path);
+    ASSERT_TRUE(store);
+    ASSERT_OK(store->CreateSweep(MakeSweep("s"), {}));
+  }
+  RawExec(path, "UPDATE schema_version SET version = 999");
+  std::unique_ptr<Store> store;
+  Status s = OpenSqliteStore(path, &store);
+  ASSERT_FALSE(s.ok());
+  EXPECT_FALSE(store);
+  EXPECT_NE(s.message().find("schema version 999"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("newer"), std::string::npos) << s.message();
+  // The file is unchanged: data and version as they were.
+  EXPECT_EQ(RawQueryText(path, "SELECT version FROM schema_version"), "999");
+  EXPECT_EQ(RawQueryText(path, "SELECT id FROM sweeps"), "s");
+  // Back at the supported version it opens again.
+  RawExec(path, "UPDATE schema_version SET version = " + std::to_string(kStoreSchemaVersion));
+  ASSERT_OK(OpenSqliteStore(path, &store));
+  v1::Sweep sweep;
+  ASSERT_OK(store->GetSweep("s", &sweep));
+}
+
+TEST(StoreTest, RefusesUnusablePath) {
+  std::unique_ptr<Store> store;
+  EXPECT_FALSE(OpenSqliteStore("", &store).ok());
+  Status s = OpenSqliteStore("/nonexistent-dir-for-keel/x.db", &store);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("/nonexistent-dir-for-keel/x.db"), std::string::npos) << s.message();
+  EXPECT_FALSE(store);
+}
+
+// ---- Concurrency ----------------------------------------------------------------------
+
+TEST(StoreTest, ConcurrentWritersLoseNothing) {
+  auto store = Open(TestDbPath());
+  ASSERT_TRUE(store);
+  constexpr int kThreads = 6;
+  constexpr int kRounds = 40;
+  std::vector<v1::Run> runs;
+  for (int t = 0; t < kThreads; ++t) runs.push_back(MakeRun("r" + std::to_string(t), "s"));
+  ASSERT_OK(store->CreateSweep(MakeSweep("s"), runs));
+
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string id = "r" + std::to_string(t);
+      for (int i = 1; i <= kRounds && errors[t].empty(); ++i) {
+        Status s = store->AppendMetrics({MakePoint(id, 2 * i - 1), MakePoint(id, 2 * i)});
+        if (s.ok()) s = store->AppendEvent(MakeEvent(id, i, "tick"));
+        v1::Run run = MakeRun(id, "s");
+        run.set_step(2 * i);
+        if (s.ok()) s = store->UpdateRun(run);
+        v1::Worker w;
+        w.set_id("w" + std::to_string(t));
+        w.set_cpu_slots(i);
+        if (s.ok()) s = store->UpsertWorker(w);
+        if (s.ok()) {  // a reader in the middle of the writers
+          std::vector<v1::Event> events;
+          s = store->ListEvents(id, "", &events);
+          if (s.ok() && events.size() != static_cast<size_t>(i)) {
+            s = Status::Error("read " + std::to_string(events.size()) + " events, want " +
+                              std::to_string(i));
+          }
+        }
+        if (!s.ok()) errors[t] = s.message();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(errors[t], "") << "thread " << t;
+
+  int64_t points = 0;
+  ASSERT_OK(store->Counts(nullptr, nullptr, &points));
+  EXPECT_EQ(points, int64_t{kThreads} * kRounds * 2);
+  std::vector<v1::Event> events;
+  ASSERT_OK(store->ListEvents("", "s", &events));
+  EXPECT_EQ(events.size(), static_cast<size_t>(kThreads * kRounds));
+  for (int t = 0; t < kThreads; ++t) {
+    const std::string id = "r" + std::to_string(t);
+    v1::Run run;
+    ASSERT_OK(store->GetRun(id, &run));
+    EXPECT_EQ(run.step(), 2 * kRounds);
+    std::vector<v1::MetricPoint> got;
+    ASSERT_OK(store->GetMetrics(id, 0, &got));
+    EXPECT_EQ(got.size(), static_cast<size_t>(2 * kRounds));
+    v1::Worker w;
+    ASSERT_OK(store->GetWorker("w" + std::to_string(t), &w));
+    EXPECT_EQ(w.cpu_slots(), kRounds);
+  }
+}
+
+}  // namespace
+}  // namespace keel
