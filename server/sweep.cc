@@ -1,0 +1,721 @@
+// Sweep files (see sweep.h): parse, size, sample, expand, and validate every
+// run through ParseRunConfig.
+#include "server/sweep.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "worker/run_config.h"
+
+namespace keel {
+namespace {
+
+// Run configs are validated under this source name so that ParseRunConfig's own
+// "source:line:col: " prefix (positions in a generated text) can be stripped
+// and replaced by the position of the responsible node in the sweep file.
+const char kInternalSource[] = "<sweep-run>";
+
+const std::vector<std::string> kTopKeys = {"name",         "base",         "axes",     "resources",
+                                           "max_concurrent", "max_restarts", "priority", "policy"};
+
+std::string Join(const std::vector<std::string>& items, const std::string& sep) {
+  std::string out;
+  for (const std::string& s : items) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+std::string FlowText(const YAML::Node& node) {
+  YAML::Emitter e;
+  e << YAML::Flow << node;
+  return e.c_str();
+}
+
+std::string BlockText(const YAML::Node& node) {
+  YAML::Emitter e;
+  e << YAML::Block << node;
+  return std::string(e.c_str()) + "\n";
+}
+
+// "<sweep-run>:3:5: precision: ..." or "<sweep-run>: precision: ..." -> "precision: ...".
+std::string StripInternal(const std::string& message) {
+  static const std::regex prefix(std::string("^") + kInternalSource + "(:[0-9]+:[0-9]+)?: ");
+  return std::regex_replace(message, prefix, "", std::regex_constants::format_first_only);
+}
+
+// The field a run-config message names ("precision.rounding: unknown ..." -> "precision.rounding").
+std::string FieldOf(const std::string& stripped) {
+  size_t colon = stripped.find(": ");
+  return colon == std::string::npos ? "" : stripped.substr(0, colon);
+}
+
+bool PathCovers(const std::string& path, const std::string& field) {
+  return field == path || field.compare(0, path.size() + 1, path + ".") == 0 ||
+         path.compare(0, field.size() + 1, field + ".") == 0;
+}
+
+// Collects every error of a sweep file, each "source:line:col: field: what".
+class Errors {
+ public:
+  explicit Errors(std::string source) : source_(std::move(source)) {}
+
+  std::string Where(const YAML::Mark& m) const {
+    if (m.line < 0) return source_ + ": ";
+    return source_ + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1) + ": ";
+  }
+  void Add(const YAML::Mark& m, const std::string& field, const std::string& what) {
+    AddLine(m, Where(m) + field + ": " + what);
+  }
+  void Add(const YAML::Node& n, const std::string& field, const std::string& what) {
+    Add(n.Mark(), field, what);
+  }
+  // A full line written at mark `m` (for ordering); duplicates are dropped.
+  void AddLine(const YAML::Mark& m, const std::string& line) {
+    if (seen_.insert(line).second) lines_.push_back({{m.line, m.column}, line});
+  }
+  bool empty() const { return lines_.empty(); }
+  size_t size() const { return lines_.size(); }
+  // The lines in file order (unpositioned first), at most kShown of them.
+  Status ToStatus() const {
+    const size_t kShown = 50;
+    std::vector<std::pair<std::pair<int, int>, std::string>> sorted = lines_;
+    std::stable_sort(sorted.begin(), sorted.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<std::string> shown;
+    for (size_t i = 0; i < std::min(kShown, sorted.size()); ++i) shown.push_back(sorted[i].second);
+    if (lines_.size() > kShown) shown.push_back("... and " + std::to_string(lines_.size() - kShown) + " more errors");
+    return Status::Error(Join(shown, "\n"));
+  }
+  const std::string& source() const { return source_; }
+
+  // Scalar readers: on error they add a line and return false.
+  bool Int(const YAML::Node& n, const std::string& field, int64_t lo, int64_t hi, int64_t* out) {
+    int64_t v;
+    if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, v)) {
+      Add(n, field, "'" + Text(n) + "' is not an integer");
+      return false;
+    }
+    if (v < lo || v > hi) {
+      Add(n, field, std::to_string(v) + " is out of range (allowed: " + std::to_string(lo) + " .. " +
+                        std::to_string(hi) + ")");
+      return false;
+    }
+    *out = v;
+    return true;
+  }
+  bool Int(const YAML::Node& n, const std::string& field, int64_t lo, int64_t hi, int* out) {
+    int64_t v;
+    if (!Int(n, field, lo, hi, &v)) return false;
+    *out = static_cast<int>(v);
+    return true;
+  }
+  bool Number(const YAML::Node& n, const std::string& field, double* out) {
+    double v;
+    if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || !std::isfinite(v)) {
+      Add(n, field, "'" + Text(n) + "' is not a finite number");
+      return false;
+    }
+    *out = v;
+    return true;
+  }
+  // Unknown keys of a mapping; false if `map` is not a mapping.
+  bool Keys(const YAML::Node& map, const std::string& field, const std::vector<std::string>& allowed) {
+    if (!map.IsMap()) {
+      Add(map, field, "expected a mapping, got " + Text(map));
+      return false;
+    }
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      std::string key = it->first.IsScalar() ? it->first.Scalar() : FlowText(it->first);
+      bool ok = false;
+      for (const std::string& a : allowed) ok = ok || a == key;
+      if (!ok) {
+        Add(it->first, field.empty() ? key : field + "." + key,
+            "unknown key (allowed: " + Join(allowed, ", ") + ")");
+      }
+    }
+    return true;
+  }
+
+  static std::string Text(const YAML::Node& n) {
+    if (n.IsScalar()) return n.Scalar();
+    return n.IsMap() ? "a mapping" : n.IsSequence() ? "a sequence" : "nothing";
+  }
+
+ private:
+  std::string source_;
+  std::vector<std::pair<std::pair<int, int>, std::string>> lines_;  // ((line, col), text)
+  std::set<std::string> seen_;
+};
+
+// One value an axis column takes.
+struct AxisValue {
+  YAML::Node node;   // what is set at the path
+  std::string text;  // its flow YAML text
+  YAML::Mark mark;   // where it is written in the sweep file
+};
+
+// A dotted path and its values (all columns of one factor have equal length).
+struct Column {
+  std::string path;
+  YAML::Mark key_mark;
+  std::vector<AxisValue> values;
+  bool sampled = false;  // random: report one error per column, not one per sample
+};
+
+// A factor of the cartesian product: a grid key, a zip entry or a random entry.
+struct Factor {
+  std::string label;  // for the size message: "grid precision", "zip lr,layers", "random"
+  int64_t size = 0;
+  std::vector<Column> columns;
+  // random: sampled after the size check.
+  bool random = false;
+  YAML::Node random_params;
+  uint64_t random_seed = 0;
+};
+
+// splitmix64 (Steele, Lea, Flood 2014): the documented generator of random axes.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  double Uniform01() { return static_cast<double>(Next() >> 11) * (1.0 / 9007199254740992.0); }
+
+ private:
+  uint64_t state_;
+};
+
+std::string NumberText(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  return buf;
+}
+
+bool ValidPath(const std::string& path) {
+  if (path.empty() || path.front() == '.' || path.back() == '.') return false;
+  if (path.find("..") != std::string::npos) return false;
+  return path.find_first_of(" =\t") == std::string::npos;
+}
+
+std::vector<std::string> SplitPath(const std::string& path) {
+  std::vector<std::string> keys;
+  std::stringstream parts(path);
+  for (std::string key; std::getline(parts, key, '.');) keys.push_back(key);
+  return keys;
+}
+
+// Sets root[path] = value the way keel-train's --set does (worker/run_config.cc
+// ApplyOverride): mappings are created on the way, and a preset name met on the
+// way ("precision: mxfp4", path precision.rounding) becomes {preset: mxfp4}.
+// Paths were checked by ParseRunConfig before, so a non-mapping is overwritten.
+void SetPath(YAML::Node root, const std::string& path, const YAML::Node& value) {
+  std::vector<std::string> keys = SplitPath(path);
+  std::vector<YAML::Node> chain = {root};
+  for (size_t i = 0; i + 1 < keys.size(); ++i) {
+    YAML::Node next = chain.back()[keys[i]];
+    if (!next.IsMap()) {
+      YAML::Node map(YAML::NodeType::Map);
+      if (next.IsDefined() && next.IsScalar() && keys[i] == "precision") map["preset"] = next.Scalar();
+      chain.back()[keys[i]] = map;
+    }
+    chain.push_back(chain.back()[keys[i]]);
+  }
+  chain.back()[keys.back()] = YAML::Clone(value);
+}
+
+// The base mapping as text whose line:column positions are those of the sweep
+// file: every character outside base is blanked (lines kept). Falls back to the
+// emitted base (positions lost) when the blanked text does not read back as the
+// same YAML. *exact tells which.
+std::string BaseText(const std::string& text, const YAML::Node& root, const YAML::Node& base,
+                     bool* exact) {
+  *exact = false;
+  std::string fallback = BlockText(base);
+  const YAML::Mark start = base.Mark();
+  if (start.line < 0) return fallback;
+  // Base ends where the next top-level key (by position) begins.
+  int end_line = std::numeric_limits<int>::max();
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    YAML::Mark m = it->first.Mark();
+    if (m.line == start.line && m.column > start.column) return fallback;  // one-line root
+    if (m.line > start.line) end_line = std::min(end_line, m.line);
+  }
+  std::vector<std::string> lines;
+  std::stringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  std::string out;
+  for (int i = 0; i < static_cast<int>(lines.size()); ++i) {
+    if (i == start.line) {
+      std::string line = lines[i];
+      if (static_cast<int>(line.size()) < start.column) return fallback;
+      out += std::string(start.column, ' ') + line.substr(start.column);
+    } else if (i > start.line && i < end_line) {
+      out += lines[i];
+    }
+    out += "\n";
+  }
+  try {
+    YAML::Node again = YAML::Load(out);
+    if (BlockText(again) != fallback) return fallback;
+  } catch (const YAML::Exception&) {
+    return fallback;
+  }
+  *exact = true;
+  return out;
+}
+
+// Reads a non-empty list of axis values.
+bool ReadList(Errors* err, const YAML::Node& list, const std::string& field, Column* col) {
+  if (!list.IsSequence() || list.size() == 0) {
+    err->Add(list, field, "expected a non-empty list of values, got " + Errors::Text(list));
+    return false;
+  }
+  for (const YAML::Node& v : list) col->values.push_back({v, FlowText(v), v.Mark()});
+  return true;
+}
+
+// Parses `axes` into factors (random ones not sampled yet).
+void ReadAxes(Errors* err, const YAML::Node& axes, std::vector<Factor>* factors) {
+  if (!axes.IsSequence()) {
+    err->Add(axes, "axes", "expected a list of {grid: ...}, {zip: ...} or {random: ...}");
+    return;
+  }
+  std::map<std::string, YAML::Mark> paths;  // a path may be swept by one axis only
+  auto add_path = [&](const YAML::Node& key, const std::string& field, std::string* path) {
+    if (!key.IsScalar() || !ValidPath(key.Scalar())) {
+      err->Add(key, field, "'" + Errors::Text(key) +
+                               "' is not a run-config path (allowed: dotted keys, e.g. optimizer.lr)");
+      return false;
+    }
+    *path = key.Scalar();
+    auto seen = paths.find(*path);
+    if (seen != paths.end()) {
+      err->Add(key, field, "'" + *path + "' is already swept at line " +
+                               std::to_string(seen->second.line + 1) + " (allowed: one axis per path)");
+      return false;
+    }
+    paths[*path] = key.Mark();
+    return true;
+  };
+  for (size_t i = 0; i < axes.size(); ++i) {
+    const YAML::Node entry = axes[i];
+    const std::string at = "axes[" + std::to_string(i) + "]";
+    if (!entry.IsMap() || entry.size() != 1) {
+      err->Add(entry, at, "expected one of {grid: ...}, {zip: ...}, {random: ...}");
+      continue;
+    }
+    const std::string kind = entry.begin()->first.as<std::string>("");
+    const YAML::Node body = entry.begin()->second;
+    const std::string f = at + "." + kind;
+    if (kind == "grid") {
+      if (!body.IsMap()) {
+        err->Add(body, f, "expected a mapping of path: [values]");
+        continue;
+      }
+      if (body.size() == 0) err->Add(body, f, "expected at least one path: [values]");
+      for (auto it = body.begin(); it != body.end(); ++it) {
+        Column col;
+        if (!add_path(it->first, f, &col.path)) continue;
+        col.key_mark = it->first.Mark();
+        if (!ReadList(err, it->second, f + "." + col.path, &col)) continue;
+        Factor factor;
+        factor.label = "grid " + col.path;
+        factor.size = static_cast<int64_t>(col.values.size());
+        factor.columns.push_back(std::move(col));
+        factors->push_back(std::move(factor));
+      }
+    } else if (kind == "zip") {
+      if (!body.IsMap()) {
+        err->Add(body, f, "expected a mapping of path: [values]");
+        continue;
+      }
+      if (body.size() == 0) err->Add(body, f, "expected at least one path: [values]");
+      Factor factor;
+      std::vector<std::string> names;
+      bool ok = true;
+      for (auto it = body.begin(); it != body.end(); ++it) {
+        Column col;
+        if (!add_path(it->first, f, &col.path) ||
+            !ReadList(err, it->second, f + "." + col.path, &col)) {
+          ok = false;
+          continue;
+        }
+        col.key_mark = it->first.Mark();
+        names.push_back(col.path);
+        if (!factor.columns.empty() && col.values.size() != factor.columns[0].values.size()) {
+          err->Add(it->second, f + "." + col.path,
+                   "has " + std::to_string(col.values.size()) + " values but " +
+                       factor.columns[0].path + " has " +
+                       std::to_string(factor.columns[0].values.size()) +
+                       " (allowed: lists of equal length in a zip)");
+          ok = false;
+        }
+        factor.columns.push_back(std::move(col));
+      }
+      if (!ok || factor.columns.empty()) continue;
+      factor.label = "zip " + Join(names, ",");
+      factor.size = static_cast<int64_t>(factor.columns[0].values.size());
+      factors->push_back(std::move(factor));
+    } else if (kind == "random") {
+      if (!err->Keys(body, f, {"count", "seed", "params"})) continue;
+      Factor factor;
+      factor.label = "random";
+      bool ok = true;
+      if (!body["count"]) {
+        err->Add(body, f + ".count", "missing (the number of samples)");
+        ok = false;
+      } else {
+        ok = err->Int(body["count"], f + ".count", 1, int64_t(1) << 40, &factor.size) && ok;
+      }
+      int64_t seed = 0;
+      if (!body["seed"]) {
+        err->Add(body, f + ".seed", "missing (random axes are reproducible from their seed)");
+        ok = false;
+      } else {
+        ok = err->Int(body["seed"], f + ".seed", 0, std::numeric_limits<int64_t>::max(), &seed) && ok;
+      }
+      factor.random_seed = static_cast<uint64_t>(seed);
+      const YAML::Node params = body["params"];
+      if (!params || !params.IsMap() || params.size() == 0) {
+        err->Add(params ? params : body, f + ".params",
+                 "expected a mapping of path: {uniform|log_uniform|choice: ...}");
+        continue;
+      }
+      for (auto it = params.begin(); it != params.end(); ++it) {
+        Column col;
+        if (!add_path(it->first, f + ".params", &col.path)) {
+          ok = false;
+          continue;
+        }
+        col.key_mark = it->first.Mark();
+        col.sampled = true;
+        const std::string pf = f + ".params." + col.path;
+        const YAML::Node spec = it->second;
+        if (!spec.IsMap() || spec.size() != 1) {
+          err->Add(spec, pf, "expected one of {uniform: [lo, hi]}, {log_uniform: [lo, hi]}, {choice: [values]}");
+          ok = false;
+          continue;
+        }
+        const std::string dist = spec.begin()->first.as<std::string>("");
+        const YAML::Node arg = spec.begin()->second;
+        if (dist == "uniform" || dist == "log_uniform") {
+          double lo = 0, hi = 0;
+          if (!arg.IsSequence() || arg.size() != 2) {
+            err->Add(arg, pf + "." + dist, "expected [lo, hi]");
+            ok = false;
+            continue;
+          }
+          if (!err->Number(arg[0], pf + "." + dist, &lo) || !err->Number(arg[1], pf + "." + dist, &hi)) {
+            ok = false;
+            continue;
+          }
+          if (lo > hi || (dist == "log_uniform" && lo <= 0)) {
+            err->Add(arg, pf + "." + dist,
+                     "[" + arg[0].Scalar() + ", " + arg[1].Scalar() + "] is not a range (allowed: lo <= hi" +
+                         (dist == "log_uniform" ? ", lo > 0)" : ")"));
+            ok = false;
+            continue;
+          }
+        } else if (dist == "choice") {
+          if (!arg.IsSequence() || arg.size() == 0) {
+            err->Add(arg, pf + ".choice", "expected a non-empty list of values");
+            ok = false;
+            continue;
+          }
+        } else {
+          err->Add(spec.begin()->first, pf,
+                   "unknown distribution '" + dist + "' (allowed: uniform, log_uniform, choice)");
+          ok = false;
+          continue;
+        }
+        factor.columns.push_back(std::move(col));
+      }
+      if (!ok) continue;
+      factor.random = true;
+      factor.random_params = params;
+      factors->push_back(std::move(factor));
+    } else {
+      err->Add(entry.begin()->first, at + "." + kind, "unknown axis kind (allowed: grid, zip, random)");
+    }
+  }
+}
+
+// Draws the samples of a random factor (columns in params order).
+void Sample(Factor* factor) {
+  SplitMix64 rng(factor->random_seed);
+  std::vector<YAML::Node> specs;
+  for (auto it = factor->random_params.begin(); it != factor->random_params.end(); ++it) {
+    specs.push_back(it->second);
+  }
+  for (int64_t s = 0; s < factor->size; ++s) {
+    for (size_t c = 0; c < factor->columns.size(); ++c) {
+      const YAML::Node spec = specs[c];
+      const std::string dist = spec.begin()->first.Scalar();
+      const YAML::Node arg = spec.begin()->second;
+      const double u = rng.Uniform01();
+      AxisValue v;
+      if (dist == "choice") {
+        size_t n = arg.size();
+        size_t k = std::min(n - 1, static_cast<size_t>(u * static_cast<double>(n)));
+        v.node = arg[k];
+        v.text = FlowText(v.node);
+        v.mark = arg[k].Mark();
+      } else {
+        const double lo = arg[0].as<double>(), hi = arg[1].as<double>();
+        double x = dist == "uniform" ? lo + u * (hi - lo)
+                                     : std::exp(std::log(lo) + u * (std::log(hi) - std::log(lo)));
+        x = std::min(hi, std::max(lo, x));
+        v.text = NumberText(x);
+        v.node = YAML::Node(v.text);
+        v.mark = spec.Mark();
+      }
+      factor->columns[c].values.push_back(std::move(v));
+    }
+  }
+}
+
+// Checks each distinct value of each column against base alone (so an error
+// points at the value in the sweep file); bad paths are reported at their key.
+void CheckValues(Errors* err, const std::string& base_text, const std::vector<Factor>& factors) {
+  for (const Factor& factor : factors) {
+    for (const Column& col : factor.columns) {
+      std::set<std::string> done;
+      for (const AxisValue& v : col.values) {
+        if (!done.insert(v.text).second) continue;
+        RunConfig config;
+        Status s = ParseRunConfig(base_text, kInternalSource, {col.path + "=" + v.text}, &config);
+        if (s.ok()) continue;
+        std::string msg = StripInternal(s.message());
+        if (msg.compare(0, 6, "--set ") == 0) {  // ApplyOverride: the path crosses a non-mapping
+          err->Add(col.key_mark, col.path, msg.substr(6 + col.path.size() + 2));
+          break;
+        }
+        if (msg.find("unknown key (allowed:") != std::string::npos && FieldOf(msg) != "") {
+          std::string field = FieldOf(msg);
+          if (col.path.compare(0, field.size(), field) == 0) {  // the path itself is unknown
+            err->AddLine(col.key_mark, err->Where(col.key_mark) + msg);
+            break;
+          }
+        }
+        err->AddLine(v.mark, err->Where(v.mark) + msg);
+        if (col.sampled) break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Status ExpandSweep(const std::string& yaml_text, const std::string& source,
+                   const SweepLimits& limits, SweepPlan* out) {
+  Errors err(source);
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    err.Add(e.mark, "sweep", "invalid YAML: " + e.msg);
+    return err.ToStatus();
+  }
+  if (!root.IsMap()) {
+    err.Add(root, "sweep", "expected a mapping at the top level (keys: " + Join(kTopKeys, ", ") + ")");
+    return err.ToStatus();
+  }
+  SweepPlan plan;
+  plan.source_yaml = yaml_text;
+  plan.source = source;
+  try {
+    err.Keys(root, "", kTopKeys);
+
+    if (!root["name"]) {
+      err.Add(root, "name", "missing (allowed: [A-Za-z0-9_.-]+)");
+    } else if (!root["name"].IsScalar() ||
+               !std::regex_match(root["name"].Scalar(), std::regex("[A-Za-z0-9_.-]+"))) {
+      err.Add(root["name"], "name", "'" + Errors::Text(root["name"]) + "' is not allowed (allowed: [A-Za-z0-9_.-]+)");
+    } else {
+      plan.name = root["name"].Scalar();
+    }
+
+    if (const YAML::Node r = root["resources"]) {
+      if (err.Keys(r, "resources", {"gpus", "cpu_slots"})) {
+        if (r["gpus"] && r["cpu_slots"]) {
+          err.Add(r, "resources", "gpus and cpu_slots are both set (allowed: one of them)");
+        } else if (r["gpus"]) {
+          if (err.Int(r["gpus"], "resources.gpus", 1, 1024, &plan.gpus)) plan.cpu_slots = 0;
+        } else if (r["cpu_slots"]) {
+          err.Int(r["cpu_slots"], "resources.cpu_slots", 1, 1024, &plan.cpu_slots);
+        }
+      }
+    }
+    if (root["max_concurrent"]) {
+      err.Int(root["max_concurrent"], "max_concurrent", 0, 1 << 20, &plan.max_concurrent);
+    }
+    if (root["max_restarts"]) err.Int(root["max_restarts"], "max_restarts", 0, 1000, &plan.max_restarts);
+    if (root["priority"]) {
+      err.Int(root["priority"], "priority", std::numeric_limits<int32_t>::min(),
+              std::numeric_limits<int32_t>::max(), &plan.priority);
+    }
+    if (const YAML::Node p = root["policy"]) {
+      if (!p.IsMap()) {
+        err.Add(p, "policy", "expected a mapping, got " + Errors::Text(p));
+      } else {
+        plan.policy_yaml = BlockText(p);
+      }
+    }
+
+    // Base: validated alone, at its own positions.
+    std::string base_text;
+    bool base_ok = false;
+    const YAML::Node base = root["base"];
+    if (!base) {
+      err.Add(root, "base", "missing (a keel-train run config)");
+    } else if (!base.IsMap()) {
+      err.Add(base, "base", "expected a mapping (a keel-train run config), got " + Errors::Text(base));
+    } else {
+      bool exact = false;
+      base_text = BaseText(yaml_text, root, base, &exact);
+      RunConfig config;
+      Status s = ParseRunConfig(base_text, kInternalSource, {}, &config);
+      if (s.ok()) {
+        base_ok = true;
+      } else {
+        // Exact text: the stripped position is right in the sweep file too.
+        std::string msg = StripInternal(s.message());
+        YAML::Mark where = base.Mark();
+        if (exact) {
+          std::smatch m;
+          static const std::regex pos(std::string("^") + kInternalSource + ":([0-9]+):([0-9]+): ");
+          if (std::regex_search(s.message(), m, pos)) {
+            where.line = std::stoi(m[1].str()) - 1;
+            where.column = std::stoi(m[2].str()) - 1;
+          }
+        }
+        err.AddLine(where, err.Where(where) + "base." + msg);
+      }
+    }
+
+    // Axes: structure, then the size, then (only if the size is allowed) values.
+    std::vector<Factor> factors;
+    if (const YAML::Node axes = root["axes"]) ReadAxes(&err, axes, &factors);
+    int64_t total = 1;
+    bool saturated = false;
+    std::vector<std::string> sizes;
+    for (const Factor& f : factors) {
+      sizes.push_back(f.label + " (" + std::to_string(f.size) + ")");
+      if (total > std::numeric_limits<int64_t>::max() / std::max<int64_t>(f.size, 1)) {
+        saturated = true;
+      } else {
+        total *= f.size;
+      }
+    }
+    const bool too_many = saturated || total > limits.max_runs;
+    if (too_many) {
+      err.Add(root["axes"], "axes",
+              Join(sizes, " x ") + " = " + (saturated ? "more than 2^63" : std::to_string(total)) +
+                  " runs, more than the limit of " + std::to_string(limits.max_runs) +
+                  " (allowed: at most " + std::to_string(limits.max_runs) + " runs per sweep)");
+    }
+    if (!too_many) {
+      for (Factor& f : factors) {
+        if (f.random) Sample(&f);
+      }
+      // Against a broken base every value would fail with base's error.
+      if (base_ok) CheckValues(&err, base_text, factors);
+    }
+    if (!err.empty()) return err.ToStatus();
+
+    // Expand: the first factor varies slowest. Each run is emitted, then parsed
+    // as stored, so combinations (e.g. gpt width x heads) are checked too.
+    for (int64_t r = 0; r < total; ++r) {
+      std::vector<int64_t> index(factors.size());
+      int64_t rest = r;
+      for (size_t f = factors.size(); f-- > 0;) {
+        index[f] = rest % factors[f].size;
+        rest /= factors[f].size;
+      }
+      YAML::Node node = YAML::Clone(base);
+      ExpandedRun run;
+      std::vector<const AxisValue*> chosen;
+      std::vector<const Column*> cols;
+      for (size_t f = 0; f < factors.size(); ++f) {
+        for (const Column& col : factors[f].columns) {
+          const AxisValue& v = col.values[index[f]];
+          SetPath(node, col.path, v.node);
+          run.axes.emplace_back(col.path, v.text);
+          chosen.push_back(&v);
+          cols.push_back(&col);
+        }
+      }
+      run.yaml = BlockText(node);
+      RunConfig config;
+      Status s = ParseRunConfig(run.yaml, kInternalSource, {}, &config);
+      if (!s.ok()) {
+        std::string msg = StripInternal(s.message());
+        std::string field = FieldOf(msg);
+        YAML::Mark where = root["axes"].Mark();
+        for (size_t c = 0; c < cols.size(); ++c) {
+          if (PathCovers(cols[c]->path, field)) {
+            where = chosen[c]->mark;
+            break;
+          }
+        }
+        std::vector<std::string> desc;
+        for (const auto& a : run.axes) desc.push_back(a.first + "=" + a.second);
+        err.AddLine(where, err.Where(where) + msg + " (in run " + std::to_string(r) + ": " + Join(desc, ", ") + ")");
+        continue;
+      }
+      plan.runs.push_back(std::move(run));
+    }
+  } catch (const YAML::Exception& e) {
+    err.Add(e.mark, "sweep", e.what());
+  }
+  if (!err.empty()) return err.ToStatus();
+  *out = std::move(plan);
+  return Status::Ok();
+}
+
+void PlanToMessages(const SweepPlan& plan, const std::string& sweep_id,
+                    const std::function<std::string(int)>& run_id, int64_t now_unix_ms,
+                    v1::Sweep* sweep, std::vector<v1::Run>* runs) {
+  sweep->Clear();
+  sweep->set_id(sweep_id);
+  sweep->set_name(plan.name);
+  sweep->set_state(v1::SWEEP_ACTIVE);
+  sweep->mutable_spec()->set_yaml(plan.source_yaml);
+  sweep->mutable_spec()->set_source(plan.source);
+  sweep->set_created_unix_ms(now_unix_ms);
+  sweep->set_runs_total(static_cast<int32_t>(plan.runs.size()));
+  (*sweep->mutable_runs_by_state())[v1::RunState_Name(v1::QUEUED)] = static_cast<int32_t>(plan.runs.size());
+  runs->clear();
+  runs->reserve(plan.runs.size());
+  for (size_t i = 0; i < plan.runs.size(); ++i) {
+    const ExpandedRun& er = plan.runs[i];
+    v1::Run run;
+    run.set_id(run_id(static_cast<int>(i)));
+    run.set_sweep_id(sweep_id);
+    run.set_state(v1::QUEUED);
+    run.mutable_spec()->set_yaml(er.yaml);
+    for (const auto& a : er.axes) (*run.mutable_axes())[a.first] = a.second;
+    // The plan's runs were validated by ExpandSweep; parse for the scheme name and steps.
+    RunConfig config;
+    if (ParseRunConfig(er.yaml, kInternalSource, {}, &config).ok()) {
+      run.set_precision(config.precision.name);
+      run.set_steps(config.steps);
+    }
+    run.set_created_unix_ms(now_unix_ms);
+    run.set_updated_unix_ms(now_unix_ms);
+    runs->push_back(std::move(run));
+  }
+}
+
+}  // namespace keel

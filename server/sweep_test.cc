@@ -1,0 +1,503 @@
+// Tests of sweep parsing and expansion (sweep.h).
+#include "server/sweep.h"
+
+#include <gtest/gtest.h>
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "worker/run_config.h"
+
+namespace keel {
+namespace {
+
+const char kBase[] =
+    "name: t\n"
+    "base:\n"
+    "  model: {type: proxy, layers: 2, width: 64}\n"
+    "  batch: 256\n"
+    "  steps: 300\n"
+    "  optimizer: {type: adam, lr: 6.0e-4}\n";
+
+Status Expand(const std::string& text, SweepPlan* plan, SweepLimits limits = SweepLimits()) {
+  return ExpandSweep(text, "s.yaml", limits, plan);
+}
+
+RunConfig Parse(const ExpandedRun& run) {
+  RunConfig c;
+  Status s = ParseRunConfig(run.yaml, "run", {}, &c);
+  EXPECT_TRUE(s.ok()) << s.message() << "\n" << run.yaml;
+  return c;
+}
+
+std::vector<std::pair<std::string, std::string>> Axes(
+    std::initializer_list<std::pair<std::string, std::string>> a) {
+  return a;
+}
+
+TEST(SweepTest, NoAxesIsOneRunOfBase) {
+  SweepPlan plan;
+  Status s = Expand(kBase, &plan);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(plan.name, "t");
+  ASSERT_EQ(plan.runs.size(), 1u);
+  EXPECT_TRUE(plan.runs[0].axes.empty());
+  RunConfig c = Parse(plan.runs[0]);
+  EXPECT_EQ(c.batch, 256);
+  EXPECT_EQ(c.steps, 300);
+  EXPECT_EQ(c.model.width, 64);
+  EXPECT_EQ(plan.source_yaml, kBase);
+}
+
+TEST(SweepTest, GridIsProductFirstKeySlowest) {
+  SweepPlan plan;
+  Status s = Expand(std::string(kBase) + "axes:\n  - grid: {precision: [bf16, mxfp4], seed: [1, 2, 3]}\n", &plan);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_EQ(plan.runs.size(), 6u);
+  const char* prec[] = {"bf16", "bf16", "bf16", "mxfp4", "mxfp4", "mxfp4"};
+  const int seeds[] = {1, 2, 3, 1, 2, 3};
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(plan.runs[i].axes,
+              Axes({{"precision", prec[i]}, {"seed", std::to_string(seeds[i])}}))
+        << i;
+    RunConfig c = Parse(plan.runs[i]);
+    EXPECT_EQ(c.precision.name, prec[i]);
+    EXPECT_EQ(c.seed, static_cast<uint64_t>(seeds[i]));
+    EXPECT_EQ(c.batch, 256);  // base kept
+  }
+}
+
+TEST(SweepTest, ZipMovesInStepAndMultipliesWithGrid) {
+  SweepPlan plan;
+  Status s = Expand(std::string(kBase) +
+                        "axes:\n"
+                        "  - zip: {optimizer.lr: [1e-3, 6e-4], model.layers: [3, 4]}\n"
+                        "  - grid: {seed: [5, 6]}\n",
+                    &plan);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_EQ(plan.runs.size(), 4u);
+  EXPECT_EQ(plan.runs[0].axes, Axes({{"optimizer.lr", "1e-3"}, {"model.layers", "3"}, {"seed", "5"}}));
+  EXPECT_EQ(plan.runs[1].axes, Axes({{"optimizer.lr", "1e-3"}, {"model.layers", "3"}, {"seed", "6"}}));
+  EXPECT_EQ(plan.runs[2].axes, Axes({{"optimizer.lr", "6e-4"}, {"model.layers", "4"}, {"seed", "5"}}));
+  EXPECT_EQ(plan.runs[3].axes, Axes({{"optimizer.lr", "6e-4"}, {"model.layers", "4"}, {"seed", "6"}}));
+  RunConfig c = Parse(plan.runs[3]);
+  EXPECT_FLOAT_EQ(c.optimizer.lr, 6e-4f);
+  EXPECT_EQ(c.model.layers, 4);
+  EXPECT_EQ(c.model.width, 64);           // the rest of base's model mapping kept
+  EXPECT_EQ(c.optimizer.type, "adam");
+  EXPECT_EQ(c.seed, 6u);
+}
+
+TEST(SweepTest, PresetThenNestedPrecisionPathKeepsPreset) {
+  SweepPlan plan;
+  Status s = Expand(std::string(kBase) + "  precision: mxfp8_e4m3\n" +
+                        "axes:\n  - grid: {precision.rounding: [nearest_even, stochastic]}\n",
+                    &plan);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_EQ(plan.runs.size(), 2u);
+  RunConfig c = Parse(plan.runs[1]);
+  EXPECT_EQ(c.precision.roles[0].format, QuantFormat::kMxfp8E4M3);
+  EXPECT_EQ(c.precision.roles[0].rounding, Rounding::kStochastic);
+}
+
+// The documented generator, written out independently.
+uint64_t SplitMix(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+std::string RandomSweep(int count, int seed) {
+  return std::string(kBase) + "axes:\n  - random: {count: " + std::to_string(count) +
+         ", seed: " + std::to_string(seed) +
+         ", params: {optimizer.lr: {log_uniform: [1e-5, 1e-3]}, model.width: {choice: [64, 128]},"
+         " optimizer.beta2: {uniform: [0.95, 0.999]}}}\n";
+}
+
+TEST(SweepTest, RandomCountRangesAndGenerator) {
+  SweepPlan plan;
+  Status s = Expand(RandomSweep(40, 7), &plan);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_EQ(plan.runs.size(), 40u);
+  std::set<int> widths;
+  uint64_t state = 7;
+  for (const ExpandedRun& run : plan.runs) {
+    ASSERT_EQ(run.axes.size(), 3u);
+    EXPECT_EQ(run.axes[0].first, "optimizer.lr");
+    EXPECT_EQ(run.axes[1].first, "model.width");
+    EXPECT_EQ(run.axes[2].first, "optimizer.beta2");
+    RunConfig c = Parse(run);
+    EXPECT_GE(c.optimizer.lr, 1e-5f);
+    EXPECT_LE(c.optimizer.lr, 1e-3f);
+    EXPECT_GE(c.optimizer.beta2, 0.95f);
+    EXPECT_LE(c.optimizer.beta2, 0.999f);
+    EXPECT_TRUE(c.model.width == 64 || c.model.width == 128) << c.model.width;
+    widths.insert(c.model.width);
+    // Same values as the documented splitmix64 recipe.
+    double u_lr = static_cast<double>(SplitMix(&state) >> 11) / 9007199254740992.0;
+    double u_w = static_cast<double>(SplitMix(&state) >> 11) / 9007199254740992.0;
+    double u_b = static_cast<double>(SplitMix(&state) >> 11) / 9007199254740992.0;
+    char lr[32], b2[32];
+    std::snprintf(lr, sizeof(lr), "%.6g", std::exp(std::log(1e-5) + u_lr * (std::log(1e-3) - std::log(1e-5))));
+    std::snprintf(b2, sizeof(b2), "%.6g", 0.95 + u_b * (0.999 - 0.95));
+    EXPECT_EQ(run.axes[0].second, lr);
+    EXPECT_EQ(run.axes[1].second, u_w < 0.5 ? "64" : "128");
+    EXPECT_EQ(run.axes[2].second, b2);
+  }
+  EXPECT_EQ(widths.size(), 2u);  // 40 draws hit both choices
+}
+
+TEST(SweepTest, RandomIsDeterministicPerSeed) {
+  SweepPlan a, b, c;
+  ASSERT_TRUE(Expand(RandomSweep(5, 7), &a).ok());
+  ASSERT_TRUE(Expand(RandomSweep(5, 7), &b).ok());
+  ASSERT_TRUE(Expand(RandomSweep(5, 8), &c).ok());
+  ASSERT_EQ(a.runs.size(), 5u);
+  for (size_t i = 0; i < a.runs.size(); ++i) {
+    EXPECT_EQ(a.runs[i].axes, b.runs[i].axes);
+    EXPECT_EQ(a.runs[i].yaml, b.runs[i].yaml);
+  }
+  int same = 0;
+  for (size_t i = 0; i < a.runs.size(); ++i) same += a.runs[i].axes == c.runs[i].axes;
+  EXPECT_EQ(same, 0);
+}
+
+TEST(SweepTest, FullProductOfGridZipRandom) {
+  SweepPlan plan;
+  Status s = Expand(std::string(kBase) +
+                        "axes:\n"
+                        "  - grid: {precision: [bf16, mxfp8_e4m3, mxfp6_e2m3, mxfp4], seed: [1, 2]}\n"
+                        "  - zip: {optimizer.lr: [1e-3, 6e-4], model.layers: [2, 4]}\n"
+                        "  - random: {count: 4, seed: 7, params: {optimizer.beta2: {uniform: [0.95, 0.999]}}}\n",
+                    &plan);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(plan.runs.size(), 4u * 2u * 2u * 4u);
+  std::set<std::string> distinct;
+  for (const ExpandedRun& r : plan.runs) {
+    EXPECT_EQ(r.axes.size(), 5u);
+    distinct.insert(r.yaml);
+  }
+  EXPECT_EQ(distinct.size(), plan.runs.size());
+}
+
+TEST(SweepTest, ResourcesAndLimits) {
+  SweepPlan plan;
+  ASSERT_TRUE(Expand(kBase, &plan).ok());
+  EXPECT_EQ(plan.gpus, 0);
+  EXPECT_EQ(plan.cpu_slots, 1);
+  EXPECT_EQ(plan.max_concurrent, 0);
+  EXPECT_EQ(plan.max_restarts, 2);
+  EXPECT_EQ(plan.priority, 0);
+  EXPECT_EQ(plan.policy_yaml, "");
+
+  ASSERT_TRUE(Expand(std::string(kBase) +
+                         "resources: {gpus: 2}\nmax_concurrent: 4\nmax_restarts: 5\npriority: -3\n"
+                         "policy: {detectors: [{kind: spike, window: 50}], action: switch_precision}\n",
+                     &plan)
+                  .ok());
+  EXPECT_EQ(plan.gpus, 2);
+  EXPECT_EQ(plan.cpu_slots, 0);
+  EXPECT_EQ(plan.max_concurrent, 4);
+  EXPECT_EQ(plan.max_restarts, 5);
+  EXPECT_EQ(plan.priority, -3);
+  EXPECT_NE(plan.policy_yaml.find("switch_precision"), std::string::npos) << plan.policy_yaml;
+  EXPECT_NE(plan.policy_yaml.find("spike"), std::string::npos);
+
+  ASSERT_TRUE(Expand(std::string(kBase) + "resources: {cpu_slots: 3}\n", &plan).ok());
+  EXPECT_EQ(plan.gpus, 0);
+  EXPECT_EQ(plan.cpu_slots, 3);
+
+  Status s = Expand(std::string(kBase) + "resources: {gpus: 1, cpu_slots: 1}\n", &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("s.yaml:7:12: resources: gpus and cpu_slots"), std::string::npos) << s.message();
+  s = Expand(std::string(kBase) + "max_concurrent: -1\nmax_restarts: many\npolicy: strict\n", &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("s.yaml:7:17: max_concurrent: -1 is out of range"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("s.yaml:8:15: max_restarts: 'many' is not an integer"), std::string::npos);
+  EXPECT_NE(s.message().find("s.yaml:9:9: policy: expected a mapping"), std::string::npos);
+}
+
+TEST(SweepTest, MaxRunsLimitIsApplied) {
+  SweepPlan plan;
+  SweepLimits limits;
+  limits.max_runs = 5;
+  Status s = Expand(std::string(kBase) + "axes:\n  - grid: {seed: [1, 2, 3], batch: [8, 16]}\n", &plan, limits);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("grid seed (3) x grid batch (2) = 6 runs, more than the limit of 5"),
+            std::string::npos)
+      << s.message();
+  limits.max_runs = 6;
+  EXPECT_TRUE(Expand(std::string(kBase) + "axes:\n  - grid: {seed: [1, 2, 3], batch: [8, 16]}\n", &plan, limits).ok());
+}
+
+TEST(SweepTest, MillionRunGridIsRefusedQuickly) {
+  std::string ten = "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]";
+  std::string text = std::string(kBase) + "axes:\n  - grid: {seed: " + ten + ", batch: " + ten +
+                     ", steps: " + ten + ", model.layers: " + ten + ", model.width: " + ten +
+                     ", log_every: " + ten + "}\n";
+  SweepPlan plan;
+  plan.name = "untouched";
+  auto t0 = std::chrono::steady_clock::now();
+  Status s = Expand(text, &plan);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(s.ok());
+  EXPECT_LT(seconds, 1.0);
+  EXPECT_NE(s.message().find("= 1000000 runs, more than the limit of 10000"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("grid seed (10) x grid batch (10)"), std::string::npos);
+  EXPECT_NE(s.message().find("s.yaml:8:3: axes:"), std::string::npos);
+  EXPECT_EQ(plan.name, "untouched");
+  EXPECT_TRUE(plan.runs.empty());
+
+  // A random count is checked before anything is sampled.
+  t0 = std::chrono::steady_clock::now();
+  s = Expand(std::string(kBase) + "axes:\n  - random: {count: 1000000000000, seed: 1, params: {seed: {uniform: [0, 9]}}}\n",
+             &plan);
+  seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(s.ok());
+  EXPECT_LT(seconds, 1.0);
+  EXPECT_NE(s.message().find("random (1000000000000) = 1000000000000 runs"), std::string::npos) << s.message();
+}
+
+TEST(SweepTest, SweepAtTheLimitExpandsFully) {
+  std::string hundred = "[";
+  for (int i = 1; i <= 100; ++i) hundred += std::to_string(i) + (i < 100 ? ", " : "]");
+  SweepPlan plan;
+  Status s = Expand(std::string(kBase) + "axes:\n  - grid: {seed: " + hundred + ", steps: " + hundred + "}\n", &plan);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_EQ(plan.runs.size(), 10000u);
+  EXPECT_EQ(plan.runs[9999].axes, Axes({{"seed", "100"}, {"steps", "100"}}));
+  EXPECT_EQ(Parse(plan.runs[150]).steps, 51);
+}
+
+TEST(SweepTest, UnknownSchemeInAxisPointsAtTheValue) {
+  SweepPlan plan;
+  plan.name = "untouched";
+  Status s = Expand(std::string(kBase) + "axes:\n  - grid: {seed: [1], precision: [bf16, mxfp9, mxfp4]}\n", &plan);
+  ASSERT_FALSE(s.ok());
+  // Line 8, column of "mxfp9".
+  EXPECT_EQ(s.message().rfind("s.yaml:8:41: precision: ", 0), 0u) << s.message();
+  EXPECT_NE(s.message().find("mxfp9"), std::string::npos);
+  EXPECT_NE(s.message().find(PresetNames()), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find('\n'), std::string::npos) << "one error only:\n" << s.message();
+  EXPECT_EQ(plan.name, "untouched");
+}
+
+TEST(SweepTest, BadValueInBlockListAndRandomChoice) {
+  SweepPlan plan;
+  Status s = Expand(std::string(kBase) +
+                        "axes:\n"
+                        "  - grid:\n"
+                        "      batch:\n"
+                        "        - 16\n"
+                        "        - -4\n"
+                        "  - random: {count: 30, seed: 3, params: {model.width: {choice: [64, 0]}}}\n",
+                    &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("s.yaml:11:11: batch: -4 is out of range (allowed: 1 .."), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("s.yaml:12:70: model.width: 0 is out of range"), std::string::npos) << s.message();
+}
+
+TEST(SweepTest, NegativeBatchInBasePointsAtBase) {
+  SweepPlan plan;
+  std::string text =
+      "# comment\n"
+      "name: t\n"
+      "axes:\n"
+      "  - grid: {seed: [1, 2]}\n"
+      "base:\n"
+      "  model: {type: proxy, layers: 2, width: 64}\n"
+      "  batch: -5\n"
+      "max_concurrent: 1\n";
+  Status s = Expand(text, &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "s.yaml:7:10: base.batch: -5 is out of range (allowed: 1 .. 16777216)");
+
+  // Flow-style base on the key's line.
+  s = Expand("name: t\nbase: {steps: 10, model: {type: proxy, width: -1}}\n", &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message().rfind("s.yaml:2:47: base.model.width: -1 is out of range", 0), 0u) << s.message();
+}
+
+TEST(SweepTest, UnknownKeyInBaseListsAllowed) {
+  SweepPlan plan;
+  Status s = Expand("name: t\nbase:\n  steps: 10\n  bach: 3\n", &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message().rfind("s.yaml:4:3: base.bach: unknown key (allowed: backend, batch,", 0), 0u)
+      << s.message();
+}
+
+TEST(SweepTest, ZipLengthMismatch) {
+  SweepPlan plan;
+  Status s = Expand(std::string(kBase) + "axes:\n  - zip: {optimizer.lr: [1e-3, 6e-4], model.layers: [2, 4, 8]}\n",
+                    &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(),
+            "s.yaml:8:53: axes[0].zip.model.layers: has 3 values but optimizer.lr has 2 "
+            "(allowed: lists of equal length in a zip)");
+}
+
+TEST(SweepTest, UnknownKeysAreErrorsWithAllowedList) {
+  SweepPlan plan;
+  Status s = Expand(std::string(kBase) + "axis: []\n", &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(),
+            "s.yaml:7:1: axis: unknown key (allowed: name, base, axes, resources, max_concurrent, "
+            "max_restarts, priority, policy)");
+
+  s = Expand(std::string(kBase) + "axes:\n  - grid: {optimizer.lrr: [1e-3]}\n  - cross: {seed: [1]}\n"
+                                  "resources: {tpus: 1}\n",
+             &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("s.yaml:8:12: optimizer.lrr: unknown key (allowed: "), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("s.yaml:9:5: axes[1].cross: unknown axis kind (allowed: grid, zip, random)"),
+            std::string::npos);
+  EXPECT_NE(s.message().find("s.yaml:10:13: resources.tpus: unknown key (allowed: gpus, cpu_slots)"),
+            std::string::npos);
+
+  s = Expand(std::string(kBase) +
+                 "axes:\n  - random: {count: 2, seed: 1, extra: 1, params: {seed: {normal: [0, 1]}}}\n",
+             &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("axes[0].random.extra: unknown key (allowed: count, seed, params)"),
+            std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("unknown distribution 'normal' (allowed: uniform, log_uniform, choice)"),
+            std::string::npos);
+}
+
+TEST(SweepTest, MissingAndMalformedTopLevel) {
+  SweepPlan plan;
+  Status s = Expand("base: {steps: 10}\n", &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("name: missing"), std::string::npos) << s.message();
+  s = Expand("name: a/b\n", &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("s.yaml:1:7: name: 'a/b' is not allowed (allowed: [A-Za-z0-9_.-]+)"),
+            std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("base: missing"), std::string::npos);
+  s = Expand("name: [unclosed\n", &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("invalid YAML"), std::string::npos) << s.message();
+}
+
+TEST(SweepTest, EveryErrorIsReportedTogether) {
+  SweepPlan plan;
+  plan.name = "untouched";
+  std::string text = std::string(kBase) +
+                     "axes:\n"
+                     "  - grid: {precision: [mxfp9]}\n"
+                     "  - zip: {seed: [1, 2], batch: [8]}\n"
+                     "  - grid: {seed: [3]}\n"
+                     "prio: 1\n"
+                     "max_restarts: -1\n";
+  Status s = Expand(text, &plan);
+  ASSERT_FALSE(s.ok());
+  const std::string& m = s.message();
+  EXPECT_NE(m.find("s.yaml:8:24: precision: unknown"), std::string::npos) << m;
+  EXPECT_NE(m.find("s.yaml:9:32: axes[1].zip.batch: has 1 values but seed has 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("s.yaml:10:12: axes[2].grid: 'seed' is already swept at line 9"), std::string::npos) << m;
+  EXPECT_NE(m.find("s.yaml:11:1: prio: unknown key"), std::string::npos) << m;
+  EXPECT_NE(m.find("s.yaml:12:15: max_restarts: -1 is out of range"), std::string::npos) << m;
+  EXPECT_EQ(std::count(m.begin(), m.end(), '\n'), 4) << m;
+  EXPECT_LT(m.find("s.yaml:8:24"), m.find("s.yaml:9:32")) << "in file order:\n" << m;
+  EXPECT_LT(m.find("s.yaml:11:1"), m.find("s.yaml:12:15")) << m;
+  EXPECT_EQ(plan.name, "untouched");
+}
+
+TEST(SweepTest, CombinationErrorsNameTheRun) {
+  // Each value is valid alone; gpt heads 3 does not divide width 64.
+  SweepPlan plan;
+  std::string text =
+      "name: t\n"
+      "base:\n"
+      "  model: {type: gpt, layers: 1, width: 48, heads: 4, context: 16, vocab: 256}\n"
+      "  data: {train: x.bin}\n"
+      "axes:\n"
+      "  - grid: {model.width: [48, 64], model.heads: [4, 3]}\n";
+  Status s = Expand(text, &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("model.heads: 3 does not divide model.width 64 (in run 3: model.width=64, model.heads=3)"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(s.message().rfind("s.yaml:6:52: ", 0), 0u) << s.message();  // the heads value 3
+  EXPECT_TRUE(plan.runs.empty());
+}
+
+// The demo sweep, a data dependency (runfiles path from the test's directory).
+std::string ReadDemo() {
+  std::ifstream in("examples/demo-sweep.yaml");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(SweepTest, DemoSweepExpandsToEightParsingRuns) {
+  std::string text = ReadDemo();
+  ASSERT_FALSE(text.empty()) << "examples/demo-sweep.yaml not found";
+  SweepPlan plan;
+  Status s = ExpandSweep(text, "examples/demo-sweep.yaml", SweepLimits(), &plan);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(plan.name, "demo");
+  ASSERT_EQ(plan.runs.size(), 8u);
+  std::set<std::pair<std::string, uint64_t>> seen;
+  for (const ExpandedRun& run : plan.runs) {
+    RunConfig c = Parse(run);
+    EXPECT_EQ(c.model.type, "proxy");
+    EXPECT_EQ(c.model.layers, 2);
+    EXPECT_EQ(c.model.width, 64);
+    EXPECT_EQ(c.batch, 256);
+    EXPECT_EQ(c.steps, 300);
+    EXPECT_EQ(c.backend, "cpu");
+    seen.insert({c.precision.name, c.seed});
+  }
+  std::set<std::pair<std::string, uint64_t>> want;
+  for (const char* p : {"bf16", "mxfp8_e4m3", "mxfp6_e2m3", "mxfp4"}) {
+    for (uint64_t seed : {1, 2}) want.insert({p, seed});
+  }
+  EXPECT_EQ(seen, want);
+}
+
+TEST(SweepTest, PlanToMessagesFillsSweepAndRuns) {
+  SweepPlan plan;
+  ASSERT_TRUE(ExpandSweep(std::string(kBase) + "axes:\n  - grid: {precision: [bf16, mxfp4]}\nresources: {gpus: 1}\n",
+                          "sweep.yaml", SweepLimits(), &plan)
+                  .ok());
+  v1::Sweep sweep;
+  std::vector<v1::Run> runs = {v1::Run()};
+  PlanToMessages(plan, "sw1", [](int i) { return "sw1-r" + std::to_string(i); }, 1234, &sweep, &runs);
+  EXPECT_EQ(sweep.id(), "sw1");
+  EXPECT_EQ(sweep.name(), "t");
+  EXPECT_EQ(sweep.state(), v1::SWEEP_ACTIVE);
+  EXPECT_EQ(sweep.spec().yaml(), plan.source_yaml);
+  EXPECT_EQ(sweep.spec().source(), "sweep.yaml");
+  EXPECT_EQ(sweep.created_unix_ms(), 1234);
+  EXPECT_EQ(sweep.runs_total(), 2);
+  EXPECT_EQ(sweep.runs_by_state().at("QUEUED"), 2);
+  ASSERT_EQ(runs.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(runs[i].id(), "sw1-r" + std::to_string(i));
+    EXPECT_EQ(runs[i].sweep_id(), "sw1");
+    EXPECT_EQ(runs[i].state(), v1::QUEUED);
+    EXPECT_EQ(runs[i].spec().yaml(), plan.runs[i].yaml);
+    EXPECT_EQ(runs[i].steps(), 300);
+    EXPECT_EQ(runs[i].created_unix_ms(), 1234);
+    EXPECT_EQ(runs[i].updated_unix_ms(), 1234);
+  }
+  EXPECT_EQ(runs[0].precision(), "bf16");
+  EXPECT_EQ(runs[1].precision(), "mxfp4");
+  EXPECT_EQ(runs[1].axes().at("precision"), "mxfp4");
+}
+
+}  // namespace
+}  // namespace keel
