@@ -1,0 +1,693 @@
+// keeld's logic (see coordinator.h).
+#include "server/coordinator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "server/scheduler.h"
+#include "worker/scheme.h"
+
+namespace keel {
+namespace {
+
+bool Terminal(v1::RunState s) {
+  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED || s == v1::DIVERGED;
+}
+
+bool Active(v1::RunState s) { return s == v1::ASSIGNED || s == v1::RUNNING; }
+
+// keel-train's exit status when SIGINT/SIGTERM stopped it after a checkpoint.
+constexpr int kTrainerInterrupted = 130;
+
+}  // namespace
+
+// ---- Subscription ----------------------------------------------------------------
+
+bool Subscription::Next(int timeout_ms, std::vector<v1::WatchUpdate>* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return closed_ || !updates_.empty(); });
+  out->assign(updates_.begin(), updates_.end());
+  updates_.clear();
+  return !(closed_ && out->empty());
+}
+
+void Subscription::Push(const v1::WatchUpdate& update) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (updates_.size() < 100000) updates_.push_back(update);  // a stalled watcher cannot eat keeld's memory
+  cv_.notify_all();
+}
+
+void Subscription::Close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  closed_ = true;
+  cv_.notify_all();
+}
+
+// ---- Setup ---------------------------------------------------------------------------
+
+Coordinator::Coordinator(std::unique_ptr<Store> store, CoordinatorOptions options)
+    : store_(std::move(store)), options_(std::move(options)) {}
+
+Coordinator::~Coordinator() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& s : subscribers_) s.second->Close();
+}
+
+int64_t Coordinator::Now() const {
+  if (options_.now_ms) return options_.now_ms();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+Status Coordinator::Open(std::unique_ptr<Store> store, CoordinatorOptions options,
+                         std::unique_ptr<Coordinator>* out) {
+  std::unique_ptr<Coordinator> c(new Coordinator(std::move(store), std::move(options)));
+  {
+    std::lock_guard<std::mutex> lock(c->mu_);
+    KEEL_RETURN_IF_ERROR(c->Load());
+  }
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+Status Coordinator::Load() {
+  std::vector<v1::Sweep> sweeps;
+  KEEL_RETURN_IF_ERROR(store_->ListSweeps(&sweeps));
+  for (const v1::Sweep& s : sweeps) sweeps_[s.id()] = s;
+  std::vector<v1::Run> runs;
+  KEEL_RETURN_IF_ERROR(store_->ListRuns("", &runs));
+  for (const v1::Run& r : runs) runs_[r.id()] = r;
+  std::vector<v1::Worker> workers;
+  KEEL_RETURN_IF_ERROR(store_->ListWorkers(&workers));
+  const int64_t grace = Now() + options_.lease_ms;
+  for (v1::Worker& w : workers) {
+    w.set_connected(false);
+    WorkerState& state = workers_[w.id()];
+    state.record = w;
+    state.lease_expires_ms = grace;  // a lease to come back and re-attach its runs
+  }
+  // Ids stay unique across restarts: continue after the largest counter used.
+  for (const auto& r : runs_) {
+    size_t dash = r.first.rfind('-');
+    if (dash != std::string::npos) id_counter_ = std::max<uint64_t>(id_counter_, std::strtoull(r.first.c_str() + dash + 1, nullptr, 10));
+  }
+  for (const auto& s : sweeps_) {
+    size_t dash = s.first.rfind('-');
+    if (dash != std::string::npos) id_counter_ = std::max<uint64_t>(id_counter_, std::strtoull(s.first.c_str() + dash + 1, nullptr, 10));
+  }
+  for (const auto& w : workers_) {
+    size_t dash = w.first.rfind('-');
+    if (dash != std::string::npos) id_counter_ = std::max<uint64_t>(id_counter_, std::strtoull(w.first.c_str() + dash + 1, nullptr, 10));
+  }
+  return Status::Ok();
+}
+
+std::string Coordinator::NewId(const std::string& prefix) { return prefix + "-" + std::to_string(++id_counter_); }
+
+grpc::Status Coordinator::FromStatus(const Status& status) const {
+  if (status.ok()) return grpc::Status::OK;
+  if (IsNotFound(status)) return grpc::Status(grpc::StatusCode::NOT_FOUND, status.message());
+  return grpc::Status(grpc::StatusCode::INTERNAL, status.message());
+}
+
+void Coordinator::Publish(const v1::WatchUpdate& update, const std::string& run_id, const std::string& sweep_id) {
+  for (auto& s : subscribers_) {
+    if (s.first == run_id || s.first == sweep_id) s.second->Push(update);
+  }
+}
+
+// Stores a run's new state with an event, then tells its watchers.
+Status Coordinator::SaveRun(v1::Run* run, const std::string& event_kind, const std::string& message) {
+  run->set_updated_unix_ms(Now());
+  KEEL_RETURN_IF_ERROR(store_->UpdateRun(*run));
+  runs_[run->id()] = *run;
+  progress_dirty_.erase(run->id());
+  v1::WatchUpdate update;
+  *update.mutable_run() = *run;
+  Publish(update, run->id(), run->sweep_id());
+  if (!event_kind.empty()) {
+    v1::Event e;
+    e.set_run_id(run->id());
+    e.set_step(run->step());
+    e.set_unix_ms(Now());
+    e.set_kind(event_kind);
+    e.set_message(message);
+    (*e.mutable_details())["state"] = v1::RunState_Name(run->state());
+    KEEL_RETURN_IF_ERROR(store_->AppendEvent(e));
+    v1::WatchUpdate event_update;
+    *event_update.mutable_event() = e;
+    Publish(event_update, run->id(), run->sweep_id());
+  }
+  return Status::Ok();
+}
+
+// ---- Users -------------------------------------------------------------------------------
+
+grpc::Status Coordinator::SubmitSweep(const v1::SweepSpec& spec, v1::SubmitSweepResponse* out) {
+  SweepPlan plan;
+  const std::string source = spec.source().empty() ? "sweep.yaml" : spec.source();
+  Status s = ExpandSweep(spec.yaml(), source, options_.limits, &plan);
+  if (!s.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, s.message());
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string sweep_id = NewId("sweep");
+  const uint64_t first_run = id_counter_ + 1;
+  id_counter_ += plan.runs.size();
+  v1::Sweep sweep;
+  std::vector<v1::Run> runs;
+  PlanToMessages(plan, sweep_id, [&](int i) { return "run-" + std::to_string(first_run + i); }, Now(), &sweep,
+                 &runs);
+  sweep.set_max_concurrent(plan.max_concurrent);
+  sweep.set_max_restarts(plan.max_restarts);
+  sweep.set_priority(plan.priority);
+  sweep.set_gpus(plan.gpus);
+  sweep.set_cpu_slots(plan.cpu_slots);
+  sweep.mutable_policy()->set_yaml(plan.policy_yaml);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    runs[i].set_gpus(plan.gpus);
+    runs[i].set_cpu_slots(plan.gpus > 0 ? 0 : plan.cpu_slots);
+    runs[i].set_priority(plan.priority);
+    runs[i].set_max_restarts(plan.max_restarts);
+    runs[i].set_index(static_cast<int32_t>(i));
+  }
+  s = store_->CreateSweep(sweep, runs);
+  if (!s.ok()) return FromStatus(s);
+  sweeps_[sweep_id] = sweep;
+  for (const v1::Run& r : runs) runs_[r.id()] = r;
+  *out->mutable_sweep() = sweep;
+  for (const v1::Run& r : runs) *out->add_runs() = r;
+  Schedule();
+  return grpc::Status::OK;
+}
+
+grpc::Status Coordinator::GetSweep(const std::string& id, v1::Sweep* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sweeps_.find(id);
+  if (it == sweeps_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "sweep '" + id + "' not found");
+  *out = it->second;
+  out->clear_runs_by_state();
+  int total = 0;
+  for (const auto& r : runs_) {
+    if (r.second.sweep_id() != id) continue;
+    ++(*out->mutable_runs_by_state())[v1::RunState_Name(r.second.state())];
+    ++total;
+  }
+  out->set_runs_total(total);
+  return grpc::Status::OK;
+}
+
+grpc::Status Coordinator::ListSweeps(v1::ListSweepsResponse* out) {
+  std::vector<std::string> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& s : sweeps_) ids.push_back(s.first);
+  }
+  std::vector<v1::Sweep> sweeps;
+  for (const std::string& id : ids) {
+    v1::Sweep s;
+    if (GetSweep(id, &s).ok()) sweeps.push_back(s);
+  }
+  std::sort(sweeps.begin(), sweeps.end(), [](const v1::Sweep& a, const v1::Sweep& b) {
+    return a.created_unix_ms() != b.created_unix_ms() ? a.created_unix_ms() < b.created_unix_ms() : a.id() < b.id();
+  });
+  for (v1::Sweep& s : sweeps) *out->add_sweeps() = std::move(s);
+  return grpc::Status::OK;
+}
+
+grpc::Status Coordinator::CancelSweep(const std::string& id, v1::Sweep* out) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sweeps_.find(id);
+    if (it == sweeps_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "sweep '" + id + "' not found");
+    std::vector<std::string> ids;
+    for (const auto& r : runs_) {
+      if (r.second.sweep_id() == id && !Terminal(r.second.state())) ids.push_back(r.first);
+    }
+    for (const std::string& run_id : ids) {
+      v1::Run run = runs_[run_id];
+      if (Active(run.state())) {
+        cancel_requested_.insert(run_id);
+        auto w = workers_.find(run.worker_id());
+        v1::WorkerCommand c;
+        c.mutable_cancel()->set_run_id(run_id);
+        if (w != workers_.end() && w->second.send) w->second.send(c);
+      } else {
+        run.set_state(v1::CANCELLED);
+        run.set_message("cancelled by the user");
+        Status s = SaveRun(&run, "state", "cancelled by the user");
+        if (!s.ok()) return FromStatus(s);
+      }
+    }
+    v1::Sweep sweep = it->second;
+    sweep.set_state(v1::SWEEP_CANCELLED);
+    Status s = store_->UpdateSweep(sweep);
+    if (!s.ok()) return FromStatus(s);
+    it->second = sweep;
+  }
+  return GetSweep(id, out);
+}
+
+grpc::Status Coordinator::ListRuns(const std::string& sweep_id, v1::ListRunsResponse* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!sweep_id.empty() && !sweeps_.count(sweep_id)) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "sweep '" + sweep_id + "' not found");
+  }
+  std::vector<const v1::Run*> runs;
+  for (const auto& r : runs_) {
+    if (sweep_id.empty() || r.second.sweep_id() == sweep_id) runs.push_back(&r.second);
+  }
+  std::sort(runs.begin(), runs.end(), [](const v1::Run* a, const v1::Run* b) {
+    if (a->created_unix_ms() != b->created_unix_ms()) return a->created_unix_ms() < b->created_unix_ms();
+    if (a->sweep_id() != b->sweep_id()) return a->sweep_id() < b->sweep_id();
+    return a->index() < b->index();
+  });
+  for (const v1::Run* r : runs) *out->add_runs() = *r;
+  return grpc::Status::OK;
+}
+
+grpc::Status Coordinator::GetRun(const std::string& id, v1::Run* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = runs_.find(id);
+  if (it == runs_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "run '" + id + "' not found");
+  *out = it->second;
+  return grpc::Status::OK;
+}
+
+grpc::Status Coordinator::CancelRun(const std::string& id, v1::Run* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = runs_.find(id);
+  if (it == runs_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "run '" + id + "' not found");
+  v1::Run run = it->second;
+  if (Terminal(run.state())) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "run '" + id + "' already ended (" + v1::RunState_Name(run.state()) + ")");
+  }
+  if (Active(run.state())) {
+    // The trainer checkpoints and exits; the exit makes the run CANCELLED.
+    cancel_requested_.insert(id);
+    auto w = workers_.find(run.worker_id());
+    v1::WorkerCommand c;
+    c.mutable_cancel()->set_run_id(id);
+    if (w != workers_.end() && w->second.send) w->second.send(c);
+  } else {
+    run.set_state(v1::CANCELLED);
+    run.set_message("cancelled by the user");
+    Status s = SaveRun(&run, "state", "cancelled by the user");
+    if (!s.ok()) return FromStatus(s);
+    FinishSweepIfDone(run.sweep_id());
+  }
+  *out = runs_[id];
+  return grpc::Status::OK;
+}
+
+grpc::Status Coordinator::GetMetrics(const v1::GetMetricsRequest& request, v1::GetMetricsResponse* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!runs_.count(request.run_id())) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "run '" + request.run_id() + "' not found");
+  }
+  if (request.max_points() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "max_points: " + std::to_string(request.max_points()) + " is not allowed (>= 0; 0 = all)");
+  }
+  std::vector<v1::MetricPoint> points;
+  Status s = store_->GetMetrics(request.run_id(), request.max_points(), &points);
+  if (!s.ok()) return FromStatus(s);
+  for (v1::MetricPoint& p : points) *out->add_points() = std::move(p);
+  return grpc::Status::OK;
+}
+
+grpc::Status Coordinator::ListEvents(const v1::ListEventsRequest& request, v1::ListEventsResponse* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::Event> events;
+  Status s = store_->ListEvents(request.run_id(), request.sweep_id(), &events);
+  if (!s.ok()) return FromStatus(s);
+  for (v1::Event& e : events) *out->add_events() = std::move(e);
+  return grpc::Status::OK;
+}
+
+grpc::Status Coordinator::Intervene(const v1::InterveneRequest& request, v1::InterveneResponse* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = runs_.find(request.run_id());
+  if (it == runs_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "run '" + request.run_id() + "' not found");
+  if (request.precision().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "precision: empty (a preset name, e.g. bf16)");
+  }
+  PrecisionScheme scheme;
+  Status s = SchemeFromPreset(request.precision(), &scheme);
+  if (!s.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, s.message());
+  if (request.rollback_steps() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "rollback_steps: " + std::to_string(request.rollback_steps()) + " is not allowed (>= 0)");
+  }
+  v1::Run run = it->second;
+  if (!Active(run.state())) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "run '" + run.id() + "' is " + v1::RunState_Name(run.state()) + ", not running");
+  }
+  v1::Event e;
+  e.set_run_id(run.id());
+  e.set_step(run.step());
+  e.set_unix_ms(Now());
+  e.set_kind(request.rollback_steps() > 0 ? "rollback" : "switch_precision");
+  e.set_message("requested by the user: switch to " + request.precision() +
+                (request.rollback_steps() > 0 ? " after rolling back " + std::to_string(request.rollback_steps()) + " steps" : "") +
+                (request.reason().empty() ? "" : " (" + request.reason() + ")"));
+  (*e.mutable_details())["precision"] = request.precision();
+  (*e.mutable_details())["rollback_steps"] = std::to_string(request.rollback_steps());
+  (*e.mutable_details())["from"] = run.precision();
+  s = store_->AppendEvent(e);
+  if (!s.ok()) return FromStatus(s);
+  v1::WorkerCommand c;
+  if (request.rollback_steps() > 0) {
+    c.mutable_rollback()->set_run_id(run.id());
+    c.mutable_rollback()->set_steps(request.rollback_steps());
+    c.mutable_rollback()->set_precision(request.precision());
+    c.mutable_rollback()->set_reason(request.reason());
+  } else {
+    c.mutable_switch_precision()->set_run_id(run.id());
+    c.mutable_switch_precision()->set_precision(request.precision());
+    c.mutable_switch_precision()->set_reason(request.reason());
+  }
+  auto w = workers_.find(run.worker_id());
+  if (w != workers_.end() && w->second.send) w->second.send(c);
+  v1::WatchUpdate update;
+  *update.mutable_event() = e;
+  Publish(update, run.id(), run.sweep_id());
+  *out->mutable_event() = e;
+  return grpc::Status::OK;
+}
+
+grpc::Status Coordinator::ListWorkers(v1::ListWorkersResponse* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& w : workers_) {
+    v1::Worker record = w.second.record;
+    record.clear_run_ids();
+    for (const auto& r : runs_) {
+      if (Active(r.second.state()) && r.second.worker_id() == w.first) record.add_run_ids(r.first);
+    }
+    for (v1::Device& d : *record.mutable_devices()) {
+      d.clear_run_id();
+      for (const auto& r : runs_) {
+        if (!Active(r.second.state()) || r.second.worker_id() != w.first) continue;
+        for (int32_t g : r.second.device_indices()) {
+          if (g == d.index()) d.set_run_id(r.first);
+        }
+      }
+    }
+    record.set_lease_expires_unix_ms(w.second.lease_expires_ms);
+    *out->add_workers() = record;
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status Coordinator::Watch(const std::string& id, std::shared_ptr<Subscription>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool is_run = runs_.count(id) > 0;
+  if (!is_run && !sweeps_.count(id)) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "'" + id + "' is neither a run nor a sweep");
+  }
+  auto sub = std::make_shared<Subscription>();
+  for (const auto& r : runs_) {
+    if (r.first == id || r.second.sweep_id() == id) {
+      v1::WatchUpdate u;
+      *u.mutable_run() = r.second;
+      sub->Push(u);
+    }
+  }
+  subscribers_.emplace_back(id, sub);
+  *out = sub;
+  return grpc::Status::OK;
+}
+
+void Coordinator::Unwatch(const std::shared_ptr<Subscription>& subscription) {
+  std::lock_guard<std::mutex> lock(mu_);
+  subscribers_.erase(std::remove_if(subscribers_.begin(), subscribers_.end(),
+                                    [&](const auto& s) { return s.second == subscription; }),
+                     subscribers_.end());
+}
+
+// ---- Workers ------------------------------------------------------------------------------
+
+grpc::Status Coordinator::RegisterWorker(const v1::RegisterRequest& request, v1::RegisterResponse* out) {
+  if (request.devices_size() == 0 && request.cpu_slots() <= 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "cpu_slots: " + std::to_string(request.cpu_slots()) + " with no devices (offer GPUs or >= 1 CPU slot)");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string id = request.worker_id();
+  if (id.empty() || !workers_.count(id)) id = NewId("worker");
+  WorkerState& w = workers_[id];
+  w.record.set_id(id);
+  w.record.set_host(request.host());
+  w.record.clear_devices();
+  for (const v1::Device& d : request.devices()) *w.record.add_devices() = d;
+  w.record.set_cpu_slots(request.devices_size() > 0 ? 0 : request.cpu_slots());
+  w.lease_expires_ms = Now() + options_.lease_ms;
+  Status s = store_->UpsertWorker(w.record);
+  if (!s.ok()) return FromStatus(s);
+  // Runs this worker had but no longer runs (it restarted) go back to the queue.
+  std::set<std::string> live(request.live_run_ids().begin(), request.live_run_ids().end());
+  ReleaseWorkerRuns(id, live, "worker " + id + " came back without it");
+  out->set_worker_id(id);
+  out->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
+  out->set_lease_ms(options_.lease_ms);
+  return grpc::Status::OK;
+}
+
+grpc::Status Coordinator::AttachWorker(const std::string& worker_id,
+                                       std::function<bool(const v1::WorkerCommand&)> send, uint64_t* stream_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "worker '" + worker_id + "' is not registered");
+  }
+  it->second.send = std::move(send);
+  it->second.stream_id = ++stream_counter_;
+  *stream_id = it->second.stream_id;
+  it->second.record.set_connected(true);
+  it->second.lease_expires_ms = Now() + options_.lease_ms;
+  store_->UpsertWorker(it->second.record);
+  Schedule();
+  return grpc::Status::OK;
+}
+
+void Coordinator::DetachWorker(const std::string& worker_id, uint64_t stream_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.stream_id != stream_id) return;
+  // Its runs keep their place until the lease runs out: the worker may reconnect.
+  it->second.send = nullptr;
+  it->second.record.set_connected(false);
+  store_->UpsertWorker(it->second.record);
+}
+
+void Coordinator::HandleWorkerMessage(const std::string& worker_id, const v1::WorkerMessage& m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto w = workers_.find(worker_id);
+  if (w == workers_.end()) return;
+  w->second.lease_expires_ms = Now() + options_.lease_ms;
+  auto run_of = [&](const std::string& run_id) -> v1::Run* {
+    auto it = runs_.find(run_id);
+    // Messages about a run this worker no longer holds (it was requeued) are stale.
+    if (it == runs_.end() || it->second.worker_id() != worker_id || !Active(it->second.state())) return nullptr;
+    return &it->second;
+  };
+  if (m.has_started()) {
+    if (v1::Run* r = run_of(m.started().run_id())) {
+      v1::Run run = *r;
+      run.set_state(v1::RUNNING);
+      SaveRun(&run, "state", "trainer started on " + worker_id + " (pid " + std::to_string(m.started().pid()) + ")");
+    }
+  } else if (m.has_metric()) {
+    if (v1::Run* r = run_of(m.metric().run_id())) {
+      if (store_->AppendMetrics({m.metric()}).ok()) ++counters_.metric_points;
+      r->set_step(m.metric().step());
+      r->set_loss(m.metric().loss());
+      progress_dirty_.insert(r->id());
+      v1::WatchUpdate u;
+      *u.mutable_metric() = m.metric();
+      Publish(u, r->id(), r->sweep_id());
+    }
+  } else if (m.has_checkpoint()) {
+    if (v1::Run* r = run_of(m.checkpoint().run_id())) {
+      v1::Run run = *r;
+      run.set_checkpoint(m.checkpoint().path());
+      SaveRun(&run, "", "");
+    }
+  } else if (m.has_event()) {
+    v1::Event e = m.event();
+    if (runs_.count(e.run_id())) {
+      store_->AppendEvent(e);
+      v1::WatchUpdate u;
+      *u.mutable_event() = e;
+      Publish(u, e.run_id(), runs_[e.run_id()].sweep_id());
+    }
+  } else if (m.has_exit()) {
+    if (v1::Run* r = run_of(m.exit().run_id())) {
+      v1::Run run = *r;
+      run.clear_device_indices();
+      const int code = m.exit().exit_code();
+      std::string how = m.exit().signal() ? "killed by signal " + std::to_string(m.exit().signal())
+                                          : "exit code " + std::to_string(code);
+      if (!m.exit().message().empty()) how += ": " + m.exit().message();
+      if (cancel_requested_.count(run.id())) {
+        cancel_requested_.erase(run.id());
+        run.set_state(v1::CANCELLED);
+        run.set_message("cancelled by the user");
+        SaveRun(&run, "state", "cancelled by the user (" + how + ")");
+      } else if (code == 0) {
+        run.set_state(v1::SUCCEEDED);
+        run.set_message("");
+        SaveRun(&run, "state", "finished");
+      } else {
+        RequeueOrFail(&run, "trainer " + how);
+      }
+      FinishSweepIfDone(run.sweep_id());
+    }
+  }
+  Schedule();
+}
+
+void Coordinator::RequeueOrFail(v1::Run* run, const std::string& why) {
+  run->clear_device_indices();
+  if (run->restarts() < run->max_restarts()) {
+    run->set_restarts(run->restarts() + 1);
+    run->set_state(v1::QUEUED);
+    run->set_worker_id("");
+    run->set_message(why);
+    ++counters_.restarts;
+    SaveRun(run, "restart",
+            why + "; restart " + std::to_string(run->restarts()) + " of " + std::to_string(run->max_restarts()) +
+                (run->checkpoint().empty() ? " from the beginning" : " from " + run->checkpoint()));
+  } else {
+    run->set_state(v1::FAILED);
+    run->set_message(why);
+    SaveRun(run, "state", why + "; no restarts left (max_restarts " + std::to_string(run->max_restarts()) + ")");
+  }
+}
+
+void Coordinator::ReleaseWorkerRuns(const std::string& worker_id, const std::set<std::string>& keep,
+                                    const std::string& why) {
+  std::vector<std::string> ids;
+  for (const auto& r : runs_) {
+    if (Active(r.second.state()) && r.second.worker_id() == worker_id && !keep.count(r.first)) ids.push_back(r.first);
+  }
+  for (const std::string& id : ids) {
+    v1::Run run = runs_[id];
+    if (cancel_requested_.count(id)) {
+      cancel_requested_.erase(id);
+      run.set_state(v1::CANCELLED);
+      run.clear_device_indices();
+      SaveRun(&run, "state", "cancelled by the user (" + why + ")");
+    } else {
+      RequeueOrFail(&run, why);
+    }
+    FinishSweepIfDone(run.sweep_id());
+  }
+}
+
+void Coordinator::FinishSweepIfDone(const std::string& sweep_id) {
+  auto it = sweeps_.find(sweep_id);
+  if (it == sweeps_.end() || it->second.state() != v1::SWEEP_ACTIVE) return;
+  for (const auto& r : runs_) {
+    if (r.second.sweep_id() == sweep_id && !Terminal(r.second.state())) return;
+  }
+  v1::Sweep sweep = it->second;
+  sweep.set_state(v1::SWEEP_DONE);
+  if (store_->UpdateSweep(sweep).ok()) it->second = sweep;
+}
+
+void Coordinator::Schedule() {
+  std::vector<v1::Run> queued;
+  std::map<std::string, int> active;
+  for (const auto& r : runs_) {
+    if (r.second.state() == v1::QUEUED) queued.push_back(r.second);
+    if (Active(r.second.state())) ++active[r.second.sweep_id()];
+  }
+  if (queued.empty()) return;
+  std::map<std::string, int> limits;
+  for (const auto& s : sweeps_) {
+    limits[s.first] = s.second.max_concurrent();
+    if (s.second.state() == v1::SWEEP_CANCELLED) limits[s.first] = -1;
+  }
+  std::vector<WorkerCapacity> capacity;
+  for (const auto& w : workers_) {
+    if (!w.second.send) continue;  // no stream: cannot take work now
+    WorkerCapacity c;
+    c.worker_id = w.first;
+    std::set<int32_t> busy;
+    int cpu_used = 0;
+    for (const auto& r : runs_) {
+      if (!Active(r.second.state()) || r.second.worker_id() != w.first) continue;
+      for (int32_t g : r.second.device_indices()) busy.insert(g);
+      if (r.second.gpus() == 0) cpu_used += std::max(1, r.second.cpu_slots());
+    }
+    for (const v1::Device& d : w.second.record.devices()) {
+      if (!busy.count(d.index())) c.free_gpus.push_back(d.index());
+    }
+    c.free_cpu_slots = std::max(0, w.second.record.cpu_slots() - cpu_used);
+    capacity.push_back(c);
+  }
+  for (const Placement& p : keel::Schedule(queued, active, limits, capacity)) {
+    v1::Run run = runs_[p.run_id];
+    if (limits[run.sweep_id()] < 0) continue;  // its sweep was cancelled
+    run.set_state(v1::ASSIGNED);
+    run.set_worker_id(p.worker_id);
+    run.clear_device_indices();
+    for (int32_t g : p.gpus) run.add_device_indices(g);
+    if (!SaveRun(&run, "state", "assigned to " + p.worker_id).ok()) continue;
+    v1::WorkerCommand c;
+    v1::Assignment* a = c.mutable_start();
+    a->set_run_id(run.id());
+    *a->mutable_spec() = run.spec();
+    for (int32_t g : p.gpus) a->add_device_indices(g);
+    a->set_resume_checkpoint(run.checkpoint());
+    if (!workers_[p.worker_id].send(c)) {
+      // The stream broke under us: the lease logic requeues the run if the worker is gone.
+      std::fprintf(stderr, "keeld: could not send run %s to %s\n", run.id().c_str(), p.worker_id.c_str());
+    }
+  }
+}
+
+void Coordinator::SaveProgress() {
+  for (const std::string& id : progress_dirty_) {
+    auto it = runs_.find(id);
+    if (it != runs_.end()) store_->UpdateRun(it->second);
+  }
+  progress_dirty_.clear();
+}
+
+void Coordinator::Tick() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = Now();
+  for (auto& w : workers_) {
+    if (w.second.lease_expires_ms > now) continue;
+    bool had_runs = false;
+    for (const auto& r : runs_) had_runs |= Active(r.second.state()) && r.second.worker_id() == w.first;
+    if (w.second.record.connected() || had_runs) {
+      w.second.record.set_connected(false);
+      w.second.send = nullptr;
+      store_->UpsertWorker(w.second.record);
+      ReleaseWorkerRuns(w.first, {}, "worker " + w.first + " lost (no heartbeat for " +
+                                         std::to_string(options_.lease_ms) + " ms)");
+    }
+  }
+  if (now - progress_saved_ms_ >= 1000) {
+    SaveProgress();
+    progress_saved_ms_ = now;
+  }
+  Schedule();
+}
+
+CoordinatorStats Coordinator::Stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  CoordinatorStats s = counters_;
+  for (int st = v1::QUEUED; st <= v1::DIVERGED; ++st) s.runs_by_state[v1::RunState_Name(static_cast<v1::RunState>(st))] = 0;
+  for (const auto& r : runs_) ++s.runs_by_state[v1::RunState_Name(r.second.state())];
+  s.sweeps = static_cast<int64_t>(sweeps_.size());
+  for (const auto& w : workers_) s.workers_connected += w.second.send ? 1 : 0;
+  return s;
+}
+
+}  // namespace keel

@@ -1,0 +1,151 @@
+// keeld's logic, apart from gRPC: sweeps in, runs scheduled onto workers,
+// worker messages applied, leases, restarts, recovery, and the live update
+// feed behind WatchRun / WatchSweep. service.cc maps RPCs onto these methods
+// (validate, call, map errors), so all of this is testable without a server.
+//
+// Concurrency: one mutex (mu_) guards every member and is held across each
+// public call, so a state change and its store write are one step that nobody
+// observes half done. Every state change is committed to the store before the
+// call returns (before the RPC is acknowledged). Commands to a worker are
+// written to its stream while mu_ is held; the worker's agent always has a
+// reader waiting, so a write never waits on keeld.
+//
+// Run states: QUEUED -> ASSIGNED (a worker got the assignment) -> RUNNING
+// (its trainer started) -> SUCCEEDED (exit 0) | FAILED | CANCELLED. A trainer
+// that fails, or a worker whose lease runs out, sends the run back to QUEUED
+// with restarts + 1 and its newest checkpoint as the resume point, up to the
+// sweep's max_restarts; then FAILED.
+#ifndef KEEL_SERVER_COORDINATOR_H_
+#define KEEL_SERVER_COORDINATOR_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernels/status.h"
+#include "proto/keel.pb.h"
+#include "server/store.h"
+#include "server/sweep.h"
+
+namespace keel {
+
+struct CoordinatorOptions {
+  int64_t heartbeat_interval_ms = 1000;
+  int64_t lease_ms = 10000;      // a worker silent this long is gone
+  SweepLimits limits;
+  std::function<int64_t()> now_ms;  // wall clock unless a test sets one
+};
+
+// A WatchRun / WatchSweep subscriber's queue of updates.
+class Subscription {
+ public:
+  // Waits up to timeout_ms for updates; false when closed and drained.
+  bool Next(int timeout_ms, std::vector<v1::WatchUpdate>* out);
+  void Push(const v1::WatchUpdate& update);
+  void Close();
+
+ private:
+  std::mutex mu_;  // guards updates_ and closed_
+  std::condition_variable cv_;
+  std::deque<v1::WatchUpdate> updates_;
+  bool closed_ = false;
+};
+
+// Counters for the Prometheus exporter.
+struct CoordinatorStats {
+  std::map<std::string, int64_t> runs_by_state;  // RunState name -> count
+  int64_t sweeps = 0;
+  int64_t workers_connected = 0;
+  int64_t metric_points = 0;                     // ingested since start
+  int64_t restarts = 0;                          // since start
+};
+
+class Coordinator {
+ public:
+  // Loads everything from the store. Runs that were assigned or running when
+  // keeld stopped stay with their worker for one lease, waiting for it to
+  // reconnect and re-attach them; then they are requeued.
+  static Status Open(std::unique_ptr<Store> store, CoordinatorOptions options,
+                     std::unique_ptr<Coordinator>* out);
+  ~Coordinator();
+
+  // ---- Users (grpc::Status codes are the RPCs' answers) ----
+  grpc::Status SubmitSweep(const v1::SweepSpec& spec, v1::SubmitSweepResponse* out);
+  grpc::Status GetSweep(const std::string& id, v1::Sweep* out);
+  grpc::Status ListSweeps(v1::ListSweepsResponse* out);
+  grpc::Status CancelSweep(const std::string& id, v1::Sweep* out);
+  grpc::Status ListRuns(const std::string& sweep_id, v1::ListRunsResponse* out);
+  grpc::Status GetRun(const std::string& id, v1::Run* out);
+  grpc::Status CancelRun(const std::string& id, v1::Run* out);
+  grpc::Status GetMetrics(const v1::GetMetricsRequest& request, v1::GetMetricsResponse* out);
+  grpc::Status ListEvents(const v1::ListEventsRequest& request, v1::ListEventsResponse* out);
+  grpc::Status Intervene(const v1::InterveneRequest& request, v1::InterveneResponse* out);
+  grpc::Status ListWorkers(v1::ListWorkersResponse* out);
+  // Subscribes to a run or a sweep (whichever `id` names); the first updates
+  // are the current runs. NOT_FOUND when it names neither.
+  grpc::Status Watch(const std::string& id, std::shared_ptr<Subscription>* out);
+  void Unwatch(const std::shared_ptr<Subscription>& subscription);
+
+  // ---- Workers ----
+  grpc::Status RegisterWorker(const v1::RegisterRequest& request, v1::RegisterResponse* out);
+  // The worker's stream is open: `send` writes one command to it (false when
+  // the stream is broken). Returns NOT_FOUND for an unregistered worker id.
+  // *stream_id identifies this stream for DetachWorker, so that an old stream
+  // ending after the worker reconnected does not detach the new one.
+  grpc::Status AttachWorker(const std::string& worker_id,
+                            std::function<bool(const v1::WorkerCommand&)> send, uint64_t* stream_id);
+  void DetachWorker(const std::string& worker_id, uint64_t stream_id);
+  void HandleWorkerMessage(const std::string& worker_id, const v1::WorkerMessage& message);
+
+  // Lease expiry, run progress saving and scheduling; keeld calls it every ~100 ms.
+  void Tick();
+
+  CoordinatorStats Stats();
+
+ private:
+  struct WorkerState {
+    v1::Worker record;
+    std::function<bool(const v1::WorkerCommand&)> send;  // empty while no stream
+    uint64_t stream_id = 0;                              // of the attached stream
+    int64_t lease_expires_ms = 0;
+  };
+
+  explicit Coordinator(std::unique_ptr<Store> store, CoordinatorOptions options);
+  int64_t Now() const;
+  Status Load();
+  Status SaveRun(v1::Run* run, const std::string& event_kind, const std::string& message);
+  void Publish(const v1::WatchUpdate& update, const std::string& run_id, const std::string& sweep_id);
+  void Schedule();
+  void SaveProgress();
+  void RequeueOrFail(v1::Run* run, const std::string& why);
+  void ReleaseWorkerRuns(const std::string& worker_id, const std::set<std::string>& keep, const std::string& why);
+  void FinishSweepIfDone(const std::string& sweep_id);
+  grpc::Status FromStatus(const Status& status) const;
+  std::string NewId(const std::string& prefix);
+
+  std::mutex mu_;  // guards everything below (see the file comment)
+  std::unique_ptr<Store> store_;
+  CoordinatorOptions options_;
+  std::map<std::string, v1::Run> runs_;             // every run, by id
+  std::map<std::string, v1::Sweep> sweeps_;         // every sweep, by id
+  std::map<std::string, WorkerState> workers_;      // by id
+  std::set<std::string> cancel_requested_;          // runs being cancelled on a worker
+  std::set<std::string> progress_dirty_;            // runs whose step/loss changed since saved
+  int64_t progress_saved_ms_ = 0;
+  std::vector<std::pair<std::string, std::shared_ptr<Subscription>>> subscribers_;  // (id, queue)
+  CoordinatorStats counters_;
+  uint64_t id_counter_ = 0;
+  uint64_t stream_counter_ = 0;
+};
+
+}  // namespace keel
+
+#endif  // KEEL_SERVER_COORDINATOR_H_

@@ -1,0 +1,193 @@
+// keeld: Keel's coordinator daemon.
+//   keeld [--listen 127.0.0.1:7070] [--state-dir DIR] [--metrics-listen 127.0.0.1:9464]
+//         [--user-tokens-file F] [--worker-token-file F]
+//         [--tls-cert F --tls-key F [--tls-client-ca F]] [--lease-ms N] [--heartbeat-ms N]
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "server/auth.h"
+#include "server/coordinator.h"
+#include "server/service.h"
+#include "server/store.h"
+#include "worker/io/file_util.h"
+
+namespace {
+
+const char kUsage[] =
+    "usage: keeld [options]\n"
+    "  Keel's coordinator: accepts sweeps (KeelService, user tokens), schedules their runs\n"
+    "  onto keel-workers (WorkerService, the worker join token), stores everything in\n"
+    "  SQLite under the state directory and exports Prometheus metrics.\n"
+    "options:\n"
+    "  --listen ADDR            gRPC address (default 127.0.0.1:7070; 0.0.0.0:PORT for all)\n"
+    "  --state-dir DIR          keeld.db and generated tokens (default ./keeld-state)\n"
+    "  --metrics-listen ADDR    Prometheus /metrics (default 127.0.0.1:9464; 'off' disables)\n"
+    "  --user-tokens-file F     user tokens, one per line (also $KEEL_USER_TOKENS, comma-separated)\n"
+    "  --worker-token-file F    the worker join token (also $KEEL_WORKER_TOKEN)\n"
+    "                           Without either, tokens are generated into the state dir\n"
+    "                           (user.token, worker.token; mode 0600).\n"
+    "  --tls-cert F --tls-key F serve TLS with this certificate and key (PEM)\n"
+    "  --tls-client-ca F        also require client certificates signed by this CA\n"
+    "  --lease-ms N             a worker silent this long is gone (default 10000)\n"
+    "  --heartbeat-ms N         heartbeat interval asked of workers (default 1000)\n"
+    "SIGINT/SIGTERM shut keeld down; everything acknowledged is already on disk.\n";
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop = true; }
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "keeld: %s\n", message.c_str());
+  return 2;
+}
+
+bool ReadPem(const std::string& path, std::string* out) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::stringstream text;
+  text << in.rdbuf();
+  *out = text.str();
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string listen = "127.0.0.1:7070", state_dir = "keeld-state", metrics_listen = "127.0.0.1:9464";
+  std::string user_tokens_file, worker_token_file, tls_cert, tls_key, tls_ca;
+  keel::CoordinatorOptions options;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) std::exit(Fail(a + ": missing value"));
+      return argv[++i];
+    };
+    auto number = [&](int64_t lo, int64_t hi) -> int64_t {
+      std::string v = value();
+      char* end = nullptr;
+      long long n = std::strtoll(v.c_str(), &end, 10);
+      if (*end != '\0' || n < lo || n > hi) {
+        std::exit(Fail(a + ": '" + v + "' is not allowed (" + std::to_string(lo) + " .. " + std::to_string(hi) + ")"));
+      }
+      return n;
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--listen") {
+      listen = value();
+    } else if (a == "--state-dir") {
+      state_dir = value();
+    } else if (a == "--metrics-listen") {
+      metrics_listen = value();
+    } else if (a == "--user-tokens-file") {
+      user_tokens_file = value();
+    } else if (a == "--worker-token-file") {
+      worker_token_file = value();
+    } else if (a == "--tls-cert") {
+      tls_cert = value();
+    } else if (a == "--tls-key") {
+      tls_key = value();
+    } else if (a == "--tls-client-ca") {
+      tls_ca = value();
+    } else if (a == "--lease-ms") {
+      options.lease_ms = number(100, 3600000);
+    } else if (a == "--heartbeat-ms") {
+      options.heartbeat_interval_ms = number(10, 600000);
+    } else {
+      return Fail("unknown argument '" + a + "' (see keeld --help)");
+    }
+  }
+  if (tls_cert.empty() != tls_key.empty()) return Fail("--tls-cert and --tls-key go together");
+  keel::Status s = keel::MakeDirs(state_dir);
+  if (!s.ok()) return Fail("--state-dir: " + s.message());
+  chmod(state_dir.c_str(), 0700);
+  keel::AuthConfig auth;
+  s = keel::LoadAuthConfig(user_tokens_file, worker_token_file, state_dir, &auth);
+  if (!s.ok()) return Fail(s.message());
+  std::unique_ptr<keel::Store> store;
+  s = keel::OpenSqliteStore(state_dir + "/keeld.db", &store);
+  if (!s.ok()) return Fail(s.message());
+  std::unique_ptr<keel::Coordinator> coordinator;
+  s = keel::Coordinator::Open(std::move(store), options, &coordinator);
+  if (!s.ok()) return Fail(s.message());
+
+  keel::UserService users(coordinator.get(), &auth);
+  keel::FleetService fleet(coordinator.get(), &auth);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!tls_cert.empty()) {
+    grpc::SslServerCredentialsOptions ssl(tls_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                                         : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    if (!ReadPem(tls_key, &pair.private_key)) return Fail("--tls-key: cannot read '" + tls_key + "'");
+    if (!ReadPem(tls_cert, &pair.cert_chain)) return Fail("--tls-cert: cannot read '" + tls_cert + "'");
+    ssl.pem_key_cert_pairs.push_back(pair);
+    if (!tls_ca.empty() && !ReadPem(tls_ca, &ssl.pem_root_certs)) return Fail("--tls-client-ca: cannot read '" + tls_ca + "'");
+    credentials = grpc::SslServerCredentials(ssl);
+  }
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, credentials, &port);
+  builder.RegisterService(&users);
+  builder.RegisterService(&fleet);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) return Fail("--listen: cannot listen on '" + listen + "'");
+
+  // Prometheus: run counts by state, sweeps, connected workers, ingested points.
+  std::unique_ptr<prometheus::Exposer> exposer;
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto& runs_family = prometheus::BuildGauge().Name("keel_runs").Help("Runs by state").Register(*registry);
+  auto& sweeps_gauge = prometheus::BuildGauge().Name("keel_sweeps").Help("Sweeps stored").Register(*registry).Add({});
+  auto& workers_gauge =
+      prometheus::BuildGauge().Name("keel_workers_connected").Help("Workers with an open stream").Register(*registry).Add({});
+  auto& points_gauge = prometheus::BuildGauge()
+                           .Name("keel_metric_points_ingested")
+                           .Help("Metric points stored since keeld started")
+                           .Register(*registry)
+                           .Add({});
+  auto& restarts_gauge =
+      prometheus::BuildGauge().Name("keel_run_restarts").Help("Run restarts since keeld started").Register(*registry).Add({});
+  if (metrics_listen != "off") {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(metrics_listen);
+      exposer->RegisterCollectable(registry);
+    } catch (const std::exception& e) {
+      return Fail("--metrics-listen: cannot listen on '" + metrics_listen + "': " + e.what());
+    }
+  }
+
+  struct sigaction action = {};
+  action.sa_handler = OnSignal;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  std::fprintf(stderr, "keeld: listening on %s (port %d%s), state in %s, metrics on %s\n", listen.c_str(), port,
+               tls_cert.empty() ? "" : ", TLS", state_dir.c_str(), metrics_listen.c_str());
+  while (!g_stop.load()) {
+    coordinator->Tick();
+    keel::CoordinatorStats st = coordinator->Stats();
+    for (const auto& kv : st.runs_by_state) runs_family.Add({{"state", kv.first}}).Set(static_cast<double>(kv.second));
+    sweeps_gauge.Set(static_cast<double>(st.sweeps));
+    workers_gauge.Set(static_cast<double>(st.workers_connected));
+    points_gauge.Set(static_cast<double>(st.metric_points));
+    restarts_gauge.Set(static_cast<double>(st.restarts));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::fprintf(stderr, "keeld: shutting down\n");
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}

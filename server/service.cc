@@ -1,0 +1,138 @@
+// keeld's gRPC services (see service.h).
+#include "server/service.h"
+
+#include <mutex>
+
+namespace keel {
+
+#define KEEL_AUTHORIZE(ctx, who)                              \
+  do {                                                        \
+    grpc::Status _allowed = Authorize(*(ctx), *auth_, (who)); \
+    if (!_allowed.ok()) return _allowed;                      \
+  } while (0)
+
+grpc::Status UserService::SubmitSweep(grpc::ServerContext* ctx, const v1::SubmitSweepRequest* req,
+                                      v1::SubmitSweepResponse* out) {
+  KEEL_AUTHORIZE(ctx, Caller::kUser);
+  return c_->SubmitSweep(req->spec(), out);
+}
+
+grpc::Status UserService::GetSweep(grpc::ServerContext* ctx, const v1::GetSweepRequest* req, v1::Sweep* out) {
+  KEEL_AUTHORIZE(ctx, Caller::kUser);
+  return c_->GetSweep(req->sweep_id(), out);
+}
+
+grpc::Status UserService::ListSweeps(grpc::ServerContext* ctx, const v1::ListSweepsRequest*, v1::ListSweepsResponse* out) {
+  KEEL_AUTHORIZE(ctx, Caller::kUser);
+  return c_->ListSweeps(out);
+}
+
+grpc::Status UserService::CancelSweep(grpc::ServerContext* ctx, const v1::CancelSweepRequest* req, v1::Sweep* out) {
+  KEEL_AUTHORIZE(ctx, Caller::kUser);
+  return c_->CancelSweep(req->sweep_id(), out);
+}
+
+grpc::Status UserService::ListRuns(grpc::ServerContext* ctx, const v1::ListRunsRequest* req, v1::ListRunsResponse* out) {
+  KEEL_AUTHORIZE(ctx, Caller::kUser);
+  return c_->ListRuns(req->sweep_id(), out);
+}
+
+grpc::Status UserService::GetRun(grpc::ServerContext* ctx, const v1::GetRunRequest* req, v1::Run* out) {
+  KEEL_AUTHORIZE(ctx, Caller::kUser);
+  return c_->GetRun(req->run_id(), out);
+}
+
+grpc::Status UserService::CancelRun(grpc::ServerContext* ctx, const v1::CancelRunRequest* req, v1::Run* out) {
+  KEEL_AUTHORIZE(ctx, Caller::kUser);
+  return c_->CancelRun(req->run_id(), out);
+}
+
+grpc::Status UserService::Watch(grpc::ServerContext* ctx, const std::string& id,
+                                grpc::ServerWriter<v1::WatchUpdate>* writer) {
+  std::shared_ptr<Subscription> sub;
+  grpc::Status s = c_->Watch(id, &sub);
+  if (!s.ok()) return s;
+  std::vector<v1::WatchUpdate> updates;
+  while (!ctx->IsCancelled() && sub->Next(200, &updates)) {
+    bool ok = true;
+    for (const v1::WatchUpdate& u : updates) ok = ok && writer->Write(u);
+    if (!ok) break;  // the watcher went away
+  }
+  c_->Unwatch(sub);
+  return grpc::Status::OK;
+}
+
+grpc::Status UserService::WatchRun(grpc::ServerContext* ctx, const v1::WatchRequest* req,
+                                   grpc::ServerWriter<v1::WatchUpdate>* writer) {
+  KEEL_AUTHORIZE(ctx, Caller::kUser);
+  v1::Run run;
+  grpc::Status s = c_->GetRun(req->id(), &run);
+  if (!s.ok()) return s;
+  return Watch(ctx, req->id(), writer);
+}
+
+grpc::Status UserService::WatchSweep(grpc::ServerContext* ctx, const v1::WatchRequest* req,
+                                     grpc::ServerWriter<v1::WatchUpdate>* writer) {
+  KEEL_AUTHORIZE(ctx, Caller::kUser);
+  v1::Sweep sweep;
+  grpc::Status s = c_->GetSweep(req->id(), &sweep);
+  if (!s.ok()) return s;
+  return Watch(ctx, req->id(), writer);
+}
+
+grpc::Status UserService::GetMetrics(grpc::ServerContext* ctx, const v1::GetMetricsRequest* req,
+                                     v1::GetMetricsResponse* out) {
+  KEEL_AUTHORIZE(ctx, Caller::kUser);
+  return c_->GetMetrics(*req, out);
+}
+
+grpc::Status UserService::ListEvents(grpc::ServerContext* ctx, const v1::ListEventsRequest* req,
+                                     v1::ListEventsResponse* out) {
+  KEEL_AUTHORIZE(ctx, Caller::kUser);
+  return c_->ListEvents(*req, out);
+}
+
+grpc::Status UserService::Intervene(grpc::ServerContext* ctx, const v1::InterveneRequest* req,
+                                    v1::InterveneResponse* out) {
+  KEEL_AUTHORIZE(ctx, Caller::kUser);
+  return c_->Intervene(*req, out);
+}
+
+grpc::Status UserService::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
+                                      v1::ListWorkersResponse* out) {
+  KEEL_AUTHORIZE(ctx, Caller::kUser);
+  return c_->ListWorkers(out);
+}
+
+grpc::Status FleetService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
+                                    v1::RegisterResponse* out) {
+  KEEL_AUTHORIZE(ctx, Caller::kWorker);
+  return c_->RegisterWorker(*req, out);
+}
+
+grpc::Status FleetService::Connect(grpc::ServerContext* ctx,
+                                   grpc::ServerReaderWriter<v1::WorkerCommand, v1::WorkerMessage>* stream) {
+  KEEL_AUTHORIZE(ctx, Caller::kWorker);
+  auto it = ctx->client_metadata().find("keel-worker-id");
+  if (it == ctx->client_metadata().end()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "keel-worker-id metadata: missing (Register first)");
+  }
+  const std::string worker_id(it->second.data(), it->second.size());
+  // Commands come from other threads (scheduling, cancels); one writer at a time.
+  auto write_mu = std::make_shared<std::mutex>();
+  uint64_t stream_id = 0;
+  grpc::Status attached = c_->AttachWorker(
+      worker_id,
+      [stream, write_mu](const v1::WorkerCommand& command) {
+        std::lock_guard<std::mutex> lock(*write_mu);
+        return stream->Write(command);
+      },
+      &stream_id);
+  if (!attached.ok()) return attached;
+  v1::WorkerMessage message;
+  while (stream->Read(&message)) c_->HandleWorkerMessage(worker_id, message);
+  c_->DetachWorker(worker_id, stream_id);
+  return grpc::Status::OK;
+}
+
+}  // namespace keel

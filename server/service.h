@@ -1,0 +1,55 @@
+// keeld's gRPC services: thin layers that authorize the caller, call the
+// Coordinator and return its status. KeelService needs a user token,
+// WorkerService the worker join token.
+#ifndef KEEL_SERVER_SERVICE_H_
+#define KEEL_SERVER_SERVICE_H_
+
+#include "proto/keel.grpc.pb.h"
+#include "server/auth.h"
+#include "server/coordinator.h"
+
+namespace keel {
+
+class UserService final : public v1::KeelService::Service {
+ public:
+  UserService(Coordinator* coordinator, const AuthConfig* auth) : c_(coordinator), auth_(auth) {}
+
+  grpc::Status SubmitSweep(grpc::ServerContext* ctx, const v1::SubmitSweepRequest* req, v1::SubmitSweepResponse* out) override;
+  grpc::Status GetSweep(grpc::ServerContext* ctx, const v1::GetSweepRequest* req, v1::Sweep* out) override;
+  grpc::Status ListSweeps(grpc::ServerContext* ctx, const v1::ListSweepsRequest* req, v1::ListSweepsResponse* out) override;
+  grpc::Status CancelSweep(grpc::ServerContext* ctx, const v1::CancelSweepRequest* req, v1::Sweep* out) override;
+  grpc::Status ListRuns(grpc::ServerContext* ctx, const v1::ListRunsRequest* req, v1::ListRunsResponse* out) override;
+  grpc::Status GetRun(grpc::ServerContext* ctx, const v1::GetRunRequest* req, v1::Run* out) override;
+  grpc::Status CancelRun(grpc::ServerContext* ctx, const v1::CancelRunRequest* req, v1::Run* out) override;
+  grpc::Status WatchRun(grpc::ServerContext* ctx, const v1::WatchRequest* req,
+                        grpc::ServerWriter<v1::WatchUpdate>* writer) override;
+  grpc::Status WatchSweep(grpc::ServerContext* ctx, const v1::WatchRequest* req,
+                          grpc::ServerWriter<v1::WatchUpdate>* writer) override;
+  grpc::Status GetMetrics(grpc::ServerContext* ctx, const v1::GetMetricsRequest* req, v1::GetMetricsResponse* out) override;
+  grpc::Status ListEvents(grpc::ServerContext* ctx, const v1::ListEventsRequest* req, v1::ListEventsResponse* out) override;
+  grpc::Status Intervene(grpc::ServerContext* ctx, const v1::InterveneRequest* req, v1::InterveneResponse* out) override;
+  grpc::Status ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest* req, v1::ListWorkersResponse* out) override;
+
+ private:
+  grpc::Status Watch(grpc::ServerContext* ctx, const std::string& id, grpc::ServerWriter<v1::WatchUpdate>* writer);
+  Coordinator* c_;
+  const AuthConfig* auth_;
+};
+
+class FleetService final : public v1::WorkerService::Service {
+ public:
+  FleetService(Coordinator* coordinator, const AuthConfig* auth) : c_(coordinator), auth_(auth) {}
+
+  grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req, v1::RegisterResponse* out) override;
+  // The worker names itself with the "keel-worker-id" metadata (its Register answer).
+  grpc::Status Connect(grpc::ServerContext* ctx,
+                       grpc::ServerReaderWriter<v1::WorkerCommand, v1::WorkerMessage>* stream) override;
+
+ private:
+  Coordinator* c_;
+  const AuthConfig* auth_;
+};
+
+}  // namespace keel
+
+#endif  // KEEL_SERVER_SERVICE_H_
