@@ -130,7 +130,17 @@ grpc::Status FleetService::Connect(grpc::ServerContext* ctx,
       &stream_id);
   if (!attached.ok()) return attached;
   v1::WorkerMessage message;
-  while (stream->Read(&message)) c_->HandleWorkerMessage(worker_id, message);
+  while (stream->Read(&message)) {
+    c_->HandleWorkerMessage(worker_id, message);
+    // Messages are handled in stream order, so after a heartbeat everything
+    // before it is stored: acknowledge up to there (once a heartbeat interval).
+    if (message.has_heartbeat() && message.seq() > 0) {
+      v1::WorkerCommand ack;
+      ack.mutable_ack()->set_seq(message.seq());
+      std::lock_guard<std::mutex> lock(*write_mu);
+      if (!stream->Write(ack)) break;
+    }
+  }
   c_->DetachWorker(worker_id, stream_id);
   return grpc::Status::OK;
 }

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "proto/keel.grpc.pb.h"
@@ -84,6 +85,12 @@ std::vector<v1::Device> DetectGpus() {
 }
 
 Agent::Agent(AgentOptions options) : options_(std::move(options)) {
+  // Checkpoint paths go to keeld and may be resumed by another worker on a
+  // shared filesystem: make them absolute.
+  if (!options_.work_dir.empty() && options_.work_dir[0] != '/') {
+    char cwd[4096];
+    if (getcwd(cwd, sizeof(cwd)) != nullptr) options_.work_dir = std::string(cwd) + "/" + options_.work_dir;
+  }
   if (options_.host.empty()) {
     char name[256] = {0};
     gethostname(name, sizeof(name) - 1);
@@ -95,6 +102,7 @@ Agent::~Agent() = default;
 
 void Agent::Queue(v1::WorkerMessage message) {
   message.set_worker_id(worker_id_);
+  message.set_seq(next_seq_++);
   pending_.push_back(std::move(message));
   while (pending_.size() > options_.max_pending) pending_.pop_front();
 }
@@ -184,7 +192,16 @@ bool Agent::Serve(const std::atomic<bool>* stop) {
   for (const v1::Device& d : options_.devices) *request.add_devices() = d;
   request.set_cpu_slots(options_.devices.empty() ? options_.cpu_slots : 0);
   request.set_worker_id(worker_id_);
-  for (const auto& run : runs_) request.add_live_run_ids(run.first);
+  // Live runs: still training here, or ended with their exit not yet delivered
+  // (keeld must keep them assigned to us until that exit arrives).
+  std::set<std::string> live;
+  for (const auto& run : runs_) live.insert(run.first);
+  for (const auto* queue : {&unacked_, &pending_}) {
+    for (const v1::WorkerMessage& m : *queue) {
+      if (m.has_exit()) live.insert(m.exit().run_id());
+    }
+  }
+  for (const std::string& id : live) request.add_live_run_ids(id);
   v1::RegisterResponse response;
   {
     grpc::ClientContext context;
@@ -201,6 +218,9 @@ bool Agent::Serve(const std::atomic<bool>* stop) {
   }
   const bool first = worker_id_.empty();
   worker_id_ = response.worker_id();
+  // What the last connection wrote but keeld never acknowledged goes out again first.
+  pending_.insert(pending_.begin(), unacked_.begin(), unacked_.end());
+  unacked_.clear();
   for (v1::WorkerMessage& m : pending_) m.set_worker_id(worker_id_);
   ++connects_;
   if (options_.verbose) {
@@ -223,7 +243,13 @@ bool Agent::Serve(const std::atomic<bool>* stop) {
   int64_t last_heartbeat = 0;
   bool healthy = true;
   while (!stop->load() && healthy && !reader_done.load()) {
-    for (const v1::WorkerCommand& c : commands.Take()) HandleCommand(c);
+    for (const v1::WorkerCommand& c : commands.Take()) {
+      if (c.has_ack()) {
+        while (!unacked_.empty() && unacked_.front().seq() <= c.ack().seq()) unacked_.pop_front();
+      } else {
+        HandleCommand(c);
+      }
+    }
     PollRuns();
     if (NowMs() - last_heartbeat >= heartbeat_ms) {
       v1::WorkerMessage m;
@@ -236,7 +262,9 @@ bool Agent::Serve(const std::atomic<bool>* stop) {
         healthy = false;  // keeld went away: keep the message for the next connection
         break;
       }
+      unacked_.push_back(std::move(pending_.front()));
       pending_.pop_front();
+      while (unacked_.size() > options_.max_pending) unacked_.pop_front();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(options_.poll_ms));
   }

@@ -2,10 +2,12 @@
 // stream open (heartbeats, metrics, events, checkpoint notices and exits up;
 // start / cancel / switch / rollback commands down), starts one keel-train per
 // assigned run through RunSupervisor, and reconnects with backoff when keeld
-// goes away, re-attaching the runs that kept training meanwhile. Messages that
-// could not be sent wait in a queue (oldest dropped beyond `max_pending`) and go
-// out after the reconnect; keeld keeps one metric point per step, so a point
-// sent twice is harmless.
+// goes away, re-attaching the runs that kept training meanwhile. Every message
+// carries a sequence number and stays queued until keeld acknowledges it (a
+// write into a stream whose server just died still "succeeds"); after a
+// reconnect the unacknowledged ones go out again (oldest dropped beyond
+// `max_pending`). keeld keeps one metric point per step and ignores a stale
+// exit, so a message sent twice is harmless.
 #ifndef KEEL_WORKER_AGENT_H_
 #define KEEL_WORKER_AGENT_H_
 
@@ -59,7 +61,9 @@ class Agent {
   std::string worker_id_;
   std::atomic<int> connects_{0};
   std::map<std::string, std::unique_ptr<RunSupervisor>> runs_;  // by run id; agent thread only
-  std::deque<v1::WorkerMessage> pending_;                        // agent thread only
+  std::deque<v1::WorkerMessage> pending_;                        // not yet written; agent thread only
+  std::deque<v1::WorkerMessage> unacked_;                        // written, not yet acknowledged
+  uint64_t next_seq_ = 1;
 };
 
 // The CUDA devices this process can see (empty without CUDA or GPUs).

@@ -27,6 +27,17 @@ std::string Join(const std::vector<int32_t>& gpus) {
 
 }  // namespace
 
+std::string NewestCheckpointBeside(const std::string& checkpoint) {
+  const std::string dir = DirName(checkpoint);
+  std::vector<std::string> names;
+  if (!ListDir(dir, &names).ok()) return checkpoint;
+  std::string newest;
+  for (const std::string& n : names) {
+    if (n.size() == 13 && n.rfind("step_", 0) == 0 && n > newest) newest = n;
+  }
+  return newest.empty() ? checkpoint : dir + "/" + newest;
+}
+
 Status RunSupervisor::Start(const RunLaunch& launch, std::unique_ptr<RunSupervisor>* out) {
   if (launch.run_id.empty()) return Status::Error("run: empty run id");
   KEEL_RETURN_IF_ERROR(MakeDirs(launch.run_dir));
@@ -39,8 +50,18 @@ Status RunSupervisor::Start(const RunLaunch& launch, std::unique_ptr<RunSupervis
   std::vector<std::string> args = {launch.trainer, "--config", config, "--run-dir", launch.run_dir, "--quiet",
                                    "--backend", launch.gpus.empty() ? "cpu" : "cuda"};
   if (!launch.resume_checkpoint.empty()) {
+    const std::string checkpoint = NewestCheckpointBeside(launch.resume_checkpoint);
     args.push_back("--resume");
-    args.push_back(launch.resume_checkpoint);
+    args.push_back(checkpoint);
+    // Resuming another attempt's checkpoint (another worker's run directory):
+    // bring its metrics along. The trainer keeps the lines up to the checkpoint
+    // and this supervisor sends them all again, so steps that attempt wrote but
+    // never delivered (its worker died) still reach keeld.
+    const std::string old_dir = DirName(DirName(checkpoint));
+    std::string old_metrics;
+    if (old_dir != launch.run_dir && ReadFile(old_dir + "/metrics.jsonl", &old_metrics).ok()) {
+      KEEL_RETURN_IF_ERROR(WriteFileAtomic(launch.run_dir + "/metrics.jsonl", old_metrics));
+    }
   }
   const std::string log = launch.run_dir + "/trainer.log";
   int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);

@@ -22,7 +22,7 @@ struct RunLaunch {
   std::string run_dir;            // created if missing; holds run.yaml, trainer.log, metrics.jsonl
   std::string spec_yaml;          // the run config
   std::vector<int32_t> gpus;      // CUDA_VISIBLE_DEVICES; empty: --backend cpu
-  std::string resume_checkpoint;  // "" : fresh start
+  std::string resume_checkpoint;  // "" : fresh start; the newest beside it is used
 };
 
 // What Poll saw since the previous call.
@@ -32,6 +32,13 @@ struct RunProgress {
   bool exited = false;
   v1::RunExit exit;  // when exited: exit_code, or signal (exit_code -1)
 };
+
+// The newest complete checkpoint in the directory holding `checkpoint`
+// ("step_" + 8 digits), or `checkpoint` itself when there is none. keeld knows
+// the newest checkpoint a worker reported; the trainer may have written later
+// ones (and pruned the reported one) before its worker died, and resuming from
+// any of them is bit-exact.
+std::string NewestCheckpointBeside(const std::string& checkpoint);
 
 class RunSupervisor {
  public:

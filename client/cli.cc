@@ -1,0 +1,1082 @@
+// The keel command line (see cli.h). Each command is one or two KeelService
+// RPCs plus formatting from format.h; `watch` adds the server stream.
+#include "client/cli.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "client/format.h"
+#include "proto/keel.grpc.pb.h"
+#include "proto/keel.pb.h"
+
+namespace keel {
+namespace client {
+namespace {
+
+constexpr const char* kDefaultServer = "127.0.0.1:7070";
+// Unary calls are small; a server that does not answer in this long is
+// treated as unreachable (exit 3).
+constexpr int kUnaryDeadlineSeconds = 5;
+// GetMetrics with max_points 0 may carry a whole run's history.
+constexpr int kMetricsDeadlineSeconds = 60;
+// Points per run that `keel plot` asks for (the server downsamples).
+constexpr int kPlotMaxPoints = 2000;
+// Events `keel show` lists.
+constexpr int kShowEvents = 10;
+
+// ---- Help ------------------------------------------------------------------------
+
+struct CommandSpec {
+  const char* name;
+  const char* usage;
+  const char* summary;
+  const char* details;
+  std::vector<std::string> value_flags;  // take a value: "--flag V" or "--flag=V"
+  std::vector<std::string> bool_flags;
+  size_t min_positional;
+  size_t max_positional;
+};
+
+const std::vector<CommandSpec>& Commands() {
+  static const std::vector<CommandSpec> commands = {
+      {"submit",
+       "keel submit SWEEP.yaml [--watch]",
+       "submit a sweep file; prints the sweep id and run count",
+       "Reads SWEEP.yaml and sends it to keeld (SubmitSweep; spec.source is the path,\n"
+       "used in error messages). keeld validates every run; a bad field exits 6 with\n"
+       "keeld's message (field, line, allowed values) printed verbatim.\n"
+       "  --watch   then watch the new sweep as `keel watch` does (and exit as it does)\n",
+       {},
+       {"--watch"},
+       1,
+       1},
+      {"sweeps",
+       "keel sweeps [--output json]",
+       "list sweeps",
+       "Lists every sweep (ListSweeps): id, name, state, run count, runs by state,\n"
+       "creation time (UTC).\n"
+       "  --output json   print the ListSweepsResponse as JSON\n",
+       {"--output"},
+       {},
+       0,
+       0},
+      {"runs",
+       "keel runs [SWEEP] [--output json]",
+       "list the runs of a sweep (or all runs)",
+       "Lists runs (ListRuns): id, sweep, state, step/steps, loss, precision,\n"
+       "restarts, worker, axes. Without SWEEP, all runs.\n"
+       "  --output json   print the ListRunsResponse as JSON\n",
+       {"--output"},
+       {},
+       0,
+       1},
+      {"show",
+       "keel show RUN [--output json]",
+       "show a run's details and recent events",
+       "Prints a run (GetRun) and its last 10 events (ListEvents).\n"
+       "  --output json   print {\"run\": Run, \"events\": [Event, ...]} as JSON (all events)\n",
+       {"--output"},
+       {},
+       1,
+       1},
+      {"watch",
+       "keel watch SWEEP|RUN",
+       "follow a sweep or run live until every run is terminal",
+       "Streams updates (WatchSweep, or WatchRun when ID is not a sweep: keel asks\n"
+       "GetSweep first) and shows one line per run: id, state, progress bar with\n"
+       "step/steps, loss, precision, restarts, interventions (switch_precision and\n"
+       "rollback events). On a terminal the table is redrawn in place; otherwise a\n"
+       "line is appended whenever a run changes state, precision, restarts or\n"
+       "interventions, or passes another 10% of its steps.\n"
+       "Ends when every run is SUCCEEDED, FAILED, CANCELLED or DIVERGED: exit 0 if\n"
+       "all SUCCEEDED, else 1 (also 1 if keeld ends the stream before that).\n",
+       {},
+       {},
+       1,
+       1},
+      {"cancel",
+       "keel cancel SWEEP|RUN",
+       "cancel a sweep (all its runs) or one run",
+       "Asks GetSweep first: when ID names a sweep, CancelSweep; when keeld answers\n"
+       "NOT_FOUND, CancelRun (exit 5 if it is no run either).\n",
+       {},
+       {},
+       1,
+       1},
+      {"intervene",
+       "keel intervene RUN --precision NAME [--rollback-steps N] [--reason TEXT]",
+       "switch a run's precision now (optionally rolling back)",
+       "Sends Intervene: the run switches to precision preset NAME, first rolling\n"
+       "back N steps to a checkpoint when N > 0 (default 0). TEXT is recorded in\n"
+       "the event. Prints the resulting event.\n",
+       {"--precision", "--rollback-steps", "--reason"},
+       {},
+       1,
+       1},
+      {"export",
+       "keel export SWEEP [--format csv|jsonl] [-o FILE]",
+       "export every run's metric points",
+       "Lists the sweep's runs, then fetches every point of each (GetMetrics with\n"
+       "max_points 0). CSV columns: sweep_id,run_id,step,loss,lr,tokens_per_s,\n"
+       "grad_norm, then one column per sweep axis (sorted by name). JSONL: one\n"
+       "object per point with the same fields (non-finite numbers as null).\n"
+       "  --format csv|jsonl   output format (default csv)\n"
+       "  -o FILE              write to FILE instead of stdout\n",
+       {"--format", "-o"},
+       {},
+       1,
+       1},
+      {"plot",
+       "keel plot RUN|SWEEP -o FILE.svg",
+       "plot loss vs step to an SVG file",
+       "Writes a standalone SVG 1.1 file: loss against step on a log-scale y axis,\n"
+       "one line per run (legend: run id and axes), and a dashed vertical line with\n"
+       "a label at each switch_precision or rollback event. Points with loss <= 0\n"
+       "or not finite are skipped. Asks for at most 2000 points per run (keeld\n"
+       "downsamples). ID is tried as a sweep first (GetSweep), then as a run.\n"
+       "  -o FILE.svg   output file (required)\n",
+       {"-o"},
+       {},
+       1,
+       1},
+      {"workers",
+       "keel workers [--output json]",
+       "list workers and their devices",
+       "Lists workers (ListWorkers): id, host, connected, GPUs busy/total,\n"
+       "CPU slots, runs, lease expiry (UTC).\n"
+       "  --output json   print the ListWorkersResponse as JSON\n",
+       {"--output"},
+       {},
+       0,
+       0},
+  };
+  return commands;
+}
+
+const CommandSpec* FindCommand(const std::string& name) {
+  for (const auto& c : Commands())
+    if (name == c.name) return &c;
+  return nullptr;
+}
+
+const char kGlobalHelp[] =
+    "Global flags (anywhere on the line):\n"
+    "  --server HOST:PORT   keeld's address; else $KEEL_SERVER, else `server = ...`\n"
+    "                       in ~/.config/keel/config, else 127.0.0.1:7070\n"
+    "  --token TOKEN        user token, sent as \"authorization: Bearer TOKEN\"\n"
+    "  --token-file FILE    read the token from FILE (surrounding whitespace dropped)\n"
+    "                       without either: $KEEL_TOKEN, else `token = ...` in the config\n"
+    "  --help, -h           this help; `keel COMMAND --help` or `keel help COMMAND`\n"
+    "                       for one command\n"
+    "Unary calls time out after 5 s (GetMetrics: 60 s); watch streams have no limit.\n"
+    "\n"
+    "Exit codes:\n"
+    "  0  ok\n"
+    "  1  the operation failed, or (watch) a run did not succeed\n"
+    "  2  usage error (bad flags, missing file)\n"
+    "  3  could not reach keeld (UNAVAILABLE or DEADLINE_EXCEEDED)\n"
+    "  4  keeld refused the token (UNAUTHENTICATED)\n"
+    "  5  no such sweep/run (NOT_FOUND)\n"
+    "  6  keeld rejected the input (INVALID_ARGUMENT; its message is printed verbatim)\n";
+
+std::string ToolHelp() {
+  std::string out =
+      "keel: the command-line client of keeld, Keel's coordinator.\n"
+      "\n"
+      "Usage: keel [global flags] COMMAND [args] [flags]\n"
+      "\n"
+      "Commands:\n";
+  for (const auto& c : Commands()) out += std::string("  ") + c.usage + "\n      " + c.summary + "\n";
+  out += "\n";
+  out += kGlobalHelp;
+  return out;
+}
+
+std::string CommandHelp(const CommandSpec& c) {
+  return std::string("Usage: ") + c.usage + "\n\n" + c.summary + ".\n\n" + c.details + "\n" + kGlobalHelp;
+}
+
+// ---- Arguments -------------------------------------------------------------------
+
+const std::vector<std::string> kGlobalValueFlags = {"--server", "--token", "--token-file"};
+
+bool Contains(const std::vector<std::string>& list, const std::string& value) {
+  return std::find(list.begin(), list.end(), value) != list.end();
+}
+
+struct Parsed {
+  bool help = false;
+  std::string command;
+  const CommandSpec* spec = nullptr;
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> flags;
+};
+
+// Empty on success, else the usage error's message.
+std::string ParseArgs(const std::vector<std::string>& args, Parsed* parsed) {
+  bool only_positional = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (!only_positional && arg == "--") {
+      only_positional = true;
+      continue;
+    }
+    if (!only_positional && arg.size() > 1 && arg[0] == '-') {
+      std::string name = arg, value;
+      bool has_value = false;
+      size_t eq = arg.find('=');
+      if (arg.compare(0, 2, "--") == 0 && eq != std::string::npos) {
+        name = arg.substr(0, eq);
+        value = arg.substr(eq + 1);
+        has_value = true;
+      }
+      if (name == "--help" || name == "-h") {
+        parsed->help = true;
+        continue;
+      }
+      bool takes_value =
+          Contains(kGlobalValueFlags, name) || (parsed->spec != nullptr && Contains(parsed->spec->value_flags, name));
+      bool is_bool = parsed->spec != nullptr && Contains(parsed->spec->bool_flags, name);
+      if (takes_value) {
+        if (!has_value) {
+          if (i + 1 >= args.size()) return "flag " + name + " needs a value";
+          value = args[++i];
+        }
+        parsed->flags[name] = value;
+      } else if (is_bool) {
+        if (has_value) return "flag " + name + " takes no value";
+        parsed->flags[name] = "true";
+      } else if (parsed->spec == nullptr) {
+        return "unknown flag " + name + " (command flags go after the command)";
+      } else {
+        return "unknown flag " + name + " for `keel " + parsed->command + "`";
+      }
+      continue;
+    }
+    if (parsed->command.empty()) {
+      parsed->command = arg;
+      if (arg == "help") continue;
+      parsed->spec = FindCommand(arg);
+      if (parsed->spec == nullptr) return "unknown command \"" + arg + "\"";
+    } else {
+      parsed->positional.push_back(arg);
+    }
+  }
+  return "";
+}
+
+std::string Trim(const std::string& text) {
+  size_t begin = text.find_first_not_of(" \t\r\n");
+  if (begin == std::string::npos) return "";
+  size_t end = text.find_last_not_of(" \t\r\n");
+  return text.substr(begin, end - begin + 1);
+}
+
+bool ReadFile(const std::string& path, std::string* contents) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) return false;
+  *contents = buffer.str();
+  return true;
+}
+
+// `key = value` lines of ~/.config/keel/config; '#' starts a comment, values
+// may be quoted.
+std::map<std::string, std::string> ReadConfig() {
+  std::map<std::string, std::string> config;
+  const char* home = std::getenv("HOME");
+  if (home == nullptr || *home == '\0') return config;
+  std::string text;
+  if (!ReadFile(std::string(home) + "/.config/keel/config", &text)) return config;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    size_t hash = line.find('#');
+    if (hash != std::string::npos) line = line.substr(0, hash);
+    size_t eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    std::string key = Trim(line.substr(0, eq)), value = Trim(line.substr(eq + 1));
+    if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
+      value = value.substr(1, value.size() - 2);
+    if (!key.empty()) config[key] = value;
+  }
+  return config;
+}
+
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "" : value;
+}
+
+// ---- RPC plumbing ----------------------------------------------------------------
+
+class Client {
+ public:
+  Client(std::string server, std::string token) : server_(std::move(server)), token_(std::move(token)) {
+    channel_ = grpc::CreateChannel(server_, grpc::InsecureChannelCredentials());
+    stub_ = v1::KeelService::NewStub(channel_);
+  }
+
+  v1::KeelService::Stub* stub() { return stub_.get(); }
+  const std::string& server() const { return server_; }
+
+  // A context carrying the bearer token; deadline_seconds 0: none (streams).
+  std::unique_ptr<grpc::ClientContext> Context(int deadline_seconds = kUnaryDeadlineSeconds) const {
+    auto context = std::make_unique<grpc::ClientContext>();
+    if (!token_.empty()) context->AddMetadata("authorization", "Bearer " + token_);
+    if (deadline_seconds > 0)
+      context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(deadline_seconds));
+    return context;
+  }
+
+  // Waits up to the unary deadline for a connection (before a stream, which
+  // has no deadline of its own).
+  bool WaitForConnected() {
+    return channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(kUnaryDeadlineSeconds));
+  }
+
+ private:
+  std::string server_;
+  std::string token_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::KeelService::Stub> stub_;
+};
+
+// Prints a failed RPC's status and returns the exit code for it.
+int RpcError(const std::string& what, const grpc::Status& status, const Client& client, std::ostream& err) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      err << "keel: could not reach keeld at " << client.server() << " (" << what << ": "
+          << (status.error_code() == grpc::StatusCode::UNAVAILABLE ? "UNAVAILABLE" : "DEADLINE_EXCEEDED") << ": "
+          << status.error_message() << ")\n";
+      return kExitUnavailable;
+    case grpc::StatusCode::UNAUTHENTICATED:
+      err << "keel: keeld refused the token (UNAUTHENTICATED: " << status.error_message()
+          << "); give --token, --token-file, $KEEL_TOKEN or `token = ...` in ~/.config/keel/config\n";
+      return kExitUnauthenticated;
+    case grpc::StatusCode::NOT_FOUND:
+      err << "keel: " << status.error_message() << "\n";
+      return kExitNotFound;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      // Verbatim: keeld's message names the YAML field, line and allowed values.
+      err << status.error_message() << "\n";
+      return kExitInvalidArgument;
+    default:
+      err << "keel: " << what << " failed (code " << static_cast<int>(status.error_code())
+          << "): " << status.error_message() << "\n";
+      return kExitFailed;
+  }
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok()) return "null";
+  return json;
+}
+
+bool JsonOutput(const Parsed& parsed, std::ostream& err, int* code) {
+  auto it = parsed.flags.find("--output");
+  if (it == parsed.flags.end()) return false;
+  if (it->second != "json") {
+    err << "keel: --output " << it->second << ": allowed: json (the default is a table)\n";
+    *code = kExitUsage;
+  }
+  return true;
+}
+
+std::string SweepStateName(v1::SweepState state) {
+  switch (state) {
+    case v1::SWEEP_ACTIVE:
+      return "ACTIVE";
+    case v1::SWEEP_DONE:
+      return "DONE";
+    case v1::SWEEP_CANCELLED:
+      return "CANCELLED";
+    default:
+      return "-";
+  }
+}
+
+std::string StepText(const v1::Run& run) { return std::to_string(run.step()) + "/" + std::to_string(run.steps()); }
+
+std::string LossText(const v1::Run& run) { return run.step() > 0 || run.loss() != 0 ? FormatNumber(run.loss()) : "-"; }
+
+void SortRuns(std::vector<v1::Run>* runs) {
+  std::stable_sort(runs->begin(), runs->end(), [](const v1::Run& a, const v1::Run& b) {
+    if (a.sweep_id() != b.sweep_id()) return a.sweep_id() < b.sweep_id();
+    if (a.index() != b.index()) return a.index() < b.index();
+    return a.id() < b.id();
+  });
+}
+
+// Is `id` a sweep? 1: yes (sweep filled), 0: NOT_FOUND, else the exit code
+// negated after printing the error.
+int LookupSweep(Client& client, const std::string& id, v1::Sweep* sweep, std::ostream& err) {
+  v1::GetSweepRequest request;
+  request.set_sweep_id(id);
+  auto context = client.Context();
+  grpc::Status status = client.stub()->GetSweep(context.get(), request, sweep);
+  if (status.ok()) return 1;
+  if (status.error_code() == grpc::StatusCode::NOT_FOUND) return 0;
+  return -RpcError("GetSweep", status, client, err);
+}
+
+// ---- Commands --------------------------------------------------------------------
+
+int Watch(Client& client, const std::string& id, std::ostream& out, std::ostream& err, bool tty);
+
+int CmdSubmit(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err, bool tty) {
+  const std::string& path = parsed.positional[0];
+  std::string yaml;
+  if (!ReadFile(path, &yaml)) {
+    err << "keel: cannot read sweep file " << path << ": " << std::strerror(errno) << "\n";
+    return kExitUsage;
+  }
+  v1::SubmitSweepRequest request;
+  request.mutable_spec()->set_yaml(yaml);
+  request.mutable_spec()->set_source(path);
+  v1::SubmitSweepResponse response;
+  auto context = client.Context();
+  grpc::Status status = client.stub()->SubmitSweep(context.get(), request, &response);
+  if (!status.ok()) return RpcError("SubmitSweep", status, client, err);
+  int runs = response.runs_size() > 0 ? response.runs_size() : response.sweep().runs_total();
+  out << "submitted sweep " << response.sweep().id();
+  if (!response.sweep().name().empty()) out << " (" << response.sweep().name() << ")";
+  out << ": " << runs << (runs == 1 ? " run" : " runs") << "\n";
+  out.flush();
+  if (parsed.flags.count("--watch")) return Watch(client, response.sweep().id(), out, err, tty);
+  return kExitOk;
+}
+
+int CmdSweeps(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err) {
+  int code = kExitOk;
+  bool json = JsonOutput(parsed, err, &code);
+  if (code != kExitOk) return code;
+  v1::ListSweepsResponse response;
+  auto context = client.Context();
+  grpc::Status status = client.stub()->ListSweeps(context.get(), v1::ListSweepsRequest(), &response);
+  if (!status.ok()) return RpcError("ListSweeps", status, client, err);
+  if (json) {
+    out << ToJson(response) << "\n";
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& sweep : response.sweeps()) {
+    std::map<std::string, int> by_state(sweep.runs_by_state().begin(), sweep.runs_by_state().end());
+    std::string states;
+    for (const auto& kv : by_state) {
+      if (kv.second == 0) continue;
+      if (!states.empty()) states += " ";
+      states += kv.first + "=" + std::to_string(kv.second);
+    }
+    rows.push_back({sweep.id(), sweep.name().empty() ? "-" : sweep.name(), SweepStateName(sweep.state()),
+                    std::to_string(sweep.runs_total()), states.empty() ? "-" : states,
+                    FormatTime(sweep.created_unix_ms())});
+  }
+  out << FormatTable({"ID", "NAME", "STATE", "RUNS", "BY STATE", "CREATED"}, rows);
+  return kExitOk;
+}
+
+int CmdRuns(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err) {
+  int code = kExitOk;
+  bool json = JsonOutput(parsed, err, &code);
+  if (code != kExitOk) return code;
+  v1::ListRunsRequest request;
+  if (!parsed.positional.empty()) request.set_sweep_id(parsed.positional[0]);
+  v1::ListRunsResponse response;
+  auto context = client.Context();
+  grpc::Status status = client.stub()->ListRuns(context.get(), request, &response);
+  if (!status.ok()) return RpcError("ListRuns", status, client, err);
+  if (json) {
+    out << ToJson(response) << "\n";
+    return kExitOk;
+  }
+  std::vector<v1::Run> runs(response.runs().begin(), response.runs().end());
+  SortRuns(&runs);
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& run : runs) {
+    std::string axes = AxesText(run.axes());
+    rows.push_back({run.id(), run.sweep_id(), StateName(run.state()), StepText(run), LossText(run),
+                    run.precision().empty() ? "-" : run.precision(), std::to_string(run.restarts()),
+                    run.worker_id().empty() ? "-" : run.worker_id(), axes.empty() ? "-" : axes});
+  }
+  out << FormatTable({"ID", "SWEEP", "STATE", "STEP", "LOSS", "PRECISION", "RESTARTS", "WORKER", "AXES"}, rows);
+  return kExitOk;
+}
+
+int CmdShow(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err) {
+  int code = kExitOk;
+  bool json = JsonOutput(parsed, err, &code);
+  if (code != kExitOk) return code;
+  v1::GetRunRequest request;
+  request.set_run_id(parsed.positional[0]);
+  v1::Run run;
+  auto context = client.Context();
+  grpc::Status status = client.stub()->GetRun(context.get(), request, &run);
+  if (!status.ok()) return RpcError("GetRun", status, client, err);
+  v1::ListEventsRequest events_request;
+  events_request.set_run_id(run.id());
+  v1::ListEventsResponse events;
+  auto events_context = client.Context();
+  status = client.stub()->ListEvents(events_context.get(), events_request, &events);
+  if (!status.ok()) return RpcError("ListEvents", status, client, err);
+  if (json) {
+    out << "{\"run\":" << ToJson(run) << ",\"events\":[";
+    for (int i = 0; i < events.events_size(); ++i) out << (i ? "," : "") << ToJson(events.events(i));
+    out << "]}\n";
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> fields = {
+      {"id:", run.id()},
+      {"sweep:", run.sweep_id()},
+      {"state:", StateName(run.state())},
+      {"step:", StepText(run)},
+      {"loss:", LossText(run)},
+      {"precision:", run.precision().empty() ? "-" : run.precision()},
+      {"restarts:", std::to_string(run.restarts()) + " (max " + std::to_string(run.max_restarts()) + ")"},
+      {"worker:", run.worker_id().empty() ? "-" : run.worker_id()},
+      {"checkpoint:", run.checkpoint().empty() ? "-" : run.checkpoint()},
+      {"axes:", run.axes().empty() ? "-" : AxesText(run.axes())},
+      {"created:", FormatTime(run.created_unix_ms())},
+      {"updated:", FormatTime(run.updated_unix_ms())},
+  };
+  if (!run.message().empty()) fields.push_back({"message:", run.message()});
+  std::string table = FormatTable({"", ""}, fields);
+  out << table.substr(table.find('\n') + 1);
+  std::vector<v1::Event> list(events.events().begin(), events.events().end());
+  std::stable_sort(list.begin(), list.end(),
+                   [](const v1::Event& a, const v1::Event& b) { return a.unix_ms() < b.unix_ms(); });
+  size_t first = list.size() > static_cast<size_t>(kShowEvents) ? list.size() - kShowEvents : 0;
+  out << "\nrecent events (" << (list.size() - first) << " of " << list.size() << "):\n";
+  std::vector<std::vector<std::string>> rows;
+  for (size_t i = first; i < list.size(); ++i)
+    rows.push_back({FormatTime(list[i].unix_ms()), std::to_string(list[i].step()), list[i].kind(), list[i].message()});
+  out << FormatTable({"TIME", "STEP", "KIND", "MESSAGE"}, rows);
+  return kExitOk;
+}
+
+// State of a watch: the runs in display order and their intervention counts.
+struct WatchState {
+  std::vector<std::string> order;
+  std::map<std::string, v1::Run> runs;
+  std::map<std::string, int> interventions;
+  std::set<std::string> seen_events;
+  std::map<std::string, std::string> last_line_key;  // non-TTY: what was last printed
+
+  void Upsert(const v1::Run& run) {
+    if (!runs.count(run.id())) order.push_back(run.id());
+    runs[run.id()] = run;
+  }
+  // True when the event is a new intervention.
+  bool AddEvent(const v1::Event& event) {
+    if (!IsInterventionEvent(event)) return false;
+    std::string key = event.run_id() + "\x1f" + std::to_string(event.step()) + "\x1f" +
+                      std::to_string(event.unix_ms()) + "\x1f" + event.kind() + "\x1f" + event.message();
+    if (!seen_events.insert(key).second) return false;
+    ++interventions[event.run_id()];
+    return true;
+  }
+  bool AllTerminal() const {
+    if (runs.empty()) return false;
+    for (const auto& kv : runs)
+      if (!IsTerminal(kv.second.state())) return false;
+    return true;
+  }
+  bool AllSucceeded() const {
+    for (const auto& kv : runs)
+      if (kv.second.state() != v1::SUCCEEDED) return false;
+    return true;
+  }
+};
+
+class WatchPrinter {
+ public:
+  WatchPrinter(std::ostream& out, bool tty) : out_(out), tty_(tty) {}
+
+  void Draw(WatchState& state, bool force) {
+    if (tty_) {
+      auto now = std::chrono::steady_clock::now();
+      // At most ten redraws a second: metric updates can arrive every step.
+      if (!force && lines_ > 0 && now - last_draw_ < std::chrono::milliseconds(100)) return;
+      last_draw_ = now;
+      std::vector<std::vector<std::string>> rows;
+      for (const auto& id : state.order) rows.push_back(WatchRow(state.runs[id], state.interventions[id]));
+      std::string table = FormatTable(WatchHeader(), rows);
+      if (lines_ > 0) out_ << "\x1b[" << lines_ << "A";
+      std::istringstream lines(table);
+      std::string line;
+      int count = 0;
+      while (std::getline(lines, line)) {
+        out_ << "\r\x1b[2K" << line << "\n";
+        ++count;
+      }
+      lines_ = count;
+      out_.flush();
+      return;
+    }
+    if (!header_printed_) {
+      std::string header;
+      for (const auto& cell : WatchHeader()) header += (header.empty() ? "" : "  ") + cell;
+      out_ << header << "\n";
+      header_printed_ = true;
+    }
+    for (const auto& id : state.order) {
+      const v1::Run& run = state.runs[id];
+      int decile = run.steps() > 0 ? static_cast<int>(std::min<int64_t>(10, run.step() * 10 / run.steps())) : 0;
+      std::string key = StateName(run.state()) + "|" + run.precision() + "|" + std::to_string(run.restarts()) + "|" +
+                        std::to_string(state.interventions[id]) + "|" + std::to_string(decile);
+      if (state.last_line_key[id] == key) continue;
+      state.last_line_key[id] = key;
+      std::string line;
+      for (const auto& cell : WatchRow(run, state.interventions[id])) line += (line.empty() ? "" : "  ") + cell;
+      out_ << line << "\n";
+    }
+    out_.flush();
+  }
+
+ private:
+  std::ostream& out_;
+  bool tty_;
+  bool header_printed_ = false;
+  int lines_ = 0;
+  std::chrono::steady_clock::time_point last_draw_;
+};
+
+int WatchResult(const WatchState& state, std::ostream& out) {
+  std::map<std::string, int> counts;
+  for (const auto& kv : state.runs) ++counts[StateName(kv.second.state())];
+  out << state.runs.size() << (state.runs.size() == 1 ? " run:" : " runs:");
+  for (const auto& kv : counts) out << " " << kv.first << "=" << kv.second;
+  out << "\n";
+  return state.AllSucceeded() ? kExitOk : kExitFailed;
+}
+
+int Watch(Client& client, const std::string& id, std::ostream& out, std::ostream& err, bool tty) {
+  WatchState state;
+  v1::Sweep sweep;
+  int is_sweep = LookupSweep(client, id, &sweep, err);
+  if (is_sweep < 0) return -is_sweep;
+  v1::ListEventsRequest events_request;
+  if (is_sweep) {
+    v1::ListRunsRequest request;
+    request.set_sweep_id(id);
+    v1::ListRunsResponse response;
+    auto context = client.Context();
+    grpc::Status status = client.stub()->ListRuns(context.get(), request, &response);
+    if (!status.ok()) return RpcError("ListRuns", status, client, err);
+    std::vector<v1::Run> runs(response.runs().begin(), response.runs().end());
+    SortRuns(&runs);
+    for (const auto& run : runs) state.Upsert(run);
+    events_request.set_sweep_id(id);
+  } else {
+    v1::GetRunRequest request;
+    request.set_run_id(id);
+    v1::Run run;
+    auto context = client.Context();
+    grpc::Status status = client.stub()->GetRun(context.get(), request, &run);
+    if (!status.ok()) {
+      if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+        err << "keel: no sweep or run " << id << "\n";
+        return kExitNotFound;
+      }
+      return RpcError("GetRun", status, client, err);
+    }
+    state.Upsert(run);
+    events_request.set_run_id(id);
+  }
+  // Interventions so far; a failure here only leaves the counts at zero.
+  {
+    v1::ListEventsResponse events;
+    auto context = client.Context();
+    if (client.stub()->ListEvents(context.get(), events_request, &events).ok())
+      for (const auto& event : events.events()) state.AddEvent(event);
+  }
+  WatchPrinter printer(out, tty);
+  printer.Draw(state, true);
+  if (state.AllTerminal()) return WatchResult(state, out);
+
+  if (!client.WaitForConnected()) {
+    err << "keel: could not reach keeld at " << client.server() << " to watch " << id << "\n";
+    return kExitUnavailable;
+  }
+  v1::WatchRequest request;
+  request.set_id(id);
+  auto context = client.Context(0);
+  std::unique_ptr<grpc::ClientReader<v1::WatchUpdate>> reader =
+      is_sweep ? client.stub()->WatchSweep(context.get(), request) : client.stub()->WatchRun(context.get(), request);
+  v1::WatchUpdate update;
+  bool done = false;
+  while (reader->Read(&update)) {
+    bool force = false;
+    switch (update.update_case()) {
+      case v1::WatchUpdate::kRun: {
+        const v1::Run& run = update.run();
+        auto it = state.runs.find(run.id());
+        force = it == state.runs.end() || it->second.state() != run.state();
+        state.Upsert(run);
+        break;
+      }
+      case v1::WatchUpdate::kMetric: {
+        const v1::MetricPoint& point = update.metric();
+        auto it = state.runs.find(point.run_id());
+        if (it != state.runs.end() && point.step() >= it->second.step()) {
+          it->second.set_step(point.step());
+          it->second.set_loss(point.loss());
+        }
+        break;
+      }
+      case v1::WatchUpdate::kEvent:
+        force = state.AddEvent(update.event());
+        break;
+      default:
+        break;
+    }
+    if (state.AllTerminal()) {
+      done = true;
+      break;
+    }
+    printer.Draw(state, force);
+  }
+  if (done) {
+    printer.Draw(state, true);
+    context->TryCancel();
+    reader->Finish();  // CANCELLED, by us
+    return WatchResult(state, out);
+  }
+  grpc::Status status = reader->Finish();
+  printer.Draw(state, true);
+  if (!status.ok()) return RpcError(is_sweep ? "WatchSweep" : "WatchRun", status, client, err);
+  err << "keel: keeld ended the watch stream before every run finished\n";
+  return kExitFailed;
+}
+
+int CmdCancel(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err) {
+  const std::string& id = parsed.positional[0];
+  v1::Sweep sweep;
+  int is_sweep = LookupSweep(client, id, &sweep, err);
+  if (is_sweep < 0) return -is_sweep;
+  if (is_sweep) {
+    v1::CancelSweepRequest request;
+    request.set_sweep_id(id);
+    v1::Sweep cancelled;
+    auto context = client.Context();
+    grpc::Status status = client.stub()->CancelSweep(context.get(), request, &cancelled);
+    if (!status.ok()) return RpcError("CancelSweep", status, client, err);
+    out << "cancelled sweep " << cancelled.id() << " (" << SweepStateName(cancelled.state()) << ")\n";
+    return kExitOk;
+  }
+  v1::CancelRunRequest request;
+  request.set_run_id(id);
+  v1::Run run;
+  auto context = client.Context();
+  grpc::Status status = client.stub()->CancelRun(context.get(), request, &run);
+  if (!status.ok()) {
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+      err << "keel: no sweep or run " << id << "\n";
+      return kExitNotFound;
+    }
+    return RpcError("CancelRun", status, client, err);
+  }
+  out << "cancelled run " << run.id() << " (" << StateName(run.state()) << ")\n";
+  return kExitOk;
+}
+
+bool ParseInt64(const std::string& text, int64_t* value) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0') return false;
+  *value = v;
+  return true;
+}
+
+int CmdIntervene(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err) {
+  auto precision = parsed.flags.find("--precision");
+  if (precision == parsed.flags.end() || precision->second.empty()) {
+    err << "keel: intervene needs --precision NAME (a precision preset)\n";
+    return kExitUsage;
+  }
+  int64_t rollback = 0;
+  auto steps = parsed.flags.find("--rollback-steps");
+  if (steps != parsed.flags.end() && (!ParseInt64(steps->second, &rollback) || rollback < 0)) {
+    err << "keel: --rollback-steps " << steps->second << ": allowed: an integer >= 0\n";
+    return kExitUsage;
+  }
+  v1::InterveneRequest request;
+  request.set_run_id(parsed.positional[0]);
+  request.set_precision(precision->second);
+  request.set_rollback_steps(rollback);
+  auto reason = parsed.flags.find("--reason");
+  if (reason != parsed.flags.end()) request.set_reason(reason->second);
+  v1::InterveneResponse response;
+  auto context = client.Context();
+  grpc::Status status = client.stub()->Intervene(context.get(), request, &response);
+  if (!status.ok()) return RpcError("Intervene", status, client, err);
+  const v1::Event& event = response.event();
+  out << "run " << request.run_id() << ": " << (event.kind().empty() ? "intervention" : event.kind()) << " at step "
+      << event.step();
+  if (!event.message().empty()) out << ": " << event.message();
+  out << "\n";
+  return kExitOk;
+}
+
+// The runs of a sweep with their metric points. Returns an exit code.
+int FetchSeries(Client& client, const std::vector<v1::Run>& runs, int max_points, std::vector<RunSeries>* series,
+                std::ostream& err) {
+  for (const auto& run : runs) {
+    v1::GetMetricsRequest request;
+    request.set_run_id(run.id());
+    request.set_max_points(max_points);
+    v1::GetMetricsResponse response;
+    auto context = client.Context(kMetricsDeadlineSeconds);
+    grpc::Status status = client.stub()->GetMetrics(context.get(), request, &response);
+    if (!status.ok()) return RpcError("GetMetrics " + run.id(), status, client, err);
+    RunSeries s;
+    s.run = run;
+    s.points.assign(response.points().begin(), response.points().end());
+    std::stable_sort(s.points.begin(), s.points.end(),
+                     [](const v1::MetricPoint& a, const v1::MetricPoint& b) { return a.step() < b.step(); });
+    series->push_back(std::move(s));
+  }
+  return kExitOk;
+}
+
+// Runs of sweep `id`, sorted; NOT_FOUND when the sweep does not exist.
+int SweepRuns(Client& client, const std::string& id, std::vector<v1::Run>* runs, std::ostream& err) {
+  v1::ListRunsRequest request;
+  request.set_sweep_id(id);
+  v1::ListRunsResponse response;
+  auto context = client.Context();
+  grpc::Status status = client.stub()->ListRuns(context.get(), request, &response);
+  if (!status.ok()) return RpcError("ListRuns", status, client, err);
+  runs->assign(response.runs().begin(), response.runs().end());
+  if (runs->empty()) {
+    // An empty list may be an unknown sweep: ask, for a clear exit code.
+    v1::Sweep sweep;
+    int is_sweep = LookupSweep(client, id, &sweep, err);
+    if (is_sweep < 0) return -is_sweep;
+    if (is_sweep == 0) {
+      err << "keel: no sweep " << id << "\n";
+      return kExitNotFound;
+    }
+  }
+  SortRuns(runs);
+  return kExitOk;
+}
+
+bool WriteOutput(const std::string& path, const std::string& contents, std::ostream& err) {
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  if (file) file << contents;
+  if (!file) {
+    err << "keel: cannot write " << path << ": " << std::strerror(errno) << "\n";
+    return false;
+  }
+  return true;
+}
+
+int CmdExport(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err) {
+  std::string format = parsed.flags.count("--format") ? parsed.flags.at("--format") : "csv";
+  if (format != "csv" && format != "jsonl") {
+    err << "keel: --format " << format << ": allowed: csv, jsonl\n";
+    return kExitUsage;
+  }
+  std::vector<v1::Run> runs;
+  int code = SweepRuns(client, parsed.positional[0], &runs, err);
+  if (code != kExitOk) return code;
+  std::vector<RunSeries> series;
+  code = FetchSeries(client, runs, 0, &series, err);
+  if (code != kExitOk) return code;
+  std::string text = format == "csv" ? ExportCsv(series) : ExportJsonl(series);
+  auto file = parsed.flags.find("-o");
+  if (file == parsed.flags.end() || file->second == "-") {
+    out << text;
+    return kExitOk;
+  }
+  if (!WriteOutput(file->second, text, err)) return kExitFailed;
+  size_t points = 0;
+  for (const auto& s : series) points += s.points.size();
+  err << "wrote " << file->second << ": " << series.size() << " runs, " << points << " points\n";
+  return kExitOk;
+}
+
+int CmdPlot(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err) {
+  auto file = parsed.flags.find("-o");
+  if (file == parsed.flags.end() || file->second.empty()) {
+    err << "keel: plot needs -o FILE.svg\n";
+    return kExitUsage;
+  }
+  const std::string& id = parsed.positional[0];
+  v1::Sweep sweep;
+  int is_sweep = LookupSweep(client, id, &sweep, err);
+  if (is_sweep < 0) return -is_sweep;
+  std::vector<v1::Run> runs;
+  v1::ListEventsRequest events_request;
+  if (is_sweep) {
+    int code = SweepRuns(client, id, &runs, err);
+    if (code != kExitOk) return code;
+    events_request.set_sweep_id(id);
+  } else {
+    v1::GetRunRequest request;
+    request.set_run_id(id);
+    v1::Run run;
+    auto context = client.Context();
+    grpc::Status status = client.stub()->GetRun(context.get(), request, &run);
+    if (!status.ok()) {
+      if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+        err << "keel: no sweep or run " << id << "\n";
+        return kExitNotFound;
+      }
+      return RpcError("GetRun", status, client, err);
+    }
+    runs.push_back(run);
+    events_request.set_run_id(id);
+  }
+  std::vector<RunSeries> series;
+  int code = FetchSeries(client, runs, kPlotMaxPoints, &series, err);
+  if (code != kExitOk) return code;
+  v1::ListEventsResponse events;
+  auto context = client.Context();
+  grpc::Status status = client.stub()->ListEvents(context.get(), events_request, &events);
+  if (!status.ok()) return RpcError("ListEvents", status, client, err);
+  std::vector<v1::Event> list(events.events().begin(), events.events().end());
+  std::string title = is_sweep ? "sweep " + id + (sweep.name().empty() ? "" : " (" + sweep.name() + ")") : "run " + id;
+  if (!WriteOutput(file->second, RenderLossSvg(title + ": loss vs step", series, list), err)) return kExitFailed;
+  int markers = 0;
+  for (const auto& e : list) markers += IsInterventionEvent(e) ? 1 : 0;
+  out << "wrote " << file->second << ": " << series.size() << (series.size() == 1 ? " run, " : " runs, ") << markers
+      << " interventions\n";
+  return kExitOk;
+}
+
+int CmdWorkers(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err) {
+  int code = kExitOk;
+  bool json = JsonOutput(parsed, err, &code);
+  if (code != kExitOk) return code;
+  v1::ListWorkersResponse response;
+  auto context = client.Context();
+  grpc::Status status = client.stub()->ListWorkers(context.get(), v1::ListWorkersRequest(), &response);
+  if (!status.ok()) return RpcError("ListWorkers", status, client, err);
+  if (json) {
+    out << ToJson(response) << "\n";
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& worker : response.workers()) {
+    int busy = 0;
+    for (const auto& device : worker.devices()) busy += device.run_id().empty() ? 0 : 1;
+    std::string runs;
+    for (const auto& run : worker.run_ids()) runs += (runs.empty() ? "" : ",") + run;
+    rows.push_back({worker.id(), worker.host(), worker.connected() ? "yes" : "no",
+                    std::to_string(busy) + "/" + std::to_string(worker.devices_size()),
+                    std::to_string(worker.cpu_slots()), runs.empty() ? "-" : runs,
+                    FormatTime(worker.lease_expires_unix_ms())});
+  }
+  out << FormatTable({"ID", "HOST", "CONNECTED", "GPUS BUSY", "CPU SLOTS", "RUNS", "LEASE EXPIRES"}, rows);
+  return kExitOk;
+}
+
+}  // namespace
+
+int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  Parsed parsed;
+  std::string problem = ParseArgs(args, &parsed);
+  if (!problem.empty()) {
+    err << "keel: " << problem << "\n";
+    if (parsed.spec != nullptr)
+      err << "usage: " << parsed.spec->usage << " (keel " << parsed.spec->name << " --help)\n";
+    else
+      err << "run `keel --help` for the commands\n";
+    return kExitUsage;
+  }
+  if (parsed.command == "help") {
+    if (parsed.positional.empty()) {
+      out << ToolHelp();
+      return kExitOk;
+    }
+    const CommandSpec* spec = FindCommand(parsed.positional[0]);
+    if (spec == nullptr) {
+      err << "keel: unknown command \"" << parsed.positional[0] << "\"\n";
+      return kExitUsage;
+    }
+    out << CommandHelp(*spec);
+    return kExitOk;
+  }
+  if (parsed.help) {
+    out << (parsed.spec != nullptr ? CommandHelp(*parsed.spec) : ToolHelp());
+    return kExitOk;
+  }
+  if (parsed.spec == nullptr) {
+    err << ToolHelp();
+    return kExitUsage;
+  }
+  const CommandSpec& spec = *parsed.spec;
+  if (parsed.positional.size() < spec.min_positional || parsed.positional.size() > spec.max_positional) {
+    err << "keel: " << (parsed.positional.size() < spec.min_positional ? "missing argument" : "too many arguments")
+        << "\nusage: " << spec.usage << "\n";
+    return kExitUsage;
+  }
+
+  // Server and token: flags, then environment, then the config file.
+  std::map<std::string, std::string> config = ReadConfig();
+  std::string server = parsed.flags.count("--server") ? parsed.flags.at("--server") : Env("KEEL_SERVER");
+  if (server.empty() && config.count("server")) server = config.at("server");
+  if (server.empty()) server = kDefaultServer;
+  if (parsed.flags.count("--token") && parsed.flags.count("--token-file")) {
+    err << "keel: give --token or --token-file, not both\n";
+    return kExitUsage;
+  }
+  std::string token;
+  if (parsed.flags.count("--token")) {
+    token = parsed.flags.at("--token");
+  } else if (parsed.flags.count("--token-file")) {
+    const std::string& path = parsed.flags.at("--token-file");
+    if (!ReadFile(path, &token)) {
+      err << "keel: cannot read token file " << path << ": " << std::strerror(errno) << "\n";
+      return kExitUsage;
+    }
+    token = Trim(token);
+  } else {
+    token = Env("KEEL_TOKEN");
+    if (token.empty() && config.count("token")) token = config.at("token");
+  }
+
+  bool tty = &out == &std::cout && isatty(STDOUT_FILENO);
+  Client client(server, token);
+  const std::string command = spec.name;
+  if (command == "submit") return CmdSubmit(client, parsed, out, err, tty);
+  if (command == "sweeps") return CmdSweeps(client, parsed, out, err);
+  if (command == "runs") return CmdRuns(client, parsed, out, err);
+  if (command == "show") return CmdShow(client, parsed, out, err);
+  if (command == "watch") return Watch(client, parsed.positional[0], out, err, tty);
+  if (command == "cancel") return CmdCancel(client, parsed, out, err);
+  if (command == "intervene") return CmdIntervene(client, parsed, out, err);
+  if (command == "export") return CmdExport(client, parsed, out, err);
+  if (command == "plot") return CmdPlot(client, parsed, out, err);
+  if (command == "workers") return CmdWorkers(client, parsed, out, err);
+  err << "keel: command " << command << " is not implemented\n";
+  return kExitFailed;
+}
+
+}  // namespace client
+}  // namespace keel

@@ -1,0 +1,252 @@
+// format.h: tables, progress bars, CSV/JSONL export and the SVG plot.
+#include "client/format.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <regex>
+#include <vector>
+
+namespace keel {
+namespace client {
+namespace {
+
+TEST(FormatTableTest, PadsColumnsToTheWidestCellAndTrimsTrailingSpace) {
+  std::string table = FormatTable({"ID", "STATE"}, {{"run-1", "RUNNING"}, {"r2", "-"}});
+  EXPECT_EQ(table,
+            "ID     STATE\n"
+            "run-1  RUNNING\n"
+            "r2     -\n");
+}
+
+TEST(FormatTableTest, HeaderWiderThanCells) {
+  std::string table = FormatTable({"LONGHEADER", "X"}, {{"a", "b"}});
+  EXPECT_EQ(table, "LONGHEADER  X\na           b\n");
+}
+
+TEST(ProgressBarTest, FillsInProportionAndClamps) {
+  EXPECT_EQ(ProgressBar(0, 100, 10), "[..........]");
+  EXPECT_EQ(ProgressBar(50, 100, 10), "[#####.....]");
+  EXPECT_EQ(ProgressBar(99, 100, 10), "[#########.]");  // full only at the end
+  EXPECT_EQ(ProgressBar(100, 100, 10), "[##########]");
+  EXPECT_EQ(ProgressBar(250, 100, 10), "[##########]");
+  EXPECT_EQ(ProgressBar(5, 0, 4), "[....]");
+  EXPECT_EQ(ProgressBar(-3, 10, 4), "[....]");
+}
+
+TEST(FormatNumberTest, ShortestRoundTrip) {
+  EXPECT_EQ(FormatNumber(2.5), "2.5");
+  EXPECT_EQ(FormatNumber(6e-4), "0.0006");
+  EXPECT_EQ(FormatNumber(0.1 + 0.2), "0.30000000000000004");
+  EXPECT_EQ(FormatNumber(std::nan("")), "nan");
+  EXPECT_EQ(FormatNumber(-std::numeric_limits<double>::infinity()), "-inf");
+}
+
+TEST(CsvFieldTest, QuotesOnlyWhenNeeded) {
+  EXPECT_EQ(CsvField("plain"), "plain");
+  EXPECT_EQ(CsvField("a,b"), "\"a,b\"");
+  EXPECT_EQ(CsvField("say \"hi\""), "\"say \"\"hi\"\"\"");
+  EXPECT_EQ(CsvField("two\nlines"), "\"two\nlines\"");
+  EXPECT_EQ(CsvField(""), "");
+}
+
+TEST(JsonStringTest, Escapes) { EXPECT_EQ(JsonString("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\u0001\""); }
+
+std::vector<RunSeries> TwoRuns() {
+  RunSeries a;
+  a.run.set_id("r1");
+  a.run.set_sweep_id("s1");
+  (*a.run.mutable_axes())["optimizer.lr"] = "6e-4";
+  (*a.run.mutable_axes())["note"] = "x,y";
+  for (int step : {0, 10}) {
+    v1::MetricPoint p;
+    p.set_run_id("r1");
+    p.set_step(step);
+    p.set_loss(step == 0 ? 4.0 : 2.5);
+    p.set_lr(0.0006);
+    p.set_tokens_per_s(1000);
+    p.set_grad_norm(0.5);
+    a.points.push_back(p);
+  }
+  RunSeries b;
+  b.run.set_id("r2");
+  b.run.set_sweep_id("s1");
+  (*b.run.mutable_axes())["optimizer.lr"] = "1e-3";
+  v1::MetricPoint p;
+  p.set_run_id("r2");
+  p.set_step(5);
+  p.set_loss(std::nan(""));
+  p.set_lr(0.001);
+  b.points.push_back(p);
+  return {a, b};
+}
+
+TEST(ExportTest, CsvHasFixedColumnsThenSortedAxes) {
+  EXPECT_EQ(ExportCsv(TwoRuns()),
+            "sweep_id,run_id,step,loss,lr,tokens_per_s,grad_norm,note,optimizer.lr\n"
+            "s1,r1,0,4,0.0006,1000,0.5,\"x,y\",6e-4\n"
+            "s1,r1,10,2.5,0.0006,1000,0.5,\"x,y\",6e-4\n"
+            "s1,r2,5,nan,0.001,0,0,,1e-3\n");
+}
+
+TEST(ExportTest, JsonlOneObjectPerPointNonFiniteAsNull) {
+  EXPECT_EQ(ExportJsonl(TwoRuns()),
+            "{\"sweep_id\":\"s1\",\"run_id\":\"r1\",\"step\":0,\"loss\":4,\"lr\":0.0006,\"tokens_per_s\":1000,"
+            "\"grad_norm\":0.5,\"note\":\"x,y\",\"optimizer.lr\":\"6e-4\"}\n"
+            "{\"sweep_id\":\"s1\",\"run_id\":\"r1\",\"step\":10,\"loss\":2.5,\"lr\":0.0006,\"tokens_per_s\":1000,"
+            "\"grad_norm\":0.5,\"note\":\"x,y\",\"optimizer.lr\":\"6e-4\"}\n"
+            "{\"sweep_id\":\"s1\",\"run_id\":\"r2\",\"step\":5,\"loss\":null,\"lr\":0.001,\"tokens_per_s\":0,"
+            "\"grad_norm\":0,\"note\":\"\",\"optimizer.lr\":\"1e-3\"}\n");
+}
+
+TEST(WatchRowTest, HasEveryColumn) {
+  v1::Run run;
+  run.set_id("r1");
+  run.set_state(v1::RUNNING);
+  run.set_step(50);
+  run.set_steps(100);
+  run.set_loss(2.5);
+  run.set_precision("mxfp8_e4m3");
+  run.set_restarts(1);
+  std::vector<std::string> row = WatchRow(run, 3);
+  ASSERT_EQ(row.size(), WatchHeader().size());
+  EXPECT_EQ(row[0], "r1");
+  EXPECT_EQ(row[1], "RUNNING");
+  EXPECT_EQ(row[2], "[##########..........] 50/100");
+  EXPECT_EQ(row[3], "2.5");
+  EXPECT_EQ(row[4], "mxfp8_e4m3");
+  EXPECT_EQ(row[5], "1");
+  EXPECT_EQ(row[6], "3");
+}
+
+TEST(IsTerminalTest, TerminalStates) {
+  EXPECT_TRUE(IsTerminal(v1::SUCCEEDED));
+  EXPECT_TRUE(IsTerminal(v1::FAILED));
+  EXPECT_TRUE(IsTerminal(v1::CANCELLED));
+  EXPECT_TRUE(IsTerminal(v1::DIVERGED));
+  EXPECT_FALSE(IsTerminal(v1::RUNNING));
+  EXPECT_FALSE(IsTerminal(v1::QUEUED));
+}
+
+// A tiny XML well-formedness check: every tag closes in order, attributes are
+// quoted, and the root is one <svg> element. Returns "" or the problem.
+std::string CheckXml(const std::string& xml, std::map<std::string, int>* counts) {
+  std::vector<std::string> stack;
+  size_t i = 0;
+  bool root_seen = false;
+  while ((i = xml.find('<', i)) != std::string::npos) {
+    size_t end = xml.find('>', i);
+    if (end == std::string::npos) return "unterminated tag";
+    std::string tag = xml.substr(i + 1, end - i - 1);
+    i = end + 1;
+    if (tag.empty()) return "empty tag";
+    if (tag[0] == '?' || tag[0] == '!') continue;
+    if (tag[0] == '/') {
+      std::string name = tag.substr(1);
+      if (stack.empty() || stack.back() != name) return "mismatched </" + name + ">";
+      stack.pop_back();
+      continue;
+    }
+    bool self_closing = tag.back() == '/';
+    if (self_closing) tag.pop_back();
+    std::string name = tag.substr(0, tag.find_first_of(" \n\t"));
+    if (stack.empty()) {
+      if (root_seen) return "second root element <" + name + ">";
+      if (name != "svg") return "root is <" + name + ">";
+      root_seen = true;
+    }
+    // Attributes: name="value" pairs only.
+    std::string attrs = tag.substr(name.size());
+    static const std::regex kAttrs(R"((\s+[A-Za-z_:][-A-Za-z0-9_:.]*="[^"<]*")*\s*)");
+    if (!std::regex_match(attrs, kAttrs)) return "bad attributes in <" + name + ">";
+    (*counts)[name]++;
+    if (!self_closing) stack.push_back(name);
+  }
+  if (!stack.empty()) return "unclosed <" + stack.back() + ">";
+  if (!root_seen) return "no <svg>";
+  return "";
+}
+
+TEST(CheckXmlTest, CatchesBrokenDocuments) {
+  std::map<std::string, int> counts;
+  EXPECT_EQ(CheckXml("<svg><g></svg>", &counts), "mismatched </svg>");
+  EXPECT_EQ(CheckXml("<svg a=b/>", &counts), "bad attributes in <svg>");
+  EXPECT_EQ(CheckXml("<svg><g></g>", &counts), "unclosed <svg>");
+  EXPECT_EQ(CheckXml("<svg/><svg/>", &counts), "second root element <svg>");
+  EXPECT_EQ(CheckXml("<svg x=\"1\"><g/></svg>", &counts), "");
+}
+
+TEST(SvgTest, WellFormedWithOnePolylinePerRunLegendAndMarkers) {
+  std::vector<RunSeries> series = TwoRuns();
+  series[0].run.set_id("r1<&>");  // escaped in attributes and text
+  v1::Event rollback;
+  rollback.set_run_id("r1<&>");
+  rollback.set_step(7);
+  rollback.set_kind("rollback");
+  rollback.set_message("loss spike");
+  v1::Event switched = rollback;
+  switched.set_kind("switch_precision");
+  switched.set_message("to bf16");
+  v1::Event state = rollback;
+  state.set_kind("state");  // not a marker
+  std::string svg = RenderLossSvg("sweep s1", series, {rollback, switched, state});
+
+  std::map<std::string, int> counts;
+  ASSERT_EQ(CheckXml(svg, &counts), "") << svg;
+  EXPECT_NE(svg.find("<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\""), std::string::npos);
+  EXPECT_EQ(counts["polyline"], 2);
+  EXPECT_EQ(counts["svg"], 1);
+  // Two markers: dashed vertical lines with a label.
+  size_t dashed = 0;
+  for (size_t at = 0; (at = svg.find("stroke-dasharray", at)) != std::string::npos; ++at) ++dashed;
+  EXPECT_EQ(dashed, 2u);
+  EXPECT_NE(svg.find("rollback r1&lt;&amp;&gt;: loss spike"), std::string::npos);
+  EXPECT_NE(svg.find("switch_precision r1&lt;&amp;&gt;: to bf16"), std::string::npos);
+  // Legend: run id and axes.
+  EXPECT_NE(svg.find("r1&lt;&amp;&gt; note=x,y optimizer.lr=6e-4"), std::string::npos);
+  EXPECT_NE(svg.find(">r2 optimizer.lr=1e-3<"), std::string::npos);
+  EXPECT_EQ(svg.find("r1<&>"), std::string::npos);
+}
+
+TEST(SvgTest, LogScaleSkipsZeroNegativeAndNonFiniteLoss) {
+  RunSeries s;
+  s.run.set_id("r1");
+  double losses[] = {10.0, 0.0, std::nan(""), -1.0, std::numeric_limits<double>::infinity(), 0.1};
+  for (int i = 0; i < 6; ++i) {
+    v1::MetricPoint p;
+    p.set_step(i * 100);
+    p.set_loss(losses[i]);
+    s.points.push_back(p);
+  }
+  std::string svg = RenderLossSvg("t", {s}, {});
+  std::map<std::string, int> counts;
+  ASSERT_EQ(CheckXml(svg, &counts), "");
+  EXPECT_EQ(svg.find("nan"), std::string::npos);
+  EXPECT_EQ(svg.find("inf"), std::string::npos);
+  // Exactly the two good points remain on the polyline.
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(svg, match, std::regex("<polyline[^>]* points=\"([^\"]*)\"")));
+  std::string points = match[1];
+  EXPECT_EQ(std::count(points.begin(), points.end(), ','), 2) << points;
+  // loss 10 sits on the top gridline (1e1) and 0.1 on the bottom one (1e-1).
+  EXPECT_NE(svg.find(">1e1<"), std::string::npos);
+  EXPECT_NE(svg.find(">1e-1<"), std::string::npos);
+}
+
+TEST(SvgTest, NoPlottablePointsStillValid) {
+  RunSeries s;
+  s.run.set_id("r1");
+  v1::MetricPoint p;
+  p.set_loss(std::nan(""));
+  s.points.push_back(p);
+  std::string svg = RenderLossSvg("t", {s}, {});
+  std::map<std::string, int> counts;
+  ASSERT_EQ(CheckXml(svg, &counts), "");
+  EXPECT_EQ(counts["polyline"], 1);
+  EXPECT_EQ(svg.find("nan"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace client
+}  // namespace keel

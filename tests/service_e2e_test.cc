@@ -1,0 +1,301 @@
+// Keel as a service, end to end, with real processes on loopback: keeld (SQLite
+// in a temp state dir), keel-worker processes running the real keel-train on
+// the CPU, and a gRPC client. Sweeps finish; a worker killed with -9 mid-run
+// loses its lease and the run resumes elsewhere from its checkpoint with the
+// same final loss as an uninterrupted run; keeld killed with -9 and restarted
+// loses nothing; bad tokens and bad sweeps are refused without state changes.
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "proto/keel.grpc.pb.h"
+
+namespace {
+
+constexpr char kUserToken[] = "user-token-0123456789abcdef";
+constexpr char kWorkerToken[] = "worker-token-0123456789abcdef";
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(base ? base : "/tmp") + "/" + name;
+  EXPECT_EQ(std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str()), 0);
+  return dir;
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = ntohs(addr.sin_port);
+  close(fd);
+  return port;
+}
+
+// A child process with its output in a log file; killed (SIGKILL) when destroyed.
+class Process {
+ public:
+  Process(std::vector<std::string> args, const std::string& log) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      FILE* f = freopen(log.c_str(), "a", stderr);
+      (void)f;
+      setenv("KEEL_USER_TOKENS", kUserToken, 1);
+      setenv("KEEL_WORKER_TOKEN", kWorkerToken, 1);
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(&a[0]);
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~Process() { Kill(SIGKILL); }
+  void Kill(int signal) {
+    if (pid_ > 0) {
+      kill(pid_, signal);
+      int status;
+      waitpid(pid_, &status, 0);
+      pid_ = -1;
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+class Cluster {
+ public:
+  explicit Cluster(const std::string& name) : dir_(TempDir(name)), port_(FreePort()) { StartKeeld(); }
+
+  void StartKeeld() {
+    keeld_.reset(new Process({"server/keeld", "--listen", Address(), "--state-dir", dir_ + "/state",
+                              "--metrics-listen", "off", "--lease-ms", "1500", "--heartbeat-ms", "200"},
+                             dir_ + "/keeld.log"));
+    auto channel = grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials());
+    ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(20)));
+    stub_ = keel::v1::KeelService::NewStub(channel);
+  }
+  void KillKeeld() { keeld_->Kill(SIGKILL); }
+
+  // A worker with one CPU slot and its own work dir.
+  Process* AddWorker(const std::string& name) {
+    workers_[name].reset(new Process({"worker/keel-worker", "--server", Address(), "--trainer", "worker/keel-train",
+                                      "--work-dir", dir_ + "/" + name, "--cpu-slots", "1"},
+                                     dir_ + "/" + name + ".log"));
+    return workers_[name].get();
+  }
+
+  std::string Address() const { return "127.0.0.1:" + std::to_string(port_); }
+  keel::v1::KeelService::Stub* stub() { return stub_.get(); }
+  const std::string& dir() const { return dir_; }
+
+  std::unique_ptr<grpc::ClientContext> Context(const std::string& token = kUserToken) {
+    auto c = std::make_unique<grpc::ClientContext>();
+    c->AddMetadata("authorization", "Bearer " + token);
+    c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return c;
+  }
+
+  grpc::Status Submit(const std::string& yaml, keel::v1::SubmitSweepResponse* out) {
+    keel::v1::SubmitSweepRequest request;
+    request.mutable_spec()->set_yaml(yaml);
+    request.mutable_spec()->set_source("test-sweep.yaml");
+    return stub_->SubmitSweep(Context().get(), request, out);
+  }
+
+  std::vector<keel::v1::Run> Runs(const std::string& sweep) {
+    keel::v1::ListRunsRequest request;
+    request.set_sweep_id(sweep);
+    keel::v1::ListRunsResponse response;
+    grpc::Status s = stub_->ListRuns(Context().get(), request, &response);
+    return std::vector<keel::v1::Run>(response.runs().begin(), response.runs().end());
+  }
+
+  // Polls until every run of the sweep ended (or timeout); returns the runs.
+  std::vector<keel::v1::Run> WaitDone(const std::string& sweep, int seconds,
+                                      const std::function<void(const std::vector<keel::v1::Run>&)>& each = nullptr) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    std::vector<keel::v1::Run> runs;
+    while (std::chrono::steady_clock::now() < deadline) {
+      runs = Runs(sweep);
+      if (each) each(runs);
+      bool done = !runs.empty();
+      for (const auto& r : runs) {
+        done = done && (r.state() == keel::v1::SUCCEEDED || r.state() == keel::v1::FAILED ||
+                        r.state() == keel::v1::CANCELLED);
+      }
+      if (done) return runs;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return runs;
+  }
+
+  std::vector<keel::v1::MetricPoint> Metrics(const std::string& run) {
+    keel::v1::GetMetricsRequest request;
+    request.set_run_id(run);
+    keel::v1::GetMetricsResponse response;
+    stub_->GetMetrics(Context().get(), request, &response);
+    return std::vector<keel::v1::MetricPoint>(response.points().begin(), response.points().end());
+  }
+
+ private:
+  std::string dir_;
+  int port_;
+  std::unique_ptr<Process> keeld_;
+  std::map<std::string, std::unique_ptr<Process>> workers_;
+  std::unique_ptr<keel::v1::KeelService::Stub> stub_;
+};
+
+std::string SmallSweep(int steps, const std::string& axes) {
+  return "name: small\n"
+         "base:\n"
+         "  model: {type: proxy, layers: 1, width: 16}\n"
+         "  batch: 32\n  threads: 1\n  checkpoint_every: 10\n"
+         "  steps: " + std::to_string(steps) + "\n" + axes;
+}
+
+TEST(ServiceE2eTest, SweepCompletesWithMetricsAndEvents) {
+  Cluster cluster("e2e_sweep");
+  cluster.AddWorker("w1");
+  cluster.AddWorker("w2");
+  keel::v1::SubmitSweepResponse submitted;
+  grpc::Status s = cluster.Submit(SmallSweep(40, "axes:\n  - grid: {precision: [fp32, mxfp8_e4m3], seed: [1, 2]}\n"),
+                                  &submitted);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(submitted.runs_size(), 4);
+  auto runs = cluster.WaitDone(submitted.sweep().id(), 120);
+  ASSERT_EQ(runs.size(), 4u);
+  for (const auto& r : runs) {
+    EXPECT_EQ(r.state(), keel::v1::SUCCEEDED) << r.id() << ": " << r.message();
+    auto points = cluster.Metrics(r.id());
+    EXPECT_EQ(points.size(), 40u) << r.id();
+    keel::v1::ListEventsRequest er;
+    er.set_run_id(r.id());
+    keel::v1::ListEventsResponse events;
+    ASSERT_TRUE(cluster.stub()->ListEvents(cluster.Context().get(), er, &events).ok());
+    EXPECT_GE(events.events_size(), 3) << r.id();  // assigned, started, finished
+  }
+  keel::v1::GetSweepRequest gs;
+  gs.set_sweep_id(submitted.sweep().id());
+  keel::v1::Sweep sweep;
+  ASSERT_TRUE(cluster.stub()->GetSweep(cluster.Context().get(), gs, &sweep).ok());
+  EXPECT_EQ(sweep.state(), keel::v1::SWEEP_DONE);
+  EXPECT_EQ(sweep.runs_by_state().at("SUCCEEDED"), 4);
+}
+
+TEST(ServiceE2eTest, WorkerKilledMidRunResumesElsewhereWithTheSameFinalLoss) {
+  Cluster cluster("e2e_worker_kill");
+  Process* first = cluster.AddWorker("w1");
+  keel::v1::SubmitSweepResponse submitted;
+  const std::string sweep = SmallSweep(400, "");
+  ASSERT_TRUE(cluster.Submit(sweep, &submitted).ok());
+  const std::string run_id = submitted.runs(0).id();
+  // Kill the worker once the run has checkpointed at least once.
+  bool killed = false;
+  auto runs = cluster.WaitDone(submitted.sweep().id(), 180, [&](const std::vector<keel::v1::Run>& rs) {
+    if (!killed && !rs.empty() && !rs[0].checkpoint().empty() && rs[0].step() >= 30) {
+      first->Kill(SIGKILL);
+      killed = true;
+      cluster.AddWorker("w2");
+    }
+  });
+  ASSERT_TRUE(killed);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].state(), keel::v1::SUCCEEDED) << runs[0].message();
+  EXPECT_EQ(runs[0].restarts(), 1);
+  auto points = cluster.Metrics(run_id);
+  ASSERT_FALSE(points.empty());
+  EXPECT_EQ(points.back().step(), 400);
+
+  // The same run uninterrupted, by keel-train directly.
+  const std::string dir = cluster.dir() + "/direct";
+  std::ofstream(cluster.dir() + "/direct.yaml") << submitted.runs(0).spec().yaml();
+  ASSERT_EQ(std::system(("worker/keel-train --quiet --config " + cluster.dir() + "/direct.yaml --run-dir " + dir).c_str()), 0);
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  std::string line, last;
+  while (std::getline(metrics, line)) last = line;
+  const std::string json = points.back().json();
+  auto loss_of = [](const std::string& j) { return j.substr(j.find("\"loss\":"), j.find(",\"lr\"") - j.find("\"loss\":")); };
+  EXPECT_EQ(loss_of(json), loss_of(last));  // bit for bit, as printed
+}
+
+TEST(ServiceE2eTest, KeeldKilledAndRestartedLosesNothing) {
+  Cluster cluster("e2e_keeld_kill");
+  cluster.AddWorker("w1");
+  cluster.AddWorker("w2");
+  keel::v1::SubmitSweepResponse submitted;
+  ASSERT_TRUE(cluster.Submit(SmallSweep(300, "axes:\n  - grid: {seed: [1, 2]}\n"), &submitted).ok());
+  bool killed = false;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!killed && std::chrono::steady_clock::now() < deadline) {
+    auto rs = cluster.Runs(submitted.sweep().id());
+    if (rs.size() == 2 && rs[0].step() >= 20 && rs[1].step() >= 20) {
+      cluster.KillKeeld();
+      killed = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(killed);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  cluster.StartKeeld();
+  auto runs = cluster.WaitDone(submitted.sweep().id(), 120);
+  ASSERT_EQ(runs.size(), 2u);
+  for (const auto& r : runs) {
+    EXPECT_EQ(r.state(), keel::v1::SUCCEEDED) << r.message();
+    EXPECT_EQ(r.restarts(), 0) << r.id() << " was restarted instead of re-attached";
+    auto points = cluster.Metrics(r.id());
+    ASSERT_EQ(points.size(), 300u) << r.id();  // every step, across the outage
+    EXPECT_EQ(points.back().step(), 300);
+  }
+}
+
+TEST(ServiceE2eTest, WrongTokensAndBadSweepsAreRefusedWithoutStateChanges) {
+  Cluster cluster("e2e_refusals");
+  keel::v1::SubmitSweepRequest request;
+  request.mutable_spec()->set_yaml(SmallSweep(10, ""));
+  keel::v1::SubmitSweepResponse response;
+  auto none = std::make_unique<grpc::ClientContext>();
+  EXPECT_EQ(cluster.stub()->SubmitSweep(none.get(), request, &response).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(cluster.stub()->SubmitSweep(cluster.Context("wrong-token-0123456789").get(), request, &response).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(cluster.stub()->SubmitSweep(cluster.Context(kWorkerToken).get(), request, &response).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  struct Bad {
+    std::string yaml, expect;
+  };
+  const std::vector<Bad> bad = {
+      {"name: x\nbase: {model: {type: proxy}\n", "test-sweep.yaml"},  // malformed YAML
+      {SmallSweep(10, "axes:\n  - grid: {precision: [mxfp9]}\n"), "mxfp9"},
+      {"name: x\nbase:\n  batch: -4\n", "batch"},
+      {SmallSweep(10, "axes:\n  - grid: {seed: [1,2,3,4,5,6,7,8,9,10], batch: [1,2,3,4,5,6,7,8,9,10], steps: [1,2,3,4,5,6,7,8,9,10],"
+                      " threads: [1,2,3,4,5,6,7,8,9,10], log_every: [1,2,3,4,5,6,7,8,9,10], probe_every: [1,2,3,4,5,6,7,8,9,10]}\n"),
+       "1000000"},
+  };
+  for (const Bad& b : bad) {
+    request.mutable_spec()->set_yaml(b.yaml);
+    request.mutable_spec()->set_source("test-sweep.yaml");
+    grpc::Status s = cluster.stub()->SubmitSweep(cluster.Context().get(), request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << b.yaml;
+    EXPECT_NE(s.error_message().find(b.expect), std::string::npos) << s.error_message();
+    EXPECT_NE(s.error_message().find("test-sweep.yaml:"), std::string::npos) << s.error_message();
+  }
+  keel::v1::ListSweepsResponse sweeps;
+  ASSERT_TRUE(cluster.stub()->ListSweeps(cluster.Context().get(), keel::v1::ListSweepsRequest(), &sweeps).ok());
+  EXPECT_EQ(sweeps.sweeps_size(), 0);  // nothing was stored
+}
+
+}  // namespace
