@@ -544,9 +544,9 @@ void Coordinator::HandleWorkerMessage(const std::string& worker_id, const v1::Wo
         RequeueOrFail(&run, "trainer " + how);
       }
       FinishSweepIfDone(run.sweep_id());
+      Schedule();  // its slot is free
     }
   }
-  Schedule();
 }
 
 void Coordinator::RequeueOrFail(v1::Run* run, const std::string& why) {
