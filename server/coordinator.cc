@@ -310,6 +310,7 @@ grpc::Status Coordinator::GetMetrics(const v1::GetMetricsRequest& request, v1::G
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "max_points: " + std::to_string(request.max_points()) + " is not allowed (>= 0; 0 = all)");
   }
+  FlushMetrics();
   std::vector<v1::MetricPoint> points;
   Status s = store_->GetMetrics(request.run_id(), request.max_points(), &points);
   if (!s.ok()) return FromStatus(s);
@@ -487,6 +488,7 @@ void Coordinator::HandleWorkerMessage(const std::string& worker_id, const v1::Wo
   auto w = workers_.find(worker_id);
   if (w == workers_.end()) return;
   w->second.lease_expires_ms = Now() + options_.lease_ms;
+  if (!m.has_metric()) FlushMetrics();  // everything before this message is stored first
   auto run_of = [&](const std::string& run_id) -> v1::Run* {
     auto it = runs_.find(run_id);
     // Messages about a run this worker no longer holds (it was requeued) are stale.
@@ -501,7 +503,8 @@ void Coordinator::HandleWorkerMessage(const std::string& worker_id, const v1::Wo
     }
   } else if (m.has_metric()) {
     if (v1::Run* r = run_of(m.metric().run_id())) {
-      if (store_->AppendMetrics({m.metric()}).ok()) ++counters_.metric_points;
+      metric_buffer_.push_back(m.metric());
+      if (metric_buffer_.size() >= 512) FlushMetrics();
       r->set_step(m.metric().step());
       r->set_loss(m.metric().loss());
       progress_dirty_.insert(r->id());
@@ -650,6 +653,18 @@ void Coordinator::Schedule() {
   }
 }
 
+void Coordinator::FlushMetrics() {
+  if (metric_buffer_.empty()) return;
+  Status s = store_->AppendMetrics(metric_buffer_);
+  if (s.ok()) {
+    counters_.metric_points += static_cast<int64_t>(metric_buffer_.size());
+  } else {
+    // Not acknowledged, so the worker sends them again after it reconnects.
+    std::fprintf(stderr, "keeld: storing %zu metric points failed: %s\n", metric_buffer_.size(), s.message().c_str());
+  }
+  metric_buffer_.clear();
+}
+
 void Coordinator::SaveProgress() {
   for (const std::string& id : progress_dirty_) {
     auto it = runs_.find(id);
@@ -660,6 +675,7 @@ void Coordinator::SaveProgress() {
 
 void Coordinator::Tick() {
   std::lock_guard<std::mutex> lock(mu_);
+  FlushMetrics();
   const int64_t now = Now();
   for (auto& w : workers_) {
     if (w.second.lease_expires_ms > now) continue;

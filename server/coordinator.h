@@ -125,6 +125,7 @@ class Coordinator {
   void Publish(const v1::WatchUpdate& update, const std::string& run_id, const std::string& sweep_id);
   void Schedule();
   void SaveProgress();
+  void FlushMetrics();
   void RequeueOrFail(v1::Run* run, const std::string& why);
   void ReleaseWorkerRuns(const std::string& worker_id, const std::set<std::string>& keep, const std::string& why);
   void FinishSweepIfDone(const std::string& sweep_id);
@@ -138,6 +139,11 @@ class Coordinator {
   std::map<std::string, v1::Sweep> sweeps_;         // every sweep, by id
   std::map<std::string, WorkerState> workers_;      // by id
   std::set<std::string> cancel_requested_;          // runs being cancelled on a worker
+  // Metric points received but not yet committed: flushed in one transaction
+  // when 512 gather, before any other worker message is handled (so a
+  // heartbeat's acknowledgement covers them), before metrics are read, and on
+  // every Tick.
+  std::vector<v1::MetricPoint> metric_buffer_;
   std::set<std::string> progress_dirty_;            // runs whose step/loss changed since saved
   int64_t progress_saved_ms_ = 0;
   std::vector<std::pair<std::string, std::shared_ptr<Subscription>>> subscribers_;  // (id, queue)
