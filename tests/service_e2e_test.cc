@@ -201,7 +201,8 @@ TEST(ServiceE2eTest, WorkerKilledMidRunResumesElsewhereWithTheSameFinalLoss) {
   Cluster cluster("e2e_worker_kill");
   Process* first = cluster.AddWorker("w1");
   keel::v1::SubmitSweepResponse submitted;
-  const std::string sweep = SmallSweep(400, "");
+  // Long enough (a few seconds) that the kill lands mid-run.
+  const std::string sweep = SmallSweep(3000, "");
   ASSERT_TRUE(cluster.Submit(sweep, &submitted).ok());
   const std::string run_id = submitted.runs(0).id();
   // Kill the worker once the run has checkpointed at least once.
@@ -219,7 +220,8 @@ TEST(ServiceE2eTest, WorkerKilledMidRunResumesElsewhereWithTheSameFinalLoss) {
   EXPECT_EQ(runs[0].restarts(), 1);
   auto points = cluster.Metrics(run_id);
   ASSERT_FALSE(points.empty());
-  EXPECT_EQ(points.back().step(), 400);
+  EXPECT_EQ(points.back().step(), 3000);
+  EXPECT_EQ(points.size(), 3000u);  // every step stored once
 
   // The same run uninterrupted, by keel-train directly.
   const std::string dir = cluster.dir() + "/direct";
