@@ -350,7 +350,9 @@ grpc::Status Coordinator::Intervene(const v1::InterveneRequest& request, v1::Int
   e.set_run_id(run.id());
   e.set_step(run.step());
   e.set_unix_ms(Now());
-  e.set_kind(request.rollback_steps() > 0 ? "rollback" : "switch_precision");
+  // The request; the trainer's own switch_precision / rollback events follow
+  // when it has acted on it.
+  e.set_kind("intervention_requested");
   e.set_message("requested by the user: switch to " + request.precision() +
                 (request.rollback_steps() > 0 ? " after rolling back " + std::to_string(request.rollback_steps()) + " steps" : "") +
                 (request.reason().empty() ? "" : " (" + request.reason() + ")"));
@@ -520,6 +522,24 @@ void Coordinator::HandleWorkerMessage(const std::string& worker_id, const v1::Wo
     }
   } else if (m.has_event()) {
     v1::Event e = m.event();
+    if (v1::Run* r = run_of(e.run_id())) {
+      // The trainer acted on an intervention: the run's precision and, after a
+      // rollback, its trajectory (points past the restored step are gone).
+      v1::Run run = *r;
+      auto detail = [&](const char* key) {
+        auto it = e.details().find(key);
+        return it == e.details().end() ? std::string() : it->second;
+      };
+      if (e.kind() == "rollback" && !detail("to_step").empty()) {
+        const int64_t to = std::atoll(detail("to_step").c_str());
+        store_->DeleteMetricsAfter(run.id(), to);
+        run.set_step(to);
+      }
+      if ((e.kind() == "switch_precision" || e.kind() == "rollback") && !detail("precision").empty()) {
+        run.set_precision(detail("precision"));
+      }
+      SaveRun(&run, "", "");
+    }
     if (runs_.count(e.run_id())) {
       store_->AppendEvent(e);
       v1::WatchUpdate u;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -263,6 +264,72 @@ TEST(ServiceE2eTest, KeeldKilledAndRestartedLosesNothing) {
     ASSERT_EQ(points.size(), 300u) << r.id();  // every step, across the outage
     EXPECT_EQ(points.back().step(), 300);
   }
+}
+
+TEST(ServiceE2eTest, InterveneSwitchesARunningTrainerAndRollsItBack) {
+  Cluster cluster("e2e_intervene");
+  cluster.AddWorker("w1");
+  keel::v1::SubmitSweepResponse submitted;
+  // Every 50 steps a checkpoint, all kept: a rollback needs one far enough back.
+  ASSERT_TRUE(cluster.Submit(SmallSweep(6000, "") + "  keep_checkpoints: 0\n", &submitted).ok());
+  const std::string run_id = submitted.runs(0).id();
+  auto wait_for = [&](const std::function<bool(const keel::v1::Run&)>& ok) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    keel::v1::Run run;
+    while (std::chrono::steady_clock::now() < deadline) {
+      keel::v1::GetRunRequest r;
+      r.set_run_id(run_id);
+      cluster.stub()->GetRun(cluster.Context().get(), r, &run);
+      if (ok(run)) return run;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return run;
+  };
+  keel::v1::Run run = wait_for([](const keel::v1::Run& r) { return r.step() >= 250; });
+  ASSERT_GE(run.step(), 250);
+  EXPECT_EQ(run.precision(), "fp32");
+  keel::v1::InterveneRequest request;
+  request.set_run_id(run_id);
+  request.set_precision("bf16");
+  request.set_reason("e2e");
+  keel::v1::InterveneResponse response;
+  grpc::Status s = cluster.stub()->Intervene(cluster.Context().get(), request, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  run = wait_for([](const keel::v1::Run& r) { return r.precision() == "bf16"; });
+  EXPECT_EQ(run.precision(), "bf16");
+  // Roll back 100 steps into mxfp8_e4m3: the run's step goes back, then on.
+  request.set_precision("mxfp8_e4m3");
+  request.set_rollback_steps(100);
+  ASSERT_TRUE(cluster.stub()->Intervene(cluster.Context().get(), request, &response).ok());
+  run = wait_for([](const keel::v1::Run& r) { return r.precision() == "mxfp8_e4m3"; });
+  EXPECT_EQ(run.precision(), "mxfp8_e4m3");
+  keel::v1::ListEventsRequest er;
+  er.set_run_id(run_id);
+  keel::v1::ListEventsResponse events;
+  ASSERT_TRUE(cluster.stub()->ListEvents(cluster.Context().get(), er, &events).ok());
+  std::map<std::string, int> kinds;
+  int64_t rolled_to = -1, rolled_from = -1;
+  for (const auto& e : events.events()) {
+    ++kinds[e.kind()];
+    if (e.kind() == "rollback") {
+      rolled_to = std::atoll(e.details().at("to_step").c_str());
+      rolled_from = std::atoll(e.details().at("from_step").c_str());
+    }
+  }
+  EXPECT_EQ(kinds["intervention_requested"], 2);
+  EXPECT_EQ(kinds["switch_precision"], 2);  // bf16, then mxfp8_e4m3 after the rollback
+  EXPECT_EQ(kinds["rollback"], 1);
+  EXPECT_LE(rolled_to, rolled_from - 100);
+  EXPECT_GE(rolled_to, 0);
+  // Bad interventions change nothing.
+  request.set_precision("mxfp9");
+  EXPECT_EQ(cluster.stub()->Intervene(cluster.Context().get(), request, &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  keel::v1::CancelRunRequest cancel;
+  cancel.set_run_id(run_id);
+  ASSERT_TRUE(cluster.stub()->CancelRun(cluster.Context().get(), cancel, &run).ok());
+  run = wait_for([](const keel::v1::Run& r) { return r.state() == keel::v1::CANCELLED; });
+  EXPECT_EQ(run.state(), keel::v1::CANCELLED);
 }
 
 TEST(ServiceE2eTest, WrongTokensAndBadSweepsAreRefusedWithoutStateChanges) {

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "proto/keel.grpc.pb.h"
+#include "worker/io/json.h"
 
 namespace keel {
 namespace {
@@ -145,12 +146,25 @@ void Agent::HandleCommand(const v1::WorkerCommand& command) {
   } else if (command.has_cancel()) {
     auto it = runs_.find(command.cancel().run_id());
     if (it != runs_.end()) it->second->Signal(SIGTERM);  // checkpoint, then exit 130
-  } else if (command.has_switch_precision()) {
-    // Live scheme switches reach the trainer in the stability issue; say so.
-    event(command.switch_precision().run_id(), "unsupported",
-          "this keel-worker cannot switch a running trainer's precision yet");
-  } else if (command.has_rollback()) {
-    event(command.rollback().run_id(), "unsupported", "this keel-worker cannot roll back a running trainer yet");
+  } else if (command.has_switch_precision() || command.has_rollback()) {
+    // Handed to the trainer as a command file; it reports what it did in events.jsonl.
+    const std::string run_id =
+        command.has_rollback() ? command.rollback().run_id() : command.switch_precision().run_id();
+    auto it = runs_.find(run_id);
+    if (it == runs_.end()) {
+      event(run_id, "command_failed", "run " + run_id + " is not running on this worker");
+      return;
+    }
+    JsonWriter w;
+    if (command.has_rollback()) {
+      w.Add("kind", "rollback").Add("steps", command.rollback().steps());
+      w.Add("precision", command.rollback().precision()).Add("reason", command.rollback().reason());
+    } else {
+      w.Add("kind", "switch_precision").Add("precision", command.switch_precision().precision());
+      w.Add("reason", command.switch_precision().reason());
+    }
+    Status st = it->second->SendCommand(w.str());
+    if (!st.ok()) event(run_id, "command_failed", st.message());
   }
 }
 
@@ -162,6 +176,11 @@ void Agent::PollRuns() {
     for (v1::MetricPoint& metric : p.metrics) {
       v1::WorkerMessage m;
       *m.mutable_metric() = std::move(metric);
+      Queue(std::move(m));
+    }
+    for (v1::Event& e : p.events) {
+      v1::WorkerMessage m;
+      *m.mutable_event() = std::move(e);
       Queue(std::move(m));
     }
     for (v1::CheckpointNotice& c : p.checkpoints) {

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cerrno>
 #include <cstring>
 
@@ -158,6 +160,47 @@ Status RunSupervisor::ReadNewMetrics(RunProgress* progress) {
   return Status::Ok();
 }
 
+Status RunSupervisor::ReadNewEvents(RunProgress* progress) {
+  const std::string path = launch_.run_dir + "/events.jsonl";
+  int64_t size = 0;
+  if (!FileSize(path, &size).ok() || size <= events_offset_) return Status::Ok();
+  std::string chunk(static_cast<size_t>(size - events_offset_), '\0');
+  KEEL_RETURN_IF_ERROR(ReadFileRange(path, events_offset_, static_cast<int64_t>(chunk.size()), &chunk[0]));
+  events_offset_ = size;
+  partial_event_ += chunk;
+  size_t begin = 0;
+  for (size_t end; (end = partial_event_.find('\n', begin)) != std::string::npos; begin = end + 1) {
+    JsonValue v;
+    if (!ParseJson(partial_event_.substr(begin, end - begin), &v).ok() || !v.is_object()) continue;
+    v1::Event e;
+    e.set_run_id(launch_.run_id);
+    if (const JsonValue* step = v.Find("step")) e.set_step(step->int_value());
+    if (const JsonValue* kind = v.Find("kind")) e.set_kind(kind->string_value());
+    if (const JsonValue* message = v.Find("message")) e.set_message(message->string_value());
+    if (const JsonValue* details = v.Find("details")) {
+      for (const JsonValue::Member& m : details->members()) (*e.mutable_details())[m.first] = m.second.string_value();
+    }
+    e.set_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::system_clock::now().time_since_epoch()).count());
+    progress->events.push_back(std::move(e));
+  }
+  partial_event_.erase(0, begin);
+  return Status::Ok();
+}
+
+Status RunSupervisor::SendCommand(const std::string& json) {
+  const std::string dir = launch_.run_dir + "/commands";
+  KEEL_RETURN_IF_ERROR(MakeDirs(dir));
+  char name[32];
+  std::snprintf(name, sizeof(name), "%08d", ++command_seq_);
+  // The trainer reads *.json only: write the .tmp first, then rename.
+  KEEL_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + name + ".tmp", json));
+  if (std::rename((dir + "/" + name + ".tmp").c_str(), (dir + "/" + name + ".json").c_str()) != 0) {
+    return Status::Error("run " + launch_.run_id + ": cannot hand the trainer a command: " + strerror(errno));
+  }
+  return Status::Ok();
+}
+
 Status RunSupervisor::FindNewCheckpoints(RunProgress* progress) {
   std::vector<std::string> names;
   if (!ListDir(launch_.run_dir + "/checkpoints", &names).ok()) return Status::Ok();
@@ -183,6 +226,7 @@ Status RunSupervisor::Poll(RunProgress* progress) {
   pid_t done = waitpid(pid_, &status, WNOHANG);
   // Read what the process wrote; after it exited, this is everything.
   KEEL_RETURN_IF_ERROR(ReadNewMetrics(progress));
+  KEEL_RETURN_IF_ERROR(ReadNewEvents(progress));
   KEEL_RETURN_IF_ERROR(FindNewCheckpoints(progress));
   if (done == pid_) {
     reaped_ = true;

@@ -28,6 +28,7 @@ struct RunLaunch {
 // What Poll saw since the previous call.
 struct RunProgress {
   std::vector<v1::MetricPoint> metrics;
+  std::vector<v1::Event> events;                 // lines of the trainer's events.jsonl
   std::vector<v1::CheckpointNotice> checkpoints;
   bool exited = false;
   v1::RunExit exit;  // when exited: exit_code, or signal (exit_code -1)
@@ -55,6 +56,9 @@ class RunSupervisor {
   Status Poll(RunProgress* progress);
   // Sends `signal` (SIGTERM: keel-train checkpoints after its step and exits 130).
   Status Signal(int signal);
+  // Hands the trainer a command (trainer.h ProcessCommands: switch_precision,
+  // rollback) as <run_dir>/commands/<seq>.json, written atomically.
+  Status SendCommand(const std::string& json);
 
   pid_t pid() const { return pid_; }
   const RunLaunch& launch() const { return launch_; }
@@ -62,6 +66,7 @@ class RunSupervisor {
  private:
   RunSupervisor() = default;
   Status ReadNewMetrics(RunProgress* progress);
+  Status ReadNewEvents(RunProgress* progress);
   Status FindNewCheckpoints(RunProgress* progress);
 
   RunLaunch launch_;
@@ -71,6 +76,9 @@ class RunSupervisor {
   ino_t metrics_inode_ = 0;      // the file those bytes came from
   std::string partial_line_;     // a line still being written
   std::string last_checkpoint_;  // newest checkpoint directory reported
+  int64_t events_offset_ = 0;    // bytes of events.jsonl already consumed
+  std::string partial_event_;
+  int command_seq_ = 0;
 };
 
 }  // namespace keel

@@ -353,6 +353,25 @@ Status Trainer::Evaluate(double* loss) {
   return Status::Ok();
 }
 
+// Keeps the lines of a JSON-lines file whose "step" is <= step (a resumed or
+// rolled-back run continues the trajectory up to there).
+Status KeepLinesUpToStep(const std::string& path, int64_t step) {
+  std::string old;
+  if (!ReadFile(path, &old).ok()) return Status::Ok();
+  std::string kept;
+  size_t begin = 0;
+  while (begin < old.size()) {
+    size_t end = old.find('\n', begin);
+    if (end == std::string::npos) end = old.size();
+    std::string line = old.substr(begin, end - begin);
+    JsonValue v;
+    const JsonValue* s = nullptr;
+    if (ParseJson(line, &v).ok() && (s = v.Find("step")) && s->int_value() <= step) kept += line + "\n";
+    begin = end + 1;
+  }
+  return WriteFileAtomic(path, kept);
+}
+
 Status Trainer::OpenMetricsFile() {
   if (metrics_file_) return Status::Ok();
   KEEL_RETURN_IF_ERROR(MakeDirs(config_.run_dir));
@@ -360,28 +379,107 @@ Status Trainer::OpenMetricsFile() {
   if (step_ > 0) {
     // Resumed: keep the lines up to the checkpoint's step, so the file holds
     // one line per step of the trajectory this run continues.
-    std::string old;
-    if (ReadFile(path, &old).ok()) {
-      std::string kept;
-      size_t begin = 0;
-      while (begin < old.size()) {
-        size_t end = old.find('\n', begin);
-        if (end == std::string::npos) end = old.size();
-        std::string line = old.substr(begin, end - begin);
-        JsonValue v;
-        const JsonValue* step = nullptr;
-        if (ParseJson(line, &v).ok() && (step = v.Find("step")) && step->int_value() <= step_) {
-          kept += line + "\n";
-        }
-        begin = end + 1;
-      }
-      KEEL_RETURN_IF_ERROR(WriteFileAtomic(path, kept));
-    }
+    KEEL_RETURN_IF_ERROR(KeepLinesUpToStep(path, step_));
     metrics_file_ = std::fopen(path.c_str(), "a");
   } else {
     metrics_file_ = std::fopen(path.c_str(), "w");  // a fresh run starts a fresh file
   }
   if (!metrics_file_) return Status::Error("run_dir: cannot append to '" + path + "'");
+  return Status::Ok();
+}
+
+Status Trainer::RecordEvent(const std::string& kind, const std::string& message,
+                            const std::vector<std::pair<std::string, std::string>>& details) {
+  JsonWriter w;
+  w.Add("step", step_).Add("kind", kind).Add("message", message);
+  JsonValue d = JsonValue::Object();
+  for (const auto& kv : details) d.Set(kv.first, kv.second);
+  w.Add("details", d);
+  const std::string path = config_.run_dir + "/events.jsonl";
+  FILE* f = std::fopen(path.c_str(), "a");
+  if (!f) return Status::Error("run_dir: cannot append to '" + path + "'");
+  std::fprintf(f, "%s\n", w.str().c_str());
+  std::fclose(f);
+  return Status::Ok();
+}
+
+Status Trainer::Rollback(int64_t steps, std::string* restored) {
+  if (steps <= 0) return Status::Error("rollback: steps " + std::to_string(steps) + " is not allowed (>= 1)");
+  const int64_t target = step_ - steps;
+  const std::string root = config_.run_dir + "/checkpoints";
+  std::vector<std::string> names;
+  std::string best;
+  if (ListDir(root, &names).ok()) {
+    for (const std::string& n : names) {
+      if (n.size() == 13 && n.rfind("step_", 0) == 0 && std::atoll(n.c_str() + 5) <= target && n > best) best = n;
+    }
+  }
+  if (best.empty()) {
+    return Status::Error("rollback: no checkpoint at or before step " + std::to_string(target) + " in " + root);
+  }
+  KEEL_RETURN_IF_ERROR(Resume(root + "/" + best));
+  if (metrics_file_) {
+    std::fclose(metrics_file_);
+    metrics_file_ = nullptr;
+    KEEL_RETURN_IF_ERROR(OpenMetricsFile());  // drops the lines after the restored step
+  }
+  *restored = root + "/" + best;
+  return Status::Ok();
+}
+
+Status Trainer::ProcessCommands() {
+  const std::string dir = config_.run_dir + "/commands";
+  std::vector<std::string> names;
+  if (!ListDir(dir, &names).ok()) return Status::Ok();
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    if (name.size() < 5 || name.compare(name.size() - 5, 5, ".json") != 0) continue;  // skips *.tmp
+    const std::string path = dir + "/" + name;
+    std::string text;
+    JsonValue command;
+    std::string error;
+    if (!ReadFile(path, &text).ok() || !ParseJson(text, &command).ok() || !command.is_object()) {
+      error = "unreadable command file " + name;
+    }
+    const JsonValue* kind = command.Find("kind");
+    const JsonValue* precision = command.Find("precision");
+    const JsonValue* reason = command.Find("reason");
+    const std::string why = reason ? reason->string_value() : "";
+    const std::string from = scheme_.name;
+    if (error.empty() && kind && kind->string_value() == "rollback") {
+      const JsonValue* steps = command.Find("steps");
+      std::string restored;
+      const int64_t before = step_;
+      Status s = Rollback(steps ? steps->int_value() : 0, &restored);
+      if (!s.ok()) {
+        error = s.message();
+      } else {
+        KEEL_RETURN_IF_ERROR(RecordEvent("rollback", "rolled back from step " + std::to_string(before) + " to " +
+                                                         std::to_string(step_) + (why.empty() ? "" : " (" + why + ")"),
+                                         {{"from_step", std::to_string(before)},
+                                          {"to_step", std::to_string(step_)},
+                                          {"checkpoint", restored}}));
+      }
+    }
+    if (error.empty() && precision && !precision->string_value().empty()) {
+      PrecisionScheme scheme;
+      Status s = SchemeFromPreset(precision->string_value(), &scheme);
+      if (s.ok()) s = SwitchScheme(scheme);
+      if (!s.ok()) {
+        error = s.message();
+      } else {
+        KEEL_RETURN_IF_ERROR(RecordEvent("switch_precision",
+                                         "switched precision from " + from + " to " + scheme.name +
+                                             (why.empty() ? "" : " (" + why + ")"),
+                                         {{"from", from}, {"precision", scheme.name}}));
+      }
+    }
+    if (error.empty() && !(kind && (kind->string_value() == "rollback" || kind->string_value() == "switch_precision"))) {
+      error = "unknown command kind in " + name + " (allowed: switch_precision, rollback)";
+    }
+    if (!error.empty()) KEEL_RETURN_IF_ERROR(RecordEvent("command_failed", error, {{"file", name}}));
+    std::remove(path.c_str());
+  }
   return Status::Ok();
 }
 
@@ -395,6 +493,7 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
   auto start = std::chrono::steady_clock::now();
   const int64_t first = step_;
   while (step_ < config_.steps) {
+    KEEL_RETURN_IF_ERROR(ProcessCommands());
     StepMetrics m;
     KEEL_RETURN_IF_ERROR(Step(&m));
     std::string line = m.ToJson();

@@ -103,6 +103,23 @@ class Trainer {
   Status SwitchScheme(const PrecisionScheme& scheme);
   const PrecisionScheme& scheme() const { return scheme_; }
 
+  // Rolls back at least `steps` steps: resumes from the newest checkpoint of
+  // this run at or before step() - steps (weights, optimizer, data, scheme) and
+  // drops metrics.jsonl's later lines. *restored names the checkpoint.
+  Status Rollback(int64_t steps, std::string* restored);
+
+  // Commands from outside (keel-worker, for keeld's Intervene), read before each
+  // step in Train: files <run_dir>/commands/*.json (written elsewhere as *.tmp
+  // and renamed), applied in name order and deleted:
+  //   {"kind": "switch_precision", "precision": "bf16", "reason": "..."}
+  //   {"kind": "rollback", "steps": 400, "precision": "bf16", "reason": "..."}
+  // (a rollback may also switch). What happened goes to <run_dir>/events.jsonl,
+  // one JSON object per line: {"step", "kind" (switch_precision | rollback |
+  // command_failed), "message", "details": {...}}.
+  Status ProcessCommands();
+  Status RecordEvent(const std::string& kind, const std::string& message,
+                     const std::vector<std::pair<std::string, std::string>>& details);
+
   // Checkpoint: <run_dir>/checkpoints/step_<8 digits>/{model,optimizer}.safetensors.
   Status SaveCheckpoint(std::string* dir);
   // Restores weights, optimizer state, step, scheme and data position from a

@@ -243,6 +243,47 @@ TEST(TrainerTest, RequestStopCheckpointsAfterTheCurrentStep) {
   EXPECT_EQ(resumed->step(), 3);
 }
 
+// Writes a command file the way keel-worker does (tmp, then rename).
+void WriteCommand(const std::string& run_dir, const std::string& name, const std::string& json) {
+  ASSERT_EQ(std::system(("mkdir -p '" + run_dir + "/commands'").c_str()), 0);
+  std::ofstream(run_dir + "/commands/" + name + ".tmp") << json;
+  ASSERT_EQ(std::rename((run_dir + "/commands/" + name + ".tmp").c_str(),
+                        (run_dir + "/commands/" + name + ".json").c_str()), 0);
+}
+
+TEST(TrainerTest, CommandFilesSwitchPrecisionAndRollBack) {
+  RunConfig c = ProxyConfig(TempDir("proxy_commands"), "fp32");
+  c.steps = 20;
+  c.checkpoint_every = 5;
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  std::vector<std::pair<int64_t, std::string>> seen;  // (step, scheme) per step in order
+  ASSERT_TRUE(t->Train([&](const StepMetrics& m) {
+                 seen.push_back({m.step, m.scheme});
+                 if (m.step == 3 && seen.size() == 3) {
+                   WriteCommand(c.run_dir, "0001", "{\"kind\": \"switch_precision\", \"precision\": \"mxfp8_e4m3\"}");
+                 }
+                 if (m.step == 12 && seen.size() == 12) {
+                   WriteCommand(c.run_dir, "0002", "{\"kind\": \"rollback\", \"steps\": 2, \"precision\": \"bf16\", \"reason\": \"test\"}");
+                   WriteCommand(c.run_dir, "0003", "{\"kind\": \"explode\"}");
+                 }
+               }, false).ok());
+  ASSERT_GE(seen.size(), 13u);
+  EXPECT_EQ(seen[2].second, "fp32");
+  EXPECT_EQ(seen[3].second, "mxfp8_e4m3");  // step 4 ran in the new scheme
+  // After step 12 the run went back to the newest checkpoint at or before step 10.
+  EXPECT_EQ(seen[12].first, 11);
+  EXPECT_EQ(seen[12].second, "bf16");
+  EXPECT_EQ(t->step(), 20);
+  EXPECT_EQ(MetricSteps(c.run_dir), (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}));
+  std::ifstream events(c.run_dir + "/events.jsonl");
+  std::string all((std::istreambuf_iterator<char>(events)), std::istreambuf_iterator<char>());
+  EXPECT_NE(all.find("\"kind\":\"switch_precision\""), std::string::npos) << all;
+  EXPECT_NE(all.find("\"to_step\":\"10\""), std::string::npos) << all;
+  EXPECT_NE(all.find("\"kind\":\"command_failed\""), std::string::npos) << all;
+  EXPECT_FALSE(std::ifstream(c.run_dir + "/commands/0002.json").good());  // consumed
+}
+
 TEST(TrainerTest, SchemeSwitchMidRunKeepsTraining) {
   std::unique_ptr<Trainer> t;
   ASSERT_TRUE(Trainer::Create(ProxyConfig(TempDir("proxy_switch"), "fp32"), &t).ok());
