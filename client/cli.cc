@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "client/format.h"
+#include "proto/channel.h"
 #include "proto/keel.grpc.pb.h"
 #include "proto/keel.pb.h"
 
@@ -179,6 +180,10 @@ const char kGlobalHelp[] =
     "  --token TOKEN        user token, sent as \"authorization: Bearer TOKEN\"\n"
     "  --token-file FILE    read the token from FILE (surrounding whitespace dropped)\n"
     "                       without either: $KEEL_TOKEN, else `token = ...` in the config\n"
+    "  --tls-ca FILE        speak TLS, trusting keeld's certificate if FILE's CA signed it\n"
+    "                       (else $KEEL_TLS_CA, else `tls_ca = ...` in the config)\n"
+    "  --tls-cert FILE --tls-key FILE\n"
+    "                       a client certificate, for a keeld started with --tls-client-ca\n"
     "  --help, -h           this help; `keel COMMAND --help` or `keel help COMMAND`\n"
     "                       for one command\n"
     "Unary calls time out after 5 s (GetMetrics: 60 s); watch streams have no limit.\n"
@@ -211,7 +216,8 @@ std::string CommandHelp(const CommandSpec& c) {
 
 // ---- Arguments -------------------------------------------------------------------
 
-const std::vector<std::string> kGlobalValueFlags = {"--server", "--token", "--token-file"};
+const std::vector<std::string> kGlobalValueFlags = {"--server", "--token", "--token-file", "--tls-ca",
+                                                     "--tls-cert", "--tls-key"};
 
 bool Contains(const std::vector<std::string>& list, const std::string& value) {
   return std::find(list.begin(), list.end(), value) != list.end();
@@ -327,8 +333,9 @@ std::string Env(const char* name) {
 
 class Client {
  public:
-  Client(std::string server, std::string token) : server_(std::move(server)), token_(std::move(token)) {
-    channel_ = grpc::CreateChannel(server_, grpc::InsecureChannelCredentials());
+  Client(std::string server, std::string token, std::shared_ptr<grpc::Channel> channel)
+      : server_(std::move(server)), token_(std::move(token)) {
+    channel_ = std::move(channel);
     stub_ = v1::KeelService::NewStub(channel_);
   }
 
@@ -1061,8 +1068,25 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
     if (token.empty() && config.count("token")) token = config.at("token");
   }
 
+  ChannelOptions channel_options;
+  channel_options.address = server;
+  auto flag_env_config = [&](const char* flag, const char* env, const char* key) {
+    if (parsed.flags.count(flag)) return parsed.flags.at(flag);
+    std::string v = Env(env);
+    if (v.empty() && config.count(key)) v = config.at(key);
+    return v;
+  };
+  channel_options.tls_ca = flag_env_config("--tls-ca", "KEEL_TLS_CA", "tls_ca");
+  channel_options.tls_cert = flag_env_config("--tls-cert", "KEEL_TLS_CERT", "tls_cert");
+  channel_options.tls_key = flag_env_config("--tls-key", "KEEL_TLS_KEY", "tls_key");
+  std::shared_ptr<grpc::Channel> channel;
+  Status channel_status = MakeChannel(channel_options, &channel);
+  if (!channel_status.ok()) {
+    err << "keel: " << channel_status.message() << "\n";
+    return kExitUsage;
+  }
   bool tty = &out == &std::cout && isatty(STDOUT_FILENO);
-  Client client(server, token);
+  Client client(server, token, channel);
   const std::string command = spec.name;
   if (command == "submit") return CmdSubmit(client, parsed, out, err, tty);
   if (command == "sweeps") return CmdSweeps(client, parsed, out, err);

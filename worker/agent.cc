@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "proto/channel.h"
 #include "proto/keel.grpc.pb.h"
 #include "worker/io/json.h"
 
@@ -204,7 +205,17 @@ void Agent::PollRuns() {
 }
 
 bool Agent::Serve(const std::atomic<bool>* stop) {
-  auto channel = grpc::CreateChannel(options_.server, grpc::InsecureChannelCredentials());
+  ChannelOptions channel_options;
+  channel_options.address = options_.server;
+  channel_options.tls_ca = options_.tls_ca;
+  channel_options.tls_cert = options_.tls_cert;
+  channel_options.tls_key = options_.tls_key;
+  std::shared_ptr<grpc::Channel> channel;
+  Status made = MakeChannel(channel_options, &channel);
+  if (!made.ok()) {
+    if (options_.verbose) std::fprintf(stderr, "keel-worker: %s\n", made.message().c_str());
+    return false;
+  }
   auto stub = v1::WorkerService::NewStub(channel);
   v1::RegisterRequest request;
   request.set_host(options_.host);

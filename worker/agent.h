@@ -27,6 +27,7 @@ namespace keel {
 struct AgentOptions {
   std::string server = "127.0.0.1:7070";  // keeld's address
   std::string token;                      // the worker join token
+  std::string tls_ca, tls_cert, tls_key;  // TLS to keeld (proto/channel.h); "" : plaintext
   std::string trainer;                    // keel-train binary
   std::string work_dir = "keel-worker";   // runs/<run_id>/ live here
   std::string host;                       // "" : gethostname()

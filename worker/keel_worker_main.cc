@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "proto/channel.h"
 #include "worker/agent.h"
 
 namespace {
@@ -26,6 +27,8 @@ const char kUsage[] =
     "  --work-dir DIR       run directories (default ./keel-worker)\n"
     "  --cpu-slots N        concurrent CPU runs offered when there is no GPU (default 1)\n"
     "  --no-gpus            offer CPU slots even when GPUs are present\n"
+    "  --tls-ca FILE        speak TLS to keeld, trusting certificates this CA signed\n"
+    "  --tls-cert F --tls-key F  a client certificate (keeld --tls-client-ca)\n"
     "  --quiet              no connection/run lines on stderr\n"
     "Ctrl-C or SIGTERM stops the worker; its trainers are stopped with it.\n";
 
@@ -73,6 +76,12 @@ int main(int argc, char** argv) {
       long n = std::strtol(v.c_str(), &end, 10);
       if (*end != '\0' || n < 1 || n > 1024) return Fail("--cpu-slots: '" + v + "' is not allowed (1 .. 1024)");
       options.cpu_slots = static_cast<int>(n);
+    } else if (a == "--tls-ca") {
+      options.tls_ca = value("--tls-ca");
+    } else if (a == "--tls-cert") {
+      options.tls_cert = value("--tls-cert");
+    } else if (a == "--tls-key") {
+      options.tls_key = value("--tls-key");
     } else if (a == "--no-gpus") {
       gpus = false;
     } else if (a == "--quiet") {
@@ -82,6 +91,12 @@ int main(int argc, char** argv) {
     }
   }
   if (options.token.empty()) return Fail("no worker token (--token-file or KEEL_WORKER_TOKEN)");
+  {
+    keel::ChannelOptions check{options.server, options.tls_ca, options.tls_cert, options.tls_key};
+    std::shared_ptr<grpc::Channel> channel;
+    keel::Status s = keel::MakeChannel(check, &channel);  // bad TLS files are a usage error, now
+    if (!s.ok()) return Fail(s.message());
+  }
   if (access(options.trainer.c_str(), X_OK) != 0) {
     return Fail("--trainer: '" + options.trainer + "' is not an executable keel-train");
   }
