@@ -10,6 +10,8 @@ import sys
 sys.path.insert(0, sys.argv[1])
 import grpc  # noqa: E402
 from proto import keel_pb2, keel_pb2_grpc  # noqa: E402
+from tests.python.grpc_std import health_pb2, health_pb2_grpc  # noqa: E402
+from tests.python.grpc_std import reflection_pb2, reflection_pb2_grpc  # noqa: E402
 
 SWEEP = """name: from-python
 base:
@@ -51,7 +53,17 @@ def main():
     except grpc.RpcError as e:
         assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
         assert "batch" in e.details(), e.details()
-    print("python client: submitted %s with %d runs, listed them, refusals ok" % (submitted.sweep.id, len(runs.runs)))
+    # Standard gRPC tooling works: health checking and server reflection.
+    health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+    assert health.status == health_pb2.HealthCheckResponse.SERVING, health
+    reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+    answers = list(reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                                                   timeout=10))
+    services = [s.name for s in answers[0].list_services_response.service]
+    assert "keel.v1.KeelService" in services and "keel.v1.WorkerService" in services, services
+
+    print("python client: submitted %s with %d runs, listed them, refusals ok, health SERVING, reflection lists %s"
+          % (submitted.sweep.id, len(runs.runs), ", ".join(sorted(services))))
 
 
 if __name__ == "__main__":
