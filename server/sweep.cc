@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "worker/run_config.h"
+#include "worker/scheme_proto.h"
 
 namespace keel {
 namespace {
@@ -710,6 +711,7 @@ void PlanToMessages(const SweepPlan& plan, const std::string& sweep_id,
     RunConfig config;
     if (ParseRunConfig(er.yaml, kInternalSource, {}, &config).ok()) {
       run.set_precision(config.precision.name);
+      SchemeToProto(config.precision, run.mutable_scheme());
       run.set_steps(config.steps);
     }
     run.set_created_unix_ms(now_unix_ms);

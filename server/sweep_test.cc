@@ -497,6 +497,10 @@ TEST(SweepTest, PlanToMessagesFillsSweepAndRuns) {
   EXPECT_EQ(runs[0].precision(), "bf16");
   EXPECT_EQ(runs[1].precision(), "mxfp4");
   EXPECT_EQ(runs[1].axes().at("precision"), "mxfp4");
+  // The full scheme travels with the run, every role spelled out.
+  EXPECT_EQ(runs[1].scheme().name(), "mxfp4");
+  EXPECT_EQ(runs[1].scheme().wgrad_x().format(), "mxfp4");
+  EXPECT_EQ(runs[0].scheme().dgrad_dy().format(), "bf16");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "worker/run_config.h"
+#include "worker/scheme_proto.h"
 
 namespace keel {
 namespace {
@@ -159,6 +160,24 @@ TEST(RunConfigTest, SchemeYamlRoundTripsEveryPreset) {
     EXPECT_EQ(SchemeToYaml(back), SchemeToYaml(s)) << p.name;
     EXPECT_EQ(DescribeScheme(back), DescribeScheme(s)) << p.name;
   }
+}
+
+TEST(SchemeProtoTest, EveryPresetRoundTripsThroughTheWireForm) {
+  for (const PresetInfo& p : Presets()) {
+    PrecisionScheme s = Preset(p.name), back;
+    v1::PrecisionScheme wire;
+    SchemeToProto(s, &wire);
+    EXPECT_EQ(wire.fwd_x().format(), OperandFormatName(s.roles[0])) << p.name;
+    ASSERT_TRUE(SchemeFromProto(wire, &back).ok()) << p.name;
+    EXPECT_EQ(SchemeToYaml(back), SchemeToYaml(s)) << p.name;
+  }
+  v1::PrecisionScheme bad;
+  SchemeToProto(Preset("mxfp4"), &bad);
+  bad.mutable_dgrad_w()->set_format("mxfp9");
+  PrecisionScheme out;
+  Status st = SchemeFromProto(bad, &out);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("precision.dgrad_w.format"), std::string::npos) << st.message();
 }
 
 }  // namespace
