@@ -225,19 +225,8 @@ grpc::Status Coordinator::CancelSweep(const std::string& id, v1::Sweep* out) {
       if (r.second.sweep_id() == id && !Terminal(r.second.state())) ids.push_back(r.first);
     }
     for (const std::string& run_id : ids) {
-      v1::Run run = runs_[run_id];
-      if (Active(run.state())) {
-        cancel_requested_.insert(run_id);
-        auto w = workers_.find(run.worker_id());
-        v1::WorkerCommand c;
-        c.mutable_cancel()->set_run_id(run_id);
-        if (w != workers_.end() && w->second.send) w->second.send(c);
-      } else {
-        run.set_state(v1::CANCELLED);
-        run.set_message("cancelled by the user");
-        Status s = SaveRun(&run, "state", "cancelled by the user");
-        if (!s.ok()) return FromStatus(s);
-      }
+      Status s = Cancel(runs_[run_id]);
+      if (!s.ok()) return FromStatus(s);
     }
     v1::Sweep sweep = it->second;
     sweep.set_state(v1::SWEEP_CANCELLED);
@@ -274,6 +263,22 @@ grpc::Status Coordinator::GetRun(const std::string& id, v1::Run* out) {
   return grpc::Status::OK;
 }
 
+Status Coordinator::Cancel(v1::Run run) {
+  if (Active(run.state())) {
+    // The trainer checkpoints and exits; that exit (or the worker's lost lease)
+    // makes the run CANCELLED.
+    cancel_requested_.insert(run.id());
+    auto w = workers_.find(run.worker_id());
+    v1::WorkerCommand c;
+    c.mutable_cancel()->set_run_id(run.id());
+    if (w != workers_.end() && w->second.send) w->second.send(c);
+    return Status::Ok();
+  }
+  run.set_state(v1::CANCELLED);
+  run.set_message("cancelled by the user");
+  return SaveRun(&run, "state", "cancelled by the user");
+}
+
 grpc::Status Coordinator::CancelRun(const std::string& id, v1::Run* out) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = runs_.find(id);
@@ -283,20 +288,9 @@ grpc::Status Coordinator::CancelRun(const std::string& id, v1::Run* out) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "run '" + id + "' already ended (" + v1::RunState_Name(run.state()) + ")");
   }
-  if (Active(run.state())) {
-    // The trainer checkpoints and exits; the exit makes the run CANCELLED.
-    cancel_requested_.insert(id);
-    auto w = workers_.find(run.worker_id());
-    v1::WorkerCommand c;
-    c.mutable_cancel()->set_run_id(id);
-    if (w != workers_.end() && w->second.send) w->second.send(c);
-  } else {
-    run.set_state(v1::CANCELLED);
-    run.set_message("cancelled by the user");
-    Status s = SaveRun(&run, "state", "cancelled by the user");
-    if (!s.ok()) return FromStatus(s);
-    FinishSweepIfDone(run.sweep_id());
-  }
+  Status s = Cancel(run);
+  if (!s.ok()) return FromStatus(s);
+  FinishSweepIfDone(run.sweep_id());
   *out = runs_[id];
   return grpc::Status::OK;
 }

@@ -127,6 +127,8 @@ class Coordinator {
   void SaveProgress();
   void FlushMetrics();
   void RequeueOrFail(v1::Run* run, const std::string& why);
+  // A queued run ends CANCELLED now; an active one is told to stop.
+  Status Cancel(v1::Run run);
   void ReleaseWorkerRuns(const std::string& worker_id, const std::set<std::string>& keep, const std::string& why);
   void FinishSweepIfDone(const std::string& sweep_id);
   grpc::Status FromStatus(const Status& status) const;
