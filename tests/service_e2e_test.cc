@@ -17,6 +17,7 @@
 #include <functional>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <thread>
 
@@ -196,6 +197,29 @@ TEST(ServiceE2eTest, SweepCompletesWithMetricsAndEvents) {
   ASSERT_TRUE(cluster.stub()->GetSweep(cluster.Context().get(), gs, &sweep).ok());
   EXPECT_EQ(sweep.state(), keel::v1::SWEEP_DONE);
   EXPECT_EQ(sweep.runs_by_state().at("SUCCEEDED"), 4);
+
+  // The keel CLI against the real keeld: export and plot produce valid files.
+  const std::string flags = " --server " + cluster.Address() + " --token " + kUserToken + " ";
+  const std::string csv = cluster.dir() + "/sweep.csv", svg = cluster.dir() + "/sweep.svg";
+  ASSERT_EQ(std::system(("client/keel export " + submitted.sweep().id() + " --format csv -o " + csv + flags).c_str()), 0);
+  ASSERT_EQ(std::system(("client/keel plot " + submitted.sweep().id() + " -o " + svg + flags).c_str()), 0);
+  std::ifstream csv_in(csv);
+  std::string header, line;
+  std::getline(csv_in, header);
+  EXPECT_EQ(header.rfind("sweep_id,run_id,step,loss,lr,tokens_per_s,grad_norm", 0), 0u) << header;
+  EXPECT_NE(header.find("precision"), std::string::npos) << header;  // axis columns
+  int rows = 0;
+  while (std::getline(csv_in, line)) ++rows;
+  EXPECT_EQ(rows, 4 * 40);
+  std::ifstream svg_in(svg);
+  std::string text((std::istreambuf_iterator<char>(svg_in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.rfind("<?xml", 0) == 0 || text.rfind("<svg", 0) == 0, true) << text.substr(0, 80);
+  EXPECT_NE(text.find("xmlns=\"http://www.w3.org/2000/svg\""), std::string::npos);
+  EXPECT_NE(text.find("</svg>"), std::string::npos);
+  size_t polylines = 0;
+  for (size_t at = text.find("<polyline"); at != std::string::npos; at = text.find("<polyline", at + 1)) ++polylines;
+  EXPECT_EQ(polylines, 4u);
+  EXPECT_EQ(text.find("nan"), std::string::npos);
 }
 
 TEST(ServiceE2eTest, WorkerKilledMidRunResumesElsewhereWithTheSameFinalLoss) {
