@@ -34,7 +34,10 @@ const char kUsage[] =
     "  --backend cpu|cuda   override the config's backend\n"
     "  --steps N            override the number of optimizer steps\n"
     "  --run-dir DIR        where metrics.jsonl and checkpoints/ go (default runs/<name>)\n"
-    "  --resume DIR|latest  continue from a checkpoint directory (or this run's newest)\n"
+    "  --resume DIR|latest  continue from a checkpoint directory (or this run's newest);\n"
+    "                       the run continues in the scheme the checkpoint was saved with\n"
+    "  --switch-precision   with --resume: continue in the config's precision instead (an\n"
+    "                       intervention from a checkpoint, e.g. --set precision.layernorm=fp32)\n"
     "  --set KEY=VALUE      override any config field, e.g. --set optimizer.lr=1e-3,\n"
     "                       --set precision=mxfp4 (repeatable)\n"
     "  --quiet              no progress lines on stderr (metrics still go to metrics.jsonl)\n"
@@ -103,7 +106,7 @@ int PrepareTextCommand(int argc, char** argv) {
 int TrainCommand(int argc, char** argv) {
   std::string config_path, resume;
   std::vector<std::string> overrides;
-  bool quiet = false;
+  bool quiet = false, switch_precision = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&](std::string* out) {
@@ -133,6 +136,8 @@ int TrainCommand(int argc, char** argv) {
       overrides.push_back(v);
     } else if (a == "--quiet") {
       quiet = true;
+    } else if (a == "--switch-precision") {
+      switch_precision = true;
     } else {
       return Fail(2, "unknown argument '" + a + "' (see keel-train --help)");
     }
@@ -144,9 +149,22 @@ int TrainCommand(int argc, char** argv) {
   std::unique_ptr<Trainer> trainer;
   s = Trainer::Create(config, &trainer);
   if (!s.ok()) return Fail(1, s.message());
+  if (switch_precision && resume.empty()) return Fail(2, "--switch-precision: needs --resume");
   if (!resume.empty()) {
     s = trainer->Resume(resume);
     if (!s.ok()) return Fail(1, "--resume " + resume + ": " + s.message());
+    if (switch_precision) {
+      const std::string from = trainer->scheme().name;
+      s = trainer->SwitchScheme(config.precision);
+      if (s.ok()) {
+        s = trainer->RecordEvent("switch_precision", "switched precision from " + from + " to " +
+                                                         config.precision.name + " at resume",
+                                 {{"from", from}, {"precision", config.precision.name}});
+      }
+      if (!s.ok()) return Fail(1, "--switch-precision: " + s.message());
+      if (!quiet) std::fprintf(stderr, "keel-train: precision %s -> %s (%s)\n", from.c_str(), config.precision.name.c_str(),
+                               DescribeScheme(config.precision).c_str());
+    }
     if (!quiet) std::fprintf(stderr, "keel-train: resumed at step %lld\n", static_cast<long long>(trainer->step()));
   }
   g_trainer = trainer.get();
