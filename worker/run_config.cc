@@ -3,6 +3,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -304,6 +305,177 @@ Status ApplyOverride(YAML::Node root, const std::string& assignment) {
   return Status::Ok();
 }
 
+Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
+  const std::string f = "policy";
+  Policy p;
+  for (const std::string& name : DetectorNames()) p.detectors[name] = DefaultDetectorConfig(name);
+  if (node.IsNull()) {
+    *out = p;
+    return Status::Ok();
+  }
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(node, f, {"detectors", "ladder", "snapshots", "max_interventions", "rules"}));
+  std::vector<std::string> detector_names = DetectorNames();
+  std::vector<std::string> preset_names;
+  for (const PresetInfo& info : Presets()) preset_names.push_back(info.name);
+  if (YAML::Node d = node["detectors"]) {
+    if (!d.IsMap()) return r.Error(d, f + ".detectors", "expected a mapping of detector names");
+    for (auto it = d.begin(); it != d.end(); ++it) {
+      std::string name;
+      KEEL_RETURN_IF_ERROR(r.OneOf(it->first, f + ".detectors", detector_names, &name));
+      const std::string g = f + ".detectors." + name;
+      YAML::Node c = it->second;
+      DetectorConfig& dc = p.detectors[name];
+      if (c.IsScalar()) {  // "loss_zscore: false" / "grad_bias: true"
+        KEEL_RETURN_IF_ERROR(r.Bool(c, g, &dc.enabled));
+        continue;
+      }
+      std::set<std::string> keys = {"enabled"};
+      if (name.find("zscore") != std::string::npos) keys.insert({"window", "min_samples", "z"});
+      if (name.find("ratio") != std::string::npos) keys.insert({"window", "min_samples", "ratio", "steps"});
+      if (name == "grad_bias") keys.insert({"min_cosine", "max_abs_zeta", "max_rel_error", "consecutive", "scope"});
+      if (name == "saturation") keys.insert({"max_fraction", "roles"});
+      if (name == "gamma_growth") keys.insert({"window", "max_rate"});
+      KEEL_RETURN_IF_ERROR(r.CheckKeys(c, g, keys));
+      if (name == "grad_bias" || name == "saturation" || name == "gamma_growth") dc.enabled = true;  // configuring turns it on
+      if (c["enabled"]) KEEL_RETURN_IF_ERROR(r.Bool(c["enabled"], g + ".enabled", &dc.enabled));
+      if (c["window"]) KEEL_RETURN_IF_ERROR(r.Int(c["window"], g + ".window", 2, 1 << 20, &dc.window));
+      if (c["min_samples"]) KEEL_RETURN_IF_ERROR(r.Int(c["min_samples"], g + ".min_samples", 2, 1 << 20, &dc.min_samples));
+      float v;
+      if (c["z"]) { KEEL_RETURN_IF_ERROR(r.Float(c["z"], g + ".z", 0.5, 1e6, &v)); dc.z = v; }
+      if (c["ratio"]) { KEEL_RETURN_IF_ERROR(r.Float(c["ratio"], g + ".ratio", 1.0, 1e6, &v)); dc.ratio = v; }
+      if (c["steps"]) KEEL_RETURN_IF_ERROR(r.Int(c["steps"], g + ".steps", 0, 1 << 20, &dc.steps));
+      if (c["min_cosine"]) { KEEL_RETURN_IF_ERROR(r.Float(c["min_cosine"], g + ".min_cosine", -1.0, 1.0, &v)); dc.min_cosine = v; }
+      if (c["max_abs_zeta"]) { KEEL_RETURN_IF_ERROR(r.Float(c["max_abs_zeta"], g + ".max_abs_zeta", 0.0, 1e6, &v)); dc.max_abs_zeta = v; }
+      if (c["max_rel_error"]) { KEEL_RETURN_IF_ERROR(r.Float(c["max_rel_error"], g + ".max_rel_error", 0.0, 1e6, &v)); dc.max_rel_error = v; }
+      if (c["consecutive"]) KEEL_RETURN_IF_ERROR(r.Int(c["consecutive"], g + ".consecutive", 1, 1 << 20, &dc.consecutive));
+      if (c["scope"]) KEEL_RETURN_IF_ERROR(r.OneOf(c["scope"], g + ".scope", {"overall", "any_layer"}, &dc.scope));
+      if (c["max_fraction"]) { KEEL_RETURN_IF_ERROR(r.Float(c["max_fraction"], g + ".max_fraction", 0.0, 1.0, &v)); dc.max_fraction = v; }
+      if (c["max_rate"]) { KEEL_RETURN_IF_ERROR(r.Float(c["max_rate"], g + ".max_rate", 0.0, 1e6, &v)); dc.max_rate = v; }
+      if (YAML::Node roles = c["roles"]) {
+        if (!roles.IsSequence()) return r.Error(roles, g + ".roles", "expected a list of roles");
+        std::vector<std::string> role_names;
+        for (int i = 0; i < kRoleCount; ++i) role_names.push_back(RoleName(static_cast<Role>(i)));
+        for (const YAML::Node& role : roles) {
+          std::string name_;
+          KEEL_RETURN_IF_ERROR(r.OneOf(role, g + ".roles", role_names, &name_));
+          dc.roles.push_back(name_);
+        }
+      }
+    }
+  }
+  if (YAML::Node ladder = node["ladder"]) {
+    if (!ladder.IsSequence()) return r.Error(ladder, f + ".ladder", "expected a list of scheme presets");
+    for (const YAML::Node& rung : ladder) {
+      std::string name;
+      KEEL_RETURN_IF_ERROR(r.OneOf(rung, f + ".ladder", preset_names, &name));
+      if (std::find(p.ladder.begin(), p.ladder.end(), name) != p.ladder.end()) {
+        return r.Error(rung, f + ".ladder", "'" + name + "' appears twice: the ladder would loop");
+      }
+      p.ladder.push_back(name);
+    }
+  }
+  if (YAML::Node snap = node["snapshots"]) {
+    KEEL_RETURN_IF_ERROR(r.CheckKeys(snap, f + ".snapshots", {"every", "keep"}));
+    if (snap["every"]) KEEL_RETURN_IF_ERROR(r.Int(snap["every"], f + ".snapshots.every", 1, 1 << 30, &p.snapshot_every));
+    if (snap["keep"]) KEEL_RETURN_IF_ERROR(r.Int(snap["keep"], f + ".snapshots.keep", 1, 1 << 20, &p.snapshot_keep));
+  }
+  if (node["max_interventions"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(node["max_interventions"], f + ".max_interventions", 0, 1 << 20, &p.max_interventions));
+  }
+  if (YAML::Node rules = node["rules"]) {
+    if (!rules.IsSequence()) return r.Error(rules, f + ".rules", "expected a list of rules");
+    int index = 0;
+    for (const YAML::Node& rn : rules) {
+      const std::string g = f + ".rules[" + std::to_string(index) + "]";
+      KEEL_RETURN_IF_ERROR(r.CheckKeys(rn, g, {"name", "when", "match", "do", "cooldown", "max"}));
+      PolicyRule rule;
+      rule.name = "rule" + std::to_string(index);
+      if (rn["name"]) KEEL_RETURN_IF_ERROR(r.String(rn["name"], g + ".name", &rule.name));
+      YAML::Node when = rn["when"];
+      if (!when) return r.Error(rn, g + ".when", "missing (a list of detectors)");
+      if (when.IsScalar()) {
+        std::string name;
+        KEEL_RETURN_IF_ERROR(r.OneOf(when, g + ".when", detector_names, &name));
+        rule.when.push_back(name);
+      } else if (when.IsSequence() && when.size() > 0) {
+        for (const YAML::Node& w : when) {
+          std::string name;
+          KEEL_RETURN_IF_ERROR(r.OneOf(w, g + ".when", detector_names, &name));
+          rule.when.push_back(name);
+        }
+      } else {
+        return r.Error(when, g + ".when", "expected a detector or a non-empty list of detectors");
+      }
+      for (const std::string& name : rule.when) {
+        if (!p.detectors[name].enabled) {
+          return r.Error(when, g + ".when", "detector '" + name + "' is disabled in policy.detectors");
+        }
+      }
+      if (rn["match"]) {
+        std::string match;
+        KEEL_RETURN_IF_ERROR(r.OneOf(rn["match"], g + ".match", {"any", "all"}, &match));
+        rule.match_all = match == "all";
+      }
+      YAML::Node actions = rn["do"];
+      if (!actions || !actions.IsSequence() || actions.size() == 0) {
+        return r.Error(actions ? actions : rn, g + ".do", "expected a non-empty list of actions (switch, rollback, scale_lr, skip_step, stop)");
+      }
+      for (const YAML::Node& an : actions) {
+        PolicyAction a;
+        std::string kind;
+        YAML::Node arg;
+        if (an.IsScalar()) {
+          kind = an.Scalar();
+        } else if (an.IsMap() && an.size() == 1) {
+          kind = an.begin()->first.as<std::string>();
+          arg = an.begin()->second;
+        } else {
+          return r.Error(an, g + ".do", "expected an action such as `switch: bf16` or `skip_step`");
+        }
+        const std::string h = g + ".do." + kind;
+        if (kind == "switch") {
+          a.kind = PolicyAction::Kind::kSwitch;
+          if (!arg) return r.Error(an, h, "missing the scheme (a preset name or next)");
+          std::vector<std::string> allowed = preset_names;
+          allowed.push_back("next");
+          KEEL_RETURN_IF_ERROR(r.OneOf(arg, h, allowed, &a.scheme));
+          if (a.scheme == "next" && p.ladder.empty()) return r.Error(arg, h, "'next' needs policy.ladder");
+        } else if (kind == "rollback") {
+          a.kind = PolicyAction::Kind::kRollback;
+          YAML::Node steps = arg && arg.IsMap() ? arg["steps"] : arg;
+          if (arg && arg.IsMap()) KEEL_RETURN_IF_ERROR(r.CheckKeys(arg, h, {"steps"}));
+          if (!steps) return r.Error(an, h + ".steps", "missing (steps to roll back, >= 1)");
+          KEEL_RETURN_IF_ERROR(r.Int(steps, h + ".steps", 1, int64_t(1) << 40, &a.steps));
+        } else if (kind == "scale_lr") {
+          a.kind = PolicyAction::Kind::kScaleLr;
+          if (!arg) return r.Error(an, h, "missing the factor");
+          float factor;
+          KEEL_RETURN_IF_ERROR(r.Float(arg, h, 1e-6, 10.0, &factor));
+          a.factor = factor;
+        } else if (kind == "skip_step" || kind == "stop") {
+          a.kind = kind == "stop" ? PolicyAction::Kind::kStop : PolicyAction::Kind::kSkipStep;
+          if (arg && !arg.IsNull()) return r.Error(arg, h, "takes no value");
+        } else {
+          return r.Error(an, g + ".do", "unknown action '" + kind + "' (allowed: switch, rollback, scale_lr, skip_step, stop)");
+        }
+        rule.actions.push_back(a);
+      }
+      if (rn["cooldown"]) KEEL_RETURN_IF_ERROR(r.Int(rn["cooldown"], g + ".cooldown", 0, int64_t(1) << 40, &rule.cooldown));
+      if (rn["max"]) KEEL_RETURN_IF_ERROR(r.Int(rn["max"], g + ".max", 0, 1 << 20, &rule.max));
+      for (const PolicyRule& other : p.rules) {
+        if (other.name == rule.name) return r.Error(rn, g + ".name", "'" + rule.name + "' names two rules");
+      }
+      p.rules.push_back(rule);
+      ++index;
+    }
+  }
+  YAML::Emitter e;
+  e << YAML::Flow << node;
+  p.yaml = e.c_str();
+  *out = p;
+  return Status::Ok();
+}
+
 Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
   RunConfig c;
   if (!root.IsMap()) return r.Error(root, "config", "expected a mapping at the top level");
@@ -311,7 +483,7 @@ Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
       root, "",
       {"name", "model", "data", "precision", "optimizer", "schedule", "steps", "batch", "seq",
        "grad_accum", "seed", "backend", "threads", "run_dir", "checkpoint_every",
-       "keep_checkpoints", "probe_every", "operand_stats", "log_every"}));
+       "keep_checkpoints", "probe_every", "operand_stats", "log_every", "policy"}));
   if (root["name"]) KEEL_RETURN_IF_ERROR(r.String(root["name"], "name", &c.name));
   if (YAML::Node m = root["model"]) {
     KEEL_RETURN_IF_ERROR(r.CheckKeys(m, "model",
@@ -399,6 +571,7 @@ Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
   if (root["probe_every"]) KEEL_RETURN_IF_ERROR(r.Int(root["probe_every"], "probe_every", 0, 1 << 30, &c.probe_every));
   if (root["operand_stats"]) KEEL_RETURN_IF_ERROR(r.Bool(root["operand_stats"], "operand_stats", &c.operand_stats));
   if (root["log_every"]) KEEL_RETURN_IF_ERROR(r.Int(root["log_every"], "log_every", 1, 1 << 30, &c.log_every));
+  if (root["policy"]) KEEL_RETURN_IF_ERROR(ParsePolicy(r, root["policy"], &c.policy));
   if (c.run_dir.empty()) c.run_dir = "runs/" + c.name;
   if (c.seq == 0) c.seq = c.model.context;
   if (c.model.padded_vocab == 0) c.model.padded_vocab = (c.model.vocab + 127) / 128 * 128;
@@ -458,6 +631,15 @@ Status ParseRunConfig(const std::string& yaml_text, const std::string& source,
     return ParseNode(r, root, out);
   } catch (const YAML::Exception& e) {
     return Status::Error(source + ": " + e.what());
+  }
+}
+
+Status ParsePolicyNode(const YAML::Node& node, const std::string& source, Policy* out) {
+  Reader r(source);
+  try {
+    return ParsePolicy(r, node, out);
+  } catch (const YAML::Exception& e) {
+    return Status::Error(source + ": policy: " + e.what());
   }
 }
 

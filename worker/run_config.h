@@ -10,7 +10,12 @@
 #include <vector>
 
 #include "kernels/status.h"
+#include "worker/policy.h"
 #include "worker/scheme.h"
+
+namespace YAML {
+class Node;
+}
 
 namespace keel {
 
@@ -73,7 +78,13 @@ struct RunConfig {
   int probe_every = 0;          // gradient-bias probe period (0: off)
   bool operand_stats = true;    // per-operand saturation/NaN counters every step
   int log_every = 1;            // terminal progress period
+  Policy policy;                // stability policy (policy.h); none by default
 };
+
+// Parses a `policy:` mapping (policy.h's format). `source` names the file in
+// messages, which carry the node's line:column. Used by ParseRunConfig and by
+// keeld's sweep expansion (on the sweep file's own nodes).
+Status ParsePolicyNode(const YAML::Node& node, const std::string& source, Policy* out);
 
 // Parses YAML text (`source` names it in messages). Unknown keys are errors.
 // overrides: "key.path=value" assignments applied to the YAML before parsing

@@ -1,0 +1,69 @@
+// What one optimizer step of keel-train measured: the metrics.jsonl line, the
+// values the worker streams to keeld and what the stability detectors read.
+#ifndef KEEL_WORKER_STEP_METRICS_H_
+#define KEEL_WORKER_STEP_METRICS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/nn.h"
+
+namespace keel {
+
+// What one optimizer step measured. Fractions are of the operand's elements
+// (saturated) and blocks (nan_blocks) over the step's micro-batches.
+struct OperandMetric {
+  std::string linear;  // "blocks.0.fc1", "h.3.attn.c_attn", "lm_head"
+  Role role;
+  double saturated = 0;
+  double nan_blocks = 0;
+};
+
+struct GroupValue {
+  std::string name;  // a block ("0", "1", ...) or "embed" / "head" / "final"
+  double value = 0;
+};
+
+// The gradient-bias probe: the step's gradient g_q against the gradient g on the
+// same weights and batch with unquantized (fp32) operands. cosine = <g_q, g> /
+// (|g_q| |g|), rel_error = |g_q - g| / |g|, zeta = <g_q - g, g> / |g|^2 (the
+// multiplicative bias of g_q = (1 + zeta) g).
+struct ProbeValues {
+  double cosine = 0, rel_error = 0, zeta = 0;
+};
+struct ProbeLayer {
+  std::string name;
+  ProbeValues values;
+};
+
+struct StepMetrics {
+  int64_t step = 0;            // 1-based: the number of optimizer steps done
+  double loss = 0;             // mean over the step's micro-batches
+  double lr = 0;
+  double tokens_per_s = 0;     // proxy: samples per second
+  double step_seconds = 0;
+  double grad_norm = 0;        // global, before clipping
+  std::vector<GroupValue> grad_norms;     // per layer group
+  double update_ratio = 0;     // |w_new - w_old| / |w_old|, global
+  std::vector<GroupValue> update_ratios;  // per layer group
+  struct LnGamma {
+    std::string name;
+    double mean = 0, std = 0;
+  };
+  std::vector<LnGamma> ln_gamma;
+  std::vector<OperandMetric> operands;    // quantized roles only
+  bool probed = false;
+  ProbeValues probe;
+  std::vector<ProbeLayer> probe_layers;
+  bool evaluated = false;
+  double val_loss = 0;
+  std::string scheme;          // the scheme's name during this step
+
+  // One JSON object on one line (the metrics.jsonl format; docs/train.md).
+  std::string ToJson() const;
+};
+
+}  // namespace keel
+
+#endif  // KEEL_WORKER_STEP_METRICS_H_
