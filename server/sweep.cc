@@ -570,7 +570,15 @@ Status ExpandSweep(const std::string& yaml_text, const std::string& source,
       if (!p.IsMap()) {
         err.Add(p, "policy", "expected a mapping, got " + Errors::Text(p));
       } else {
-        plan.policy_yaml = BlockText(p);
+        // Checked here, on the sweep file's own nodes, so errors carry its lines;
+        // every run then gets it as its config's policy section.
+        Policy policy;
+        Status ps = ParsePolicyNode(p, source, &policy);
+        if (!ps.ok()) {
+          err.AddLine(p.Mark(), ps.message());
+        } else {
+          plan.policy_yaml = BlockText(p);
+        }
       }
     }
 
@@ -645,6 +653,7 @@ Status ExpandSweep(const std::string& yaml_text, const std::string& source,
         rest /= factors[f].size;
       }
       YAML::Node node = YAML::Clone(base);
+      if (root["policy"] && !node["policy"]) node["policy"] = YAML::Clone(root["policy"]);
       ExpandedRun run;
       std::vector<const AxisValue*> chosen;
       std::vector<const Column*> cols;

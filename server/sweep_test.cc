@@ -200,7 +200,7 @@ TEST(SweepTest, ResourcesAndLimits) {
 
   ASSERT_TRUE(Expand(std::string(kBase) +
                          "resources: {gpus: 2}\nmax_concurrent: 4\nmax_restarts: 5\npriority: -3\n"
-                         "policy: {detectors: [{kind: spike, window: 50}], action: switch_precision}\n",
+                         "policy: {ladder: [mxfp4, bf16], rules: [{when: [loss_zscore], do: [{switch: next}]}]}\n",
                      &plan)
                   .ok());
   EXPECT_EQ(plan.gpus, 2);
@@ -208,8 +208,20 @@ TEST(SweepTest, ResourcesAndLimits) {
   EXPECT_EQ(plan.max_concurrent, 4);
   EXPECT_EQ(plan.max_restarts, 5);
   EXPECT_EQ(plan.priority, -3);
-  EXPECT_NE(plan.policy_yaml.find("switch_precision"), std::string::npos) << plan.policy_yaml;
-  EXPECT_NE(plan.policy_yaml.find("spike"), std::string::npos);
+  EXPECT_NE(plan.policy_yaml.find("switch"), std::string::npos) << plan.policy_yaml;
+  EXPECT_NE(plan.policy_yaml.find("loss_zscore"), std::string::npos);
+  // Every run carries the policy in its own config.
+  for (const ExpandedRun& run : plan.runs) {
+    RunConfig config;
+    ASSERT_TRUE(ParseRunConfig(run.yaml, "run", {}, &config).ok());
+    ASSERT_EQ(config.policy.rules.size(), 1u);
+    EXPECT_EQ(config.policy.ladder, (std::vector<std::string>{"mxfp4", "bf16"}));
+  }
+  // An invalid policy is refused at its line in the sweep file.
+  Status bad = Expand(std::string(kBase) + "policy:\n  rules:\n    - {when: [loss_zscore], do: [{switch: mxfp9}]}\n", &plan);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("s.yaml:"), std::string::npos) << bad.message();
+  EXPECT_NE(bad.message().find("mxfp9"), std::string::npos) << bad.message();
 
   ASSERT_TRUE(Expand(std::string(kBase) + "resources: {cpu_slots: 3}\n", &plan).ok());
   EXPECT_EQ(plan.gpus, 0);
