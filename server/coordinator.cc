@@ -17,8 +17,8 @@ bool Terminal(v1::RunState s) {
 
 bool Active(v1::RunState s) { return s == v1::ASSIGNED || s == v1::RUNNING; }
 
-// keel-train's exit status when SIGINT/SIGTERM stopped it after a checkpoint.
-constexpr int kTrainerInterrupted = 130;
+// keel-train's exit status when its stability policy stopped it as diverged.
+constexpr int kTrainerDiverged = 3;
 
 }  // namespace
 
@@ -557,6 +557,11 @@ void Coordinator::HandleWorkerMessage(const std::string& worker_id, const v1::Wo
         run.set_state(v1::SUCCEEDED);
         run.set_message("");
         SaveRun(&run, "state", "finished");
+      } else if (code == kTrainerDiverged) {
+        // The run's own policy stopped it: restarting would diverge again.
+        run.set_state(v1::DIVERGED);
+        run.set_message("stopped as diverged by its stability policy");
+        SaveRun(&run, "state", "stopped as diverged by its stability policy");
       } else {
         RequeueOrFail(&run, "trainer " + how);
       }

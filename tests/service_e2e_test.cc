@@ -19,6 +19,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "proto/keel.grpc.pb.h"
@@ -354,6 +355,78 @@ TEST(ServiceE2eTest, InterveneSwitchesARunningTrainerAndRollsItBack) {
   ASSERT_TRUE(cluster.stub()->CancelRun(cluster.Context().get(), cancel, &run).ok());
   run = wait_for([](const keel::v1::Run& r) { return r.state() == keel::v1::CANCELLED; });
   EXPECT_EQ(run.state(), keel::v1::CANCELLED);
+}
+
+// A small MXFP4 proxy whose learning rate spikes 300x for 3 steps at step 150
+// (fault injection): without a policy it blows up and never recovers; with one,
+// the detectors catch the spike, the trainer rolls back to a snapshot before it,
+// moves up the ladder and scales the LR down, and the run ends healthy.
+TEST(ServiceE2eTest, PolicyRescuesARunThatDivergesWithoutIt) {
+  Cluster cluster("e2e_policy");
+  cluster.AddWorker("w1");
+  cluster.AddWorker("w2");
+  const std::string sweep =
+      "name: rescue\n"
+      "base:\n"
+      "  model: {type: proxy, layers: 2, width: 64}\n"
+      "  precision: mxfp4\n  batch: 256\n  steps: 300\n  seed: 1\n  threads: 1\n"
+      "  optimizer: {type: adam, lr: 0.003}\n"
+      "  schedule: {type: constant, spike_at: 150, spike_steps: 3, spike_factor: 300}\n"
+      "  operand_stats: false\n"
+      "axes:\n  - grid: {policy.max_interventions: [0, 5]}\n"
+      "policy:\n"
+      "  ladder: [mxfp4, mxfp8_e4m3, bf16]\n"
+      "  snapshots: {every: 25, keep: 8}\n"
+      "  rules:\n"
+      "    - name: spike\n"
+      "      when: [nonfinite, loss_zscore, loss_ratio]\n"
+      "      do: [{rollback: {steps: 50}}, {switch: next}, {scale_lr: 0.01}]\n"
+      "      cooldown: 20\n";
+  keel::v1::SubmitSweepResponse submitted;
+  grpc::Status s = cluster.Submit(sweep, &submitted);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  auto runs = cluster.WaitDone(submitted.sweep().id(), 180);
+  ASSERT_EQ(runs.size(), 2u);
+  const keel::v1::Run& without = runs[0].axes().at("policy.max_interventions") == "0" ? runs[0] : runs[1];
+  const keel::v1::Run& with = &without == &runs[0] ? runs[1] : runs[0];
+  // Without the policy (it may never act): the loss explodes and stays up.
+  auto without_points = cluster.Metrics(without.id());
+  ASSERT_EQ(without_points.size(), 300u);
+  EXPECT_GT(without_points.back().loss(), 1e3) << "the fault did not make the unprotected run diverge";
+  EXPECT_EQ(without.precision(), "mxfp4");
+  // With it: healthy at the end (the pre-spike loss is ~0.02), in a finer scheme.
+  EXPECT_EQ(with.state(), keel::v1::SUCCEEDED) << with.message();
+  auto with_points = cluster.Metrics(with.id());
+  ASSERT_FALSE(with_points.empty());
+  EXPECT_EQ(with_points.back().step(), 300);
+  EXPECT_LT(with_points.back().loss(), 0.1);
+  EXPECT_EQ(with.precision(), "mxfp8_e4m3");
+  // The events are in the store with the values behind them.
+  keel::v1::ListEventsRequest er;
+  er.set_run_id(with.id());
+  keel::v1::ListEventsResponse events;
+  ASSERT_TRUE(cluster.stub()->ListEvents(cluster.Context().get(), er, &events).ok());
+  bool rollback = false, switched = false, scaled = false;
+  for (const auto& e : events.events()) {
+    if (e.kind() == "rollback") {
+      rollback = true;
+      EXPECT_EQ(e.details().at("rule"), "spike");
+      EXPECT_LE(std::atoll(e.details().at("to_step").c_str()), 150 - 50);
+      EXPECT_GE(std::atoll(e.details().at("from_step").c_str()), 150);
+      EXPECT_FALSE(e.details().at("detectors").empty());
+    }
+    if (e.kind() == "switch_precision") {
+      switched = true;
+      EXPECT_EQ(e.details().at("from"), "mxfp4");
+      EXPECT_EQ(e.details().at("precision"), "mxfp8_e4m3");
+    }
+    scaled |= e.kind() == "scale_lr";
+  }
+  EXPECT_TRUE(rollback && switched && scaled);
+  // The trajectory after the rollback replaced the one before it: one point per step.
+  std::set<int64_t> steps;
+  for (const auto& p : with_points) steps.insert(p.step());
+  EXPECT_EQ(steps.size(), with_points.size());
 }
 
 TEST(ServiceE2eTest, WrongTokensAndBadSweepsAreRefusedWithoutStateChanges) {

@@ -44,7 +44,8 @@ const char kUsage[] =
     "  --help               this text\n"
     "\n"
     "SIGINT or SIGTERM stops after the step in progress and writes a checkpoint.\n"
-    "Exit status: 0 done, 1 training failed, 2 bad usage or config, 130 interrupted\n"
+    "Exit status: 0 done, 1 training failed, 2 bad usage or config, 3 stopped as diverged by\n"
+    "the policy, 130 interrupted\n"
     "(checkpointed).\n";
 
 // SIGINT / SIGTERM: finish the step in progress, checkpoint, exit 130.
@@ -175,6 +176,11 @@ int TrainCommand(int argc, char** argv) {
   s = trainer->Train(nullptr, !quiet);
   g_trainer = nullptr;
   if (!s.ok()) return Fail(1, s.message());
+  if (trainer->diverged()) {
+    std::fprintf(stderr, "keel-train: the stability policy stopped the run as diverged at step %lld\n",
+                 static_cast<long long>(trainer->step()));
+    return 3;
+  }
   if (g_signal != 0) {
     std::fprintf(stderr, "keel-train: interrupted (signal %d) after step %lld; resume with --resume latest\n",
                  static_cast<int>(g_signal), static_cast<long long>(trainer->step()));

@@ -539,7 +539,15 @@ Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
     }
   }
   if (YAML::Node s = root["schedule"]) {
-    KEEL_RETURN_IF_ERROR(r.CheckKeys(s, "schedule", {"type", "warmup_steps", "min_lr_ratio"}));
+    KEEL_RETURN_IF_ERROR(r.CheckKeys(s, "schedule", {"type", "warmup_steps", "min_lr_ratio", "spike_at", "spike_steps",
+                                                    "spike_factor"}));
+    if (s["spike_at"]) KEEL_RETURN_IF_ERROR(r.Int(s["spike_at"], "schedule.spike_at", 0, 1 << 30, &c.schedule.spike_at));
+    if (s["spike_steps"]) {
+      KEEL_RETURN_IF_ERROR(r.Int(s["spike_steps"], "schedule.spike_steps", 1, 1 << 30, &c.schedule.spike_steps));
+    }
+    if (s["spike_factor"]) {
+      KEEL_RETURN_IF_ERROR(r.Float(s["spike_factor"], "schedule.spike_factor", 1e-6, 1e6, &c.schedule.spike_factor));
+    }
     if (s["type"]) {
       KEEL_RETURN_IF_ERROR(r.OneOf(s["type"], "schedule.type", {"constant", "cosine", "linear"}, &c.schedule.type));
     }

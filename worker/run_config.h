@@ -56,6 +56,11 @@ struct ScheduleConfig {
   std::string type = "constant";  // constant | cosine | linear
   int warmup_steps = 0;           // linear warmup from lr/warmup to lr
   float min_lr_ratio = 0.0f;      // cosine/linear decay down to lr * min_lr_ratio
+  // Fault injection, for testing stability policies: from step spike_at (1-based;
+  // 0: off) for spike_steps steps the learning rate is multiplied by spike_factor.
+  int spike_at = 0;
+  int spike_steps = 1;
+  float spike_factor = 1.0f;
 };
 
 struct RunConfig {

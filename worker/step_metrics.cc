@@ -52,6 +52,7 @@ std::string StepMetrics::ToJson() const {
     w.Add("probe", p);
   }
   if (evaluated) w.Add("val_loss", val_loss);
+  if (skipped) w.Add("skipped", true);
   return w.str();
 }
 

@@ -59,6 +59,7 @@ struct StepMetrics {
   bool evaluated = false;
   double val_loss = 0;
   std::string scheme;          // the scheme's name during this step
+  bool skipped = false;        // a policy skipped this step's update
 
   // One JSON object on one line (the metrics.jsonl format; docs/train.md).
   std::string ToJson() const;

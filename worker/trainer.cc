@@ -88,13 +88,21 @@ Status Trainer::Create(const RunConfig& config, std::unique_ptr<Trainer>* out) {
     t->probe_grads_ = static_cast<float*>(mem);
   }
   KEEL_RETURN_IF_ERROR(t->model_->Init(config.seed));
+  if (t->config_.policy.active()) {
+    // Rollbacks need snapshots: the policy's ring, kept on disk as checkpoints.
+    if (t->config_.policy.snapshot_every > 0) t->config_.checkpoint_every = t->config_.policy.snapshot_every;
+    if (t->config_.policy.snapshot_keep > 0) t->config_.keep_checkpoints = t->config_.policy.snapshot_keep;
+    t->detectors_.reset(new DetectorSet(t->config_.policy.detectors));
+    t->engine_.reset(new PolicyEngine(t->config_.policy));
+  }
   *out = std::move(t);
   return Status::Ok();
 }
 
 double Trainer::LearningRate(int64_t step) const {
   const ScheduleConfig& s = config_.schedule;
-  const double lr = config_.optimizer.lr;
+  double lr = config_.optimizer.lr * lr_scale_;
+  if (s.spike_at > 0 && step + 1 >= s.spike_at && step + 1 < s.spike_at + s.spike_steps) lr *= s.spike_factor;
   if (step < s.warmup_steps) return lr * static_cast<double>(step + 1) / s.warmup_steps;
   if (s.type == "constant") return lr;
   const double span = std::max<int64_t>(1, config_.steps - s.warmup_steps);
@@ -190,6 +198,28 @@ Status Trainer::Step(StepMetrics* m) {
 
   if (probe) KEEL_RETURN_IF_ERROR(RunProbe(batches, m));
 
+  // Layernorm gains (the ones this step used).
+  for (const ParamInfo& p : params) {
+    if (!p.ln_gamma) continue;
+    std::vector<float> gamma(p.count);
+    KEEL_RETURN_IF_ERROR(b.Download(gamma.data(), model_->params() + p.offset, p.count * sizeof(float)));
+    double sum = 0, sq = 0;
+    for (float g : gamma) sum += g;
+    double mean = sum / p.count;
+    for (float g : gamma) sq += (g - mean) * (g - mean);
+    m->ln_gamma.push_back({p.name, mean, std::sqrt(sq / p.count)});
+  }
+  // Stability: the detectors read this step's metrics before its update, so a
+  // rule can skip the update; its other actions run after the step (Train).
+  bool skip_update = false;
+  if (detectors_) {
+    std::vector<Firing> fired = detectors_->Observe(*m);
+    for (PolicyEngine::Decision& d : engine_->Decide(m->step, fired)) {
+      for (const PolicyAction& a : d.rule->actions) skip_update |= a.kind == PolicyAction::Kind::kSkipStep;
+      pending_.push_back(std::move(d));
+    }
+  }
+
   // Update: global-norm clipping folds into the gradient scale.
   float grad_scale = 1.0f;
   if (config_.optimizer.grad_clip > 0 && m->grad_norm > config_.optimizer.grad_clip) {
@@ -197,7 +227,9 @@ Status Trainer::Step(StepMetrics* m) {
   }
   KEEL_RETURN_IF_ERROR(b.CopyBytes(previous_, model_->params(), static_cast<size_t>(count) * sizeof(float)));
   const OptimizerConfig& o = config_.optimizer;
+  m->skipped = skip_update;
   for (const ParamInfo& p : params) {
+    if (skip_update) break;  // weights and Adam moments stay as they were
     float wd = o.type == "adamw" && p.decay ? o.weight_decay : 0.0f;
     KEEL_RETURN_IF_ERROR(b.AdamW(model_->params() + p.offset, grads_ + p.offset, adam_m_ + p.offset,
                             adam_v_ + p.offset, p.count, static_cast<float>(m->lr), o.beta1, o.beta2,
@@ -218,17 +250,6 @@ Status Trainer::Step(StepMetrics* m) {
     m->update_ratios.push_back({g, SafeRatio(std::sqrt(group_delta[g]), std::sqrt(group_weight[g]))});
   }
 
-  // Layernorm gains (after the update).
-  for (const ParamInfo& p : params) {
-    if (!p.ln_gamma) continue;
-    std::vector<float> gamma(p.count);
-    KEEL_RETURN_IF_ERROR(b.Download(gamma.data(), model_->params() + p.offset, p.count * sizeof(float)));
-    double sum = 0, sq = 0;
-    for (float g : gamma) sum += g;
-    double mean = sum / p.count;
-    for (float g : gamma) sq += (g - mean) * (g - mean);
-    m->ln_gamma.push_back({p.name, mean, std::sqrt(sq / p.count)});
-  }
   ++step_;
   if (val_loader_ && config_.data.eval_every > 0 && step_ % config_.data.eval_every == 0) {
     KEEL_RETURN_IF_ERROR(Evaluate(&m->val_loss));
@@ -377,6 +398,65 @@ Status Trainer::Rollback(int64_t steps, std::string* restored) {
   return Status::Ok();
 }
 
+Status Trainer::ApplyPolicy() {
+  std::vector<PolicyEngine::Decision> decisions;
+  decisions.swap(pending_);
+  for (const PolicyEngine::Decision& d : decisions) {
+    // The detector values behind the decision go into every event it causes.
+    std::vector<std::pair<std::string, std::string>> why = {{"rule", d.rule->name}};
+    std::string detectors, reasons;
+    for (const Firing& f : d.firings) {
+      detectors += (detectors.empty() ? "" : ",") + f.detector;
+      reasons += (reasons.empty() ? "" : "; ") + f.message;
+      for (const auto& v : f.values) why.push_back({f.detector + "." + v.first, JsonNumber(v.second)});
+    }
+    why.push_back({"detectors", detectors});
+    const std::string cause = "rule " + d.rule->name + " (" + reasons + ")";
+    for (const PolicyAction& a : d.rule->actions) {
+      auto details = why;
+      if (a.kind == PolicyAction::Kind::kSwitch) {
+        const std::string from = scheme_.name;
+        std::string target = a.scheme == "next" ? engine_->NextRung(from) : a.scheme;
+        if (target.empty() || target == from) {
+          details.push_back({"from", from});
+          KEEL_RETURN_IF_ERROR(RecordEvent("switch_skipped", "no scheme above " + from + " on the ladder; " + cause, details));
+          continue;
+        }
+        PrecisionScheme scheme;
+        KEEL_RETURN_IF_ERROR(SchemeFromPreset(target, &scheme));
+        KEEL_RETURN_IF_ERROR(SwitchScheme(scheme));
+        details.push_back({"from", from});
+        details.push_back({"precision", target});
+        KEEL_RETURN_IF_ERROR(RecordEvent("switch_precision", "switched precision from " + from + " to " + target + ": " + cause, details));
+      } else if (a.kind == PolicyAction::Kind::kRollback) {
+        const int64_t before = step_;
+        std::string restored;
+        Status s = Rollback(a.steps, &restored);
+        if (!s.ok()) {
+          KEEL_RETURN_IF_ERROR(RecordEvent("rollback_failed", s.message() + "; " + cause, details));
+          continue;
+        }
+        details.push_back({"from_step", std::to_string(before)});
+        details.push_back({"to_step", std::to_string(step_)});
+        details.push_back({"checkpoint", restored});
+        KEEL_RETURN_IF_ERROR(RecordEvent("rollback", "rolled back from step " + std::to_string(before) + " to " +
+                                                         std::to_string(step_) + ": " + cause, details));
+      } else if (a.kind == PolicyAction::Kind::kScaleLr) {
+        lr_scale_ *= a.factor;
+        details.push_back({"factor", JsonNumber(a.factor)});
+        details.push_back({"lr_scale", JsonNumber(lr_scale_)});
+        KEEL_RETURN_IF_ERROR(RecordEvent("scale_lr", "learning rate scaled by " + JsonNumber(a.factor) + ": " + cause, details));
+      } else if (a.kind == PolicyAction::Kind::kSkipStep) {
+        KEEL_RETURN_IF_ERROR(RecordEvent("skip_step", "skipped the update of step " + std::to_string(step_) + ": " + cause, details));
+      } else if (a.kind == PolicyAction::Kind::kStop) {
+        diverged_ = true;
+        KEEL_RETURN_IF_ERROR(RecordEvent("stop", "stopped the run as diverged: " + cause, details));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 Status Trainer::ProcessCommands() {
   const std::string dir = config_.run_dir + "/commands";
   std::vector<std::string> names;
@@ -459,7 +539,8 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
                    FormatDuration(eta).c_str(),
                    m.evaluated ? (" | val " + std::to_string(m.val_loss)).c_str() : "");
     }
-    if (stop_requested()) break;
+    KEEL_RETURN_IF_ERROR(ApplyPolicy());
+    if (stop_requested() || diverged_) break;
     if (config_.checkpoint_every > 0 && step_ % config_.checkpoint_every == 0 && step_ < config_.steps) {
       std::string dir;
       KEEL_RETURN_IF_ERROR(SaveCheckpoint(&dir));
@@ -469,7 +550,8 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
   KEEL_RETURN_IF_ERROR(SaveCheckpoint(&dir));
   if (progress) {
     std::fprintf(stderr, "keel-train: %s at step %lld, checkpoint %s\n",
-                 step_ < config_.steps ? "stopped" : "done", static_cast<long long>(step_), dir.c_str());
+                 diverged_ ? "stopped as diverged" : step_ < config_.steps ? "stopped" : "done",
+                 static_cast<long long>(step_), dir.c_str());
   }
   return Status::Ok();
 }
@@ -494,6 +576,7 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
   meta["model"] = config_.model.type;
   meta["seed"] = std::to_string(config_.seed);
   meta["scheme"] = SchemeToYaml(scheme_);
+  meta["lr_scale"] = JsonNumber(lr_scale_);
   if (train_loader_) {
     TokenLoader::Position pos = train_loader_->position();
     meta["data.shard"] = std::to_string(pos.shard);
@@ -608,6 +691,8 @@ Status Trainer::Resume(const std::string& requested) {
   KEEL_RETURN_IF_ERROR(backend_->Upload(adam_v_, v.data(), count * sizeof(float)));
   scheme_ = scheme;
   step_ = step;
+  lr_scale_ = meta.count("lr_scale") ? std::atof(meta["lr_scale"].c_str()) : 1.0;
+  if (detectors_) detectors_->Reset();  // the stream starts again from here
   return Status::Ok();
 }
 

@@ -19,6 +19,8 @@
 #include "worker/io/token_loader.h"
 #include "worker/model.h"
 #include "worker/run_config.h"
+#include "worker/detectors.h"
+#include "worker/policy.h"
 #include "worker/scheme.h"
 #include "worker/step_metrics.h"
 
@@ -65,6 +67,12 @@ class Trainer {
   // one JSON object per line: {"step", "kind" (switch_precision | rollback |
   // command_failed), "message", "details": {...}}.
   Status ProcessCommands();
+  // The stability policy's decisions for the step just taken (config.policy):
+  // switch, rollback, scale_lr, skip_step (already applied) and stop, each an
+  // event in events.jsonl with the rule and the detector values behind it.
+  Status ApplyPolicy();
+  // True once a policy's stop action ended the run (keel-train exits 3).
+  bool diverged() const { return diverged_; }
   Status RecordEvent(const std::string& kind, const std::string& message,
                      const std::vector<std::pair<std::string, std::string>>& details);
 
@@ -103,6 +111,11 @@ class Trainer {
   int64_t step_ = 0;
   FILE* metrics_file_ = nullptr;
   std::atomic<bool> stop_requested_{false};
+  std::unique_ptr<DetectorSet> detectors_;       // null without a policy
+  std::unique_ptr<PolicyEngine> engine_;         // reads config_.policy
+  std::vector<PolicyEngine::Decision> pending_;  // decided in Step, applied by ApplyPolicy
+  double lr_scale_ = 1.0;                        // scale_lr actions, kept in checkpoints
+  bool diverged_ = false;
 };
 
 }  // namespace keel
