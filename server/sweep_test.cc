@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <set>
+#include <tuple>
 #include <sstream>
 
 #include "worker/run_config.h"
@@ -454,15 +455,15 @@ std::string ReadDemo() {
   return text.str();
 }
 
-TEST(SweepTest, DemoSweepExpandsToEightParsingRuns) {
+TEST(SweepTest, DemoSweepExpandsToSixteenRunsEachWithAndWithoutThePolicy) {
   std::string text = ReadDemo();
   ASSERT_FALSE(text.empty()) << "examples/demo-sweep.yaml not found";
   SweepPlan plan;
   Status s = ExpandSweep(text, "examples/demo-sweep.yaml", SweepLimits(), &plan);
   ASSERT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(plan.name, "demo");
-  ASSERT_EQ(plan.runs.size(), 8u);
-  std::set<std::pair<std::string, uint64_t>> seen;
+  ASSERT_EQ(plan.runs.size(), 16u);
+  std::set<std::tuple<std::string, uint64_t, int>> seen;
   for (const ExpandedRun& run : plan.runs) {
     RunConfig c = Parse(run);
     EXPECT_EQ(c.model.type, "proxy");
@@ -471,11 +472,15 @@ TEST(SweepTest, DemoSweepExpandsToEightParsingRuns) {
     EXPECT_EQ(c.batch, 256);
     EXPECT_EQ(c.steps, 300);
     EXPECT_EQ(c.backend, "cpu");
-    seen.insert({c.precision.name, c.seed});
+    EXPECT_EQ(c.schedule.spike_at, 150);       // the injected fault
+    EXPECT_TRUE(c.policy.active());             // every run carries the policy...
+    seen.insert({c.precision.name, c.seed, c.policy.max_interventions});  // ...allowed to act or not
   }
-  std::set<std::pair<std::string, uint64_t>> want;
+  std::set<std::tuple<std::string, uint64_t, int>> want;
   for (const char* p : {"bf16", "mxfp8_e4m3", "mxfp6_e2m3", "mxfp4"}) {
-    for (uint64_t seed : {1, 2}) want.insert({p, seed});
+    for (uint64_t seed : {1, 2}) {
+      for (int acts : {0, 3}) want.insert({p, seed, acts});
+    }
   }
   EXPECT_EQ(seen, want);
 }
