@@ -6,7 +6,10 @@
 #include <cstdio>
 
 #include "server/scheduler.h"
+#include "worker/run_config.h"
 #include "worker/scheme.h"
+
+#include <yaml-cpp/yaml.h>
 
 namespace keel {
 namespace {
@@ -562,6 +565,7 @@ void Coordinator::HandleWorkerMessage(const std::string& worker_id, const v1::Wo
         run.set_state(v1::DIVERGED);
         run.set_message("stopped as diverged by its stability policy");
         SaveRun(&run, "state", "stopped as diverged by its stability policy");
+        ApplySweepRules(run.sweep_id());
       } else {
         RequeueOrFail(&run, "trainer " + how);
       }
@@ -606,6 +610,56 @@ void Coordinator::ReleaseWorkerRuns(const std::string& worker_id, const std::set
       RequeueOrFail(&run, why);
     }
     FinishSweepIfDone(run.sweep_id());
+  }
+}
+
+void Coordinator::ApplySweepRules(const std::string& sweep_id) {
+  auto sweep = sweeps_.find(sweep_id);
+  if (sweep == sweeps_.end() || sweep->second.policy().yaml().empty()) return;
+  Policy policy;
+  try {
+    if (!ParsePolicyNode(YAML::Load(sweep->second.policy().yaml()), "sweep " + sweep_id + " policy", &policy).ok()) return;
+  } catch (const YAML::Exception&) {
+    return;  // validated at submit; nothing sensible to do with a damaged store row
+  }
+  for (size_t i = 0; i < policy.sweep_rules.size(); ++i) {
+    const SweepRule& rule = policy.sweep_rules[i];
+    const std::string key = sweep_id + "#" + std::to_string(i);
+    if (sweep_rules_applied_.count(key)) continue;
+    auto matches = [&](const v1::Run& r) {
+      return r.sweep_id() == sweep_id && (rule.scheme == "any" || r.scheme().name() == rule.scheme);
+    };
+    int diverged = 0;
+    for (const auto& r : runs_) diverged += matches(r.second) && r.second.state() == v1::DIVERGED;
+    if (diverged < rule.diverged) continue;
+    sweep_rules_applied_.insert(key);
+    const std::string why = std::to_string(diverged) + " runs of scheme " + rule.scheme + " in sweep " + sweep_id +
+                            " diverged (sweep rule " + std::to_string(i) + "): switch the others to " + rule.switch_to;
+    std::vector<std::string> ids;
+    for (const auto& r : runs_) {
+      if (matches(r.second) && !Terminal(r.second.state())) ids.push_back(r.first);
+    }
+    for (const std::string& id : ids) {
+      v1::Run run = runs_[id];
+      if (run.state() == v1::QUEUED) {
+        // Not started: its spec starts in the new scheme.
+        YAML::Node spec = YAML::Load(run.spec().yaml());
+        spec["precision"] = rule.switch_to;
+        YAML::Emitter e;
+        e << spec;
+        run.mutable_spec()->set_yaml(e.c_str());
+        run.set_precision(rule.switch_to);
+        SaveRun(&run, "sweep_rule", why);
+      } else {
+        v1::WorkerCommand c;
+        c.mutable_switch_precision()->set_run_id(id);
+        c.mutable_switch_precision()->set_precision(rule.switch_to);
+        c.mutable_switch_precision()->set_reason(why);
+        auto w = workers_.find(run.worker_id());
+        if (w != workers_.end() && w->second.send) w->second.send(c);
+        SaveRun(&run, "sweep_rule", why);
+      }
+    }
   }
 }
 

@@ -131,6 +131,8 @@ class Coordinator {
   Status Cancel(v1::Run run);
   void ReleaseWorkerRuns(const std::string& worker_id, const std::set<std::string>& keep, const std::string& why);
   void FinishSweepIfDone(const std::string& sweep_id);
+  // The sweep policy's sweep_rules (policy.h SweepRule), after a run diverged.
+  void ApplySweepRules(const std::string& sweep_id);
   grpc::Status FromStatus(const Status& status) const;
   std::string NewId(const std::string& prefix);
 
@@ -152,6 +154,7 @@ class Coordinator {
   CoordinatorStats counters_;
   uint64_t id_counter_ = 0;
   uint64_t stream_counter_ = 0;
+  std::set<std::string> sweep_rules_applied_;       // "sweep#rule" already acted on
 };
 
 }  // namespace keel

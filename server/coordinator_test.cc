@@ -192,5 +192,47 @@ TEST(CoordinatorTest, RecoversEverythingAfterARestart) {
   EXPECT_EQ(run.restarts(), 0);
 }
 
+TEST(CoordinatorTest, SweepRuleSwitchesTheSchemesOtherRunsAfterADivergence) {
+  Fixture f(DbPath("sweep_rule"));
+  v1::SweepSpec spec;
+  spec.set_yaml("name: t\nbase: {model: {type: proxy, layers: 1, width: 16}, steps: 50, precision: mxfp4}\n"
+                "axes:\n  - grid: {seed: [1, 2, 3]}\n"
+                "policy:\n  sweep_rules:\n    - {when_diverged: 1, scheme: mxfp4, switch: bf16}\n");
+  v1::SubmitSweepResponse submitted;
+  ASSERT_TRUE(f.c->SubmitSweep(spec, &submitted).ok());
+  std::vector<v1::WorkerCommand> sent1, sent2;
+  std::string w1 = f.AddWorker(&sent1), w2 = f.AddWorker(&sent2);
+  ASSERT_EQ(sent1.size(), 1u);
+  ASSERT_EQ(sent2.size(), 1u);
+  const std::string a = sent1[0].start().run_id(), b = sent2[0].start().run_id();
+  v1::WorkerMessage m;
+  m.mutable_exit()->set_run_id(a);
+  m.mutable_exit()->set_exit_code(3);  // its policy stopped it as diverged
+  f.c->HandleWorkerMessage(w1, m);
+  v1::Run run;
+  ASSERT_TRUE(f.c->GetRun(a, &run).ok());
+  EXPECT_EQ(run.state(), v1::DIVERGED);
+  EXPECT_EQ(run.restarts(), 0);  // diverged runs are not restarted
+  // The running one is told to switch...
+  ASSERT_GE(sent2.size(), 2u);
+  EXPECT_EQ(sent2[1].switch_precision().run_id(), b);
+  EXPECT_EQ(sent2[1].switch_precision().precision(), "bf16");
+  // ...and the queued one, now started on w1's free slot, starts in bf16.
+  bool queued_started_in_bf16 = false;
+  for (const v1::WorkerCommand& c : sent1) {
+    if (c.has_start() && c.start().run_id() != a) {
+      queued_started_in_bf16 = c.start().spec().yaml().find("precision: bf16") != std::string::npos;
+    }
+  }
+  EXPECT_TRUE(queued_started_in_bf16);
+  v1::ListEventsRequest er;
+  er.set_sweep_id(submitted.sweep().id());
+  v1::ListEventsResponse events;
+  ASSERT_TRUE(f.c->ListEvents(er, &events).ok());
+  int rule_events = 0;
+  for (const auto& e : events.events()) rule_events += e.kind() == "sweep_rule";
+  EXPECT_EQ(rule_events, 2);
+}
+
 }  // namespace
 }  // namespace keel

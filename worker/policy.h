@@ -23,6 +23,8 @@
 //           - stop                      # end the run as diverged (keel-train exit 3)
 //         cooldown: 200                 # steps before this rule may fire again (default 100)
 //         max: 3                        # times this rule may fire (0, default: no limit)
+//     sweep_rules:                      # keeld, across a sweep's runs (SweepRule below)
+//       - {when_diverged: 2, scheme: mxfp4, switch: mxfp6_e2m3}
 //
 // Manual interventions (keel intervene) take the same path: a command the
 // trainer applies before its next step (trainer.h ProcessCommands).
@@ -56,6 +58,17 @@ struct PolicyRule {
   int max = 0;
 };
 
+// A sweep-level rule, applied by keeld (not the trainer): once `diverged` runs
+// of one scheme in a sweep have ended DIVERGED, that scheme's other runs switch
+// to `switch_to` (running ones at their next step, queued ones before they start).
+//   sweep_rules:
+//     - {when_diverged: 2, scheme: mxfp4, switch: mxfp6_e2m3}   # scheme: any (default)
+struct SweepRule {
+  int diverged = 1;
+  std::string scheme = "any";
+  std::string switch_to;
+};
+
 struct Policy {
   std::map<std::string, DetectorConfig> detectors;  // every detector, defaults filled in
   std::vector<std::string> ladder;
@@ -63,6 +76,7 @@ struct Policy {
   int snapshot_keep = 0;   // 0: the run's keep_checkpoints
   int max_interventions = 5;
   std::vector<PolicyRule> rules;
+  std::vector<SweepRule> sweep_rules;
   std::string yaml;        // the section as given, for checkpoints and events
 
   bool active() const { return !rules.empty(); }

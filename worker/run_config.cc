@@ -313,7 +313,8 @@ Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
     *out = p;
     return Status::Ok();
   }
-  KEEL_RETURN_IF_ERROR(r.CheckKeys(node, f, {"detectors", "ladder", "snapshots", "max_interventions", "rules"}));
+  KEEL_RETURN_IF_ERROR(
+      r.CheckKeys(node, f, {"detectors", "ladder", "snapshots", "max_interventions", "rules", "sweep_rules"}));
   std::vector<std::string> detector_names = DetectorNames();
   std::vector<std::string> preset_names;
   for (const PresetInfo& info : Presets()) preset_names.push_back(info.name);
@@ -467,6 +468,23 @@ Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
       }
       p.rules.push_back(rule);
       ++index;
+    }
+  }
+  if (YAML::Node sweep_rules = node["sweep_rules"]) {
+    if (!sweep_rules.IsSequence()) return r.Error(sweep_rules, f + ".sweep_rules", "expected a list");
+    int index = 0;
+    for (const YAML::Node& sn : sweep_rules) {
+      const std::string g = f + ".sweep_rules[" + std::to_string(index++) + "]";
+      KEEL_RETURN_IF_ERROR(r.CheckKeys(sn, g, {"when_diverged", "scheme", "switch"}));
+      SweepRule rule;
+      if (!sn["when_diverged"]) return r.Error(sn, g + ".when_diverged", "missing (runs that must diverge, >= 1)");
+      KEEL_RETURN_IF_ERROR(r.Int(sn["when_diverged"], g + ".when_diverged", 1, 1 << 20, &rule.diverged));
+      std::vector<std::string> schemes = preset_names;
+      schemes.push_back("any");
+      if (sn["scheme"]) KEEL_RETURN_IF_ERROR(r.OneOf(sn["scheme"], g + ".scheme", schemes, &rule.scheme));
+      if (!sn["switch"]) return r.Error(sn, g + ".switch", "missing (the preset the other runs switch to)");
+      KEEL_RETURN_IF_ERROR(r.OneOf(sn["switch"], g + ".switch", preset_names, &rule.switch_to));
+      p.sweep_rules.push_back(rule);
     }
   }
   YAML::Emitter e;
