@@ -194,6 +194,8 @@ TEST(PolicyTest, InvalidPoliciesNameTheFieldAndLine) {
       {"policy:\n  rules:\n    - {when: [nonfinite], do: [{explode: 1}]}\n", "unknown action 'explode'"},
       {"policy:\n  detectors: {grad_bias: false}\n  rules:\n    - {when: [grad_bias], do: [stop]}\n", "disabled"},
       {"policy:\n  rules:\n    - {when: [nonfinite], do: [{scale_lr: 50}]}\n", "scale_lr"},
+      {"policy:\n  sweep_rules:\n    - {when_diverged: 0, switch: bf16}\n", "policy.sweep_rules[0].when_diverged"},
+      {"policy:\n  sweep_rules:\n    - {when_diverged: 2, switch: fp64}\n", "fp64"},
   };
   for (const Case& c : cases) {
     Status st;
