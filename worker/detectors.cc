@@ -103,7 +103,7 @@ std::vector<Firing> DetectorSet::Observe(const StepMetrics& m) {
   const DetectorConfig& bias = configs_.at("grad_bias");
   if (bias.enabled && m.probed) {
     auto bad = [&](const ProbeValues& v) {
-      return (bias.min_cosine != 0 && v.cosine < bias.min_cosine) ||
+      return v.cosine < bias.min_cosine ||
              (bias.max_abs_zeta > 0 && std::fabs(v.zeta) > bias.max_abs_zeta) ||
              (bias.max_rel_error > 0 && v.rel_error > bias.max_rel_error) || !std::isfinite(v.cosine);
     };

@@ -48,7 +48,7 @@ struct DetectorConfig {
   double ratio = 2.0;
   int steps = 4;
   // grad_bias
-  double min_cosine = 0.0;
+  double min_cosine = -1.0;  // -1: off (no cosine is below it)
   double max_abs_zeta = 0.9;
   double max_rel_error = 0.0;
   int consecutive = 2;
