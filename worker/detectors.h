@@ -16,7 +16,7 @@
 //   grad_bias         on each gradient-bias probe (probe_every): cosine < min_cosine,
 //                     or |zeta| > max_abs_zeta, or rel_error > max_rel_error, for
 //                     `consecutive` probes in a row; scope "overall" or "any_layer":
-//                     min_cosine 0 (off), max_abs_zeta 0.9, max_rel_error 0 (off),
+//                     min_cosine -1 (off), max_abs_zeta 0.9, max_rel_error 0 (off),
 //                     consecutive 2, scope overall.                                 off
 //   saturation        the saturated (clipped) fraction of an operand role, over all
 //                     linear layers, above max_fraction: max_fraction 0.05,
