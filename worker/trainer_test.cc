@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "worker/io/text_prepare.h"
@@ -282,6 +283,51 @@ TEST(TrainerTest, CommandFilesSwitchPrecisionAndRollBack) {
   EXPECT_NE(all.find("\"to_step\":\"10\""), std::string::npos) << all;
   EXPECT_NE(all.find("\"kind\":\"command_failed\""), std::string::npos) << all;
   EXPECT_FALSE(std::ifstream(c.run_dir + "/commands/0002.json").good());  // consumed
+}
+
+// A run hit by an injected LR fault at step 30, under a policy.
+RunConfig FaultyRun(const std::string& dir, const std::string& actions) {
+  RunConfig c;
+  Status s = ParseRunConfig(
+      "model: {type: proxy, layers: 1, width: 32}\nbatch: 64\nsteps: 60\nthreads: 2\nprecision: mxfp4\n"
+      "optimizer: {type: adam, lr: 0.003}\n"
+      "schedule: {type: constant, spike_at: 30, spike_steps: 3, spike_factor: 300}\n"
+      "policy:\n  detectors: {loss_zscore: {min_samples: 10}, loss_ratio: {min_samples: 10}}\n"
+      "  rules:\n    - {name: r, when: [nonfinite, loss_zscore, loss_ratio], do: " + actions + ", cooldown: 100}\n"
+      "run_dir: " + dir + "\n",
+      "test", {}, &c);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return c;
+}
+
+TEST(TrainerTest, PolicyStopEndsTheRunAsDivergedWithItsEvent) {
+  RunConfig c = FaultyRun(TempDir("policy_stop"), "[stop]");
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  ASSERT_TRUE(t->Train(nullptr, false).ok());
+  EXPECT_TRUE(t->diverged());
+  EXPECT_GT(t->step(), 30);
+  EXPECT_LT(t->step(), 40);  // right after the fault, not at the end
+  std::ifstream events(c.run_dir + "/events.jsonl");
+  std::string all((std::istreambuf_iterator<char>(events)), std::istreambuf_iterator<char>());
+  EXPECT_NE(all.find("\"kind\":\"stop\""), std::string::npos) << all;
+  EXPECT_NE(all.find("\"rule\":\"r\""), std::string::npos) << all;
+}
+
+TEST(TrainerTest, PolicySkipStepKeepsTheWeights) {
+  RunConfig c = FaultyRun(TempDir("policy_skip"), "[skip_step]");
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  std::vector<StepMetrics> m;
+  ASSERT_TRUE(t->Train([&](const StepMetrics& s) { m.push_back(s); }, false).ok());
+  int skipped = 0;
+  for (const StepMetrics& s : m) {
+    if (!s.skipped) continue;
+    ++skipped;
+    EXPECT_EQ(s.update_ratio, 0.0) << s.step;  // nothing moved
+  }
+  EXPECT_GE(skipped, 1);
+  EXPECT_FALSE(t->diverged());
 }
 
 TEST(TrainerTest, SchemeSwitchMidRunKeepsTraining) {
