@@ -366,6 +366,7 @@ Status Trainer::RecordEvent(const std::string& kind, const std::string& message,
   JsonValue d = JsonValue::Object();
   for (const auto& kv : details) d.Set(kv.first, kv.second);
   w.Add("details", d);
+  KEEL_RETURN_IF_ERROR(MakeDirs(config_.run_dir));  // an event can come before the first step
   const std::string path = config_.run_dir + "/events.jsonl";
   FILE* f = std::fopen(path.c_str(), "a");
   if (!f) return Status::Error("run_dir: cannot append to '" + path + "'");
