@@ -631,12 +631,12 @@ Status Trainer::Resume(const std::string& requested) {
   if (requested == "latest") {
     const std::string root = config_.run_dir + "/checkpoints";
     std::vector<std::string> names;
-    if (!ListDir(root, &names).ok()) return Status::Error("--resume latest: no checkpoints under '" + root + "'");
+    if (!ListDir(root, &names).ok()) return Status::Error("no checkpoints under '" + root + "'");
     std::string best;
     for (const std::string& n : names) {
       if (n.rfind("step_", 0) == 0 && n.size() == 13 && n > best) best = n;
     }
-    if (best.empty()) return Status::Error("--resume latest: no checkpoints under '" + root + "'");
+    if (best.empty()) return Status::Error("no checkpoints under '" + root + "'");
     dir = root + "/" + best;
   }
   std::vector<Tensor> weights, optimizer;
