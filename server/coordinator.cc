@@ -537,6 +537,9 @@ void Coordinator::HandleWorkerMessage(const std::string& worker_id, const v1::Wo
       }
       SaveRun(&run, "", "");
     }
+    static const std::set<std::string> kInterventions = {"switch_precision", "rollback", "scale_lr", "skip_step",
+                                                         "stop"};
+    if (kInterventions.count(e.kind())) ++counters_.interventions[e.kind()];
     if (runs_.count(e.run_id())) {
       store_->AppendEvent(e);
       v1::WatchUpdate u;

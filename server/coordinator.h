@@ -66,6 +66,9 @@ struct CoordinatorStats {
   int64_t workers_connected = 0;
   int64_t metric_points = 0;                     // ingested since start
   int64_t restarts = 0;                          // since start
+  // Interventions the trainers reported since start, by kind (switch_precision,
+  // rollback, scale_lr, skip_step, stop).
+  std::map<std::string, int64_t> interventions;
 };
 
 class Coordinator {

@@ -162,6 +162,10 @@ int main(int argc, char** argv) {
                            .Add({});
   auto& restarts_gauge =
       prometheus::BuildGauge().Name("keel_run_restarts").Help("Run restarts since keeld started").Register(*registry).Add({});
+  auto& interventions_family = prometheus::BuildGauge()
+                                   .Name("keel_interventions")
+                                   .Help("Stability interventions the trainers reported since keeld started, by action")
+                                   .Register(*registry);
   if (metrics_listen != "off") {
     try {
       exposer = std::make_unique<prometheus::Exposer>(metrics_listen);
@@ -185,6 +189,10 @@ int main(int argc, char** argv) {
     workers_gauge.Set(static_cast<double>(st.workers_connected));
     points_gauge.Set(static_cast<double>(st.metric_points));
     restarts_gauge.Set(static_cast<double>(st.restarts));
+    for (const char* kind : {"switch_precision", "rollback", "scale_lr", "skip_step", "stop"}) {
+      auto it = st.interventions.find(kind);
+      interventions_family.Add({{"action", kind}}).Set(it == st.interventions.end() ? 0.0 : static_cast<double>(it->second));
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   std::fprintf(stderr, "keeld: shutting down\n");
