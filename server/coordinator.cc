@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "server/scheduler.h"
+#include "worker/io/json.h"
 #include "worker/run_config.h"
 #include "worker/scheme.h"
 
@@ -124,6 +126,7 @@ void Coordinator::Publish(const v1::WatchUpdate& update, const std::string& run_
 // Stores a run's new state with an event, then tells its watchers.
 Status Coordinator::SaveRun(v1::Run* run, const std::string& event_kind, const std::string& message) {
   run->set_updated_unix_ms(Now());
+  if (Terminal(run->state())) live_[run->id()].ended_unix_ms = Now();
   KEEL_RETURN_IF_ERROR(store_->UpdateRun(*run));
   runs_[run->id()] = *run;
   progress_dirty_.erase(run->id());
@@ -506,6 +509,7 @@ void Coordinator::HandleWorkerMessage(const std::string& worker_id, const v1::Wo
       if (metric_buffer_.size() >= 512) FlushMetrics();
       r->set_step(m.metric().step());
       r->set_loss(m.metric().loss());
+      live_[r->id()].metric_json = m.metric().json();
       progress_dirty_.insert(r->id());
       v1::WatchUpdate u;
       *u.mutable_metric() = m.metric();
@@ -539,7 +543,11 @@ void Coordinator::HandleWorkerMessage(const std::string& worker_id, const v1::Wo
     }
     static const std::set<std::string> kInterventions = {"switch_precision", "rollback", "scale_lr", "skip_step",
                                                          "stop"};
-    if (kInterventions.count(e.kind())) ++counters_.interventions[e.kind()];
+    if (kInterventions.count(e.kind())) {
+      ++counters_.interventions[e.kind()];
+      auto rule = e.details().find("rule");
+      ++live_[e.run_id()].interventions[{e.kind(), rule == e.details().end() ? "manual" : rule->second}];
+    }
     if (runs_.count(e.run_id())) {
       store_->AppendEvent(e);
       v1::WatchUpdate u;
@@ -772,13 +780,69 @@ void Coordinator::Tick() {
   Schedule();
 }
 
-CoordinatorStats Coordinator::Stats() {
+CoordinatorStats Coordinator::Stats(int64_t retention_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   CoordinatorStats s = counters_;
   for (int st = v1::QUEUED; st <= v1::DIVERGED; ++st) s.runs_by_state[v1::RunState_Name(static_cast<v1::RunState>(st))] = 0;
   for (const auto& r : runs_) ++s.runs_by_state[v1::RunState_Name(r.second.state())];
+  s.queue_depth = s.runs_by_state["QUEUED"];
   s.sweeps = static_cast<int64_t>(sweeps_.size());
-  for (const auto& w : workers_) s.workers_connected += w.second.send ? 1 : 0;
+  s.workers_total = static_cast<int64_t>(workers_.size());
+  for (const auto& w : workers_) {
+    if (!w.second.send) continue;
+    ++s.workers_connected;
+    s.gpus_total += w.second.record.devices_size();
+  }
+  const int64_t now = Now();
+  for (const auto& r : runs_) {
+    if (Active(r.second.state())) s.gpus_busy += r.second.device_indices_size();
+    auto live = live_.find(r.first);
+    const bool ended = Terminal(r.second.state());
+    // Bounded cardinality: a run's series go away `retention_ms` after it ended
+    // (runs that ended before keeld started have no end time here: left out).
+    if (ended && (live == live_.end() || live->second.ended_unix_ms == 0 ||
+                  now - live->second.ended_unix_ms > retention_ms)) {
+      continue;
+    }
+    RunGauges g;
+    g.run = r.first;
+    g.sweep = r.second.sweep_id();
+    g.precision = r.second.precision();
+    g.worker = r.second.worker_id();
+    g.state = v1::RunState_Name(r.second.state());
+    g.step = r.second.step();
+    g.restarts = r.second.restarts();
+    if (live != live_.end()) {
+      g.interventions = live->second.interventions;
+      g.ended_unix_ms = live->second.ended_unix_ms;
+      JsonValue v;
+      if (!live->second.metric_json.empty() && ParseJson(live->second.metric_json, &v).ok()) {
+        auto number = [](const JsonValue* x) {
+          double d = std::nan("");
+          if (x) x->ToDouble(&d);
+          return d;
+        };
+        g.has_metric = true;
+        g.loss = number(v.Find("loss"));
+        g.grad_norm = number(v.Find("grad_norm"));
+        g.tokens_per_s = number(v.Find("tokens_per_s"));
+        if (const JsonValue* probe = v.Find("probe")) {
+          g.has_probe = true;
+          g.cosine = number(probe->Find("cosine"));
+          g.zeta = number(probe->Find("zeta"));
+        }
+        if (const JsonValue* quant = v.Find("quant")) {
+          for (const JsonValue::Member& layer : quant->members()) {
+            for (const JsonValue::Member& role : layer.second.members()) {
+              g.has_saturation = true;
+              g.saturated = std::max(g.saturated, number(role.second.Find("saturated")));
+            }
+          }
+        }
+      }
+    }
+    s.runs.push_back(std::move(g));
+  }
   return s;
 }
 

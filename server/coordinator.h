@@ -59,6 +59,21 @@ class Subscription {
   bool closed_ = false;
 };
 
+// One run as the Prometheus exporter shows it.
+struct RunGauges {
+  std::string run, sweep, precision, worker, state;
+  int64_t step = 0;
+  int32_t restarts = 0;
+  bool has_metric = false;  // the values below come from its latest metric point
+  double loss = 0, grad_norm = 0, tokens_per_s = 0;
+  bool has_probe = false;
+  double cosine = 0, zeta = 0;                // its latest gradient-bias probe
+  bool has_saturation = false;
+  double saturated = 0;                       // the largest saturated fraction over operands
+  std::map<std::pair<std::string, std::string>, int64_t> interventions;  // (action, rule) -> count
+  int64_t ended_unix_ms = 0;                  // 0 while not terminal
+};
+
 // Counters for the Prometheus exporter.
 struct CoordinatorStats {
   std::map<std::string, int64_t> runs_by_state;  // RunState name -> count
@@ -69,6 +84,10 @@ struct CoordinatorStats {
   // Interventions the trainers reported since start, by kind (switch_precision,
   // rollback, scale_lr, skip_step, stop).
   std::map<std::string, int64_t> interventions;
+  int64_t queue_depth = 0;                       // runs QUEUED
+  int64_t workers_total = 0;
+  int64_t gpus_total = 0, gpus_busy = 0;         // over connected workers
+  std::vector<RunGauges> runs;                   // every run not ended more than retention ago
 };
 
 class Coordinator {
@@ -111,7 +130,8 @@ class Coordinator {
   // Lease expiry, run progress saving and scheduling; keeld calls it every ~100 ms.
   void Tick();
 
-  CoordinatorStats Stats();
+  // retention_ms: runs that ended longer ago than this are left out of runs.
+  CoordinatorStats Stats(int64_t retention_ms = 600000);
 
  private:
   struct WorkerState {
@@ -158,6 +178,12 @@ class Coordinator {
   uint64_t id_counter_ = 0;
   uint64_t stream_counter_ = 0;
   std::set<std::string> sweep_rules_applied_;       // "sweep#rule" already acted on
+  struct Live {                                     // a run's latest values, for Stats
+    std::string metric_json;                        // its latest metrics.jsonl line
+    std::map<std::pair<std::string, std::string>, int64_t> interventions;
+    int64_t ended_unix_ms = 0;
+  };
+  std::map<std::string, Live> live_;
 };
 
 }  // namespace keel

@@ -6,8 +6,6 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <prometheus/exposer.h>
-#include <prometheus/gauge.h>
-#include <prometheus/registry.h>
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -21,6 +19,7 @@
 
 #include "server/auth.h"
 #include "server/coordinator.h"
+#include "server/metrics.h"
 #include "server/service.h"
 #include "server/store.h"
 #include "worker/io/file_util.h"
@@ -36,6 +35,7 @@ const char kUsage[] =
     "  --listen ADDR            gRPC address (default 127.0.0.1:7070; 0.0.0.0:PORT for all)\n"
     "  --state-dir DIR          keeld.db and generated tokens (default ./keeld-state)\n"
     "  --metrics-listen ADDR    Prometheus /metrics (default 127.0.0.1:9464; 'off' disables)\n"
+    "  --metrics-retention-s N  keep a finished run's per-run series this long (default 600)\n"
     "  --user-tokens-file F     user tokens, one per line (also $KEEL_USER_TOKENS, comma-separated)\n"
     "  --worker-token-file F    the worker join token (also $KEEL_WORKER_TOKEN)\n"
     "                           Without either, tokens are generated into the state dir\n"
@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7070", state_dir = "keeld-state", metrics_listen = "127.0.0.1:9464";
   std::string user_tokens_file, worker_token_file, tls_cert, tls_key, tls_ca;
   keel::CoordinatorOptions options;
+  int64_t metrics_retention_ms = 600000;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -105,6 +106,8 @@ int main(int argc, char** argv) {
       tls_ca = value();
     } else if (a == "--lease-ms") {
       options.lease_ms = number(100, 3600000);
+    } else if (a == "--metrics-retention-s") {
+      metrics_retention_ms = number(0, 30 * 86400) * 1000;
     } else if (a == "--heartbeat-ms") {
       options.heartbeat_interval_ms = number(10, 600000);
     } else {
@@ -125,8 +128,9 @@ int main(int argc, char** argv) {
   s = keel::Coordinator::Open(std::move(store), options, &coordinator);
   if (!s.ok()) return Fail(s.message());
 
-  keel::UserService users(coordinator.get(), &auth);
-  keel::FleetService fleet(coordinator.get(), &auth);
+  keel::KeeldMetrics metrics;
+  keel::UserService users(coordinator.get(), &auth, &metrics);
+  keel::FleetService fleet(coordinator.get(), &auth, &metrics);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
@@ -148,28 +152,11 @@ int main(int argc, char** argv) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return Fail("--listen: cannot listen on '" + listen + "'");
 
-  // Prometheus: run counts by state, sweeps, connected workers, ingested points.
   std::unique_ptr<prometheus::Exposer> exposer;
-  auto registry = std::make_shared<prometheus::Registry>();
-  auto& runs_family = prometheus::BuildGauge().Name("keel_runs").Help("Runs by state").Register(*registry);
-  auto& sweeps_gauge = prometheus::BuildGauge().Name("keel_sweeps").Help("Sweeps stored").Register(*registry).Add({});
-  auto& workers_gauge =
-      prometheus::BuildGauge().Name("keel_workers_connected").Help("Workers with an open stream").Register(*registry).Add({});
-  auto& points_gauge = prometheus::BuildGauge()
-                           .Name("keel_metric_points_ingested")
-                           .Help("Metric points stored since keeld started")
-                           .Register(*registry)
-                           .Add({});
-  auto& restarts_gauge =
-      prometheus::BuildGauge().Name("keel_run_restarts").Help("Run restarts since keeld started").Register(*registry).Add({});
-  auto& interventions_family = prometheus::BuildGauge()
-                                   .Name("keel_interventions")
-                                   .Help("Stability interventions the trainers reported since keeld started, by action")
-                                   .Register(*registry);
   if (metrics_listen != "off") {
     try {
       exposer = std::make_unique<prometheus::Exposer>(metrics_listen);
-      exposer->RegisterCollectable(registry);
+      exposer->RegisterCollectable(metrics.registry());
     } catch (const std::exception& e) {
       return Fail("--metrics-listen: cannot listen on '" + metrics_listen + "': " + e.what());
     }
@@ -183,16 +170,7 @@ int main(int argc, char** argv) {
                tls_cert.empty() ? "" : ", TLS", state_dir.c_str(), metrics_listen.c_str());
   while (!g_stop.load()) {
     coordinator->Tick();
-    keel::CoordinatorStats st = coordinator->Stats();
-    for (const auto& kv : st.runs_by_state) runs_family.Add({{"state", kv.first}}).Set(static_cast<double>(kv.second));
-    sweeps_gauge.Set(static_cast<double>(st.sweeps));
-    workers_gauge.Set(static_cast<double>(st.workers_connected));
-    points_gauge.Set(static_cast<double>(st.metric_points));
-    restarts_gauge.Set(static_cast<double>(st.restarts));
-    for (const char* kind : {"switch_precision", "rollback", "scale_lr", "skip_step", "stop"}) {
-      auto it = st.interventions.find(kind);
-      interventions_family.Add({{"action", kind}}).Set(it == st.interventions.end() ? 0.0 : static_cast<double>(it->second));
-    }
+    metrics.Update(coordinator->Stats(metrics_retention_ms));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   std::fprintf(stderr, "keeld: shutting down\n");

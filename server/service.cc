@@ -1,9 +1,40 @@
 // keeld's gRPC services (see service.h).
 #include "server/service.h"
 
+#include <chrono>
 #include <mutex>
 
 namespace keel {
+namespace {
+
+const char* CodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    default: return "OTHER";
+  }
+}
+
+// Runs one unary handler and records its latency by method and status code.
+template <typename Handler>
+grpc::Status Timed(KeeldMetrics* metrics, const char* method, Handler handler) {
+  const auto start = std::chrono::steady_clock::now();
+  grpc::Status status = handler();
+  if (metrics) {
+    metrics->ObserveRpc(method, CodeName(status.error_code()),
+                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return status;
+}
+
+}  // namespace
 
 #define KEEL_AUTHORIZE(ctx, who)                              \
   do {                                                        \
@@ -13,38 +44,52 @@ namespace keel {
 
 grpc::Status UserService::SubmitSweep(grpc::ServerContext* ctx, const v1::SubmitSweepRequest* req,
                                       v1::SubmitSweepResponse* out) {
-  KEEL_AUTHORIZE(ctx, Caller::kUser);
-  return c_->SubmitSweep(req->spec(), out);
+  return Timed(metrics_, "SubmitSweep", [&]() -> grpc::Status {
+    KEEL_AUTHORIZE(ctx, Caller::kUser);
+    return c_->SubmitSweep(req->spec(), out);
+  });
 }
 
 grpc::Status UserService::GetSweep(grpc::ServerContext* ctx, const v1::GetSweepRequest* req, v1::Sweep* out) {
-  KEEL_AUTHORIZE(ctx, Caller::kUser);
-  return c_->GetSweep(req->sweep_id(), out);
+  return Timed(metrics_, "GetSweep", [&]() -> grpc::Status {
+    KEEL_AUTHORIZE(ctx, Caller::kUser);
+    return c_->GetSweep(req->sweep_id(), out);
+  });
 }
 
 grpc::Status UserService::ListSweeps(grpc::ServerContext* ctx, const v1::ListSweepsRequest*, v1::ListSweepsResponse* out) {
-  KEEL_AUTHORIZE(ctx, Caller::kUser);
-  return c_->ListSweeps(out);
+  return Timed(metrics_, "ListSweeps", [&]() -> grpc::Status {
+    KEEL_AUTHORIZE(ctx, Caller::kUser);
+    return c_->ListSweeps(out);
+  });
 }
 
 grpc::Status UserService::CancelSweep(grpc::ServerContext* ctx, const v1::CancelSweepRequest* req, v1::Sweep* out) {
-  KEEL_AUTHORIZE(ctx, Caller::kUser);
-  return c_->CancelSweep(req->sweep_id(), out);
+  return Timed(metrics_, "CancelSweep", [&]() -> grpc::Status {
+    KEEL_AUTHORIZE(ctx, Caller::kUser);
+    return c_->CancelSweep(req->sweep_id(), out);
+  });
 }
 
 grpc::Status UserService::ListRuns(grpc::ServerContext* ctx, const v1::ListRunsRequest* req, v1::ListRunsResponse* out) {
-  KEEL_AUTHORIZE(ctx, Caller::kUser);
-  return c_->ListRuns(req->sweep_id(), out);
+  return Timed(metrics_, "ListRuns", [&]() -> grpc::Status {
+    KEEL_AUTHORIZE(ctx, Caller::kUser);
+    return c_->ListRuns(req->sweep_id(), out);
+  });
 }
 
 grpc::Status UserService::GetRun(grpc::ServerContext* ctx, const v1::GetRunRequest* req, v1::Run* out) {
-  KEEL_AUTHORIZE(ctx, Caller::kUser);
-  return c_->GetRun(req->run_id(), out);
+  return Timed(metrics_, "GetRun", [&]() -> grpc::Status {
+    KEEL_AUTHORIZE(ctx, Caller::kUser);
+    return c_->GetRun(req->run_id(), out);
+  });
 }
 
 grpc::Status UserService::CancelRun(grpc::ServerContext* ctx, const v1::CancelRunRequest* req, v1::Run* out) {
-  KEEL_AUTHORIZE(ctx, Caller::kUser);
-  return c_->CancelRun(req->run_id(), out);
+  return Timed(metrics_, "CancelRun", [&]() -> grpc::Status {
+    KEEL_AUTHORIZE(ctx, Caller::kUser);
+    return c_->CancelRun(req->run_id(), out);
+  });
 }
 
 grpc::Status UserService::Watch(grpc::ServerContext* ctx, const std::string& id,
@@ -82,32 +127,42 @@ grpc::Status UserService::WatchSweep(grpc::ServerContext* ctx, const v1::WatchRe
 
 grpc::Status UserService::GetMetrics(grpc::ServerContext* ctx, const v1::GetMetricsRequest* req,
                                      v1::GetMetricsResponse* out) {
-  KEEL_AUTHORIZE(ctx, Caller::kUser);
-  return c_->GetMetrics(*req, out);
+  return Timed(metrics_, "GetMetrics", [&]() -> grpc::Status {
+    KEEL_AUTHORIZE(ctx, Caller::kUser);
+    return c_->GetMetrics(*req, out);
+  });
 }
 
 grpc::Status UserService::ListEvents(grpc::ServerContext* ctx, const v1::ListEventsRequest* req,
                                      v1::ListEventsResponse* out) {
-  KEEL_AUTHORIZE(ctx, Caller::kUser);
-  return c_->ListEvents(*req, out);
+  return Timed(metrics_, "ListEvents", [&]() -> grpc::Status {
+    KEEL_AUTHORIZE(ctx, Caller::kUser);
+    return c_->ListEvents(*req, out);
+  });
 }
 
 grpc::Status UserService::Intervene(grpc::ServerContext* ctx, const v1::InterveneRequest* req,
                                     v1::InterveneResponse* out) {
-  KEEL_AUTHORIZE(ctx, Caller::kUser);
-  return c_->Intervene(*req, out);
+  return Timed(metrics_, "Intervene", [&]() -> grpc::Status {
+    KEEL_AUTHORIZE(ctx, Caller::kUser);
+    return c_->Intervene(*req, out);
+  });
 }
 
 grpc::Status UserService::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
                                       v1::ListWorkersResponse* out) {
-  KEEL_AUTHORIZE(ctx, Caller::kUser);
-  return c_->ListWorkers(out);
+  return Timed(metrics_, "ListWorkers", [&]() -> grpc::Status {
+    KEEL_AUTHORIZE(ctx, Caller::kUser);
+    return c_->ListWorkers(out);
+  });
 }
 
 grpc::Status FleetService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                                     v1::RegisterResponse* out) {
-  KEEL_AUTHORIZE(ctx, Caller::kWorker);
-  return c_->RegisterWorker(*req, out);
+  return Timed(metrics_, "Register", [&]() -> grpc::Status {
+    KEEL_AUTHORIZE(ctx, Caller::kWorker);
+    return c_->RegisterWorker(*req, out);
+  });
 }
 
 grpc::Status FleetService::Connect(grpc::ServerContext* ctx,

@@ -7,12 +7,15 @@
 #include "proto/keel.grpc.pb.h"
 #include "server/auth.h"
 #include "server/coordinator.h"
+#include "server/metrics.h"
 
 namespace keel {
 
 class UserService final : public v1::KeelService::Service {
  public:
-  UserService(Coordinator* coordinator, const AuthConfig* auth) : c_(coordinator), auth_(auth) {}
+  // metrics may be null (no RPC latency histograms).
+  UserService(Coordinator* coordinator, const AuthConfig* auth, KeeldMetrics* metrics = nullptr)
+      : c_(coordinator), auth_(auth), metrics_(metrics) {}
 
   grpc::Status SubmitSweep(grpc::ServerContext* ctx, const v1::SubmitSweepRequest* req, v1::SubmitSweepResponse* out) override;
   grpc::Status GetSweep(grpc::ServerContext* ctx, const v1::GetSweepRequest* req, v1::Sweep* out) override;
@@ -34,11 +37,13 @@ class UserService final : public v1::KeelService::Service {
   grpc::Status Watch(grpc::ServerContext* ctx, const std::string& id, grpc::ServerWriter<v1::WatchUpdate>* writer);
   Coordinator* c_;
   const AuthConfig* auth_;
+  KeeldMetrics* metrics_;
 };
 
 class FleetService final : public v1::WorkerService::Service {
  public:
-  FleetService(Coordinator* coordinator, const AuthConfig* auth) : c_(coordinator), auth_(auth) {}
+  FleetService(Coordinator* coordinator, const AuthConfig* auth, KeeldMetrics* metrics = nullptr)
+      : c_(coordinator), auth_(auth), metrics_(metrics) {}
 
   grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req, v1::RegisterResponse* out) override;
   // The worker names itself with the "keel-worker-id" metadata (its Register answer).
@@ -48,6 +53,7 @@ class FleetService final : public v1::WorkerService::Service {
  private:
   Coordinator* c_;
   const AuthConfig* auth_;
+  KeeldMetrics* metrics_;
 };
 
 }  // namespace keel

@@ -1,0 +1,156 @@
+// keeld's Prometheus metrics (see metrics.h).
+#include "server/metrics.h"
+
+#include <cmath>
+#include <set>
+
+namespace keel {
+namespace {
+
+const std::vector<std::pair<std::string, std::string>>& RunGaugeNames() {
+  static const std::vector<std::pair<std::string, std::string>>* names =
+      new std::vector<std::pair<std::string, std::string>>{
+          {"keel_run_step", "Optimizer steps the run has taken"},
+          {"keel_run_loss", "The run's latest training loss"},
+          {"keel_run_grad_norm", "The run's latest global gradient norm (before clipping)"},
+          {"keel_run_tokens_per_second", "The run's latest throughput (samples for the proxy model)"},
+          {"keel_run_gradient_cosine", "Cosine of the quantized and the fp32 gradient at the run's latest probe"},
+          {"keel_run_gradient_bias_zeta", "Multiplicative gradient bias zeta at the run's latest probe"},
+          {"keel_run_saturated_ratio", "Largest fraction of clipped values over the run's quantized operands"},
+          {"keel_run_restarts", "Times the run was restarted from a checkpoint"},
+      };
+  return *names;
+}
+
+}  // namespace
+
+KeeldMetrics::KeeldMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      runs_(prometheus::BuildGauge().Name("keel_runs").Help("Runs by state").Register(*registry_)),
+      sweeps_(prometheus::BuildGauge().Name("keel_sweeps").Help("Sweeps stored").Register(*registry_)),
+      queue_(prometheus::BuildGauge().Name("keel_queue_depth").Help("Runs waiting for a slot").Register(*registry_)),
+      workers_(prometheus::BuildGauge().Name("keel_workers").Help("Workers, connected and registered").Register(*registry_)),
+      gpus_(prometheus::BuildGauge().Name("keel_gpus").Help("GPUs of connected workers, total and busy").Register(*registry_)),
+      points_(prometheus::BuildCounter()
+                  .Name("keel_metric_points_ingested_total")
+                  .Help("Metric points keeld stored")
+                  .Register(*registry_)),
+      restarts_total_(prometheus::BuildCounter()
+                          .Name("keel_run_restarts_total")
+                          .Help("Runs restarted from a checkpoint (failed trainer or lost worker)")
+                          .Register(*registry_)),
+      interventions_(prometheus::BuildCounter()
+                         .Name("keel_interventions_total")
+                         .Help("Stability interventions the trainers reported, by action")
+                         .Register(*registry_)),
+      rpc_(prometheus::BuildHistogram()
+               .Name("keel_rpc_duration_seconds")
+               .Help("keeld's RPC latency by method and status code")
+               .Register(*registry_)),
+      run_info_(prometheus::BuildGauge()
+                    .Name("keel_run_info")
+                    .Help("A run's current precision scheme, worker and state (value 1)")
+                    .Register(*registry_)),
+      run_interventions_(prometheus::BuildCounter()
+                             .Name("keel_run_interventions_total")
+                             .Help("Stability interventions of a run, by action and rule")
+                             .Register(*registry_)) {
+  for (const auto& n : RunGaugeNames()) {
+    run_gauges_[n.first] = &prometheus::BuildGauge().Name(n.first).Help(n.second).Register(*registry_);
+  }
+}
+
+prometheus::Gauge& KeeldMetrics::GaugeFor(prometheus::Family<prometheus::Gauge>& family, const Labels& labels) {
+  return family.Add(labels);
+}
+
+void KeeldMetrics::ObserveRpc(const std::string& method, const std::string& code, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Buckets from 100 us to 10 s: unary calls are sub-millisecond to tens of ms.
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                                                   0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
+                                                                   1,      2.5,     5,      10};
+  rpc_.Add({{"method", method}, {"code", code}}, kBuckets).Observe(seconds);
+}
+
+void KeeldMetrics::Update(const CoordinatorStats& st) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& kv : st.runs_by_state) GaugeFor(runs_, {{"state", kv.first}}).Set(static_cast<double>(kv.second));
+  GaugeFor(sweeps_, {}).Set(static_cast<double>(st.sweeps));
+  GaugeFor(queue_, {}).Set(static_cast<double>(st.queue_depth));
+  GaugeFor(workers_, {{"state", "connected"}}).Set(static_cast<double>(st.workers_connected));
+  GaugeFor(workers_, {{"state", "registered"}}).Set(static_cast<double>(st.workers_total));
+  GaugeFor(gpus_, {{"state", "total"}}).Set(static_cast<double>(st.gpus_total));
+  GaugeFor(gpus_, {{"state", "busy"}}).Set(static_cast<double>(st.gpus_busy));
+  auto count = [&](prometheus::Family<prometheus::Counter>& family, const Labels& labels, const std::string& key,
+                   double value) {
+    prometheus::Counter& c = family.Add(labels);
+    double& seen = counted_[key];
+    if (value > seen) c.Increment(value - seen);
+    seen = std::max(seen, value);
+    return &c;
+  };
+  count(points_, {}, "points", static_cast<double>(st.metric_points));
+  count(restarts_total_, {}, "restarts", static_cast<double>(st.restarts));
+  for (const char* action : {"switch_precision", "rollback", "scale_lr", "skip_step", "stop"}) {
+    auto it = st.interventions.find(action);
+    count(interventions_, {{"action", action}}, std::string("interventions/") + action,
+          it == st.interventions.end() ? 0.0 : static_cast<double>(it->second));
+  }
+
+  std::set<std::string> present;
+  for (const RunGauges& g : st.runs) {
+    present.insert(g.run);
+    RunSeries& series = run_series_[g.run];
+    const Labels id = {{"sweep", g.sweep}, {"run", g.run}};
+    Labels info = id;
+    info["precision"] = g.precision;
+    info["worker"] = g.worker;
+    info["state"] = g.state;
+    if (info != series.info) {
+      // The info metric has one series per run: replace it when a label changes.
+      if (!series.info.empty()) run_info_.Remove(&run_info_.Add(series.info));
+      series.info = info;
+    }
+    run_info_.Add(info).Set(1);
+    auto set = [&](const std::string& name, bool has, double value) {
+      if (!has || !std::isfinite(value)) return;  // no sample rather than a made-up one
+      prometheus::Gauge& gauge = run_gauges_[name]->Add(id);
+      series.gauges[name] = &gauge;
+      gauge.Set(value);
+    };
+    set("keel_run_step", true, static_cast<double>(g.step));
+    set("keel_run_restarts", true, g.restarts);
+    set("keel_run_loss", g.has_metric, g.loss);
+    set("keel_run_grad_norm", g.has_metric, g.grad_norm);
+    set("keel_run_tokens_per_second", g.has_metric, g.tokens_per_s);
+    set("keel_run_gradient_cosine", g.has_probe, g.cosine);
+    set("keel_run_gradient_bias_zeta", g.has_probe, g.zeta);
+    set("keel_run_saturated_ratio", g.has_saturation, g.saturated);
+    for (const auto& kv : g.interventions) {
+      Labels labels = id;
+      labels["action"] = kv.first.first;
+      labels["rule"] = kv.first.second;
+      series.interventions[kv.first] =
+          count(run_interventions_, labels, "run/" + g.run + "/" + kv.first.first + "/" + kv.first.second,
+                static_cast<double>(kv.second));
+    }
+  }
+  // Runs gone from the snapshot (ended longer than the retention ago): drop their series.
+  for (auto it = run_series_.begin(); it != run_series_.end();) {
+    if (present.count(it->first)) {
+      ++it;
+      continue;
+    }
+    RunSeries& series = it->second;
+    if (!series.info.empty()) run_info_.Remove(&run_info_.Add(series.info));
+    for (const auto& kv : series.gauges) run_gauges_[kv.first]->Remove(kv.second);
+    for (const auto& kv : series.interventions) run_interventions_.Remove(kv.second);
+    for (auto c = counted_.begin(); c != counted_.end();) {
+      c = c->first.rfind("run/" + it->first + "/", 0) == 0 ? counted_.erase(c) : std::next(c);
+    }
+    it = run_series_.erase(it);
+  }
+}
+
+}  // namespace keel
