@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Keel's observability against real parts: promtool checks the shipped
+# Prometheus config and alert rules and keeld's live /metrics; a real Prometheus
+# (Debian's) scrapes a live keeld while a short CPU sweep runs (one run is
+# rescued by its policy, one is stopped as diverged), and every dashboard and
+# alert expression is evaluated through Prometheus's HTTP API
+# (tests/observability/check.py).
+set -euo pipefail
+work="${TEST_TMPDIR:-/tmp}/observability"
+rm -rf "$work" && mkdir -p "$work"
+deploy="$PWD/deploy"
+promtool check config "$deploy/prometheus/prometheus.yml"
+promtool check rules "$deploy/prometheus/alerts.yml"
+
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port=$(free_port); metrics_port=$(free_port); prom_port=$(free_port)
+export KEEL_USER_TOKENS=obs-user-token-0123456789 KEEL_WORKER_TOKEN=obs-worker-token-0123456789
+export KEEL_TOKEN=$KEEL_USER_TOKENS KEEL_SERVER="127.0.0.1:$port"
+server/keeld --listen "$KEEL_SERVER" --state-dir "$work/state" --metrics-listen "127.0.0.1:$metrics_port" 2> "$work/keeld.log" &
+pids=($!)
+trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+worker/keel-worker --server "$KEEL_SERVER" --trainer worker/keel-train --work-dir "$work/w" --no-gpus --cpu-slots 2 \
+  --quiet 2> "$work/worker.log" &
+pids+=($!)
+
+# The real Prometheus: the shipped rules, keeld as its target, scraped every second.
+sed -e "s|127.0.0.1:9464|127.0.0.1:$metrics_port|" -e 's|scrape_interval: 15s|scrape_interval: 1s|' \
+  -e 's|evaluation_interval: 15s|evaluation_interval: 1s|' -e "s|- alerts.yml|- $deploy/prometheus/alerts.yml|" \
+  "$deploy/prometheus/prometheus.yml" > "$work/prometheus.yml"
+prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
+  --web.listen-address="127.0.0.1:$prom_port" > "$work/prometheus.log" 2>&1 &
+pids+=($!)
+
+for _ in $(seq 100); do client/keel sweeps > /dev/null 2>&1 && break; sleep 0.1; done   # keeld is up
+cat > "$work/sweep.yaml" <<'YAML'
+name: observed
+base:
+  model: {type: proxy, layers: 1, width: 16}
+  precision: mxfp8_e4m3
+  batch: 32
+  steps: 400
+  threads: 1
+  probe_every: 20
+  optimizer: {type: adam, lr: 0.003}
+  schedule: {type: constant, spike_at: 200, spike_steps: 3, spike_factor: 300}
+axes:
+  - grid: {policy.max_interventions: [1, 3]}
+policy:
+  ladder: [mxfp8_e4m3, bf16]
+  snapshots: {every: 25, keep: 8}
+  rules:
+    - {name: spike, when: [nonfinite, loss_zscore, loss_ratio], do: [{rollback: {steps: 50}}, {switch: next}, {scale_lr: 0.01}], cooldown: 50}
+    - {name: again, when: [nonfinite, loss_zscore, loss_ratio], do: [stop], cooldown: 50}
+YAML
+client/keel submit "$work/sweep.yaml" --watch > "$work/watch.log" 2>&1 || true   # a run ends DIVERGED: exit 1
+client/keel runs
+
+fetch() { /usr/bin/python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())" "$1"; }
+fetch "http://127.0.0.1:$metrics_port/metrics" > "$work/metrics.txt"
+promtool check metrics < "$work/metrics.txt"
+# Let Prometheus scrape the finished state a few times (and evaluate the rules).
+for _ in $(seq 50); do
+  fetch "http://127.0.0.1:$prom_port/api/v1/query?query=keel_run_info" | grep -q '"run"' && break
+  sleep 0.2
+done
+sleep 3
+run=$(client/keel runs --output json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["runs"][0]["id"])')
+/usr/bin/python3 tests/observability/check.py "http://127.0.0.1:$prom_port" "$deploy" "$run"
