@@ -121,14 +121,15 @@ int main(int argc, char** argv) {
   keel::AuthConfig auth;
   s = keel::LoadAuthConfig(user_tokens_file, worker_token_file, state_dir, &auth);
   if (!s.ok()) return Fail(s.message());
+  keel::KeeldMetrics metrics;
   std::unique_ptr<keel::Store> store;
   s = keel::OpenSqliteStore(state_dir + "/keeld.db", &store);
   if (!s.ok()) return Fail(s.message());
+  store->SetWriteObserver([&metrics](double seconds) { metrics.ObserveStoreWrite(seconds); });
   std::unique_ptr<keel::Coordinator> coordinator;
   s = keel::Coordinator::Open(std::move(store), options, &coordinator);
   if (!s.ok()) return Fail(s.message());
 
-  keel::KeeldMetrics metrics;
   keel::UserService users(coordinator.get(), &auth, &metrics);
   keel::FleetService fleet(coordinator.get(), &auth, &metrics);
   grpc::EnableDefaultHealthCheckService(true);

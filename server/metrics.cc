@@ -47,6 +47,10 @@ KeeldMetrics::KeeldMetrics()
                .Name("keel_rpc_duration_seconds")
                .Help("keeld's RPC latency by method and status code")
                .Register(*registry_)),
+      store_(prometheus::BuildHistogram()
+                 .Name("keel_store_write_duration_seconds")
+                 .Help("keeld's store write transactions, BEGIN to synced COMMIT")
+                 .Register(*registry_)),
       run_info_(prometheus::BuildGauge()
                     .Name("keel_run_info")
                     .Help("A run's current precision scheme, worker and state (value 1)")
@@ -71,6 +75,14 @@ void KeeldMetrics::ObserveRpc(const std::string& method, const std::string& code
                                                                    0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
                                                                    1,      2.5,     5,      10};
   rpc_.Add({{"method", method}, {"code", code}}, kBuckets).Observe(seconds);
+}
+
+void KeeldMetrics::ObserveStoreWrite(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // fsync-bound: tens of microseconds on tmpfs to tens of milliseconds on disks.
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                                                                   0.005,   0.01,   0.025,   0.05,   0.1,   0.25, 1};
+  store_.Add({}, kBuckets).Observe(seconds);
 }
 
 void KeeldMetrics::Update(const CoordinatorStats& st) {

@@ -17,6 +17,7 @@
 //   keel_run_restarts_total               counter restarts since keeld started
 //   keel_interventions_total{action}      counter stability interventions reported
 //   keel_rpc_duration_seconds{method,code} histogram
+//   keel_store_write_duration_seconds     histogram one store transaction, to its synced commit
 // Per run ({sweep, run}):
 //   keel_run_info{sweep,run,precision,worker,state} 1
 //   keel_run_step, keel_run_loss, keel_run_grad_norm, keel_run_tokens_per_second,
@@ -53,6 +54,8 @@ class KeeldMetrics {
 
   // One RPC's latency; `code` is grpc's status code name ("OK", "NOT_FOUND", ...).
   void ObserveRpc(const std::string& method, const std::string& code, double seconds);
+  // One store write transaction (BEGIN to synced COMMIT).
+  void ObserveStoreWrite(double seconds);
 
  private:
   using Labels = std::map<std::string, std::string>;
@@ -69,6 +72,7 @@ class KeeldMetrics {
   prometheus::Family<prometheus::Counter>& restarts_total_;
   prometheus::Family<prometheus::Counter>& interventions_;
   prometheus::Family<prometheus::Histogram>& rpc_;
+  prometheus::Family<prometheus::Histogram>& store_;
   prometheus::Family<prometheus::Gauge>& run_info_;
   std::map<std::string, prometheus::Family<prometheus::Gauge>*> run_gauges_;  // by metric name
   prometheus::Family<prometheus::Counter>& run_interventions_;

@@ -19,6 +19,7 @@
 #define KEEL_SERVER_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -105,6 +106,9 @@ class Store {
   // ---- Export ----------------------------------------------------------------------
 
   // Totals for the Prometheus exporter; any pointer may be null.
+  // Called with the seconds each write transaction took (BEGIN to synced
+  // COMMIT), on the writing thread; for keeld's store latency histogram.
+  virtual void SetWriteObserver(std::function<void(double)> observer) = 0;
   virtual Status Counts(int64_t* sweeps, int64_t* runs, int64_t* metric_points) = 0;
 };
 

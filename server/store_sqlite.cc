@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <chrono>
 #include <set>
 #include <string>
 #include <utility>
@@ -197,6 +198,11 @@ class SqliteStore : public Store {
   explicit SqliteStore(sqlite3* db) : db_(db) {}
   ~SqliteStore() override { sqlite3_close_v2(db_); }
 
+  void SetWriteObserver(std::function<void(double)> observer) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    write_observer_ = std::move(observer);
+  }
+
   Status CreateSweep(const v1::Sweep& sweep, const std::vector<v1::Run>& runs) override {
     KEEL_RETURN_IF_ERROR(RequireId(sweep.id(), "CreateSweep: sweep"));
     std::set<std::string> ids = {sweep.id()};
@@ -213,7 +219,7 @@ class SqliteStore : public Store {
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
-    return InTransaction(db_, true, [&]() -> Status {
+    return WriteTransaction([&]() -> Status {
       bool exists;
       KEEL_RETURN_IF_ERROR(Exists("sweeps", sweep.id(), &exists));
       if (exists) {
@@ -265,7 +271,7 @@ class SqliteStore : public Store {
   Status UpdateSweep(const v1::Sweep& sweep) override {
     KEEL_RETURN_IF_ERROR(RequireId(sweep.id(), "UpdateSweep: sweep"));
     std::lock_guard<std::mutex> lock(mu_);
-    return InTransaction(db_, true, [&]() -> Status {
+    return WriteTransaction([&]() -> Status {
       std::string blob;
       KEEL_RETURN_IF_ERROR(Serialize(sweep, &blob));
       Stmt q(db_, "UPDATE sweeps SET state = ?, created_unix_ms = ?, proto = ? WHERE id = ?");
@@ -314,7 +320,7 @@ class SqliteStore : public Store {
   Status UpdateRuns(const std::vector<v1::Run>& runs) override {
     for (const v1::Run& run : runs) KEEL_RETURN_IF_ERROR(RequireId(run.id(), "UpdateRun: run"));
     std::lock_guard<std::mutex> lock(mu_);
-    return InTransaction(db_, true, [&]() -> Status {
+    return WriteTransaction([&]() -> Status {
       Stmt sweep_of(db_, "SELECT sweep_id FROM runs WHERE id = ?");
       Stmt update(db_, "UPDATE runs SET state = ?, proto = ? WHERE id = ?");
       std::string blob;
@@ -343,7 +349,7 @@ class SqliteStore : public Store {
       KEEL_RETURN_IF_ERROR(RequireId(p.run_id(), "AppendMetrics: run_id of a metric point"));
     }
     std::lock_guard<std::mutex> lock(mu_);
-    return InTransaction(db_, true, [&]() -> Status {
+    return WriteTransaction([&]() -> Status {
       // Check each run once, for an error that names it (the foreign key would
       // only say "FOREIGN KEY constraint failed").
       std::set<std::string> runs;
@@ -411,7 +417,7 @@ class SqliteStore : public Store {
 
   Status DeleteMetricsAfter(const std::string& run_id, int64_t step) override {
     std::lock_guard<std::mutex> lock(mu_);
-    return InTransaction(db_, true, [&]() -> Status {
+    return WriteTransaction([&]() -> Status {
       KEEL_RETURN_IF_ERROR(RequireExists("runs", "run", run_id));
       Stmt q(db_, "DELETE FROM metrics WHERE run_id = ? AND step > ?");
       q.Bind(1, run_id).Bind(2, step);
@@ -421,7 +427,7 @@ class SqliteStore : public Store {
 
   Status AppendEvent(const v1::Event& event) override {
     std::lock_guard<std::mutex> lock(mu_);
-    return InTransaction(db_, true, [&]() -> Status {
+    return WriteTransaction([&]() -> Status {
       std::string sweep_id;
       if (!event.run_id().empty()) {
         Stmt q(db_, "SELECT sweep_id FROM runs WHERE id = ?");
@@ -458,7 +464,7 @@ class SqliteStore : public Store {
   Status UpsertWorker(const v1::Worker& worker) override {
     KEEL_RETURN_IF_ERROR(RequireId(worker.id(), "UpsertWorker: worker"));
     std::lock_guard<std::mutex> lock(mu_);
-    return InTransaction(db_, true, [&]() -> Status {
+    return WriteTransaction([&]() -> Status {
       std::string blob;
       KEEL_RETURN_IF_ERROR(Serialize(worker, &blob));
       // ON CONFLICT DO UPDATE (not INSERT OR REPLACE) keeps the row's seq, so
@@ -542,6 +548,18 @@ class SqliteStore : public Store {
   // mu_ serialises every method: the one SQLite connection db_ (opened
   // SQLITE_OPEN_NOMUTEX) and its transaction state are used by one thread at a
   // time.
+  // A write transaction, timed from BEGIN to its synced COMMIT for the observer.
+  template <typename Body>
+  Status WriteTransaction(Body body) {
+    const auto start = std::chrono::steady_clock::now();
+    Status status = InTransaction(db_, true, body);
+    if (write_observer_) {
+      write_observer_(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return status;
+  }
+
+  std::function<void(double)> write_observer_;  // guarded by mu_ (held by every caller)
   std::mutex mu_;
   sqlite3* const db_;
 };

@@ -31,6 +31,7 @@ done
 echo "$metrics" | grep '^keel_runs{state="QUEUED"} 3' || { echo "FAIL: /metrics lacks 3 queued runs"; echo "$metrics"; exit 1; }
 for want in '^keel_sweeps 1' '^keel_queue_depth 3' 'keel_rpc_duration_seconds_count{code="OK",method="SubmitSweep"} 1' \
             'keel_rpc_duration_seconds_count{code="INVALID_ARGUMENT",method="SubmitSweep"} 1' '^keel_metric_points_ingested_total 0' \
-            'keel_run_info{precision="fp32",run="run-2",state="QUEUED",sweep="sweep-1",worker=""} 1'; do
+            'keel_run_info{precision="fp32",run="run-2",state="QUEUED",sweep="sweep-1",worker=""} 1' \
+            '^keel_store_write_duration_seconds_count [1-9]'; do
   echo "$metrics" | grep -q -- "$want" || { echo "FAIL: /metrics lacks $want"; echo "$metrics" | grep -v '^#'; exit 1; }
 done
