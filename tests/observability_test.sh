@@ -13,18 +13,18 @@ promtool check config "$deploy/prometheus/prometheus.yml"
 promtool check rules "$deploy/prometheus/alerts.yml"
 
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-port=$(free_port); metrics_port=$(free_port); prom_port=$(free_port)
+port=$(free_port); metrics_port=$(free_port); prom_port=$(free_port); worker_metrics_port=$(free_port)
 export KEEL_USER_TOKENS=obs-user-token-0123456789 KEEL_WORKER_TOKEN=obs-worker-token-0123456789
 export KEEL_TOKEN=$KEEL_USER_TOKENS KEEL_SERVER="127.0.0.1:$port"
 server/keeld --listen "$KEEL_SERVER" --state-dir "$work/state" --metrics-listen "127.0.0.1:$metrics_port" 2> "$work/keeld.log" &
 pids=($!)
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
 worker/keel-worker --server "$KEEL_SERVER" --trainer worker/keel-train --work-dir "$work/w" --no-gpus --cpu-slots 2 \
-  --quiet 2> "$work/worker.log" &
+  --metrics-listen "127.0.0.1:$worker_metrics_port" --quiet 2> "$work/worker.log" &
 pids+=($!)
 
 # The real Prometheus: the shipped rules, keeld as its target, scraped every second.
-sed -e "s|127.0.0.1:9464|127.0.0.1:$metrics_port|" -e 's|scrape_interval: 15s|scrape_interval: 1s|' \
+sed -e "s|127.0.0.1:9464|127.0.0.1:$metrics_port|" -e "s|127.0.0.1:9465|127.0.0.1:$worker_metrics_port|" -e 's|scrape_interval: 15s|scrape_interval: 1s|' \
   -e 's|evaluation_interval: 15s|evaluation_interval: 1s|' -e "s|- alerts.yml|- $deploy/prometheus/alerts.yml|" \
   "$deploy/prometheus/prometheus.yml" > "$work/prometheus.yml"
 prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
@@ -58,6 +58,14 @@ client/keel runs
 fetch() { /usr/bin/python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())" "$1"; }
 fetch "http://127.0.0.1:$metrics_port/metrics" > "$work/metrics.txt"
 promtool check metrics < "$work/metrics.txt"
+for _ in $(seq 50); do   # the worker refreshes its /metrics once a second
+  fetch "http://127.0.0.1:$worker_metrics_port/metrics" > "$work/worker-metrics.txt"
+  grep -q '^keel_worker_trainer_exits_total{outcome="diverged"} 1' "$work/worker-metrics.txt" && break
+  sleep 0.2
+done
+promtool check metrics < "$work/worker-metrics.txt"
+grep -q '^keel_worker_trainer_exits_total{outcome="ok"} 1' "$work/worker-metrics.txt" || { echo "FAIL: worker exits"; cat "$work/worker-metrics.txt"; exit 1; }
+grep -q '^keel_worker_trainer_exits_total{outcome="diverged"} 1' "$work/worker-metrics.txt" || { echo "FAIL: worker diverged exit"; exit 1; }
 # Let Prometheus scrape the finished state a few times (and evaluate the rules).
 for _ in $(seq 50); do
   fetch "http://127.0.0.1:$prom_port/api/v1/query?query=keel_run_info" | grep -q '"run"' && break

@@ -97,7 +97,7 @@ class Cluster {
   // A worker with one CPU slot and its own work dir.
   Process* AddWorker(const std::string& name) {
     workers_[name].reset(new Process({"worker/keel-worker", "--server", Address(), "--trainer", "worker/keel-train",
-                                      "--work-dir", dir_ + "/" + name, "--cpu-slots", "1"},
+                                      "--work-dir", dir_ + "/" + name, "--cpu-slots", "1", "--metrics-listen", "off"},
                                      dir_ + "/" + name + ".log"));
     return workers_[name].get();
   }

@@ -38,7 +38,7 @@ set -e
 [ "$half" = 2 ] || { echo "FAIL: --tls-cert without --tls-key gave exit $half, want 2"; exit 1; }
 
 worker/keel-worker "${tls[@]}" --server "$KEEL_SERVER" --trainer worker/keel-train --work-dir "$work/w" \
-  --no-gpus --cpu-slots 1 2> "$work/worker.log" &
+  --no-gpus --cpu-slots 1 --metrics-listen off 2> "$work/worker.log" &
 pids+=($!)
 for _ in $(seq 50); do
   client/keel workers "${tls[@]}" | grep -q worker- && break

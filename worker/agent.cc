@@ -46,44 +46,87 @@ class CommandQueue {
 
 }  // namespace
 
-std::vector<v1::Device> DetectGpus() {
-  // NVML through dlopen: no build-time CUDA dependency, and a machine without
-  // the driver simply has no GPUs. Indices are NVML's (PCI bus order); the
-  // trainer gets CUDA_DEVICE_ORDER=PCI_BUS_ID so that CUDA counts the same way.
-  std::vector<v1::Device> devices;
-  void* nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!nvml) return devices;
-  using InitFn = int (*)();
-  using CountFn = int (*)(unsigned int*);
-  using HandleFn = int (*)(unsigned int, void**);
-  using NameFn = int (*)(void*, char*, unsigned int);
+namespace {
+
+// NVML through dlopen: no build-time CUDA dependency, and a machine without the
+// driver simply has no GPUs. Loaded once and kept (unloading it while the driver
+// holds state is not safe).
+struct Nvml {
   struct Memory {
     unsigned long long total, free, used;
   };
-  using MemoryFn = int (*)(void*, Memory*);
-  auto init = reinterpret_cast<InitFn>(dlsym(nvml, "nvmlInit_v2"));
-  auto count = reinterpret_cast<CountFn>(dlsym(nvml, "nvmlDeviceGetCount_v2"));
-  auto handle = reinterpret_cast<HandleFn>(dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2"));
-  auto name = reinterpret_cast<NameFn>(dlsym(nvml, "nvmlDeviceGetName"));
-  auto memory = reinterpret_cast<MemoryFn>(dlsym(nvml, "nvmlDeviceGetMemoryInfo"));
-  unsigned int n = 0;
-  if (init && count && handle && name && memory && init() == 0 && count(&n) == 0) {
-    for (unsigned int i = 0; i < n; ++i) {
-      void* h = nullptr;
-      if (handle(i, &h) != 0) continue;
-      char text[96] = {0};
-      Memory mem = {0, 0, 0};
-      name(h, text, sizeof(text));
-      memory(h, &mem);
-      v1::Device d;
-      d.set_index(static_cast<int32_t>(i));
-      d.set_name(text);
-      d.set_memory_bytes(static_cast<int64_t>(mem.total));
-      devices.push_back(d);
-    }
+  int (*count)(unsigned int*) = nullptr;
+  int (*handle)(unsigned int, void**) = nullptr;
+  int (*name)(void*, char*, unsigned int) = nullptr;
+  int (*memory)(void*, Memory*) = nullptr;
+  bool ok = false;
+
+  static const Nvml& Get() {
+    static const Nvml* nvml = [] {
+      Nvml* n = new Nvml;
+      void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+      if (!lib) return n;
+      auto init = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlInit_v2"));
+      n->count = reinterpret_cast<int (*)(unsigned int*)>(dlsym(lib, "nvmlDeviceGetCount_v2"));
+      n->handle = reinterpret_cast<int (*)(unsigned int, void**)>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+      n->name = reinterpret_cast<int (*)(void*, char*, unsigned int)>(dlsym(lib, "nvmlDeviceGetName"));
+      n->memory = reinterpret_cast<int (*)(void*, Memory*)>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
+      n->ok = init && n->count && n->handle && n->name && n->memory && init() == 0;
+      return n;
+    }();
+    return *nvml;
   }
-  // NVML stays loaded: unloading it while the driver holds state is not safe.
+};
+
+}  // namespace
+
+std::vector<v1::Device> DetectGpus() {
+  // Indices are NVML's (PCI bus order); the trainer gets CUDA_DEVICE_ORDER=PCI_BUS_ID
+  // so that CUDA counts the same way.
+  std::vector<v1::Device> devices;
+  const Nvml& nvml = Nvml::Get();
+  unsigned int n = 0;
+  if (!nvml.ok || nvml.count(&n) != 0) return devices;
+  for (unsigned int i = 0; i < n; ++i) {
+    void* h = nullptr;
+    if (nvml.handle(i, &h) != 0) continue;
+    char text[96] = {0};
+    Nvml::Memory mem = {0, 0, 0};
+    nvml.name(h, text, sizeof(text));
+    nvml.memory(h, &mem);
+    v1::Device d;
+    d.set_index(static_cast<int32_t>(i));
+    d.set_name(text);
+    d.set_memory_bytes(static_cast<int64_t>(mem.total));
+    devices.push_back(d);
+  }
   return devices;
+}
+
+std::vector<GpuMemory> GpuMemoryInUse() {
+  std::vector<GpuMemory> out;
+  const Nvml& nvml = Nvml::Get();
+  unsigned int n = 0;
+  if (!nvml.ok || nvml.count(&n) != 0) return out;
+  for (unsigned int i = 0; i < n; ++i) {
+    void* h = nullptr;
+    Nvml::Memory mem = {0, 0, 0};
+    if (nvml.handle(i, &h) != 0 || nvml.memory(h, &mem) != 0) continue;
+    out.push_back({static_cast<int>(i), static_cast<int64_t>(mem.used), static_cast<int64_t>(mem.total)});
+  }
+  return out;
+}
+
+AgentStats Agent::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+void Agent::PublishStats(bool connected) {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.trainers = static_cast<int>(runs_.size());
+  stats_.connected = connected;
+  stats_.unacknowledged = static_cast<int64_t>(pending_.size() + unacked_.size());
 }
 
 Agent::Agent(AgentOptions options) : options_(std::move(options)) {
@@ -144,6 +187,8 @@ void Agent::HandleCommand(const v1::WorkerCommand& command) {
     Queue(std::move(m));
     if (options_.verbose) std::fprintf(stderr, "keel-worker: started run %s (pid %d)\n", a.run_id().c_str(), s->pid());
     runs_[a.run_id()] = std::move(s);
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.starts;
   } else if (command.has_cancel()) {
     auto it = runs_.find(command.cancel().run_id());
     if (it != runs_.end()) it->second->Signal(SIGTERM);  // checkpoint, then exit 130
@@ -193,6 +238,12 @@ void Agent::PollRuns() {
       if (options_.verbose) {
         std::fprintf(stderr, "keel-worker: run %s exited (code %d, signal %d)\n", it->first.c_str(),
                      p.exit.exit_code(), p.exit.signal());
+      }
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        const int code = p.exit.exit_code();
+        ++stats_.exits[p.exit.signal() ? "signal" : code == 0 ? "ok" : code == 3 ? "diverged"
+                                                     : code == 130 ? "interrupted" : "failed"];
       }
       v1::WorkerMessage m;
       *m.mutable_exit() = p.exit;
@@ -296,8 +347,10 @@ bool Agent::Serve(const std::atomic<bool>* stop) {
       pending_.pop_front();
       while (unacked_.size() > options_.max_pending) unacked_.pop_front();
     }
+    PublishStats(true);
     std::this_thread::sleep_for(std::chrono::milliseconds(options_.poll_ms));
   }
+  PublishStats(false);
   context.TryCancel();
   reader.join();
   return true;
@@ -312,6 +365,7 @@ Status Agent::Run(const std::atomic<bool>* stop) {
     auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(backoff_ms);
     while (std::chrono::steady_clock::now() < until && !stop->load()) {
       PollRuns();
+      PublishStats(false);
       std::this_thread::sleep_for(std::chrono::milliseconds(options_.poll_ms));
     }
     backoff_ms = reached ? 100 : std::min(options_.max_backoff_ms, backoff_ms * 2);

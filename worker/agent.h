@@ -15,6 +15,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,15 @@ struct AgentOptions {
   bool verbose = true;                    // one line per connect, start, exit on stderr
 };
 
+// What the agent is doing, for keel-worker's /metrics (safe from any thread).
+struct AgentStats {
+  int trainers = 0;                          // keel-train processes running now
+  int64_t starts = 0;                        // trainers started
+  std::map<std::string, int64_t> exits;      // by outcome: ok, failed, signal, interrupted, diverged
+  bool connected = false;                    // stream to keeld open
+  int64_t unacknowledged = 0;                // messages not yet acknowledged by keeld
+};
+
 class Agent {
  public:
   explicit Agent(AgentOptions options);
@@ -51,6 +61,7 @@ class Agent {
   // For tests and status lines.
   std::string worker_id() const { return worker_id_; }
   int connects() const { return connects_.load(); }
+  AgentStats stats() const;
 
  private:
   bool Serve(const std::atomic<bool>* stop);  // one connection; false when keeld is unreachable
@@ -65,10 +76,21 @@ class Agent {
   std::deque<v1::WorkerMessage> pending_;                        // not yet written; agent thread only
   std::deque<v1::WorkerMessage> unacked_;                        // written, not yet acknowledged
   uint64_t next_seq_ = 1;
+  mutable std::mutex stats_mu_;  // guards stats_
+  AgentStats stats_;
+  void PublishStats(bool connected);
 };
 
 // The CUDA devices this process can see (empty without CUDA or GPUs).
 std::vector<v1::Device> DetectGpus();
+
+// Memory in use and total per GPU (NVML order), for /metrics; empty without NVML.
+struct GpuMemory {
+  int index = 0;
+  int64_t used_bytes = 0;
+  int64_t total_bytes = 0;
+};
+std::vector<GpuMemory> GpuMemoryInUse();
 
 }  // namespace keel
 

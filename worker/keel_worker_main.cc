@@ -1,6 +1,10 @@
 // keel-worker: runs keel-train for keeld on this host.
 //   keel-worker [--server HOST:PORT] [--token-file F] [--trainer PATH]
 //               [--work-dir DIR] [--cpu-slots N] [--no-gpus]
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -8,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -30,6 +36,10 @@ const char kUsage[] =
     "  --tls-ca FILE        speak TLS to keeld, trusting certificates this CA signed\n"
     "  --tls-cert F --tls-key F  a client certificate (keeld --tls-client-ca)\n"
     "  --quiet              no connection/run lines on stderr\n"
+    "  --metrics-listen ADDR  Prometheus /metrics (default 127.0.0.1:9465; 'off' disables):\n"
+    "                       keel_worker_trainers, keel_worker_trainer_starts_total,\n"
+    "                       keel_worker_trainer_exits_total{outcome}, keel_worker_connected,\n"
+    "                       keel_worker_unacknowledged_messages, keel_worker_gpu_memory_{used,total}_bytes{gpu}\n"
     "Ctrl-C or SIGTERM stops the worker; its trainers are stopped with it.\n";
 
 std::atomic<bool> g_stop{false};
@@ -49,6 +59,7 @@ int main(int argc, char** argv) {
   std::string self = argv[0];
   options.trainer = self.substr(0, self.rfind('/') + 1) + "keel-train";
   bool gpus = true;
+  std::string metrics_listen = "127.0.0.1:9465";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&](const char* flag) -> std::string {
@@ -84,6 +95,8 @@ int main(int argc, char** argv) {
       options.tls_key = value("--tls-key");
     } else if (a == "--no-gpus") {
       gpus = false;
+    } else if (a == "--metrics-listen") {
+      metrics_listen = value("--metrics-listen");
     } else if (a == "--quiet") {
       options.verbose = false;
     } else {
@@ -106,7 +119,59 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
   keel::Agent agent(options);
+  // /metrics: refreshed once a second from the agent's counters and NVML.
+  auto registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::thread metrics_thread;
+  if (metrics_listen != "off") {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(metrics_listen);
+    } catch (const std::exception& e) {
+      return Fail("--metrics-listen: cannot listen on '" + metrics_listen + "': " + e.what());
+    }
+    exposer->RegisterCollectable(registry);
+    metrics_thread = std::thread([&agent, registry] {
+      auto& trainers = prometheus::BuildGauge().Name("keel_worker_trainers").Help("keel-train processes running").Register(*registry).Add({});
+      auto& connected = prometheus::BuildGauge().Name("keel_worker_connected").Help("1 while the stream to keeld is open").Register(*registry).Add({});
+      auto& unacked = prometheus::BuildGauge()
+                          .Name("keel_worker_unacknowledged_messages")
+                          .Help("Messages keeld has not acknowledged yet")
+                          .Register(*registry)
+                          .Add({});
+      auto& starts = prometheus::BuildCounter().Name("keel_worker_trainer_starts_total").Help("Trainers started").Register(*registry).Add({});
+      auto& exits = prometheus::BuildCounter()
+                        .Name("keel_worker_trainer_exits_total")
+                        .Help("Trainer exits by outcome (ok, failed, signal, interrupted, diverged)")
+                        .Register(*registry);
+      auto& used = prometheus::BuildGauge().Name("keel_worker_gpu_memory_used_bytes").Help("GPU memory in use (NVML)").Register(*registry);
+      auto& total = prometheus::BuildGauge().Name("keel_worker_gpu_memory_total_bytes").Help("GPU memory (NVML)").Register(*registry);
+      double started = 0;
+      std::map<std::string, double> exited;
+      while (!g_stop.load()) {
+        keel::AgentStats st = agent.stats();
+        trainers.Set(st.trainers);
+        connected.Set(st.connected ? 1 : 0);
+        unacked.Set(static_cast<double>(st.unacknowledged));
+        if (st.starts > started) starts.Increment(st.starts - started);
+        started = std::max<double>(started, st.starts);
+        for (const char* outcome : {"ok", "failed", "signal", "interrupted", "diverged"}) {
+          auto it = st.exits.find(outcome);
+          const double n = it == st.exits.end() ? 0 : static_cast<double>(it->second);
+          auto& counter = exits.Add({{"outcome", outcome}});
+          if (n > exited[outcome]) counter.Increment(n - exited[outcome]);
+          exited[outcome] = std::max(exited[outcome], n);
+        }
+        for (const keel::GpuMemory& g : keel::GpuMemoryInUse()) {
+          used.Add({{"gpu", std::to_string(g.index)}}).Set(static_cast<double>(g.used_bytes));
+          total.Add({{"gpu", std::to_string(g.index)}}).Set(static_cast<double>(g.total_bytes));
+        }
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+    });
+  }
   keel::Status s = agent.Run(&g_stop);
+  g_stop = true;
+  if (metrics_thread.joinable()) metrics_thread.join();
   if (!s.ok()) {
     std::fprintf(stderr, "keel-worker: %s\n", s.message().c_str());
     return 1;

@@ -62,8 +62,6 @@ for name, expr in re.findall(r"- alert: (\w+)\n(?:\s+#.*\n)*\s+expr: (.+)\n", ru
     check(r["status"] == "success", "alert %s evaluates (%d series firing now)" % (name, len(r["data"]["result"])))
     for metric in sorted(set(re.findall(r"\b(keel_[a-z_]+|up)\b", expr))):
         sel = metric + ('{job="keel-worker"}' if metric == "up" else "")
-        if metric == "up":
-            continue  # the test's Prometheus scrapes keeld only (no worker /metrics yet)
         m = query(sel)
         check(m["status"] == "success" and len(m["data"]["result"]) > 0, "alert %s: %s has data" % (name, sel))
 
