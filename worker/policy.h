@@ -91,8 +91,9 @@ class PolicyEngine {
     const PolicyRule* rule = nullptr;
     std::vector<Firing> firings;  // the detectors of the rule that fired
   };
-  // The rules that act on this step's firings, in rule order.
-  std::vector<Decision> Decide(int64_t step, const std::vector<Firing>& fired);
+  // The rules that act on this step's firings, in rule order. `tick` counts the
+  // steps taken (it keeps increasing across rollbacks); cooldowns are in ticks.
+  std::vector<Decision> Decide(int64_t tick, const std::vector<Firing>& fired);
   // The ladder rung after `scheme`; "" when `scheme` is the last rung; the last
   // rung (the most precise) when `scheme` is not on the ladder.
   std::string NextRung(const std::string& scheme) const;

@@ -214,7 +214,9 @@ Status Trainer::Step(StepMetrics* m) {
   bool skip_update = false;
   if (detectors_) {
     std::vector<Firing> fired = detectors_->Observe(*m);
-    for (PolicyEngine::Decision& d : engine_->Decide(m->step, fired)) {
+    // Cooldowns count steps taken, not step numbers: a rollback moves the step
+    // number back, and the rule must still wait its cooldown.
+    for (PolicyEngine::Decision& d : engine_->Decide(++policy_steps_, fired)) {
       for (const PolicyAction& a : d.rule->actions) skip_update |= a.kind == PolicyAction::Kind::kSkipStep;
       pending_.push_back(std::move(d));
     }

@@ -115,6 +115,7 @@ class Trainer {
   std::unique_ptr<PolicyEngine> engine_;         // reads config_.policy
   std::vector<PolicyEngine::Decision> pending_;  // decided in Step, applied by ApplyPolicy
   double lr_scale_ = 1.0;                        // scale_lr actions, kept in checkpoints
+  int64_t policy_steps_ = 0;                     // steps taken (rollbacks do not rewind it)
   bool diverged_ = false;
 };
 
