@@ -60,7 +60,8 @@ fetch "http://127.0.0.1:$metrics_port/metrics" > "$work/metrics.txt"
 promtool check metrics < "$work/metrics.txt"
 for _ in $(seq 50); do   # the worker refreshes its /metrics once a second
   fetch "http://127.0.0.1:$worker_metrics_port/metrics" > "$work/worker-metrics.txt"
-  grep -q '^keel_worker_trainer_exits_total{outcome="diverged"} 1' "$work/worker-metrics.txt" && break
+  grep -q '^keel_worker_trainer_exits_total{outcome="diverged"} 1' "$work/worker-metrics.txt" &&
+    grep -q '^keel_worker_trainer_exits_total{outcome="ok"} 1' "$work/worker-metrics.txt" && break
   sleep 0.2
 done
 promtool check metrics < "$work/worker-metrics.txt"
