@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "worker/checkpoint_dirs.h"
 #include "worker/io/file_util.h"
 #include "worker/io/json.h"
 
@@ -31,13 +32,8 @@ std::string Join(const std::vector<int32_t>& gpus) {
 
 std::string NewestCheckpointBeside(const std::string& checkpoint) {
   const std::string dir = DirName(checkpoint);
-  std::vector<std::string> names;
-  if (!ListDir(dir, &names).ok()) return checkpoint;
-  std::string newest;
-  for (const std::string& n : names) {
-    if (n.size() == 13 && n.rfind("step_", 0) == 0 && n > newest) newest = n;
-  }
-  return newest.empty() ? checkpoint : dir + "/" + newest;
+  const auto checkpoints = ListCheckpoints(dir);
+  return checkpoints.empty() ? checkpoint : dir + "/" + checkpoints.back().second;
 }
 
 Status RunSupervisor::Start(const RunLaunch& launch, std::unique_ptr<RunSupervisor>* out) {
@@ -119,25 +115,33 @@ Status RunSupervisor::Signal(int signal) {
   return Status::Ok();
 }
 
-Status RunSupervisor::ReadNewMetrics(RunProgress* progress) {
-  const std::string path = launch_.run_dir + "/metrics.jsonl";
+Status RunSupervisor::LineTail::Read(const std::string& path, std::vector<std::string>* lines) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return Status::Ok();  // not written yet
-  if (st.st_ino != metrics_inode_ || st.st_size < metrics_offset_) {
-    // Replaced (a resumed trainer rewrites it) or truncated: read it again; the
-    // store keeps one point per step, so points sent twice are harmless.
-    metrics_inode_ = st.st_ino;
-    metrics_offset_ = 0;
-    partial_line_.clear();
+  if (st.st_ino != inode || st.st_size < offset) {
+    // Replaced or truncated: read it again. keeld keeps one point per step and
+    // ignores stale events, so lines sent twice are harmless.
+    inode = st.st_ino;
+    offset = 0;
+    partial.clear();
   }
-  if (st.st_size == metrics_offset_) return Status::Ok();
-  std::string chunk(static_cast<size_t>(st.st_size - metrics_offset_), '\0');
-  KEEL_RETURN_IF_ERROR(ReadFileRange(path, metrics_offset_, static_cast<int64_t>(chunk.size()), &chunk[0]));
-  metrics_offset_ = st.st_size;
-  partial_line_ += chunk;
+  if (st.st_size == offset) return Status::Ok();
+  std::string chunk(static_cast<size_t>(st.st_size - offset), '\0');
+  KEEL_RETURN_IF_ERROR(ReadFileRange(path, offset, static_cast<int64_t>(chunk.size()), &chunk[0]));
+  offset = st.st_size;
+  partial += chunk;
   size_t begin = 0;
-  for (size_t end; (end = partial_line_.find('\n', begin)) != std::string::npos; begin = end + 1) {
-    std::string line = partial_line_.substr(begin, end - begin);
+  for (size_t end; (end = partial.find('\n', begin)) != std::string::npos; begin = end + 1) {
+    lines->push_back(partial.substr(begin, end - begin));
+  }
+  partial.erase(0, begin);
+  return Status::Ok();
+}
+
+Status RunSupervisor::ReadNewMetrics(RunProgress* progress) {
+  std::vector<std::string> lines;
+  KEEL_RETURN_IF_ERROR(metrics_tail_.Read(launch_.run_dir + "/metrics.jsonl", &lines));
+  for (std::string& line : lines) {
     JsonValue v;
     if (!ParseJson(line, &v).ok() || !v.is_object()) continue;  // never a complete bad line from keel-train
     v1::MetricPoint m;
@@ -153,25 +157,18 @@ Status RunSupervisor::ReadNewMetrics(RunProgress* progress) {
     m.set_lr(number("lr"));
     m.set_tokens_per_s(number("tokens_per_s"));
     m.set_grad_norm(number("grad_norm"));
-    m.set_json(line);
+    m.set_json(std::move(line));
     progress->metrics.push_back(std::move(m));
   }
-  partial_line_.erase(0, begin);
   return Status::Ok();
 }
 
 Status RunSupervisor::ReadNewEvents(RunProgress* progress) {
-  const std::string path = launch_.run_dir + "/events.jsonl";
-  int64_t size = 0;
-  if (!FileSize(path, &size).ok() || size <= events_offset_) return Status::Ok();
-  std::string chunk(static_cast<size_t>(size - events_offset_), '\0');
-  KEEL_RETURN_IF_ERROR(ReadFileRange(path, events_offset_, static_cast<int64_t>(chunk.size()), &chunk[0]));
-  events_offset_ = size;
-  partial_event_ += chunk;
-  size_t begin = 0;
-  for (size_t end; (end = partial_event_.find('\n', begin)) != std::string::npos; begin = end + 1) {
+  std::vector<std::string> lines;
+  KEEL_RETURN_IF_ERROR(events_tail_.Read(launch_.run_dir + "/events.jsonl", &lines));
+  for (const std::string& line : lines) {
     JsonValue v;
-    if (!ParseJson(partial_event_.substr(begin, end - begin), &v).ok() || !v.is_object()) continue;
+    if (!ParseJson(line, &v).ok() || !v.is_object()) continue;
     v1::Event e;
     e.set_run_id(launch_.run_id);
     if (const JsonValue* step = v.Find("step")) e.set_step(step->int_value());
@@ -184,7 +181,6 @@ Status RunSupervisor::ReadNewEvents(RunProgress* progress) {
                       std::chrono::system_clock::now().time_since_epoch()).count());
     progress->events.push_back(std::move(e));
   }
-  partial_event_.erase(0, begin);
   return Status::Ok();
 }
 
@@ -202,18 +198,13 @@ Status RunSupervisor::SendCommand(const std::string& json) {
 }
 
 Status RunSupervisor::FindNewCheckpoints(RunProgress* progress) {
-  std::vector<std::string> names;
-  if (!ListDir(launch_.run_dir + "/checkpoints", &names).ok()) return Status::Ok();
-  std::string newest;
-  for (const std::string& n : names) {
-    // Complete checkpoints only: "step_" + 8 digits (a ".tmp" one is still being written).
-    if (n.size() == 13 && n.rfind("step_", 0) == 0 && n > newest) newest = n;
-  }
+  const auto checkpoints = ListCheckpoints(launch_.run_dir + "/checkpoints");
+  const std::string newest = checkpoints.empty() ? "" : checkpoints.back().second;
   if (newest.empty() || newest == last_checkpoint_) return Status::Ok();
   last_checkpoint_ = newest;
   v1::CheckpointNotice c;
   c.set_run_id(launch_.run_id);
-  c.set_step(std::atoll(newest.c_str() + 5));
+  c.set_step(checkpoints.back().first);
   c.set_path(launch_.run_dir + "/checkpoints/" + newest);
   progress->checkpoints.push_back(std::move(c));
   return Status::Ok();

@@ -72,12 +72,17 @@ class RunSupervisor {
   RunLaunch launch_;
   pid_t pid_ = -1;
   bool reaped_ = false;
-  int64_t metrics_offset_ = 0;   // bytes of metrics.jsonl already consumed
-  ino_t metrics_inode_ = 0;      // the file those bytes came from
-  std::string partial_line_;     // a line still being written
+  // Follows a JSON-lines file the trainer appends to: the complete lines added
+  // since the last Read; it starts over when the file is replaced (a resumed
+  // trainer rewrites metrics.jsonl) or truncated.
+  struct LineTail {
+    int64_t offset = 0;    // bytes already consumed
+    ino_t inode = 0;       // the file those bytes came from
+    std::string partial;   // a line still being written
+    Status Read(const std::string& path, std::vector<std::string>* lines);
+  };
+  LineTail metrics_tail_, events_tail_;
   std::string last_checkpoint_;  // newest checkpoint directory reported
-  int64_t events_offset_ = 0;    // bytes of events.jsonl already consumed
-  std::string partial_event_;
   int command_seq_ = 0;
 };
 

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <map>
 
+#include "worker/checkpoint_dirs.h"
 #include "worker/io/file_util.h"
 #include "worker/io/json.h"
 #include "worker/io/safetensors.h"
@@ -23,10 +24,11 @@ uint64_t Mix(uint64_t a, uint64_t b) { return RoleSeed(a ^ (b * 0x9FB21C651E98DF
 
 double SafeRatio(double num, double den) { return den > 0 ? num / den : 0.0; }
 
-std::string StepDirName(int64_t step) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));
-  return name;
+// Deletes one checkpoint directory (its two files, then the directory).
+void RemoveCheckpointDir(const std::string& dir) {
+  std::remove((dir + "/model.safetensors").c_str());
+  std::remove((dir + "/optimizer.safetensors").c_str());
+  rmdir(dir.c_str());
 }
 
 std::string FormatDuration(double seconds) {
@@ -381,12 +383,9 @@ Status Trainer::Rollback(int64_t steps, std::string* restored) {
   if (steps <= 0) return Status::Error("rollback: steps " + std::to_string(steps) + " is not allowed (>= 1)");
   const int64_t target = step_ - steps;
   const std::string root = config_.run_dir + "/checkpoints";
-  std::vector<std::string> names;
   std::string best;
-  if (ListDir(root, &names).ok()) {
-    for (const std::string& n : names) {
-      if (n.size() == 13 && n.rfind("step_", 0) == 0 && std::atoll(n.c_str() + 5) <= target && n > best) best = n;
-    }
+  for (const auto& c : ListCheckpoints(root)) {
+    if (c.first <= target) best = c.second;  // ascending: the last one wins
   }
   if (best.empty()) {
     return Status::Error("rollback: no checkpoint at or before step " + std::to_string(target) + " in " + root);
@@ -587,7 +586,7 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
     meta["data.epoch"] = std::to_string(pos.epoch);
   }
   const std::string root = config_.run_dir + "/checkpoints";
-  const std::string final_dir = root + "/" + StepDirName(step_);
+  const std::string final_dir = root + "/" + CheckpointDirName(step_);
   const std::string tmp_dir = final_dir + ".tmp";
   KEEL_RETURN_IF_ERROR(MakeDirs(tmp_dir));
   KEEL_RETURN_IF_ERROR(WriteSafetensors(tmp_dir + "/model.safetensors", model_tensors, {{"format", kCheckpointFormat}, {"step", meta["step"]}}));
@@ -600,29 +599,16 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
   if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
     return Status::Error("checkpoint: cannot rename '" + tmp_dir + "' to '" + final_dir + "'");
   }
-  if (access(old.c_str(), F_OK) == 0) {
-    std::remove((old + "/model.safetensors").c_str());
-    std::remove((old + "/optimizer.safetensors").c_str());
-    rmdir(old.c_str());
-  }
+  if (access(old.c_str(), F_OK) == 0) RemoveCheckpointDir(old);
   // Keep the newest keep_checkpoints.
   if (config_.keep_checkpoints > 0) {
-    std::vector<std::string> names;
-    KEEL_RETURN_IF_ERROR(ListDir(root, &names));
     std::vector<std::string> steps;
-    for (const std::string& n : names) {
-      if (n.rfind("step_", 0) == 0 && n.size() == 13) steps.push_back(n);
+    for (const auto& c : ListCheckpoints(root)) {
+      // The one just written always stays, even when the directory holds later
+      // steps (a run restarted from scratch into an old run directory).
+      if (c.first != step_) steps.push_back(c.second);
     }
-    std::sort(steps.begin(), steps.end());
-    // The one just written always stays, even when the directory holds later
-    // steps (a run restarted from scratch into an old run directory).
-    steps.erase(std::remove(steps.begin(), steps.end(), StepDirName(step_)), steps.end());
-    for (size_t i = 0; i + config_.keep_checkpoints < steps.size() + 1; ++i) {
-      std::string d = root + "/" + steps[i];
-      std::remove((d + "/model.safetensors").c_str());
-      std::remove((d + "/optimizer.safetensors").c_str());
-      rmdir(d.c_str());
-    }
+    for (size_t i = 0; i + config_.keep_checkpoints < steps.size() + 1; ++i) RemoveCheckpointDir(root + "/" + steps[i]);
   }
   *out_dir = final_dir;
   return Status::Ok();
@@ -632,14 +618,9 @@ Status Trainer::Resume(const std::string& requested) {
   std::string dir = requested;
   if (requested == "latest") {
     const std::string root = config_.run_dir + "/checkpoints";
-    std::vector<std::string> names;
-    if (!ListDir(root, &names).ok()) return Status::Error("no checkpoints under '" + root + "'");
-    std::string best;
-    for (const std::string& n : names) {
-      if (n.rfind("step_", 0) == 0 && n.size() == 13 && n > best) best = n;
-    }
-    if (best.empty()) return Status::Error("no checkpoints under '" + root + "'");
-    dir = root + "/" + best;
+    const auto checkpoints = ListCheckpoints(root);
+    if (checkpoints.empty()) return Status::Error("no checkpoints under '" + root + "'");
+    dir = root + "/" + checkpoints.back().second;
   }
   std::vector<Tensor> weights, optimizer;
   std::map<std::string, std::string> wmeta, meta;
