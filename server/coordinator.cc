@@ -509,7 +509,9 @@ void Coordinator::HandleWorkerMessage(const std::string& worker_id, const v1::Wo
       if (metric_buffer_.size() >= 512) FlushMetrics();
       r->set_step(m.metric().step());
       r->set_loss(m.metric().loss());
-      live_[r->id()].metric_json = m.metric().json();
+      Live& live = live_[r->id()];
+      live.metric_json = m.metric().json();
+      live.parsed = false;  // parsed by Stats, once, if it is asked for
       progress_dirty_.insert(r->id());
       v1::WatchUpdate u;
       *u.mutable_metric() = m.metric();
@@ -804,7 +806,42 @@ CoordinatorStats Coordinator::Stats(int64_t retention_ms) {
                   now - live->second.ended_unix_ms > retention_ms)) {
       continue;
     }
-    RunGauges g;
+    RunGauges g;  // the values of the run's latest metric line, then its identity
+    if (live != live_.end()) {
+      Live& l = live->second;
+      // A run's latest line is parsed once, not on every tick.
+      JsonValue v;
+      if (!l.parsed && !l.metric_json.empty() && ParseJson(l.metric_json, &v).ok()) {
+        auto number = [](const JsonValue* x) {
+          double d = std::nan("");
+          if (x) x->ToDouble(&d);
+          return d;
+        };
+        RunGauges& p = l.gauges;
+        p = RunGauges();
+        p.has_metric = true;
+        p.loss = number(v.Find("loss"));
+        p.grad_norm = number(v.Find("grad_norm"));
+        p.tokens_per_s = number(v.Find("tokens_per_s"));
+        if (const JsonValue* probe = v.Find("probe")) {
+          p.has_probe = true;
+          p.cosine = number(probe->Find("cosine"));
+          p.zeta = number(probe->Find("zeta"));
+        }
+        if (const JsonValue* quant = v.Find("quant")) {
+          for (const JsonValue::Member& layer : quant->members()) {
+            for (const JsonValue::Member& role : layer.second.members()) {
+              p.has_saturation = true;
+              p.saturated = std::max(p.saturated, number(role.second.Find("saturated")));
+            }
+          }
+        }
+      }
+      l.parsed = true;
+      g = l.gauges;
+      g.interventions = l.interventions;
+      g.ended_unix_ms = l.ended_unix_ms;
+    }
     g.run = r.first;
     g.sweep = r.second.sweep_id();
     g.precision = r.second.precision();
@@ -812,35 +849,6 @@ CoordinatorStats Coordinator::Stats(int64_t retention_ms) {
     g.state = v1::RunState_Name(r.second.state());
     g.step = r.second.step();
     g.restarts = r.second.restarts();
-    if (live != live_.end()) {
-      g.interventions = live->second.interventions;
-      g.ended_unix_ms = live->second.ended_unix_ms;
-      JsonValue v;
-      if (!live->second.metric_json.empty() && ParseJson(live->second.metric_json, &v).ok()) {
-        auto number = [](const JsonValue* x) {
-          double d = std::nan("");
-          if (x) x->ToDouble(&d);
-          return d;
-        };
-        g.has_metric = true;
-        g.loss = number(v.Find("loss"));
-        g.grad_norm = number(v.Find("grad_norm"));
-        g.tokens_per_s = number(v.Find("tokens_per_s"));
-        if (const JsonValue* probe = v.Find("probe")) {
-          g.has_probe = true;
-          g.cosine = number(probe->Find("cosine"));
-          g.zeta = number(probe->Find("zeta"));
-        }
-        if (const JsonValue* quant = v.Find("quant")) {
-          for (const JsonValue::Member& layer : quant->members()) {
-            for (const JsonValue::Member& role : layer.second.members()) {
-              g.has_saturation = true;
-              g.saturated = std::max(g.saturated, number(role.second.Find("saturated")));
-            }
-          }
-        }
-      }
-    }
     s.runs.push_back(std::move(g));
   }
   return s;

@@ -180,6 +180,8 @@ class Coordinator {
   std::set<std::string> sweep_rules_applied_;       // "sweep#rule" already acted on
   struct Live {                                     // a run's latest values, for Stats
     std::string metric_json;                        // its latest metrics.jsonl line
+    bool parsed = false;                            // gauges below are from metric_json
+    RunGauges gauges;                               // its metric values (has_metric ... saturated), parsed once per line
     std::map<std::pair<std::string, std::string>, int64_t> interventions;
     int64_t ended_unix_ms = 0;
   };
