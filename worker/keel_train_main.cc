@@ -156,12 +156,7 @@ int TrainCommand(int argc, char** argv) {
     if (!s.ok()) return Fail(1, "--resume " + resume + ": " + s.message());
     if (switch_precision) {
       const std::string from = trainer->scheme().name;
-      s = trainer->SwitchScheme(config.precision);
-      if (s.ok()) {
-        s = trainer->RecordEvent("switch_precision", "switched precision from " + from + " to " +
-                                                         config.precision.name + " at resume",
-                                 {{"from", from}, {"precision", config.precision.name}});
-      }
+      s = trainer->SwitchAndRecord(config.precision, " at resume", {});
       if (!s.ok()) return Fail(1, "--switch-precision: " + s.message());
       if (!quiet) std::fprintf(stderr, "keel-train: precision %s -> %s (%s)\n", from.c_str(), config.precision.name.c_str(),
                                DescribeScheme(config.precision).c_str());

@@ -400,6 +400,28 @@ Status Trainer::Rollback(int64_t steps, std::string* restored) {
   return Status::Ok();
 }
 
+Status Trainer::SwitchAndRecord(const PrecisionScheme& scheme, const std::string& suffix,
+                                std::vector<std::pair<std::string, std::string>> details) {
+  const std::string from = scheme_.name;
+  KEEL_RETURN_IF_ERROR(SwitchScheme(scheme));
+  details.push_back({"from", from});
+  details.push_back({"precision", scheme.name});
+  return RecordEvent("switch_precision", "switched precision from " + from + " to " + scheme.name + suffix, details);
+}
+
+Status Trainer::RollbackAndRecord(int64_t steps, const std::string& suffix,
+                                  std::vector<std::pair<std::string, std::string>> details) {
+  const int64_t before = step_;
+  std::string restored;
+  KEEL_RETURN_IF_ERROR(Rollback(steps, &restored));
+  details.push_back({"from_step", std::to_string(before)});
+  details.push_back({"to_step", std::to_string(step_)});
+  details.push_back({"checkpoint", restored});
+  return RecordEvent("rollback",
+                     "rolled back from step " + std::to_string(before) + " to " + std::to_string(step_) + suffix,
+                     details);
+}
+
 Status Trainer::ApplyPolicy() {
   std::vector<PolicyEngine::Decision> decisions;
   decisions.swap(pending_);
@@ -426,23 +448,10 @@ Status Trainer::ApplyPolicy() {
         }
         PrecisionScheme scheme;
         KEEL_RETURN_IF_ERROR(SchemeFromPreset(target, &scheme));
-        KEEL_RETURN_IF_ERROR(SwitchScheme(scheme));
-        details.push_back({"from", from});
-        details.push_back({"precision", target});
-        KEEL_RETURN_IF_ERROR(RecordEvent("switch_precision", "switched precision from " + from + " to " + target + ": " + cause, details));
+        KEEL_RETURN_IF_ERROR(SwitchAndRecord(scheme, ": " + cause, details));
       } else if (a.kind == PolicyAction::Kind::kRollback) {
-        const int64_t before = step_;
-        std::string restored;
-        Status s = Rollback(a.steps, &restored);
-        if (!s.ok()) {
-          KEEL_RETURN_IF_ERROR(RecordEvent("rollback_failed", s.message() + "; " + cause, details));
-          continue;
-        }
-        details.push_back({"from_step", std::to_string(before)});
-        details.push_back({"to_step", std::to_string(step_)});
-        details.push_back({"checkpoint", restored});
-        KEEL_RETURN_IF_ERROR(RecordEvent("rollback", "rolled back from step " + std::to_string(before) + " to " +
-                                                         std::to_string(step_) + ": " + cause, details));
+        Status s = RollbackAndRecord(a.steps, ": " + cause, details);
+        if (!s.ok()) KEEL_RETURN_IF_ERROR(RecordEvent("rollback_failed", s.message() + "; " + cause, details));
       } else if (a.kind == PolicyAction::Kind::kScaleLr) {
         lr_scale_ *= a.factor;
         details.push_back({"factor", JsonNumber(a.factor)});
@@ -476,35 +485,17 @@ Status Trainer::ProcessCommands() {
     const JsonValue* kind = command.Find("kind");
     const JsonValue* precision = command.Find("precision");
     const JsonValue* reason = command.Find("reason");
-    const std::string why = reason ? reason->string_value() : "";
-    const std::string from = scheme_.name;
+    const std::string why = reason && !reason->string_value().empty() ? " (" + reason->string_value() + ")" : "";
     if (error.empty() && kind && kind->string_value() == "rollback") {
       const JsonValue* steps = command.Find("steps");
-      std::string restored;
-      const int64_t before = step_;
-      Status s = Rollback(steps ? steps->int_value() : 0, &restored);
-      if (!s.ok()) {
-        error = s.message();
-      } else {
-        KEEL_RETURN_IF_ERROR(RecordEvent("rollback", "rolled back from step " + std::to_string(before) + " to " +
-                                                         std::to_string(step_) + (why.empty() ? "" : " (" + why + ")"),
-                                         {{"from_step", std::to_string(before)},
-                                          {"to_step", std::to_string(step_)},
-                                          {"checkpoint", restored}}));
-      }
+      Status s = RollbackAndRecord(steps ? steps->int_value() : 0, why, {});
+      if (!s.ok()) error = s.message();
     }
     if (error.empty() && precision && !precision->string_value().empty()) {
       PrecisionScheme scheme;
       Status s = SchemeFromPreset(precision->string_value(), &scheme);
-      if (s.ok()) s = SwitchScheme(scheme);
-      if (!s.ok()) {
-        error = s.message();
-      } else {
-        KEEL_RETURN_IF_ERROR(RecordEvent("switch_precision",
-                                         "switched precision from " + from + " to " + scheme.name +
-                                             (why.empty() ? "" : " (" + why + ")"),
-                                         {{"from", from}, {"precision", scheme.name}}));
-      }
+      if (s.ok()) s = SwitchAndRecord(scheme, why, {});
+      if (!s.ok()) error = s.message();
     }
     if (error.empty() && !(kind && (kind->string_value() == "rollback" || kind->string_value() == "switch_precision"))) {
       error = "unknown command kind in " + name + " (allowed: switch_precision, rollback)";

@@ -75,6 +75,14 @@ class Trainer {
   bool diverged() const { return diverged_; }
   Status RecordEvent(const std::string& kind, const std::string& message,
                      const std::vector<std::pair<std::string, std::string>>& details);
+  // SwitchScheme / Rollback plus their event: "switched precision from A to B"
+  // or "rolled back from step S to T", then `suffix`; `details` get from and
+  // precision, or from_step, to_step and checkpoint. A failed Rollback records
+  // nothing and returns its error.
+  Status SwitchAndRecord(const PrecisionScheme& scheme, const std::string& suffix,
+                         std::vector<std::pair<std::string, std::string>> details);
+  Status RollbackAndRecord(int64_t steps, const std::string& suffix,
+                           std::vector<std::pair<std::string, std::string>> details);
 
   // Checkpoint: <run_dir>/checkpoints/step_<8 digits>/{model,optimizer}.safetensors.
   Status SaveCheckpoint(std::string* dir);
