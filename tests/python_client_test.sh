@@ -25,7 +25,7 @@ fetch="import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$me
 metrics=""
 for _ in $(seq 30); do
   metrics=$(/usr/bin/python3 -c "$fetch" 2>/dev/null || true)
-  echo "$metrics" | grep -q '^keel_runs{state="QUEUED"} 3' && break
+  grep -q '^keel_runs{state="QUEUED"} 3' <<< "$metrics" && break
   sleep 0.2
 done
 echo "$metrics" | grep '^keel_runs{state="QUEUED"} 3' || { echo "FAIL: /metrics lacks 3 queued runs"; echo "$metrics"; exit 1; }
@@ -33,5 +33,5 @@ for want in '^keel_sweeps 1' '^keel_queue_depth 3' 'keel_rpc_duration_seconds_co
             'keel_rpc_duration_seconds_count{code="INVALID_ARGUMENT",method="SubmitSweep"} 1' '^keel_metric_points_ingested_total 0' \
             'keel_run_info{precision="fp32",run="run-2",state="QUEUED",sweep="sweep-1",worker=""} 1' \
             '^keel_store_write_duration_seconds_count [1-9]'; do
-  echo "$metrics" | grep -q -- "$want" || { echo "FAIL: /metrics lacks $want"; echo "$metrics" | grep -v '^#'; exit 1; }
+  grep -q -- "$want" <<< "$metrics" || { echo "FAIL: /metrics lacks $want"; echo "$metrics" | grep -v '^#'; exit 1; }
 done
