@@ -22,8 +22,22 @@ bool Terminal(v1::RunState s) {
 
 bool Active(v1::RunState s) { return s == v1::ASSIGNED || s == v1::RUNNING; }
 
-// keel-train's exit status when its stability policy stopped it as diverged.
+// keel-train's exit statuses: its stability policy stopped it as diverged; a
+// usage or configuration error (no restart can fix it).
 constexpr int kTrainerDiverged = 3;
+constexpr int kTrainerConfigError = 2;
+
+const char* BodyKind(const v1::WorkerMessage& m) {
+  switch (m.body_case()) {
+    case v1::WorkerMessage::kHeartbeat: return "heartbeat";
+    case v1::WorkerMessage::kMetric: return "metric";
+    case v1::WorkerMessage::kEvent: return "event";
+    case v1::WorkerMessage::kCheckpoint: return "checkpoint";
+    case v1::WorkerMessage::kExit: return "exit";
+    case v1::WorkerMessage::kStarted: return "started";
+    default: return "unknown";
+  }
+}
 
 }  // namespace
 
@@ -449,8 +463,20 @@ grpc::Status Coordinator::RegisterWorker(const v1::RegisterRequest& request, v1:
   w.lease_expires_ms = Now() + options_.lease_ms;
   Status s = store_->UpsertWorker(w.record);
   if (!s.ok()) return FromStatus(s);
+  // Live runs that are still this worker's current attempt stay with it; the
+  // others were given away while it was gone (lease expired, requeued): it must
+  // stop their trainers, so that a run never has two live attempts.
+  std::set<std::string> live;
+  for (const v1::LiveRun& l : request.live_runs()) {
+    auto run = runs_.find(l.run_id());
+    if (run != runs_.end() && run->second.worker_id() == id && Active(run->second.state()) &&
+        run->second.attempt() == l.attempt()) {
+      live.insert(l.run_id());
+    } else {
+      out->add_stop_run_ids(l.run_id());
+    }
+  }
   // Runs this worker had but no longer runs (it restarted) go back to the queue.
-  std::set<std::string> live(request.live_run_ids().begin(), request.live_run_ids().end());
   ReleaseWorkerRuns(id, live, "worker " + id + " came back without it");
   out->set_worker_id(id);
   out->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
@@ -459,13 +485,17 @@ grpc::Status Coordinator::RegisterWorker(const v1::RegisterRequest& request, v1:
 }
 
 grpc::Status Coordinator::AttachWorker(const std::string& worker_id,
-                                       std::function<bool(const v1::WorkerCommand&)> send, uint64_t* stream_id) {
+                                       std::function<bool(const v1::WorkerCommand&)> send,
+                                       std::function<void()> close, uint64_t* stream_id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND, "worker '" + worker_id + "' is not registered");
   }
+  // A stream still attached belongs to an earlier connection of this worker.
+  if (it->second.send) DropWorkerStream(&it->second, "a newer stream of this worker replaced it");
   it->second.send = std::move(send);
+  it->second.close = std::move(close);
   it->second.stream_id = ++stream_counter_;
   *stream_id = it->second.stream_id;
   it->second.record.set_connected(true);
@@ -481,20 +511,48 @@ void Coordinator::DetachWorker(const std::string& worker_id, uint64_t stream_id)
   if (it == workers_.end() || it->second.stream_id != stream_id) return;
   // Its runs keep their place until the lease runs out: the worker may reconnect.
   it->second.send = nullptr;
+  it->second.close = nullptr;
   it->second.record.set_connected(false);
   store_->UpsertWorker(it->second.record);
 }
 
-void Coordinator::HandleWorkerMessage(const std::string& worker_id, const v1::WorkerMessage& m) {
+void Coordinator::DropWorkerStream(WorkerState* worker, const std::string& why) {
+  if (worker->send) {
+    v1::WorkerCommand c;
+    c.mutable_reregister()->set_reason(why);
+    worker->send(c);
+  }
+  if (worker->close) worker->close();
+  worker->send = nullptr;
+  worker->close = nullptr;
+  worker->record.set_connected(false);
+  store_->UpsertWorker(worker->record);
+}
+
+bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t stream_id, const v1::WorkerMessage& m) {
   std::lock_guard<std::mutex> lock(mu_);
   auto w = workers_.find(worker_id);
-  if (w == workers_.end()) return;
+  if (w == workers_.end() || w->second.stream_id != stream_id || !w->second.send) {
+    // keeld stopped counting this stream as the worker's (its lease ran out and
+    // its runs went back to the queue): nothing on it is applied, not even a
+    // heartbeat, until the worker registers again and learns what to stop.
+    ++counters_.stale_messages["lease"];
+    return false;
+  }
   w->second.lease_expires_ms = Now() + options_.lease_ms;
   if (!m.has_metric()) FlushMetrics();  // everything before this message is stored first
+  // The run a message is about, when the message comes from the run's current
+  // attempt on this worker and the run is still active. A message of another
+  // attempt (fencing) is refused and counted; a duplicate of the current
+  // attempt's after the run ended is ignored.
   auto run_of = [&](const std::string& run_id) -> v1::Run* {
     auto it = runs_.find(run_id);
-    // Messages about a run this worker no longer holds (it was requeued) are stale.
-    if (it == runs_.end() || it->second.worker_id() != worker_id || !Active(it->second.state())) return nullptr;
+    if (it == runs_.end()) return nullptr;
+    if (m.attempt() != it->second.attempt() || it->second.worker_id() != worker_id) {
+      ++counters_.stale_messages["attempt"];
+      return nullptr;
+    }
+    if (!Active(it->second.state())) return nullptr;
     return &it->second;
   };
   if (m.has_started()) {
@@ -504,19 +562,7 @@ void Coordinator::HandleWorkerMessage(const std::string& worker_id, const v1::Wo
       SaveRun(&run, "state", "trainer started on " + worker_id + " (pid " + std::to_string(m.started().pid()) + ")");
     }
   } else if (m.has_metric()) {
-    if (v1::Run* r = run_of(m.metric().run_id())) {
-      metric_buffer_.push_back(m.metric());
-      if (metric_buffer_.size() >= 512) FlushMetrics();
-      r->set_step(m.metric().step());
-      r->set_loss(m.metric().loss());
-      Live& live = live_[r->id()];
-      live.metric_json = m.metric().json();
-      live.parsed = false;  // parsed by Stats, once, if it is asked for
-      progress_dirty_.insert(r->id());
-      v1::WatchUpdate u;
-      *u.mutable_metric() = m.metric();
-      Publish(u, r->id(), r->sweep_id());
-    }
+    if (v1::Run* r = run_of(m.metric().run_id())) AcceptMetric(r, m.metric());
   } else if (m.has_checkpoint()) {
     if (v1::Run* r = run_of(m.checkpoint().run_id())) {
       v1::Run run = *r;
@@ -525,7 +571,11 @@ void Coordinator::HandleWorkerMessage(const std::string& worker_id, const v1::Wo
     }
   } else if (m.has_event()) {
     v1::Event e = m.event();
-    if (v1::Run* r = run_of(e.run_id())) {
+    // Attempt 0: a note of the worker's own (a command it could not hand on),
+    // about no attempt; stored, and changes nothing.
+    v1::Run* r = m.attempt() == 0 ? nullptr : run_of(e.run_id());
+    if (m.attempt() != 0 && !r) return true;
+    if (r) {
       // The trainer acted on an intervention: the run's precision and, after a
       // rollback, its trajectory (points past the restored step are gone).
       v1::Run run = *r;
@@ -535,8 +585,10 @@ void Coordinator::HandleWorkerMessage(const std::string& worker_id, const v1::Wo
       };
       if (e.kind() == "rollback" && !detail("to_step").empty()) {
         const int64_t to = std::atoll(detail("to_step").c_str());
+        FlushMetrics();
         store_->DeleteMetricsAfter(run.id(), to);
         run.set_step(to);
+        live_[run.id()].last_step = to;  // the next point expected is to + 1
       }
       if ((e.kind() == "switch_precision" || e.kind() == "rollback") && !detail("precision").empty()) {
         run.set_precision(detail("precision"));
@@ -570,6 +622,11 @@ void Coordinator::HandleWorkerMessage(const std::string& worker_id, const v1::Wo
         run.set_message("cancelled by the user");
         SaveRun(&run, "state", "cancelled by the user (" + how + ")");
       } else if (code == 0) {
+        // Every step up to the last must have arrived; a missing tail is a gap too.
+        Live& live = live_[run.id()];
+        if (live.last_step >= 0 && live.last_step < run.steps()) {
+          ReportGap(run, live.last_step + 1, run.steps(), "the trainer finished, but these steps' metrics never arrived");
+        }
         run.set_state(v1::SUCCEEDED);
         run.set_message("");
         SaveRun(&run, "state", "finished");
@@ -580,29 +637,98 @@ void Coordinator::HandleWorkerMessage(const std::string& worker_id, const v1::Wo
         SaveRun(&run, "state", "stopped as diverged by its stability policy");
         ApplySweepRules(run.sweep_id());
       } else {
-        RequeueOrFail(&run, "trainer " + how);
+        // A configuration error, or the same failure at the same step as the
+        // attempt before, will happen again: fail now rather than spend the
+        // restarts. Anything else restarts after a backoff.
+        const std::string failure = "step " + std::to_string(run.step()) + ": " + how;
+        const bool repeated = run.last_failure() == failure;
+        run.set_last_failure(failure);
+        std::string why = "trainer " + how;
+        if (code == kTrainerConfigError) {
+          why += " (a configuration error: a restart cannot fix it)";
+        } else if (repeated) {
+          why += " (the same failure at the same step as the attempt before: a restart cannot fix it)";
+        } else {
+          const int64_t backoff = std::min<int64_t>(options_.restart_backoff_ms << std::min(run.restarts(), 16),
+                                                    options_.max_restart_backoff_ms);
+          run.set_not_before_unix_ms(Now() + backoff);
+        }
+        RequeueOrFail(&run, why, code == kTrainerConfigError || repeated);
       }
       FinishSweepIfDone(run.sweep_id());
       Schedule();  // its slot is free
     }
   }
+  return true;
 }
 
-void Coordinator::RequeueOrFail(v1::Run* run, const std::string& why) {
+void Coordinator::AcceptMetric(v1::Run* r, const v1::MetricPoint& point) {
+  Live& live = live_[r->id()];
+  if (live.last_step < 0) {
+    // First point since keeld started: continue from the newest stored one (the
+    // stored points are exactly the acknowledged ones; run.step() may lag).
+    v1::MetricPoint last;
+    live.last_step = store_->LastMetric(r->id(), &last).ok() ? last.step() : 0;
+  }
+  // Steps arrive in order from one attempt; a resumed attempt sends its steps
+  // from the start again (going back is never a gap), a jump forward is one.
+  if (point.step() > live.last_step + 1) {
+    ReportGap(*r, live.last_step + 1, point.step() - 1, "these steps' metrics never arrived");
+  }
+  live.last_step = point.step();
+  metric_buffer_.push_back(point);
+  if (metric_buffer_.size() >= 512) FlushMetrics();
+  r->set_step(point.step());
+  r->set_loss(point.loss());
+  live.metric_json = point.json();
+  live.parsed = false;  // parsed by Stats, once, if it is asked for
+  progress_dirty_.insert(r->id());
+  v1::WatchUpdate u;
+  *u.mutable_metric() = point;
+  Publish(u, r->id(), r->sweep_id());
+}
+
+void Coordinator::ReportGap(const v1::Run& run, int64_t first, int64_t last, const std::string& why) {
+  const int64_t missing = last - first + 1;
+  ++counters_.metric_gaps;
+  counters_.metric_points_missing += missing;
+  v1::Event e;
+  e.set_run_id(run.id());
+  e.set_step(first);
+  e.set_unix_ms(Now());
+  e.set_kind("metrics_gap");
+  e.set_message("steps " + std::to_string(first) + ".." + std::to_string(last) + " (" + std::to_string(missing) +
+                " points): " + why);
+  (*e.mutable_details())["first_step"] = std::to_string(first);
+  (*e.mutable_details())["last_step"] = std::to_string(last);
+  (*e.mutable_details())["missing"] = std::to_string(missing);
+  (*e.mutable_details())["attempt"] = std::to_string(run.attempt());
+  std::fprintf(stderr, "keeld: run %s: metrics gap, %s\n", run.id().c_str(), e.message().c_str());
+  if (store_->AppendEvent(e).ok()) {
+    v1::WatchUpdate u;
+    *u.mutable_event() = e;
+    Publish(u, run.id(), run.sweep_id());
+  }
+}
+
+void Coordinator::RequeueOrFail(v1::Run* run, const std::string& why, bool deterministic) {
   run->clear_device_indices();
-  if (run->restarts() < run->max_restarts()) {
+  if (!deterministic && run->restarts() < run->max_restarts()) {
     run->set_restarts(run->restarts() + 1);
     run->set_state(v1::QUEUED);
     run->set_worker_id("");
     run->set_message(why);
     ++counters_.restarts;
+    const int64_t wait = run->not_before_unix_ms() - Now();
     SaveRun(run, "restart",
             why + "; restart " + std::to_string(run->restarts()) + " of " + std::to_string(run->max_restarts()) +
-                (run->checkpoint().empty() ? " from the beginning" : " from " + run->checkpoint()));
+                (run->checkpoint().empty() ? " from the beginning" : " from " + run->checkpoint()) +
+                (wait > 0 ? " in " + std::to_string(wait) + " ms" : ""));
   } else {
     run->set_state(v1::FAILED);
     run->set_message(why);
-    SaveRun(run, "state", why + "; no restarts left (max_restarts " + std::to_string(run->max_restarts()) + ")");
+    SaveRun(run, "state",
+            deterministic ? why : why + "; no restarts left (max_restarts " + std::to_string(run->max_restarts()) + ")");
   }
 }
 
@@ -690,8 +816,10 @@ void Coordinator::FinishSweepIfDone(const std::string& sweep_id) {
 void Coordinator::Schedule() {
   std::vector<v1::Run> queued;
   std::map<std::string, int> active;
+  const int64_t now = Now();
   for (const auto& r : runs_) {
-    if (r.second.state() == v1::QUEUED) queued.push_back(r.second);
+    // A restarted run waits out its backoff.
+    if (r.second.state() == v1::QUEUED && r.second.not_before_unix_ms() <= now) queued.push_back(r.second);
     if (Active(r.second.state())) ++active[r.second.sweep_id()];
   }
   if (queued.empty()) return;
@@ -723,6 +851,7 @@ void Coordinator::Schedule() {
     if (limits[run.sweep_id()] < 0) continue;  // its sweep was cancelled
     run.set_state(v1::ASSIGNED);
     run.set_worker_id(p.worker_id);
+    run.set_attempt(run.attempt() + 1);  // fencing: messages of older attempts are refused from now on
     run.clear_device_indices();
     for (int32_t g : p.gpus) run.add_device_indices(g);
     if (!SaveRun(&run, "state", "assigned to " + p.worker_id).ok()) continue;
@@ -732,6 +861,7 @@ void Coordinator::Schedule() {
     *a->mutable_spec() = run.spec();
     for (int32_t g : p.gpus) a->add_device_indices(g);
     a->set_resume_checkpoint(run.checkpoint());
+    a->set_attempt(run.attempt());
     if (!workers_[p.worker_id].send(c)) {
       // The stream broke under us: the lease logic requeues the run if the worker is gone.
       std::fprintf(stderr, "keeld: could not send run %s to %s\n", run.id().c_str(), p.worker_id.c_str());
@@ -767,10 +897,11 @@ void Coordinator::Tick() {
     if (w.second.lease_expires_ms > now) continue;
     bool had_runs = false;
     for (const auto& r : runs_) had_runs |= Active(r.second.state()) && r.second.worker_id() == w.first;
-    if (w.second.record.connected() || had_runs) {
-      w.second.record.set_connected(false);
-      w.second.send = nullptr;
-      store_->UpsertWorker(w.second.record);
+    if (w.second.record.connected() || had_runs || w.second.send) {
+      // The worker may only be paused or cut off, and come back: close its
+      // stream and order it to register again, where it learns that the runs
+      // requeued below are no longer its own and stops their trainers.
+      DropWorkerStream(&w.second, "lease expired: no message for " + std::to_string(options_.lease_ms) + " ms");
       ReleaseWorkerRuns(w.first, {}, "worker " + w.first + " lost (no heartbeat for " +
                                          std::to_string(options_.lease_ms) + " ms)");
     }

@@ -14,7 +14,16 @@
 // (its trainer started) -> SUCCEEDED (exit 0) | FAILED | CANCELLED. A trainer
 // that fails, or a worker whose lease runs out, sends the run back to QUEUED
 // with restarts + 1 and its newest checkpoint as the resume point, up to the
-// sweep's max_restarts; then FAILED.
+// sweep's max_restarts; then FAILED. A failed trainer's run waits out a backoff
+// first; a configuration error (exit 2) or the same failure at the same step
+// twice in a row fails the run at once.
+//
+// Fencing: every assignment is a new attempt (Run.attempt + 1). Worker messages
+// carry their attempt and only the run's current attempt is applied; a worker
+// whose lease ran out has its stream closed (after a Reregister order) and, when
+// it registers again, is told to stop the trainers of runs taken from it. So a
+// run has at most one attempt whose messages count, and a paused worker cannot
+// wedge: it comes back as a new stream.
 #ifndef KEEL_SERVER_COORDINATOR_H_
 #define KEEL_SERVER_COORDINATOR_H_
 
@@ -40,6 +49,10 @@ namespace keel {
 struct CoordinatorOptions {
   int64_t heartbeat_interval_ms = 1000;
   int64_t lease_ms = 10000;      // a worker silent this long is gone
+  // A run whose trainer failed waits restart_backoff_ms before its first
+  // restart, twice as long before each further one, at most max_restart_backoff_ms.
+  int64_t restart_backoff_ms = 1000;
+  int64_t max_restart_backoff_ms = 60000;
   SweepLimits limits;
   std::function<int64_t()> now_ms;  // wall clock unless a test sets one
 };
@@ -84,6 +97,12 @@ struct CoordinatorStats {
   // Interventions the trainers reported since start, by kind (switch_precision,
   // rollback, scale_lr, skip_step, stop).
   std::map<std::string, int64_t> interventions;
+  // Worker messages refused since start, by reason: "attempt" (about a run
+  // attempt that is no longer the run's current one: fencing) or "lease" (on a
+  // stream keeld stopped counting as the worker's, after its lease ran out).
+  std::map<std::string, int64_t> stale_messages;
+  int64_t metric_gaps = 0;                       // runs of steps that never arrived, since start
+  int64_t metric_points_missing = 0;             // steps in those gaps
   int64_t queue_depth = 0;                       // runs QUEUED
   int64_t workers_total = 0;
   int64_t gpus_total = 0, gpus_busy = 0;         // over connected workers
@@ -119,13 +138,19 @@ class Coordinator {
   // ---- Workers ----
   grpc::Status RegisterWorker(const v1::RegisterRequest& request, v1::RegisterResponse* out);
   // The worker's stream is open: `send` writes one command to it (false when
-  // the stream is broken). Returns NOT_FOUND for an unregistered worker id.
-  // *stream_id identifies this stream for DetachWorker, so that an old stream
-  // ending after the worker reconnected does not detach the new one.
-  grpc::Status AttachWorker(const std::string& worker_id,
-                            std::function<bool(const v1::WorkerCommand&)> send, uint64_t* stream_id);
+  // the stream is broken); `close` ends the stream from keeld's side (the
+  // worker's reads end), called at most once, with mu_ held. Returns NOT_FOUND
+  // for an unregistered worker id. *stream_id identifies this stream for
+  // DetachWorker and HandleWorkerMessage, so that an old stream ending after the
+  // worker reconnected does not detach the new one.
+  grpc::Status AttachWorker(const std::string& worker_id, std::function<bool(const v1::WorkerCommand&)> send,
+                            std::function<void()> close, uint64_t* stream_id);
   void DetachWorker(const std::string& worker_id, uint64_t stream_id);
-  void HandleWorkerMessage(const std::string& worker_id, const v1::WorkerMessage& message);
+  // Applies one message from the worker's stream `stream_id`. Returns false
+  // when that stream is no longer the worker's (its lease ran out, or a newer
+  // stream replaced it): the message was refused and counted, the worker has
+  // been sent a Reregister order, and the caller ends the stream.
+  bool HandleWorkerMessage(const std::string& worker_id, uint64_t stream_id, const v1::WorkerMessage& message);
 
   // Lease expiry, run progress saving and scheduling; keeld calls it every ~100 ms.
   void Tick();
@@ -137,6 +162,7 @@ class Coordinator {
   struct WorkerState {
     v1::Worker record;
     std::function<bool(const v1::WorkerCommand&)> send;  // empty while no stream
+    std::function<void()> close;                         // ends that stream (see AttachWorker)
     uint64_t stream_id = 0;                              // of the attached stream
     int64_t lease_expires_ms = 0;
   };
@@ -149,7 +175,15 @@ class Coordinator {
   void Schedule();
   void SaveProgress();
   void FlushMetrics();
-  void RequeueOrFail(v1::Run* run, const std::string& why);
+  // Sends the run back to the queue (restarts + 1, after a backoff) or, with
+  // no restarts left or when `deterministic`, ends it FAILED.
+  void RequeueOrFail(v1::Run* run, const std::string& why, bool deterministic = false);
+  // Tells a worker its stream no longer counts (Reregister) and closes it.
+  void DropWorkerStream(WorkerState* worker, const std::string& why);
+  // A metric point of the run's current attempt: stored (buffered), and a jump
+  // past the next expected step is reported as a gap (event + counters).
+  void AcceptMetric(v1::Run* run, const v1::MetricPoint& point);
+  void ReportGap(const v1::Run& run, int64_t first, int64_t last, const std::string& why);
   // A queued run ends CANCELLED now; an active one is told to stop.
   Status Cancel(v1::Run run);
   void ReleaseWorkerRuns(const std::string& worker_id, const std::set<std::string>& keep, const std::string& why);
@@ -184,6 +218,7 @@ class Coordinator {
     RunGauges gauges;                               // its metric values (has_metric ... saturated), parsed once per line
     std::map<std::pair<std::string, std::string>, int64_t> interventions;
     int64_t ended_unix_ms = 0;
+    int64_t last_step = -1;                         // newest step received (-1: not known yet)
   };
   std::map<std::string, Live> live_;
 };

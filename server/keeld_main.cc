@@ -7,7 +7,13 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <prometheus/exposer.h>
 #include <signal.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <atomic>
 #include <chrono>
@@ -44,6 +50,10 @@ const char kUsage[] =
     "  --tls-client-ca F        also require client certificates signed by this CA\n"
     "  --lease-ms N             a worker silent this long is gone (default 10000)\n"
     "  --heartbeat-ms N         heartbeat interval asked of workers (default 1000)\n"
+    "  --restart-backoff-ms N   a run whose trainer failed waits N ms before its first restart,\n"
+    "                           doubling for each further one, at most 60 s (default 1000)\n"
+    "One keeld per state directory (it holds <state-dir>/keeld.lock) and per address (the\n"
+    "port is bound exclusively): a second one is refused.\n"
     "SIGINT/SIGTERM shut keeld down; everything acknowledged is already on disk.\n";
 
 std::atomic<bool> g_stop{false};
@@ -108,6 +118,8 @@ int main(int argc, char** argv) {
       options.lease_ms = number(100, 3600000);
     } else if (a == "--metrics-retention-s") {
       metrics_retention_ms = number(0, 30 * 86400) * 1000;
+    } else if (a == "--restart-backoff-ms") {
+      options.restart_backoff_ms = number(0, 3600000);
     } else if (a == "--heartbeat-ms") {
       options.heartbeat_interval_ms = number(10, 600000);
     } else {
@@ -118,6 +130,26 @@ int main(int argc, char** argv) {
   keel::Status s = keel::MakeDirs(state_dir);
   if (!s.ok()) return Fail("--state-dir: " + s.message());
   chmod(state_dir.c_str(), 0700);
+  // One keeld per state directory: a second one would mark the first one's
+  // workers lost and hand out the same ids. The lock is the kernel's (flock):
+  // it goes away with the process, kill -9 included, so it is never stale.
+  const std::string lock_path = state_dir + "/keeld.lock";
+  const int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd < 0) return Fail("--state-dir: cannot open '" + lock_path + "': " + std::strerror(errno));
+  if (flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    char holder[64] = {0};
+    ssize_t n = pread(lock_fd, holder, sizeof(holder) - 1, 0);
+    std::string pid = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
+    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+    return Fail("--state-dir: '" + state_dir + "' is in use by another keeld" + (pid.empty() ? "" : " (pid " + pid + ")") +
+                "; stop it first, or give this one another --state-dir");
+  }
+  {
+    const std::string pid = std::to_string(getpid()) + "\n";
+    if (ftruncate(lock_fd, 0) != 0 || pwrite(lock_fd, pid.data(), pid.size(), 0) < 0) {
+      return Fail("--state-dir: cannot write '" + lock_path + "': " + std::strerror(errno));
+    }
+  }
   keel::AuthConfig auth;
   s = keel::LoadAuthConfig(user_tokens_file, worker_token_file, state_dir, &auth);
   if (!s.ok()) return Fail(s.message());
@@ -148,10 +180,15 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, credentials, &port);
+  // gRPC binds with SO_REUSEPORT by default, so a second keeld on the same
+  // port would share it and take part of the calls: bind exclusively.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&users);
   builder.RegisterService(&fleet);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) return Fail("--listen: cannot listen on '" + listen + "'");
+  if (!server || port == 0) {
+    return Fail("--listen: cannot listen on '" + listen + "' (in use by another process, e.g. another keeld, or not a valid address)");
+  }
 
   std::unique_ptr<prometheus::Exposer> exposer;
   if (metrics_listen != "off") {

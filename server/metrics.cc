@@ -43,6 +43,19 @@ KeeldMetrics::KeeldMetrics()
                          .Name("keel_interventions_total")
                          .Help("Stability interventions the trainers reported, by action")
                          .Register(*registry_)),
+      stale_(prometheus::BuildCounter()
+                 .Name("keel_stale_messages_total")
+                 .Help("Worker messages refused: from a run attempt that is no longer current (reason attempt), "
+                       "or on a stream whose lease ran out (reason lease)")
+                 .Register(*registry_)),
+      gaps_(prometheus::BuildCounter()
+                .Name("keel_metric_gaps_total")
+                .Help("Runs of consecutive steps whose metric points never arrived (each also an event)")
+                .Register(*registry_)),
+      missing_(prometheus::BuildCounter()
+                   .Name("keel_metric_points_missing_total")
+                   .Help("Steps inside those gaps")
+                   .Register(*registry_)),
       rpc_(prometheus::BuildHistogram()
                .Name("keel_rpc_duration_seconds")
                .Help("keeld's RPC latency by method and status code")
@@ -109,6 +122,14 @@ void KeeldMetrics::Update(const CoordinatorStats& st) {
     count(interventions_, {{"action", action}}, std::string("interventions/") + action,
           it == st.interventions.end() ? 0.0 : static_cast<double>(it->second));
   }
+
+  for (const char* reason : {"attempt", "lease"}) {
+    auto it = st.stale_messages.find(reason);
+    count(stale_, {{"reason", reason}}, std::string("stale/") + reason,
+          it == st.stale_messages.end() ? 0.0 : static_cast<double>(it->second));
+  }
+  count(gaps_, {}, "gaps", static_cast<double>(st.metric_gaps));
+  count(missing_, {}, "missing", static_cast<double>(st.metric_points_missing));
 
   std::set<std::string> present;
   for (const RunGauges& g : st.runs) {

@@ -71,6 +71,9 @@ class KeeldMetrics {
   prometheus::Family<prometheus::Counter>& points_;
   prometheus::Family<prometheus::Counter>& restarts_total_;
   prometheus::Family<prometheus::Counter>& interventions_;
+  prometheus::Family<prometheus::Counter>& stale_;
+  prometheus::Family<prometheus::Counter>& gaps_;
+  prometheus::Family<prometheus::Counter>& missing_;
   prometheus::Family<prometheus::Histogram>& rpc_;
   prometheus::Family<prometheus::Histogram>& store_;
   prometheus::Family<prometheus::Gauge>& run_info_;

@@ -182,11 +182,25 @@ grpc::Status FleetService::Connect(grpc::ServerContext* ctx,
         std::lock_guard<std::mutex> lock(*write_mu);
         return stream->Write(command);
       },
+      // keeld ends the stream (lease expired): the pending Read returns false
+      // here and the worker's reads end, so it registers again.
+      [ctx]() { ctx->TryCancel(); },
       &stream_id);
   if (!attached.ok()) return attached;
   v1::WorkerMessage message;
+  grpc::Status result = grpc::Status::OK;
   while (stream->Read(&message)) {
-    c_->HandleWorkerMessage(worker_id, message);
+    if (!c_->HandleWorkerMessage(worker_id, stream_id, message)) {
+      // This stream no longer counts as the worker's: say so and end it.
+      v1::WorkerCommand order;
+      order.mutable_reregister()->set_reason("this stream is no longer the worker's (lease expired): register again");
+      {
+        std::lock_guard<std::mutex> lock(*write_mu);
+        stream->Write(order);
+      }
+      result = grpc::Status(grpc::StatusCode::ABORTED, "worker '" + worker_id + "': lease expired; register again");
+      break;
+    }
     // Messages are handled in stream order, so after a heartbeat everything
     // before it is stored: acknowledge up to there (once a heartbeat interval).
     if (message.has_heartbeat() && message.seq() > 0) {
@@ -197,7 +211,7 @@ grpc::Status FleetService::Connect(grpc::ServerContext* ctx,
     }
   }
   c_->DetachWorker(worker_id, stream_id);
-  return grpc::Status::OK;
+  return result;
 }
 
 }  // namespace keel

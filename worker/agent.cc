@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
@@ -145,8 +146,9 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
 
 Agent::~Agent() = default;
 
-void Agent::Queue(v1::WorkerMessage message) {
+void Agent::Queue(v1::WorkerMessage message, int64_t attempt) {
   message.set_worker_id(worker_id_);
+  message.set_attempt(attempt);
   message.set_seq(next_seq_++);
   pending_.push_back(std::move(message));
   while (pending_.size() > options_.max_pending) pending_.pop_front();
@@ -163,8 +165,15 @@ void Agent::HandleCommand(const v1::WorkerCommand& command) {
   };
   if (command.has_start()) {
     const v1::Assignment& a = command.start();
-    if (runs_.count(a.run_id())) return;  // already running here (a re-sent assignment)
+    auto existing = runs_.find(a.run_id());
+    if (existing != runs_.end()) {
+      if (existing->second->launch().attempt == a.attempt()) return;  // a re-sent assignment
+      StopRun(a.run_id(), "keeld started attempt " + std::to_string(a.attempt()) + " of it");
+    }
     RunLaunch launch;
+    launch.attempt = a.attempt();
+    launch.lease_expires_unix_ms = NowMs() + TrainerLeaseMs();
+    launch.data_roots = options_.data_roots;
     launch.run_id = a.run_id();
     launch.trainer = options_.trainer;
     launch.run_dir = options_.work_dir + "/runs/" + a.run_id();
@@ -178,13 +187,13 @@ void Agent::HandleCommand(const v1::WorkerCommand& command) {
       m.mutable_exit()->set_run_id(a.run_id());
       m.mutable_exit()->set_exit_code(-1);
       m.mutable_exit()->set_message("keel-worker could not start the trainer: " + st.message());
-      Queue(std::move(m));
+      Queue(std::move(m), a.attempt());
       return;
     }
     v1::WorkerMessage m;
     m.mutable_started()->set_run_id(a.run_id());
     m.mutable_started()->set_pid(s->pid());
-    Queue(std::move(m));
+    Queue(std::move(m), a.attempt());
     if (options_.verbose) std::fprintf(stderr, "keel-worker: started run %s (pid %d)\n", a.run_id().c_str(), s->pid());
     runs_[a.run_id()] = std::move(s);
     std::lock_guard<std::mutex> lock(stats_mu_);
@@ -214,25 +223,54 @@ void Agent::HandleCommand(const v1::WorkerCommand& command) {
   }
 }
 
+void Agent::StopRun(const std::string& run_id, const std::string& why) {
+  auto it = runs_.find(run_id);
+  if (it != runs_.end()) {
+    if (options_.verbose) std::fprintf(stderr, "keel-worker: stopping run %s (pid %d): %s\n", run_id.c_str(), it->second->pid(), why.c_str());
+    runs_.erase(it);  // SIGKILL and reap: a superseded trainer writes no checkpoint
+  }
+  auto about = [&](const v1::WorkerMessage& m) {
+    switch (m.body_case()) {
+      case v1::WorkerMessage::kMetric: return m.metric().run_id() == run_id;
+      case v1::WorkerMessage::kEvent: return m.event().run_id() == run_id;
+      case v1::WorkerMessage::kCheckpoint: return m.checkpoint().run_id() == run_id;
+      case v1::WorkerMessage::kExit: return m.exit().run_id() == run_id;
+      case v1::WorkerMessage::kStarted: return m.started().run_id() == run_id;
+      default: return false;
+    }
+  };
+  for (auto* queue : {&pending_, &unacked_}) {
+    queue->erase(std::remove_if(queue->begin(), queue->end(), about), queue->end());
+  }
+}
+
+void Agent::RenewLeases(int64_t expires_unix_ms) {
+  for (auto& run : runs_) {
+    Status s = run.second->RenewLease(expires_unix_ms);
+    if (!s.ok() && options_.verbose) std::fprintf(stderr, "keel-worker: %s\n", s.message().c_str());
+  }
+}
+
 void Agent::PollRuns() {
   for (auto it = runs_.begin(); it != runs_.end();) {
+    const int64_t attempt = it->second->launch().attempt;
     RunProgress p;
     Status st = it->second->Poll(&p);
     if (!st.ok() && options_.verbose) std::fprintf(stderr, "keel-worker: %s\n", st.message().c_str());
     for (v1::MetricPoint& metric : p.metrics) {
       v1::WorkerMessage m;
       *m.mutable_metric() = std::move(metric);
-      Queue(std::move(m));
+      Queue(std::move(m), attempt);
     }
     for (v1::Event& e : p.events) {
       v1::WorkerMessage m;
       *m.mutable_event() = std::move(e);
-      Queue(std::move(m));
+      Queue(std::move(m), attempt);
     }
     for (v1::CheckpointNotice& c : p.checkpoints) {
       v1::WorkerMessage m;
       *m.mutable_checkpoint() = std::move(c);
-      Queue(std::move(m));
+      Queue(std::move(m), attempt);
     }
     if (p.exited) {
       if (options_.verbose) {
@@ -247,7 +285,7 @@ void Agent::PollRuns() {
       }
       v1::WorkerMessage m;
       *m.mutable_exit() = p.exit;
-      Queue(std::move(m));
+      Queue(std::move(m), attempt);
       it = runs_.erase(it);
     } else {
       ++it;
@@ -275,14 +313,18 @@ bool Agent::Serve(const std::atomic<bool>* stop) {
   request.set_worker_id(worker_id_);
   // Live runs: still training here, or ended with their exit not yet delivered
   // (keeld must keep them assigned to us until that exit arrives).
-  std::set<std::string> live;
-  for (const auto& run : runs_) live.insert(run.first);
+  std::map<std::string, int64_t> live;
+  for (const auto& run : runs_) live[run.first] = run.second->launch().attempt;
   for (const auto* queue : {&unacked_, &pending_}) {
     for (const v1::WorkerMessage& m : *queue) {
-      if (m.has_exit()) live.insert(m.exit().run_id());
+      if (m.has_exit()) live[m.exit().run_id()] = m.attempt();
     }
   }
-  for (const std::string& id : live) request.add_live_run_ids(id);
+  for (const auto& run : live) {
+    v1::LiveRun* l = request.add_live_runs();
+    l->set_run_id(run.first);
+    l->set_attempt(run.second);
+  }
   v1::RegisterResponse response;
   {
     grpc::ClientContext context;
@@ -299,6 +341,11 @@ bool Agent::Serve(const std::atomic<bool>* stop) {
   }
   const bool first = worker_id_.empty();
   worker_id_ = response.worker_id();
+  if (response.lease_ms() > 0) lease_ms_ = response.lease_ms();
+  // Runs keeld gave to another attempt while this worker was away.
+  for (const std::string& run_id : response.stop_run_ids()) {
+    StopRun(run_id, "keeld gave it to another attempt while this worker was away");
+  }
   // What the last connection wrote but keeld never acknowledged goes out again first.
   pending_.insert(pending_.begin(), unacked_.begin(), unacked_.end());
   unacked_.clear();
@@ -326,7 +373,17 @@ bool Agent::Serve(const std::atomic<bool>* stop) {
   while (!stop->load() && healthy && !reader_done.load()) {
     for (const v1::WorkerCommand& c : commands.Take()) {
       if (c.has_ack()) {
-        while (!unacked_.empty() && unacked_.front().seq() <= c.ack().seq()) unacked_.pop_front();
+        int64_t heartbeat_sent = 0;
+        while (!unacked_.empty() && unacked_.front().seq() <= c.ack().seq()) {
+          if (unacked_.front().has_heartbeat()) heartbeat_sent = unacked_.front().heartbeat().unix_ms();
+          unacked_.pop_front();
+        }
+        // keeld heard us at or after heartbeat_sent, so its lease on this worker
+        // runs at least until heartbeat_sent + lease: the trainers' ends earlier.
+        if (heartbeat_sent > 0) RenewLeases(heartbeat_sent + TrainerLeaseMs());
+      } else if (c.has_reregister()) {
+        if (options_.verbose) std::fprintf(stderr, "keel-worker: keeld: %s; registering again\n", c.reregister().reason().c_str());
+        healthy = false;
       } else {
         HandleCommand(c);
       }

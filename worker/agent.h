@@ -8,6 +8,16 @@
 // reconnect the unacknowledged ones go out again (oldest dropped beyond
 // `max_pending`). keeld keeps one metric point per step and ignores a stale
 // exit, so a message sent twice is harmless.
+//
+// Fencing: each assignment is an attempt of its run; every message about a run
+// carries its attempt. Each trainer has a lease file (run_lease.h) that the
+// agent extends only when keeld acknowledges a heartbeat: to the heartbeat's
+// send time plus 3/4 of keeld's lease on this worker, so a trainer stops
+// stepping before keeld can give its run to another worker. While keeld is
+// unreachable (or this worker is paused) trainers therefore wait after at most
+// 3/4 of a lease. When keeld orders a re-register (its lease on this worker ran
+// out), the agent registers again and stops, without a checkpoint, the trainers
+// of the runs keeld says were taken from it.
 #ifndef KEEL_WORKER_AGENT_H_
 #define KEEL_WORKER_AGENT_H_
 
@@ -33,6 +43,7 @@ struct AgentOptions {
   std::string work_dir = "keel-worker";   // runs/<run_id>/ live here
   std::string host;                       // "" : gethostname()
   std::vector<v1::Device> devices;        // GPUs to offer (empty: CPU slots)
+  std::vector<std::string> data_roots;    // trainers may read data only inside these (--data-root)
   int cpu_slots = 1;
   int poll_ms = 100;
   int max_backoff_ms = 5000;
@@ -67,7 +78,12 @@ class Agent {
   bool Serve(const std::atomic<bool>* stop);  // one connection; false when keeld is unreachable
   void HandleCommand(const v1::WorkerCommand& command);
   void PollRuns();
-  void Queue(v1::WorkerMessage message);
+  void Queue(v1::WorkerMessage message, int64_t attempt = 0);
+  // Kills a run's trainer (no checkpoint) and forgets its unsent messages.
+  void StopRun(const std::string& run_id, const std::string& why);
+  // Extends every trainer's lease to `expires_unix_ms`.
+  void RenewLeases(int64_t expires_unix_ms);
+  int64_t TrainerLeaseMs() const { return lease_ms_ * 3 / 4; }
 
   AgentOptions options_;
   std::string worker_id_;
@@ -76,6 +92,7 @@ class Agent {
   std::deque<v1::WorkerMessage> pending_;                        // not yet written; agent thread only
   std::deque<v1::WorkerMessage> unacked_;                        // written, not yet acknowledged
   uint64_t next_seq_ = 1;
+  int64_t lease_ms_ = 10000;  // keeld's lease on this worker (RegisterResponse)
   mutable std::mutex stats_mu_;  // guards stats_
   AgentStats stats_;
   void PublishStats(bool connected);

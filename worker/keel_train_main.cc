@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "worker/io/file_util.h"
 #include "worker/io/text_prepare.h"
 #include "worker/run_config.h"
 #include "worker/scheme.h"
@@ -34,19 +35,26 @@ const char kUsage[] =
     "  --backend cpu|cuda   override the config's backend\n"
     "  --steps N            override the number of optimizer steps\n"
     "  --run-dir DIR        where metrics.jsonl and checkpoints/ go (default runs/<name>)\n"
-    "  --resume DIR|latest  continue from a checkpoint directory (or this run's newest);\n"
-    "                       the run continues in the scheme the checkpoint was saved with\n"
+    "  --resume DIR|latest  continue from a checkpoint directory (or this run's newest that\n"
+    "                       verifies); the run continues in the scheme the checkpoint was saved with\n"
+    "  --resume-fallback    with --resume DIR: when DIR does not verify, use the newest older\n"
+    "                       checkpoint beside it that does (an event names each one skipped)\n"
     "  --switch-precision   with --resume: continue in the config's precision instead (an\n"
     "                       intervention from a checkpoint, e.g. --set precision.layernorm=fp32)\n"
     "  --set KEY=VALUE      override any config field, e.g. --set optimizer.lr=1e-3,\n"
     "                       --set precision=mxfp4 (repeatable)\n"
     "  --quiet              no progress lines on stderr (metrics still go to metrics.jsonl)\n"
+    "  --data-root DIR      data.train and data.val must lie inside DIR once symlinks are\n"
+    "                       resolved (repeatable; keel-worker passes its own --data-root)\n"
+    "  --lease-file F --attempt N\n"
+    "                       (keel-worker) train only while F names attempt N and has not\n"
+    "                       expired: wait while it is expired, exit 4 when it names another\n"
+    "                       attempt\n"
     "  --help               this text\n"
     "\n"
     "SIGINT or SIGTERM stops after the step in progress and writes a checkpoint.\n"
     "Exit status: 0 done, 1 training failed, 2 bad usage or config, 3 stopped as diverged by\n"
-    "the policy, 130 interrupted\n"
-    "(checkpointed).\n";
+    "the policy, 4 superseded by another attempt (--lease-file), 130 interrupted (checkpointed).\n";
 
 // SIGINT / SIGTERM: finish the step in progress, checkpoint, exit 130.
 Trainer* g_trainer = nullptr;
@@ -105,9 +113,11 @@ int PrepareTextCommand(int argc, char** argv) {
 }
 
 int TrainCommand(int argc, char** argv) {
-  std::string config_path, resume;
+  std::string config_path, resume, lease_file;
+  std::vector<std::string> data_roots;
   std::vector<std::string> overrides;
-  bool quiet = false, switch_precision = false;
+  bool quiet = false, switch_precision = false, resume_fallback = false;
+  int64_t attempt = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&](std::string* out) {
@@ -139,6 +149,18 @@ int TrainCommand(int argc, char** argv) {
       quiet = true;
     } else if (a == "--switch-precision") {
       switch_precision = true;
+    } else if (a == "--resume-fallback") {
+      resume_fallback = true;
+    } else if (a == "--data-root") {
+      if (!value(&v)) return Fail(2, "--data-root: missing value");
+      data_roots.push_back(v);
+    } else if (a == "--lease-file") {
+      if (!value(&lease_file)) return Fail(2, "--lease-file: missing value");
+    } else if (a == "--attempt") {
+      if (!value(&v)) return Fail(2, "--attempt: missing value");
+      char* end = nullptr;
+      attempt = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || attempt < 1) return Fail(2, "--attempt: '" + v + "' is not allowed (an integer >= 1)");
     } else {
       return Fail(2, "unknown argument '" + a + "' (see keel-train --help)");
     }
@@ -147,13 +169,26 @@ int TrainCommand(int argc, char** argv) {
   RunConfig config;
   Status s = LoadRunConfig(config_path, overrides, &config);
   if (!s.ok()) return Fail(2, s.message());
+  // Checked before any data file is opened (keel-worker may run as root).
+  if (!data_roots.empty()) {
+    for (const auto& field : {std::make_pair("data.train", config.data.train), std::make_pair("data.val", config.data.val)}) {
+      if (field.second.empty()) continue;
+      s = CheckInsideRoots(field.first, field.second, data_roots);
+      if (!s.ok()) return Fail(2, s.message());
+    }
+  }
   std::unique_ptr<Trainer> trainer;
   s = Trainer::Create(config, &trainer);
   if (!s.ok()) return Fail(1, s.message());
   if (switch_precision && resume.empty()) return Fail(2, "--switch-precision: needs --resume");
+  if (resume_fallback && resume.empty()) return Fail(2, "--resume-fallback: needs --resume");
+  if (lease_file.empty() != (attempt == 0)) return Fail(2, "--lease-file and --attempt go together");
+  trainer->SetLease(lease_file, attempt);
   if (!resume.empty()) {
-    s = trainer->Resume(resume);
+    std::string resumed = resume;
+    s = resume == "latest" || resume_fallback ? trainer->ResumeNewestValid(resume, &resumed) : trainer->Resume(resume);
     if (!s.ok()) return Fail(1, "--resume " + resume + ": " + s.message());
+    if (!quiet && resumed != resume) std::fprintf(stderr, "keel-train: resuming from %s\n", resumed.c_str());
     if (switch_precision) {
       const std::string from = trainer->scheme().name;
       s = trainer->SwitchAndRecord(config.precision, " at resume", {});
@@ -170,6 +205,7 @@ int TrainCommand(int argc, char** argv) {
   sigaction(SIGTERM, &action, nullptr);
   s = trainer->Train(nullptr, !quiet);
   g_trainer = nullptr;
+  if (trainer->superseded()) return Fail(4, s.message());
   if (!s.ok()) return Fail(1, s.message());
   if (trainer->diverged()) {
     std::fprintf(stderr, "keel-train: the stability policy stopped the run as diverged at step %lld\n",

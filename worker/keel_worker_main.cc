@@ -31,6 +31,8 @@ const char kUsage[] =
     "  --token-file FILE    the worker join token (default $KEEL_WORKER_TOKEN)\n"
     "  --trainer PATH       keel-train (default: keel-train beside this binary)\n"
     "  --work-dir DIR       run directories (default ./keel-worker)\n"
+    "  --data-root DIR      trainers may read data (data.train, data.val) only inside DIR,\n"
+    "                       checked after resolving symlinks; repeatable (default ./data)\n"
     "  --cpu-slots N        concurrent CPU runs offered when there is no GPU (default 1)\n"
     "  --no-gpus            offer CPU slots even when GPUs are present\n"
     "  --tls-ca FILE        speak TLS to keeld, trusting certificates this CA signed\n"
@@ -79,6 +81,8 @@ int main(int argc, char** argv) {
       if (!(in >> options.token)) return Fail("--token-file: cannot read a token from '" + path + "'");
     } else if (a == "--trainer") {
       options.trainer = value("--trainer");
+    } else if (a == "--data-root") {
+      options.data_roots.push_back(value("--data-root"));
     } else if (a == "--work-dir") {
       options.work_dir = value("--work-dir");
     } else if (a == "--cpu-slots") {
@@ -104,6 +108,14 @@ int main(int argc, char** argv) {
     }
   }
   if (options.token.empty()) return Fail("no worker token (--token-file or KEEL_WORKER_TOKEN)");
+  if (options.data_roots.empty()) options.data_roots.push_back("data");
+  for (std::string& root : options.data_roots) {
+    // Absolute, so that trainers (in their run directories' terms) check the same place.
+    if (!root.empty() && root[0] != '/') {
+      char cwd[4096];
+      if (getcwd(cwd, sizeof(cwd)) != nullptr) root = std::string(cwd) + "/" + root;
+    }
+  }
   {
     keel::ChannelOptions check{options.server, options.tls_ca, options.tls_cert, options.tls_key};
     std::shared_ptr<grpc::Channel> channel;

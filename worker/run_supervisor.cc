@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "worker/checkpoint_dirs.h"
+#include "worker/run_lease.h"
 #include "worker/io/file_util.h"
 #include "worker/io/json.h"
 
@@ -45,12 +46,21 @@ Status RunSupervisor::Start(const RunLaunch& launch, std::unique_ptr<RunSupervis
     // A fresh start owns the directory's metrics: no lines of an earlier attempt.
     unlink((launch.run_dir + "/metrics.jsonl").c_str());
   }
+  // The lease comes first: the trainer reads it before its first step.
+  const std::string lease = launch.run_dir + "/lease";
+  KEEL_RETURN_IF_ERROR(WriteRunLease(lease, {launch.attempt, launch.lease_expires_unix_ms}));
   std::vector<std::string> args = {launch.trainer, "--config", config, "--run-dir", launch.run_dir, "--quiet",
-                                   "--backend", launch.gpus.empty() ? "cpu" : "cuda"};
+                                   "--backend", launch.gpus.empty() ? "cpu" : "cuda", "--lease-file", lease,
+                                   "--attempt", std::to_string(launch.attempt)};
+  for (const std::string& root : launch.data_roots) {
+    args.push_back("--data-root");
+    args.push_back(root);
+  }
   if (!launch.resume_checkpoint.empty()) {
     const std::string checkpoint = NewestCheckpointBeside(launch.resume_checkpoint);
     args.push_back("--resume");
     args.push_back(checkpoint);
+    args.push_back("--resume-fallback");  // a checkpoint that does not verify costs a step, not the run
     // Resuming another attempt's checkpoint (another worker's run directory):
     // bring its metrics along. The trainer keeps the lines up to the checkpoint
     // and this supervisor sends them all again, so steps that attempt wrote but
@@ -184,6 +194,11 @@ Status RunSupervisor::ReadNewEvents(RunProgress* progress) {
   return Status::Ok();
 }
 
+Status RunSupervisor::RenewLease(int64_t expires_unix_ms) {
+  if (reaped_) return Status::Ok();
+  return WriteRunLease(launch_.run_dir + "/lease", {launch_.attempt, expires_unix_ms});
+}
+
 Status RunSupervisor::SendCommand(const std::string& json) {
   const std::string dir = launch_.run_dir + "/commands";
   KEEL_RETURN_IF_ERROR(MakeDirs(dir));
@@ -215,9 +230,12 @@ Status RunSupervisor::Poll(RunProgress* progress) {
   if (reaped_) return Status::Ok();
   int status = 0;
   pid_t done = waitpid(pid_, &status, WNOHANG);
-  // Read what the process wrote; after it exited, this is everything.
-  KEEL_RETURN_IF_ERROR(ReadNewMetrics(progress));
+  // Read what the process wrote; after it exited, this is everything. Events
+  // first: the trainer writes a rollback's event before it rewrites
+  // metrics.jsonl, so keeld drops the old trajectory's points before the new
+  // trajectory's arrive.
   KEEL_RETURN_IF_ERROR(ReadNewEvents(progress));
+  KEEL_RETURN_IF_ERROR(ReadNewMetrics(progress));
   KEEL_RETURN_IF_ERROR(FindNewCheckpoints(progress));
   if (done == pid_) {
     reaped_ = true;

@@ -22,7 +22,10 @@ struct RunLaunch {
   std::string run_dir;            // created if missing; holds run.yaml, trainer.log, metrics.jsonl
   std::string spec_yaml;          // the run config
   std::vector<int32_t> gpus;      // CUDA_VISIBLE_DEVICES; empty: --backend cpu
-  std::string resume_checkpoint;  // "" : fresh start; the newest beside it is used
+  std::string resume_checkpoint;  // "" : fresh start; the newest beside it that verifies is used
+  int64_t attempt = 1;            // the assignment's attempt (fencing, run_lease.h)
+  int64_t lease_expires_unix_ms = 0;  // the trainer's first lease deadline
+  std::vector<std::string> data_roots;  // --data-root: the only places data may be read from
 };
 
 // What Poll saw since the previous call.
@@ -43,9 +46,10 @@ std::string NewestCheckpointBeside(const std::string& checkpoint);
 
 class RunSupervisor {
  public:
-  // Writes <run_dir>/run.yaml and starts
+  // Writes <run_dir>/run.yaml and <run_dir>/lease, and starts
   //   trainer --config <run_dir>/run.yaml --run-dir <run_dir> --quiet --backend cpu|cuda
-  //           [--resume <checkpoint>]
+  //           --lease-file <run_dir>/lease --attempt N [--data-root R ...]
+  //           [--resume <checkpoint> --resume-fallback]
   // with stdout and stderr appended to <run_dir>/trainer.log and
   // CUDA_VISIBLE_DEVICES set to the GPUs ("" for a CPU run). The trainer gets
   // SIGTERM when the thread that started it dies, whatever kills the worker.
@@ -56,6 +60,8 @@ class RunSupervisor {
   Status Poll(RunProgress* progress);
   // Sends `signal` (SIGTERM: keel-train checkpoints after its step and exits 130).
   Status Signal(int signal);
+  // Extends the trainer's lease to `expires_unix_ms` (run_lease.h).
+  Status RenewLease(int64_t expires_unix_ms);
   // Hands the trainer a command (trainer.h ProcessCommands: switch_precision,
   // rollback) as <run_dir>/commands/<seq>.json, written atomically.
   Status SendCommand(const std::string& json);

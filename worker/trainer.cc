@@ -8,9 +8,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <climits>
 #include <map>
+#include <thread>
 
 #include "worker/checkpoint_dirs.h"
+#include "worker/run_lease.h"
 #include "worker/io/file_util.h"
 #include "worker/io/json.h"
 #include "worker/io/safetensors.h"
@@ -357,7 +360,13 @@ Status Trainer::OpenMetricsFile() {
     KEEL_RETURN_IF_ERROR(KeepLinesUpToStep(path, step_));
     metrics_file_ = std::fopen(path.c_str(), "a");
   } else {
-    metrics_file_ = std::fopen(path.c_str(), "w");  // a fresh run starts a fresh file
+    // A fresh run starts a fresh file. Appending (O_APPEND), never writing at
+    // our own offset: if someone truncates the file, the next lines land at
+    // its new end, where keel-worker's tail sees the file shrink, instead of
+    // past a hole of zero bytes.
+    std::FILE* truncate = std::fopen(path.c_str(), "w");
+    if (truncate) std::fclose(truncate);
+    metrics_file_ = std::fopen(path.c_str(), "a");
   }
   if (!metrics_file_) return Status::Error("run_dir: cannot append to '" + path + "'");
   return Status::Ok();
@@ -392,9 +401,10 @@ Status Trainer::Rollback(int64_t steps, std::string* restored) {
   }
   KEEL_RETURN_IF_ERROR(Resume(root + "/" + best));
   if (metrics_file_) {
+    // Reopened (dropping the lines after the restored step) when the next line
+    // is written: after the rollback's event, which keel-worker reads first.
     std::fclose(metrics_file_);
     metrics_file_ = nullptr;
-    KEEL_RETURN_IF_ERROR(OpenMetricsFile());  // drops the lines after the restored step
   }
   *restored = root + "/" + best;
   return Status::Ok();
@@ -516,7 +526,12 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
   auto start = std::chrono::steady_clock::now();
   const int64_t first = step_;
   while (step_ < config_.steps) {
+    KEEL_RETURN_IF_ERROR(AwaitLease());
+    if (lease_lapsed_) break;
     KEEL_RETURN_IF_ERROR(ProcessCommands());
+    // Reopened here after a rollback closed it (before the step: it keeps the
+    // lines up to the restored step).
+    KEEL_RETURN_IF_ERROR(OpenMetricsFile());
     StepMetrics m;
     KEEL_RETURN_IF_ERROR(Step(&m));
     std::string line = m.ToJson();
@@ -540,6 +555,12 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
     }
   }
   std::string dir;
+  if (lease_lapsed_) {
+    // Stopped while another attempt may own the run: write nothing more.
+    if (progress) std::fprintf(stderr, "keel-train: stopped at step %lld without a checkpoint (lease expired)\n",
+                               static_cast<long long>(step_));
+    return Status::Ok();
+  }
   KEEL_RETURN_IF_ERROR(SaveCheckpoint(&dir));
   if (progress) {
     std::fprintf(stderr, "keel-train: %s at step %lld, checkpoint %s\n",
@@ -603,6 +624,84 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
   }
   *out_dir = final_dir;
   return Status::Ok();
+}
+
+void Trainer::SetLease(const std::string& path, int64_t attempt) {
+  lease_path_ = path;
+  lease_attempt_ = attempt;
+  lease_expires_ms_ = 0;
+}
+
+Status Trainer::AwaitLease() {
+  if (lease_path_.empty() || UnixMs() < lease_expires_ms_) return Status::Ok();
+  bool said = false;
+  for (;;) {
+    RunLease lease;
+    Status read = ReadRunLease(lease_path_, &lease);
+    if (read.ok() && lease.attempt != lease_attempt_) {
+      superseded_ = true;
+      return Status::Error("superseded: the lease file names attempt " + std::to_string(lease.attempt) +
+                           ", this trainer is attempt " + std::to_string(lease_attempt_) +
+                           "; stopping without a checkpoint");
+    }
+    if (read.ok()) lease_expires_ms_ = lease.expires_unix_ms;
+    if (read.ok() && UnixMs() < lease_expires_ms_) {
+      if (said) std::fprintf(stderr, "keel-train: lease renewed; training on at step %lld\n", static_cast<long long>(step_));
+      return Status::Ok();
+    }
+    if (!said) {
+      // keel-worker has not heard from keeld lately: another attempt may be
+      // given this run, so no step until the worker renews the lease (or stops us).
+      std::fprintf(stderr, "keel-train: lease expired before step %lld (%s); waiting for keel-worker\n",
+                   static_cast<long long>(step_ + 1), read.ok() ? "not renewed" : read.message().c_str());
+      said = true;
+    }
+    if (stop_requested()) {
+      lease_lapsed_ = true;
+      return Status::Ok();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+Status Trainer::ResumeNewestValid(const std::string& requested, std::string* resumed) {
+  // Candidates, newest first: the requested checkpoint, then the older ones beside it.
+  std::string path = requested;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const std::string root = path == "latest" ? config_.run_dir + "/checkpoints" : DirName(path);
+  std::vector<std::string> candidates;
+  if (path != "latest") candidates.push_back(path);
+  const std::string requested_name = path == "latest" ? "" : path.substr(path.rfind('/') + 1);
+  const auto beside = ListCheckpoints(root);
+  int64_t limit = INT64_MAX;
+  for (const auto& c : beside) {
+    if (c.second == requested_name) limit = c.first;
+  }
+  if (path != "latest" && limit == INT64_MAX) limit = -1;  // not a checkpoint of this layout: no fallback
+  for (auto it = beside.rbegin(); it != beside.rend(); ++it) {
+    if (it->first < limit) candidates.push_back(root + "/" + it->second);
+  }
+  if (candidates.empty()) return Status::Error("no checkpoints under '" + root + "'");
+  std::vector<std::pair<std::string, std::string>> skipped;
+  for (const std::string& dir : candidates) {
+    Status s = Resume(dir);
+    if (!s.ok()) {
+      skipped.push_back({dir, s.message()});
+      continue;
+    }
+    *resumed = dir;
+    for (const auto& bad : skipped) {
+      std::fprintf(stderr, "keel-train: skipped checkpoint %s: %s\n", bad.first.c_str(), bad.second.c_str());
+      KEEL_RETURN_IF_ERROR(RecordEvent("checkpoint_skipped",
+                                       "checkpoint " + bad.first + " does not verify (" + bad.second +
+                                           "); resumed from " + dir,
+                                       {{"checkpoint", bad.first}, {"reason", bad.second}, {"resumed_from", dir}}));
+    }
+    return Status::Ok();
+  }
+  std::string why;
+  for (const auto& bad : skipped) why += (why.empty() ? "" : "; ") + bad.first + ": " + bad.second;
+  return Status::Error("no checkpoint verifies (" + why + ")");
 }
 
 Status Trainer::Resume(const std::string& requested) {

@@ -88,7 +88,22 @@ class Trainer {
   Status SaveCheckpoint(std::string* dir);
   // Restores weights, optimizer state, step, scheme and data position from a
   // checkpoint directory, or from the newest one of this run when dir == "latest".
+  // Everything is verified (CRCs, shapes, metadata) before anything changes.
   Status Resume(const std::string& dir);
+  // Resume, falling back: when `dir` does not verify, the newest older
+  // checkpoint beside it that does is used ("latest": this run's newest that
+  // verifies). Each checkpoint skipped is a "checkpoint_skipped" event naming it
+  // and why. *resumed names the one used. Fails, listing every reason, when none
+  // verifies.
+  Status ResumeNewestValid(const std::string& dir, std::string* resumed);
+
+  // Fencing under keel-worker (run_lease.h): before each step Train reads the
+  // lease file when the deadline it last read has passed; it waits (no step,
+  // no checkpoint) while the lease is expired, and stops without a checkpoint
+  // when the file names another attempt (superseded() is then true and Train
+  // returns an error). An empty path disables the lease (standalone runs).
+  void SetLease(const std::string& path, int64_t attempt);
+  bool superseded() const { return superseded_; }
 
   int64_t step() const { return step_; }
   const RunConfig& config() const { return config_; }
@@ -103,6 +118,8 @@ class Trainer {
   Status RunProbe(const std::vector<Batch>& batches, StepMetrics* metrics);
   Status Evaluate(double* loss);
   Status OpenMetricsFile();
+  // Ok when the next step may run (see SetLease); waits while the lease is expired.
+  Status AwaitLease();
   std::string GroupOf(const ParamInfo& p) const;
 
   RunConfig config_;
@@ -125,6 +142,11 @@ class Trainer {
   double lr_scale_ = 1.0;                        // scale_lr actions, kept in checkpoints
   int64_t policy_steps_ = 0;                     // steps taken (rollbacks do not rewind it)
   bool diverged_ = false;
+  std::string lease_path_;          // "" : no lease
+  int64_t lease_attempt_ = 0;
+  int64_t lease_expires_ms_ = 0;    // the deadline last read from the lease file
+  bool superseded_ = false;
+  bool lease_lapsed_ = false;       // stopped while waiting for the lease: no final checkpoint
 };
 
 }  // namespace keel

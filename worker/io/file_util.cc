@@ -2,6 +2,10 @@
 // that errors carry errno and the atomic write can fsync file and directory.
 #include "worker/io/file_util.h"
 
+#include <climits>
+#include <cstdlib>
+#include <glob.h>
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -178,6 +182,39 @@ std::string DirName(const std::string& path) {
   if (slash == std::string::npos) return ".";
   if (slash == 0) return "/";
   return path.substr(0, slash);
+}
+
+Status CheckInsideRoots(const std::string& field, const std::string& pattern, const std::vector<std::string>& roots) {
+  std::vector<std::string> resolved_roots;
+  std::string listed;
+  for (const std::string& root : roots) {
+    listed += (listed.empty() ? "" : ", ") + root;
+    char buffer[PATH_MAX];
+    if (realpath(root.c_str(), buffer) != nullptr) resolved_roots.push_back(buffer);
+  }
+  glob_t matches = {};
+  const int rc = glob(pattern.c_str(), GLOB_NOSORT, nullptr, &matches);
+  Status result = Status::Ok();
+  for (size_t i = 0; rc == 0 && i < matches.gl_pathc && result.ok(); ++i) {
+    const std::string path = matches.gl_pathv[i];
+    char buffer[PATH_MAX];
+    if (realpath(path.c_str(), buffer) == nullptr) {
+      result = Status::Error(field + ": '" + path + "': " + strerror(errno));
+      break;
+    }
+    const std::string real = buffer;
+    bool inside = false;
+    for (const std::string& root : resolved_roots) {
+      inside |= root == "/" || real.compare(0, root.size() + 1, root + "/") == 0;
+    }
+    if (!inside) {
+      result = Status::Error(field + ": '" + path + "' resolves to '" + real +
+                             "', outside the allowed data roots (" + (listed.empty() ? "none" : listed) +
+                             (resolved_roots.size() < roots.size() ? "; some do not exist" : "") + ")");
+    }
+  }
+  globfree(&matches);
+  return result;
 }
 
 }  // namespace keel

@@ -45,6 +45,14 @@ Status MakeDirs(const std::string& path);
 // "..", sorted bytewise.
 Status ListDir(const std::string& path, std::vector<std::string>* names);
 
+// Fails unless every file that `pattern` (a path or a glob) names lies, once
+// symlinks and ".." are resolved, inside one of the directories `roots`
+// (resolved the same way). `field` names the config field in the error, e.g.
+// "data.train: '/etc/shadow' resolves to '/etc/shadow', outside the allowed
+// data roots (/srv/data)". A pattern that names no file passes: whoever opens
+// it reports that.
+Status CheckInsideRoots(const std::string& field, const std::string& pattern, const std::vector<std::string>& roots);
+
 // The directory part of `path` ("a/b/c" -> "a/b", "c" -> ".", "/c" -> "/").
 std::string DirName(const std::string& path);
 
