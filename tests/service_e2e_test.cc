@@ -23,153 +23,14 @@
 #include <thread>
 
 #include "proto/keel.grpc.pb.h"
+#include "tests/cluster.h"
 
 namespace {
 
-constexpr char kUserToken[] = "user-token-0123456789abcdef";
-constexpr char kWorkerToken[] = "worker-token-0123456789abcdef";
-
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(base ? base : "/tmp") + "/" + name;
-  EXPECT_EQ(std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str()), 0);
-  return dir;
-}
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
-}
-
-// A child process with its output in a log file; killed (SIGKILL) when destroyed.
-class Process {
- public:
-  Process(std::vector<std::string> args, const std::string& log) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      FILE* f = freopen(log.c_str(), "a", stderr);
-      (void)f;
-      setenv("KEEL_USER_TOKENS", kUserToken, 1);
-      setenv("KEEL_WORKER_TOKEN", kWorkerToken, 1);
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(&a[0]);
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-  }
-  ~Process() { Kill(SIGKILL); }
-  void Kill(int signal) {
-    if (pid_ > 0) {
-      kill(pid_, signal);
-      int status;
-      waitpid(pid_, &status, 0);
-      pid_ = -1;
-    }
-  }
-
- private:
-  pid_t pid_ = -1;
-};
-
-class Cluster {
- public:
-  explicit Cluster(const std::string& name) : dir_(TempDir(name)), port_(FreePort()) { StartKeeld(); }
-
-  void StartKeeld() {
-    keeld_.reset(new Process({"server/keeld", "--listen", Address(), "--state-dir", dir_ + "/state",
-                              "--metrics-listen", "off", "--lease-ms", "1500", "--heartbeat-ms", "200"},
-                             dir_ + "/keeld.log"));
-    auto channel = grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials());
-    ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(20)));
-    stub_ = keel::v1::KeelService::NewStub(channel);
-  }
-  void KillKeeld() { keeld_->Kill(SIGKILL); }
-
-  // A worker with one CPU slot and its own work dir.
-  Process* AddWorker(const std::string& name) {
-    workers_[name].reset(new Process({"worker/keel-worker", "--server", Address(), "--trainer", "worker/keel-train",
-                                      "--work-dir", dir_ + "/" + name, "--cpu-slots", "1", "--metrics-listen", "off"},
-                                     dir_ + "/" + name + ".log"));
-    return workers_[name].get();
-  }
-
-  std::string Address() const { return "127.0.0.1:" + std::to_string(port_); }
-  keel::v1::KeelService::Stub* stub() { return stub_.get(); }
-  const std::string& dir() const { return dir_; }
-
-  std::unique_ptr<grpc::ClientContext> Context(const std::string& token = kUserToken) {
-    auto c = std::make_unique<grpc::ClientContext>();
-    c->AddMetadata("authorization", "Bearer " + token);
-    c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    return c;
-  }
-
-  grpc::Status Submit(const std::string& yaml, keel::v1::SubmitSweepResponse* out) {
-    keel::v1::SubmitSweepRequest request;
-    request.mutable_spec()->set_yaml(yaml);
-    request.mutable_spec()->set_source("test-sweep.yaml");
-    return stub_->SubmitSweep(Context().get(), request, out);
-  }
-
-  std::vector<keel::v1::Run> Runs(const std::string& sweep) {
-    keel::v1::ListRunsRequest request;
-    request.set_sweep_id(sweep);
-    keel::v1::ListRunsResponse response;
-    grpc::Status s = stub_->ListRuns(Context().get(), request, &response);
-    return std::vector<keel::v1::Run>(response.runs().begin(), response.runs().end());
-  }
-
-  // Polls until every run of the sweep ended (or timeout); returns the runs.
-  std::vector<keel::v1::Run> WaitDone(const std::string& sweep, int seconds,
-                                      const std::function<void(const std::vector<keel::v1::Run>&)>& each = nullptr) {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-    std::vector<keel::v1::Run> runs;
-    while (std::chrono::steady_clock::now() < deadline) {
-      runs = Runs(sweep);
-      if (each) each(runs);
-      bool done = !runs.empty();
-      for (const auto& r : runs) {
-        done = done && (r.state() == keel::v1::SUCCEEDED || r.state() == keel::v1::FAILED ||
-                        r.state() == keel::v1::CANCELLED);
-      }
-      if (done) return runs;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    return runs;
-  }
-
-  std::vector<keel::v1::MetricPoint> Metrics(const std::string& run) {
-    keel::v1::GetMetricsRequest request;
-    request.set_run_id(run);
-    keel::v1::GetMetricsResponse response;
-    stub_->GetMetrics(Context().get(), request, &response);
-    return std::vector<keel::v1::MetricPoint>(response.points().begin(), response.points().end());
-  }
-
- private:
-  std::string dir_;
-  int port_;
-  std::unique_ptr<Process> keeld_;
-  std::map<std::string, std::unique_ptr<Process>> workers_;
-  std::unique_ptr<keel::v1::KeelService::Stub> stub_;
-};
-
-std::string SmallSweep(int steps, const std::string& axes) {
-  return "name: small\n"
-         "base:\n"
-         "  model: {type: proxy, layers: 1, width: 16}\n"
-         "  batch: 32\n  threads: 1\n  checkpoint_every: 10\n"
-         "  steps: " + std::to_string(steps) + "\n" + axes;
-}
+using keel_test::Cluster;
+using keel_test::kUserToken;
+using keel_test::kWorkerToken;
+using keel_test::SmallSweep;
 
 TEST(ServiceE2eTest, SweepCompletesWithMetricsAndEvents) {
   Cluster cluster("e2e_sweep");
@@ -225,7 +86,7 @@ TEST(ServiceE2eTest, SweepCompletesWithMetricsAndEvents) {
 
 TEST(ServiceE2eTest, WorkerKilledMidRunResumesElsewhereWithTheSameFinalLoss) {
   Cluster cluster("e2e_worker_kill");
-  Process* first = cluster.AddWorker("w1");
+  keel_test::Process* first = cluster.AddWorker("w1");
   keel::v1::SubmitSweepResponse submitted;
   // Long enough (a few seconds) that the kill lands mid-run.
   const std::string sweep = SmallSweep(3000, "");
@@ -462,6 +323,70 @@ TEST(ServiceE2eTest, WrongTokensAndBadSweepsAreRefusedWithoutStateChanges) {
   keel::v1::ListSweepsResponse sweeps;
   ASSERT_TRUE(cluster.stub()->ListSweeps(cluster.Context().get(), keel::v1::ListSweepsRequest(), &sweeps).ok());
   EXPECT_EQ(sweeps.sweeps_size(), 0);  // nothing was stored
+}
+
+}  // namespace
+
+namespace {
+
+// Runs a command line, returning its exit status and what it wrote to stderr.
+int RunCapture(const std::string& command, std::string* err) {
+  const std::string path = keel_test::TempDir("capture") + "/err";
+  const int rc = std::system((command + " 2>" + path).c_str());
+  std::ifstream in(path);
+  err->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+TEST(ServiceE2eTest, ASecondKeeldOnTheSameStateOrPortIsRefused) {
+  Cluster cluster("e2e_second_keeld");
+  keel::v1::SubmitSweepResponse first;
+  ASSERT_TRUE(cluster.Submit(SmallSweep(10, ""), &first).ok());
+  std::string err;
+  // Same state directory, another port.
+  const std::string other = "127.0.0.1:" + std::to_string(keel_test::FreePort());
+  EXPECT_EQ(RunCapture("server/keeld --metrics-listen off --listen " + other + " --state-dir " + cluster.dir() + "/state", &err), 2);
+  EXPECT_NE(err.find("is in use by another keeld (pid"), std::string::npos) << err;
+  // Same port, another state directory.
+  EXPECT_EQ(RunCapture("server/keeld --metrics-listen off --listen " + cluster.Address() + " --state-dir " +
+                           cluster.dir() + "/other-state",
+                       &err),
+            2);
+  EXPECT_NE(err.find("cannot listen on '" + cluster.Address() + "'"), std::string::npos) << err;
+  // The first keeld is untouched: every call still reaches it, ids go on.
+  for (int i = 0; i < 6; ++i) {
+    keel::v1::GetSweepRequest request;
+    request.set_sweep_id(first.sweep().id());
+    keel::v1::Sweep sweep;
+    EXPECT_TRUE(cluster.stub()->GetSweep(cluster.Context().get(), request, &sweep).ok());
+  }
+  keel::v1::SubmitSweepResponse second;
+  grpc::Status s = cluster.Submit(SmallSweep(10, ""), &second);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_NE(second.sweep().id(), first.sweep().id());
+}
+
+TEST(ServiceE2eTest, DataOutsideTheWorkersDataRootsIsRefusedAndFailsAtOnce) {
+  Cluster cluster("e2e_data_root");
+  const std::string root = cluster.dir() + "/data";
+  ASSERT_EQ(std::system(("mkdir -p " + root).c_str()), 0);
+  // A link inside the root that points outside it is outside too.
+  ASSERT_EQ(std::system(("ln -s /etc/passwd " + root + "/linked.bin").c_str()), 0);
+  cluster.AddWorker("w1", {"--data-root", root});
+  for (const std::string& path : {std::string("/etc/passwd"), root + "/linked.bin", root + "/../../../../../../../../../../../../etc/passwd"}) {
+    SCOPED_TRACE(path);
+    keel::v1::SubmitSweepResponse submitted;
+    grpc::Status s = cluster.Submit("name: data\nbase:\n  model: {type: gpt, layers: 1, width: 16, heads: 2, context: 16, vocab: 256}\n"
+                                    "  data: {train: '" + path + "'}\n  batch: 2\n  seq: 16\n  steps: 5\nmax_restarts: 3\n",
+                                    &submitted);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    auto runs = cluster.WaitDone(submitted.sweep().id(), 60);
+    ASSERT_EQ(runs.size(), 1u);
+    EXPECT_EQ(runs[0].state(), keel::v1::FAILED);
+    EXPECT_EQ(runs[0].restarts(), 0);  // a configuration error is not retried
+    EXPECT_NE(runs[0].message().find("outside the allowed data roots (" + root + ")"), std::string::npos)
+        << runs[0].message();
+  }
 }
 
 }  // namespace

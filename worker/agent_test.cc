@@ -49,6 +49,7 @@ class FakeCoordinator final : public v1::WorkerService::Service {
     if (connection == 1) {
       v1::WorkerCommand start;
       start.mutable_start()->set_run_id("r1");
+      start.mutable_start()->set_attempt(1);
       start.mutable_start()->mutable_spec()->set_yaml(spec_);
       stream->Write(start);
     }

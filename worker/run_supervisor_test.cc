@@ -3,6 +3,8 @@
 // exit 130) and kill -9 are each reported as what they were; resume continues.
 #include "worker/run_supervisor.h"
 
+#include "worker/run_lease.h"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -28,6 +30,8 @@ RunLaunch Launch(const std::string& dir, int steps) {
   l.run_dir = dir;
   l.spec_yaml = "model: {type: proxy, layers: 1, width: 16}\nbatch: 32\nthreads: 1\ncheckpoint_every: 10\n"
                 "steps: " + std::to_string(steps) + "\n";
+  l.attempt = 1;
+  l.lease_expires_unix_ms = UnixMs() + 3600 * 1000;  // renewed by keel-worker in real use
   return l;
 }
 
@@ -114,6 +118,41 @@ TEST(RunSupervisorTest, BadTrainerPathExitsWith127AndSaysSo) {
   ASSERT_TRUE(p.exited);
   EXPECT_EQ(p.exit.exit_code(), 127);
   EXPECT_NE(p.exit.message().find("exec of the trainer failed"), std::string::npos) << p.exit.message();
+}
+
+TEST(RunSupervisorTest, AnExpiredLeaseHoldsTheTrainerAndAnotherAttemptsLeaseStopsIt) {
+  const std::string dir = FreshDir("sup_lease");
+  RunLaunch l = Launch(dir, 100000);
+  // No periodic checkpoints: the only one would be written on the way out.
+  l.spec_yaml.replace(l.spec_yaml.find("checkpoint_every: 10"), 20, "checkpoint_every: 0");
+  const int64_t deadline = UnixMs() + 2000;
+  l.lease_expires_unix_ms = deadline;
+  std::unique_ptr<RunSupervisor> s;
+  ASSERT_TRUE(RunSupervisor::Start(l, &s).ok());
+  // It trains until the lease expires, then takes no step while it stays expired.
+  std::this_thread::sleep_for(std::chrono::milliseconds(deadline - UnixMs() + 500));
+  RunProgress p;
+  ASSERT_TRUE(s->Poll(&p).ok());
+  ASSERT_FALSE(p.exited) << p.exit.message();
+  ASSERT_FALSE(p.metrics.empty());
+  const int64_t held_at = p.metrics.back().step();
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ASSERT_TRUE(s->Poll(&p).ok());
+  EXPECT_TRUE(p.metrics.empty()) << "stepped to " << p.metrics.back().step() << " on an expired lease";
+  // Renewed: it trains on from where it waited.
+  ASSERT_TRUE(s->RenewLease(UnixMs() + 60000).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ASSERT_TRUE(s->Poll(&p).ok());
+  ASSERT_FALSE(p.metrics.empty());
+  EXPECT_EQ(p.metrics.front().step(), held_at + 1);
+  // The lease now names attempt 2 (keeld gave the run to another worker): it
+  // stops with exit 4 and writes no checkpoint on the way out.
+  ASSERT_TRUE(WriteRunLease(dir + "/lease", {2, UnixMs() - 1}).ok());
+  RunProgress rest = Follow(s.get());
+  ASSERT_TRUE(rest.exited);
+  EXPECT_EQ(rest.exit.exit_code(), 4) << rest.exit.message();
+  EXPECT_NE(rest.exit.message().find("superseded"), std::string::npos) << rest.exit.message();
+  EXPECT_NE(access((dir + "/checkpoints").c_str(), F_OK), 0) << "a superseded trainer wrote a checkpoint";
 }
 
 }  // namespace

@@ -7,7 +7,9 @@ namespace keel {
 
 std::string StepMetrics::ToJson() const {
   JsonWriter w;
-  w.Add("step", step).Add("loss", loss).Add("lr", lr).Add("tokens_per_s", tokens_per_s);
+  w.Add("step", step);
+  if (attempt > 0) w.Add("attempt", attempt);
+  w.Add("unix_ms", unix_ms).Add("loss", loss).Add("lr", lr).Add("tokens_per_s", tokens_per_s);
   w.Add("step_ms", step_seconds * 1e3).Add("scheme", scheme).Add("grad_norm", grad_norm);
   auto groups = [](const std::vector<GroupValue>& values) {
     JsonValue object = JsonValue::Object();

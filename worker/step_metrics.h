@@ -39,6 +39,8 @@ struct ProbeLayer {
 
 struct StepMetrics {
   int64_t step = 0;            // 1-based: the number of optimizer steps done
+  int64_t unix_ms = 0;         // wall clock when the step ended
+  int64_t attempt = 0;         // the run attempt under keel-worker (0: standalone, not written)
   double loss = 0;             // mean over the step's micro-batches
   double lr = 0;
   double tokens_per_s = 0;     // proxy: samples per second

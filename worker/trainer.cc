@@ -534,6 +534,8 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
     KEEL_RETURN_IF_ERROR(OpenMetricsFile());
     StepMetrics m;
     KEEL_RETURN_IF_ERROR(Step(&m));
+    m.unix_ms = UnixMs();
+    m.attempt = lease_attempt_;
     std::string line = m.ToJson();
     std::fprintf(metrics_file_, "%s\n", line.c_str());
     std::fflush(metrics_file_);
@@ -633,10 +635,14 @@ void Trainer::SetLease(const std::string& path, int64_t attempt) {
 }
 
 Status Trainer::AwaitLease() {
-  if (lease_path_.empty() || UnixMs() < lease_expires_ms_) return Status::Ok();
+  // The file is read again when the deadline read last has passed, and at
+  // least every 100 ms, so that another attempt's number is seen quickly.
+  const int64_t now = UnixMs();
+  if (lease_path_.empty() || (now < lease_expires_ms_ && now < lease_read_ms_ + 100)) return Status::Ok();
   bool said = false;
   for (;;) {
     RunLease lease;
+    lease_read_ms_ = UnixMs();
     Status read = ReadRunLease(lease_path_, &lease);
     if (read.ok() && lease.attempt != lease_attempt_) {
       superseded_ = true;

@@ -98,7 +98,8 @@ class Trainer {
   Status ResumeNewestValid(const std::string& dir, std::string* resumed);
 
   // Fencing under keel-worker (run_lease.h): before each step Train reads the
-  // lease file when the deadline it last read has passed; it waits (no step,
+  // lease file (at most every 100 ms, and whenever the deadline it last read
+  // has passed); it waits (no step,
   // no checkpoint) while the lease is expired, and stops without a checkpoint
   // when the file names another attempt (superseded() is then true and Train
   // returns an error). An empty path disables the lease (standalone runs).
@@ -145,6 +146,7 @@ class Trainer {
   std::string lease_path_;          // "" : no lease
   int64_t lease_attempt_ = 0;
   int64_t lease_expires_ms_ = 0;    // the deadline last read from the lease file
+  int64_t lease_read_ms_ = 0;       // when it was read
   bool superseded_ = false;
   bool lease_lapsed_ = false;       // stopped while waiting for the lease: no final checkpoint
 };
