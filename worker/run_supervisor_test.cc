@@ -120,6 +120,49 @@ TEST(RunSupervisorTest, BadTrainerPathExitsWith127AndSaysSo) {
   EXPECT_NE(p.exit.message().find("exec of the trainer failed"), std::string::npos) << p.exit.message();
 }
 
+TEST(RunSupervisorTest, ATruncatedMetricsFileIsReadAgainFromTheStart) {
+  const std::string dir = FreshDir("sup_truncate");
+  std::unique_ptr<RunSupervisor> s;
+  ASSERT_TRUE(RunSupervisor::Start(Launch(dir, 4000), &s).ok());
+  RunProgress all;
+  bool truncated = false;
+  int64_t cut_after = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    RunProgress p;
+    ASSERT_TRUE(s->Poll(&p).ok());
+    all.metrics.insert(all.metrics.end(), p.metrics.begin(), p.metrics.end());
+    if (!truncated && all.metrics.size() >= 200) {
+      // Someone empties the file mid-run, after everything written was read
+      // (the trainer is paused meanwhile); the trainer then keeps appending.
+      ASSERT_EQ(kill(s->pid(), SIGSTOP), 0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      RunProgress rest;
+      ASSERT_TRUE(s->Poll(&rest).ok());
+      all.metrics.insert(all.metrics.end(), rest.metrics.begin(), rest.metrics.end());
+      cut_after = all.metrics.back().step();
+      ASSERT_EQ(truncate((dir + "/metrics.jsonl").c_str(), 0), 0);
+      ASSERT_EQ(kill(s->pid(), SIGCONT), 0);
+      truncated = true;
+    }
+    if (p.exited) {
+      all.exit = p.exit;
+      all.exited = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(all.exited);
+  EXPECT_EQ(all.exit.exit_code(), 0) << all.exit.message();
+  // Every line written after the truncation arrives and parses: steps 1 ..
+  // cut_after, then cut_after + 1 .. 4000, each once and in order. (A trainer
+  // writing at its own offset instead of appending would leave a hole of zero
+  // bytes there, and the first line after it would not parse.)
+  ASSERT_EQ(all.metrics.size(), 4000u);
+  for (size_t i = 0; i < all.metrics.size(); ++i) EXPECT_EQ(all.metrics[i].step(), static_cast<int64_t>(i + 1));
+  EXPECT_GT(cut_after, 0);
+}
+
 TEST(RunSupervisorTest, AnExpiredLeaseHoldsTheTrainerAndAnotherAttemptsLeaseStopsIt) {
   const std::string dir = FreshDir("sup_lease");
   RunLaunch l = Launch(dir, 100000);

@@ -165,6 +165,66 @@ TEST(TrainerTest, CorruptOrTruncatedCheckpointIsRefusedAndChangesNothing) {
   EXPECT_EQ(Losses(fresh.get(), 2), Losses(reference.get(), 2));
 }
 
+TEST(TrainerTest, ResumeFallsBackPastACorruptCheckpointWithAnEvent) {
+  RunConfig c = ProxyConfig(TempDir("proxy_fallback"), "fp32");
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  Losses(t.get(), 2);
+  std::string older, newer;
+  ASSERT_TRUE(t->SaveCheckpoint(&older).ok());
+  Losses(t.get(), 2);
+  ASSERT_TRUE(t->SaveCheckpoint(&newer).ok());
+  const std::vector<double> expected = Losses(t.get(), 3);  // what follows step 4
+  t.reset();
+  // 64 bytes of the newest checkpoint's weights flipped.
+  {
+    std::fstream f(newer + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    f.seekp(static_cast<std::streamoff>(f.tellg()) - 100);
+    f.write(std::string(64, '\x5a').data(), 64);
+  }
+  // Without the fallback the newest is refused...
+  std::unique_ptr<Trainer> strict;
+  ASSERT_TRUE(Trainer::Create(c, &strict).ok());
+  EXPECT_FALSE(strict->Resume(newer).ok());
+  // ...with it, the older one is used, and the skip is an event naming the file and why.
+  for (const std::string& request : {newer, std::string("latest")}) {
+    SCOPED_TRACE(request);
+    std::remove((c.run_dir + "/events.jsonl").c_str());
+    std::unique_ptr<Trainer> r;
+    ASSERT_TRUE(Trainer::Create(c, &r).ok());
+    std::string resumed;
+    Status s = r->ResumeNewestValid(request, &resumed);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(resumed, older);
+    EXPECT_EQ(r->step(), 2);
+    std::ifstream events(c.run_dir + "/events.jsonl");
+    std::string line;
+    ASSERT_TRUE(std::getline(events, line));
+    EXPECT_NE(line.find("\"kind\":\"checkpoint_skipped\""), std::string::npos) << line;
+    EXPECT_NE(line.find(newer), std::string::npos) << line;
+    EXPECT_NE(line.find("model.safetensors"), std::string::npos) << line;  // the reason names the file
+    // Training from the older checkpoint replays steps 3 and 4 exactly.
+    std::vector<double> replay = Losses(r.get(), 5);
+    EXPECT_EQ(std::vector<double>(replay.begin() + 2, replay.end()), expected);
+  }
+  // When no checkpoint verifies, it fails and says why for each one.
+  {
+    std::fstream f(older + "/optimizer.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    f.seekp(static_cast<std::streamoff>(f.tellg()) - 100);
+    f.write(std::string(64, '\x5a').data(), 64);
+  }
+  std::unique_ptr<Trainer> none;
+  ASSERT_TRUE(Trainer::Create(c, &none).ok());
+  std::string resumed;
+  Status s = none->ResumeNewestValid("latest", &resumed);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(older), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(newer), std::string::npos) << s.message();
+  EXPECT_EQ(none->step(), 0);
+}
+
 TEST(TrainerTest, KeepsTheNewestCheckpointsAndNeverTheOneJustWritten) {
   RunConfig c = ProxyConfig(TempDir("proxy_keep"), "fp32");
   c.keep_checkpoints = 2;
