@@ -112,7 +112,19 @@ TEST(ChaosTest, SweepSurvivesPausesKillsCorruptionAndTruncation) {
   Sleep(3000);
   std::fprintf(stderr, "chaos: SIGCONT w1\n");
   cluster.Worker("w1")->Signal(SIGCONT);
-  Sleep(2000);
+  // It comes back: registered again and connected, not wedged on a dead stream.
+  bool back = false;
+  for (int i = 0; i < 100 && !back; ++i) {
+    keel::v1::ListWorkersRequest request;
+    keel::v1::ListWorkersResponse workers;
+    ASSERT_TRUE(cluster.stub()->ListWorkers(cluster.Context().get(), request, &workers).ok());
+    int connected = 0;
+    for (const keel::v1::Worker& w : workers.workers()) connected += w.connected();
+    back = connected == 2 && workers.workers_size() == 2;
+    Sleep(100);
+  }
+  EXPECT_TRUE(back) << "w1 did not register again after its pause";
+  Sleep(1000);
 
   // 2. kill -9 of one trainer.
   const std::string victim = RunningRun(cluster, sweep);

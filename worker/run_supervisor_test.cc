@@ -142,6 +142,8 @@ TEST(RunSupervisorTest, ATruncatedMetricsFileIsReadAgainFromTheStart) {
       all.metrics.insert(all.metrics.end(), rest.metrics.begin(), rest.metrics.end());
       cut_after = all.metrics.back().step();
       ASSERT_EQ(truncate((dir + "/metrics.jsonl").c_str(), 0), 0);
+      ASSERT_TRUE(s->Poll(&rest).ok());  // sees the file shrink before the trainer writes again
+      ASSERT_TRUE(rest.metrics.empty());
       ASSERT_EQ(kill(s->pid(), SIGCONT), 0);
       truncated = true;
     }
