@@ -75,6 +75,17 @@ struct Fixture {
     m.set_attempt(attempt);
     return c->HandleWorkerMessage(worker, streams[worker], m);
   }
+  // The worker registers again (it reconnected), with one run still training.
+  grpc::Status Reregister(const std::string& worker, const std::string& run_id, int64_t attempt,
+                          v1::RegisterResponse* response) {
+    v1::RegisterRequest again;
+    again.set_worker_id(worker);
+    again.set_cpu_slots(1);
+    v1::LiveRun* live = again.add_live_runs();
+    live->set_run_id(run_id);
+    live->set_attempt(attempt);
+    return c->RegisterWorker(again, response);
+  }
   // Time passes; the worker keeps its lease with a heartbeat.
   void Pass(int64_t ms, const std::string& worker) {
     now += ms;
@@ -220,14 +231,8 @@ TEST(CoordinatorTest, RecoversEverythingAfterARestart) {
   ASSERT_TRUE(f.c->GetRun(run_id, &run).ok());
   EXPECT_EQ(run.state(), v1::RUNNING);  // waits one lease for its worker to come back
   // The worker re-registers with the run alive: it stays, no restart.
-  v1::RegisterRequest again;
-  again.set_worker_id(w1);
-  again.set_cpu_slots(1);
-  v1::LiveRun* live = again.add_live_runs();
-  live->set_run_id(run_id);
-  live->set_attempt(1);
   v1::RegisterResponse response;
-  ASSERT_TRUE(f.c->RegisterWorker(again, &response).ok());
+  ASSERT_TRUE(f.Reregister(w1, run_id, 1, &response).ok());
   EXPECT_EQ(response.worker_id(), w1);
   EXPECT_EQ(response.stop_run_ids_size(), 0);
   f.now += 500;
@@ -307,14 +312,8 @@ TEST(CoordinatorTest, PausedWorkerIsToldToReregisterAndStopsTheRunTakenFromIt) {
   EXPECT_EQ(sent2[0].start().attempt(), 2);
   ASSERT_TRUE(f.Send(w2, started, 2));
   // w1 registers again with its trainer still alive: it is told to stop it.
-  v1::RegisterRequest again;
-  again.set_worker_id(w1);
-  again.set_cpu_slots(1);
-  v1::LiveRun* live = again.add_live_runs();
-  live->set_run_id(run_id);
-  live->set_attempt(1);
   v1::RegisterResponse response;
-  ASSERT_TRUE(f.c->RegisterWorker(again, &response).ok());
+  ASSERT_TRUE(f.Reregister(w1, run_id, 1, &response).ok());
   ASSERT_EQ(response.stop_run_ids_size(), 1);
   EXPECT_EQ(response.stop_run_ids(0), run_id);
   f.Attach(w1, &sent1);

@@ -165,6 +165,15 @@ TEST(TrainerTest, CorruptOrTruncatedCheckpointIsRefusedAndChangesNothing) {
   EXPECT_EQ(Losses(fresh.get(), 2), Losses(reference.get(), 2));
 }
 
+// Overwrites 64 bytes near the end of a file (tensor data, under its CRC).
+void Overwrite64Bytes(const std::string& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(f.good()) << path;
+  f.seekg(0, std::ios::end);
+  f.seekp(static_cast<std::streamoff>(f.tellg()) - 100);
+  f.write(std::string(64, '\x5a').data(), 64);
+}
+
 TEST(TrainerTest, ResumeFallsBackPastACorruptCheckpointWithAnEvent) {
   RunConfig c = ProxyConfig(TempDir("proxy_fallback"), "fp32");
   std::unique_ptr<Trainer> t;
@@ -177,12 +186,7 @@ TEST(TrainerTest, ResumeFallsBackPastACorruptCheckpointWithAnEvent) {
   const std::vector<double> expected = Losses(t.get(), 3);  // what follows step 4
   t.reset();
   // 64 bytes of the newest checkpoint's weights flipped.
-  {
-    std::fstream f(newer + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(0, std::ios::end);
-    f.seekp(static_cast<std::streamoff>(f.tellg()) - 100);
-    f.write(std::string(64, '\x5a').data(), 64);
-  }
+  Overwrite64Bytes(newer + "/model.safetensors");
   // Without the fallback the newest is refused...
   std::unique_ptr<Trainer> strict;
   ASSERT_TRUE(Trainer::Create(c, &strict).ok());
@@ -209,12 +213,7 @@ TEST(TrainerTest, ResumeFallsBackPastACorruptCheckpointWithAnEvent) {
     EXPECT_EQ(std::vector<double>(replay.begin() + 2, replay.end()), expected);
   }
   // When no checkpoint verifies, it fails and says why for each one.
-  {
-    std::fstream f(older + "/optimizer.safetensors", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(0, std::ios::end);
-    f.seekp(static_cast<std::streamoff>(f.tellg()) - 100);
-    f.write(std::string(64, '\x5a').data(), 64);
-  }
+  Overwrite64Bytes(older + "/optimizer.safetensors");
   std::unique_ptr<Trainer> none;
   ASSERT_TRUE(Trainer::Create(c, &none).ok());
   std::string resumed;
