@@ -532,9 +532,15 @@ void CheckValues(Errors* err, const std::string& base_text, const std::vector<Fa
         Status s = ParseRunConfig(base_text, kInternalSource, {col.path + "=" + v.text}, &config);
         if (s.ok()) continue;
         std::string msg = StripInternal(s.message());
-        if (msg.compare(0, 6, "--set ") == 0) {  // ApplyOverride: the path crosses a non-mapping
-          err->Add(col.key_mark, col.path, msg.substr(6 + col.path.size() + 2));
+        const std::string set_prefix = "--set " + col.path + ": ";
+        if (msg.compare(0, set_prefix.size(), set_prefix) == 0) {  // ApplyOverride: the path crosses a non-mapping
+          err->Add(col.key_mark, col.path, msg.substr(set_prefix.size()));
           break;
+        }
+        if (msg.compare(0, 6, "--set ") == 0) {  // the value itself (e.g. aliases expanded past a limit)
+          err->Add(v.mark, col.path, msg.substr(msg.find(": ") + 2));
+          if (col.sampled) break;
+          continue;
         }
         if (msg.find("unknown key (allowed:") != std::string::npos && FieldOf(msg) != "") {
           std::string field = FieldOf(msg);

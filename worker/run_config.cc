@@ -276,8 +276,8 @@ Status ApplyOverride(YAML::Node root, const std::string& assignment) {
   }
   std::string path = assignment.substr(0, eq);
   YAML::Node value;
-  Status loaded = LoadYamlStrict(assignment.substr(eq + 1), "--set " + path, &value);
-  if (!loaded.ok()) return Status::Error("--set " + path + ": the value is not allowed: " + loaded.message());
+  // "--set path:1:col: ..." names the assignment and the place in its value.
+  KEEL_RETURN_IF_ERROR(LoadYamlStrict(assignment.substr(eq + 1), "--set " + path, &value));
   std::vector<std::string> keys;
   std::stringstream parts(path);
   for (std::string key; std::getline(parts, key, '.');) keys.push_back(key);
