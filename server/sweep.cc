@@ -112,7 +112,8 @@ class Errors {
     Add(n.Mark(), field, what);
   }
   // A full line written at mark `m` (for ordering); duplicates are dropped.
-  void AddLine(const YAML::Mark& m, const std::string& line) {
+  void AddLine(const YAML::Mark& m, const std::string& text) {
+    const std::string line = OneLine(text);  // echoed values may hold newlines
     if (seen_.insert(line).second) lines_.push_back({{m.line, m.column}, line});
   }
   bool empty() const { return lines_.empty(); }

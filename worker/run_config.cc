@@ -741,8 +741,13 @@ Status ValidateRunConfig(const RunConfig& c) {
   return ValidateScheme(c.precision);
 }
 
-Status ParseRunConfig(const std::string& yaml_text, const std::string& source,
-                      const std::vector<std::string>& overrides, RunConfig* out) {
+namespace {
+
+// A one-line message: echoed values (names, keys) may hold newlines.
+Status OneLineStatus(const Status& s) { return s.ok() ? s : Status::Error(OneLine(s.message())); }
+
+Status ParseRunConfigText(const std::string& yaml_text, const std::string& source,
+                          const std::vector<std::string>& overrides, RunConfig* out) {
   Reader r(source);
   YAML::Node root;
   KEEL_RETURN_IF_ERROR(LoadYamlStrict(yaml_text, source, &root));
@@ -755,10 +760,17 @@ Status ParseRunConfig(const std::string& yaml_text, const std::string& source,
   }
 }
 
+}  // namespace
+
+Status ParseRunConfig(const std::string& yaml_text, const std::string& source,
+                      const std::vector<std::string>& overrides, RunConfig* out) {
+  return OneLineStatus(ParseRunConfigText(yaml_text, source, overrides, out));
+}
+
 Status ParsePolicyNode(const YAML::Node& node, const std::string& source, Policy* out) {
   Reader r(source);
   try {
-    return ParsePolicy(r, node, out);
+    return OneLineStatus(ParsePolicy(r, node, out));
   } catch (const YAML::Exception& e) {
     return Status::Error(YamlWhere(source, e.mark) + "policy: " + (e.msg.empty() ? "unreadable value" : e.msg));
   }
@@ -768,7 +780,12 @@ Status LoadRunConfig(const std::string& path, const std::vector<std::string>& ov
                      RunConfig* out) {
   std::string text;
   Status read = ReadYamlFile(path, &text);
-  if (!read.ok()) return Status::Error("--config: " + read.message());
+  // A file too large already reads "path:1:1: size: ..."; only say which flag
+  // for a file that could not be read at all.
+  if (!read.ok() && read.message().compare(0, 12, "cannot read ") == 0) {
+    return Status::Error("--config: " + read.message());
+  }
+  KEEL_RETURN_IF_ERROR(read);
   return ParseRunConfig(text, path, overrides, out);
 }
 

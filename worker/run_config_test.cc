@@ -53,7 +53,7 @@ TEST(RunConfigNameTest, NamesThatLeaveRunsDirAreRefused) {
   EXPECT_EQ(Parse("name: ../../etc\n").message(), "r.yaml:1:7: name: '../../etc' is not allowed: it starts with '.'" + allowed);
   EXPECT_EQ(Parse("name: '..'\n").message(), "r.yaml:1:7: name: '..' is not allowed: it starts with '.'" + allowed);
   EXPECT_EQ(Parse("name: a/b\n").message(), "r.yaml:1:7: name: 'a/b' is not allowed: '/' at offset 1" + allowed);
-  EXPECT_EQ(Parse("name: \"a\\nb\"\n").message(), "r.yaml:1:7: name: 'a\nb' is not allowed: byte 0x0A at offset 1" + allowed);
+  EXPECT_EQ(Parse("name: \"a\\nb\"\n").message(), "r.yaml:1:7: name: 'a\\nb' is not allowed: byte 0x0A at offset 1" + allowed);
   EXPECT_EQ(Parse("name: ''\n").message(), "r.yaml:1:7: name: an empty name is not allowed" + allowed);
   EXPECT_EQ(Parse("name: " + std::string(129, 'n') + "\n").message(),
             "r.yaml:1:7: name: a name of 129 characters is not allowed: too long" + allowed);

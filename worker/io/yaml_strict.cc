@@ -137,6 +137,26 @@ std::string YamlWhere(const std::string& source, const YAML::Mark& mark) {
   return Where(source, mark.line + 1, mark.column + 1);
 }
 
+std::string OneLine(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char ch : text) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c < 0x20 || c == 0x7F) {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "\\x%02X", c);
+      out += hex;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 Status CheckYamlText(const std::string& text, const std::string& source) {
   if (text.size() > kMaxYamlBytes) {
     return Status::Error(Where(source, 1, 1) + "size: " + std::to_string(text.size()) +

@@ -37,6 +37,11 @@ constexpr int64_t kMaxYamlNodes = 1000000;
 // "source:line:col: " for a yaml-cpp mark (0-based); 1:1 when the mark is unset.
 std::string YamlWhere(const std::string& source, const YAML::Mark& mark);
 
+// Error messages are line-oriented (a sweep's lists one error per line), yet
+// they echo user values, which YAML lets span lines. OneLine writes a newline
+// as "\n", a CR as "\r" and other control bytes as "\xNN".
+std::string OneLine(const std::string& text);
+
 // Checks text before any parser sees it: at most kMaxYamlBytes, valid UTF-8,
 // no control characters other than tab, LF and CR (YAML's printable set).
 Status CheckYamlText(const std::string& text, const std::string& source);
