@@ -22,6 +22,7 @@
 #include "proto/channel.h"
 #include "proto/keel.grpc.pb.h"
 #include "proto/keel.pb.h"
+#include "worker/io/yaml_strict.h"
 
 namespace keel {
 namespace client {
@@ -58,7 +59,8 @@ const std::vector<CommandSpec>& Commands() {
        "submit a sweep file; prints the sweep id and run count",
        "Reads SWEEP.yaml and sends it to keeld (SubmitSweep; spec.source is the path,\n"
        "used in error messages). keeld validates every run; a bad field exits 6 with\n"
-       "keeld's message (field, line, allowed values) printed verbatim.\n"
+       "keeld's message (field, line, allowed values) printed verbatim. A file over\n"
+       "4 MiB, or one that is not UTF-8 text, exits 6 before anything is sent.\n"
        "  --watch   then watch the new sweep as `keel watch` does (and exit as it does)\n",
        {},
        {"--watch"},
@@ -178,7 +180,8 @@ const char kGlobalHelp[] =
     "  --server HOST:PORT   keeld's address; else $KEEL_SERVER, else `server = ...`\n"
     "                       in ~/.config/keel/config, else 127.0.0.1:7070\n"
     "  --token TOKEN        user token, sent as \"authorization: Bearer TOKEN\"\n"
-    "  --token-file FILE    read the token from FILE (surrounding whitespace dropped)\n"
+    "  --token-file FILE    read the token from FILE (one trailing newline dropped)\n"
+    "                       tokens are printable ASCII without spaces (0x21..0x7E)\n"
     "                       without either: $KEEL_TOKEN, else `token = ...` in the config\n"
     "  --tls-ca FILE        speak TLS, trusting keeld's certificate if FILE's CA signed it\n"
     "                       (else $KEEL_TLS_CA, else `tls_ca = ...` in the config)\n"
@@ -291,13 +294,16 @@ std::string Trim(const std::string& text) {
   return text.substr(begin, end - begin + 1);
 }
 
-bool ReadFile(const std::string& path, std::string* contents) {
+// Reads at most max_bytes + 1 bytes (a caller that finds more refuses the file;
+// /dev/urandom must not be read to its end).
+bool ReadFile(const std::string& path, std::string* contents, size_t max_bytes = size_t{1} << 20) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
+  std::string data(max_bytes + 1, '\0');
+  in.read(&data[0], static_cast<std::streamsize>(data.size()));
   if (in.bad()) return false;
-  *contents = buffer.str();
+  data.resize(static_cast<size_t>(in.gcount()));
+  *contents = std::move(data);
   return true;
 }
 
@@ -386,7 +392,8 @@ int RpcError(const std::string& what, const grpc::Status& status, const Client& 
       return kExitInvalidArgument;
     default:
       err << "keel: " << what << " failed (code " << static_cast<int>(status.error_code())
-          << "): " << status.error_message() << "\n";
+          << "): " << (status.error_message().empty() ? "no reason given by gRPC" : status.error_message())
+          << "\n";
       return kExitFailed;
   }
 }
@@ -455,9 +462,22 @@ int Watch(Client& client, const std::string& id, std::ostream& out, std::ostream
 int CmdSubmit(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err, bool tty) {
   const std::string& path = parsed.positional[0];
   std::string yaml;
-  if (!ReadFile(path, &yaml)) {
+  if (!ReadFile(path, &yaml, kMaxYamlBytes)) {
     err << "keel: cannot read sweep file " << path << ": " << std::strerror(errno) << "\n";
     return kExitUsage;
+  }
+  // keeld enforces the same limits; checked here so that a huge file is not
+  // sent, and because SweepSpec.yaml is a proto string: gRPC fails to
+  // serialize bytes that are not UTF-8 and reports it with an empty message.
+  if (yaml.size() > kMaxYamlBytes) {
+    Status s = ReadYamlFile(path, &yaml);  // its message names the file's size and the limit
+    err << (s.ok() ? path + ":1:1: size: more than the limit of 4194304 bytes" : s.message()) << "\n";
+    return kExitInvalidArgument;
+  }
+  Status text = CheckYamlText(yaml, path);
+  if (!text.ok()) {
+    err << text.message() << "\n";
+    return kExitInvalidArgument;
   }
   v1::SubmitSweepRequest request;
   request.mutable_spec()->set_yaml(yaml);
@@ -1053,19 +1073,29 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
     err << "keel: give --token or --token-file, not both\n";
     return kExitUsage;
   }
-  std::string token;
+  std::string token, token_origin;
   if (parsed.flags.count("--token")) {
     token = parsed.flags.at("--token");
+    token_origin = "--token";
   } else if (parsed.flags.count("--token-file")) {
-    const std::string& path = parsed.flags.at("--token-file");
-    if (!ReadFile(path, &token)) {
-      err << "keel: cannot read token file " << path << ": " << std::strerror(errno) << "\n";
+    Status s = ReadTokenFile(parsed.flags.at("--token-file"), &token);
+    if (!s.ok()) {
+      err << "keel: " << s.message() << "\n";
       return kExitUsage;
     }
-    token = Trim(token);
   } else {
     token = Env("KEEL_TOKEN");
-    if (token.empty() && config.count("token")) token = config.at("token");
+    token_origin = "KEEL_TOKEN";
+    if (token.empty() && config.count("token")) {
+      token = config.at("token");
+      token_origin = "token in ~/.config/keel/config";
+    }
+  }
+  // gRPC aborts the process (exit 134) on a metadata value with a newline or
+  // a control character; refuse it here with where it came from.
+  if (Status s = CheckToken(token, token_origin); !token_origin.empty() && !s.ok()) {
+    err << "keel: " << s.message() << "\n";
+    return kExitUsage;
   }
 
   ChannelOptions channel_options;

@@ -1,6 +1,9 @@
 // Channels to keeld (see channel.h).
 #include "proto/channel.h"
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -20,6 +23,42 @@ Status ReadPem(const std::string& field, const std::string& path, std::string* o
 }
 
 }  // namespace
+
+Status CheckToken(const std::string& token, const std::string& origin) {
+  for (size_t i = 0; i < token.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    if (c >= 0x21 && c <= 0x7E) continue;
+    std::string what;
+    if (c == '\n' || c == '\r') {
+      what = "a newline";
+    } else if (c == ' ') {
+      what = "a space";
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "0x%02X", c);
+      what = (c < 0x20 || c == 0x7F ? std::string("a control character ") : std::string("byte ")) + hex;
+    }
+    return Status::Error(origin + ": contains " + what + " at offset " + std::to_string(i) +
+                         " (allowed: printable ASCII without spaces)");
+  }
+  return Status::Ok();
+}
+
+Status ReadTokenFile(const std::string& path, std::string* token) {
+  const std::string origin = "--token-file " + path;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::Error(origin + ": cannot read: " + std::strerror(errno));
+  const size_t kMaxTokenFile = 64 << 10;  // a token is tens of bytes; never read a device to its end
+  std::string text(kMaxTokenFile + 1, '\0');
+  in.read(&text[0], static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxTokenFile) return Status::Error(origin + ": more than 65536 bytes (allowed: one token)");
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  if (!text.empty() && text.back() == '\r') text.pop_back();
+  KEEL_RETURN_IF_ERROR(CheckToken(text, origin));
+  *token = text;
+  return Status::Ok();
+}
 
 Status MakeChannel(const ChannelOptions& options, std::shared_ptr<grpc::Channel>* out) {
   if (options.tls_cert.empty() != options.tls_key.empty()) {

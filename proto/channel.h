@@ -20,6 +20,17 @@ struct ChannelOptions {
   std::string tls_key;
 };
 
+// Bearer tokens go into gRPC metadata, where gRPC aborts the process on a
+// byte outside printable ASCII. CheckToken accepts only 0x21..0x7E; otherwise
+// the error is "<origin>: contains a newline at offset N (allowed: printable
+// ASCII without spaces)" (or a space, a control character, a byte 0xNN).
+// `origin` names where the token came from ("KEEL_TOKEN", "--token-file F").
+Status CheckToken(const std::string& token, const std::string& origin);
+
+// Reads a token file (at most 64 KiB), drops one trailing newline ("\n" or
+// "\r\n") and checks the rest with CheckToken (origin "--token-file PATH").
+Status ReadTokenFile(const std::string& path, std::string* token);
+
 // Errors name the flag-like field (tls_ca, tls_cert, tls_key) and the file.
 Status MakeChannel(const ChannelOptions& options, std::shared_ptr<grpc::Channel>* out);
 

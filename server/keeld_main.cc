@@ -29,6 +29,7 @@
 #include "server/service.h"
 #include "server/store.h"
 #include "worker/io/file_util.h"
+#include "worker/io/yaml_strict.h"
 
 namespace {
 
@@ -185,6 +186,11 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&users);
   builder.RegisterService(&fleet);
+  // gRPC's default limit (4 MiB) equals the sweep file limit, so a file just
+  // under it plus the request's framing would be cut off by gRPC with a bare
+  // RESOURCE_EXHAUSTED. With 1 MiB of room, ExpandSweep sees the file and
+  // names its size and the limit; only far larger requests stop at gRPC.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(keel::kMaxYamlBytes + (size_t{1} << 20)));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
     return Fail("--listen: cannot listen on '" + listen + "' (in use by another process, e.g. another keeld, or not a valid address)");

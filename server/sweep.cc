@@ -9,10 +9,10 @@
 #include <cstdio>
 #include <limits>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 
+#include "worker/io/yaml_strict.h"
 #include "worker/run_config.h"
 #include "worker/scheme_proto.h"
 
@@ -45,11 +45,48 @@ std::string BlockText(const YAML::Node& node) {
   return std::string(e.c_str()) + "\n";
 }
 
-// "<sweep-run>:3:5: precision: ..." or "<sweep-run>: precision: ..." -> "precision: ...".
-std::string StripInternal(const std::string& message) {
-  static const std::regex prefix(std::string("^") + kInternalSource + "(:[0-9]+:[0-9]+)?: ");
-  return std::regex_replace(message, prefix, "", std::regex_constants::format_first_only);
+// The length of ParseRunConfig's "<sweep-run>:3:5: " or "<sweep-run>: " prefix of
+// message, 0 when there is none. *line and *col get the position (1-based), or
+// 0 when the prefix has none. Plain code: the rest of the message may hold user
+// text of any length, which a backtracking matcher must never see.
+size_t InternalPrefix(const std::string& message, int* line = nullptr, int* col = nullptr) {
+  const std::string head = kInternalSource;
+  if (line) *line = 0;
+  if (col) *col = 0;
+  if (message.compare(0, head.size(), head) != 0) return 0;
+  size_t pos = head.size();
+  // Reads ":digits" at pos into *value; false (pos unchanged) when absent.
+  auto number = [&](size_t* at, int* value) {
+    size_t p = *at;
+    if (p >= message.size() || message[p] != ':') return false;
+    ++p;
+    int64_t v = 0;
+    size_t digits = 0;
+    while (p < message.size() && message[p] >= '0' && message[p] <= '9' && digits < 9) {
+      v = v * 10 + (message[p] - '0');
+      ++p;
+      ++digits;
+    }
+    if (digits == 0) return false;
+    *at = p;
+    *value = static_cast<int>(v);
+    return true;
+  };
+  int l = 0, c = 0;
+  size_t after = pos;
+  if (number(&after, &l) && number(&after, &c)) {
+    pos = after;
+  } else {
+    l = c = 0;
+  }
+  if (message.compare(pos, 2, ": ") != 0) return 0;
+  if (line) *line = l;
+  if (col) *col = c;
+  return pos + 2;
 }
+
+// "<sweep-run>:3:5: precision: ..." or "<sweep-run>: precision: ..." -> "precision: ...".
+std::string StripInternal(const std::string& message) { return message.substr(InternalPrefix(message)); }
 
 // The field a run-config message names ("precision.rounding: unknown ..." -> "precision.rounding").
 std::string FieldOf(const std::string& stripped) {
@@ -67,10 +104,7 @@ class Errors {
  public:
   explicit Errors(std::string source) : source_(std::move(source)) {}
 
-  std::string Where(const YAML::Mark& m) const {
-    if (m.line < 0) return source_ + ": ";
-    return source_ + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1) + ": ";
-  }
+  std::string Where(const YAML::Mark& m) const { return YamlWhere(source_, m); }
   void Add(const YAML::Mark& m, const std::string& field, const std::string& what) {
     AddLine(m, Where(m) + field + ": " + what);
   }
@@ -78,7 +112,8 @@ class Errors {
     Add(n.Mark(), field, what);
   }
   // A full line written at mark `m` (for ordering); duplicates are dropped.
-  void AddLine(const YAML::Mark& m, const std::string& line) {
+  void AddLine(const YAML::Mark& m, const std::string& text) {
+    const std::string line = OneLine(text);  // echoed values may hold newlines
     if (seen_.insert(line).second) lines_.push_back({{m.line, m.column}, line});
   }
   bool empty() const { return lines_.empty(); }
@@ -498,9 +533,15 @@ void CheckValues(Errors* err, const std::string& base_text, const std::vector<Fa
         Status s = ParseRunConfig(base_text, kInternalSource, {col.path + "=" + v.text}, &config);
         if (s.ok()) continue;
         std::string msg = StripInternal(s.message());
-        if (msg.compare(0, 6, "--set ") == 0) {  // ApplyOverride: the path crosses a non-mapping
-          err->Add(col.key_mark, col.path, msg.substr(6 + col.path.size() + 2));
+        const std::string set_prefix = "--set " + col.path + ": ";
+        if (msg.compare(0, set_prefix.size(), set_prefix) == 0) {  // ApplyOverride: the path crosses a non-mapping
+          err->Add(col.key_mark, col.path, msg.substr(set_prefix.size()));
           break;
+        }
+        if (msg.compare(0, 6, "--set ") == 0) {  // the value itself (e.g. aliases expanded past a limit)
+          err->Add(v.mark, col.path, msg.substr(msg.find(": ") + 2));
+          if (col.sampled) break;
+          continue;
         }
         if (msg.find("unknown key (allowed:") != std::string::npos && FieldOf(msg) != "") {
           std::string field = FieldOf(msg);
@@ -520,14 +561,24 @@ void CheckValues(Errors* err, const std::string& base_text, const std::vector<Fa
 
 Status ExpandSweep(const std::string& yaml_text, const std::string& source,
                    const SweepLimits& limits, SweepPlan* out) {
+  // The source name starts every message, so it is checked first, and a bad
+  // one is not echoed whole.
+  if (source.size() > kMaxSourceLength) {
+    return Status::Error(source.substr(0, 64) + "...:1:1: source: a name of " + std::to_string(source.size()) +
+                         " characters is too long (allowed: at most " + std::to_string(kMaxSourceLength) +
+                         " characters)");
+  }
+  for (size_t i = 0; i < source.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(source[i]);
+    if (c < 0x20 || c == 0x7F) {
+      return Status::Error("sweep.yaml:1:1: source: a control character at offset " + std::to_string(i) +
+                           " (allowed: a file name without control characters)");
+    }
+  }
   Errors err(source);
   YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::ParserException& e) {
-    err.Add(e.mark, "sweep", "invalid YAML: " + e.msg);
-    return err.ToStatus();
-  }
+  Status loaded = LoadYamlStrict(yaml_text, source, &root);
+  if (!loaded.ok()) return loaded;
   if (!root.IsMap()) {
     err.Add(root, "sweep", "expected a mapping at the top level (keys: " + Join(kTopKeys, ", ") + ")");
     return err.ToStatus();
@@ -539,10 +590,11 @@ Status ExpandSweep(const std::string& yaml_text, const std::string& source,
     err.Keys(root, "", kTopKeys);
 
     if (!root["name"]) {
-      err.Add(root, "name", "missing (allowed: [A-Za-z0-9_.-]+)");
-    } else if (!root["name"].IsScalar() ||
-               !std::regex_match(root["name"].Scalar(), std::regex("[A-Za-z0-9_.-]+"))) {
-      err.Add(root["name"], "name", "'" + Errors::Text(root["name"]) + "' is not allowed (allowed: [A-Za-z0-9_.-]+)");
+      err.Add(root, "name", std::string("missing (allowed: ") + kNameRule + ")");
+    } else if (!root["name"].IsScalar()) {
+      err.Add(root["name"], "name", "'" + Errors::Text(root["name"]) + "' is not allowed (allowed: " + kNameRule + ")");
+    } else if (std::string problem = NameProblem(root["name"].Scalar()); !problem.empty()) {
+      err.Add(root["name"], "name", problem);
     } else {
       plan.name = root["name"].Scalar();
     }
@@ -601,13 +653,10 @@ Status ExpandSweep(const std::string& yaml_text, const std::string& source,
         // Exact text: the stripped position is right in the sweep file too.
         std::string msg = StripInternal(s.message());
         YAML::Mark where = base.Mark();
-        if (exact) {
-          std::smatch m;
-          static const std::regex pos(std::string("^") + kInternalSource + ":([0-9]+):([0-9]+): ");
-          if (std::regex_search(s.message(), m, pos)) {
-            where.line = std::stoi(m[1].str()) - 1;
-            where.column = std::stoi(m[2].str()) - 1;
-          }
+        int line = 0, col = 0;
+        if (exact && InternalPrefix(s.message(), &line, &col) > 0 && line > 0 && col > 0) {
+          where.line = line - 1;
+          where.column = col - 1;
         }
         err.AddLine(where, err.Where(where) + "base." + msg);
       }

@@ -5,7 +5,8 @@
 //
 // A sweep file (examples/demo-sweep.yaml is one):
 //
-//   name: demo                 # required, [A-Za-z0-9_.-]+
+//   name: demo                 # required, [A-Za-z0-9_.-]+, at most 128 characters,
+//                              # not starting with '.'
 //   base:                      # required: a keel-train run config (run_config.h)
 //     model: {type: proxy, layers: 2, width: 64}
 //     batch: 256
@@ -40,10 +41,17 @@
 // (0 < lo <= hi); choice list[floor(u n)]. Numbers are written with 6
 // significant digits ("%.6g"); the same seed gives the same runs everywhere.
 //
+// Limits on the text (worker/io/yaml_strict.h, shared with run configs): at
+// most 4 MiB of UTF-8 without control characters other than tab, CR and LF;
+// one YAML document; no key twice in a mapping; at most 64 levels of nested
+// mappings and lists. The source name (SweepSpec.source) is at most 256
+// characters without control characters.
+//
 // Errors: every problem found is reported, one per line, each
 // "source:line:col: field: what (allowed: ...)". The line:col is that of the
 // offending node in the sweep file: an axis value for a bad value, the base
-// field for a bad base, the axis key for a bad path. The product size is
+// field for a bad base, the axis key for a bad path; 1:1 for problems of the
+// whole file (its size). The product size is
 // computed before anything is expanded and checked against SweepLimits.
 #ifndef KEEL_SERVER_SWEEP_H_
 #define KEEL_SERVER_SWEEP_H_
@@ -58,6 +66,9 @@
 #include "proto/keel.pb.h"
 
 namespace keel {
+
+// SweepSpec.source is echoed at the start of every message.
+constexpr size_t kMaxSourceLength = 256;
 
 struct SweepLimits {
   int64_t max_runs = 10000;  // a sweep expanding to more runs is refused

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <sstream>
 
+#include "worker/io/yaml_strict.h"
 #include "worker/run_config.h"
 
 namespace keel {
@@ -395,13 +396,99 @@ TEST(SweepTest, MissingAndMalformedTopLevel) {
   EXPECT_NE(s.message().find("name: missing"), std::string::npos) << s.message();
   s = Expand("name: a/b\n", &plan);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("s.yaml:1:7: name: 'a/b' is not allowed (allowed: [A-Za-z0-9_.-]+)"),
+  EXPECT_NE(s.message().find("s.yaml:1:7: name: 'a/b' is not allowed: '/' at offset 1 (allowed: [A-Za-z0-9_.-]+, "
+                             "at most 128 characters, not starting with '.')"),
             std::string::npos)
       << s.message();
   EXPECT_NE(s.message().find("base: missing"), std::string::npos);
   s = Expand("name: [unclosed\n", &plan);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("invalid YAML"), std::string::npos) << s.message();
+}
+
+// std::regex_match recursed once per character: a 40,000-character name
+// overflowed keeld's stack (SIGSEGV). Names are now bounded before any check
+// of their characters, and checked by a loop.
+TEST(SweepTest, LongNamesAreRefusedByLengthWithoutCrashing) {
+  SweepPlan plan;
+  for (size_t n : {size_t{129}, size_t{20000}, size_t{40000}, size_t{1} << 20}) {
+    Status s = Expand("name: " + std::string(n, 'a') + "\nbase: {steps: 10}\n", &plan);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.message(), "s.yaml:1:7: name: a name of " + std::to_string(n) +
+                               " characters is not allowed: too long (allowed: [A-Za-z0-9_.-]+, at most 128 "
+                               "characters, not starting with '.')");
+  }
+  ASSERT_TRUE(Expand("name: " + std::string(128, 'a') + "\nbase: {steps: 10}\n", &plan).ok());
+  EXPECT_EQ(plan.name.size(), 128u);
+}
+
+TEST(SweepTest, DotNamesAreRefused) {
+  SweepPlan plan;
+  for (const char* name : {"'.'", "'..'", "...", ".hidden"}) {
+    Status s = Expand(std::string("name: ") + name + "\nbase: {steps: 10}\n", &plan);
+    ASSERT_FALSE(s.ok()) << name;
+    EXPECT_NE(s.message().find("is not allowed: it starts with '.'"), std::string::npos) << s.message();
+  }
+  EXPECT_TRUE(Expand("name: a..b\nbase: {steps: 10}\n", &plan).ok());
+}
+
+TEST(SweepTest, FileOverFourMiBIsRefusedWithSizeAndLimit) {
+  SweepPlan plan;
+  std::string text = std::string(kBase) + "# " + std::string(kMaxYamlBytes, 'x') + "\n";
+  Status s = Expand(text, &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "s.yaml:1:1: size: " + std::to_string(text.size()) +
+                             " bytes is more than the limit of 4194304 bytes (allowed: at most 4 MiB)");
+}
+
+TEST(SweepTest, OverlongOrControlCharacterSourceIsRefused) {
+  SweepPlan plan;
+  Status s = ExpandSweep(kBase, std::string(300, 's'), SweepLimits(), &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(":1:1: source: a name of 300 characters is too long (allowed: at most 256"),
+            std::string::npos)
+      << s.message();
+  EXPECT_LT(s.message().size(), 300u);
+  s = ExpandSweep(kBase, "a\nb.yaml", SweepLimits(), &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("source: a control character at offset 1"), std::string::npos) << s.message();
+  EXPECT_TRUE(ExpandSweep(kBase, std::string(256, 's'), SweepLimits(), &plan).ok());
+}
+
+TEST(SweepTest, DuplicateKeysAreRefusedAnywhere) {
+  SweepPlan plan;
+  Status s = Expand(std::string(kBase) + "name: u\n", &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "s.yaml:7:1: name: duplicate key (first at line 1)");
+  s = Expand("name: t\nbase:\n  steps: 10\n  batch: 8\n  steps: 20\n", &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "s.yaml:5:3: base.steps: duplicate key (first at line 3)");
+  s = Expand(std::string(kBase) + "axes:\n  - grid: {seed: [1, 2], seed: [3]}\n", &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "s.yaml:8:26: axes[0].grid.seed: duplicate key (first at line 8)");
+  s = Expand(std::string(kBase) + "policy:\n  max_interventions: 1\n  max_interventions: 2\n", &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "s.yaml:9:3: policy.max_interventions: duplicate key (first at line 8)");
+}
+
+TEST(SweepTest, SecondDocumentIsRefused) {
+  SweepPlan plan;
+  Status s = Expand(std::string(kBase) + "---\nname: other\n", &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("s.yaml:7:1: document: a second YAML document starts at line 7"), std::string::npos)
+      << s.message();
+}
+
+TEST(SweepTest, DeepNestingAndBinaryBytesAreRefusedWithAPosition) {
+  SweepPlan plan;
+  Status s = Expand(std::string(kBase) + "policy: " + std::string(100000, '['), &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("s.yaml:7:"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("nesting: more than 64 levels"), std::string::npos) << s.message();
+  s = Expand(std::string(kBase) + std::string("policy: {}\0\xff", 12), &plan);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "s.yaml:7:11: not a text file: byte 0x00 at line 7 col 11 (allowed: UTF-8 text without "
+                         "control characters other than tab, CR, LF)");
 }
 
 TEST(SweepTest, EveryErrorIsReportedTogether) {

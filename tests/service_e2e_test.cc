@@ -20,6 +20,7 @@
 #include <iterator>
 #include <map>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "proto/keel.grpc.pb.h"
@@ -323,6 +324,105 @@ TEST(ServiceE2eTest, WrongTokensAndBadSweepsAreRefusedWithoutStateChanges) {
   keel::v1::ListSweepsResponse sweeps;
   ASSERT_TRUE(cluster.stub()->ListSweeps(cluster.Context().get(), keel::v1::ListSweepsRequest(), &sweeps).ok());
   EXPECT_EQ(sweeps.sweeps_size(), 0);  // nothing was stored
+}
+
+// Runs a shell command line; returns its exit status (128 + signal when
+// killed) and its stdout and stderr together in *output.
+int RunTool(const std::string& command, const std::string& dir, std::string* output) {
+  const std::string log = dir + "/tool.out";
+  int status = std::system((command + " > '" + log + "' 2>&1").c_str());
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  *output = text.str();
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return WEXITSTATUS(status);
+}
+
+void WriteFile(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary);
+  out << data;
+}
+
+// Issue 10: input that crashed keeld or the tools, or was refused without a
+// reason. Each refusal must come with a reason and a position, and change
+// nothing.
+TEST(ServiceE2eTest, HostileInputIsRefusedWithReasonsAndNothingCrashes) {
+  Cluster cluster("e2e_hostile");
+  const std::string dir = cluster.dir();
+  keel::v1::SubmitSweepResponse response;
+
+  // A 40,000-character name overflowed keeld's stack in std::regex_match.
+  grpc::Status s = cluster.Submit("name: " + std::string(40000, 'n') + "\nbase: {steps: 1}\n", &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("test-sweep.yaml:1:7: name: a name of 40000 characters is not allowed: too long"),
+            std::string::npos)
+      << s.error_message().substr(0, 300);
+  // Just over the file limit still reaches ExpandSweep (keeld's gRPC limit has
+  // room), which names the size and the limit.
+  s = cluster.Submit(SmallSweep(1, "") + "#" + std::string(4u << 20, 'x') + "\n", &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("test-sweep.yaml:1:1: size: "), std::string::npos) << s.error_message().substr(0, 300);
+  EXPECT_NE(s.error_message().find("bytes is more than the limit of 4194304 bytes"), std::string::npos);
+
+  const std::string keel = "client/keel --server " + cluster.Address();
+  const std::string env = std::string("KEEL_TOKEN=") + kUserToken + " ";
+  std::string out;
+  // 50 MB: refused by the CLI before sending, with the size and the limit.
+  WriteFile(dir + "/big.yaml", std::string(50u << 20, 'a'));
+  EXPECT_EQ(RunTool(env + keel + " submit " + dir + "/big.yaml", dir, &out), 6) << out;
+  EXPECT_EQ(out, dir + "/big.yaml:1:1: size: 52428800 bytes is more than the limit of 4194304 bytes (allowed: at most "
+                       "4 MiB)\n");
+  // Binary garbage: gRPC could not serialize it (a proto string must be
+  // UTF-8) and the CLI printed an empty reason.
+  std::string garbage = "name: x\n";
+  uint32_t x = 12345;
+  for (int i = 0; i < 3000; ++i) {
+    x = x * 1664525u + 1013904223u;
+    garbage += static_cast<char>(0x80 | (x >> 24));
+  }
+  WriteFile(dir + "/garbage.yaml", garbage);
+  EXPECT_EQ(RunTool(env + keel + " submit " + dir + "/garbage.yaml", dir, &out), 6) << out;
+  EXPECT_NE(out.find(dir + "/garbage.yaml:2:1: not a text file: byte 0x"), std::string::npos) << out;
+  // A token with a newline made gRPC abort the CLI (exit 134).
+  EXPECT_EQ(RunTool("KEEL_TOKEN=\"$(printf 'tok\\nen')\" " + keel + " sweeps", dir, &out), 2) << out;
+  EXPECT_EQ(out, "keel: KEEL_TOKEN: contains a newline at offset 3 (allowed: printable ASCII without spaces)\n");
+  EXPECT_EQ(RunTool(keel + " --token 'a b' sweeps", dir, &out), 2) << out;
+  EXPECT_EQ(out, "keel: --token: contains a space at offset 1 (allowed: printable ASCII without spaces)\n");
+  // A token file keeps working with its trailing newline.
+  WriteFile(dir + "/user.token", std::string(kUserToken) + "\n");
+  EXPECT_EQ(RunTool(keel + " --token-file " + dir + "/user.token sweeps", dir, &out), 0) << out;
+  WriteFile(dir + "/bad.token", "tok\x1b" + std::string(kUserToken) + "\n");
+  EXPECT_EQ(RunTool(keel + " --token-file " + dir + "/bad.token sweeps", dir, &out), 2) << out;
+  EXPECT_EQ(out, "keel: --token-file " + dir + "/bad.token: contains a control character 0x1B at offset 3 (allowed: "
+                 "printable ASCII without spaces)\n");
+  // keel-worker: the same rule for its join token.
+  EXPECT_EQ(RunTool("KEEL_WORKER_TOKEN=\"$(printf 'worker\\ntoken')\" worker/keel-worker --server " + cluster.Address() +
+                        " --work-dir " + dir + "/w --metrics-listen off",
+                    dir, &out),
+            2)
+      << out;
+  EXPECT_EQ(out, "keel-worker: KEEL_WORKER_TOKEN: contains a newline at offset 6 (allowed: printable ASCII without "
+                 "spaces)\n");
+
+  // keel-train: garbage config has a reason; a name with ".." creates nothing.
+  const std::string train_dir = dir + "/train";
+  ASSERT_EQ(std::system(("mkdir -p '" + train_dir + "'").c_str()), 0);
+  char cwd[4096];
+  ASSERT_NE(getcwd(cwd, sizeof(cwd)), nullptr);
+  const std::string trainer = std::string(cwd) + "/worker/keel-train";
+  EXPECT_EQ(RunTool("cd '" + train_dir + "' && " + trainer + " --config " + dir + "/garbage.yaml", dir, &out), 2) << out;
+  EXPECT_NE(out.find(dir + "/garbage.yaml:2:1: not a text file: byte 0x"), std::string::npos) << out;
+  WriteFile(dir + "/escape.yaml", "name: ../escape\nmodel: {type: proxy, layers: 1, width: 8}\nsteps: 1\nbatch: 4\n");
+  EXPECT_EQ(RunTool("cd '" + train_dir + "' && " + trainer + " --config " + dir + "/escape.yaml", dir, &out), 2) << out;
+  EXPECT_NE(out.find(dir + "/escape.yaml:1:7: name: '../escape' is not allowed: it starts with '.'"), std::string::npos)
+      << out;
+  EXPECT_EQ(RunTool("ls -A '" + train_dir + "' && ls -d '" + dir + "/escape'", dir, &out), 2) << out;
+  EXPECT_EQ(out.find("runs"), std::string::npos) << out;
+
+  keel::v1::ListSweepsResponse sweeps;
+  ASSERT_TRUE(cluster.stub()->ListSweeps(cluster.Context().get(), keel::v1::ListSweepsRequest(), &sweeps).ok());
+  EXPECT_EQ(sweeps.sweeps_size(), 0);  // keeld is alive and stored nothing
 }
 
 }  // namespace

@@ -57,6 +57,7 @@ int Fail(const std::string& message) {
 int main(int argc, char** argv) {
   keel::AgentOptions options;
   if (const char* env = std::getenv("KEEL_SERVER")) options.server = env;
+  std::string token_origin = "KEEL_WORKER_TOKEN";
   if (const char* env = std::getenv("KEEL_WORKER_TOKEN")) options.token = env;
   std::string self = argv[0];
   options.trainer = self.substr(0, self.rfind('/') + 1) + "keel-train";
@@ -77,8 +78,9 @@ int main(int argc, char** argv) {
       options.server = value("--server");
     } else if (a == "--token-file") {
       std::string path = value("--token-file");
-      std::ifstream in(path);
-      if (!(in >> options.token)) return Fail("--token-file: cannot read a token from '" + path + "'");
+      keel::Status s = keel::ReadTokenFile(path, &options.token);
+      if (!s.ok()) return Fail(s.message());
+      token_origin = "--token-file " + path;
     } else if (a == "--trainer") {
       options.trainer = value("--trainer");
     } else if (a == "--data-root") {
@@ -108,6 +110,8 @@ int main(int argc, char** argv) {
     }
   }
   if (options.token.empty()) return Fail("no worker token (--token-file or KEEL_WORKER_TOKEN)");
+  // gRPC aborts on a metadata value with a newline or control character.
+  if (keel::Status s = keel::CheckToken(options.token, token_origin); !s.ok()) return Fail(s.message());
   if (options.data_roots.empty()) options.data_roots.push_back("data");
   for (std::string& root : options.data_roots) {
     // Absolute, so that trainers (in their run directories' terms) check the same place.

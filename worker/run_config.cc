@@ -5,10 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <set>
+#include <limits>
 #include <sstream>
+
+#include "worker/io/yaml_strict.h"
 
 namespace keel {
 namespace {
@@ -18,11 +22,8 @@ class Reader {
  public:
   explicit Reader(std::string source) : source_(std::move(source)) {}
 
-  std::string Where(const YAML::Node& node) const {
-    YAML::Mark m = node.Mark();
-    if (m.line < 0) return source_ + ": ";
-    return source_ + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1) + ": ";
-  }
+  // A node made by an override (--set) has no mark: 1:1.
+  std::string Where(const YAML::Node& node) const { return YamlWhere(source_, node.Mark()); }
 
   Status Error(const YAML::Node& node, const std::string& field, const std::string& what) const {
     return Status::Error(Where(node) + field + ": " + what);
@@ -275,11 +276,8 @@ Status ApplyOverride(YAML::Node root, const std::string& assignment) {
   }
   std::string path = assignment.substr(0, eq);
   YAML::Node value;
-  try {
-    value = YAML::Load(assignment.substr(eq + 1));
-  } catch (const YAML::Exception& e) {
-    return Status::Error("--set " + path + ": the value is not valid YAML: " + e.msg);
-  }
+  // "--set path:1:col: ..." names the assignment and the place in its value.
+  KEEL_RETURN_IF_ERROR(LoadYamlStrict(assignment.substr(eq + 1), "--set " + path, &value));
   std::vector<std::string> keys;
   std::stringstream parts(path);
   for (std::string key; std::getline(parts, key, '.');) keys.push_back(key);
@@ -494,6 +492,24 @@ Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
   return Status::Ok();
 }
 
+// The node of the field that a ValidateRunConfig message names ("model.heads:
+// ..." -> root.model.heads), or the nearest existing ancestor, or root.
+YAML::Node FieldNode(const YAML::Node& root, const std::string& message) {
+  const size_t colon = message.find(": ");
+  if (colon == std::string::npos) return root;
+  std::vector<std::string> keys;
+  std::stringstream parts(message.substr(0, colon));
+  for (std::string key; std::getline(parts, key, '.');) keys.push_back(key);
+  YAML::Node node = root;
+  for (const std::string& key : keys) {
+    if (!node.IsMap()) break;
+    YAML::Node next = node[key];
+    if (!next) break;
+    node = next;
+  }
+  return node;
+}
+
 Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
   RunConfig c;
   if (!root.IsMap()) return r.Error(root, "config", "expected a mapping at the top level");
@@ -502,7 +518,13 @@ Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
       {"name", "model", "data", "precision", "optimizer", "schedule", "steps", "batch", "seq",
        "grad_accum", "seed", "backend", "threads", "run_dir", "checkpoint_every",
        "keep_checkpoints", "probe_every", "operand_stats", "log_every", "policy"}));
-  if (root["name"]) KEEL_RETURN_IF_ERROR(r.String(root["name"], "name", &c.name));
+  if (root["name"]) {
+    KEEL_RETURN_IF_ERROR(r.String(root["name"], "name", &c.name));
+    // The default run directory is runs/<name>: "..", "/" or a leading '.'
+    // would put it elsewhere.
+    std::string problem = NameProblem(c.name);
+    if (!problem.empty()) return r.Error(root["name"], "name", problem);
+  }
   if (YAML::Node m = root["model"]) {
     KEEL_RETURN_IF_ERROR(r.CheckKeys(m, "model",
                                      {"type", "layers", "width", "heads", "context", "vocab",
@@ -606,15 +628,93 @@ Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
                                                : (8 * c.model.width / 3 + 63) / 64 * 64;
   }
   Status st = ValidateRunConfig(c);
-  if (!st.ok()) return Status::Error(r.Where(root) + st.message());
+  if (!st.ok()) return Status::Error(r.Where(FieldNode(root, st.message())) + st.message());
   *out = c;
   return Status::Ok();
 }
 
 }  // namespace
 
+std::string NameProblem(const std::string& name) {
+  const std::string allowed = std::string(" (allowed: ") + kNameRule + ")";
+  if (name.empty()) return "an empty name is not allowed" + allowed;
+  // Checked before anything looks at the characters, and never echoed whole.
+  if (name.size() > kMaxNameLength) {
+    return "a name of " + std::to_string(name.size()) + " characters is not allowed: too long" + allowed;
+  }
+  if (name.front() == '.') return "'" + name + "' is not allowed: it starts with '.'" + allowed;
+  for (size_t i = 0; i < name.size(); ++i) {
+    const unsigned char ch = static_cast<unsigned char>(name[i]);
+    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                    ch == '_' || ch == '.' || ch == '-';
+    if (!ok) {
+      char shown[16];
+      if (ch > 0x20 && ch < 0x7F) {
+        std::snprintf(shown, sizeof(shown), "'%c'", ch);
+      } else {
+        std::snprintf(shown, sizeof(shown), "byte 0x%02X", ch);
+      }
+      return "'" + name + "' is not allowed: " + shown + " at offset " + std::to_string(i) + allowed;
+    }
+  }
+  return "";
+}
+
+namespace {
+
+// Saturating int64 arithmetic for the parameter count: any overflow is a model
+// far beyond every limit, so INT64_MAX is the right answer.
+int64_t SatMul(int64_t a, int64_t b) {
+  int64_t out;
+  return __builtin_mul_overflow(a, b, &out) ? std::numeric_limits<int64_t>::max() : out;
+}
+int64_t SatAdd(int64_t a, int64_t b) {
+  int64_t out;
+  return __builtin_add_overflow(a, b, &out) ? std::numeric_limits<int64_t>::max() : out;
+}
+
+}  // namespace
+
+int64_t ModelParameterCount(const ModelConfig& m) {
+  const int64_t d = m.width, layers = m.layers;
+  if (m.type == "proxy") {
+    // Per block: ln weight and bias (d each), fc1 (4d x d), fc2 (d x 4d), fc2 bias (d).
+    const int64_t block = SatAdd(SatMul(SatMul(8, d), d), SatMul(3, d));
+    return SatMul(layers, block);
+  }
+  // gpt, as model_gpt.cc's Build registers them.
+  const int64_t hidden = m.mlp_hidden;
+  const int64_t fc_out = m.mlp == "swiglu" ? SatMul(2, hidden) : hidden;
+  const int64_t hd = m.heads > 0 ? d / m.heads : d;
+  const int64_t b = m.bias ? 1 : 0;
+  int64_t block = 0;
+  block = SatAdd(block, SatMul(d, 1 + b));                      // ln_1
+  block = SatAdd(block, SatAdd(SatMul(SatMul(3, d), d), SatMul(b, SatMul(3, d))));  // c_attn
+  if (m.qk_layernorm) block = SatAdd(block, SatMul(SatMul(2, hd), 1 + b));          // q_ln, k_ln
+  block = SatAdd(block, SatAdd(SatMul(d, d), SatMul(b, d)));   // attn c_proj
+  block = SatAdd(block, SatMul(d, 1 + b));                      // ln_2
+  block = SatAdd(block, SatAdd(SatMul(fc_out, d), SatMul(b, fc_out)));  // mlp c_fc
+  block = SatAdd(block, SatAdd(SatMul(d, hidden), SatMul(b, d)));       // mlp c_proj
+  int64_t total = SatAdd(SatMul(m.padded_vocab, d), SatMul(m.context, d));  // wte, wpe
+  total = SatAdd(total, SatMul(layers, block));
+  return SatAdd(total, SatMul(d, 1 + b));  // ln_f
+}
+
 Status ValidateRunConfig(const RunConfig& c) {
   const ModelConfig& m = c.model;
+  const int64_t params = ModelParameterCount(m);
+  const int64_t state = SatMul(params, kBytesPerParameter);
+  if (state > kMaxTrainingStateBytes) {
+    char gib[32];
+    std::snprintf(gib, sizeof(gib), "%.1f", static_cast<double>(state) / static_cast<double>(int64_t{1} << 30));
+    return Status::Error("model.width: " + std::to_string(m.width) + " with model.layers " +
+                         std::to_string(m.layers) + " (" + m.type + ") gives " + std::to_string(params) +
+                         " parameters, a training state of " + gib + " GiB (" +
+                         std::to_string(kBytesPerParameter) +
+                         " bytes per parameter: fp32 weights, gradients, Adam m and v), more than the limit of " +
+                         std::to_string(kMaxTrainingStateBytes >> 30) + " GiB (allowed: at most " +
+                         std::to_string(kMaxTrainingStateBytes / kBytesPerParameter) + " parameters)");
+  }
   if (m.type == "gpt") {
     if (c.data.train.empty()) return Status::Error("data.train: missing (gpt needs token shards)");
     if (m.width % m.heads != 0) {
@@ -641,41 +741,52 @@ Status ValidateRunConfig(const RunConfig& c) {
   return ValidateScheme(c.precision);
 }
 
-Status ParseRunConfig(const std::string& yaml_text, const std::string& source,
-                      const std::vector<std::string>& overrides, RunConfig* out) {
+namespace {
+
+// A one-line message: echoed values (names, keys) may hold newlines.
+Status OneLineStatus(const Status& s) { return s.ok() ? s : Status::Error(OneLine(s.message())); }
+
+Status ParseRunConfigText(const std::string& yaml_text, const std::string& source,
+                          const std::vector<std::string>& overrides, RunConfig* out) {
   Reader r(source);
   YAML::Node root;
+  KEEL_RETURN_IF_ERROR(LoadYamlStrict(yaml_text, source, &root));
   try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::ParserException& e) {
-    return Status::Error(source + ":" + std::to_string(e.mark.line + 1) + ":" +
-                         std::to_string(e.mark.column + 1) + ": invalid YAML: " + e.msg);
-  }
-  if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  for (const std::string& o : overrides) KEEL_RETURN_IF_ERROR(ApplyOverride(root, o));
-  try {
+    if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+    for (const std::string& o : overrides) KEEL_RETURN_IF_ERROR(ApplyOverride(root, o));
     return ParseNode(r, root, out);
   } catch (const YAML::Exception& e) {
-    return Status::Error(source + ": " + e.what());
+    return Status::Error(YamlWhere(source, e.mark) + "config: " + (e.msg.empty() ? "unreadable value" : e.msg));
   }
+}
+
+}  // namespace
+
+Status ParseRunConfig(const std::string& yaml_text, const std::string& source,
+                      const std::vector<std::string>& overrides, RunConfig* out) {
+  return OneLineStatus(ParseRunConfigText(yaml_text, source, overrides, out));
 }
 
 Status ParsePolicyNode(const YAML::Node& node, const std::string& source, Policy* out) {
   Reader r(source);
   try {
-    return ParsePolicy(r, node, out);
+    return OneLineStatus(ParsePolicy(r, node, out));
   } catch (const YAML::Exception& e) {
-    return Status::Error(source + ": policy: " + e.what());
+    return Status::Error(YamlWhere(source, e.mark) + "policy: " + (e.msg.empty() ? "unreadable value" : e.msg));
   }
 }
 
 Status LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides,
                      RunConfig* out) {
-  std::ifstream in(path);
-  if (!in) return Status::Error("--config: cannot read '" + path + "'");
-  std::stringstream text;
-  text << in.rdbuf();
-  return ParseRunConfig(text.str(), path, overrides, out);
+  std::string text;
+  Status read = ReadYamlFile(path, &text);
+  // A file too large already reads "path:1:1: size: ..."; only say which flag
+  // for a file that could not be read at all.
+  if (!read.ok() && read.message().compare(0, 12, "cannot read ") == 0) {
+    return Status::Error("--config: " + read.message());
+  }
+  KEEL_RETURN_IF_ERROR(read);
+  return ParseRunConfig(text, path, overrides, out);
 }
 
 std::string SchemeToYaml(const PrecisionScheme& s) {

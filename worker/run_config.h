@@ -5,6 +5,7 @@
 #ifndef KEEL_WORKER_RUN_CONFIG_H_
 #define KEEL_WORKER_RUN_CONFIG_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -86,12 +87,35 @@ struct RunConfig {
   Policy policy;                // stability policy (policy.h); none by default
 };
 
+// Names of runs and sweeps: a run's default directory is runs/<name>, so a name
+// must stay one plain path component. Allowed: 1 to kMaxNameLength characters
+// of [A-Za-z0-9_.-], not starting with '.' (never "." or ".."). NameProblem
+// returns "" for an allowed name, else what is wrong ending in "(allowed: ...)".
+constexpr size_t kMaxNameLength = 128;
+constexpr char kNameRule[] = "[A-Za-z0-9_.-]+, at most 128 characters, not starting with '.'";
+std::string NameProblem(const std::string& name);
+
+// The model's parameter count (proxy: model_proxy.cc's blocks; gpt:
+// model_gpt.cc's embeddings, blocks and final layernorm), computed from the
+// config alone, saturating at INT64_MAX instead of overflowing. Needs
+// padded_vocab and mlp_hidden resolved (ParseRunConfig does that).
+int64_t ModelParameterCount(const ModelConfig& model);
+
+// Training keeps 16 bytes per parameter: fp32 weights, gradients, Adam m and v.
+// A run whose state exceeds this cannot fit any GPU Keel runs on and is refused
+// at parse time, before keeld queues it or keel-train allocates anything.
+constexpr int64_t kBytesPerParameter = 16;
+constexpr int64_t kMaxTrainingStateBytes = int64_t{256} << 30;  // 256 GiB
+
 // Parses a `policy:` mapping (policy.h's format). `source` names the file in
 // messages, which carry the node's line:column. Used by ParseRunConfig and by
 // keeld's sweep expansion (on the sweep file's own nodes).
 Status ParsePolicyNode(const YAML::Node& node, const std::string& source, Policy* out);
 
-// Parses YAML text (`source` names it in messages). Unknown keys are errors.
+// Parses YAML text (`source` names it in messages) through LoadYamlStrict
+// (worker/io/yaml_strict.h: size, bytes, one document, no duplicate keys,
+// bounded nesting). Unknown keys are errors. Every error starts with
+// "source:line:col: ", except those of an override ("--set path: ...").
 // overrides: "key.path=value" assignments applied to the YAML before parsing
 // (e.g. "optimizer.lr=1e-3", "precision=mxfp4"), as the CLI's --set gives them.
 Status ParseRunConfig(const std::string& yaml_text, const std::string& source,
@@ -104,7 +128,8 @@ Status LoadRunConfig(const std::string& path, const std::vector<std::string>& ov
 std::string SchemeToYaml(const PrecisionScheme& scheme);
 Status ParseSchemeYaml(const std::string& yaml_text, PrecisionScheme* out);
 
-// Checks cross-field rules (gpt needs data.train, heads divide width, ...).
+// Checks cross-field rules (gpt needs data.train, heads divide width, the
+// training state fits kMaxTrainingStateBytes, ...).
 Status ValidateRunConfig(const RunConfig& config);
 
 }  // namespace keel
