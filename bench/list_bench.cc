@@ -152,7 +152,11 @@ void Measure(const char* what, int samples, const std::function<int(int*)>& call
     auto t0 = Clock::now();
     items = call(&calls);
     ms.push_back(Ms(Clock::now() - t0));
-    if (items < 0) std::exit(1);
+    if (items < 0) {  // the error is printed; the figure is left out
+      std::printf("    %-44s FAILED (see the error above)\n", what);
+      std::fflush(stdout);
+      return;
+    }
   }
   Summary s = Summarize(ms);
   std::printf("    %-44s %6d items in %3d call(s): median %8.1f ms  p90 %8.1f ms  max %8.1f ms\n", what, items, calls,
@@ -196,7 +200,8 @@ int main(int argc, char** argv) {
               page_size > 0 ? std::to_string(page_size).c_str() : "server default");
   std::fflush(stdout);
 
-  pid_t keeld_pid = fork();
+  static pid_t keeld_pid = -1;
+  keeld_pid = fork();
   if (keeld_pid == 0) {
     setenv("KEEL_USER_TOKENS", kUser, 1);
     setenv("KEEL_WORKER_TOKEN", kWorker, 1);
@@ -206,6 +211,10 @@ int main(int argc, char** argv) {
           "--metrics-listen", "off", static_cast<char*>(nullptr));
     _exit(127);
   }
+  // keeld holds our stdout: it must not outlive us, whatever way we exit.
+  std::atexit([] {
+    if (keeld_pid > 0) kill(keeld_pid, SIGKILL);
+  });
   auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(30))) {
     kill(keeld_pid, SIGKILL);
@@ -333,5 +342,6 @@ int main(int argc, char** argv) {
   kill(keeld_pid, SIGTERM);
   int status;
   waitpid(keeld_pid, &status, 0);
+  keeld_pid = -1;
   return 0;
 }

@@ -42,7 +42,9 @@ struct Fixture {
   }
   std::vector<v1::Run> Runs(const std::string& sweep) {
     v1::ListRunsResponse out;
-    EXPECT_TRUE(c->ListRuns(sweep, &out).ok());
+    v1::ListRunsRequest request;
+    request.set_sweep_id(sweep);
+    EXPECT_TRUE(c->ListRuns(request, &out).ok());
     return std::vector<v1::Run>(out.runs().begin(), out.runs().end());
   }
   // A worker with one CPU slot whose stream records the commands sent to it.
