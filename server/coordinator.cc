@@ -451,7 +451,8 @@ grpc::Status Coordinator::GetMetrics(const v1::GetMetricsRequest& request, v1::G
   if (!status.ok()) return status;
   page.max_bytes = kPageBytes;
   // "points/<run>/<max_points>/<step of the last point>"
-  const std::string prefix = "points/" + request.run_id() + "/" + std::to_string(request.max_points()) + "/";
+  const std::string prefix = "points/" + request.run_id() + "/" + std::to_string(request.max_points()) +
+                             (request.omit_json() ? "/nojson/" : "/");
   if (!request.page_token().empty() && !TokenKey(request.page_token(), prefix, INT64_MIN, &page.after)) {
     return BadToken(request.page_token(), "GetMetrics of run '" + request.run_id() + "' with max_points " +
                                               std::to_string(request.max_points()));
@@ -465,7 +466,8 @@ grpc::Status Coordinator::GetMetrics(const v1::GetMetricsRequest& request, v1::G
   }
   std::vector<v1::MetricPoint> points;
   PageResult result;
-  Status s = store_->GetMetricsPage(request.run_id(), request.max_points(), page, &points, &result);
+  Status s = store_->GetMetricsPage(request.run_id(), request.max_points(), request.omit_json(), page, &points,
+                                    &result);
   if (!s.ok()) return FromStatus(s);
   out->mutable_points()->Reserve(static_cast<int>(points.size()));
   for (v1::MetricPoint& p : points) *out->add_points() = std::move(p);

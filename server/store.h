@@ -99,8 +99,11 @@ class Store {
   // max_points > 0 (the same choice as GetMetrics). result->last is the step
   // of the last point returned. Without downsampling a page costs O(page)
   // (the (run_id, step) key); with it, one pass over the run's steps.
-  virtual Status GetMetricsPage(const std::string& run_id, int max_points, const PageRequest& page,
-                                std::vector<v1::MetricPoint>* out, PageResult* result) = 0;
+  // omit_json: the points come without their json line, and the byte
+  // budget counts them so.
+  virtual Status GetMetricsPage(const std::string& run_id, int max_points, bool omit_json,
+                                const PageRequest& page, std::vector<v1::MetricPoint>* out,
+                                PageResult* result) = 0;
   // The point with the highest step of `run_id` (NotFound when it has none).
   virtual Status LastMetric(const std::string& run_id, v1::MetricPoint* out) = 0;
   // Deletes the points of `run_id` with step > `step` (a rollback to `step`).

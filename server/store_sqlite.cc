@@ -190,6 +190,12 @@ Status InTransaction(sqlite3* db, bool write, Body body) {
   return status;
 }
 
+// Drops a point's json line; returns the point's serialized size without it.
+int64_t OmitJson(v1::MetricPoint* point) {
+  point->clear_json();
+  return static_cast<int64_t>(point->ByteSizeLong());
+}
+
 Status RequireId(const std::string& id, const std::string& what) {
   if (id.empty()) return Status::Error(what + ": id is empty; every record needs a non-empty id");
   return Status::Ok();
@@ -404,8 +410,9 @@ class SqliteStore : public Store {
     });
   }
 
-  Status GetMetricsPage(const std::string& run_id, int max_points, const PageRequest& page,
-                        std::vector<v1::MetricPoint>* out, PageResult* result) override {
+  Status GetMetricsPage(const std::string& run_id, int max_points, bool omit_json,
+                        const PageRequest& page, std::vector<v1::MetricPoint>* out,
+                        PageResult* result) override {
     std::lock_guard<std::mutex> lock(mu_);
     out->clear();
     *result = PageResult();
@@ -423,7 +430,7 @@ class SqliteStore : public Store {
         // The primary key (run_id, step) starts the scan at `after`.
         Stmt q(db_, "SELECT step, proto FROM metrics WHERE run_id = ? AND step > ? ORDER BY step LIMIT ?");
         q.Bind(1, run_id).Bind(2, page.after).Bind(3, static_cast<int64_t>(page.max_items) + 1);
-        return ReadPage(&q, page, out, result);
+        return ReadPage(&q, page, out, result, omit_json ? OmitJson : nullptr);
       }
       // The same points as GetMetrics' downsampling (see there), from `after` on.
       const int64_t m = max_points;
@@ -439,13 +446,14 @@ class SqliteStore : public Store {
         if (i != target(k)) continue;  // skipped rows are never parsed
         ++k;
         if (q.Int(0) <= page.after) continue;
-        const int64_t size = q.Bytes(1);
+        v1::MetricPoint point;
+        KEEL_RETURN_IF_ERROR(q.Parse(1, &point));
+        const int64_t size = omit_json ? OmitJson(&point) : q.Bytes(1);
         if (!out->empty() && (static_cast<int64_t>(out->size()) >= page.max_items || bytes + size > page.max_bytes)) {
           result->more = true;
           break;
         }
-        out->emplace_back();
-        KEEL_RETURN_IF_ERROR(q.Parse(1, &out->back()));
+        out->push_back(std::move(point));
         bytes += size;
         result->last = q.Int(0);
       }
@@ -615,20 +623,24 @@ class SqliteStore : public Store {
 
   // Reads rows of (key, proto) into one page: up to page.max_items items and
   // page.max_bytes of records (at least one); result->more when a row remains.
+  // `trim`, when given, drops fields from each record and returns its size after.
   template <typename Msg>
-  Status ReadPage(Stmt* q, const PageRequest& page, std::vector<Msg>* out, PageResult* result) {
+  Status ReadPage(Stmt* q, const PageRequest& page, std::vector<Msg>* out, PageResult* result,
+                  int64_t (*trim)(Msg*) = nullptr) {
     int64_t bytes = 0;
     for (;;) {
       bool row;
       KEEL_RETURN_IF_ERROR(q->Step(&row));
       if (!row) return Status::Ok();
-      const int64_t size = q->Bytes(1);
+      Msg record;
+      if (trim != nullptr) KEEL_RETURN_IF_ERROR(q->Parse(1, &record));
+      const int64_t size = trim != nullptr ? trim(&record) : q->Bytes(1);
       if (!out->empty() && (static_cast<int64_t>(out->size()) >= page.max_items || bytes + size > page.max_bytes)) {
         result->more = true;
         return Status::Ok();
       }
-      out->emplace_back();
-      KEEL_RETURN_IF_ERROR(q->Parse(1, &out->back()));
+      if (trim == nullptr) KEEL_RETURN_IF_ERROR(q->Parse(1, &record));
+      out->push_back(std::move(record));
       bytes += size;
       result->last = q->Int(0);
     }

@@ -579,7 +579,7 @@ TEST(StoreTest, MetricPagesReturnEveryPointOnceInStepOrderWhilePointsArrive) {
   for (int64_t next = 300;; next += 10) {
     std::vector<v1::MetricPoint> part;
     PageResult result;
-    ASSERT_OK(store->GetMetricsPage("r", 0, page, &part, &result));
+    ASSERT_OK(store->GetMetricsPage("r", 0, false, page, &part, &result));
     EXPECT_LE(part.size(), 7u);
     for (const v1::MetricPoint& p : part) got.push_back(p.step());
     if (!result.more) break;
@@ -600,7 +600,7 @@ TEST(StoreTest, MetricPagesReturnEveryPointOnceInStepOrderWhilePointsArrive) {
   for (;;) {
     std::vector<v1::MetricPoint> part;
     PageResult result;
-    ASSERT_OK(store->GetMetricsPage("r", 9, page, &part, &result));
+    ASSERT_OK(store->GetMetricsPage("r", 9, false, page, &part, &result));
     for (const v1::MetricPoint& p : part) got.push_back(p.step());
     if (!result.more) break;
     page.after = result.last;
@@ -611,10 +611,20 @@ TEST(StoreTest, MetricPagesReturnEveryPointOnceInStepOrderWhilePointsArrive) {
   page.max_bytes = 1;
   std::vector<v1::MetricPoint> part;
   PageResult result;
-  ASSERT_OK(store->GetMetricsPage("r", 0, page, &part, &result));
+  ASSERT_OK(store->GetMetricsPage("r", 0, false, page, &part, &result));
   EXPECT_EQ(Steps(part), (std::vector<int64_t>{0}));
   EXPECT_TRUE(result.more);
-  EXPECT_TRUE(IsNotFound(store->GetMetricsPage("ghost", 0, PageRequest(), &part, &result)));
+  EXPECT_TRUE(IsNotFound(store->GetMetricsPage("ghost", 0, false, PageRequest(), &part, &result)));
+  // omit_json: the same points without their lines, all in one page here.
+  ASSERT_OK(store->GetMetricsPage("r", 0, true, PageRequest(), &part, &result));
+  EXPECT_EQ(Steps(part), expected);
+  EXPECT_FALSE(result.more);
+  for (const v1::MetricPoint& p : part) EXPECT_TRUE(p.json().empty()) << p.step();
+  std::vector<v1::MetricPoint> with_json;
+  ASSERT_OK(store->GetMetrics("r", 0, &with_json));
+  ASSERT_EQ(with_json.size(), part.size());
+  EXPECT_FALSE(with_json[0].json().empty());  // the stored points keep them
+
 }
 
 // ---- Durability ---------------------------------------------------------------------
