@@ -330,7 +330,7 @@ grpc::Status Coordinator::CancelSweep(const std::string& id, v1::Sweep* out) {
   auto it = sweeps_.find(id);
   if (it == sweeps_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "sweep '" + id + "' not found");
   // Queued runs end CANCELLED together: one transaction for all of them, not
-  // two synced commits per run (a 10,000-run sweep took minutes that way).
+  // two synced commits per run (20,000 fsyncs for a 10,000-run sweep).
   std::vector<v1::Run> queued;
   for (const v1::Run* r : sweep_runs_[id]) {
     if (Terminal(r->state())) continue;
