@@ -32,8 +32,12 @@ constexpr const char* kDefaultServer = "127.0.0.1:7070";
 // Unary calls are small; a server that does not answer in this long is
 // treated as unreachable (exit 3).
 constexpr int kUnaryDeadlineSeconds = 5;
-// GetMetrics with max_points 0 may carry a whole run's history.
+// One page of GetMetrics (up to 2 MiB of points).
 constexpr int kMetricsDeadlineSeconds = 60;
+// Calls that change many runs at once (SubmitSweep, CancelSweep of a
+// 10,000-run sweep) are long but not stuck: a short deadline would report a
+// success as a timeout. $KEEL_LONG_DEADLINE_S overrides it (tests).
+constexpr int kLongDeadlineSeconds = 300;
 // Points per run that `keel plot` asks for (the server downsamples).
 constexpr int kPlotMaxPoints = 2000;
 // Events `keel show` lists.
@@ -189,7 +193,8 @@ const char kGlobalHelp[] =
     "                       a client certificate, for a keeld started with --tls-client-ca\n"
     "  --help, -h           this help; `keel COMMAND --help` or `keel help COMMAND`\n"
     "                       for one command\n"
-    "Unary calls time out after 5 s (GetMetrics: 60 s); watch streams have no limit.\n"
+    "Unary calls time out after 5 s (GetMetrics: 60 s a page; submit and cancel: 300 s);\n"
+    "watch streams have no limit. Listings follow keeld's pages to the end.\n"
     "\n"
     "Exit codes:\n"
     "  0  ok\n"
@@ -398,6 +403,81 @@ int RpcError(const std::string& what, const grpc::Status& status, const Client& 
   }
 }
 
+// The page_size listings ask for: 0 (keeld's default) unless $KEEL_PAGE_SIZE
+// sets one (for tests of paging; not in --help).
+int PageSize() {
+  const char* value = std::getenv("KEEL_PAGE_SIZE");
+  return value == nullptr ? 0 : std::max(0, std::atoi(value));
+}
+
+int LongDeadlineSeconds() {
+  const char* value = std::getenv("KEEL_LONG_DEADLINE_S");
+  int seconds = value == nullptr ? 0 : std::atoi(value);
+  return seconds > 0 ? seconds : kLongDeadlineSeconds;
+}
+
+// Calls `rpc` for every page of a listing (page_token from each answer's
+// next_page_token until it is empty), appending each page's `items` to *out.
+template <typename Request, typename Response, typename Item, typename Rpc, typename Items>
+grpc::Status AllPages(Client& client, Request request, int deadline_seconds, Rpc rpc, Items items,
+                      std::vector<Item>* out) {
+  request.set_page_size(PageSize());
+  do {
+    Response response;
+    auto context = client.Context(deadline_seconds);
+    grpc::Status status = (client.stub()->*rpc)(context.get(), request, &response);
+    if (!status.ok()) return status;
+    auto* page = items(response);
+    out->reserve(out->size() + page->size());
+    for (Item& item : *page) out->push_back(std::move(item));
+    request.set_page_token(response.next_page_token());
+  } while (!request.page_token().empty());
+  return grpc::Status::OK;
+}
+
+grpc::Status ListAllRuns(Client& client, const std::string& sweep_id, std::vector<v1::Run>* runs) {
+  v1::ListRunsRequest request;
+  request.set_sweep_id(sweep_id);
+  return AllPages<v1::ListRunsRequest, v1::ListRunsResponse>(client, request, kUnaryDeadlineSeconds,
+                                                               &v1::KeelService::Stub::ListRuns,
+                                                               [](v1::ListRunsResponse& r) { return r.mutable_runs(); }, runs);
+}
+
+grpc::Status ListAllSweeps(Client& client, std::vector<v1::Sweep>* sweeps) {
+  return AllPages<v1::ListSweepsRequest, v1::ListSweepsResponse>(client, v1::ListSweepsRequest(), kUnaryDeadlineSeconds,
+                                                                   &v1::KeelService::Stub::ListSweeps,
+                                                                   [](v1::ListSweepsResponse& r) { return r.mutable_sweeps(); }, sweeps);
+}
+
+grpc::Status ListAllEvents(Client& client, const v1::ListEventsRequest& request, std::vector<v1::Event>* events) {
+  return AllPages<v1::ListEventsRequest, v1::ListEventsResponse>(client, request, kUnaryDeadlineSeconds,
+                                                                   &v1::KeelService::Stub::ListEvents,
+                                                                   [](v1::ListEventsResponse& r) { return r.mutable_events(); }, events);
+}
+
+// Points without their json lines: export and plot use the numeric fields
+// only, and the lines are most of the bytes.
+grpc::Status GetAllMetrics(Client& client, const std::string& run_id, int max_points,
+                           std::vector<v1::MetricPoint>* points) {
+  v1::GetMetricsRequest request;
+  request.set_run_id(run_id);
+  request.set_max_points(max_points);
+  request.set_omit_json(true);
+  return AllPages<v1::GetMetricsRequest, v1::GetMetricsResponse>(client, request, kMetricsDeadlineSeconds,
+                                                                   &v1::KeelService::Stub::GetMetrics,
+                                                                   [](v1::GetMetricsResponse& r) { return r.mutable_points(); }, points);
+}
+
+// A long call (LongDeadlineSeconds) that ran out of time may still finish in
+// keeld: say so, and how to check, instead of "could not reach keeld".
+int LongCallError(const std::string& what, const std::string& check, const grpc::Status& status,
+                  const Client& client, std::ostream& err) {
+  if (status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) return RpcError(what, status, client, err);
+  err << "keel: " << what << " got no answer from keeld at " << client.server() << " within " << LongDeadlineSeconds()
+      << " s (DEADLINE_EXCEEDED); keeld may still complete it: check with " << check << "\n";
+  return kExitUnavailable;
+}
+
 std::string ToJson(const google::protobuf::Message& message) {
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;
@@ -483,9 +563,9 @@ int CmdSubmit(Client& client, const Parsed& parsed, std::ostream& out, std::ostr
   request.mutable_spec()->set_yaml(yaml);
   request.mutable_spec()->set_source(path);
   v1::SubmitSweepResponse response;
-  auto context = client.Context();
+  auto context = client.Context(LongDeadlineSeconds());
   grpc::Status status = client.stub()->SubmitSweep(context.get(), request, &response);
-  if (!status.ok()) return RpcError("SubmitSweep", status, client, err);
+  if (!status.ok()) return LongCallError("SubmitSweep of " + path, "`keel sweeps`", status, client, err);
   int runs = response.runs_size() > 0 ? response.runs_size() : response.sweep().runs_total();
   out << "submitted sweep " << response.sweep().id();
   if (!response.sweep().name().empty()) out << " (" << response.sweep().name() << ")";
@@ -499,10 +579,12 @@ int CmdSweeps(Client& client, const Parsed& parsed, std::ostream& out, std::ostr
   int code = kExitOk;
   bool json = JsonOutput(parsed, err, &code);
   if (code != kExitOk) return code;
-  v1::ListSweepsResponse response;
-  auto context = client.Context();
-  grpc::Status status = client.stub()->ListSweeps(context.get(), v1::ListSweepsRequest(), &response);
+  std::vector<v1::Sweep> sweeps;
+  grpc::Status status = ListAllSweeps(client, &sweeps);
   if (!status.ok()) return RpcError("ListSweeps", status, client, err);
+  v1::ListSweepsResponse response;  // every page in one, for --output json
+  response.mutable_sweeps()->Reserve(static_cast<int>(sweeps.size()));
+  for (v1::Sweep& sweep : sweeps) *response.add_sweeps() = std::move(sweep);
   if (json) {
     out << ToJson(response) << "\n";
     return kExitOk;
@@ -528,17 +610,16 @@ int CmdRuns(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
   int code = kExitOk;
   bool json = JsonOutput(parsed, err, &code);
   if (code != kExitOk) return code;
-  v1::ListRunsRequest request;
-  if (!parsed.positional.empty()) request.set_sweep_id(parsed.positional[0]);
-  v1::ListRunsResponse response;
-  auto context = client.Context();
-  grpc::Status status = client.stub()->ListRuns(context.get(), request, &response);
+  std::vector<v1::Run> runs;
+  grpc::Status status = ListAllRuns(client, parsed.positional.empty() ? "" : parsed.positional[0], &runs);
   if (!status.ok()) return RpcError("ListRuns", status, client, err);
   if (json) {
+    v1::ListRunsResponse response;  // every page in one
+    response.mutable_runs()->Reserve(static_cast<int>(runs.size()));
+    for (v1::Run& run : runs) *response.add_runs() = std::move(run);
     out << ToJson(response) << "\n";
     return kExitOk;
   }
-  std::vector<v1::Run> runs(response.runs().begin(), response.runs().end());
   SortRuns(&runs);
   std::vector<std::vector<std::string>> rows;
   for (const auto& run : runs) {
@@ -563,13 +644,12 @@ int CmdShow(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
   if (!status.ok()) return RpcError("GetRun", status, client, err);
   v1::ListEventsRequest events_request;
   events_request.set_run_id(run.id());
-  v1::ListEventsResponse events;
-  auto events_context = client.Context();
-  status = client.stub()->ListEvents(events_context.get(), events_request, &events);
+  std::vector<v1::Event> list;
+  status = ListAllEvents(client, events_request, &list);
   if (!status.ok()) return RpcError("ListEvents", status, client, err);
   if (json) {
     out << "{\"run\":" << ToJson(run) << ",\"events\":[";
-    for (int i = 0; i < events.events_size(); ++i) out << (i ? "," : "") << ToJson(events.events(i));
+    for (size_t i = 0; i < list.size(); ++i) out << (i ? "," : "") << ToJson(list[i]);
     out << "]}\n";
     return kExitOk;
   }
@@ -590,7 +670,6 @@ int CmdShow(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
   if (!run.message().empty()) fields.push_back({"message:", run.message()});
   std::string table = FormatTable({"", ""}, fields);
   out << table.substr(table.find('\n') + 1);
-  std::vector<v1::Event> list(events.events().begin(), events.events().end());
   std::stable_sort(list.begin(), list.end(),
                    [](const v1::Event& a, const v1::Event& b) { return a.unix_ms() < b.unix_ms(); });
   size_t first = list.size() > static_cast<size_t>(kShowEvents) ? list.size() - kShowEvents : 0;
@@ -705,13 +784,9 @@ int Watch(Client& client, const std::string& id, std::ostream& out, std::ostream
   if (is_sweep < 0) return -is_sweep;
   v1::ListEventsRequest events_request;
   if (is_sweep) {
-    v1::ListRunsRequest request;
-    request.set_sweep_id(id);
-    v1::ListRunsResponse response;
-    auto context = client.Context();
-    grpc::Status status = client.stub()->ListRuns(context.get(), request, &response);
+    std::vector<v1::Run> runs;
+    grpc::Status status = ListAllRuns(client, id, &runs);
     if (!status.ok()) return RpcError("ListRuns", status, client, err);
-    std::vector<v1::Run> runs(response.runs().begin(), response.runs().end());
     SortRuns(&runs);
     for (const auto& run : runs) state.Upsert(run);
     events_request.set_sweep_id(id);
@@ -733,10 +808,9 @@ int Watch(Client& client, const std::string& id, std::ostream& out, std::ostream
   }
   // Interventions so far; a failure here only leaves the counts at zero.
   {
-    v1::ListEventsResponse events;
-    auto context = client.Context();
-    if (client.stub()->ListEvents(context.get(), events_request, &events).ok())
-      for (const auto& event : events.events()) state.AddEvent(event);
+    std::vector<v1::Event> events;
+    ListAllEvents(client, events_request, &events);
+    for (const auto& event : events) state.AddEvent(event);
   }
   WatchPrinter printer(out, tty);
   printer.Draw(state, true);
@@ -806,9 +880,9 @@ int CmdCancel(Client& client, const Parsed& parsed, std::ostream& out, std::ostr
     v1::CancelSweepRequest request;
     request.set_sweep_id(id);
     v1::Sweep cancelled;
-    auto context = client.Context();
+    auto context = client.Context(LongDeadlineSeconds());
     grpc::Status status = client.stub()->CancelSweep(context.get(), request, &cancelled);
-    if (!status.ok()) return RpcError("CancelSweep", status, client, err);
+    if (!status.ok()) return LongCallError("CancelSweep of " + id, "`keel runs " + id + "`", status, client, err);
     out << "cancelled sweep " << cancelled.id() << " (" << SweepStateName(cancelled.state()) << ")\n";
     return kExitOk;
   }
@@ -872,16 +946,10 @@ int CmdIntervene(Client& client, const Parsed& parsed, std::ostream& out, std::o
 int FetchSeries(Client& client, const std::vector<v1::Run>& runs, int max_points, std::vector<RunSeries>* series,
                 std::ostream& err) {
   for (const auto& run : runs) {
-    v1::GetMetricsRequest request;
-    request.set_run_id(run.id());
-    request.set_max_points(max_points);
-    v1::GetMetricsResponse response;
-    auto context = client.Context(kMetricsDeadlineSeconds);
-    grpc::Status status = client.stub()->GetMetrics(context.get(), request, &response);
-    if (!status.ok()) return RpcError("GetMetrics " + run.id(), status, client, err);
     RunSeries s;
+    grpc::Status status = GetAllMetrics(client, run.id(), max_points, &s.points);
+    if (!status.ok()) return RpcError("GetMetrics " + run.id(), status, client, err);
     s.run = run;
-    s.points.assign(response.points().begin(), response.points().end());
     std::stable_sort(s.points.begin(), s.points.end(),
                      [](const v1::MetricPoint& a, const v1::MetricPoint& b) { return a.step() < b.step(); });
     series->push_back(std::move(s));
@@ -891,13 +959,9 @@ int FetchSeries(Client& client, const std::vector<v1::Run>& runs, int max_points
 
 // Runs of sweep `id`, sorted; NOT_FOUND when the sweep does not exist.
 int SweepRuns(Client& client, const std::string& id, std::vector<v1::Run>* runs, std::ostream& err) {
-  v1::ListRunsRequest request;
-  request.set_sweep_id(id);
-  v1::ListRunsResponse response;
-  auto context = client.Context();
-  grpc::Status status = client.stub()->ListRuns(context.get(), request, &response);
+  runs->clear();
+  grpc::Status status = ListAllRuns(client, id, runs);
   if (!status.ok()) return RpcError("ListRuns", status, client, err);
-  runs->assign(response.runs().begin(), response.runs().end());
   if (runs->empty()) {
     // An empty list may be an unknown sweep: ask, for a clear exit code.
     v1::Sweep sweep;
@@ -982,11 +1046,9 @@ int CmdPlot(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
   std::vector<RunSeries> series;
   int code = FetchSeries(client, runs, kPlotMaxPoints, &series, err);
   if (code != kExitOk) return code;
-  v1::ListEventsResponse events;
-  auto context = client.Context();
-  grpc::Status status = client.stub()->ListEvents(context.get(), events_request, &events);
+  std::vector<v1::Event> list;
+  grpc::Status status = ListAllEvents(client, events_request, &list);
   if (!status.ok()) return RpcError("ListEvents", status, client, err);
-  std::vector<v1::Event> list(events.events().begin(), events.events().end());
   std::string title = is_sweep ? "sweep " + id + (sweep.name().empty() ? "" : " (" + sweep.name() + ")") : "run " + id;
   if (!WriteOutput(file->second, RenderLossSvg(title + ": loss vs step", series, list), err)) return kExitFailed;
   int markers = 0;

@@ -11,11 +11,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "proto/keel.grpc.pb.h"
 #include "proto/keel.pb.h"
@@ -75,6 +77,7 @@ class FakeKeel final : public v1::KeelService::Service {
     intervention_.set_message("bf16 after loss spike");
   }
 
+  std::atomic<int> cancel_delay_ms{0};
   // What the handlers saw, for the tests to check.
   std::mutex mu;
   v1::SweepSpec submitted;
@@ -108,6 +111,8 @@ class FakeKeel final : public v1::KeelService::Service {
   }
   grpc::Status CancelSweep(grpc::ServerContext* c, const v1::CancelSweepRequest* request, v1::Sweep* sweep) override {
     if (!Authorized(*c)) return Unauthenticated();
+    // A long cancel (a 10,000-run sweep): answered late, but answered.
+    std::this_thread::sleep_for(std::chrono::milliseconds(cancel_delay_ms.load()));
     std::lock_guard<std::mutex> lock(mu);
     cancelled_sweep = request->sweep_id();
     *sweep = sweeps_.at(request->sweep_id());
@@ -484,6 +489,22 @@ TEST_F(CliTest, CancelTriesTheSweepFirstThenTheRun) {
     EXPECT_EQ(service_.cancelled_run, "r2");
   }
   EXPECT_EQ(Keel({"cancel", "nope"}), kExitNotFound);
+}
+
+TEST_F(CliTest, ACancelLongerThanTheUnaryDeadlineIsASuccess) {
+  service_.cancel_delay_ms = 6000;  // past the 5 s that every call had before
+  ASSERT_EQ(Keel({"cancel", "sw-1"}), kExitOk) << err_;
+  EXPECT_EQ(out_, "cancelled sweep sw-1 (CANCELLED)\n");
+}
+
+TEST_F(CliTest, ACancelThatTimesOutSaysItMayStillCompleteAndHowToCheck) {
+  service_.cancel_delay_ms = 3000;
+  setenv("KEEL_LONG_DEADLINE_S", "1", 1);
+  const int code = Keel({"cancel", "sw-1"});
+  unsetenv("KEEL_LONG_DEADLINE_S");
+  EXPECT_EQ(code, kExitUnavailable);
+  EXPECT_NE(err_.find("DEADLINE_EXCEEDED"), std::string::npos) << err_;
+  EXPECT_NE(err_.find("may still complete it: check with `keel runs sw-1`"), std::string::npos) << err_;
 }
 
 TEST_F(CliTest, InterveneSendsTheFlags) {

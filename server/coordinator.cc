@@ -2,6 +2,8 @@
 #include "server/coordinator.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -37,6 +39,50 @@ const char* BodyKind(const v1::WorkerMessage& m) {
     case v1::WorkerMessage::kStarted: return "started";
     default: return "unknown";
   }
+}
+
+// The listing position of a sweep: the number NewId gave it (creation order,
+// unlike the id's text: "sweep-10" < "sweep-9"), then the id.
+std::pair<uint64_t, std::string> SweepKey(const std::string& id) {
+  const size_t dash = id.rfind('-');
+  const uint64_t n = dash == std::string::npos ? 0 : std::strtoull(id.c_str() + dash + 1, nullptr, 10);
+  return {n, id};
+}
+
+// page_size 0: the default; above the cap: the cap; negative: refused.
+grpc::Status PageSize(int32_t requested, int default_size, int cap, int* out) {
+  if (requested < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "page_size: " + std::to_string(requested) + " is not allowed (>= 0; 0 = the default " +
+                            std::to_string(default_size) + "; values above " + std::to_string(cap) +
+                            " are clamped to it)");
+  }
+  *out = requested == 0 ? default_size : std::min<int>(requested, cap);
+  return grpc::Status::OK;
+}
+
+// Page tokens are "<listing>/<filters>/<key>": the listing and its filters
+// (so a token of another RPC or filter is refused) and the sort key of the
+// last item returned. Clients treat them as opaque.
+grpc::Status BadToken(const std::string& token, const std::string& listing) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      "page_token: '" + token + "' is not a page token of " + listing +
+                          "; allowed: empty (the first page) or the next_page_token of the previous page of "
+                          "the same listing (same RPC, same filters)");
+}
+
+// The key of `token` after `prefix` when it has that prefix and the rest is
+// an integer (>= min).
+bool TokenKey(const std::string& token, const std::string& prefix, int64_t min, int64_t* key) {
+  if (token.compare(0, prefix.size(), prefix) != 0 || token.size() == prefix.size()) return false;
+  const std::string rest = token.substr(prefix.size());
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(rest.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0' || !(rest[0] == '-' || std::isdigit(static_cast<unsigned char>(rest[0]))) || v < min)
+    return false;
+  *key = v;
+  return true;
 }
 
 }  // namespace
@@ -98,6 +144,15 @@ Status Coordinator::Load() {
   std::vector<v1::Run> runs;
   KEEL_RETURN_IF_ERROR(store_->ListRuns("", &runs));
   for (const v1::Run& r : runs) runs_[r.id()] = r;
+  for (const auto& s : sweeps_) {
+    sweep_order_.insert(SweepKey(s.first));
+    sweep_runs_[s.first];
+  }
+  for (auto& r : runs_) IndexRun(&r.second);
+  for (auto& s : sweep_runs_) {
+    std::stable_sort(s.second.begin(), s.second.end(),
+                     [](const v1::Run* a, const v1::Run* b) { return a->index() < b->index(); });
+  }
   std::vector<v1::Worker> workers;
   KEEL_RETURN_IF_ERROR(store_->ListWorkers(&workers));
   const int64_t grace = Now() + options_.lease_ms;
@@ -121,6 +176,17 @@ Status Coordinator::Load() {
     if (dash != std::string::npos) id_counter_ = std::max<uint64_t>(id_counter_, std::strtoull(w.first.c_str() + dash + 1, nullptr, 10));
   }
   return Status::Ok();
+}
+
+void Coordinator::IndexRun(v1::Run* run) { sweep_runs_[run->sweep_id()].push_back(run); }
+
+v1::Sweep Coordinator::SweepWithCounts(const v1::Sweep& sweep) {
+  v1::Sweep out = sweep;
+  out.clear_runs_by_state();
+  const std::vector<v1::Run*>& runs = sweep_runs_[sweep.id()];
+  for (const v1::Run* r : runs) ++(*out.mutable_runs_by_state())[v1::RunState_Name(r->state())];
+  out.set_runs_total(static_cast<int32_t>(runs.size()));
+  return out;
 }
 
 std::string Coordinator::NewId(const std::string& prefix) { return prefix + "-" + std::to_string(++id_counter_); }
@@ -163,6 +229,39 @@ Status Coordinator::SaveRun(v1::Run* run, const std::string& event_kind, const s
   return Status::Ok();
 }
 
+Status Coordinator::SaveRuns(std::vector<v1::Run>* runs, const std::string& event_kind, const std::string& message) {
+  if (runs->empty()) return Status::Ok();
+  const int64_t now = Now();
+  for (v1::Run& run : *runs) run.set_updated_unix_ms(now);
+  KEEL_RETURN_IF_ERROR(store_->UpdateRuns(*runs));
+  std::vector<v1::Event> events;
+  for (const v1::Run& run : *runs) {
+    if (Terminal(run.state())) live_[run.id()].ended_unix_ms = now;
+    runs_[run.id()] = run;
+    progress_dirty_.erase(run.id());
+    v1::WatchUpdate update;
+    *update.mutable_run() = run;
+    Publish(update, run.id(), run.sweep_id());
+    if (event_kind.empty()) continue;
+    v1::Event e;
+    e.set_run_id(run.id());
+    e.set_step(run.step());
+    e.set_unix_ms(now);
+    e.set_kind(event_kind);
+    e.set_message(message);
+    (*e.mutable_details())["state"] = v1::RunState_Name(run.state());
+    events.push_back(std::move(e));
+  }
+  if (events.empty()) return Status::Ok();
+  KEEL_RETURN_IF_ERROR(store_->AppendEvents(events));
+  for (const v1::Event& e : events) {
+    v1::WatchUpdate event_update;
+    *event_update.mutable_event() = e;
+    Publish(event_update, e.run_id(), runs_[e.run_id()].sweep_id());
+  }
+  return Status::Ok();
+}
+
 // ---- Users -------------------------------------------------------------------------------
 
 grpc::Status Coordinator::SubmitSweep(const v1::SweepSpec& spec, v1::SubmitSweepResponse* out) {
@@ -194,7 +293,9 @@ grpc::Status Coordinator::SubmitSweep(const v1::SweepSpec& spec, v1::SubmitSweep
   s = store_->CreateSweep(sweep, runs);
   if (!s.ok()) return FromStatus(s);
   sweeps_[sweep_id] = sweep;
-  for (const v1::Run& r : runs) runs_[r.id()] = r;
+  sweep_order_.insert(SweepKey(sweep_id));
+  sweep_runs_[sweep_id].reserve(runs.size());
+  for (const v1::Run& r : runs) IndexRun(&(runs_[r.id()] = r));
   *out->mutable_sweep() = sweep;
   for (const v1::Run& r : runs) *out->add_runs() = r;
   Schedule();
@@ -205,73 +306,112 @@ grpc::Status Coordinator::GetSweep(const std::string& id, v1::Sweep* out) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sweeps_.find(id);
   if (it == sweeps_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "sweep '" + id + "' not found");
-  *out = it->second;
-  out->clear_runs_by_state();
-  int total = 0;
-  for (const auto& r : runs_) {
-    if (r.second.sweep_id() != id) continue;
-    ++(*out->mutable_runs_by_state())[v1::RunState_Name(r.second.state())];
-    ++total;
-  }
-  out->set_runs_total(total);
+  *out = SweepWithCounts(it->second);
   return grpc::Status::OK;
 }
 
-grpc::Status Coordinator::ListSweeps(v1::ListSweepsResponse* out) {
-  std::vector<std::string> ids;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& s : sweeps_) ids.push_back(s.first);
+grpc::Status Coordinator::ListSweeps(const v1::ListSweepsRequest& request, v1::ListSweepsResponse* out) {
+  int limit = 0;
+  grpc::Status status = PageSize(request.page_size(), kDefaultRunsPage, kMaxRunsPage, &limit);
+  if (!status.ok()) return status;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sweep_order_.begin();
+  if (!request.page_token().empty()) {
+    // "sweeps/<last sweep id>"
+    const std::string prefix = "sweeps/";
+    const std::string last = request.page_token().substr(std::min(prefix.size(), request.page_token().size()));
+    if (request.page_token().compare(0, prefix.size(), prefix) != 0 || !sweeps_.count(last)) {
+      return BadToken(request.page_token(), "ListSweeps");
+    }
+    it = sweep_order_.upper_bound(SweepKey(last));
   }
-  std::vector<v1::Sweep> sweeps;
-  for (const std::string& id : ids) {
-    v1::Sweep s;
-    if (GetSweep(id, &s).ok()) sweeps.push_back(s);
+  int64_t bytes = 0;
+  for (; it != sweep_order_.end(); ++it) {
+    v1::Sweep sweep = SweepWithCounts(sweeps_[it->second]);
+    const int64_t size = static_cast<int64_t>(sweep.ByteSizeLong());
+    if (out->sweeps_size() > 0 && (out->sweeps_size() >= limit || bytes + size > kPageBytes)) {
+      out->set_next_page_token("sweeps/" + out->sweeps(out->sweeps_size() - 1).id());
+      break;
+    }
+    bytes += size;
+    *out->add_sweeps() = std::move(sweep);
   }
-  std::sort(sweeps.begin(), sweeps.end(), [](const v1::Sweep& a, const v1::Sweep& b) {
-    return a.created_unix_ms() != b.created_unix_ms() ? a.created_unix_ms() < b.created_unix_ms() : a.id() < b.id();
-  });
-  for (v1::Sweep& s : sweeps) *out->add_sweeps() = std::move(s);
   return grpc::Status::OK;
 }
 
 grpc::Status Coordinator::CancelSweep(const std::string& id, v1::Sweep* out) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = sweeps_.find(id);
-    if (it == sweeps_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "sweep '" + id + "' not found");
-    std::vector<std::string> ids;
-    for (const auto& r : runs_) {
-      if (r.second.sweep_id() == id && !Terminal(r.second.state())) ids.push_back(r.first);
-    }
-    for (const std::string& run_id : ids) {
-      Status s = Cancel(runs_[run_id]);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sweeps_.find(id);
+  if (it == sweeps_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "sweep '" + id + "' not found");
+  // Queued runs end CANCELLED together: one transaction for all of them, not
+  // two synced commits per run (20,000 fsyncs for a 10,000-run sweep).
+  std::vector<v1::Run> queued;
+  for (const v1::Run* r : sweep_runs_[id]) {
+    if (Terminal(r->state())) continue;
+    if (Active(r->state())) {
+      Status s = Cancel(*r);
       if (!s.ok()) return FromStatus(s);
+      continue;
     }
-    v1::Sweep sweep = it->second;
-    sweep.set_state(v1::SWEEP_CANCELLED);
-    Status s = store_->UpdateSweep(sweep);
-    if (!s.ok()) return FromStatus(s);
-    it->second = sweep;
+    queued.push_back(*r);
+    queued.back().set_state(v1::CANCELLED);
+    queued.back().set_message("cancelled by the user");
   }
-  return GetSweep(id, out);
+  Status s = SaveRuns(&queued, "state", "cancelled by the user");
+  if (!s.ok()) return FromStatus(s);
+  v1::Sweep sweep = it->second;
+  sweep.set_state(v1::SWEEP_CANCELLED);
+  s = store_->UpdateSweep(sweep);
+  if (!s.ok()) return FromStatus(s);
+  it->second = sweep;
+  *out = SweepWithCounts(sweep);
+  return grpc::Status::OK;
 }
 
-grpc::Status Coordinator::ListRuns(const std::string& sweep_id, v1::ListRunsResponse* out) {
+grpc::Status Coordinator::ListRuns(const v1::ListRunsRequest& request, v1::ListRunsResponse* out) {
+  int limit = 0;
+  grpc::Status status = PageSize(request.page_size(), kDefaultRunsPage, kMaxRunsPage, &limit);
+  if (!status.ok()) return status;
+  const std::string& filter = request.sweep_id();
   std::lock_guard<std::mutex> lock(mu_);
-  if (!sweep_id.empty() && !sweeps_.count(sweep_id)) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND, "sweep '" + sweep_id + "' not found");
+  if (!filter.empty() && !sweeps_.count(filter)) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "sweep '" + filter + "' not found");
   }
-  std::vector<const v1::Run*> runs;
-  for (const auto& r : runs_) {
-    if (sweep_id.empty() || r.second.sweep_id() == sweep_id) runs.push_back(&r.second);
+  // Walk the ordered index from the page's first position; copy only the page.
+  auto sweep = filter.empty() ? sweep_order_.begin() : sweep_order_.find(SweepKey(filter));
+  int64_t after_index = -1;  // in *sweep: runs with a greater index
+  if (!request.page_token().empty()) {
+    // "runs/<filter>/<sweep of the last run>/<its index>"
+    const std::string& token = request.page_token();
+    const std::string prefix = "runs/" + filter + "/";
+    const size_t slash = token.rfind('/');
+    int64_t index = 0;
+    const std::string last_sweep =
+        slash != std::string::npos && slash > prefix.size() ? token.substr(prefix.size(), slash - prefix.size()) : "";
+    if (last_sweep.empty() || !sweeps_.count(last_sweep) || (!filter.empty() && last_sweep != filter) ||
+        !TokenKey(token, prefix + last_sweep + "/", 0, &index)) {
+      return BadToken(token, filter.empty() ? "ListRuns of all runs" : "ListRuns of sweep '" + filter + "'");
+    }
+    sweep = sweep_order_.find(SweepKey(last_sweep));
+    after_index = index;
   }
-  std::sort(runs.begin(), runs.end(), [](const v1::Run* a, const v1::Run* b) {
-    if (a->created_unix_ms() != b->created_unix_ms()) return a->created_unix_ms() < b->created_unix_ms();
-    if (a->sweep_id() != b->sweep_id()) return a->sweep_id() < b->sweep_id();
-    return a->index() < b->index();
-  });
-  for (const v1::Run* r : runs) *out->add_runs() = *r;
+  int64_t bytes = 0;
+  for (; sweep != sweep_order_.end(); ++sweep, after_index = -1) {
+    if (!filter.empty() && sweep->second != filter) break;
+    const std::vector<v1::Run*>& runs = sweep_runs_[sweep->second];
+    auto r = std::upper_bound(runs.begin(), runs.end(), after_index,
+                              [](int64_t index, const v1::Run* run) { return index < run->index(); });
+    for (; r != runs.end(); ++r) {
+      const int64_t size = static_cast<int64_t>((*r)->ByteSizeLong());
+      if (out->runs_size() > 0 && (out->runs_size() >= limit || bytes + size > kPageBytes)) {
+        const v1::Run& last = out->runs(out->runs_size() - 1);
+        out->set_next_page_token("runs/" + filter + "/" + last.sweep_id() + "/" + std::to_string(last.index()));
+        return grpc::Status::OK;
+      }
+      bytes += size;
+      *out->add_runs() = **r;
+    }
+  }
   return grpc::Status::OK;
 }
 
@@ -316,28 +456,58 @@ grpc::Status Coordinator::CancelRun(const std::string& id, v1::Run* out) {
 }
 
 grpc::Status Coordinator::GetMetrics(const v1::GetMetricsRequest& request, v1::GetMetricsResponse* out) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!runs_.count(request.run_id())) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND, "run '" + request.run_id() + "' not found");
-  }
   if (request.max_points() < 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "max_points: " + std::to_string(request.max_points()) + " is not allowed (>= 0; 0 = all)");
   }
-  FlushMetrics();
+  PageRequest page;
+  grpc::Status status = PageSize(request.page_size(), kDefaultPointsPage, kMaxPointsPage, &page.max_items);
+  if (!status.ok()) return status;
+  page.max_bytes = kPageBytes;
+  // "points/<run>/<max_points>/<step of the last point>"
+  const std::string prefix = "points/" + request.run_id() + "/" + std::to_string(request.max_points()) +
+                             (request.omit_json() ? "/nojson/" : "/");
+  if (!request.page_token().empty() && !TokenKey(request.page_token(), prefix, INT64_MIN, &page.after)) {
+    return BadToken(request.page_token(), "GetMetrics of run '" + request.run_id() + "' with max_points " +
+                                              std::to_string(request.max_points()));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!runs_.count(request.run_id())) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "run '" + request.run_id() + "' not found");
+    }
+    FlushMetrics();  // every point received before this call is read
+  }
   std::vector<v1::MetricPoint> points;
-  Status s = store_->GetMetrics(request.run_id(), request.max_points(), &points);
+  PageResult result;
+  Status s = store_->GetMetricsPage(request.run_id(), request.max_points(), request.omit_json(), page, &points,
+                                    &result);
   if (!s.ok()) return FromStatus(s);
+  out->mutable_points()->Reserve(static_cast<int>(points.size()));
   for (v1::MetricPoint& p : points) *out->add_points() = std::move(p);
+  if (result.more) out->set_next_page_token(prefix + std::to_string(result.last));
   return grpc::Status::OK;
 }
 
 grpc::Status Coordinator::ListEvents(const v1::ListEventsRequest& request, v1::ListEventsResponse* out) {
-  std::lock_guard<std::mutex> lock(mu_);
+  PageRequest page;
+  grpc::Status status = PageSize(request.page_size(), kDefaultEventsPage, kMaxEventsPage, &page.max_items);
+  if (!status.ok()) return status;
+  page.max_bytes = kPageBytes;
+  // "events/<run>/<sweep>/<stored position of the last event>"
+  const std::string prefix = "events/" + request.run_id() + "/" + request.sweep_id() + "/";
+  if (!request.page_token().empty() && !TokenKey(request.page_token(), prefix, 0, &page.after)) {
+    return BadToken(request.page_token(), "ListEvents of run '" + request.run_id() + "' and sweep '" +
+                                              request.sweep_id() + "'");
+  }
+  // No mu_: events are written to the store before they are published.
   std::vector<v1::Event> events;
-  Status s = store_->ListEvents(request.run_id(), request.sweep_id(), &events);
+  PageResult result;
+  Status s = store_->ListEventsPage(request.run_id(), request.sweep_id(), page, &events, &result);
   if (!s.ok()) return FromStatus(s);
+  out->mutable_events()->Reserve(static_cast<int>(events.size()));
   for (v1::Event& e : events) *out->add_events() = std::move(e);
+  if (result.more) out->set_next_page_token(prefix + std::to_string(result.last));
   return grpc::Status::OK;
 }
 

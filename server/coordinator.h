@@ -109,6 +109,18 @@ struct CoordinatorStats {
   std::vector<RunGauges> runs;                   // every run not ended more than retention ago
 };
 
+// Paging of the listings (keel.proto, "Paging"): the page_size used when a
+// request gives 0, the largest honoured (larger ones are clamped), and the
+// serialized bytes after which a page ends early (at least one item a page),
+// so that a response stays well under gRPC's 4 MB default message limit.
+constexpr int kDefaultRunsPage = 1000;      // runs and sweeps
+constexpr int kMaxRunsPage = 5000;
+constexpr int kDefaultEventsPage = 5000;
+constexpr int kMaxEventsPage = 20000;
+constexpr int kDefaultPointsPage = 10000;
+constexpr int kMaxPointsPage = 50000;
+constexpr int64_t kPageBytes = 2 << 20;
+
 class Coordinator {
  public:
   // Loads everything from the store. Runs that were assigned or running when
@@ -121,9 +133,15 @@ class Coordinator {
   // ---- Users (grpc::Status codes are the RPCs' answers) ----
   grpc::Status SubmitSweep(const v1::SweepSpec& spec, v1::SubmitSweepResponse* out);
   grpc::Status GetSweep(const std::string& id, v1::Sweep* out);
-  grpc::Status ListSweeps(v1::ListSweepsResponse* out);
+  // The listings return one page each (see kDefaultRunsPage); a bad
+  // page_size or page_token is INVALID_ARGUMENT. GetMetrics and ListEvents
+  // read the store without holding mu_ (the store is thread-safe and they
+  // change nothing), so a long read does not stall workers and the Tick.
+  grpc::Status ListSweeps(const v1::ListSweepsRequest& request, v1::ListSweepsResponse* out);
+  // Cancels every queued run of the sweep in one store transaction (and their
+  // events in a second), and tells workers to stop the active ones.
   grpc::Status CancelSweep(const std::string& id, v1::Sweep* out);
-  grpc::Status ListRuns(const std::string& sweep_id, v1::ListRunsResponse* out);
+  grpc::Status ListRuns(const v1::ListRunsRequest& request, v1::ListRunsResponse* out);
   grpc::Status GetRun(const std::string& id, v1::Run* out);
   grpc::Status CancelRun(const std::string& id, v1::Run* out);
   grpc::Status GetMetrics(const v1::GetMetricsRequest& request, v1::GetMetricsResponse* out);
@@ -171,6 +189,12 @@ class Coordinator {
   int64_t Now() const;
   Status Load();
   Status SaveRun(v1::Run* run, const std::string& event_kind, const std::string& message);
+  // SaveRun for many runs: one UpdateRuns and one AppendEvents transaction.
+  Status SaveRuns(std::vector<v1::Run>* runs, const std::string& event_kind, const std::string& message);
+  // Files a run of runs_ under its sweep in sweep_runs_ (Load, SubmitSweep).
+  void IndexRun(v1::Run* run);
+  // The sweep with runs_total and runs_by_state counted from its runs.
+  v1::Sweep SweepWithCounts(const v1::Sweep& sweep);
   void Publish(const v1::WatchUpdate& update, const std::string& run_id, const std::string& sweep_id);
   void Schedule();
   void SaveProgress();
@@ -198,6 +222,12 @@ class Coordinator {
   CoordinatorOptions options_;
   std::map<std::string, v1::Run> runs_;             // every run, by id
   std::map<std::string, v1::Sweep> sweeps_;         // every sweep, by id
+  // The listing order: sweeps by creation (the number in their id, then the
+  // id), and each sweep's runs by index. Pointers into runs_ stay valid: a
+  // std::map node never moves and runs are never erased. A sweep's runs are
+  // all created with it, so its vector never grows after SubmitSweep.
+  std::set<std::pair<uint64_t, std::string>> sweep_order_;
+  std::map<std::string, std::vector<v1::Run*>> sweep_runs_;
   std::map<std::string, WorkerState> workers_;      // by id
   std::set<std::string> cancel_requested_;          // runs being cancelled on a worker
   // Metric points received but not yet committed: flushed in one transaction

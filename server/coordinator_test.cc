@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <functional>
 #include <map>
 
 namespace keel {
@@ -44,7 +45,9 @@ struct Fixture {
   }
   std::vector<v1::Run> Runs(const std::string& sweep) {
     v1::ListRunsResponse out;
-    EXPECT_TRUE(c->ListRuns(sweep, &out).ok());
+    v1::ListRunsRequest request;
+    request.set_sweep_id(sweep);
+    EXPECT_TRUE(c->ListRuns(request, &out).ok());
     return std::vector<v1::Run>(out.runs().begin(), out.runs().end());
   }
   // A worker with one CPU slot whose stream records the commands sent to it.
@@ -413,6 +416,170 @@ TEST(CoordinatorTest, MissingStepsAreReportedAsGaps) {
   CoordinatorStats stats = f.c->Stats();
   EXPECT_EQ(stats.metric_gaps, 2);
   EXPECT_EQ(stats.metric_points_missing, 3 + 40);
+}
+
+// Walks every page of ListRuns(sweep) with `page_size`; `between` runs after
+// each page (inserts that must not shift the pages).
+std::vector<std::string> AllRunIds(Coordinator* c, const std::string& sweep, int page_size,
+                                   const std::function<void()>& between = nullptr) {
+  std::vector<std::string> ids;
+  v1::ListRunsRequest request;
+  request.set_sweep_id(sweep);
+  request.set_page_size(page_size);
+  for (int pages = 0; pages < 1000; ++pages) {
+    v1::ListRunsResponse out;
+    grpc::Status s = c->ListRuns(request, &out);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    if (page_size > 0) EXPECT_LE(out.runs_size(), page_size);
+    for (const v1::Run& r : out.runs()) ids.push_back(r.id());
+    if (out.next_page_token().empty()) break;
+    request.set_page_token(out.next_page_token());
+    if (between) between();
+  }
+  return ids;
+}
+
+TEST(CoordinatorTest, ListRunsPagesReturnEveryRunOnceInOrderWhileSweepsArrive) {
+  Fixture f(DbPath("page_runs"));
+  std::vector<std::string> sweeps, expected;
+  for (int i = 0; i < 3; ++i) sweeps.push_back(f.Submit(5));
+  for (const std::string& sw : sweeps) {
+    for (const v1::Run& r : f.Runs(sw)) expected.push_back(r.id());
+  }
+  // Sweeps submitted between pages come after every run listed so far.
+  std::vector<std::string> added;
+  std::vector<std::string> all = AllRunIds(f.c.get(), "", 4, [&] {
+    if (added.size() < 2) added.push_back(f.Submit(3));
+  });
+  for (const std::string& sw : added) {
+    for (const v1::Run& r : f.Runs(sw)) expected.push_back(r.id());
+  }
+  EXPECT_EQ(all, expected);
+  // One sweep, pages of 2: its 5 runs by index, then the end.
+  std::vector<std::string> one = AllRunIds(f.c.get(), sweeps[1], 2);
+  EXPECT_EQ(one, std::vector<std::string>(expected.begin() + 5, expected.begin() + 10));
+  // page_size 0 is the default (everything here), a huge one is clamped.
+  EXPECT_EQ(AllRunIds(f.c.get(), "", 0).size(), expected.size());
+  v1::ListRunsRequest request;
+  request.set_page_size(1 << 30);
+  v1::ListRunsResponse out;
+  ASSERT_TRUE(f.c->ListRuns(request, &out).ok());
+  EXPECT_EQ(out.runs_size(), static_cast<int>(expected.size()));
+  EXPECT_TRUE(out.next_page_token().empty());
+}
+
+TEST(CoordinatorTest, ListSweepsPagesInCreationOrder) {
+  Fixture f(DbPath("page_sweeps"));
+  std::vector<std::string> expected;
+  for (int i = 0; i < 11; ++i) expected.push_back(f.Submit(1));  // sweep-10 sorts after sweep-9
+  std::vector<std::string> got;
+  v1::ListSweepsRequest request;
+  request.set_page_size(3);
+  for (;;) {
+    v1::ListSweepsResponse out;
+    ASSERT_TRUE(f.c->ListSweeps(request, &out).ok());
+    for (const v1::Sweep& s : out.sweeps()) {
+      got.push_back(s.id());
+      EXPECT_EQ(s.runs_total(), 1);
+    }
+    if (out.next_page_token().empty()) break;
+    request.set_page_token(out.next_page_token());
+  }
+  EXPECT_EQ(got, expected);
+}
+
+TEST(CoordinatorTest, BadPageTokensAndSizesAreRefusedNamingTheField) {
+  Fixture f(DbPath("page_bad"));
+  const std::string a = f.Submit(3), b = f.Submit(3);
+  v1::ListRunsRequest request;
+  request.set_sweep_id(a);
+  request.set_page_size(1);
+  v1::ListRunsResponse first;
+  ASSERT_TRUE(f.c->ListRuns(request, &first).ok());
+  ASSERT_FALSE(first.next_page_token().empty());
+  auto refused = [](const grpc::Status& s, const std::string& value) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_NE(s.error_message().find("page_token: '" + value + "'"), std::string::npos) << s.error_message();
+    EXPECT_NE(s.error_message().find("allowed"), std::string::npos) << s.error_message();
+  };
+  // Malformed, and a token of sweep a's listing used for sweep b.
+  for (const std::string& token : {std::string("garbage"), std::string("runs/") + a + "/" + a + "/x", first.next_page_token()}) {
+    v1::ListRunsRequest bad;
+    bad.set_sweep_id(token == first.next_page_token() ? b : a);
+    bad.set_page_token(token);
+    v1::ListRunsResponse out;
+    refused(f.c->ListRuns(bad, &out), token);
+    EXPECT_EQ(out.runs_size(), 0);
+  }
+  // A ListRuns token given to ListEvents, GetMetrics and ListSweeps.
+  v1::ListEventsRequest events;
+  events.set_sweep_id(a);
+  events.set_page_token(first.next_page_token());
+  v1::ListEventsResponse events_out;
+  refused(f.c->ListEvents(events, &events_out), first.next_page_token());
+  v1::GetMetricsRequest metrics;
+  metrics.set_run_id(first.runs(0).id());
+  metrics.set_page_token(first.next_page_token());
+  v1::GetMetricsResponse metrics_out;
+  refused(f.c->GetMetrics(metrics, &metrics_out), first.next_page_token());
+  v1::ListSweepsRequest sweeps;
+  sweeps.set_page_token(first.next_page_token());
+  v1::ListSweepsResponse sweeps_out;
+  refused(f.c->ListSweeps(sweeps, &sweeps_out), first.next_page_token());
+  // Negative page sizes.
+  request.set_page_size(-1);
+  grpc::Status s = f.c->ListRuns(request, &first);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("page_size: -1"), std::string::npos) << s.error_message();
+  events.clear_page_token();
+  events.set_page_size(-5);
+  EXPECT_EQ(f.c->ListEvents(events, &events_out).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST(CoordinatorTest, ListEventsPagesFollowTheStoreOrder) {
+  Fixture f(DbPath("page_events"));
+  const std::string sweep = f.Submit(6);
+  v1::Sweep cancelled;
+  ASSERT_TRUE(f.c->CancelSweep(sweep, &cancelled).ok());  // one event per run
+  v1::ListEventsRequest request;
+  request.set_sweep_id(sweep);
+  v1::ListEventsResponse all;
+  ASSERT_TRUE(f.c->ListEvents(request, &all).ok());
+  ASSERT_EQ(all.events_size(), 6);
+  EXPECT_TRUE(all.next_page_token().empty());
+  request.set_page_size(4);
+  std::vector<std::string> got;
+  for (;;) {
+    v1::ListEventsResponse out;
+    ASSERT_TRUE(f.c->ListEvents(request, &out).ok());
+    for (const v1::Event& e : out.events()) got.push_back(e.run_id());
+    if (out.next_page_token().empty()) break;
+    request.set_page_token(out.next_page_token());
+  }
+  std::vector<std::string> expected;
+  for (const v1::Event& e : all.events()) expected.push_back(e.run_id());
+  EXPECT_EQ(got, expected);
+}
+
+TEST(CoordinatorTest, CancelSweepEndsEveryQueuedRunWithOneEventEach) {
+  Fixture f(DbPath("cancel_batch"));
+  const std::string sweep = f.Submit(40);
+  v1::Sweep out;
+  ASSERT_TRUE(f.c->CancelSweep(sweep, &out).ok());
+  EXPECT_EQ(out.runs_by_state().at("CANCELLED"), 40);
+  v1::ListEventsRequest request;
+  request.set_sweep_id(sweep);
+  v1::ListEventsResponse events;
+  ASSERT_TRUE(f.c->ListEvents(request, &events).ok());
+  ASSERT_EQ(events.events_size(), 40);
+  for (const v1::Event& e : events.events()) EXPECT_EQ(e.details().at("state"), "CANCELLED");
+  // And it is what a restarted keeld reads back.
+  f.c.reset();
+  f.Open();
+  for (const v1::Run& r : f.Runs(sweep)) {
+    EXPECT_EQ(r.state(), v1::CANCELLED) << r.id();
+    EXPECT_EQ(r.message(), "cancelled by the user");
+  }
 }
 
 }  // namespace

@@ -57,10 +57,10 @@ grpc::Status UserService::GetSweep(grpc::ServerContext* ctx, const v1::GetSweepR
   });
 }
 
-grpc::Status UserService::ListSweeps(grpc::ServerContext* ctx, const v1::ListSweepsRequest*, v1::ListSweepsResponse* out) {
+grpc::Status UserService::ListSweeps(grpc::ServerContext* ctx, const v1::ListSweepsRequest* req, v1::ListSweepsResponse* out) {
   return Timed(metrics_, "ListSweeps", [&]() -> grpc::Status {
     KEEL_AUTHORIZE(ctx, Caller::kUser);
-    return c_->ListSweeps(out);
+    return c_->ListSweeps(*req, out);
   });
 }
 
@@ -74,7 +74,7 @@ grpc::Status UserService::CancelSweep(grpc::ServerContext* ctx, const v1::Cancel
 grpc::Status UserService::ListRuns(grpc::ServerContext* ctx, const v1::ListRunsRequest* req, v1::ListRunsResponse* out) {
   return Timed(metrics_, "ListRuns", [&]() -> grpc::Status {
     KEEL_AUTHORIZE(ctx, Caller::kUser);
-    return c_->ListRuns(req->sweep_id(), out);
+    return c_->ListRuns(*req, out);
   });
 }
 

@@ -36,6 +36,21 @@ bool IsNotFound(const Status& status);
 // Builds the NotFound error for a record: "<kind> '<id>' not found".
 Status NotFoundError(const std::string& kind, const std::string& id);
 
+// Which page of a listing a paged read returns: the items whose key (a
+// metric point's step, an event's stored position) is greater than `after`,
+// at most max_items of them, and no more once their serialized records reach
+// max_bytes (but always at least one item when any remains).
+struct PageRequest {
+  int64_t after = INT64_MIN;       // INT64_MIN: from the first item
+  int max_items = 1000;
+  int64_t max_bytes = 2 << 20;
+};
+
+struct PageResult {
+  int64_t last = 0;                // key of the last item returned (unset when none)
+  bool more = false;               // items remain after this page
+};
+
 class Store {
  public:
   virtual ~Store() = default;
@@ -79,6 +94,16 @@ class Store {
   // run does not exist; an existing run without points gives an empty list.
   virtual Status GetMetrics(const std::string& run_id, int max_points,
                             std::vector<v1::MetricPoint>* out) = 0;
+  // One page of GetMetrics: the points with step > page.after, in ascending
+  // step order, taken from the downsampling of all the run's points when
+  // max_points > 0 (the same choice as GetMetrics). result->last is the step
+  // of the last point returned. Without downsampling a page costs O(page)
+  // (the (run_id, step) key); with it, one pass over the run's steps.
+  // omit_json: the points come without their json line, and the byte
+  // budget counts them so.
+  virtual Status GetMetricsPage(const std::string& run_id, int max_points, bool omit_json,
+                                const PageRequest& page, std::vector<v1::MetricPoint>* out,
+                                PageResult* result) = 0;
   // The point with the highest step of `run_id` (NotFound when it has none).
   virtual Status LastMetric(const std::string& run_id, v1::MetricPoint* out) = 0;
   // Deletes the points of `run_id` with step > `step` (a rollback to `step`).
@@ -90,10 +115,21 @@ class Store {
   // then also filed under that run's sweep. An empty run_id is a keeld-level
   // event (listed only when both filters are empty).
   virtual Status AppendEvent(const v1::Event& event) = 0;
+  // AppendEvent for each event, in one transaction (one fsync for a batch such
+  // as cancelling a 10,000-run sweep): all or nothing.
+  virtual Status AppendEvents(const std::vector<v1::Event>& events) = 0;
   // Events in insertion order, filtered by run_id and/or sweep_id (an empty
   // filter matches everything). NotFound when a filter names no run / sweep.
   virtual Status ListEvents(const std::string& run_id, const std::string& sweep_id,
                             std::vector<v1::Event>* out) = 0;
+  // One page of ListEvents: the events stored after position page.after, in
+  // order. result->last is the position of the last event returned (the
+  // `after` of the next page); positions only grow, so events appended
+  // between pages come after every page already read. Costs O(page): the
+  // filters and the position are answered by an index.
+  virtual Status ListEventsPage(const std::string& run_id, const std::string& sweep_id,
+                                const PageRequest& page, std::vector<v1::Event>* out,
+                                PageResult* result) = 0;
 
   // ---- Workers -------------------------------------------------------------------
 

@@ -4,6 +4,7 @@
 // what reads return.
 #include <sqlite3.h>
 
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -128,6 +129,7 @@ class Stmt {
   }
 
   int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+  int64_t Bytes(int col) const { return sqlite3_column_bytes(stmt_, col); }
   std::string Text(int col) const {
     const unsigned char* p = sqlite3_column_text(stmt_, col);
     return p == nullptr ? std::string()
@@ -186,6 +188,12 @@ Status InTransaction(sqlite3* db, bool write, Body body) {
   if (status.ok()) status = Exec(db, "COMMIT");
   if (!status.ok() && !sqlite3_get_autocommit(db)) Exec(db, "ROLLBACK");
   return status;
+}
+
+// Drops a point's json line; returns the point's serialized size without it.
+int64_t OmitJson(v1::MetricPoint* point) {
+  point->clear_json();
+  return static_cast<int64_t>(point->ByteSizeLong());
 }
 
 Status RequireId(const std::string& id, const std::string& what) {
@@ -402,6 +410,57 @@ class SqliteStore : public Store {
     });
   }
 
+  Status GetMetricsPage(const std::string& run_id, int max_points, bool omit_json,
+                        const PageRequest& page, std::vector<v1::MetricPoint>* out,
+                        PageResult* result) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    out->clear();
+    *result = PageResult();
+    return InTransaction(db_, false, [&]() -> Status {
+      KEEL_RETURN_IF_ERROR(RequireExists("runs", "run", run_id));
+      int64_t n = 0;
+      if (max_points > 0) {
+        Stmt count(db_, "SELECT COUNT(*) FROM metrics WHERE run_id = ?");
+        count.Bind(1, run_id);
+        bool row;
+        KEEL_RETURN_IF_ERROR(count.Step(&row));
+        n = row ? count.Int(0) : 0;
+      }
+      if (max_points <= 0 || n <= max_points) {
+        // The primary key (run_id, step) starts the scan at `after`.
+        Stmt q(db_, "SELECT step, proto FROM metrics WHERE run_id = ? AND step > ? ORDER BY step LIMIT ?");
+        q.Bind(1, run_id).Bind(2, page.after).Bind(3, static_cast<int64_t>(page.max_items) + 1);
+        return ReadPage(&q, page, out, result, omit_json ? OmitJson : nullptr);
+      }
+      // The same points as GetMetrics' downsampling (see there), from `after` on.
+      const int64_t m = max_points;
+      auto target = [&](int64_t kk) { return m == 1 ? n - 1 : (kk * (n - 1) + (m - 1) / 2) / (m - 1); };
+      Stmt q(db_, "SELECT step, proto FROM metrics WHERE run_id = ? ORDER BY step");
+      q.Bind(1, run_id);
+      int64_t bytes = 0;
+      int64_t k = 0;
+      for (int64_t i = 0; k < m; ++i) {
+        bool row;
+        KEEL_RETURN_IF_ERROR(q.Step(&row));
+        if (!row) break;
+        if (i != target(k)) continue;  // skipped rows are never parsed
+        ++k;
+        if (q.Int(0) <= page.after) continue;
+        v1::MetricPoint point;
+        KEEL_RETURN_IF_ERROR(q.Parse(1, &point));
+        const int64_t size = omit_json ? OmitJson(&point) : q.Bytes(1);
+        if (!out->empty() && (static_cast<int64_t>(out->size()) >= page.max_items || bytes + size > page.max_bytes)) {
+          result->more = true;
+          break;
+        }
+        out->push_back(std::move(point));
+        bytes += size;
+        result->last = q.Int(0);
+      }
+      return Status::Ok();
+    });
+  }
+
   Status LastMetric(const std::string& run_id, v1::MetricPoint* out) override {
     std::lock_guard<std::mutex> lock(mu_);
     return InTransaction(db_, false, [&]() -> Status {
@@ -425,39 +484,67 @@ class SqliteStore : public Store {
     });
   }
 
-  Status AppendEvent(const v1::Event& event) override {
+  Status AppendEvent(const v1::Event& event) override { return AppendEvents({event}); }
+
+  Status AppendEvents(const std::vector<v1::Event>& events) override {
     std::lock_guard<std::mutex> lock(mu_);
     return WriteTransaction([&]() -> Status {
-      std::string sweep_id;
-      if (!event.run_id().empty()) {
-        Stmt q(db_, "SELECT sweep_id FROM runs WHERE id = ?");
-        q.Bind(1, event.run_id());
-        bool row;
-        KEEL_RETURN_IF_ERROR(q.Step(&row));
-        if (!row) return NotFoundError("run", event.run_id());
-        sweep_id = q.Text(0);
-      }
-      std::string blob;
-      KEEL_RETURN_IF_ERROR(Serialize(event, &blob));
+      Stmt sweep_of(db_, "SELECT sweep_id FROM runs WHERE id = ?");
       Stmt ins(db_, "INSERT INTO events(run_id, sweep_id, proto) VALUES(?,?,?)");
-      ins.BindOrNull(1, event.run_id()).BindOrNull(2, sweep_id).BindBlob(3, blob);
-      return ins.Run();
+      std::string blob;
+      for (const v1::Event& event : events) {
+        std::string sweep_id;
+        if (!event.run_id().empty()) {
+          sweep_of.Reset();
+          sweep_of.Bind(1, event.run_id());
+          bool row;
+          KEEL_RETURN_IF_ERROR(sweep_of.Step(&row));
+          if (!row) return NotFoundError("run", event.run_id());
+          sweep_id = sweep_of.Text(0);
+        }
+        KEEL_RETURN_IF_ERROR(Serialize(event, &blob));
+        ins.Reset();
+        ins.BindOrNull(1, event.run_id()).BindOrNull(2, sweep_id).BindBlob(3, blob);
+        KEEL_RETURN_IF_ERROR(ins.Run());
+      }
+      return Status::Ok();
     });
   }
 
   Status ListEvents(const std::string& run_id, const std::string& sweep_id,
                     std::vector<v1::Event>* out) override {
+    PageRequest all;
+    all.max_items = INT32_MAX;
+    all.max_bytes = INT64_MAX;
+    PageResult result;
+    return ListEventsPage(run_id, sweep_id, all, out, &result);
+  }
+
+  Status ListEventsPage(const std::string& run_id, const std::string& sweep_id,
+                        const PageRequest& page, std::vector<v1::Event>* out,
+                        PageResult* result) override {
     std::lock_guard<std::mutex> lock(mu_);
     out->clear();
+    *result = PageResult();
     return InTransaction(db_, false, [&]() -> Status {
       if (!run_id.empty()) KEEL_RETURN_IF_ERROR(RequireExists("runs", "run", run_id));
       if (!sweep_id.empty()) KEEL_RETURN_IF_ERROR(RequireExists("sweeps", "sweep", sweep_id));
-      // An empty filter is "?1 = ''", true for every row.
-      Stmt q(db_,
-             "SELECT proto FROM events WHERE (?1 = '' OR run_id = ?1) "
-             "AND (?2 = '' OR sweep_id = ?2) ORDER BY seq");
-      q.Bind(1, run_id).Bind(2, sweep_id);
-      return ReadAll(&q, out);
+      // One statement per filter, each equality on the leading column of an
+      // index ending in seq (events_by_run, events_by_sweep, the primary key):
+      // SQLite starts at `after` and stops at the limit. A filter written as
+      // "(?1 = '' OR run_id = ?1)" can use no index and scans every event.
+      const char* sql =
+          !run_id.empty()
+              ? "SELECT seq, proto FROM events WHERE run_id = ?1 AND (?2 = '' OR sweep_id = ?2) "
+                "AND seq > ?3 ORDER BY seq LIMIT ?4"
+          : !sweep_id.empty()
+              ? "SELECT seq, proto FROM events WHERE sweep_id = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4"
+              : "SELECT seq, proto FROM events WHERE ?1 = '' AND ?2 = '' AND seq > ?3 ORDER BY seq LIMIT ?4";
+      Stmt q(db_, sql);
+      // One row past the page tells whether more follow.
+      const int64_t limit = page.max_items >= INT32_MAX ? -1 : static_cast<int64_t>(page.max_items) + 1;
+      q.Bind(1, run_id).Bind(2, sweep_id).Bind(3, page.after).Bind(4, limit);
+      return ReadPage(&q, page, out, result);
     });
   }
 
@@ -532,6 +619,31 @@ class SqliteStore : public Store {
     KEEL_RETURN_IF_ERROR(q.Step(&row));
     if (!row) return NotFoundError(kind, id);
     return q.Parse(0, out);
+  }
+
+  // Reads rows of (key, proto) into one page: up to page.max_items items and
+  // page.max_bytes of records (at least one); result->more when a row remains.
+  // `trim`, when given, drops fields from each record and returns its size after.
+  template <typename Msg>
+  Status ReadPage(Stmt* q, const PageRequest& page, std::vector<Msg>* out, PageResult* result,
+                  int64_t (*trim)(Msg*) = nullptr) {
+    int64_t bytes = 0;
+    for (;;) {
+      bool row;
+      KEEL_RETURN_IF_ERROR(q->Step(&row));
+      if (!row) return Status::Ok();
+      Msg record;
+      if (trim != nullptr) KEEL_RETURN_IF_ERROR(q->Parse(1, &record));
+      const int64_t size = trim != nullptr ? trim(&record) : q->Bytes(1);
+      if (!out->empty() && (static_cast<int64_t>(out->size()) >= page.max_items || bytes + size > page.max_bytes)) {
+        result->more = true;
+        return Status::Ok();
+      }
+      if (trim == nullptr) KEEL_RETURN_IF_ERROR(q->Parse(1, &record));
+      out->push_back(std::move(record));
+      bytes += size;
+      result->last = q->Int(0);
+    }
   }
 
   template <typename Msg>

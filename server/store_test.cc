@@ -493,6 +493,140 @@ TEST(StoreTest, EventFilters) {
   EXPECT_TRUE(IsNotFound(store->ListEvents("", "ghost", &got)));
 }
 
+// ---- Paging ------------------------------------------------------------------------
+
+TEST(StoreTest, EventPagesReturnEveryEventOnceInOrderWhileEventsArrive) {
+  auto store = Open(TestDbPath());
+  ASSERT_TRUE(store);
+  ASSERT_OK(store->CreateSweep(MakeSweep("s1"), {MakeRun("a", "s1"), MakeRun("b", "s1")}));
+  ASSERT_OK(store->CreateSweep(MakeSweep("s2"), {MakeRun("c", "s2")}));
+  std::vector<std::string> expected_s1, expected_a;
+  for (int i = 0; i < 20; ++i) {
+    const std::string run = i % 3 == 0 ? "a" : i % 3 == 1 ? "b" : "c";
+    ASSERT_OK(store->AppendEvent(MakeEvent(run, i, "e" + std::to_string(i))));
+    if (run != "c") expected_s1.push_back("e" + std::to_string(i));
+    if (run == "a") expected_a.push_back("e" + std::to_string(i));
+  }
+  // Filter by sweep, pages of 4, one event of each sweep appended between pages:
+  // the new s1 events come after everything read so far, none twice.
+  std::vector<std::string> got;
+  PageRequest page;
+  page.max_items = 4;
+  for (int n = 20;; ++n) {
+    std::vector<v1::Event> events;
+    PageResult result;
+    ASSERT_OK(store->ListEventsPage("", "s1", page, &events, &result));
+    EXPECT_LE(events.size(), 4u);
+    for (const v1::Event& e : events) got.push_back(e.kind());
+    if (!result.more) break;
+    page.after = result.last;
+    if (n < 26) {
+      ASSERT_OK(store->AppendEvents({MakeEvent("b", n, "e" + std::to_string(n)), MakeEvent("c", n, "x")}));
+      expected_s1.push_back("e" + std::to_string(n));
+    }
+  }
+  EXPECT_EQ(got, expected_s1);
+  // By run, with a byte budget smaller than one event: one event a page.
+  got.clear();
+  page = PageRequest();
+  page.max_bytes = 1;
+  int pages = 0;
+  for (;; ++pages) {
+    std::vector<v1::Event> events;
+    PageResult result;
+    ASSERT_OK(store->ListEventsPage("a", "", page, &events, &result));
+    ASSERT_EQ(events.size(), 1u);
+    got.push_back(events[0].kind());
+    if (!result.more) break;
+    page.after = result.last;
+  }
+  EXPECT_EQ(got, expected_a);
+  EXPECT_EQ(pages + 1, static_cast<int>(expected_a.size()));
+  std::vector<v1::Event> events;
+  PageResult result;
+  EXPECT_TRUE(IsNotFound(store->ListEventsPage("ghost", "", PageRequest(), &events, &result)));
+}
+
+TEST(StoreTest, AppendEventsIsAllOrNothing) {
+  auto store = Open(TestDbPath());
+  ASSERT_TRUE(store);
+  ASSERT_OK(store->CreateSweep(MakeSweep("s"), {MakeRun("r", "s")}));
+  Status s = store->AppendEvents({MakeEvent("r", 1, "kept?"), MakeEvent("ghost", 2, "bad")});
+  EXPECT_TRUE(IsNotFound(s)) << s.message();
+  std::vector<v1::Event> got;
+  ASSERT_OK(store->ListEvents("", "", &got));
+  EXPECT_TRUE(got.empty());
+  ASSERT_OK(store->AppendEvents({MakeEvent("r", 1, "one"), MakeEvent("r", 2, "two")}));
+  ASSERT_OK(store->ListEvents("r", "s", &got));
+  EXPECT_EQ(EventKinds(got), (std::vector<std::string>{"one", "two"}));
+}
+
+TEST(StoreTest, MetricPagesReturnEveryPointOnceInStepOrderWhilePointsArrive) {
+  auto store = Open(TestDbPath());
+  ASSERT_TRUE(store);
+  ASSERT_OK(store->CreateSweep(MakeSweep("s"), {MakeRun("r", "s"), MakeRun("other", "s")}));
+  std::vector<v1::MetricPoint> points;
+  std::vector<int64_t> expected;
+  for (int64_t step = 0; step < 30; ++step) {
+    points.push_back(MakePoint("r", step * 10));
+    expected.push_back(step * 10);
+  }
+  ASSERT_OK(store->AppendMetrics(points));
+  ASSERT_OK(store->AppendMetrics({MakePoint("other", 5)}));
+  std::vector<int64_t> got;
+  PageRequest page;
+  page.max_items = 7;
+  for (int64_t next = 300;; next += 10) {
+    std::vector<v1::MetricPoint> part;
+    PageResult result;
+    ASSERT_OK(store->GetMetricsPage("r", 0, false, page, &part, &result));
+    EXPECT_LE(part.size(), 7u);
+    for (const v1::MetricPoint& p : part) got.push_back(p.step());
+    if (!result.more) break;
+    page.after = result.last;
+    if (next < 340) {  // the run goes on training between pages
+      ASSERT_OK(store->AppendMetrics({MakePoint("r", next)}));
+      expected.push_back(next);
+    }
+  }
+  EXPECT_EQ(got, expected);
+
+  // Downsampled pages are GetMetrics' downsampled list, cut into pages.
+  std::vector<v1::MetricPoint> whole;
+  ASSERT_OK(store->GetMetrics("r", 9, &whole));
+  got.clear();
+  page = PageRequest();
+  page.max_items = 2;
+  for (;;) {
+    std::vector<v1::MetricPoint> part;
+    PageResult result;
+    ASSERT_OK(store->GetMetricsPage("r", 9, false, page, &part, &result));
+    for (const v1::MetricPoint& p : part) got.push_back(p.step());
+    if (!result.more) break;
+    page.after = result.last;
+  }
+  EXPECT_EQ(got, Steps(whole));
+  // A byte budget below one point still makes progress: one point a page.
+  page = PageRequest();
+  page.max_bytes = 1;
+  std::vector<v1::MetricPoint> part;
+  PageResult result;
+  ASSERT_OK(store->GetMetricsPage("r", 0, false, page, &part, &result));
+  EXPECT_EQ(Steps(part), (std::vector<int64_t>{0}));
+  EXPECT_TRUE(result.more);
+  EXPECT_TRUE(IsNotFound(store->GetMetricsPage("ghost", 0, false, PageRequest(), &part, &result)));
+  // omit_json: the same points without their lines, all in one page here.
+  ASSERT_OK(store->GetMetricsPage("r", 0, true, PageRequest(), &part, &result));
+  EXPECT_EQ(Steps(part), expected);
+  EXPECT_FALSE(result.more);
+  for (const v1::MetricPoint& p : part) EXPECT_TRUE(p.json().empty()) << p.step();
+  std::vector<v1::MetricPoint> with_json;
+  ASSERT_OK(store->GetMetrics("r", 0, &with_json));
+  ASSERT_EQ(with_json.size(), part.size());
+  EXPECT_FALSE(with_json[0].json().empty());  // the stored points keep them
+
+}
+
 // ---- Durability ---------------------------------------------------------------------
 
 // Writes one of everything; CheckAll verifies it.

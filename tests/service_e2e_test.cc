@@ -291,6 +291,80 @@ TEST(ServiceE2eTest, PolicyRescuesARunThatDivergesWithoutIt) {
   EXPECT_EQ(steps.size(), with_points.size());
 }
 
+// Runs `command` in a shell; its stdout into *out, its exit status returned.
+int Shell(const std::string& command, std::string* out) {
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buffer[65536];
+  size_t n;
+  out->clear();
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out->append(buffer, n);
+  int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Table rows of `keel runs` output (lines after the header) and how many of
+// them are in `state`.
+int Rows(const std::string& table, const std::string& state, int* in_state) {
+  std::istringstream lines(table);
+  std::string line;
+  int rows = -1;  // the header
+  *in_state = 0;
+  while (std::getline(lines, line)) {
+    ++rows;
+    if (line.find("  " + state + "  ") != std::string::npos) ++*in_state;
+  }
+  return rows;
+}
+
+TEST(ServiceE2eTest, CliListsAndCancelsSweepsOfTenThousandRuns) {
+  Cluster cluster("e2e_big");
+  // 10,000 + 3,000 queued runs and no worker. Before paging, one ListRuns
+  // answer for all of them passed gRPC's 4 MB limit ("Received message larger
+  // than max") and a CancelSweep of the 10,000 outlived the CLI's 5 s deadline
+  // (exit 3) although it succeeded.
+  auto submit = [&](int runs) {
+    std::string seeds;
+    for (int i = 0; i < runs; ++i) seeds += (i ? "," : "") + std::to_string(i);
+    keel::v1::SubmitSweepRequest request;
+    request.mutable_spec()->set_yaml(SmallSweep(10, "axes:\n  - grid: {seed: [" + seeds + "]}\n"));
+    keel::v1::SubmitSweepResponse response;
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", std::string("Bearer ") + kUserToken);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
+    grpc::Status s = cluster.stub()->SubmitSweep(&context, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return response.sweep().id();
+  };
+  const std::string big = submit(10000), small = submit(3000);
+  const std::string flags = " --server " + cluster.Address() + " --token " + kUserToken;
+  std::string out;
+  int queued = 0, cancelled = 0;
+  ASSERT_EQ(Shell("client/keel runs" + flags, &out), 0);
+  EXPECT_EQ(Rows(out, "QUEUED", &queued), 13000);
+  EXPECT_EQ(queued, 13000);
+  std::set<std::string> ids;  // each run once
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) ids.insert(line.substr(0, line.find(' ')));
+  EXPECT_EQ(ids.size(), 13001u);  // and the header's "ID"
+  // Small pages: the CLI follows every one of them.
+  ASSERT_EQ(Shell("KEEL_PAGE_SIZE=7 client/keel runs " + small + flags, &out), 0);
+  EXPECT_EQ(Rows(out, "QUEUED", &queued), 3000);
+
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(Shell("client/keel cancel " + big + flags, &out), 0) << out;
+  std::fprintf(stderr, "keel cancel of a 10,000-run sweep: %.2f s\n",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  EXPECT_NE(out.find("cancelled sweep " + big + " (CANCELLED)"), std::string::npos) << out;
+  ASSERT_EQ(Shell("client/keel runs " + big + flags, &out), 0);
+  EXPECT_EQ(Rows(out, "CANCELLED", &cancelled), 10000);
+  EXPECT_EQ(cancelled, 10000);
+  ASSERT_EQ(Shell("client/keel runs " + small + flags, &out), 0);
+  EXPECT_EQ(Rows(out, "QUEUED", &queued), 3000);
+  EXPECT_EQ(queued, 3000);  // the other sweep is untouched
+}
+
 TEST(ServiceE2eTest, WrongTokensAndBadSweepsAreRefusedWithoutStateChanges) {
   Cluster cluster("e2e_refusals");
   keel::v1::SubmitSweepRequest request;
