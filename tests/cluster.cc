@@ -107,11 +107,16 @@ grpc::Status Cluster::Submit(const std::string& yaml, keel::v1::SubmitSweepRespo
 }
 
 std::vector<keel::v1::Run> Cluster::Runs(const std::string& sweep) {
+  std::vector<keel::v1::Run> runs;
   keel::v1::ListRunsRequest request;
   request.set_sweep_id(sweep);
-  keel::v1::ListRunsResponse response;
-  grpc::Status s = stub_->ListRuns(Context().get(), request, &response);
-  return std::vector<keel::v1::Run>(response.runs().begin(), response.runs().end());
+  do {  // every page
+    keel::v1::ListRunsResponse response;
+    if (!stub_->ListRuns(Context().get(), request, &response).ok()) break;
+    runs.insert(runs.end(), response.runs().begin(), response.runs().end());
+    request.set_page_token(response.next_page_token());
+  } while (!request.page_token().empty());
+  return runs;
 }
 
 std::vector<keel::v1::Run> Cluster::WaitDone(const std::string& sweep, int seconds,
@@ -133,19 +138,29 @@ std::vector<keel::v1::Run> Cluster::WaitDone(const std::string& sweep, int secon
 }
 
 std::vector<keel::v1::MetricPoint> Cluster::Metrics(const std::string& run) {
+  std::vector<keel::v1::MetricPoint> points;
   keel::v1::GetMetricsRequest request;
   request.set_run_id(run);
-  keel::v1::GetMetricsResponse response;
-  stub_->GetMetrics(Context().get(), request, &response);
-  return std::vector<keel::v1::MetricPoint>(response.points().begin(), response.points().end());
+  do {  // every page
+    keel::v1::GetMetricsResponse response;
+    if (!stub_->GetMetrics(Context().get(), request, &response).ok()) break;
+    points.insert(points.end(), response.points().begin(), response.points().end());
+    request.set_page_token(response.next_page_token());
+  } while (!request.page_token().empty());
+  return points;
 }
 
 std::vector<keel::v1::Event> Cluster::Events(const std::string& run) {
+  std::vector<keel::v1::Event> events;
   keel::v1::ListEventsRequest request;
   request.set_run_id(run);
-  keel::v1::ListEventsResponse response;
-  stub_->ListEvents(Context().get(), request, &response);
-  return std::vector<keel::v1::Event>(response.events().begin(), response.events().end());
+  do {  // every page
+    keel::v1::ListEventsResponse response;
+    if (!stub_->ListEvents(Context().get(), request, &response).ok()) break;
+    events.insert(events.end(), response.events().begin(), response.events().end());
+    request.set_page_token(response.next_page_token());
+  } while (!request.page_token().empty());
+  return events;
 }
 
 std::vector<Trainer> Cluster::Trainers(const std::string& run) const {
