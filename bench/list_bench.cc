@@ -255,10 +255,12 @@ int main(int argc, char** argv) {
     while (stream->Read(&command) && !command.has_start()) {
     }
     if (command.start().run_id() != metrics_run) return fail("the fake worker got run " + command.start().run_id());
+    const keel::v1::WorkerCommand assignment = command;
     uint64_t seq = 0;
     keel::v1::WorkerMessage m;
     m.set_worker_id(registered.worker_id());
     m.set_seq(++seq);
+    m.set_attempt(assignment.start().attempt());  // fencing: keeld applies only this attempt's messages
     m.mutable_started()->set_run_id(metrics_run);
     stream->Write(m);
     std::string pad(std::max(0, json_bytes - 120), 'x');
@@ -266,6 +268,7 @@ int main(int argc, char** argv) {
       keel::v1::WorkerMessage p;
       p.set_worker_id(registered.worker_id());
       p.set_seq(++seq);
+      p.set_attempt(assignment.start().attempt());
       auto* point = p.mutable_metric();
       point->set_run_id(metrics_run);
       point->set_step(step);
@@ -300,6 +303,13 @@ int main(int argc, char** argv) {
                 Ms(Clock::now() - t0), metrics_run.c_str(), points);
   }
 
+  {
+    // The figures below mean nothing unless keeld stored every point it was fed.
+    int calls = 0;
+    const int stored = GetAllMetrics(user.get(), metrics_run, 0, true, &calls);
+    if (stored != points) return fail(metrics_run + " holds " + std::to_string(stored) + " points, not the " +
+                                      std::to_string(points) + " fed");
+  }
   auto measure_all = [&](const char* phase) {
     std::printf("  %s:\n", phase);
     Measure(("ListRuns " + sweep + ", page_size default").c_str(), samples,

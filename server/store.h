@@ -149,10 +149,12 @@ class Store {
 };
 
 // The schema version this build writes and reads (the `schema_version` table).
-constexpr int kStoreSchemaVersion = 1;
+// 2: metric points' loss, lr, tokens_per_s and grad_norm also have columns of
+// their own (version 1 files are upgraded in place when opened).
+constexpr int kStoreSchemaVersion = 2;
 
 // Opens the SQLite store at `path`, creating the file and its schema when
-// missing. The database runs in WAL mode with synchronous=FULL (a commit
+// missing, and upgrading an older schema in place (one transaction). The database runs in WAL mode with synchronous=FULL (a commit
 // survives kill -9 and power loss) and foreign keys on. Refuses a file whose
 // schema version is newer than kStoreSchemaVersion (written by a newer keeld)
 // and changes nothing in it. On success *out owns the store; the file stays

@@ -95,6 +95,10 @@ class Stmt {
     Check(sqlite3_bind_int64(stmt_, i, v));
     return *this;
   }
+  Stmt& BindDouble(int i, double v) {
+    Check(sqlite3_bind_double(stmt_, i, v));
+    return *this;
+  }
   // NULL for an empty string (nullable foreign keys).
   Stmt& BindOrNull(int i, const std::string& text) {
     if (text.empty()) {
@@ -129,6 +133,7 @@ class Stmt {
   }
 
   int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+  double Double(int col) const { return sqlite3_column_double(stmt_, col); }
   int64_t Bytes(int col) const { return sqlite3_column_bytes(stmt_, col); }
   std::string Text(int col) const {
     const unsigned char* p = sqlite3_column_text(stmt_, col);
@@ -190,15 +195,20 @@ Status InTransaction(sqlite3* db, bool write, Body body) {
   return status;
 }
 
-// Drops a point's json line; returns the point's serialized size without it.
-int64_t OmitJson(v1::MetricPoint* point) {
-  point->clear_json();
-  return static_cast<int64_t>(point->ByteSizeLong());
-}
-
 Status RequireId(const std::string& id, const std::string& what) {
   if (id.empty()) return Status::Error(what + ": id is empty; every record needs a non-empty id");
   return Status::Ok();
+}
+
+// A point without its json line, from a row whose column 0 is the step and
+// columns first..first+3 are loss, lr, tokens_per_s and grad_norm.
+void PointFromColumns(const Stmt& q, const std::string& run_id, int first, v1::MetricPoint* point) {
+  point->set_run_id(run_id);
+  point->set_step(q.Int(0));
+  point->set_loss(q.Double(first));
+  point->set_lr(q.Double(first + 1));
+  point->set_tokens_per_s(q.Double(first + 2));
+  point->set_grad_norm(q.Double(first + 3));
 }
 
 class SqliteStore : public Store {
@@ -363,12 +373,15 @@ class SqliteStore : public Store {
       std::set<std::string> runs;
       for (const v1::MetricPoint& p : points) runs.insert(p.run_id());
       for (const std::string& run : runs) KEEL_RETURN_IF_ERROR(RequireExists("runs", "run", run));
-      Stmt ins(db_, "INSERT OR REPLACE INTO metrics(run_id, step, proto) VALUES(?,?,?)");
+      Stmt ins(db_,
+               "INSERT OR REPLACE INTO metrics(run_id, step, proto, loss, lr, tokens_per_s, grad_norm) "
+               "VALUES(?,?,?,?,?,?,?)");
       std::string blob;
       for (const v1::MetricPoint& p : points) {
         KEEL_RETURN_IF_ERROR(Serialize(p, &blob));
         ins.Reset();
         ins.Bind(1, p.run_id()).Bind(2, p.step()).BindBlob(3, blob);
+        ins.BindDouble(4, p.loss()).BindDouble(5, p.lr()).BindDouble(6, p.tokens_per_s()).BindDouble(7, p.grad_norm());
         KEEL_RETURN_IF_ERROR(ins.Run());
       }
       return Status::Ok();
@@ -428,14 +441,22 @@ class SqliteStore : public Store {
       }
       if (max_points <= 0 || n <= max_points) {
         // The primary key (run_id, step) starts the scan at `after`.
+        if (omit_json) {
+          // The numbers have columns of their own: no record is parsed.
+          Stmt q(db_,
+                 "SELECT step, loss, lr, tokens_per_s, grad_norm FROM metrics WHERE run_id = ? AND step > ? "
+                 "ORDER BY step LIMIT ?");
+          q.Bind(1, run_id).Bind(2, page.after).Bind(3, static_cast<int64_t>(page.max_items) + 1);
+          return ReadNumericPage(&q, run_id, page, out, result);
+        }
         Stmt q(db_, "SELECT step, proto FROM metrics WHERE run_id = ? AND step > ? ORDER BY step LIMIT ?");
         q.Bind(1, run_id).Bind(2, page.after).Bind(3, static_cast<int64_t>(page.max_items) + 1);
-        return ReadPage(&q, page, out, result, omit_json ? OmitJson : nullptr);
+        return ReadPage(&q, page, out, result);
       }
       // The same points as GetMetrics' downsampling (see there), from `after` on.
       const int64_t m = max_points;
       auto target = [&](int64_t kk) { return m == 1 ? n - 1 : (kk * (n - 1) + (m - 1) / 2) / (m - 1); };
-      Stmt q(db_, "SELECT step, proto FROM metrics WHERE run_id = ? ORDER BY step");
+      Stmt q(db_, "SELECT step, proto, loss, lr, tokens_per_s, grad_norm FROM metrics WHERE run_id = ? ORDER BY step");
       q.Bind(1, run_id);
       int64_t bytes = 0;
       int64_t k = 0;
@@ -447,8 +468,12 @@ class SqliteStore : public Store {
         ++k;
         if (q.Int(0) <= page.after) continue;
         v1::MetricPoint point;
-        KEEL_RETURN_IF_ERROR(q.Parse(1, &point));
-        const int64_t size = omit_json ? OmitJson(&point) : q.Bytes(1);
+        if (omit_json) {  // from the columns: no record is parsed
+          PointFromColumns(q, run_id, 2, &point);
+        } else {
+          KEEL_RETURN_IF_ERROR(q.Parse(1, &point));
+        }
+        const int64_t size = omit_json ? static_cast<int64_t>(point.ByteSizeLong()) : q.Bytes(1);
         if (!out->empty() && (static_cast<int64_t>(out->size()) >= page.max_items || bytes + size > page.max_bytes)) {
           result->more = true;
           break;
@@ -646,6 +671,27 @@ class SqliteStore : public Store {
     }
   }
 
+  // ReadPage for rows of (step, loss, lr, tokens_per_s, grad_norm): points without their json.
+  Status ReadNumericPage(Stmt* q, const std::string& run_id, const PageRequest& page,
+                         std::vector<v1::MetricPoint>* out, PageResult* result) {
+    int64_t bytes = 0;
+    for (;;) {
+      bool row;
+      KEEL_RETURN_IF_ERROR(q->Step(&row));
+      if (!row) return Status::Ok();
+      v1::MetricPoint point;
+      PointFromColumns(*q, run_id, 1, &point);
+      const int64_t size = static_cast<int64_t>(point.ByteSizeLong());
+      if (!out->empty() && (static_cast<int64_t>(out->size()) >= page.max_items || bytes + size > page.max_bytes)) {
+        result->more = true;
+        return Status::Ok();
+      }
+      out->push_back(std::move(point));
+      bytes += size;
+      result->last = q->Int(0);
+    }
+  }
+
   template <typename Msg>
   Status ReadAll(Stmt* q, std::vector<Msg>* out) {
     for (;;) {
@@ -690,6 +736,33 @@ Status ReadSchemaVersion(sqlite3* db, int64_t* version) {
   return Status::Ok();
 }
 
+// Version 2: a metric point's numbers get columns of their own, so that a
+// listing without the json lines (keel export, keel plot) parses no records.
+// Existing points get them from their stored records.
+Status MigrateV1ToV2(sqlite3* db) {
+  for (const char* column : {"loss", "lr", "tokens_per_s", "grad_norm"}) {
+    const std::string sql = std::string("ALTER TABLE metrics ADD COLUMN ") + column + " REAL NOT NULL DEFAULT 0";
+    KEEL_RETURN_IF_ERROR(Exec(db, sql.c_str()));
+  }
+  // A covering index: the numbers of a run's points in step order, read
+  // without touching the (much larger) records.
+  KEEL_RETURN_IF_ERROR(
+      Exec(db, "CREATE INDEX metrics_numbers ON metrics(run_id, step, loss, lr, tokens_per_s, grad_norm)"));
+  Stmt q(db, "SELECT run_id, step, proto FROM metrics");
+  Stmt set(db, "UPDATE metrics SET loss = ?, lr = ?, tokens_per_s = ?, grad_norm = ? WHERE run_id = ? AND step = ?");
+  for (;;) {
+    bool row;
+    KEEL_RETURN_IF_ERROR(q.Step(&row));
+    if (!row) return Status::Ok();
+    v1::MetricPoint p;
+    KEEL_RETURN_IF_ERROR(q.Parse(2, &p));
+    set.Reset();
+    set.BindDouble(1, p.loss()).BindDouble(2, p.lr()).BindDouble(3, p.tokens_per_s()).BindDouble(4, p.grad_norm());
+    set.Bind(5, q.Text(0)).Bind(6, q.Int(1));
+    KEEL_RETURN_IF_ERROR(set.Run());
+  }
+}
+
 Status CheckVersion(const std::string& path, int64_t version) {
   if (version > kStoreSchemaVersion) {
     return Status::Error("store '" + path + "': schema version " + std::to_string(version) +
@@ -732,17 +805,22 @@ Status Open(const std::string& path, sqlite3* db) {
     KEEL_RETURN_IF_ERROR(ReadSchemaVersion(db, &version));
     KEEL_RETURN_IF_ERROR(CheckVersion(path, version));
     if (version == kStoreSchemaVersion) return Status::Ok();
-    if (version != 0) {
-      // Older versions get their migrations here, one step at a time.
-      return Status::Error("store '" + path + "': schema version " + std::to_string(version) +
-                           " has no migration to version " +
-                           std::to_string(kStoreSchemaVersion));
+    if (version == 0) {
+      // A new file: version 1's schema, then every migration after it.
+      KEEL_RETURN_IF_ERROR(Exec(db, "CREATE TABLE schema_version (version INTEGER NOT NULL)"));
+      KEEL_RETURN_IF_ERROR(Exec(db, kSchemaV1));
+      KEEL_RETURN_IF_ERROR(Exec(db, "INSERT INTO schema_version(version) VALUES(1)"));
+      version = 1;
     }
-    KEEL_RETURN_IF_ERROR(Exec(db, "CREATE TABLE schema_version (version INTEGER NOT NULL)"));
-    KEEL_RETURN_IF_ERROR(Exec(db, kSchemaV1));
-    Stmt ins(db, "INSERT INTO schema_version(version) VALUES(?)");
-    ins.Bind(1, static_cast<int64_t>(kStoreSchemaVersion));
-    return ins.Run();
+    // Older versions are upgraded in place, one step at a time, inside this
+    // transaction: a failure leaves the file as it was.
+    if (version == 1) {
+      KEEL_RETURN_IF_ERROR(MigrateV1ToV2(db));
+      version = 2;
+    }
+    Stmt set(db, "UPDATE schema_version SET version = ?");
+    set.Bind(1, version);
+    return set.Run();
   });
 }
 

@@ -816,6 +816,78 @@ TEST(StoreTest, RefusesNewerSchemaVersion) {
   ASSERT_OK(store->GetSweep("s", &sweep));
 }
 
+// The hex of a message's serialized bytes, for an SQL blob literal X'...'.
+std::string HexOf(const google::protobuf::Message& m) {
+  std::string bytes = m.SerializeAsString(), hex;
+  static const char kDigits[] = "0123456789abcdef";
+  for (unsigned char c : bytes) {
+    hex += kDigits[c >> 4];
+    hex += kDigits[c & 15];
+  }
+  return hex;
+}
+
+TEST(StoreTest, UpgradesAVersionOneStoreInPlace) {
+  // A store as the previous release (schema version 1) wrote it: metric points
+  // as records only, without the number columns of version 2.
+  const std::string path = TestDbPath();
+  RawExec(path,
+          "CREATE TABLE schema_version (version INTEGER NOT NULL);"
+          "CREATE TABLE sweeps (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,"
+          " state INTEGER NOT NULL, created_unix_ms INTEGER NOT NULL, proto BLOB NOT NULL);"
+          "CREATE TABLE runs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,"
+          " sweep_id TEXT NOT NULL REFERENCES sweeps(id), state INTEGER NOT NULL, proto BLOB NOT NULL);"
+          "CREATE INDEX runs_by_sweep ON runs(sweep_id, seq);"
+          "CREATE INDEX runs_by_state ON runs(state, seq);"
+          "CREATE TABLE metrics (run_id TEXT NOT NULL REFERENCES runs(id), step INTEGER NOT NULL,"
+          " proto BLOB NOT NULL, PRIMARY KEY (run_id, step)) WITHOUT ROWID;"
+          "CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT REFERENCES runs(id),"
+          " sweep_id TEXT REFERENCES sweeps(id), proto BLOB NOT NULL);"
+          "CREATE INDEX events_by_run ON events(run_id, seq);"
+          "CREATE INDEX events_by_sweep ON events(sweep_id, seq);"
+          "CREATE TABLE workers (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, proto BLOB NOT NULL);"
+          "INSERT INTO schema_version(version) VALUES(1);"
+          "PRAGMA journal_mode = WAL;");
+  const v1::Sweep sweep = MakeSweep("s");
+  const v1::Run run = MakeRun("r", "s");
+  RawExec(path, "INSERT INTO sweeps(id, state, created_unix_ms, proto) VALUES('s', 1, 0, X'" + HexOf(sweep) + "');"
+                "INSERT INTO runs(id, sweep_id, state, proto) VALUES('r', 's', 1, X'" + HexOf(run) + "');");
+  std::vector<v1::MetricPoint> points;
+  for (int step = 1; step <= 3; ++step) {
+    points.push_back(MakePoint("r", step, 0.5 * step));
+    points.back().set_lr(1e-3 * step);
+    points.back().set_tokens_per_s(100.0 * step);
+    points.back().set_grad_norm(0.25 * step);
+    RawExec(path, "INSERT INTO metrics(run_id, step, proto) VALUES('r', " + std::to_string(step) + ", X'" +
+                      HexOf(points.back()) + "')");
+  }
+  auto store = Open(path);
+  ASSERT_TRUE(store);
+  EXPECT_EQ(RawQueryText(path, "SELECT version FROM schema_version"), std::to_string(kStoreSchemaVersion));
+  EXPECT_EQ(RawQueryText(path, "SELECT COUNT(*) FROM schema_version"), "1");
+  // The old points read back whole, and their numbers come from the new columns.
+  std::vector<v1::MetricPoint> whole;
+  ASSERT_OK(store->GetMetrics("r", 0, &whole));
+  ASSERT_EQ(whole.size(), 3u);
+  for (size_t i = 0; i < whole.size(); ++i) EXPECT_TRUE(MessageDifferencer::Equals(whole[i], points[i]));
+  std::vector<v1::MetricPoint> numbers;
+  PageResult result;
+  ASSERT_OK(store->GetMetricsPage("r", 0, /*omit_json=*/true, PageRequest(), &numbers, &result));
+  ASSERT_EQ(numbers.size(), 3u);
+  for (size_t i = 0; i < numbers.size(); ++i) {
+    v1::MetricPoint want = points[i];
+    want.clear_json();
+    EXPECT_TRUE(MessageDifferencer::Equals(numbers[i], want)) << numbers[i].DebugString();
+  }
+  EXPECT_EQ(RawQueryText(path, "SELECT grad_norm FROM metrics WHERE step = 2"), "0.5");
+  // New points get their columns too, and the sweep and run are still there.
+  ASSERT_OK(store->AppendMetrics({MakePoint("r", 4, 9.0)}));
+  EXPECT_EQ(RawQueryText(path, "SELECT loss FROM metrics WHERE step = 4"), "9.0");
+  v1::Run read;
+  ASSERT_OK(store->GetRun("r", &read));
+  EXPECT_TRUE(MessageDifferencer::Equals(read, run));
+}
+
 TEST(StoreTest, RefusesUnusablePath) {
   std::unique_ptr<Store> store;
   EXPECT_FALSE(OpenSqliteStore("", &store).ok());
