@@ -512,6 +512,47 @@ int RunCapture(const std::string& command, std::string* err) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+TEST(ServiceE2eTest, PolicyRollbacksLoseNoPointsAndReportNoGaps) {
+  // A rollback rewrites metrics.jsonl while the worker follows it; its event
+  // must reach keeld before the new trajectory's points, or keeld drops some of
+  // them with the old trajectory (and reports them as a gap).
+  Cluster cluster("e2e_rollback_points");
+  cluster.AddWorker("w1", {"--cpu-slots", "2"});
+  keel::v1::SubmitSweepResponse submitted;
+  grpc::Status s = cluster.Submit(
+      "name: rollbacks\n"
+      "base:\n"
+      "  model: {type: proxy, layers: 2, width: 64}\n"
+      "  batch: 256\n  steps: 300\n  threads: 1\n  precision: mxfp8_e4m3\n"
+      "  optimizer: {type: adam, lr: 3.0e-3}\n"
+      "  schedule: {type: constant, spike_at: 150, spike_steps: 3, spike_factor: 300}\n"
+      "axes:\n  - grid: {seed: [1, 2, 3, 4]}\n"
+      "policy:\n"
+      "  ladder: [mxfp8_e4m3, mx_w_e4m3_a_bf16, bf16]\n"
+      "  snapshots: {every: 25, keep: 8}\n"
+      "  max_interventions: 3\n"
+      "  rules:\n"
+      "    - {name: loss-spike, when: [nonfinite, loss_zscore, loss_ratio],\n"
+      "       do: [{rollback: {steps: 50}}, {switch: next}, {scale_lr: 0.01}], cooldown: 20}\n",
+      &submitted);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  auto runs = cluster.WaitDone(submitted.sweep().id(), 180);
+  ASSERT_EQ(runs.size(), 4u);
+  int rollbacks = 0;
+  for (const auto& r : runs) {
+    SCOPED_TRACE(r.id());
+    EXPECT_EQ(r.state(), keel::v1::SUCCEEDED) << r.message();
+    for (const keel::v1::Event& e : cluster.Events(r.id())) {
+      rollbacks += e.kind() == "rollback";
+      EXPECT_NE(e.kind(), "metrics_gap") << e.message();
+    }
+    auto points = cluster.Metrics(r.id());
+    ASSERT_EQ(points.size(), 300u);
+    for (size_t i = 0; i < points.size(); ++i) EXPECT_EQ(points[i].step(), static_cast<int64_t>(i + 1));
+  }
+  EXPECT_GE(rollbacks, 4);  // every run was rolled back at its spike
+}
+
 TEST(ServiceE2eTest, ASecondKeeldOnTheSameStateOrPortIsRefused) {
   Cluster cluster("e2e_second_keeld");
   keel::v1::SubmitSweepResponse first;

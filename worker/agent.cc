@@ -257,16 +257,22 @@ void Agent::PollRuns() {
     RunProgress p;
     Status st = it->second->Poll(&p);
     if (!st.ok() && options_.verbose) std::fprintf(stderr, "keel-worker: %s\n", st.message().c_str());
+    // In the order RunProgress gives: a rollback's event reaches keeld after
+    // the abandoned trajectory's points and before the new trajectory's.
+    auto queue_events = [&] {
+      for (v1::Event& e : p.events) {
+        v1::WorkerMessage m;
+        *m.mutable_event() = std::move(e);
+        Queue(std::move(m), attempt);
+      }
+    };
+    if (p.events_first) queue_events();
     for (v1::MetricPoint& metric : p.metrics) {
       v1::WorkerMessage m;
       *m.mutable_metric() = std::move(metric);
       Queue(std::move(m), attempt);
     }
-    for (v1::Event& e : p.events) {
-      v1::WorkerMessage m;
-      *m.mutable_event() = std::move(e);
-      Queue(std::move(m), attempt);
-    }
+    if (!p.events_first) queue_events();
     for (v1::CheckpointNotice& c : p.checkpoints) {
       v1::WorkerMessage m;
       *m.mutable_checkpoint() = std::move(c);

@@ -127,8 +127,10 @@ Status RunSupervisor::Signal(int signal) {
 
 Status RunSupervisor::LineTail::Read(const std::string& path, std::vector<std::string>* lines) {
   struct stat st;
+  restarted = false;
   if (stat(path.c_str(), &st) != 0) return Status::Ok();  // not written yet
   if (st.st_ino != inode || st.st_size < offset) {
+    restarted = offset > 0 || !partial.empty();
     // Replaced or truncated: read it again. keeld keeps one point per step and
     // ignores stale events, so lines sent twice are harmless.
     inode = st.st_ino;
@@ -230,12 +232,15 @@ Status RunSupervisor::Poll(RunProgress* progress) {
   if (reaped_) return Status::Ok();
   int status = 0;
   pid_t done = waitpid(pid_, &status, WNOHANG);
-  // Read what the process wrote; after it exited, this is everything. Events
-  // first: the trainer writes a rollback's event before it rewrites
-  // metrics.jsonl, so keeld drops the old trajectory's points before the new
-  // trajectory's arrive.
+  // Read what the process wrote; after it exited, this is everything. The
+  // events again when metrics.jsonl turned out rewritten: a rollback's event,
+  // written before the rewrite, then goes before the new points (RunProgress).
   KEEL_RETURN_IF_ERROR(ReadNewEvents(progress));
   KEEL_RETURN_IF_ERROR(ReadNewMetrics(progress));
+  if (metrics_tail_.restarted) {
+    KEEL_RETURN_IF_ERROR(ReadNewEvents(progress));
+    progress->events_first = true;
+  }
   KEEL_RETURN_IF_ERROR(FindNewCheckpoints(progress));
   if (done == pid_) {
     reaped_ = true;

@@ -29,9 +29,18 @@ struct RunLaunch {
 };
 
 // What Poll saw since the previous call.
+// keeld drops a run's points past the restored step when it sees a rollback's
+// event, so the event must reach it after every point of the abandoned
+// trajectory and before every point of the new one. The trainer closes
+// metrics.jsonl, writes the event, then rewrites the file (a new inode) for
+// the new trajectory. So lines read from the file Poll was already following
+// were written before any event it reads in the same Poll: send the metrics
+// first. Lines read from a rewritten file (events_first) come after: Poll
+// reads the events again once it sees the rewrite, and they go first.
 struct RunProgress {
-  std::vector<v1::MetricPoint> metrics;
   std::vector<v1::Event> events;                 // lines of the trainer's events.jsonl
+  std::vector<v1::MetricPoint> metrics;
+  bool events_first = false;                     // send `events` before `metrics`
   std::vector<v1::CheckpointNotice> checkpoints;
   bool exited = false;
   v1::RunExit exit;  // when exited: exit_code, or signal (exit_code -1)
@@ -85,6 +94,7 @@ class RunSupervisor {
     int64_t offset = 0;    // bytes already consumed
     ino_t inode = 0;       // the file those bytes came from
     std::string partial;   // a line still being written
+    bool restarted = false;  // the last Read started the file over
     Status Read(const std::string& path, std::vector<std::string>* lines);
   };
   LineTail metrics_tail_, events_tail_;
