@@ -107,16 +107,13 @@ grpc::Status Cluster::Submit(const std::string& yaml, keel::v1::SubmitSweepRespo
 }
 
 std::vector<keel::v1::Run> Cluster::Runs(const std::string& sweep) {
-  std::vector<keel::v1::Run> runs;
   keel::v1::ListRunsRequest request;
   request.set_sweep_id(sweep);
-  do {  // every page
-    keel::v1::ListRunsResponse response;
-    if (!stub_->ListRuns(Context().get(), request, &response).ok()) break;
-    runs.insert(runs.end(), response.runs().begin(), response.runs().end());
-    request.set_page_token(response.next_page_token());
-  } while (!request.page_token().empty());
-  return runs;
+  return AllPages<keel::v1::Run, keel::v1::ListRunsResponse>(
+      request, [this](grpc::ClientContext* c, const keel::v1::ListRunsRequest& r, keel::v1::ListRunsResponse* out) {
+        return stub_->ListRuns(c, r, out);
+      },
+      [](const keel::v1::ListRunsResponse& r) { return r.runs(); });
 }
 
 std::vector<keel::v1::Run> Cluster::WaitDone(const std::string& sweep, int seconds,
@@ -138,29 +135,25 @@ std::vector<keel::v1::Run> Cluster::WaitDone(const std::string& sweep, int secon
 }
 
 std::vector<keel::v1::MetricPoint> Cluster::Metrics(const std::string& run) {
-  std::vector<keel::v1::MetricPoint> points;
   keel::v1::GetMetricsRequest request;
   request.set_run_id(run);
-  do {  // every page
-    keel::v1::GetMetricsResponse response;
-    if (!stub_->GetMetrics(Context().get(), request, &response).ok()) break;
-    points.insert(points.end(), response.points().begin(), response.points().end());
-    request.set_page_token(response.next_page_token());
-  } while (!request.page_token().empty());
-  return points;
+  return AllPages<keel::v1::MetricPoint, keel::v1::GetMetricsResponse>(
+      request,
+      [this](grpc::ClientContext* c, const keel::v1::GetMetricsRequest& r, keel::v1::GetMetricsResponse* out) {
+        return stub_->GetMetrics(c, r, out);
+      },
+      [](const keel::v1::GetMetricsResponse& r) { return r.points(); });
 }
 
 std::vector<keel::v1::Event> Cluster::Events(const std::string& run) {
-  std::vector<keel::v1::Event> events;
   keel::v1::ListEventsRequest request;
   request.set_run_id(run);
-  do {  // every page
-    keel::v1::ListEventsResponse response;
-    if (!stub_->ListEvents(Context().get(), request, &response).ok()) break;
-    events.insert(events.end(), response.events().begin(), response.events().end());
-    request.set_page_token(response.next_page_token());
-  } while (!request.page_token().empty());
-  return events;
+  return AllPages<keel::v1::Event, keel::v1::ListEventsResponse>(
+      request,
+      [this](grpc::ClientContext* c, const keel::v1::ListEventsRequest& r, keel::v1::ListEventsResponse* out) {
+        return stub_->ListEvents(c, r, out);
+      },
+      [](const keel::v1::ListEventsResponse& r) { return r.events(); });
 }
 
 std::vector<Trainer> Cluster::Trainers(const std::string& run) const {

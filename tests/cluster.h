@@ -78,6 +78,20 @@ class Cluster {
   std::vector<Trainer> Trainers(const std::string& run) const;
 
  private:
+  // Every item of a paged listing: `call` once per page until next_page_token is empty.
+  template <typename Item, typename Response, typename Request, typename Call, typename Items>
+  std::vector<Item> AllPages(Request request, Call call, Items items) {
+    std::vector<Item> all;
+    do {
+      Response response;
+      if (!call(Context().get(), request, &response).ok()) break;
+      const auto& page = items(response);
+      all.insert(all.end(), page.begin(), page.end());
+      request.set_page_token(response.next_page_token());
+    } while (!request.page_token().empty());
+    return all;
+  }
+
   std::string dir_;
   int port_;
   std::vector<std::string> keeld_args_;
