@@ -9,6 +9,8 @@
 #include <set>
 #include <sstream>
 
+#include "proto/event_kinds.h"
+
 namespace keel {
 namespace client {
 
@@ -205,7 +207,7 @@ std::vector<std::string> WatchRow(const v1::Run& run, int interventions) {
 }
 
 bool IsInterventionEvent(const v1::Event& event) {
-  return event.kind() == "switch_precision" || event.kind() == "rollback";
+  return event_kind::ChangesTrajectory(event.kind());
 }
 
 // ---- SVG ------------------------------------------------------------------------

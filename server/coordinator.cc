@@ -12,6 +12,7 @@
 #include "worker/io/json.h"
 #include "worker/run_config.h"
 #include "worker/scheme.h"
+#include "proto/event_kinds.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -357,7 +358,7 @@ grpc::Status Coordinator::CancelSweep(const std::string& id, v1::Sweep* out) {
     queued.back().set_state(v1::CANCELLED);
     queued.back().set_message("cancelled by the user");
   }
-  Status s = SaveRuns(&queued, "state", "cancelled by the user");
+  Status s = SaveRuns(&queued, event_kind::kState, "cancelled by the user");
   if (!s.ok()) return FromStatus(s);
   v1::Sweep sweep = it->second;
   sweep.set_state(v1::SWEEP_CANCELLED);
@@ -436,7 +437,7 @@ Status Coordinator::Cancel(v1::Run run) {
   }
   run.set_state(v1::CANCELLED);
   run.set_message("cancelled by the user");
-  return SaveRun(&run, "state", "cancelled by the user");
+  return SaveRun(&run, event_kind::kState, "cancelled by the user");
 }
 
 grpc::Status Coordinator::CancelRun(const std::string& id, v1::Run* out) {
@@ -536,7 +537,7 @@ grpc::Status Coordinator::Intervene(const v1::InterveneRequest& request, v1::Int
   e.set_unix_ms(Now());
   // The request; the trainer's own switch_precision / rollback events follow
   // when it has acted on it.
-  e.set_kind("intervention_requested");
+  e.set_kind(event_kind::kInterventionRequested);
   e.set_message("requested by the user: switch to " + request.precision() +
                 (request.rollback_steps() > 0 ? " after rolling back " + std::to_string(request.rollback_steps()) + " steps" : "") +
                 (request.reason().empty() ? "" : " (" + request.reason() + ")"));
@@ -729,7 +730,7 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
     if (v1::Run* r = run_of(m.started().run_id())) {
       v1::Run run = *r;
       run.set_state(v1::RUNNING);
-      SaveRun(&run, "state", "trainer started on " + worker_id + " (pid " + std::to_string(m.started().pid()) + ")");
+      SaveRun(&run, event_kind::kState, "trainer started on " + worker_id + " (pid " + std::to_string(m.started().pid()) + ")");
     }
   } else if (m.has_metric()) {
     if (v1::Run* r = run_of(m.metric().run_id())) AcceptMetric(r, m.metric());
@@ -753,21 +754,19 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
         auto it = e.details().find(key);
         return it == e.details().end() ? std::string() : it->second;
       };
-      if (e.kind() == "rollback" && !detail("to_step").empty()) {
+      if (e.kind() == event_kind::kRollback && !detail("to_step").empty()) {
         const int64_t to = std::atoll(detail("to_step").c_str());
         FlushMetrics();
         store_->DeleteMetricsAfter(run.id(), to);
         run.set_step(to);
         live_[run.id()].last_step = to;  // the next point expected is to + 1
       }
-      if ((e.kind() == "switch_precision" || e.kind() == "rollback") && !detail("precision").empty()) {
+      if (event_kind::ChangesTrajectory(e.kind()) && !detail("precision").empty()) {
         run.set_precision(detail("precision"));
       }
       SaveRun(&run, "", "");
     }
-    static const std::set<std::string> kInterventions = {"switch_precision", "rollback", "scale_lr", "skip_step",
-                                                         "stop"};
-    if (kInterventions.count(e.kind())) {
+    if (event_kind::IsIntervention(e.kind())) {
       ++counters_.interventions[e.kind()];
       auto rule = e.details().find("rule");
       ++live_[e.run_id()].interventions[{e.kind(), rule == e.details().end() ? "manual" : rule->second}];
@@ -790,7 +789,7 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
         cancel_requested_.erase(run.id());
         run.set_state(v1::CANCELLED);
         run.set_message("cancelled by the user");
-        SaveRun(&run, "state", "cancelled by the user (" + how + ")");
+        SaveRun(&run, event_kind::kState, "cancelled by the user (" + how + ")");
       } else if (code == 0) {
         // Every step up to the last must have arrived; a missing tail is a gap too.
         Live& live = live_[run.id()];
@@ -799,12 +798,12 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
         }
         run.set_state(v1::SUCCEEDED);
         run.set_message("");
-        SaveRun(&run, "state", "finished");
+        SaveRun(&run, event_kind::kState, "finished");
       } else if (code == kTrainerDiverged) {
         // The run's own policy stopped it: restarting would diverge again.
         run.set_state(v1::DIVERGED);
         run.set_message("stopped as diverged by its stability policy");
-        SaveRun(&run, "state", "stopped as diverged by its stability policy");
+        SaveRun(&run, event_kind::kState, "stopped as diverged by its stability policy");
         ApplySweepRules(run.sweep_id());
       } else {
         // A configuration error, or the same failure at the same step as the
@@ -866,7 +865,7 @@ void Coordinator::ReportGap(const v1::Run& run, int64_t first, int64_t last, con
   e.set_run_id(run.id());
   e.set_step(first);
   e.set_unix_ms(Now());
-  e.set_kind("metrics_gap");
+  e.set_kind(event_kind::kMetricsGap);
   e.set_message("steps " + std::to_string(first) + ".." + std::to_string(last) + " (" + std::to_string(missing) +
                 " points): " + why);
   (*e.mutable_details())["first_step"] = std::to_string(first);
@@ -890,14 +889,14 @@ void Coordinator::RequeueOrFail(v1::Run* run, const std::string& why, bool deter
     run->set_message(why);
     ++counters_.restarts;
     const int64_t wait = run->not_before_unix_ms() - Now();
-    SaveRun(run, "restart",
+    SaveRun(run, event_kind::kRestart,
             why + "; restart " + std::to_string(run->restarts()) + " of " + std::to_string(run->max_restarts()) +
                 (run->checkpoint().empty() ? " from the beginning" : " from " + run->checkpoint()) +
                 (wait > 0 ? " in " + std::to_string(wait) + " ms" : ""));
   } else {
     run->set_state(v1::FAILED);
     run->set_message(why);
-    SaveRun(run, "state",
+    SaveRun(run, event_kind::kState,
             deterministic ? why : why + "; no restarts left (max_restarts " + std::to_string(run->max_restarts()) + ")");
   }
 }
@@ -914,7 +913,7 @@ void Coordinator::ReleaseWorkerRuns(const std::string& worker_id, const std::set
       cancel_requested_.erase(id);
       run.set_state(v1::CANCELLED);
       run.clear_device_indices();
-      SaveRun(&run, "state", "cancelled by the user (" + why + ")");
+      SaveRun(&run, event_kind::kState, "cancelled by the user (" + why + ")");
     } else {
       RequeueOrFail(&run, why);
     }
@@ -958,7 +957,7 @@ void Coordinator::ApplySweepRules(const std::string& sweep_id) {
         e << spec;
         run.mutable_spec()->set_yaml(e.c_str());
         run.set_precision(rule.switch_to);
-        SaveRun(&run, "sweep_rule", why);
+        SaveRun(&run, event_kind::kSweepRule, why);
       } else {
         v1::WorkerCommand c;
         c.mutable_switch_precision()->set_run_id(id);
@@ -966,7 +965,7 @@ void Coordinator::ApplySweepRules(const std::string& sweep_id) {
         c.mutable_switch_precision()->set_reason(why);
         auto w = workers_.find(run.worker_id());
         if (w != workers_.end() && w->second.send) w->second.send(c);
-        SaveRun(&run, "sweep_rule", why);
+        SaveRun(&run, event_kind::kSweepRule, why);
       }
     }
   }
@@ -1024,7 +1023,7 @@ void Coordinator::Schedule() {
     run.set_attempt(run.attempt() + 1);  // fencing: messages of older attempts are refused from now on
     run.clear_device_indices();
     for (int32_t g : p.gpus) run.add_device_indices(g);
-    if (!SaveRun(&run, "state", "assigned to " + p.worker_id).ok()) continue;
+    if (!SaveRun(&run, event_kind::kState, "assigned to " + p.worker_id).ok()) continue;
     v1::WorkerCommand c;
     v1::Assignment* a = c.mutable_start();
     a->set_run_id(run.id());

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <set>
 
+#include "proto/event_kinds.h"
+
 namespace keel {
 namespace {
 
@@ -117,7 +119,7 @@ void KeeldMetrics::Update(const CoordinatorStats& st) {
   };
   count(points_, {}, "points", static_cast<double>(st.metric_points));
   count(restarts_total_, {}, "restarts", static_cast<double>(st.restarts));
-  for (const char* action : {"switch_precision", "rollback", "scale_lr", "skip_step", "stop"}) {
+  for (const char* action : event_kind::kInterventions) {
     auto it = st.interventions.find(action);
     count(interventions_, {{"action", action}}, std::string("interventions/") + action,
           it == st.interventions.end() ? 0.0 : static_cast<double>(it->second));

@@ -16,6 +16,7 @@
 #include "proto/channel.h"
 #include "proto/keel.grpc.pb.h"
 #include "worker/io/json.h"
+#include "proto/event_kinds.h"
 
 namespace keel {
 namespace {
@@ -207,19 +208,19 @@ void Agent::HandleCommand(const v1::WorkerCommand& command) {
         command.has_rollback() ? command.rollback().run_id() : command.switch_precision().run_id();
     auto it = runs_.find(run_id);
     if (it == runs_.end()) {
-      event(run_id, "command_failed", "run " + run_id + " is not running on this worker");
+      event(run_id, event_kind::kCommandFailed, "run " + run_id + " is not running on this worker");
       return;
     }
     JsonWriter w;
     if (command.has_rollback()) {
-      w.Add("kind", "rollback").Add("steps", command.rollback().steps());
+      w.Add("kind", event_kind::kRollback).Add("steps", command.rollback().steps());
       w.Add("precision", command.rollback().precision()).Add("reason", command.rollback().reason());
     } else {
-      w.Add("kind", "switch_precision").Add("precision", command.switch_precision().precision());
+      w.Add("kind", event_kind::kSwitchPrecision).Add("precision", command.switch_precision().precision());
       w.Add("reason", command.switch_precision().reason());
     }
     Status st = it->second->SendCommand(w.str());
-    if (!st.ok()) event(run_id, "command_failed", st.message());
+    if (!st.ok()) event(run_id, event_kind::kCommandFailed, st.message());
   }
 }
 

@@ -17,6 +17,7 @@
 #include "worker/io/file_util.h"
 #include "worker/io/json.h"
 #include "worker/io/safetensors.h"
+#include "proto/event_kinds.h"
 
 namespace keel {
 namespace {
@@ -416,7 +417,7 @@ Status Trainer::SwitchAndRecord(const PrecisionScheme& scheme, const std::string
   KEEL_RETURN_IF_ERROR(SwitchScheme(scheme));
   details.push_back({"from", from});
   details.push_back({"precision", scheme.name});
-  return RecordEvent("switch_precision", "switched precision from " + from + " to " + scheme.name + suffix, details);
+  return RecordEvent(event_kind::kSwitchPrecision, "switched precision from " + from + " to " + scheme.name + suffix, details);
 }
 
 Status Trainer::RollbackAndRecord(int64_t steps, const std::string& suffix,
@@ -427,7 +428,7 @@ Status Trainer::RollbackAndRecord(int64_t steps, const std::string& suffix,
   details.push_back({"from_step", std::to_string(before)});
   details.push_back({"to_step", std::to_string(step_)});
   details.push_back({"checkpoint", restored});
-  return RecordEvent("rollback",
+  return RecordEvent(event_kind::kRollback,
                      "rolled back from step " + std::to_string(before) + " to " + std::to_string(step_) + suffix,
                      details);
 }
@@ -466,12 +467,12 @@ Status Trainer::ApplyPolicy() {
         lr_scale_ *= a.factor;
         details.push_back({"factor", JsonNumber(a.factor)});
         details.push_back({"lr_scale", JsonNumber(lr_scale_)});
-        KEEL_RETURN_IF_ERROR(RecordEvent("scale_lr", "learning rate scaled by " + JsonNumber(a.factor) + ": " + cause, details));
+        KEEL_RETURN_IF_ERROR(RecordEvent(event_kind::kScaleLr, "learning rate scaled by " + JsonNumber(a.factor) + ": " + cause, details));
       } else if (a.kind == PolicyAction::Kind::kSkipStep) {
-        KEEL_RETURN_IF_ERROR(RecordEvent("skip_step", "skipped the update of step " + std::to_string(step_) + ": " + cause, details));
+        KEEL_RETURN_IF_ERROR(RecordEvent(event_kind::kSkipStep, "skipped the update of step " + std::to_string(step_) + ": " + cause, details));
       } else if (a.kind == PolicyAction::Kind::kStop) {
         diverged_ = true;
-        KEEL_RETURN_IF_ERROR(RecordEvent("stop", "stopped the run as diverged: " + cause, details));
+        KEEL_RETURN_IF_ERROR(RecordEvent(event_kind::kStop, "stopped the run as diverged: " + cause, details));
       }
     }
   }
@@ -496,7 +497,7 @@ Status Trainer::ProcessCommands() {
     const JsonValue* precision = command.Find("precision");
     const JsonValue* reason = command.Find("reason");
     const std::string why = reason && !reason->string_value().empty() ? " (" + reason->string_value() + ")" : "";
-    if (error.empty() && kind && kind->string_value() == "rollback") {
+    if (error.empty() && kind && kind->string_value() == event_kind::kRollback) {
       const JsonValue* steps = command.Find("steps");
       Status s = RollbackAndRecord(steps ? steps->int_value() : 0, why, {});
       if (!s.ok()) error = s.message();
@@ -507,10 +508,10 @@ Status Trainer::ProcessCommands() {
       if (s.ok()) s = SwitchAndRecord(scheme, why, {});
       if (!s.ok()) error = s.message();
     }
-    if (error.empty() && !(kind && (kind->string_value() == "rollback" || kind->string_value() == "switch_precision"))) {
+    if (error.empty() && !(kind && event_kind::ChangesTrajectory(kind->string_value()))) {
       error = "unknown command kind in " + name + " (allowed: switch_precision, rollback)";
     }
-    if (!error.empty()) KEEL_RETURN_IF_ERROR(RecordEvent("command_failed", error, {{"file", name}}));
+    if (!error.empty()) KEEL_RETURN_IF_ERROR(RecordEvent(event_kind::kCommandFailed, error, {{"file", name}}));
     std::remove(path.c_str());
   }
   return Status::Ok();
@@ -698,7 +699,7 @@ Status Trainer::ResumeNewestValid(const std::string& requested, std::string* res
     *resumed = dir;
     for (const auto& bad : skipped) {
       std::fprintf(stderr, "keel-train: skipped checkpoint %s: %s\n", bad.first.c_str(), bad.second.c_str());
-      KEEL_RETURN_IF_ERROR(RecordEvent("checkpoint_skipped",
+      KEEL_RETURN_IF_ERROR(RecordEvent(event_kind::kCheckpointSkipped,
                                        "checkpoint " + bad.first + " does not verify (" + bad.second +
                                            "); resumed from " + dir,
                                        {{"checkpoint", bad.first}, {"reason", bad.second}, {"resumed_from", dir}}));
