@@ -13,6 +13,7 @@
 #include "worker/run_config.h"
 #include "worker/scheme.h"
 #include "proto/event_kinds.h"
+#include "proto/status_grpc.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -193,9 +194,7 @@ v1::Sweep Coordinator::SweepWithCounts(const v1::Sweep& sweep) {
 std::string Coordinator::NewId(const std::string& prefix) { return prefix + "-" + std::to_string(++id_counter_); }
 
 grpc::Status Coordinator::FromStatus(const Status& status) const {
-  if (status.ok()) return grpc::Status::OK;
-  if (IsNotFound(status)) return grpc::Status(grpc::StatusCode::NOT_FOUND, status.message());
-  return grpc::Status(grpc::StatusCode::INTERNAL, status.message());
+  return ToGrpcStatus(status);
 }
 
 void Coordinator::Publish(const v1::WatchUpdate& update, const std::string& run_id, const std::string& sweep_id) {

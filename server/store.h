@@ -30,7 +30,7 @@
 namespace keel {
 
 // True when `status` failed because the record it asked for does not exist
-// (its message ends in " not found"; no other store error does).
+// (its code is StatusCode::kNotFound).
 bool IsNotFound(const Status& status);
 
 // Builds the NotFound error for a record: "<kind> '<id>' not found".

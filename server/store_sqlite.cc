@@ -19,7 +19,6 @@
 namespace keel {
 namespace {
 
-constexpr char kNotFoundSuffix[] = " not found";
 
 // Version 1. Every table keeps insertion order in an INTEGER PRIMARY KEY `seq`
 // (AUTOINCREMENT: a deleted row's seq is never reused, so order stays creation
@@ -826,14 +825,10 @@ Status Open(const std::string& path, sqlite3* db) {
 
 }  // namespace
 
-bool IsNotFound(const Status& status) {
-  const std::string& m = status.message();
-  const size_t n = sizeof(kNotFoundSuffix) - 1;
-  return !status.ok() && m.size() >= n && m.compare(m.size() - n, n, kNotFoundSuffix) == 0;
-}
+bool IsNotFound(const Status& status) { return status.code() == StatusCode::kNotFound; }
 
 Status NotFoundError(const std::string& kind, const std::string& id) {
-  return Status::Error(kind + " '" + id + "'" + kNotFoundSuffix);
+  return Status::NotFound(kind + " '" + id + "' not found");
 }
 
 Status OpenSqliteStore(const std::string& path, std::unique_ptr<Store>* out) {

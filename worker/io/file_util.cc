@@ -19,7 +19,8 @@ namespace keel {
 namespace {
 
 Status PosixError(const std::string& what, const std::string& path, int error) {
-  return Status::Error(what + " " + path + ": " + std::strerror(error));
+  const std::string message = what + " " + path + ": " + std::strerror(error);
+  return error == ENOENT ? Status::NotFound(message) : Status::Error(message);
 }
 
 // Closes the descriptor on scope exit unless released.
@@ -208,7 +209,7 @@ Status CheckInsideRoots(const std::string& field, const std::string& pattern, co
       inside |= root == "/" || real.compare(0, root.size() + 1, root + "/") == 0;
     }
     if (!inside) {
-      result = Status::Error(field + ": '" + path + "' resolves to '" + real +
+      result = Status::InvalidArgument(field + ": '" + path + "' resolves to '" + real +
                              "', outside the allowed data roots (" + (listed.empty() ? "none" : listed) +
                              (resolved_roots.size() < roots.size() ? "; some do not exist" : "") + ")");
     }

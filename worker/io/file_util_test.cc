@@ -49,6 +49,7 @@ TEST(FileUtilTest, ReadMissingFileNamesIt) {
   std::string got = "unchanged";
   Status s = ReadFile(path, &got);
   ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_TRUE(HasAll(s.message(), {path, "No such file"}));
 }
 

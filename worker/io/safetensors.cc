@@ -21,8 +21,14 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 constexpr char kMetadataKey[] = "__metadata__";
 constexpr char kDtypeF32[] = "F32";
 
+// Tensors handed to the writer that it cannot store (the caller's mistake).
 Status FileError(const std::string& path, const std::string& what) {
-  return Status::Error("safetensors " + path + ": " + what);
+  return Status::InvalidArgument("safetensors " + path + ": " + what);
+}
+
+// A file that does not read back as what the writer writes: corrupt or truncated.
+Status Corrupt(const std::string& path, const std::string& what) {
+  return Status::DataLoss("safetensors " + path + ": " + what);
 }
 
 // Product of the dimensions; false when one is negative or it overflows the
@@ -81,12 +87,12 @@ Status ParseEntry(const std::string& path, const std::string& name, const JsonVa
                   Entry* entry) {
   const std::string where = "tensor '" + name + "'";
   if (!value.is_object()) {
-    return FileError(path, where + " is " + ToJson(value).substr(0, 40) +
+    return Corrupt(path, where + " is " + ToJson(value).substr(0, 40) +
                                ", expected an object with dtype, shape and data_offsets");
   }
   for (const JsonValue::Member& m : value.members()) {
     if (m.first != "dtype" && m.first != "shape" && m.first != "data_offsets") {
-      return FileError(path, where + " has key '" + m.first +
+      return Corrupt(path, where + " has key '" + m.first +
                                  "'; allowed keys are dtype, shape, data_offsets");
     }
   }
@@ -94,33 +100,33 @@ Status ParseEntry(const std::string& path, const std::string& name, const JsonVa
   const JsonValue* shape = value.Find("shape");
   const JsonValue* offsets = value.Find("data_offsets");
   if (dtype == nullptr || shape == nullptr || offsets == nullptr) {
-    return FileError(path, where + " lacks " +
+    return Corrupt(path, where + " lacks " +
                                (dtype == nullptr ? "dtype" : shape == nullptr ? "shape"
                                                                               : "data_offsets"));
   }
   if (!dtype->is_string() || dtype->string_value() != kDtypeF32) {
-    return FileError(path, where + " has dtype " + ToJson(*dtype) +
+    return Corrupt(path, where + " has dtype " + ToJson(*dtype) +
                                "; the only dtype allowed is \"F32\"");
   }
   entry->name = name;
   if (!NonNegativeInts(*shape, &entry->shape)) {
-    return FileError(path, where + " has shape " + ToJson(*shape) +
+    return Corrupt(path, where + " has shape " + ToJson(*shape) +
                                ", expected an array of non-negative integers");
   }
   std::vector<int64_t> range;
   if (!NonNegativeInts(*offsets, &range) || range.size() != 2 || range[0] > range[1]) {
-    return FileError(path, where + " has data_offsets " + ToJson(*offsets) +
+    return Corrupt(path, where + " has data_offsets " + ToJson(*offsets) +
                                ", expected [begin, end] with 0 <= begin <= end");
   }
   entry->begin = range[0];
   entry->end = range[1];
   int64_t count;
   if (!ElementCount(entry->shape, &count)) {
-    return FileError(path, where + " has shape " + ShapeString(entry->shape) +
+    return Corrupt(path, where + " has shape " + ShapeString(entry->shape) +
                                " whose element count overflows");
   }
   if (entry->end - entry->begin != 4 * count) {
-    return FileError(path, where + " has shape " + ShapeString(entry->shape) + " (" +
+    return Corrupt(path, where + " has shape " + ShapeString(entry->shape) + " (" +
                                std::to_string(count) + " float32 = " +
                                std::to_string(4 * count) + " bytes) but data_offsets [" +
                                std::to_string(entry->begin) + ", " +
@@ -208,7 +214,7 @@ Status ReadSafetensors(const std::string& path, std::vector<Tensor>* tensors,
   Status s = FileSize(path, &file_size);
   if (!s.ok()) return s;
   if (file_size < 8) {
-    return FileError(path, "file is " + std::to_string(file_size) +
+    return Corrupt(path, "file is " + std::to_string(file_size) +
                                " bytes, shorter than the 8-byte header length");
   }
   unsigned char length[8];
@@ -217,12 +223,12 @@ Status ReadSafetensors(const std::string& path, std::vector<Tensor>* tensors,
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(length[i]) << (8 * i);
   if (n > static_cast<uint64_t>(kMaxSafetensorsHeaderBytes)) {
-    return FileError(path, "header length " + std::to_string(n) + " is above the limit of " +
+    return Corrupt(path, "header length " + std::to_string(n) + " is above the limit of " +
                                std::to_string(kMaxSafetensorsHeaderBytes) + " bytes");
   }
   const int64_t header_size = static_cast<int64_t>(n);
   if (header_size > file_size - 8) {
-    return FileError(path, "header length " + std::to_string(header_size) +
+    return Corrupt(path, "header length " + std::to_string(header_size) +
                                " is larger than the " + std::to_string(file_size - 8) +
                                " bytes after it: the file is truncated or not safetensors");
   }
@@ -232,22 +238,22 @@ Status ReadSafetensors(const std::string& path, std::vector<Tensor>* tensors,
   JsonValue header;
   s = ParseJson(header_text, &header);
   if (!s.ok()) {
-    return FileError(path, "header (file bytes 8 to " + std::to_string(8 + header_size) +
+    return Corrupt(path, "header (file bytes 8 to " + std::to_string(8 + header_size) +
                                ") is not valid JSON: " + s.message() +
                                " (byte offsets count from the header's start)");
   }
-  if (!header.is_object()) return FileError(path, "header is not a JSON object");
+  if (!header.is_object()) return Corrupt(path, "header is not a JSON object");
 
   std::map<std::string, std::string> meta;
   std::vector<Entry> entries;
   for (const JsonValue::Member& m : header.members()) {
     if (m.first == kMetadataKey) {
       if (!m.second.is_object()) {
-        return FileError(path, "__metadata__ is not an object of strings");
+        return Corrupt(path, "__metadata__ is not an object of strings");
       }
       for (const JsonValue::Member& kv : m.second.members()) {
         if (!kv.second.is_string()) {
-          return FileError(path, "__metadata__ key '" + kv.first + "' has value " +
+          return Corrupt(path, "__metadata__ key '" + kv.first + "' has value " +
                                      ToJson(kv.second).substr(0, 40) + ", expected a string");
         }
         meta[kv.first] = kv.second.string_value();
@@ -271,24 +277,24 @@ Status ReadSafetensors(const std::string& path, std::vector<Tensor>* tensors,
     const std::string range =
         "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + "]";
     if (e.begin < expected) {
-      return FileError(path, "tensor '" + e.name + "' " + range + " overlaps tensor '" +
+      return Corrupt(path, "tensor '" + e.name + "' " + range + " overlaps tensor '" +
                                  entries[i - 1].name + "', which ends at " +
                                  std::to_string(expected));
     }
     if (e.begin > expected) {
-      return FileError(path, "tensor '" + e.name + "' " + range + " leaves bytes [" +
+      return Corrupt(path, "tensor '" + e.name + "' " + range + " leaves bytes [" +
                                  std::to_string(expected) + ", " + std::to_string(e.begin) +
                                  ") of the data buffer to no tensor; tensors must be contiguous");
     }
     if (e.end > data_size) {
-      return FileError(path, "tensor '" + e.name + "' " + range + " runs past the end of the " +
+      return Corrupt(path, "tensor '" + e.name + "' " + range + " runs past the end of the " +
                                  std::to_string(data_size) + "-byte data buffer: the file is "
                                  "truncated");
     }
     expected = e.end;
   }
   if (expected != data_size) {
-    return FileError(path, "data buffer is " + std::to_string(data_size) +
+    return Corrupt(path, "data buffer is " + std::to_string(data_size) +
                                " bytes but the tensors cover " + std::to_string(expected) +
                                ": " + std::to_string(data_size - expected) +
                                " trailing bytes");
@@ -310,12 +316,12 @@ Status ReadSafetensors(const std::string& path, std::vector<Tensor>* tensors,
   if (stored != meta.end()) {
     const std::string& hex = stored->second;
     if (hex.size() != 8 || hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
-      return FileError(path, std::string(kSafetensorsCrcKey) + " is \"" + hex +
+      return Corrupt(path, std::string(kSafetensorsCrcKey) + " is \"" + hex +
                                  "\", expected 8 hex digits");
     }
     const uint32_t want = static_cast<uint32_t>(std::stoul(hex, nullptr, 16));
     if (want != crc) {
-      return FileError(path, "data is corrupt: " + std::string(kSafetensorsCrcKey) + " is " +
+      return Corrupt(path, "data is corrupt: " + std::string(kSafetensorsCrcKey) + " is " +
                                  hex + " but the data buffer's CRC-32 is " + Hex32(crc));
     }
   }

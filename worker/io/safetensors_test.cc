@@ -48,6 +48,8 @@ void ExpectRefused(const std::string& path, std::initializer_list<std::string> p
   std::map<std::string, std::string> metadata = {{"sentinel", "1"}};
   Status s = ReadSafetensors(path, &tensors, &metadata);
   ASSERT_FALSE(s.ok()) << "accepted " << path;
+  // Every way a file fails to read back is data loss, whatever the message says.
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << StatusCodeName(s.code()) << ": " << s.message();
   EXPECT_TRUE(HasAll(s.message(), {path})) << s.message();
   EXPECT_TRUE(HasAll(s.message(), parts));
   ASSERT_EQ(tensors.size(), 1u);
@@ -373,6 +375,7 @@ TEST(SafetensorsTest, WriterRefusesBadTensorsAndWritesNothing) {
   for (const Case& c : cases) {
     Status s = WriteSafetensors(path, c.tensors, {});
     ASSERT_FALSE(s.ok()) << c.part;
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.part;  // the caller's tensors, not the disk
     EXPECT_TRUE(HasAll(s.message(), {path, c.part}));
     EXPECT_FALSE(Exists(path));
   }
