@@ -52,6 +52,12 @@ class Status {
   static Status DataLoss(std::string message) { return Status(StatusCode::kDataLoss, std::move(message)); }
   static Status Unavailable(std::string message) { return Status(StatusCode::kUnavailable, std::move(message)); }
 
+  // The same failure with `prefix` in front of its message (context for the
+  // caller's caller); OK stays OK.
+  Status WithPrefix(const std::string& prefix) const {
+    return ok() ? *this : Status(code_, prefix + message_);
+  }
+
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }

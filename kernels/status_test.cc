@@ -24,6 +24,11 @@ TEST(StatusTest, TheCodeNotTheTextSaysWhatFailed) {
   // A message that reads like a missing record is still what its code says.
   EXPECT_EQ(Status::Error("sweep 's' not found").code(), StatusCode::kInternal);
   EXPECT_STREQ(StatusCodeName(StatusCode::kDataLoss), "DATA_LOSS");
+  // Context added on the way up keeps the code.
+  Status up = Status::NotFound("run 'r'").WithPrefix("GetRun: ");
+  EXPECT_EQ(up.code(), StatusCode::kNotFound);
+  EXPECT_EQ(up.message(), "GetRun: run 'r'");
+  EXPECT_TRUE(Status::Ok().WithPrefix("x: ").ok());
   EXPECT_STREQ(StatusCodeName(StatusCode::kInvalidArgument), "INVALID_ARGUMENT");
 }
 

@@ -780,11 +780,9 @@ Status LoadRunConfig(const std::string& path, const std::vector<std::string>& ov
                      RunConfig* out) {
   std::string text;
   Status read = ReadYamlFile(path, &text);
-  // A file too large already reads "path:1:1: size: ..."; only say which flag
-  // for a file that could not be read at all.
-  if (!read.ok() && read.message().compare(0, 12, "cannot read ") == 0) {
-    return Status::Error("--config: " + read.message());
-  }
+  // A file too large already reads "path:1:1: size: ..." (InvalidArgument); only
+  // say which flag for a file that could not be read at all.
+  if (!read.ok() && read.code() != StatusCode::kInvalidArgument) return read.WithPrefix("--config: ");
   KEEL_RETURN_IF_ERROR(read);
   return ParseRunConfig(text, path, overrides, out);
 }

@@ -195,7 +195,10 @@ Status CheckYamlText(const std::string& text, const std::string& source) {
 
 Status ReadYamlFile(const std::string& path, std::string* text) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::Error("cannot read '" + path + "': " + std::strerror(errno));
+  if (!in) {
+    const std::string message = "cannot read '" + path + "': " + std::strerror(errno);
+    return errno == ENOENT ? Status::NotFound(message) : Status::Error(message);
+  }
   std::string data(kMaxYamlBytes + 1, '\0');
   in.read(&data[0], static_cast<std::streamsize>(data.size()));
   if (in.bad()) return Status::Error("cannot read '" + path + "': " + std::strerror(errno));
@@ -203,7 +206,7 @@ Status ReadYamlFile(const std::string& path, std::string* text) {
   if (data.size() > kMaxYamlBytes) {
     struct stat st;
     const bool sized = stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-    return Status::Error(Where(path, 1, 1) + "size: " +
+    return Status::InvalidArgument(Where(path, 1, 1) + "size: " +
                          (sized ? std::to_string(st.st_size) : "more than " + std::to_string(kMaxYamlBytes)) +
                          " bytes is more than the limit of " + std::to_string(kMaxYamlBytes) +
                          " bytes (allowed: at most 4 MiB)");

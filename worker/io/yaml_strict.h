@@ -48,8 +48,9 @@ Status CheckYamlText(const std::string& text, const std::string& source);
 
 // Reads a YAML file for LoadYamlStrict, at most kMaxYamlBytes + 1 bytes of it,
 // so that /dev/urandom or a huge file is refused without reading it all.
-// Errors: "cannot read 'path': reason", or "path:1:1: size: ..." (the size and
-// the limit) for a larger file; *text is then untouched.
+// Errors: "cannot read 'path': reason" (NotFound for a missing file, else
+// Internal), or "path:1:1: size: ..." (InvalidArgument: the size and the
+// limit) for a larger file; *text is then untouched.
 Status ReadYamlFile(const std::string& path, std::string* text);
 
 // Parses exactly one YAML document. Refuses, with the position of the problem:
