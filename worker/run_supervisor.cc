@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "worker/checkpoint_dirs.h"
+#include "worker/run_dir.h"
 #include "worker/run_lease.h"
 #include "worker/io/file_util.h"
 #include "worker/io/json.h"
@@ -40,14 +41,14 @@ std::string NewestCheckpointBeside(const std::string& checkpoint) {
 Status RunSupervisor::Start(const RunLaunch& launch, std::unique_ptr<RunSupervisor>* out) {
   if (launch.run_id.empty()) return Status::Error("run: empty run id");
   KEEL_RETURN_IF_ERROR(MakeDirs(launch.run_dir));
-  const std::string config = launch.run_dir + "/run.yaml";
+  const std::string config = RunDir(launch.run_dir).config();
   KEEL_RETURN_IF_ERROR(WriteFileAtomic(config, launch.spec_yaml));
   if (launch.resume_checkpoint.empty()) {
     // A fresh start owns the directory's metrics: no lines of an earlier attempt.
-    unlink((launch.run_dir + "/metrics.jsonl").c_str());
+    unlink((RunDir(launch.run_dir).metrics()).c_str());
   }
   // The lease comes first: the trainer reads it before its first step.
-  const std::string lease = launch.run_dir + "/lease";
+  const std::string lease = RunDir(launch.run_dir).lease();
   KEEL_RETURN_IF_ERROR(WriteRunLease(lease, {launch.attempt, launch.lease_expires_unix_ms}));
   std::vector<std::string> args = {launch.trainer, "--config", config, "--run-dir", launch.run_dir, "--quiet",
                                    "--backend", launch.gpus.empty() ? "cpu" : "cuda", "--lease-file", lease,
@@ -67,11 +68,11 @@ Status RunSupervisor::Start(const RunLaunch& launch, std::unique_ptr<RunSupervis
     // never delivered (its worker died) still reach keeld.
     const std::string old_dir = DirName(DirName(checkpoint));
     std::string old_metrics;
-    if (old_dir != launch.run_dir && ReadFile(old_dir + "/metrics.jsonl", &old_metrics).ok()) {
-      KEEL_RETURN_IF_ERROR(WriteFileAtomic(launch.run_dir + "/metrics.jsonl", old_metrics));
+    if (old_dir != launch.run_dir && ReadFile(RunDir(old_dir).metrics(), &old_metrics).ok()) {
+      KEEL_RETURN_IF_ERROR(WriteFileAtomic(RunDir(launch.run_dir).metrics(), old_metrics));
     }
   }
-  const std::string log = launch.run_dir + "/trainer.log";
+  const std::string log = RunDir(launch.run_dir).trainer_log();
   int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (log_fd < 0) return Status::Error("run " + launch.run_id + ": cannot open '" + log + "': " + strerror(errno));
   const std::string devices = Join(launch.gpus);
@@ -152,7 +153,7 @@ Status RunSupervisor::LineTail::Read(const std::string& path, std::vector<std::s
 
 Status RunSupervisor::ReadNewMetrics(RunProgress* progress) {
   std::vector<std::string> lines;
-  KEEL_RETURN_IF_ERROR(metrics_tail_.Read(launch_.run_dir + "/metrics.jsonl", &lines));
+  KEEL_RETURN_IF_ERROR(metrics_tail_.Read(RunDir(launch_.run_dir).metrics(), &lines));
   for (std::string& line : lines) {
     JsonValue v;
     if (!ParseJson(line, &v).ok() || !v.is_object()) continue;  // never a complete bad line from keel-train
@@ -177,7 +178,7 @@ Status RunSupervisor::ReadNewMetrics(RunProgress* progress) {
 
 Status RunSupervisor::ReadNewEvents(RunProgress* progress) {
   std::vector<std::string> lines;
-  KEEL_RETURN_IF_ERROR(events_tail_.Read(launch_.run_dir + "/events.jsonl", &lines));
+  KEEL_RETURN_IF_ERROR(events_tail_.Read(RunDir(launch_.run_dir).events(), &lines));
   for (const std::string& line : lines) {
     JsonValue v;
     if (!ParseJson(line, &v).ok() || !v.is_object()) continue;
@@ -198,11 +199,11 @@ Status RunSupervisor::ReadNewEvents(RunProgress* progress) {
 
 Status RunSupervisor::RenewLease(int64_t expires_unix_ms) {
   if (reaped_) return Status::Ok();
-  return WriteRunLease(launch_.run_dir + "/lease", {launch_.attempt, expires_unix_ms});
+  return WriteRunLease(RunDir(launch_.run_dir).lease(), {launch_.attempt, expires_unix_ms});
 }
 
 Status RunSupervisor::SendCommand(const std::string& json) {
-  const std::string dir = launch_.run_dir + "/commands";
+  const std::string dir = RunDir(launch_.run_dir).commands();
   KEEL_RETURN_IF_ERROR(MakeDirs(dir));
   char name[32];
   std::snprintf(name, sizeof(name), "%08d", ++command_seq_);
@@ -215,14 +216,14 @@ Status RunSupervisor::SendCommand(const std::string& json) {
 }
 
 Status RunSupervisor::FindNewCheckpoints(RunProgress* progress) {
-  const auto checkpoints = ListCheckpoints(launch_.run_dir + "/checkpoints");
+  const auto checkpoints = ListCheckpoints(RunDir(launch_.run_dir).checkpoints());
   const std::string newest = checkpoints.empty() ? "" : checkpoints.back().second;
   if (newest.empty() || newest == last_checkpoint_) return Status::Ok();
   last_checkpoint_ = newest;
   v1::CheckpointNotice c;
   c.set_run_id(launch_.run_id);
   c.set_step(checkpoints.back().first);
-  c.set_path(launch_.run_dir + "/checkpoints/" + newest);
+  c.set_path(RunDir(launch_.run_dir).checkpoints() + "/" + newest);
   progress->checkpoints.push_back(std::move(c));
   return Status::Ok();
 }
@@ -253,7 +254,7 @@ Status RunSupervisor::Poll(RunProgress* progress) {
       progress->exit.set_signal(WTERMSIG(status));
     }
     std::string log;
-    if (ReadFile(launch_.run_dir + "/trainer.log", &log).ok() && !log.empty()) {
+    if (ReadFile(RunDir(launch_.run_dir).trainer_log(), &log).ok() && !log.empty()) {
       // The last line of the trainer's output says why it stopped.
       size_t end = log.find_last_not_of('\n');
       size_t begin = log.rfind('\n', end);

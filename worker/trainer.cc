@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "worker/checkpoint_dirs.h"
+#include "worker/run_dir.h"
 #include "worker/run_lease.h"
 #include "worker/io/file_util.h"
 #include "worker/io/json.h"
@@ -354,7 +355,7 @@ Status KeepLinesUpToStep(const std::string& path, int64_t step) {
 Status Trainer::OpenMetricsFile() {
   if (metrics_file_) return Status::Ok();
   KEEL_RETURN_IF_ERROR(MakeDirs(config_.run_dir));
-  std::string path = config_.run_dir + "/metrics.jsonl";
+  std::string path = RunDir(config_.run_dir).metrics();
   if (step_ > 0) {
     // Resumed: keep the lines up to the checkpoint's step, so the file holds
     // one line per step of the trajectory this run continues.
@@ -381,7 +382,7 @@ Status Trainer::RecordEvent(const std::string& kind, const std::string& message,
   for (const auto& kv : details) d.Set(kv.first, kv.second);
   w.Add("details", d);
   KEEL_RETURN_IF_ERROR(MakeDirs(config_.run_dir));  // an event can come before the first step
-  const std::string path = config_.run_dir + "/events.jsonl";
+  const std::string path = RunDir(config_.run_dir).events();
   FILE* f = std::fopen(path.c_str(), "a");
   if (!f) return Status::Error("run_dir: cannot append to '" + path + "'");
   std::fprintf(f, "%s\n", w.str().c_str());
@@ -392,7 +393,7 @@ Status Trainer::RecordEvent(const std::string& kind, const std::string& message,
 Status Trainer::Rollback(int64_t steps, std::string* restored) {
   if (steps <= 0) return Status::Error("rollback: steps " + std::to_string(steps) + " is not allowed (>= 1)");
   const int64_t target = step_ - steps;
-  const std::string root = config_.run_dir + "/checkpoints";
+  const std::string root = RunDir(config_.run_dir).checkpoints();
   std::string best;
   for (const auto& c : ListCheckpoints(root)) {
     if (c.first <= target) best = c.second;  // ascending: the last one wins
@@ -480,7 +481,7 @@ Status Trainer::ApplyPolicy() {
 }
 
 Status Trainer::ProcessCommands() {
-  const std::string dir = config_.run_dir + "/commands";
+  const std::string dir = RunDir(config_.run_dir).commands();
   std::vector<std::string> names;
   if (!ListDir(dir, &names).ok()) return Status::Ok();
   std::sort(names.begin(), names.end());
@@ -600,7 +601,7 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
     meta["data.offset"] = std::to_string(pos.offset);
     meta["data.epoch"] = std::to_string(pos.epoch);
   }
-  const std::string root = config_.run_dir + "/checkpoints";
+  const std::string root = RunDir(config_.run_dir).checkpoints();
   const std::string final_dir = root + "/" + CheckpointDirName(step_);
   const std::string tmp_dir = final_dir + ".tmp";
   KEEL_RETURN_IF_ERROR(MakeDirs(tmp_dir));
@@ -675,7 +676,7 @@ Status Trainer::ResumeNewestValid(const std::string& requested, std::string* res
   // Candidates, newest first: the requested checkpoint, then the older ones beside it.
   std::string path = requested;
   while (path.size() > 1 && path.back() == '/') path.pop_back();
-  const std::string root = path == "latest" ? config_.run_dir + "/checkpoints" : DirName(path);
+  const std::string root = path == "latest" ? RunDir(config_.run_dir).checkpoints() : DirName(path);
   std::vector<std::string> candidates;
   if (path != "latest") candidates.push_back(path);
   const std::string requested_name = path == "latest" ? "" : path.substr(path.rfind('/') + 1);
@@ -714,7 +715,7 @@ Status Trainer::ResumeNewestValid(const std::string& requested, std::string* res
 Status Trainer::Resume(const std::string& requested) {
   std::string dir = requested;
   if (requested == "latest") {
-    const std::string root = config_.run_dir + "/checkpoints";
+    const std::string root = RunDir(config_.run_dir).checkpoints();
     const auto checkpoints = ListCheckpoints(root);
     if (checkpoints.empty()) return Status::Error("no checkpoints under '" + root + "'");
     dir = root + "/" + checkpoints.back().second;
