@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <chrono>
+#include <cmath>
 #include <set>
 #include <string>
 #include <utility>
@@ -132,7 +133,10 @@ class Stmt {
   }
 
   int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
-  double Double(int col) const { return sqlite3_column_double(stmt_, col); }
+  // NULL (how SQLite stores a NaN) reads as NaN.
+  double Double(int col) const {
+    return sqlite3_column_type(stmt_, col) == SQLITE_NULL ? std::nan("") : sqlite3_column_double(stmt_, col);
+  }
   int64_t Bytes(int col) const { return sqlite3_column_bytes(stmt_, col); }
   std::string Text(int col) const {
     const unsigned char* p = sqlite3_column_text(stmt_, col);
@@ -740,7 +744,9 @@ Status ReadSchemaVersion(sqlite3* db, int64_t* version) {
 // Existing points get them from their stored records.
 Status MigrateV1ToV2(sqlite3* db) {
   for (const char* column : {"loss", "lr", "tokens_per_s", "grad_norm"}) {
-    const std::string sql = std::string("ALTER TABLE metrics ADD COLUMN ") + column + " REAL NOT NULL DEFAULT 0";
+    // Nullable: SQLite stores a NaN as NULL (read back as NaN), and a diverged
+    // run's loss is NaN.
+    const std::string sql = std::string("ALTER TABLE metrics ADD COLUMN ") + column + " REAL";
     KEEL_RETURN_IF_ERROR(Exec(db, sql.c_str()));
   }
   // A covering index: the numbers of a run's points in step order, read

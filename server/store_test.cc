@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -886,6 +887,28 @@ TEST(StoreTest, UpgradesAVersionOneStoreInPlace) {
   v1::Run read;
   ASSERT_OK(store->GetRun("r", &read));
   EXPECT_TRUE(MessageDifferencer::Equals(read, run));
+}
+
+TEST(StoreTest, NonFiniteNumbersRoundTripWithAndWithoutJson) {
+  // A diverged run reports NaN and infinite values; SQLite stores a NaN as NULL.
+  auto store = Open(TestDbPath());
+  ASSERT_TRUE(store);
+  ASSERT_OK(store->CreateSweep(MakeSweep("s"), {MakeRun("r", "s")}));
+  v1::MetricPoint p = MakePoint("r", 1);
+  p.set_loss(std::nan(""));
+  p.set_grad_norm(std::numeric_limits<double>::infinity());
+  p.set_lr(-std::numeric_limits<double>::infinity());
+  ASSERT_OK(store->AppendMetrics({p}));
+  for (bool omit_json : {false, true}) {
+    std::vector<v1::MetricPoint> out;
+    PageResult result;
+    ASSERT_OK(store->GetMetricsPage("r", 0, omit_json, PageRequest(), &out, &result));
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_TRUE(std::isnan(out[0].loss())) << omit_json;
+    EXPECT_EQ(out[0].grad_norm(), std::numeric_limits<double>::infinity()) << omit_json;
+    EXPECT_EQ(out[0].lr(), -std::numeric_limits<double>::infinity()) << omit_json;
+    EXPECT_EQ(out[0].tokens_per_s(), p.tokens_per_s());
+  }
 }
 
 TEST(StoreTest, RefusesUnusablePath) {
