@@ -8,12 +8,12 @@
 #include <cmath>
 #include <cstdio>
 
-#include "server/scheduler.h"
-#include "worker/io/json.h"
-#include "worker/run_config.h"
-#include "worker/scheme.h"
 #include "proto/event_kinds.h"
 #include "proto/status_grpc.h"
+#include "server/scheduler.h"
+#include "worker/run_config.h"
+#include "worker/scheme.h"
+#include "worker/step_metrics.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -1109,32 +1109,19 @@ CoordinatorStats Coordinator::Stats(int64_t retention_ms) {
     if (live != live_.end()) {
       Live& l = live->second;
       // A run's latest line is parsed once, not on every tick.
-      JsonValue v;
-      if (!l.parsed && !l.metric_json.empty() && ParseJson(l.metric_json, &v).ok()) {
-        auto number = [](const JsonValue* x) {
-          double d = std::nan("");
-          if (x) x->ToDouble(&d);
-          return d;
-        };
+      MetricLine line;
+      if (!l.parsed && !l.metric_json.empty() && ParseMetricLine(l.metric_json, &line).ok()) {
         RunGauges& p = l.gauges;
         p = RunGauges();
         p.has_metric = true;
-        p.loss = number(v.Find("loss"));
-        p.grad_norm = number(v.Find("grad_norm"));
-        p.tokens_per_s = number(v.Find("tokens_per_s"));
-        if (const JsonValue* probe = v.Find("probe")) {
-          p.has_probe = true;
-          p.cosine = number(probe->Find("cosine"));
-          p.zeta = number(probe->Find("zeta"));
-        }
-        if (const JsonValue* quant = v.Find("quant")) {
-          for (const JsonValue::Member& layer : quant->members()) {
-            for (const JsonValue::Member& role : layer.second.members()) {
-              p.has_saturation = true;
-              p.saturated = std::max(p.saturated, number(role.second.Find("saturated")));
-            }
-          }
-        }
+        p.loss = line.loss;
+        p.grad_norm = line.grad_norm;
+        p.tokens_per_s = line.tokens_per_s;
+        p.has_probe = line.has_probe;
+        p.cosine = line.probe_cosine;
+        p.zeta = line.probe_zeta;
+        p.has_saturation = line.has_saturation;
+        p.saturated = line.max_saturated;
       }
       l.parsed = true;
       g = l.gauges;

@@ -18,6 +18,7 @@
 #include "worker/checkpoint_dirs.h"
 #include "worker/run_dir.h"
 #include "worker/run_lease.h"
+#include "worker/step_metrics.h"
 #include "worker/io/file_util.h"
 #include "worker/io/json.h"
 
@@ -155,21 +156,15 @@ Status RunSupervisor::ReadNewMetrics(RunProgress* progress) {
   std::vector<std::string> lines;
   KEEL_RETURN_IF_ERROR(metrics_tail_.Read(RunDir(launch_.run_dir).metrics(), &lines));
   for (std::string& line : lines) {
-    JsonValue v;
-    if (!ParseJson(line, &v).ok() || !v.is_object()) continue;  // never a complete bad line from keel-train
+    MetricLine parsed;
+    if (!ParseMetricLine(line, &parsed).ok()) continue;  // never a complete bad line from keel-train
     v1::MetricPoint m;
     m.set_run_id(launch_.run_id);
-    auto number = [&](const char* key) {
-      double d = 0;
-      const JsonValue* f = v.Find(key);
-      if (f) f->ToDouble(&d);
-      return d;
-    };
-    m.set_step(static_cast<int64_t>(number("step")));
-    m.set_loss(number("loss"));
-    m.set_lr(number("lr"));
-    m.set_tokens_per_s(number("tokens_per_s"));
-    m.set_grad_norm(number("grad_norm"));
+    m.set_step(parsed.step);
+    m.set_loss(parsed.loss);
+    m.set_lr(parsed.lr);
+    m.set_tokens_per_s(parsed.tokens_per_s);
+    m.set_grad_norm(parsed.grad_norm);
     m.set_json(std::move(line));
     progress->metrics.push_back(std::move(m));
   }

@@ -1,6 +1,9 @@
 // StepMetrics as one JSON line (see step_metrics.h and docs/train.md).
 #include "worker/step_metrics.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "worker/io/json.h"
 
 namespace keel {
@@ -56,6 +59,41 @@ std::string StepMetrics::ToJson() const {
   if (evaluated) w.Add("val_loss", val_loss);
   if (skipped) w.Add("skipped", true);
   return w.str();
+}
+
+Status ParseMetricLine(const std::string& line, MetricLine* out) {
+  JsonValue v;
+  if (!ParseJson(line, &v).ok() || !v.is_object()) return Status::InvalidArgument("metric line: not a JSON object");
+  auto number = [](const JsonValue* x) {
+    double d = std::nan("");
+    if (x == nullptr || !x->ToDouble(&d)) return std::nan("");
+    return d;
+  };
+  const double step = number(v.Find("step"));
+  if (!(step >= 1) || step != std::floor(step)) {
+    return Status::InvalidArgument("metric line: \"step\" is missing or not an integer >= 1");
+  }
+  MetricLine m;
+  m.step = static_cast<int64_t>(step);
+  m.loss = number(v.Find("loss"));
+  m.lr = number(v.Find("lr"));
+  m.tokens_per_s = number(v.Find("tokens_per_s"));
+  m.grad_norm = number(v.Find("grad_norm"));
+  if (const JsonValue* probe = v.Find("probe")) {
+    m.has_probe = true;
+    m.probe_cosine = number(probe->Find("cosine"));
+    m.probe_zeta = number(probe->Find("zeta"));
+  }
+  if (const JsonValue* quant = v.Find("quant")) {
+    for (const JsonValue::Member& layer : quant->members()) {
+      for (const JsonValue::Member& role : layer.second.members()) {
+        m.has_saturation = true;
+        m.max_saturated = std::max(m.max_saturated, number(role.second.Find("saturated")));
+      }
+    }
+  }
+  *out = m;
+  return Status::Ok();
 }
 
 }  // namespace keel

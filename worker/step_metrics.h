@@ -67,6 +67,23 @@ struct StepMetrics {
   std::string ToJson() const;
 };
 
+// The fields of a metrics.jsonl line (StepMetrics::ToJson) that keel-worker
+// and keeld read, with one rule for every reader: a number that is missing or
+// not a number (null, a string other than "NaN"/"Infinity"/"-Infinity") reads
+// as NaN; the non-finite strings read as their values.
+struct MetricLine {
+  int64_t step = 0;
+  double loss = 0, lr = 0, tokens_per_s = 0, grad_norm = 0;
+  bool has_probe = false;  // the line holds a gradient-bias probe
+  double probe_cosine = 0, probe_zeta = 0;
+  bool has_saturation = false;  // the line holds quantized operands
+  double max_saturated = 0;     // the largest saturated fraction over them
+};
+
+// Parses one line. Fails, naming what is wrong, when the line is not a JSON
+// object or has no integer "step" >= 1.
+Status ParseMetricLine(const std::string& line, MetricLine* out);
+
 }  // namespace keel
 
 #endif  // KEEL_WORKER_STEP_METRICS_H_
