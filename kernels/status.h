@@ -58,6 +58,9 @@ class Status {
     return ok() ? *this : Status(code_, prefix + message_);
   }
 
+  // The same failure with another message (a rewording); OK stays OK.
+  Status WithMessage(std::string message) const { return ok() ? *this : Status(code_, std::move(message)); }
+
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }

@@ -29,6 +29,9 @@ TEST(StatusTest, TheCodeNotTheTextSaysWhatFailed) {
   EXPECT_EQ(up.code(), StatusCode::kNotFound);
   EXPECT_EQ(up.message(), "GetRun: run 'r'");
   EXPECT_TRUE(Status::Ok().WithPrefix("x: ").ok());
+  Status reworded = Status::DataLoss("a\nb").WithMessage("a b");
+  EXPECT_EQ(reworded.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(reworded.message(), "a b");
   EXPECT_STREQ(StatusCodeName(StatusCode::kInvalidArgument), "INVALID_ARGUMENT");
 }
 

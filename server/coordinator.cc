@@ -268,7 +268,7 @@ grpc::Status Coordinator::SubmitSweep(const v1::SweepSpec& spec, v1::SubmitSweep
   SweepPlan plan;
   const std::string source = spec.source().empty() ? "sweep.yaml" : spec.source();
   Status s = ExpandSweep(spec.yaml(), source, options_.limits, &plan);
-  if (!s.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, s.message());
+  if (!s.ok()) return ToGrpcStatus(s);  // InvalidArgument: the sweep file's problems, one per line
   std::lock_guard<std::mutex> lock(mu_);
   const std::string sweep_id = NewId("sweep");
   const uint64_t first_run = id_counter_ + 1;
@@ -520,7 +520,7 @@ grpc::Status Coordinator::Intervene(const v1::InterveneRequest& request, v1::Int
   }
   PrecisionScheme scheme;
   Status s = SchemeFromPreset(request.precision(), &scheme);
-  if (!s.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, s.message());
+  if (!s.ok()) return ToGrpcStatus(s);
   if (request.rollback_steps() < 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "rollback_steps: " + std::to_string(request.rollback_steps()) + " is not allowed (>= 0)");

@@ -127,7 +127,7 @@ class Errors {
     std::vector<std::string> shown;
     for (size_t i = 0; i < std::min(kShown, sorted.size()); ++i) shown.push_back(sorted[i].second);
     if (lines_.size() > kShown) shown.push_back("... and " + std::to_string(lines_.size() - kShown) + " more errors");
-    return Status::Error(Join(shown, "\n"));
+    return Status::InvalidArgument(Join(shown, "\n"));
   }
   const std::string& source() const { return source_; }
 
@@ -564,14 +564,14 @@ Status ExpandSweep(const std::string& yaml_text, const std::string& source,
   // The source name starts every message, so it is checked first, and a bad
   // one is not echoed whole.
   if (source.size() > kMaxSourceLength) {
-    return Status::Error(source.substr(0, 64) + "...:1:1: source: a name of " + std::to_string(source.size()) +
+    return Status::InvalidArgument(source.substr(0, 64) + "...:1:1: source: a name of " + std::to_string(source.size()) +
                          " characters is too long (allowed: at most " + std::to_string(kMaxSourceLength) +
                          " characters)");
   }
   for (size_t i = 0; i < source.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(source[i]);
     if (c < 0x20 || c == 0x7F) {
-      return Status::Error("sweep.yaml:1:1: source: a control character at offset " + std::to_string(i) +
+      return Status::InvalidArgument("sweep.yaml:1:1: source: a control character at offset " + std::to_string(i) +
                            " (allowed: a file name without control characters)");
     }
   }

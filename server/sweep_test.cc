@@ -44,6 +44,16 @@ std::vector<std::pair<std::string, std::string>> Axes(
   return a;
 }
 
+TEST(SweepTest, RefusalsAreInvalidArguments) {
+  SweepPlan plan;
+  for (const std::string& bad : {std::string("name: x\n"), std::string("base: {steps: 1}\n"),
+                                 std::string(kBase) + "axes:\n  - grid: {precision: [mxfp9]}\n"}) {
+    Status s = Expand(bad, &plan);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+  }
+}
+
 TEST(SweepTest, NoAxesIsOneRunOfBase) {
   SweepPlan plan;
   Status s = Expand(kBase, &plan);

@@ -26,7 +26,7 @@ class Reader {
   std::string Where(const YAML::Node& node) const { return YamlWhere(source_, node.Mark()); }
 
   Status Error(const YAML::Node& node, const std::string& field, const std::string& what) const {
-    return Status::Error(Where(node) + field + ": " + what);
+    return Status::InvalidArgument(Where(node) + field + ": " + what);
   }
 
   // Rejects keys outside `allowed` so that a typo never passes silently.
@@ -158,7 +158,7 @@ Status ParsePrecision(const Reader& r, const YAML::Node& node, PrecisionScheme* 
     std::string text;
     KEEL_RETURN_IF_ERROR(r.String(node[role], f + "." + role, &text));
     Status st = ParseOperandFormat(f + "." + role, text, &s.roles[i]);
-    if (!st.ok()) return Status::Error(r.Where(node[role]) + st.message());
+    if (!st.ok()) return Status::InvalidArgument(r.Where(node[role]) + st.message());
     custom = true;
   }
   auto role = [&](Role x) -> OperandFormat& { return s.roles[static_cast<int>(x)]; };
@@ -192,7 +192,7 @@ Status ParsePrecision(const Reader& r, const YAML::Node& node, PrecisionScheme* 
     std::string text;
     KEEL_RETURN_IF_ERROR(r.String(node["layernorm"], f + ".layernorm", &text));
     Status st = ParseOperandFormat(f + ".layernorm", text, &s.layernorm);
-    if (!st.ok()) return Status::Error(r.Where(node["layernorm"]) + st.message());
+    if (!st.ok()) return Status::InvalidArgument(r.Where(node["layernorm"]) + st.message());
     custom = true;
   }
   if (node["forward_only"]) {
@@ -263,7 +263,7 @@ Status ParsePrecision(const Reader& r, const YAML::Node& node, PrecisionScheme* 
     s.name = "custom";
   }
   Status st = ValidateScheme(s);
-  if (!st.ok()) return Status::Error(r.Where(node) + st.message());
+  if (!st.ok()) return Status::InvalidArgument(r.Where(node) + st.message());
   *out = s;
   return Status::Ok();
 }
@@ -272,7 +272,7 @@ Status ParsePrecision(const Reader& r, const YAML::Node& node, PrecisionScheme* 
 Status ApplyOverride(YAML::Node root, const std::string& assignment) {
   size_t eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0) {
-    return Status::Error("--set: '" + assignment + "' is not of the form key.path=value");
+    return Status::InvalidArgument("--set: '" + assignment + "' is not of the form key.path=value");
   }
   std::string path = assignment.substr(0, eq);
   YAML::Node value;
@@ -291,7 +291,7 @@ Status ApplyOverride(YAML::Node root, const std::string& assignment) {
         next = YAML::Node(YAML::NodeType::Map);
         next["preset"] = preset;
       } else if (next.IsDefined() && !next.IsNull()) {
-        return Status::Error("--set " + path + ": '" + keys[i] + "' is not a mapping");
+        return Status::InvalidArgument("--set " + path + ": '" + keys[i] + "' is not a mapping");
       } else {
         next = YAML::Node(YAML::NodeType::Map);
       }
@@ -628,7 +628,7 @@ Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
                                                : (8 * c.model.width / 3 + 63) / 64 * 64;
   }
   Status st = ValidateRunConfig(c);
-  if (!st.ok()) return Status::Error(r.Where(FieldNode(root, st.message())) + st.message());
+  if (!st.ok()) return Status::InvalidArgument(r.Where(FieldNode(root, st.message())) + st.message());
   *out = c;
   return Status::Ok();
 }
@@ -707,7 +707,7 @@ Status ValidateRunConfig(const RunConfig& c) {
   if (state > kMaxTrainingStateBytes) {
     char gib[32];
     std::snprintf(gib, sizeof(gib), "%.1f", static_cast<double>(state) / static_cast<double>(int64_t{1} << 30));
-    return Status::Error("model.width: " + std::to_string(m.width) + " with model.layers " +
+    return Status::InvalidArgument("model.width: " + std::to_string(m.width) + " with model.layers " +
                          std::to_string(m.layers) + " (" + m.type + ") gives " + std::to_string(params) +
                          " parameters, a training state of " + gib + " GiB (" +
                          std::to_string(kBytesPerParameter) +
@@ -716,26 +716,26 @@ Status ValidateRunConfig(const RunConfig& c) {
                          std::to_string(kMaxTrainingStateBytes / kBytesPerParameter) + " parameters)");
   }
   if (m.type == "gpt") {
-    if (c.data.train.empty()) return Status::Error("data.train: missing (gpt needs token shards)");
+    if (c.data.train.empty()) return Status::InvalidArgument("data.train: missing (gpt needs token shards)");
     if (m.width % m.heads != 0) {
-      return Status::Error("model.heads: " + std::to_string(m.heads) + " does not divide model.width " +
+      return Status::InvalidArgument("model.heads: " + std::to_string(m.heads) + " does not divide model.width " +
                            std::to_string(m.width));
     }
     if (c.seq > m.context) {
-      return Status::Error("seq: " + std::to_string(c.seq) + " is larger than model.context " +
+      return Status::InvalidArgument("seq: " + std::to_string(c.seq) + " is larger than model.context " +
                            std::to_string(m.context));
     }
     if (m.padded_vocab < m.vocab) {
-      return Status::Error("model.padded_vocab: " + std::to_string(m.padded_vocab) +
+      return Status::InvalidArgument("model.padded_vocab: " + std::to_string(m.padded_vocab) +
                            " is smaller than model.vocab " + std::to_string(m.vocab));
     }
   }
-  if (c.probe_every < 0) return Status::Error("probe_every: must be >= 0");
+  if (c.probe_every < 0) return Status::InvalidArgument("probe_every: must be >= 0");
   // RHT rotates 16-token chunks of the wgrad operands, so a micro-batch's rows
   // (tokens) must come in multiples of 16.
   const int64_t rows = m.type == "gpt" ? static_cast<int64_t>(c.batch) * c.seq : c.batch;
   if (c.precision.roles[static_cast<int>(Role::kWgradX)].rht && rows % 16 != 0) {
-    return Status::Error("batch: " + std::to_string(rows) + (m.type == "gpt" ? " tokens (batch x seq)" : " samples") +
+    return Status::InvalidArgument("batch: " + std::to_string(rows) + (m.type == "gpt" ? " tokens (batch x seq)" : " samples") +
                          " per micro-batch is not allowed with RHT on the wgrad operands (a multiple of 16)");
   }
   return ValidateScheme(c.precision);
@@ -744,7 +744,7 @@ Status ValidateRunConfig(const RunConfig& c) {
 namespace {
 
 // A one-line message: echoed values (names, keys) may hold newlines.
-Status OneLineStatus(const Status& s) { return s.ok() ? s : Status::Error(OneLine(s.message())); }
+Status OneLineStatus(const Status& s) { return s.WithMessage(OneLine(s.message())); }
 
 Status ParseRunConfigText(const std::string& yaml_text, const std::string& source,
                           const std::vector<std::string>& overrides, RunConfig* out) {
@@ -756,7 +756,7 @@ Status ParseRunConfigText(const std::string& yaml_text, const std::string& sourc
     for (const std::string& o : overrides) KEEL_RETURN_IF_ERROR(ApplyOverride(root, o));
     return ParseNode(r, root, out);
   } catch (const YAML::Exception& e) {
-    return Status::Error(YamlWhere(source, e.mark) + "config: " + (e.msg.empty() ? "unreadable value" : e.msg));
+    return Status::InvalidArgument(YamlWhere(source, e.mark) + "config: " + (e.msg.empty() ? "unreadable value" : e.msg));
   }
 }
 
@@ -772,7 +772,7 @@ Status ParsePolicyNode(const YAML::Node& node, const std::string& source, Policy
   try {
     return OneLineStatus(ParsePolicy(r, node, out));
   } catch (const YAML::Exception& e) {
-    return Status::Error(YamlWhere(source, e.mark) + "policy: " + (e.msg.empty() ? "unreadable value" : e.msg));
+    return Status::InvalidArgument(YamlWhere(source, e.mark) + "policy: " + (e.msg.empty() ? "unreadable value" : e.msg));
   }
 }
 
@@ -822,7 +822,7 @@ Status ParseSchemeYaml(const std::string& yaml_text, PrecisionScheme* out) {
       YAML::Node m = n[key];
       KEEL_RETURN_IF_ERROR(ParseOperandFormat(key, m["format"].as<std::string>(), f));
       if (!ParseRounding(m["rounding"].as<std::string>(), &f->rounding)) {
-        return Status::Error(std::string(key) + ".rounding: unknown value");
+        return Status::InvalidArgument(std::string(key) + ".rounding: unknown value");
       }
       f->mx_block = m["mx_block"].as<int>();
       f->bump_exponent = m["bump_exponent"].as<bool>();

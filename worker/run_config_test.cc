@@ -17,6 +17,19 @@ Status Parse(const std::string& text, std::vector<std::string> overrides = {}) {
   return ParseRunConfig(text, "r.yaml", overrides, &config);
 }
 
+TEST(RunConfigStatusTest, EveryRefusalIsAnInvalidArgument) {
+  // keeld maps the code to gRPC's INVALID_ARGUMENT; no caller reads the text.
+  for (const char* bad : {"model: {type: proxy, width: 0}\n", "precision: mxfp9\n", "a: 1\na: 2\n", "steps: [\n",
+                          "batch: 256\n---\nbatch: 1\n", "name: ../x\n"}) {
+    Status s = Parse(bad);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad << " -> " << s.message();
+  }
+  Status s = Parse("batch: 8\n", {"optimizer.lr=[1, 2"});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+}
+
 TEST(RunConfigStrictTest, DuplicateKeysAreRefusedAtTheSecond) {
   EXPECT_EQ(Parse("steps: 10\nbatch: 8\nsteps: 20\n").message(), "r.yaml:3:1: steps: duplicate key (first at line 1)");
   EXPECT_EQ(Parse("model:\n  width: 64\n  width: 128\n").message(),

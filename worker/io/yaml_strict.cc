@@ -79,7 +79,7 @@ class Walker {
 
   Status Walk(const YAML::Node& node, const std::string& path, int depth) {
     if (++visits_ > kMaxYamlNodes) {
-      return Status::Error(YamlWhere(source_, node.Mark()) + (path.empty() ? "document" : path) +
+      return Status::InvalidArgument(YamlWhere(source_, node.Mark()) + (path.empty() ? "document" : path) +
                            ": more than " + std::to_string(kMaxYamlNodes) +
                            " nodes once aliases are expanded (allowed: at most " + std::to_string(kMaxYamlNodes) +
                            ")");
@@ -88,7 +88,7 @@ class Walker {
     // The event pass bounded the text's nesting; aliases can still nest a
     // collection inside itself, so the expanded tree is bounded here too.
     if (depth >= kMaxYamlDepth) {
-      return Status::Error(YamlWhere(source_, node.Mark()) + (path.empty() ? "document" : path) +
+      return Status::InvalidArgument(YamlWhere(source_, node.Mark()) + (path.empty() ? "document" : path) +
                            ": more than " + std::to_string(kMaxYamlDepth) +
                            " levels of mappings and lists with aliases expanded (allowed: at most " +
                            std::to_string(kMaxYamlDepth) + ")");
@@ -108,7 +108,7 @@ class Walker {
         key_path = Join(path, key);
         auto seen = first_line.emplace(key, it->first.Mark().line + 1);
         if (!seen.second) {
-          return Status::Error(YamlWhere(source_, it->first.Mark()) + key_path + ": duplicate key (first at line " +
+          return Status::InvalidArgument(YamlWhere(source_, it->first.Mark()) + key_path + ": duplicate key (first at line " +
                                std::to_string(seen.first->second) + ")");
         }
       } else {
@@ -159,7 +159,7 @@ std::string OneLine(const std::string& text) {
 
 Status CheckYamlText(const std::string& text, const std::string& source) {
   if (text.size() > kMaxYamlBytes) {
-    return Status::Error(Where(source, 1, 1) + "size: " + std::to_string(text.size()) +
+    return Status::InvalidArgument(Where(source, 1, 1) + "size: " + std::to_string(text.size()) +
                          " bytes is more than the limit of " + std::to_string(kMaxYamlBytes) +
                          " bytes (allowed: at most 4 MiB)");
   }
@@ -180,7 +180,7 @@ Status CheckYamlText(const std::string& text, const std::string& source) {
     if (bad) {
       char byte[8];
       std::snprintf(byte, sizeof(byte), "0x%02X", c);
-      return Status::Error(Where(source, line, column) + "not a text file: byte " + byte + " at line " +
+      return Status::InvalidArgument(Where(source, line, column) + "not a text file: byte " + byte + " at line " +
                            std::to_string(line) + " col " + std::to_string(column) +
                            " (allowed: UTF-8 text without control characters other than tab, CR, LF)");
     }
@@ -228,17 +228,17 @@ Status LoadYamlStrict(const std::string& text, const std::string& source, YAML::
     }
     root = YAML::Load(text);
   } catch (const StopParse& stop) {
-    return Status::Error(YamlWhere(source, stop.mark) + stop.what);
+    return Status::InvalidArgument(YamlWhere(source, stop.mark) + stop.what);
   } catch (const YAML::DeepRecursion& e) {
     // yaml-cpp's own guard (2000 levels) says only "bad file".
-    return Status::Error(YamlWhere(source, e.mark) + "nesting: more than " + std::to_string(kMaxYamlDepth) +
+    return Status::InvalidArgument(YamlWhere(source, e.mark) + "nesting: more than " + std::to_string(kMaxYamlDepth) +
                          " levels (allowed: at most " + std::to_string(kMaxYamlDepth) + ")");
   } catch (const YAML::Exception& e) {
-    return Status::Error(YamlWhere(source, e.mark) + "invalid YAML: " + ParserMessage(e));
+    return Status::InvalidArgument(YamlWhere(source, e.mark) + "invalid YAML: " + ParserMessage(e));
   } catch (const std::bad_alloc&) {
-    return Status::Error(Where(source, 1, 1) + "invalid YAML: out of memory while parsing");
+    return Status::InvalidArgument(Where(source, 1, 1) + "invalid YAML: out of memory while parsing");
   } catch (const std::exception& e) {
-    return Status::Error(Where(source, 1, 1) + "invalid YAML: " + (*e.what() ? e.what() : "unreadable input"));
+    return Status::InvalidArgument(Where(source, 1, 1) + "invalid YAML: " + (*e.what() ? e.what() : "unreadable input"));
   }
   Walker walker(source);
   KEEL_RETURN_IF_ERROR(walker.Walk(root, "", 0));
