@@ -11,9 +11,9 @@
 #include "proto/event_kinds.h"
 #include "proto/status_grpc.h"
 #include "server/scheduler.h"
-#include "worker/run_config.h"
-#include "worker/scheme.h"
-#include "worker/step_metrics.h"
+#include "worker/config/run_config.h"
+#include "worker/config/scheme.h"
+#include "worker/run/step_metrics.h"
 
 #include <yaml-cpp/yaml.h>
 

@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.h"
+#include "kernels/base/status.h"
 #include "proto/keel.pb.h"
 #include "server/store.h"
 #include "server/sweep.h"

@@ -13,8 +13,8 @@
 #include <sstream>
 
 #include "worker/io/yaml_strict.h"
-#include "worker/run_config.h"
-#include "worker/scheme_proto.h"
+#include "worker/config/run_config.h"
+#include "worker/config/scheme_proto.h"
 
 namespace keel {
 namespace {

@@ -15,7 +15,7 @@
 #include <sstream>
 
 #include "worker/io/yaml_strict.h"
-#include "worker/run_config.h"
+#include "worker/config/run_config.h"
 
 namespace keel {
 namespace {

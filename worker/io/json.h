@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/status.h"
+#include "kernels/base/status.h"
 
 namespace keel {
 

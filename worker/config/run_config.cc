@@ -1,0 +1,857 @@
+// YAML run configs (see run_config.h). Every field is read in this file only.
+#include "worker/config/run_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <limits>
+#include <sstream>
+
+#include "worker/io/yaml_strict.h"
+
+namespace keel {
+namespace {
+
+// Errors carry "source:line:col: field: ..." (yaml-cpp marks are 0-based).
+class Reader {
+ public:
+  explicit Reader(std::string source) : source_(std::move(source)) {}
+
+  // A node made by an override (--set) has no mark: 1:1.
+  std::string Where(const YAML::Node& node) const { return YamlWhere(source_, node.Mark()); }
+
+  Status Error(const YAML::Node& node, const std::string& field, const std::string& what) const {
+    return Status::InvalidArgument(Where(node) + field + ": " + what);
+  }
+
+  // Rejects keys outside `allowed` so that a typo never passes silently.
+  Status CheckKeys(const YAML::Node& map, const std::string& field,
+                   const std::set<std::string>& allowed) const {
+    if (!map.IsMap()) return Error(map, field, "expected a mapping");
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      std::string key = it->first.as<std::string>();
+      if (!allowed.count(key)) {
+        std::string list;
+        for (const std::string& a : allowed) list += (list.empty() ? "" : ", ") + a;
+        return Error(it->first, field.empty() ? key : field + "." + key,
+                     "unknown key (allowed: " + list + ")");
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status String(const YAML::Node& node, const std::string& field, std::string* out) const {
+    if (!node.IsScalar()) return Error(node, field, "expected a string");
+    *out = node.Scalar();
+    return Status::Ok();
+  }
+
+  Status Int(const YAML::Node& node, const std::string& field, int64_t lo, int64_t hi,
+             int64_t* out) const {
+    int64_t v;
+    if (!node.IsScalar() || !YAML::convert<int64_t>::decode(node, v)) {
+      return Error(node, field, "'" + Text(node) + "' is not an integer");
+    }
+    if (v < lo || v > hi) {
+      return Error(node, field, std::to_string(v) + " is out of range (allowed: " +
+                                    std::to_string(lo) + " .. " + std::to_string(hi) + ")");
+    }
+    *out = v;
+    return Status::Ok();
+  }
+
+  Status Int(const YAML::Node& node, const std::string& field, int64_t lo, int64_t hi,
+             int* out) const {
+    int64_t v;
+    Status s = Int(node, field, lo, hi, &v);
+    if (s.ok()) *out = static_cast<int>(v);
+    return s;
+  }
+
+  Status Float(const YAML::Node& node, const std::string& field, double lo, double hi,
+               float* out) const {
+    double v;
+    if (!node.IsScalar() || !YAML::convert<double>::decode(node, v) || !std::isfinite(v)) {
+      return Error(node, field, "'" + Text(node) + "' is not a finite number");
+    }
+    if (v < lo || v > hi) {
+      std::ostringstream range;
+      range << lo << " .. " << hi;
+      return Error(node, field, Text(node) + " is out of range (allowed: " + range.str() + ")");
+    }
+    *out = static_cast<float>(v);
+    return Status::Ok();
+  }
+
+  Status Bool(const YAML::Node& node, const std::string& field, bool* out) const {
+    bool v;
+    if (!node.IsScalar() || !YAML::convert<bool>::decode(node, v)) {
+      return Error(node, field, "'" + Text(node) + "' is not a boolean (allowed: true, false)");
+    }
+    *out = v;
+    return Status::Ok();
+  }
+
+  Status OneOf(const YAML::Node& node, const std::string& field,
+               const std::vector<std::string>& allowed, std::string* out) const {
+    std::string v;
+    Status s = String(node, field, &v);
+    if (!s.ok()) return s;
+    std::string list;
+    for (const std::string& a : allowed) {
+      if (a == v) {
+        *out = v;
+        return Status::Ok();
+      }
+      list += (list.empty() ? "" : ", ") + a;
+    }
+    return Error(node, field, "unknown value '" + v + "' (allowed: " + list + ")");
+  }
+
+  static std::string Text(const YAML::Node& node) {
+    if (node.IsScalar()) return node.Scalar();
+    return node.IsMap() ? "<mapping>" : node.IsSequence() ? "<sequence>" : "<null>";
+  }
+
+ private:
+  std::string source_;
+};
+
+const std::set<std::string> kRoleKeys = {"fwd_x", "fwd_w", "dgrad_dy", "dgrad_w", "wgrad_dy",
+                                         "wgrad_x"};
+
+// precision: either a preset name, or a mapping {preset, overrides...}.
+Status ParsePrecision(const Reader& r, const YAML::Node& node, PrecisionScheme* out) {
+  const std::string f = "precision";
+  PrecisionScheme s;
+  if (node.IsScalar()) {
+    Status st = SchemeFromPreset(node.Scalar(), &s);
+    if (!st.ok()) return r.Error(node, f, st.message().substr(st.message().find(':') + 2));
+    *out = s;
+    return Status::Ok();
+  }
+  std::set<std::string> keys = {"preset", "rounding", "grad_rounding", "layernorm", "forward_only",
+                                "bf16_first_blocks", "bf16_last_blocks", "bf16_head", "attention",
+                                "mx_block", "bump_exponent", "nvfp4_weight_16x16",
+                                "nvfp4_rht_wgrad", "nvfp4_sr_grads", "name"};
+  keys.insert(kRoleKeys.begin(), kRoleKeys.end());
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(node, f, keys));
+  if (node["preset"]) {
+    std::vector<std::string> names;
+    for (const PresetInfo& p : Presets()) names.push_back(p.name);
+    std::string preset;
+    KEEL_RETURN_IF_ERROR(r.OneOf(node["preset"], f + ".preset", names, &preset));
+    SchemeFromPreset(preset, &s);
+  }
+  bool custom = false;
+  // Roles first: a forward role set without its backward twins also sets those
+  // (NUMERICS.md section 4 defaults: backward activations/gradients take fwd_x's
+  // format, dgrad_w takes fwd_w's).
+  for (int i = 0; i < kRoleCount; ++i) {
+    const char* role = RoleName(static_cast<Role>(i));
+    if (!node[role]) continue;
+    std::string text;
+    KEEL_RETURN_IF_ERROR(r.String(node[role], f + "." + role, &text));
+    Status st = ParseOperandFormat(f + "." + role, text, &s.roles[i]);
+    if (!st.ok()) return Status::InvalidArgument(r.Where(node[role]) + st.message());
+    custom = true;
+  }
+  auto role = [&](Role x) -> OperandFormat& { return s.roles[static_cast<int>(x)]; };
+  if (node["fwd_x"]) {
+    for (Role b : {Role::kDgradDy, Role::kWgradDy, Role::kWgradX}) {
+      if (!node[RoleName(b)]) role(b) = role(Role::kFwdX);
+    }
+  }
+  if (node["fwd_w"] && !node["dgrad_w"]) role(Role::kDgradW) = role(Role::kFwdW);
+
+  std::vector<std::string> roundings = {"nearest_even", "nearest_away", "stochastic"};
+  if (node["rounding"]) {
+    std::string text;
+    KEEL_RETURN_IF_ERROR(r.OneOf(node["rounding"], f + ".rounding", roundings, &text));
+    Rounding rounding;
+    ParseRounding(text, &rounding);
+    for (OperandFormat& o : s.roles) o.rounding = rounding;
+    s.layernorm.rounding = rounding;
+    custom = true;
+  }
+  if (node["grad_rounding"]) {
+    std::string text;
+    KEEL_RETURN_IF_ERROR(r.OneOf(node["grad_rounding"], f + ".grad_rounding", roundings, &text));
+    Rounding rounding;
+    ParseRounding(text, &rounding);
+    role(Role::kDgradDy).rounding = rounding;
+    role(Role::kWgradDy).rounding = rounding;
+    custom = true;
+  }
+  if (node["layernorm"]) {
+    std::string text;
+    KEEL_RETURN_IF_ERROR(r.String(node["layernorm"], f + ".layernorm", &text));
+    Status st = ParseOperandFormat(f + ".layernorm", text, &s.layernorm);
+    if (!st.ok()) return Status::InvalidArgument(r.Where(node["layernorm"]) + st.message());
+    custom = true;
+  }
+  if (node["forward_only"]) {
+    KEEL_RETURN_IF_ERROR(r.Bool(node["forward_only"], f + ".forward_only", &s.forward_only));
+    custom = true;
+  }
+  if (node["bf16_first_blocks"]) {
+    KEEL_RETURN_IF_ERROR(
+        r.Int(node["bf16_first_blocks"], f + ".bf16_first_blocks", 0, 1 << 20, &s.bf16_first_blocks));
+    custom = true;
+  }
+  if (node["bf16_last_blocks"]) {
+    KEEL_RETURN_IF_ERROR(
+        r.Int(node["bf16_last_blocks"], f + ".bf16_last_blocks", 0, 1 << 20, &s.bf16_last_blocks));
+    custom = true;
+  }
+  if (node["bf16_head"]) {
+    KEEL_RETURN_IF_ERROR(r.Bool(node["bf16_head"], f + ".bf16_head", &s.bf16_head));
+    custom = true;
+  }
+  if (node["attention"]) {
+    std::string text;
+    KEEL_RETURN_IF_ERROR(r.OneOf(node["attention"], f + ".attention", {"bf16", "fp32"}, &text));
+    s.attention_bf16 = text == "bf16";
+    custom = true;
+  }
+  if (node["mx_block"]) {
+    int block;
+    KEEL_RETURN_IF_ERROR(r.Int(node["mx_block"], f + ".mx_block", 1, 1 << 16, &block));
+    for (OperandFormat& o : s.roles) o.mx_block = block;
+    s.layernorm.mx_block = block;
+    custom = true;
+  }
+  if (node["bump_exponent"]) {
+    bool bump;
+    KEEL_RETURN_IF_ERROR(r.Bool(node["bump_exponent"], f + ".bump_exponent", &bump));
+    for (OperandFormat& o : s.roles) o.bump_exponent = bump && o.quantized() && IsMx(o.format);
+    s.layernorm.bump_exponent = bump && s.layernorm.quantized() && IsMx(s.layernorm.format);
+    custom = true;
+  }
+  auto nvfp4_flag = [&](const char* key, const std::function<void(bool)>& apply) -> Status {
+    if (!node[key]) return Status::Ok();
+    bool v;
+    KEEL_RETURN_IF_ERROR(r.Bool(node[key], f + "." + key, &v));
+    apply(v);
+    custom = true;
+    return Status::Ok();
+  };
+  auto is_nvfp4 = [](const OperandFormat& o) {
+    return o.quantized() && o.format == QuantFormat::kNvfp4;
+  };
+  KEEL_RETURN_IF_ERROR(nvfp4_flag("nvfp4_weight_16x16", [&](bool v) {
+    for (Role x : {Role::kFwdW, Role::kDgradW}) role(x).tile_16x16 = v && is_nvfp4(role(x));
+  }));
+  KEEL_RETURN_IF_ERROR(nvfp4_flag("nvfp4_rht_wgrad", [&](bool v) {
+    bool both = is_nvfp4(role(Role::kWgradDy)) && is_nvfp4(role(Role::kWgradX));
+    role(Role::kWgradDy).rht = v && both;
+    role(Role::kWgradX).rht = v && both;
+  }));
+  KEEL_RETURN_IF_ERROR(nvfp4_flag("nvfp4_sr_grads", [&](bool v) {
+    for (Role x : {Role::kDgradDy, Role::kWgradDy}) {
+      if (is_nvfp4(role(x))) role(x).rounding = v ? Rounding::kStochastic : Rounding::kNearestEven;
+    }
+  }));
+  if (node["name"]) {
+    KEEL_RETURN_IF_ERROR(r.String(node["name"], f + ".name", &s.name));
+  } else if (custom) {
+    s.name = "custom";
+  }
+  Status st = ValidateScheme(s);
+  if (!st.ok()) return Status::InvalidArgument(r.Where(node) + st.message());
+  *out = s;
+  return Status::Ok();
+}
+
+// Sets node[path] = value for a dotted path, creating mappings on the way.
+Status ApplyOverride(YAML::Node root, const std::string& assignment) {
+  size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return Status::InvalidArgument("--set: '" + assignment + "' is not of the form key.path=value");
+  }
+  std::string path = assignment.substr(0, eq);
+  YAML::Node value;
+  // "--set path:1:col: ..." names the assignment and the place in its value.
+  KEEL_RETURN_IF_ERROR(LoadYamlStrict(assignment.substr(eq + 1), "--set " + path, &value));
+  std::vector<std::string> keys;
+  std::stringstream parts(path);
+  for (std::string key; std::getline(parts, key, '.');) keys.push_back(key);
+  std::vector<YAML::Node> chain = {root};
+  for (size_t i = 0; i + 1 < keys.size(); ++i) {
+    YAML::Node next = chain.back()[keys[i]];
+    if (!next.IsMap()) {
+      if (next.IsDefined() && !next.IsNull() && keys[i] == "precision" && next.IsScalar()) {
+        // "precision: mxfp4" then --set precision.bump_exponent=true: keep the preset.
+        std::string preset = next.Scalar();
+        next = YAML::Node(YAML::NodeType::Map);
+        next["preset"] = preset;
+      } else if (next.IsDefined() && !next.IsNull()) {
+        return Status::InvalidArgument("--set " + path + ": '" + keys[i] + "' is not a mapping");
+      } else {
+        next = YAML::Node(YAML::NodeType::Map);
+      }
+      chain.back()[keys[i]] = next;
+    }
+    chain.push_back(chain.back()[keys[i]]);
+  }
+  chain.back()[keys.back()] = value;
+  return Status::Ok();
+}
+
+// One detector parameter, read as the detector's table says (detectors.h).
+Status ParseDetectorParam(const Reader& r, const YAML::Node& node, const std::string& field,
+                          const DetectorParam& param, DetectorConfig* out) {
+  switch (param.kind) {
+    case DetectorParam::Kind::kInt:
+      return r.Int(node, field, static_cast<int64_t>(param.min), static_cast<int64_t>(param.max),
+                   &(out->*param.int_field));
+    case DetectorParam::Kind::kFloat: {
+      float v;
+      KEEL_RETURN_IF_ERROR(r.Float(node, field, param.min, param.max, &v));
+      out->*param.float_field = v;
+      return Status::Ok();
+    }
+    case DetectorParam::Kind::kChoice:
+      return r.OneOf(node, field, param.choices, &(out->*param.string_field));
+    case DetectorParam::Kind::kRoles: {
+      if (!node.IsSequence()) return r.Error(node, field, "expected a list of roles");
+      std::vector<std::string> role_names;
+      for (int i = 0; i < kRoleCount; ++i) role_names.push_back(RoleName(static_cast<Role>(i)));
+      for (const YAML::Node& role : node) {
+        std::string name;
+        KEEL_RETURN_IF_ERROR(r.OneOf(role, field, role_names, &name));
+        out->roles.push_back(name);
+      }
+      return Status::Ok();
+    }
+  }
+  return Status::Error(field + ": unknown parameter kind");
+}
+
+Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
+  const std::string f = "policy";
+  Policy p;
+  for (const std::string& name : DetectorNames()) p.detectors[name] = DefaultDetectorConfig(name);
+  if (node.IsNull()) {
+    *out = p;
+    return Status::Ok();
+  }
+  KEEL_RETURN_IF_ERROR(
+      r.CheckKeys(node, f, {"detectors", "ladder", "snapshots", "max_interventions", "rules", "sweep_rules"}));
+  std::vector<std::string> detector_names = DetectorNames();
+  std::vector<std::string> preset_names;
+  for (const PresetInfo& info : Presets()) preset_names.push_back(info.name);
+  if (YAML::Node d = node["detectors"]) {
+    if (!d.IsMap()) return r.Error(d, f + ".detectors", "expected a mapping of detector names");
+    for (auto it = d.begin(); it != d.end(); ++it) {
+      std::string name;
+      KEEL_RETURN_IF_ERROR(r.OneOf(it->first, f + ".detectors", detector_names, &name));
+      const std::string g = f + ".detectors." + name;
+      YAML::Node c = it->second;
+      DetectorConfig& dc = p.detectors[name];
+      if (c.IsScalar()) {  // "loss_zscore: false" / "grad_bias: true"
+        KEEL_RETURN_IF_ERROR(r.Bool(c, g, &dc.enabled));
+        continue;
+      }
+      const DetectorInfo& info = *FindDetector(name);
+      std::set<std::string> keys = {"enabled"};
+      for (const DetectorParam& param : info.params) keys.insert(param.key);
+      KEEL_RETURN_IF_ERROR(r.CheckKeys(c, g, keys));
+      if (!info.on_by_default) dc.enabled = true;  // configuring turns it on
+      if (c["enabled"]) KEEL_RETURN_IF_ERROR(r.Bool(c["enabled"], g + ".enabled", &dc.enabled));
+      for (const DetectorParam& param : info.params) {
+        if (YAML::Node value = c[param.key]) {
+          KEEL_RETURN_IF_ERROR(ParseDetectorParam(r, value, g + "." + param.key, param, &dc));
+        }
+      }
+    }
+  }
+  if (YAML::Node ladder = node["ladder"]) {
+    if (!ladder.IsSequence()) return r.Error(ladder, f + ".ladder", "expected a list of scheme presets");
+    for (const YAML::Node& rung : ladder) {
+      std::string name;
+      KEEL_RETURN_IF_ERROR(r.OneOf(rung, f + ".ladder", preset_names, &name));
+      if (std::find(p.ladder.begin(), p.ladder.end(), name) != p.ladder.end()) {
+        return r.Error(rung, f + ".ladder", "'" + name + "' appears twice: the ladder would loop");
+      }
+      p.ladder.push_back(name);
+    }
+  }
+  if (YAML::Node snap = node["snapshots"]) {
+    KEEL_RETURN_IF_ERROR(r.CheckKeys(snap, f + ".snapshots", {"every", "keep"}));
+    if (snap["every"]) KEEL_RETURN_IF_ERROR(r.Int(snap["every"], f + ".snapshots.every", 1, 1 << 30, &p.snapshot_every));
+    if (snap["keep"]) KEEL_RETURN_IF_ERROR(r.Int(snap["keep"], f + ".snapshots.keep", 1, 1 << 20, &p.snapshot_keep));
+  }
+  if (node["max_interventions"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(node["max_interventions"], f + ".max_interventions", 0, 1 << 20, &p.max_interventions));
+  }
+  if (YAML::Node rules = node["rules"]) {
+    if (!rules.IsSequence()) return r.Error(rules, f + ".rules", "expected a list of rules");
+    int index = 0;
+    for (const YAML::Node& rn : rules) {
+      const std::string g = f + ".rules[" + std::to_string(index) + "]";
+      KEEL_RETURN_IF_ERROR(r.CheckKeys(rn, g, {"name", "when", "match", "do", "cooldown", "max"}));
+      PolicyRule rule;
+      rule.name = "rule" + std::to_string(index);
+      if (rn["name"]) KEEL_RETURN_IF_ERROR(r.String(rn["name"], g + ".name", &rule.name));
+      YAML::Node when = rn["when"];
+      if (!when) return r.Error(rn, g + ".when", "missing (a list of detectors)");
+      if (when.IsScalar()) {
+        std::string name;
+        KEEL_RETURN_IF_ERROR(r.OneOf(when, g + ".when", detector_names, &name));
+        rule.when.push_back(name);
+      } else if (when.IsSequence() && when.size() > 0) {
+        for (const YAML::Node& w : when) {
+          std::string name;
+          KEEL_RETURN_IF_ERROR(r.OneOf(w, g + ".when", detector_names, &name));
+          rule.when.push_back(name);
+        }
+      } else {
+        return r.Error(when, g + ".when", "expected a detector or a non-empty list of detectors");
+      }
+      for (const std::string& name : rule.when) {
+        if (!p.detectors[name].enabled) {
+          return r.Error(when, g + ".when", "detector '" + name + "' is disabled in policy.detectors");
+        }
+      }
+      if (rn["match"]) {
+        std::string match;
+        KEEL_RETURN_IF_ERROR(r.OneOf(rn["match"], g + ".match", {"any", "all"}, &match));
+        rule.match_all = match == "all";
+      }
+      YAML::Node actions = rn["do"];
+      if (!actions || !actions.IsSequence() || actions.size() == 0) {
+        return r.Error(actions ? actions : rn, g + ".do", "expected a non-empty list of actions (switch, rollback, scale_lr, skip_step, stop)");
+      }
+      for (const YAML::Node& an : actions) {
+        PolicyAction a;
+        std::string kind;
+        YAML::Node arg;
+        if (an.IsScalar()) {
+          kind = an.Scalar();
+        } else if (an.IsMap() && an.size() == 1) {
+          kind = an.begin()->first.as<std::string>();
+          arg = an.begin()->second;
+        } else {
+          return r.Error(an, g + ".do", "expected an action such as `switch: bf16` or `skip_step`");
+        }
+        const std::string h = g + ".do." + kind;
+        if (kind == "switch") {
+          a.kind = PolicyAction::Kind::kSwitch;
+          if (!arg) return r.Error(an, h, "missing the scheme (a preset name or next)");
+          std::vector<std::string> allowed = preset_names;
+          allowed.push_back("next");
+          KEEL_RETURN_IF_ERROR(r.OneOf(arg, h, allowed, &a.scheme));
+          if (a.scheme == "next" && p.ladder.empty()) return r.Error(arg, h, "'next' needs policy.ladder");
+        } else if (kind == "rollback") {
+          a.kind = PolicyAction::Kind::kRollback;
+          YAML::Node steps = arg && arg.IsMap() ? arg["steps"] : arg;
+          if (arg && arg.IsMap()) KEEL_RETURN_IF_ERROR(r.CheckKeys(arg, h, {"steps"}));
+          if (!steps) return r.Error(an, h + ".steps", "missing (steps to roll back, >= 1)");
+          KEEL_RETURN_IF_ERROR(r.Int(steps, h + ".steps", 1, int64_t(1) << 40, &a.steps));
+        } else if (kind == "scale_lr") {
+          a.kind = PolicyAction::Kind::kScaleLr;
+          if (!arg) return r.Error(an, h, "missing the factor");
+          float factor;
+          KEEL_RETURN_IF_ERROR(r.Float(arg, h, 1e-6, 10.0, &factor));
+          a.factor = factor;
+        } else if (kind == "skip_step" || kind == "stop") {
+          a.kind = kind == "stop" ? PolicyAction::Kind::kStop : PolicyAction::Kind::kSkipStep;
+          if (arg && !arg.IsNull()) return r.Error(arg, h, "takes no value");
+        } else {
+          return r.Error(an, g + ".do", "unknown action '" + kind + "' (allowed: switch, rollback, scale_lr, skip_step, stop)");
+        }
+        rule.actions.push_back(a);
+      }
+      if (rn["cooldown"]) KEEL_RETURN_IF_ERROR(r.Int(rn["cooldown"], g + ".cooldown", 0, int64_t(1) << 40, &rule.cooldown));
+      if (rn["max"]) KEEL_RETURN_IF_ERROR(r.Int(rn["max"], g + ".max", 0, 1 << 20, &rule.max));
+      for (const PolicyRule& other : p.rules) {
+        if (other.name == rule.name) return r.Error(rn, g + ".name", "'" + rule.name + "' names two rules");
+      }
+      p.rules.push_back(rule);
+      ++index;
+    }
+  }
+  if (YAML::Node sweep_rules = node["sweep_rules"]) {
+    if (!sweep_rules.IsSequence()) return r.Error(sweep_rules, f + ".sweep_rules", "expected a list");
+    int index = 0;
+    for (const YAML::Node& sn : sweep_rules) {
+      const std::string g = f + ".sweep_rules[" + std::to_string(index++) + "]";
+      KEEL_RETURN_IF_ERROR(r.CheckKeys(sn, g, {"when_diverged", "scheme", "switch"}));
+      SweepRule rule;
+      if (!sn["when_diverged"]) return r.Error(sn, g + ".when_diverged", "missing (runs that must diverge, >= 1)");
+      KEEL_RETURN_IF_ERROR(r.Int(sn["when_diverged"], g + ".when_diverged", 1, 1 << 20, &rule.diverged));
+      std::vector<std::string> schemes = preset_names;
+      schemes.push_back("any");
+      if (sn["scheme"]) KEEL_RETURN_IF_ERROR(r.OneOf(sn["scheme"], g + ".scheme", schemes, &rule.scheme));
+      if (!sn["switch"]) return r.Error(sn, g + ".switch", "missing (the preset the other runs switch to)");
+      KEEL_RETURN_IF_ERROR(r.OneOf(sn["switch"], g + ".switch", preset_names, &rule.switch_to));
+      p.sweep_rules.push_back(rule);
+    }
+  }
+  YAML::Emitter e;
+  e << YAML::Flow << node;
+  p.yaml = e.c_str();
+  *out = p;
+  return Status::Ok();
+}
+
+// The node of the field that a ValidateRunConfig message names ("model.heads:
+// ..." -> root.model.heads), or the nearest existing ancestor, or root.
+YAML::Node FieldNode(const YAML::Node& root, const std::string& message) {
+  const size_t colon = message.find(": ");
+  if (colon == std::string::npos) return root;
+  std::vector<std::string> keys;
+  std::stringstream parts(message.substr(0, colon));
+  for (std::string key; std::getline(parts, key, '.');) keys.push_back(key);
+  YAML::Node node = root;
+  for (const std::string& key : keys) {
+    if (!node.IsMap()) break;
+    YAML::Node next = node[key];
+    if (!next) break;
+    node = next;
+  }
+  return node;
+}
+
+Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
+  RunConfig c;
+  if (!root.IsMap()) return r.Error(root, "config", "expected a mapping at the top level");
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(
+      root, "",
+      {"name", "model", "data", "precision", "optimizer", "schedule", "steps", "batch", "seq",
+       "grad_accum", "seed", "backend", "threads", "run_dir", "checkpoint_every",
+       "keep_checkpoints", "probe_every", "operand_stats", "log_every", "policy"}));
+  if (root["name"]) {
+    KEEL_RETURN_IF_ERROR(r.String(root["name"], "name", &c.name));
+    // The default run directory is runs/<name>: "..", "/" or a leading '.'
+    // would put it elsewhere.
+    std::string problem = NameProblem(c.name);
+    if (!problem.empty()) return r.Error(root["name"], "name", problem);
+  }
+  if (YAML::Node m = root["model"]) {
+    KEEL_RETURN_IF_ERROR(r.CheckKeys(m, "model",
+                                     {"type", "layers", "width", "heads", "context", "vocab",
+                                      "padded_vocab", "mlp", "mlp_hidden", "qk_layernorm", "bias",
+                                      "ln_eps"}));
+    ModelConfig& mc = c.model;
+    if (m["type"]) KEEL_RETURN_IF_ERROR(r.OneOf(m["type"], "model.type", {"proxy", "gpt"}, &mc.type));
+    if (m["layers"]) KEEL_RETURN_IF_ERROR(r.Int(m["layers"], "model.layers", 1, 1024, &mc.layers));
+    if (m["width"]) KEEL_RETURN_IF_ERROR(r.Int(m["width"], "model.width", 1, 1 << 16, &mc.width));
+    if (m["heads"]) KEEL_RETURN_IF_ERROR(r.Int(m["heads"], "model.heads", 1, 1024, &mc.heads));
+    if (m["context"]) KEEL_RETURN_IF_ERROR(r.Int(m["context"], "model.context", 1, 1 << 20, &mc.context));
+    if (m["vocab"]) KEEL_RETURN_IF_ERROR(r.Int(m["vocab"], "model.vocab", 2, 65536, &mc.vocab));
+    if (m["padded_vocab"]) {
+      KEEL_RETURN_IF_ERROR(r.Int(m["padded_vocab"], "model.padded_vocab", 0, 1 << 20, &mc.padded_vocab));
+    }
+    if (m["mlp"]) KEEL_RETURN_IF_ERROR(r.OneOf(m["mlp"], "model.mlp", {"gelu", "swiglu"}, &mc.mlp));
+    if (m["mlp_hidden"]) {
+      KEEL_RETURN_IF_ERROR(r.Int(m["mlp_hidden"], "model.mlp_hidden", 0, 1 << 20, &mc.mlp_hidden));
+    }
+    if (m["qk_layernorm"]) KEEL_RETURN_IF_ERROR(r.Bool(m["qk_layernorm"], "model.qk_layernorm", &mc.qk_layernorm));
+    if (m["bias"]) KEEL_RETURN_IF_ERROR(r.Bool(m["bias"], "model.bias", &mc.bias));
+    if (m["ln_eps"]) KEEL_RETURN_IF_ERROR(r.Float(m["ln_eps"], "model.ln_eps", 1e-30, 1.0, &mc.ln_eps));
+  }
+  if (YAML::Node d = root["data"]) {
+    KEEL_RETURN_IF_ERROR(r.CheckKeys(d, "data", {"train", "val", "val_batches", "eval_every"}));
+    if (d["train"]) KEEL_RETURN_IF_ERROR(r.String(d["train"], "data.train", &c.data.train));
+    if (d["val"]) KEEL_RETURN_IF_ERROR(r.String(d["val"], "data.val", &c.data.val));
+    if (d["val_batches"]) {
+      KEEL_RETURN_IF_ERROR(r.Int(d["val_batches"], "data.val_batches", 1, 1 << 20, &c.data.val_batches));
+    }
+    if (d["eval_every"]) {
+      KEEL_RETURN_IF_ERROR(r.Int(d["eval_every"], "data.eval_every", 0, 1 << 30, &c.data.eval_every));
+    }
+  }
+  if (root["precision"]) KEEL_RETURN_IF_ERROR(ParsePrecision(r, root["precision"], &c.precision));
+  if (YAML::Node o = root["optimizer"]) {
+    KEEL_RETURN_IF_ERROR(r.CheckKeys(
+        o, "optimizer", {"type", "lr", "beta1", "beta2", "eps", "weight_decay", "grad_clip"}));
+    OptimizerConfig& oc = c.optimizer;
+    if (o["type"]) KEEL_RETURN_IF_ERROR(r.OneOf(o["type"], "optimizer.type", {"adam", "adamw"}, &oc.type));
+    if (o["lr"]) KEEL_RETURN_IF_ERROR(r.Float(o["lr"], "optimizer.lr", 0.0, 10.0, &oc.lr));
+    if (o["beta1"]) KEEL_RETURN_IF_ERROR(r.Float(o["beta1"], "optimizer.beta1", 0.0, 0.999999, &oc.beta1));
+    if (o["beta2"]) KEEL_RETURN_IF_ERROR(r.Float(o["beta2"], "optimizer.beta2", 0.0, 0.99999999, &oc.beta2));
+    if (o["eps"]) KEEL_RETURN_IF_ERROR(r.Float(o["eps"], "optimizer.eps", 0.0, 1.0, &oc.eps));
+    if (o["weight_decay"]) {
+      KEEL_RETURN_IF_ERROR(r.Float(o["weight_decay"], "optimizer.weight_decay", 0.0, 10.0, &oc.weight_decay));
+    }
+    if (o["grad_clip"]) KEEL_RETURN_IF_ERROR(r.Float(o["grad_clip"], "optimizer.grad_clip", 0.0, 1e30, &oc.grad_clip));
+    if (oc.type == "adam" && oc.weight_decay != 0.0f) {
+      return r.Error(o["weight_decay"], "optimizer.weight_decay",
+                     r.Text(o["weight_decay"]) + " needs optimizer.type adamw (adam has no weight decay)");
+    }
+  }
+  if (YAML::Node s = root["schedule"]) {
+    KEEL_RETURN_IF_ERROR(r.CheckKeys(s, "schedule", {"type", "warmup_steps", "min_lr_ratio", "spike_at", "spike_steps",
+                                                    "spike_factor"}));
+    if (s["spike_at"]) KEEL_RETURN_IF_ERROR(r.Int(s["spike_at"], "schedule.spike_at", 0, 1 << 30, &c.schedule.spike_at));
+    if (s["spike_steps"]) {
+      KEEL_RETURN_IF_ERROR(r.Int(s["spike_steps"], "schedule.spike_steps", 1, 1 << 30, &c.schedule.spike_steps));
+    }
+    if (s["spike_factor"]) {
+      KEEL_RETURN_IF_ERROR(r.Float(s["spike_factor"], "schedule.spike_factor", 1e-6, 1e6, &c.schedule.spike_factor));
+    }
+    if (s["type"]) {
+      KEEL_RETURN_IF_ERROR(r.OneOf(s["type"], "schedule.type", {"constant", "cosine", "linear"}, &c.schedule.type));
+    }
+    if (s["warmup_steps"]) {
+      KEEL_RETURN_IF_ERROR(r.Int(s["warmup_steps"], "schedule.warmup_steps", 0, 1 << 30, &c.schedule.warmup_steps));
+    }
+    if (s["min_lr_ratio"]) {
+      KEEL_RETURN_IF_ERROR(r.Float(s["min_lr_ratio"], "schedule.min_lr_ratio", 0.0, 1.0, &c.schedule.min_lr_ratio));
+    }
+  }
+  if (root["steps"]) KEEL_RETURN_IF_ERROR(r.Int(root["steps"], "steps", 1, int64_t(1) << 40, &c.steps));
+  if (root["batch"]) KEEL_RETURN_IF_ERROR(r.Int(root["batch"], "batch", 1, 1 << 24, &c.batch));
+  if (root["seq"]) KEEL_RETURN_IF_ERROR(r.Int(root["seq"], "seq", 0, 1 << 20, &c.seq));
+  if (root["grad_accum"]) KEEL_RETURN_IF_ERROR(r.Int(root["grad_accum"], "grad_accum", 1, 1 << 16, &c.grad_accum));
+  if (root["seed"]) {
+    int64_t seed;
+    KEEL_RETURN_IF_ERROR(r.Int(root["seed"], "seed", 0, INT64_MAX, &seed));
+    c.seed = static_cast<uint64_t>(seed);
+  }
+  if (root["backend"]) KEEL_RETURN_IF_ERROR(r.OneOf(root["backend"], "backend", {"cpu", "cuda"}, &c.backend));
+  if (root["threads"]) KEEL_RETURN_IF_ERROR(r.Int(root["threads"], "threads", 0, 1024, &c.threads));
+  if (root["run_dir"]) KEEL_RETURN_IF_ERROR(r.String(root["run_dir"], "run_dir", &c.run_dir));
+  if (root["checkpoint_every"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(root["checkpoint_every"], "checkpoint_every", 0, 1 << 30, &c.checkpoint_every));
+  }
+  if (root["keep_checkpoints"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(root["keep_checkpoints"], "keep_checkpoints", 0, 1 << 20, &c.keep_checkpoints));
+  }
+  if (root["probe_every"]) KEEL_RETURN_IF_ERROR(r.Int(root["probe_every"], "probe_every", 0, 1 << 30, &c.probe_every));
+  if (root["operand_stats"]) KEEL_RETURN_IF_ERROR(r.Bool(root["operand_stats"], "operand_stats", &c.operand_stats));
+  if (root["log_every"]) KEEL_RETURN_IF_ERROR(r.Int(root["log_every"], "log_every", 1, 1 << 30, &c.log_every));
+  if (root["policy"]) KEEL_RETURN_IF_ERROR(ParsePolicy(r, root["policy"], &c.policy));
+  if (c.run_dir.empty()) c.run_dir = "runs/" + c.name;
+  if (c.seq == 0) c.seq = c.model.context;
+  if (c.model.padded_vocab == 0) c.model.padded_vocab = (c.model.vocab + 127) / 128 * 128;
+  if (c.model.mlp_hidden == 0) {
+    c.model.mlp_hidden = c.model.mlp == "gelu" ? 4 * c.model.width
+                                               : (8 * c.model.width / 3 + 63) / 64 * 64;
+  }
+  Status st = ValidateRunConfig(c);
+  if (!st.ok()) return Status::InvalidArgument(r.Where(FieldNode(root, st.message())) + st.message());
+  *out = c;
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string NameProblem(const std::string& name) {
+  const std::string allowed = std::string(" (allowed: ") + kNameRule + ")";
+  if (name.empty()) return "an empty name is not allowed" + allowed;
+  // Checked before anything looks at the characters, and never echoed whole.
+  if (name.size() > kMaxNameLength) {
+    return "a name of " + std::to_string(name.size()) + " characters is not allowed: too long" + allowed;
+  }
+  if (name.front() == '.') return "'" + name + "' is not allowed: it starts with '.'" + allowed;
+  for (size_t i = 0; i < name.size(); ++i) {
+    const unsigned char ch = static_cast<unsigned char>(name[i]);
+    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                    ch == '_' || ch == '.' || ch == '-';
+    if (!ok) {
+      char shown[16];
+      if (ch > 0x20 && ch < 0x7F) {
+        std::snprintf(shown, sizeof(shown), "'%c'", ch);
+      } else {
+        std::snprintf(shown, sizeof(shown), "byte 0x%02X", ch);
+      }
+      return "'" + name + "' is not allowed: " + shown + " at offset " + std::to_string(i) + allowed;
+    }
+  }
+  return "";
+}
+
+namespace {
+
+// Saturating int64 arithmetic for the parameter count: any overflow is a model
+// far beyond every limit, so INT64_MAX is the right answer.
+int64_t SatMul(int64_t a, int64_t b) {
+  int64_t out;
+  return __builtin_mul_overflow(a, b, &out) ? std::numeric_limits<int64_t>::max() : out;
+}
+int64_t SatAdd(int64_t a, int64_t b) {
+  int64_t out;
+  return __builtin_add_overflow(a, b, &out) ? std::numeric_limits<int64_t>::max() : out;
+}
+
+}  // namespace
+
+int64_t ModelParameterCount(const ModelConfig& m) {
+  const int64_t d = m.width, layers = m.layers;
+  if (m.type == "proxy") {
+    // Per block: ln weight and bias (d each), fc1 (4d x d), fc2 (d x 4d), fc2 bias (d).
+    const int64_t block = SatAdd(SatMul(SatMul(8, d), d), SatMul(3, d));
+    return SatMul(layers, block);
+  }
+  // gpt, as model_gpt.cc's Build registers them.
+  const int64_t hidden = m.mlp_hidden;
+  const int64_t fc_out = m.mlp == "swiglu" ? SatMul(2, hidden) : hidden;
+  const int64_t hd = m.heads > 0 ? d / m.heads : d;
+  const int64_t b = m.bias ? 1 : 0;
+  int64_t block = 0;
+  block = SatAdd(block, SatMul(d, 1 + b));                      // ln_1
+  block = SatAdd(block, SatAdd(SatMul(SatMul(3, d), d), SatMul(b, SatMul(3, d))));  // c_attn
+  if (m.qk_layernorm) block = SatAdd(block, SatMul(SatMul(2, hd), 1 + b));          // q_ln, k_ln
+  block = SatAdd(block, SatAdd(SatMul(d, d), SatMul(b, d)));   // attn c_proj
+  block = SatAdd(block, SatMul(d, 1 + b));                      // ln_2
+  block = SatAdd(block, SatAdd(SatMul(fc_out, d), SatMul(b, fc_out)));  // mlp c_fc
+  block = SatAdd(block, SatAdd(SatMul(d, hidden), SatMul(b, d)));       // mlp c_proj
+  int64_t total = SatAdd(SatMul(m.padded_vocab, d), SatMul(m.context, d));  // wte, wpe
+  total = SatAdd(total, SatMul(layers, block));
+  return SatAdd(total, SatMul(d, 1 + b));  // ln_f
+}
+
+Status ValidateRunConfig(const RunConfig& c) {
+  const ModelConfig& m = c.model;
+  const int64_t params = ModelParameterCount(m);
+  const int64_t state = SatMul(params, kBytesPerParameter);
+  if (state > kMaxTrainingStateBytes) {
+    char gib[32];
+    std::snprintf(gib, sizeof(gib), "%.1f", static_cast<double>(state) / static_cast<double>(int64_t{1} << 30));
+    return Status::InvalidArgument("model.width: " + std::to_string(m.width) + " with model.layers " +
+                         std::to_string(m.layers) + " (" + m.type + ") gives " + std::to_string(params) +
+                         " parameters, a training state of " + gib + " GiB (" +
+                         std::to_string(kBytesPerParameter) +
+                         " bytes per parameter: fp32 weights, gradients, Adam m and v), more than the limit of " +
+                         std::to_string(kMaxTrainingStateBytes >> 30) + " GiB (allowed: at most " +
+                         std::to_string(kMaxTrainingStateBytes / kBytesPerParameter) + " parameters)");
+  }
+  if (m.type == "gpt") {
+    if (c.data.train.empty()) return Status::InvalidArgument("data.train: missing (gpt needs token shards)");
+    if (m.width % m.heads != 0) {
+      return Status::InvalidArgument("model.heads: " + std::to_string(m.heads) + " does not divide model.width " +
+                           std::to_string(m.width));
+    }
+    if (c.seq > m.context) {
+      return Status::InvalidArgument("seq: " + std::to_string(c.seq) + " is larger than model.context " +
+                           std::to_string(m.context));
+    }
+    if (m.padded_vocab < m.vocab) {
+      return Status::InvalidArgument("model.padded_vocab: " + std::to_string(m.padded_vocab) +
+                           " is smaller than model.vocab " + std::to_string(m.vocab));
+    }
+  }
+  if (c.probe_every < 0) return Status::InvalidArgument("probe_every: must be >= 0");
+  // RHT rotates 16-token chunks of the wgrad operands, so a micro-batch's rows
+  // (tokens) must come in multiples of 16.
+  const int64_t rows = m.type == "gpt" ? static_cast<int64_t>(c.batch) * c.seq : c.batch;
+  if (c.precision.roles[static_cast<int>(Role::kWgradX)].rht && rows % 16 != 0) {
+    return Status::InvalidArgument("batch: " + std::to_string(rows) + (m.type == "gpt" ? " tokens (batch x seq)" : " samples") +
+                         " per micro-batch is not allowed with RHT on the wgrad operands (a multiple of 16)");
+  }
+  return ValidateScheme(c.precision);
+}
+
+namespace {
+
+// A one-line message: echoed values (names, keys) may hold newlines.
+Status OneLineStatus(const Status& s) { return s.WithMessage(OneLine(s.message())); }
+
+Status ParseRunConfigText(const std::string& yaml_text, const std::string& source,
+                          const std::vector<std::string>& overrides, RunConfig* out) {
+  Reader r(source);
+  YAML::Node root;
+  KEEL_RETURN_IF_ERROR(LoadYamlStrict(yaml_text, source, &root));
+  try {
+    if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+    for (const std::string& o : overrides) KEEL_RETURN_IF_ERROR(ApplyOverride(root, o));
+    return ParseNode(r, root, out);
+  } catch (const YAML::Exception& e) {
+    return Status::InvalidArgument(YamlWhere(source, e.mark) + "config: " + (e.msg.empty() ? "unreadable value" : e.msg));
+  }
+}
+
+}  // namespace
+
+Status ParseRunConfig(const std::string& yaml_text, const std::string& source,
+                      const std::vector<std::string>& overrides, RunConfig* out) {
+  return OneLineStatus(ParseRunConfigText(yaml_text, source, overrides, out));
+}
+
+Status ParsePolicyNode(const YAML::Node& node, const std::string& source, Policy* out) {
+  Reader r(source);
+  try {
+    return OneLineStatus(ParsePolicy(r, node, out));
+  } catch (const YAML::Exception& e) {
+    return Status::InvalidArgument(YamlWhere(source, e.mark) + "policy: " + (e.msg.empty() ? "unreadable value" : e.msg));
+  }
+}
+
+Status LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides,
+                     RunConfig* out) {
+  std::string text;
+  Status read = ReadYamlFile(path, &text);
+  // A file too large already reads "path:1:1: size: ..." (InvalidArgument); only
+  // say which flag for a file that could not be read at all.
+  if (!read.ok() && read.code() != StatusCode::kInvalidArgument) return read.WithPrefix("--config: ");
+  KEEL_RETURN_IF_ERROR(read);
+  return ParseRunConfig(text, path, overrides, out);
+}
+
+std::string SchemeToYaml(const PrecisionScheme& s) {
+  // Every role and option spelled out, so the text alone rebuilds the scheme.
+  YAML::Emitter e;
+  e << YAML::Flow << YAML::BeginMap;
+  e << YAML::Key << "name" << YAML::Value << s.name;
+  auto fmt = [&](const char* key, const OperandFormat& f) {
+    e << YAML::Key << key << YAML::Value << YAML::BeginMap;
+    e << YAML::Key << "format" << YAML::Value << OperandFormatName(f);
+    e << YAML::Key << "rounding" << YAML::Value << RoundingName(f.rounding);
+    e << YAML::Key << "mx_block" << YAML::Value << f.mx_block;
+    e << YAML::Key << "bump_exponent" << YAML::Value << f.bump_exponent;
+    e << YAML::Key << "tile_16x16" << YAML::Value << f.tile_16x16;
+    e << YAML::Key << "rht" << YAML::Value << f.rht;
+    e << YAML::EndMap;
+  };
+  for (int i = 0; i < kRoleCount; ++i) fmt(RoleName(static_cast<Role>(i)), s.roles[i]);
+  fmt("layernorm", s.layernorm);
+  e << YAML::Key << "forward_only" << YAML::Value << s.forward_only;
+  e << YAML::Key << "bf16_first_blocks" << YAML::Value << s.bf16_first_blocks;
+  e << YAML::Key << "bf16_last_blocks" << YAML::Value << s.bf16_last_blocks;
+  e << YAML::Key << "bf16_head" << YAML::Value << s.bf16_head;
+  e << YAML::Key << "attention_bf16" << YAML::Value << s.attention_bf16;
+  e << YAML::EndMap;
+  return e.c_str();
+}
+
+Status ParseSchemeYaml(const std::string& yaml_text, PrecisionScheme* out) {
+  try {
+    YAML::Node n = YAML::Load(yaml_text);
+    PrecisionScheme s;
+    s.name = n["name"].as<std::string>();
+    auto fmt = [&](const char* key, OperandFormat* f) -> Status {
+      YAML::Node m = n[key];
+      KEEL_RETURN_IF_ERROR(ParseOperandFormat(key, m["format"].as<std::string>(), f));
+      if (!ParseRounding(m["rounding"].as<std::string>(), &f->rounding)) {
+        return Status::InvalidArgument(std::string(key) + ".rounding: unknown value");
+      }
+      f->mx_block = m["mx_block"].as<int>();
+      f->bump_exponent = m["bump_exponent"].as<bool>();
+      f->tile_16x16 = m["tile_16x16"].as<bool>();
+      f->rht = m["rht"].as<bool>();
+      return Status::Ok();
+    };
+    for (int i = 0; i < kRoleCount; ++i) KEEL_RETURN_IF_ERROR(fmt(RoleName(static_cast<Role>(i)), &s.roles[i]));
+    KEEL_RETURN_IF_ERROR(fmt("layernorm", &s.layernorm));
+    s.forward_only = n["forward_only"].as<bool>();
+    s.bf16_first_blocks = n["bf16_first_blocks"].as<int>();
+    s.bf16_last_blocks = n["bf16_last_blocks"].as<int>();
+    s.bf16_head = n["bf16_head"].as<bool>();
+    s.attention_bf16 = n["attention_bf16"].as<bool>();
+    KEEL_RETURN_IF_ERROR(ValidateScheme(s));
+    *out = s;
+    return Status::Ok();
+  } catch (const YAML::Exception& e) {
+    return Status::Error(std::string("stored precision scheme: ") + e.what());
+  }
+}
+
+}  // namespace keel
