@@ -14,6 +14,7 @@
 #include "worker/config/run_config.h"
 #include "worker/config/scheme.h"
 #include "worker/run/step_metrics.h"
+#include "worker/run/trainer_exit.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -25,23 +26,6 @@ bool Terminal(v1::RunState s) {
 }
 
 bool Active(v1::RunState s) { return s == v1::ASSIGNED || s == v1::RUNNING; }
-
-// keel-train's exit statuses: its stability policy stopped it as diverged; a
-// usage or configuration error (no restart can fix it).
-constexpr int kTrainerDiverged = 3;
-constexpr int kTrainerConfigError = 2;
-
-const char* BodyKind(const v1::WorkerMessage& m) {
-  switch (m.body_case()) {
-    case v1::WorkerMessage::kHeartbeat: return "heartbeat";
-    case v1::WorkerMessage::kMetric: return "metric";
-    case v1::WorkerMessage::kEvent: return "event";
-    case v1::WorkerMessage::kCheckpoint: return "checkpoint";
-    case v1::WorkerMessage::kExit: return "exit";
-    case v1::WorkerMessage::kStarted: return "started";
-    default: return "unknown";
-  }
-}
 
 // The listing position of a sweep: the number NewId gave it (creation order,
 // unlike the id's text: "sweep-10" < "sweep-9"), then the id.
@@ -798,7 +782,7 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
         run.set_state(v1::SUCCEEDED);
         run.set_message("");
         SaveRun(&run, event_kind::kState, "finished");
-      } else if (code == kTrainerDiverged) {
+      } else if (code == trainer_exit::kDiverged) {
         // The run's own policy stopped it: restarting would diverge again.
         run.set_state(v1::DIVERGED);
         run.set_message("stopped as diverged by its stability policy");
@@ -812,7 +796,7 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
         const bool repeated = run.last_failure() == failure;
         run.set_last_failure(failure);
         std::string why = "trainer " + how;
-        if (code == kTrainerConfigError) {
+        if (code == trainer_exit::kBadConfig) {
           why += " (a configuration error: a restart cannot fix it)";
         } else if (repeated) {
           why += " (the same failure at the same step as the attempt before: a restart cannot fix it)";
@@ -821,7 +805,7 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
                                                     options_.max_restart_backoff_ms);
           run.set_not_before_unix_ms(Now() + backoff);
         }
-        RequeueOrFail(&run, why, code == kTrainerConfigError || repeated);
+        RequeueOrFail(&run, why, code == trainer_exit::kBadConfig || repeated);
       }
       FinishSweepIfDone(run.sweep_id());
       Schedule();  // its slot is free

@@ -17,6 +17,7 @@
 #include "proto/keel.grpc.pb.h"
 #include "worker/io/json.h"
 #include "proto/event_kinds.h"
+#include "worker/run/trainer_exit.h"
 
 namespace keel {
 namespace {
@@ -287,8 +288,8 @@ void Agent::PollRuns() {
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
         const int code = p.exit.exit_code();
-        ++stats_.exits[p.exit.signal() ? "signal" : code == 0 ? "ok" : code == 3 ? "diverged"
-                                                     : code == 130 ? "interrupted" : "failed"];
+        ++stats_.exits[p.exit.signal() ? "signal" : code == trainer_exit::kDone ? "ok" : code == trainer_exit::kDiverged ? "diverged"
+                                                     : code == trainer_exit::kInterrupted ? "interrupted" : "failed"];
       }
       v1::WorkerMessage m;
       *m.mutable_exit() = p.exit;

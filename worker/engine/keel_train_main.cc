@@ -17,6 +17,7 @@
 #include "worker/config/run_config.h"
 #include "worker/config/scheme.h"
 #include "worker/engine/trainer.h"
+#include "worker/run/trainer_exit.h"
 
 namespace keel {
 namespace {
@@ -86,25 +87,25 @@ int PrepareTextCommand(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--val-fraction") {
-      if (i + 1 >= argc) return Fail(2, "--val-fraction: missing value");
+      if (i + 1 >= argc) return Fail(trainer_exit::kBadConfig, "--val-fraction: missing value");
       char* end = nullptr;
       fraction = std::strtod(argv[++i], &end);
       if (*end != '\0' || !(fraction > 0 && fraction < 1)) {
-        return Fail(2, std::string("--val-fraction: '") + argv[i] + "' is not allowed (a number in (0, 1))");
+        return Fail(trainer_exit::kBadConfig, std::string("--val-fraction: '") + argv[i] + "' is not allowed (a number in (0, 1))");
       }
     } else if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       return 0;
     } else if (!a.empty() && a[0] == '-') {
-      return Fail(2, "prepare-text: unknown option '" + a + "'");
+      return Fail(trainer_exit::kBadConfig, "prepare-text: unknown option '" + a + "'");
     } else {
       positional.push_back(a);
     }
   }
-  if (positional.size() != 2) return Fail(2, "prepare-text: expected IN.txt OUT_PREFIX");
+  if (positional.size() != 2) return Fail(trainer_exit::kBadConfig, "prepare-text: expected IN.txt OUT_PREFIX");
   PrepareSummary summary;
   Status s = PrepareText(positional[0], positional[1], fraction, &summary);
-  if (!s.ok()) return Fail(1, s.message());
+  if (!s.ok()) return Fail(trainer_exit::kFailed, s.message());
   std::printf("%s: %lld tokens (byte-level, vocab 256)\n  train %s: %lld tokens\n  val   %s: %lld tokens\n",
               positional[0].c_str(), static_cast<long long>(summary.total_tokens),
               summary.train_path.c_str(), static_cast<long long>(summary.train_tokens),
@@ -130,20 +131,20 @@ int TrainCommand(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       return 0;
     } else if (a == "--config") {
-      if (!value(&config_path)) return Fail(2, "--config: missing value");
+      if (!value(&config_path)) return Fail(trainer_exit::kBadConfig, "--config: missing value");
     } else if (a == "--backend") {
-      if (!value(&v)) return Fail(2, "--backend: missing value");
+      if (!value(&v)) return Fail(trainer_exit::kBadConfig, "--backend: missing value");
       overrides.push_back("backend=" + v);
     } else if (a == "--steps") {
-      if (!value(&v)) return Fail(2, "--steps: missing value");
+      if (!value(&v)) return Fail(trainer_exit::kBadConfig, "--steps: missing value");
       overrides.push_back("steps=" + v);
     } else if (a == "--run-dir") {
-      if (!value(&v)) return Fail(2, "--run-dir: missing value");
+      if (!value(&v)) return Fail(trainer_exit::kBadConfig, "--run-dir: missing value");
       overrides.push_back("run_dir=" + v);
     } else if (a == "--resume") {
-      if (!value(&resume)) return Fail(2, "--resume: missing value");
+      if (!value(&resume)) return Fail(trainer_exit::kBadConfig, "--resume: missing value");
     } else if (a == "--set") {
-      if (!value(&v)) return Fail(2, "--set: missing KEY=VALUE");
+      if (!value(&v)) return Fail(trainer_exit::kBadConfig, "--set: missing KEY=VALUE");
       overrides.push_back(v);
     } else if (a == "--quiet") {
       quiet = true;
@@ -152,47 +153,47 @@ int TrainCommand(int argc, char** argv) {
     } else if (a == "--resume-fallback") {
       resume_fallback = true;
     } else if (a == "--data-root") {
-      if (!value(&v)) return Fail(2, "--data-root: missing value");
+      if (!value(&v)) return Fail(trainer_exit::kBadConfig, "--data-root: missing value");
       data_roots.push_back(v);
     } else if (a == "--lease-file") {
-      if (!value(&lease_file)) return Fail(2, "--lease-file: missing value");
+      if (!value(&lease_file)) return Fail(trainer_exit::kBadConfig, "--lease-file: missing value");
     } else if (a == "--attempt") {
-      if (!value(&v)) return Fail(2, "--attempt: missing value");
+      if (!value(&v)) return Fail(trainer_exit::kBadConfig, "--attempt: missing value");
       char* end = nullptr;
       attempt = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || attempt < 1) return Fail(2, "--attempt: '" + v + "' is not allowed (an integer >= 1)");
+      if (v.empty() || *end != '\0' || attempt < 1) return Fail(trainer_exit::kBadConfig, "--attempt: '" + v + "' is not allowed (an integer >= 1)");
     } else {
-      return Fail(2, "unknown argument '" + a + "' (see keel-train --help)");
+      return Fail(trainer_exit::kBadConfig, "unknown argument '" + a + "' (see keel-train --help)");
     }
   }
-  if (config_path.empty()) return Fail(2, "--config: missing (see keel-train --help)");
+  if (config_path.empty()) return Fail(trainer_exit::kBadConfig, "--config: missing (see keel-train --help)");
   RunConfig config;
   Status s = LoadRunConfig(config_path, overrides, &config);
-  if (!s.ok()) return Fail(2, s.message());
+  if (!s.ok()) return Fail(trainer_exit::kBadConfig, s.message());
   // Checked before any data file is opened (keel-worker may run as root).
   if (!data_roots.empty()) {
     for (const auto& field : {std::make_pair("data.train", config.data.train), std::make_pair("data.val", config.data.val)}) {
       if (field.second.empty()) continue;
       s = CheckInsideRoots(field.first, field.second, data_roots);
-      if (!s.ok()) return Fail(2, s.message());
+      if (!s.ok()) return Fail(trainer_exit::kBadConfig, s.message());
     }
   }
   std::unique_ptr<Trainer> trainer;
   s = Trainer::Create(config, &trainer);
-  if (!s.ok()) return Fail(1, s.message());
-  if (switch_precision && resume.empty()) return Fail(2, "--switch-precision: needs --resume");
-  if (resume_fallback && resume.empty()) return Fail(2, "--resume-fallback: needs --resume");
-  if (lease_file.empty() != (attempt == 0)) return Fail(2, "--lease-file and --attempt go together");
+  if (!s.ok()) return Fail(trainer_exit::kFailed, s.message());
+  if (switch_precision && resume.empty()) return Fail(trainer_exit::kBadConfig, "--switch-precision: needs --resume");
+  if (resume_fallback && resume.empty()) return Fail(trainer_exit::kBadConfig, "--resume-fallback: needs --resume");
+  if (lease_file.empty() != (attempt == 0)) return Fail(trainer_exit::kBadConfig, "--lease-file and --attempt go together");
   trainer->SetLease(lease_file, attempt);
   if (!resume.empty()) {
     std::string resumed = resume;
     s = resume == "latest" || resume_fallback ? trainer->ResumeNewestValid(resume, &resumed) : trainer->Resume(resume);
-    if (!s.ok()) return Fail(1, "--resume " + resume + ": " + s.message());
+    if (!s.ok()) return Fail(trainer_exit::kFailed, "--resume " + resume + ": " + s.message());
     if (!quiet && resumed != resume) std::fprintf(stderr, "keel-train: resuming from %s\n", resumed.c_str());
     if (switch_precision) {
       const std::string from = trainer->scheme().name;
       s = trainer->SwitchAndRecord(config.precision, " at resume", {});
-      if (!s.ok()) return Fail(1, "--switch-precision: " + s.message());
+      if (!s.ok()) return Fail(trainer_exit::kFailed, "--switch-precision: " + s.message());
       if (!quiet) std::fprintf(stderr, "keel-train: precision %s -> %s (%s)\n", from.c_str(), config.precision.name.c_str(),
                                DescribeScheme(config.precision).c_str());
     }
@@ -205,19 +206,19 @@ int TrainCommand(int argc, char** argv) {
   sigaction(SIGTERM, &action, nullptr);
   s = trainer->Train(nullptr, !quiet);
   g_trainer = nullptr;
-  if (trainer->superseded()) return Fail(4, s.message());
-  if (!s.ok()) return Fail(1, s.message());
+  if (trainer->superseded()) return Fail(trainer_exit::kSuperseded, s.message());
+  if (!s.ok()) return Fail(trainer_exit::kFailed, s.message());
   if (trainer->diverged()) {
     std::fprintf(stderr, "keel-train: the stability policy stopped the run as diverged at step %lld\n",
                  static_cast<long long>(trainer->step()));
-    return 3;
+    return trainer_exit::kDiverged;
   }
   if (g_signal != 0) {
     std::fprintf(stderr, "keel-train: interrupted (signal %d) after step %lld; resume with --resume latest\n",
                  static_cast<int>(g_signal), static_cast<long long>(trainer->step()));
-    return 130;
+    return trainer_exit::kInterrupted;
   }
-  return 0;
+  return trainer_exit::kDone;
 }
 
 }  // namespace
@@ -228,7 +229,7 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "presets") == 0) return keel::PresetsCommand();
   if (argc < 2) {
     std::fputs(keel::kUsage, stderr);
-    return 2;
+    return keel::trainer_exit::kBadConfig;
   }
   return keel::TrainCommand(argc, argv);
 }
