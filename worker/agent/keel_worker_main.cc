@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "kernels/base/flags.h"
 #include "proto/channel.h"
 #include "worker/agent/agent.h"
 
@@ -63,51 +64,29 @@ int main(int argc, char** argv) {
   options.trainer = self.substr(0, self.rfind('/') + 1) + "keel-train";
   bool gpus = true;
   std::string metrics_listen = "127.0.0.1:9465";
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](const char* flag) -> std::string {
-      if (i + 1 >= argc) {
-        std::exit(Fail(std::string(flag) + ": missing value"));
-      }
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--server") {
-      options.server = value("--server");
-    } else if (a == "--token-file") {
-      std::string path = value("--token-file");
-      keel::Status s = keel::ReadTokenFile(path, &options.token);
-      if (!s.ok()) return Fail(s.message());
-      token_origin = "--token-file " + path;
-    } else if (a == "--trainer") {
-      options.trainer = value("--trainer");
-    } else if (a == "--data-root") {
-      options.data_roots.push_back(value("--data-root"));
-    } else if (a == "--work-dir") {
-      options.work_dir = value("--work-dir");
-    } else if (a == "--cpu-slots") {
-      std::string v = value("--cpu-slots");
-      char* end = nullptr;
-      long n = std::strtol(v.c_str(), &end, 10);
-      if (*end != '\0' || n < 1 || n > 1024) return Fail("--cpu-slots: '" + v + "' is not allowed (1 .. 1024)");
-      options.cpu_slots = static_cast<int>(n);
-    } else if (a == "--tls-ca") {
-      options.tls_ca = value("--tls-ca");
-    } else if (a == "--tls-cert") {
-      options.tls_cert = value("--tls-cert");
-    } else if (a == "--tls-key") {
-      options.tls_key = value("--tls-key");
-    } else if (a == "--no-gpus") {
-      gpus = false;
-    } else if (a == "--metrics-listen") {
-      metrics_listen = value("--metrics-listen");
-    } else if (a == "--quiet") {
-      options.verbose = false;
-    } else {
-      return Fail("unknown argument '" + a + "' (see keel-worker --help)");
-    }
+  std::string token_file;
+  bool no_gpus = false, quiet = false;
+  CLI::App app("keel-worker");
+  app.add_option("--server", options.server);
+  app.add_option("--token-file", token_file);
+  app.add_option("--trainer", options.trainer);
+  app.add_option("--data-root", options.data_roots)->allow_extra_args(false);
+  app.add_option("--work-dir", options.work_dir);
+  app.add_option("--cpu-slots", options.cpu_slots)->check(keel::IntFlag(1, 1024));
+  app.add_option("--tls-ca", options.tls_ca);
+  app.add_option("--tls-cert", options.tls_cert);
+  app.add_option("--tls-key", options.tls_key);
+  app.add_flag("--no-gpus", no_gpus);
+  app.add_option("--metrics-listen", metrics_listen);
+  app.add_flag("--quiet", quiet);
+  const keel::FlagsOutcome flags = keel::ParseFlags(app, "keel-worker", kUsage, argc, argv);
+  if (!flags.proceed) return flags.exit_code;
+  gpus = !no_gpus;
+  if (quiet) options.verbose = false;
+  if (!token_file.empty()) {
+    keel::Status s = keel::ReadTokenFile(token_file, &options.token);
+    if (!s.ok()) return Fail(s.message());
+    token_origin = "--token-file " + token_file;
   }
   if (options.token.empty()) return Fail("no worker token (--token-file or KEEL_WORKER_TOKEN)");
   // gRPC aborts on a metadata value with a newline or control character.

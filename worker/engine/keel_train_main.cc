@@ -6,12 +6,14 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "kernels/base/flags.h"
 #include "worker/io/file_util.h"
 #include "worker/io/text_prepare.h"
 #include "worker/config/run_config.h"
@@ -84,24 +86,19 @@ int PresetsCommand() {
 int PrepareTextCommand(int argc, char** argv) {
   std::vector<std::string> positional;
   double fraction = kDefaultValFraction;
-  for (int i = 2; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--val-fraction") {
-      if (i + 1 >= argc) return Fail(trainer_exit::kBadConfig, "--val-fraction: missing value");
-      char* end = nullptr;
-      fraction = std::strtod(argv[++i], &end);
-      if (*end != '\0' || !(fraction > 0 && fraction < 1)) {
-        return Fail(trainer_exit::kBadConfig, std::string("--val-fraction: '") + argv[i] + "' is not allowed (a number in (0, 1))");
-      }
-    } else if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (!a.empty() && a[0] == '-') {
-      return Fail(trainer_exit::kBadConfig, "prepare-text: unknown option '" + a + "'");
-    } else {
-      positional.push_back(a);
-    }
-  }
+  CLI::App app("keel-train prepare-text");
+  app.add_option("--val-fraction", fraction)
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            char* end = nullptr;
+            const double v = std::strtod(text.c_str(), &end);
+            if (text.empty() || *end != '\0' || !(v > 0 && v < 1)) return "'" + text + "' is not allowed (a number in (0, 1))";
+            return std::string();
+          },
+          "(0, 1)"));
+  app.add_option("files", positional);
+  const FlagsOutcome flags = ParseFlags(app, "keel-train", kUsage, argc, argv, /*first=*/2);
+  if (!flags.proceed) return flags.exit_code;
   if (positional.size() != 2) return Fail(trainer_exit::kBadConfig, "prepare-text: expected IN.txt OUT_PREFIX");
   PrepareSummary summary;
   Status s = PrepareText(positional[0], positional[1], fraction, &summary);
@@ -119,53 +116,26 @@ int TrainCommand(int argc, char** argv) {
   std::vector<std::string> overrides;
   bool quiet = false, switch_precision = false, resume_fallback = false;
   int64_t attempt = 0;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](std::string* out) {
-      if (i + 1 >= argc) return false;
-      *out = argv[++i];
-      return true;
-    };
-    std::string v;
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--config") {
-      if (!value(&config_path)) return Fail(trainer_exit::kBadConfig, "--config: missing value");
-    } else if (a == "--backend") {
-      if (!value(&v)) return Fail(trainer_exit::kBadConfig, "--backend: missing value");
-      overrides.push_back("backend=" + v);
-    } else if (a == "--steps") {
-      if (!value(&v)) return Fail(trainer_exit::kBadConfig, "--steps: missing value");
-      overrides.push_back("steps=" + v);
-    } else if (a == "--run-dir") {
-      if (!value(&v)) return Fail(trainer_exit::kBadConfig, "--run-dir: missing value");
-      overrides.push_back("run_dir=" + v);
-    } else if (a == "--resume") {
-      if (!value(&resume)) return Fail(trainer_exit::kBadConfig, "--resume: missing value");
-    } else if (a == "--set") {
-      if (!value(&v)) return Fail(trainer_exit::kBadConfig, "--set: missing KEY=VALUE");
-      overrides.push_back(v);
-    } else if (a == "--quiet") {
-      quiet = true;
-    } else if (a == "--switch-precision") {
-      switch_precision = true;
-    } else if (a == "--resume-fallback") {
-      resume_fallback = true;
-    } else if (a == "--data-root") {
-      if (!value(&v)) return Fail(trainer_exit::kBadConfig, "--data-root: missing value");
-      data_roots.push_back(v);
-    } else if (a == "--lease-file") {
-      if (!value(&lease_file)) return Fail(trainer_exit::kBadConfig, "--lease-file: missing value");
-    } else if (a == "--attempt") {
-      if (!value(&v)) return Fail(trainer_exit::kBadConfig, "--attempt: missing value");
-      char* end = nullptr;
-      attempt = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || attempt < 1) return Fail(trainer_exit::kBadConfig, "--attempt: '" + v + "' is not allowed (an integer >= 1)");
-    } else {
-      return Fail(trainer_exit::kBadConfig, "unknown argument '" + a + "' (see keel-train --help)");
-    }
-  }
+  std::string backend, steps, run_dir;
+  CLI::App app("keel-train");
+  app.add_option("--config", config_path);
+  app.add_option("--set", overrides)->allow_extra_args(false);
+  app.add_option("--backend", backend);
+  app.add_option("--steps", steps);
+  app.add_option("--run-dir", run_dir);
+  app.add_option("--resume", resume);
+  app.add_flag("--quiet", quiet);
+  app.add_flag("--switch-precision", switch_precision);
+  app.add_flag("--resume-fallback", resume_fallback);
+  app.add_option("--data-root", data_roots)->allow_extra_args(false);
+  app.add_option("--lease-file", lease_file);
+  app.add_option("--attempt", attempt)->check(IntFlag(1, INT64_MAX));
+  const FlagsOutcome flags = ParseFlags(app, "keel-train", kUsage, argc, argv);
+  if (!flags.proceed) return flags.exit_code;
+  // The named flags are applied after every --set.
+  if (!backend.empty()) overrides.push_back("backend=" + backend);
+  if (!steps.empty()) overrides.push_back("steps=" + steps);
+  if (!run_dir.empty()) overrides.push_back("run_dir=" + run_dir);
   if (config_path.empty()) return Fail(trainer_exit::kBadConfig, "--config: missing (see keel-train --help)");
   RunConfig config;
   Status s = LoadRunConfig(config_path, overrides, &config);

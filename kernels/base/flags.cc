@@ -1,0 +1,76 @@
+// Flag parsing on CLI11 with Keel's messages (flags.h).
+#include "kernels/base/flags.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace keel {
+
+CLI::Validator IntFlag(int64_t lo, int64_t hi) {
+  const std::string range = std::to_string(lo) + " .. " + std::to_string(hi);
+  return CLI::Validator(
+      [lo, hi, range](std::string& text) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const long long n = std::strtoll(text.c_str(), &end, 10);
+        if (text.empty() || *end != '\0' || errno == ERANGE || n < lo || n > hi) {
+          return "'" + text + "' is not allowed (" + range + ")";
+        }
+        return std::string();
+      },
+      range);
+}
+
+namespace {
+
+// CLI11's message for a missing value names the flag and what it wanted.
+std::string Describe(const CLI::ParseError& e, const std::string& program) {
+  if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) != nullptr) {
+    return std::string(e.what()) + " (see " + program + " --help)";
+  }
+  return e.what();
+}
+
+}  // namespace
+
+FlagsOutcome ParseFlags(CLI::App& app, const std::string& program, const char* usage, int argc,
+                        char** argv, int first) {
+  bool help = false;
+  app.set_help_flag();
+  app.add_flag("-h,--help", help);
+  app.allow_extras(true);  // reported below, first one first
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= first; --i) args.push_back(argv[i]);  // CLI11 wants them reversed
+  FlagsOutcome outcome;
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    // --help wins over any other problem on the same command line.
+    for (int i = first; i < argc; ++i) {
+      if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") help = true;
+    }
+    if (!help) {
+      std::fprintf(stderr, "%s: %s\n", program.c_str(), Describe(e, program).c_str());
+      outcome.proceed = false;
+      outcome.exit_code = 2;
+      return outcome;
+    }
+  }
+  if (!help && !app.remaining().empty()) {
+    std::fprintf(stderr, "%s: unknown argument '%s' (see %s --help)\n", program.c_str(),
+                 app.remaining().front().c_str(), program.c_str());
+    outcome.proceed = false;
+    outcome.exit_code = 2;
+    return outcome;
+  }
+  if (help) {
+    std::fputs(usage, stdout);
+    outcome.proceed = false;
+    outcome.exit_code = 0;
+  }
+  return outcome;
+}
+
+}  // namespace keel
