@@ -41,6 +41,11 @@ FlagsOutcome ParseFlags(CLI::App& app, const std::string& program, const char* u
   app.set_help_flag();
   app.add_flag("-h,--help", help);
   app.allow_extras(true);  // reported below, first one first
+  // A single-valued flag given twice takes the last value (scripts append
+  // overrides to a base command line).
+  for (CLI::Option* option : app.get_options()) {
+    if (option->get_expected_max() == 1) option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  }
   std::vector<std::string> args;
   for (int i = argc - 1; i >= first; --i) args.push_back(argv[i]);  // CLI11 wants them reversed
   FlagsOutcome outcome;

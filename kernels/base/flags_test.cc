@@ -69,6 +69,13 @@ TEST(FlagsTest, AnIntegerOutsideItsRangeNamesFlagValueAndRange) {
   }
 }
 
+TEST(FlagsTest, ASingleValuedFlagGivenTwiceTakesTheLastValue) {
+  Parsed p = Parse({"--count", "3", "--name", "x", "--count", "9"});
+  EXPECT_TRUE(p.outcome.proceed) << p.err;
+  EXPECT_EQ(p.count, 9);
+  EXPECT_EQ(p.name, "x");
+}
+
 TEST(FlagsTest, ARepeatableFlagTakesOneValueEachTime) {
   Parsed p = Parse({"--root", "a", "b"});
   EXPECT_EQ(p.outcome.exit_code, 2);
