@@ -3,7 +3,8 @@
 //   1. metric writing: StepMetrics::ToJson, what keel-train does once per step;
 //   2. metric ingest: ParseMetricLine, what keel-worker does for every line it
 //      tails from metrics.jsonl and keeld for a run's latest line; ParseJson
-//      alone (the tree, no field look-ups) beside it;
+//      alone (the tree, no field look-ups) and ParseJsonBytewise (the parser
+//      ParseJson was before simdjson) beside it;
 //   3. CRC-32 over a buffer, what a checkpoint's safetensors write and load do.
 // The lines are those of two real runs' shapes: GPT-2 124M (12 blocks, 49
 // linears x 6 quantized roles = 294 operands, a probe every 100th step) and
@@ -224,51 +225,10 @@ bool SimdDomMetricLine(simdjson::dom::parser& parser, const std::string& line, M
   return true;
 }
 
-// Candidates for ParseJson behind keel's API: each library's parser filling a
-// JsonValue (the type every caller reads). Prototypes for the decision only:
-// they refuse duplicate keys like ParseJson but leave out its error messages.
-bool SimdToValue(simdjson::dom::element e, JsonValue* out) {
-  switch (e.type()) {
-    case simdjson::dom::element_type::OBJECT: {
-      JsonValue object = JsonValue::Object();
-      for (simdjson::dom::key_value_pair kv : simdjson::dom::object(e)) {
-        std::string key(kv.key);
-        if (object.Find(key) != nullptr) return false;
-        JsonValue v;
-        if (!SimdToValue(kv.value, &v)) return false;
-        object.Set(key, std::move(v));
-      }
-      *out = std::move(object);
-      return true;
-    }
-    case simdjson::dom::element_type::ARRAY: {
-      JsonValue array = JsonValue::Array();
-      for (simdjson::dom::element x : simdjson::dom::array(e)) {
-        JsonValue v;
-        if (!SimdToValue(x, &v)) return false;
-        array.Append(std::move(v));
-      }
-      *out = std::move(array);
-      return true;
-    }
-    case simdjson::dom::element_type::INT64: *out = JsonValue(int64_t(e)); return true;
-    case simdjson::dom::element_type::UINT64: *out = JsonValue(uint64_t(e)); return true;
-    case simdjson::dom::element_type::DOUBLE: *out = JsonValue(double(e)); return true;
-    case simdjson::dom::element_type::STRING: *out = JsonValue(std::string(std::string_view(e))); return true;
-    case simdjson::dom::element_type::BOOL: *out = JsonValue(bool(e)); return true;
-    case simdjson::dom::element_type::NULL_VALUE: *out = JsonValue(); return true;
-  }
-  return false;
-}
-
-bool SimdParseJson(simdjson::dom::parser& parser, const std::string& text, JsonValue* out) {
-  simdjson::dom::element e;
-  if (parser.parse(text).get(e) != simdjson::SUCCESS) return false;
-  return SimdToValue(e, out);
-}
-
-// nlohmann's SAX interface building the JsonValue directly (no nlohmann::json
-// in between).
+// The candidate from nlohmann_json for ParseJson behind keel's API: its SAX
+// interface filling the JsonValue every caller reads (no nlohmann::json in
+// between). It refuses duplicate keys like ParseJson but leaves out its error
+// messages. (The simdjson candidate became ParseJson itself; json.cc.)
 class NlohmannSax {
  public:
   bool null() { return Put(JsonValue()); }
@@ -418,10 +378,10 @@ void BenchLines(const char* shape, const std::vector<StepMetrics>& steps, int re
              sink += static_cast<size_t>(m.step);
            }
          }), n, bytes);
-  Report("ingest", "candidate: simdjson dom -> JsonValue", Median(reps, [&] {
+  Report("ingest", "keel: ParseJsonBytewise (refusals only; was ParseJson)", Median(reps, [&] {
            for (const std::string& l : lines) {
              JsonValue v;
-             if (!SimdParseJson(parser, l, &v)) std::abort();
+             if (!ParseJsonBytewise(l, &v).ok()) std::abort();
              sink += v.size();
            }
          }), n, bytes);
@@ -460,7 +420,7 @@ void BenchLines(const char* shape, const std::vector<StepMetrics>& steps, int re
       std::exit(1);
     }
     JsonValue x, y, z;
-    if (!ParseJson(lines[i], &x).ok() || !SimdParseJson(parser, lines[i], &y) ||
+    if (!ParseJson(lines[i], &x).ok() || !ParseJsonBytewise(lines[i], &y).ok() ||
         !NlohmannParseJson(lines[i], &z) || !(x == y) || !(x == z)) {
       std::fprintf(stderr, "json_bench: a candidate's tree differs from ParseJson's on line %zu\n", i);
       std::exit(1);
