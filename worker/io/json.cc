@@ -1,5 +1,9 @@
 // JSON: the value type, ParseJson (simdjson, and a recursive-descent parser
 // over the bytes for what simdjson refuses) and the writer.
+//
+// The writer is our own: it serializes metric lines in 20-30% less time than
+// nlohmann_json's dump() (bench/json_bench), and dump() would write NaN as
+// null and the double 2 as "2.0", where metrics.jsonl has "NaN" and 2.
 #include "worker/io/json.h"
 
 #include <algorithm>
