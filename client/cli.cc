@@ -83,8 +83,8 @@ const std::vector<CommandSpec>& Commands() {
       {"runs",
        "keel runs [SWEEP] [--output json]",
        "list the runs of a sweep (or all runs)",
-       "Lists runs (ListRuns): id, sweep, state, step/steps, loss, precision,\n"
-       "restarts, worker, axes. Without SWEEP, all runs.\n"
+       "Lists runs (ListRuns): id, sweep, state, step/steps, loss (4 significant\n"
+       "digits), precision, restarts, worker, axes. Without SWEEP, all runs.\n"
        "  --output json   print the ListRunsResponse as JSON\n",
        {"--output"},
        {},
@@ -93,7 +93,8 @@ const std::vector<CommandSpec>& Commands() {
       {"show",
        "keel show RUN [--output json]",
        "show a run's details and recent events",
-       "Prints a run (GetRun) and its last 10 events (ListEvents).\n"
+       "Prints a run (GetRun; loss to 4 significant digits) and its last 10 events\n"
+       "(ListEvents).\n"
        "  --output json   print {\"run\": Run, \"events\": [Event, ...]} as JSON (all events)\n",
        {"--output"},
        {},
@@ -104,10 +105,10 @@ const std::vector<CommandSpec>& Commands() {
        "follow a sweep or run live until every run is terminal",
        "Streams updates (WatchSweep, or WatchRun when ID is not a sweep: keel asks\n"
        "GetSweep first) and shows one line per run: id, state, progress bar with\n"
-       "step/steps, loss, precision, restarts, interventions (switch_precision and\n"
-       "rollback events). On a terminal the table is redrawn in place; otherwise a\n"
-       "line is appended whenever a run changes state, precision, restarts or\n"
-       "interventions, or passes another 10% of its steps.\n"
+       "step/steps, loss (4 significant digits), precision, restarts, interventions\n"
+       "(switch_precision and rollback events). On a terminal the table is redrawn\n"
+       "in place; otherwise a line is appended whenever a run changes state,\n"
+       "precision, restarts or interventions, or passes another 10% of its steps.\n"
        "Ends when every run is SUCCEEDED, FAILED, CANCELLED or DIVERGED: exit 0 if\n"
        "all SUCCEEDED, else 1 (also 1 if keeld ends the stream before that).\n",
        {},
@@ -513,8 +514,6 @@ std::string SweepStateName(v1::SweepState state) {
 
 std::string StepText(const v1::Run& run) { return std::to_string(run.step()) + "/" + std::to_string(run.steps()); }
 
-std::string LossText(const v1::Run& run) { return run.step() > 0 || run.loss() != 0 ? FormatNumber(run.loss()) : "-"; }
-
 void SortRuns(std::vector<v1::Run>* runs) {
   std::stable_sort(runs->begin(), runs->end(), [](const v1::Run& a, const v1::Run& b) {
     if (a.sweep_id() != b.sweep_id()) return a.sweep_id() < b.sweep_id();
@@ -624,7 +623,7 @@ int CmdRuns(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
   std::vector<std::vector<std::string>> rows;
   for (const auto& run : runs) {
     std::string axes = AxesText(run.axes());
-    rows.push_back({run.id(), run.sweep_id(), StateName(run.state()), StepText(run), LossText(run),
+    rows.push_back({run.id(), run.sweep_id(), StateName(run.state()), StepText(run), RunLossText(run),
                     run.precision().empty() ? "-" : run.precision(), std::to_string(run.restarts()),
                     run.worker_id().empty() ? "-" : run.worker_id(), axes.empty() ? "-" : axes});
   }
@@ -658,7 +657,7 @@ int CmdShow(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
       {"sweep:", run.sweep_id()},
       {"state:", StateName(run.state())},
       {"step:", StepText(run)},
-      {"loss:", LossText(run)},
+      {"loss:", RunLossText(run)},
       {"precision:", run.precision().empty() ? "-" : run.precision()},
       {"restarts:", std::to_string(run.restarts()) + " (max " + std::to_string(run.max_restarts()) + ")"},
       {"worker:", run.worker_id().empty() ? "-" : run.worker_id()},

@@ -30,6 +30,10 @@ constexpr char kToken[] = "good-token-0123456789";
 constexpr char kBadYamlMessage[] =
     "sweep.yaml:3: axes.precision: \"mxfp9\" is not a precision preset; allowed: bf16, mxfp8_e4m3, nvfp4";
 
+// Seventeen significant digits, as a double holds them: people see four.
+constexpr double kRunningLoss = 2.4567890123456789;
+constexpr double kFinalLoss = 1.4999999999999999;  // 1.5 to four digits
+
 v1::Run MakeRun(const std::string& id, const std::string& sweep, int index, v1::RunState state, const std::string& lr) {
   v1::Run run;
   run.set_id(id);
@@ -38,7 +42,7 @@ v1::Run MakeRun(const std::string& id, const std::string& sweep, int index, v1::
   run.set_state(state);
   run.set_step(state == v1::QUEUED ? 0 : 50);
   run.set_steps(100);
-  run.set_loss(state == v1::QUEUED ? 0 : 2.5);
+  run.set_loss(state == v1::QUEUED ? 0 : kRunningLoss);
   run.set_precision("bf16");
   (*run.mutable_axes())["optimizer.lr"] = lr;
   return run;
@@ -241,7 +245,7 @@ class FakeKeel final : public v1::KeelService::Service {
   static void Finish(v1::Run* run, v1::RunState state) {
     run->set_state(state);
     run->set_step(100);
-    run->set_loss(1.5);
+    run->set_loss(kFinalLoss);
   }
   static void WriteRun(grpc::ServerWriter<v1::WatchUpdate>* writer, const v1::Run& run) {
     v1::WatchUpdate update;
@@ -349,9 +353,9 @@ TEST_F(CliTest, InvalidArgumentPrintsTheServerMessageVerbatim) {
 TEST_F(CliTest, RunsTableIsSortedAndAligned) {
   ASSERT_EQ(Keel({"runs", "sw-1"}), kExitOk) << err_;
   EXPECT_EQ(out_,
-            "ID  SWEEP  STATE    STEP    LOSS  PRECISION  RESTARTS  WORKER  AXES\n"
-            "r1  sw-1   RUNNING  50/100  2.5   bf16       0         -       optimizer.lr=6e-4\n"
-            "r2  sw-1   QUEUED   0/100   -     bf16       0         -       optimizer.lr=1e-3\n");
+            "ID  SWEEP  STATE    STEP    LOSS   PRECISION  RESTARTS  WORKER  AXES\n"
+            "r1  sw-1   RUNNING  50/100  2.457  bf16       0         -       optimizer.lr=6e-4\n"
+            "r2  sw-1   QUEUED   0/100   -      bf16       0         -       optimizer.lr=1e-3\n");
 }
 
 TEST_F(CliTest, ListingsAsJsonParseBack) {
@@ -362,6 +366,7 @@ TEST_F(CliTest, ListingsAsJsonParseBack) {
   EXPECT_EQ(runs.runs(1).id(), "r1");  // the server's order, unsorted
   EXPECT_EQ(runs.runs(1).axes().at("optimizer.lr"), "6e-4");
   EXPECT_EQ(runs.runs(0).state(), v1::QUEUED);
+  EXPECT_EQ(runs.runs(1).loss(), kRunningLoss);  // JSON keeps every digit: it reads back exactly
 
   ASSERT_EQ(Keel({"sweeps", "--output=json"}), kExitOk) << err_;
   v1::ListSweepsResponse sweeps;
@@ -395,6 +400,7 @@ TEST_F(CliTest, ShowPrintsDetailsAndRecentEvents) {
   ASSERT_EQ(Keel({"show", "r1"}), kExitOk) << err_;
   EXPECT_NE(out_.find("state:       RUNNING"), std::string::npos) << out_;
   EXPECT_NE(out_.find("axes:        optimizer.lr=6e-4"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("loss:        2.457\n"), std::string::npos) << out_;
   EXPECT_NE(out_.find("recent events (2 of 2):"), std::string::npos) << out_;
   EXPECT_NE(out_.find("switch_precision  bf16 after loss spike"), std::string::npos) << out_;
   EXPECT_EQ(Keel({"show", "nope"}), kExitNotFound);
@@ -458,8 +464,11 @@ TEST_F(CliTest, PlotWritesAnSvgWithOneLinePerRunAndMarkers) {
 TEST_F(CliTest, WatchExitsZeroWhenEveryRunSucceeded) {
   ASSERT_EQ(Keel({"watch", "sw-1"}), kExitOk) << err_;
   // Not a TTY: appended lines; the intervention counted once.
+  // The loss to four significant digits: 2.457 while running, 1.5 at the end.
+  EXPECT_NE(out_.find("r1  RUNNING  [##########..........] 50/100  2.457  bf16  0  1\n"), std::string::npos) << out_;
   EXPECT_NE(out_.find("r1  SUCCEEDED  [####################] 100/100  1.5  bf16  0  1\n"), std::string::npos) << out_;
   EXPECT_NE(out_.find("r2  SUCCEEDED  [####################] 100/100  1.5  bf16  0  0\n"), std::string::npos) << out_;
+  EXPECT_EQ(out_.find("2.45678"), std::string::npos) << out_;
   EXPECT_EQ(out_.find("\x1b["), std::string::npos);
   EXPECT_NE(out_.find("2 runs: SUCCEEDED=2"), std::string::npos);
 }

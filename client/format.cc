@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <set>
 #include <sstream>
@@ -57,6 +58,30 @@ std::string FormatNumber(double value) {
     if (std::strtod(buffer, nullptr) == value) break;
   }
   return buffer;
+}
+
+std::string HumanNumber(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  if (value == 0) return "0";  // also -0
+  // "%.3e" rounds to four significant digits first, so the exponent is the
+  // rounded value's (9.99996 -> "1.000e+01", printed "10", not "9.99996").
+  char scientific[32];
+  std::snprintf(scientific, sizeof(scientific), "%.3e", value);
+  const char* e = std::strchr(scientific, 'e');
+  const int exponent = std::atoi(e + 1);
+  auto trim_zeros = [](std::string text) {
+    if (text.find('.') == std::string::npos) return text;
+    while (text.back() == '0') text.pop_back();
+    if (text.back() == '.') text.pop_back();
+    return text;
+  };
+  if (exponent >= -3 && exponent < 6) {
+    char fixed[32];
+    std::snprintf(fixed, sizeof(fixed), "%.*f", std::max(0, 3 - exponent), value);
+    return trim_zeros(fixed);
+  }
+  return trim_zeros(std::string(scientific, static_cast<size_t>(e - scientific))) + "e" + std::to_string(exponent);
 }
 
 std::string StateName(v1::RunState state) {
@@ -193,14 +218,17 @@ std::vector<std::string> WatchHeader() {
   return {"RUN", "STATE", "PROGRESS", "LOSS", "PRECISION", "RESTARTS", "INTERVENTIONS"};
 }
 
+std::string RunLossText(const v1::Run& run) {
+  return run.step() > 0 || run.loss() != 0 ? HumanNumber(run.loss()) : "-";
+}
+
 std::vector<std::string> WatchRow(const v1::Run& run, int interventions) {
   std::string progress =
       ProgressBar(run.step(), run.steps(), 20) + " " + std::to_string(run.step()) + "/" + std::to_string(run.steps());
-  std::string loss = run.step() > 0 || run.loss() != 0 ? FormatNumber(run.loss()) : "-";
   return {run.id(),
           StateName(run.state()),
           progress,
-          loss,
+          RunLossText(run),
           run.precision().empty() ? "-" : run.precision(),
           std::to_string(run.restarts()),
           std::to_string(interventions)};

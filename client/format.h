@@ -23,9 +23,18 @@ std::string FormatTable(const std::vector<std::string>& header, const std::vecto
 // step/steps (clamped to [0, width]); steps <= 0 gives an empty bar.
 std::string ProgressBar(int64_t step, int64_t steps, int width);
 
-// A double as the shortest "%.*g" text that reads back to the same value
-// ("nan", "inf", "-inf" for non-finite values).
+// For machines (CSV, JSONL): a double as the shortest "%.*g" text that reads
+// back to the same value ("nan", "inf", "-inf" for non-finite values).
 std::string FormatNumber(double value);
+
+// For people (tables, watch, plot labels): four significant digits, trailing
+// zeros dropped. Fixed notation when the value rounded to four digits lies in
+// [0.001, 10^6), where the integer part is never cut (12345.6 -> "12346"),
+// else d.ddde<exponent> ("6e-4", "1.235e7", 999999 -> "1e6"); 0 -> "0",
+// non-finite -> "nan", "inf", "-inf". Every table, watch line and plot label
+// of the CLI prints its floating-point numbers through this one.
+std::string HumanNumber(double value);
+
 
 // The run state's short name ("RUNNING"); terminal states are SUCCEEDED,
 // FAILED, CANCELLED, DIVERGED.
@@ -61,8 +70,12 @@ std::string ExportCsv(const std::vector<RunSeries>& series);
 // as JSON numbers (non-finite ones as null), axis values as strings.
 std::string ExportJsonl(const std::vector<RunSeries>& series);
 
+// A run's latest loss for people (HumanNumber), "-" before its first point
+// (step 0 and loss 0): the LOSS cell of `keel runs`, `keel show` and watch.
+std::string RunLossText(const v1::Run& run);
+
 // The watch table's header and one run's cells: id, state, progress bar with
-// step/steps, loss, precision, restarts, interventions.
+// step/steps, loss (RunLossText), precision, restarts, interventions.
 std::vector<std::string> WatchHeader();
 std::vector<std::string> WatchRow(const v1::Run& run, int interventions);
 

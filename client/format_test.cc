@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <regex>
 #include <vector>
@@ -41,6 +42,70 @@ TEST(FormatNumberTest, ShortestRoundTrip) {
   EXPECT_EQ(FormatNumber(0.1 + 0.2), "0.30000000000000004");
   EXPECT_EQ(FormatNumber(std::nan("")), "nan");
   EXPECT_EQ(FormatNumber(-std::numeric_limits<double>::infinity()), "-inf");
+}
+
+TEST(HumanNumberTest, FourSignificantDigitsWithoutTrailingZeros) {
+  EXPECT_EQ(HumanNumber(2.3456789012345678), "2.346");
+  EXPECT_EQ(HumanNumber(0.1 + 0.2), "0.3");  // FormatNumber: 0.30000000000000004
+  EXPECT_EQ(HumanNumber(2.5), "2.5");
+  EXPECT_EQ(HumanNumber(2.0), "2");
+  EXPECT_EQ(HumanNumber(-2.3456789), "-2.346");
+  EXPECT_EQ(HumanNumber(0.00123456), "0.001235");
+  EXPECT_EQ(HumanNumber(0.001), "0.001");
+  EXPECT_EQ(HumanNumber(10.0 / 3.0), "3.333");
+  EXPECT_EQ(HumanNumber(123.456789), "123.5");
+}
+
+TEST(HumanNumberTest, RoundingCarriesIntoTheNextDecade) {
+  EXPECT_EQ(HumanNumber(9.99996), "10");
+  EXPECT_EQ(HumanNumber(0.00099996), "0.001");
+  EXPECT_EQ(HumanNumber(999999.7), "1e6");
+}
+
+TEST(HumanNumberTest, LargeIntegerPartsAreKeptBelowAMillion) {
+  EXPECT_EQ(HumanNumber(12345.678), "12346");
+  EXPECT_EQ(HumanNumber(999499.0), "999499");
+  EXPECT_EQ(HumanNumber(999999.0), "1e6");  // 1.000e6 to four digits
+  EXPECT_EQ(HumanNumber(1000000.0), "1e6");
+  EXPECT_EQ(HumanNumber(1234567.0), "1.235e6");
+}
+
+TEST(HumanNumberTest, TinyAndHugeInScientificNotation) {
+  EXPECT_EQ(HumanNumber(6e-4), "6e-4");
+  EXPECT_EQ(HumanNumber(0.000612345), "6.123e-4");
+  EXPECT_EQ(HumanNumber(-6.5e-9), "-6.5e-9");
+  EXPECT_EQ(HumanNumber(1e-300), "1e-300");
+  EXPECT_EQ(HumanNumber(std::numeric_limits<double>::denorm_min()), "4.941e-324");
+  EXPECT_EQ(HumanNumber(1.7976931348623157e308), "1.798e308");
+}
+
+TEST(HumanNumberTest, ZeroAndNonFinite) {
+  EXPECT_EQ(HumanNumber(0.0), "0");
+  EXPECT_EQ(HumanNumber(-0.0), "0");
+  EXPECT_EQ(HumanNumber(std::nan("")), "nan");
+  EXPECT_EQ(HumanNumber(std::numeric_limits<double>::infinity()), "inf");
+  EXPECT_EQ(HumanNumber(-std::numeric_limits<double>::infinity()), "-inf");
+}
+
+TEST(HumanNumberTest, NeverLongerThanElevenCharacters) {
+  // Whatever the magnitude, a table cell stays short: a sign, four digits, a
+  // point and an exponent of at most five characters ("-1.235e-310"), or a
+  // sign and at most six integer digits.
+  for (double magnitude = 1e-310; magnitude < 1e308; magnitude *= 7.3) {
+    for (double v : {magnitude, -magnitude, magnitude * 1.23456789}) {
+      EXPECT_LE(HumanNumber(v).size(), 11u) << v << " -> " << HumanNumber(v);
+    }
+  }
+}
+
+TEST(RunLossTextTest, DashBeforeTheFirstPointElseHumanNumber) {
+  v1::Run run;
+  EXPECT_EQ(RunLossText(run), "-");
+  run.set_step(1);
+  run.set_loss(3.14159265358979);
+  EXPECT_EQ(RunLossText(run), "3.142");
+  run.set_loss(std::nan(""));
+  EXPECT_EQ(RunLossText(run), "nan");
 }
 
 TEST(CsvFieldTest, QuotesOnlyWhenNeeded) {
@@ -82,6 +147,20 @@ std::vector<RunSeries> TwoRuns() {
   return {a, b};
 }
 
+TEST(ExportTest, MachineOutputsKeepFullPrecision) {
+  std::vector<RunSeries> series = TwoRuns();
+  const double loss = 2.4567890123456789;
+  series[0].points[0].set_loss(loss);
+  series[0].points[0].set_lr(0.1 + 0.2);
+  const std::string loss_text = FormatNumber(loss);
+  EXPECT_EQ(std::strtod(loss_text.c_str(), nullptr), loss);
+  EXPECT_GE(loss_text.size(), 16u);  // every digit the double needs, not HumanNumber's four
+  std::string csv = ExportCsv(series);
+  EXPECT_NE(csv.find(",0," + loss_text + ",0.30000000000000004,"), std::string::npos) << csv;
+  std::string jsonl = ExportJsonl(series);
+  EXPECT_NE(jsonl.find("\"loss\":" + loss_text + ",\"lr\":0.30000000000000004"), std::string::npos) << jsonl;
+}
+
 TEST(ExportTest, CsvHasFixedColumnsThenSortedAxes) {
   EXPECT_EQ(ExportCsv(TwoRuns()),
             "sweep_id,run_id,step,loss,lr,tokens_per_s,grad_norm,note,optimizer.lr\n"
@@ -106,7 +185,7 @@ TEST(WatchRowTest, HasEveryColumn) {
   run.set_state(v1::RUNNING);
   run.set_step(50);
   run.set_steps(100);
-  run.set_loss(2.5);
+  run.set_loss(2.4567890123456789);
   run.set_precision("mxfp8_e4m3");
   run.set_restarts(1);
   std::vector<std::string> row = WatchRow(run, 3);
@@ -114,7 +193,7 @@ TEST(WatchRowTest, HasEveryColumn) {
   EXPECT_EQ(row[0], "r1");
   EXPECT_EQ(row[1], "RUNNING");
   EXPECT_EQ(row[2], "[##########..........] 50/100");
-  EXPECT_EQ(row[3], "2.5");
+  EXPECT_EQ(row[3], "2.457");  // four significant digits, not seventeen
   EXPECT_EQ(row[4], "mxfp8_e4m3");
   EXPECT_EQ(row[5], "1");
   EXPECT_EQ(row[6], "3");
