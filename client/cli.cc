@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "client/format.h"
+#include "client/plot.h"
 #include "proto/channel.h"
 #include "proto/keel.grpc.pb.h"
 #include "proto/keel.pb.h"
@@ -151,10 +152,19 @@ const std::vector<CommandSpec>& Commands() {
        "keel plot RUN|SWEEP -o FILE.svg",
        "plot loss vs step to an SVG file",
        "Writes a standalone SVG 1.1 file: loss against step on a log-scale y axis,\n"
-       "one line per run (legend: run id and axes), and a dashed vertical line with\n"
-       "a label at each switch_precision or rollback event. Points with loss <= 0\n"
-       "or not finite are skipped. Asks for at most 2000 points per run (keeld\n"
-       "downsamples). ID is tried as a sweep first (GetSweep), then as a run.\n"
+       "one line per run (a colour and dash pattern each). A loss above 3x the\n"
+       "highest starting loss (rounded up) is cut: the axis ends there and says so,\n"
+       "and a run that blows up leaves through the top. Each intervention (a\n"
+       "switch_precision or rollback, with the actions decided with it) is a dashed\n"
+       "vertical line at the step where it was decided (a rollback's from_step,\n"
+       "not the step it resumed from), numbered in a band above the chart and\n"
+       "listed under it. A precision switch puts a shape on the run's line where\n"
+       "the new scheme starts, one shape per scheme (key under the chart). Under\n"
+       "the chart: the legend, a row per run (id, state, axis values, precision\n"
+       "switches), side by side when rows are short, then the interventions; the\n"
+       "canvas grows to hold them. Points with loss <= 0 or not finite are skipped.\n"
+       "Asks for at most 2000 points per run (keeld downsamples). ID is tried as a\n"
+       "sweep first (GetSweep), then as a run.\n"
        "  -o FILE.svg   output file (required)\n",
        {"-o"},
        {},
@@ -1049,11 +1059,11 @@ int CmdPlot(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
   grpc::Status status = ListAllEvents(client, events_request, &list);
   if (!status.ok()) return RpcError("ListEvents", status, client, err);
   std::string title = is_sweep ? "sweep " + id + (sweep.name().empty() ? "" : " (" + sweep.name() + ")") : "run " + id;
-  if (!WriteOutput(file->second, RenderLossSvg(title + ": loss vs step", series, list), err)) return kExitFailed;
-  int markers = 0;
-  for (const auto& e : list) markers += IsInterventionEvent(e) ? 1 : 0;
-  out << "wrote " << file->second << ": " << series.size() << (series.size() == 1 ? " run, " : " runs, ") << markers
-      << " interventions\n";
+  const LossPlot plot = LayOutLossPlot(title + ": loss vs step", series, list);
+  if (!WriteOutput(file->second, LossPlotSvg(plot), err)) return kExitFailed;
+  // Interventions as drawn: a rollback and the switch decided with it are one.
+  out << "wrote " << file->second << ": " << series.size() << (series.size() == 1 ? " run, " : " runs, ")
+      << plot.markers.size() << " interventions\n";
   return kExitOk;
 }
 

@@ -79,6 +79,8 @@ class FakeKeel final : public v1::KeelService::Service {
     intervention_.set_unix_ms(1700000000000);
     intervention_.set_kind("switch_precision");
     intervention_.set_message("bf16 after loss spike");
+    (*intervention_.mutable_details())["from"] = "mxfp8_e4m3";
+    (*intervention_.mutable_details())["precision"] = "bf16";
   }
 
   std::atomic<int> cancel_delay_ms{0};
@@ -451,7 +453,12 @@ TEST_F(CliTest, PlotWritesAnSvgWithOneLinePerRunAndMarkers) {
   size_t polylines = 0;
   for (size_t at = 0; (at = svg.find("<polyline", at)) != std::string::npos; ++at) ++polylines;
   EXPECT_EQ(polylines, 2u);
-  EXPECT_NE(svg.find("switch_precision r1: bf16 after loss spike"), std::string::npos);
+  // The intervention: its dashed line, its tag and its line in the list; the
+  // switch's shape on r1's line.
+  EXPECT_NE(svg.find("<g class=\"marker\" data-run=\"r1\" data-step=\"10\""), std::string::npos) << svg;
+  EXPECT_NE(svg.find(">r1 at step 10: switch mxfp8_e4m3 -&gt; bf16<"), std::string::npos) << svg;
+  EXPECT_NE(svg.find("<path class=\"switch\" data-run=\"r1\" data-step=\"10\" data-scheme=\"bf16\""),
+            std::string::npos);
   EXPECT_NE(svg.find("stroke-dasharray"), std::string::npos);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
   EXPECT_EQ(out_, "wrote " + path + ": 2 runs, 1 interventions\n");
@@ -590,6 +597,10 @@ TEST_F(CliTest, HelpForTheToolAndEachCommand) {
   EXPECT_NE(out_.find("6  keeld rejected the input (INVALID_ARGUMENT"), std::string::npos);
   ASSERT_EQ(Keel({"watch", "--help"}, false), kExitOk);
   EXPECT_EQ(out_.rfind("Usage: keel watch SWEEP|RUN\n", 0), 0u) << out_;
+  ASSERT_EQ(Keel({"plot", "--help"}, false), kExitOk);
+  EXPECT_NE(out_.find("at the step where it was decided (a rollback's from_step,\nnot the step it resumed from)"),
+            std::string::npos)
+      << out_;
   ASSERT_EQ(Keel({"help", "export"}, false), kExitOk);
   EXPECT_EQ(out_.rfind("Usage: keel export SWEEP [--format csv|jsonl] [-o FILE]\n", 0), 0u) << out_;
 }

@@ -1,7 +1,7 @@
-// Formatting for the keel CLI: aligned text tables, progress bars, the watch
-// table's lines, CSV/JSONL export of metric points and the loss-vs-step SVG plot.
-// Pure functions of proto messages; no RPCs here, so all of it is testable
-// without a server.
+// Formatting for the keel CLI: aligned text tables, progress bars, numbers for
+// people and for machines, the watch table's lines and CSV/JSONL export of
+// metric points (the loss plot is plot.h). Pure functions of proto messages; no
+// RPCs here, so all of it is testable without a server.
 #ifndef KEEL_CLIENT_FORMAT_H_
 #define KEEL_CLIENT_FORMAT_H_
 
@@ -34,7 +34,6 @@ std::string FormatNumber(double value);
 // non-finite -> "nan", "inf", "-inf". Every table, watch line and plot label
 // of the CLI prints its floating-point numbers through this one.
 std::string HumanNumber(double value);
-
 
 // The run state's short name ("RUNNING"); terminal states are SUCCEEDED,
 // FAILED, CANCELLED, DIVERGED.
@@ -79,14 +78,8 @@ std::string RunLossText(const v1::Run& run);
 std::vector<std::string> WatchHeader();
 std::vector<std::string> WatchRow(const v1::Run& run, int interventions);
 
-// Standalone SVG 1.1: loss vs step on a log-scale y axis, one <polyline> per
-// run (points whose loss is not finite and > 0 are skipped), a legend with run
-// id and axes, and each "switch_precision"/"rollback" event of `events` as a
-// vertical dashed line with a label. Never writes a NaN/inf coordinate.
-std::string RenderLossSvg(const std::string& title, const std::vector<RunSeries>& series,
-                          const std::vector<v1::Event>& events);
-
-// True for the event kinds that plot and watch count as interventions.
+// True for the event kinds that plot and watch count as interventions
+// (event_kind::ChangesTrajectory: switch_precision, rollback).
 bool IsInterventionEvent(const v1::Event& event);
 
 }  // namespace client

@@ -1,4 +1,4 @@
-// format.h: tables, progress bars, CSV/JSONL export and the SVG plot.
+// format.h: tables, progress bars, numbers, CSV/JSONL export and the watch row.
 #include "client/format.h"
 
 #include <gtest/gtest.h>
@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
-#include <regex>
 #include <vector>
 
 namespace keel {
@@ -206,124 +205,6 @@ TEST(IsTerminalTest, TerminalStates) {
   EXPECT_TRUE(IsTerminal(v1::DIVERGED));
   EXPECT_FALSE(IsTerminal(v1::RUNNING));
   EXPECT_FALSE(IsTerminal(v1::QUEUED));
-}
-
-// A tiny XML well-formedness check: every tag closes in order, attributes are
-// quoted, and the root is one <svg> element. Returns "" or the problem.
-std::string CheckXml(const std::string& xml, std::map<std::string, int>* counts) {
-  std::vector<std::string> stack;
-  size_t i = 0;
-  bool root_seen = false;
-  while ((i = xml.find('<', i)) != std::string::npos) {
-    size_t end = xml.find('>', i);
-    if (end == std::string::npos) return "unterminated tag";
-    std::string tag = xml.substr(i + 1, end - i - 1);
-    i = end + 1;
-    if (tag.empty()) return "empty tag";
-    if (tag[0] == '?' || tag[0] == '!') continue;
-    if (tag[0] == '/') {
-      std::string name = tag.substr(1);
-      if (stack.empty() || stack.back() != name) return "mismatched </" + name + ">";
-      stack.pop_back();
-      continue;
-    }
-    bool self_closing = tag.back() == '/';
-    if (self_closing) tag.pop_back();
-    std::string name = tag.substr(0, tag.find_first_of(" \n\t"));
-    if (stack.empty()) {
-      if (root_seen) return "second root element <" + name + ">";
-      if (name != "svg") return "root is <" + name + ">";
-      root_seen = true;
-    }
-    // Attributes: name="value" pairs only.
-    std::string attrs = tag.substr(name.size());
-    static const std::regex kAttrs(R"((\s+[A-Za-z_:][-A-Za-z0-9_:.]*="[^"<]*")*\s*)");
-    if (!std::regex_match(attrs, kAttrs)) return "bad attributes in <" + name + ">";
-    (*counts)[name]++;
-    if (!self_closing) stack.push_back(name);
-  }
-  if (!stack.empty()) return "unclosed <" + stack.back() + ">";
-  if (!root_seen) return "no <svg>";
-  return "";
-}
-
-TEST(CheckXmlTest, CatchesBrokenDocuments) {
-  std::map<std::string, int> counts;
-  EXPECT_EQ(CheckXml("<svg><g></svg>", &counts), "mismatched </svg>");
-  EXPECT_EQ(CheckXml("<svg a=b/>", &counts), "bad attributes in <svg>");
-  EXPECT_EQ(CheckXml("<svg><g></g>", &counts), "unclosed <svg>");
-  EXPECT_EQ(CheckXml("<svg/><svg/>", &counts), "second root element <svg>");
-  EXPECT_EQ(CheckXml("<svg x=\"1\"><g/></svg>", &counts), "");
-}
-
-TEST(SvgTest, WellFormedWithOnePolylinePerRunLegendAndMarkers) {
-  std::vector<RunSeries> series = TwoRuns();
-  series[0].run.set_id("r1<&>");  // escaped in attributes and text
-  v1::Event rollback;
-  rollback.set_run_id("r1<&>");
-  rollback.set_step(7);
-  rollback.set_kind("rollback");
-  rollback.set_message("loss spike");
-  v1::Event switched = rollback;
-  switched.set_kind("switch_precision");
-  switched.set_message("to bf16");
-  v1::Event state = rollback;
-  state.set_kind("state");  // not a marker
-  std::string svg = RenderLossSvg("sweep s1", series, {rollback, switched, state});
-
-  std::map<std::string, int> counts;
-  ASSERT_EQ(CheckXml(svg, &counts), "") << svg;
-  EXPECT_NE(svg.find("<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\""), std::string::npos);
-  EXPECT_EQ(counts["polyline"], 2);
-  EXPECT_EQ(counts["svg"], 1);
-  // Two markers: dashed vertical lines with a label.
-  size_t dashed = 0;
-  for (size_t at = 0; (at = svg.find("stroke-dasharray", at)) != std::string::npos; ++at) ++dashed;
-  EXPECT_EQ(dashed, 2u);
-  EXPECT_NE(svg.find("rollback r1&lt;&amp;&gt;: loss spike"), std::string::npos);
-  EXPECT_NE(svg.find("switch_precision r1&lt;&amp;&gt;: to bf16"), std::string::npos);
-  // Legend: run id and axes.
-  EXPECT_NE(svg.find("r1&lt;&amp;&gt; note=x,y optimizer.lr=6e-4"), std::string::npos);
-  EXPECT_NE(svg.find(">r2 optimizer.lr=1e-3<"), std::string::npos);
-  EXPECT_EQ(svg.find("r1<&>"), std::string::npos);
-}
-
-TEST(SvgTest, LogScaleSkipsZeroNegativeAndNonFiniteLoss) {
-  RunSeries s;
-  s.run.set_id("r1");
-  double losses[] = {10.0, 0.0, std::nan(""), -1.0, std::numeric_limits<double>::infinity(), 0.1};
-  for (int i = 0; i < 6; ++i) {
-    v1::MetricPoint p;
-    p.set_step(i * 100);
-    p.set_loss(losses[i]);
-    s.points.push_back(p);
-  }
-  std::string svg = RenderLossSvg("t", {s}, {});
-  std::map<std::string, int> counts;
-  ASSERT_EQ(CheckXml(svg, &counts), "");
-  EXPECT_EQ(svg.find("nan"), std::string::npos);
-  EXPECT_EQ(svg.find("inf"), std::string::npos);
-  // Exactly the two good points remain on the polyline.
-  std::smatch match;
-  ASSERT_TRUE(std::regex_search(svg, match, std::regex("<polyline[^>]* points=\"([^\"]*)\"")));
-  std::string points = match[1];
-  EXPECT_EQ(std::count(points.begin(), points.end(), ','), 2) << points;
-  // loss 10 sits on the top gridline (1e1) and 0.1 on the bottom one (1e-1).
-  EXPECT_NE(svg.find(">1e1<"), std::string::npos);
-  EXPECT_NE(svg.find(">1e-1<"), std::string::npos);
-}
-
-TEST(SvgTest, NoPlottablePointsStillValid) {
-  RunSeries s;
-  s.run.set_id("r1");
-  v1::MetricPoint p;
-  p.set_loss(std::nan(""));
-  s.points.push_back(p);
-  std::string svg = RenderLossSvg("t", {s}, {});
-  std::map<std::string, int> counts;
-  ASSERT_EQ(CheckXml(svg, &counts), "");
-  EXPECT_EQ(counts["polyline"], 1);
-  EXPECT_EQ(svg.find("nan"), std::string::npos);
 }
 
 }  // namespace
