@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "client/format.h"
+#include "client/plot.h"
 #include "proto/channel.h"
 #include "proto/keel.grpc.pb.h"
 #include "proto/keel.pb.h"
@@ -83,8 +84,8 @@ const std::vector<CommandSpec>& Commands() {
       {"runs",
        "keel runs [SWEEP] [--output json]",
        "list the runs of a sweep (or all runs)",
-       "Lists runs (ListRuns): id, sweep, state, step/steps, loss, precision,\n"
-       "restarts, worker, axes. Without SWEEP, all runs.\n"
+       "Lists runs (ListRuns): id, sweep, state, step/steps, loss (4 significant\n"
+       "digits), precision, restarts, worker, axes. Without SWEEP, all runs.\n"
        "  --output json   print the ListRunsResponse as JSON\n",
        {"--output"},
        {},
@@ -93,7 +94,8 @@ const std::vector<CommandSpec>& Commands() {
       {"show",
        "keel show RUN [--output json]",
        "show a run's details and recent events",
-       "Prints a run (GetRun) and its last 10 events (ListEvents).\n"
+       "Prints a run (GetRun; loss to 4 significant digits) and its last 10 events\n"
+       "(ListEvents).\n"
        "  --output json   print {\"run\": Run, \"events\": [Event, ...]} as JSON (all events)\n",
        {"--output"},
        {},
@@ -104,10 +106,10 @@ const std::vector<CommandSpec>& Commands() {
        "follow a sweep or run live until every run is terminal",
        "Streams updates (WatchSweep, or WatchRun when ID is not a sweep: keel asks\n"
        "GetSweep first) and shows one line per run: id, state, progress bar with\n"
-       "step/steps, loss, precision, restarts, interventions (switch_precision and\n"
-       "rollback events). On a terminal the table is redrawn in place; otherwise a\n"
-       "line is appended whenever a run changes state, precision, restarts or\n"
-       "interventions, or passes another 10% of its steps.\n"
+       "step/steps, loss (4 significant digits), precision, restarts, interventions\n"
+       "(switch_precision and rollback events). On a terminal the table is redrawn\n"
+       "in place; otherwise a line is appended whenever a run changes state,\n"
+       "precision, restarts or interventions, or passes another 10% of its steps.\n"
        "Ends when every run is SUCCEEDED, FAILED, CANCELLED or DIVERGED: exit 0 if\n"
        "all SUCCEEDED, else 1 (also 1 if keeld ends the stream before that).\n",
        {},
@@ -150,10 +152,19 @@ const std::vector<CommandSpec>& Commands() {
        "keel plot RUN|SWEEP -o FILE.svg",
        "plot loss vs step to an SVG file",
        "Writes a standalone SVG 1.1 file: loss against step on a log-scale y axis,\n"
-       "one line per run (legend: run id and axes), and a dashed vertical line with\n"
-       "a label at each switch_precision or rollback event. Points with loss <= 0\n"
-       "or not finite are skipped. Asks for at most 2000 points per run (keeld\n"
-       "downsamples). ID is tried as a sweep first (GetSweep), then as a run.\n"
+       "one line per run (a colour and dash pattern each). A loss above 3x the\n"
+       "highest starting loss (rounded up) is cut: the axis ends there and says so,\n"
+       "and a run that blows up leaves through the top. Each intervention (a\n"
+       "switch_precision or rollback, with the actions decided with it) is a dashed\n"
+       "vertical line at the step where it was decided (a rollback's from_step,\n"
+       "not the step it resumed from), numbered in a band above the chart and\n"
+       "listed under it. A precision switch puts a shape on the run's line where\n"
+       "the new scheme starts, one shape per scheme (key under the chart). Under\n"
+       "the chart: the legend, a row per run (id, state, axis values, precision\n"
+       "switches), side by side when rows are short, then the interventions; the\n"
+       "canvas grows to hold them. Points with loss <= 0 or not finite are skipped.\n"
+       "Asks for at most 2000 points per run (keeld downsamples). ID is tried as a\n"
+       "sweep first (GetSweep), then as a run.\n"
        "  -o FILE.svg   output file (required)\n",
        {"-o"},
        {},
@@ -513,8 +524,6 @@ std::string SweepStateName(v1::SweepState state) {
 
 std::string StepText(const v1::Run& run) { return std::to_string(run.step()) + "/" + std::to_string(run.steps()); }
 
-std::string LossText(const v1::Run& run) { return run.step() > 0 || run.loss() != 0 ? FormatNumber(run.loss()) : "-"; }
-
 void SortRuns(std::vector<v1::Run>* runs) {
   std::stable_sort(runs->begin(), runs->end(), [](const v1::Run& a, const v1::Run& b) {
     if (a.sweep_id() != b.sweep_id()) return a.sweep_id() < b.sweep_id();
@@ -624,7 +633,7 @@ int CmdRuns(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
   std::vector<std::vector<std::string>> rows;
   for (const auto& run : runs) {
     std::string axes = AxesText(run.axes());
-    rows.push_back({run.id(), run.sweep_id(), StateName(run.state()), StepText(run), LossText(run),
+    rows.push_back({run.id(), run.sweep_id(), StateName(run.state()), StepText(run), RunLossText(run),
                     run.precision().empty() ? "-" : run.precision(), std::to_string(run.restarts()),
                     run.worker_id().empty() ? "-" : run.worker_id(), axes.empty() ? "-" : axes});
   }
@@ -658,7 +667,7 @@ int CmdShow(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
       {"sweep:", run.sweep_id()},
       {"state:", StateName(run.state())},
       {"step:", StepText(run)},
-      {"loss:", LossText(run)},
+      {"loss:", RunLossText(run)},
       {"precision:", run.precision().empty() ? "-" : run.precision()},
       {"restarts:", std::to_string(run.restarts()) + " (max " + std::to_string(run.max_restarts()) + ")"},
       {"worker:", run.worker_id().empty() ? "-" : run.worker_id()},
@@ -1050,11 +1059,11 @@ int CmdPlot(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
   grpc::Status status = ListAllEvents(client, events_request, &list);
   if (!status.ok()) return RpcError("ListEvents", status, client, err);
   std::string title = is_sweep ? "sweep " + id + (sweep.name().empty() ? "" : " (" + sweep.name() + ")") : "run " + id;
-  if (!WriteOutput(file->second, RenderLossSvg(title + ": loss vs step", series, list), err)) return kExitFailed;
-  int markers = 0;
-  for (const auto& e : list) markers += IsInterventionEvent(e) ? 1 : 0;
-  out << "wrote " << file->second << ": " << series.size() << (series.size() == 1 ? " run, " : " runs, ") << markers
-      << " interventions\n";
+  const LossPlot plot = LayOutLossPlot(title + ": loss vs step", series, list);
+  if (!WriteOutput(file->second, LossPlotSvg(plot), err)) return kExitFailed;
+  // Interventions as drawn: a rollback and the switch decided with it are one.
+  out << "wrote " << file->second << ": " << series.size() << (series.size() == 1 ? " run, " : " runs, ")
+      << plot.markers.size() << " interventions\n";
   return kExitOk;
 }
 
