@@ -35,6 +35,10 @@ constexpr const char* kDefaultServer = "127.0.0.1:7070";
 constexpr int kUnaryDeadlineSeconds = 5;
 // One page of GetMetrics (up to 2 MiB of points).
 constexpr int kMetricsDeadlineSeconds = 60;
+// One page of ListRuns, ListSweeps or ListEvents: small, but a keeld busy with
+// a large change (cancelling a 10,000-run sweep on a loaded host) can take
+// seconds to answer, and that is not unreachable.
+constexpr int kListPageDeadlineSeconds = 30;
 // Calls that change many runs at once (SubmitSweep, CancelSweep of a
 // 10,000-run sweep) are long but not stuck: a short deadline would report a
 // success as a timeout. $KEEL_LONG_DEADLINE_S overrides it (tests).
@@ -449,19 +453,19 @@ grpc::Status AllPages(Client& client, Request request, int deadline_seconds, Rpc
 grpc::Status ListAllRuns(Client& client, const std::string& sweep_id, std::vector<v1::Run>* runs) {
   v1::ListRunsRequest request;
   request.set_sweep_id(sweep_id);
-  return AllPages<v1::ListRunsRequest, v1::ListRunsResponse>(client, request, kUnaryDeadlineSeconds,
+  return AllPages<v1::ListRunsRequest, v1::ListRunsResponse>(client, request, kListPageDeadlineSeconds,
                                                                &v1::KeelService::Stub::ListRuns,
                                                                [](v1::ListRunsResponse& r) { return r.mutable_runs(); }, runs);
 }
 
 grpc::Status ListAllSweeps(Client& client, std::vector<v1::Sweep>* sweeps) {
-  return AllPages<v1::ListSweepsRequest, v1::ListSweepsResponse>(client, v1::ListSweepsRequest(), kUnaryDeadlineSeconds,
+  return AllPages<v1::ListSweepsRequest, v1::ListSweepsResponse>(client, v1::ListSweepsRequest(), kListPageDeadlineSeconds,
                                                                    &v1::KeelService::Stub::ListSweeps,
                                                                    [](v1::ListSweepsResponse& r) { return r.mutable_sweeps(); }, sweeps);
 }
 
 grpc::Status ListAllEvents(Client& client, const v1::ListEventsRequest& request, std::vector<v1::Event>* events) {
-  return AllPages<v1::ListEventsRequest, v1::ListEventsResponse>(client, request, kUnaryDeadlineSeconds,
+  return AllPages<v1::ListEventsRequest, v1::ListEventsResponse>(client, request, kListPageDeadlineSeconds,
                                                                    &v1::KeelService::Stub::ListEvents,
                                                                    [](v1::ListEventsResponse& r) { return r.mutable_events(); }, events);
 }
