@@ -411,7 +411,8 @@ Status Coordinator::Cancel(v1::Run run) {
   if (Active(run.state())) {
     // The trainer checkpoints and exits; that exit (or the worker's lost lease)
     // makes the run CANCELLED.
-    cancel_requested_.insert(run.id());
+    run.set_cancel_requested(true);
+    KEEL_RETURN_IF_ERROR(SaveRun(&run, "", ""));  // stored, so a keeld restart keeps the request
     auto w = workers_.find(run.worker_id());
     v1::WorkerCommand c;
     c.mutable_cancel()->set_run_id(run.id());
@@ -768,12 +769,12 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
       std::string how = m.exit().signal() ? "killed by signal " + std::to_string(m.exit().signal())
                                           : "exit code " + std::to_string(code);
       if (!m.exit().message().empty()) how += ": " + m.exit().message();
-      if (cancel_requested_.count(run.id())) {
-        cancel_requested_.erase(run.id());
+      if (run.cancel_requested()) {
+        run.set_cancel_requested(false);
         run.set_state(v1::CANCELLED);
         run.set_message("cancelled by the user");
         SaveRun(&run, event_kind::kState, "cancelled by the user (" + how + ")");
-      } else if (code == 0) {
+      } else if (code == 0 && m.exit().signal() == 0) {
         // Every step up to the last must have arrived; a missing tail is a gap too.
         Live& live = live_[run.id()];
         if (live.last_step >= 0 && live.last_step < run.steps()) {
@@ -892,9 +893,10 @@ void Coordinator::ReleaseWorkerRuns(const std::string& worker_id, const std::set
   }
   for (const std::string& id : ids) {
     v1::Run run = runs_[id];
-    if (cancel_requested_.count(id)) {
-      cancel_requested_.erase(id);
+    if (run.cancel_requested()) {
+      run.set_cancel_requested(false);
       run.set_state(v1::CANCELLED);
+      run.set_message("cancelled by the user");
       run.clear_device_indices();
       SaveRun(&run, event_kind::kState, "cancelled by the user (" + why + ")");
     } else {

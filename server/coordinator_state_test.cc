@@ -647,13 +647,10 @@ TEST(CoordinatorStateTest, AfterAKeeldRestartLiveRunsReattachAndRunsGivenAwayAre
   EXPECT_EQ(f.Run(a).state(), v1::SUCCEEDED);
 }
 
-// Known gap, reported rather than fixed here (coordinator.cc is not this
-// change's): the cancel request of an active run is kept only in memory
-// (Coordinator::cancel_requested_). If keeld restarts between CancelRun and
-// the trainer's exit, the exit 130 reads as a trainer failure and the run is
-// requeued and restarted instead of ending CANCELLED. Enable once the request
-// is stored with the run.
-TEST(CoordinatorStateTest, DISABLED_CancelRequestedBeforeAKeeldRestartStillEndsTheRunCancelled) {
+// A cancel request is stored with the run (Run.cancel_requested): a keeld
+// restart between CancelRun and the trainer's exit 130 still ends it CANCELLED,
+// not restarted.
+TEST(CoordinatorStateTest, CancelRequestedBeforeAKeeldRestartStillEndsTheRunCancelled) {
   Fixture f(DbPath("state_cancel_restart"));
   f.Submit(1, /*max_restarts=*/3);
   std::vector<v1::WorkerCommand> sent;
