@@ -79,45 +79,59 @@ Status Trainer::Create(const RunConfig& config, std::unique_ptr<Trainer>* out) {
   t->config_ = config;
   t->scheme_ = config.precision;
   KEEL_RETURN_IF_ERROR(MakeBackend(config.backend, config.threads, &t->backend_));
-  if (config.model.type == "gpt") {
-    Status opened = TokenLoader::Open(config.data.train, config.batch, config.seq, &t->train_loader_);
-    if (!opened.ok()) {
-      return Status::Error("data.train: " + opened.message() +
-                           " (make shards with `keel-train prepare-text IN.txt OUT_PREFIX`, "
-                           "scripts/prepare-fortunes for the examples, or llm.c's data scripts)");
-    }
-    if (t->train_loader_->max_token() >= config.model.vocab) {
-      return Status::Error("data.train: token id " + std::to_string(t->train_loader_->max_token()) +
-                           " is outside model.vocab " + std::to_string(config.model.vocab) +
-                           " (allowed: 0 .. vocab-1)");
-    }
-    if (!config.data.val.empty()) {
-      KEEL_RETURN_IF_ERROR(TokenLoader::Open(config.data.val, config.batch, config.seq, &t->val_loader_));
-    }
-  }
+  if (config.model.type == "gpt") KEEL_RETURN_IF_ERROR(t->OpenData());
   KEEL_RETURN_IF_ERROR(MakeModel(config, t->backend_.get(), &t->model_));
   for (const ParamInfo& p : t->model_->param_info()) t->param_groups_.push_back(ParamGroup(p));
-  const size_t bytes = static_cast<size_t>(t->model_->param_count()) * sizeof(float);
-  for (float** p : {&t->grads_, &t->adam_m_, &t->adam_v_, &t->previous_}) {
-    void* mem = nullptr;
-    KEEL_RETURN_IF_ERROR(t->backend_->Alloc(bytes, &mem));
-    *p = static_cast<float*>(mem);
-  }
-  if (config.probe_every > 0) {
-    void* mem = nullptr;
-    KEEL_RETURN_IF_ERROR(t->backend_->Alloc(bytes, &mem));
-    t->probe_grads_ = static_cast<float*>(mem);
-  }
+  KEEL_RETURN_IF_ERROR(t->AllocateState());
   KEEL_RETURN_IF_ERROR(t->model_->Init(config.seed));
-  if (t->config_.policy.active()) {
-    // Rollbacks need snapshots: the policy's ring, kept on disk as checkpoints.
-    if (t->config_.policy.snapshot_every > 0) t->config_.checkpoint_every = t->config_.policy.snapshot_every;
-    if (t->config_.policy.snapshot_keep > 0) t->config_.keep_checkpoints = t->config_.policy.snapshot_keep;
-    t->detectors_.reset(new DetectorSet(t->config_.policy.detectors));
-    t->engine_.reset(new PolicyEngine(t->config_.policy));
-  }
+  if (t->config_.policy.active()) t->StartPolicy();
   *out = std::move(t);
   return Status::Ok();
+}
+
+// The token loaders of a gpt run (data.train, and data.val when given).
+Status Trainer::OpenData() {
+  const RunConfig& config = config_;
+  Status opened = TokenLoader::Open(config.data.train, config.batch, config.seq, &train_loader_);
+  if (!opened.ok()) {
+    return Status::Error("data.train: " + opened.message() +
+                         " (make shards with `keel-train prepare-text IN.txt OUT_PREFIX`, "
+                         "scripts/prepare-fortunes for the examples, or llm.c's data scripts)");
+  }
+  if (train_loader_->max_token() >= config.model.vocab) {
+    return Status::Error("data.train: token id " + std::to_string(train_loader_->max_token()) +
+                         " is outside model.vocab " + std::to_string(config.model.vocab) +
+                         " (allowed: 0 .. vocab-1)");
+  }
+  if (!config.data.val.empty()) {
+    KEEL_RETURN_IF_ERROR(TokenLoader::Open(config.data.val, config.batch, config.seq, &val_loader_));
+  }
+  return Status::Ok();
+}
+
+// The optimizer's buffers beside the model's weights: gradients, Adam m and v,
+// the weights before an update, and the probe's gradients when it runs.
+Status Trainer::AllocateState() {
+  const size_t bytes = static_cast<size_t>(model_->param_count()) * sizeof(float);
+  for (float** p : {&grads_, &adam_m_, &adam_v_, &previous_}) {
+    void* mem = nullptr;
+    KEEL_RETURN_IF_ERROR(backend_->Alloc(bytes, &mem));
+    *p = static_cast<float*>(mem);
+  }
+  if (config_.probe_every > 0) {
+    void* mem = nullptr;
+    KEEL_RETURN_IF_ERROR(backend_->Alloc(bytes, &mem));
+    probe_grads_ = static_cast<float*>(mem);
+  }
+  return Status::Ok();
+}
+
+void Trainer::StartPolicy() {
+  // Rollbacks need snapshots: the policy's ring, kept on disk as checkpoints.
+  if (config_.policy.snapshot_every > 0) config_.checkpoint_every = config_.policy.snapshot_every;
+  if (config_.policy.snapshot_keep > 0) config_.keep_checkpoints = config_.policy.snapshot_keep;
+  detectors_.reset(new DetectorSet(config_.policy.detectors));
+  engine_.reset(new PolicyEngine(config_.policy));
 }
 
 double Trainer::LearningRate(int64_t step) const {

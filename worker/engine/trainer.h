@@ -120,6 +120,10 @@ class Trainer {
 
  private:
   Trainer() = default;
+  // Create's parts.
+  Status OpenData();
+  Status AllocateState();
+  void StartPolicy();
   Status NextBatch(int micro, Batch* batch);
   // Step's phases, in the order Step calls them; each fills its part of *m.
   Status ForwardBackward(std::vector<Batch>* kept, StepMetrics* m);
