@@ -484,7 +484,9 @@ Status ParseScaleLrAction(const Reader& r, const YAML::Node& an, const YAML::Nod
 Status ParseAction(const Reader& r, const YAML::Node& an, const std::string& g, const Policy& p,
                    PolicyAction* a) {
   std::string kind;
-  YAML::Node arg;
+  // Undefined (`!arg`) for a bare action: a default-constructed Node would be
+  // a defined null, and "missing ..." would never be said.
+  YAML::Node arg(YAML::NodeType::Undefined);
   if (an.IsScalar()) {
     kind = an.Scalar();
   } else if (an.IsMap() && an.size() == 1) {
