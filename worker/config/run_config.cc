@@ -125,6 +125,151 @@ class Reader {
 const std::set<std::string> kRoleKeys = {"fwd_x", "fwd_w", "dgrad_dy", "dgrad_w", "wgrad_dy",
                                          "wgrad_x"};
 
+// The keys of a precision mapping: its options and the six roles.
+std::set<std::string> PrecisionKeys() {
+  std::set<std::string> keys = {"preset", "rounding", "grad_rounding", "layernorm", "forward_only",
+                                "bf16_first_blocks", "bf16_last_blocks", "bf16_head", "attention",
+                                "mx_block", "bump_exponent", "nvfp4_weight_16x16",
+                                "nvfp4_rht_wgrad", "nvfp4_sr_grads", "name"};
+  keys.insert(kRoleKeys.begin(), kRoleKeys.end());
+  return keys;
+}
+
+std::vector<std::string> PresetNameList() {
+  std::vector<std::string> names;
+  for (const PresetInfo& p : Presets()) names.push_back(p.name);
+  return names;
+}
+
+OperandFormat& RoleFormat(PrecisionScheme* s, Role role) { return s->roles[static_cast<int>(role)]; }
+
+// precision.<role>: an operand format per role.
+Status ParseRoleFormats(const Reader& r, const YAML::Node& node, PrecisionScheme* s) {
+  const std::string f = "precision";
+  // Roles first: a forward role set without its backward twins also sets those
+  // (NUMERICS.md section 4 defaults: backward activations/gradients take fwd_x's
+  // format, dgrad_w takes fwd_w's).
+  for (int i = 0; i < kRoleCount; ++i) {
+    const char* role = RoleName(static_cast<Role>(i));
+    if (!node[role]) continue;
+    std::string text;
+    KEEL_RETURN_IF_ERROR(r.String(node[role], f + "." + role, &text));
+    Status st = ParseOperandFormat(f + "." + role, text, &s->roles[i]);
+    if (!st.ok()) return Status::InvalidArgument(r.Where(node[role]) + st.message());
+  }
+  if (node["fwd_x"]) {
+    for (Role b : {Role::kDgradDy, Role::kWgradDy, Role::kWgradX}) {
+      if (!node[RoleName(b)]) RoleFormat(s, b) = RoleFormat(s, Role::kFwdX);
+    }
+  }
+  if (node["fwd_w"] && !node["dgrad_w"]) RoleFormat(s, Role::kDgradW) = RoleFormat(s, Role::kFwdW);
+  return Status::Ok();
+}
+
+// precision.rounding (every operand) and precision.grad_rounding (the gradients).
+Status ParseRoundings(const Reader& r, const YAML::Node& node, PrecisionScheme* s) {
+  const std::string f = "precision";
+  std::vector<std::string> roundings = {"nearest_even", "nearest_away", "stochastic"};
+  if (node["rounding"]) {
+    std::string text;
+    KEEL_RETURN_IF_ERROR(r.OneOf(node["rounding"], f + ".rounding", roundings, &text));
+    Rounding rounding;
+    ParseRounding(text, &rounding);
+    for (OperandFormat& o : s->roles) o.rounding = rounding;
+    s->layernorm.rounding = rounding;
+  }
+  if (node["grad_rounding"]) {
+    std::string text;
+    KEEL_RETURN_IF_ERROR(r.OneOf(node["grad_rounding"], f + ".grad_rounding", roundings, &text));
+    Rounding rounding;
+    ParseRounding(text, &rounding);
+    RoleFormat(s, Role::kDgradDy).rounding = rounding;
+    RoleFormat(s, Role::kWgradDy).rounding = rounding;
+  }
+  return Status::Ok();
+}
+
+// precision.layernorm, forward_only, bf16_first_blocks, bf16_last_blocks,
+// bf16_head and attention.
+Status ParseSchemeOptions(const Reader& r, const YAML::Node& node, PrecisionScheme* s) {
+  const std::string f = "precision";
+  if (node["layernorm"]) {
+    std::string text;
+    KEEL_RETURN_IF_ERROR(r.String(node["layernorm"], f + ".layernorm", &text));
+    Status st = ParseOperandFormat(f + ".layernorm", text, &s->layernorm);
+    if (!st.ok()) return Status::InvalidArgument(r.Where(node["layernorm"]) + st.message());
+  }
+  if (node["forward_only"]) KEEL_RETURN_IF_ERROR(r.Bool(node["forward_only"], f + ".forward_only", &s->forward_only));
+  if (node["bf16_first_blocks"]) {
+    KEEL_RETURN_IF_ERROR(
+        r.Int(node["bf16_first_blocks"], f + ".bf16_first_blocks", 0, 1 << 20, &s->bf16_first_blocks));
+  }
+  if (node["bf16_last_blocks"]) {
+    KEEL_RETURN_IF_ERROR(
+        r.Int(node["bf16_last_blocks"], f + ".bf16_last_blocks", 0, 1 << 20, &s->bf16_last_blocks));
+  }
+  if (node["bf16_head"]) KEEL_RETURN_IF_ERROR(r.Bool(node["bf16_head"], f + ".bf16_head", &s->bf16_head));
+  if (node["attention"]) {
+    std::string text;
+    KEEL_RETURN_IF_ERROR(r.OneOf(node["attention"], f + ".attention", {"bf16", "fp32"}, &text));
+    s->attention_bf16 = text == "bf16";
+  }
+  return Status::Ok();
+}
+
+// precision.mx_block and precision.bump_exponent, for the MX operands.
+Status ParseMxOptions(const Reader& r, const YAML::Node& node, PrecisionScheme* s) {
+  const std::string f = "precision";
+  if (node["mx_block"]) {
+    int block;
+    KEEL_RETURN_IF_ERROR(r.Int(node["mx_block"], f + ".mx_block", 1, 1 << 16, &block));
+    for (OperandFormat& o : s->roles) o.mx_block = block;
+    s->layernorm.mx_block = block;
+  }
+  if (node["bump_exponent"]) {
+    bool bump;
+    KEEL_RETURN_IF_ERROR(r.Bool(node["bump_exponent"], f + ".bump_exponent", &bump));
+    for (OperandFormat& o : s->roles) o.bump_exponent = bump && o.quantized() && IsMx(o.format);
+    s->layernorm.bump_exponent = bump && s->layernorm.quantized() && IsMx(s->layernorm.format);
+  }
+  return Status::Ok();
+}
+
+bool IsNvfp4(const OperandFormat& o) { return o.quantized() && o.format == QuantFormat::kNvfp4; }
+
+// precision.nvfp4_weight_16x16, nvfp4_rht_wgrad and nvfp4_sr_grads: each
+// changes the NVFP4 operands only.
+Status ParseNvfp4Options(const Reader& r, const YAML::Node& node, PrecisionScheme* s) {
+  const std::string f = "precision";
+  bool v;
+  if (node["nvfp4_weight_16x16"]) {
+    KEEL_RETURN_IF_ERROR(r.Bool(node["nvfp4_weight_16x16"], f + ".nvfp4_weight_16x16", &v));
+    for (Role x : {Role::kFwdW, Role::kDgradW}) RoleFormat(s, x).tile_16x16 = v && IsNvfp4(RoleFormat(s, x));
+  }
+  if (node["nvfp4_rht_wgrad"]) {
+    KEEL_RETURN_IF_ERROR(r.Bool(node["nvfp4_rht_wgrad"], f + ".nvfp4_rht_wgrad", &v));
+    bool both = IsNvfp4(RoleFormat(s, Role::kWgradDy)) && IsNvfp4(RoleFormat(s, Role::kWgradX));
+    RoleFormat(s, Role::kWgradDy).rht = v && both;
+    RoleFormat(s, Role::kWgradX).rht = v && both;
+  }
+  if (node["nvfp4_sr_grads"]) {
+    KEEL_RETURN_IF_ERROR(r.Bool(node["nvfp4_sr_grads"], f + ".nvfp4_sr_grads", &v));
+    for (Role x : {Role::kDgradDy, Role::kWgradDy}) {
+      if (IsNvfp4(RoleFormat(s, x))) RoleFormat(s, x).rounding = v ? Rounding::kStochastic : Rounding::kNearestEven;
+    }
+  }
+  return Status::Ok();
+}
+
+// Whether a precision mapping changes its preset: any key but preset and name.
+bool ChangesThePreset(const YAML::Node& node) {
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    const std::string key = it->first.as<std::string>();
+    if (key != "preset" && key != "name") return true;
+  }
+  return false;
+}
+
 // precision: either a preset name, or a mapping {preset, overrides...}.
 Status ParsePrecision(const Reader& r, const YAML::Node& node, PrecisionScheme* out) {
   const std::string f = "precision";
@@ -135,131 +280,21 @@ Status ParsePrecision(const Reader& r, const YAML::Node& node, PrecisionScheme* 
     *out = s;
     return Status::Ok();
   }
-  std::set<std::string> keys = {"preset", "rounding", "grad_rounding", "layernorm", "forward_only",
-                                "bf16_first_blocks", "bf16_last_blocks", "bf16_head", "attention",
-                                "mx_block", "bump_exponent", "nvfp4_weight_16x16",
-                                "nvfp4_rht_wgrad", "nvfp4_sr_grads", "name"};
-  keys.insert(kRoleKeys.begin(), kRoleKeys.end());
-  KEEL_RETURN_IF_ERROR(r.CheckKeys(node, f, keys));
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(node, f, PrecisionKeys()));
   if (node["preset"]) {
-    std::vector<std::string> names;
-    for (const PresetInfo& p : Presets()) names.push_back(p.name);
     std::string preset;
-    KEEL_RETURN_IF_ERROR(r.OneOf(node["preset"], f + ".preset", names, &preset));
+    KEEL_RETURN_IF_ERROR(r.OneOf(node["preset"], f + ".preset", PresetNameList(), &preset));
     SchemeFromPreset(preset, &s);
   }
-  bool custom = false;
-  // Roles first: a forward role set without its backward twins also sets those
-  // (NUMERICS.md section 4 defaults: backward activations/gradients take fwd_x's
-  // format, dgrad_w takes fwd_w's).
-  for (int i = 0; i < kRoleCount; ++i) {
-    const char* role = RoleName(static_cast<Role>(i));
-    if (!node[role]) continue;
-    std::string text;
-    KEEL_RETURN_IF_ERROR(r.String(node[role], f + "." + role, &text));
-    Status st = ParseOperandFormat(f + "." + role, text, &s.roles[i]);
-    if (!st.ok()) return Status::InvalidArgument(r.Where(node[role]) + st.message());
-    custom = true;
-  }
-  auto role = [&](Role x) -> OperandFormat& { return s.roles[static_cast<int>(x)]; };
-  if (node["fwd_x"]) {
-    for (Role b : {Role::kDgradDy, Role::kWgradDy, Role::kWgradX}) {
-      if (!node[RoleName(b)]) role(b) = role(Role::kFwdX);
-    }
-  }
-  if (node["fwd_w"] && !node["dgrad_w"]) role(Role::kDgradW) = role(Role::kFwdW);
-
-  std::vector<std::string> roundings = {"nearest_even", "nearest_away", "stochastic"};
-  if (node["rounding"]) {
-    std::string text;
-    KEEL_RETURN_IF_ERROR(r.OneOf(node["rounding"], f + ".rounding", roundings, &text));
-    Rounding rounding;
-    ParseRounding(text, &rounding);
-    for (OperandFormat& o : s.roles) o.rounding = rounding;
-    s.layernorm.rounding = rounding;
-    custom = true;
-  }
-  if (node["grad_rounding"]) {
-    std::string text;
-    KEEL_RETURN_IF_ERROR(r.OneOf(node["grad_rounding"], f + ".grad_rounding", roundings, &text));
-    Rounding rounding;
-    ParseRounding(text, &rounding);
-    role(Role::kDgradDy).rounding = rounding;
-    role(Role::kWgradDy).rounding = rounding;
-    custom = true;
-  }
-  if (node["layernorm"]) {
-    std::string text;
-    KEEL_RETURN_IF_ERROR(r.String(node["layernorm"], f + ".layernorm", &text));
-    Status st = ParseOperandFormat(f + ".layernorm", text, &s.layernorm);
-    if (!st.ok()) return Status::InvalidArgument(r.Where(node["layernorm"]) + st.message());
-    custom = true;
-  }
-  if (node["forward_only"]) {
-    KEEL_RETURN_IF_ERROR(r.Bool(node["forward_only"], f + ".forward_only", &s.forward_only));
-    custom = true;
-  }
-  if (node["bf16_first_blocks"]) {
-    KEEL_RETURN_IF_ERROR(
-        r.Int(node["bf16_first_blocks"], f + ".bf16_first_blocks", 0, 1 << 20, &s.bf16_first_blocks));
-    custom = true;
-  }
-  if (node["bf16_last_blocks"]) {
-    KEEL_RETURN_IF_ERROR(
-        r.Int(node["bf16_last_blocks"], f + ".bf16_last_blocks", 0, 1 << 20, &s.bf16_last_blocks));
-    custom = true;
-  }
-  if (node["bf16_head"]) {
-    KEEL_RETURN_IF_ERROR(r.Bool(node["bf16_head"], f + ".bf16_head", &s.bf16_head));
-    custom = true;
-  }
-  if (node["attention"]) {
-    std::string text;
-    KEEL_RETURN_IF_ERROR(r.OneOf(node["attention"], f + ".attention", {"bf16", "fp32"}, &text));
-    s.attention_bf16 = text == "bf16";
-    custom = true;
-  }
-  if (node["mx_block"]) {
-    int block;
-    KEEL_RETURN_IF_ERROR(r.Int(node["mx_block"], f + ".mx_block", 1, 1 << 16, &block));
-    for (OperandFormat& o : s.roles) o.mx_block = block;
-    s.layernorm.mx_block = block;
-    custom = true;
-  }
-  if (node["bump_exponent"]) {
-    bool bump;
-    KEEL_RETURN_IF_ERROR(r.Bool(node["bump_exponent"], f + ".bump_exponent", &bump));
-    for (OperandFormat& o : s.roles) o.bump_exponent = bump && o.quantized() && IsMx(o.format);
-    s.layernorm.bump_exponent = bump && s.layernorm.quantized() && IsMx(s.layernorm.format);
-    custom = true;
-  }
-  auto nvfp4_flag = [&](const char* key, const std::function<void(bool)>& apply) -> Status {
-    if (!node[key]) return Status::Ok();
-    bool v;
-    KEEL_RETURN_IF_ERROR(r.Bool(node[key], f + "." + key, &v));
-    apply(v);
-    custom = true;
-    return Status::Ok();
-  };
-  auto is_nvfp4 = [](const OperandFormat& o) {
-    return o.quantized() && o.format == QuantFormat::kNvfp4;
-  };
-  KEEL_RETURN_IF_ERROR(nvfp4_flag("nvfp4_weight_16x16", [&](bool v) {
-    for (Role x : {Role::kFwdW, Role::kDgradW}) role(x).tile_16x16 = v && is_nvfp4(role(x));
-  }));
-  KEEL_RETURN_IF_ERROR(nvfp4_flag("nvfp4_rht_wgrad", [&](bool v) {
-    bool both = is_nvfp4(role(Role::kWgradDy)) && is_nvfp4(role(Role::kWgradX));
-    role(Role::kWgradDy).rht = v && both;
-    role(Role::kWgradX).rht = v && both;
-  }));
-  KEEL_RETURN_IF_ERROR(nvfp4_flag("nvfp4_sr_grads", [&](bool v) {
-    for (Role x : {Role::kDgradDy, Role::kWgradDy}) {
-      if (is_nvfp4(role(x))) role(x).rounding = v ? Rounding::kStochastic : Rounding::kNearestEven;
-    }
-  }));
+  // In this order: the options read the formats the roles set.
+  KEEL_RETURN_IF_ERROR(ParseRoleFormats(r, node, &s));
+  KEEL_RETURN_IF_ERROR(ParseRoundings(r, node, &s));
+  KEEL_RETURN_IF_ERROR(ParseSchemeOptions(r, node, &s));
+  KEEL_RETURN_IF_ERROR(ParseMxOptions(r, node, &s));
+  KEEL_RETURN_IF_ERROR(ParseNvfp4Options(r, node, &s));
   if (node["name"]) {
     KEEL_RETURN_IF_ERROR(r.String(node["name"], f + ".name", &s.name));
-  } else if (custom) {
+  } else if (ChangesThePreset(node)) {
     s.name = "custom";
   }
   Status st = ValidateScheme(s);
@@ -333,6 +368,215 @@ Status ParseDetectorParam(const Reader& r, const YAML::Node& node, const std::st
   return Status::Error(field + ": unknown parameter kind");
 }
 
+// policy.detectors.NAME: a boolean (on or off), or a mapping of `enabled` and
+// the parameters of the detector's table (detectors.h).
+Status ParseDetector(const Reader& r, const YAML::Node& c, const std::string& name, DetectorConfig* dc) {
+  const std::string g = "policy.detectors." + name;
+  if (c.IsScalar()) return r.Bool(c, g, &dc->enabled);  // "loss_zscore: false" / "grad_bias: true"
+  const DetectorInfo& info = *FindDetector(name);
+  std::set<std::string> keys = {"enabled"};
+  for (const DetectorParam& param : info.params) keys.insert(param.key);
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(c, g, keys));
+  if (!info.on_by_default) dc->enabled = true;  // configuring turns it on
+  if (c["enabled"]) KEEL_RETURN_IF_ERROR(r.Bool(c["enabled"], g + ".enabled", &dc->enabled));
+  for (const DetectorParam& param : info.params) {
+    if (YAML::Node value = c[param.key]) {
+      KEEL_RETURN_IF_ERROR(ParseDetectorParam(r, value, g + "." + param.key, param, dc));
+    }
+  }
+  return Status::Ok();
+}
+
+Status ParseDetectors(const Reader& r, const YAML::Node& d, std::map<std::string, DetectorConfig>* detectors) {
+  const std::string f = "policy.detectors";
+  if (!d.IsMap()) return r.Error(d, f, "expected a mapping of detector names");
+  for (auto it = d.begin(); it != d.end(); ++it) {
+    std::string name;
+    KEEL_RETURN_IF_ERROR(r.OneOf(it->first, f, DetectorNames(), &name));
+    KEEL_RETURN_IF_ERROR(ParseDetector(r, it->second, name, &(*detectors)[name]));
+  }
+  return Status::Ok();
+}
+
+Status ParseLadder(const Reader& r, const YAML::Node& ladder, std::vector<std::string>* out) {
+  const std::string f = "policy.ladder";
+  if (!ladder.IsSequence()) return r.Error(ladder, f, "expected a list of scheme presets");
+  const std::vector<std::string> preset_names = PresetNameList();
+  for (const YAML::Node& rung : ladder) {
+    std::string name;
+    KEEL_RETURN_IF_ERROR(r.OneOf(rung, f, preset_names, &name));
+    if (std::find(out->begin(), out->end(), name) != out->end()) {
+      return r.Error(rung, f, "'" + name + "' appears twice: the ladder would loop");
+    }
+    out->push_back(name);
+  }
+  return Status::Ok();
+}
+
+Status ParseSnapshots(const Reader& r, const YAML::Node& snap, Policy* p) {
+  const std::string f = "policy.snapshots";
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(snap, f, {"every", "keep"}));
+  if (snap["every"]) KEEL_RETURN_IF_ERROR(r.Int(snap["every"], f + ".every", 1, 1 << 30, &p->snapshot_every));
+  if (snap["keep"]) KEEL_RETURN_IF_ERROR(r.Int(snap["keep"], f + ".keep", 1, 1 << 20, &p->snapshot_keep));
+  return Status::Ok();
+}
+
+// policy.rules[i].when: a detector or a non-empty list of them, each enabled.
+Status ParseWhen(const Reader& r, const YAML::Node& rn, const std::string& g, const Policy& p,
+                 std::vector<std::string>* out) {
+  YAML::Node when = rn["when"];
+  if (!when) return r.Error(rn, g + ".when", "missing (a list of detectors)");
+  if (when.IsScalar()) {
+    std::string name;
+    KEEL_RETURN_IF_ERROR(r.OneOf(when, g + ".when", DetectorNames(), &name));
+    out->push_back(name);
+  } else if (when.IsSequence() && when.size() > 0) {
+    for (const YAML::Node& w : when) {
+      std::string name;
+      KEEL_RETURN_IF_ERROR(r.OneOf(w, g + ".when", DetectorNames(), &name));
+      out->push_back(name);
+    }
+  } else {
+    return r.Error(when, g + ".when", "expected a detector or a non-empty list of detectors");
+  }
+  for (const std::string& name : *out) {
+    if (!p.detectors.at(name).enabled) {
+      return r.Error(when, g + ".when", "detector '" + name + "' is disabled in policy.detectors");
+    }
+  }
+  return Status::Ok();
+}
+
+// The argument of an action (`switch: bf16`, `rollback: {steps: 200}`, ...)
+// under the field h = policy.rules[i].do.KIND; `an` is the whole action.
+Status ParseSwitchAction(const Reader& r, const YAML::Node& an, const YAML::Node& arg, const std::string& h,
+                         const Policy& p, PolicyAction* a) {
+  a->kind = PolicyAction::Kind::kSwitch;
+  if (!arg) return r.Error(an, h, "missing the scheme (a preset name or next)");
+  std::vector<std::string> allowed = PresetNameList();
+  allowed.push_back("next");
+  KEEL_RETURN_IF_ERROR(r.OneOf(arg, h, allowed, &a->scheme));
+  if (a->scheme == "next" && p.ladder.empty()) return r.Error(arg, h, "'next' needs policy.ladder");
+  return Status::Ok();
+}
+
+Status ParseRollbackAction(const Reader& r, const YAML::Node& an, const YAML::Node& arg, const std::string& h,
+                           PolicyAction* a) {
+  a->kind = PolicyAction::Kind::kRollback;
+  YAML::Node steps = arg && arg.IsMap() ? arg["steps"] : arg;
+  if (arg && arg.IsMap()) KEEL_RETURN_IF_ERROR(r.CheckKeys(arg, h, {"steps"}));
+  if (!steps) return r.Error(an, h + ".steps", "missing (steps to roll back, >= 1)");
+  return r.Int(steps, h + ".steps", 1, int64_t(1) << 40, &a->steps);
+}
+
+Status ParseScaleLrAction(const Reader& r, const YAML::Node& an, const YAML::Node& arg, const std::string& h,
+                          PolicyAction* a) {
+  a->kind = PolicyAction::Kind::kScaleLr;
+  if (!arg) return r.Error(an, h, "missing the factor");
+  float factor;
+  KEEL_RETURN_IF_ERROR(r.Float(arg, h, 1e-6, 10.0, &factor));
+  a->factor = factor;
+  return Status::Ok();
+}
+
+// One item of policy.rules[i].do: a bare action name or a one-key mapping
+// {action: argument}.
+Status ParseAction(const Reader& r, const YAML::Node& an, const std::string& g, const Policy& p,
+                   PolicyAction* a) {
+  std::string kind;
+  // Undefined (`!arg`) for a bare action: a default-constructed Node would be
+  // a defined null, and "missing ..." would never be said.
+  YAML::Node arg(YAML::NodeType::Undefined);
+  if (an.IsScalar()) {
+    kind = an.Scalar();
+  } else if (an.IsMap() && an.size() == 1) {
+    kind = an.begin()->first.as<std::string>();
+    arg = an.begin()->second;
+  } else {
+    return r.Error(an, g + ".do", "expected an action such as `switch: bf16` or `skip_step`");
+  }
+  const std::string h = g + ".do." + kind;
+  if (kind == "switch") return ParseSwitchAction(r, an, arg, h, p, a);
+  if (kind == "rollback") return ParseRollbackAction(r, an, arg, h, a);
+  if (kind == "scale_lr") return ParseScaleLrAction(r, an, arg, h, a);
+  if (kind == "skip_step" || kind == "stop") {
+    a->kind = kind == "stop" ? PolicyAction::Kind::kStop : PolicyAction::Kind::kSkipStep;
+    if (arg && !arg.IsNull()) return r.Error(arg, h, "takes no value");
+    return Status::Ok();
+  }
+  return r.Error(an, g + ".do", "unknown action '" + kind + "' (allowed: switch, rollback, scale_lr, skip_step, stop)");
+}
+
+Status ParseActions(const Reader& r, const YAML::Node& rn, const std::string& g, const Policy& p,
+                    std::vector<PolicyAction>* out) {
+  YAML::Node actions = rn["do"];
+  if (!actions || !actions.IsSequence() || actions.size() == 0) {
+    return r.Error(actions ? actions : rn, g + ".do", "expected a non-empty list of actions (switch, rollback, scale_lr, skip_step, stop)");
+  }
+  for (const YAML::Node& an : actions) {
+    PolicyAction a;
+    KEEL_RETURN_IF_ERROR(ParseAction(r, an, g, p, &a));
+    out->push_back(a);
+  }
+  return Status::Ok();
+}
+
+// policy.rules[index]; `p` holds the detectors, the ladder and the rules before it.
+Status ParseRule(const Reader& r, const YAML::Node& rn, int index, const Policy& p, PolicyRule* rule) {
+  const std::string g = "policy.rules[" + std::to_string(index) + "]";
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(rn, g, {"name", "when", "match", "do", "cooldown", "max"}));
+  rule->name = "rule" + std::to_string(index);
+  if (rn["name"]) KEEL_RETURN_IF_ERROR(r.String(rn["name"], g + ".name", &rule->name));
+  KEEL_RETURN_IF_ERROR(ParseWhen(r, rn, g, p, &rule->when));
+  if (rn["match"]) {
+    std::string match;
+    KEEL_RETURN_IF_ERROR(r.OneOf(rn["match"], g + ".match", {"any", "all"}, &match));
+    rule->match_all = match == "all";
+  }
+  KEEL_RETURN_IF_ERROR(ParseActions(r, rn, g, p, &rule->actions));
+  if (rn["cooldown"]) KEEL_RETURN_IF_ERROR(r.Int(rn["cooldown"], g + ".cooldown", 0, int64_t(1) << 40, &rule->cooldown));
+  if (rn["max"]) KEEL_RETURN_IF_ERROR(r.Int(rn["max"], g + ".max", 0, 1 << 20, &rule->max));
+  for (const PolicyRule& other : p.rules) {
+    if (other.name == rule->name) return r.Error(rn, g + ".name", "'" + rule->name + "' names two rules");
+  }
+  return Status::Ok();
+}
+
+Status ParseRules(const Reader& r, const YAML::Node& rules, Policy* p) {
+  if (!rules.IsSequence()) return r.Error(rules, "policy.rules", "expected a list of rules");
+  int index = 0;
+  for (const YAML::Node& rn : rules) {
+    PolicyRule rule;
+    KEEL_RETURN_IF_ERROR(ParseRule(r, rn, index, *p, &rule));
+    p->rules.push_back(rule);
+    ++index;
+  }
+  return Status::Ok();
+}
+
+Status ParseSweepRule(const Reader& r, const YAML::Node& sn, int index, SweepRule* rule) {
+  const std::string g = "policy.sweep_rules[" + std::to_string(index) + "]";
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(sn, g, {"when_diverged", "scheme", "switch"}));
+  if (!sn["when_diverged"]) return r.Error(sn, g + ".when_diverged", "missing (runs that must diverge, >= 1)");
+  KEEL_RETURN_IF_ERROR(r.Int(sn["when_diverged"], g + ".when_diverged", 1, 1 << 20, &rule->diverged));
+  std::vector<std::string> schemes = PresetNameList();
+  schemes.push_back("any");
+  if (sn["scheme"]) KEEL_RETURN_IF_ERROR(r.OneOf(sn["scheme"], g + ".scheme", schemes, &rule->scheme));
+  if (!sn["switch"]) return r.Error(sn, g + ".switch", "missing (the preset the other runs switch to)");
+  return r.OneOf(sn["switch"], g + ".switch", PresetNameList(), &rule->switch_to);
+}
+
+Status ParseSweepRules(const Reader& r, const YAML::Node& sweep_rules, std::vector<SweepRule>* out) {
+  if (!sweep_rules.IsSequence()) return r.Error(sweep_rules, "policy.sweep_rules", "expected a list");
+  int index = 0;
+  for (const YAML::Node& sn : sweep_rules) {
+    SweepRule rule;
+    KEEL_RETURN_IF_ERROR(ParseSweepRule(r, sn, index++, &rule));
+    out->push_back(rule);
+  }
+  return Status::Ok();
+}
+
 Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
   const std::string f = "policy";
   Policy p;
@@ -343,157 +587,14 @@ Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
   }
   KEEL_RETURN_IF_ERROR(
       r.CheckKeys(node, f, {"detectors", "ladder", "snapshots", "max_interventions", "rules", "sweep_rules"}));
-  std::vector<std::string> detector_names = DetectorNames();
-  std::vector<std::string> preset_names;
-  for (const PresetInfo& info : Presets()) preset_names.push_back(info.name);
-  if (YAML::Node d = node["detectors"]) {
-    if (!d.IsMap()) return r.Error(d, f + ".detectors", "expected a mapping of detector names");
-    for (auto it = d.begin(); it != d.end(); ++it) {
-      std::string name;
-      KEEL_RETURN_IF_ERROR(r.OneOf(it->first, f + ".detectors", detector_names, &name));
-      const std::string g = f + ".detectors." + name;
-      YAML::Node c = it->second;
-      DetectorConfig& dc = p.detectors[name];
-      if (c.IsScalar()) {  // "loss_zscore: false" / "grad_bias: true"
-        KEEL_RETURN_IF_ERROR(r.Bool(c, g, &dc.enabled));
-        continue;
-      }
-      const DetectorInfo& info = *FindDetector(name);
-      std::set<std::string> keys = {"enabled"};
-      for (const DetectorParam& param : info.params) keys.insert(param.key);
-      KEEL_RETURN_IF_ERROR(r.CheckKeys(c, g, keys));
-      if (!info.on_by_default) dc.enabled = true;  // configuring turns it on
-      if (c["enabled"]) KEEL_RETURN_IF_ERROR(r.Bool(c["enabled"], g + ".enabled", &dc.enabled));
-      for (const DetectorParam& param : info.params) {
-        if (YAML::Node value = c[param.key]) {
-          KEEL_RETURN_IF_ERROR(ParseDetectorParam(r, value, g + "." + param.key, param, &dc));
-        }
-      }
-    }
-  }
-  if (YAML::Node ladder = node["ladder"]) {
-    if (!ladder.IsSequence()) return r.Error(ladder, f + ".ladder", "expected a list of scheme presets");
-    for (const YAML::Node& rung : ladder) {
-      std::string name;
-      KEEL_RETURN_IF_ERROR(r.OneOf(rung, f + ".ladder", preset_names, &name));
-      if (std::find(p.ladder.begin(), p.ladder.end(), name) != p.ladder.end()) {
-        return r.Error(rung, f + ".ladder", "'" + name + "' appears twice: the ladder would loop");
-      }
-      p.ladder.push_back(name);
-    }
-  }
-  if (YAML::Node snap = node["snapshots"]) {
-    KEEL_RETURN_IF_ERROR(r.CheckKeys(snap, f + ".snapshots", {"every", "keep"}));
-    if (snap["every"]) KEEL_RETURN_IF_ERROR(r.Int(snap["every"], f + ".snapshots.every", 1, 1 << 30, &p.snapshot_every));
-    if (snap["keep"]) KEEL_RETURN_IF_ERROR(r.Int(snap["keep"], f + ".snapshots.keep", 1, 1 << 20, &p.snapshot_keep));
-  }
+  if (YAML::Node d = node["detectors"]) KEEL_RETURN_IF_ERROR(ParseDetectors(r, d, &p.detectors));
+  if (YAML::Node ladder = node["ladder"]) KEEL_RETURN_IF_ERROR(ParseLadder(r, ladder, &p.ladder));
+  if (YAML::Node snap = node["snapshots"]) KEEL_RETURN_IF_ERROR(ParseSnapshots(r, snap, &p));
   if (node["max_interventions"]) {
     KEEL_RETURN_IF_ERROR(r.Int(node["max_interventions"], f + ".max_interventions", 0, 1 << 20, &p.max_interventions));
   }
-  if (YAML::Node rules = node["rules"]) {
-    if (!rules.IsSequence()) return r.Error(rules, f + ".rules", "expected a list of rules");
-    int index = 0;
-    for (const YAML::Node& rn : rules) {
-      const std::string g = f + ".rules[" + std::to_string(index) + "]";
-      KEEL_RETURN_IF_ERROR(r.CheckKeys(rn, g, {"name", "when", "match", "do", "cooldown", "max"}));
-      PolicyRule rule;
-      rule.name = "rule" + std::to_string(index);
-      if (rn["name"]) KEEL_RETURN_IF_ERROR(r.String(rn["name"], g + ".name", &rule.name));
-      YAML::Node when = rn["when"];
-      if (!when) return r.Error(rn, g + ".when", "missing (a list of detectors)");
-      if (when.IsScalar()) {
-        std::string name;
-        KEEL_RETURN_IF_ERROR(r.OneOf(when, g + ".when", detector_names, &name));
-        rule.when.push_back(name);
-      } else if (when.IsSequence() && when.size() > 0) {
-        for (const YAML::Node& w : when) {
-          std::string name;
-          KEEL_RETURN_IF_ERROR(r.OneOf(w, g + ".when", detector_names, &name));
-          rule.when.push_back(name);
-        }
-      } else {
-        return r.Error(when, g + ".when", "expected a detector or a non-empty list of detectors");
-      }
-      for (const std::string& name : rule.when) {
-        if (!p.detectors[name].enabled) {
-          return r.Error(when, g + ".when", "detector '" + name + "' is disabled in policy.detectors");
-        }
-      }
-      if (rn["match"]) {
-        std::string match;
-        KEEL_RETURN_IF_ERROR(r.OneOf(rn["match"], g + ".match", {"any", "all"}, &match));
-        rule.match_all = match == "all";
-      }
-      YAML::Node actions = rn["do"];
-      if (!actions || !actions.IsSequence() || actions.size() == 0) {
-        return r.Error(actions ? actions : rn, g + ".do", "expected a non-empty list of actions (switch, rollback, scale_lr, skip_step, stop)");
-      }
-      for (const YAML::Node& an : actions) {
-        PolicyAction a;
-        std::string kind;
-        YAML::Node arg;
-        if (an.IsScalar()) {
-          kind = an.Scalar();
-        } else if (an.IsMap() && an.size() == 1) {
-          kind = an.begin()->first.as<std::string>();
-          arg = an.begin()->second;
-        } else {
-          return r.Error(an, g + ".do", "expected an action such as `switch: bf16` or `skip_step`");
-        }
-        const std::string h = g + ".do." + kind;
-        if (kind == "switch") {
-          a.kind = PolicyAction::Kind::kSwitch;
-          if (!arg) return r.Error(an, h, "missing the scheme (a preset name or next)");
-          std::vector<std::string> allowed = preset_names;
-          allowed.push_back("next");
-          KEEL_RETURN_IF_ERROR(r.OneOf(arg, h, allowed, &a.scheme));
-          if (a.scheme == "next" && p.ladder.empty()) return r.Error(arg, h, "'next' needs policy.ladder");
-        } else if (kind == "rollback") {
-          a.kind = PolicyAction::Kind::kRollback;
-          YAML::Node steps = arg && arg.IsMap() ? arg["steps"] : arg;
-          if (arg && arg.IsMap()) KEEL_RETURN_IF_ERROR(r.CheckKeys(arg, h, {"steps"}));
-          if (!steps) return r.Error(an, h + ".steps", "missing (steps to roll back, >= 1)");
-          KEEL_RETURN_IF_ERROR(r.Int(steps, h + ".steps", 1, int64_t(1) << 40, &a.steps));
-        } else if (kind == "scale_lr") {
-          a.kind = PolicyAction::Kind::kScaleLr;
-          if (!arg) return r.Error(an, h, "missing the factor");
-          float factor;
-          KEEL_RETURN_IF_ERROR(r.Float(arg, h, 1e-6, 10.0, &factor));
-          a.factor = factor;
-        } else if (kind == "skip_step" || kind == "stop") {
-          a.kind = kind == "stop" ? PolicyAction::Kind::kStop : PolicyAction::Kind::kSkipStep;
-          if (arg && !arg.IsNull()) return r.Error(arg, h, "takes no value");
-        } else {
-          return r.Error(an, g + ".do", "unknown action '" + kind + "' (allowed: switch, rollback, scale_lr, skip_step, stop)");
-        }
-        rule.actions.push_back(a);
-      }
-      if (rn["cooldown"]) KEEL_RETURN_IF_ERROR(r.Int(rn["cooldown"], g + ".cooldown", 0, int64_t(1) << 40, &rule.cooldown));
-      if (rn["max"]) KEEL_RETURN_IF_ERROR(r.Int(rn["max"], g + ".max", 0, 1 << 20, &rule.max));
-      for (const PolicyRule& other : p.rules) {
-        if (other.name == rule.name) return r.Error(rn, g + ".name", "'" + rule.name + "' names two rules");
-      }
-      p.rules.push_back(rule);
-      ++index;
-    }
-  }
-  if (YAML::Node sweep_rules = node["sweep_rules"]) {
-    if (!sweep_rules.IsSequence()) return r.Error(sweep_rules, f + ".sweep_rules", "expected a list");
-    int index = 0;
-    for (const YAML::Node& sn : sweep_rules) {
-      const std::string g = f + ".sweep_rules[" + std::to_string(index++) + "]";
-      KEEL_RETURN_IF_ERROR(r.CheckKeys(sn, g, {"when_diverged", "scheme", "switch"}));
-      SweepRule rule;
-      if (!sn["when_diverged"]) return r.Error(sn, g + ".when_diverged", "missing (runs that must diverge, >= 1)");
-      KEEL_RETURN_IF_ERROR(r.Int(sn["when_diverged"], g + ".when_diverged", 1, 1 << 20, &rule.diverged));
-      std::vector<std::string> schemes = preset_names;
-      schemes.push_back("any");
-      if (sn["scheme"]) KEEL_RETURN_IF_ERROR(r.OneOf(sn["scheme"], g + ".scheme", schemes, &rule.scheme));
-      if (!sn["switch"]) return r.Error(sn, g + ".switch", "missing (the preset the other runs switch to)");
-      KEEL_RETURN_IF_ERROR(r.OneOf(sn["switch"], g + ".switch", preset_names, &rule.switch_to));
-      p.sweep_rules.push_back(rule);
-    }
-  }
+  if (YAML::Node rules = node["rules"]) KEEL_RETURN_IF_ERROR(ParseRules(r, rules, &p));
+  if (YAML::Node sweep_rules = node["sweep_rules"]) KEEL_RETURN_IF_ERROR(ParseSweepRules(r, sweep_rules, &p.sweep_rules));
   YAML::Emitter e;
   e << YAML::Flow << node;
   p.yaml = e.c_str();
@@ -519,6 +620,122 @@ YAML::Node FieldNode(const YAML::Node& root, const std::string& message) {
   return node;
 }
 
+Status ParseModel(const Reader& r, const YAML::Node& m, ModelConfig* mc) {
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(m, "model",
+                                   {"type", "layers", "width", "heads", "context", "vocab",
+                                    "padded_vocab", "mlp", "mlp_hidden", "qk_layernorm", "bias",
+                                    "ln_eps"}));
+  if (m["type"]) KEEL_RETURN_IF_ERROR(r.OneOf(m["type"], "model.type", {"proxy", "gpt"}, &mc->type));
+  if (m["layers"]) KEEL_RETURN_IF_ERROR(r.Int(m["layers"], "model.layers", 1, 1024, &mc->layers));
+  if (m["width"]) KEEL_RETURN_IF_ERROR(r.Int(m["width"], "model.width", 1, 1 << 16, &mc->width));
+  if (m["heads"]) KEEL_RETURN_IF_ERROR(r.Int(m["heads"], "model.heads", 1, 1024, &mc->heads));
+  if (m["context"]) KEEL_RETURN_IF_ERROR(r.Int(m["context"], "model.context", 1, 1 << 20, &mc->context));
+  if (m["vocab"]) KEEL_RETURN_IF_ERROR(r.Int(m["vocab"], "model.vocab", 2, 65536, &mc->vocab));
+  if (m["padded_vocab"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(m["padded_vocab"], "model.padded_vocab", 0, 1 << 20, &mc->padded_vocab));
+  }
+  if (m["mlp"]) KEEL_RETURN_IF_ERROR(r.OneOf(m["mlp"], "model.mlp", {"gelu", "swiglu"}, &mc->mlp));
+  if (m["mlp_hidden"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(m["mlp_hidden"], "model.mlp_hidden", 0, 1 << 20, &mc->mlp_hidden));
+  }
+  if (m["qk_layernorm"]) KEEL_RETURN_IF_ERROR(r.Bool(m["qk_layernorm"], "model.qk_layernorm", &mc->qk_layernorm));
+  if (m["bias"]) KEEL_RETURN_IF_ERROR(r.Bool(m["bias"], "model.bias", &mc->bias));
+  if (m["ln_eps"]) KEEL_RETURN_IF_ERROR(r.Float(m["ln_eps"], "model.ln_eps", 1e-30, 1.0, &mc->ln_eps));
+  return Status::Ok();
+}
+
+Status ParseData(const Reader& r, const YAML::Node& d, DataConfig* dc) {
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(d, "data", {"train", "val", "val_batches", "eval_every"}));
+  if (d["train"]) KEEL_RETURN_IF_ERROR(r.String(d["train"], "data.train", &dc->train));
+  if (d["val"]) KEEL_RETURN_IF_ERROR(r.String(d["val"], "data.val", &dc->val));
+  if (d["val_batches"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(d["val_batches"], "data.val_batches", 1, 1 << 20, &dc->val_batches));
+  }
+  if (d["eval_every"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(d["eval_every"], "data.eval_every", 0, 1 << 30, &dc->eval_every));
+  }
+  return Status::Ok();
+}
+
+Status ParseOptimizer(const Reader& r, const YAML::Node& o, OptimizerConfig* oc) {
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(
+      o, "optimizer", {"type", "lr", "beta1", "beta2", "eps", "weight_decay", "grad_clip"}));
+  if (o["type"]) KEEL_RETURN_IF_ERROR(r.OneOf(o["type"], "optimizer.type", {"adam", "adamw"}, &oc->type));
+  if (o["lr"]) KEEL_RETURN_IF_ERROR(r.Float(o["lr"], "optimizer.lr", 0.0, 10.0, &oc->lr));
+  if (o["beta1"]) KEEL_RETURN_IF_ERROR(r.Float(o["beta1"], "optimizer.beta1", 0.0, 0.999999, &oc->beta1));
+  if (o["beta2"]) KEEL_RETURN_IF_ERROR(r.Float(o["beta2"], "optimizer.beta2", 0.0, 0.99999999, &oc->beta2));
+  if (o["eps"]) KEEL_RETURN_IF_ERROR(r.Float(o["eps"], "optimizer.eps", 0.0, 1.0, &oc->eps));
+  if (o["weight_decay"]) {
+    KEEL_RETURN_IF_ERROR(r.Float(o["weight_decay"], "optimizer.weight_decay", 0.0, 10.0, &oc->weight_decay));
+  }
+  if (o["grad_clip"]) KEEL_RETURN_IF_ERROR(r.Float(o["grad_clip"], "optimizer.grad_clip", 0.0, 1e30, &oc->grad_clip));
+  if (oc->type == "adam" && oc->weight_decay != 0.0f) {
+    return r.Error(o["weight_decay"], "optimizer.weight_decay",
+                   r.Text(o["weight_decay"]) + " needs optimizer.type adamw (adam has no weight decay)");
+  }
+  return Status::Ok();
+}
+
+Status ParseSchedule(const Reader& r, const YAML::Node& s, ScheduleConfig* sc) {
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(s, "schedule", {"type", "warmup_steps", "min_lr_ratio", "spike_at", "spike_steps",
+                                                  "spike_factor"}));
+  if (s["spike_at"]) KEEL_RETURN_IF_ERROR(r.Int(s["spike_at"], "schedule.spike_at", 0, 1 << 30, &sc->spike_at));
+  if (s["spike_steps"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(s["spike_steps"], "schedule.spike_steps", 1, 1 << 30, &sc->spike_steps));
+  }
+  if (s["spike_factor"]) {
+    KEEL_RETURN_IF_ERROR(r.Float(s["spike_factor"], "schedule.spike_factor", 1e-6, 1e6, &sc->spike_factor));
+  }
+  if (s["type"]) {
+    KEEL_RETURN_IF_ERROR(r.OneOf(s["type"], "schedule.type", {"constant", "cosine", "linear"}, &sc->type));
+  }
+  if (s["warmup_steps"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(s["warmup_steps"], "schedule.warmup_steps", 0, 1 << 30, &sc->warmup_steps));
+  }
+  if (s["min_lr_ratio"]) {
+    KEEL_RETURN_IF_ERROR(r.Float(s["min_lr_ratio"], "schedule.min_lr_ratio", 0.0, 1.0, &sc->min_lr_ratio));
+  }
+  return Status::Ok();
+}
+
+// The top-level scalars: steps, batch, seq, grad_accum, seed, backend, threads,
+// run_dir, checkpoint_every, keep_checkpoints, probe_every, operand_stats, log_every.
+Status ParseRunFields(const Reader& r, const YAML::Node& root, RunConfig* c) {
+  if (root["steps"]) KEEL_RETURN_IF_ERROR(r.Int(root["steps"], "steps", 1, int64_t(1) << 40, &c->steps));
+  if (root["batch"]) KEEL_RETURN_IF_ERROR(r.Int(root["batch"], "batch", 1, 1 << 24, &c->batch));
+  if (root["seq"]) KEEL_RETURN_IF_ERROR(r.Int(root["seq"], "seq", 0, 1 << 20, &c->seq));
+  if (root["grad_accum"]) KEEL_RETURN_IF_ERROR(r.Int(root["grad_accum"], "grad_accum", 1, 1 << 16, &c->grad_accum));
+  if (root["seed"]) {
+    int64_t seed;
+    KEEL_RETURN_IF_ERROR(r.Int(root["seed"], "seed", 0, INT64_MAX, &seed));
+    c->seed = static_cast<uint64_t>(seed);
+  }
+  if (root["backend"]) KEEL_RETURN_IF_ERROR(r.OneOf(root["backend"], "backend", {"cpu", "cuda"}, &c->backend));
+  if (root["threads"]) KEEL_RETURN_IF_ERROR(r.Int(root["threads"], "threads", 0, 1024, &c->threads));
+  if (root["run_dir"]) KEEL_RETURN_IF_ERROR(r.String(root["run_dir"], "run_dir", &c->run_dir));
+  if (root["checkpoint_every"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(root["checkpoint_every"], "checkpoint_every", 0, 1 << 30, &c->checkpoint_every));
+  }
+  if (root["keep_checkpoints"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(root["keep_checkpoints"], "keep_checkpoints", 0, 1 << 20, &c->keep_checkpoints));
+  }
+  if (root["probe_every"]) KEEL_RETURN_IF_ERROR(r.Int(root["probe_every"], "probe_every", 0, 1 << 30, &c->probe_every));
+  if (root["operand_stats"]) KEEL_RETURN_IF_ERROR(r.Bool(root["operand_stats"], "operand_stats", &c->operand_stats));
+  if (root["log_every"]) KEEL_RETURN_IF_ERROR(r.Int(root["log_every"], "log_every", 1, 1 << 30, &c->log_every));
+  return Status::Ok();
+}
+
+// The defaults that depend on other fields: run_dir, seq, padded_vocab, mlp_hidden.
+void ResolveDerivedFields(RunConfig* c) {
+  if (c->run_dir.empty()) c->run_dir = "runs/" + c->name;
+  if (c->seq == 0) c->seq = c->model.context;
+  if (c->model.padded_vocab == 0) c->model.padded_vocab = (c->model.vocab + 127) / 128 * 128;
+  if (c->model.mlp_hidden == 0) {
+    c->model.mlp_hidden = c->model.mlp == "gelu" ? 4 * c->model.width
+                                                 : (8 * c->model.width / 3 + 63) / 64 * 64;
+  }
+}
+
 Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
   RunConfig c;
   if (!root.IsMap()) return r.Error(root, "config", "expected a mapping at the top level");
@@ -534,108 +751,14 @@ Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
     std::string problem = NameProblem(c.name);
     if (!problem.empty()) return r.Error(root["name"], "name", problem);
   }
-  if (YAML::Node m = root["model"]) {
-    KEEL_RETURN_IF_ERROR(r.CheckKeys(m, "model",
-                                     {"type", "layers", "width", "heads", "context", "vocab",
-                                      "padded_vocab", "mlp", "mlp_hidden", "qk_layernorm", "bias",
-                                      "ln_eps"}));
-    ModelConfig& mc = c.model;
-    if (m["type"]) KEEL_RETURN_IF_ERROR(r.OneOf(m["type"], "model.type", {"proxy", "gpt"}, &mc.type));
-    if (m["layers"]) KEEL_RETURN_IF_ERROR(r.Int(m["layers"], "model.layers", 1, 1024, &mc.layers));
-    if (m["width"]) KEEL_RETURN_IF_ERROR(r.Int(m["width"], "model.width", 1, 1 << 16, &mc.width));
-    if (m["heads"]) KEEL_RETURN_IF_ERROR(r.Int(m["heads"], "model.heads", 1, 1024, &mc.heads));
-    if (m["context"]) KEEL_RETURN_IF_ERROR(r.Int(m["context"], "model.context", 1, 1 << 20, &mc.context));
-    if (m["vocab"]) KEEL_RETURN_IF_ERROR(r.Int(m["vocab"], "model.vocab", 2, 65536, &mc.vocab));
-    if (m["padded_vocab"]) {
-      KEEL_RETURN_IF_ERROR(r.Int(m["padded_vocab"], "model.padded_vocab", 0, 1 << 20, &mc.padded_vocab));
-    }
-    if (m["mlp"]) KEEL_RETURN_IF_ERROR(r.OneOf(m["mlp"], "model.mlp", {"gelu", "swiglu"}, &mc.mlp));
-    if (m["mlp_hidden"]) {
-      KEEL_RETURN_IF_ERROR(r.Int(m["mlp_hidden"], "model.mlp_hidden", 0, 1 << 20, &mc.mlp_hidden));
-    }
-    if (m["qk_layernorm"]) KEEL_RETURN_IF_ERROR(r.Bool(m["qk_layernorm"], "model.qk_layernorm", &mc.qk_layernorm));
-    if (m["bias"]) KEEL_RETURN_IF_ERROR(r.Bool(m["bias"], "model.bias", &mc.bias));
-    if (m["ln_eps"]) KEEL_RETURN_IF_ERROR(r.Float(m["ln_eps"], "model.ln_eps", 1e-30, 1.0, &mc.ln_eps));
-  }
-  if (YAML::Node d = root["data"]) {
-    KEEL_RETURN_IF_ERROR(r.CheckKeys(d, "data", {"train", "val", "val_batches", "eval_every"}));
-    if (d["train"]) KEEL_RETURN_IF_ERROR(r.String(d["train"], "data.train", &c.data.train));
-    if (d["val"]) KEEL_RETURN_IF_ERROR(r.String(d["val"], "data.val", &c.data.val));
-    if (d["val_batches"]) {
-      KEEL_RETURN_IF_ERROR(r.Int(d["val_batches"], "data.val_batches", 1, 1 << 20, &c.data.val_batches));
-    }
-    if (d["eval_every"]) {
-      KEEL_RETURN_IF_ERROR(r.Int(d["eval_every"], "data.eval_every", 0, 1 << 30, &c.data.eval_every));
-    }
-  }
+  if (YAML::Node m = root["model"]) KEEL_RETURN_IF_ERROR(ParseModel(r, m, &c.model));
+  if (YAML::Node d = root["data"]) KEEL_RETURN_IF_ERROR(ParseData(r, d, &c.data));
   if (root["precision"]) KEEL_RETURN_IF_ERROR(ParsePrecision(r, root["precision"], &c.precision));
-  if (YAML::Node o = root["optimizer"]) {
-    KEEL_RETURN_IF_ERROR(r.CheckKeys(
-        o, "optimizer", {"type", "lr", "beta1", "beta2", "eps", "weight_decay", "grad_clip"}));
-    OptimizerConfig& oc = c.optimizer;
-    if (o["type"]) KEEL_RETURN_IF_ERROR(r.OneOf(o["type"], "optimizer.type", {"adam", "adamw"}, &oc.type));
-    if (o["lr"]) KEEL_RETURN_IF_ERROR(r.Float(o["lr"], "optimizer.lr", 0.0, 10.0, &oc.lr));
-    if (o["beta1"]) KEEL_RETURN_IF_ERROR(r.Float(o["beta1"], "optimizer.beta1", 0.0, 0.999999, &oc.beta1));
-    if (o["beta2"]) KEEL_RETURN_IF_ERROR(r.Float(o["beta2"], "optimizer.beta2", 0.0, 0.99999999, &oc.beta2));
-    if (o["eps"]) KEEL_RETURN_IF_ERROR(r.Float(o["eps"], "optimizer.eps", 0.0, 1.0, &oc.eps));
-    if (o["weight_decay"]) {
-      KEEL_RETURN_IF_ERROR(r.Float(o["weight_decay"], "optimizer.weight_decay", 0.0, 10.0, &oc.weight_decay));
-    }
-    if (o["grad_clip"]) KEEL_RETURN_IF_ERROR(r.Float(o["grad_clip"], "optimizer.grad_clip", 0.0, 1e30, &oc.grad_clip));
-    if (oc.type == "adam" && oc.weight_decay != 0.0f) {
-      return r.Error(o["weight_decay"], "optimizer.weight_decay",
-                     r.Text(o["weight_decay"]) + " needs optimizer.type adamw (adam has no weight decay)");
-    }
-  }
-  if (YAML::Node s = root["schedule"]) {
-    KEEL_RETURN_IF_ERROR(r.CheckKeys(s, "schedule", {"type", "warmup_steps", "min_lr_ratio", "spike_at", "spike_steps",
-                                                    "spike_factor"}));
-    if (s["spike_at"]) KEEL_RETURN_IF_ERROR(r.Int(s["spike_at"], "schedule.spike_at", 0, 1 << 30, &c.schedule.spike_at));
-    if (s["spike_steps"]) {
-      KEEL_RETURN_IF_ERROR(r.Int(s["spike_steps"], "schedule.spike_steps", 1, 1 << 30, &c.schedule.spike_steps));
-    }
-    if (s["spike_factor"]) {
-      KEEL_RETURN_IF_ERROR(r.Float(s["spike_factor"], "schedule.spike_factor", 1e-6, 1e6, &c.schedule.spike_factor));
-    }
-    if (s["type"]) {
-      KEEL_RETURN_IF_ERROR(r.OneOf(s["type"], "schedule.type", {"constant", "cosine", "linear"}, &c.schedule.type));
-    }
-    if (s["warmup_steps"]) {
-      KEEL_RETURN_IF_ERROR(r.Int(s["warmup_steps"], "schedule.warmup_steps", 0, 1 << 30, &c.schedule.warmup_steps));
-    }
-    if (s["min_lr_ratio"]) {
-      KEEL_RETURN_IF_ERROR(r.Float(s["min_lr_ratio"], "schedule.min_lr_ratio", 0.0, 1.0, &c.schedule.min_lr_ratio));
-    }
-  }
-  if (root["steps"]) KEEL_RETURN_IF_ERROR(r.Int(root["steps"], "steps", 1, int64_t(1) << 40, &c.steps));
-  if (root["batch"]) KEEL_RETURN_IF_ERROR(r.Int(root["batch"], "batch", 1, 1 << 24, &c.batch));
-  if (root["seq"]) KEEL_RETURN_IF_ERROR(r.Int(root["seq"], "seq", 0, 1 << 20, &c.seq));
-  if (root["grad_accum"]) KEEL_RETURN_IF_ERROR(r.Int(root["grad_accum"], "grad_accum", 1, 1 << 16, &c.grad_accum));
-  if (root["seed"]) {
-    int64_t seed;
-    KEEL_RETURN_IF_ERROR(r.Int(root["seed"], "seed", 0, INT64_MAX, &seed));
-    c.seed = static_cast<uint64_t>(seed);
-  }
-  if (root["backend"]) KEEL_RETURN_IF_ERROR(r.OneOf(root["backend"], "backend", {"cpu", "cuda"}, &c.backend));
-  if (root["threads"]) KEEL_RETURN_IF_ERROR(r.Int(root["threads"], "threads", 0, 1024, &c.threads));
-  if (root["run_dir"]) KEEL_RETURN_IF_ERROR(r.String(root["run_dir"], "run_dir", &c.run_dir));
-  if (root["checkpoint_every"]) {
-    KEEL_RETURN_IF_ERROR(r.Int(root["checkpoint_every"], "checkpoint_every", 0, 1 << 30, &c.checkpoint_every));
-  }
-  if (root["keep_checkpoints"]) {
-    KEEL_RETURN_IF_ERROR(r.Int(root["keep_checkpoints"], "keep_checkpoints", 0, 1 << 20, &c.keep_checkpoints));
-  }
-  if (root["probe_every"]) KEEL_RETURN_IF_ERROR(r.Int(root["probe_every"], "probe_every", 0, 1 << 30, &c.probe_every));
-  if (root["operand_stats"]) KEEL_RETURN_IF_ERROR(r.Bool(root["operand_stats"], "operand_stats", &c.operand_stats));
-  if (root["log_every"]) KEEL_RETURN_IF_ERROR(r.Int(root["log_every"], "log_every", 1, 1 << 30, &c.log_every));
+  if (YAML::Node o = root["optimizer"]) KEEL_RETURN_IF_ERROR(ParseOptimizer(r, o, &c.optimizer));
+  if (YAML::Node s = root["schedule"]) KEEL_RETURN_IF_ERROR(ParseSchedule(r, s, &c.schedule));
+  KEEL_RETURN_IF_ERROR(ParseRunFields(r, root, &c));
   if (root["policy"]) KEEL_RETURN_IF_ERROR(ParsePolicy(r, root["policy"], &c.policy));
-  if (c.run_dir.empty()) c.run_dir = "runs/" + c.name;
-  if (c.seq == 0) c.seq = c.model.context;
-  if (c.model.padded_vocab == 0) c.model.padded_vocab = (c.model.vocab + 127) / 128 * 128;
-  if (c.model.mlp_hidden == 0) {
-    c.model.mlp_hidden = c.model.mlp == "gelu" ? 4 * c.model.width
-                                               : (8 * c.model.width / 3 + 63) / 64 * 64;
-  }
+  ResolveDerivedFields(&c);
   Status st = ValidateRunConfig(c);
   if (!st.ok()) return Status::InvalidArgument(r.Where(FieldNode(root, st.message())) + st.message());
   *out = c;
@@ -709,8 +832,10 @@ int64_t ModelParameterCount(const ModelConfig& m) {
   return SatAdd(total, SatMul(d, 1 + b));  // ln_f
 }
 
-Status ValidateRunConfig(const RunConfig& c) {
-  const ModelConfig& m = c.model;
+namespace {
+
+// The training state (kBytesPerParameter per parameter) fits kMaxTrainingStateBytes.
+Status CheckTrainingStateFits(const ModelConfig& m) {
   const int64_t params = ModelParameterCount(m);
   const int64_t state = SatMul(params, kBytesPerParameter);
   if (state > kMaxTrainingStateBytes) {
@@ -724,21 +849,35 @@ Status ValidateRunConfig(const RunConfig& c) {
                          std::to_string(kMaxTrainingStateBytes >> 30) + " GiB (allowed: at most " +
                          std::to_string(kMaxTrainingStateBytes / kBytesPerParameter) + " parameters)");
   }
-  if (m.type == "gpt") {
-    if (c.data.train.empty()) return Status::InvalidArgument("data.train: missing (gpt needs token shards)");
-    if (m.width % m.heads != 0) {
-      return Status::InvalidArgument("model.heads: " + std::to_string(m.heads) + " does not divide model.width " +
-                           std::to_string(m.width));
-    }
-    if (c.seq > m.context) {
-      return Status::InvalidArgument("seq: " + std::to_string(c.seq) + " is larger than model.context " +
-                           std::to_string(m.context));
-    }
-    if (m.padded_vocab < m.vocab) {
-      return Status::InvalidArgument("model.padded_vocab: " + std::to_string(m.padded_vocab) +
-                           " is smaller than model.vocab " + std::to_string(m.vocab));
-    }
+  return Status::Ok();
+}
+
+// A gpt's data and shapes: token shards, heads dividing the width, seq within
+// the context, a padded vocabulary no smaller than the vocabulary.
+Status CheckGptShapes(const RunConfig& c) {
+  const ModelConfig& m = c.model;
+  if (c.data.train.empty()) return Status::InvalidArgument("data.train: missing (gpt needs token shards)");
+  if (m.width % m.heads != 0) {
+    return Status::InvalidArgument("model.heads: " + std::to_string(m.heads) + " does not divide model.width " +
+                         std::to_string(m.width));
   }
+  if (c.seq > m.context) {
+    return Status::InvalidArgument("seq: " + std::to_string(c.seq) + " is larger than model.context " +
+                         std::to_string(m.context));
+  }
+  if (m.padded_vocab < m.vocab) {
+    return Status::InvalidArgument("model.padded_vocab: " + std::to_string(m.padded_vocab) +
+                         " is smaller than model.vocab " + std::to_string(m.vocab));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateRunConfig(const RunConfig& c) {
+  const ModelConfig& m = c.model;
+  KEEL_RETURN_IF_ERROR(CheckTrainingStateFits(m));
+  if (m.type == "gpt") KEEL_RETURN_IF_ERROR(CheckGptShapes(c));
   if (c.probe_every < 0) return Status::InvalidArgument("probe_every: must be >= 0");
   // RHT rotates 16-token chunks of the wgrad operands, so a micro-batch's rows
   // (tokens) must come in multiples of 16.

@@ -27,13 +27,26 @@ constexpr char kCheckpointFormat[] = "keel-checkpoint-1";
 
 uint64_t Mix(uint64_t a, uint64_t b) { return RoleSeed(a ^ (b * 0x9FB21C651E98DF25ull), Role::kWgradX); }
 
-double SafeRatio(double num, double den) { return den > 0 ? num / den : 0.0; }
-
 // Deletes one checkpoint directory (its two files, then the directory).
 void RemoveCheckpointDir(const std::string& dir) {
   std::remove((dir + "/model.safetensors").c_str());
   std::remove((dir + "/optimizer.safetensors").c_str());
   rmdir(dir.c_str());
+}
+
+// Renames a fully written checkpoint directory tmp_dir to final_dir, replacing
+// an older one of the same step. A directory without ".tmp" is always
+// complete: rename is the commit.
+Status CommitCheckpointDir(const std::string& tmp_dir, const std::string& final_dir) {
+  std::string old = final_dir + ".old";
+  if (access(final_dir.c_str(), F_OK) == 0) {
+    std::rename(final_dir.c_str(), old.c_str());
+  }
+  if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
+    return Status::Error("checkpoint: cannot rename '" + tmp_dir + "' to '" + final_dir + "'");
+  }
+  if (access(old.c_str(), F_OK) == 0) RemoveCheckpointDir(old);
+  return Status::Ok();
 }
 
 std::string FormatDuration(double seconds) {
@@ -66,63 +79,63 @@ Status Trainer::Create(const RunConfig& config, std::unique_ptr<Trainer>* out) {
   t->config_ = config;
   t->scheme_ = config.precision;
   KEEL_RETURN_IF_ERROR(MakeBackend(config.backend, config.threads, &t->backend_));
-  if (config.model.type == "gpt") {
-    Status opened = TokenLoader::Open(config.data.train, config.batch, config.seq, &t->train_loader_);
-    if (!opened.ok()) {
-      return Status::Error("data.train: " + opened.message() +
-                           " (make shards with `keel-train prepare-text IN.txt OUT_PREFIX`, "
-                           "scripts/prepare-fortunes for the examples, or llm.c's data scripts)");
-    }
-    if (t->train_loader_->max_token() >= config.model.vocab) {
-      return Status::Error("data.train: token id " + std::to_string(t->train_loader_->max_token()) +
-                           " is outside model.vocab " + std::to_string(config.model.vocab) +
-                           " (allowed: 0 .. vocab-1)");
-    }
-    if (!config.data.val.empty()) {
-      KEEL_RETURN_IF_ERROR(TokenLoader::Open(config.data.val, config.batch, config.seq, &t->val_loader_));
-    }
-  }
+  if (config.model.type == "gpt") KEEL_RETURN_IF_ERROR(t->OpenData());
   KEEL_RETURN_IF_ERROR(MakeModel(config, t->backend_.get(), &t->model_));
-  const size_t bytes = static_cast<size_t>(t->model_->param_count()) * sizeof(float);
-  for (float** p : {&t->grads_, &t->adam_m_, &t->adam_v_, &t->previous_}) {
-    void* mem = nullptr;
-    KEEL_RETURN_IF_ERROR(t->backend_->Alloc(bytes, &mem));
-    *p = static_cast<float*>(mem);
-  }
-  if (config.probe_every > 0) {
-    void* mem = nullptr;
-    KEEL_RETURN_IF_ERROR(t->backend_->Alloc(bytes, &mem));
-    t->probe_grads_ = static_cast<float*>(mem);
-  }
+  for (const ParamInfo& p : t->model_->param_info()) t->param_groups_.push_back(ParamGroup(p));
+  KEEL_RETURN_IF_ERROR(t->AllocateState());
   KEEL_RETURN_IF_ERROR(t->model_->Init(config.seed));
-  if (t->config_.policy.active()) {
-    // Rollbacks need snapshots: the policy's ring, kept on disk as checkpoints.
-    if (t->config_.policy.snapshot_every > 0) t->config_.checkpoint_every = t->config_.policy.snapshot_every;
-    if (t->config_.policy.snapshot_keep > 0) t->config_.keep_checkpoints = t->config_.policy.snapshot_keep;
-    t->detectors_.reset(new DetectorSet(t->config_.policy.detectors));
-    t->engine_.reset(new PolicyEngine(t->config_.policy));
-  }
+  if (t->config_.policy.active()) t->StartPolicy();
   *out = std::move(t);
   return Status::Ok();
 }
 
-double Trainer::LearningRate(int64_t step) const {
-  const ScheduleConfig& s = config_.schedule;
-  double lr = config_.optimizer.lr * lr_scale_;
-  if (s.spike_at > 0 && step + 1 >= s.spike_at && step + 1 < s.spike_at + s.spike_steps) lr *= s.spike_factor;
-  if (step < s.warmup_steps) return lr * static_cast<double>(step + 1) / s.warmup_steps;
-  if (s.type == "constant") return lr;
-  const double span = std::max<int64_t>(1, config_.steps - s.warmup_steps);
-  const double progress = std::min(1.0, static_cast<double>(step - s.warmup_steps) / span);
-  const double min_lr = lr * s.min_lr_ratio;
-  if (s.type == "cosine") return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
-  return lr - (lr - min_lr) * progress;  // linear
+// The token loaders of a gpt run (data.train, and data.val when given).
+Status Trainer::OpenData() {
+  const RunConfig& config = config_;
+  Status opened = TokenLoader::Open(config.data.train, config.batch, config.seq, &train_loader_);
+  if (!opened.ok()) {
+    return Status::Error("data.train: " + opened.message() +
+                         " (make shards with `keel-train prepare-text IN.txt OUT_PREFIX`, "
+                         "scripts/prepare-fortunes for the examples, or llm.c's data scripts)");
+  }
+  if (train_loader_->max_token() >= config.model.vocab) {
+    return Status::Error("data.train: token id " + std::to_string(train_loader_->max_token()) +
+                         " is outside model.vocab " + std::to_string(config.model.vocab) +
+                         " (allowed: 0 .. vocab-1)");
+  }
+  if (!config.data.val.empty()) {
+    KEEL_RETURN_IF_ERROR(TokenLoader::Open(config.data.val, config.batch, config.seq, &val_loader_));
+  }
+  return Status::Ok();
 }
 
-std::string Trainer::GroupOf(const ParamInfo& p) const {
-  if (p.block >= 0) return std::to_string(p.block);
-  if (p.name == "wte" || p.name == "wpe") return "embed";
-  return "final";
+// The optimizer's buffers beside the model's weights: gradients, Adam m and v,
+// the weights before an update, and the probe's gradients when it runs.
+Status Trainer::AllocateState() {
+  const size_t bytes = static_cast<size_t>(model_->param_count()) * sizeof(float);
+  for (float** p : {&grads_, &adam_m_, &adam_v_, &previous_}) {
+    void* mem = nullptr;
+    KEEL_RETURN_IF_ERROR(backend_->Alloc(bytes, &mem));
+    *p = static_cast<float*>(mem);
+  }
+  if (config_.probe_every > 0) {
+    void* mem = nullptr;
+    KEEL_RETURN_IF_ERROR(backend_->Alloc(bytes, &mem));
+    probe_grads_ = static_cast<float*>(mem);
+  }
+  return Status::Ok();
+}
+
+void Trainer::StartPolicy() {
+  // Rollbacks need snapshots: the policy's ring, kept on disk as checkpoints.
+  if (config_.policy.snapshot_every > 0) config_.checkpoint_every = config_.policy.snapshot_every;
+  if (config_.policy.snapshot_keep > 0) config_.keep_checkpoints = config_.policy.snapshot_keep;
+  detectors_.reset(new DetectorSet(config_.policy.detectors));
+  engine_.reset(new PolicyEngine(config_.policy));
+}
+
+double Trainer::LearningRate(int64_t step) const {
+  return ScheduledLearningRate(config_.schedule, config_.optimizer.lr * lr_scale_, config_.steps, step);
 }
 
 Status Trainer::SwitchScheme(const PrecisionScheme& scheme) {
@@ -138,22 +151,43 @@ Status Trainer::NextBatch(int micro, Batch* batch) {
   return Status::Ok();
 }
 
+// One optimizer step as its phases. Each fills its part of *m; the order is the
+// data flow (the detectors read the gradient's metrics before the update).
 Status Trainer::Step(StepMetrics* m) {
-  auto start = std::chrono::steady_clock::now();
-  Backend& b = *backend_;
-  const std::vector<ParamInfo>& params = model_->param_info();
-  const int64_t count = model_->param_count();
-  const bool stats = config_.operand_stats && scheme_.AnyQuantized();
-  const int slots = static_cast<int>(model_->linear_names().size());
-  const bool probe = config_.probe_every > 0 && (step_ + 1) % config_.probe_every == 0;
+  const auto start = std::chrono::steady_clock::now();
+  const bool probe = EveryNth(step_ + 1, config_.probe_every);
   *m = StepMetrics();
   m->step = step_ + 1;
   m->scheme = scheme_.name;
   m->lr = LearningRate(step_);
+  std::vector<Batch> batches;  // kept for the probe, which replays them
+  KEEL_RETURN_IF_ERROR(ForwardBackward(probe ? &batches : nullptr, m));
+  KEEL_RETURN_IF_ERROR(CollectOperandStats(m));
+  GroupSums weight_squares;  // before the update: the update ratio's denominator
+  KEEL_RETURN_IF_ERROR(MeasureGradients(m, &weight_squares));
+  if (probe) KEEL_RETURN_IF_ERROR(RunProbe(batches, m));
+  KEEL_RETURN_IF_ERROR(CollectLayerNormGains(m));
+  const bool skip_update = RunStabilityController(*m);
+  KEEL_RETURN_IF_ERROR(OptimizerStep(skip_update, m));
+  KEEL_RETURN_IF_ERROR(MeasureUpdate(weight_squares, m));
+  ++step_;
+  KEEL_RETURN_IF_ERROR(MaybeEvaluate(m));
+  KEEL_RETURN_IF_ERROR(backend_->Sync());
+  m->step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  m->tokens_per_s = SafeRatio(static_cast<double>(model_->items_per_batch()) * config_.grad_accum,
+                              m->step_seconds);
+  return Status::Ok();
+}
 
-  KEEL_RETURN_IF_ERROR(b.Fill(grads_, count, 0.0f));
-  if (stats) KEEL_RETURN_IF_ERROR(b.ResetOperandStats(slots));
-  std::vector<Batch> batches;
+bool Trainer::OperandStatsOn() const { return config_.operand_stats && scheme_.AnyQuantized(); }
+
+// The micro-batches' forward and backward passes: the mean gradient into grads_,
+// the mean loss into m->loss, and (when on) the operand counters. `kept`, when
+// not null, receives the batches.
+Status Trainer::ForwardBackward(std::vector<Batch>* kept, StepMetrics* m) {
+  const bool stats = OperandStatsOn();
+  KEEL_RETURN_IF_ERROR(backend_->Fill(grads_, model_->param_count(), 0.0f));
+  if (stats) KEEL_RETURN_IF_ERROR(backend_->ResetOperandStats(static_cast<int>(model_->linear_names().size())));
   double loss_sum = 0;
   for (int k = 0; k < config_.grad_accum; ++k) {
     Batch batch;
@@ -161,116 +195,105 @@ Status Trainer::Step(StepMetrics* m) {
     double loss = 0;
     const uint64_t quant_seed = Mix(config_.seed ^ 0x0A7Aull, static_cast<uint64_t>(step_) * config_.grad_accum + k);
     KEEL_RETURN_IF_ERROR(model_->ForwardBackward(batch, scheme_, quant_seed, 1.0f / config_.grad_accum,
-                                            stats, grads_, &loss));
+                                                 stats, grads_, &loss));
     loss_sum += loss;
-    if (probe) batches.push_back(std::move(batch));
+    if (kept) kept->push_back(std::move(batch));
   }
   m->loss = loss_sum / config_.grad_accum;
-  if (stats) {
-    std::vector<OperandStats> counters;
-    KEEL_RETURN_IF_ERROR(b.ReadOperandStats(&counters));
-    for (int s = 0; s < slots; ++s) {
-      for (int r = 0; r < kRoleCount; ++r) {
-        const OperandStats& c = counters[s * kRoleCount + r];
-        if (c.elements == 0) continue;  // fp32 roles record nothing
-        OperandMetric o;
-        o.linear = model_->linear_names()[s];
-        o.role = static_cast<Role>(r);
-        o.saturated = SafeRatio(static_cast<double>(c.saturated), static_cast<double>(c.elements));
-        o.nan_blocks = SafeRatio(static_cast<double>(c.nan_blocks), static_cast<double>(c.blocks));
-        m->operands.push_back(o);
-      }
-    }
-  }
+  return Status::Ok();
+}
 
-  // Norms of the gradient and of the weights before the update, per tensor.
+Status Trainer::CollectOperandStats(StepMetrics* m) {
+  if (!OperandStatsOn()) return Status::Ok();
+  std::vector<OperandStats> counters;
+  KEEL_RETURN_IF_ERROR(backend_->ReadOperandStats(&counters));
+  m->operands = OperandMetrics(counters, model_->linear_names());
+  return Status::Ok();
+}
+
+// Norms of the gradient, global and per group, and the weights' squares before
+// the update (for the update ratio), in one batched reduction.
+Status Trainer::MeasureGradients(StepMetrics* m, GroupSums* weight_squares) {
+  const std::vector<ParamInfo>& params = model_->param_info();
   std::vector<Span> spans;
   for (const ParamInfo& p : params) spans.push_back(Span{grads_ + p.offset, p.count});
   for (const ParamInfo& p : params) spans.push_back(Span{model_->params() + p.offset, p.count});
   std::vector<double> squares;
-  KEEL_RETURN_IF_ERROR(b.SumSquares(spans, &squares));
-  std::map<std::string, double> group_grad, group_weight;
-  std::vector<std::string> group_order;
-  double grad_sq = 0, weight_sq = 0;
-  for (size_t i = 0; i < params.size(); ++i) {
-    std::string g = GroupOf(params[i]);
-    if (!group_grad.count(g)) group_order.push_back(g);
-    group_grad[g] += squares[i];
-    group_weight[g] += squares[params.size() + i];
-    grad_sq += squares[i];
-    weight_sq += squares[params.size() + i];
-  }
-  m->grad_norm = std::sqrt(grad_sq);
-  for (const std::string& g : group_order) m->grad_norms.push_back({g, std::sqrt(group_grad[g])});
-
-  if (probe) KEEL_RETURN_IF_ERROR(RunProbe(batches, m));
-
-  // Layernorm gains (the ones this step used).
-  for (const ParamInfo& p : params) {
-    if (!p.ln_gamma) continue;
-    std::vector<float> gamma(p.count);
-    KEEL_RETURN_IF_ERROR(b.Download(gamma.data(), model_->params() + p.offset, p.count * sizeof(float)));
-    double sum = 0, sq = 0;
-    for (float g : gamma) sum += g;
-    double mean = sum / p.count;
-    for (float g : gamma) sq += (g - mean) * (g - mean);
-    m->ln_gamma.push_back({p.name, mean, std::sqrt(sq / p.count)});
-  }
-  // Stability: the detectors read this step's metrics before its update, so a
-  // rule can skip the update; its other actions run after the step (Train).
-  bool skip_update = false;
-  if (detectors_) {
-    std::vector<Firing> fired = detectors_->Observe(*m);
-    // Cooldowns count steps taken, not step numbers: a rollback moves the step
-    // number back, and the rule must still wait its cooldown.
-    for (PolicyEngine::Decision& d : engine_->Decide(++policy_steps_, fired)) {
-      for (const PolicyAction& a : d.rule->actions) skip_update |= a.kind == PolicyAction::Kind::kSkipStep;
-      pending_.push_back(std::move(d));
-    }
-  }
-
-  // Update: global-norm clipping folds into the gradient scale.
-  float grad_scale = 1.0f;
-  if (config_.optimizer.grad_clip > 0 && m->grad_norm > config_.optimizer.grad_clip) {
-    grad_scale = static_cast<float>(config_.optimizer.grad_clip / m->grad_norm);
-  }
-  KEEL_RETURN_IF_ERROR(b.CopyBytes(previous_, model_->params(), static_cast<size_t>(count) * sizeof(float)));
-  const OptimizerConfig& o = config_.optimizer;
-  m->skipped = skip_update;
-  for (const ParamInfo& p : params) {
-    if (skip_update) break;  // weights and Adam moments stay as they were
-    float wd = o.type == "adamw" && p.decay ? o.weight_decay : 0.0f;
-    KEEL_RETURN_IF_ERROR(b.AdamW(model_->params() + p.offset, grads_ + p.offset, adam_m_ + p.offset,
-                            adam_v_ + p.offset, p.count, static_cast<float>(m->lr), o.beta1, o.beta2,
-                            o.eps, wd, static_cast<int>(step_ + 1), grad_scale));
-  }
-  KEEL_RETURN_IF_ERROR(b.Axpy(-1.0f, model_->params(), previous_, count));
-  spans.clear();
-  for (const ParamInfo& p : params) spans.push_back(Span{previous_ + p.offset, p.count});
-  KEEL_RETURN_IF_ERROR(b.SumSquares(spans, &squares));
-  std::map<std::string, double> group_delta;
-  double delta_sq = 0;
-  for (size_t i = 0; i < params.size(); ++i) {
-    group_delta[GroupOf(params[i])] += squares[i];
-    delta_sq += squares[i];
-  }
-  m->update_ratio = SafeRatio(std::sqrt(delta_sq), std::sqrt(weight_sq));
-  for (const std::string& g : group_order) {
-    m->update_ratios.push_back({g, SafeRatio(std::sqrt(group_delta[g]), std::sqrt(group_weight[g]))});
-  }
-
-  ++step_;
-  if (val_loader_ && config_.data.eval_every > 0 && step_ % config_.data.eval_every == 0) {
-    KEEL_RETURN_IF_ERROR(Evaluate(&m->val_loss));
-    m->evaluated = true;
-  }
-  KEEL_RETURN_IF_ERROR(b.Sync());
-  m->step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  m->tokens_per_s = SafeRatio(static_cast<double>(model_->items_per_batch()) * config_.grad_accum,
-                              m->step_seconds);
+  KEEL_RETURN_IF_ERROR(backend_->SumSquares(spans, &squares));
+  const GroupSums grad_squares = SumByGroup(param_groups_, squares);
+  *weight_squares = SumByGroup(param_groups_, squares, params.size());
+  m->grad_norm = std::sqrt(grad_squares.total);
+  m->grad_norms = GroupNorms(grad_squares);
   return Status::Ok();
 }
 
+// The layernorm gains this step used (before its update).
+Status Trainer::CollectLayerNormGains(StepMetrics* m) {
+  for (const ParamInfo& p : model_->param_info()) {
+    if (!p.ln_gamma) continue;
+    std::vector<float> gamma(p.count);
+    KEEL_RETURN_IF_ERROR(backend_->Download(gamma.data(), model_->params() + p.offset, p.count * sizeof(float)));
+    m->ln_gamma.push_back(GainStats(p.name, gamma));
+  }
+  return Status::Ok();
+}
+
+// Stability: the detectors read this step's metrics before its update, so a
+// rule can skip the update; its other actions wait in pending_ and run after
+// the step (Train calls ApplyPolicy). Returns whether the update is skipped.
+bool Trainer::RunStabilityController(const StepMetrics& m) {
+  if (!detectors_) return false;
+  std::vector<Firing> fired = detectors_->Observe(m);
+  // Cooldowns count steps taken, not step numbers: a rollback moves the step
+  // number back, and the rule must still wait its cooldown.
+  std::vector<PolicyEngine::Decision> decisions = engine_->Decide(++policy_steps_, fired);
+  const bool skip_update = SkipsUpdate(decisions);
+  for (PolicyEngine::Decision& d : decisions) pending_.push_back(std::move(d));
+  return skip_update;
+}
+
+// Adam(W) on every tensor; global-norm clipping folds into the gradient scale.
+// previous_ keeps the weights before the update (for the update ratio).
+Status Trainer::OptimizerStep(bool skip_update, StepMetrics* m) {
+  Backend& b = *backend_;
+  const OptimizerConfig& o = config_.optimizer;
+  const float grad_scale = ClipScale(m->grad_norm, o.grad_clip);
+  KEEL_RETURN_IF_ERROR(b.CopyBytes(previous_, model_->params(),
+                                   static_cast<size_t>(model_->param_count()) * sizeof(float)));
+  m->skipped = skip_update;
+  if (skip_update) return Status::Ok();  // weights and Adam moments stay as they were
+  for (const ParamInfo& p : model_->param_info()) {
+    float wd = o.type == "adamw" && p.decay ? o.weight_decay : 0.0f;
+    KEEL_RETURN_IF_ERROR(b.AdamW(model_->params() + p.offset, grads_ + p.offset, adam_m_ + p.offset,
+                                 adam_v_ + p.offset, p.count, static_cast<float>(m->lr), o.beta1, o.beta2,
+                                 o.eps, wd, static_cast<int>(step_ + 1), grad_scale));
+  }
+  return Status::Ok();
+}
+
+// The update ratio |w_new - w_old| / |w_old|, global and per group.
+Status Trainer::MeasureUpdate(const GroupSums& weight_squares, StepMetrics* m) {
+  KEEL_RETURN_IF_ERROR(backend_->Axpy(-1.0f, model_->params(), previous_, model_->param_count()));
+  std::vector<Span> spans;  // previous_ now holds w_old - w_new
+  for (const ParamInfo& p : model_->param_info()) spans.push_back(Span{previous_ + p.offset, p.count});
+  std::vector<double> squares;
+  KEEL_RETURN_IF_ERROR(backend_->SumSquares(spans, &squares));
+  const GroupSums delta_squares = SumByGroup(param_groups_, squares);
+  m->update_ratio = SafeRatio(std::sqrt(delta_squares.total), std::sqrt(weight_squares.total));
+  m->update_ratios = GroupRatios(delta_squares, weight_squares);
+  return Status::Ok();
+}
+
+// The validation loss, every data.eval_every steps (after the update).
+Status Trainer::MaybeEvaluate(StepMetrics* m) {
+  if (!val_loader_ || !EveryNth(step_, config_.data.eval_every)) return Status::Ok();
+  KEEL_RETURN_IF_ERROR(Evaluate(&m->val_loss));
+  m->evaluated = true;
+  return Status::Ok();
+}
+
+// The gradient-bias probe: the same batches again with fp32 operands, compared
+// with the step's (quantized) gradient, overall and per group.
 Status Trainer::RunProbe(const std::vector<Batch>& batches, StepMetrics* m) {
   Backend& b = *backend_;
   PrecisionScheme fp32;
@@ -279,11 +302,10 @@ Status Trainer::RunProbe(const std::vector<Batch>& batches, StepMetrics* m) {
   for (size_t k = 0; k < batches.size(); ++k) {
     double loss = 0;
     KEEL_RETURN_IF_ERROR(model_->ForwardBackward(batches[k], fp32, 0, 1.0f / config_.grad_accum, false,
-                                            probe_grads_, &loss));
+                                                 probe_grads_, &loss));
   }
-  const std::vector<ParamInfo>& params = model_->param_info();
   std::vector<Span> gq, g;
-  for (const ParamInfo& p : params) {
+  for (const ParamInfo& p : model_->param_info()) {
     gq.push_back(Span{grads_ + p.offset, p.count});
     g.push_back(Span{probe_grads_ + p.offset, p.count});
   }
@@ -291,29 +313,14 @@ Status Trainer::RunProbe(const std::vector<Batch>& batches, StepMetrics* m) {
   KEEL_RETURN_IF_ERROR(b.Dots(gq, g, &cross));
   KEEL_RETURN_IF_ERROR(b.SumSquares(gq, &gq_sq));
   KEEL_RETURN_IF_ERROR(b.SumSquares(g, &g_sq));
-  auto values = [](double c, double qq, double gg) {
-    ProbeValues v;
-    v.cosine = SafeRatio(c, std::sqrt(qq) * std::sqrt(gg));
-    v.rel_error = SafeRatio(std::sqrt(std::max(0.0, qq - 2 * c + gg)), std::sqrt(gg));
-    v.zeta = SafeRatio(c - gg, gg);
-    return v;
-  };
-  std::map<std::string, double> gc, gqq, ggg;
-  std::vector<std::string> order;
-  double tc = 0, tq = 0, tg = 0;
-  for (size_t i = 0; i < params.size(); ++i) {
-    std::string name = GroupOf(params[i]);
-    if (!gc.count(name)) order.push_back(name);
-    gc[name] += cross[i];
-    gqq[name] += gq_sq[i];
-    ggg[name] += g_sq[i];
-    tc += cross[i];
-    tq += gq_sq[i];
-    tg += g_sq[i];
-  }
+  const GroupSums c = SumByGroup(param_groups_, cross);
+  const GroupSums qq = SumByGroup(param_groups_, gq_sq);
+  const GroupSums gg = SumByGroup(param_groups_, g_sq);
   m->probed = true;
-  m->probe = values(tc, tq, tg);
-  for (const std::string& name : order) m->probe_layers.push_back({name, values(gc[name], gqq[name], ggg[name])});
+  m->probe = ProbeValuesFrom(c.total, qq.total, gg.total);
+  for (const std::string& name : c.order) {
+    m->probe_layers.push_back({name, ProbeValuesFrom(c.by_group.at(name), qq.by_group.at(name), gg.by_group.at(name))});
+  }
   return Status::Ok();
 }
 
@@ -439,43 +446,45 @@ Status Trainer::ApplyPolicy() {
   decisions.swap(pending_);
   for (const PolicyEngine::Decision& d : decisions) {
     // The detector values behind the decision go into every event it causes.
-    std::vector<std::pair<std::string, std::string>> why = {{"rule", d.rule->name}};
-    std::string detectors, reasons;
-    for (const Firing& f : d.firings) {
-      detectors += (detectors.empty() ? "" : ",") + f.detector;
-      reasons += (reasons.empty() ? "" : "; ") + f.message;
-      for (const auto& v : f.values) why.push_back({f.detector + "." + v.first, JsonNumber(v.second)});
+    const DecisionEvidence evidence = EvidenceOf(d);
+    for (const PolicyAction& a : d.rule->actions) KEEL_RETURN_IF_ERROR(ApplyAction(a, evidence));
+  }
+  return Status::Ok();
+}
+
+// One action of a decision, and its event (skip_step's update was already
+// skipped in Step; this records it).
+Status Trainer::ApplyAction(const PolicyAction& a, const DecisionEvidence& evidence) {
+  const std::string& cause = evidence.cause;
+  auto details = evidence.details;
+  if (a.kind == PolicyAction::Kind::kSwitch) {
+    const std::string from = scheme_.name;
+    std::string target = a.scheme == "next" ? engine_->NextRung(from) : a.scheme;
+    if (target.empty() || target == from) {
+      details.push_back({"from", from});
+      return RecordEvent("switch_skipped", "no scheme above " + from + " on the ladder; " + cause, details);
     }
-    why.push_back({"detectors", detectors});
-    const std::string cause = "rule " + d.rule->name + " (" + reasons + ")";
-    for (const PolicyAction& a : d.rule->actions) {
-      auto details = why;
-      if (a.kind == PolicyAction::Kind::kSwitch) {
-        const std::string from = scheme_.name;
-        std::string target = a.scheme == "next" ? engine_->NextRung(from) : a.scheme;
-        if (target.empty() || target == from) {
-          details.push_back({"from", from});
-          KEEL_RETURN_IF_ERROR(RecordEvent("switch_skipped", "no scheme above " + from + " on the ladder; " + cause, details));
-          continue;
-        }
-        PrecisionScheme scheme;
-        KEEL_RETURN_IF_ERROR(SchemeFromPreset(target, &scheme));
-        KEEL_RETURN_IF_ERROR(SwitchAndRecord(scheme, ": " + cause, details));
-      } else if (a.kind == PolicyAction::Kind::kRollback) {
-        Status s = RollbackAndRecord(a.steps, ": " + cause, details);
-        if (!s.ok()) KEEL_RETURN_IF_ERROR(RecordEvent("rollback_failed", s.message() + "; " + cause, details));
-      } else if (a.kind == PolicyAction::Kind::kScaleLr) {
-        lr_scale_ *= a.factor;
-        details.push_back({"factor", JsonNumber(a.factor)});
-        details.push_back({"lr_scale", JsonNumber(lr_scale_)});
-        KEEL_RETURN_IF_ERROR(RecordEvent(event_kind::kScaleLr, "learning rate scaled by " + JsonNumber(a.factor) + ": " + cause, details));
-      } else if (a.kind == PolicyAction::Kind::kSkipStep) {
-        KEEL_RETURN_IF_ERROR(RecordEvent(event_kind::kSkipStep, "skipped the update of step " + std::to_string(step_) + ": " + cause, details));
-      } else if (a.kind == PolicyAction::Kind::kStop) {
-        diverged_ = true;
-        KEEL_RETURN_IF_ERROR(RecordEvent(event_kind::kStop, "stopped the run as diverged: " + cause, details));
-      }
-    }
+    PrecisionScheme scheme;
+    KEEL_RETURN_IF_ERROR(SchemeFromPreset(target, &scheme));
+    return SwitchAndRecord(scheme, ": " + cause, details);
+  }
+  if (a.kind == PolicyAction::Kind::kRollback) {
+    Status s = RollbackAndRecord(a.steps, ": " + cause, details);
+    if (!s.ok()) return RecordEvent("rollback_failed", s.message() + "; " + cause, details);
+    return Status::Ok();
+  }
+  if (a.kind == PolicyAction::Kind::kScaleLr) {
+    lr_scale_ *= a.factor;
+    details.push_back({"factor", JsonNumber(a.factor)});
+    details.push_back({"lr_scale", JsonNumber(lr_scale_)});
+    return RecordEvent(event_kind::kScaleLr, "learning rate scaled by " + JsonNumber(a.factor) + ": " + cause, details);
+  }
+  if (a.kind == PolicyAction::Kind::kSkipStep) {
+    return RecordEvent(event_kind::kSkipStep, "skipped the update of step " + std::to_string(step_) + ": " + cause, details);
+  }
+  if (a.kind == PolicyAction::Kind::kStop) {
+    diverged_ = true;
+    return RecordEvent(event_kind::kStop, "stopped the run as diverged: " + cause, details);
   }
   return Status::Ok();
 }
@@ -525,7 +534,7 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
                  backend_->Describe().c_str(), static_cast<long long>(model_->param_count()),
                  scheme_.name.c_str());
   }
-  auto start = std::chrono::steady_clock::now();
+  const auto start = std::chrono::steady_clock::now();
   const int64_t first = step_;
   while (step_ < config_.steps) {
     KEEL_RETURN_IF_ERROR(AwaitLease());
@@ -536,28 +545,46 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
     KEEL_RETURN_IF_ERROR(OpenMetricsFile());
     StepMetrics m;
     KEEL_RETURN_IF_ERROR(Step(&m));
-    m.unix_ms = UnixMs();
-    m.attempt = lease_attempt_;
-    std::string line = m.ToJson();
-    std::fprintf(metrics_file_, "%s\n", line.c_str());
-    std::fflush(metrics_file_);
+    WriteMetricsLine(&m);
     if (callback) callback(m);
-    if (progress && (step_ % config_.log_every == 0 || step_ == config_.steps)) {
-      double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      double eta = elapsed / static_cast<double>(step_ - first) * static_cast<double>(config_.steps - step_);
-      std::fprintf(stderr, "step %lld/%lld | loss %.6g | lr %.3g | %.0f %s/s | ETA %s%s\n",
-                   static_cast<long long>(step_), static_cast<long long>(config_.steps), m.loss, m.lr,
-                   m.tokens_per_s, config_.model.type == "gpt" ? "tok" : "samples",
-                   FormatDuration(eta).c_str(),
-                   m.evaluated ? (" | val " + std::to_string(m.val_loss)).c_str() : "");
-    }
+    if (progress && (EveryNth(step_, config_.log_every) || step_ == config_.steps)) PrintProgress(m, start, first);
     KEEL_RETURN_IF_ERROR(ApplyPolicy());
     if (stop_requested() || diverged_) break;
-    if (config_.checkpoint_every > 0 && step_ % config_.checkpoint_every == 0 && step_ < config_.steps) {
-      std::string dir;
-      KEEL_RETURN_IF_ERROR(SaveCheckpoint(&dir));
-    }
+    KEEL_RETURN_IF_ERROR(MaybeCheckpoint());
   }
+  return FinishTraining(progress);
+}
+
+void Trainer::WriteMetricsLine(StepMetrics* m) {
+  m->unix_ms = UnixMs();
+  m->attempt = lease_attempt_;
+  std::string line = m->ToJson();
+  std::fprintf(metrics_file_, "%s\n", line.c_str());
+  std::fflush(metrics_file_);
+}
+
+void Trainer::PrintProgress(const StepMetrics& m, std::chrono::steady_clock::time_point start,
+                            int64_t first) const {
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double eta = elapsed / static_cast<double>(step_ - first) * static_cast<double>(config_.steps - step_);
+  std::fprintf(stderr, "step %lld/%lld | loss %.6g | lr %.3g | %.0f %s/s | ETA %s%s\n",
+               static_cast<long long>(step_), static_cast<long long>(config_.steps), m.loss, m.lr,
+               m.tokens_per_s, config_.model.type == "gpt" ? "tok" : "samples",
+               FormatDuration(eta).c_str(),
+               m.evaluated ? (" | val " + std::to_string(m.val_loss)).c_str() : "");
+}
+
+// The periodic checkpoint, every checkpoint_every steps; the last step's is
+// FinishTraining's.
+Status Trainer::MaybeCheckpoint() {
+  if (!EveryNth(step_, config_.checkpoint_every) || step_ >= config_.steps) return Status::Ok();
+  std::string dir;
+  return SaveCheckpoint(&dir);
+}
+
+// After the loop: the final checkpoint (unless the lease lapsed) and the
+// closing progress line.
+Status Trainer::FinishTraining(bool progress) {
   std::string dir;
   if (lease_lapsed_) {
     // Stopped while another attempt may own the run: write nothing more.
@@ -588,6 +615,27 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
     optimizer_tensors.push_back(TensorRef{"m." + p.name, p.shape, m.data() + p.offset});
     optimizer_tensors.push_back(TensorRef{"v." + p.name, p.shape, v.data() + p.offset});
   }
+  std::map<std::string, std::string> meta = CheckpointMeta();
+  const std::string root = RunDir(config_.run_dir).checkpoints();
+  const std::string final_dir = root + "/" + CheckpointDirName(step_);
+  const std::string tmp_dir = final_dir + ".tmp";
+  KEEL_RETURN_IF_ERROR(MakeDirs(tmp_dir));
+  KEEL_RETURN_IF_ERROR(WriteSafetensors(tmp_dir + "/model.safetensors", model_tensors, {{"format", kCheckpointFormat}, {"step", meta["step"]}}));
+  KEEL_RETURN_IF_ERROR(WriteSafetensors(tmp_dir + "/optimizer.safetensors", optimizer_tensors, meta));
+  KEEL_RETURN_IF_ERROR(CommitCheckpointDir(tmp_dir, final_dir));
+  // Keep the newest keep_checkpoints.
+  if (config_.keep_checkpoints > 0) {
+    for (const std::string& name : CheckpointsToPrune(ListCheckpoints(root), step_, config_.keep_checkpoints)) {
+      RemoveCheckpointDir(root + "/" + name);
+    }
+  }
+  *out_dir = final_dir;
+  return Status::Ok();
+}
+
+// What optimizer.safetensors' metadata holds besides the tensors: format,
+// step, model, seed, scheme, lr_scale and the data position.
+std::map<std::string, std::string> Trainer::CheckpointMeta() const {
   std::map<std::string, std::string> meta;
   meta["format"] = kCheckpointFormat;
   meta["step"] = std::to_string(step_);
@@ -601,33 +649,7 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
     meta["data.offset"] = std::to_string(pos.offset);
     meta["data.epoch"] = std::to_string(pos.epoch);
   }
-  const std::string root = RunDir(config_.run_dir).checkpoints();
-  const std::string final_dir = root + "/" + CheckpointDirName(step_);
-  const std::string tmp_dir = final_dir + ".tmp";
-  KEEL_RETURN_IF_ERROR(MakeDirs(tmp_dir));
-  KEEL_RETURN_IF_ERROR(WriteSafetensors(tmp_dir + "/model.safetensors", model_tensors, {{"format", kCheckpointFormat}, {"step", meta["step"]}}));
-  KEEL_RETURN_IF_ERROR(WriteSafetensors(tmp_dir + "/optimizer.safetensors", optimizer_tensors, meta));
-  // A directory without ".tmp" is always complete: rename is the commit.
-  std::string old = final_dir + ".old";
-  if (access(final_dir.c_str(), F_OK) == 0) {
-    std::rename(final_dir.c_str(), old.c_str());
-  }
-  if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
-    return Status::Error("checkpoint: cannot rename '" + tmp_dir + "' to '" + final_dir + "'");
-  }
-  if (access(old.c_str(), F_OK) == 0) RemoveCheckpointDir(old);
-  // Keep the newest keep_checkpoints.
-  if (config_.keep_checkpoints > 0) {
-    std::vector<std::string> steps;
-    for (const auto& c : ListCheckpoints(root)) {
-      // The one just written always stays, even when the directory holds later
-      // steps (a run restarted from scratch into an old run directory).
-      if (c.first != step_) steps.push_back(c.second);
-    }
-    for (size_t i = 0; i + config_.keep_checkpoints < steps.size() + 1; ++i) RemoveCheckpointDir(root + "/" + steps[i]);
-  }
-  *out_dir = final_dir;
-  return Status::Ok();
+  return meta;
 }
 
 void Trainer::SetLease(const std::string& path, int64_t attempt) {
@@ -712,6 +734,15 @@ Status Trainer::ResumeNewestValid(const std::string& requested, std::string* res
   return Status::Error("no checkpoint verifies (" + why + ")");
 }
 
+// A checkpoint's contents, verified against this trainer's model (ReadCheckpoint).
+struct Trainer::LoadedCheckpoint {
+  std::vector<float> weights, m, v;  // flat, in param_info order
+  PrecisionScheme scheme;
+  int64_t step = 0;
+  double lr_scale = 1.0;
+  TokenLoader::Position position;
+};
+
 Status Trainer::Resume(const std::string& requested) {
   std::string dir = requested;
   if (requested == "latest") {
@@ -720,6 +751,24 @@ Status Trainer::Resume(const std::string& requested) {
     if (checkpoints.empty()) return Status::Error("no checkpoints under '" + root + "'");
     dir = root + "/" + checkpoints.back().second;
   }
+  // Everything is checked before anything is changed.
+  LoadedCheckpoint c;
+  KEEL_RETURN_IF_ERROR(ReadCheckpoint(dir, &c));
+  if (train_loader_) KEEL_RETURN_IF_ERROR(train_loader_->Seek(c.position));
+  const size_t bytes = c.weights.size() * sizeof(float);
+  KEEL_RETURN_IF_ERROR(backend_->Upload(model_->params(), c.weights.data(), bytes));
+  KEEL_RETURN_IF_ERROR(backend_->Upload(adam_m_, c.m.data(), bytes));
+  KEEL_RETURN_IF_ERROR(backend_->Upload(adam_v_, c.v.data(), bytes));
+  scheme_ = c.scheme;
+  step_ = c.step;
+  lr_scale_ = c.lr_scale;
+  if (detectors_) detectors_->Reset();  // the stream starts again from here
+  return Status::Ok();
+}
+
+// Reads and verifies a checkpoint directory (CRCs, format, matching steps,
+// model type, every tensor's presence and shape, the scheme); changes nothing.
+Status Trainer::ReadCheckpoint(const std::string& dir, LoadedCheckpoint* out) const {
   std::vector<Tensor> weights, optimizer;
   std::map<std::string, std::string> wmeta, meta;
   KEEL_RETURN_IF_ERROR(ReadSafetensors(dir + "/model.safetensors", &weights, &wmeta));
@@ -735,7 +784,21 @@ Status Trainer::Resume(const std::string& requested) {
     return Status::Error("checkpoint " + dir + ": holds a '" + meta["model"] + "' model, the config a '" +
                          config_.model.type + "'");
   }
-  // Everything is checked before anything is changed.
+  KEEL_RETURN_IF_ERROR(GatherCheckpointTensors(dir, weights, optimizer, out));
+  KEEL_RETURN_IF_ERROR(ParseSchemeYaml(meta["scheme"], &out->scheme));
+  out->step = std::atoll(meta["step"].c_str());
+  out->position.shard = std::atoll(meta["data.shard"].c_str());
+  out->position.offset = std::atoll(meta["data.offset"].c_str());
+  out->position.epoch = std::atoll(meta["data.epoch"].c_str());
+  out->lr_scale = meta.count("lr_scale") ? std::atof(meta["lr_scale"].c_str()) : 1.0;
+  return Status::Ok();
+}
+
+// The model's tensors and their Adam moments, by name, into flat buffers:
+// every one must be there with the model's shape, and nothing else in
+// model.safetensors.
+Status Trainer::GatherCheckpointTensors(const std::string& dir, const std::vector<Tensor>& weights,
+                                        const std::vector<Tensor>& optimizer, LoadedCheckpoint* out) const {
   const std::vector<ParamInfo>& params = model_->param_info();
   std::map<std::string, const Tensor*> by_name;
   for (const Tensor& t : weights) by_name[t.name] = &t;
@@ -758,23 +821,9 @@ Status Trainer::Resume(const std::string& requested) {
     return Status::Error("checkpoint " + dir + ": holds " + std::to_string(weights.size()) +
                          " tensors, the model has " + std::to_string(params.size()));
   }
-  PrecisionScheme scheme;
-  KEEL_RETURN_IF_ERROR(ParseSchemeYaml(meta["scheme"], &scheme));
-  int64_t step = std::atoll(meta["step"].c_str());
-  TokenLoader::Position pos;
-  if (train_loader_) {
-    pos.shard = std::atoll(meta["data.shard"].c_str());
-    pos.offset = std::atoll(meta["data.offset"].c_str());
-    pos.epoch = std::atoll(meta["data.epoch"].c_str());
-    KEEL_RETURN_IF_ERROR(train_loader_->Seek(pos));
-  }
-  KEEL_RETURN_IF_ERROR(backend_->Upload(model_->params(), w.data(), count * sizeof(float)));
-  KEEL_RETURN_IF_ERROR(backend_->Upload(adam_m_, m.data(), count * sizeof(float)));
-  KEEL_RETURN_IF_ERROR(backend_->Upload(adam_v_, v.data(), count * sizeof(float)));
-  scheme_ = scheme;
-  step_ = step;
-  lr_scale_ = meta.count("lr_scale") ? std::atof(meta["lr_scale"].c_str()) : 1.0;
-  if (detectors_) detectors_->Reset();  // the stream starts again from here
+  out->weights = std::move(w);
+  out->m = std::move(m);
+  out->v = std::move(v);
   return Status::Ok();
 }
 

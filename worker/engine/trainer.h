@@ -9,7 +9,9 @@
 #define KEEL_WORKER_ENGINE_TRAINER_H_
 
 #include <atomic>
+#include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "kernels/base/status.h"
 #include "worker/io/token_loader.h"
 #include "worker/engine/model.h"
+#include "worker/engine/step_phases.h"
 #include "worker/config/run_config.h"
 #include "worker/stability/detectors.h"
 #include "worker/stability/policy.h"
@@ -25,6 +28,8 @@
 #include "worker/run/step_metrics.h"
 
 namespace keel {
+
+struct Tensor;  // worker/io/safetensors.h
 
 using MetricsCallback = std::function<void(const StepMetrics&)>;
 
@@ -115,18 +120,46 @@ class Trainer {
 
  private:
   Trainer() = default;
+  // Create's parts.
+  Status OpenData();
+  Status AllocateState();
+  void StartPolicy();
   Status NextBatch(int micro, Batch* batch);
-  Status RunProbe(const std::vector<Batch>& batches, StepMetrics* metrics);
+  // Step's phases, in the order Step calls them; each fills its part of *m.
+  Status ForwardBackward(std::vector<Batch>* kept, StepMetrics* m);
+  Status CollectOperandStats(StepMetrics* m);
+  Status MeasureGradients(StepMetrics* m, GroupSums* weight_squares);
+  Status RunProbe(const std::vector<Batch>& batches, StepMetrics* m);
+  Status CollectLayerNormGains(StepMetrics* m);
+  bool RunStabilityController(const StepMetrics& m);
+  Status OptimizerStep(bool skip_update, StepMetrics* m);
+  Status MeasureUpdate(const GroupSums& weight_squares, StepMetrics* m);
+  Status MaybeEvaluate(StepMetrics* m);
+  bool OperandStatsOn() const;  // operand counters this step (config and a quantized scheme)
   Status Evaluate(double* loss);
   Status OpenMetricsFile();
+  // Train's parts: the metrics line (stamped with the time and attempt), the
+  // progress line, the periodic and the final checkpoint.
+  void WriteMetricsLine(StepMetrics* m);
+  void PrintProgress(const StepMetrics& m, std::chrono::steady_clock::time_point start, int64_t first) const;
+  Status MaybeCheckpoint();
+  Status FinishTraining(bool progress);
+  // One action of a policy decision (ApplyPolicy), with its event.
+  Status ApplyAction(const PolicyAction& action, const DecisionEvidence& evidence);
+  // Checkpoints: the metadata written, and reading one back verified.
+  std::map<std::string, std::string> CheckpointMeta() const;
+  struct LoadedCheckpoint;
+  Status ReadCheckpoint(const std::string& dir, LoadedCheckpoint* out) const;
+  Status GatherCheckpointTensors(const std::string& dir, const std::vector<Tensor>& weights,
+                                 const std::vector<Tensor>& optimizer, LoadedCheckpoint* out) const;
   // Ok when the next step may run (see SetLease); waits while the lease is expired.
   Status AwaitLease();
-  std::string GroupOf(const ParamInfo& p) const;
 
   RunConfig config_;
   PrecisionScheme scheme_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
+  std::vector<std::string> param_groups_;  // ParamGroup of each of model_'s parameters
   std::unique_ptr<TokenLoader> train_loader_;
   std::unique_ptr<TokenLoader> val_loader_;
   float* grads_ = nullptr;
