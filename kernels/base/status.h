@@ -45,6 +45,14 @@ class Status {
   static Status InvalidArgument(std::string message) {
     return Status(StatusCode::kInvalidArgument, std::move(message));
   }
+  // Bad input in one field: kInvalidArgument with the message "FIELD: WHAT",
+  // and field() names the field (a dotted config path such as "model.heads"),
+  // so that a caller can point at it without reading the message.
+  static Status InvalidField(std::string field, const std::string& what) {
+    Status s(StatusCode::kInvalidArgument, field + ": " + what);
+    s.field_ = std::move(field);
+    return s;
+  }
   static Status NotFound(std::string message) { return Status(StatusCode::kNotFound, std::move(message)); }
   static Status FailedPrecondition(std::string message) {
     return Status(StatusCode::kFailedPrecondition, std::move(message));
@@ -55,22 +63,28 @@ class Status {
   // The same failure with `prefix` in front of its message (context for the
   // caller's caller); OK stays OK.
   Status WithPrefix(const std::string& prefix) const {
-    return ok() ? *this : Status(code_, prefix + message_);
+    return ok() ? *this : Status(code_, prefix + message_, field_);
   }
 
   // The same failure with another message (a rewording); OK stays OK.
-  Status WithMessage(std::string message) const { return ok() ? *this : Status(code_, std::move(message)); }
+  Status WithMessage(std::string message) const {
+    return ok() ? *this : Status(code_, std::move(message), field_);
+  }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
+  // The field an InvalidField failure is about; empty for any other status.
+  const std::string& field() const { return field_; }
 
  private:
-  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {
+  Status(StatusCode code, std::string message, std::string field = std::string())
+      : code_(code), message_(std::move(message)), field_(std::move(field)) {
     if (code_ == StatusCode::kOk) code_ = StatusCode::kInternal;  // a failure is never OK
   }
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
+  std::string field_;
 };
 
 }  // namespace keel

@@ -35,5 +35,16 @@ TEST(StatusTest, TheCodeNotTheTextSaysWhatFailed) {
   EXPECT_STREQ(StatusCodeName(StatusCode::kInvalidArgument), "INVALID_ARGUMENT");
 }
 
+TEST(StatusTest, InvalidFieldNamesItsFieldThroughRewordings) {
+  Status s = Status::InvalidField("model.heads", "5 does not divide model.width 64");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "model.heads: 5 does not divide model.width 64");
+  EXPECT_EQ(s.field(), "model.heads");
+  EXPECT_EQ(s.WithPrefix("run.yaml:3:9: ").field(), "model.heads");
+  EXPECT_EQ(s.WithMessage("one line").field(), "model.heads");
+  EXPECT_EQ(Status::InvalidArgument("model.heads: 5").field(), "");
+  EXPECT_EQ(Status::Ok().field(), "");
+}
+
 }  // namespace
 }  // namespace keel

@@ -276,7 +276,7 @@ Status ParsePrecision(const Reader& r, const YAML::Node& node, PrecisionScheme* 
   PrecisionScheme s;
   if (node.IsScalar()) {
     Status st = SchemeFromPreset(node.Scalar(), &s);
-    if (!st.ok()) return r.Error(node, f, st.message().substr(st.message().find(':') + 2));
+    if (!st.ok()) return r.Error(node, f, "unknown value '" + node.Scalar() + "' (allowed: " + PresetNames() + ")");
     *out = s;
     return Status::Ok();
   }
@@ -602,13 +602,12 @@ Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
   return Status::Ok();
 }
 
-// The node of the field that a ValidateRunConfig message names ("model.heads:
-// ..." -> root.model.heads), or the nearest existing ancestor, or root.
-YAML::Node FieldNode(const YAML::Node& root, const std::string& message) {
-  const size_t colon = message.find(": ");
-  if (colon == std::string::npos) return root;
+// The node of the field a ValidateRunConfig failure names (Status::field():
+// "model.heads" -> root.model.heads), or its nearest existing ancestor, or root.
+YAML::Node FieldNode(const YAML::Node& root, const std::string& field) {
+  if (field.empty()) return root;
   std::vector<std::string> keys;
-  std::stringstream parts(message.substr(0, colon));
+  std::stringstream parts(field);
   for (std::string key; std::getline(parts, key, '.');) keys.push_back(key);
   YAML::Node node = root;
   for (const std::string& key : keys) {
@@ -760,7 +759,7 @@ Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
   if (root["policy"]) KEEL_RETURN_IF_ERROR(ParsePolicy(r, root["policy"], &c.policy));
   ResolveDerivedFields(&c);
   Status st = ValidateRunConfig(c);
-  if (!st.ok()) return Status::InvalidArgument(r.Where(FieldNode(root, st.message())) + st.message());
+  if (!st.ok()) return Status::InvalidArgument(r.Where(FieldNode(root, st.field())) + st.message());
   *out = c;
   return Status::Ok();
 }
@@ -841,7 +840,7 @@ Status CheckTrainingStateFits(const ModelConfig& m) {
   if (state > kMaxTrainingStateBytes) {
     char gib[32];
     std::snprintf(gib, sizeof(gib), "%.1f", static_cast<double>(state) / static_cast<double>(int64_t{1} << 30));
-    return Status::InvalidArgument("model.width: " + std::to_string(m.width) + " with model.layers " +
+    return Status::InvalidField("model.width", std::to_string(m.width) + " with model.layers " +
                          std::to_string(m.layers) + " (" + m.type + ") gives " + std::to_string(params) +
                          " parameters, a training state of " + gib + " GiB (" +
                          std::to_string(kBytesPerParameter) +
@@ -856,17 +855,17 @@ Status CheckTrainingStateFits(const ModelConfig& m) {
 // the context, a padded vocabulary no smaller than the vocabulary.
 Status CheckGptShapes(const RunConfig& c) {
   const ModelConfig& m = c.model;
-  if (c.data.train.empty()) return Status::InvalidArgument("data.train: missing (gpt needs token shards)");
+  if (c.data.train.empty()) return Status::InvalidField("data.train", "missing (gpt needs token shards)");
   if (m.width % m.heads != 0) {
-    return Status::InvalidArgument("model.heads: " + std::to_string(m.heads) + " does not divide model.width " +
+    return Status::InvalidField("model.heads", std::to_string(m.heads) + " does not divide model.width " +
                          std::to_string(m.width));
   }
   if (c.seq > m.context) {
-    return Status::InvalidArgument("seq: " + std::to_string(c.seq) + " is larger than model.context " +
+    return Status::InvalidField("seq", std::to_string(c.seq) + " is larger than model.context " +
                          std::to_string(m.context));
   }
   if (m.padded_vocab < m.vocab) {
-    return Status::InvalidArgument("model.padded_vocab: " + std::to_string(m.padded_vocab) +
+    return Status::InvalidField("model.padded_vocab", std::to_string(m.padded_vocab) +
                          " is smaller than model.vocab " + std::to_string(m.vocab));
   }
   return Status::Ok();
@@ -878,12 +877,12 @@ Status ValidateRunConfig(const RunConfig& c) {
   const ModelConfig& m = c.model;
   KEEL_RETURN_IF_ERROR(CheckTrainingStateFits(m));
   if (m.type == "gpt") KEEL_RETURN_IF_ERROR(CheckGptShapes(c));
-  if (c.probe_every < 0) return Status::InvalidArgument("probe_every: must be >= 0");
+  if (c.probe_every < 0) return Status::InvalidField("probe_every", "must be >= 0");
   // RHT rotates 16-token chunks of the wgrad operands, so a micro-batch's rows
   // (tokens) must come in multiples of 16.
   const int64_t rows = m.type == "gpt" ? static_cast<int64_t>(c.batch) * c.seq : c.batch;
   if (c.precision.roles[static_cast<int>(Role::kWgradX)].rht && rows % 16 != 0) {
-    return Status::InvalidArgument("batch: " + std::to_string(rows) + (m.type == "gpt" ? " tokens (batch x seq)" : " samples") +
+    return Status::InvalidField("batch", std::to_string(rows) + (m.type == "gpt" ? " tokens (batch x seq)" : " samples") +
                          " per micro-batch is not allowed with RHT on the wgrad operands (a multiple of 16)");
   }
   return ValidateScheme(c.precision);

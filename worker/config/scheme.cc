@@ -148,41 +148,40 @@ Status ValidateScheme(const PrecisionScheme& s) {
     std::string field = std::string("precision.") + RoleName(static_cast<Role>(r));
     if (!f.quantized()) continue;
     if (IsMx(f.format) && f.mx_block < 1) {
-      return Status::InvalidArgument(field + ": mx_block " + std::to_string(f.mx_block) +
+      return Status::InvalidField(field, "mx_block " + std::to_string(f.mx_block) +
                            " is not allowed (a block size >= 1)");
     }
     if (f.format == QuantFormat::kNvfp4 && f.rounding == Rounding::kNearestAway) {
-      return Status::InvalidArgument(field + ": rounding nearest_away is not allowed for nvfp4 (allowed: " +
-                           "nearest_even, stochastic)");
+      return Status::InvalidField(field, "rounding nearest_away is not allowed for nvfp4 (allowed: "
+                                         "nearest_even, stochastic)");
     }
     if (f.rht && f.format != QuantFormat::kNvfp4) {
-      return Status::InvalidArgument(field + ": rht is only allowed with nvfp4 (format is " +
+      return Status::InvalidField(field, "rht is only allowed with nvfp4 (format is " +
                            OperandFormatName(f) + ")");
     }
     if (f.tile_16x16 && f.format != QuantFormat::kNvfp4) {
-      return Status::InvalidArgument(field + ": 16x16 tiles are only allowed with nvfp4 (format is " +
+      return Status::InvalidField(field, "16x16 tiles are only allowed with nvfp4 (format is " +
                            OperandFormatName(f) + ")");
     }
     if (f.rht && r != static_cast<int>(Role::kWgradDy) && r != static_cast<int>(Role::kWgradX)) {
-      return Status::InvalidArgument(field + ": rht is only allowed on the wgrad roles (wgrad_dy, wgrad_x)");
+      return Status::InvalidField(field, "rht is only allowed on the wgrad roles (wgrad_dy, wgrad_x)");
     }
   }
   const OperandFormat& wdy = s.roles[static_cast<int>(Role::kWgradDy)];
   const OperandFormat& wx = s.roles[static_cast<int>(Role::kWgradX)];
   if (wdy.rht != wx.rht) {
-    return Status::InvalidArgument(
-        "precision: rht must be set on both wgrad_dy and wgrad_x or on neither (the rotation "
+    return Status::InvalidField("precision", "rht must be set on both wgrad_dy and wgrad_x or on neither (the rotation "
         "cancels only when both operands of dW = dY^T X are rotated)");
   }
   if (s.layernorm.rht || s.layernorm.tile_16x16) {
-    return Status::InvalidArgument("precision.layernorm: rht and 16x16 tiles are not allowed on layernorm");
+    return Status::InvalidField("precision.layernorm", "rht and 16x16 tiles are not allowed on layernorm");
   }
   if (s.bf16_first_blocks < 0) {
-    return Status::InvalidArgument("precision.bf16_first_blocks: " + std::to_string(s.bf16_first_blocks) +
+    return Status::InvalidField("precision.bf16_first_blocks", "" + std::to_string(s.bf16_first_blocks) +
                          " is not allowed (>= 0)");
   }
   if (s.bf16_last_blocks < 0) {
-    return Status::InvalidArgument("precision.bf16_last_blocks: " + std::to_string(s.bf16_last_blocks) +
+    return Status::InvalidField("precision.bf16_last_blocks", "" + std::to_string(s.bf16_last_blocks) +
                          " is not allowed (>= 0)");
   }
   return Status::Ok();
@@ -213,7 +212,7 @@ Status SchemeFromPreset(const std::string& name, PrecisionScheme* out) {
       return Status::Ok();
     }
   }
-  return Status::InvalidArgument("precision.preset: unknown value '" + name + "' (allowed: " +
+  return Status::InvalidField("precision.preset", "unknown value '" + name + "' (allowed: " +
                        PresetNames() + ")");
 }
 
@@ -224,7 +223,7 @@ Status ParseOperandFormat(const std::string& field, const std::string& text, Ope
   }
   QuantFormat format;
   if (!ParseQuantFormat(text, &format)) {
-    return Status::InvalidArgument(field + ": unknown format '" + text + "' (allowed: " +
+    return Status::InvalidField(field, "unknown format '" + text + "' (allowed: " +
                          OperandFormatNames() + ")");
   }
   *out = format == QuantFormat::kBf16 ? Bf16()
