@@ -14,8 +14,8 @@
 
 #include "kernels/philox.h"
 #include "worker/io/token_shard.h"
-#include "worker/run_config.h"
-#include "worker/trainer.h"
+#include "worker/config/run_config.h"
+#include "worker/engine/trainer.h"
 
 namespace keel {
 namespace {

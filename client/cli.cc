@@ -3,6 +3,7 @@
 #include "client/cli.h"
 
 #include <google/protobuf/util/json_util.h>
+#include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include <sstream>
 
 #include "client/format.h"
+#include "client/plot.h"
 #include "proto/channel.h"
 #include "proto/keel.grpc.pb.h"
 #include "proto/keel.pb.h"
@@ -34,6 +36,10 @@ constexpr const char* kDefaultServer = "127.0.0.1:7070";
 constexpr int kUnaryDeadlineSeconds = 5;
 // One page of GetMetrics (up to 2 MiB of points).
 constexpr int kMetricsDeadlineSeconds = 60;
+// One page of ListRuns, ListSweeps or ListEvents: small, but a keeld busy with
+// a large change (cancelling a 10,000-run sweep on a loaded host) can take
+// seconds to answer, and that is not unreachable.
+constexpr int kListPageDeadlineSeconds = 30;
 // Calls that change many runs at once (SubmitSweep, CancelSweep of a
 // 10,000-run sweep) are long but not stuck: a short deadline would report a
 // success as a timeout. $KEEL_LONG_DEADLINE_S overrides it (tests).
@@ -83,8 +89,8 @@ const std::vector<CommandSpec>& Commands() {
       {"runs",
        "keel runs [SWEEP] [--output json]",
        "list the runs of a sweep (or all runs)",
-       "Lists runs (ListRuns): id, sweep, state, step/steps, loss, precision,\n"
-       "restarts, worker, axes. Without SWEEP, all runs.\n"
+       "Lists runs (ListRuns): id, sweep, state, step/steps, loss (4 significant\n"
+       "digits), precision, restarts, worker, axes. Without SWEEP, all runs.\n"
        "  --output json   print the ListRunsResponse as JSON\n",
        {"--output"},
        {},
@@ -93,7 +99,8 @@ const std::vector<CommandSpec>& Commands() {
       {"show",
        "keel show RUN [--output json]",
        "show a run's details and recent events",
-       "Prints a run (GetRun) and its last 10 events (ListEvents).\n"
+       "Prints a run (GetRun; loss to 4 significant digits) and its last 10 events\n"
+       "(ListEvents).\n"
        "  --output json   print {\"run\": Run, \"events\": [Event, ...]} as JSON (all events)\n",
        {"--output"},
        {},
@@ -104,10 +111,10 @@ const std::vector<CommandSpec>& Commands() {
        "follow a sweep or run live until every run is terminal",
        "Streams updates (WatchSweep, or WatchRun when ID is not a sweep: keel asks\n"
        "GetSweep first) and shows one line per run: id, state, progress bar with\n"
-       "step/steps, loss, precision, restarts, interventions (switch_precision and\n"
-       "rollback events). On a terminal the table is redrawn in place; otherwise a\n"
-       "line is appended whenever a run changes state, precision, restarts or\n"
-       "interventions, or passes another 10% of its steps.\n"
+       "step/steps, loss (4 significant digits), precision, restarts, interventions\n"
+       "(switch_precision and rollback events). On a terminal the table is redrawn\n"
+       "in place; otherwise a line is appended whenever a run changes state,\n"
+       "precision, restarts or interventions, or passes another 10% of its steps.\n"
        "Ends when every run is SUCCEEDED, FAILED, CANCELLED or DIVERGED: exit 0 if\n"
        "all SUCCEEDED, else 1 (also 1 if keeld ends the stream before that).\n",
        {},
@@ -150,10 +157,19 @@ const std::vector<CommandSpec>& Commands() {
        "keel plot RUN|SWEEP -o FILE.svg",
        "plot loss vs step to an SVG file",
        "Writes a standalone SVG 1.1 file: loss against step on a log-scale y axis,\n"
-       "one line per run (legend: run id and axes), and a dashed vertical line with\n"
-       "a label at each switch_precision or rollback event. Points with loss <= 0\n"
-       "or not finite are skipped. Asks for at most 2000 points per run (keeld\n"
-       "downsamples). ID is tried as a sweep first (GetSweep), then as a run.\n"
+       "one line per run (a colour and dash pattern each). A loss above 3x the\n"
+       "highest starting loss (rounded up) is cut: the axis ends there and says so,\n"
+       "and a run that blows up leaves through the top. Each intervention (a\n"
+       "switch_precision or rollback, with the actions decided with it) is a dashed\n"
+       "vertical line at the step where it was decided (a rollback's from_step,\n"
+       "not the step it resumed from), numbered in a band above the chart and\n"
+       "listed under it. A precision switch puts a shape on the run's line where\n"
+       "the new scheme starts, one shape per scheme (key under the chart). Under\n"
+       "the chart: the legend, a row per run (id, state, axis values, precision\n"
+       "switches), side by side when rows are short, then the interventions; the\n"
+       "canvas grows to hold them. Points with loss <= 0 or not finite are skipped.\n"
+       "Asks for at most 2000 points per run (keeld downsamples). ID is tried as a\n"
+       "sweep first (GetSweep), then as a run.\n"
        "  -o FILE.svg   output file (required)\n",
        {"-o"},
        {},
@@ -227,10 +243,6 @@ std::string CommandHelp(const CommandSpec& c) {
 const std::vector<std::string> kGlobalValueFlags = {"--server", "--token", "--token-file", "--tls-ca",
                                                      "--tls-cert", "--tls-key"};
 
-bool Contains(const std::vector<std::string>& list, const std::string& value) {
-  return std::find(list.begin(), list.end(), value) != list.end();
-}
-
 struct Parsed {
   bool help = false;
   std::string command;
@@ -239,55 +251,62 @@ struct Parsed {
   std::map<std::string, std::string> flags;
 };
 
-// Empty on success, else the usage error's message.
+// CLI11 splits the line: global flags on the top app (a command passes the
+// ones it does not know up to it), one subcommand per command, positionals
+// counted by RunCli. Empty on success, else the usage error's message.
 std::string ParseArgs(const std::vector<std::string>& args, Parsed* parsed) {
-  bool only_positional = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (!only_positional && arg == "--") {
-      only_positional = true;
-      continue;
-    }
-    if (!only_positional && arg.size() > 1 && arg[0] == '-') {
-      std::string name = arg, value;
-      bool has_value = false;
-      size_t eq = arg.find('=');
-      if (arg.compare(0, 2, "--") == 0 && eq != std::string::npos) {
-        name = arg.substr(0, eq);
-        value = arg.substr(eq + 1);
-        has_value = true;
-      }
-      if (name == "--help" || name == "-h") {
-        parsed->help = true;
-        continue;
-      }
-      bool takes_value =
-          Contains(kGlobalValueFlags, name) || (parsed->spec != nullptr && Contains(parsed->spec->value_flags, name));
-      bool is_bool = parsed->spec != nullptr && Contains(parsed->spec->bool_flags, name);
-      if (takes_value) {
-        if (!has_value) {
-          if (i + 1 >= args.size()) return "flag " + name + " needs a value";
-          value = args[++i];
-        }
-        parsed->flags[name] = value;
-      } else if (is_bool) {
-        if (has_value) return "flag " + name + " takes no value";
-        parsed->flags[name] = "true";
-      } else if (parsed->spec == nullptr) {
-        return "unknown flag " + name + " (command flags go after the command)";
-      } else {
-        return "unknown flag " + name + " for `keel " + parsed->command + "`";
-      }
-      continue;
-    }
-    if (parsed->command.empty()) {
-      parsed->command = arg;
-      if (arg == "help") continue;
-      parsed->spec = FindCommand(arg);
-      if (parsed->spec == nullptr) return "unknown command \"" + arg + "\"";
-    } else {
-      parsed->positional.push_back(arg);
-    }
+  CLI::App app("keel");
+  app.set_help_flag();
+  app.add_flag("-h,--help", parsed->help);
+  app.allow_extras();  // an unknown command or flag, reported below in keel's words
+  std::map<std::string, std::string> values;
+  std::map<std::string, bool> set;
+  std::vector<std::pair<std::string, CLI::Option*>> options;
+  for (const std::string& name : kGlobalValueFlags) options.push_back({name, app.add_option(name, values[name])});
+  std::vector<CLI::App*> subcommands;
+  CLI::App* help = app.add_subcommand("help");
+  help->add_option("command", parsed->positional);
+  subcommands.push_back(help);
+  for (const CommandSpec& c : Commands()) {
+    CLI::App* sub = app.add_subcommand(c.name);
+    sub->fallthrough();
+    sub->add_option("args", parsed->positional);
+    for (const std::string& name : c.value_flags) options.push_back({name, sub->add_option(name, values[name])});
+    for (const std::string& name : c.bool_flags) sub->add_flag(name, set[name])->disable_flag_override();
+    subcommands.push_back(sub);
+  }
+  app.require_subcommand(0, 1);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 wants them reversed
+  std::string problem;
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ArgumentMismatch& e) {
+    // CLI11 says "--name: 1 required TEXT missing" or "name was given a
+    // disallowed flag override".
+    const std::string what = e.what();
+    const size_t colon = what.find(':');
+    problem = colon != std::string::npos ? "flag " + what.substr(0, colon) + " needs a value"
+                                         : "flag --" + what.substr(0, what.find(' ')) + " takes no value";
+  } catch (const CLI::ParseError& e) {
+    problem = e.what();
+  }
+  for (CLI::App* sub : subcommands) {
+    if (sub->parsed()) parsed->command = sub->get_name();
+  }
+  if (!parsed->command.empty() && parsed->command != "help") parsed->spec = FindCommand(parsed->command);
+  if (!problem.empty()) return problem;
+  for (const auto& [name, option] : options) {
+    if (option->count() > 0) parsed->flags[name] = values[name];
+  }
+  for (const auto& [name, given] : set) {
+    if (given) parsed->flags[name] = "true";
+  }
+  for (const std::string& extra : app.remaining(true)) {
+    if (extra == "--") continue;  // CLI11 keeps the end-of-flags mark among the extras
+    const bool flag = extra.size() > 1 && extra[0] == '-';
+    if (!flag && parsed->command.empty()) return "unknown command \"" + extra + "\"";
+    if (parsed->spec == nullptr) return "unknown flag " + extra + " (command flags go after the command)";
+    return "unknown " + std::string(flag ? "flag " : "argument ") + extra + " for `keel " + parsed->command + "`";
   }
   return "";
 }
@@ -438,19 +457,19 @@ grpc::Status AllPages(Client& client, Request request, int deadline_seconds, Rpc
 grpc::Status ListAllRuns(Client& client, const std::string& sweep_id, std::vector<v1::Run>* runs) {
   v1::ListRunsRequest request;
   request.set_sweep_id(sweep_id);
-  return AllPages<v1::ListRunsRequest, v1::ListRunsResponse>(client, request, kUnaryDeadlineSeconds,
+  return AllPages<v1::ListRunsRequest, v1::ListRunsResponse>(client, request, kListPageDeadlineSeconds,
                                                                &v1::KeelService::Stub::ListRuns,
                                                                [](v1::ListRunsResponse& r) { return r.mutable_runs(); }, runs);
 }
 
 grpc::Status ListAllSweeps(Client& client, std::vector<v1::Sweep>* sweeps) {
-  return AllPages<v1::ListSweepsRequest, v1::ListSweepsResponse>(client, v1::ListSweepsRequest(), kUnaryDeadlineSeconds,
+  return AllPages<v1::ListSweepsRequest, v1::ListSweepsResponse>(client, v1::ListSweepsRequest(), kListPageDeadlineSeconds,
                                                                    &v1::KeelService::Stub::ListSweeps,
                                                                    [](v1::ListSweepsResponse& r) { return r.mutable_sweeps(); }, sweeps);
 }
 
 grpc::Status ListAllEvents(Client& client, const v1::ListEventsRequest& request, std::vector<v1::Event>* events) {
-  return AllPages<v1::ListEventsRequest, v1::ListEventsResponse>(client, request, kUnaryDeadlineSeconds,
+  return AllPages<v1::ListEventsRequest, v1::ListEventsResponse>(client, request, kListPageDeadlineSeconds,
                                                                    &v1::KeelService::Stub::ListEvents,
                                                                    [](v1::ListEventsResponse& r) { return r.mutable_events(); }, events);
 }
@@ -512,8 +531,6 @@ std::string SweepStateName(v1::SweepState state) {
 }
 
 std::string StepText(const v1::Run& run) { return std::to_string(run.step()) + "/" + std::to_string(run.steps()); }
-
-std::string LossText(const v1::Run& run) { return run.step() > 0 || run.loss() != 0 ? FormatNumber(run.loss()) : "-"; }
 
 void SortRuns(std::vector<v1::Run>* runs) {
   std::stable_sort(runs->begin(), runs->end(), [](const v1::Run& a, const v1::Run& b) {
@@ -624,7 +641,7 @@ int CmdRuns(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
   std::vector<std::vector<std::string>> rows;
   for (const auto& run : runs) {
     std::string axes = AxesText(run.axes());
-    rows.push_back({run.id(), run.sweep_id(), StateName(run.state()), StepText(run), LossText(run),
+    rows.push_back({run.id(), run.sweep_id(), StateName(run.state()), StepText(run), RunLossText(run),
                     run.precision().empty() ? "-" : run.precision(), std::to_string(run.restarts()),
                     run.worker_id().empty() ? "-" : run.worker_id(), axes.empty() ? "-" : axes});
   }
@@ -658,7 +675,7 @@ int CmdShow(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
       {"sweep:", run.sweep_id()},
       {"state:", StateName(run.state())},
       {"step:", StepText(run)},
-      {"loss:", LossText(run)},
+      {"loss:", RunLossText(run)},
       {"precision:", run.precision().empty() ? "-" : run.precision()},
       {"restarts:", std::to_string(run.restarts()) + " (max " + std::to_string(run.max_restarts()) + ")"},
       {"worker:", run.worker_id().empty() ? "-" : run.worker_id()},
@@ -1050,11 +1067,11 @@ int CmdPlot(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
   grpc::Status status = ListAllEvents(client, events_request, &list);
   if (!status.ok()) return RpcError("ListEvents", status, client, err);
   std::string title = is_sweep ? "sweep " + id + (sweep.name().empty() ? "" : " (" + sweep.name() + ")") : "run " + id;
-  if (!WriteOutput(file->second, RenderLossSvg(title + ": loss vs step", series, list), err)) return kExitFailed;
-  int markers = 0;
-  for (const auto& e : list) markers += IsInterventionEvent(e) ? 1 : 0;
-  out << "wrote " << file->second << ": " << series.size() << (series.size() == 1 ? " run, " : " runs, ") << markers
-      << " interventions\n";
+  const LossPlot plot = LayOutLossPlot(title + ": loss vs step", series, list);
+  if (!WriteOutput(file->second, LossPlotSvg(plot), err)) return kExitFailed;
+  // Interventions as drawn: a rollback and the switch decided with it are one.
+  out << "wrote " << file->second << ": " << series.size() << (series.size() == 1 ? " run, " : " runs, ")
+      << plot.markers.size() << " interventions\n";
   return kExitOk;
 }
 

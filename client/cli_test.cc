@@ -30,6 +30,10 @@ constexpr char kToken[] = "good-token-0123456789";
 constexpr char kBadYamlMessage[] =
     "sweep.yaml:3: axes.precision: \"mxfp9\" is not a precision preset; allowed: bf16, mxfp8_e4m3, nvfp4";
 
+// Seventeen significant digits, as a double holds them: people see four.
+constexpr double kRunningLoss = 2.4567890123456789;
+constexpr double kFinalLoss = 1.4999999999999999;  // 1.5 to four digits
+
 v1::Run MakeRun(const std::string& id, const std::string& sweep, int index, v1::RunState state, const std::string& lr) {
   v1::Run run;
   run.set_id(id);
@@ -38,7 +42,7 @@ v1::Run MakeRun(const std::string& id, const std::string& sweep, int index, v1::
   run.set_state(state);
   run.set_step(state == v1::QUEUED ? 0 : 50);
   run.set_steps(100);
-  run.set_loss(state == v1::QUEUED ? 0 : 2.5);
+  run.set_loss(state == v1::QUEUED ? 0 : kRunningLoss);
   run.set_precision("bf16");
   (*run.mutable_axes())["optimizer.lr"] = lr;
   return run;
@@ -75,6 +79,8 @@ class FakeKeel final : public v1::KeelService::Service {
     intervention_.set_unix_ms(1700000000000);
     intervention_.set_kind("switch_precision");
     intervention_.set_message("bf16 after loss spike");
+    (*intervention_.mutable_details())["from"] = "mxfp8_e4m3";
+    (*intervention_.mutable_details())["precision"] = "bf16";
   }
 
   std::atomic<int> cancel_delay_ms{0};
@@ -241,7 +247,7 @@ class FakeKeel final : public v1::KeelService::Service {
   static void Finish(v1::Run* run, v1::RunState state) {
     run->set_state(state);
     run->set_step(100);
-    run->set_loss(1.5);
+    run->set_loss(kFinalLoss);
   }
   static void WriteRun(grpc::ServerWriter<v1::WatchUpdate>* writer, const v1::Run& run) {
     v1::WatchUpdate update;
@@ -349,9 +355,9 @@ TEST_F(CliTest, InvalidArgumentPrintsTheServerMessageVerbatim) {
 TEST_F(CliTest, RunsTableIsSortedAndAligned) {
   ASSERT_EQ(Keel({"runs", "sw-1"}), kExitOk) << err_;
   EXPECT_EQ(out_,
-            "ID  SWEEP  STATE    STEP    LOSS  PRECISION  RESTARTS  WORKER  AXES\n"
-            "r1  sw-1   RUNNING  50/100  2.5   bf16       0         -       optimizer.lr=6e-4\n"
-            "r2  sw-1   QUEUED   0/100   -     bf16       0         -       optimizer.lr=1e-3\n");
+            "ID  SWEEP  STATE    STEP    LOSS   PRECISION  RESTARTS  WORKER  AXES\n"
+            "r1  sw-1   RUNNING  50/100  2.457  bf16       0         -       optimizer.lr=6e-4\n"
+            "r2  sw-1   QUEUED   0/100   -      bf16       0         -       optimizer.lr=1e-3\n");
 }
 
 TEST_F(CliTest, ListingsAsJsonParseBack) {
@@ -362,6 +368,7 @@ TEST_F(CliTest, ListingsAsJsonParseBack) {
   EXPECT_EQ(runs.runs(1).id(), "r1");  // the server's order, unsorted
   EXPECT_EQ(runs.runs(1).axes().at("optimizer.lr"), "6e-4");
   EXPECT_EQ(runs.runs(0).state(), v1::QUEUED);
+  EXPECT_EQ(runs.runs(1).loss(), kRunningLoss);  // JSON keeps every digit: it reads back exactly
 
   ASSERT_EQ(Keel({"sweeps", "--output=json"}), kExitOk) << err_;
   v1::ListSweepsResponse sweeps;
@@ -395,6 +402,7 @@ TEST_F(CliTest, ShowPrintsDetailsAndRecentEvents) {
   ASSERT_EQ(Keel({"show", "r1"}), kExitOk) << err_;
   EXPECT_NE(out_.find("state:       RUNNING"), std::string::npos) << out_;
   EXPECT_NE(out_.find("axes:        optimizer.lr=6e-4"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("loss:        2.457\n"), std::string::npos) << out_;
   EXPECT_NE(out_.find("recent events (2 of 2):"), std::string::npos) << out_;
   EXPECT_NE(out_.find("switch_precision  bf16 after loss spike"), std::string::npos) << out_;
   EXPECT_EQ(Keel({"show", "nope"}), kExitNotFound);
@@ -445,7 +453,12 @@ TEST_F(CliTest, PlotWritesAnSvgWithOneLinePerRunAndMarkers) {
   size_t polylines = 0;
   for (size_t at = 0; (at = svg.find("<polyline", at)) != std::string::npos; ++at) ++polylines;
   EXPECT_EQ(polylines, 2u);
-  EXPECT_NE(svg.find("switch_precision r1: bf16 after loss spike"), std::string::npos);
+  // The intervention: its dashed line, its tag and its line in the list; the
+  // switch's shape on r1's line.
+  EXPECT_NE(svg.find("<g class=\"marker\" data-run=\"r1\" data-step=\"10\""), std::string::npos) << svg;
+  EXPECT_NE(svg.find(">r1 at step 10: switch mxfp8_e4m3 -&gt; bf16<"), std::string::npos) << svg;
+  EXPECT_NE(svg.find("<path class=\"switch\" data-run=\"r1\" data-step=\"10\" data-scheme=\"bf16\""),
+            std::string::npos);
   EXPECT_NE(svg.find("stroke-dasharray"), std::string::npos);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
   EXPECT_EQ(out_, "wrote " + path + ": 2 runs, 1 interventions\n");
@@ -458,8 +471,11 @@ TEST_F(CliTest, PlotWritesAnSvgWithOneLinePerRunAndMarkers) {
 TEST_F(CliTest, WatchExitsZeroWhenEveryRunSucceeded) {
   ASSERT_EQ(Keel({"watch", "sw-1"}), kExitOk) << err_;
   // Not a TTY: appended lines; the intervention counted once.
+  // The loss to four significant digits: 2.457 while running, 1.5 at the end.
+  EXPECT_NE(out_.find("r1  RUNNING  [##########..........] 50/100  2.457  bf16  0  1\n"), std::string::npos) << out_;
   EXPECT_NE(out_.find("r1  SUCCEEDED  [####################] 100/100  1.5  bf16  0  1\n"), std::string::npos) << out_;
   EXPECT_NE(out_.find("r2  SUCCEEDED  [####################] 100/100  1.5  bf16  0  0\n"), std::string::npos) << out_;
+  EXPECT_EQ(out_.find("2.45678"), std::string::npos) << out_;
   EXPECT_EQ(out_.find("\x1b["), std::string::npos);
   EXPECT_NE(out_.find("2 runs: SUCCEEDED=2"), std::string::npos);
 }
@@ -575,12 +591,38 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
   EXPECT_EQ(Keel({"sweeps", "--token", "a", "--token-file", "b"}, false), kExitUsage);
 }
 
+// The command line is split by CLI11; the messages are keel's own.
+TEST_F(CliTest, UsageErrorsSayWhatIsWrongInOneMessage) {
+  EXPECT_EQ(Keel({"frobnicate"}), kExitUsage);
+  EXPECT_EQ(err_, "keel: unknown command \"frobnicate\"\nrun `keel --help` for the commands\n");
+  EXPECT_EQ(Keel({"runs", "--bogus"}, false), kExitUsage);
+  EXPECT_EQ(err_, "keel: unknown flag --bogus for `keel runs`\nusage: keel runs [SWEEP] [--output json] (keel runs --help)\n");
+  EXPECT_EQ(Keel({"sweeps", "--server"}, false), kExitUsage);
+  EXPECT_EQ(err_, "keel: flag --server needs a value\nusage: keel sweeps [--output json] (keel sweeps --help)\n");
+  EXPECT_EQ(Keel({"submit", "x.yaml", "--watch=yes"}, false), kExitUsage);
+  EXPECT_EQ(err_, "keel: flag --watch takes no value\nusage: keel submit SWEEP.yaml [--watch] (keel submit --help)\n");
+  EXPECT_EQ(Keel({"show", "a", "b"}, false), kExitUsage);
+  EXPECT_EQ(err_, "keel: too many arguments\nusage: keel show RUN [--output json]\n");
+  // Global flags go before or after the command; `--` ends the flags.
+  std::string closed = "127.0.0.1:" + std::to_string(ClosedPort());
+  EXPECT_EQ(Keel({"--server", closed, "sweeps"}, false), kExitUnavailable);
+  EXPECT_NE(err_.find("could not reach keeld at " + closed), std::string::npos) << err_;
+  EXPECT_EQ(Keel({"show", "--server=" + closed, "--", "-r1"}, false), kExitUnavailable);
+  EXPECT_NE(err_.find("could not reach keeld at " + closed), std::string::npos) << err_;
+  EXPECT_EQ(Keel({"show", "--", "-r1", "--server", closed}, false), kExitUsage);
+  EXPECT_EQ(err_, "keel: too many arguments\nusage: keel show RUN [--output json]\n");
+}
+
 TEST_F(CliTest, HelpForTheToolAndEachCommand) {
   ASSERT_EQ(Keel({"--help"}, false), kExitOk);
   EXPECT_NE(out_.find("keel intervene RUN --precision NAME [--rollback-steps N] [--reason TEXT]"), std::string::npos);
   EXPECT_NE(out_.find("6  keeld rejected the input (INVALID_ARGUMENT"), std::string::npos);
   ASSERT_EQ(Keel({"watch", "--help"}, false), kExitOk);
   EXPECT_EQ(out_.rfind("Usage: keel watch SWEEP|RUN\n", 0), 0u) << out_;
+  ASSERT_EQ(Keel({"plot", "--help"}, false), kExitOk);
+  EXPECT_NE(out_.find("at the step where it was decided (a rollback's from_step,\nnot the step it resumed from)"),
+            std::string::npos)
+      << out_;
   ASSERT_EQ(Keel({"help", "export"}, false), kExitOk);
   EXPECT_EQ(out_.rfind("Usage: keel export SWEEP [--format csv|jsonl] [-o FILE]\n", 0), 0u) << out_;
 }

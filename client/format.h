@@ -1,7 +1,7 @@
-// Formatting for the keel CLI: aligned text tables, progress bars, the watch
-// table's lines, CSV/JSONL export of metric points and the loss-vs-step SVG plot.
-// Pure functions of proto messages; no RPCs here, so all of it is testable
-// without a server.
+// Formatting for the keel CLI: aligned text tables, progress bars, numbers for
+// people and for machines, the watch table's lines and CSV/JSONL export of
+// metric points (the loss plot is plot.h). Pure functions of proto messages; no
+// RPCs here, so all of it is testable without a server.
 #ifndef KEEL_CLIENT_FORMAT_H_
 #define KEEL_CLIENT_FORMAT_H_
 
@@ -23,9 +23,17 @@ std::string FormatTable(const std::vector<std::string>& header, const std::vecto
 // step/steps (clamped to [0, width]); steps <= 0 gives an empty bar.
 std::string ProgressBar(int64_t step, int64_t steps, int width);
 
-// A double as the shortest "%.*g" text that reads back to the same value
-// ("nan", "inf", "-inf" for non-finite values).
+// For machines (CSV, JSONL): a double as the shortest "%.*g" text that reads
+// back to the same value ("nan", "inf", "-inf" for non-finite values).
 std::string FormatNumber(double value);
+
+// For people (tables, watch, plot labels): four significant digits, trailing
+// zeros dropped. Fixed notation when the value rounded to four digits lies in
+// [0.001, 10^6), where the integer part is never cut (12345.6 -> "12346"),
+// else d.ddde<exponent> ("6e-4", "1.235e7", 999999 -> "1e6"); 0 -> "0",
+// non-finite -> "nan", "inf", "-inf". Every table, watch line and plot label
+// of the CLI prints its floating-point numbers through this one.
+std::string HumanNumber(double value);
 
 // The run state's short name ("RUNNING"); terminal states are SUCCEEDED,
 // FAILED, CANCELLED, DIVERGED.
@@ -61,19 +69,17 @@ std::string ExportCsv(const std::vector<RunSeries>& series);
 // as JSON numbers (non-finite ones as null), axis values as strings.
 std::string ExportJsonl(const std::vector<RunSeries>& series);
 
+// A run's latest loss for people (HumanNumber), "-" before its first point
+// (step 0 and loss 0): the LOSS cell of `keel runs`, `keel show` and watch.
+std::string RunLossText(const v1::Run& run);
+
 // The watch table's header and one run's cells: id, state, progress bar with
-// step/steps, loss, precision, restarts, interventions.
+// step/steps, loss (RunLossText), precision, restarts, interventions.
 std::vector<std::string> WatchHeader();
 std::vector<std::string> WatchRow(const v1::Run& run, int interventions);
 
-// Standalone SVG 1.1: loss vs step on a log-scale y axis, one <polyline> per
-// run (points whose loss is not finite and > 0 are skipped), a legend with run
-// id and axes, and each "switch_precision"/"rollback" event of `events` as a
-// vertical dashed line with a label. Never writes a NaN/inf coordinate.
-std::string RenderLossSvg(const std::string& title, const std::vector<RunSeries>& series,
-                          const std::vector<v1::Event>& events);
-
-// True for the event kinds that plot and watch count as interventions.
+// True for the event kinds that plot and watch count as interventions
+// (event_kind::ChangesTrajectory: switch_precision, rollback).
 bool IsInterventionEvent(const v1::Event& event);
 
 }  // namespace client

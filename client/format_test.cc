@@ -1,11 +1,11 @@
-// format.h: tables, progress bars, CSV/JSONL export and the SVG plot.
+// format.h: tables, progress bars, numbers, CSV/JSONL export and the watch row.
 #include "client/format.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
-#include <regex>
 #include <vector>
 
 namespace keel {
@@ -41,6 +41,70 @@ TEST(FormatNumberTest, ShortestRoundTrip) {
   EXPECT_EQ(FormatNumber(0.1 + 0.2), "0.30000000000000004");
   EXPECT_EQ(FormatNumber(std::nan("")), "nan");
   EXPECT_EQ(FormatNumber(-std::numeric_limits<double>::infinity()), "-inf");
+}
+
+TEST(HumanNumberTest, FourSignificantDigitsWithoutTrailingZeros) {
+  EXPECT_EQ(HumanNumber(2.3456789012345678), "2.346");
+  EXPECT_EQ(HumanNumber(0.1 + 0.2), "0.3");  // FormatNumber: 0.30000000000000004
+  EXPECT_EQ(HumanNumber(2.5), "2.5");
+  EXPECT_EQ(HumanNumber(2.0), "2");
+  EXPECT_EQ(HumanNumber(-2.3456789), "-2.346");
+  EXPECT_EQ(HumanNumber(0.00123456), "0.001235");
+  EXPECT_EQ(HumanNumber(0.001), "0.001");
+  EXPECT_EQ(HumanNumber(10.0 / 3.0), "3.333");
+  EXPECT_EQ(HumanNumber(123.456789), "123.5");
+}
+
+TEST(HumanNumberTest, RoundingCarriesIntoTheNextDecade) {
+  EXPECT_EQ(HumanNumber(9.99996), "10");
+  EXPECT_EQ(HumanNumber(0.00099996), "0.001");
+  EXPECT_EQ(HumanNumber(999999.7), "1e6");
+}
+
+TEST(HumanNumberTest, LargeIntegerPartsAreKeptBelowAMillion) {
+  EXPECT_EQ(HumanNumber(12345.678), "12346");
+  EXPECT_EQ(HumanNumber(999499.0), "999499");
+  EXPECT_EQ(HumanNumber(999999.0), "1e6");  // 1.000e6 to four digits
+  EXPECT_EQ(HumanNumber(1000000.0), "1e6");
+  EXPECT_EQ(HumanNumber(1234567.0), "1.235e6");
+}
+
+TEST(HumanNumberTest, TinyAndHugeInScientificNotation) {
+  EXPECT_EQ(HumanNumber(6e-4), "6e-4");
+  EXPECT_EQ(HumanNumber(0.000612345), "6.123e-4");
+  EXPECT_EQ(HumanNumber(-6.5e-9), "-6.5e-9");
+  EXPECT_EQ(HumanNumber(1e-300), "1e-300");
+  EXPECT_EQ(HumanNumber(std::numeric_limits<double>::denorm_min()), "4.941e-324");
+  EXPECT_EQ(HumanNumber(1.7976931348623157e308), "1.798e308");
+}
+
+TEST(HumanNumberTest, ZeroAndNonFinite) {
+  EXPECT_EQ(HumanNumber(0.0), "0");
+  EXPECT_EQ(HumanNumber(-0.0), "0");
+  EXPECT_EQ(HumanNumber(std::nan("")), "nan");
+  EXPECT_EQ(HumanNumber(std::numeric_limits<double>::infinity()), "inf");
+  EXPECT_EQ(HumanNumber(-std::numeric_limits<double>::infinity()), "-inf");
+}
+
+TEST(HumanNumberTest, NeverLongerThanElevenCharacters) {
+  // Whatever the magnitude, a table cell stays short: a sign, four digits, a
+  // point and an exponent of at most five characters ("-1.235e-310"), or a
+  // sign and at most six integer digits.
+  for (double magnitude = 1e-310; magnitude < 1e308; magnitude *= 7.3) {
+    for (double v : {magnitude, -magnitude, magnitude * 1.23456789}) {
+      EXPECT_LE(HumanNumber(v).size(), 11u) << v << " -> " << HumanNumber(v);
+    }
+  }
+}
+
+TEST(RunLossTextTest, DashBeforeTheFirstPointElseHumanNumber) {
+  v1::Run run;
+  EXPECT_EQ(RunLossText(run), "-");
+  run.set_step(1);
+  run.set_loss(3.14159265358979);
+  EXPECT_EQ(RunLossText(run), "3.142");
+  run.set_loss(std::nan(""));
+  EXPECT_EQ(RunLossText(run), "nan");
 }
 
 TEST(CsvFieldTest, QuotesOnlyWhenNeeded) {
@@ -82,6 +146,20 @@ std::vector<RunSeries> TwoRuns() {
   return {a, b};
 }
 
+TEST(ExportTest, MachineOutputsKeepFullPrecision) {
+  std::vector<RunSeries> series = TwoRuns();
+  const double loss = 2.4567890123456789;
+  series[0].points[0].set_loss(loss);
+  series[0].points[0].set_lr(0.1 + 0.2);
+  const std::string loss_text = FormatNumber(loss);
+  EXPECT_EQ(std::strtod(loss_text.c_str(), nullptr), loss);
+  EXPECT_GE(loss_text.size(), 16u);  // every digit the double needs, not HumanNumber's four
+  std::string csv = ExportCsv(series);
+  EXPECT_NE(csv.find(",0," + loss_text + ",0.30000000000000004,"), std::string::npos) << csv;
+  std::string jsonl = ExportJsonl(series);
+  EXPECT_NE(jsonl.find("\"loss\":" + loss_text + ",\"lr\":0.30000000000000004"), std::string::npos) << jsonl;
+}
+
 TEST(ExportTest, CsvHasFixedColumnsThenSortedAxes) {
   EXPECT_EQ(ExportCsv(TwoRuns()),
             "sweep_id,run_id,step,loss,lr,tokens_per_s,grad_norm,note,optimizer.lr\n"
@@ -106,7 +184,7 @@ TEST(WatchRowTest, HasEveryColumn) {
   run.set_state(v1::RUNNING);
   run.set_step(50);
   run.set_steps(100);
-  run.set_loss(2.5);
+  run.set_loss(2.4567890123456789);
   run.set_precision("mxfp8_e4m3");
   run.set_restarts(1);
   std::vector<std::string> row = WatchRow(run, 3);
@@ -114,7 +192,7 @@ TEST(WatchRowTest, HasEveryColumn) {
   EXPECT_EQ(row[0], "r1");
   EXPECT_EQ(row[1], "RUNNING");
   EXPECT_EQ(row[2], "[##########..........] 50/100");
-  EXPECT_EQ(row[3], "2.5");
+  EXPECT_EQ(row[3], "2.457");  // four significant digits, not seventeen
   EXPECT_EQ(row[4], "mxfp8_e4m3");
   EXPECT_EQ(row[5], "1");
   EXPECT_EQ(row[6], "3");
@@ -127,124 +205,6 @@ TEST(IsTerminalTest, TerminalStates) {
   EXPECT_TRUE(IsTerminal(v1::DIVERGED));
   EXPECT_FALSE(IsTerminal(v1::RUNNING));
   EXPECT_FALSE(IsTerminal(v1::QUEUED));
-}
-
-// A tiny XML well-formedness check: every tag closes in order, attributes are
-// quoted, and the root is one <svg> element. Returns "" or the problem.
-std::string CheckXml(const std::string& xml, std::map<std::string, int>* counts) {
-  std::vector<std::string> stack;
-  size_t i = 0;
-  bool root_seen = false;
-  while ((i = xml.find('<', i)) != std::string::npos) {
-    size_t end = xml.find('>', i);
-    if (end == std::string::npos) return "unterminated tag";
-    std::string tag = xml.substr(i + 1, end - i - 1);
-    i = end + 1;
-    if (tag.empty()) return "empty tag";
-    if (tag[0] == '?' || tag[0] == '!') continue;
-    if (tag[0] == '/') {
-      std::string name = tag.substr(1);
-      if (stack.empty() || stack.back() != name) return "mismatched </" + name + ">";
-      stack.pop_back();
-      continue;
-    }
-    bool self_closing = tag.back() == '/';
-    if (self_closing) tag.pop_back();
-    std::string name = tag.substr(0, tag.find_first_of(" \n\t"));
-    if (stack.empty()) {
-      if (root_seen) return "second root element <" + name + ">";
-      if (name != "svg") return "root is <" + name + ">";
-      root_seen = true;
-    }
-    // Attributes: name="value" pairs only.
-    std::string attrs = tag.substr(name.size());
-    static const std::regex kAttrs(R"((\s+[A-Za-z_:][-A-Za-z0-9_:.]*="[^"<]*")*\s*)");
-    if (!std::regex_match(attrs, kAttrs)) return "bad attributes in <" + name + ">";
-    (*counts)[name]++;
-    if (!self_closing) stack.push_back(name);
-  }
-  if (!stack.empty()) return "unclosed <" + stack.back() + ">";
-  if (!root_seen) return "no <svg>";
-  return "";
-}
-
-TEST(CheckXmlTest, CatchesBrokenDocuments) {
-  std::map<std::string, int> counts;
-  EXPECT_EQ(CheckXml("<svg><g></svg>", &counts), "mismatched </svg>");
-  EXPECT_EQ(CheckXml("<svg a=b/>", &counts), "bad attributes in <svg>");
-  EXPECT_EQ(CheckXml("<svg><g></g>", &counts), "unclosed <svg>");
-  EXPECT_EQ(CheckXml("<svg/><svg/>", &counts), "second root element <svg>");
-  EXPECT_EQ(CheckXml("<svg x=\"1\"><g/></svg>", &counts), "");
-}
-
-TEST(SvgTest, WellFormedWithOnePolylinePerRunLegendAndMarkers) {
-  std::vector<RunSeries> series = TwoRuns();
-  series[0].run.set_id("r1<&>");  // escaped in attributes and text
-  v1::Event rollback;
-  rollback.set_run_id("r1<&>");
-  rollback.set_step(7);
-  rollback.set_kind("rollback");
-  rollback.set_message("loss spike");
-  v1::Event switched = rollback;
-  switched.set_kind("switch_precision");
-  switched.set_message("to bf16");
-  v1::Event state = rollback;
-  state.set_kind("state");  // not a marker
-  std::string svg = RenderLossSvg("sweep s1", series, {rollback, switched, state});
-
-  std::map<std::string, int> counts;
-  ASSERT_EQ(CheckXml(svg, &counts), "") << svg;
-  EXPECT_NE(svg.find("<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\""), std::string::npos);
-  EXPECT_EQ(counts["polyline"], 2);
-  EXPECT_EQ(counts["svg"], 1);
-  // Two markers: dashed vertical lines with a label.
-  size_t dashed = 0;
-  for (size_t at = 0; (at = svg.find("stroke-dasharray", at)) != std::string::npos; ++at) ++dashed;
-  EXPECT_EQ(dashed, 2u);
-  EXPECT_NE(svg.find("rollback r1&lt;&amp;&gt;: loss spike"), std::string::npos);
-  EXPECT_NE(svg.find("switch_precision r1&lt;&amp;&gt;: to bf16"), std::string::npos);
-  // Legend: run id and axes.
-  EXPECT_NE(svg.find("r1&lt;&amp;&gt; note=x,y optimizer.lr=6e-4"), std::string::npos);
-  EXPECT_NE(svg.find(">r2 optimizer.lr=1e-3<"), std::string::npos);
-  EXPECT_EQ(svg.find("r1<&>"), std::string::npos);
-}
-
-TEST(SvgTest, LogScaleSkipsZeroNegativeAndNonFiniteLoss) {
-  RunSeries s;
-  s.run.set_id("r1");
-  double losses[] = {10.0, 0.0, std::nan(""), -1.0, std::numeric_limits<double>::infinity(), 0.1};
-  for (int i = 0; i < 6; ++i) {
-    v1::MetricPoint p;
-    p.set_step(i * 100);
-    p.set_loss(losses[i]);
-    s.points.push_back(p);
-  }
-  std::string svg = RenderLossSvg("t", {s}, {});
-  std::map<std::string, int> counts;
-  ASSERT_EQ(CheckXml(svg, &counts), "");
-  EXPECT_EQ(svg.find("nan"), std::string::npos);
-  EXPECT_EQ(svg.find("inf"), std::string::npos);
-  // Exactly the two good points remain on the polyline.
-  std::smatch match;
-  ASSERT_TRUE(std::regex_search(svg, match, std::regex("<polyline[^>]* points=\"([^\"]*)\"")));
-  std::string points = match[1];
-  EXPECT_EQ(std::count(points.begin(), points.end(), ','), 2) << points;
-  // loss 10 sits on the top gridline (1e1) and 0.1 on the bottom one (1e-1).
-  EXPECT_NE(svg.find(">1e1<"), std::string::npos);
-  EXPECT_NE(svg.find(">1e-1<"), std::string::npos);
-}
-
-TEST(SvgTest, NoPlottablePointsStillValid) {
-  RunSeries s;
-  s.run.set_id("r1");
-  v1::MetricPoint p;
-  p.set_loss(std::nan(""));
-  s.points.push_back(p);
-  std::string svg = RenderLossSvg("t", {s}, {});
-  std::map<std::string, int> counts;
-  ASSERT_EQ(CheckXml(svg, &counts), "");
-  EXPECT_EQ(counts["polyline"], 1);
-  EXPECT_EQ(svg.find("nan"), std::string::npos);
 }
 
 }  // namespace

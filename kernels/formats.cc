@@ -29,22 +29,6 @@ int ExactExponent(float x) {
 
 const ElemSpec& Spec(ElemFormat format) { return kSpecs[static_cast<int>(format)]; }
 
-bool ParseRounding(const std::string& text, Rounding* out) {
-  if (text == "nearest_even") { *out = Rounding::kNearestEven; return true; }
-  if (text == "nearest_away") { *out = Rounding::kNearestAway; return true; }
-  if (text == "stochastic") { *out = Rounding::kStochastic; return true; }
-  return false;
-}
-
-const char* RoundingName(Rounding rounding) {
-  switch (rounding) {
-    case Rounding::kNearestEven: return "nearest_even";
-    case Rounding::kNearestAway: return "nearest_away";
-    case Rounding::kStochastic: return "stochastic";
-  }
-  return "?";
-}
-
 float RoundQuanta(float n, Rounding rounding, float u) {
   float whole = std::floor(n);
   float fraction = n - whole;  // exact: n and whole share a binade or whole is 0

@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <string>
 
-namespace keel {
+#include "kernels/base/numeric_types.h"
 
-enum class ElemFormat { kE4M3, kE5M2, kE3M2, kE2M3, kE2M1 };
+namespace keel {
 
 struct ElemSpec {
   const char* name;    // "e4m3", ...
@@ -28,16 +28,7 @@ struct ElemSpec {
 
 const ElemSpec& Spec(ElemFormat format);
 
-// Rounding of a value to a grid point.
-//   kNearestEven: ties to even (what hardware conversions do)
-//   kNearestAway: ties away from zero (microxcaling's default "nearest")
-//   kStochastic:  round away from zero with probability equal to the fraction;
-//                 the caller supplies the uniform u in [0, 1)
-enum class Rounding { kNearestEven, kNearestAway, kStochastic };
-
-// Parses "nearest_even" | "nearest_away" | "stochastic".
-bool ParseRounding(const std::string& text, Rounding* out);
-const char* RoundingName(Rounding rounding);
+// ElemFormat and Rounding (with their names) are in kernels/base/numeric_types.h.
 
 // Rounds n >= 0 (a real number expressed in quanta) to an integer-valued float.
 // n must be exact (its fraction is exactly representable); u is used only by

@@ -24,26 +24,12 @@
 #include <string>
 #include <vector>
 
+#include "kernels/base/numeric_types.h"
 #include "kernels/formats.h"
 #include "kernels/quantize.h"
-#include "kernels/status.h"
+#include "kernels/base/status.h"
 
 namespace keel {
-
-// How one GEMM operand is rounded before the product (one role of a precision
-// scheme, NUMERICS.md section 4). kind == kFp32 leaves the operand untouched.
-struct OperandFormat {
-  enum class Kind { kFp32, kQuant };
-  Kind kind = Kind::kFp32;
-  QuantFormat format = QuantFormat::kBf16;   // when kind == kQuant
-  Rounding rounding = Rounding::kNearestEven;
-  int mx_block = 32;                         // MX formats
-  bool bump_exponent = false;                // MX: the paper's fix (section 2 item 8)
-  bool tile_16x16 = false;                   // NVFP4: one amax per 16x16 tile
-  bool rht = false;                          // NVFP4: random Hadamard transform first
-
-  bool quantized() const { return kind == Kind::kQuant; }
-};
 
 // Counters of one quantized operand, summed over the calls since the last reset.
 // saturated (clipped): elements whose code has the format's largest magnitude
@@ -59,27 +45,6 @@ struct OperandStats {
   int64_t blocks = 0;
   int64_t nan_blocks = 0;
 };
-
-// The six operand roles of a quantized linear layer, in this order everywhere
-// (metrics labels use these names).
-enum class Role { kFwdX, kFwdW, kDgradDy, kDgradW, kWgradDy, kWgradX };
-constexpr int kRoleCount = 6;
-const char* RoleName(Role role);  // "fwd_x", "fwd_w", "dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x"
-
-// Formats of one linear layer's six roles plus what the kernels need to draw
-// stochastic-rounding bits and to record statistics.
-struct LinearQuant {
-  OperandFormat role[kRoleCount];
-  // Stochastic rounding of role r in this call uses seed Mix(seed, r): the model
-  // passes a seed unique to (run seed, step, micro-step, layer, pass).
-  uint64_t seed = 0;
-  // Statistics slot (0 .. stats_slots-1 of ResetOperandStats) whose six role
-  // counters this call adds to; -1 records nothing.
-  int stats_slot = -1;
-};
-
-// The per-role seed the kernels use: a fixed 64-bit mix of (seed, role).
-uint64_t RoleSeed(uint64_t seed, Role role);
 
 // A span of backend floats, for the batched reductions.
 struct Span {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/status.h"
+#include "kernels/base/status.h"
 
 namespace keel {
 namespace cpu_internal {

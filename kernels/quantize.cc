@@ -15,19 +15,6 @@ namespace {
 
 constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
 
-struct FormatName {
-  QuantFormat format;
-  const char* name;
-};
-
-const FormatName kFormatNames[] = {
-    {QuantFormat::kMxfp8E4M3, "mxfp8_e4m3"}, {QuantFormat::kMxfp8E5M2, "mxfp8_e5m2"},
-    {QuantFormat::kMxfp6E3M2, "mxfp6_e3m2"}, {QuantFormat::kMxfp6E2M3, "mxfp6_e2m3"},
-    {QuantFormat::kMxfp4, "mxfp4"},          {QuantFormat::kNvfp4, "nvfp4"},
-    {QuantFormat::kFp8E4M3, "fp8_e4m3"},     {QuantFormat::kFp8E5M2, "fp8_e5m2"},
-    {QuantFormat::kBf16, "bf16"},
-};
-
 // A matrix seen as `lines` lines of `length` elements along the quantization
 // axis: axis 1 walks rows, axis 0 walks columns.
 struct AxisView {
@@ -80,50 +67,6 @@ Status CheckAxis(int axis) {
 }
 
 }  // namespace
-
-bool ParseQuantFormat(const std::string& text, QuantFormat* out) {
-  for (const FormatName& entry : kFormatNames) {
-    if (text == entry.name) {
-      *out = entry.format;
-      return true;
-    }
-  }
-  return false;
-}
-
-const char* QuantFormatName(QuantFormat format) {
-  for (const FormatName& entry : kFormatNames) {
-    if (entry.format == format) return entry.name;
-  }
-  return "?";
-}
-
-std::string QuantFormatNames() {
-  std::string names;
-  for (const FormatName& entry : kFormatNames) {
-    if (!names.empty()) names += ", ";
-    names += entry.name;
-  }
-  return names;
-}
-
-bool IsMx(QuantFormat format) {
-  return format == QuantFormat::kMxfp8E4M3 || format == QuantFormat::kMxfp8E5M2 ||
-         format == QuantFormat::kMxfp6E3M2 || format == QuantFormat::kMxfp6E2M3 ||
-         format == QuantFormat::kMxfp4;
-}
-
-ElemFormat ElementOf(QuantFormat format) {
-  switch (format) {
-    case QuantFormat::kMxfp8E4M3: case QuantFormat::kFp8E4M3: return ElemFormat::kE4M3;
-    case QuantFormat::kMxfp8E5M2: case QuantFormat::kFp8E5M2: return ElemFormat::kE5M2;
-    case QuantFormat::kMxfp6E3M2: return ElemFormat::kE3M2;
-    case QuantFormat::kMxfp6E2M3: return ElemFormat::kE2M3;
-    case QuantFormat::kMxfp4: case QuantFormat::kNvfp4: return ElemFormat::kE2M1;
-    case QuantFormat::kBf16: break;
-  }
-  return ElemFormat::kE4M3;  // BF16 has no element format; callers check first
-}
 
 int64_t MxScaleCount(int64_t rows, int64_t cols, int block, int axis) {
   AxisView view{rows, cols, axis};

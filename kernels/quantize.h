@@ -24,24 +24,13 @@
 #include <string>
 #include <vector>
 
+#include "kernels/base/numeric_types.h"
 #include "kernels/formats.h"
-#include "kernels/status.h"
+#include "kernels/base/status.h"
 
 namespace keel {
 
-// The quantization formats keel-quant and precision schemes name.
-enum class QuantFormat {
-  kMxfp8E4M3, kMxfp8E5M2, kMxfp6E3M2, kMxfp6E2M3, kMxfp4, kNvfp4, kFp8E4M3, kFp8E5M2, kBf16,
-};
-
-// "mxfp8_e4m3" ... "bf16". Returns false for an unknown name.
-bool ParseQuantFormat(const std::string& text, QuantFormat* out);
-const char* QuantFormatName(QuantFormat format);
-// Comma-separated list of every accepted name, for error messages and --help.
-std::string QuantFormatNames();
-bool IsMx(QuantFormat format);
-// The element format of an MX or per-tensor FP8 format (E2M1 for nvfp4).
-ElemFormat ElementOf(QuantFormat format);
+// QuantFormat and its names are in kernels/base/numeric_types.h.
 
 struct MxOptions {
   ElemFormat elem = ElemFormat::kE4M3;

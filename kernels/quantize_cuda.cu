@@ -1307,7 +1307,7 @@ Status CudaError(cudaError_t error, const char* call, const char* file, int line
       return CudaError(keel_cuda_error_, #call, __FILE__, __LINE__);           \
   } while (0)
 
-// KEEL_RETURN_IF_ERROR comes from kernels/status.h.
+// KEEL_RETURN_IF_ERROR comes from kernels/base/status.h.
 
 // Resident CTAs per SM for each kernel, per device (cudaOccupancy... is cheap but
 // not free, and launchers run every training step).

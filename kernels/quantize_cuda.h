@@ -25,7 +25,7 @@
 
 #include "kernels/formats.h"
 #include "kernels/quantize.h"
-#include "kernels/status.h"
+#include "kernels/base/status.h"
 
 namespace keel {
 

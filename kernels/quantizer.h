@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "kernels/quantize.h"
-#include "kernels/status.h"
+#include "kernels/base/status.h"
 
 namespace keel {
 

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "kernels/status.h"
+#include "kernels/base/status.h"
 
 namespace keel {
 

@@ -1,11 +1,11 @@
-// The one mapping from Keel's Status codes (kernels/status.h) to gRPC status
+// The one mapping from Keel's Status codes (kernels/base/status.h) to gRPC status
 // codes, for keeld's services.
 #ifndef KEEL_PROTO_STATUS_GRPC_H_
 #define KEEL_PROTO_STATUS_GRPC_H_
 
 #include <grpcpp/grpcpp.h>
 
-#include "kernels/status.h"
+#include "kernels/base/status.h"
 
 namespace keel {
 

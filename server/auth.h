@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.h"
+#include "kernels/base/status.h"
 
 namespace keel {
 

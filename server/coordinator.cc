@@ -11,9 +11,10 @@
 #include "proto/event_kinds.h"
 #include "proto/status_grpc.h"
 #include "server/scheduler.h"
-#include "worker/run_config.h"
-#include "worker/scheme.h"
-#include "worker/step_metrics.h"
+#include "worker/config/run_config.h"
+#include "worker/config/scheme.h"
+#include "worker/run/step_metrics.h"
+#include "worker/run/trainer_exit.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -25,23 +26,6 @@ bool Terminal(v1::RunState s) {
 }
 
 bool Active(v1::RunState s) { return s == v1::ASSIGNED || s == v1::RUNNING; }
-
-// keel-train's exit statuses: its stability policy stopped it as diverged; a
-// usage or configuration error (no restart can fix it).
-constexpr int kTrainerDiverged = 3;
-constexpr int kTrainerConfigError = 2;
-
-const char* BodyKind(const v1::WorkerMessage& m) {
-  switch (m.body_case()) {
-    case v1::WorkerMessage::kHeartbeat: return "heartbeat";
-    case v1::WorkerMessage::kMetric: return "metric";
-    case v1::WorkerMessage::kEvent: return "event";
-    case v1::WorkerMessage::kCheckpoint: return "checkpoint";
-    case v1::WorkerMessage::kExit: return "exit";
-    case v1::WorkerMessage::kStarted: return "started";
-    default: return "unknown";
-  }
-}
 
 // The listing position of a sweep: the number NewId gave it (creation order,
 // unlike the id's text: "sweep-10" < "sweep-9"), then the id.
@@ -427,7 +411,8 @@ Status Coordinator::Cancel(v1::Run run) {
   if (Active(run.state())) {
     // The trainer checkpoints and exits; that exit (or the worker's lost lease)
     // makes the run CANCELLED.
-    cancel_requested_.insert(run.id());
+    run.set_cancel_requested(true);
+    KEEL_RETURN_IF_ERROR(SaveRun(&run, "", ""));  // stored, so a keeld restart keeps the request
     auto w = workers_.find(run.worker_id());
     v1::WorkerCommand c;
     c.mutable_cancel()->set_run_id(run.id());
@@ -784,12 +769,12 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
       std::string how = m.exit().signal() ? "killed by signal " + std::to_string(m.exit().signal())
                                           : "exit code " + std::to_string(code);
       if (!m.exit().message().empty()) how += ": " + m.exit().message();
-      if (cancel_requested_.count(run.id())) {
-        cancel_requested_.erase(run.id());
+      if (run.cancel_requested()) {
+        run.set_cancel_requested(false);
         run.set_state(v1::CANCELLED);
         run.set_message("cancelled by the user");
         SaveRun(&run, event_kind::kState, "cancelled by the user (" + how + ")");
-      } else if (code == 0) {
+      } else if (code == 0 && m.exit().signal() == 0) {
         // Every step up to the last must have arrived; a missing tail is a gap too.
         Live& live = live_[run.id()];
         if (live.last_step >= 0 && live.last_step < run.steps()) {
@@ -798,7 +783,7 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
         run.set_state(v1::SUCCEEDED);
         run.set_message("");
         SaveRun(&run, event_kind::kState, "finished");
-      } else if (code == kTrainerDiverged) {
+      } else if (code == trainer_exit::kDiverged) {
         // The run's own policy stopped it: restarting would diverge again.
         run.set_state(v1::DIVERGED);
         run.set_message("stopped as diverged by its stability policy");
@@ -812,7 +797,7 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
         const bool repeated = run.last_failure() == failure;
         run.set_last_failure(failure);
         std::string why = "trainer " + how;
-        if (code == kTrainerConfigError) {
+        if (code == trainer_exit::kBadConfig) {
           why += " (a configuration error: a restart cannot fix it)";
         } else if (repeated) {
           why += " (the same failure at the same step as the attempt before: a restart cannot fix it)";
@@ -821,7 +806,7 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
                                                     options_.max_restart_backoff_ms);
           run.set_not_before_unix_ms(Now() + backoff);
         }
-        RequeueOrFail(&run, why, code == kTrainerConfigError || repeated);
+        RequeueOrFail(&run, why, code == trainer_exit::kBadConfig || repeated);
       }
       FinishSweepIfDone(run.sweep_id());
       Schedule();  // its slot is free
@@ -908,9 +893,10 @@ void Coordinator::ReleaseWorkerRuns(const std::string& worker_id, const std::set
   }
   for (const std::string& id : ids) {
     v1::Run run = runs_[id];
-    if (cancel_requested_.count(id)) {
-      cancel_requested_.erase(id);
+    if (run.cancel_requested()) {
+      run.set_cancel_requested(false);
       run.set_state(v1::CANCELLED);
+      run.set_message("cancelled by the user");
       run.clear_device_indices();
       SaveRun(&run, event_kind::kState, "cancelled by the user (" + why + ")");
     } else {

@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.h"
+#include "kernels/base/status.h"
 #include "proto/keel.pb.h"
 #include "server/store.h"
 #include "server/sweep.h"
@@ -229,7 +229,6 @@ class Coordinator {
   std::set<std::pair<uint64_t, std::string>> sweep_order_;
   std::map<std::string, std::vector<v1::Run*>> sweep_runs_;
   std::map<std::string, WorkerState> workers_;      // by id
-  std::set<std::string> cancel_requested_;          // runs being cancelled on a worker
   // Metric points received but not yet committed: flushed in one transaction
   // when 512 gather, before any other worker message is handled (so a
   // heartbeat's acknowledgement covers them), before metrics are read, and on

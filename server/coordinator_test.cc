@@ -2,133 +2,23 @@
 // intervention requests, lease expiry with restart from the checkpoint,
 // fencing of stale attempts and streams, restart backoff and deterministic
 // failures, metric gaps, and recovery of everything from the store after a
-// restart (a fake clock drives the leases).
+// restart (a fake clock drives the leases; the fixture is in
+// coordinator_test_util.h). The run state machine, one transition per test,
+// is tested in coordinator_state_test.cc.
 #include "server/coordinator.h"
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <functional>
 #include <map>
+
+#include "server/coordinator_test_util.h"
 
 namespace keel {
 namespace {
 
-std::string DbPath(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string path = std::string(base ? base : "/tmp") + "/" + name + ".db";
-  std::remove(path.c_str());
-  std::remove((path + "-wal").c_str());
-  std::remove((path + "-shm").c_str());
-  return path;
-}
-
-struct Fixture {
-  explicit Fixture(const std::string& db) : path(db) { Open(); }
-  void Open() {
-    std::unique_ptr<Store> store;
-    ASSERT_TRUE(OpenSqliteStore(path, &store).ok());
-    CoordinatorOptions options;
-    options.lease_ms = 1000;
-    options.now_ms = [this] { return now; };
-    ASSERT_TRUE(Coordinator::Open(std::move(store), options, &c).ok());
-  }
-  std::string Submit(int runs) {
-    std::string seeds;
-    for (int i = 0; i < runs; ++i) seeds += (i ? ", " : "") + std::to_string(i + 1);
-    v1::SweepSpec spec;
-    spec.set_yaml("name: t\nbase: {model: {type: proxy, layers: 1, width: 16}, steps: 50}\n"
-                  "axes:\n  - grid: {seed: [" + seeds + "]}\nmax_restarts: 1\n");
-    v1::SubmitSweepResponse out;
-    EXPECT_TRUE(c->SubmitSweep(spec, &out).ok());
-    return out.sweep().id();
-  }
-  std::vector<v1::Run> Runs(const std::string& sweep) {
-    v1::ListRunsResponse out;
-    v1::ListRunsRequest request;
-    request.set_sweep_id(sweep);
-    EXPECT_TRUE(c->ListRuns(request, &out).ok());
-    return std::vector<v1::Run>(out.runs().begin(), out.runs().end());
-  }
-  // A worker with one CPU slot whose stream records the commands sent to it.
-  std::string AddWorker(std::vector<v1::WorkerCommand>* sent) {
-    v1::RegisterRequest request;
-    request.set_host("h");
-    request.set_cpu_slots(1);
-    v1::RegisterResponse response;
-    EXPECT_TRUE(c->RegisterWorker(request, &response).ok());
-    Attach(response.worker_id(), sent);
-    return response.worker_id();
-  }
-  // Opens a (new) stream for the worker; its closes are counted in closed[id].
-  void Attach(const std::string& id, std::vector<v1::WorkerCommand>* sent) {
-    uint64_t stream = 0;
-    EXPECT_TRUE(c->AttachWorker(
-                     id,
-                     [sent](const v1::WorkerCommand& cmd) {
-                       sent->push_back(cmd);
-                       return true;
-                     },
-                     [this, id] { ++closed[id]; }, &stream)
-                    .ok());
-    streams[id] = stream;
-  }
-  // A message on the worker's latest stream, from `attempt` of its run.
-  bool Send(const std::string& worker, v1::WorkerMessage m, int64_t attempt = 1) {
-    m.set_attempt(attempt);
-    return c->HandleWorkerMessage(worker, streams[worker], m);
-  }
-  // The worker registers again (it reconnected), with one run still training.
-  grpc::Status Reregister(const std::string& worker, const std::string& run_id, int64_t attempt,
-                          v1::RegisterResponse* response) {
-    v1::RegisterRequest again;
-    again.set_worker_id(worker);
-    again.set_cpu_slots(1);
-    v1::LiveRun* live = again.add_live_runs();
-    live->set_run_id(run_id);
-    live->set_attempt(attempt);
-    return c->RegisterWorker(again, response);
-  }
-  // Time passes; the worker keeps its lease with a heartbeat.
-  void Pass(int64_t ms, const std::string& worker) {
-    now += ms;
-    v1::WorkerMessage m;
-    m.mutable_heartbeat()->set_unix_ms(now);
-    Send(worker, m, 0);
-    c->Tick();
-  }
-  static v1::WorkerMessage Metric(const std::string& run_id, int64_t step) {
-    v1::WorkerMessage m;
-    m.mutable_metric()->set_run_id(run_id);
-    m.mutable_metric()->set_step(step);
-    m.mutable_metric()->set_loss(1.0 / static_cast<double>(step));
-    return m;
-  }
-  static v1::WorkerMessage Exit(const std::string& run_id, int code, const std::string& message = "") {
-    v1::WorkerMessage m;
-    m.mutable_exit()->set_run_id(run_id);
-    m.mutable_exit()->set_exit_code(code);
-    m.mutable_exit()->set_message(message);
-    return m;
-  }
-  std::vector<v1::Event> Events(const std::string& run_id, const std::string& kind) {
-    v1::ListEventsRequest er;
-    er.set_run_id(run_id);
-    v1::ListEventsResponse events;
-    EXPECT_TRUE(c->ListEvents(er, &events).ok());
-    std::vector<v1::Event> out;
-    for (const auto& e : events.events()) {
-      if (e.kind() == kind) out.push_back(e);
-    }
-    return out;
-  }
-
-  std::string path;
-  int64_t now = 1000000;
-  std::unique_ptr<Coordinator> c;
-  std::map<std::string, uint64_t> streams;  // worker -> its latest stream id
-  std::map<std::string, int> closed;        // worker -> streams keeld closed
-};
+using coordinator_test::DbPath;
+using coordinator_test::Fixture;
 
 TEST(CoordinatorTest, CancelSweepEndsQueuedRunsAndStopsScheduling) {
   Fixture f(DbPath("cancel"));
@@ -430,7 +320,9 @@ std::vector<std::string> AllRunIds(Coordinator* c, const std::string& sweep, int
     v1::ListRunsResponse out;
     grpc::Status s = c->ListRuns(request, &out);
     EXPECT_TRUE(s.ok()) << s.error_message();
-    if (page_size > 0) EXPECT_LE(out.runs_size(), page_size);
+    if (page_size > 0) {
+      EXPECT_LE(out.runs_size(), page_size);
+    }
     for (const v1::Run& r : out.runs()) ids.push_back(r.id());
     if (out.next_page_token().empty()) break;
     request.set_page_token(out.next_page_token());

@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 
+#include "kernels/base/flags.h"
 #include "server/auth.h"
 #include "server/coordinator.h"
 #include "server/metrics.h"
@@ -81,52 +82,23 @@ int main(int argc, char** argv) {
   std::string user_tokens_file, worker_token_file, tls_cert, tls_key, tls_ca;
   keel::CoordinatorOptions options;
   int64_t metrics_retention_ms = 600000;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) std::exit(Fail(a + ": missing value"));
-      return argv[++i];
-    };
-    auto number = [&](int64_t lo, int64_t hi) -> int64_t {
-      std::string v = value();
-      char* end = nullptr;
-      long long n = std::strtoll(v.c_str(), &end, 10);
-      if (*end != '\0' || n < lo || n > hi) {
-        std::exit(Fail(a + ": '" + v + "' is not allowed (" + std::to_string(lo) + " .. " + std::to_string(hi) + ")"));
-      }
-      return n;
-    };
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--listen") {
-      listen = value();
-    } else if (a == "--state-dir") {
-      state_dir = value();
-    } else if (a == "--metrics-listen") {
-      metrics_listen = value();
-    } else if (a == "--user-tokens-file") {
-      user_tokens_file = value();
-    } else if (a == "--worker-token-file") {
-      worker_token_file = value();
-    } else if (a == "--tls-cert") {
-      tls_cert = value();
-    } else if (a == "--tls-key") {
-      tls_key = value();
-    } else if (a == "--tls-client-ca") {
-      tls_ca = value();
-    } else if (a == "--lease-ms") {
-      options.lease_ms = number(100, 3600000);
-    } else if (a == "--metrics-retention-s") {
-      metrics_retention_ms = number(0, 30 * 86400) * 1000;
-    } else if (a == "--restart-backoff-ms") {
-      options.restart_backoff_ms = number(0, 3600000);
-    } else if (a == "--heartbeat-ms") {
-      options.heartbeat_interval_ms = number(10, 600000);
-    } else {
-      return Fail("unknown argument '" + a + "' (see keeld --help)");
-    }
-  }
+  int64_t metrics_retention_s = metrics_retention_ms / 1000;
+  CLI::App app("keeld");
+  app.add_option("--listen", listen);
+  app.add_option("--state-dir", state_dir);
+  app.add_option("--metrics-listen", metrics_listen);
+  app.add_option("--user-tokens-file", user_tokens_file);
+  app.add_option("--worker-token-file", worker_token_file);
+  app.add_option("--tls-cert", tls_cert);
+  app.add_option("--tls-key", tls_key);
+  app.add_option("--tls-client-ca", tls_ca);
+  app.add_option("--lease-ms", options.lease_ms)->check(keel::IntFlag(100, 3600000));
+  app.add_option("--metrics-retention-s", metrics_retention_s)->check(keel::IntFlag(0, 30 * 86400));
+  app.add_option("--restart-backoff-ms", options.restart_backoff_ms)->check(keel::IntFlag(0, 3600000));
+  app.add_option("--heartbeat-ms", options.heartbeat_interval_ms)->check(keel::IntFlag(10, 600000));
+  const keel::FlagsOutcome flags = keel::ParseFlags(app, "keeld", kUsage, argc, argv);
+  if (!flags.proceed) return flags.exit_code;
+  metrics_retention_ms = metrics_retention_s * 1000;
   if (tls_cert.empty() != tls_key.empty()) return Fail("--tls-cert and --tls-key go together");
   keel::Status s = keel::MakeDirs(state_dir);
   if (!s.ok()) return Fail("--state-dir: " + s.message());

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "server/sweep.h"
-#include "worker/run_config.h"
+#include "worker/config/run_config.h"
 
 namespace keel {
 namespace {

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.h"
+#include "kernels/base/status.h"
 #include "proto/keel.pb.h"
 
 namespace keel {

@@ -13,8 +13,8 @@
 #include <sstream>
 
 #include "worker/io/yaml_strict.h"
-#include "worker/run_config.h"
-#include "worker/scheme_proto.h"
+#include "worker/config/run_config.h"
+#include "worker/config/scheme_proto.h"
 
 namespace keel {
 namespace {
@@ -321,29 +321,195 @@ bool ReadList(Errors* err, const YAML::Node& list, const std::string& field, Col
   return true;
 }
 
-// Parses `axes` into factors (random ones not sampled yet).
+// The paths swept so far, each with the position of its key: a path may be
+// swept by one axis only.
+using SweptPaths = std::map<std::string, YAML::Mark>;
+
+// Claims `key` as a swept path (*path): it must be a dotted run-config path
+// not swept by an earlier axis. On error adds a line and returns false.
+bool ClaimPath(Errors* err, SweptPaths* paths, const YAML::Node& key, const std::string& field,
+               std::string* path) {
+  if (!key.IsScalar() || !ValidPath(key.Scalar())) {
+    err->Add(key, field, "'" + Errors::Text(key) +
+                             "' is not a run-config path (allowed: dotted keys, e.g. optimizer.lr)");
+    return false;
+  }
+  *path = key.Scalar();
+  auto seen = paths->find(*path);
+  if (seen != paths->end()) {
+    err->Add(key, field, "'" + *path + "' is already swept at line " +
+                             std::to_string(seen->second.line + 1) + " (allowed: one axis per path)");
+    return false;
+  }
+  (*paths)[*path] = key.Mark();
+  return true;
+}
+
+// The body of a grid or zip entry is a mapping of path: [values]. False when
+// it is not a mapping; an empty one is reported too, but reads as no paths.
+bool CheckPathListMapping(Errors* err, const YAML::Node& body, const std::string& field) {
+  if (!body.IsMap()) {
+    err->Add(body, field, "expected a mapping of path: [values]");
+    return false;
+  }
+  if (body.size() == 0) err->Add(body, field, "expected at least one path: [values]");
+  return true;
+}
+
+// grid: {path: [values], ...}: one factor per path, so the runs are the
+// product over its paths.
+void ReadGrid(Errors* err, const YAML::Node& body, const std::string& field, SweptPaths* paths,
+              std::vector<Factor>* factors) {
+  if (!CheckPathListMapping(err, body, field)) return;
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    Column col;
+    if (!ClaimPath(err, paths, it->first, field, &col.path)) continue;
+    col.key_mark = it->first.Mark();
+    if (!ReadList(err, it->second, field + "." + col.path, &col)) continue;
+    Factor factor;
+    factor.label = "grid " + col.path;
+    factor.size = static_cast<int64_t>(col.values.size());
+    factor.columns.push_back(std::move(col));
+    factors->push_back(std::move(factor));
+  }
+}
+
+// A zip column (read from `list`) must have as many values as the zip's first.
+bool ZipLengthMatches(Errors* err, const YAML::Node& list, const std::string& field, const Column& first,
+                      const Column& col) {
+  if (col.values.size() == first.values.size()) return true;
+  err->Add(list, field + "." + col.path,
+           "has " + std::to_string(col.values.size()) + " values but " + first.path + " has " +
+               std::to_string(first.values.size()) + " (allowed: lists of equal length in a zip)");
+  return false;
+}
+
+// zip: {path: [values], ...}: one factor whose paths move in step. Any error
+// in the entry drops the whole factor.
+void ReadZip(Errors* err, const YAML::Node& body, const std::string& field, SweptPaths* paths,
+             std::vector<Factor>* factors) {
+  if (!CheckPathListMapping(err, body, field)) return;
+  Factor factor;
+  std::vector<std::string> names;
+  bool ok = true;
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    Column col;
+    if (!ClaimPath(err, paths, it->first, field, &col.path) ||
+        !ReadList(err, it->second, field + "." + col.path, &col)) {
+      ok = false;
+      continue;
+    }
+    col.key_mark = it->first.Mark();
+    names.push_back(col.path);
+    if (!factor.columns.empty() && !ZipLengthMatches(err, it->second, field, factor.columns[0], col)) ok = false;
+    factor.columns.push_back(std::move(col));
+  }
+  if (!ok || factor.columns.empty()) return;
+  factor.label = "zip " + Join(names, ",");
+  factor.size = static_cast<int64_t>(factor.columns[0].values.size());
+  factors->push_back(std::move(factor));
+}
+
+// A random entry's count (1 .. 2^40, the factor's size) and seed (>= 0), both
+// required. False when either is missing or bad (each is reported).
+bool ReadCountAndSeed(Errors* err, const YAML::Node& body, const std::string& field, Factor* factor) {
+  bool ok = true;
+  if (!body["count"]) {
+    err->Add(body, field + ".count", "missing (the number of samples)");
+    ok = false;
+  } else {
+    ok = err->Int(body["count"], field + ".count", 1, int64_t(1) << 40, &factor->size) && ok;
+  }
+  int64_t seed = 0;
+  if (!body["seed"]) {
+    err->Add(body, field + ".seed", "missing (random axes are reproducible from their seed)");
+    ok = false;
+  } else {
+    ok = err->Int(body["seed"], field + ".seed", 0, std::numeric_limits<int64_t>::max(), &seed) && ok;
+  }
+  factor->random_seed = static_cast<uint64_t>(seed);
+  return ok;
+}
+
+// The [lo, hi] of a uniform or log_uniform distribution: two finite numbers,
+// lo <= hi, and lo > 0 when `log`.
+bool CheckRange(Errors* err, const YAML::Node& arg, const std::string& field, bool log) {
+  double lo = 0, hi = 0;
+  if (!arg.IsSequence() || arg.size() != 2) {
+    err->Add(arg, field, "expected [lo, hi]");
+    return false;
+  }
+  if (!err->Number(arg[0], field, &lo) || !err->Number(arg[1], field, &hi)) return false;
+  if (lo > hi || (log && lo <= 0)) {
+    err->Add(arg, field,
+             "[" + arg[0].Scalar() + ", " + arg[1].Scalar() + "] is not a range (allowed: lo <= hi" +
+                 (log ? ", lo > 0)" : ")"));
+    return false;
+  }
+  return true;
+}
+
+// One random param's distribution: {uniform: [lo, hi]}, {log_uniform: [lo, hi]}
+// or {choice: [values]}. Only checked here; Sample draws from it.
+bool CheckDistribution(Errors* err, const YAML::Node& spec, const std::string& field) {
+  if (!spec.IsMap() || spec.size() != 1) {
+    err->Add(spec, field, "expected one of {uniform: [lo, hi]}, {log_uniform: [lo, hi]}, {choice: [values]}");
+    return false;
+  }
+  const std::string dist = spec.begin()->first.as<std::string>("");
+  const YAML::Node arg = spec.begin()->second;
+  if (dist == "uniform" || dist == "log_uniform") return CheckRange(err, arg, field + "." + dist, dist == "log_uniform");
+  if (dist == "choice") {
+    if (arg.IsSequence() && arg.size() > 0) return true;
+    err->Add(arg, field + ".choice", "expected a non-empty list of values");
+    return false;
+  }
+  err->Add(spec.begin()->first, field, "unknown distribution '" + dist + "' (allowed: uniform, log_uniform, choice)");
+  return false;
+}
+
+// random: {count, seed, params: {path: distribution, ...}}: one factor of
+// `count` samples, drawn by Sample once the product size is allowed. Any error
+// in the entry drops the whole factor.
+void ReadRandom(Errors* err, const YAML::Node& body, const std::string& field, SweptPaths* paths,
+                std::vector<Factor>* factors) {
+  if (!err->Keys(body, field, {"count", "seed", "params"})) return;
+  Factor factor;
+  factor.label = "random";
+  bool ok = ReadCountAndSeed(err, body, field, &factor);
+  const YAML::Node params = body["params"];
+  if (!params || !params.IsMap() || params.size() == 0) {
+    err->Add(params ? params : body, field + ".params", "expected a mapping of path: {uniform|log_uniform|choice: ...}");
+    return;
+  }
+  for (auto it = params.begin(); it != params.end(); ++it) {
+    Column col;
+    if (!ClaimPath(err, paths, it->first, field + ".params", &col.path)) {
+      ok = false;
+      continue;
+    }
+    col.key_mark = it->first.Mark();
+    col.sampled = true;
+    if (!CheckDistribution(err, it->second, field + ".params." + col.path)) {
+      ok = false;
+      continue;
+    }
+    factor.columns.push_back(std::move(col));
+  }
+  if (!ok) return;
+  factor.random = true;
+  factor.random_params = params;
+  factors->push_back(std::move(factor));
+}
+
+// Parses `axes` (a list of one-key entries: grid, zip or random) into factors,
+// random ones not sampled yet.
 void ReadAxes(Errors* err, const YAML::Node& axes, std::vector<Factor>* factors) {
   if (!axes.IsSequence()) {
     err->Add(axes, "axes", "expected a list of {grid: ...}, {zip: ...} or {random: ...}");
     return;
   }
-  std::map<std::string, YAML::Mark> paths;  // a path may be swept by one axis only
-  auto add_path = [&](const YAML::Node& key, const std::string& field, std::string* path) {
-    if (!key.IsScalar() || !ValidPath(key.Scalar())) {
-      err->Add(key, field, "'" + Errors::Text(key) +
-                               "' is not a run-config path (allowed: dotted keys, e.g. optimizer.lr)");
-      return false;
-    }
-    *path = key.Scalar();
-    auto seen = paths.find(*path);
-    if (seen != paths.end()) {
-      err->Add(key, field, "'" + *path + "' is already swept at line " +
-                               std::to_string(seen->second.line + 1) + " (allowed: one axis per path)");
-      return false;
-    }
-    paths[*path] = key.Mark();
-    return true;
-  };
+  SweptPaths paths;
   for (size_t i = 0; i < axes.size(); ++i) {
     const YAML::Node entry = axes[i];
     const std::string at = "axes[" + std::to_string(i) + "]";
@@ -353,136 +519,15 @@ void ReadAxes(Errors* err, const YAML::Node& axes, std::vector<Factor>* factors)
     }
     const std::string kind = entry.begin()->first.as<std::string>("");
     const YAML::Node body = entry.begin()->second;
-    const std::string f = at + "." + kind;
+    const std::string field = at + "." + kind;
     if (kind == "grid") {
-      if (!body.IsMap()) {
-        err->Add(body, f, "expected a mapping of path: [values]");
-        continue;
-      }
-      if (body.size() == 0) err->Add(body, f, "expected at least one path: [values]");
-      for (auto it = body.begin(); it != body.end(); ++it) {
-        Column col;
-        if (!add_path(it->first, f, &col.path)) continue;
-        col.key_mark = it->first.Mark();
-        if (!ReadList(err, it->second, f + "." + col.path, &col)) continue;
-        Factor factor;
-        factor.label = "grid " + col.path;
-        factor.size = static_cast<int64_t>(col.values.size());
-        factor.columns.push_back(std::move(col));
-        factors->push_back(std::move(factor));
-      }
+      ReadGrid(err, body, field, &paths, factors);
     } else if (kind == "zip") {
-      if (!body.IsMap()) {
-        err->Add(body, f, "expected a mapping of path: [values]");
-        continue;
-      }
-      if (body.size() == 0) err->Add(body, f, "expected at least one path: [values]");
-      Factor factor;
-      std::vector<std::string> names;
-      bool ok = true;
-      for (auto it = body.begin(); it != body.end(); ++it) {
-        Column col;
-        if (!add_path(it->first, f, &col.path) ||
-            !ReadList(err, it->second, f + "." + col.path, &col)) {
-          ok = false;
-          continue;
-        }
-        col.key_mark = it->first.Mark();
-        names.push_back(col.path);
-        if (!factor.columns.empty() && col.values.size() != factor.columns[0].values.size()) {
-          err->Add(it->second, f + "." + col.path,
-                   "has " + std::to_string(col.values.size()) + " values but " +
-                       factor.columns[0].path + " has " +
-                       std::to_string(factor.columns[0].values.size()) +
-                       " (allowed: lists of equal length in a zip)");
-          ok = false;
-        }
-        factor.columns.push_back(std::move(col));
-      }
-      if (!ok || factor.columns.empty()) continue;
-      factor.label = "zip " + Join(names, ",");
-      factor.size = static_cast<int64_t>(factor.columns[0].values.size());
-      factors->push_back(std::move(factor));
+      ReadZip(err, body, field, &paths, factors);
     } else if (kind == "random") {
-      if (!err->Keys(body, f, {"count", "seed", "params"})) continue;
-      Factor factor;
-      factor.label = "random";
-      bool ok = true;
-      if (!body["count"]) {
-        err->Add(body, f + ".count", "missing (the number of samples)");
-        ok = false;
-      } else {
-        ok = err->Int(body["count"], f + ".count", 1, int64_t(1) << 40, &factor.size) && ok;
-      }
-      int64_t seed = 0;
-      if (!body["seed"]) {
-        err->Add(body, f + ".seed", "missing (random axes are reproducible from their seed)");
-        ok = false;
-      } else {
-        ok = err->Int(body["seed"], f + ".seed", 0, std::numeric_limits<int64_t>::max(), &seed) && ok;
-      }
-      factor.random_seed = static_cast<uint64_t>(seed);
-      const YAML::Node params = body["params"];
-      if (!params || !params.IsMap() || params.size() == 0) {
-        err->Add(params ? params : body, f + ".params",
-                 "expected a mapping of path: {uniform|log_uniform|choice: ...}");
-        continue;
-      }
-      for (auto it = params.begin(); it != params.end(); ++it) {
-        Column col;
-        if (!add_path(it->first, f + ".params", &col.path)) {
-          ok = false;
-          continue;
-        }
-        col.key_mark = it->first.Mark();
-        col.sampled = true;
-        const std::string pf = f + ".params." + col.path;
-        const YAML::Node spec = it->second;
-        if (!spec.IsMap() || spec.size() != 1) {
-          err->Add(spec, pf, "expected one of {uniform: [lo, hi]}, {log_uniform: [lo, hi]}, {choice: [values]}");
-          ok = false;
-          continue;
-        }
-        const std::string dist = spec.begin()->first.as<std::string>("");
-        const YAML::Node arg = spec.begin()->second;
-        if (dist == "uniform" || dist == "log_uniform") {
-          double lo = 0, hi = 0;
-          if (!arg.IsSequence() || arg.size() != 2) {
-            err->Add(arg, pf + "." + dist, "expected [lo, hi]");
-            ok = false;
-            continue;
-          }
-          if (!err->Number(arg[0], pf + "." + dist, &lo) || !err->Number(arg[1], pf + "." + dist, &hi)) {
-            ok = false;
-            continue;
-          }
-          if (lo > hi || (dist == "log_uniform" && lo <= 0)) {
-            err->Add(arg, pf + "." + dist,
-                     "[" + arg[0].Scalar() + ", " + arg[1].Scalar() + "] is not a range (allowed: lo <= hi" +
-                         (dist == "log_uniform" ? ", lo > 0)" : ")"));
-            ok = false;
-            continue;
-          }
-        } else if (dist == "choice") {
-          if (!arg.IsSequence() || arg.size() == 0) {
-            err->Add(arg, pf + ".choice", "expected a non-empty list of values");
-            ok = false;
-            continue;
-          }
-        } else {
-          err->Add(spec.begin()->first, pf,
-                   "unknown distribution '" + dist + "' (allowed: uniform, log_uniform, choice)");
-          ok = false;
-          continue;
-        }
-        factor.columns.push_back(std::move(col));
-      }
-      if (!ok) continue;
-      factor.random = true;
-      factor.random_params = params;
-      factors->push_back(std::move(factor));
+      ReadRandom(err, body, field, &paths, factors);
     } else {
-      err->Add(entry.begin()->first, at + "." + kind, "unknown axis kind (allowed: grid, zip, random)");
+      err->Add(entry.begin()->first, field, "unknown axis kind (allowed: grid, zip, random)");
     }
   }
 }
@@ -557,12 +602,9 @@ void CheckValues(Errors* err, const std::string& base_text, const std::vector<Fa
   }
 }
 
-}  // namespace
-
-Status ExpandSweep(const std::string& yaml_text, const std::string& source,
-                   const SweepLimits& limits, SweepPlan* out) {
-  // The source name starts every message, so it is checked first, and a bad
-  // one is not echoed whole.
+// The source name starts every message, so it is checked first, and a bad
+// one is not echoed whole.
+Status CheckSourceName(const std::string& source) {
   if (source.size() > kMaxSourceLength) {
     return Status::InvalidArgument(source.substr(0, 64) + "...:1:1: source: a name of " + std::to_string(source.size()) +
                          " characters is too long (allowed: at most " + std::to_string(kMaxSourceLength) +
@@ -575,6 +617,208 @@ Status ExpandSweep(const std::string& yaml_text, const std::string& source,
                            " (allowed: a file name without control characters)");
     }
   }
+  return Status::Ok();
+}
+
+// The readers of the top level take root as the same non-const handle that
+// ExpandSweep holds (not a const reference): a non-const operator[] on a
+// missing key records it in the map, a const one does not, so this keeps every
+// lookup as it was when ExpandSweep was one function.
+
+// name: required, a valid run name (kNameRule).
+void ReadName(Errors* err, YAML::Node root, SweepPlan* plan) {
+  if (!root["name"]) {
+    err->Add(root, "name", std::string("missing (allowed: ") + kNameRule + ")");
+  } else if (!root["name"].IsScalar()) {
+    err->Add(root["name"], "name", "'" + Errors::Text(root["name"]) + "' is not allowed (allowed: " + kNameRule + ")");
+  } else if (std::string problem = NameProblem(root["name"].Scalar()); !problem.empty()) {
+    err->Add(root["name"], "name", problem);
+  } else {
+    plan->name = root["name"].Scalar();
+  }
+}
+
+// resources: {gpus: N} or {cpu_slots: N} (1 .. 1024), not both; absent: one CPU slot.
+void ReadResources(Errors* err, YAML::Node root, SweepPlan* plan) {
+  const YAML::Node r = root["resources"];
+  if (!r || !err->Keys(r, "resources", {"gpus", "cpu_slots"})) return;
+  if (r["gpus"] && r["cpu_slots"]) {
+    err->Add(r, "resources", "gpus and cpu_slots are both set (allowed: one of them)");
+  } else if (r["gpus"]) {
+    if (err->Int(r["gpus"], "resources.gpus", 1, 1024, &plan->gpus)) plan->cpu_slots = 0;
+  } else if (r["cpu_slots"]) {
+    err->Int(r["cpu_slots"], "resources.cpu_slots", 1, 1024, &plan->cpu_slots);
+  }
+}
+
+// max_concurrent, max_restarts and priority: optional integers in their ranges.
+void ReadLimits(Errors* err, YAML::Node root, SweepPlan* plan) {
+  if (root["max_concurrent"]) {
+    err->Int(root["max_concurrent"], "max_concurrent", 0, 1 << 20, &plan->max_concurrent);
+  }
+  if (root["max_restarts"]) err->Int(root["max_restarts"], "max_restarts", 0, 1000, &plan->max_restarts);
+  if (root["priority"]) {
+    err->Int(root["priority"], "priority", std::numeric_limits<int32_t>::min(),
+             std::numeric_limits<int32_t>::max(), &plan->priority);
+  }
+}
+
+// policy: optional. Checked here, on the sweep file's own nodes, so errors
+// carry its lines; every run then gets it as its config's policy section.
+void ReadPolicy(Errors* err, YAML::Node root, const std::string& source, SweepPlan* plan) {
+  const YAML::Node p = root["policy"];
+  if (!p) return;
+  if (!p.IsMap()) {
+    err->Add(p, "policy", "expected a mapping, got " + Errors::Text(p));
+    return;
+  }
+  Policy policy;
+  Status ps = ParsePolicyNode(p, source, &policy);
+  if (!ps.ok()) {
+    err->AddLine(p.Mark(), ps.message());
+  } else {
+    plan->policy_yaml = BlockText(p);
+  }
+}
+
+// The top level's keys, and its settings other than base and axes.
+void ReadSettings(Errors* err, YAML::Node root, const std::string& source, SweepPlan* plan) {
+  err->Keys(root, "", kTopKeys);
+  ReadName(err, root, plan);
+  ReadResources(err, root, plan);
+  ReadLimits(err, root, plan);
+  ReadPolicy(err, root, source, plan);
+}
+
+// Where an error of base (parsed from BaseText) is reported: at the position
+// ParseRunConfig gave when base_text keeps the sweep file's positions
+// (`exact`), else at base itself.
+YAML::Mark BaseErrorMark(const Status& s, const YAML::Node& base, bool exact) {
+  YAML::Mark where = base.Mark();
+  int line = 0, col = 0;
+  if (exact && InternalPrefix(s.message(), &line, &col) > 0 && line > 0 && col > 0) {
+    where.line = line - 1;
+    where.column = col - 1;
+  }
+  return where;
+}
+
+// base: required, a run config, validated alone, at its own positions.
+// *base_text gets its text (see BaseText); true when it parses.
+bool ReadBase(Errors* err, const std::string& yaml_text, const YAML::Node& root, const YAML::Node& base,
+              std::string* base_text) {
+  if (!base) {
+    err->Add(root, "base", "missing (a keel-train run config)");
+    return false;
+  }
+  if (!base.IsMap()) {
+    err->Add(base, "base", "expected a mapping (a keel-train run config), got " + Errors::Text(base));
+    return false;
+  }
+  bool exact = false;
+  *base_text = BaseText(yaml_text, root, base, &exact);
+  RunConfig config;
+  Status s = ParseRunConfig(*base_text, kInternalSource, {}, &config);
+  if (s.ok()) return true;
+  const YAML::Mark where = BaseErrorMark(s, base, exact);
+  err->AddLine(where, err->Where(where) + "base." + StripInternal(s.message()));
+  return false;
+}
+
+// The number of runs, the product of the factors' sizes, into *total; false,
+// with an error at axes, when it is over limits.max_runs (or over int64).
+bool CheckRunCount(Errors* err, YAML::Node root, const std::vector<Factor>& factors, const SweepLimits& limits,
+                   int64_t* total) {
+  *total = 1;
+  bool saturated = false;
+  std::vector<std::string> sizes;
+  for (const Factor& f : factors) {
+    sizes.push_back(f.label + " (" + std::to_string(f.size) + ")");
+    if (*total > std::numeric_limits<int64_t>::max() / std::max<int64_t>(f.size, 1)) {
+      saturated = true;
+    } else {
+      *total *= f.size;
+    }
+  }
+  if (!saturated && *total <= limits.max_runs) return true;
+  err->Add(root["axes"], "axes",
+           Join(sizes, " x ") + " = " + (saturated ? "more than 2^63" : std::to_string(*total)) +
+               " runs, more than the limit of " + std::to_string(limits.max_runs) + " (allowed: at most " +
+               std::to_string(limits.max_runs) + " runs per sweep)");
+  return false;
+}
+
+// One expanded run before it is checked, and for each column set in it (in
+// axis order) the value chosen, to place an error at the value responsible.
+struct DraftRun {
+  ExpandedRun run;
+  std::vector<const Column*> columns;
+  std::vector<const AxisValue*> values;
+};
+
+// Run r of the product (the first factor varies slowest): base, with the
+// sweep's policy when base has none of its own, and each column's value.
+DraftRun Draft(YAML::Node root, const YAML::Node& base, const std::vector<Factor>& factors, int64_t r) {
+  std::vector<int64_t> index(factors.size());
+  int64_t rest = r;
+  for (size_t f = factors.size(); f-- > 0;) {
+    index[f] = rest % factors[f].size;
+    rest /= factors[f].size;
+  }
+  YAML::Node node = YAML::Clone(base);
+  if (root["policy"] && !node["policy"]) node["policy"] = YAML::Clone(root["policy"]);
+  DraftRun draft;
+  for (size_t f = 0; f < factors.size(); ++f) {
+    for (const Column& col : factors[f].columns) {
+      const AxisValue& v = col.values[index[f]];
+      SetPath(node, col.path, v.node);
+      draft.run.axes.emplace_back(col.path, v.text);
+      draft.values.push_back(&v);
+      draft.columns.push_back(&col);
+    }
+  }
+  draft.run.yaml = BlockText(node);
+  return draft;
+}
+
+// An error of run r's emitted config: at the value of the first column whose
+// path covers the field it names (else at axes), naming the run and its values.
+void ReportRunError(Errors* err, YAML::Node root, const DraftRun& draft, int64_t r, const Status& s) {
+  const std::string msg = StripInternal(s.message());
+  const std::string field = FieldOf(msg);
+  YAML::Mark where = root["axes"].Mark();
+  for (size_t c = 0; c < draft.columns.size(); ++c) {
+    if (PathCovers(draft.columns[c]->path, field)) {
+      where = draft.values[c]->mark;
+      break;
+    }
+  }
+  std::vector<std::string> desc;
+  for (const auto& a : draft.run.axes) desc.push_back(a.first + "=" + a.second);
+  err->AddLine(where, err->Where(where) + msg + " (in run " + std::to_string(r) + ": " + Join(desc, ", ") + ")");
+}
+
+// Expands all `total` runs into plan->runs. Each run is emitted, then parsed as
+// stored, so combinations (e.g. gpt width x heads) are checked too.
+void ExpandRuns(Errors* err, YAML::Node root, const YAML::Node& base, const std::vector<Factor>& factors,
+                int64_t total, SweepPlan* plan) {
+  for (int64_t r = 0; r < total; ++r) {
+    DraftRun draft = Draft(root, base, factors, r);
+    RunConfig config;
+    Status s = ParseRunConfig(draft.run.yaml, kInternalSource, {}, &config);
+    if (!s.ok()) {
+      ReportRunError(err, root, draft, r, s);
+      continue;
+    }
+    plan->runs.push_back(std::move(draft.run));
+  }
+}
+
+}  // namespace
+
+Status ExpandSweep(const std::string& yaml_text, const std::string& source,
+                   const SweepLimits& limits, SweepPlan* out) {
+  KEEL_RETURN_IF_ERROR(CheckSourceName(source));
   Errors err(source);
   YAML::Node root;
   Status loaded = LoadYamlStrict(yaml_text, source, &root);
@@ -587,103 +831,15 @@ Status ExpandSweep(const std::string& yaml_text, const std::string& source,
   plan.source_yaml = yaml_text;
   plan.source = source;
   try {
-    err.Keys(root, "", kTopKeys);
-
-    if (!root["name"]) {
-      err.Add(root, "name", std::string("missing (allowed: ") + kNameRule + ")");
-    } else if (!root["name"].IsScalar()) {
-      err.Add(root["name"], "name", "'" + Errors::Text(root["name"]) + "' is not allowed (allowed: " + kNameRule + ")");
-    } else if (std::string problem = NameProblem(root["name"].Scalar()); !problem.empty()) {
-      err.Add(root["name"], "name", problem);
-    } else {
-      plan.name = root["name"].Scalar();
-    }
-
-    if (const YAML::Node r = root["resources"]) {
-      if (err.Keys(r, "resources", {"gpus", "cpu_slots"})) {
-        if (r["gpus"] && r["cpu_slots"]) {
-          err.Add(r, "resources", "gpus and cpu_slots are both set (allowed: one of them)");
-        } else if (r["gpus"]) {
-          if (err.Int(r["gpus"], "resources.gpus", 1, 1024, &plan.gpus)) plan.cpu_slots = 0;
-        } else if (r["cpu_slots"]) {
-          err.Int(r["cpu_slots"], "resources.cpu_slots", 1, 1024, &plan.cpu_slots);
-        }
-      }
-    }
-    if (root["max_concurrent"]) {
-      err.Int(root["max_concurrent"], "max_concurrent", 0, 1 << 20, &plan.max_concurrent);
-    }
-    if (root["max_restarts"]) err.Int(root["max_restarts"], "max_restarts", 0, 1000, &plan.max_restarts);
-    if (root["priority"]) {
-      err.Int(root["priority"], "priority", std::numeric_limits<int32_t>::min(),
-              std::numeric_limits<int32_t>::max(), &plan.priority);
-    }
-    if (const YAML::Node p = root["policy"]) {
-      if (!p.IsMap()) {
-        err.Add(p, "policy", "expected a mapping, got " + Errors::Text(p));
-      } else {
-        // Checked here, on the sweep file's own nodes, so errors carry its lines;
-        // every run then gets it as its config's policy section.
-        Policy policy;
-        Status ps = ParsePolicyNode(p, source, &policy);
-        if (!ps.ok()) {
-          err.AddLine(p.Mark(), ps.message());
-        } else {
-          plan.policy_yaml = BlockText(p);
-        }
-      }
-    }
-
-    // Base: validated alone, at its own positions.
-    std::string base_text;
-    bool base_ok = false;
+    ReadSettings(&err, root, source, &plan);
     const YAML::Node base = root["base"];
-    if (!base) {
-      err.Add(root, "base", "missing (a keel-train run config)");
-    } else if (!base.IsMap()) {
-      err.Add(base, "base", "expected a mapping (a keel-train run config), got " + Errors::Text(base));
-    } else {
-      bool exact = false;
-      base_text = BaseText(yaml_text, root, base, &exact);
-      RunConfig config;
-      Status s = ParseRunConfig(base_text, kInternalSource, {}, &config);
-      if (s.ok()) {
-        base_ok = true;
-      } else {
-        // Exact text: the stripped position is right in the sweep file too.
-        std::string msg = StripInternal(s.message());
-        YAML::Mark where = base.Mark();
-        int line = 0, col = 0;
-        if (exact && InternalPrefix(s.message(), &line, &col) > 0 && line > 0 && col > 0) {
-          where.line = line - 1;
-          where.column = col - 1;
-        }
-        err.AddLine(where, err.Where(where) + "base." + msg);
-      }
-    }
-
+    std::string base_text;
+    const bool base_ok = ReadBase(&err, yaml_text, root, base, &base_text);
     // Axes: structure, then the size, then (only if the size is allowed) values.
     std::vector<Factor> factors;
     if (const YAML::Node axes = root["axes"]) ReadAxes(&err, axes, &factors);
-    int64_t total = 1;
-    bool saturated = false;
-    std::vector<std::string> sizes;
-    for (const Factor& f : factors) {
-      sizes.push_back(f.label + " (" + std::to_string(f.size) + ")");
-      if (total > std::numeric_limits<int64_t>::max() / std::max<int64_t>(f.size, 1)) {
-        saturated = true;
-      } else {
-        total *= f.size;
-      }
-    }
-    const bool too_many = saturated || total > limits.max_runs;
-    if (too_many) {
-      err.Add(root["axes"], "axes",
-              Join(sizes, " x ") + " = " + (saturated ? "more than 2^63" : std::to_string(total)) +
-                  " runs, more than the limit of " + std::to_string(limits.max_runs) +
-                  " (allowed: at most " + std::to_string(limits.max_runs) + " runs per sweep)");
-    }
-    if (!too_many) {
+    int64_t total = 0;
+    if (CheckRunCount(&err, root, factors, limits, &total)) {
       for (Factor& f : factors) {
         if (f.random) Sample(&f);
       }
@@ -691,50 +847,7 @@ Status ExpandSweep(const std::string& yaml_text, const std::string& source,
       if (base_ok) CheckValues(&err, base_text, factors);
     }
     if (!err.empty()) return err.ToStatus();
-
-    // Expand: the first factor varies slowest. Each run is emitted, then parsed
-    // as stored, so combinations (e.g. gpt width x heads) are checked too.
-    for (int64_t r = 0; r < total; ++r) {
-      std::vector<int64_t> index(factors.size());
-      int64_t rest = r;
-      for (size_t f = factors.size(); f-- > 0;) {
-        index[f] = rest % factors[f].size;
-        rest /= factors[f].size;
-      }
-      YAML::Node node = YAML::Clone(base);
-      if (root["policy"] && !node["policy"]) node["policy"] = YAML::Clone(root["policy"]);
-      ExpandedRun run;
-      std::vector<const AxisValue*> chosen;
-      std::vector<const Column*> cols;
-      for (size_t f = 0; f < factors.size(); ++f) {
-        for (const Column& col : factors[f].columns) {
-          const AxisValue& v = col.values[index[f]];
-          SetPath(node, col.path, v.node);
-          run.axes.emplace_back(col.path, v.text);
-          chosen.push_back(&v);
-          cols.push_back(&col);
-        }
-      }
-      run.yaml = BlockText(node);
-      RunConfig config;
-      Status s = ParseRunConfig(run.yaml, kInternalSource, {}, &config);
-      if (!s.ok()) {
-        std::string msg = StripInternal(s.message());
-        std::string field = FieldOf(msg);
-        YAML::Mark where = root["axes"].Mark();
-        for (size_t c = 0; c < cols.size(); ++c) {
-          if (PathCovers(cols[c]->path, field)) {
-            where = chosen[c]->mark;
-            break;
-          }
-        }
-        std::vector<std::string> desc;
-        for (const auto& a : run.axes) desc.push_back(a.first + "=" + a.second);
-        err.AddLine(where, err.Where(where) + msg + " (in run " + std::to_string(r) + ": " + Join(desc, ", ") + ")");
-        continue;
-      }
-      plan.runs.push_back(std::move(run));
-    }
+    ExpandRuns(&err, root, base, factors, total, &plan);
   } catch (const YAML::Exception& e) {
     err.Add(e.mark, "sweep", e.what());
   }

@@ -1,7 +1,7 @@
 // Sweeps: parsing a sweep file and expanding it into validated run specs.
 // keeld calls ExpandSweep on a submitted SweepSpec, then PlanToMessages to get
 // the v1::Sweep and v1::Run records it stores. Every run spec is checked with
-// ParseRunConfig (worker/run_config.h), the one parser of run configs.
+// ParseRunConfig (worker/config/run_config.h), the one parser of run configs.
 //
 // A sweep file (examples/demo-sweep.yaml is one):
 //
@@ -62,7 +62,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/status.h"
+#include "kernels/base/status.h"
 #include "proto/keel.pb.h"
 
 namespace keel {

@@ -15,7 +15,7 @@
 #include <sstream>
 
 #include "worker/io/yaml_strict.h"
-#include "worker/run_config.h"
+#include "worker/config/run_config.h"
 
 namespace keel {
 namespace {
@@ -542,6 +542,177 @@ TEST(SweepTest, CombinationErrorsNameTheRun) {
       << s.message();
   EXPECT_EQ(s.message().rfind("s.yaml:6:52: ", 0), 0u) << s.message();  // the heads value 3
   EXPECT_TRUE(plan.runs.empty());
+}
+
+// ---- The pieces of ReadAxes and ExpandSweep, one test each ----
+
+// The full message of an expansion that must fail.
+std::string Refusal(const std::string& text, SweepLimits limits = SweepLimits()) {
+  SweepPlan plan;
+  plan.name = "untouched";
+  Status s = Expand(text, &plan, limits);
+  EXPECT_FALSE(s.ok()) << text;
+  EXPECT_EQ(plan.name, "untouched");
+  return s.message();
+}
+
+// ClaimPath: an axis key is a dotted run-config path, and one axis sweeps it.
+TEST(SweepTest, AxisKeysMustBeRunConfigPathsSweptByOneAxisOnly) {
+  EXPECT_EQ(Refusal(std::string(kBase) + "axes:\n  - grid: {' seed': [1], .x: [1], a..b: [1], c=d: [1]}\n"),
+            "s.yaml:8:12: axes[0].grid: ' seed' is not a run-config path (allowed: dotted keys, e.g. optimizer.lr)\n"
+            "s.yaml:8:26: axes[0].grid: '.x' is not a run-config path (allowed: dotted keys, e.g. optimizer.lr)\n"
+            "s.yaml:8:35: axes[0].grid: 'a..b' is not a run-config path (allowed: dotted keys, e.g. optimizer.lr)\n"
+            "s.yaml:8:46: axes[0].grid: 'c=d' is not a run-config path (allowed: dotted keys, e.g. optimizer.lr)");
+  // The second claim of a path names the line of the first, whatever the axis kinds.
+  EXPECT_EQ(Refusal(std::string(kBase) +
+                    "axes:\n"
+                    "  - grid: {seed: [1, 2]}\n"
+                    "  - zip: {batch: [8], seed: [3]}\n"
+                    "  - random: {count: 2, seed: 1, params: {batch: {choice: [4]}}}\n"),
+            "s.yaml:9:23: axes[1].zip: 'seed' is already swept at line 8 (allowed: one axis per path)\n"
+            "s.yaml:10:42: axes[2].random.params: 'batch' is already swept at line 9 (allowed: one axis per path)");
+}
+
+// CheckPathListMapping and ReadList: grid and zip map paths to non-empty lists.
+TEST(SweepTest, GridAndZipBodiesAreMappingsOfNonEmptyLists) {
+  EXPECT_EQ(Refusal(std::string(kBase) +
+                    "axes:\n"
+                    "  - grid: [seed]\n"
+                    "  - zip: {}\n"
+                    "  - grid: {seed: []}\n"
+                    "  - zip: {batch: 8}\n"),
+            "s.yaml:8:11: axes[0].grid: expected a mapping of path: [values]\n"
+            "s.yaml:9:10: axes[1].zip: expected at least one path: [values]\n"
+            "s.yaml:10:18: axes[2].grid.seed: expected a non-empty list of values, got a sequence\n"
+            "s.yaml:11:18: axes[3].zip.batch: expected a non-empty list of values, got 8");
+}
+
+// ZipLengthMatches: every column against the first; the zip is dropped whole.
+TEST(SweepTest, ZipColumnsAreComparedWithTheFirstColumn) {
+  EXPECT_EQ(Refusal(std::string(kBase) + "axes:\n  - zip: {seed: [1, 2], batch: [8, 16], steps: [5]}\n"),
+            "s.yaml:8:48: axes[0].zip.steps: has 1 values but seed has 2 (allowed: lists of equal length in a zip)");
+}
+
+// ReadCountAndSeed: both required, count in 1 .. 2^40, seed >= 0.
+TEST(SweepTest, RandomCountAndSeedAreRequiredAndInRange) {
+  EXPECT_EQ(Refusal(std::string(kBase) +
+                    "axes:\n"
+                    "  - random: {params: {seed: {choice: [1]}}}\n"
+                    "  - random: {count: 0, seed: -1, params: {batch: {choice: [8]}}}\n"
+                    "  - random: {count: 1099511627777, seed: 1, params: {steps: {choice: [5]}}}\n"),
+            "s.yaml:8:13: axes[0].random.count: missing (the number of samples)\n"
+            "s.yaml:8:13: axes[0].random.seed: missing (random axes are reproducible from their seed)\n"
+            "s.yaml:9:21: axes[1].random.count: 0 is out of range (allowed: 1 .. 1099511627776)\n"
+            "s.yaml:9:30: axes[1].random.seed: -1 is out of range (allowed: 0 .. 9223372036854775807)\n"
+            "s.yaml:10:21: axes[2].random.count: 1099511627777 is out of range (allowed: 1 .. 1099511627776)");
+}
+
+// CheckDistribution and CheckRange: each param's distribution is checked
+// before anything is sampled, and every bad one is reported.
+TEST(SweepTest, RandomDistributionsAreCheckedBeforeSampling) {
+  EXPECT_EQ(Refusal(std::string(kBase) +
+                    "axes:\n"
+                    "  - random:\n"
+                    "      count: 2\n"
+                    "      seed: 1\n"
+                    "      params:\n"
+                    "        optimizer.lr: {log_uniform: [0, 1e-3]}\n"
+                    "        optimizer.beta2: {uniform: [0.999, 0.95]}\n"
+                    "        seed: {uniform: [1]}\n"
+                    "        batch: {uniform: [8, many]}\n"
+                    "        steps: {choice: []}\n"
+                    "        model.width: {normal: [0, 1]}\n"
+                    "        model.layers: 3\n"),
+            "s.yaml:12:37: axes[0].random.params.optimizer.lr.log_uniform: [0, 1e-3] is not a range (allowed: lo <= hi, lo > 0)\n"
+            "s.yaml:13:36: axes[0].random.params.optimizer.beta2.uniform: [0.999, 0.95] is not a range (allowed: lo <= hi)\n"
+            "s.yaml:14:25: axes[0].random.params.seed.uniform: expected [lo, hi]\n"
+            "s.yaml:15:30: axes[0].random.params.batch.uniform: 'many' is not a finite number\n"
+            "s.yaml:16:25: axes[0].random.params.steps.choice: expected a non-empty list of values\n"
+            "s.yaml:17:23: axes[0].random.params.model.width: unknown distribution 'normal' (allowed: uniform, "
+            "log_uniform, choice)\n"
+            "s.yaml:18:23: axes[0].random.params.model.layers: expected one of {uniform: [lo, hi]}, "
+            "{log_uniform: [lo, hi]}, {choice: [values]}");
+  // lo == hi is a range; log_uniform needs lo > 0 only.
+  SweepPlan plan;
+  Status s = Expand(std::string(kBase) +
+                        "axes:\n  - random: {count: 3, seed: 1, params: {optimizer.lr: {log_uniform: [1e-3, 1e-3]},"
+                        " optimizer.beta2: {uniform: [-0.5, 0.9]}}}\n",
+                    &plan);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_EQ(plan.runs.size(), 3u);
+  for (const ExpandedRun& run : plan.runs) EXPECT_EQ(run.axes[0].second, "0.001");
+}
+
+// CheckRunCount: a product past int64 is reported without overflowing.
+TEST(SweepTest, RunCountPastInt64IsReportedAsMoreThan2To63) {
+  EXPECT_EQ(Refusal(std::string(kBase) +
+                    "axes:\n"
+                    "  - random: {count: 1099511627776, seed: 1, params: {seed: {choice: [1]}}}\n"
+                    "  - random: {count: 1099511627776, seed: 2, params: {batch: {choice: [8]}}}\n"
+                    "  - grid: {steps: [1, 2, 3]}\n"),
+            "s.yaml:8:3: axes: random (1099511627776) x random (1099511627776) x grid steps (3) = more than 2^63 "
+            "runs, more than the limit of 10000 (allowed: at most 10000 runs per sweep)");
+}
+
+// Draft: run r takes factor f's value (r / (product of the later sizes)) mod
+// size f, i.e. the first factor varies slowest; a zip moves its paths together.
+TEST(SweepTest, RunsVaryTheFirstFactorSlowestAndZipColumnsTogether) {
+  SweepPlan plan;
+  Status s = Expand(std::string(kBase) +
+                        "axes:\n"
+                        "  - grid: {seed: [1, 2]}\n"
+                        "  - zip: {batch: [8, 16, 32], steps: [10, 20, 30]}\n"
+                        "  - grid: {log_every: [1, 5]}\n",
+                    &plan);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::vector<std::vector<std::pair<std::string, std::string>>> want;
+  for (const char* seed : {"1", "2"}) {
+    for (int z = 0; z < 3; ++z) {
+      for (const char* every : {"1", "5"}) {
+        want.push_back({{"seed", seed},
+                        {"batch", std::to_string(8 << z)},
+                        {"steps", std::to_string(10 * (z + 1))},
+                        {"log_every", every}});
+      }
+    }
+  }
+  ASSERT_EQ(plan.runs.size(), want.size());
+  for (size_t r = 0; r < want.size(); ++r) {
+    EXPECT_EQ(plan.runs[r].axes, want[r]) << "run " << r;
+    RunConfig c = Parse(plan.runs[r]);
+    EXPECT_EQ(std::to_string(c.batch), want[r][1].second) << "run " << r;
+    EXPECT_EQ(std::to_string(c.steps), want[r][2].second) << "run " << r;
+  }
+}
+
+// Draft: the sweep's policy goes to runs whose base has none of its own.
+TEST(SweepTest, SweepPolicyGoesOnlyToRunsWithoutTheirOwn) {
+  const std::string policy = "policy: {max_interventions: 9, rules: [{when: [loss_zscore], do: [stop]}]}\n";
+  SweepPlan plan;
+  Status own = Expand(std::string(kBase) + policy, &plan);
+  ASSERT_TRUE(own.ok()) << own.message();
+  ASSERT_EQ(plan.runs.size(), 1u);
+  EXPECT_EQ(Parse(plan.runs[0]).policy.max_interventions, 9);
+  Status s = Expand(std::string(kBase) +
+                        "  policy: {max_interventions: 2, rules: [{when: [nonfinite], do: [stop]}]}\n" + policy,
+                    &plan);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_EQ(plan.runs.size(), 1u);
+  EXPECT_EQ(Parse(plan.runs[0]).policy.max_interventions, 2);
+}
+
+// BaseErrorMark: when base's text cannot keep the file's positions (a one-line
+// file), its errors are reported at base itself.
+TEST(SweepTest, BaseErrorsFallBackToBasesPositionWhenItsTextIsNotExact) {
+  EXPECT_EQ(Refusal("{name: t, base: {steps: 10, batch: -5}}\n"),
+            "s.yaml:1:17: base.batch: -5 is out of range (allowed: 1 .. 16777216)");
+}
+
+// ReadName: a scalar, checked by NameProblem.
+TEST(SweepTest, NameMustBeAScalar) {
+  EXPECT_EQ(Refusal("name: [a]\nbase: {steps: 10}\n"),
+            "s.yaml:1:7: name: 'a sequence' is not allowed (allowed: [A-Za-z0-9_.-]+, at most 128 characters, not "
+            "starting with '.')");
 }
 
 // The demo sweep, a data dependency (runfiles path from the test's directory).

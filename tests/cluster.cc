@@ -85,7 +85,7 @@ void Cluster::StartKeeld() {
 void Cluster::KillKeeld() { keeld_->Kill(SIGKILL); }
 
 Process* Cluster::AddWorker(const std::string& name, std::vector<std::string> extra) {
-  std::vector<std::string> args = {"worker/keel-worker", "--server",      Address(), "--trainer",        "worker/keel-train",
+  std::vector<std::string> args = {"worker/agent/keel-worker", "--server",      Address(), "--trainer",        "worker/engine/keel-train",
                                    "--work-dir",         dir_ + "/" + name, "--cpu-slots", "1", "--metrics-listen", "off"};
   args.insert(args.end(), extra.begin(), extra.end());
   workers_[name].reset(new Process(args, dir_ + "/" + name + ".log"));

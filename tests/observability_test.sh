@@ -19,7 +19,7 @@ export KEEL_TOKEN=$KEEL_USER_TOKENS KEEL_SERVER="127.0.0.1:$port"
 server/keeld --listen "$KEEL_SERVER" --state-dir "$work/state" --metrics-listen "127.0.0.1:$metrics_port" 2> "$work/keeld.log" &
 pids=($!)
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-worker/keel-worker --server "$KEEL_SERVER" --trainer worker/keel-train --work-dir "$work/w" --no-gpus --cpu-slots 2 \
+worker/agent/keel-worker --server "$KEEL_SERVER" --trainer worker/engine/keel-train --work-dir "$work/w" --no-gpus --cpu-slots 2 \
   --metrics-listen "127.0.0.1:$worker_metrics_port" --quiet 2> "$work/worker.log" &
 pids+=($!)
 

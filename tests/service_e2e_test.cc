@@ -114,7 +114,7 @@ TEST(ServiceE2eTest, WorkerKilledMidRunResumesElsewhereWithTheSameFinalLoss) {
   // The same run uninterrupted, by keel-train directly.
   const std::string dir = cluster.dir() + "/direct";
   std::ofstream(cluster.dir() + "/direct.yaml") << submitted.runs(0).spec().yaml();
-  ASSERT_EQ(std::system(("worker/keel-train --quiet --config " + cluster.dir() + "/direct.yaml --run-dir " + dir).c_str()), 0);
+  ASSERT_EQ(std::system(("worker/engine/keel-train --quiet --config " + cluster.dir() + "/direct.yaml --run-dir " + dir).c_str()), 0);
   std::ifstream metrics(dir + "/metrics.jsonl");
   std::string line, last;
   while (std::getline(metrics, line)) last = line;
@@ -471,7 +471,7 @@ TEST(ServiceE2eTest, HostileInputIsRefusedWithReasonsAndNothingCrashes) {
   EXPECT_EQ(out, "keel: --token-file " + dir + "/bad.token: contains a control character 0x1B at offset 3 (allowed: "
                  "printable ASCII without spaces)\n");
   // keel-worker: the same rule for its join token.
-  EXPECT_EQ(RunTool("KEEL_WORKER_TOKEN=\"$(printf 'worker\\ntoken')\" worker/keel-worker --server " + cluster.Address() +
+  EXPECT_EQ(RunTool("KEEL_WORKER_TOKEN=\"$(printf 'worker\\ntoken')\" worker/agent/keel-worker --server " + cluster.Address() +
                         " --work-dir " + dir + "/w --metrics-listen off",
                     dir, &out),
             2)
@@ -484,7 +484,7 @@ TEST(ServiceE2eTest, HostileInputIsRefusedWithReasonsAndNothingCrashes) {
   ASSERT_EQ(std::system(("mkdir -p '" + train_dir + "'").c_str()), 0);
   char cwd[4096];
   ASSERT_NE(getcwd(cwd, sizeof(cwd)), nullptr);
-  const std::string trainer = std::string(cwd) + "/worker/keel-train";
+  const std::string trainer = std::string(cwd) + "/worker/engine/keel-train";
   EXPECT_EQ(RunTool("cd '" + train_dir + "' && " + trainer + " --config " + dir + "/garbage.yaml", dir, &out), 2) << out;
   EXPECT_NE(out.find(dir + "/garbage.yaml:2:1: not a text file: byte 0x"), std::string::npos) << out;
   WriteFile(dir + "/escape.yaml", "name: ../escape\nmodel: {type: proxy, layers: 1, width: 8}\nsteps: 1\nbatch: 4\n");

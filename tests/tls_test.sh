@@ -37,7 +37,7 @@ set -e
 [ "$plaintext" = 3 ] || { echo "FAIL: plaintext gave exit $plaintext, want 3"; exit 1; }
 [ "$half" = 2 ] || { echo "FAIL: --tls-cert without --tls-key gave exit $half, want 2"; exit 1; }
 
-worker/keel-worker "${tls[@]}" --server "$KEEL_SERVER" --trainer worker/keel-train --work-dir "$work/w" \
+worker/agent/keel-worker "${tls[@]}" --server "$KEEL_SERVER" --trainer worker/engine/keel-train --work-dir "$work/w" \
   --no-gpus --cpu-slots 1 --metrics-listen off 2> "$work/worker.log" &
 pids+=($!)
 for _ in $(seq 50); do

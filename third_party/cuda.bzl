@@ -20,7 +20,8 @@ _NVCC_FLAGS = [
 
 # nvcc_hdrs: headers of other packages that the .cu files include (labels such as
 # "//kernels:quant_core.h"), so that the nvcc action sees them and reruns when they
-# change; headers of this package are seen already (hdrs and every *.h here).
+# change; headers of this package are seen already (hdrs and every *.h here), and
+# so is the base package (//kernels/base), which any .cu file may include.
 def cuda_library(name, srcs, hdrs = [], deps = [], fallback_srcs = [], nvcc_hdrs = [], visibility = None, **kwargs):
     if not HAS_CUDA:
         native.cc_library(
@@ -39,7 +40,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], fallback_srcs = [], nvcc_hdrs
         rule_name = name + "_" + src.replace("/", "_").replace(".", "_")
         native.genrule(
             name = rule_name,
-            srcs = [src] + local_hdrs + nvcc_hdrs,
+            srcs = [src] + local_hdrs + nvcc_hdrs + ["//kernels/base:nvcc_headers"],
             outs = [obj],
             cmd = "%s %s -c $(location %s) -o $@" % (NVCC, " ".join(_NVCC_FLAGS), src),
             message = "nvcc " + src,

@@ -1,6 +1,6 @@
 // CRC-32 as in zlib, gzip and PNG (IEEE 802.3 polynomial 0x04C11DB7, reflected
-// 0xEDB88320, initial value and final xor 0xFFFFFFFF). Crc32 of "123456789" is
-// 0xCBF43926.
+// 0xEDB88320, initial value and final xor 0xFFFFFFFF), computed by zlib. Crc32
+// of "123456789" is 0xCBF43926.
 #ifndef KEEL_WORKER_IO_CRC32_H_
 #define KEEL_WORKER_IO_CRC32_H_
 

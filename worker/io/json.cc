@@ -1,13 +1,23 @@
-// JSON parser (recursive descent over the bytes) and writer.
+// JSON: the value type, ParseJson (simdjson, and a recursive-descent parser
+// over the bytes for what simdjson refuses) and the writer.
+//
+// The writer is our own: it serializes metric lines in 20-30% less time than
+// nlohmann_json's dump() (bench/json_bench), and dump() would write NaN as
+// null and the double 2 as "2.0", where metrics.jsonl has "NaN" and 2.
 #include "worker/io/json.h"
 
+#include <algorithm>
 #include <charconv>
 #include <clocale>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <locale.h>
+#include <memory>
+#include <string_view>
 #include <unordered_set>
+
+#include <simdjson.h>
 
 #include "worker/io/utf8.h"
 
@@ -519,7 +529,144 @@ bool JsonValue::operator==(const JsonValue& other) const {
   return false;
 }
 
+// Builds a JsonValue from simdjson's DOM. Read() is false where the result
+// would not be ParseJsonBytewise's: a duplicate key (simdjson keeps both), or
+// an integer 0 when the text holds the number "-0" (simdjson reads it as the
+// integer 0, dropping the sign the bytewise parser keeps).
+class SimdjsonReader {
+ public:
+  // Documents up to this size are read by a parser kept per thread (it keeps
+  // its buffers, sized to the largest document it has seen); larger ones (a
+  // big checkpoint header) by a parser of their own, freed afterwards.
+  static constexpr size_t kKeptParserBytes = size_t{1} << 20;
+
+  static bool Read(const std::string& text, JsonValue* out) {
+    if (text.size() > kKeptParserBytes) {
+      simdjson::dom::parser parser;
+      return ReadWith(&parser, text, out);
+    }
+    thread_local std::unique_ptr<simdjson::dom::parser> kept;
+    if (kept == nullptr) kept = std::make_unique<simdjson::dom::parser>();
+    return ReadWith(kept.get(), text, out);
+  }
+
+ private:
+  static bool ReadWith(simdjson::dom::parser* parser, const std::string& text, JsonValue* out) {
+    // The same depth limit as the bytewise parser: kMaxJsonDepth nested
+    // arrays and objects are read, one more is refused.
+    if (parser->max_depth() != kMaxJsonDepth &&
+        parser->allocate(std::max(text.size(), size_t{4096}), kMaxJsonDepth) != simdjson::SUCCESS) {
+      return false;
+    }
+    simdjson::dom::element root;
+    if (parser->parse(text).get(root) != simdjson::SUCCESS) return false;
+    SimdjsonReader reader;
+    JsonValue value;
+    if (!reader.Convert(root, &value)) return false;
+    if (reader.saw_int_zero_ && HasNegativeZero(text)) return false;
+    *out = std::move(value);
+    return true;
+  }
+
+  bool Convert(simdjson::dom::element e, JsonValue* out) {
+    switch (e.type()) {
+      case simdjson::dom::element_type::OBJECT: {
+        simdjson::dom::object object;
+        if (e.get_object().get(object) != simdjson::SUCCESS) return false;
+        out->type_ = JsonValue::Type::kObject;
+        out->members_.reserve(object.size());
+        for (simdjson::dom::key_value_pair kv : object) {
+          out->members_.emplace_back(std::string(kv.key), JsonValue());
+          if (!Convert(kv.value, &out->members_.back().second)) return false;
+        }
+        return UniqueKeys(out->members_);
+      }
+      case simdjson::dom::element_type::ARRAY: {
+        simdjson::dom::array array;
+        if (e.get_array().get(array) != simdjson::SUCCESS) return false;
+        out->type_ = JsonValue::Type::kArray;
+        out->array_.resize(array.size());
+        size_t i = 0;
+        for (simdjson::dom::element x : array) {
+          if (!Convert(x, &out->array_[i++])) return false;
+        }
+        return true;
+      }
+      case simdjson::dom::element_type::INT64: {
+        int64_t v = 0;
+        if (e.get_int64().get(v) != simdjson::SUCCESS) return false;
+        saw_int_zero_ |= v == 0;
+        out->SetInt(v);
+        return true;
+      }
+      case simdjson::dom::element_type::UINT64: {  // above INT64_MAX: a double only
+        uint64_t v = 0;
+        if (e.get_uint64().get(v) != simdjson::SUCCESS) return false;
+        out->SetUint(v);
+        return true;
+      }
+      case simdjson::dom::element_type::DOUBLE: {
+        double v = 0;
+        if (e.get_double().get(v) != simdjson::SUCCESS) return false;
+        *out = JsonValue(v);
+        return true;
+      }
+      case simdjson::dom::element_type::STRING: {
+        std::string_view v;
+        if (e.get_string().get(v) != simdjson::SUCCESS) return false;
+        out->type_ = JsonValue::Type::kString;
+        out->string_.assign(v.data(), v.size());
+        return true;
+      }
+      case simdjson::dom::element_type::BOOL: {
+        bool v = false;
+        if (e.get_bool().get(v) != simdjson::SUCCESS) return false;
+        *out = JsonValue(v);
+        return true;
+      }
+      case simdjson::dom::element_type::NULL_VALUE: *out = JsonValue(); return true;
+    }
+    return false;
+  }
+
+  // Pairwise for small objects (a metric line's are), sorted beyond.
+  static bool UniqueKeys(const std::vector<JsonValue::Member>& members) {
+    const size_t n = members.size();
+    if (n <= 16) {
+      for (size_t i = 1; i < n; ++i) {
+        for (size_t j = 0; j < i; ++j) {
+          if (members[i].first == members[j].first) return false;
+        }
+      }
+      return true;
+    }
+    std::vector<std::string_view> keys;
+    keys.reserve(n);
+    for (const JsonValue::Member& m : members) keys.emplace_back(m.first);
+    std::sort(keys.begin(), keys.end());
+    return std::adjacent_find(keys.begin(), keys.end()) == keys.end();
+  }
+
+  // True when the text holds '-' '0' not followed by a digit, '.', 'e' or
+  // 'E': the number -0 (or those bytes inside a string, which costs only the
+  // bytewise parse).
+  static bool HasNegativeZero(const std::string& text) {
+    for (size_t i = text.find("-0"); i != std::string::npos; i = text.find("-0", i + 1)) {
+      const char next = i + 2 < text.size() ? text[i + 2] : ' ';
+      if (!(next >= '0' && next <= '9') && next != '.' && next != 'e' && next != 'E') return true;
+    }
+    return false;
+  }
+
+  bool saw_int_zero_ = false;
+};
+
 Status ParseJson(const std::string& text, JsonValue* out) {
+  if (SimdjsonReader::Read(text, out)) return Status::Ok();
+  return ParseJsonBytewise(text, out);
+}
+
+Status ParseJsonBytewise(const std::string& text, JsonValue* out) {
   JsonValue value;
   Status s = Parser(text).ParseDocument(&value);
   if (!s.ok()) return s;

@@ -1,6 +1,6 @@
 // Tests of the JSON value, parser and writer: round trips, escaping, exact
-// integers, shortest doubles, non-finite values as strings, and parse errors
-// with their byte offsets.
+// integers, shortest doubles, non-finite values as strings, parse errors with
+// their byte offsets, and ParseJson (simdjson) against ParseJsonBytewise.
 #include "worker/io/json.h"
 
 #include <cmath>
@@ -8,6 +8,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -250,6 +252,125 @@ TEST(JsonTest, WrongTypeAccessorsReturnDefaults) {
   EXPECT_EQ(s.Find("x"), nullptr);
   EXPECT_EQ(JsonValue(3).string_value(), "");
   EXPECT_EQ(s.size(), 0u);
+}
+
+TEST(JsonTest, NegativeZeroKeepsItsSignWhereverItStands) {
+  // simdjson reads "-0" as the integer 0; ParseJson must not.
+  JsonValue v = MustParse("{\"a\":[0,-0],\"b\":-0,\"c\":\"x-0\",\"d\":-0.5}");
+  EXPECT_TRUE(std::signbit(v.Find("a")->array()[1].number()));
+  EXPECT_FALSE(v.Find("a")->array()[1].is_int());
+  EXPECT_TRUE(v.Find("a")->array()[0].is_int());
+  EXPECT_TRUE(std::signbit(v.Find("b")->number()));
+  EXPECT_EQ(ToJson(v), "{\"a\":[0,-0],\"b\":-0,\"c\":\"x-0\",\"d\":-0.5}");
+  EXPECT_TRUE(std::signbit(MustParse("-0e5").number()));
+}
+
+TEST(JsonTest, IntegersBeyondSixtyFourBitsReadAsDoubles) {
+  // simdjson refuses these; they are valid JSON and read as before.
+  JsonValue v = MustParse("[18446744073709551616, -9223372036854775809, 123456789012345678901234567890]");
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_FALSE(v.array()[0].is_int());
+  EXPECT_EQ(v.array()[0].number(), 18446744073709551616.0);
+  EXPECT_EQ(v.array()[1].number(), -9223372036854775809.0);
+  EXPECT_EQ(v.array()[2].number(), 123456789012345678901234567890.0);
+  EXPECT_EQ(MustParse(ToJson(JsonValue(uint64_t{18446744073709551615u}))).number(), 18446744073709551616.0);
+}
+
+TEST(JsonTest, DuplicateKeysAreRefusedInLargeObjectsToo) {
+  std::string text = "{";
+  for (int i = 0; i < 40; ++i) text += "\"k" + std::to_string(i) + "\":" + std::to_string(i) + ",";
+  MustParse(text.substr(0, text.size() - 1) + "}");
+  const std::string dup = text + "\"k17\":0}";
+  EXPECT_EQ(ParseError(dup), "JSON: at byte " + std::to_string(text.size()) +
+                                 ": expected a unique object key, found a second \"k17\"");
+  // Nested: the inner object's duplicate.
+  EXPECT_EQ(ParseError("{\"a\":{\"x\":1,\"x\":1},\"x\":2}"),
+            "JSON: at byte 12: expected a unique object key, found a second \"x\"");
+}
+
+TEST(JsonTest, ObjectNestingHasTheSameLimitAsArrays) {
+  std::string ok;
+  for (int i = 0; i < kMaxJsonDepth; ++i) ok += "{\"a\":";
+  ok += "1" + std::string(kMaxJsonDepth, '}');
+  MustParse(ok);
+  EXPECT_EQ(ParseError("{\"a\":" + ok + "}"),
+            "JSON: at byte " + std::to_string(5 * kMaxJsonDepth) + ": expected nesting no deeper than 512, found '{'");
+}
+
+TEST(JsonTest, DocumentsBeyondAMegabyteParse) {
+  std::string text = "[";
+  while (text.size() < (size_t{3} << 20)) text += "{\"saturated\":0.000123456789,\"name\":\"h.11.mlp.c_fc\"},";
+  text.back() = ']';
+  JsonValue v = MustParse(text);
+  ASSERT_GT(v.size(), 10000u);
+  EXPECT_EQ(v.array().back().Find("saturated")->number(), 0.000123456789);
+  // And a small one after it, on the same thread.
+  EXPECT_EQ(MustParse("[1]").array()[0].int_value(), 1);
+}
+
+TEST(JsonTest, ThreadsParseAtTheSameTime) {
+  std::vector<std::thread> threads;
+  std::vector<int> failures(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([t, &failures] {
+      for (int i = 0; i < 2000; ++i) {
+        const std::string text = "{\"step\":" + std::to_string(i) + ",\"t\":" + std::to_string(t) + "}";
+        JsonValue v;
+        if (!ParseJson(text, &v).ok() || v.Find("step")->int_value() != i || v.Find("t")->int_value() != t) {
+          ++failures[t];
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(failures, std::vector<int>(4, 0));
+}
+
+// ParseJson reads with simdjson and hands what simdjson refuses to
+// ParseJsonBytewise; the two must give the same result on every input. Valid
+// documents of every kind, mutated byte by byte into near misses.
+TEST(JsonTest, ParseJsonAgreesWithTheBytewiseParserOnMutatedDocuments) {
+  const std::vector<std::string> seeds = {
+      "{\"step\":12,\"attempt\":1,\"unix_ms\":1767225600972,\"loss\":3.2841796875,\"lr\":0.0006,"
+      "\"scheme\":\"mxfp8_e4m3\",\"grad_norm\":\"Infinity\",\"grad_norm_layers\":{\"embed\":0.25,\"0\":1e-05},"
+      "\"quant\":{\"h.0.attn.c_attn\":{\"fwd_x\":{\"saturated\":0.000123,\"nan_blocks\":0}}},"
+      "\"probe\":{\"cosine\":0.99,\"zeta\":-0.0123},\"skipped\":true}",
+      "[0,-0,1e3,-0.0,2.0,9223372036854775807,9223372036854775808,18446744073709551616,1e-999,-12.5E-1,5e-324]",
+      "{\"b\":[1,-2,3.25,\"x\",null,true,false,{}],\"a\":{\"n\":[[]],\"e\":\"\"},\"c\":-0.001}",
+      "\"q\\\"b\\\\s\\/\\b\\f\\n\\r\\t\\u0001\\u00e9\\ud83d\\ude00\xC3\xA9\xF0\x9F\x98\x80\"",
+      " {\"z\": null, \"a\" : [ true , false ] }\n",
+  };
+  const std::string alphabet = std::string("-+0123456789.eE\"\\u{}[],: \n\tntfalsrx/") + "\x01\x7f\xC3\xA9\xFF\xED";
+  std::mt19937 rng(11);
+  int accepted = 0;
+  for (int i = 0; i < 30000; ++i) {
+    std::string text = seeds[rng() % seeds.size()];
+    const int edits = 1 + static_cast<int>(rng() % 3);
+    for (int e = 0; e < edits && !text.empty(); ++e) {
+      const size_t pos = rng() % text.size();
+      const char c = alphabet[rng() % alphabet.size()];
+      switch (rng() % 3) {
+        case 0: text[pos] = c; break;
+        case 1: text.insert(text.begin() + pos, c); break;
+        default: text.erase(pos, 1);
+      }
+    }
+    JsonValue fast = "unchanged", bytewise = "unchanged";
+    const Status a = ParseJson(text, &fast);
+    const Status b = ParseJsonBytewise(text, &bytewise);
+    ASSERT_EQ(a.ok(), b.ok()) << text;
+    if (a.ok()) {
+      ++accepted;
+      ASSERT_EQ(fast, bytewise) << text;
+      ASSERT_EQ(ToJson(fast), ToJson(bytewise)) << text;  // tells -0 from 0
+    } else {
+      ASSERT_EQ(a.message(), b.message()) << text;
+      ASSERT_EQ(fast, JsonValue("unchanged")) << text;
+    }
+  }
+  // The mutations must reach both outcomes, or the test proves little.
+  EXPECT_GT(accepted, 1000);
+  EXPECT_LT(accepted, 29000);
 }
 
 }  // namespace

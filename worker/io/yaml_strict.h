@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/status.h"
+#include "kernels/base/status.h"
 
 namespace YAML {
 class Node;

@@ -1,0 +1,85 @@
+// Flag parsing on CLI11 with Keel's messages (flags.h).
+#include "kernels/base/flags.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace keel {
+
+CLI::Validator IntFlag(int64_t lo, int64_t hi) {
+  const std::string range = std::to_string(lo) + " .. " + std::to_string(hi);
+  return CLI::Validator(
+      [lo, hi, range](std::string& text) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const long long n = std::strtoll(text.c_str(), &end, 10);
+        if (text.empty() || *end != '\0' || errno == ERANGE || n < lo || n > hi) {
+          return "'" + text + "' is not allowed (" + range + ")";
+        }
+        return std::string();
+      },
+      range);
+}
+
+namespace {
+
+// CLI11 says a missing value as "--name: 1 required TEXT missing"; Keel's
+// binaries say "--name needs a value". Other errors keep CLI11's words.
+std::string Describe(const CLI::ParseError& e, const std::string& program) {
+  const std::string what = e.what();
+  if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) != nullptr) {
+    const size_t colon = what.find(':');
+    const std::string flag = colon == std::string::npos ? what : what.substr(0, colon);
+    return flag + " needs a value (see " + program + " --help)";
+  }
+  return what;
+}
+
+}  // namespace
+
+FlagsOutcome ParseFlags(CLI::App& app, const std::string& program, const char* usage, int argc,
+                        char** argv, int first) {
+  bool help = false;
+  app.set_help_flag();
+  app.add_flag("-h,--help", help);
+  app.allow_extras(true);  // reported below, first one first
+  // A single-valued flag given twice takes the last value (scripts append
+  // overrides to a base command line).
+  for (CLI::Option* option : app.get_options()) {
+    if (option->get_expected_max() == 1) option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  }
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= first; --i) args.push_back(argv[i]);  // CLI11 wants them reversed
+  FlagsOutcome outcome;
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    // --help wins over any other problem on the same command line.
+    for (int i = first; i < argc; ++i) {
+      if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") help = true;
+    }
+    if (!help) {
+      std::fprintf(stderr, "%s: %s\n", program.c_str(), Describe(e, program).c_str());
+      outcome.proceed = false;
+      outcome.exit_code = 2;
+      return outcome;
+    }
+  }
+  if (!help && !app.remaining().empty()) {
+    std::fprintf(stderr, "%s: unknown argument '%s' (see %s --help)\n", program.c_str(),
+                 app.remaining().front().c_str(), program.c_str());
+    outcome.proceed = false;
+    outcome.exit_code = 2;
+    return outcome;
+  }
+  if (help) {
+    std::fputs(usage, stdout);
+    outcome.proceed = false;
+    outcome.exit_code = 0;
+  }
+  return outcome;
+}
+
+}  // namespace keel

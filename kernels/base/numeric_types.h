@@ -1,0 +1,81 @@
+// The names of Keel's numeric formats: what a precision scheme says about an
+// operand, without the arithmetic. keeld and the CLI validate run configs
+// against these types, so they live here, apart from the quantizers and the
+// kernels (kernels/formats.h, kernels/quantize.h, kernels/nn.h), which include
+// this header and give the words their meaning (docs/numerics.md).
+#ifndef KEEL_KERNELS_BASE_NUMERIC_TYPES_H_
+#define KEEL_KERNELS_BASE_NUMERIC_TYPES_H_
+
+#include <cstdint>
+#include <string>
+
+namespace keel {
+
+// Element formats (docs/numerics.md, "Element formats").
+enum class ElemFormat { kE4M3, kE5M2, kE3M2, kE2M3, kE2M1 };
+
+// Rounding of a value to a grid point.
+//   kNearestEven: ties to even (what hardware conversions do)
+//   kNearestAway: ties away from zero (the MX reference library's "nearest")
+//   kStochastic:  round away from zero with probability equal to the fraction;
+//                 the caller supplies the uniform u in [0, 1)
+enum class Rounding { kNearestEven, kNearestAway, kStochastic };
+
+// Parses "nearest_even" | "nearest_away" | "stochastic".
+bool ParseRounding(const std::string& text, Rounding* out);
+const char* RoundingName(Rounding rounding);
+
+// The quantization formats keel-quant and precision schemes name.
+enum class QuantFormat {
+  kMxfp8E4M3, kMxfp8E5M2, kMxfp6E3M2, kMxfp6E2M3, kMxfp4, kNvfp4, kFp8E4M3, kFp8E5M2, kBf16,
+};
+
+// "mxfp8_e4m3" ... "bf16". Returns false for an unknown name.
+bool ParseQuantFormat(const std::string& text, QuantFormat* out);
+const char* QuantFormatName(QuantFormat format);
+// Comma-separated list of every accepted name, for error messages and --help.
+std::string QuantFormatNames();
+bool IsMx(QuantFormat format);
+// The element format of an MX or per-tensor FP8 format (E2M1 for nvfp4).
+ElemFormat ElementOf(QuantFormat format);
+
+// How one GEMM operand is rounded before the product (one role of a precision
+// scheme, docs/numerics.md "Precision schemes"). kind == kFp32 leaves the
+// operand untouched.
+struct OperandFormat {
+  enum class Kind { kFp32, kQuant };
+  Kind kind = Kind::kFp32;
+  QuantFormat format = QuantFormat::kBf16;   // when kind == kQuant
+  Rounding rounding = Rounding::kNearestEven;
+  int mx_block = 32;                         // MX formats
+  bool bump_exponent = false;                // MX: the instability paper's fix
+  bool tile_16x16 = false;                   // NVFP4: one amax per 16x16 tile
+  bool rht = false;                          // NVFP4: random Hadamard transform first
+
+  bool quantized() const { return kind == Kind::kQuant; }
+};
+
+// The six operand roles of a quantized linear layer, in this order everywhere
+// (metrics labels use these names).
+enum class Role { kFwdX, kFwdW, kDgradDy, kDgradW, kWgradDy, kWgradX };
+constexpr int kRoleCount = 6;
+const char* RoleName(Role role);  // "fwd_x", "fwd_w", "dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x"
+
+// The per-role seed the kernels use: a fixed 64-bit mix of (seed, role).
+uint64_t RoleSeed(uint64_t seed, Role role);
+
+// Formats of one linear layer's six roles plus what the kernels need to draw
+// stochastic-rounding bits and to record statistics.
+struct LinearQuant {
+  OperandFormat role[kRoleCount];
+  // Stochastic rounding of role r in this call uses seed RoleSeed(seed, r): the
+  // model passes a seed unique to (run seed, step, micro-step, layer, pass).
+  uint64_t seed = 0;
+  // Statistics slot (0 .. stats_slots-1 of ResetOperandStats) whose six role
+  // counters this call adds to; -1 records nothing.
+  int stats_slot = -1;
+};
+
+}  // namespace keel
+
+#endif  // KEEL_KERNELS_BASE_NUMERIC_TYPES_H_

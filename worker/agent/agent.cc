@@ -1,0 +1,441 @@
+// keel-worker's agent (see agent.h).
+#include "worker/agent/agent.h"
+
+#include <dlfcn.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "proto/channel.h"
+#include "proto/keel.grpc.pb.h"
+#include "worker/io/json.h"
+#include "proto/event_kinds.h"
+#include "worker/run/trainer_exit.h"
+
+namespace keel {
+namespace {
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Commands read by the stream's reader thread, handled on the agent thread.
+class CommandQueue {
+ public:
+  void Push(v1::WorkerCommand c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands_.push_back(std::move(c));
+  }
+  std::vector<v1::WorkerCommand> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<v1::WorkerCommand> out(commands_.begin(), commands_.end());
+    commands_.clear();
+    return out;
+  }
+
+ private:
+  std::mutex mu_;  // guards commands_
+  std::deque<v1::WorkerCommand> commands_;
+};
+
+}  // namespace
+
+namespace {
+
+// NVML through dlopen: no build-time CUDA dependency, and a machine without the
+// driver simply has no GPUs. Loaded once and kept (unloading it while the driver
+// holds state is not safe).
+struct Nvml {
+  struct Memory {
+    unsigned long long total, free, used;
+  };
+  int (*count)(unsigned int*) = nullptr;
+  int (*handle)(unsigned int, void**) = nullptr;
+  int (*name)(void*, char*, unsigned int) = nullptr;
+  int (*memory)(void*, Memory*) = nullptr;
+  bool ok = false;
+
+  static const Nvml& Get() {
+    static const Nvml* nvml = [] {
+      Nvml* n = new Nvml;
+      void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+      if (!lib) return n;
+      auto init = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlInit_v2"));
+      n->count = reinterpret_cast<int (*)(unsigned int*)>(dlsym(lib, "nvmlDeviceGetCount_v2"));
+      n->handle = reinterpret_cast<int (*)(unsigned int, void**)>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+      n->name = reinterpret_cast<int (*)(void*, char*, unsigned int)>(dlsym(lib, "nvmlDeviceGetName"));
+      n->memory = reinterpret_cast<int (*)(void*, Memory*)>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
+      n->ok = init && n->count && n->handle && n->name && n->memory && init() == 0;
+      return n;
+    }();
+    return *nvml;
+  }
+};
+
+}  // namespace
+
+std::vector<v1::Device> DetectGpus() {
+  // Indices are NVML's (PCI bus order); the trainer gets CUDA_DEVICE_ORDER=PCI_BUS_ID
+  // so that CUDA counts the same way.
+  std::vector<v1::Device> devices;
+  const Nvml& nvml = Nvml::Get();
+  unsigned int n = 0;
+  if (!nvml.ok || nvml.count(&n) != 0) return devices;
+  for (unsigned int i = 0; i < n; ++i) {
+    void* h = nullptr;
+    if (nvml.handle(i, &h) != 0) continue;
+    char text[96] = {0};
+    Nvml::Memory mem = {0, 0, 0};
+    nvml.name(h, text, sizeof(text));
+    nvml.memory(h, &mem);
+    v1::Device d;
+    d.set_index(static_cast<int32_t>(i));
+    d.set_name(text);
+    d.set_memory_bytes(static_cast<int64_t>(mem.total));
+    devices.push_back(d);
+  }
+  return devices;
+}
+
+std::vector<GpuMemory> GpuMemoryInUse() {
+  std::vector<GpuMemory> out;
+  const Nvml& nvml = Nvml::Get();
+  unsigned int n = 0;
+  if (!nvml.ok || nvml.count(&n) != 0) return out;
+  for (unsigned int i = 0; i < n; ++i) {
+    void* h = nullptr;
+    Nvml::Memory mem = {0, 0, 0};
+    if (nvml.handle(i, &h) != 0 || nvml.memory(h, &mem) != 0) continue;
+    out.push_back({static_cast<int>(i), static_cast<int64_t>(mem.used), static_cast<int64_t>(mem.total)});
+  }
+  return out;
+}
+
+AgentStats Agent::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+void Agent::PublishStats(bool connected) {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.trainers = static_cast<int>(runs_.size());
+  stats_.connected = connected;
+  stats_.unacknowledged = static_cast<int64_t>(pending_.size() + unacked_.size());
+}
+
+Agent::Agent(AgentOptions options) : options_(std::move(options)) {
+  // Checkpoint paths go to keeld and may be resumed by another worker on a
+  // shared filesystem: make them absolute.
+  if (!options_.work_dir.empty() && options_.work_dir[0] != '/') {
+    char cwd[4096];
+    if (getcwd(cwd, sizeof(cwd)) != nullptr) options_.work_dir = std::string(cwd) + "/" + options_.work_dir;
+  }
+  if (options_.host.empty()) {
+    char name[256] = {0};
+    gethostname(name, sizeof(name) - 1);
+    options_.host = name;
+  }
+}
+
+Agent::~Agent() = default;
+
+void Agent::Queue(v1::WorkerMessage message, int64_t attempt) {
+  message.set_worker_id(worker_id_);
+  message.set_attempt(attempt);
+  message.set_seq(next_seq_++);
+  pending_.push_back(std::move(message));
+  while (pending_.size() > options_.max_pending) pending_.pop_front();
+}
+
+void Agent::HandleCommand(const v1::WorkerCommand& command) {
+  auto event = [&](const std::string& run_id, const std::string& kind, const std::string& text) {
+    v1::WorkerMessage m;
+    m.mutable_event()->set_run_id(run_id);
+    m.mutable_event()->set_unix_ms(NowMs());
+    m.mutable_event()->set_kind(kind);
+    m.mutable_event()->set_message(text);
+    Queue(std::move(m));
+  };
+  if (command.has_start()) {
+    const v1::Assignment& a = command.start();
+    auto existing = runs_.find(a.run_id());
+    if (existing != runs_.end()) {
+      if (existing->second->launch().attempt == a.attempt()) return;  // a re-sent assignment
+      StopRun(a.run_id(), "keeld started attempt " + std::to_string(a.attempt()) + " of it");
+    }
+    RunLaunch launch;
+    launch.attempt = a.attempt();
+    launch.lease_expires_unix_ms = NowMs() + TrainerLeaseMs();
+    launch.data_roots = options_.data_roots;
+    launch.run_id = a.run_id();
+    launch.trainer = options_.trainer;
+    launch.run_dir = options_.work_dir + "/runs/" + a.run_id();
+    launch.spec_yaml = a.spec().yaml();
+    launch.gpus.assign(a.device_indices().begin(), a.device_indices().end());
+    launch.resume_checkpoint = a.resume_checkpoint();
+    std::unique_ptr<RunSupervisor> s;
+    Status st = RunSupervisor::Start(launch, &s);
+    if (!st.ok()) {
+      v1::WorkerMessage m;
+      m.mutable_exit()->set_run_id(a.run_id());
+      m.mutable_exit()->set_exit_code(-1);
+      m.mutable_exit()->set_message("keel-worker could not start the trainer: " + st.message());
+      Queue(std::move(m), a.attempt());
+      return;
+    }
+    v1::WorkerMessage m;
+    m.mutable_started()->set_run_id(a.run_id());
+    m.mutable_started()->set_pid(s->pid());
+    Queue(std::move(m), a.attempt());
+    if (options_.verbose) std::fprintf(stderr, "keel-worker: started run %s (pid %d)\n", a.run_id().c_str(), s->pid());
+    runs_[a.run_id()] = std::move(s);
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.starts;
+  } else if (command.has_cancel()) {
+    auto it = runs_.find(command.cancel().run_id());
+    if (it != runs_.end()) it->second->Signal(SIGTERM);  // checkpoint, then exit 130
+  } else if (command.has_switch_precision() || command.has_rollback()) {
+    // Handed to the trainer as a command file; it reports what it did in events.jsonl.
+    const std::string run_id =
+        command.has_rollback() ? command.rollback().run_id() : command.switch_precision().run_id();
+    auto it = runs_.find(run_id);
+    if (it == runs_.end()) {
+      event(run_id, event_kind::kCommandFailed, "run " + run_id + " is not running on this worker");
+      return;
+    }
+    JsonWriter w;
+    if (command.has_rollback()) {
+      w.Add("kind", event_kind::kRollback).Add("steps", command.rollback().steps());
+      w.Add("precision", command.rollback().precision()).Add("reason", command.rollback().reason());
+    } else {
+      w.Add("kind", event_kind::kSwitchPrecision).Add("precision", command.switch_precision().precision());
+      w.Add("reason", command.switch_precision().reason());
+    }
+    Status st = it->second->SendCommand(w.str());
+    if (!st.ok()) event(run_id, event_kind::kCommandFailed, st.message());
+  }
+}
+
+void Agent::StopRun(const std::string& run_id, const std::string& why) {
+  auto it = runs_.find(run_id);
+  if (it != runs_.end()) {
+    if (options_.verbose) std::fprintf(stderr, "keel-worker: stopping run %s (pid %d): %s\n", run_id.c_str(), it->second->pid(), why.c_str());
+    runs_.erase(it);  // SIGKILL and reap: a superseded trainer writes no checkpoint
+  }
+  auto about = [&](const v1::WorkerMessage& m) {
+    switch (m.body_case()) {
+      case v1::WorkerMessage::kMetric: return m.metric().run_id() == run_id;
+      case v1::WorkerMessage::kEvent: return m.event().run_id() == run_id;
+      case v1::WorkerMessage::kCheckpoint: return m.checkpoint().run_id() == run_id;
+      case v1::WorkerMessage::kExit: return m.exit().run_id() == run_id;
+      case v1::WorkerMessage::kStarted: return m.started().run_id() == run_id;
+      default: return false;
+    }
+  };
+  for (auto* queue : {&pending_, &unacked_}) {
+    queue->erase(std::remove_if(queue->begin(), queue->end(), about), queue->end());
+  }
+}
+
+void Agent::RenewLeases(int64_t expires_unix_ms) {
+  for (auto& run : runs_) {
+    Status s = run.second->RenewLease(expires_unix_ms);
+    if (!s.ok() && options_.verbose) std::fprintf(stderr, "keel-worker: %s\n", s.message().c_str());
+  }
+}
+
+void Agent::PollRuns() {
+  for (auto it = runs_.begin(); it != runs_.end();) {
+    const int64_t attempt = it->second->launch().attempt;
+    RunProgress p;
+    Status st = it->second->Poll(&p);
+    if (!st.ok() && options_.verbose) std::fprintf(stderr, "keel-worker: %s\n", st.message().c_str());
+    // In the order RunProgress gives: a rollback's event reaches keeld after
+    // the abandoned trajectory's points and before the new trajectory's.
+    auto queue_events = [&] {
+      for (v1::Event& e : p.events) {
+        v1::WorkerMessage m;
+        *m.mutable_event() = std::move(e);
+        Queue(std::move(m), attempt);
+      }
+    };
+    if (p.events_first) queue_events();
+    for (v1::MetricPoint& metric : p.metrics) {
+      v1::WorkerMessage m;
+      *m.mutable_metric() = std::move(metric);
+      Queue(std::move(m), attempt);
+    }
+    if (!p.events_first) queue_events();
+    for (v1::CheckpointNotice& c : p.checkpoints) {
+      v1::WorkerMessage m;
+      *m.mutable_checkpoint() = std::move(c);
+      Queue(std::move(m), attempt);
+    }
+    if (p.exited) {
+      if (options_.verbose) {
+        std::fprintf(stderr, "keel-worker: run %s exited (code %d, signal %d)\n", it->first.c_str(),
+                     p.exit.exit_code(), p.exit.signal());
+      }
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        const int code = p.exit.exit_code();
+        ++stats_.exits[p.exit.signal() ? "signal" : code == trainer_exit::kDone ? "ok" : code == trainer_exit::kDiverged ? "diverged"
+                                                     : code == trainer_exit::kInterrupted ? "interrupted" : "failed"];
+      }
+      v1::WorkerMessage m;
+      *m.mutable_exit() = p.exit;
+      Queue(std::move(m), attempt);
+      it = runs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool Agent::Serve(const std::atomic<bool>* stop) {
+  ChannelOptions channel_options;
+  channel_options.address = options_.server;
+  channel_options.tls_ca = options_.tls_ca;
+  channel_options.tls_cert = options_.tls_cert;
+  channel_options.tls_key = options_.tls_key;
+  std::shared_ptr<grpc::Channel> channel;
+  Status made = MakeChannel(channel_options, &channel);
+  if (!made.ok()) {
+    if (options_.verbose) std::fprintf(stderr, "keel-worker: %s\n", made.message().c_str());
+    return false;
+  }
+  auto stub = v1::WorkerService::NewStub(channel);
+  v1::RegisterRequest request;
+  request.set_host(options_.host);
+  for (const v1::Device& d : options_.devices) *request.add_devices() = d;
+  request.set_cpu_slots(options_.devices.empty() ? options_.cpu_slots : 0);
+  request.set_worker_id(worker_id_);
+  // Live runs: still training here, or ended with their exit not yet delivered
+  // (keeld must keep them assigned to us until that exit arrives).
+  std::map<std::string, int64_t> live;
+  for (const auto& run : runs_) live[run.first] = run.second->launch().attempt;
+  for (const auto* queue : {&unacked_, &pending_}) {
+    for (const v1::WorkerMessage& m : *queue) {
+      if (m.has_exit()) live[m.exit().run_id()] = m.attempt();
+    }
+  }
+  for (const auto& run : live) {
+    v1::LiveRun* l = request.add_live_runs();
+    l->set_run_id(run.first);
+    l->set_attempt(run.second);
+  }
+  v1::RegisterResponse response;
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer " + options_.token);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::Status status = stub->Register(&context, request, &response);
+    if (!status.ok()) {
+      if (options_.verbose) {
+        std::fprintf(stderr, "keel-worker: register with %s failed: %s\n", options_.server.c_str(),
+                     status.error_message().c_str());
+      }
+      return false;
+    }
+  }
+  const bool first = worker_id_.empty();
+  worker_id_ = response.worker_id();
+  if (response.lease_ms() > 0) lease_ms_ = response.lease_ms();
+  // Runs keeld gave to another attempt while this worker was away.
+  for (const std::string& run_id : response.stop_run_ids()) {
+    StopRun(run_id, "keeld gave it to another attempt while this worker was away");
+  }
+  // What the last connection wrote but keeld never acknowledged goes out again first.
+  pending_.insert(pending_.begin(), unacked_.begin(), unacked_.end());
+  unacked_.clear();
+  for (v1::WorkerMessage& m : pending_) m.set_worker_id(worker_id_);
+  ++connects_;
+  if (options_.verbose) {
+    std::fprintf(stderr, "keel-worker: %s %s as %s (%zu GPUs, %d CPU slots, %zu live runs)\n",
+                 first ? "registered with" : "reconnected to", options_.server.c_str(), worker_id_.c_str(),
+                 options_.devices.size(), request.cpu_slots(), runs_.size());
+  }
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", "Bearer " + options_.token);
+  context.AddMetadata("keel-worker-id", worker_id_);
+  auto stream = stub->Connect(&context);
+  CommandQueue commands;
+  std::atomic<bool> reader_done{false};
+  std::thread reader([&] {
+    v1::WorkerCommand command;
+    while (stream->Read(&command)) commands.Push(command);
+    reader_done = true;
+  });
+  const int64_t heartbeat_ms = response.heartbeat_interval_ms() > 0 ? response.heartbeat_interval_ms() : 1000;
+  int64_t last_heartbeat = 0;
+  bool healthy = true;
+  while (!stop->load() && healthy && !reader_done.load()) {
+    for (const v1::WorkerCommand& c : commands.Take()) {
+      if (c.has_ack()) {
+        int64_t heartbeat_sent = 0;
+        while (!unacked_.empty() && unacked_.front().seq() <= c.ack().seq()) {
+          if (unacked_.front().has_heartbeat()) heartbeat_sent = unacked_.front().heartbeat().unix_ms();
+          unacked_.pop_front();
+        }
+        // keeld heard us at or after heartbeat_sent, so its lease on this worker
+        // runs at least until heartbeat_sent + lease: the trainers' ends earlier.
+        if (heartbeat_sent > 0) RenewLeases(heartbeat_sent + TrainerLeaseMs());
+      } else if (c.has_reregister()) {
+        if (options_.verbose) std::fprintf(stderr, "keel-worker: keeld: %s; registering again\n", c.reregister().reason().c_str());
+        healthy = false;
+      } else {
+        HandleCommand(c);
+      }
+    }
+    PollRuns();
+    if (NowMs() - last_heartbeat >= heartbeat_ms) {
+      v1::WorkerMessage m;
+      m.mutable_heartbeat()->set_unix_ms(NowMs());
+      Queue(std::move(m));
+      last_heartbeat = NowMs();
+    }
+    while (!pending_.empty()) {
+      if (!stream->Write(pending_.front())) {
+        healthy = false;  // keeld went away: keep the message for the next connection
+        break;
+      }
+      unacked_.push_back(std::move(pending_.front()));
+      pending_.pop_front();
+      while (unacked_.size() > options_.max_pending) unacked_.pop_front();
+    }
+    PublishStats(true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.poll_ms));
+  }
+  PublishStats(false);
+  context.TryCancel();
+  reader.join();
+  return true;
+}
+
+Status Agent::Run(const std::atomic<bool>* stop) {
+  int backoff_ms = 100;
+  while (!stop->load()) {
+    bool reached = Serve(stop);
+    if (stop->load()) break;
+    // Keep the runs going while keeld is away; their output waits in pending_.
+    auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(backoff_ms);
+    while (std::chrono::steady_clock::now() < until && !stop->load()) {
+      PollRuns();
+      PublishStats(false);
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.poll_ms));
+    }
+    backoff_ms = reached ? 100 : std::min(options_.max_backoff_ms, backoff_ms * 2);
+  }
+  return Status::Ok();
+}
+
+}  // namespace keel

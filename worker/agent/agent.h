@@ -1,0 +1,114 @@
+// keel-worker's agent: registers this host with keeld, keeps one bidirectional
+// stream open (heartbeats, metrics, events, checkpoint notices and exits up;
+// start / cancel / switch / rollback commands down), starts one keel-train per
+// assigned run through RunSupervisor, and reconnects with backoff when keeld
+// goes away, re-attaching the runs that kept training meanwhile. Every message
+// carries a sequence number and stays queued until keeld acknowledges it (a
+// write into a stream whose server just died still "succeeds"); after a
+// reconnect the unacknowledged ones go out again (oldest dropped beyond
+// `max_pending`). keeld keeps one metric point per step and ignores a stale
+// exit, so a message sent twice is harmless.
+//
+// Fencing: each assignment is an attempt of its run; every message about a run
+// carries its attempt. Each trainer has a lease file (run_lease.h) that the
+// agent extends only when keeld acknowledges a heartbeat: to the heartbeat's
+// send time plus 3/4 of keeld's lease on this worker, so a trainer stops
+// stepping before keeld can give its run to another worker. While keeld is
+// unreachable (or this worker is paused) trainers therefore wait after at most
+// 3/4 of a lease. When keeld orders a re-register (its lease on this worker ran
+// out), the agent registers again and stops, without a checkpoint, the trainers
+// of the runs keeld says were taken from it.
+#ifndef KEEL_WORKER_AGENT_AGENT_H_
+#define KEEL_WORKER_AGENT_AGENT_H_
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels/base/status.h"
+#include "proto/keel.pb.h"
+#include "worker/agent/run_supervisor.h"
+
+namespace keel {
+
+struct AgentOptions {
+  std::string server = "127.0.0.1:7070";  // keeld's address
+  std::string token;                      // the worker join token
+  std::string tls_ca, tls_cert, tls_key;  // TLS to keeld (proto/channel.h); "" : plaintext
+  std::string trainer;                    // keel-train binary
+  std::string work_dir = "keel-worker";   // runs/<run_id>/ live here
+  std::string host;                       // "" : gethostname()
+  std::vector<v1::Device> devices;        // GPUs to offer (empty: CPU slots)
+  std::vector<std::string> data_roots;    // trainers may read data only inside these (--data-root)
+  int cpu_slots = 1;
+  int poll_ms = 100;
+  int max_backoff_ms = 5000;
+  size_t max_pending = 100000;
+  bool verbose = true;                    // one line per connect, start, exit on stderr
+};
+
+// What the agent is doing, for keel-worker's /metrics (safe from any thread).
+struct AgentStats {
+  int trainers = 0;                          // keel-train processes running now
+  int64_t starts = 0;                        // trainers started
+  std::map<std::string, int64_t> exits;      // by outcome: ok, failed, signal, interrupted, diverged
+  bool connected = false;                    // stream to keeld open
+  int64_t unacknowledged = 0;                // messages not yet acknowledged by keeld
+};
+
+class Agent {
+ public:
+  explicit Agent(AgentOptions options);
+  ~Agent();
+
+  // Serves until *stop becomes true; then stops accepting work, leaves running
+  // trainers alone (they are killed with the agent's supervisors) and returns.
+  Status Run(const std::atomic<bool>* stop);
+
+  // For tests and status lines.
+  std::string worker_id() const { return worker_id_; }
+  int connects() const { return connects_.load(); }
+  AgentStats stats() const;
+
+ private:
+  bool Serve(const std::atomic<bool>* stop);  // one connection; false when keeld is unreachable
+  void HandleCommand(const v1::WorkerCommand& command);
+  void PollRuns();
+  void Queue(v1::WorkerMessage message, int64_t attempt = 0);
+  // Kills a run's trainer (no checkpoint) and forgets its unsent messages.
+  void StopRun(const std::string& run_id, const std::string& why);
+  // Extends every trainer's lease to `expires_unix_ms`.
+  void RenewLeases(int64_t expires_unix_ms);
+  int64_t TrainerLeaseMs() const { return lease_ms_ * 3 / 4; }
+
+  AgentOptions options_;
+  std::string worker_id_;
+  std::atomic<int> connects_{0};
+  std::map<std::string, std::unique_ptr<RunSupervisor>> runs_;  // by run id; agent thread only
+  std::deque<v1::WorkerMessage> pending_;                        // not yet written; agent thread only
+  std::deque<v1::WorkerMessage> unacked_;                        // written, not yet acknowledged
+  uint64_t next_seq_ = 1;
+  int64_t lease_ms_ = 10000;  // keeld's lease on this worker (RegisterResponse)
+  mutable std::mutex stats_mu_;  // guards stats_
+  AgentStats stats_;
+  void PublishStats(bool connected);
+};
+
+// The CUDA devices this process can see (empty without CUDA or GPUs).
+std::vector<v1::Device> DetectGpus();
+
+// Memory in use and total per GPU (NVML order), for /metrics; empty without NVML.
+struct GpuMemory {
+  int index = 0;
+  int64_t used_bytes = 0;
+  int64_t total_bytes = 0;
+};
+std::vector<GpuMemory> GpuMemoryInUse();
+
+}  // namespace keel
+
+#endif  // KEEL_WORKER_AGENT_AGENT_H_

@@ -1,0 +1,175 @@
+// keel-worker: runs keel-train for keeld on this host.
+//   keel-worker [--server HOST:PORT] [--token-file F] [--trainer PATH]
+//               [--work-dir DIR] [--cpu-slots N] [--no-gpus]
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "kernels/base/flags.h"
+#include "proto/channel.h"
+#include "worker/agent/agent.h"
+
+namespace {
+
+const char kUsage[] =
+    "usage: keel-worker [options]\n"
+    "  Registers this host with keeld, offers its GPUs (found through NVML) or, without\n"
+    "  GPUs, CPU slots, and runs one keel-train per assigned run under <work-dir>/runs/.\n"
+    "options:\n"
+    "  --server HOST:PORT   keeld's address (default $KEEL_SERVER or 127.0.0.1:7070)\n"
+    "  --token-file FILE    the worker join token (default $KEEL_WORKER_TOKEN)\n"
+    "  --trainer PATH       keel-train (default: keel-train beside this binary)\n"
+    "  --work-dir DIR       run directories (default ./keel-worker)\n"
+    "  --data-root DIR      trainers may read data (data.train, data.val) only inside DIR,\n"
+    "                       checked after resolving symlinks; repeatable (default ./data)\n"
+    "  --cpu-slots N        concurrent CPU runs offered when there is no GPU (default 1)\n"
+    "  --no-gpus            offer CPU slots even when GPUs are present\n"
+    "  --tls-ca FILE        speak TLS to keeld, trusting certificates this CA signed\n"
+    "  --tls-cert F --tls-key F  a client certificate (keeld --tls-client-ca)\n"
+    "  --quiet              no connection/run lines on stderr\n"
+    "  --metrics-listen ADDR  Prometheus /metrics (default 127.0.0.1:9465; 'off' disables):\n"
+    "                       keel_worker_trainers, keel_worker_trainer_starts_total,\n"
+    "                       keel_worker_trainer_exits_total{outcome}, keel_worker_connected,\n"
+    "                       keel_worker_unacknowledged_messages, keel_worker_gpu_memory_{used,total}_bytes{gpu}\n"
+    "Ctrl-C or SIGTERM stops the worker; its trainers are stopped with it.\n";
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop = true; }
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "keel-worker: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  keel::AgentOptions options;
+  if (const char* env = std::getenv("KEEL_SERVER")) options.server = env;
+  std::string token_origin = "KEEL_WORKER_TOKEN";
+  if (const char* env = std::getenv("KEEL_WORKER_TOKEN")) options.token = env;
+  std::string self = argv[0];
+  options.trainer = self.substr(0, self.rfind('/') + 1) + "keel-train";
+  bool gpus = true;
+  std::string metrics_listen = "127.0.0.1:9465";
+  std::string token_file;
+  bool no_gpus = false, quiet = false;
+  CLI::App app("keel-worker");
+  app.add_option("--server", options.server);
+  app.add_option("--token-file", token_file);
+  app.add_option("--trainer", options.trainer);
+  app.add_option("--data-root", options.data_roots)->allow_extra_args(false);
+  app.add_option("--work-dir", options.work_dir);
+  app.add_option("--cpu-slots", options.cpu_slots)->check(keel::IntFlag(1, 1024));
+  app.add_option("--tls-ca", options.tls_ca);
+  app.add_option("--tls-cert", options.tls_cert);
+  app.add_option("--tls-key", options.tls_key);
+  app.add_flag("--no-gpus", no_gpus);
+  app.add_option("--metrics-listen", metrics_listen);
+  app.add_flag("--quiet", quiet);
+  const keel::FlagsOutcome flags = keel::ParseFlags(app, "keel-worker", kUsage, argc, argv);
+  if (!flags.proceed) return flags.exit_code;
+  gpus = !no_gpus;
+  if (quiet) options.verbose = false;
+  if (!token_file.empty()) {
+    keel::Status s = keel::ReadTokenFile(token_file, &options.token);
+    if (!s.ok()) return Fail(s.message());
+    token_origin = "--token-file " + token_file;
+  }
+  if (options.token.empty()) return Fail("no worker token (--token-file or KEEL_WORKER_TOKEN)");
+  // gRPC aborts on a metadata value with a newline or control character.
+  if (keel::Status s = keel::CheckToken(options.token, token_origin); !s.ok()) return Fail(s.message());
+  if (options.data_roots.empty()) options.data_roots.push_back("data");
+  for (std::string& root : options.data_roots) {
+    // Absolute, so that trainers (in their run directories' terms) check the same place.
+    if (!root.empty() && root[0] != '/') {
+      char cwd[4096];
+      if (getcwd(cwd, sizeof(cwd)) != nullptr) root = std::string(cwd) + "/" + root;
+    }
+  }
+  {
+    keel::ChannelOptions check{options.server, options.tls_ca, options.tls_cert, options.tls_key};
+    std::shared_ptr<grpc::Channel> channel;
+    keel::Status s = keel::MakeChannel(check, &channel);  // bad TLS files are a usage error, now
+    if (!s.ok()) return Fail(s.message());
+  }
+  if (access(options.trainer.c_str(), X_OK) != 0) {
+    return Fail("--trainer: '" + options.trainer + "' is not an executable keel-train");
+  }
+  if (gpus) options.devices = keel::DetectGpus();
+  struct sigaction action = {};
+  action.sa_handler = OnSignal;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  keel::Agent agent(options);
+  // /metrics: refreshed once a second from the agent's counters and NVML.
+  auto registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::thread metrics_thread;
+  if (metrics_listen != "off") {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(metrics_listen);
+    } catch (const std::exception& e) {
+      return Fail("--metrics-listen: cannot listen on '" + metrics_listen + "': " + e.what());
+    }
+    exposer->RegisterCollectable(registry);
+    metrics_thread = std::thread([&agent, registry] {
+      auto& trainers = prometheus::BuildGauge().Name("keel_worker_trainers").Help("keel-train processes running").Register(*registry).Add({});
+      auto& connected = prometheus::BuildGauge().Name("keel_worker_connected").Help("1 while the stream to keeld is open").Register(*registry).Add({});
+      auto& unacked = prometheus::BuildGauge()
+                          .Name("keel_worker_unacknowledged_messages")
+                          .Help("Messages keeld has not acknowledged yet")
+                          .Register(*registry)
+                          .Add({});
+      auto& starts = prometheus::BuildCounter().Name("keel_worker_trainer_starts_total").Help("Trainers started").Register(*registry).Add({});
+      auto& exits = prometheus::BuildCounter()
+                        .Name("keel_worker_trainer_exits_total")
+                        .Help("Trainer exits by outcome (ok, failed, signal, interrupted, diverged)")
+                        .Register(*registry);
+      auto& used = prometheus::BuildGauge().Name("keel_worker_gpu_memory_used_bytes").Help("GPU memory in use (NVML)").Register(*registry);
+      auto& total = prometheus::BuildGauge().Name("keel_worker_gpu_memory_total_bytes").Help("GPU memory (NVML)").Register(*registry);
+      double started = 0;
+      std::map<std::string, double> exited;
+      while (!g_stop.load()) {
+        keel::AgentStats st = agent.stats();
+        trainers.Set(st.trainers);
+        connected.Set(st.connected ? 1 : 0);
+        unacked.Set(static_cast<double>(st.unacknowledged));
+        if (st.starts > started) starts.Increment(st.starts - started);
+        started = std::max<double>(started, st.starts);
+        for (const char* outcome : {"ok", "failed", "signal", "interrupted", "diverged"}) {
+          auto it = st.exits.find(outcome);
+          const double n = it == st.exits.end() ? 0 : static_cast<double>(it->second);
+          auto& counter = exits.Add({{"outcome", outcome}});
+          if (n > exited[outcome]) counter.Increment(n - exited[outcome]);
+          exited[outcome] = std::max(exited[outcome], n);
+        }
+        for (const keel::GpuMemory& g : keel::GpuMemoryInUse()) {
+          used.Add({{"gpu", std::to_string(g.index)}}).Set(static_cast<double>(g.used_bytes));
+          total.Add({{"gpu", std::to_string(g.index)}}).Set(static_cast<double>(g.total_bytes));
+        }
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+    });
+  }
+  keel::Status s = agent.Run(&g_stop);
+  g_stop = true;
+  if (metrics_thread.joinable()) metrics_thread.join();
+  if (!s.ok()) {
+    std::fprintf(stderr, "keel-worker: %s\n", s.message().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,204 @@
+// RunSupervisor with the real keel-train (a data dependency): metrics lines and
+// checkpoints are followed while it trains; a normal end, SIGTERM (checkpoint,
+// exit 130) and kill -9 are each reported as what they were; resume continues.
+#include "worker/agent/run_supervisor.h"
+
+#include "worker/run/run_lease.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+namespace keel {
+namespace {
+
+std::string FreshDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(base ? base : "/tmp") + "/" + name;
+  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+  return dir;
+}
+
+RunLaunch Launch(const std::string& dir, int steps) {
+  RunLaunch l;
+  l.run_id = "run-1";
+  l.trainer = "worker/engine/keel-train";  // runfiles path of the data dependency
+  l.run_dir = dir;
+  l.spec_yaml = "model: {type: proxy, layers: 1, width: 16}\nbatch: 32\nthreads: 1\ncheckpoint_every: 10\n"
+                "steps: " + std::to_string(steps) + "\n";
+  l.attempt = 1;
+  l.lease_expires_unix_ms = UnixMs() + 3600 * 1000;  // renewed by keel-worker in real use
+  return l;
+}
+
+// Polls until the process exits (or 60 s), collecting everything it reported.
+RunProgress Follow(RunSupervisor* s, int stop_after_metrics = -1, int signal = 0) {
+  RunProgress all;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool signalled = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    RunProgress p;
+    Status st = s->Poll(&p);
+    EXPECT_TRUE(st.ok()) << st.message();
+    all.metrics.insert(all.metrics.end(), p.metrics.begin(), p.metrics.end());
+    all.checkpoints.insert(all.checkpoints.end(), p.checkpoints.begin(), p.checkpoints.end());
+    if (!signalled && stop_after_metrics >= 0 && static_cast<int>(all.metrics.size()) >= stop_after_metrics) {
+      EXPECT_TRUE(s->Signal(signal).ok());
+      signalled = true;
+    }
+    if (p.exited) {
+      all.exited = true;
+      all.exit = p.exit;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return all;
+}
+
+TEST(RunSupervisorTest, FollowsMetricsAndCheckpointsToANormalExit) {
+  std::unique_ptr<RunSupervisor> s;
+  Status st = RunSupervisor::Start(Launch(FreshDir("sup_normal"), 30), &s);
+  ASSERT_TRUE(st.ok()) << st.message();
+  RunProgress p = Follow(s.get());
+  ASSERT_TRUE(p.exited);
+  EXPECT_EQ(p.exit.exit_code(), 0) << p.exit.message();
+  ASSERT_EQ(p.metrics.size(), 30u);
+  for (size_t i = 0; i < p.metrics.size(); ++i) {
+    EXPECT_EQ(p.metrics[i].step(), static_cast<int64_t>(i + 1));
+    EXPECT_EQ(p.metrics[i].run_id(), "run-1");
+    EXPECT_GT(p.metrics[i].loss(), 0.0);
+    EXPECT_NE(p.metrics[i].json().find("\"grad_norm\""), std::string::npos);
+  }
+  ASSERT_FALSE(p.checkpoints.empty());
+  EXPECT_EQ(p.checkpoints.back().step(), 30);  // the final checkpoint
+}
+
+TEST(RunSupervisorTest, SigtermCheckpointsAndResumeContinues) {
+  std::string dir = FreshDir("sup_term");
+  std::unique_ptr<RunSupervisor> s;
+  ASSERT_TRUE(RunSupervisor::Start(Launch(dir, 100000), &s).ok());
+  RunProgress p = Follow(s.get(), 5, SIGTERM);
+  ASSERT_TRUE(p.exited);
+  EXPECT_EQ(p.exit.exit_code(), 130) << p.exit.message();
+  ASSERT_FALSE(p.checkpoints.empty());
+  const v1::CheckpointNotice last = p.checkpoints.back();
+  EXPECT_EQ(last.step(), p.metrics.back().step());
+  // Resume from it for a few more steps.
+  RunLaunch again = Launch(dir, static_cast<int>(last.step()) + 3);
+  again.resume_checkpoint = last.path();
+  std::unique_ptr<RunSupervisor> resumed;
+  ASSERT_TRUE(RunSupervisor::Start(again, &resumed).ok());
+  RunProgress q = Follow(resumed.get());
+  ASSERT_TRUE(q.exited);
+  EXPECT_EQ(q.exit.exit_code(), 0) << q.exit.message();
+  ASSERT_FALSE(q.metrics.empty());
+  EXPECT_EQ(q.metrics.back().step(), last.step() + 3);
+}
+
+TEST(RunSupervisorTest, KillNineIsReportedAsTheSignal) {
+  std::unique_ptr<RunSupervisor> s;
+  ASSERT_TRUE(RunSupervisor::Start(Launch(FreshDir("sup_kill"), 100000), &s).ok());
+  RunProgress p = Follow(s.get(), 3, SIGKILL);
+  ASSERT_TRUE(p.exited);
+  EXPECT_EQ(p.exit.exit_code(), -1);
+  EXPECT_EQ(p.exit.signal(), SIGKILL);
+}
+
+TEST(RunSupervisorTest, BadTrainerPathExitsWith127AndSaysSo) {
+  RunLaunch l = Launch(FreshDir("sup_bad"), 5);
+  l.trainer = "/nonexistent/keel-train";
+  std::unique_ptr<RunSupervisor> s;
+  ASSERT_TRUE(RunSupervisor::Start(l, &s).ok());
+  RunProgress p = Follow(s.get());
+  ASSERT_TRUE(p.exited);
+  EXPECT_EQ(p.exit.exit_code(), 127);
+  EXPECT_NE(p.exit.message().find("exec of the trainer failed"), std::string::npos) << p.exit.message();
+}
+
+TEST(RunSupervisorTest, ATruncatedMetricsFileIsReadAgainFromTheStart) {
+  const std::string dir = FreshDir("sup_truncate");
+  std::unique_ptr<RunSupervisor> s;
+  ASSERT_TRUE(RunSupervisor::Start(Launch(dir, 4000), &s).ok());
+  RunProgress all;
+  bool truncated = false;
+  int64_t cut_after = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    RunProgress p;
+    ASSERT_TRUE(s->Poll(&p).ok());
+    all.metrics.insert(all.metrics.end(), p.metrics.begin(), p.metrics.end());
+    if (!truncated && all.metrics.size() >= 200) {
+      // Someone empties the file mid-run, after everything written was read
+      // (the trainer is paused meanwhile); the trainer then keeps appending.
+      ASSERT_EQ(kill(s->pid(), SIGSTOP), 0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      RunProgress rest;
+      ASSERT_TRUE(s->Poll(&rest).ok());
+      all.metrics.insert(all.metrics.end(), rest.metrics.begin(), rest.metrics.end());
+      cut_after = all.metrics.back().step();
+      ASSERT_EQ(truncate((dir + "/metrics.jsonl").c_str(), 0), 0);
+      ASSERT_TRUE(s->Poll(&rest).ok());  // sees the file shrink before the trainer writes again
+      ASSERT_TRUE(rest.metrics.empty());
+      ASSERT_EQ(kill(s->pid(), SIGCONT), 0);
+      truncated = true;
+    }
+    if (p.exited) {
+      all.exit = p.exit;
+      all.exited = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(all.exited);
+  EXPECT_EQ(all.exit.exit_code(), 0) << all.exit.message();
+  // Every line written after the truncation arrives and parses: steps 1 ..
+  // cut_after, then cut_after + 1 .. 4000, each once and in order. (A trainer
+  // writing at its own offset instead of appending would leave a hole of zero
+  // bytes there, and the first line after it would not parse.)
+  ASSERT_EQ(all.metrics.size(), 4000u);
+  for (size_t i = 0; i < all.metrics.size(); ++i) EXPECT_EQ(all.metrics[i].step(), static_cast<int64_t>(i + 1));
+  EXPECT_GT(cut_after, 0);
+}
+
+TEST(RunSupervisorTest, AnExpiredLeaseHoldsTheTrainerAndAnotherAttemptsLeaseStopsIt) {
+  const std::string dir = FreshDir("sup_lease");
+  RunLaunch l = Launch(dir, 100000);
+  // No periodic checkpoints: the only one would be written on the way out.
+  l.spec_yaml.replace(l.spec_yaml.find("checkpoint_every: 10"), 20, "checkpoint_every: 0");
+  const int64_t deadline = UnixMs() + 2000;
+  l.lease_expires_unix_ms = deadline;
+  std::unique_ptr<RunSupervisor> s;
+  ASSERT_TRUE(RunSupervisor::Start(l, &s).ok());
+  // It trains until the lease expires, then takes no step while it stays expired.
+  std::this_thread::sleep_for(std::chrono::milliseconds(deadline - UnixMs() + 500));
+  RunProgress p;
+  ASSERT_TRUE(s->Poll(&p).ok());
+  ASSERT_FALSE(p.exited) << p.exit.message();
+  ASSERT_FALSE(p.metrics.empty());
+  const int64_t held_at = p.metrics.back().step();
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ASSERT_TRUE(s->Poll(&p).ok());
+  EXPECT_TRUE(p.metrics.empty()) << "stepped to " << p.metrics.back().step() << " on an expired lease";
+  // Renewed: it trains on from where it waited.
+  ASSERT_TRUE(s->RenewLease(UnixMs() + 60000).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ASSERT_TRUE(s->Poll(&p).ok());
+  ASSERT_FALSE(p.metrics.empty());
+  EXPECT_EQ(p.metrics.front().step(), held_at + 1);
+  // The lease now names attempt 2 (keeld gave the run to another worker): it
+  // stops with exit 4 and writes no checkpoint on the way out.
+  ASSERT_TRUE(WriteRunLease(dir + "/lease", {2, UnixMs() - 1}).ok());
+  RunProgress rest = Follow(s.get());
+  ASSERT_TRUE(rest.exited);
+  EXPECT_EQ(rest.exit.exit_code(), 4) << rest.exit.message();
+  EXPECT_NE(rest.exit.message().find("superseded"), std::string::npos) << rest.exit.message();
+  EXPECT_NE(access((dir + "/checkpoints").c_str(), F_OK), 0) << "a superseded trainer wrote a checkpoint";
+}
+
+}  // namespace
+}  // namespace keel

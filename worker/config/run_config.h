@@ -1,0 +1,137 @@
+// A training run's configuration (`keel-train --config run.yaml`): model, data,
+// precision scheme, optimizer, schedule, checkpoints and metrics. Parsed from
+// YAML in one place (ParseRunConfig); every error names the field (with its line
+// and column), the value and what is allowed, and leaves *out untouched.
+#ifndef KEEL_WORKER_CONFIG_RUN_CONFIG_H_
+#define KEEL_WORKER_CONFIG_RUN_CONFIG_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/base/status.h"
+#include "worker/stability/policy.h"
+#include "worker/config/scheme.h"
+
+namespace YAML {
+class Node;
+}
+
+namespace keel {
+
+struct ModelConfig {
+  std::string type = "proxy";  // proxy | gpt
+  int layers = 4;              // proxy: depth L; gpt: transformer blocks
+  int width = 512;             // proxy: d; gpt: model width
+  // gpt only
+  int heads = 12;
+  int context = 1024;          // max sequence length (position embeddings)
+  int vocab = 50257;
+  int padded_vocab = 0;        // 0: vocab rounded up to a multiple of 128
+  std::string mlp = "gelu";    // gelu | swiglu
+  int mlp_hidden = 0;          // 0: 4 x width (gelu), 8/3 x width rounded up to 64 (swiglu)
+  bool qk_layernorm = false;
+  bool bias = true;            // false: no biases in linears and layernorms
+  float ln_eps = 1e-5f;
+};
+
+struct DataConfig {
+  std::string train;  // llm.c token shard path or glob (gpt)
+  std::string val;    // optional
+  int val_batches = 4;
+  int eval_every = 0;  // steps between val evaluations (0: never)
+};
+
+struct OptimizerConfig {
+  std::string type = "adam";  // adam | adamw
+  float lr = 6e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // adamw only (decoupled), applied to matrices
+  float grad_clip = 0.0f;     // global-norm clipping threshold (0: off)
+};
+
+struct ScheduleConfig {
+  std::string type = "constant";  // constant | cosine | linear
+  int warmup_steps = 0;           // linear warmup from lr/warmup to lr
+  float min_lr_ratio = 0.0f;      // cosine/linear decay down to lr * min_lr_ratio
+  // Fault injection, for testing stability policies: from step spike_at (1-based;
+  // 0: off) for spike_steps steps the learning rate is multiplied by spike_factor.
+  int spike_at = 0;
+  int spike_steps = 1;
+  float spike_factor = 1.0f;
+};
+
+struct RunConfig {
+  std::string name = "run";
+  ModelConfig model;
+  DataConfig data;
+  PrecisionScheme precision;  // default fp32
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  int64_t steps = 100;
+  int batch = 64;       // proxy: samples per micro-batch; gpt: sequences
+  int seq = 0;          // gpt tokens per sequence (0: model.context)
+  int grad_accum = 1;   // micro-batches per optimizer step
+  uint64_t seed = 1337;
+  std::string backend = "cpu";  // cpu | cuda
+  int threads = 0;              // cpu backend threads (0: all cores)
+  std::string run_dir;          // "" : runs/<name>
+  int checkpoint_every = 0;     // steps (0: only the final checkpoint)
+  int keep_checkpoints = 3;     // newest kept (0: all)
+  int probe_every = 0;          // gradient-bias probe period (0: off)
+  bool operand_stats = true;    // per-operand saturation/NaN counters every step
+  int log_every = 1;            // terminal progress period
+  Policy policy;                // stability policy (policy.h); none by default
+};
+
+// Names of runs and sweeps: a run's default directory is runs/<name>, so a name
+// must stay one plain path component. Allowed: 1 to kMaxNameLength characters
+// of [A-Za-z0-9_.-], not starting with '.' (never "." or ".."). NameProblem
+// returns "" for an allowed name, else what is wrong ending in "(allowed: ...)".
+constexpr size_t kMaxNameLength = 128;
+constexpr char kNameRule[] = "[A-Za-z0-9_.-]+, at most 128 characters, not starting with '.'";
+std::string NameProblem(const std::string& name);
+
+// The model's parameter count (proxy: model_proxy.cc's blocks; gpt:
+// model_gpt.cc's embeddings, blocks and final layernorm), computed from the
+// config alone, saturating at INT64_MAX instead of overflowing. Needs
+// padded_vocab and mlp_hidden resolved (ParseRunConfig does that).
+int64_t ModelParameterCount(const ModelConfig& model);
+
+// Training keeps 16 bytes per parameter: fp32 weights, gradients, Adam m and v.
+// A run whose state exceeds this cannot fit any GPU Keel runs on and is refused
+// at parse time, before keeld queues it or keel-train allocates anything.
+constexpr int64_t kBytesPerParameter = 16;
+constexpr int64_t kMaxTrainingStateBytes = int64_t{256} << 30;  // 256 GiB
+
+// Parses a `policy:` mapping (policy.h's format). `source` names the file in
+// messages, which carry the node's line:column. Used by ParseRunConfig and by
+// keeld's sweep expansion (on the sweep file's own nodes).
+Status ParsePolicyNode(const YAML::Node& node, const std::string& source, Policy* out);
+
+// Parses YAML text (`source` names it in messages) through LoadYamlStrict
+// (worker/io/yaml_strict.h: size, bytes, one document, no duplicate keys,
+// bounded nesting). Unknown keys are errors. Every error starts with
+// "source:line:col: ", except those of an override ("--set path: ...").
+// overrides: "key.path=value" assignments applied to the YAML before parsing
+// (e.g. "optimizer.lr=1e-3", "precision=mxfp4"), as the CLI's --set gives them.
+Status ParseRunConfig(const std::string& yaml_text, const std::string& source,
+                      const std::vector<std::string>& overrides, RunConfig* out);
+Status LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides,
+                     RunConfig* out);
+
+// The scheme as a one-line YAML mapping (every field), readable by
+// ParseSchemeYaml: stored in checkpoints so a switched scheme survives resume.
+std::string SchemeToYaml(const PrecisionScheme& scheme);
+Status ParseSchemeYaml(const std::string& yaml_text, PrecisionScheme* out);
+
+// Checks cross-field rules (gpt needs data.train, heads divide width, the
+// training state fits kMaxTrainingStateBytes, ...).
+Status ValidateRunConfig(const RunConfig& config);
+
+}  // namespace keel
+
+#endif  // KEEL_WORKER_CONFIG_RUN_CONFIG_H_

@@ -1,0 +1,72 @@
+// Precision schemes: how a run rounds every GEMM operand, its layernorm affine
+// parameters and its attention products (NUMERICS.md section 4, ARCHITECTURE.md
+// "Precision scheme"). This header is the one definition of a scheme and of the
+// named presets; configs, the CLI and (later) the RPC layer all parse through it.
+//
+// A preset name means the same format in every role unless the name says
+// otherwise; any field can then be overridden in a config.
+#ifndef KEEL_WORKER_CONFIG_SCHEME_H_
+#define KEEL_WORKER_CONFIG_SCHEME_H_
+
+#include <string>
+#include <vector>
+
+#include "kernels/base/numeric_types.h"
+#include "kernels/base/status.h"
+
+namespace keel {
+
+struct PrecisionScheme {
+  std::string name = "fp32";          // the preset it came from, or "custom"
+  // Format of each linear-layer operand role, indexed by Role.
+  OperandFormat roles[kRoleCount];
+  // Layernorm math is always fp32; its affine parameters (gamma, beta) are used
+  // as stored (kind kFp32), rounded to bf16, or quantized to a format (along the
+  // feature axis, straight-through gradient).
+  OperandFormat layernorm;
+  // Forward-only quantization: the backward GEMMs use the unquantized operands.
+  bool forward_only = false;
+  // Blocks kept in BF16 (every role bf16): the first N and the last M transformer
+  // or residual blocks, and the LM head (gpt only).
+  int bf16_first_blocks = 0;
+  int bf16_last_blocks = 0;
+  bool bf16_head = false;
+  // Attention's two batched products (q.k and probs.v): bf16 operands with fp32
+  // accumulation, or fp32 throughout.
+  bool attention_bf16 = true;
+
+  // The formats a linear layer of block `block` (of `blocks`; -1 for the head)
+  // uses under this scheme: forward_only and the BF16 layers applied.
+  LinearQuant LinearFor(int block, int blocks) const;
+  // True when any role or the layernorm is quantized below fp32.
+  bool AnyQuantized() const;
+};
+
+// Checks a scheme's internal consistency (RHT on both wgrad roles or neither,
+// NVFP4 rounding nearest_even or stochastic, MX block size, non-negative layer
+// counts). Messages name the field and value.
+Status ValidateScheme(const PrecisionScheme& scheme);
+
+// Named presets: fp32, bf16, mxfp8_e4m3, mxfp8_e5m2, mxfp8_e4m3_bwd_e5m2,
+// mxfp6_e2m3, mxfp6_e3m2, mxfp4, nvfp4, nvfp4_recipe, mx_w_e4m3_a_bf16,
+// mxfp8_e4m3_fwd_only.
+struct PresetInfo {
+  std::string name;
+  std::string summary;  // one line for `keel-train presets`
+};
+const std::vector<PresetInfo>& Presets();
+std::string PresetNames();  // comma-separated, for error messages
+Status SchemeFromPreset(const std::string& name, PrecisionScheme* out);
+
+// Operand formats as written in configs: "fp32", "bf16", or a QuantFormat name
+// (mxfp8_e4m3 ... nvfp4, fp8_e4m3, fp8_e5m2).
+Status ParseOperandFormat(const std::string& field, const std::string& text, OperandFormat* out);
+std::string OperandFormatName(const OperandFormat& format);
+std::string OperandFormatNames();
+
+// One line per role plus the options, for `keel-train presets` and run logs.
+std::string DescribeScheme(const PrecisionScheme& scheme);
+
+}  // namespace keel
+
+#endif  // KEEL_WORKER_CONFIG_SCHEME_H_

@@ -1,0 +1,184 @@
+// Precision schemes: presets mean what their names say, configs parse and
+// validate with errors that name the field, schemes survive a YAML round trip.
+#include "worker/config/scheme.h"
+
+#include <gtest/gtest.h>
+
+#include "worker/config/run_config.h"
+#include "worker/config/scheme_proto.h"
+
+namespace keel {
+namespace {
+
+const OperandFormat& RoleOf(const PrecisionScheme& s, Role r) { return s.roles[static_cast<int>(r)]; }
+
+PrecisionScheme Preset(const std::string& name) {
+  PrecisionScheme s;
+  Status st = SchemeFromPreset(name, &s);
+  EXPECT_TRUE(st.ok()) << st.message();
+  return s;
+}
+
+TEST(SchemeTest, EveryIssuePresetExistsAndValidates) {
+  for (const char* name : {"fp32", "bf16", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp8_e4m3_bwd_e5m2",
+                           "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "nvfp4", "nvfp4_recipe",
+                           "mx_w_e4m3_a_bf16", "mxfp8_e4m3_fwd_only"}) {
+    PrecisionScheme s;
+    ASSERT_TRUE(SchemeFromPreset(name, &s).ok()) << name;
+    EXPECT_EQ(s.name, name);
+    EXPECT_TRUE(ValidateScheme(s).ok()) << name;
+  }
+}
+
+TEST(SchemeTest, SingleFormatPresetsUseTheFormatInEveryRole) {
+  const std::pair<const char*, QuantFormat> cases[] = {
+      {"mxfp8_e4m3", QuantFormat::kMxfp8E4M3}, {"mxfp8_e5m2", QuantFormat::kMxfp8E5M2},
+      {"mxfp6_e2m3", QuantFormat::kMxfp6E2M3}, {"mxfp6_e3m2", QuantFormat::kMxfp6E3M2},
+      {"mxfp4", QuantFormat::kMxfp4},          {"nvfp4", QuantFormat::kNvfp4},
+      {"bf16", QuantFormat::kBf16}};
+  for (const auto& c : cases) {
+    PrecisionScheme s = Preset(c.first);
+    for (int r = 0; r < kRoleCount; ++r) {
+      EXPECT_TRUE(s.roles[r].quantized()) << c.first << " " << r;
+      EXPECT_EQ(s.roles[r].format, c.second) << c.first << " " << r;
+    }
+  }
+  PrecisionScheme fp32 = Preset("fp32");
+  for (const OperandFormat& f : fp32.roles) EXPECT_FALSE(f.quantized());
+  EXPECT_FALSE(fp32.attention_bf16);
+  EXPECT_FALSE(fp32.AnyQuantized());
+}
+
+TEST(SchemeTest, HybridPresets) {
+  PrecisionScheme s = Preset("mxfp8_e4m3_bwd_e5m2");
+  EXPECT_EQ(RoleOf(s, Role::kFwdX).format, QuantFormat::kMxfp8E4M3);
+  EXPECT_EQ(RoleOf(s, Role::kFwdW).format, QuantFormat::kMxfp8E4M3);
+  for (Role r : {Role::kDgradDy, Role::kDgradW, Role::kWgradDy, Role::kWgradX}) {
+    EXPECT_EQ(RoleOf(s, r).format, QuantFormat::kMxfp8E5M2);
+  }
+  s = Preset("mx_w_e4m3_a_bf16");
+  EXPECT_EQ(RoleOf(s, Role::kFwdW).format, QuantFormat::kMxfp8E4M3);
+  EXPECT_EQ(RoleOf(s, Role::kDgradW).format, QuantFormat::kMxfp8E4M3);
+  for (Role r : {Role::kFwdX, Role::kDgradDy, Role::kWgradDy, Role::kWgradX}) {
+    EXPECT_EQ(RoleOf(s, r).format, QuantFormat::kBf16);
+  }
+  s = Preset("mxfp8_e4m3_fwd_only");
+  LinearQuant q = s.LinearFor(0, 4);
+  EXPECT_EQ(q.role[static_cast<int>(Role::kFwdX)].format, QuantFormat::kMxfp8E4M3);
+  for (Role r : {Role::kDgradDy, Role::kDgradW, Role::kWgradDy, Role::kWgradX}) {
+    EXPECT_FALSE(q.role[static_cast<int>(r)].quantized());
+  }
+}
+
+TEST(SchemeTest, Nvfp4RecipeOptions) {
+  PrecisionScheme s = Preset("nvfp4_recipe");
+  EXPECT_TRUE(RoleOf(s, Role::kFwdW).tile_16x16);
+  EXPECT_TRUE(RoleOf(s, Role::kDgradW).tile_16x16);
+  EXPECT_FALSE(RoleOf(s, Role::kFwdX).tile_16x16);
+  EXPECT_TRUE(RoleOf(s, Role::kWgradDy).rht);
+  EXPECT_TRUE(RoleOf(s, Role::kWgradX).rht);
+  EXPECT_EQ(RoleOf(s, Role::kDgradDy).rounding, Rounding::kStochastic);
+  EXPECT_EQ(RoleOf(s, Role::kWgradDy).rounding, Rounding::kStochastic);
+  EXPECT_EQ(RoleOf(s, Role::kFwdX).rounding, Rounding::kNearestEven);
+  // First and last blocks and the head stay BF16.
+  for (int block : {0, 11, -1}) {
+    LinearQuant q = s.LinearFor(block, 12);
+    for (const OperandFormat& f : q.role) EXPECT_EQ(f.format, QuantFormat::kBf16) << block;
+  }
+  LinearQuant middle = s.LinearFor(5, 12);
+  EXPECT_EQ(middle.role[0].format, QuantFormat::kNvfp4);
+}
+
+RunConfig Parse(const std::string& yaml, Status* status) {
+  RunConfig c;
+  *status = ParseRunConfig(yaml, "test.yaml", {}, &c);
+  return c;
+}
+
+TEST(RunConfigTest, PresetByNameAndMappingOverrides) {
+  Status st;
+  RunConfig c = Parse("precision: mxfp4\n", &st);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(c.precision.name, "mxfp4");
+  c = Parse("precision:\n  preset: fp32\n  fwd_x: mxfp8_e4m3\n  fwd_w: mxfp6_e2m3\n", &st);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(c.precision.name, "custom");
+  // Section 4's defaults: backward activations/gradients follow fwd_x, dgrad_w follows fwd_w.
+  EXPECT_EQ(RoleOf(c.precision, Role::kWgradX).format, QuantFormat::kMxfp8E4M3);
+  EXPECT_EQ(RoleOf(c.precision, Role::kDgradDy).format, QuantFormat::kMxfp8E4M3);
+  EXPECT_EQ(RoleOf(c.precision, Role::kDgradW).format, QuantFormat::kMxfp6E2M3);
+  c = Parse("precision:\n  preset: mxfp8_e4m3\n  bump_exponent: true\n  layernorm: fp32\n", &st);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_TRUE(RoleOf(c.precision, Role::kFwdX).bump_exponent);
+  EXPECT_FALSE(c.precision.layernorm.quantized());
+}
+
+TEST(RunConfigTest, ErrorsNameFieldValueAndAllowed) {
+  Status st;
+  Parse("precision: mxfp9\n", &st);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("mxfp9"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("mxfp8_e4m3_bwd_e5m2"), std::string::npos) << st.message();
+  Parse("model:\n  type: proxy\n  widht: 64\n", &st);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("test.yaml:3:3: model.widht: unknown key"), std::string::npos)
+      << st.message();
+  Parse("optimizer:\n  lr: -1\n", &st);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("optimizer.lr"), std::string::npos) << st.message();
+  Parse("precision:\n  preset: nvfp4\n  rounding: nearest_away\n", &st);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("nearest_away"), std::string::npos) << st.message();
+  Parse("model:\n  type: gpt\n", &st);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("data.train"), std::string::npos) << st.message();
+  Parse("precision: nvfp4_recipe\nbatch: 100\n", &st);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("batch: 100"), std::string::npos) << st.message();
+  Parse("optimizer:\n  weight_decay: 0.1\n", &st);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("adamw"), std::string::npos) << st.message();
+}
+
+TEST(RunConfigTest, OverridesApplyBeforeValidation) {
+  RunConfig c;
+  Status st = ParseRunConfig("precision: mxfp4\nsteps: 5\n", "t", {"steps=7", "precision.bump_exponent=true",
+                                                                 "optimizer.lr=0.01"}, &c);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(c.steps, 7);
+  EXPECT_FLOAT_EQ(c.optimizer.lr, 0.01f);
+  EXPECT_TRUE(RoleOf(c.precision, Role::kFwdX).bump_exponent);
+  EXPECT_EQ(RoleOf(c.precision, Role::kFwdX).format, QuantFormat::kMxfp4);
+  st = ParseRunConfig("steps: 5\n", "t", {"steps"}, &c);
+  EXPECT_FALSE(st.ok());
+}
+
+TEST(RunConfigTest, SchemeYamlRoundTripsEveryPreset) {
+  for (const PresetInfo& p : Presets()) {
+    PrecisionScheme s = Preset(p.name), back;
+    ASSERT_TRUE(ParseSchemeYaml(SchemeToYaml(s), &back).ok()) << p.name;
+    EXPECT_EQ(SchemeToYaml(back), SchemeToYaml(s)) << p.name;
+    EXPECT_EQ(DescribeScheme(back), DescribeScheme(s)) << p.name;
+  }
+}
+
+TEST(SchemeProtoTest, EveryPresetRoundTripsThroughTheWireForm) {
+  for (const PresetInfo& p : Presets()) {
+    PrecisionScheme s = Preset(p.name), back;
+    v1::PrecisionScheme wire;
+    SchemeToProto(s, &wire);
+    EXPECT_EQ(wire.fwd_x().format(), OperandFormatName(s.roles[0])) << p.name;
+    ASSERT_TRUE(SchemeFromProto(wire, &back).ok()) << p.name;
+    EXPECT_EQ(SchemeToYaml(back), SchemeToYaml(s)) << p.name;
+  }
+  v1::PrecisionScheme bad;
+  SchemeToProto(Preset("mxfp4"), &bad);
+  bad.mutable_dgrad_w()->set_format("mxfp9");
+  PrecisionScheme out;
+  Status st = SchemeFromProto(bad, &out);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("precision.dgrad_w.format"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace keel

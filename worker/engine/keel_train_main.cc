@@ -1,0 +1,205 @@
+// keel-train: Keel's training engine on the command line.
+//   keel-train --config run.yaml [--backend cpu|cuda] [--steps N] [--run-dir DIR]
+//              [--resume DIR|latest] [--set key=value ...] [--quiet]
+//   keel-train prepare-text IN.txt OUT_PREFIX [--val-fraction F]
+//   keel-train presets
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/base/flags.h"
+#include "worker/io/file_util.h"
+#include "worker/io/text_prepare.h"
+#include "worker/config/run_config.h"
+#include "worker/config/scheme.h"
+#include "worker/engine/trainer.h"
+#include "worker/run/trainer_exit.h"
+
+namespace keel {
+namespace {
+
+const char kUsage[] =
+    "usage:\n"
+    "  keel-train --config RUN.yaml [options]   train one run (model, data, precision scheme,\n"
+    "                                           optimizer from the YAML; see examples/)\n"
+    "  keel-train prepare-text IN.txt OUT_PREFIX [--val-fraction F]\n"
+    "                                           byte-level tokenize UTF-8 text into llm.c shards\n"
+    "                                           OUT_PREFIX_train.bin and OUT_PREFIX_val.bin\n"
+    "                                           (val = the last F of the text, default 0.1)\n"
+    "  keel-train presets                       list the precision-scheme presets\n"
+    "\n"
+    "options for training:\n"
+    "  --backend cpu|cuda   override the config's backend\n"
+    "  --steps N            override the number of optimizer steps\n"
+    "  --run-dir DIR        where metrics.jsonl and checkpoints/ go (default runs/<name>)\n"
+    "  --resume DIR|latest  continue from a checkpoint directory (or this run's newest that\n"
+    "                       verifies); the run continues in the scheme the checkpoint was saved with\n"
+    "  --resume-fallback    with --resume DIR: when DIR does not verify, use the newest older\n"
+    "                       checkpoint beside it that does (an event names each one skipped)\n"
+    "  --switch-precision   with --resume: continue in the config's precision instead (an\n"
+    "                       intervention from a checkpoint, e.g. --set precision.layernorm=fp32)\n"
+    "  --set KEY=VALUE      override any config field, e.g. --set optimizer.lr=1e-3,\n"
+    "                       --set precision=mxfp4 (repeatable)\n"
+    "  --quiet              no progress lines on stderr (metrics still go to metrics.jsonl)\n"
+    "  --data-root DIR      data.train and data.val must lie inside DIR once symlinks are\n"
+    "                       resolved (repeatable; keel-worker passes its own --data-root)\n"
+    "  --lease-file F --attempt N\n"
+    "                       (keel-worker) train only while F names attempt N and has not\n"
+    "                       expired: wait while it is expired, exit 4 when it names another\n"
+    "                       attempt\n"
+    "  --help               this text\n"
+    "\n"
+    "SIGINT or SIGTERM stops after the step in progress and writes a checkpoint.\n"
+    "Exit status: 0 done, 1 training failed, 2 bad usage or config, 3 stopped as diverged by\n"
+    "the policy, 4 superseded by another attempt (--lease-file), 130 interrupted (checkpointed).\n";
+
+// SIGINT / SIGTERM: finish the step in progress, checkpoint, exit 130.
+Trainer* g_trainer = nullptr;
+volatile sig_atomic_t g_signal = 0;
+
+void OnSignal(int signal_number) {
+  g_signal = signal_number;
+  if (g_trainer != nullptr) g_trainer->RequestStop();
+}
+
+int Fail(int code, const std::string& message) {
+  std::fprintf(stderr, "keel-train: %s\n", message.c_str());
+  return code;
+}
+
+int PresetsCommand() {
+  for (const PresetInfo& p : Presets()) {
+    PrecisionScheme s;
+    SchemeFromPreset(p.name, &s);
+    std::printf("%-22s %s\n%-22s   %s\n", p.name.c_str(), p.summary.c_str(), "",
+                DescribeScheme(s).c_str());
+  }
+  return 0;
+}
+
+int PrepareTextCommand(int argc, char** argv) {
+  std::vector<std::string> positional;
+  double fraction = kDefaultValFraction;
+  CLI::App app("keel-train prepare-text");
+  app.add_option("--val-fraction", fraction)
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            char* end = nullptr;
+            const double v = std::strtod(text.c_str(), &end);
+            if (text.empty() || *end != '\0' || !(v > 0 && v < 1)) return "'" + text + "' is not allowed (a number in (0, 1))";
+            return std::string();
+          },
+          "(0, 1)"));
+  app.add_option("files", positional);
+  const FlagsOutcome flags = ParseFlags(app, "keel-train", kUsage, argc, argv, /*first=*/2);
+  if (!flags.proceed) return flags.exit_code;
+  if (positional.size() != 2) return Fail(trainer_exit::kBadConfig, "prepare-text: expected IN.txt OUT_PREFIX");
+  PrepareSummary summary;
+  Status s = PrepareText(positional[0], positional[1], fraction, &summary);
+  if (!s.ok()) return Fail(trainer_exit::kFailed, s.message());
+  std::printf("%s: %lld tokens (byte-level, vocab 256)\n  train %s: %lld tokens\n  val   %s: %lld tokens\n",
+              positional[0].c_str(), static_cast<long long>(summary.total_tokens),
+              summary.train_path.c_str(), static_cast<long long>(summary.train_tokens),
+              summary.val_path.c_str(), static_cast<long long>(summary.val_tokens));
+  return 0;
+}
+
+int TrainCommand(int argc, char** argv) {
+  std::string config_path, resume, lease_file;
+  std::vector<std::string> data_roots;
+  std::vector<std::string> overrides;
+  bool quiet = false, switch_precision = false, resume_fallback = false;
+  int64_t attempt = 0;
+  std::string backend, steps, run_dir;
+  CLI::App app("keel-train");
+  app.add_option("--config", config_path);
+  app.add_option("--set", overrides)->allow_extra_args(false);
+  app.add_option("--backend", backend);
+  app.add_option("--steps", steps);
+  app.add_option("--run-dir", run_dir);
+  app.add_option("--resume", resume);
+  app.add_flag("--quiet", quiet);
+  app.add_flag("--switch-precision", switch_precision);
+  app.add_flag("--resume-fallback", resume_fallback);
+  app.add_option("--data-root", data_roots)->allow_extra_args(false);
+  app.add_option("--lease-file", lease_file);
+  app.add_option("--attempt", attempt)->check(IntFlag(1, INT64_MAX));
+  const FlagsOutcome flags = ParseFlags(app, "keel-train", kUsage, argc, argv);
+  if (!flags.proceed) return flags.exit_code;
+  // The named flags are applied after every --set.
+  if (!backend.empty()) overrides.push_back("backend=" + backend);
+  if (!steps.empty()) overrides.push_back("steps=" + steps);
+  if (!run_dir.empty()) overrides.push_back("run_dir=" + run_dir);
+  if (config_path.empty()) return Fail(trainer_exit::kBadConfig, "--config: missing (see keel-train --help)");
+  RunConfig config;
+  Status s = LoadRunConfig(config_path, overrides, &config);
+  if (!s.ok()) return Fail(trainer_exit::kBadConfig, s.message());
+  // Checked before any data file is opened (keel-worker may run as root).
+  if (!data_roots.empty()) {
+    for (const auto& field : {std::make_pair("data.train", config.data.train), std::make_pair("data.val", config.data.val)}) {
+      if (field.second.empty()) continue;
+      s = CheckInsideRoots(field.first, field.second, data_roots);
+      if (!s.ok()) return Fail(trainer_exit::kBadConfig, s.message());
+    }
+  }
+  std::unique_ptr<Trainer> trainer;
+  s = Trainer::Create(config, &trainer);
+  if (!s.ok()) return Fail(trainer_exit::kFailed, s.message());
+  if (switch_precision && resume.empty()) return Fail(trainer_exit::kBadConfig, "--switch-precision: needs --resume");
+  if (resume_fallback && resume.empty()) return Fail(trainer_exit::kBadConfig, "--resume-fallback: needs --resume");
+  if (lease_file.empty() != (attempt == 0)) return Fail(trainer_exit::kBadConfig, "--lease-file and --attempt go together");
+  trainer->SetLease(lease_file, attempt);
+  if (!resume.empty()) {
+    std::string resumed = resume;
+    s = resume == "latest" || resume_fallback ? trainer->ResumeNewestValid(resume, &resumed) : trainer->Resume(resume);
+    if (!s.ok()) return Fail(trainer_exit::kFailed, "--resume " + resume + ": " + s.message());
+    if (!quiet && resumed != resume) std::fprintf(stderr, "keel-train: resuming from %s\n", resumed.c_str());
+    if (switch_precision) {
+      const std::string from = trainer->scheme().name;
+      s = trainer->SwitchAndRecord(config.precision, " at resume", {});
+      if (!s.ok()) return Fail(trainer_exit::kFailed, "--switch-precision: " + s.message());
+      if (!quiet) std::fprintf(stderr, "keel-train: precision %s -> %s (%s)\n", from.c_str(), config.precision.name.c_str(),
+                               DescribeScheme(config.precision).c_str());
+    }
+    if (!quiet) std::fprintf(stderr, "keel-train: resumed at step %lld\n", static_cast<long long>(trainer->step()));
+  }
+  g_trainer = trainer.get();
+  struct sigaction action = {};
+  action.sa_handler = OnSignal;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  s = trainer->Train(nullptr, !quiet);
+  g_trainer = nullptr;
+  if (trainer->superseded()) return Fail(trainer_exit::kSuperseded, s.message());
+  if (!s.ok()) return Fail(trainer_exit::kFailed, s.message());
+  if (trainer->diverged()) {
+    std::fprintf(stderr, "keel-train: the stability policy stopped the run as diverged at step %lld\n",
+                 static_cast<long long>(trainer->step()));
+    return trainer_exit::kDiverged;
+  }
+  if (g_signal != 0) {
+    std::fprintf(stderr, "keel-train: interrupted (signal %d) after step %lld; resume with --resume latest\n",
+                 static_cast<int>(g_signal), static_cast<long long>(trainer->step()));
+    return trainer_exit::kInterrupted;
+  }
+  return trainer_exit::kDone;
+}
+
+}  // namespace
+}  // namespace keel
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "prepare-text") == 0) return keel::PrepareTextCommand(argc, argv);
+  if (argc >= 2 && std::strcmp(argv[1], "presets") == 0) return keel::PresetsCommand();
+  if (argc < 2) {
+    std::fputs(keel::kUsage, stderr);
+    return keel::trainer_exit::kBadConfig;
+  }
+  return keel::TrainCommand(argc, argv);
+}

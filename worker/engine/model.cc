@@ -1,0 +1,90 @@
+// Model base class: the flat parameter buffer, scratch, initialisers, factory.
+#include "worker/engine/model.h"
+
+#include <cmath>
+
+#include "kernels/philox.h"
+
+namespace keel {
+
+std::unique_ptr<Model> NewProxyModel(const RunConfig& config, Backend* backend);
+std::unique_ptr<Model> NewGptModel(const RunConfig& config, Backend* backend);
+
+Model::~Model() {
+  for (void* p : allocations_) backend_->Free(p);
+}
+
+void Model::AddParam(const std::string& name, std::vector<int64_t> shape, int block, bool decay,
+                     bool ln_gamma) {
+  ParamInfo info;
+  info.name = name;
+  info.count = 1;
+  for (int64_t s : shape) info.count *= s;
+  info.shape = std::move(shape);
+  // Each tensor starts on a 64-float (256-byte) boundary: vectorised kernels and
+  // cuBLASLt like aligned operands.
+  info.offset = (param_count_ + 63) / 64 * 64;
+  info.block = block;
+  info.decay = decay;
+  info.ln_gamma = ln_gamma;
+  param_count_ = info.offset + info.count;
+  params_.push_back(std::move(info));
+}
+
+Status Model::AllocateParams() {
+  param_count_ = (param_count_ + 63) / 64 * 64;
+  return Scratch(param_count_, &weights_);
+}
+
+Status Model::Scratch(int64_t floats, float** out) {
+  void* p = nullptr;
+  Status s = backend_->Alloc(static_cast<size_t>(floats) * sizeof(float), &p);
+  if (!s.ok()) return s;
+  allocations_.push_back(p);
+  *out = static_cast<float*>(p);
+  return Status::Ok();
+}
+
+Status Model::ScratchInts(int64_t count, int32_t** out) {
+  void* p = nullptr;
+  Status s = backend_->Alloc(static_cast<size_t>(count) * sizeof(int32_t), &p);
+  if (!s.ok()) return s;
+  allocations_.push_back(p);
+  *out = static_cast<int32_t*>(p);
+  return Status::Ok();
+}
+
+void InitUniform(uint64_t seed, float bound, float* out, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    out[i] = (2.0f * PhiloxUniform(seed, static_cast<uint64_t>(i)) - 1.0f) * bound;
+  }
+}
+
+void InitNormal(uint64_t seed, float stddev, float* out, int64_t count) {
+  // The Box-Muller form nn.h's RandomNormal uses.
+  const float kTwoPi = 6.283185307179586f;
+  for (int64_t i = 0; i < count; ++i) {
+    uint64_t k = 2 * static_cast<uint64_t>(i);
+    float u1 = 1.0f - PhiloxUniform(seed, k);
+    float u2 = PhiloxUniform(seed, k + 1);
+    out[i] = stddev * std::sqrt(-2.0f * std::log(u1)) * std::cos(kTwoPi * u2);
+  }
+}
+
+Status MakeModel(const RunConfig& config, Backend* backend, std::unique_ptr<Model>* out) {
+  std::unique_ptr<Model> model;
+  if (config.model.type == "proxy") {
+    model = NewProxyModel(config, backend);
+  } else if (config.model.type == "gpt") {
+    model = NewGptModel(config, backend);
+  } else {
+    return Status::Error("model.type: unknown value '" + config.model.type +
+                         "' (allowed: proxy, gpt)");
+  }
+  Status s = model->Build();
+  if (!s.ok()) return s;
+  *out = std::move(model);
+  return Status::Ok();
+}
+
+}  // namespace keel

@@ -1,0 +1,102 @@
+// The models keel-train trains, written once against the Backend interface
+// (kernels/nn.h) so the CPU and CUDA runs execute the same operations:
+//   - ProxyModel: the MX-instability paper's student ResidualMLP(d, L) learning a
+//     frozen teacher on fresh Gaussian batches (NUMERICS.md section 6);
+//   - GptModel: a GPT-2-style decoder LM (pre-LN, causal softmax attention, GELU or
+//     SwiGLU MLP, final LN, head tied to the token embedding; optional QK-LN and
+//     no biases).
+// Parameters live in one flat backend buffer (so the optimizer, clipping and
+// checkpoints see one array); ParamInfo says where each tensor sits.
+#ifndef KEEL_WORKER_ENGINE_MODEL_H_
+#define KEEL_WORKER_ENGINE_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/nn.h"
+#include "kernels/base/status.h"
+#include "worker/config/run_config.h"
+#include "worker/config/scheme.h"
+
+namespace keel {
+
+struct ParamInfo {
+  std::string name;            // "blocks.0.fc1.weight", safetensors tensor name
+  std::vector<int64_t> shape;
+  int64_t offset = 0;          // floats from the start of the flat buffer
+  int64_t count = 0;
+  int block = -1;              // residual/transformer block, -1 outside blocks
+  bool decay = false;          // matrices take AdamW weight decay
+  bool ln_gamma = false;       // a layernorm gain (gamma mean/std are logged)
+};
+
+// One micro-batch. gpt: batch x seq tokens and next-token targets. proxy:
+// data_seed draws x ~ N(0, I) and the target noise.
+struct Batch {
+  std::vector<int32_t> inputs;
+  std::vector<int32_t> targets;
+  uint64_t data_seed = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model();
+
+  const std::vector<ParamInfo>& param_info() const { return params_; }
+  int64_t param_count() const { return param_count_; }
+  float* params() const { return weights_; }  // backend memory
+  int blocks() const { return blocks_; }
+  // Names of the quantized linear layers, in statistics-slot order.
+  const std::vector<std::string>& linear_names() const { return linear_names_; }
+  // Samples (proxy) or tokens (gpt) one micro-batch holds.
+  virtual int64_t items_per_batch() const = 0;
+
+  // Registers the parameters and allocates parameters and activations (MakeModel
+  // calls it once).
+  virtual Status Build() = 0;
+  // Writes the initial weights (drawn on the host from `seed`, so every backend
+  // starts from the same bits).
+  virtual Status Init(uint64_t seed) = 0;
+  // One micro-batch: *loss = its mean loss; grads (param_count floats, backend)
+  // += grad_scale * d loss / d params. quant_seed feeds stochastic rounding.
+  // stats: record operand statistics into the linear layers' slots.
+  virtual Status ForwardBackward(const Batch& batch, const PrecisionScheme& scheme,
+                                 uint64_t quant_seed, float grad_scale, bool stats, float* grads,
+                                 double* loss) = 0;
+  // Forward only (evaluation): *loss = the mean loss.
+  virtual Status Evaluate(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed,
+                          double* loss) = 0;
+
+ protected:
+  explicit Model(Backend* backend) : backend_(backend) {}
+  // Registers a parameter tensor (call in order, before AllocateParams).
+  void AddParam(const std::string& name, std::vector<int64_t> shape, int block, bool decay,
+                bool ln_gamma = false);
+  Status AllocateParams();
+  // Backend scratch that lives as long as the model.
+  Status Scratch(int64_t floats, float** out);
+  Status ScratchInts(int64_t count, int32_t** out);
+  float* P(size_t index) const { return weights_ + params_[index].offset; }
+
+  Backend* backend_;
+  std::vector<ParamInfo> params_;
+  int64_t param_count_ = 0;
+  float* weights_ = nullptr;
+  int blocks_ = 0;
+  std::vector<std::string> linear_names_;
+  std::vector<void*> allocations_;
+};
+
+// Builds the model config.model describes, sized for config.batch x config.seq.
+Status MakeModel(const RunConfig& config, Backend* backend, std::unique_ptr<Model>* out);
+
+// Host-side initialisers shared by the models (Philox-based, deterministic):
+// uniform in [-bound, bound) and normal(0, stddev), element i from (seed, i).
+void InitUniform(uint64_t seed, float bound, float* out, int64_t count);
+void InitNormal(uint64_t seed, float stddev, float* out, int64_t count);
+
+}  // namespace keel
+
+#endif  // KEEL_WORKER_ENGINE_MODEL_H_

@@ -1,0 +1,346 @@
+// GPT-2-style decoder LM: token + learned position embeddings, pre-LN blocks
+// (LN -> c_attn (q, k, v) -> [QK-LayerNorm per head] -> causal softmax attention
+// -> c_proj, residual; LN -> c_fc -> GELU or SwiGLU -> c_proj, residual), final
+// LN, LM head tied to the token embedding, softmax cross-entropy over the real
+// vocabulary (padded columns never count). Weights are [out, in] (the transpose
+// of Hugging Face GPT-2's Conv1D layout); names follow GPT-2's.
+#include <cmath>
+
+#include "worker/engine/model.h"
+
+namespace keel {
+namespace {
+
+uint64_t Mix(uint64_t a, uint64_t b) { return RoleSeed(a ^ (b * 0x2545F4914F6CDD1Dull), Role::kFwdW); }
+
+// Indices of one block's parameters in params_ (-1 when absent).
+struct BlockParams {
+  int ln1_w = -1, ln1_b = -1, attn_w = -1, attn_b = -1, qln_w = -1, qln_b = -1, kln_w = -1,
+      kln_b = -1, proj_w = -1, proj_b = -1, ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1,
+      fcproj_w = -1, fcproj_b = -1;
+};
+
+// One block's saved activations.
+struct BlockActs {
+  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *qkv_normed = nullptr, *q_raw = nullptr,
+      *k_raw = nullptr, *q_mean = nullptr, *q_rstd = nullptr, *k_mean = nullptr,
+      *k_rstd = nullptr, *probs, *att, *mid, *ln2, *ln2_mean, *ln2_rstd, *fc, *act;
+};
+
+class GptModel : public Model {
+ public:
+  GptModel(const RunConfig& config, Backend* backend)
+      : Model(backend),
+        m_(config.model),
+        batch_(config.batch),
+        seq_(config.seq),
+        bt_(static_cast<int64_t>(config.batch) * config.seq) {
+    blocks_ = m_.layers;
+    d_ = m_.width;
+    hd_ = d_ / m_.heads;
+    hidden_ = m_.mlp_hidden;
+    fc_out_ = m_.mlp == "swiglu" ? 2 * hidden_ : hidden_;
+  }
+
+  int64_t items_per_batch() const override { return bt_; }
+
+  Status Build() override {
+    const bool b = m_.bias;
+    wte_ = Add("wte", {m_.padded_vocab, d_}, -1, true);
+    wpe_ = Add("wpe", {m_.context, d_}, -1, true);
+    bp_.resize(blocks_);
+    for (int l = 0; l < blocks_; ++l) {
+      std::string p = "h." + std::to_string(l) + ".";
+      BlockParams& q = bp_[l];
+      q.ln1_w = Add(p + "ln_1.weight", {d_}, l, false, true);
+      if (b) q.ln1_b = Add(p + "ln_1.bias", {d_}, l, false);
+      q.attn_w = Add(p + "attn.c_attn.weight", {3 * d_, d_}, l, true);
+      if (b) q.attn_b = Add(p + "attn.c_attn.bias", {3 * d_}, l, false);
+      if (m_.qk_layernorm) {
+        q.qln_w = Add(p + "attn.q_ln.weight", {hd_}, l, false, true);
+        if (b) q.qln_b = Add(p + "attn.q_ln.bias", {hd_}, l, false);
+        q.kln_w = Add(p + "attn.k_ln.weight", {hd_}, l, false, true);
+        if (b) q.kln_b = Add(p + "attn.k_ln.bias", {hd_}, l, false);
+      }
+      q.proj_w = Add(p + "attn.c_proj.weight", {d_, d_}, l, true);
+      if (b) q.proj_b = Add(p + "attn.c_proj.bias", {d_}, l, false);
+      q.ln2_w = Add(p + "ln_2.weight", {d_}, l, false, true);
+      if (b) q.ln2_b = Add(p + "ln_2.bias", {d_}, l, false);
+      q.fc_w = Add(p + "mlp.c_fc.weight", {fc_out_, d_}, l, true);
+      if (b) q.fc_b = Add(p + "mlp.c_fc.bias", {fc_out_}, l, false);
+      q.fcproj_w = Add(p + "mlp.c_proj.weight", {d_, hidden_}, l, true);
+      if (b) q.fcproj_b = Add(p + "mlp.c_proj.bias", {d_}, l, false);
+      for (const char* n : {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}) {
+        linear_names_.push_back(p + n);
+      }
+    }
+    lnf_w_ = Add("ln_f.weight", {d_}, -1, false, true);
+    if (b) lnf_b_ = Add("ln_f.bias", {d_}, -1, false);
+    linear_names_.push_back("lm_head");
+    KEEL_RETURN_IF_ERROR(AllocateParams());
+
+    // Activations (what the backward needs) and gradient scratch.
+    const int64_t heads = m_.heads;
+    res_.resize(blocks_ + 1);
+    for (float*& r : res_) KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &r));
+    acts_.resize(blocks_);
+    for (BlockActs& a : acts_) {
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.ln1));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_, &a.ln1_mean));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_, &a.ln1_rstd));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * 3 * d_, &a.qkv));
+      if (m_.qk_layernorm) {
+        KEEL_RETURN_IF_ERROR(Scratch(bt_ * 3 * d_, &a.qkv_normed));
+        KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.q_raw));
+        KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.k_raw));
+        KEEL_RETURN_IF_ERROR(Scratch(bt_ * heads, &a.q_mean));
+        KEEL_RETURN_IF_ERROR(Scratch(bt_ * heads, &a.q_rstd));
+        KEEL_RETURN_IF_ERROR(Scratch(bt_ * heads, &a.k_mean));
+        KEEL_RETURN_IF_ERROR(Scratch(bt_ * heads, &a.k_rstd));
+      }
+      KEEL_RETURN_IF_ERROR(Scratch(static_cast<int64_t>(batch_) * heads * seq_ * seq_, &a.probs));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.att));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.mid));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.ln2));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_, &a.ln2_mean));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_, &a.ln2_rstd));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * fc_out_, &a.fc));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * hidden_, &a.act));
+    }
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &lnf_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_, &lnf_mean_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_, &lnf_rstd_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * m_.padded_vocab, &logits_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_, &losses_));
+    KEEL_RETURN_IF_ERROR(ScratchInts(bt_, &tokens_));
+    KEEL_RETURN_IF_ERROR(ScratchInts(bt_, &targets_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &dres_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &dln_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * 3 * d_, &dqkv_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &datt_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * fc_out_, &dfc_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * hidden_, &dact_));
+    if (m_.qk_layernorm) {
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &dhead_in_));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &dhead_out_));
+    }
+    KEEL_RETURN_IF_ERROR(Scratch(param_count_, &affine_));  // quantized layernorm affine copies
+    return Status::Ok();
+  }
+
+  Status Init(uint64_t seed) override {
+    // GPT-2's init: N(0, 0.02) matrices, residual projections scaled by
+    // 1/sqrt(2 L), position embeddings N(0, 0.01), zero biases, unit LN gains.
+    std::vector<float> host(param_count_, 0.0f);
+    const float proj_std = 0.02f / std::sqrt(2.0f * blocks_);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const ParamInfo& p = params_[i];
+      float* dst = host.data() + p.offset;
+      if (p.ln_gamma) {
+        std::fill(dst, dst + p.count, 1.0f);
+      } else if (p.shape.size() == 2) {
+        bool proj = p.name.find("c_proj.weight") != std::string::npos;
+        float stddev = p.name == "wpe" ? 0.01f : proj ? proj_std : 0.02f;
+        InitNormal(Mix(seed, i), stddev, dst, p.count);
+        if (p.name == "wte") {
+          // Padded vocabulary rows never see a target; keep them zero.
+          std::fill(dst + m_.vocab * d_, dst + p.count, 0.0f);
+        }
+      }
+    }
+    return backend_->Upload(weights_, host.data(), host.size() * sizeof(float));
+  }
+
+  Status ForwardBackward(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed,
+                         float grad_scale, bool stats, float* grads, double* loss) override {
+    int64_t valid = 0;
+    KEEL_RETURN_IF_ERROR(Forward(batch, scheme, quant_seed, stats, loss, &valid));
+    if (valid == 0) return Status::Ok();
+    const float scale = grad_scale / static_cast<float>(valid);
+    auto G = [&](int index) { return index < 0 ? nullptr : grads + params_[index].offset; };
+    // Head (tied to wte) and final layernorm.
+    KEEL_RETURN_IF_ERROR(backend_->CrossEntropyBackward(logits_, targets_, logits_, bt_, m_.padded_vocab,
+                                                   m_.vocab, scale));
+    KEEL_RETURN_IF_ERROR(backend_->LinearBackward(lnf_, P(wte_), logits_, dln_, G(wte_), nullptr, bt_, d_,
+                                             m_.padded_vocab, Quant(scheme, -1, 0, quant_seed, stats)));
+    KEEL_RETURN_IF_ERROR(backend_->Fill(dres_, bt_ * d_, 0.0f));
+    KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(res_[blocks_], Affine(lnf_w_), lnf_mean_, lnf_rstd_,
+                                                dln_, dres_, G(lnf_w_), G(lnf_b_), bt_, d_));
+    for (int l = blocks_ - 1; l >= 0; --l) {
+      const BlockParams& q = bp_[l];
+      const BlockActs& a = acts_[l];
+      // MLP.
+      KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.act, P(q.fcproj_w), dres_, dact_, G(q.fcproj_w),
+                                               G(q.fcproj_b), bt_, hidden_, d_,
+                                               Quant(scheme, l, 3, quant_seed, stats)));
+      if (m_.mlp == "swiglu") {
+        KEEL_RETURN_IF_ERROR(backend_->SwigluBackward(a.fc, dact_, dfc_, bt_, hidden_));
+      } else {
+        KEEL_RETURN_IF_ERROR(backend_->GeluBackward(a.fc, dact_, dfc_, bt_ * hidden_));
+      }
+      KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.ln2, P(q.fc_w), dfc_, dln_, G(q.fc_w), G(q.fc_b),
+                                               bt_, d_, fc_out_, Quant(scheme, l, 2, quant_seed, stats)));
+      KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(a.mid, Affine(q.ln2_w), a.ln2_mean, a.ln2_rstd,
+                                                  dln_, dres_, G(q.ln2_w), G(q.ln2_b), bt_, d_));
+      // Attention.
+      KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.att, P(q.proj_w), dres_, datt_, G(q.proj_w),
+                                               G(q.proj_b), bt_, d_, d_,
+                                               Quant(scheme, l, 1, quant_seed, stats)));
+      const float* qkv_used = m_.qk_layernorm ? a.qkv_normed : a.qkv;
+      KEEL_RETURN_IF_ERROR(backend_->AttentionBackward(qkv_used, a.probs, datt_, dqkv_, batch_, seq_,
+                                                  m_.heads, d_, AttentionBf16(scheme, l)));
+      if (m_.qk_layernorm) {
+        KEEL_RETURN_IF_ERROR(HeadNormBackward(a.q_raw, q.qln_w, q.qln_b, a.q_mean, a.q_rstd, 0, grads));
+        KEEL_RETURN_IF_ERROR(HeadNormBackward(a.k_raw, q.kln_w, q.kln_b, a.k_mean, a.k_rstd, d_, grads));
+      }
+      KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.ln1, P(q.attn_w), dqkv_, dln_, G(q.attn_w),
+                                               G(q.attn_b), bt_, d_, 3 * d_,
+                                               Quant(scheme, l, 0, quant_seed, stats)));
+      KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(res_[l], Affine(q.ln1_w), a.ln1_mean, a.ln1_rstd,
+                                                  dln_, dres_, G(q.ln1_w), G(q.ln1_b), bt_, d_));
+    }
+    return backend_->EmbeddingBackward(tokens_, dres_, G(wte_), G(wpe_), batch_, seq_, d_);
+  }
+
+  Status Evaluate(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed,
+                  double* loss) override {
+    int64_t valid = 0;
+    return Forward(batch, scheme, quant_seed, false, loss, &valid);
+  }
+
+ private:
+  int Add(const std::string& name, std::vector<int64_t> shape, int block, bool decay,
+          bool ln_gamma = false) {
+    AddParam(name, std::move(shape), block, decay, ln_gamma);
+    return static_cast<int>(params_.size()) - 1;
+  }
+
+  // The (possibly quantized) copy of a layernorm affine parameter; null stays null.
+  float* Affine(int index) const {
+    return index < 0 ? nullptr : affine_ + params_[index].offset;
+  }
+
+  bool AttentionBf16(const PrecisionScheme& scheme, int block) const {
+    (void)block;
+    return scheme.attention_bf16;
+  }
+
+  LinearQuant Quant(const PrecisionScheme& scheme, int block, int which, uint64_t seed,
+                    bool stats) const {
+    LinearQuant q = scheme.LinearFor(block, blocks_);
+    int slot = block < 0 ? 4 * blocks_ : 4 * block + which;
+    q.seed = Mix(seed, slot);
+    q.stats_slot = stats ? slot : -1;
+    return q;
+  }
+
+  Status QuantizeAffine(const PrecisionScheme& scheme, uint64_t seed) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const ParamInfo& p = params_[i];
+      if (p.shape.size() != 1) continue;
+      bool layernorm = p.name.find("ln_") != std::string::npos || p.name.find("_ln.") != std::string::npos;
+      if (!layernorm) continue;
+      KEEL_RETURN_IF_ERROR(backend_->QuantizeDequantize(P(i), 1, p.count, 1, scheme.layernorm,
+                                                   Mix(seed, 1000003ull + i), Affine(static_cast<int>(i))));
+    }
+    return Status::Ok();
+  }
+
+  // QK-LayerNorm forward on the q (col0 = 0) or k (col0 = d) part of qkv: per
+  // token and head, over hd features.
+  Status HeadNormForward(const float* qkv, float* qkv_normed, float* raw, int w, int b, float* mean,
+                         float* rstd, int64_t col0) {
+    KEEL_RETURN_IF_ERROR(backend_->Copy2D(qkv + col0, 3 * d_, raw, d_, bt_, d_));
+    KEEL_RETURN_IF_ERROR(backend_->LayerNormForward(raw, Affine(w), Affine(b), dhead_out_, mean, rstd,
+                                               bt_ * m_.heads, hd_, m_.ln_eps));
+    return backend_->Copy2D(dhead_out_, d_, qkv_normed + col0, 3 * d_, bt_, d_);
+  }
+
+  // Its backward: dqkv_'s q or k part (the gradient w.r.t. the normed values)
+  // becomes the gradient w.r.t. the raw values.
+  Status HeadNormBackward(const float* raw, int w, int b, const float* mean, const float* rstd,
+                          int64_t col0, float* grads) {
+    auto G = [&](int index) { return index < 0 ? nullptr : grads + params_[index].offset; };
+    KEEL_RETURN_IF_ERROR(backend_->Copy2D(dqkv_ + col0, 3 * d_, dhead_in_, d_, bt_, d_));
+    KEEL_RETURN_IF_ERROR(backend_->Fill(dhead_out_, bt_ * d_, 0.0f));
+    KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(raw, Affine(w), mean, rstd, dhead_in_, dhead_out_,
+                                                G(w), G(b), bt_ * m_.heads, hd_));
+    return backend_->Copy2D(dhead_out_, d_, dqkv_ + col0, 3 * d_, bt_, d_);
+  }
+
+  Status Forward(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed, bool stats,
+                 double* loss, int64_t* valid) {
+    if (static_cast<int64_t>(batch.inputs.size()) != bt_ ||
+        static_cast<int64_t>(batch.targets.size()) != bt_) {
+      return Status::Error("gpt: batch holds " + std::to_string(batch.inputs.size()) +
+                           " tokens, expected batch x seq = " + std::to_string(bt_));
+    }
+    *valid = 0;
+    for (int32_t t : batch.targets) *valid += t >= 0;
+    KEEL_RETURN_IF_ERROR(backend_->Upload(tokens_, batch.inputs.data(), bt_ * sizeof(int32_t)));
+    KEEL_RETURN_IF_ERROR(backend_->Upload(targets_, batch.targets.data(), bt_ * sizeof(int32_t)));
+    KEEL_RETURN_IF_ERROR(QuantizeAffine(scheme, quant_seed));
+    KEEL_RETURN_IF_ERROR(backend_->EmbeddingForward(tokens_, P(wte_), P(wpe_), res_[0], batch_, seq_, d_));
+    for (int l = 0; l < blocks_; ++l) {
+      const BlockParams& q = bp_[l];
+      BlockActs& a = acts_[l];
+      KEEL_RETURN_IF_ERROR(backend_->LayerNormForward(res_[l], Affine(q.ln1_w), Affine(q.ln1_b), a.ln1,
+                                                 a.ln1_mean, a.ln1_rstd, bt_, d_, m_.ln_eps));
+      KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.ln1, P(q.attn_w), q.attn_b < 0 ? nullptr : P(q.attn_b),
+                                              a.qkv, bt_, d_, 3 * d_, Quant(scheme, l, 0, quant_seed, stats)));
+      const float* qkv_used = a.qkv;
+      if (m_.qk_layernorm) {
+        KEEL_RETURN_IF_ERROR(backend_->CopyBytes(a.qkv_normed, a.qkv, bt_ * 3 * d_ * sizeof(float)));
+        KEEL_RETURN_IF_ERROR(HeadNormForward(a.qkv, a.qkv_normed, a.q_raw, q.qln_w, q.qln_b, a.q_mean, a.q_rstd, 0));
+        KEEL_RETURN_IF_ERROR(HeadNormForward(a.qkv, a.qkv_normed, a.k_raw, q.kln_w, q.kln_b, a.k_mean, a.k_rstd, d_));
+        qkv_used = a.qkv_normed;
+      }
+      KEEL_RETURN_IF_ERROR(backend_->AttentionForward(qkv_used, a.att, a.probs, batch_, seq_, m_.heads, d_,
+                                                 AttentionBf16(scheme, l)));
+      KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.att, P(q.proj_w), q.proj_b < 0 ? nullptr : P(q.proj_b),
+                                              a.mid, bt_, d_, d_, Quant(scheme, l, 1, quant_seed, stats)));
+      KEEL_RETURN_IF_ERROR(backend_->Add(a.mid, res_[l], a.mid, bt_ * d_));
+      KEEL_RETURN_IF_ERROR(backend_->LayerNormForward(a.mid, Affine(q.ln2_w), Affine(q.ln2_b), a.ln2,
+                                                 a.ln2_mean, a.ln2_rstd, bt_, d_, m_.ln_eps));
+      KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.ln2, P(q.fc_w), q.fc_b < 0 ? nullptr : P(q.fc_b), a.fc,
+                                              bt_, d_, fc_out_, Quant(scheme, l, 2, quant_seed, stats)));
+      if (m_.mlp == "swiglu") {
+        KEEL_RETURN_IF_ERROR(backend_->SwigluForward(a.fc, a.act, bt_, hidden_));
+      } else {
+        KEEL_RETURN_IF_ERROR(backend_->GeluForward(a.fc, a.act, bt_ * hidden_));
+      }
+      KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.act, P(q.fcproj_w), q.fcproj_b < 0 ? nullptr : P(q.fcproj_b),
+                                              res_[l + 1], bt_, hidden_, d_, Quant(scheme, l, 3, quant_seed, stats)));
+      KEEL_RETURN_IF_ERROR(backend_->Add(res_[l + 1], a.mid, res_[l + 1], bt_ * d_));
+    }
+    KEEL_RETURN_IF_ERROR(backend_->LayerNormForward(res_[blocks_], Affine(lnf_w_), Affine(lnf_b_), lnf_,
+                                               lnf_mean_, lnf_rstd_, bt_, d_, m_.ln_eps));
+    KEEL_RETURN_IF_ERROR(backend_->LinearForward(lnf_, P(wte_), nullptr, logits_, bt_, d_, m_.padded_vocab,
+                                            Quant(scheme, -1, 0, quant_seed, stats)));
+    KEEL_RETURN_IF_ERROR(backend_->CrossEntropyForward(logits_, targets_, losses_, bt_, m_.padded_vocab, m_.vocab));
+    std::vector<double> sums;
+    KEEL_RETURN_IF_ERROR(backend_->Sums({Span{losses_, bt_}}, &sums));
+    *loss = *valid > 0 ? sums[0] / static_cast<double>(*valid) : 0.0;
+    return Status::Ok();
+  }
+
+  ModelConfig m_;
+  int batch_, seq_;
+  int64_t bt_, d_, hd_, hidden_, fc_out_;
+  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
+  std::vector<BlockParams> bp_;
+  std::vector<BlockActs> acts_;
+  std::vector<float*> res_;
+  float *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_;
+  int32_t *tokens_, *targets_;
+  float *dres_, *dln_, *dqkv_, *datt_, *dfc_, *dact_, *dhead_in_ = nullptr, *dhead_out_ = nullptr;
+  float* affine_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> NewGptModel(const RunConfig& config, Backend* backend) {
+  return std::unique_ptr<Model>(new GptModel(config, backend));
+}
+
+}  // namespace keel

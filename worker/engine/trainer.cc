@@ -1,0 +1,830 @@
+// The training loop (see trainer.h).
+#include "worker/engine/trainer.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <climits>
+#include <map>
+#include <thread>
+
+#include "worker/run/checkpoint_dirs.h"
+#include "worker/run/run_dir.h"
+#include "worker/run/run_lease.h"
+#include "worker/io/file_util.h"
+#include "worker/io/json.h"
+#include "worker/io/safetensors.h"
+#include "proto/event_kinds.h"
+
+namespace keel {
+namespace {
+
+constexpr char kCheckpointFormat[] = "keel-checkpoint-1";
+
+uint64_t Mix(uint64_t a, uint64_t b) { return RoleSeed(a ^ (b * 0x9FB21C651E98DF25ull), Role::kWgradX); }
+
+// Deletes one checkpoint directory (its two files, then the directory).
+void RemoveCheckpointDir(const std::string& dir) {
+  std::remove((dir + "/model.safetensors").c_str());
+  std::remove((dir + "/optimizer.safetensors").c_str());
+  rmdir(dir.c_str());
+}
+
+// Renames a fully written checkpoint directory tmp_dir to final_dir, replacing
+// an older one of the same step. A directory without ".tmp" is always
+// complete: rename is the commit.
+Status CommitCheckpointDir(const std::string& tmp_dir, const std::string& final_dir) {
+  std::string old = final_dir + ".old";
+  if (access(final_dir.c_str(), F_OK) == 0) {
+    std::rename(final_dir.c_str(), old.c_str());
+  }
+  if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
+    return Status::Error("checkpoint: cannot rename '" + tmp_dir + "' to '" + final_dir + "'");
+  }
+  if (access(old.c_str(), F_OK) == 0) RemoveCheckpointDir(old);
+  return Status::Ok();
+}
+
+std::string FormatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  long s = static_cast<long>(seconds + 0.5);
+  char text[32];
+  if (s >= 3600) {
+    std::snprintf(text, sizeof(text), "%ldh%02ldm", s / 3600, (s / 60) % 60);
+  } else if (s >= 60) {
+    std::snprintf(text, sizeof(text), "%ldm%02lds", s / 60, s % 60);
+  } else {
+    std::snprintf(text, sizeof(text), "%lds", s);
+  }
+  return text;
+}
+
+}  // namespace
+
+Trainer::~Trainer() {
+  if (metrics_file_) std::fclose(metrics_file_);
+  if (backend_) {
+    for (float* p : {grads_, adam_m_, adam_v_, probe_grads_, previous_}) backend_->Free(p);
+  }
+  model_.reset();  // frees its buffers through backend_, so before it
+}
+
+Status Trainer::Create(const RunConfig& config, std::unique_ptr<Trainer>* out) {
+  KEEL_RETURN_IF_ERROR(ValidateRunConfig(config));
+  std::unique_ptr<Trainer> t(new Trainer);
+  t->config_ = config;
+  t->scheme_ = config.precision;
+  KEEL_RETURN_IF_ERROR(MakeBackend(config.backend, config.threads, &t->backend_));
+  if (config.model.type == "gpt") KEEL_RETURN_IF_ERROR(t->OpenData());
+  KEEL_RETURN_IF_ERROR(MakeModel(config, t->backend_.get(), &t->model_));
+  for (const ParamInfo& p : t->model_->param_info()) t->param_groups_.push_back(ParamGroup(p));
+  KEEL_RETURN_IF_ERROR(t->AllocateState());
+  KEEL_RETURN_IF_ERROR(t->model_->Init(config.seed));
+  if (t->config_.policy.active()) t->StartPolicy();
+  *out = std::move(t);
+  return Status::Ok();
+}
+
+// The token loaders of a gpt run (data.train, and data.val when given).
+Status Trainer::OpenData() {
+  const RunConfig& config = config_;
+  Status opened = TokenLoader::Open(config.data.train, config.batch, config.seq, &train_loader_);
+  if (!opened.ok()) {
+    return Status::Error("data.train: " + opened.message() +
+                         " (make shards with `keel-train prepare-text IN.txt OUT_PREFIX`, "
+                         "scripts/prepare-fortunes for the examples, or llm.c's data scripts)");
+  }
+  if (train_loader_->max_token() >= config.model.vocab) {
+    return Status::Error("data.train: token id " + std::to_string(train_loader_->max_token()) +
+                         " is outside model.vocab " + std::to_string(config.model.vocab) +
+                         " (allowed: 0 .. vocab-1)");
+  }
+  if (!config.data.val.empty()) {
+    KEEL_RETURN_IF_ERROR(TokenLoader::Open(config.data.val, config.batch, config.seq, &val_loader_));
+  }
+  return Status::Ok();
+}
+
+// The optimizer's buffers beside the model's weights: gradients, Adam m and v,
+// the weights before an update, and the probe's gradients when it runs.
+Status Trainer::AllocateState() {
+  const size_t bytes = static_cast<size_t>(model_->param_count()) * sizeof(float);
+  for (float** p : {&grads_, &adam_m_, &adam_v_, &previous_}) {
+    void* mem = nullptr;
+    KEEL_RETURN_IF_ERROR(backend_->Alloc(bytes, &mem));
+    *p = static_cast<float*>(mem);
+  }
+  if (config_.probe_every > 0) {
+    void* mem = nullptr;
+    KEEL_RETURN_IF_ERROR(backend_->Alloc(bytes, &mem));
+    probe_grads_ = static_cast<float*>(mem);
+  }
+  return Status::Ok();
+}
+
+void Trainer::StartPolicy() {
+  // Rollbacks need snapshots: the policy's ring, kept on disk as checkpoints.
+  if (config_.policy.snapshot_every > 0) config_.checkpoint_every = config_.policy.snapshot_every;
+  if (config_.policy.snapshot_keep > 0) config_.keep_checkpoints = config_.policy.snapshot_keep;
+  detectors_.reset(new DetectorSet(config_.policy.detectors));
+  engine_.reset(new PolicyEngine(config_.policy));
+}
+
+double Trainer::LearningRate(int64_t step) const {
+  return ScheduledLearningRate(config_.schedule, config_.optimizer.lr * lr_scale_, config_.steps, step);
+}
+
+Status Trainer::SwitchScheme(const PrecisionScheme& scheme) {
+  KEEL_RETURN_IF_ERROR(ValidateScheme(scheme));
+  scheme_ = scheme;
+  return Status::Ok();
+}
+
+Status Trainer::NextBatch(int micro, Batch* batch) {
+  const uint64_t index = static_cast<uint64_t>(step_) * config_.grad_accum + micro;
+  batch->data_seed = Mix(config_.seed ^ 0xDA7Aull, index);
+  if (train_loader_) return train_loader_->Next(&batch->inputs, &batch->targets);
+  return Status::Ok();
+}
+
+// One optimizer step as its phases. Each fills its part of *m; the order is the
+// data flow (the detectors read the gradient's metrics before the update).
+Status Trainer::Step(StepMetrics* m) {
+  const auto start = std::chrono::steady_clock::now();
+  const bool probe = EveryNth(step_ + 1, config_.probe_every);
+  *m = StepMetrics();
+  m->step = step_ + 1;
+  m->scheme = scheme_.name;
+  m->lr = LearningRate(step_);
+  std::vector<Batch> batches;  // kept for the probe, which replays them
+  KEEL_RETURN_IF_ERROR(ForwardBackward(probe ? &batches : nullptr, m));
+  KEEL_RETURN_IF_ERROR(CollectOperandStats(m));
+  GroupSums weight_squares;  // before the update: the update ratio's denominator
+  KEEL_RETURN_IF_ERROR(MeasureGradients(m, &weight_squares));
+  if (probe) KEEL_RETURN_IF_ERROR(RunProbe(batches, m));
+  KEEL_RETURN_IF_ERROR(CollectLayerNormGains(m));
+  const bool skip_update = RunStabilityController(*m);
+  KEEL_RETURN_IF_ERROR(OptimizerStep(skip_update, m));
+  KEEL_RETURN_IF_ERROR(MeasureUpdate(weight_squares, m));
+  ++step_;
+  KEEL_RETURN_IF_ERROR(MaybeEvaluate(m));
+  KEEL_RETURN_IF_ERROR(backend_->Sync());
+  m->step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  m->tokens_per_s = SafeRatio(static_cast<double>(model_->items_per_batch()) * config_.grad_accum,
+                              m->step_seconds);
+  return Status::Ok();
+}
+
+bool Trainer::OperandStatsOn() const { return config_.operand_stats && scheme_.AnyQuantized(); }
+
+// The micro-batches' forward and backward passes: the mean gradient into grads_,
+// the mean loss into m->loss, and (when on) the operand counters. `kept`, when
+// not null, receives the batches.
+Status Trainer::ForwardBackward(std::vector<Batch>* kept, StepMetrics* m) {
+  const bool stats = OperandStatsOn();
+  KEEL_RETURN_IF_ERROR(backend_->Fill(grads_, model_->param_count(), 0.0f));
+  if (stats) KEEL_RETURN_IF_ERROR(backend_->ResetOperandStats(static_cast<int>(model_->linear_names().size())));
+  double loss_sum = 0;
+  for (int k = 0; k < config_.grad_accum; ++k) {
+    Batch batch;
+    KEEL_RETURN_IF_ERROR(NextBatch(k, &batch));
+    double loss = 0;
+    const uint64_t quant_seed = Mix(config_.seed ^ 0x0A7Aull, static_cast<uint64_t>(step_) * config_.grad_accum + k);
+    KEEL_RETURN_IF_ERROR(model_->ForwardBackward(batch, scheme_, quant_seed, 1.0f / config_.grad_accum,
+                                                 stats, grads_, &loss));
+    loss_sum += loss;
+    if (kept) kept->push_back(std::move(batch));
+  }
+  m->loss = loss_sum / config_.grad_accum;
+  return Status::Ok();
+}
+
+Status Trainer::CollectOperandStats(StepMetrics* m) {
+  if (!OperandStatsOn()) return Status::Ok();
+  std::vector<OperandStats> counters;
+  KEEL_RETURN_IF_ERROR(backend_->ReadOperandStats(&counters));
+  m->operands = OperandMetrics(counters, model_->linear_names());
+  return Status::Ok();
+}
+
+// Norms of the gradient, global and per group, and the weights' squares before
+// the update (for the update ratio), in one batched reduction.
+Status Trainer::MeasureGradients(StepMetrics* m, GroupSums* weight_squares) {
+  const std::vector<ParamInfo>& params = model_->param_info();
+  std::vector<Span> spans;
+  for (const ParamInfo& p : params) spans.push_back(Span{grads_ + p.offset, p.count});
+  for (const ParamInfo& p : params) spans.push_back(Span{model_->params() + p.offset, p.count});
+  std::vector<double> squares;
+  KEEL_RETURN_IF_ERROR(backend_->SumSquares(spans, &squares));
+  const GroupSums grad_squares = SumByGroup(param_groups_, squares);
+  *weight_squares = SumByGroup(param_groups_, squares, params.size());
+  m->grad_norm = std::sqrt(grad_squares.total);
+  m->grad_norms = GroupNorms(grad_squares);
+  return Status::Ok();
+}
+
+// The layernorm gains this step used (before its update).
+Status Trainer::CollectLayerNormGains(StepMetrics* m) {
+  for (const ParamInfo& p : model_->param_info()) {
+    if (!p.ln_gamma) continue;
+    std::vector<float> gamma(p.count);
+    KEEL_RETURN_IF_ERROR(backend_->Download(gamma.data(), model_->params() + p.offset, p.count * sizeof(float)));
+    m->ln_gamma.push_back(GainStats(p.name, gamma));
+  }
+  return Status::Ok();
+}
+
+// Stability: the detectors read this step's metrics before its update, so a
+// rule can skip the update; its other actions wait in pending_ and run after
+// the step (Train calls ApplyPolicy). Returns whether the update is skipped.
+bool Trainer::RunStabilityController(const StepMetrics& m) {
+  if (!detectors_) return false;
+  std::vector<Firing> fired = detectors_->Observe(m);
+  // Cooldowns count steps taken, not step numbers: a rollback moves the step
+  // number back, and the rule must still wait its cooldown.
+  std::vector<PolicyEngine::Decision> decisions = engine_->Decide(++policy_steps_, fired);
+  const bool skip_update = SkipsUpdate(decisions);
+  for (PolicyEngine::Decision& d : decisions) pending_.push_back(std::move(d));
+  return skip_update;
+}
+
+// Adam(W) on every tensor; global-norm clipping folds into the gradient scale.
+// previous_ keeps the weights before the update (for the update ratio).
+Status Trainer::OptimizerStep(bool skip_update, StepMetrics* m) {
+  Backend& b = *backend_;
+  const OptimizerConfig& o = config_.optimizer;
+  const float grad_scale = ClipScale(m->grad_norm, o.grad_clip);
+  KEEL_RETURN_IF_ERROR(b.CopyBytes(previous_, model_->params(),
+                                   static_cast<size_t>(model_->param_count()) * sizeof(float)));
+  m->skipped = skip_update;
+  if (skip_update) return Status::Ok();  // weights and Adam moments stay as they were
+  for (const ParamInfo& p : model_->param_info()) {
+    float wd = o.type == "adamw" && p.decay ? o.weight_decay : 0.0f;
+    KEEL_RETURN_IF_ERROR(b.AdamW(model_->params() + p.offset, grads_ + p.offset, adam_m_ + p.offset,
+                                 adam_v_ + p.offset, p.count, static_cast<float>(m->lr), o.beta1, o.beta2,
+                                 o.eps, wd, static_cast<int>(step_ + 1), grad_scale));
+  }
+  return Status::Ok();
+}
+
+// The update ratio |w_new - w_old| / |w_old|, global and per group.
+Status Trainer::MeasureUpdate(const GroupSums& weight_squares, StepMetrics* m) {
+  KEEL_RETURN_IF_ERROR(backend_->Axpy(-1.0f, model_->params(), previous_, model_->param_count()));
+  std::vector<Span> spans;  // previous_ now holds w_old - w_new
+  for (const ParamInfo& p : model_->param_info()) spans.push_back(Span{previous_ + p.offset, p.count});
+  std::vector<double> squares;
+  KEEL_RETURN_IF_ERROR(backend_->SumSquares(spans, &squares));
+  const GroupSums delta_squares = SumByGroup(param_groups_, squares);
+  m->update_ratio = SafeRatio(std::sqrt(delta_squares.total), std::sqrt(weight_squares.total));
+  m->update_ratios = GroupRatios(delta_squares, weight_squares);
+  return Status::Ok();
+}
+
+// The validation loss, every data.eval_every steps (after the update).
+Status Trainer::MaybeEvaluate(StepMetrics* m) {
+  if (!val_loader_ || !EveryNth(step_, config_.data.eval_every)) return Status::Ok();
+  KEEL_RETURN_IF_ERROR(Evaluate(&m->val_loss));
+  m->evaluated = true;
+  return Status::Ok();
+}
+
+// The gradient-bias probe: the same batches again with fp32 operands, compared
+// with the step's (quantized) gradient, overall and per group.
+Status Trainer::RunProbe(const std::vector<Batch>& batches, StepMetrics* m) {
+  Backend& b = *backend_;
+  PrecisionScheme fp32;
+  SchemeFromPreset("fp32", &fp32);
+  KEEL_RETURN_IF_ERROR(b.Fill(probe_grads_, model_->param_count(), 0.0f));
+  for (size_t k = 0; k < batches.size(); ++k) {
+    double loss = 0;
+    KEEL_RETURN_IF_ERROR(model_->ForwardBackward(batches[k], fp32, 0, 1.0f / config_.grad_accum, false,
+                                                 probe_grads_, &loss));
+  }
+  std::vector<Span> gq, g;
+  for (const ParamInfo& p : model_->param_info()) {
+    gq.push_back(Span{grads_ + p.offset, p.count});
+    g.push_back(Span{probe_grads_ + p.offset, p.count});
+  }
+  std::vector<double> cross, gq_sq, g_sq;
+  KEEL_RETURN_IF_ERROR(b.Dots(gq, g, &cross));
+  KEEL_RETURN_IF_ERROR(b.SumSquares(gq, &gq_sq));
+  KEEL_RETURN_IF_ERROR(b.SumSquares(g, &g_sq));
+  const GroupSums c = SumByGroup(param_groups_, cross);
+  const GroupSums qq = SumByGroup(param_groups_, gq_sq);
+  const GroupSums gg = SumByGroup(param_groups_, g_sq);
+  m->probed = true;
+  m->probe = ProbeValuesFrom(c.total, qq.total, gg.total);
+  for (const std::string& name : c.order) {
+    m->probe_layers.push_back({name, ProbeValuesFrom(c.by_group.at(name), qq.by_group.at(name), gg.by_group.at(name))});
+  }
+  return Status::Ok();
+}
+
+Status Trainer::Evaluate(double* loss) {
+  // The val loader restarts at the beginning each time: every evaluation sees
+  // the same batches.
+  KEEL_RETURN_IF_ERROR(val_loader_->Seek(TokenLoader::Position()));
+  double sum = 0;
+  for (int i = 0; i < config_.data.val_batches; ++i) {
+    Batch batch;
+    KEEL_RETURN_IF_ERROR(val_loader_->Next(&batch.inputs, &batch.targets));
+    double l = 0;
+    KEEL_RETURN_IF_ERROR(model_->Evaluate(batch, scheme_, Mix(config_.seed ^ 0xE7A1ull, i), &l));
+    sum += l;
+  }
+  *loss = sum / config_.data.val_batches;
+  return Status::Ok();
+}
+
+// Keeps the lines of a JSON-lines file whose "step" is <= step (a resumed or
+// rolled-back run continues the trajectory up to there).
+Status KeepLinesUpToStep(const std::string& path, int64_t step) {
+  std::string old;
+  if (!ReadFile(path, &old).ok()) return Status::Ok();
+  std::string kept;
+  size_t begin = 0;
+  while (begin < old.size()) {
+    size_t end = old.find('\n', begin);
+    if (end == std::string::npos) end = old.size();
+    std::string line = old.substr(begin, end - begin);
+    JsonValue v;
+    const JsonValue* s = nullptr;
+    if (ParseJson(line, &v).ok() && (s = v.Find("step")) && s->int_value() <= step) kept += line + "\n";
+    begin = end + 1;
+  }
+  return WriteFileAtomic(path, kept);
+}
+
+Status Trainer::OpenMetricsFile() {
+  if (metrics_file_) return Status::Ok();
+  KEEL_RETURN_IF_ERROR(MakeDirs(config_.run_dir));
+  std::string path = RunDir(config_.run_dir).metrics();
+  if (step_ > 0) {
+    // Resumed: keep the lines up to the checkpoint's step, so the file holds
+    // one line per step of the trajectory this run continues.
+    KEEL_RETURN_IF_ERROR(KeepLinesUpToStep(path, step_));
+    metrics_file_ = std::fopen(path.c_str(), "a");
+  } else {
+    // A fresh run starts a fresh file. Appending (O_APPEND), never writing at
+    // our own offset: if someone truncates the file, the next lines land at
+    // its new end, where keel-worker's tail sees the file shrink, instead of
+    // past a hole of zero bytes.
+    std::FILE* truncate = std::fopen(path.c_str(), "w");
+    if (truncate) std::fclose(truncate);
+    metrics_file_ = std::fopen(path.c_str(), "a");
+  }
+  if (!metrics_file_) return Status::Error("run_dir: cannot append to '" + path + "'");
+  return Status::Ok();
+}
+
+Status Trainer::RecordEvent(const std::string& kind, const std::string& message,
+                            const std::vector<std::pair<std::string, std::string>>& details) {
+  JsonWriter w;
+  w.Add("step", step_).Add("kind", kind).Add("message", message);
+  JsonValue d = JsonValue::Object();
+  for (const auto& kv : details) d.Set(kv.first, kv.second);
+  w.Add("details", d);
+  KEEL_RETURN_IF_ERROR(MakeDirs(config_.run_dir));  // an event can come before the first step
+  const std::string path = RunDir(config_.run_dir).events();
+  FILE* f = std::fopen(path.c_str(), "a");
+  if (!f) return Status::Error("run_dir: cannot append to '" + path + "'");
+  std::fprintf(f, "%s\n", w.str().c_str());
+  std::fclose(f);
+  return Status::Ok();
+}
+
+Status Trainer::Rollback(int64_t steps, std::string* restored) {
+  if (steps <= 0) return Status::Error("rollback: steps " + std::to_string(steps) + " is not allowed (>= 1)");
+  const int64_t target = step_ - steps;
+  const std::string root = RunDir(config_.run_dir).checkpoints();
+  std::string best;
+  for (const auto& c : ListCheckpoints(root)) {
+    if (c.first <= target) best = c.second;  // ascending: the last one wins
+  }
+  if (best.empty()) {
+    return Status::Error("rollback: no checkpoint at or before step " + std::to_string(target) + " in " + root);
+  }
+  KEEL_RETURN_IF_ERROR(Resume(root + "/" + best));
+  if (metrics_file_) {
+    // Reopened (dropping the lines after the restored step) when the next line
+    // is written: after the rollback's event, which keel-worker reads first.
+    std::fclose(metrics_file_);
+    metrics_file_ = nullptr;
+  }
+  *restored = root + "/" + best;
+  return Status::Ok();
+}
+
+Status Trainer::SwitchAndRecord(const PrecisionScheme& scheme, const std::string& suffix,
+                                std::vector<std::pair<std::string, std::string>> details) {
+  const std::string from = scheme_.name;
+  KEEL_RETURN_IF_ERROR(SwitchScheme(scheme));
+  details.push_back({"from", from});
+  details.push_back({"precision", scheme.name});
+  return RecordEvent(event_kind::kSwitchPrecision, "switched precision from " + from + " to " + scheme.name + suffix, details);
+}
+
+Status Trainer::RollbackAndRecord(int64_t steps, const std::string& suffix,
+                                  std::vector<std::pair<std::string, std::string>> details) {
+  const int64_t before = step_;
+  std::string restored;
+  KEEL_RETURN_IF_ERROR(Rollback(steps, &restored));
+  details.push_back({"from_step", std::to_string(before)});
+  details.push_back({"to_step", std::to_string(step_)});
+  details.push_back({"checkpoint", restored});
+  return RecordEvent(event_kind::kRollback,
+                     "rolled back from step " + std::to_string(before) + " to " + std::to_string(step_) + suffix,
+                     details);
+}
+
+Status Trainer::ApplyPolicy() {
+  std::vector<PolicyEngine::Decision> decisions;
+  decisions.swap(pending_);
+  for (const PolicyEngine::Decision& d : decisions) {
+    // The detector values behind the decision go into every event it causes.
+    const DecisionEvidence evidence = EvidenceOf(d);
+    for (const PolicyAction& a : d.rule->actions) KEEL_RETURN_IF_ERROR(ApplyAction(a, evidence));
+  }
+  return Status::Ok();
+}
+
+// One action of a decision, and its event (skip_step's update was already
+// skipped in Step; this records it).
+Status Trainer::ApplyAction(const PolicyAction& a, const DecisionEvidence& evidence) {
+  const std::string& cause = evidence.cause;
+  auto details = evidence.details;
+  if (a.kind == PolicyAction::Kind::kSwitch) {
+    const std::string from = scheme_.name;
+    std::string target = a.scheme == "next" ? engine_->NextRung(from) : a.scheme;
+    if (target.empty() || target == from) {
+      details.push_back({"from", from});
+      return RecordEvent("switch_skipped", "no scheme above " + from + " on the ladder; " + cause, details);
+    }
+    PrecisionScheme scheme;
+    KEEL_RETURN_IF_ERROR(SchemeFromPreset(target, &scheme));
+    return SwitchAndRecord(scheme, ": " + cause, details);
+  }
+  if (a.kind == PolicyAction::Kind::kRollback) {
+    Status s = RollbackAndRecord(a.steps, ": " + cause, details);
+    if (!s.ok()) return RecordEvent("rollback_failed", s.message() + "; " + cause, details);
+    return Status::Ok();
+  }
+  if (a.kind == PolicyAction::Kind::kScaleLr) {
+    lr_scale_ *= a.factor;
+    details.push_back({"factor", JsonNumber(a.factor)});
+    details.push_back({"lr_scale", JsonNumber(lr_scale_)});
+    return RecordEvent(event_kind::kScaleLr, "learning rate scaled by " + JsonNumber(a.factor) + ": " + cause, details);
+  }
+  if (a.kind == PolicyAction::Kind::kSkipStep) {
+    return RecordEvent(event_kind::kSkipStep, "skipped the update of step " + std::to_string(step_) + ": " + cause, details);
+  }
+  if (a.kind == PolicyAction::Kind::kStop) {
+    diverged_ = true;
+    return RecordEvent(event_kind::kStop, "stopped the run as diverged: " + cause, details);
+  }
+  return Status::Ok();
+}
+
+Status Trainer::ProcessCommands() {
+  const std::string dir = RunDir(config_.run_dir).commands();
+  std::vector<std::string> names;
+  if (!ListDir(dir, &names).ok()) return Status::Ok();
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    if (name.size() < 5 || name.compare(name.size() - 5, 5, ".json") != 0) continue;  // skips *.tmp
+    const std::string path = dir + "/" + name;
+    std::string text;
+    JsonValue command;
+    std::string error;
+    if (!ReadFile(path, &text).ok() || !ParseJson(text, &command).ok() || !command.is_object()) {
+      error = "unreadable command file " + name;
+    }
+    const JsonValue* kind = command.Find("kind");
+    const JsonValue* precision = command.Find("precision");
+    const JsonValue* reason = command.Find("reason");
+    const std::string why = reason && !reason->string_value().empty() ? " (" + reason->string_value() + ")" : "";
+    if (error.empty() && kind && kind->string_value() == event_kind::kRollback) {
+      const JsonValue* steps = command.Find("steps");
+      Status s = RollbackAndRecord(steps ? steps->int_value() : 0, why, {});
+      if (!s.ok()) error = s.message();
+    }
+    if (error.empty() && precision && !precision->string_value().empty()) {
+      PrecisionScheme scheme;
+      Status s = SchemeFromPreset(precision->string_value(), &scheme);
+      if (s.ok()) s = SwitchAndRecord(scheme, why, {});
+      if (!s.ok()) error = s.message();
+    }
+    if (error.empty() && !(kind && event_kind::ChangesTrajectory(kind->string_value()))) {
+      error = "unknown command kind in " + name + " (allowed: switch_precision, rollback)";
+    }
+    if (!error.empty()) KEEL_RETURN_IF_ERROR(RecordEvent(event_kind::kCommandFailed, error, {{"file", name}}));
+    std::remove(path.c_str());
+  }
+  return Status::Ok();
+}
+
+Status Trainer::Train(const MetricsCallback& callback, bool progress) {
+  KEEL_RETURN_IF_ERROR(OpenMetricsFile());
+  if (progress) {
+    std::fprintf(stderr, "keel-train: %s on %s, %lld parameters, scheme %s\n", config_.model.type.c_str(),
+                 backend_->Describe().c_str(), static_cast<long long>(model_->param_count()),
+                 scheme_.name.c_str());
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t first = step_;
+  while (step_ < config_.steps) {
+    KEEL_RETURN_IF_ERROR(AwaitLease());
+    if (lease_lapsed_) break;
+    KEEL_RETURN_IF_ERROR(ProcessCommands());
+    // Reopened here after a rollback closed it (before the step: it keeps the
+    // lines up to the restored step).
+    KEEL_RETURN_IF_ERROR(OpenMetricsFile());
+    StepMetrics m;
+    KEEL_RETURN_IF_ERROR(Step(&m));
+    WriteMetricsLine(&m);
+    if (callback) callback(m);
+    if (progress && (EveryNth(step_, config_.log_every) || step_ == config_.steps)) PrintProgress(m, start, first);
+    KEEL_RETURN_IF_ERROR(ApplyPolicy());
+    if (stop_requested() || diverged_) break;
+    KEEL_RETURN_IF_ERROR(MaybeCheckpoint());
+  }
+  return FinishTraining(progress);
+}
+
+void Trainer::WriteMetricsLine(StepMetrics* m) {
+  m->unix_ms = UnixMs();
+  m->attempt = lease_attempt_;
+  std::string line = m->ToJson();
+  std::fprintf(metrics_file_, "%s\n", line.c_str());
+  std::fflush(metrics_file_);
+}
+
+void Trainer::PrintProgress(const StepMetrics& m, std::chrono::steady_clock::time_point start,
+                            int64_t first) const {
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double eta = elapsed / static_cast<double>(step_ - first) * static_cast<double>(config_.steps - step_);
+  std::fprintf(stderr, "step %lld/%lld | loss %.6g | lr %.3g | %.0f %s/s | ETA %s%s\n",
+               static_cast<long long>(step_), static_cast<long long>(config_.steps), m.loss, m.lr,
+               m.tokens_per_s, config_.model.type == "gpt" ? "tok" : "samples",
+               FormatDuration(eta).c_str(),
+               m.evaluated ? (" | val " + std::to_string(m.val_loss)).c_str() : "");
+}
+
+// The periodic checkpoint, every checkpoint_every steps; the last step's is
+// FinishTraining's.
+Status Trainer::MaybeCheckpoint() {
+  if (!EveryNth(step_, config_.checkpoint_every) || step_ >= config_.steps) return Status::Ok();
+  std::string dir;
+  return SaveCheckpoint(&dir);
+}
+
+// After the loop: the final checkpoint (unless the lease lapsed) and the
+// closing progress line.
+Status Trainer::FinishTraining(bool progress) {
+  std::string dir;
+  if (lease_lapsed_) {
+    // Stopped while another attempt may own the run: write nothing more.
+    if (progress) std::fprintf(stderr, "keel-train: stopped at step %lld without a checkpoint (lease expired)\n",
+                               static_cast<long long>(step_));
+    return Status::Ok();
+  }
+  KEEL_RETURN_IF_ERROR(SaveCheckpoint(&dir));
+  if (progress) {
+    std::fprintf(stderr, "keel-train: %s at step %lld, checkpoint %s\n",
+                 diverged_ ? "stopped as diverged" : step_ < config_.steps ? "stopped" : "done",
+                 static_cast<long long>(step_), dir.c_str());
+  }
+  return Status::Ok();
+}
+
+Status Trainer::SaveCheckpoint(std::string* out_dir) {
+  Backend& b = *backend_;
+  const std::vector<ParamInfo>& params = model_->param_info();
+  const size_t count = static_cast<size_t>(model_->param_count());
+  std::vector<float> weights(count), m(count), v(count);
+  KEEL_RETURN_IF_ERROR(b.Download(weights.data(), model_->params(), count * sizeof(float)));
+  KEEL_RETURN_IF_ERROR(b.Download(m.data(), adam_m_, count * sizeof(float)));
+  KEEL_RETURN_IF_ERROR(b.Download(v.data(), adam_v_, count * sizeof(float)));
+  std::vector<TensorRef> model_tensors, optimizer_tensors;
+  for (const ParamInfo& p : params) {
+    model_tensors.push_back(TensorRef{p.name, p.shape, weights.data() + p.offset});
+    optimizer_tensors.push_back(TensorRef{"m." + p.name, p.shape, m.data() + p.offset});
+    optimizer_tensors.push_back(TensorRef{"v." + p.name, p.shape, v.data() + p.offset});
+  }
+  std::map<std::string, std::string> meta = CheckpointMeta();
+  const std::string root = RunDir(config_.run_dir).checkpoints();
+  const std::string final_dir = root + "/" + CheckpointDirName(step_);
+  const std::string tmp_dir = final_dir + ".tmp";
+  KEEL_RETURN_IF_ERROR(MakeDirs(tmp_dir));
+  KEEL_RETURN_IF_ERROR(WriteSafetensors(tmp_dir + "/model.safetensors", model_tensors, {{"format", kCheckpointFormat}, {"step", meta["step"]}}));
+  KEEL_RETURN_IF_ERROR(WriteSafetensors(tmp_dir + "/optimizer.safetensors", optimizer_tensors, meta));
+  KEEL_RETURN_IF_ERROR(CommitCheckpointDir(tmp_dir, final_dir));
+  // Keep the newest keep_checkpoints.
+  if (config_.keep_checkpoints > 0) {
+    for (const std::string& name : CheckpointsToPrune(ListCheckpoints(root), step_, config_.keep_checkpoints)) {
+      RemoveCheckpointDir(root + "/" + name);
+    }
+  }
+  *out_dir = final_dir;
+  return Status::Ok();
+}
+
+// What optimizer.safetensors' metadata holds besides the tensors: format,
+// step, model, seed, scheme, lr_scale and the data position.
+std::map<std::string, std::string> Trainer::CheckpointMeta() const {
+  std::map<std::string, std::string> meta;
+  meta["format"] = kCheckpointFormat;
+  meta["step"] = std::to_string(step_);
+  meta["model"] = config_.model.type;
+  meta["seed"] = std::to_string(config_.seed);
+  meta["scheme"] = SchemeToYaml(scheme_);
+  meta["lr_scale"] = JsonNumber(lr_scale_);
+  if (train_loader_) {
+    TokenLoader::Position pos = train_loader_->position();
+    meta["data.shard"] = std::to_string(pos.shard);
+    meta["data.offset"] = std::to_string(pos.offset);
+    meta["data.epoch"] = std::to_string(pos.epoch);
+  }
+  return meta;
+}
+
+void Trainer::SetLease(const std::string& path, int64_t attempt) {
+  lease_path_ = path;
+  lease_attempt_ = attempt;
+  lease_expires_ms_ = 0;
+}
+
+Status Trainer::AwaitLease() {
+  // The file is read again when the deadline read last has passed, and at
+  // least every 100 ms, so that another attempt's number is seen quickly.
+  const int64_t now = UnixMs();
+  if (lease_path_.empty() || (now < lease_expires_ms_ && now < lease_read_ms_ + 100)) return Status::Ok();
+  bool said = false;
+  for (;;) {
+    RunLease lease;
+    lease_read_ms_ = UnixMs();
+    Status read = ReadRunLease(lease_path_, &lease);
+    if (read.ok() && lease.attempt != lease_attempt_) {
+      superseded_ = true;
+      return Status::Error("superseded: the lease file names attempt " + std::to_string(lease.attempt) +
+                           ", this trainer is attempt " + std::to_string(lease_attempt_) +
+                           "; stopping without a checkpoint");
+    }
+    if (read.ok()) lease_expires_ms_ = lease.expires_unix_ms;
+    if (read.ok() && UnixMs() < lease_expires_ms_) {
+      if (said) std::fprintf(stderr, "keel-train: lease renewed; training on at step %lld\n", static_cast<long long>(step_));
+      return Status::Ok();
+    }
+    if (!said) {
+      // keel-worker has not heard from keeld lately: another attempt may be
+      // given this run, so no step until the worker renews the lease (or stops us).
+      std::fprintf(stderr, "keel-train: lease expired before step %lld (%s); waiting for keel-worker\n",
+                   static_cast<long long>(step_ + 1), read.ok() ? "not renewed" : read.message().c_str());
+      said = true;
+    }
+    if (stop_requested()) {
+      lease_lapsed_ = true;
+      return Status::Ok();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+Status Trainer::ResumeNewestValid(const std::string& requested, std::string* resumed) {
+  // Candidates, newest first: the requested checkpoint, then the older ones beside it.
+  std::string path = requested;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const std::string root = path == "latest" ? RunDir(config_.run_dir).checkpoints() : DirName(path);
+  std::vector<std::string> candidates;
+  if (path != "latest") candidates.push_back(path);
+  const std::string requested_name = path == "latest" ? "" : path.substr(path.rfind('/') + 1);
+  const auto beside = ListCheckpoints(root);
+  int64_t limit = INT64_MAX;
+  for (const auto& c : beside) {
+    if (c.second == requested_name) limit = c.first;
+  }
+  if (path != "latest" && limit == INT64_MAX) limit = -1;  // not a checkpoint of this layout: no fallback
+  for (auto it = beside.rbegin(); it != beside.rend(); ++it) {
+    if (it->first < limit) candidates.push_back(root + "/" + it->second);
+  }
+  if (candidates.empty()) return Status::Error("no checkpoints under '" + root + "'");
+  std::vector<std::pair<std::string, std::string>> skipped;
+  for (const std::string& dir : candidates) {
+    Status s = Resume(dir);
+    if (!s.ok()) {
+      skipped.push_back({dir, s.message()});
+      continue;
+    }
+    *resumed = dir;
+    for (const auto& bad : skipped) {
+      std::fprintf(stderr, "keel-train: skipped checkpoint %s: %s\n", bad.first.c_str(), bad.second.c_str());
+      KEEL_RETURN_IF_ERROR(RecordEvent(event_kind::kCheckpointSkipped,
+                                       "checkpoint " + bad.first + " does not verify (" + bad.second +
+                                           "); resumed from " + dir,
+                                       {{"checkpoint", bad.first}, {"reason", bad.second}, {"resumed_from", dir}}));
+    }
+    return Status::Ok();
+  }
+  std::string why;
+  for (const auto& bad : skipped) why += (why.empty() ? "" : "; ") + bad.first + ": " + bad.second;
+  return Status::Error("no checkpoint verifies (" + why + ")");
+}
+
+// A checkpoint's contents, verified against this trainer's model (ReadCheckpoint).
+struct Trainer::LoadedCheckpoint {
+  std::vector<float> weights, m, v;  // flat, in param_info order
+  PrecisionScheme scheme;
+  int64_t step = 0;
+  double lr_scale = 1.0;
+  TokenLoader::Position position;
+};
+
+Status Trainer::Resume(const std::string& requested) {
+  std::string dir = requested;
+  if (requested == "latest") {
+    const std::string root = RunDir(config_.run_dir).checkpoints();
+    const auto checkpoints = ListCheckpoints(root);
+    if (checkpoints.empty()) return Status::Error("no checkpoints under '" + root + "'");
+    dir = root + "/" + checkpoints.back().second;
+  }
+  // Everything is checked before anything is changed.
+  LoadedCheckpoint c;
+  KEEL_RETURN_IF_ERROR(ReadCheckpoint(dir, &c));
+  if (train_loader_) KEEL_RETURN_IF_ERROR(train_loader_->Seek(c.position));
+  const size_t bytes = c.weights.size() * sizeof(float);
+  KEEL_RETURN_IF_ERROR(backend_->Upload(model_->params(), c.weights.data(), bytes));
+  KEEL_RETURN_IF_ERROR(backend_->Upload(adam_m_, c.m.data(), bytes));
+  KEEL_RETURN_IF_ERROR(backend_->Upload(adam_v_, c.v.data(), bytes));
+  scheme_ = c.scheme;
+  step_ = c.step;
+  lr_scale_ = c.lr_scale;
+  if (detectors_) detectors_->Reset();  // the stream starts again from here
+  return Status::Ok();
+}
+
+// Reads and verifies a checkpoint directory (CRCs, format, matching steps,
+// model type, every tensor's presence and shape, the scheme); changes nothing.
+Status Trainer::ReadCheckpoint(const std::string& dir, LoadedCheckpoint* out) const {
+  std::vector<Tensor> weights, optimizer;
+  std::map<std::string, std::string> wmeta, meta;
+  KEEL_RETURN_IF_ERROR(ReadSafetensors(dir + "/model.safetensors", &weights, &wmeta));
+  KEEL_RETURN_IF_ERROR(ReadSafetensors(dir + "/optimizer.safetensors", &optimizer, &meta));
+  if (meta["format"] != kCheckpointFormat) {
+    return Status::Error("checkpoint " + dir + ": format '" + meta["format"] + "' is not " + kCheckpointFormat);
+  }
+  if (wmeta["step"] != meta["step"]) {
+    return Status::Error("checkpoint " + dir + ": model.safetensors is from step " + wmeta["step"] +
+                         " but optimizer.safetensors from step " + meta["step"]);
+  }
+  if (meta["model"] != config_.model.type) {
+    return Status::Error("checkpoint " + dir + ": holds a '" + meta["model"] + "' model, the config a '" +
+                         config_.model.type + "'");
+  }
+  KEEL_RETURN_IF_ERROR(GatherCheckpointTensors(dir, weights, optimizer, out));
+  KEEL_RETURN_IF_ERROR(ParseSchemeYaml(meta["scheme"], &out->scheme));
+  out->step = std::atoll(meta["step"].c_str());
+  out->position.shard = std::atoll(meta["data.shard"].c_str());
+  out->position.offset = std::atoll(meta["data.offset"].c_str());
+  out->position.epoch = std::atoll(meta["data.epoch"].c_str());
+  out->lr_scale = meta.count("lr_scale") ? std::atof(meta["lr_scale"].c_str()) : 1.0;
+  return Status::Ok();
+}
+
+// The model's tensors and their Adam moments, by name, into flat buffers:
+// every one must be there with the model's shape, and nothing else in
+// model.safetensors.
+Status Trainer::GatherCheckpointTensors(const std::string& dir, const std::vector<Tensor>& weights,
+                                        const std::vector<Tensor>& optimizer, LoadedCheckpoint* out) const {
+  const std::vector<ParamInfo>& params = model_->param_info();
+  std::map<std::string, const Tensor*> by_name;
+  for (const Tensor& t : weights) by_name[t.name] = &t;
+  for (const Tensor& t : optimizer) by_name["opt:" + t.name] = &t;
+  const size_t count = static_cast<size_t>(model_->param_count());
+  std::vector<float> w(count, 0.0f), m(count, 0.0f), v(count, 0.0f);
+  for (const ParamInfo& p : params) {
+    for (const std::string& key : {p.name, "opt:m." + p.name, "opt:v." + p.name}) {
+      auto it = by_name.find(key);
+      if (it == by_name.end()) return Status::Error("checkpoint " + dir + ": tensor '" + key + "' is missing");
+      if (it->second->shape != p.shape) {
+        return Status::Error("checkpoint " + dir + ": tensor '" + key + "' has another shape than the model's");
+      }
+    }
+    std::copy(by_name[p.name]->data.begin(), by_name[p.name]->data.end(), w.begin() + p.offset);
+    std::copy(by_name["opt:m." + p.name]->data.begin(), by_name["opt:m." + p.name]->data.end(), m.begin() + p.offset);
+    std::copy(by_name["opt:v." + p.name]->data.begin(), by_name["opt:v." + p.name]->data.end(), v.begin() + p.offset);
+  }
+  if (weights.size() != params.size()) {
+    return Status::Error("checkpoint " + dir + ": holds " + std::to_string(weights.size()) +
+                         " tensors, the model has " + std::to_string(params.size()));
+  }
+  out->weights = std::move(w);
+  out->m = std::move(m);
+  out->v = std::move(v);
+  return Status::Ok();
+}
+
+}  // namespace keel

@@ -1,0 +1,189 @@
+// The training loop of keel-train: one run's model, data, optimizer, precision
+// scheme, metrics and checkpoints on one backend.
+//
+// Determinism: every random draw (initial weights, proxy data, stochastic
+// rounding) is a function of (config.seed, step, micro-step), and every kernel is
+// deterministic, so the same config on the same backend gives the same loss
+// curve, and a run resumed from a checkpoint continues bit for bit.
+#ifndef KEEL_WORKER_ENGINE_TRAINER_H_
+#define KEEL_WORKER_ENGINE_TRAINER_H_
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/nn.h"
+#include "kernels/base/status.h"
+#include "worker/io/token_loader.h"
+#include "worker/engine/model.h"
+#include "worker/engine/step_phases.h"
+#include "worker/config/run_config.h"
+#include "worker/stability/detectors.h"
+#include "worker/stability/policy.h"
+#include "worker/config/scheme.h"
+#include "worker/run/step_metrics.h"
+
+namespace keel {
+
+struct Tensor;  // worker/io/safetensors.h
+
+using MetricsCallback = std::function<void(const StepMetrics&)>;
+
+class Trainer {
+ public:
+  // Builds the backend, model and data, initialises the weights.
+  static Status Create(const RunConfig& config, std::unique_ptr<Trainer>* out);
+  ~Trainer();
+
+  // One optimizer step (grad_accum micro-batches, clip, update); fills *metrics.
+  Status Step(StepMetrics* metrics);
+
+  // Steps until config.steps, writing metrics.jsonl in the run directory, calling
+  // `callback` after each step, checkpointing every checkpoint_every steps and at
+  // the end. progress: a status line on stderr every log_every steps.
+  Status Train(const MetricsCallback& callback, bool progress);
+
+  // Asks Train to stop after the step in progress: it writes a checkpoint and
+  // returns Ok with step() < config.steps. Safe from another thread or a signal
+  // handler (it only sets an atomic flag).
+  void RequestStop() { stop_requested_.store(true); }
+  bool stop_requested() const { return stop_requested_.load(); }
+
+  // Switches the precision scheme; the next step uses it. Weights, optimizer
+  // state and data position are untouched.
+  Status SwitchScheme(const PrecisionScheme& scheme);
+  const PrecisionScheme& scheme() const { return scheme_; }
+
+  // Rolls back at least `steps` steps: resumes from the newest checkpoint of
+  // this run at or before step() - steps (weights, optimizer, data, scheme) and
+  // drops metrics.jsonl's later lines. *restored names the checkpoint.
+  Status Rollback(int64_t steps, std::string* restored);
+
+  // Commands from outside (keel-worker, for keeld's Intervene), read before each
+  // step in Train: files <run_dir>/commands/*.json (written elsewhere as *.tmp
+  // and renamed), applied in name order and deleted:
+  //   {"kind": "switch_precision", "precision": "bf16", "reason": "..."}
+  //   {"kind": "rollback", "steps": 400, "precision": "bf16", "reason": "..."}
+  // (a rollback may also switch). What happened goes to <run_dir>/events.jsonl,
+  // one JSON object per line: {"step", "kind" (switch_precision | rollback |
+  // command_failed), "message", "details": {...}}.
+  Status ProcessCommands();
+  // The stability policy's decisions for the step just taken (config.policy):
+  // switch, rollback, scale_lr, skip_step (already applied) and stop, each an
+  // event in events.jsonl with the rule and the detector values behind it.
+  Status ApplyPolicy();
+  // True once a policy's stop action ended the run (keel-train exits 3).
+  bool diverged() const { return diverged_; }
+  Status RecordEvent(const std::string& kind, const std::string& message,
+                     const std::vector<std::pair<std::string, std::string>>& details);
+  // SwitchScheme / Rollback plus their event: "switched precision from A to B"
+  // or "rolled back from step S to T", then `suffix`; `details` get from and
+  // precision, or from_step, to_step and checkpoint. A failed Rollback records
+  // nothing and returns its error.
+  Status SwitchAndRecord(const PrecisionScheme& scheme, const std::string& suffix,
+                         std::vector<std::pair<std::string, std::string>> details);
+  Status RollbackAndRecord(int64_t steps, const std::string& suffix,
+                           std::vector<std::pair<std::string, std::string>> details);
+
+  // Checkpoint: <run_dir>/checkpoints/step_<8 digits>/{model,optimizer}.safetensors.
+  Status SaveCheckpoint(std::string* dir);
+  // Restores weights, optimizer state, step, scheme and data position from a
+  // checkpoint directory, or from the newest one of this run when dir == "latest".
+  // Everything is verified (CRCs, shapes, metadata) before anything changes.
+  Status Resume(const std::string& dir);
+  // Resume, falling back: when `dir` does not verify, the newest older
+  // checkpoint beside it that does is used ("latest": this run's newest that
+  // verifies). Each checkpoint skipped is a "checkpoint_skipped" event naming it
+  // and why. *resumed names the one used. Fails, listing every reason, when none
+  // verifies.
+  Status ResumeNewestValid(const std::string& dir, std::string* resumed);
+
+  // Fencing under keel-worker (run_lease.h): before each step Train reads the
+  // lease file (at most every 100 ms, and whenever the deadline it last read
+  // has passed); it waits (no step,
+  // no checkpoint) while the lease is expired, and stops without a checkpoint
+  // when the file names another attempt (superseded() is then true and Train
+  // returns an error). An empty path disables the lease (standalone runs).
+  void SetLease(const std::string& path, int64_t attempt);
+  bool superseded() const { return superseded_; }
+
+  int64_t step() const { return step_; }
+  const RunConfig& config() const { return config_; }
+  Model* model() const { return model_.get(); }
+  Backend* backend() const { return backend_.get(); }
+  // The learning rate the schedule gives for optimizer step `step` (0-based).
+  double LearningRate(int64_t step) const;
+
+ private:
+  Trainer() = default;
+  // Create's parts.
+  Status OpenData();
+  Status AllocateState();
+  void StartPolicy();
+  Status NextBatch(int micro, Batch* batch);
+  // Step's phases, in the order Step calls them; each fills its part of *m.
+  Status ForwardBackward(std::vector<Batch>* kept, StepMetrics* m);
+  Status CollectOperandStats(StepMetrics* m);
+  Status MeasureGradients(StepMetrics* m, GroupSums* weight_squares);
+  Status RunProbe(const std::vector<Batch>& batches, StepMetrics* m);
+  Status CollectLayerNormGains(StepMetrics* m);
+  bool RunStabilityController(const StepMetrics& m);
+  Status OptimizerStep(bool skip_update, StepMetrics* m);
+  Status MeasureUpdate(const GroupSums& weight_squares, StepMetrics* m);
+  Status MaybeEvaluate(StepMetrics* m);
+  bool OperandStatsOn() const;  // operand counters this step (config and a quantized scheme)
+  Status Evaluate(double* loss);
+  Status OpenMetricsFile();
+  // Train's parts: the metrics line (stamped with the time and attempt), the
+  // progress line, the periodic and the final checkpoint.
+  void WriteMetricsLine(StepMetrics* m);
+  void PrintProgress(const StepMetrics& m, std::chrono::steady_clock::time_point start, int64_t first) const;
+  Status MaybeCheckpoint();
+  Status FinishTraining(bool progress);
+  // One action of a policy decision (ApplyPolicy), with its event.
+  Status ApplyAction(const PolicyAction& action, const DecisionEvidence& evidence);
+  // Checkpoints: the metadata written, and reading one back verified.
+  std::map<std::string, std::string> CheckpointMeta() const;
+  struct LoadedCheckpoint;
+  Status ReadCheckpoint(const std::string& dir, LoadedCheckpoint* out) const;
+  Status GatherCheckpointTensors(const std::string& dir, const std::vector<Tensor>& weights,
+                                 const std::vector<Tensor>& optimizer, LoadedCheckpoint* out) const;
+  // Ok when the next step may run (see SetLease); waits while the lease is expired.
+  Status AwaitLease();
+
+  RunConfig config_;
+  PrecisionScheme scheme_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+  std::vector<std::string> param_groups_;  // ParamGroup of each of model_'s parameters
+  std::unique_ptr<TokenLoader> train_loader_;
+  std::unique_ptr<TokenLoader> val_loader_;
+  float* grads_ = nullptr;
+  float* adam_m_ = nullptr;
+  float* adam_v_ = nullptr;
+  float* probe_grads_ = nullptr;
+  float* previous_ = nullptr;  // weights before the update (update ratio)
+  int64_t step_ = 0;
+  FILE* metrics_file_ = nullptr;
+  std::atomic<bool> stop_requested_{false};
+  std::unique_ptr<DetectorSet> detectors_;       // null without a policy
+  std::unique_ptr<PolicyEngine> engine_;         // reads config_.policy
+  std::vector<PolicyEngine::Decision> pending_;  // decided in Step, applied by ApplyPolicy
+  double lr_scale_ = 1.0;                        // scale_lr actions, kept in checkpoints
+  int64_t policy_steps_ = 0;                     // steps taken (rollbacks do not rewind it)
+  bool diverged_ = false;
+  std::string lease_path_;          // "" : no lease
+  int64_t lease_attempt_ = 0;
+  int64_t lease_expires_ms_ = 0;    // the deadline last read from the lease file
+  int64_t lease_read_ms_ = 0;       // when it was read
+  bool superseded_ = false;
+  bool lease_lapsed_ = false;       // stopped while waiting for the lease: no final checkpoint
+};
+
+}  // namespace keel
+
+#endif  // KEEL_WORKER_ENGINE_TRAINER_H_

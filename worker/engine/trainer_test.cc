@@ -1,0 +1,511 @@
+// The trainer on the CPU backend: the proxy learns, runs are reproducible,
+// resume is bit-exact, bad checkpoints are refused, a mid-run scheme switch
+// keeps training, the gradient-bias probe measures what it says, and the GPT
+// learns real English text (the Debian package "fortunes").
+#include "worker/engine/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include "worker/io/text_prepare.h"
+
+namespace keel {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(base ? base : "/tmp") + "/" + name;
+  std::string cmd = "rm -rf '" + dir + "'";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  return dir;
+}
+
+RunConfig ProxyConfig(const std::string& run_dir, const std::string& precision) {
+  RunConfig c;
+  std::string yaml =
+      "model: {type: proxy, layers: 2, width: 32}\n"
+      "batch: 64\nsteps: 200\nseed: 7\nthreads: 2\n"
+      "optimizer: {type: adam, lr: 0.002}\n"
+      "precision: " + precision + "\nrun_dir: " + run_dir + "\n";
+  Status s = ParseRunConfig(yaml, "test", {}, &c);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return c;
+}
+
+std::vector<double> Losses(Trainer* t, int steps, std::vector<StepMetrics>* all = nullptr) {
+  std::vector<double> losses;
+  for (int i = 0; i < steps; ++i) {
+    StepMetrics m;
+    Status s = t->Step(&m);
+    EXPECT_TRUE(s.ok()) << s.message();
+    if (!s.ok()) break;
+    losses.push_back(m.loss);
+    if (all) all->push_back(m);
+  }
+  return losses;
+}
+
+double Mean(const std::vector<double>& v, size_t begin, size_t end) {
+  double s = 0;
+  for (size_t i = begin; i < end; ++i) s += v[i];
+  return s / static_cast<double>(end - begin);
+}
+
+TEST(TrainerTest, ProxyFp32TrainsItsLossDown) {
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(ProxyConfig(TempDir("proxy_fp32"), "fp32"), &t).ok());
+  std::vector<double> losses = Losses(t.get(), 200);
+  ASSERT_EQ(losses.size(), 200u);
+  // The student starts far from the teacher; 200 Adam steps must at least
+  // halve the loss (it falls ~10x in practice).
+  EXPECT_LT(Mean(losses, 190, 200), 0.5 * Mean(losses, 0, 5));
+  for (double l : losses) EXPECT_TRUE(std::isfinite(l));
+}
+
+TEST(TrainerTest, EveryPresetTrainsTheProxy) {
+  for (const PresetInfo& p : Presets()) {
+    std::unique_ptr<Trainer> t;
+    ASSERT_TRUE(Trainer::Create(ProxyConfig(TempDir("proxy_presets"), p.name), &t).ok()) << p.name;
+    std::vector<StepMetrics> m;
+    std::vector<double> losses = Losses(t.get(), 20, &m);
+    ASSERT_EQ(losses.size(), 20u) << p.name;
+    EXPECT_LT(Mean(losses, 15, 20), Mean(losses, 0, 3)) << p.name;
+    // Quantized roles report statistics; fp32 has none to report.
+    EXPECT_EQ(m[0].operands.empty(), p.name == "fp32") << p.name;
+  }
+}
+
+TEST(TrainerTest, SameSeedSameCurveOtherSeedOtherCurve) {
+  RunConfig c = ProxyConfig(TempDir("proxy_seed"), "mxfp8_e4m3");
+  std::unique_ptr<Trainer> a, b, other;
+  ASSERT_TRUE(Trainer::Create(c, &a).ok());
+  ASSERT_TRUE(Trainer::Create(c, &b).ok());
+  c.seed = 8;
+  ASSERT_TRUE(Trainer::Create(c, &other).ok());
+  std::vector<double> la = Losses(a.get(), 6), lb = Losses(b.get(), 6), lo = Losses(other.get(), 6);
+  EXPECT_EQ(la, lb);  // bit for bit
+  EXPECT_NE(la, lo);
+}
+
+TEST(TrainerTest, ResumeIsBitExactAndRestoresTheScheme) {
+  RunConfig c = ProxyConfig(TempDir("proxy_resume"), "fp32");
+  std::unique_ptr<Trainer> whole, first, resumed;
+  ASSERT_TRUE(Trainer::Create(c, &whole).ok());
+  PrecisionScheme mx;
+  ASSERT_TRUE(SchemeFromPreset("mxfp8_e4m3", &mx).ok());
+  // Uninterrupted: 3 steps fp32, switch, 5 steps mxfp8.
+  std::vector<double> expected = Losses(whole.get(), 3);
+  ASSERT_TRUE(whole->SwitchScheme(mx).ok());
+  std::vector<double> tail = Losses(whole.get(), 5);
+  expected.insert(expected.end(), tail.begin(), tail.end());
+
+  ASSERT_TRUE(Trainer::Create(c, &first).ok());
+  Losses(first.get(), 3);
+  ASSERT_TRUE(first->SwitchScheme(mx).ok());
+  Losses(first.get(), 1);
+  std::string dir;
+  ASSERT_TRUE(first->SaveCheckpoint(&dir).ok());
+  first.reset();
+
+  ASSERT_TRUE(Trainer::Create(c, &resumed).ok());
+  Status s = resumed->Resume(dir);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(resumed->step(), 4);
+  EXPECT_EQ(resumed->scheme().name, "mxfp8_e4m3");
+  std::vector<double> after = Losses(resumed.get(), 4);
+  std::vector<double> want(expected.begin() + 4, expected.end());
+  EXPECT_EQ(after, want);
+
+  // "latest" finds the same checkpoint.
+  std::unique_ptr<Trainer> latest;
+  ASSERT_TRUE(Trainer::Create(c, &latest).ok());
+  ASSERT_TRUE(latest->Resume("latest").ok());
+  EXPECT_EQ(latest->step(), 4);
+}
+
+TEST(TrainerTest, CorruptOrTruncatedCheckpointIsRefusedAndChangesNothing) {
+  RunConfig c = ProxyConfig(TempDir("proxy_corrupt"), "fp32");
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  Losses(t.get(), 2);
+  std::string dir;
+  ASSERT_TRUE(t->SaveCheckpoint(&dir).ok());
+  std::string path = dir + "/optimizer.safetensors";
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    bytes = ss.str();
+  }
+  std::unique_ptr<Trainer> fresh;
+  ASSERT_TRUE(Trainer::Create(c, &fresh).ok());
+  // A flipped bit in the data.
+  std::string flipped = bytes;
+  flipped[flipped.size() - 5] ^= 0x10;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << flipped;
+  Status s = fresh->Resume(dir);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("optimizer.safetensors"), std::string::npos) << s.message();
+  // Truncated.
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2);
+  s = fresh->Resume(dir);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("optimizer.safetensors"), std::string::npos) << s.message();
+  EXPECT_EQ(fresh->step(), 0);
+  // The refused resume left the fresh trainer as it was: it trains like a new one.
+  std::unique_ptr<Trainer> reference;
+  ASSERT_TRUE(Trainer::Create(c, &reference).ok());
+  EXPECT_EQ(Losses(fresh.get(), 2), Losses(reference.get(), 2));
+}
+
+// Overwrites 64 bytes near the end of a file (tensor data, under its CRC).
+void Overwrite64Bytes(const std::string& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(f.good()) << path;
+  f.seekg(0, std::ios::end);
+  f.seekp(static_cast<std::streamoff>(f.tellg()) - 100);
+  f.write(std::string(64, '\x5a').data(), 64);
+}
+
+TEST(TrainerTest, ResumeFallsBackPastACorruptCheckpointWithAnEvent) {
+  RunConfig c = ProxyConfig(TempDir("proxy_fallback"), "fp32");
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  Losses(t.get(), 2);
+  std::string older, newer;
+  ASSERT_TRUE(t->SaveCheckpoint(&older).ok());
+  Losses(t.get(), 2);
+  ASSERT_TRUE(t->SaveCheckpoint(&newer).ok());
+  const std::vector<double> expected = Losses(t.get(), 3);  // what follows step 4
+  t.reset();
+  // 64 bytes of the newest checkpoint's weights flipped.
+  Overwrite64Bytes(newer + "/model.safetensors");
+  // Without the fallback the newest is refused...
+  std::unique_ptr<Trainer> strict;
+  ASSERT_TRUE(Trainer::Create(c, &strict).ok());
+  EXPECT_FALSE(strict->Resume(newer).ok());
+  // ...with it, the older one is used, and the skip is an event naming the file and why.
+  for (const std::string& request : {newer, std::string("latest")}) {
+    SCOPED_TRACE(request);
+    std::remove((c.run_dir + "/events.jsonl").c_str());
+    std::unique_ptr<Trainer> r;
+    ASSERT_TRUE(Trainer::Create(c, &r).ok());
+    std::string resumed;
+    Status s = r->ResumeNewestValid(request, &resumed);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(resumed, older);
+    EXPECT_EQ(r->step(), 2);
+    std::ifstream events(c.run_dir + "/events.jsonl");
+    std::string line;
+    ASSERT_TRUE(std::getline(events, line));
+    EXPECT_NE(line.find("\"kind\":\"checkpoint_skipped\""), std::string::npos) << line;
+    EXPECT_NE(line.find(newer), std::string::npos) << line;
+    EXPECT_NE(line.find("model.safetensors"), std::string::npos) << line;  // the reason names the file
+    // Training from the older checkpoint replays steps 3 and 4 exactly.
+    std::vector<double> replay = Losses(r.get(), 5);
+    EXPECT_EQ(std::vector<double>(replay.begin() + 2, replay.end()), expected);
+  }
+  // When no checkpoint verifies, it fails and says why for each one.
+  Overwrite64Bytes(older + "/optimizer.safetensors");
+  std::unique_ptr<Trainer> none;
+  ASSERT_TRUE(Trainer::Create(c, &none).ok());
+  std::string resumed;
+  Status s = none->ResumeNewestValid("latest", &resumed);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(older), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(newer), std::string::npos) << s.message();
+  EXPECT_EQ(none->step(), 0);
+}
+
+TEST(TrainerTest, KeepsTheNewestCheckpointsAndNeverTheOneJustWritten) {
+  RunConfig c = ProxyConfig(TempDir("proxy_keep"), "fp32");
+  c.keep_checkpoints = 2;
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  std::string dir;
+  for (int i = 0; i < 4; ++i) {
+    Losses(t.get(), 1);
+    ASSERT_TRUE(t->SaveCheckpoint(&dir).ok());
+  }
+  auto exists = [&](const std::string& name) {
+    return std::ifstream(c.run_dir + "/checkpoints/" + name + "/model.safetensors").good();
+  };
+  EXPECT_FALSE(exists("step_00000002"));
+  EXPECT_TRUE(exists("step_00000003"));
+  EXPECT_TRUE(exists("step_00000004"));
+  // A fresh run in the same directory: its step-1 checkpoint stays, resumable.
+  std::unique_ptr<Trainer> again;
+  ASSERT_TRUE(Trainer::Create(c, &again).ok());
+  Losses(again.get(), 1);
+  ASSERT_TRUE(again->SaveCheckpoint(&dir).ok());
+  EXPECT_TRUE(exists("step_00000001"));
+  std::unique_ptr<Trainer> resumed;
+  ASSERT_TRUE(Trainer::Create(c, &resumed).ok());
+  EXPECT_TRUE(resumed->Resume(dir).ok());
+}
+
+std::vector<int64_t> MetricSteps(const std::string& run_dir) {
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::vector<int64_t> steps;
+  for (std::string line; std::getline(in, line);) {
+    steps.push_back(std::atoll(line.substr(line.find("\"step\":") + 7).c_str()));
+  }
+  return steps;
+}
+
+TEST(TrainerTest, MetricsFileHoldsOneLinePerStepAcrossResumeAndRerun) {
+  RunConfig c = ProxyConfig(TempDir("proxy_metrics"), "fp32");
+  c.steps = 4;
+  c.checkpoint_every = 2;
+  int callbacks = 0;
+  {
+    std::unique_ptr<Trainer> t;
+    ASSERT_TRUE(Trainer::Create(c, &t).ok());
+    ASSERT_TRUE(t->Train([&](const StepMetrics&) { ++callbacks; }, false).ok());
+  }
+  EXPECT_EQ(callbacks, 4);
+  EXPECT_EQ(MetricSteps(c.run_dir), (std::vector<int64_t>{1, 2, 3, 4}));
+  c.steps = 6;
+  {
+    std::unique_ptr<Trainer> t;
+    ASSERT_TRUE(Trainer::Create(c, &t).ok());
+    ASSERT_TRUE(t->Resume(c.run_dir + "/checkpoints/step_00000002").ok());
+    ASSERT_TRUE(t->Train(nullptr, false).ok());
+  }
+  EXPECT_EQ(MetricSteps(c.run_dir), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  c.steps = 3;
+  {
+    std::unique_ptr<Trainer> t;  // a fresh run in the same directory starts a fresh file
+    ASSERT_TRUE(Trainer::Create(c, &t).ok());
+    ASSERT_TRUE(t->Train(nullptr, false).ok());
+  }
+  EXPECT_EQ(MetricSteps(c.run_dir), (std::vector<int64_t>{1, 2, 3}));
+}
+
+TEST(TrainerTest, RequestStopCheckpointsAfterTheCurrentStep) {
+  RunConfig c = ProxyConfig(TempDir("proxy_stop"), "fp32");
+  c.steps = 50;
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  Trainer* raw = t.get();
+  ASSERT_TRUE(t->Train([raw](const StepMetrics& m) { if (m.step == 3) raw->RequestStop(); }, false).ok());
+  EXPECT_EQ(t->step(), 3);
+  std::unique_ptr<Trainer> resumed;
+  ASSERT_TRUE(Trainer::Create(c, &resumed).ok());
+  ASSERT_TRUE(resumed->Resume("latest").ok());
+  EXPECT_EQ(resumed->step(), 3);
+}
+
+// Writes a command file the way keel-worker does (tmp, then rename).
+void WriteCommand(const std::string& run_dir, const std::string& name, const std::string& json) {
+  ASSERT_EQ(std::system(("mkdir -p '" + run_dir + "/commands'").c_str()), 0);
+  std::ofstream(run_dir + "/commands/" + name + ".tmp") << json;
+  ASSERT_EQ(std::rename((run_dir + "/commands/" + name + ".tmp").c_str(),
+                        (run_dir + "/commands/" + name + ".json").c_str()), 0);
+}
+
+TEST(TrainerTest, CommandFilesSwitchPrecisionAndRollBack) {
+  RunConfig c = ProxyConfig(TempDir("proxy_commands"), "fp32");
+  c.steps = 20;
+  c.checkpoint_every = 5;
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  std::vector<std::pair<int64_t, std::string>> seen;  // (step, scheme) per step in order
+  ASSERT_TRUE(t->Train([&](const StepMetrics& m) {
+                 seen.push_back({m.step, m.scheme});
+                 if (m.step == 3 && seen.size() == 3) {
+                   WriteCommand(c.run_dir, "0001", "{\"kind\": \"switch_precision\", \"precision\": \"mxfp8_e4m3\"}");
+                 }
+                 if (m.step == 12 && seen.size() == 12) {
+                   WriteCommand(c.run_dir, "0002", "{\"kind\": \"rollback\", \"steps\": 2, \"precision\": \"bf16\", \"reason\": \"test\"}");
+                   WriteCommand(c.run_dir, "0003", "{\"kind\": \"explode\"}");
+                 }
+               }, false).ok());
+  ASSERT_GE(seen.size(), 13u);
+  EXPECT_EQ(seen[2].second, "fp32");
+  EXPECT_EQ(seen[3].second, "mxfp8_e4m3");  // step 4 ran in the new scheme
+  // After step 12 the run went back to the newest checkpoint at or before step 10.
+  EXPECT_EQ(seen[12].first, 11);
+  EXPECT_EQ(seen[12].second, "bf16");
+  EXPECT_EQ(t->step(), 20);
+  EXPECT_EQ(MetricSteps(c.run_dir), (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}));
+  std::ifstream events(c.run_dir + "/events.jsonl");
+  std::string all((std::istreambuf_iterator<char>(events)), std::istreambuf_iterator<char>());
+  EXPECT_NE(all.find("\"kind\":\"switch_precision\""), std::string::npos) << all;
+  EXPECT_NE(all.find("\"to_step\":\"10\""), std::string::npos) << all;
+  EXPECT_NE(all.find("\"kind\":\"command_failed\""), std::string::npos) << all;
+  EXPECT_FALSE(std::ifstream(c.run_dir + "/commands/0002.json").good());  // consumed
+}
+
+// A run hit by an injected LR fault at step 30, under a policy.
+RunConfig FaultyRun(const std::string& dir, const std::string& actions) {
+  RunConfig c;
+  Status s = ParseRunConfig(
+      "model: {type: proxy, layers: 1, width: 32}\nbatch: 64\nsteps: 60\nthreads: 2\nprecision: mxfp4\n"
+      "optimizer: {type: adam, lr: 0.003}\n"
+      "schedule: {type: constant, spike_at: 30, spike_steps: 3, spike_factor: 300}\n"
+      "policy:\n  detectors: {loss_zscore: {min_samples: 10}, loss_ratio: {min_samples: 10}}\n"
+      "  rules:\n    - {name: r, when: [nonfinite, loss_zscore, loss_ratio], do: " + actions + ", cooldown: 100}\n"
+      "run_dir: " + dir + "\n",
+      "test", {}, &c);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return c;
+}
+
+TEST(TrainerTest, PolicyStopEndsTheRunAsDivergedWithItsEvent) {
+  RunConfig c = FaultyRun(TempDir("policy_stop"), "[stop]");
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  ASSERT_TRUE(t->Train(nullptr, false).ok());
+  EXPECT_TRUE(t->diverged());
+  EXPECT_GT(t->step(), 30);
+  EXPECT_LT(t->step(), 40);  // right after the fault, not at the end
+  std::ifstream events(c.run_dir + "/events.jsonl");
+  std::string all((std::istreambuf_iterator<char>(events)), std::istreambuf_iterator<char>());
+  EXPECT_NE(all.find("\"kind\":\"stop\""), std::string::npos) << all;
+  EXPECT_NE(all.find("\"rule\":\"r\""), std::string::npos) << all;
+}
+
+TEST(TrainerTest, PolicySkipStepKeepsTheWeights) {
+  RunConfig c = FaultyRun(TempDir("policy_skip"), "[skip_step]");
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  std::vector<StepMetrics> m;
+  ASSERT_TRUE(t->Train([&](const StepMetrics& s) { m.push_back(s); }, false).ok());
+  int skipped = 0;
+  for (const StepMetrics& s : m) {
+    if (!s.skipped) continue;
+    ++skipped;
+    EXPECT_EQ(s.update_ratio, 0.0) << s.step;  // nothing moved
+  }
+  EXPECT_GE(skipped, 1);
+  EXPECT_FALSE(t->diverged());
+}
+
+TEST(TrainerTest, SchemeSwitchMidRunKeepsTraining) {
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(ProxyConfig(TempDir("proxy_switch"), "fp32"), &t).ok());
+  std::vector<StepMetrics> metrics;
+  std::vector<double> before = Losses(t.get(), 60, &metrics);
+  PrecisionScheme mx;
+  ASSERT_TRUE(SchemeFromPreset("mxfp8_e4m3", &mx).ok());
+  ASSERT_TRUE(t->SwitchScheme(mx).ok());
+  std::vector<double> after = Losses(t.get(), 60, &metrics);
+  EXPECT_EQ(metrics[59].scheme, "fp32");
+  EXPECT_EQ(metrics[60].scheme, "mxfp8_e4m3");
+  EXPECT_TRUE(metrics[59].operands.empty());
+  EXPECT_FALSE(metrics[60].operands.empty());  // quantized operands report their stats
+  // No restart: the first step after the switch continues from where fp32 was
+  // (within 2x), and training keeps going down.
+  EXPECT_LT(after[0], 2.0 * before.back());
+  EXPECT_LT(Mean(after, 50, 60), Mean(after, 0, 5));
+}
+
+TEST(TrainerTest, GradientBiasProbe) {
+  RunConfig c = ProxyConfig(TempDir("proxy_probe"), "fp32");
+  c.probe_every = 2;
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  std::vector<StepMetrics> m;
+  Losses(t.get(), 2, &m);
+  EXPECT_FALSE(m[0].probed);
+  ASSERT_TRUE(m[1].probed);
+  // fp32 against fp32: the same gradient.
+  EXPECT_NEAR(m[1].probe.cosine, 1.0, 1e-6);
+  EXPECT_NEAR(m[1].probe.rel_error, 0.0, 1e-3);
+  EXPECT_NEAR(m[1].probe.zeta, 0.0, 1e-6);
+  PrecisionScheme mx;
+  ASSERT_TRUE(SchemeFromPreset("mxfp4", &mx).ok());
+  ASSERT_TRUE(t->SwitchScheme(mx).ok());
+  Losses(t.get(), 2, &m);
+  ASSERT_TRUE(m[3].probed);
+  // MXFP4 gradients point the same way but are visibly off.
+  EXPECT_GT(m[3].probe.cosine, 0.5);
+  EXPECT_LT(m[3].probe.cosine, 0.99999);
+  EXPECT_GT(m[3].probe.rel_error, 1e-3);
+  EXPECT_EQ(m[3].probe_layers.size(), 2u);  // blocks 0 and 1
+  std::string json = m[3].ToJson();
+  for (const char* key : {"\"probe\"", "\"zeta\"", "\"grad_norm_layers\"", "\"ln_gamma\"",
+                          "\"quant\"", "\"saturated\"", "\"nan_blocks\"", "\"update_ratio\"",
+                          "\"tokens_per_s\"", "\"lr\""}) {
+    EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;
+  }
+}
+
+// Byte-level shards <dir>/<prefix>_{train,val}.bin of real English text from the
+// Debian package fortunes (installed by scripts/install-deps).
+void PrepareFortunes(const std::string& dir, const std::string& prefix) {
+  std::string text;
+  for (const char* name : {"literature", "wisdom", "science", "people"}) {
+    std::ifstream in(std::string("/usr/share/games/fortunes/") + name);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text += ss.str();
+  }
+  ASSERT_GT(text.size(), 100000u) << "install the Debian package 'fortunes' (scripts/install-deps)";
+  ASSERT_EQ(std::system(("mkdir -p '" + dir + "'").c_str()), 0);
+  std::ofstream(dir + "/in.txt", std::ios::binary) << text;
+  PrepareSummary summary;
+  ASSERT_TRUE(PrepareText(dir + "/in.txt", dir + "/" + prefix, 0.1, &summary).ok());
+}
+
+TEST(TrainerTest, GptLearnsEnglishFromByteShards) {
+  std::string dir = TempDir("gpt_text");
+  ASSERT_NO_FATAL_FAILURE(PrepareFortunes(dir, "fortunes"));
+  // GPT-2's block, then the options: SwiGLU, QK-LayerNorm, no biases.
+  const std::vector<std::vector<std::string>> variants = {
+      {"model.mlp=gelu"}, {"model.mlp=swiglu", "model.qk_layernorm=true", "model.bias=false"}};
+  for (const std::vector<std::string>& variant : variants) {
+    std::string yaml = std::string("model: {type: gpt, layers: 2, width: 64, heads: 4, context: 64, vocab: 256}\n") +
+                       "data: {train: " + dir + "/fortunes_train.bin, val: " + dir +
+                       "/fortunes_val.bin, eval_every: 40, val_batches: 2}\n" +
+                       "batch: 8\nseq: 64\nsteps: 40\nthreads: 2\n" +
+                       "optimizer: {type: adamw, lr: 0.003, beta2: 0.95, weight_decay: 0.1, grad_clip: 1.0}\n" +
+                       "schedule: {type: cosine, warmup_steps: 5, min_lr_ratio: 0.1}\nrun_dir: " + dir + "/run\n";
+    RunConfig c;
+    Status s = ParseRunConfig(yaml, "test", variant, &c);
+    ASSERT_TRUE(s.ok()) << s.message();
+    std::unique_ptr<Trainer> t;
+    s = Trainer::Create(c, &t);
+    ASSERT_TRUE(s.ok()) << s.message();
+    std::vector<StepMetrics> m;
+    std::vector<double> losses = Losses(t.get(), 40, &m);
+    ASSERT_EQ(losses.size(), 40u);
+    // Uniform over 256 bytes is ln 256 = 5.55; English bytes quickly fall below 3.5.
+    EXPECT_NEAR(losses[0], std::log(256.0), 0.3) << variant[0];
+    EXPECT_LT(Mean(losses, 35, 40), 3.5) << variant[0];
+    ASSERT_TRUE(m[39].evaluated);
+    EXPECT_LT(m[39].val_loss, 3.6) << variant[0];
+  }
+}
+
+TEST(TrainerTest, GptResumeRestoresDataPosition) {
+  std::string dir = TempDir("gpt_resume");
+  ASSERT_NO_FATAL_FAILURE(PrepareFortunes(dir, "t"));
+  RunConfig c;
+  Status s = ParseRunConfig(
+      "model: {type: gpt, layers: 1, width: 32, heads: 2, context: 32, vocab: 256}\n"
+      "data: {train: " + dir + "/t_train.bin}\nbatch: 4\nseq: 32\nthreads: 2\nprecision: mxfp8_e4m3\n"
+      "run_dir: " + dir + "/run\n", "test", {}, &c);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::unique_ptr<Trainer> whole, part, resumed;
+  ASSERT_TRUE(Trainer::Create(c, &whole).ok());
+  std::vector<double> expected = Losses(whole.get(), 6);
+  ASSERT_TRUE(Trainer::Create(c, &part).ok());
+  Losses(part.get(), 3);
+  std::string ckpt;
+  ASSERT_TRUE(part->SaveCheckpoint(&ckpt).ok());
+  ASSERT_TRUE(Trainer::Create(c, &resumed).ok());
+  ASSERT_TRUE(resumed->Resume(ckpt).ok());
+  EXPECT_EQ(Losses(resumed.get(), 3), std::vector<double>(expected.begin() + 3, expected.end()));
+}
+
+}  // namespace
+}  // namespace keel

@@ -1,0 +1,99 @@
+// StepMetrics as one JSON line (see step_metrics.h and docs/train.md).
+#include "worker/run/step_metrics.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "worker/io/json.h"
+
+namespace keel {
+
+std::string StepMetrics::ToJson() const {
+  JsonWriter w;
+  w.Add("step", step);
+  if (attempt > 0) w.Add("attempt", attempt);
+  w.Add("unix_ms", unix_ms).Add("loss", loss).Add("lr", lr).Add("tokens_per_s", tokens_per_s);
+  w.Add("step_ms", step_seconds * 1e3).Add("scheme", scheme).Add("grad_norm", grad_norm);
+  auto groups = [](const std::vector<GroupValue>& values) {
+    JsonValue object = JsonValue::Object();
+    for (const GroupValue& g : values) object.Set(g.name, g.value);
+    return object;
+  };
+  w.Add("grad_norm_layers", groups(grad_norms));
+  w.Add("update_ratio", update_ratio);
+  w.Add("update_ratio_layers", groups(update_ratios));
+  JsonValue ln = JsonValue::Object();
+  for (const LnGamma& g : ln_gamma) {
+    JsonValue v = JsonValue::Object();
+    v.Set("mean", g.mean);
+    v.Set("std", g.std);
+    ln.Set(g.name, v);
+  }
+  w.Add("ln_gamma", ln);
+  JsonValue ops = JsonValue::Object();
+  for (const OperandMetric& o : operands) {
+    JsonValue v = JsonValue::Object();
+    v.Set("saturated", o.saturated);
+    v.Set("nan_blocks", o.nan_blocks);
+    JsonValue layer = ops.Find(o.linear) ? *ops.Find(o.linear) : JsonValue::Object();
+    layer.Set(RoleName(o.role), v);
+    ops.Set(o.linear, layer);
+  }
+  w.Add("quant", ops);
+  if (probed) {
+    JsonValue p = JsonValue::Object();
+    p.Set("cosine", probe.cosine);
+    p.Set("rel_error", probe.rel_error);
+    p.Set("zeta", probe.zeta);
+    JsonValue layers = JsonValue::Object();
+    for (const ProbeLayer& l : probe_layers) {
+      JsonValue v = JsonValue::Object();
+      v.Set("cosine", l.values.cosine);
+      v.Set("rel_error", l.values.rel_error);
+      v.Set("zeta", l.values.zeta);
+      layers.Set(l.name, v);
+    }
+    p.Set("layers", layers);
+    w.Add("probe", p);
+  }
+  if (evaluated) w.Add("val_loss", val_loss);
+  if (skipped) w.Add("skipped", true);
+  return w.str();
+}
+
+Status ParseMetricLine(const std::string& line, MetricLine* out) {
+  JsonValue v;
+  if (!ParseJson(line, &v).ok() || !v.is_object()) return Status::InvalidArgument("metric line: not a JSON object");
+  auto number = [](const JsonValue* x) {
+    double d = std::nan("");
+    if (x == nullptr || !x->ToDouble(&d)) return std::nan("");
+    return d;
+  };
+  const double step = number(v.Find("step"));
+  if (!(step >= 1) || step != std::floor(step)) {
+    return Status::InvalidArgument("metric line: \"step\" is missing or not an integer >= 1");
+  }
+  MetricLine m;
+  m.step = static_cast<int64_t>(step);
+  m.loss = number(v.Find("loss"));
+  m.lr = number(v.Find("lr"));
+  m.tokens_per_s = number(v.Find("tokens_per_s"));
+  m.grad_norm = number(v.Find("grad_norm"));
+  if (const JsonValue* probe = v.Find("probe")) {
+    m.has_probe = true;
+    m.probe_cosine = number(probe->Find("cosine"));
+    m.probe_zeta = number(probe->Find("zeta"));
+  }
+  if (const JsonValue* quant = v.Find("quant")) {
+    for (const JsonValue::Member& layer : quant->members()) {
+      for (const JsonValue::Member& role : layer.second.members()) {
+        m.has_saturation = true;
+        m.max_saturated = std::max(m.max_saturated, number(role.second.Find("saturated")));
+      }
+    }
+  }
+  *out = m;
+  return Status::Ok();
+}
+
+}  // namespace keel

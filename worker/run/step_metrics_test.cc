@@ -1,0 +1,63 @@
+// The metric line: what StepMetrics::ToJson writes, ParseMetricLine reads back
+// (the one reader keel-worker and keeld use), with one rule for missing and
+// non-finite numbers.
+#include "worker/run/step_metrics.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+namespace keel {
+namespace {
+
+TEST(MetricLineTest, ReadsBackWhatTheWriterWrote) {
+  StepMetrics m;
+  m.step = 42;
+  m.loss = 0.125;
+  m.lr = 6e-4;
+  m.tokens_per_s = 1234.5;
+  m.grad_norm = std::numeric_limits<double>::infinity();
+  m.probed = true;
+  m.probe.cosine = 0.75;
+  m.probe.zeta = -0.5;
+  m.operands.push_back({"blocks.0.fc1", Role::kFwdX, 0.01, 0});
+  m.operands.push_back({"blocks.0.fc1", Role::kFwdW, 0.25, 0});
+  MetricLine line;
+  Status s = ParseMetricLine(m.ToJson(), &line);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(line.step, 42);
+  EXPECT_EQ(line.loss, 0.125);
+  EXPECT_EQ(line.lr, m.lr);
+  EXPECT_EQ(line.tokens_per_s, 1234.5);
+  EXPECT_EQ(line.grad_norm, std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(line.has_probe);
+  EXPECT_EQ(line.probe_cosine, 0.75);
+  EXPECT_EQ(line.probe_zeta, -0.5);
+  EXPECT_TRUE(line.has_saturation);
+  EXPECT_EQ(line.max_saturated, 0.25);
+}
+
+TEST(MetricLineTest, MissingOrNonNumericValuesReadAsNaNForEveryReader) {
+  MetricLine line;
+  ASSERT_TRUE(ParseMetricLine(R"({"step": 3, "loss": "NaN", "lr": null, "grad_norm": "fast"})", &line).ok());
+  EXPECT_EQ(line.step, 3);
+  EXPECT_TRUE(std::isnan(line.loss));          // the writer's spelling of NaN
+  EXPECT_TRUE(std::isnan(line.lr));            // null
+  EXPECT_TRUE(std::isnan(line.grad_norm));     // not a number
+  EXPECT_TRUE(std::isnan(line.tokens_per_s));  // missing
+  EXPECT_FALSE(line.has_probe);
+  EXPECT_FALSE(line.has_saturation);
+}
+
+TEST(MetricLineTest, RefusesLinesWithoutAStep) {
+  MetricLine line;
+  line.step = 99;
+  for (const char* bad : {"", "[1]", "{\"loss\": 1}", "{\"step\": 0}", "{\"step\": 2.5}", "{\"step\": \"x\"}", "{\"step\""}) {
+    EXPECT_FALSE(ParseMetricLine(bad, &line).ok()) << bad;
+  }
+  EXPECT_EQ(line.step, 99);  // untouched
+}
+
+}  // namespace
+}  // namespace keel

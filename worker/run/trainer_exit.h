@@ -1,0 +1,19 @@
+// keel-train's exit statuses: part of the run protocol, since keel-worker
+// reports them and keeld decides on them (restart, fail at once, diverged).
+#ifndef KEEL_WORKER_RUN_TRAINER_EXIT_H_
+#define KEEL_WORKER_RUN_TRAINER_EXIT_H_
+
+namespace keel {
+namespace trainer_exit {
+
+constexpr int kDone = 0;          // trained every step
+constexpr int kFailed = 1;        // training failed (I/O, CUDA, a corrupt checkpoint ...)
+constexpr int kBadConfig = 2;     // bad usage or config: no restart can fix it
+constexpr int kDiverged = 3;      // the stability policy stopped the run as diverged
+constexpr int kSuperseded = 4;    // the lease names another attempt (fencing)
+constexpr int kInterrupted = 130; // SIGINT/SIGTERM: checkpointed after the step in progress
+
+}  // namespace trainer_exit
+}  // namespace keel
+
+#endif  // KEEL_WORKER_RUN_TRAINER_EXIT_H_
