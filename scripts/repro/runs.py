@@ -18,7 +18,7 @@ _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 def metric_number(value):
-    """A number of a metric line, with keel's one rule (worker/step_metrics.h, MetricLine): the
+    """A number of a metric line, with keel's one rule (worker/run/step_metrics.h, MetricLine): the
     strings "NaN", "Infinity" and "-Infinity" read as their values; anything else that is not a
     number (null, another string, a missing field) reads as NaN."""
     if isinstance(value, bool):
