@@ -1,6 +1,7 @@
-// CPU reference quantizers: MX block scaling (NUMERICS.md section 2), NVFP4
-// (section 3), per-tensor FP8 and BF16. Loops are plain and follow the spec's
-// numbered steps; speed is the CUDA kernels' business.
+// CPU reference quantizers: MX block scaling, NVFP4, per-tensor FP8 and BF16.
+// Loops are plain and follow the numbered steps of the doc
+// (docs/numerics.md, "MX block scaling" and "NVFP4"); speed is the CUDA kernels'
+// business.
 #include "kernels/quantize.h"
 
 #include <algorithm>

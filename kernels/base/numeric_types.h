@@ -40,7 +40,7 @@ bool IsMx(QuantFormat format);
 ElemFormat ElementOf(QuantFormat format);
 
 // How one GEMM operand is rounded before the product (one role of a precision
-// scheme, docs/numerics.md "Precision schemes"). kind == kFp32 leaves the
+// scheme: docs/numerics.md, "Precision schemes"). kind == kFp32 leaves the
 // operand untouched.
 struct OperandFormat {
   enum class Kind { kFp32, kQuant };

@@ -147,8 +147,8 @@ OperandFormat& RoleFormat(PrecisionScheme* s, Role role) { return s->roles[stati
 Status ParseRoleFormats(const Reader& r, const YAML::Node& node, PrecisionScheme* s) {
   const std::string f = "precision";
   // Roles first: a forward role set without its backward twins also sets those
-  // (NUMERICS.md section 4 defaults: backward activations/gradients take fwd_x's
-  // format, dgrad_w takes fwd_w's).
+  // (backward activations/gradients take fwd_x's format, dgrad_w takes fwd_w's:
+  // docs/numerics.md, "Operand roles and axes").
   for (int i = 0; i < kRoleCount; ++i) {
     const char* role = RoleName(static_cast<Role>(i));
     if (!node[role]) continue;
