@@ -79,8 +79,9 @@ Status ValidateMx(int64_t rows, int64_t cols, const MxOptions& options) {
   if (!status.ok()) return status;
   status = CheckAxis(options.axis);
   if (!status.ok()) return status;
-  if (options.block < 1 || options.block > 4096)
-    return Status::Error("block: " + std::to_string(options.block) + " is not allowed; need 1..4096");
+  if (options.block < 1 || options.block > kMaxMxBlock)
+    return Status::Error("block: " + std::to_string(options.block) + " is not allowed; need 1.." +
+                         std::to_string(kMaxMxBlock));
   return Status::Ok();
 }
 

@@ -42,6 +42,10 @@ ElemFormat ElementOf(QuantFormat format);
 // How one GEMM operand is rounded before the product (one role of a precision
 // scheme: docs/numerics.md, "Precision schemes"). kind == kFp32 leaves the
 // operand untouched.
+// The largest MX block the quantizers take (a block's scale and elements are
+// held per thread block); run configs are refused above it, not at the first GEMM.
+constexpr int kMaxMxBlock = 4096;
+
 struct OperandFormat {
   enum class Kind { kFp32, kQuant };
   Kind kind = Kind::kFp32;
