@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace keel {
 
@@ -24,6 +25,8 @@ enum class Rounding { kNearestEven, kNearestAway, kStochastic };
 // Parses "nearest_even" | "nearest_away" | "stochastic".
 bool ParseRounding(const std::string& text, Rounding* out);
 const char* RoundingName(Rounding rounding);
+// Every rounding's name, in enum order (what configs may say).
+std::vector<std::string> RoundingNames();
 
 // The quantization formats keel-quant and precision schemes name.
 enum class QuantFormat {

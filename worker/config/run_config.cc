@@ -169,7 +169,7 @@ Status ParseRoleFormats(const Reader& r, const YAML::Node& node, PrecisionScheme
 // precision.rounding (every operand) and precision.grad_rounding (the gradients).
 Status ParseRoundings(const Reader& r, const YAML::Node& node, PrecisionScheme* s) {
   const std::string f = "precision";
-  std::vector<std::string> roundings = {"nearest_even", "nearest_away", "stochastic"};
+  const std::vector<std::string> roundings = RoundingNames();
   if (node["rounding"]) {
     std::string text;
     KEEL_RETURN_IF_ERROR(r.OneOf(node["rounding"], f + ".rounding", roundings, &text));
