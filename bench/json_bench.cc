@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <random>
 #include <string>
@@ -28,21 +27,13 @@
 #include <nlohmann/json.hpp>
 #include <simdjson.h>
 
+#include "kernels/base/host.h"
 #include "worker/io/crc32.h"
 #include "worker/io/json.h"
 #include "worker/run/step_metrics.h"
 
 namespace keel {
 namespace {
-
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown";
-}
 
 // A ratio count / total as the trainer computes it: many significant digits,
 // like the real saturated fractions and norms.

@@ -15,11 +15,8 @@
 //   list_bench --keeld PATH --keel PATH [--runs 2000] [--points 10000]
 //              [--clients 10] [--samples 30] [--json-bytes 600] [--state-dir DIR]
 //              [--page-size N]
-#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,13 +26,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "kernels/base/host.h"
 #include "proto/keel.grpc.pb.h"
 
 namespace {
@@ -45,28 +42,6 @@ double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(
 
 const char kUser[] = "bench-user-token-0123456789";
 const char kWorker[] = "bench-worker-token-0123456789";
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
-}
-
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown CPU";
-}
 
 std::string SweepYaml(const std::string& name, int runs) {
   std::string seeds;
@@ -191,10 +166,10 @@ int main(int argc, char** argv) {
                                 "[--samples N] [--json-bytes N] [--state-dir DIR] [--page-size N]\n"), 2;
   }
   std::system(("rm -rf '" + state + "' && mkdir -p '" + state + "'").c_str());
-  const std::string address = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string address = "127.0.0.1:" + std::to_string(keel::FreeLoopbackPort());
   utsname host;
   uname(&host);
-  std::printf("list_bench: %s (%s), %u cores, %s %s\n", host.nodename, CpuModel().c_str(),
+  std::printf("list_bench: %s (%s), %u cores, %s %s\n", host.nodename, keel::CpuModel().c_str(),
               std::thread::hardware_concurrency(), host.sysname, host.release);
   std::printf("  keeld %s on %s, state %s (SQLite WAL, synchronous=FULL), Prometheus off\n", keeld.c_str(),
               address.c_str(), state.c_str());

@@ -1,10 +1,7 @@
 // Real-process Keel clusters for end-to-end tests (see cluster.h).
 #include "tests/cluster.h"
 
-#include <arpa/inet.h>
 #include <dirent.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/base/host.h"
+
 namespace keel_test {
 
 std::string TempDir(const std::string& name) {
@@ -24,19 +23,6 @@ std::string TempDir(const std::string& name) {
   std::string dir = std::string(base ? base : "/tmp") + "/" + name;
   EXPECT_EQ(std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str()), 0);
   return dir;
-}
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
 }
 
 Process::Process(std::vector<std::string> args, const std::string& log) {
@@ -68,7 +54,7 @@ void Process::Signal(int signal) {
 }
 
 Cluster::Cluster(const std::string& name, std::vector<std::string> keeld_args)
-    : dir_(TempDir(name)), port_(FreePort()), keeld_args_(std::move(keeld_args)) {
+    : dir_(TempDir(name)), port_(keel::FreeLoopbackPort()), keeld_args_(std::move(keeld_args)) {
   StartKeeld();
 }
 

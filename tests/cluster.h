@@ -24,8 +24,6 @@ constexpr char kWorkerToken[] = "worker-token-0123456789abcdef";
 
 // An empty directory under $TEST_TMPDIR.
 std::string TempDir(const std::string& name);
-// A loopback TCP port that was free a moment ago.
-int FreePort();
 
 // A child process with its stderr appended to a log file; killed (SIGKILL) and
 // reaped when destroyed.
