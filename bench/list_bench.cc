@@ -69,45 +69,45 @@ std::unique_ptr<grpc::ClientContext> Context(const char* token) {
   return c;
 }
 
-// Every run of `sweep`, all pages; returns the run count (-1 on error).
-int ListAllRuns(keel::v1::KeelService::Stub* stub, const std::string& sweep, int page_size, int* calls) {
+// Every page of a listing (`rpc` of `request`, `page_size` items a page);
+// returns the number of items (`count` of each page), -1 on error.
+template <typename Request, typename Response>
+int AllPages(keel::v1::KeelService::Stub* stub, const char* name,
+             grpc::Status (keel::v1::KeelService::Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
+             Request request, int (Response::*count)() const, int page_size, int* calls) {
   int n = 0;
   std::string token;
   *calls = 0;
   do {
-    keel::v1::ListRunsRequest request;
-    request.set_sweep_id(sweep);
     SetPage(&request, token, page_size);
-    keel::v1::ListRunsResponse response;
-    grpc::Status s = stub->ListRuns(Context(kUser).get(), request, &response);
+    Response response;
+    grpc::Status s = (stub->*rpc)(Context(kUser).get(), request, &response);
     ++*calls;
-    if (!s.ok()) return std::fprintf(stderr, "ListRuns: %s\n", s.error_message().c_str()), -1;
-    n += response.runs_size();
+    if (!s.ok()) return std::fprintf(stderr, "%s: %s\n", name, s.error_message().c_str()), -1;
+    n += (response.*count)();
     token = NextToken(response);
   } while (!token.empty());
   return n;
 }
 
-// omit_json: as keel export asks (when this build's keel.proto has the field).
+// Every run of `sweep`, all pages; returns the run count (-1 on error).
+int ListAllRuns(keel::v1::KeelService::Stub* stub, const std::string& sweep, int page_size, int* calls) {
+  keel::v1::ListRunsRequest request;
+  request.set_sweep_id(sweep);
+  return AllPages(stub, "ListRuns", &keel::v1::KeelService::Stub::ListRuns, request,
+                  &keel::v1::ListRunsResponse::runs_size, page_size, calls);
+}
+
+// Every metric point of `run`, all pages; returns the point count (-1 on
+// error). omit_json: as keel export asks (when this build's keel.proto has the field).
 int GetAllMetrics(keel::v1::KeelService::Stub* stub, const std::string& run, int page_size, bool omit_json,
                   int* calls) {
-  int n = 0;
-  std::string token;
-  *calls = 0;
-  do {
-    keel::v1::GetMetricsRequest request;
-    request.set_run_id(run);
-    SetPage(&request, token, page_size);
-    const auto* omit = request.GetDescriptor()->FindFieldByName("omit_json");
-    if (omit && omit_json) request.GetReflection()->SetBool(&request, omit, true);
-    keel::v1::GetMetricsResponse response;
-    grpc::Status s = stub->GetMetrics(Context(kUser).get(), request, &response);
-    ++*calls;
-    if (!s.ok()) return std::fprintf(stderr, "GetMetrics: %s\n", s.error_message().c_str()), -1;
-    n += response.points_size();
-    token = NextToken(response);
-  } while (!token.empty());
-  return n;
+  keel::v1::GetMetricsRequest request;
+  request.set_run_id(run);
+  const auto* omit = request.GetDescriptor()->FindFieldByName("omit_json");
+  if (omit && omit_json) request.GetReflection()->SetBool(&request, omit, true);
+  return AllPages(stub, "GetMetrics", &keel::v1::KeelService::Stub::GetMetrics, request,
+                  &keel::v1::GetMetricsResponse::points_size, page_size, calls);
 }
 
 struct Summary {
