@@ -95,11 +95,8 @@ grpc::Status Cluster::Submit(const std::string& yaml, keel::v1::SubmitSweepRespo
 std::vector<keel::v1::Run> Cluster::Runs(const std::string& sweep) {
   keel::v1::ListRunsRequest request;
   request.set_sweep_id(sweep);
-  return AllPages<keel::v1::Run, keel::v1::ListRunsResponse>(
-      request, [this](grpc::ClientContext* c, const keel::v1::ListRunsRequest& r, keel::v1::ListRunsResponse* out) {
-        return stub_->ListRuns(c, r, out);
-      },
-      [](const keel::v1::ListRunsResponse& r) { return r.runs(); });
+  return AllPages<keel::v1::Run>(request, &keel::v1::KeelService::Stub::ListRuns,
+                                 [](const keel::v1::ListRunsResponse& r) { return r.runs(); });
 }
 
 std::vector<keel::v1::Run> Cluster::WaitDone(const std::string& sweep, int seconds,
@@ -123,23 +120,15 @@ std::vector<keel::v1::Run> Cluster::WaitDone(const std::string& sweep, int secon
 std::vector<keel::v1::MetricPoint> Cluster::Metrics(const std::string& run) {
   keel::v1::GetMetricsRequest request;
   request.set_run_id(run);
-  return AllPages<keel::v1::MetricPoint, keel::v1::GetMetricsResponse>(
-      request,
-      [this](grpc::ClientContext* c, const keel::v1::GetMetricsRequest& r, keel::v1::GetMetricsResponse* out) {
-        return stub_->GetMetrics(c, r, out);
-      },
-      [](const keel::v1::GetMetricsResponse& r) { return r.points(); });
+  return AllPages<keel::v1::MetricPoint>(request, &keel::v1::KeelService::Stub::GetMetrics,
+                                         [](const keel::v1::GetMetricsResponse& r) { return r.points(); });
 }
 
 std::vector<keel::v1::Event> Cluster::Events(const std::string& run) {
   keel::v1::ListEventsRequest request;
   request.set_run_id(run);
-  return AllPages<keel::v1::Event, keel::v1::ListEventsResponse>(
-      request,
-      [this](grpc::ClientContext* c, const keel::v1::ListEventsRequest& r, keel::v1::ListEventsResponse* out) {
-        return stub_->ListEvents(c, r, out);
-      },
-      [](const keel::v1::ListEventsResponse& r) { return r.events(); });
+  return AllPages<keel::v1::Event>(request, &keel::v1::KeelService::Stub::ListEvents,
+                                   [](const keel::v1::ListEventsResponse& r) { return r.events(); });
 }
 
 std::vector<Trainer> Cluster::Trainers(const std::string& run) const {
