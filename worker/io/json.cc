@@ -122,13 +122,14 @@ class Parser {
       ++pos_;
       return Status::Ok();
     }
-    const std::string separator = std::string("',' or '") + close + "' after " + element_name;
+    // Built only on the error path: containers are on the hot path.
+    auto no_separator = [&] { return Error(std::string("',' or '") + close + "' after " + element_name); };
     while (true) {
       SkipWhitespace();
       Status s = element();
       if (!s.ok()) return s;
       SkipWhitespace();
-      if (AtEnd()) return Error(separator);
+      if (AtEnd()) return no_separator();
       if (Peek() == ',') {
         ++pos_;
         continue;
@@ -137,7 +138,7 @@ class Parser {
         ++pos_;
         return Status::Ok();
       }
-      return Error(separator);
+      return no_separator();
     }
   }
 
