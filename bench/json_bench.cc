@@ -339,50 +339,39 @@ void BenchLines(const char* shape, const std::vector<StepMetrics>& steps, int re
            for (const StepMetrics& s : steps) sink += NlohmannLine(s).size();
          }), n, nl_bytes);
 
-  // 2. Ingest.
-  Report("ingest", "keel: ParseMetricLine", Median(reps, [&] {
-           MetricLine m;
-           for (const std::string& l : lines) {
-             if (!ParseMetricLine(l, &m).ok()) std::abort();
-             sink += static_cast<size_t>(m.step);
-           }
-         }), n, bytes);
-  Report("ingest", "keel: ParseJson (the tree only)", Median(reps, [&] {
-           for (const std::string& l : lines) {
-             JsonValue v;
-             if (!ParseJson(l, &v).ok()) std::abort();
-             sink += v.size();
-           }
-         }), n, bytes);
-  Report("ingest", "nlohmann::json::parse + the same fields (baseline)", Median(reps, [&] {
-           MetricLine m;
-           for (const std::string& l : lines) {
-             if (!NlohmannMetricLine(l, &m)) std::abort();
-             sink += static_cast<size_t>(m.step);
-           }
-         }), n, bytes);
+  // 2. Ingest. A metric-line parser fills one MetricLine, reused across lines
+  // as keel-worker does; a tree parser builds a JsonValue per line.
+  auto ingest_fields = [&](const char* name, auto parse) {
+    Report("ingest", name, Median(reps, [&] {
+             MetricLine m;
+             for (const std::string& l : lines) {
+               if (!parse(l, &m)) std::abort();
+               sink += static_cast<size_t>(m.step);
+             }
+           }), n, bytes);
+  };
+  auto ingest_tree = [&](const char* name, auto parse) {
+    Report("ingest", name, Median(reps, [&] {
+             for (const std::string& l : lines) {
+               JsonValue v;
+               if (!parse(l, &v)) std::abort();
+               sink += v.size();
+             }
+           }), n, bytes);
+  };
+  ingest_fields("keel: ParseMetricLine",
+                [](const std::string& l, MetricLine* m) { return ParseMetricLine(l, m).ok(); });
+  ingest_tree("keel: ParseJson (the tree only)",
+              [](const std::string& l, JsonValue* v) { return ParseJson(l, v).ok(); });
+  ingest_fields("nlohmann::json::parse + the same fields (baseline)",
+                [](const std::string& l, MetricLine* m) { return NlohmannMetricLine(l, m); });
   simdjson::dom::parser parser;
-  Report("ingest", "simdjson dom::parser + the same fields (baseline)", Median(reps, [&] {
-           MetricLine m;
-           for (const std::string& l : lines) {
-             if (!SimdDomMetricLine(parser, l, &m)) std::abort();
-             sink += static_cast<size_t>(m.step);
-           }
-         }), n, bytes);
-  Report("ingest", "keel: ParseJsonBytewise (refusals only; was ParseJson)", Median(reps, [&] {
-           for (const std::string& l : lines) {
-             JsonValue v;
-             if (!ParseJsonBytewise(l, &v).ok()) std::abort();
-             sink += v.size();
-           }
-         }), n, bytes);
-  Report("ingest", "candidate: nlohmann SAX -> JsonValue", Median(reps, [&] {
-           for (const std::string& l : lines) {
-             JsonValue v;
-             if (!NlohmannParseJson(l, &v)) std::abort();
-             sink += v.size();
-           }
-         }), n, bytes);
+  ingest_fields("simdjson dom::parser + the same fields (baseline)",
+                [&parser](const std::string& l, MetricLine* m) { return SimdDomMetricLine(parser, l, m); });
+  ingest_tree("keel: ParseJsonBytewise (refusals only; was ParseJson)",
+              [](const std::string& l, JsonValue* v) { return ParseJsonBytewise(l, v).ok(); });
+  ingest_tree("candidate: nlohmann SAX -> JsonValue",
+              [](const std::string& l, JsonValue* v) { return NlohmannParseJson(l, v); });
 
   // Serialization alone, of trees built beforehand (the lines parsed).
   std::vector<JsonValue> trees(n);
