@@ -146,15 +146,21 @@ double NlohmannNumber(const nlohmann::json& o, const char* key) {
   return std::nan("");  // (the non-finite strings are not exercised: all values are finite)
 }
 
+// The top-level numbers of a metric line, through a library's `number(object, key)`.
+template <typename Object, typename Number>
+void TopLevelFields(const Object& v, Number number, MetricLine* m) {
+  m->step = static_cast<int64_t>(number(v, "step"));
+  m->loss = number(v, "loss");
+  m->lr = number(v, "lr");
+  m->tokens_per_s = number(v, "tokens_per_s");
+  m->grad_norm = number(v, "grad_norm");
+}
+
 bool NlohmannMetricLine(const std::string& line, MetricLine* out) {
   nlohmann::json v = nlohmann::json::parse(line, nullptr, false);
   if (!v.is_object()) return false;
   MetricLine m;
-  m.step = static_cast<int64_t>(NlohmannNumber(v, "step"));
-  m.loss = NlohmannNumber(v, "loss");
-  m.lr = NlohmannNumber(v, "lr");
-  m.tokens_per_s = NlohmannNumber(v, "tokens_per_s");
-  m.grad_norm = NlohmannNumber(v, "grad_norm");
+  TopLevelFields(v, NlohmannNumber, &m);
   auto probe = v.find("probe");
   if (probe != v.end()) {
     m.has_probe = true;
@@ -188,11 +194,7 @@ bool SimdDomMetricLine(simdjson::dom::parser& parser, const std::string& line, M
   simdjson::dom::object v;
   if (parser.parse(line).get_object().get(v) != simdjson::SUCCESS) return false;
   MetricLine m;
-  m.step = static_cast<int64_t>(SimdNumber(v, "step"));
-  m.loss = SimdNumber(v, "loss");
-  m.lr = SimdNumber(v, "lr");
-  m.tokens_per_s = SimdNumber(v, "tokens_per_s");
-  m.grad_norm = SimdNumber(v, "grad_norm");
+  TopLevelFields(v, SimdNumber, &m);
   simdjson::dom::object probe;
   if (v["probe"].get_object().get(probe) == simdjson::SUCCESS) {
     m.has_probe = true;
