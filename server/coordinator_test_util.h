@@ -227,9 +227,7 @@ struct Fixture {
   }
   // A trainer killed by `signal`, reported as run_supervisor.cc does (exit code -1).
   static v1::WorkerMessage Killed(const std::string& run_id, int signal) {
-    v1::WorkerMessage m;
-    m.mutable_exit()->set_run_id(run_id);
-    m.mutable_exit()->set_exit_code(-1);
+    v1::WorkerMessage m = Exit(run_id, -1);
     m.mutable_exit()->set_signal(signal);
     return m;
   }
