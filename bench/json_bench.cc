@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <random>
 #include <string>
@@ -28,21 +27,13 @@
 #include <nlohmann/json.hpp>
 #include <simdjson.h>
 
+#include "kernels/base/host.h"
 #include "worker/io/crc32.h"
 #include "worker/io/json.h"
 #include "worker/run/step_metrics.h"
 
 namespace keel {
 namespace {
-
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown";
-}
 
 // A ratio count / total as the trainer computes it: many significant digits,
 // like the real saturated fractions and norms.
@@ -155,15 +146,21 @@ double NlohmannNumber(const nlohmann::json& o, const char* key) {
   return std::nan("");  // (the non-finite strings are not exercised: all values are finite)
 }
 
+// The top-level numbers of a metric line, through a library's `number(object, key)`.
+template <typename Object, typename Number>
+void TopLevelFields(const Object& v, Number number, MetricLine* m) {
+  m->step = static_cast<int64_t>(number(v, "step"));
+  m->loss = number(v, "loss");
+  m->lr = number(v, "lr");
+  m->tokens_per_s = number(v, "tokens_per_s");
+  m->grad_norm = number(v, "grad_norm");
+}
+
 bool NlohmannMetricLine(const std::string& line, MetricLine* out) {
   nlohmann::json v = nlohmann::json::parse(line, nullptr, false);
   if (!v.is_object()) return false;
   MetricLine m;
-  m.step = static_cast<int64_t>(NlohmannNumber(v, "step"));
-  m.loss = NlohmannNumber(v, "loss");
-  m.lr = NlohmannNumber(v, "lr");
-  m.tokens_per_s = NlohmannNumber(v, "tokens_per_s");
-  m.grad_norm = NlohmannNumber(v, "grad_norm");
+  TopLevelFields(v, NlohmannNumber, &m);
   auto probe = v.find("probe");
   if (probe != v.end()) {
     m.has_probe = true;
@@ -197,11 +194,7 @@ bool SimdDomMetricLine(simdjson::dom::parser& parser, const std::string& line, M
   simdjson::dom::object v;
   if (parser.parse(line).get_object().get(v) != simdjson::SUCCESS) return false;
   MetricLine m;
-  m.step = static_cast<int64_t>(SimdNumber(v, "step"));
-  m.loss = SimdNumber(v, "loss");
-  m.lr = SimdNumber(v, "lr");
-  m.tokens_per_s = SimdNumber(v, "tokens_per_s");
-  m.grad_norm = SimdNumber(v, "grad_norm");
+  TopLevelFields(v, SimdNumber, &m);
   simdjson::dom::object probe;
   if (v["probe"].get_object().get(probe) == simdjson::SUCCESS) {
     m.has_probe = true;
@@ -348,50 +341,39 @@ void BenchLines(const char* shape, const std::vector<StepMetrics>& steps, int re
            for (const StepMetrics& s : steps) sink += NlohmannLine(s).size();
          }), n, nl_bytes);
 
-  // 2. Ingest.
-  Report("ingest", "keel: ParseMetricLine", Median(reps, [&] {
-           MetricLine m;
-           for (const std::string& l : lines) {
-             if (!ParseMetricLine(l, &m).ok()) std::abort();
-             sink += static_cast<size_t>(m.step);
-           }
-         }), n, bytes);
-  Report("ingest", "keel: ParseJson (the tree only)", Median(reps, [&] {
-           for (const std::string& l : lines) {
-             JsonValue v;
-             if (!ParseJson(l, &v).ok()) std::abort();
-             sink += v.size();
-           }
-         }), n, bytes);
-  Report("ingest", "nlohmann::json::parse + the same fields (baseline)", Median(reps, [&] {
-           MetricLine m;
-           for (const std::string& l : lines) {
-             if (!NlohmannMetricLine(l, &m)) std::abort();
-             sink += static_cast<size_t>(m.step);
-           }
-         }), n, bytes);
+  // 2. Ingest. A metric-line parser fills one MetricLine, reused across lines
+  // as keel-worker does; a tree parser builds a JsonValue per line.
+  auto ingest_fields = [&](const char* name, auto parse) {
+    Report("ingest", name, Median(reps, [&] {
+             MetricLine m;
+             for (const std::string& l : lines) {
+               if (!parse(l, &m)) std::abort();
+               sink += static_cast<size_t>(m.step);
+             }
+           }), n, bytes);
+  };
+  auto ingest_tree = [&](const char* name, auto parse) {
+    Report("ingest", name, Median(reps, [&] {
+             for (const std::string& l : lines) {
+               JsonValue v;
+               if (!parse(l, &v)) std::abort();
+               sink += v.size();
+             }
+           }), n, bytes);
+  };
+  ingest_fields("keel: ParseMetricLine",
+                [](const std::string& l, MetricLine* m) { return ParseMetricLine(l, m).ok(); });
+  ingest_tree("keel: ParseJson (the tree only)",
+              [](const std::string& l, JsonValue* v) { return ParseJson(l, v).ok(); });
+  ingest_fields("nlohmann::json::parse + the same fields (baseline)",
+                [](const std::string& l, MetricLine* m) { return NlohmannMetricLine(l, m); });
   simdjson::dom::parser parser;
-  Report("ingest", "simdjson dom::parser + the same fields (baseline)", Median(reps, [&] {
-           MetricLine m;
-           for (const std::string& l : lines) {
-             if (!SimdDomMetricLine(parser, l, &m)) std::abort();
-             sink += static_cast<size_t>(m.step);
-           }
-         }), n, bytes);
-  Report("ingest", "keel: ParseJsonBytewise (refusals only; was ParseJson)", Median(reps, [&] {
-           for (const std::string& l : lines) {
-             JsonValue v;
-             if (!ParseJsonBytewise(l, &v).ok()) std::abort();
-             sink += v.size();
-           }
-         }), n, bytes);
-  Report("ingest", "candidate: nlohmann SAX -> JsonValue", Median(reps, [&] {
-           for (const std::string& l : lines) {
-             JsonValue v;
-             if (!NlohmannParseJson(l, &v)) std::abort();
-             sink += v.size();
-           }
-         }), n, bytes);
+  ingest_fields("simdjson dom::parser + the same fields (baseline)",
+                [&parser](const std::string& l, MetricLine* m) { return SimdDomMetricLine(parser, l, m); });
+  ingest_tree("keel: ParseJsonBytewise (refusals only; was ParseJson)",
+              [](const std::string& l, JsonValue* v) { return ParseJsonBytewise(l, v).ok(); });
+  ingest_tree("candidate: nlohmann SAX -> JsonValue",
+              [](const std::string& l, JsonValue* v) { return NlohmannParseJson(l, v); });
 
   // Serialization alone, of trees built beforehand (the lines parsed).
   std::vector<JsonValue> trees(n);

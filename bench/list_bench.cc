@@ -15,11 +15,8 @@
 //   list_bench --keeld PATH --keel PATH [--runs 2000] [--points 10000]
 //              [--clients 10] [--samples 30] [--json-bytes 600] [--state-dir DIR]
 //              [--page-size N]
-#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,13 +26,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "kernels/base/host.h"
 #include "proto/keel.grpc.pb.h"
 
 namespace {
@@ -45,28 +42,6 @@ double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(
 
 const char kUser[] = "bench-user-token-0123456789";
 const char kWorker[] = "bench-worker-token-0123456789";
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
-}
-
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown CPU";
-}
 
 std::string SweepYaml(const std::string& name, int runs) {
   std::string seeds;
@@ -94,45 +69,45 @@ std::unique_ptr<grpc::ClientContext> Context(const char* token) {
   return c;
 }
 
-// Every run of `sweep`, all pages; returns the run count (-1 on error).
-int ListAllRuns(keel::v1::KeelService::Stub* stub, const std::string& sweep, int page_size, int* calls) {
+// Every page of a listing (`rpc` of `request`, `page_size` items a page);
+// returns the number of items (`count` of each page), -1 on error.
+template <typename Request, typename Response>
+int AllPages(keel::v1::KeelService::Stub* stub, const char* name,
+             grpc::Status (keel::v1::KeelService::Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
+             Request request, int (Response::*count)() const, int page_size, int* calls) {
   int n = 0;
   std::string token;
   *calls = 0;
   do {
-    keel::v1::ListRunsRequest request;
-    request.set_sweep_id(sweep);
     SetPage(&request, token, page_size);
-    keel::v1::ListRunsResponse response;
-    grpc::Status s = stub->ListRuns(Context(kUser).get(), request, &response);
+    Response response;
+    grpc::Status s = (stub->*rpc)(Context(kUser).get(), request, &response);
     ++*calls;
-    if (!s.ok()) return std::fprintf(stderr, "ListRuns: %s\n", s.error_message().c_str()), -1;
-    n += response.runs_size();
+    if (!s.ok()) return std::fprintf(stderr, "%s: %s\n", name, s.error_message().c_str()), -1;
+    n += (response.*count)();
     token = NextToken(response);
   } while (!token.empty());
   return n;
 }
 
-// omit_json: as keel export asks (when this build's keel.proto has the field).
+// Every run of `sweep`, all pages; returns the run count (-1 on error).
+int ListAllRuns(keel::v1::KeelService::Stub* stub, const std::string& sweep, int page_size, int* calls) {
+  keel::v1::ListRunsRequest request;
+  request.set_sweep_id(sweep);
+  return AllPages(stub, "ListRuns", &keel::v1::KeelService::Stub::ListRuns, request,
+                  &keel::v1::ListRunsResponse::runs_size, page_size, calls);
+}
+
+// Every metric point of `run`, all pages; returns the point count (-1 on
+// error). omit_json: as keel export asks (when this build's keel.proto has the field).
 int GetAllMetrics(keel::v1::KeelService::Stub* stub, const std::string& run, int page_size, bool omit_json,
                   int* calls) {
-  int n = 0;
-  std::string token;
-  *calls = 0;
-  do {
-    keel::v1::GetMetricsRequest request;
-    request.set_run_id(run);
-    SetPage(&request, token, page_size);
-    const auto* omit = request.GetDescriptor()->FindFieldByName("omit_json");
-    if (omit && omit_json) request.GetReflection()->SetBool(&request, omit, true);
-    keel::v1::GetMetricsResponse response;
-    grpc::Status s = stub->GetMetrics(Context(kUser).get(), request, &response);
-    ++*calls;
-    if (!s.ok()) return std::fprintf(stderr, "GetMetrics: %s\n", s.error_message().c_str()), -1;
-    n += response.points_size();
-    token = NextToken(response);
-  } while (!token.empty());
-  return n;
+  keel::v1::GetMetricsRequest request;
+  request.set_run_id(run);
+  const auto* omit = request.GetDescriptor()->FindFieldByName("omit_json");
+  if (omit && omit_json) request.GetReflection()->SetBool(&request, omit, true);
+  return AllPages(stub, "GetMetrics", &keel::v1::KeelService::Stub::GetMetrics, request,
+                  &keel::v1::GetMetricsResponse::points_size, page_size, calls);
 }
 
 struct Summary {
@@ -191,10 +166,10 @@ int main(int argc, char** argv) {
                                 "[--samples N] [--json-bytes N] [--state-dir DIR] [--page-size N]\n"), 2;
   }
   std::system(("rm -rf '" + state + "' && mkdir -p '" + state + "'").c_str());
-  const std::string address = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string address = "127.0.0.1:" + std::to_string(keel::FreeLoopbackPort());
   utsname host;
   uname(&host);
-  std::printf("list_bench: %s (%s), %u cores, %s %s\n", host.nodename, CpuModel().c_str(),
+  std::printf("list_bench: %s (%s), %u cores, %s %s\n", host.nodename, keel::CpuModel().c_str(),
               std::thread::hardware_concurrency(), host.sysname, host.release);
   std::printf("  keeld %s on %s, state %s (SQLite WAL, synchronous=FULL), Prometheus off\n", keeld.c_str(),
               address.c_str(), state.c_str());

@@ -552,6 +552,65 @@ int LookupSweep(Client& client, const std::string& id, v1::Sweep* sweep, std::os
   return -RpcError("GetSweep", status, client, err);
 }
 
+// Runs of sweep `id`, sorted; NOT_FOUND when the sweep does not exist.
+int SweepRuns(Client& client, const std::string& id, std::vector<v1::Run>* runs, std::ostream& err) {
+  runs->clear();
+  grpc::Status status = ListAllRuns(client, id, runs);
+  if (!status.ok()) return RpcError("ListRuns", status, client, err);
+  if (runs->empty()) {
+    // An empty list may be an unknown sweep: ask, for a clear exit code.
+    v1::Sweep sweep;
+    int is_sweep = LookupSweep(client, id, &sweep, err);
+    if (is_sweep < 0) return -is_sweep;
+    if (is_sweep == 0) {
+      err << "keel: no sweep " << id << "\n";
+      return kExitNotFound;
+    }
+  }
+  SortRuns(runs);
+  return kExitOk;
+}
+
+// The exit code of a failed RPC about `id`, known to be no sweep: NOT_FOUND
+// says "no sweep or run".
+int SweepOrRunError(const std::string& what, const grpc::Status& status, const std::string& id,
+                    const Client& client, std::ostream& err) {
+  if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+    err << "keel: no sweep or run " << id << "\n";
+    return kExitNotFound;
+  }
+  return RpcError(what, status, client, err);
+}
+
+// What a command given a sweep or run id acts on.
+struct SweepOrRun {
+  bool is_sweep = false;
+  v1::Sweep sweep;               // when is_sweep
+  std::vector<v1::Run> runs;     // the sweep's runs, sorted, or the one run
+  v1::ListEventsRequest events;  // the events of those runs
+};
+
+// Looks `id` up as a sweep, then as a run. Returns an exit code: not found,
+// saying "no sweep or run", when it is neither.
+int ResolveSweepOrRun(Client& client, const std::string& id, SweepOrRun* target, std::ostream& err) {
+  int is_sweep = LookupSweep(client, id, &target->sweep, err);
+  if (is_sweep < 0) return -is_sweep;
+  target->is_sweep = is_sweep == 1;
+  if (target->is_sweep) {
+    target->events.set_sweep_id(id);
+    return SweepRuns(client, id, &target->runs, err);
+  }
+  v1::GetRunRequest request;
+  request.set_run_id(id);
+  v1::Run run;
+  auto context = client.Context();
+  grpc::Status status = client.stub()->GetRun(context.get(), request, &run);
+  if (!status.ok()) return SweepOrRunError("GetRun", status, id, client, err);
+  target->runs.push_back(run);
+  target->events.set_run_id(id);
+  return kExitOk;
+}
+
 // ---- Commands --------------------------------------------------------------------
 
 int Watch(Client& client, const std::string& id, std::ostream& out, std::ostream& err, bool tty);
@@ -795,38 +854,16 @@ int WatchResult(const WatchState& state, std::ostream& out) {
 }
 
 int Watch(Client& client, const std::string& id, std::ostream& out, std::ostream& err, bool tty) {
+  SweepOrRun target;
+  const int code = ResolveSweepOrRun(client, id, &target, err);
+  if (code != kExitOk) return code;
+  const bool is_sweep = target.is_sweep;
   WatchState state;
-  v1::Sweep sweep;
-  int is_sweep = LookupSweep(client, id, &sweep, err);
-  if (is_sweep < 0) return -is_sweep;
-  v1::ListEventsRequest events_request;
-  if (is_sweep) {
-    std::vector<v1::Run> runs;
-    grpc::Status status = ListAllRuns(client, id, &runs);
-    if (!status.ok()) return RpcError("ListRuns", status, client, err);
-    SortRuns(&runs);
-    for (const auto& run : runs) state.Upsert(run);
-    events_request.set_sweep_id(id);
-  } else {
-    v1::GetRunRequest request;
-    request.set_run_id(id);
-    v1::Run run;
-    auto context = client.Context();
-    grpc::Status status = client.stub()->GetRun(context.get(), request, &run);
-    if (!status.ok()) {
-      if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
-        err << "keel: no sweep or run " << id << "\n";
-        return kExitNotFound;
-      }
-      return RpcError("GetRun", status, client, err);
-    }
-    state.Upsert(run);
-    events_request.set_run_id(id);
-  }
+  for (const auto& run : target.runs) state.Upsert(run);
   // Interventions so far; a failure here only leaves the counts at zero.
   {
     std::vector<v1::Event> events;
-    ListAllEvents(client, events_request, &events);
+    ListAllEvents(client, target.events, &events);
     for (const auto& event : events) state.AddEvent(event);
   }
   WatchPrinter printer(out, tty);
@@ -908,13 +945,7 @@ int CmdCancel(Client& client, const Parsed& parsed, std::ostream& out, std::ostr
   v1::Run run;
   auto context = client.Context();
   grpc::Status status = client.stub()->CancelRun(context.get(), request, &run);
-  if (!status.ok()) {
-    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
-      err << "keel: no sweep or run " << id << "\n";
-      return kExitNotFound;
-    }
-    return RpcError("CancelRun", status, client, err);
-  }
+  if (!status.ok()) return SweepOrRunError("CancelRun", status, id, client, err);
   out << "cancelled run " << run.id() << " (" << StateName(run.state()) << ")\n";
   return kExitOk;
 }
@@ -974,25 +1005,6 @@ int FetchSeries(Client& client, const std::vector<v1::Run>& runs, int max_points
   return kExitOk;
 }
 
-// Runs of sweep `id`, sorted; NOT_FOUND when the sweep does not exist.
-int SweepRuns(Client& client, const std::string& id, std::vector<v1::Run>* runs, std::ostream& err) {
-  runs->clear();
-  grpc::Status status = ListAllRuns(client, id, runs);
-  if (!status.ok()) return RpcError("ListRuns", status, client, err);
-  if (runs->empty()) {
-    // An empty list may be an unknown sweep: ask, for a clear exit code.
-    v1::Sweep sweep;
-    int is_sweep = LookupSweep(client, id, &sweep, err);
-    if (is_sweep < 0) return -is_sweep;
-    if (is_sweep == 0) {
-      err << "keel: no sweep " << id << "\n";
-      return kExitNotFound;
-    }
-  }
-  SortRuns(runs);
-  return kExitOk;
-}
-
 bool WriteOutput(const std::string& path, const std::string& contents, std::ostream& err) {
   std::ofstream file(path, std::ios::binary | std::ios::trunc);
   if (file) file << contents;
@@ -1035,38 +1047,17 @@ int CmdPlot(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
     return kExitUsage;
   }
   const std::string& id = parsed.positional[0];
-  v1::Sweep sweep;
-  int is_sweep = LookupSweep(client, id, &sweep, err);
-  if (is_sweep < 0) return -is_sweep;
-  std::vector<v1::Run> runs;
-  v1::ListEventsRequest events_request;
-  if (is_sweep) {
-    int code = SweepRuns(client, id, &runs, err);
-    if (code != kExitOk) return code;
-    events_request.set_sweep_id(id);
-  } else {
-    v1::GetRunRequest request;
-    request.set_run_id(id);
-    v1::Run run;
-    auto context = client.Context();
-    grpc::Status status = client.stub()->GetRun(context.get(), request, &run);
-    if (!status.ok()) {
-      if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
-        err << "keel: no sweep or run " << id << "\n";
-        return kExitNotFound;
-      }
-      return RpcError("GetRun", status, client, err);
-    }
-    runs.push_back(run);
-    events_request.set_run_id(id);
-  }
+  SweepOrRun target;
+  int code = ResolveSweepOrRun(client, id, &target, err);
+  if (code != kExitOk) return code;
   std::vector<RunSeries> series;
-  int code = FetchSeries(client, runs, kPlotMaxPoints, &series, err);
+  code = FetchSeries(client, target.runs, kPlotMaxPoints, &series, err);
   if (code != kExitOk) return code;
   std::vector<v1::Event> list;
-  grpc::Status status = ListAllEvents(client, events_request, &list);
+  grpc::Status status = ListAllEvents(client, target.events, &list);
   if (!status.ok()) return RpcError("ListEvents", status, client, err);
-  std::string title = is_sweep ? "sweep " + id + (sweep.name().empty() ? "" : " (" + sweep.name() + ")") : "run " + id;
+  const std::string& name = target.sweep.name();
+  std::string title = target.is_sweep ? "sweep " + id + (name.empty() ? "" : " (" + name + ")") : "run " + id;
   const LossPlot plot = LayOutLossPlot(title + ": loss vs step", series, list);
   if (!WriteOutput(file->second, LossPlotSvg(plot), err)) return kExitFailed;
   // Interventions as drawn: a rollback and the switch decided with it are one.

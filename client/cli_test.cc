@@ -21,6 +21,7 @@
 
 #include "proto/keel.grpc.pb.h"
 #include "proto/keel.pb.h"
+#include "proto/test_server.h"
 
 namespace keel {
 namespace client {
@@ -288,20 +289,17 @@ std::string TempDir() {
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(&service_);
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    ASSERT_GT(port_, 0);
-    address_ = "127.0.0.1:" + std::to_string(port_);
+    server_ = StartTestServer({&service_});
+    ASSERT_NE(server_.server, nullptr);
+    ASSERT_GT(server_.port, 0);
+    address_ = server_.address();
     // No user config or environment leaks into the tests.
     home_ = TempDir() + "/home-" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     setenv("HOME", home_.c_str(), 1);
     unsetenv("KEEL_SERVER");
     unsetenv("KEEL_TOKEN");
   }
-  void TearDown() override { server_->Shutdown(); }
+  void TearDown() override { server_.server->Shutdown(); }
 
   // Runs keel with --server and --token added; fills out_ and err_.
   int Keel(std::vector<std::string> args, bool add_connection = true) {
@@ -324,8 +322,7 @@ class CliTest : public ::testing::Test {
   }
 
   FakeKeel service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
+  TestServer server_;
   std::string address_, home_, out_, err_;
 };
 

@@ -201,13 +201,7 @@ std::string Truncate(const std::string& text, size_t columns) {
 
 PlotText MakeText(const std::string& role, const std::string& text, double x, double y, double size,
                   TextAnchor anchor = TextAnchor::kStart) {
-  PlotText t;
-  t.role = role;
-  t.text = text;
-  t.x = x;
-  t.y = y;
-  t.size = size;
-  t.anchor = anchor;
+  PlotText t{role, text, x, y, size, anchor};
   const double width = TextWidth(text, size);
   const double left = anchor == TextAnchor::kStart ? x : anchor == TextAnchor::kMiddle ? x - width / 2 : x - width;
   t.box = {left, y - kAscentEm * size, width, (kAscentEm + kDescentEm) * size};

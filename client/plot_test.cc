@@ -41,6 +41,22 @@ std::vector<v1::Event> Rescue(const std::string& run, int64_t from, int64_t to, 
           Event(run, to, event_kind::kScaleLr, {{"factor", "0.01"}, {"rule", "loss-spike"}})};
 }
 
+// Appends the point (step, loss) to the run's series.
+void AddPoint(RunSeries* s, int64_t step, double loss) {
+  v1::MetricPoint p;
+  p.set_step(step);
+  p.set_loss(loss);
+  s->points.push_back(p);
+}
+
+// The texts of `role` in the layout, in order.
+std::vector<std::string> TextsOf(const LossPlot& plot, const std::string& role) {
+  std::vector<std::string> out;
+  for (const PlotText& t : plot.texts)
+    if (t.role == role) out.push_back(t.text);
+  return out;
+}
+
 TEST(PlotInterventionsTest, ARollbackIsDrawnWhereItWasDecidedNotWhereTheRunResumed) {
   std::vector<PlotIntervention> items =
       PlotInterventions({Event("r1", 100, event_kind::kRollback, {{"from_step", "155"}, {"to_step", "100"}})});
@@ -153,9 +169,8 @@ TEST(LayoutTest, TwentyRunsWithInterventionsAndSwitches) {
     EXPECT_LT(plot.lines[i].swatch_y, legend[i]->box.bottom());
   }
   // The legend's header names the axes and the switches once.
-  std::set<std::string> head;
-  for (const PlotText& t : plot.texts)
-    if (t.role == "legend-head") head.insert(t.text);
+  const std::vector<std::string> head_texts = TextsOf(plot, "legend-head");
+  const std::set<std::string> head(head_texts.begin(), head_texts.end());
   EXPECT_EQ(head, (std::set<std::string>{"run", "state", "policy.max_interventions", "precision", "seed",
                                          "precision switches"}));
   // The twice-rescued run's row lists both of its switches.
@@ -272,25 +287,18 @@ TEST(LayoutTest, LossTicksOfANarrowRangeAreSeveralRoundNumbers) {
   RunSeries s;
   s.run.set_id("r1");
   for (int step = 0; step <= 100; ++step) {
-    v1::MetricPoint p;
-    p.set_step(step);
-    p.set_loss(4.5 - 2.4 * step / 100.0);  // 4.5 down to 2.1
-    s.points.push_back(p);
+    AddPoint(&s, step, 4.5 - 2.4 * step / 100.0);  // 4.5 down to 2.1
   }
   LossPlot plot = LayOutLossPlot("t", {s}, {});
   ASSERT_EQ(LayoutProblems(plot), "");
-  std::vector<std::string> labels;
-  for (const PlotText& t : plot.texts)
-    if (t.role == "ytick") labels.push_back(t.text);
+  const std::vector<std::string> labels = TextsOf(plot, "ytick");
   EXPECT_GE(labels.size(), 3u);
   for (const std::string& label : labels) EXPECT_LE(label.size(), 5u) << label;  // "2.5", not "2.5000000001"
   for (double y : plot.y_grid) {
     EXPECT_GE(y, plot.chart.y);
     EXPECT_LE(y, plot.chart.bottom());
   }
-  std::vector<std::string> steps;
-  for (const PlotText& t : plot.texts)
-    if (t.role == "xtick") steps.push_back(t.text);
+  const std::vector<std::string> steps = TextsOf(plot, "xtick");
   EXPECT_GE(steps.size(), 5u);
   EXPECT_EQ(steps.front(), "0");
   EXPECT_EQ(steps.back(), "100");
@@ -300,16 +308,12 @@ TEST(LayoutTest, LossTicksOfManyDecades) {
   RunSeries s;
   s.run.set_id("r1");
   for (int step = 0; step <= 100; ++step) {
-    v1::MetricPoint p;
-    p.set_step(step);
-    p.set_loss(std::pow(10.0, 6 - 0.12 * step));  // 1e6 down to 1e-6
-    s.points.push_back(p);
+    AddPoint(&s, step, std::pow(10.0, 6 - 0.12 * step));  // 1e6 down to 1e-6
   }
   LossPlot plot = LayOutLossPlot("t", {s}, {});
   ASSERT_EQ(LayoutProblems(plot), "");
-  std::set<std::string> labels;
-  for (const PlotText& t : plot.texts)
-    if (t.role == "ytick") labels.insert(t.text);
+  const std::vector<std::string> ticks = TextsOf(plot, "ytick");
+  const std::set<std::string> labels(ticks.begin(), ticks.end());
   EXPECT_GE(labels.size(), 4u);
   EXPECT_TRUE(labels.count("1e-6") || labels.count("1e6") || labels.count("1")) << *labels.begin();
 }
@@ -318,16 +322,11 @@ TEST(LayoutTest, LargeStepNumbersDoNotCollide) {
   RunSeries s;
   s.run.set_id("r1");
   for (int64_t step = 0; step <= 100; ++step) {
-    v1::MetricPoint p;
-    p.set_step(123456789 + step * 98765);
-    p.set_loss(3);
-    s.points.push_back(p);
+    AddPoint(&s, 123456789 + step * 98765, 3);
   }
   LossPlot plot = LayOutLossPlot("t", {s}, {});
   EXPECT_EQ(LayoutProblems(plot), "");
-  int xticks = 0;
-  for (const PlotText& t : plot.texts) xticks += t.role == "xtick";
-  EXPECT_GE(xticks, 2);
+  EXPECT_GE(TextsOf(plot, "xtick").size(), 2u);
 }
 
 TEST(LayoutTest, ManyInterventionsAreNumberedUpToFortyAndTheRestCounted) {
@@ -336,10 +335,7 @@ TEST(LayoutTest, ManyInterventionsAreNumberedUpToFortyAndTheRestCounted) {
   s.run.mutable_scheme()->set_name("mxfp4");
   std::vector<v1::Event> events;
   for (int step = 0; step < 600; ++step) {
-    v1::MetricPoint p;
-    p.set_step(step);
-    p.set_loss(3 + (step % 7) * 0.1);
-    s.points.push_back(p);
+    AddPoint(&s, step, 3 + (step % 7) * 0.1);
     if (step % 10 == 5)  // 60 switches back and forth, at close steps
       events.push_back(Event("r1", step, event_kind::kSwitchPrecision,
                              {{"precision", (step / 10) % 2 ? "mxfp4" : "bf16"}}));
@@ -360,9 +356,7 @@ TEST(LayoutTest, LongNamesAreCutToFitTheCanvas) {
   RunSeries s;
   s.run.set_id(std::string(300, 'r'));
   (*s.run.mutable_axes())["optimizer.lr"] = std::string(200, '9');
-  v1::MetricPoint p;
-  p.set_loss(2);
-  s.points.push_back(p);
+  AddPoint(&s, 0, 2);
   std::string title(500, 't');
   LossPlot plot = LayOutLossPlot(title, {s, s}, {});
   ASSERT_EQ(LayoutProblems(plot), "");
@@ -454,18 +448,12 @@ std::vector<RunSeries> TwoRuns() {
   (*a.run.mutable_axes())["optimizer.lr"] = "6e-4";
   (*a.run.mutable_axes())["note"] = "x,y";
   for (int step : {0, 10}) {
-    v1::MetricPoint p;
-    p.set_step(step);
-    p.set_loss(step == 0 ? 4.0 : 2.5);
-    a.points.push_back(p);
+    AddPoint(&a, step, step == 0 ? 4.0 : 2.5);
   }
   RunSeries b;
   b.run.set_id("r2");
   (*b.run.mutable_axes())["optimizer.lr"] = "1e-3";
-  v1::MetricPoint p;
-  p.set_step(5);
-  p.set_loss(std::nan(""));
-  b.points.push_back(p);
+  AddPoint(&b, 5, std::nan(""));
   return {a, b};
 }
 
@@ -510,10 +498,7 @@ TEST(SvgTest, LogScaleSkipsZeroNegativeAndNonFiniteLoss) {
   s.run.set_id("r1");
   double losses[] = {10.0, 0.0, std::nan(""), -1.0, std::numeric_limits<double>::infinity(), 0.1};
   for (int i = 0; i < 6; ++i) {
-    v1::MetricPoint p;
-    p.set_step(i * 100);
-    p.set_loss(losses[i]);
-    s.points.push_back(p);
+    AddPoint(&s, i * 100, losses[i]);
   }
   LossPlot plot = LayOutLossPlot("t", {s}, {});
   ASSERT_EQ(LayoutProblems(plot), "");
@@ -541,9 +526,7 @@ TEST(SvgTest, LogScaleSkipsZeroNegativeAndNonFiniteLoss) {
 TEST(SvgTest, NoPlottablePointsAndNoRunsStillValid) {
   RunSeries s;
   s.run.set_id("r1");
-  v1::MetricPoint p;
-  p.set_loss(std::nan(""));
-  s.points.push_back(p);
+  AddPoint(&s, 0, std::nan(""));
   for (const std::vector<RunSeries>& series : {std::vector<RunSeries>{s}, std::vector<RunSeries>{}}) {
     LossPlot plot = LayOutLossPlot("t", series, {});
     ASSERT_EQ(LayoutProblems(plot), "");

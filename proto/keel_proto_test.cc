@@ -6,6 +6,7 @@
 
 #include "proto/keel.grpc.pb.h"
 #include "proto/keel.pb.h"
+#include "proto/test_server.h"
 
 namespace keel {
 namespace {
@@ -42,14 +43,10 @@ class EchoRunService final : public v1::KeelService::Service {
 
 TEST(KeelProtoTest, GeneratedStubsTalkOverLoopback) {
   EchoRunService service;
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  ASSERT_GT(port, 0);
-  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+  const TestServer server = StartTestServer({&service});
+  ASSERT_NE(server.server, nullptr);
+  ASSERT_GT(server.port, 0);
+  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
   auto stub = v1::KeelService::NewStub(channel);
 
   grpc::ClientContext ok_context;
@@ -70,7 +67,7 @@ TEST(KeelProtoTest, GeneratedStubsTalkOverLoopback) {
   v1::ListSweepsResponse sweeps;
   status = stub->ListSweeps(&unimplemented_context, v1::ListSweepsRequest(), &sweeps);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
-  server->Shutdown();
+  server.server->Shutdown();
 }
 
 }  // namespace

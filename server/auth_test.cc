@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "proto/keel.grpc.pb.h"
+#include "proto/test_server.h"
 
 namespace keel {
 namespace {
@@ -84,14 +85,9 @@ TEST(AuthTest, LoopbackServerRefusesMissingWrongAndWorkerTokens) {
   auth.user_tokens = {"user-token-0123456789"};
   auth.worker_token = "worker-token-0123456789";
   GuardedService service(auth);
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_TRUE(server && port > 0);
-  auto stub = v1::KeelService::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  const TestServer server = StartTestServer({&service});
+  ASSERT_TRUE(server.started());
+  auto stub = v1::KeelService::NewStub(grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
   auto call = [&](const char* authorization) {
     grpc::ClientContext context;
     if (authorization) context.AddMetadata("authorization", authorization);
@@ -107,7 +103,7 @@ TEST(AuthTest, LoopbackServerRefusesMissingWrongAndWorkerTokens) {
   EXPECT_EQ(service.served.load(), 0);  // nothing happened for the refused calls
   EXPECT_EQ(call(BearerValue(auth.user_tokens[0]).c_str()), grpc::StatusCode::OK);
   EXPECT_EQ(service.served.load(), 1);
-  server->Shutdown();
+  server.server->Shutdown();
 }
 
 }  // namespace

@@ -57,6 +57,18 @@ grpc::Status BadToken(const std::string& token, const std::string& listing) {
                           "the same listing (same RPC, same filters)");
 }
 
+// NOT_FOUND for a sweep or run that keeld does not know ("run 'run-7' not found").
+grpc::Status NotFound(const std::string& what, const std::string& id) {
+  return grpc::Status(grpc::StatusCode::NOT_FOUND, what + " '" + id + "' not found");
+}
+
+// Whether a page of `items` items and `bytes` bytes ends before the next item
+// (`size` bytes): it holds `limit` items, or that item would take it past
+// kPageBytes. A page always takes its first item, however large.
+bool PageFull(int items, int limit, int64_t bytes, int64_t size) {
+  return items > 0 && (items >= limit || bytes + size > kPageBytes);
+}
+
 // The key of `token` after `prefix` when it has that prefix and the rest is
 // an integer (>= min).
 bool TokenKey(const std::string& token, const std::string& prefix, int64_t min, int64_t* key) {
@@ -289,7 +301,7 @@ grpc::Status Coordinator::SubmitSweep(const v1::SweepSpec& spec, v1::SubmitSweep
 grpc::Status Coordinator::GetSweep(const std::string& id, v1::Sweep* out) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sweeps_.find(id);
-  if (it == sweeps_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "sweep '" + id + "' not found");
+  if (it == sweeps_.end()) return NotFound("sweep", id);
   *out = SweepWithCounts(it->second);
   return grpc::Status::OK;
 }
@@ -313,7 +325,7 @@ grpc::Status Coordinator::ListSweeps(const v1::ListSweepsRequest& request, v1::L
   for (; it != sweep_order_.end(); ++it) {
     v1::Sweep sweep = SweepWithCounts(sweeps_[it->second]);
     const int64_t size = static_cast<int64_t>(sweep.ByteSizeLong());
-    if (out->sweeps_size() > 0 && (out->sweeps_size() >= limit || bytes + size > kPageBytes)) {
+    if (PageFull(out->sweeps_size(), limit, bytes, size)) {
       out->set_next_page_token("sweeps/" + out->sweeps(out->sweeps_size() - 1).id());
       break;
     }
@@ -326,7 +338,7 @@ grpc::Status Coordinator::ListSweeps(const v1::ListSweepsRequest& request, v1::L
 grpc::Status Coordinator::CancelSweep(const std::string& id, v1::Sweep* out) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sweeps_.find(id);
-  if (it == sweeps_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "sweep '" + id + "' not found");
+  if (it == sweeps_.end()) return NotFound("sweep", id);
   // Queued runs end CANCELLED together: one transaction for all of them, not
   // two synced commits per run (20,000 fsyncs for a 10,000-run sweep).
   std::vector<v1::Run> queued;
@@ -359,7 +371,7 @@ grpc::Status Coordinator::ListRuns(const v1::ListRunsRequest& request, v1::ListR
   const std::string& filter = request.sweep_id();
   std::lock_guard<std::mutex> lock(mu_);
   if (!filter.empty() && !sweeps_.count(filter)) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND, "sweep '" + filter + "' not found");
+    return NotFound("sweep", filter);
   }
   // Walk the ordered index from the page's first position; copy only the page.
   auto sweep = filter.empty() ? sweep_order_.begin() : sweep_order_.find(SweepKey(filter));
@@ -387,7 +399,7 @@ grpc::Status Coordinator::ListRuns(const v1::ListRunsRequest& request, v1::ListR
                               [](int64_t index, const v1::Run* run) { return index < run->index(); });
     for (; r != runs.end(); ++r) {
       const int64_t size = static_cast<int64_t>((*r)->ByteSizeLong());
-      if (out->runs_size() > 0 && (out->runs_size() >= limit || bytes + size > kPageBytes)) {
+      if (PageFull(out->runs_size(), limit, bytes, size)) {
         const v1::Run& last = out->runs(out->runs_size() - 1);
         out->set_next_page_token("runs/" + filter + "/" + last.sweep_id() + "/" + std::to_string(last.index()));
         return grpc::Status::OK;
@@ -402,7 +414,7 @@ grpc::Status Coordinator::ListRuns(const v1::ListRunsRequest& request, v1::ListR
 grpc::Status Coordinator::GetRun(const std::string& id, v1::Run* out) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = runs_.find(id);
-  if (it == runs_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "run '" + id + "' not found");
+  if (it == runs_.end()) return NotFound("run", id);
   *out = it->second;
   return grpc::Status::OK;
 }
@@ -427,7 +439,7 @@ Status Coordinator::Cancel(v1::Run run) {
 grpc::Status Coordinator::CancelRun(const std::string& id, v1::Run* out) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = runs_.find(id);
-  if (it == runs_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "run '" + id + "' not found");
+  if (it == runs_.end()) return NotFound("run", id);
   v1::Run run = it->second;
   if (Terminal(run.state())) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -459,7 +471,7 @@ grpc::Status Coordinator::GetMetrics(const v1::GetMetricsRequest& request, v1::G
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!runs_.count(request.run_id())) {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND, "run '" + request.run_id() + "' not found");
+      return NotFound("run", request.run_id());
     }
     FlushMetrics();  // every point received before this call is read
   }
@@ -499,7 +511,7 @@ grpc::Status Coordinator::ListEvents(const v1::ListEventsRequest& request, v1::L
 grpc::Status Coordinator::Intervene(const v1::InterveneRequest& request, v1::InterveneResponse* out) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = runs_.find(request.run_id());
-  if (it == runs_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "run '" + request.run_id() + "' not found");
+  if (it == runs_.end()) return NotFound("run", request.run_id());
   if (request.precision().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "precision: empty (a preset name, e.g. bf16)");
   }

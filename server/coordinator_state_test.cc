@@ -45,6 +45,28 @@ v1::Event LastEvent(Fixture& f, const std::string& run_id, const std::string& ki
 
 using Strings = std::vector<std::string>;
 
+// Time passes, well past any restart backoff, and the worker has still had
+// only `starts` start orders: what ended is never assigned again.
+void ExpectNoStartLater(Fixture& f, const std::string& worker, const std::vector<v1::WorkerCommand>& sent,
+                        size_t starts) {
+  f.Pass(5000, worker);
+  EXPECT_EQ(Starts(sent).size(), starts);
+}
+
+// The run ended `state` on its first attempt, from RUNNING and without a
+// restart: its message, its events (ASSIGNED, RUNNING, then `state`) and the
+// message of the last one.
+void ExpectEndedFromRunning(Fixture& f, const std::string& run_id, v1::RunState state, const std::string& message,
+                            const std::string& event_message) {
+  const v1::Run run = f.Run(run_id);
+  EXPECT_EQ(run.state(), state) << run_id;
+  EXPECT_EQ(run.attempt(), 1) << run_id;
+  EXPECT_EQ(run.restarts(), 0) << run_id;
+  EXPECT_EQ(run.message(), message) << run_id;
+  EXPECT_EQ(EventStates(f, run_id), (Strings{"state ASSIGNED", "state RUNNING", "state " + v1::RunState_Name(state)}));
+  EXPECT_EQ(LastEvent(f, run_id).message(), event_message);
+}
+
 // The metric points of the run in the store (GetMetrics flushes what is buffered).
 int StoredPoints(Fixture& f, const std::string& run_id) {
   v1::GetMetricsRequest request;
@@ -149,10 +171,8 @@ TEST(CoordinatorStateTest, QueuedRunIsAssignedAsAttemptOneWhenAWorkerStreamHasRo
 
 TEST(CoordinatorStateTest, AssignedRunIsRunningOnceItsTrainerStarted) {
   Fixture f(DbPath("state_running"));
-  f.Submit(1);
   std::vector<v1::WorkerCommand> sent;
-  const std::string w = f.AddWorker(&sent);
-  const std::string id = Starts(sent).at(0).run_id();
+  const auto [w, id] = f.OneRunOnAWorker(&sent, /*max_restarts=*/1, /*start=*/false);
   EXPECT_EQ(f.Run(id).state(), v1::ASSIGNED);
   ASSERT_TRUE(f.Send(w, Fixture::Started(id, 777)));
   const v1::Run run = f.Run(id);
@@ -176,12 +196,7 @@ TEST(CoordinatorStateTest, RunningRunSucceedsOnExitZeroAndItsSlotGoesToTheNextRu
   const std::string a = Starts(sent)[0].run_id();
   ASSERT_TRUE(f.Send(w, Fixture::Started(a)));
   ASSERT_TRUE(f.Send(w, Fixture::Exit(a, 0)));
-  const v1::Run run = f.Run(a);
-  EXPECT_EQ(run.state(), v1::SUCCEEDED);
-  EXPECT_EQ(run.restarts(), 0);
-  EXPECT_EQ(run.message(), "");
-  EXPECT_EQ(EventStates(f, a), (Strings{"state ASSIGNED", "state RUNNING", "state SUCCEEDED"}));
-  EXPECT_EQ(LastEvent(f, a).message(), "finished");
+  ExpectEndedFromRunning(f, a, v1::SUCCEEDED, "", "finished");
   // The freed slot went to the other run at once; the sweep ends with it.
   ASSERT_EQ(Starts(sent).size(), 2u);
   const std::string b = Starts(sent)[1].run_id();
@@ -200,32 +215,21 @@ TEST(CoordinatorStateTest, RunningRunSucceedsOnExitZeroAndItsSlotGoesToTheNextRu
 
 TEST(CoordinatorStateTest, ConfigurationErrorFailsTheRunAtOnceWithRestartsLeft) {
   Fixture f(DbPath("state_failed_config"));
-  f.Submit(1, /*max_restarts=*/3);
   std::vector<v1::WorkerCommand> sent;
-  const std::string w = f.AddWorker(&sent);
-  const std::string id = Starts(sent).at(0).run_id();
-  ASSERT_TRUE(f.Send(w, Fixture::Started(id)));
+  const auto [w, id] = f.OneRunOnAWorker(&sent, /*max_restarts=*/3);
   ASSERT_TRUE(f.Send(w, Fixture::Exit(id, 2, "run.yaml:3:5: model.width: 0 (allowed: >= 1)")));
-  const v1::Run run = f.Run(id);
-  EXPECT_EQ(run.state(), v1::FAILED);
-  EXPECT_EQ(run.restarts(), 0);
   const std::string why =
       "trainer exit code 2: run.yaml:3:5: model.width: 0 (allowed: >= 1) (a configuration error: a restart cannot "
       "fix it)";
-  EXPECT_EQ(run.message(), why);
-  EXPECT_EQ(EventStates(f, id), (Strings{"state ASSIGNED", "state RUNNING", "state FAILED"}));
-  EXPECT_EQ(LastEvent(f, id).message(), why);
-  f.Pass(5000, w);  // well past any backoff: it is never assigned again
-  EXPECT_EQ(Starts(sent).size(), 1u);
+  ExpectEndedFromRunning(f, id, v1::FAILED, why, why);
+  ExpectNoStartLater(f, w, sent, 1);
   EXPECT_EQ(f.Run(id).state(), v1::FAILED);
 }
 
 TEST(CoordinatorStateTest, FailedTrainerFailsTheRunOnceItsRestartsAreSpent) {
   Fixture f(DbPath("state_failed_spent"));
-  f.Submit(1, /*max_restarts=*/1);
   std::vector<v1::WorkerCommand> sent;
-  const std::string w = f.AddWorker(&sent);
-  const std::string id = Starts(sent).at(0).run_id();
+  const auto [w, id] = f.OneRunOnAWorker(&sent, /*max_restarts=*/1, /*start=*/false);
   ASSERT_TRUE(f.Send(w, Fixture::Exit(id, 1, "out of memory")));
   EXPECT_EQ(f.Run(id).state(), v1::QUEUED);
   f.Pass(1000, w);  // the first backoff
@@ -237,8 +241,7 @@ TEST(CoordinatorStateTest, FailedTrainerFailsTheRunOnceItsRestartsAreSpent) {
   EXPECT_EQ(run.message(), "trainer exit code 1: NCCL timeout");
   EXPECT_EQ(EventStates(f, id), (Strings{"state ASSIGNED", "restart QUEUED", "state ASSIGNED", "state FAILED"}));
   EXPECT_EQ(LastEvent(f, id).message(), "trainer exit code 1: NCCL timeout; no restarts left (max_restarts 1)");
-  f.Pass(5000, w);
-  EXPECT_EQ(Starts(sent).size(), 2u);
+  ExpectNoStartLater(f, w, sent, 2);
 }
 
 // ---- restart: a failed trainer -> QUEUED -> ASSIGNED (next attempt) ------------------
@@ -248,11 +251,8 @@ TEST(CoordinatorStateTest, FailedTrainerRestartsFromItsNewestCheckpointAfterADou
   options.restart_backoff_ms = 100;
   options.max_restart_backoff_ms = 300;
   Fixture f(DbPath("state_restart_backoff"), options);
-  f.Submit(1, /*max_restarts=*/5);
   std::vector<v1::WorkerCommand> sent;
-  const std::string w = f.AddWorker(&sent);
-  const std::string id = Starts(sent).at(0).run_id();
-  ASSERT_TRUE(f.Send(w, Fixture::Started(id)));
+  const auto [w, id] = f.OneRunOnAWorker(&sent, /*max_restarts=*/5);
   ASSERT_TRUE(f.Send(w, Fixture::Checkpoint(id, 10, "/ckpt/step_00000010")));
   ASSERT_TRUE(f.Send(w, Fixture::Checkpoint(id, 20, "/ckpt/step_00000020")));
   // Three failures in a row, none the same as the one before (the first and the
@@ -294,11 +294,8 @@ TEST(CoordinatorStateTest, FailedTrainerRestartsFromItsNewestCheckpointAfterADou
 
 TEST(CoordinatorStateTest, WorkerThatComesBackWithoutItsRunGetsItBackFromTheCheckpoint) {
   Fixture f(DbPath("state_worker_restart"));
-  f.Submit(1, /*max_restarts=*/2);
   std::vector<v1::WorkerCommand> sent;
-  const std::string w = f.AddWorker(&sent);
-  const std::string id = Starts(sent).at(0).run_id();
-  ASSERT_TRUE(f.Send(w, Fixture::Started(id)));
+  const auto [w, id] = f.OneRunOnAWorker(&sent, /*max_restarts=*/2);
   ASSERT_TRUE(f.Send(w, Fixture::Checkpoint(id, 20, "/ckpt/step_00000020")));
   // keel-worker restarted, and its trainer died with it: it registers again,
   // under its id, with no live runs.
@@ -329,8 +326,7 @@ TEST(CoordinatorStateTest, CancellingAQueuedRunEndsItAtOnce) {
   Fixture f(DbPath("state_cancel_queued"));
   const std::string sweep = f.Submit(1);
   const std::string id = f.Runs(sweep).at(0).id();
-  v1::Run out;
-  ASSERT_TRUE(f.c->CancelRun(id, &out).ok());
+  v1::Run out = f.Cancel(id);
   EXPECT_EQ(out.state(), v1::CANCELLED);
   EXPECT_EQ(out.message(), "cancelled by the user");
   EXPECT_EQ(out.attempt(), 0);
@@ -352,13 +348,9 @@ TEST(CoordinatorStateTest, CancellingAQueuedRunEndsItAtOnce) {
 
 TEST(CoordinatorStateTest, CancellingARunningRunStopsItsTrainerThenEndsCancelled) {
   Fixture f(DbPath("state_cancel_running"));
-  f.Submit(1, /*max_restarts=*/3);
   std::vector<v1::WorkerCommand> sent;
-  const std::string w = f.AddWorker(&sent);
-  const std::string id = Starts(sent).at(0).run_id();
-  ASSERT_TRUE(f.Send(w, Fixture::Started(id)));
-  v1::Run out;
-  ASSERT_TRUE(f.c->CancelRun(id, &out).ok());
+  const auto [w, id] = f.OneRunOnAWorker(&sent, /*max_restarts=*/3);
+  const v1::Run out = f.Cancel(id);
   // Still running until its trainer has checkpointed and exited; the worker is told to stop it.
   EXPECT_EQ(out.state(), v1::RUNNING);
   ASSERT_FALSE(sent.empty());
@@ -369,34 +361,20 @@ TEST(CoordinatorStateTest, CancellingARunningRunStopsItsTrainerThenEndsCancelled
   // the run CANCELLED (not a failure to restart).
   ASSERT_TRUE(f.Send(w, Fixture::Checkpoint(id, 30, "/ckpt/step_00000030")));
   ASSERT_TRUE(f.Send(w, Fixture::Exit(id, 130)));
-  const v1::Run run = f.Run(id);
-  EXPECT_EQ(run.state(), v1::CANCELLED);
-  EXPECT_EQ(run.restarts(), 0);
-  EXPECT_EQ(run.message(), "cancelled by the user");
-  EXPECT_EQ(run.checkpoint(), "/ckpt/step_00000030");
-  EXPECT_EQ(EventStates(f, id), (Strings{"state ASSIGNED", "state RUNNING", "state CANCELLED"}));
-  EXPECT_EQ(LastEvent(f, id).message(), "cancelled by the user (exit code 130)");
-  f.Pass(5000, w);
-  EXPECT_EQ(Starts(sent).size(), 1u);
+  ExpectEndedFromRunning(f, id, v1::CANCELLED, "cancelled by the user", "cancelled by the user (exit code 130)");
+  EXPECT_EQ(f.Run(id).checkpoint(), "/ckpt/step_00000030");
+  ExpectNoStartLater(f, w, sent, 1);
 }
 
 TEST(CoordinatorStateTest, CancelledRunWhoseWorkerIsLostEndsCancelledNotRequeued) {
   Fixture f(DbPath("state_cancel_lost"));
-  f.Submit(1, /*max_restarts=*/3);
   std::vector<v1::WorkerCommand> sent;
-  const std::string w = f.AddWorker(&sent);
-  const std::string id = Starts(sent).at(0).run_id();
-  ASSERT_TRUE(f.Send(w, Fixture::Started(id)));
-  v1::Run out;
-  ASSERT_TRUE(f.c->CancelRun(id, &out).ok());
+  const auto [w, id] = f.OneRunOnAWorker(&sent, /*max_restarts=*/3);
+  f.Cancel(id);
   f.now += 1000;  // the worker is never heard from again
   f.c->Tick();
-  const v1::Run run = f.Run(id);
-  EXPECT_EQ(run.state(), v1::CANCELLED);
-  EXPECT_EQ(run.restarts(), 0);
-  EXPECT_EQ(EventStates(f, id), (Strings{"state ASSIGNED", "state RUNNING", "state CANCELLED"}));
-  EXPECT_EQ(LastEvent(f, id).message(),
-            "cancelled by the user (worker " + w + " lost (no heartbeat for 1000 ms))");
+  ExpectEndedFromRunning(f, id, v1::CANCELLED, "cancelled by the user",
+                         "cancelled by the user (worker " + w + " lost (no heartbeat for 1000 ms))");
 }
 
 TEST(CoordinatorStateTest, CancellingASweepEndsItsQueuedRunsAndStopsItsRunningOne) {
@@ -423,29 +401,21 @@ TEST(CoordinatorStateTest, CancellingASweepEndsItsQueuedRunsAndStopsItsRunningOn
   ASSERT_TRUE(f.Send(w, Fixture::Exit(running, 130)));
   EXPECT_EQ(f.Run(running).state(), v1::CANCELLED);
   EXPECT_EQ(f.Sweep(sweep).state(), v1::SWEEP_CANCELLED);  // cancelled, not done
-  f.Pass(5000, w);
-  EXPECT_EQ(Starts(sent).size(), 1u);
+  ExpectNoStartLater(f, w, sent, 1);
 }
 
 // ---- RUNNING -> DIVERGED -------------------------------------------------------------
 
 TEST(CoordinatorStateTest, RunStoppedByItsPolicyIsDivergedAndNotRestarted) {
   Fixture f(DbPath("state_diverged"));
-  const std::string sweep = f.Submit(1, /*max_restarts=*/3);
   std::vector<v1::WorkerCommand> sent;
-  const std::string w = f.AddWorker(&sent);
-  const std::string id = Starts(sent).at(0).run_id();
-  ASSERT_TRUE(f.Send(w, Fixture::Started(id)));
+  const auto [w, id] = f.OneRunOnAWorker(&sent, /*max_restarts=*/3);
+  const std::string sweep = f.Run(id).sweep_id();
   ASSERT_TRUE(f.Send(w, Fixture::Exit(id, 3)));  // keel-train's exit status for "stopped as diverged"
-  const v1::Run run = f.Run(id);
-  EXPECT_EQ(run.state(), v1::DIVERGED);
-  EXPECT_EQ(run.restarts(), 0);
-  EXPECT_EQ(run.message(), "stopped as diverged by its stability policy");
-  EXPECT_EQ(EventStates(f, id), (Strings{"state ASSIGNED", "state RUNNING", "state DIVERGED"}));
-  EXPECT_EQ(LastEvent(f, id).message(), "stopped as diverged by its stability policy");
+  ExpectEndedFromRunning(f, id, v1::DIVERGED, "stopped as diverged by its stability policy",
+                         "stopped as diverged by its stability policy");
   EXPECT_EQ(f.Sweep(sweep).state(), v1::SWEEP_DONE);
-  f.Pass(5000, w);
-  EXPECT_EQ(Starts(sent).size(), 1u);
+  ExpectNoStartLater(f, w, sent, 1);
   v1::Run out;
   EXPECT_EQ(f.c->CancelRun(id, &out).error_message(), "run '" + id + "' already ended (DIVERGED)");
 }
@@ -454,11 +424,8 @@ TEST(CoordinatorStateTest, RunStoppedByItsPolicyIsDivergedAndNotRestarted) {
 
 TEST(CoordinatorStateTest, WorkerSilentForALeaseLosesItsRunToTheQueueAndANewAttempt) {
   Fixture f(DbPath("state_lost_lease"));
-  f.Submit(1, /*max_restarts=*/2);
   std::vector<v1::WorkerCommand> sent1;
-  const std::string w1 = f.AddWorker(&sent1);
-  const std::string id = Starts(sent1).at(0).run_id();
-  ASSERT_TRUE(f.Send(w1, Fixture::Started(id)));
+  const auto [w1, id] = f.OneRunOnAWorker(&sent1, /*max_restarts=*/2);
   ASSERT_TRUE(f.Send(w1, Fixture::Checkpoint(id, 20, "/ckpt/step_00000020")));
   // Every message renews the lease (1000 ms): a heartbeat at 900 ms keeps it to 1900 ms.
   f.now += 900;
@@ -502,11 +469,8 @@ TEST(CoordinatorStateTest, WorkerSilentForALeaseLosesItsRunToTheQueueAndANewAtte
 
 TEST(CoordinatorStateTest, MessagesOfAnOldAttemptAreRefusedAndChangeNothing) {
   Fixture f(DbPath("state_stale_attempt"));
-  f.Submit(1, /*max_restarts=*/2);
   std::vector<v1::WorkerCommand> sent1, sent2;
-  const std::string w1 = f.AddWorker(&sent1);
-  const std::string id = Starts(sent1).at(0).run_id();
-  ASSERT_TRUE(f.Send(w1, Fixture::Started(id)));
+  const auto [w1, id] = f.OneRunOnAWorker(&sent1, /*max_restarts=*/2);
   f.now += 1000;  // w1 is lost; attempt 2 goes to w2
   f.c->Tick();
   const std::string w2 = f.AddWorker(&sent2);
@@ -541,11 +505,8 @@ TEST(CoordinatorStateTest, MessagesOfAnOldAttemptAreRefusedAndChangeNothing) {
 
 TEST(CoordinatorStateTest, OlderAttemptOnTheSameWorkerIsFencedOffByItsAttemptNumber) {
   Fixture f(DbPath("state_stale_same_worker"));
-  f.Submit(1, /*max_restarts=*/3);
   std::vector<v1::WorkerCommand> sent;
-  const std::string w = f.AddWorker(&sent);
-  const std::string id = Starts(sent).at(0).run_id();
-  ASSERT_TRUE(f.Send(w, Fixture::Started(id), 1));
+  const auto [w, id] = f.OneRunOnAWorker(&sent, /*max_restarts=*/3);
   ASSERT_TRUE(f.Send(w, Fixture::Exit(id, 1, "boom"), 1));
   f.Pass(1000, w);  // the backoff: the same worker gets attempt 2
   ASSERT_EQ(Starts(sent).size(), 2u);
@@ -652,13 +613,9 @@ TEST(CoordinatorStateTest, AfterAKeeldRestartLiveRunsReattachAndRunsGivenAwayAre
 // not restarted.
 TEST(CoordinatorStateTest, CancelRequestedBeforeAKeeldRestartStillEndsTheRunCancelled) {
   Fixture f(DbPath("state_cancel_restart"));
-  f.Submit(1, /*max_restarts=*/3);
   std::vector<v1::WorkerCommand> sent;
-  const std::string w = f.AddWorker(&sent);
-  const std::string id = Starts(sent).at(0).run_id();
-  ASSERT_TRUE(f.Send(w, Fixture::Started(id)));
-  v1::Run out;
-  ASSERT_TRUE(f.c->CancelRun(id, &out).ok());
+  const auto [w, id] = f.OneRunOnAWorker(&sent, /*max_restarts=*/3);
+  f.Cancel(id);
   f.Reopen();
   v1::RegisterResponse response;
   ASSERT_TRUE(f.Reregister(w, id, 1, &response).ok());
@@ -674,11 +631,8 @@ TEST(CoordinatorStateTest, CancelRequestedBeforeAKeeldRestartStillEndsTheRunCanc
 
 TEST(CoordinatorStateTest, MessagesAndRequestsForAFinishedRunAreRefusedAndChangeNothing) {
   Fixture f(DbPath("state_invalid"));
-  f.Submit(1, /*max_restarts=*/2);
   std::vector<v1::WorkerCommand> sent;
-  const std::string w = f.AddWorker(&sent);
-  const std::string id = Starts(sent).at(0).run_id();
-  ASSERT_TRUE(f.Send(w, Fixture::Started(id)));
+  const auto [w, id] = f.OneRunOnAWorker(&sent, /*max_restarts=*/2);
   ASSERT_TRUE(f.Send(w, Fixture::Exit(id, 0)));
   const v1::Run done = f.Run(id);
   ASSERT_EQ(done.state(), v1::SUCCEEDED);
@@ -696,8 +650,7 @@ TEST(CoordinatorStateTest, MessagesAndRequestsForAFinishedRunAreRefusedAndChange
   EXPECT_EQ(run.checkpoint(), done.checkpoint());
   EXPECT_EQ(f.Events(id).size(), events);
   EXPECT_EQ(StoredPoints(f, id), 0);
-  f.Pass(5000, w);
-  EXPECT_EQ(Starts(sent).size(), 1u);  // never requeued
+  ExpectNoStartLater(f, w, sent, 1);
   // The user can neither cancel nor steer it.
   grpc::Status s = f.c->CancelRun(id, &run);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "server/coordinator.h"
@@ -38,6 +39,15 @@ inline CoordinatorOptions TestOptions() {
   CoordinatorOptions options;
   options.lease_ms = 1000;
   return options;
+}
+
+// The start orders among a worker's commands, in the order sent.
+inline std::vector<v1::Assignment> Starts(const std::vector<v1::WorkerCommand>& sent) {
+  std::vector<v1::Assignment> out;
+  for (const v1::WorkerCommand& c : sent) {
+    if (c.has_start()) out.push_back(c.start());
+  }
+  return out;
 }
 
 struct Fixture {
@@ -93,12 +103,34 @@ struct Fixture {
     EXPECT_TRUE(s.ok()) << s.error_message();
     return sweep;
   }
+  // The user cancels the run, and keeld accepts; returns the run as CancelRun does.
+  v1::Run Cancel(const std::string& run_id) {
+    v1::Run run;
+    grpc::Status s = c->CancelRun(run_id, &run);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return run;
+  }
   // A worker with `cpu_slots` CPU slots whose stream records the commands sent to it.
   std::string AddWorker(std::vector<v1::WorkerCommand>* sent, int cpu_slots = 1) {
     v1::RegisterRequest request;
     request.set_host("h");
     request.set_cpu_slots(cpu_slots);
     return RegisterAndAttach(request, sent);
+  }
+  // A sweep of one run (`max_restarts`) placed on a new worker whose commands
+  // go to *sent, as attempt 1, and that attempt's trainer started (RUNNING)
+  // unless `start` is false (ASSIGNED). Returns {the worker's id, the run's id}.
+  std::pair<std::string, std::string> OneRunOnAWorker(std::vector<v1::WorkerCommand>* sent, int max_restarts,
+                                                      bool start = true) {
+    Submit(1, max_restarts);
+    const std::string worker = AddWorker(sent);
+    const std::vector<v1::Assignment> starts = Starts(*sent);
+    EXPECT_EQ(starts.size(), 1u);
+    const std::string run = starts.empty() ? "" : starts[0].run_id();
+    if (start) {
+      EXPECT_TRUE(Send(worker, Started(run)));
+    }
+    return {worker, run};
   }
   // A worker offering GPUs 0 .. gpus-1.
   std::string AddGpuWorker(std::vector<v1::WorkerCommand>* sent, int gpus) {
@@ -195,9 +227,7 @@ struct Fixture {
   }
   // A trainer killed by `signal`, reported as run_supervisor.cc does (exit code -1).
   static v1::WorkerMessage Killed(const std::string& run_id, int signal) {
-    v1::WorkerMessage m;
-    m.mutable_exit()->set_run_id(run_id);
-    m.mutable_exit()->set_exit_code(-1);
+    v1::WorkerMessage m = Exit(run_id, -1);
     m.mutable_exit()->set_signal(signal);
     return m;
   }
@@ -221,15 +251,6 @@ struct Fixture {
   std::map<std::string, uint64_t> streams;  // worker -> its latest stream id
   std::map<std::string, int> closed;        // worker -> streams keeld closed
 };
-
-// The start orders among a worker's commands, in the order sent.
-inline std::vector<v1::Assignment> Starts(const std::vector<v1::WorkerCommand>& sent) {
-  std::vector<v1::Assignment> out;
-  for (const v1::WorkerCommand& c : sent) {
-    if (c.has_start()) out.push_back(c.start());
-  }
-  return out;
-}
 
 }  // namespace coordinator_test
 }  // namespace keel

@@ -61,10 +61,7 @@ const char kUsage[] =
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop = true; }
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "keeld: %s\n", message.c_str());
-  return 2;
-}
+int Fail(const std::string& message) { return keel::FlagError("keeld", message); }
 
 bool ReadPem(const std::string& path, std::string* out) {
   std::ifstream in(path);

@@ -24,58 +24,46 @@ const std::vector<std::pair<std::string, std::string>>& RunGaugeNames() {
   return *names;
 }
 
+// A family of the registry: `builder` is prometheus::BuildGauge(),
+// BuildCounter() or BuildHistogram().
+template <typename Builder>
+auto& Family(Builder builder, const std::string& name, const std::string& help, prometheus::Registry& registry) {
+  return builder.Name(name).Help(help).Register(registry);
+}
+
 }  // namespace
 
 KeeldMetrics::KeeldMetrics()
     : registry_(std::make_shared<prometheus::Registry>()),
-      runs_(prometheus::BuildGauge().Name("keel_runs").Help("Runs by state").Register(*registry_)),
-      sweeps_(prometheus::BuildGauge().Name("keel_sweeps").Help("Sweeps stored").Register(*registry_)),
-      queue_(prometheus::BuildGauge().Name("keel_queue_depth").Help("Runs waiting for a slot").Register(*registry_)),
-      workers_(prometheus::BuildGauge().Name("keel_workers").Help("Workers, connected and registered").Register(*registry_)),
-      gpus_(prometheus::BuildGauge().Name("keel_gpus").Help("GPUs of connected workers, total and busy").Register(*registry_)),
-      points_(prometheus::BuildCounter()
-                  .Name("keel_metric_points_ingested_total")
-                  .Help("Metric points keeld stored")
-                  .Register(*registry_)),
-      restarts_total_(prometheus::BuildCounter()
-                          .Name("keel_run_restarts_total")
-                          .Help("Runs restarted from a checkpoint (failed trainer or lost worker)")
-                          .Register(*registry_)),
-      interventions_(prometheus::BuildCounter()
-                         .Name("keel_interventions_total")
-                         .Help("Stability interventions the trainers reported, by action")
-                         .Register(*registry_)),
-      stale_(prometheus::BuildCounter()
-                 .Name("keel_stale_messages_total")
-                 .Help("Worker messages refused: from a run attempt that is no longer current (reason attempt), "
-                       "or on a stream whose lease ran out (reason lease)")
-                 .Register(*registry_)),
-      gaps_(prometheus::BuildCounter()
-                .Name("keel_metric_gaps_total")
-                .Help("Runs of consecutive steps whose metric points never arrived (each also an event)")
-                .Register(*registry_)),
-      missing_(prometheus::BuildCounter()
-                   .Name("keel_metric_points_missing_total")
-                   .Help("Steps inside those gaps")
-                   .Register(*registry_)),
-      rpc_(prometheus::BuildHistogram()
-               .Name("keel_rpc_duration_seconds")
-               .Help("keeld's RPC latency by method and status code")
-               .Register(*registry_)),
-      store_(prometheus::BuildHistogram()
-                 .Name("keel_store_write_duration_seconds")
-                 .Help("keeld's store write transactions, BEGIN to synced COMMIT")
-                 .Register(*registry_)),
-      run_info_(prometheus::BuildGauge()
-                    .Name("keel_run_info")
-                    .Help("A run's current precision scheme, worker and state (value 1)")
-                    .Register(*registry_)),
-      run_interventions_(prometheus::BuildCounter()
-                             .Name("keel_run_interventions_total")
-                             .Help("Stability interventions of a run, by action and rule")
-                             .Register(*registry_)) {
+      runs_(Family(prometheus::BuildGauge(), "keel_runs", "Runs by state", *registry_)),
+      sweeps_(Family(prometheus::BuildGauge(), "keel_sweeps", "Sweeps stored", *registry_)),
+      queue_(Family(prometheus::BuildGauge(), "keel_queue_depth", "Runs waiting for a slot", *registry_)),
+      workers_(Family(prometheus::BuildGauge(), "keel_workers", "Workers, connected and registered", *registry_)),
+      gpus_(Family(prometheus::BuildGauge(), "keel_gpus", "GPUs of connected workers, total and busy", *registry_)),
+      points_(Family(prometheus::BuildCounter(), "keel_metric_points_ingested_total", "Metric points keeld stored",
+                     *registry_)),
+      restarts_total_(Family(prometheus::BuildCounter(), "keel_run_restarts_total",
+                             "Runs restarted from a checkpoint (failed trainer or lost worker)", *registry_)),
+      interventions_(Family(prometheus::BuildCounter(), "keel_interventions_total",
+                            "Stability interventions the trainers reported, by action", *registry_)),
+      stale_(Family(prometheus::BuildCounter(), "keel_stale_messages_total",
+                    "Worker messages refused: from a run attempt that is no longer current (reason attempt), "
+                    "or on a stream whose lease ran out (reason lease)",
+                    *registry_)),
+      gaps_(Family(prometheus::BuildCounter(), "keel_metric_gaps_total",
+                   "Runs of consecutive steps whose metric points never arrived (each also an event)", *registry_)),
+      missing_(Family(prometheus::BuildCounter(), "keel_metric_points_missing_total", "Steps inside those gaps",
+                      *registry_)),
+      rpc_(Family(prometheus::BuildHistogram(), "keel_rpc_duration_seconds",
+                  "keeld's RPC latency by method and status code", *registry_)),
+      store_(Family(prometheus::BuildHistogram(), "keel_store_write_duration_seconds",
+                    "keeld's store write transactions, BEGIN to synced COMMIT", *registry_)),
+      run_info_(Family(prometheus::BuildGauge(), "keel_run_info",
+                       "A run's current precision scheme, worker and state (value 1)", *registry_)),
+      run_interventions_(Family(prometheus::BuildCounter(), "keel_run_interventions_total",
+                                "Stability interventions of a run, by action and rule", *registry_)) {
   for (const auto& n : RunGaugeNames()) {
-    run_gauges_[n.first] = &prometheus::BuildGauge().Name(n.first).Help(n.second).Register(*registry_);
+    run_gauges_[n.first] = &Family(prometheus::BuildGauge(), n.first, n.second, *registry_);
   }
 }
 

@@ -22,11 +22,15 @@ const char* CodeName(grpc::StatusCode code) {
   }
 }
 
-// Runs one unary handler and records its latency by method and status code.
+// One unary RPC: the caller must be `who` (else the refusal is the answer),
+// then `handler` answers; the latency is recorded by method and status code,
+// refusals included.
 template <typename Handler>
-grpc::Status Timed(KeeldMetrics* metrics, const char* method, Handler handler) {
+grpc::Status Unary(grpc::ServerContext* ctx, const AuthConfig& auth, Caller who, KeeldMetrics* metrics,
+                   const char* method, Handler handler) {
   const auto start = std::chrono::steady_clock::now();
-  grpc::Status status = handler();
+  grpc::Status status = Authorize(*ctx, auth, who);
+  if (status.ok()) status = handler();
   if (metrics) {
     metrics->ObserveRpc(method, CodeName(status.error_code()),
                         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -44,56 +48,37 @@ grpc::Status Timed(KeeldMetrics* metrics, const char* method, Handler handler) {
 
 grpc::Status UserService::SubmitSweep(grpc::ServerContext* ctx, const v1::SubmitSweepRequest* req,
                                       v1::SubmitSweepResponse* out) {
-  return Timed(metrics_, "SubmitSweep", [&]() -> grpc::Status {
-    KEEL_AUTHORIZE(ctx, Caller::kUser);
-    return c_->SubmitSweep(req->spec(), out);
-  });
+  return Unary(ctx, *auth_, Caller::kUser, metrics_, "SubmitSweep", [&] { return c_->SubmitSweep(req->spec(), out); });
 }
 
 grpc::Status UserService::GetSweep(grpc::ServerContext* ctx, const v1::GetSweepRequest* req, v1::Sweep* out) {
-  return Timed(metrics_, "GetSweep", [&]() -> grpc::Status {
-    KEEL_AUTHORIZE(ctx, Caller::kUser);
-    return c_->GetSweep(req->sweep_id(), out);
-  });
+  return Unary(ctx, *auth_, Caller::kUser, metrics_, "GetSweep", [&] { return c_->GetSweep(req->sweep_id(), out); });
 }
 
 grpc::Status UserService::ListSweeps(grpc::ServerContext* ctx, const v1::ListSweepsRequest* req, v1::ListSweepsResponse* out) {
-  return Timed(metrics_, "ListSweeps", [&]() -> grpc::Status {
-    KEEL_AUTHORIZE(ctx, Caller::kUser);
-    return c_->ListSweeps(*req, out);
-  });
+  return Unary(ctx, *auth_, Caller::kUser, metrics_, "ListSweeps", [&] { return c_->ListSweeps(*req, out); });
 }
 
 grpc::Status UserService::CancelSweep(grpc::ServerContext* ctx, const v1::CancelSweepRequest* req, v1::Sweep* out) {
-  return Timed(metrics_, "CancelSweep", [&]() -> grpc::Status {
-    KEEL_AUTHORIZE(ctx, Caller::kUser);
-    return c_->CancelSweep(req->sweep_id(), out);
-  });
+  return Unary(ctx, *auth_, Caller::kUser, metrics_, "CancelSweep",
+               [&] { return c_->CancelSweep(req->sweep_id(), out); });
 }
 
 grpc::Status UserService::ListRuns(grpc::ServerContext* ctx, const v1::ListRunsRequest* req, v1::ListRunsResponse* out) {
-  return Timed(metrics_, "ListRuns", [&]() -> grpc::Status {
-    KEEL_AUTHORIZE(ctx, Caller::kUser);
-    return c_->ListRuns(*req, out);
-  });
+  return Unary(ctx, *auth_, Caller::kUser, metrics_, "ListRuns", [&] { return c_->ListRuns(*req, out); });
 }
 
 grpc::Status UserService::GetRun(grpc::ServerContext* ctx, const v1::GetRunRequest* req, v1::Run* out) {
-  return Timed(metrics_, "GetRun", [&]() -> grpc::Status {
-    KEEL_AUTHORIZE(ctx, Caller::kUser);
-    return c_->GetRun(req->run_id(), out);
-  });
+  return Unary(ctx, *auth_, Caller::kUser, metrics_, "GetRun", [&] { return c_->GetRun(req->run_id(), out); });
 }
 
 grpc::Status UserService::CancelRun(grpc::ServerContext* ctx, const v1::CancelRunRequest* req, v1::Run* out) {
-  return Timed(metrics_, "CancelRun", [&]() -> grpc::Status {
-    KEEL_AUTHORIZE(ctx, Caller::kUser);
-    return c_->CancelRun(req->run_id(), out);
-  });
+  return Unary(ctx, *auth_, Caller::kUser, metrics_, "CancelRun", [&] { return c_->CancelRun(req->run_id(), out); });
 }
 
-grpc::Status UserService::Watch(grpc::ServerContext* ctx, const std::string& id,
+grpc::Status UserService::Watch(grpc::ServerContext* ctx, const grpc::Status& found, const std::string& id,
                                 grpc::ServerWriter<v1::WatchUpdate>* writer) {
+  if (!found.ok()) return found;
   std::shared_ptr<Subscription> sub;
   grpc::Status s = c_->Watch(id, &sub);
   if (!s.ok()) return s;
@@ -111,58 +96,39 @@ grpc::Status UserService::WatchRun(grpc::ServerContext* ctx, const v1::WatchRequ
                                    grpc::ServerWriter<v1::WatchUpdate>* writer) {
   KEEL_AUTHORIZE(ctx, Caller::kUser);
   v1::Run run;
-  grpc::Status s = c_->GetRun(req->id(), &run);
-  if (!s.ok()) return s;
-  return Watch(ctx, req->id(), writer);
+  return Watch(ctx, c_->GetRun(req->id(), &run), req->id(), writer);
 }
 
 grpc::Status UserService::WatchSweep(grpc::ServerContext* ctx, const v1::WatchRequest* req,
                                      grpc::ServerWriter<v1::WatchUpdate>* writer) {
   KEEL_AUTHORIZE(ctx, Caller::kUser);
   v1::Sweep sweep;
-  grpc::Status s = c_->GetSweep(req->id(), &sweep);
-  if (!s.ok()) return s;
-  return Watch(ctx, req->id(), writer);
+  return Watch(ctx, c_->GetSweep(req->id(), &sweep), req->id(), writer);
 }
 
 grpc::Status UserService::GetMetrics(grpc::ServerContext* ctx, const v1::GetMetricsRequest* req,
                                      v1::GetMetricsResponse* out) {
-  return Timed(metrics_, "GetMetrics", [&]() -> grpc::Status {
-    KEEL_AUTHORIZE(ctx, Caller::kUser);
-    return c_->GetMetrics(*req, out);
-  });
+  return Unary(ctx, *auth_, Caller::kUser, metrics_, "GetMetrics", [&] { return c_->GetMetrics(*req, out); });
 }
 
 grpc::Status UserService::ListEvents(grpc::ServerContext* ctx, const v1::ListEventsRequest* req,
                                      v1::ListEventsResponse* out) {
-  return Timed(metrics_, "ListEvents", [&]() -> grpc::Status {
-    KEEL_AUTHORIZE(ctx, Caller::kUser);
-    return c_->ListEvents(*req, out);
-  });
+  return Unary(ctx, *auth_, Caller::kUser, metrics_, "ListEvents", [&] { return c_->ListEvents(*req, out); });
 }
 
 grpc::Status UserService::Intervene(grpc::ServerContext* ctx, const v1::InterveneRequest* req,
                                     v1::InterveneResponse* out) {
-  return Timed(metrics_, "Intervene", [&]() -> grpc::Status {
-    KEEL_AUTHORIZE(ctx, Caller::kUser);
-    return c_->Intervene(*req, out);
-  });
+  return Unary(ctx, *auth_, Caller::kUser, metrics_, "Intervene", [&] { return c_->Intervene(*req, out); });
 }
 
 grpc::Status UserService::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
                                       v1::ListWorkersResponse* out) {
-  return Timed(metrics_, "ListWorkers", [&]() -> grpc::Status {
-    KEEL_AUTHORIZE(ctx, Caller::kUser);
-    return c_->ListWorkers(out);
-  });
+  return Unary(ctx, *auth_, Caller::kUser, metrics_, "ListWorkers", [&] { return c_->ListWorkers(out); });
 }
 
 grpc::Status FleetService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                                     v1::RegisterResponse* out) {
-  return Timed(metrics_, "Register", [&]() -> grpc::Status {
-    KEEL_AUTHORIZE(ctx, Caller::kWorker);
-    return c_->RegisterWorker(*req, out);
-  });
+  return Unary(ctx, *auth_, Caller::kWorker, metrics_, "Register", [&] { return c_->RegisterWorker(*req, out); });
 }
 
 grpc::Status FleetService::Connect(grpc::ServerContext* ctx,

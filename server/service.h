@@ -34,7 +34,10 @@ class UserService final : public v1::KeelService::Service {
   grpc::Status ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest* req, v1::ListWorkersResponse* out) override;
 
  private:
-  grpc::Status Watch(grpc::ServerContext* ctx, const std::string& id, grpc::ServerWriter<v1::WatchUpdate>* writer);
+  // Streams the updates of run or sweep `id` once `found`, the look-up of `id`
+  // as what the RPC watches, is OK; else `found` is the answer.
+  grpc::Status Watch(grpc::ServerContext* ctx, const grpc::Status& found, const std::string& id,
+                     grpc::ServerWriter<v1::WatchUpdate>* writer);
   Coordinator* c_;
   const AuthConfig* auth_;
   KeeldMetrics* metrics_;

@@ -214,6 +214,21 @@ void PointFromColumns(const Stmt& q, const std::string& run_id, int first, v1::M
   point->set_grad_norm(q.Double(first + 3));
 }
 
+// Whether a page of `items` records and `bytes` bytes ends before the next
+// record (`size` bytes): it holds page.max_items records, or that record would
+// take it past page.max_bytes. A page always takes its first record.
+bool PageFull(const PageRequest& page, size_t items, int64_t bytes, int64_t size) {
+  return items > 0 && (static_cast<int64_t>(items) >= page.max_items || bytes + size > page.max_bytes);
+}
+
+// Downsampling n points to m < n by index: the k-th point kept (k = 0 .. m-1)
+// is point round(k * (n-1) / (m-1)). n > m makes the spacing (n-1)/(m-1) > 1,
+// so the indices are distinct and increasing, with k = 0 the first point and
+// k = m-1 the last (the last alone when m is 1).
+int64_t DownsampledIndex(int64_t k, int64_t n, int64_t m) {
+  return m == 1 ? n - 1 : (k * (n - 1) + (m - 1) / 2) / (m - 1);
+}
+
 class SqliteStore : public Store {
  public:
   explicit SqliteStore(sqlite3* db) : db_(db) {}
@@ -280,14 +295,7 @@ class SqliteStore : public Store {
     return InTransaction(db_, false, [&]() { return GetById("sweeps", "sweep", id, out); });
   }
 
-  Status ListSweeps(std::vector<v1::Sweep>* out) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    out->clear();
-    return InTransaction(db_, false, [&]() -> Status {
-      Stmt q(db_, "SELECT proto FROM sweeps ORDER BY seq");
-      return ReadAll(&q, out);
-    });
-  }
+  Status ListSweeps(std::vector<v1::Sweep>* out) override { return ListTable("sweeps", out); }
 
   Status UpdateSweep(const v1::Sweep& sweep) override {
     KEEL_RETURN_IF_ERROR(RequireId(sweep.id(), "UpdateSweep: sweep"));
@@ -312,13 +320,10 @@ class SqliteStore : public Store {
   }
 
   Status ListRuns(const std::string& sweep_id, std::vector<v1::Run>* out) override {
+    if (sweep_id.empty()) return ListTable("runs", out);
     std::lock_guard<std::mutex> lock(mu_);
     out->clear();
     return InTransaction(db_, false, [&]() -> Status {
-      if (sweep_id.empty()) {
-        Stmt q(db_, "SELECT proto FROM runs ORDER BY seq");
-        return ReadAll(&q, out);
-      }
       KEEL_RETURN_IF_ERROR(RequireExists("sweeps", "sweep", sweep_id));
       Stmt q(db_, "SELECT proto FROM runs WHERE sweep_id = ? ORDER BY seq");
       q.Bind(1, sweep_id);
@@ -397,27 +402,19 @@ class SqliteStore : public Store {
     out->clear();
     return InTransaction(db_, false, [&]() -> Status {
       KEEL_RETURN_IF_ERROR(RequireExists("runs", "run", run_id));
-      Stmt count(db_, "SELECT COUNT(*) FROM metrics WHERE run_id = ?");
-      count.Bind(1, run_id);
-      bool row;
-      KEEL_RETURN_IF_ERROR(count.Step(&row));
-      const int64_t n = row ? count.Int(0) : 0;
+      int64_t n = 0;
+      KEEL_RETURN_IF_ERROR(CountMetrics(run_id, &n));
       Stmt q(db_, "SELECT proto FROM metrics WHERE run_id = ? ORDER BY step");
       q.Bind(1, run_id);
       if (max_points <= 0 || n <= max_points) return ReadAll(&q, out);
-      // Downsample by index: keep point round(k*(n-1)/(m-1)) for k = 0..m-1.
-      // n > m makes the spacing (n-1)/(m-1) > 1, so the indices are distinct
-      // and increasing, with k = 0 the first point and k = m-1 the last.
       const int64_t m = max_points;
       int64_t k = 0;
-      auto target = [&](int64_t kk) {
-        return m == 1 ? n - 1 : (kk * (n - 1) + (m - 1) / 2) / (m - 1);
-      };
       out->reserve(static_cast<size_t>(m));
       for (int64_t i = 0; k < m; ++i) {
+        bool row;
         KEEL_RETURN_IF_ERROR(q.Step(&row));
         if (!row) break;
-        if (i != target(k)) continue;  // skipped rows are never parsed
+        if (i != DownsampledIndex(k, n, m)) continue;  // skipped rows are never parsed
         out->emplace_back();
         KEEL_RETURN_IF_ERROR(q.Parse(0, &out->back()));
         ++k;
@@ -435,13 +432,7 @@ class SqliteStore : public Store {
     return InTransaction(db_, false, [&]() -> Status {
       KEEL_RETURN_IF_ERROR(RequireExists("runs", "run", run_id));
       int64_t n = 0;
-      if (max_points > 0) {
-        Stmt count(db_, "SELECT COUNT(*) FROM metrics WHERE run_id = ?");
-        count.Bind(1, run_id);
-        bool row;
-        KEEL_RETURN_IF_ERROR(count.Step(&row));
-        n = row ? count.Int(0) : 0;
-      }
+      if (max_points > 0) KEEL_RETURN_IF_ERROR(CountMetrics(run_id, &n));
       if (max_points <= 0 || n <= max_points) {
         // The primary key (run_id, step) starts the scan at `after`.
         if (omit_json) {
@@ -456,9 +447,8 @@ class SqliteStore : public Store {
         q.Bind(1, run_id).Bind(2, page.after).Bind(3, static_cast<int64_t>(page.max_items) + 1);
         return ReadPage(&q, page, out, result);
       }
-      // The same points as GetMetrics' downsampling (see there), from `after` on.
+      // The same points as GetMetrics' downsampling, from `after` on.
       const int64_t m = max_points;
-      auto target = [&](int64_t kk) { return m == 1 ? n - 1 : (kk * (n - 1) + (m - 1) / 2) / (m - 1); };
       Stmt q(db_, "SELECT step, proto, loss, lr, tokens_per_s, grad_norm FROM metrics WHERE run_id = ? ORDER BY step");
       q.Bind(1, run_id);
       int64_t bytes = 0;
@@ -467,7 +457,7 @@ class SqliteStore : public Store {
         bool row;
         KEEL_RETURN_IF_ERROR(q.Step(&row));
         if (!row) break;
-        if (i != target(k)) continue;  // skipped rows are never parsed
+        if (i != DownsampledIndex(k, n, m)) continue;  // skipped rows are never parsed
         ++k;
         if (q.Int(0) <= page.after) continue;
         v1::MetricPoint point;
@@ -477,7 +467,7 @@ class SqliteStore : public Store {
           KEEL_RETURN_IF_ERROR(q.Parse(1, &point));
         }
         const int64_t size = omit_json ? static_cast<int64_t>(point.ByteSizeLong()) : q.Bytes(1);
-        if (!out->empty() && (static_cast<int64_t>(out->size()) >= page.max_items || bytes + size > page.max_bytes)) {
+        if (PageFull(page, out->size(), bytes, size)) {
           result->more = true;
           break;
         }
@@ -592,14 +582,7 @@ class SqliteStore : public Store {
     });
   }
 
-  Status ListWorkers(std::vector<v1::Worker>* out) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    out->clear();
-    return InTransaction(db_, false, [&]() -> Status {
-      Stmt q(db_, "SELECT proto FROM workers ORDER BY seq");
-      return ReadAll(&q, out);
-    });
-  }
+  Status ListWorkers(std::vector<v1::Worker>* out) override { return ListTable("workers", out); }
 
   Status GetWorker(const std::string& id, v1::Worker* out) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -623,6 +606,18 @@ class SqliteStore : public Store {
   }
 
  private:
+  // Every record of `table`, in the order they were first stored (takes mu_).
+  template <typename Msg>
+  Status ListTable(const std::string& table, std::vector<Msg>* out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    out->clear();
+    return InTransaction(db_, false, [&]() -> Status {
+      const std::string sql = "SELECT proto FROM " + table + " ORDER BY seq";
+      Stmt q(db_, sql.c_str());
+      return ReadAll(&q, out);
+    });
+  }
+
   // Helpers below run with mu_ held, inside a transaction. `table` is always
   // one of the literal table names above, never user input.
   Status Exists(const std::string& table, const std::string& id, bool* exists) {
@@ -630,6 +625,16 @@ class SqliteStore : public Store {
     Stmt q(db_, sql.c_str());
     q.Bind(1, id);
     return q.Step(exists);
+  }
+
+  // The number of stored points of `run_id`.
+  Status CountMetrics(const std::string& run_id, int64_t* n) {
+    Stmt count(db_, "SELECT COUNT(*) FROM metrics WHERE run_id = ?");
+    count.Bind(1, run_id);
+    bool row;
+    KEEL_RETURN_IF_ERROR(count.Step(&row));
+    *n = row ? count.Int(0) : 0;
+    return Status::Ok();
   }
 
   Status RequireExists(const std::string& table, const std::string& kind, const std::string& id) {
@@ -663,7 +668,7 @@ class SqliteStore : public Store {
       Msg record;
       if (trim != nullptr) KEEL_RETURN_IF_ERROR(q->Parse(1, &record));
       const int64_t size = trim != nullptr ? trim(&record) : q->Bytes(1);
-      if (!out->empty() && (static_cast<int64_t>(out->size()) >= page.max_items || bytes + size > page.max_bytes)) {
+      if (PageFull(page, out->size(), bytes, size)) {
         result->more = true;
         return Status::Ok();
       }
@@ -685,7 +690,7 @@ class SqliteStore : public Store {
       v1::MetricPoint point;
       PointFromColumns(*q, run_id, 1, &point);
       const int64_t size = static_cast<int64_t>(point.ByteSizeLong());
-      if (!out->empty() && (static_cast<int64_t>(out->size()) >= page.max_items || bytes + size > page.max_bytes)) {
+      if (PageFull(page, out->size(), bytes, size)) {
         result->more = true;
         return Status::Ok();
       }

@@ -1,10 +1,7 @@
 // Real-process Keel clusters for end-to-end tests (see cluster.h).
 #include "tests/cluster.h"
 
-#include <arpa/inet.h>
 #include <dirent.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/base/host.h"
+
 namespace keel_test {
 
 std::string TempDir(const std::string& name) {
@@ -24,19 +23,6 @@ std::string TempDir(const std::string& name) {
   std::string dir = std::string(base ? base : "/tmp") + "/" + name;
   EXPECT_EQ(std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str()), 0);
   return dir;
-}
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
 }
 
 Process::Process(std::vector<std::string> args, const std::string& log) {
@@ -68,7 +54,7 @@ void Process::Signal(int signal) {
 }
 
 Cluster::Cluster(const std::string& name, std::vector<std::string> keeld_args)
-    : dir_(TempDir(name)), port_(FreePort()), keeld_args_(std::move(keeld_args)) {
+    : dir_(TempDir(name)), port_(keel::FreeLoopbackPort()), keeld_args_(std::move(keeld_args)) {
   StartKeeld();
 }
 
@@ -109,11 +95,8 @@ grpc::Status Cluster::Submit(const std::string& yaml, keel::v1::SubmitSweepRespo
 std::vector<keel::v1::Run> Cluster::Runs(const std::string& sweep) {
   keel::v1::ListRunsRequest request;
   request.set_sweep_id(sweep);
-  return AllPages<keel::v1::Run, keel::v1::ListRunsResponse>(
-      request, [this](grpc::ClientContext* c, const keel::v1::ListRunsRequest& r, keel::v1::ListRunsResponse* out) {
-        return stub_->ListRuns(c, r, out);
-      },
-      [](const keel::v1::ListRunsResponse& r) { return r.runs(); });
+  return AllPages<keel::v1::Run>(request, &keel::v1::KeelService::Stub::ListRuns,
+                                 [](const keel::v1::ListRunsResponse& r) { return r.runs(); });
 }
 
 std::vector<keel::v1::Run> Cluster::WaitDone(const std::string& sweep, int seconds,
@@ -137,23 +120,15 @@ std::vector<keel::v1::Run> Cluster::WaitDone(const std::string& sweep, int secon
 std::vector<keel::v1::MetricPoint> Cluster::Metrics(const std::string& run) {
   keel::v1::GetMetricsRequest request;
   request.set_run_id(run);
-  return AllPages<keel::v1::MetricPoint, keel::v1::GetMetricsResponse>(
-      request,
-      [this](grpc::ClientContext* c, const keel::v1::GetMetricsRequest& r, keel::v1::GetMetricsResponse* out) {
-        return stub_->GetMetrics(c, r, out);
-      },
-      [](const keel::v1::GetMetricsResponse& r) { return r.points(); });
+  return AllPages<keel::v1::MetricPoint>(request, &keel::v1::KeelService::Stub::GetMetrics,
+                                         [](const keel::v1::GetMetricsResponse& r) { return r.points(); });
 }
 
 std::vector<keel::v1::Event> Cluster::Events(const std::string& run) {
   keel::v1::ListEventsRequest request;
   request.set_run_id(run);
-  return AllPages<keel::v1::Event, keel::v1::ListEventsResponse>(
-      request,
-      [this](grpc::ClientContext* c, const keel::v1::ListEventsRequest& r, keel::v1::ListEventsResponse* out) {
-        return stub_->ListEvents(c, r, out);
-      },
-      [](const keel::v1::ListEventsResponse& r) { return r.events(); });
+  return AllPages<keel::v1::Event>(request, &keel::v1::KeelService::Stub::ListEvents,
+                                   [](const keel::v1::ListEventsResponse& r) { return r.events(); });
 }
 
 std::vector<Trainer> Cluster::Trainers(const std::string& run) const {

@@ -24,8 +24,6 @@ constexpr char kWorkerToken[] = "worker-token-0123456789abcdef";
 
 // An empty directory under $TEST_TMPDIR.
 std::string TempDir(const std::string& name);
-// A loopback TCP port that was free a moment ago.
-int FreePort();
 
 // A child process with its stderr appended to a log file; killed (SIGKILL) and
 // reaped when destroyed.
@@ -78,13 +76,17 @@ class Cluster {
   std::vector<Trainer> Trainers(const std::string& run) const;
 
  private:
-  // Every item of a paged listing: `call` once per page until next_page_token is empty.
-  template <typename Item, typename Response, typename Request, typename Call, typename Items>
-  std::vector<Item> AllPages(Request request, Call call, Items items) {
+  // Every item of a paged listing: `rpc` once per page until next_page_token
+  // is empty; `items` are a page's items.
+  template <typename Item, typename Request, typename Response, typename Items>
+  std::vector<Item> AllPages(Request request,
+                             grpc::Status (keel::v1::KeelService::Stub::*rpc)(grpc::ClientContext*, const Request&,
+                                                                               Response*),
+                             Items items) {
     std::vector<Item> all;
     do {
       Response response;
-      if (!call(Context().get(), request, &response).ok()) break;
+      if (!(stub_.get()->*rpc)(Context().get(), request, &response).ok()) break;
       const auto& page = items(response);
       all.insert(all.end(), page.begin(), page.end());
       request.set_page_token(response.next_page_token());

@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 
+#include "kernels/base/host.h"
 #include "proto/keel.grpc.pb.h"
 #include "tests/cluster.h"
 
@@ -559,7 +560,7 @@ TEST(ServiceE2eTest, ASecondKeeldOnTheSameStateOrPortIsRefused) {
   ASSERT_TRUE(cluster.Submit(SmallSweep(10, ""), &first).ok());
   std::string err;
   // Same state directory, another port.
-  const std::string other = "127.0.0.1:" + std::to_string(keel_test::FreePort());
+  const std::string other = "127.0.0.1:" + std::to_string(keel::FreeLoopbackPort());
   EXPECT_EQ(RunCapture("server/keeld --metrics-listen off --listen " + other + " --state-dir " + cluster.dir() + "/state", &err), 2);
   EXPECT_NE(err.find("is in use by another keeld (pid"), std::string::npos) << err;
   // Same port, another state directory.

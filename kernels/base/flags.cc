@@ -39,6 +39,11 @@ std::string Describe(const CLI::ParseError& e, const std::string& program) {
 
 }  // namespace
 
+int FlagError(const std::string& program, const std::string& message) {
+  std::fprintf(stderr, "%s: %s\n", program.c_str(), message.c_str());
+  return 2;
+}
+
 FlagsOutcome ParseFlags(CLI::App& app, const std::string& program, const char* usage, int argc,
                         char** argv, int first) {
   bool help = false;
@@ -61,17 +66,15 @@ FlagsOutcome ParseFlags(CLI::App& app, const std::string& program, const char* u
       if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") help = true;
     }
     if (!help) {
-      std::fprintf(stderr, "%s: %s\n", program.c_str(), Describe(e, program).c_str());
       outcome.proceed = false;
-      outcome.exit_code = 2;
+      outcome.exit_code = FlagError(program, Describe(e, program));
       return outcome;
     }
   }
   if (!help && !app.remaining().empty()) {
-    std::fprintf(stderr, "%s: unknown argument '%s' (see %s --help)\n", program.c_str(),
-                 app.remaining().front().c_str(), program.c_str());
     outcome.proceed = false;
-    outcome.exit_code = 2;
+    outcome.exit_code =
+        FlagError(program, "unknown argument '" + app.remaining().front() + "' (see " + program + " --help)");
     return outcome;
   }
   if (help) {

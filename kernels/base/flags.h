@@ -26,6 +26,11 @@ struct FlagsOutcome {
   int exit_code = 0;
 };
 
+// A usage error found after parsing (a flag's file cannot be read, two flags
+// that go together): prints "PROGRAM: MESSAGE" and returns 2, the exit status
+// ParseFlags gives its own usage errors.
+int FlagError(const std::string& program, const std::string& message);
+
 // Parses argv[first..argc) into `app`'s options. `program` names the binary in
 // messages; `usage` is printed for --help.
 FlagsOutcome ParseFlags(CLI::App& app, const std::string& program, const char* usage, int argc,

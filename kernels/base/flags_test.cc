@@ -48,6 +48,13 @@ TEST(FlagsTest, ValuesLandAndDefaultsStay) {
   EXPECT_EQ(p.err, "");
 }
 
+TEST(FlagsTest, FlagErrorSaysProgramAndMessageAndReturnsTwo) {
+  testing::internal::CaptureStderr();
+  const int code = FlagError("prog", "--tls-cert and --tls-key go together");
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "prog: --tls-cert and --tls-key go together\n");
+  EXPECT_EQ(code, 2);
+}
+
 TEST(FlagsTest, HelpPrintsTheUsageAndExitsZero) {
   Parsed p = Parse({"--count", "3", "--help"});
   EXPECT_FALSE(p.outcome.proceed);

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "proto/keel.grpc.pb.h"
+#include "proto/test_server.h"
 
 namespace keel {
 namespace {
@@ -93,16 +94,12 @@ class FakeCoordinator final : public v1::WorkerService::Service {
 TEST(AgentTest, RunsAnAssignmentAcrossAReconnectAndReportsEveryStep) {
   FakeCoordinator coordinator(
       "model: {type: proxy, layers: 1, width: 16}\nbatch: 32\nthreads: 1\nsteps: 60\ncheckpoint_every: 20\n");
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&coordinator);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_TRUE(server && port > 0);
+  const TestServer server = StartTestServer({&coordinator});
+  ASSERT_TRUE(server.started());
 
   const char* tmp = std::getenv("TEST_TMPDIR");
   AgentOptions options;
-  options.server = "127.0.0.1:" + std::to_string(port);
+  options.server = server.address();
   options.token = kToken;
   options.trainer = "worker/engine/keel-train";
   options.work_dir = std::string(tmp ? tmp : "/tmp") + "/agent";
@@ -117,7 +114,7 @@ TEST(AgentTest, RunsAnAssignmentAcrossAReconnectAndReportsEveryStep) {
   }
   stop = true;
   thread.join();
-  server->Shutdown();
+  server.server->Shutdown();
 
   std::lock_guard<std::mutex> lock(coordinator.mu_);
   ASSERT_TRUE(coordinator.exited);
@@ -137,13 +134,10 @@ TEST(AgentTest, RunsAnAssignmentAcrossAReconnectAndReportsEveryStep) {
 
 TEST(AgentTest, WrongTokenNeverRegisters) {
   FakeCoordinator coordinator("");
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&coordinator);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  const TestServer server = StartTestServer({&coordinator});
+  ASSERT_TRUE(server.started());
   AgentOptions options;
-  options.server = "127.0.0.1:" + std::to_string(port);
+  options.server = server.address();
   options.token = "not-the-token-0123456789";
   options.trainer = "worker/engine/keel-train";
   options.verbose = false;
@@ -154,7 +148,7 @@ TEST(AgentTest, WrongTokenNeverRegisters) {
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   stop = true;
   thread.join();
-  server->Shutdown();
+  server.server->Shutdown();
   EXPECT_EQ(agent.connects(), 0);
   std::lock_guard<std::mutex> lock(coordinator.mu_);
   EXPECT_EQ(coordinator.connections, 0);

@@ -48,10 +48,7 @@ const char kUsage[] =
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop = true; }
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "keel-worker: %s\n", message.c_str());
-  return 2;
-}
+int Fail(const std::string& message) { return keel::FlagError("keel-worker", message); }
 
 }  // namespace
 

@@ -15,6 +15,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "worker/config/scheme_testing.h"
+
 namespace keel {
 namespace {
 
@@ -30,8 +32,6 @@ RunConfig Parsed(const std::string& text, std::vector<std::string> overrides = {
   EXPECT_TRUE(s.ok()) << text << " -> " << s.message();
   return config;
 }
-
-const OperandFormat& RoleOf(const PrecisionScheme& s, Role role) { return s.roles[static_cast<int>(role)]; }
 
 // ---- Every field lands ---------------------------------------------------------
 
@@ -255,15 +255,7 @@ TEST(RunConfigPrecisionTest, Nvfp4FlagsTouchNvfp4OperandsOnly) {
                           "precision: {preset: nvfp4, nvfp4_weight_16x16: true, nvfp4_rht_wgrad: true, "
                           "nvfp4_sr_grads: true}\n")
                           .precision;
-  EXPECT_TRUE(RoleOf(s, Role::kFwdW).tile_16x16);
-  EXPECT_TRUE(RoleOf(s, Role::kDgradW).tile_16x16);
-  EXPECT_FALSE(RoleOf(s, Role::kFwdX).tile_16x16);
-  EXPECT_TRUE(RoleOf(s, Role::kWgradDy).rht);
-  EXPECT_TRUE(RoleOf(s, Role::kWgradX).rht);
-  EXPECT_FALSE(RoleOf(s, Role::kFwdX).rht);
-  EXPECT_EQ(RoleOf(s, Role::kDgradDy).rounding, Rounding::kStochastic);
-  EXPECT_EQ(RoleOf(s, Role::kWgradDy).rounding, Rounding::kStochastic);
-  EXPECT_EQ(RoleOf(s, Role::kFwdX).rounding, Rounding::kNearestEven);
+  ExpectNvfp4RecipeOptions(s);
   // Off again on the recipe that has them.
   s = Parsed("precision: {preset: nvfp4_recipe, nvfp4_weight_16x16: false, nvfp4_rht_wgrad: false, "
              "nvfp4_sr_grads: false}\n")

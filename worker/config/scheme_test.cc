@@ -4,13 +4,16 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "worker/config/run_config.h"
 #include "worker/config/scheme_proto.h"
+#include "worker/config/scheme_testing.h"
 
 namespace keel {
 namespace {
-
-const OperandFormat& RoleOf(const PrecisionScheme& s, Role r) { return s.roles[static_cast<int>(r)]; }
 
 PrecisionScheme Preset(const std::string& name) {
   PrecisionScheme s;
@@ -72,14 +75,7 @@ TEST(SchemeTest, HybridPresets) {
 
 TEST(SchemeTest, Nvfp4RecipeOptions) {
   PrecisionScheme s = Preset("nvfp4_recipe");
-  EXPECT_TRUE(RoleOf(s, Role::kFwdW).tile_16x16);
-  EXPECT_TRUE(RoleOf(s, Role::kDgradW).tile_16x16);
-  EXPECT_FALSE(RoleOf(s, Role::kFwdX).tile_16x16);
-  EXPECT_TRUE(RoleOf(s, Role::kWgradDy).rht);
-  EXPECT_TRUE(RoleOf(s, Role::kWgradX).rht);
-  EXPECT_EQ(RoleOf(s, Role::kDgradDy).rounding, Rounding::kStochastic);
-  EXPECT_EQ(RoleOf(s, Role::kWgradDy).rounding, Rounding::kStochastic);
-  EXPECT_EQ(RoleOf(s, Role::kFwdX).rounding, Rounding::kNearestEven);
+  ExpectNvfp4RecipeOptions(s);
   // First and last blocks and the head stay BF16.
   for (int block : {0, 11, -1}) {
     LinearQuant q = s.LinearFor(block, 12);
@@ -115,30 +111,25 @@ TEST(RunConfigTest, PresetByNameAndMappingOverrides) {
 }
 
 TEST(RunConfigTest, ErrorsNameFieldValueAndAllowed) {
-  Status st;
-  Parse("precision: mxfp9\n", &st);
-  ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("mxfp9"), std::string::npos) << st.message();
-  EXPECT_NE(st.message().find("mxfp8_e4m3_bwd_e5m2"), std::string::npos) << st.message();
-  Parse("model:\n  type: proxy\n  widht: 64\n", &st);
-  ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("test.yaml:3:3: model.widht: unknown key"), std::string::npos)
-      << st.message();
-  Parse("optimizer:\n  lr: -1\n", &st);
-  ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("optimizer.lr"), std::string::npos) << st.message();
-  Parse("precision:\n  preset: nvfp4\n  rounding: nearest_away\n", &st);
-  ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("nearest_away"), std::string::npos) << st.message();
-  Parse("model:\n  type: gpt\n", &st);
-  ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("data.train"), std::string::npos) << st.message();
-  Parse("precision: nvfp4_recipe\nbatch: 100\n", &st);
-  ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("batch: 100"), std::string::npos) << st.message();
-  Parse("optimizer:\n  weight_decay: 0.1\n", &st);
-  ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("adamw"), std::string::npos) << st.message();
+  // Each refused config, and what its message must mention.
+  const std::pair<std::string, std::vector<std::string>> cases[] = {
+      {"precision: mxfp9\n", {"mxfp9", "mxfp8_e4m3_bwd_e5m2"}},
+      {"model:\n  type: proxy\n  widht: 64\n", {"test.yaml:3:3: model.widht: unknown key"}},
+      {"optimizer:\n  lr: -1\n", {"optimizer.lr"}},
+      {"precision:\n  preset: nvfp4\n  rounding: nearest_away\n", {"nearest_away"}},
+      {"model:\n  type: gpt\n", {"data.train"}},
+      {"precision: nvfp4_recipe\nbatch: 100\n", {"batch: 100"}},
+      {"optimizer:\n  weight_decay: 0.1\n", {"adamw"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.first);
+    Status st;
+    Parse(c.first, &st);
+    ASSERT_FALSE(st.ok());
+    for (const std::string& mention : c.second) {
+      EXPECT_NE(st.message().find(mention), std::string::npos) << st.message();
+    }
+  }
 }
 
 TEST(RunConfigTest, OverridesApplyBeforeValidation) {

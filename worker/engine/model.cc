@@ -36,21 +36,9 @@ Status Model::AllocateParams() {
   return Scratch(param_count_, &weights_);
 }
 
-Status Model::Scratch(int64_t floats, float** out) {
-  void* p = nullptr;
-  Status s = backend_->Alloc(static_cast<size_t>(floats) * sizeof(float), &p);
-  if (!s.ok()) return s;
-  allocations_.push_back(p);
-  *out = static_cast<float*>(p);
-  return Status::Ok();
-}
-
-Status Model::ScratchInts(int64_t count, int32_t** out) {
-  void* p = nullptr;
-  Status s = backend_->Alloc(static_cast<size_t>(count) * sizeof(int32_t), &p);
-  if (!s.ok()) return s;
-  allocations_.push_back(p);
-  *out = static_cast<int32_t*>(p);
+Status Model::ScratchBytes(size_t bytes, void** out) {
+  KEEL_RETURN_IF_ERROR(backend_->Alloc(bytes, out));
+  allocations_.push_back(*out);
   return Status::Ok();
 }
 

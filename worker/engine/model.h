@@ -75,9 +75,15 @@ class Model {
   void AddParam(const std::string& name, std::vector<int64_t> shape, int block, bool decay,
                 bool ln_gamma = false);
   Status AllocateParams();
-  // Backend scratch that lives as long as the model.
-  Status Scratch(int64_t floats, float** out);
-  Status ScratchInts(int64_t count, int32_t** out);
+  // Backend scratch of `count` Ts (float, int32_t) that lives as long as the model.
+  template <typename T>
+  Status Scratch(int64_t count, T** out) {
+    void* p = nullptr;
+    KEEL_RETURN_IF_ERROR(ScratchBytes(static_cast<size_t>(count) * sizeof(T), &p));
+    *out = static_cast<T*>(p);
+    return Status::Ok();
+  }
+  Status ScratchBytes(size_t bytes, void** out);
   float* P(size_t index) const { return weights_ + params_[index].offset; }
 
   Backend* backend_;

@@ -112,8 +112,8 @@ class GptModel : public Model {
     KEEL_RETURN_IF_ERROR(Scratch(bt_, &lnf_rstd_));
     KEEL_RETURN_IF_ERROR(Scratch(bt_ * m_.padded_vocab, &logits_));
     KEEL_RETURN_IF_ERROR(Scratch(bt_, &losses_));
-    KEEL_RETURN_IF_ERROR(ScratchInts(bt_, &tokens_));
-    KEEL_RETURN_IF_ERROR(ScratchInts(bt_, &targets_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_, &tokens_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_, &targets_));
     KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &dres_));
     KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &dln_));
     KEEL_RETURN_IF_ERROR(Scratch(bt_ * 3 * d_, &dqkv_));

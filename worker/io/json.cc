@@ -108,26 +108,49 @@ class Parser {
     return Status::Ok();
   }
 
-  Status ParseObject(JsonValue* out, int depth) {
+  // The elements of an object or an array, from its opening bracket at pos_ to
+  // `close`: `element` parses one (an object's member, an array's value), and
+  // a ',' or `close` must follow each ("',' or '}' after object member").
+  template <typename Element>
+  Status ParseElements(int depth, char close, const char* element_name, Element element) {
     if (depth > kMaxJsonDepth) {
       return Error("nesting no deeper than " + std::to_string(kMaxJsonDepth));
     }
-    ++pos_;  // '{'
-    JsonValue object = JsonValue::Object();
-    std::unordered_set<std::string> keys;
+    ++pos_;  // '{' or '['
     SkipWhitespace();
-    if (!AtEnd() && Peek() == '}') {
+    if (!AtEnd() && Peek() == close) {
       ++pos_;
-      *out = std::move(object);
       return Status::Ok();
     }
+    // Built only on the error path: containers are on the hot path.
+    auto no_separator = [&] { return Error(std::string("',' or '") + close + "' after " + element_name); };
     while (true) {
       SkipWhitespace();
+      Status s = element();
+      if (!s.ok()) return s;
+      SkipWhitespace();
+      if (AtEnd()) return no_separator();
+      if (Peek() == ',') {
+        ++pos_;
+        continue;
+      }
+      if (Peek() == close) {
+        ++pos_;
+        return Status::Ok();
+      }
+      return no_separator();
+    }
+  }
+
+  Status ParseObject(JsonValue* out, int depth) {
+    JsonValue object = JsonValue::Object();
+    std::unordered_set<std::string> keys;
+    Status s = ParseElements(depth, '}', "object member", [&]() -> Status {
       if (AtEnd() || Peek() != '"') return Error("'\"' starting an object key");
       const size_t key_pos = pos_;
       std::string key;
-      Status s = ParseString(&key);
-      if (!s.ok()) return s;
+      Status st = ParseString(&key);
+      if (!st.ok()) return st;
       if (!keys.insert(key).second) {
         return Status::Error("JSON: at byte " + std::to_string(key_pos) +
                              ": expected a unique object key, found a second \"" + key + "\"");
@@ -137,55 +160,26 @@ class Parser {
       ++pos_;
       SkipWhitespace();
       JsonValue value;
-      s = ParseValue(&value, depth);
-      if (!s.ok()) return s;
+      st = ParseValue(&value, depth);
+      if (!st.ok()) return st;
       object.Set(key, std::move(value));
-      SkipWhitespace();
-      if (AtEnd()) return Error("',' or '}' after object member");
-      if (Peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      if (Peek() == '}') {
-        ++pos_;
-        *out = std::move(object);
-        return Status::Ok();
-      }
-      return Error("',' or '}' after object member");
-    }
+      return Status::Ok();
+    });
+    if (s.ok()) *out = std::move(object);
+    return s;
   }
 
   Status ParseArray(JsonValue* out, int depth) {
-    if (depth > kMaxJsonDepth) {
-      return Error("nesting no deeper than " + std::to_string(kMaxJsonDepth));
-    }
-    ++pos_;  // '['
     JsonValue array = JsonValue::Array();
-    SkipWhitespace();
-    if (!AtEnd() && Peek() == ']') {
-      ++pos_;
-      *out = std::move(array);
-      return Status::Ok();
-    }
-    while (true) {
-      SkipWhitespace();
+    Status s = ParseElements(depth, ']', "array element", [&]() -> Status {
       JsonValue value;
-      Status s = ParseValue(&value, depth);
-      if (!s.ok()) return s;
+      Status st = ParseValue(&value, depth);
+      if (!st.ok()) return st;
       array.Append(std::move(value));
-      SkipWhitespace();
-      if (AtEnd()) return Error("',' or ']' after array element");
-      if (Peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      if (Peek() == ']') {
-        ++pos_;
-        *out = std::move(array);
-        return Status::Ok();
-      }
-      return Error("',' or ']' after array element");
-    }
+      return Status::Ok();
+    });
+    if (s.ok()) *out = std::move(array);
+    return s;
   }
 
   // Four hex digits at pos_ into *code.

@@ -38,6 +38,14 @@ std::pair<std::string, std::string> Split(const std::string& text, double val_fr
   return {Decode(summary->train_path), Decode(summary->val_path)};
 }
 
+// Split must cut `text` into exactly `train` and `val`.
+void ExpectCut(const std::string& text, double val_fraction, const std::string& train, const std::string& val) {
+  PrepareSummary summary;
+  const auto parts = Split(text, val_fraction, &summary);
+  EXPECT_EQ(parts.first, train) << "cutting " << text;
+  EXPECT_EQ(parts.second, val) << "cutting " << text;
+}
+
 TEST(TextPrepareTest, TokenizerMapsBytesToTheirValues) {
   const std::string text = "A\n\xC3\xA9\xFF";
   EXPECT_EQ(TokenizeBytes(text), (std::vector<uint16_t>{65, 10, 0xC3, 0xA9, 0xFF}));
@@ -89,38 +97,22 @@ TEST(TextPrepareTest, CutMovesForwardToTheNextLineStart) {
 }
 
 TEST(TextPrepareTest, CutAtALineStartStaysThere) {
-  PrepareSummary summary;
   // 0.5 -> point 10, just after a '\n'.
-  auto parts = Split("aaaa\nbbbb\ncccc\ndddd\n", 0.5, &summary);
-  EXPECT_EQ(parts.first, "aaaa\nbbbb\n");
-  EXPECT_EQ(parts.second, "cccc\ndddd\n");
+  ExpectCut("aaaa\nbbbb\ncccc\ndddd\n", 0.5, "aaaa\nbbbb\n", "cccc\ndddd\n");
 }
 
 TEST(TextPrepareTest, WithoutALaterNewlineTheCutStaysAtThePoint) {
-  PrepareSummary summary;
-  auto parts = Split("abcdefghij", 0.2, &summary);
-  EXPECT_EQ(parts.first, "abcdefgh");
-  EXPECT_EQ(parts.second, "ij");
+  ExpectCut("abcdefghij", 0.2, "abcdefgh", "ij");
   // The only later '\n' is the last byte: it would leave val empty.
-  parts = Split("abcdefghi\n", 0.2, &summary);
-  EXPECT_EQ(parts.first, "abcdefgh");
-  EXPECT_EQ(parts.second, "i\n");
+  ExpectCut("abcdefghi\n", 0.2, "abcdefgh", "i\n");
 }
 
 TEST(TextPrepareTest, CutDoesNotSplitAMultiByteCharacter) {
-  PrepareSummary summary;
   // a x6, then e-acute (2 bytes), then b: the point 7 is inside the e-acute.
-  auto parts = Split("aaaaaa\xC3\xA9" "b", 0.2, &summary);
-  EXPECT_EQ(parts.first, "aaaaaa\xC3\xA9");
-  EXPECT_EQ(parts.second, "b");
+  ExpectCut("aaaaaa\xC3\xA9" "b", 0.2, "aaaaaa\xC3\xA9", "b");
 }
 
-TEST(TextPrepareTest, SmallestInputGivesOneTokenEach) {
-  PrepareSummary summary;
-  auto parts = Split("ab", 0.1, &summary);
-  EXPECT_EQ(parts.first, "a");
-  EXPECT_EQ(parts.second, "b");
-}
+TEST(TextPrepareTest, SmallestInputGivesOneTokenEach) { ExpectCut("ab", 0.1, "a", "b"); }
 
 // Expects PrepareText to refuse `text` with a message containing `parts` and
 // to write no shard.

@@ -37,6 +37,13 @@ std::unique_ptr<TokenLoader> MustOpen(const std::string& pattern, int64_t batch,
   return loader;
 }
 
+// A loader over one shard (in a fresh TestDir) holding first .. first+count-1.
+std::unique_ptr<TokenLoader> OneShardLoader(int first, int count, int64_t batch, int64_t seq) {
+  const std::string path = TestDir() + "/s.bin";
+  WriteIota(path, first, count);
+  return MustOpen(path, batch, seq);
+}
+
 // Next must give inputs first..first+n-1 and targets one further.
 void ExpectWindow(TokenLoader* loader, int first) {
   std::vector<int32_t> inputs, targets;
@@ -48,9 +55,7 @@ void ExpectWindow(TokenLoader* loader, int first) {
 }
 
 TEST(TokenLoaderTest, InputsAndTargetsAreConsecutiveWindows) {
-  const std::string dir = TestDir();
-  WriteIota(dir + "/s.bin", 0, 100);
-  auto loader = MustOpen(dir + "/s.bin", 2, 4);
+  auto loader = OneShardLoader(0, 100, 2, 4);
   ASSERT_NE(loader, nullptr);
   std::vector<int32_t> inputs, targets;
   ASSERT_TRUE(loader->Next(&inputs, &targets).ok());
@@ -95,9 +100,7 @@ TEST(TokenLoaderTest, CrossesShardsInSortedOrderAndWrapsWithTheEpoch) {
 }
 
 TEST(TokenLoaderTest, ShardOfExactlyOneBatchGivesOneBatch) {
-  const std::string dir = TestDir();
-  WriteIota(dir + "/s.bin", 5, 9);
-  auto loader = MustOpen(dir + "/s.bin", 2, 4);
+  auto loader = OneShardLoader(5, 9, 2, 4);
   ASSERT_NE(loader, nullptr);
   ExpectWindow(loader.get(), 5);
   ExpectWindow(loader.get(), 5);
@@ -136,9 +139,7 @@ TEST(TokenLoaderTest, SeekThenNextContinuesLikeAnUninterruptedLoader) {
 }
 
 TEST(TokenLoaderTest, SeekToAnyOffsetWorksWithAnotherBatchSize) {
-  const std::string dir = TestDir();
-  WriteIota(dir + "/s.bin", 0, 50);
-  auto loader = MustOpen(dir + "/s.bin", 1, 4);
+  auto loader = OneShardLoader(0, 50, 1, 4);
   ASSERT_NE(loader, nullptr);
   ASSERT_TRUE(loader->Seek(Position{0, 13, 3}).ok());
   ExpectWindow(loader.get(), 13);
