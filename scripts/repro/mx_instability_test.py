@@ -11,7 +11,7 @@ from unittest import mock
 from repro import mx_instability as mi
 from repro.criteria import PlanEntry
 from repro.runs import read_manifest
-from repro.synthetic import write_fake_trainer
+from repro.synthetic import FakeTrainerTest
 
 
 def parse_error(argv):
@@ -96,14 +96,10 @@ class PlannedRunsTest(unittest.TestCase):
         self.assertEqual(control[-4:], ["--steps", "9000", "--resume", "/ck"])
 
 
-class TrainerTest(unittest.TestCase):
+class TrainerTest(FakeTrainerTest):
     def setUp(self):
-        self.dir = tempfile.TemporaryDirectory()
+        super().setUp()
         self.work = self.dir.name
-        self.fake = write_fake_trainer(self.dir.name)
-
-    def tearDown(self):
-        self.dir.cleanup()
 
     def trainer(self, jobs=2, **env):
         return mi.Trainer(self.fake, "cfg.yaml", self.work, jobs, dict(os.environ, **env))
@@ -201,15 +197,10 @@ class SetupFilesTest(unittest.TestCase):
             self.assertEqual(open(path).read(), "abc\n")
 
 
-class MainTest(unittest.TestCase):
+class MainTest(FakeTrainerTest):
     def setUp(self):
-        self.dir = tempfile.TemporaryDirectory()
-        self.out = os.path.join(self.dir.name, "out")
+        super().setUp()
         self.work = os.path.join(self.dir.name, "work")
-        self.fake = write_fake_trainer(self.dir.name)
-
-    def tearDown(self):
-        self.dir.cleanup()
 
     def main(self, *argv, keel_train=None):
         env = {"KEEL_TRAIN": keel_train or self.fake, "CONFIG": "cfg.yaml", "FAKE_BLOWUPS": "1:6650"}

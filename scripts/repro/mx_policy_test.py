@@ -4,12 +4,11 @@ import contextlib
 import io
 import json
 import os
-import tempfile
 import unittest
 from unittest import mock
 
 from repro import mx_policy as mp
-from repro.synthetic import encode, write_fake_trainer
+from repro.synthetic import FakeTrainerTest, encode
 
 
 def rows(losses, scheme="mxfp8_e4m3"):
@@ -69,15 +68,10 @@ class SummaryTest(unittest.TestCase):
         self.assertEqual(mp.loss_every10_csv(rows(losses)), "step,loss,scheme\n10,0.5,mxfp8_e4m3\n20,NaN,mxfp8_e4m3\n30,0.5,mxfp8_e4m3\n")
 
 
-class MainTest(unittest.TestCase):
+class MainTest(FakeTrainerTest):
     def setUp(self):
-        self.dir = tempfile.TemporaryDirectory()
-        self.out = os.path.join(self.dir.name, "out")
+        super().setUp()
         self.root = os.path.join(self.dir.name, "policy")
-        self.fake = write_fake_trainer(self.dir.name)
-
-    def tearDown(self):
-        self.dir.cleanup()
 
     def main(self, keel_train, seeds):
         env = {"KEEL_TRAIN": keel_train, "POLICY_CONFIG": "p.yaml", "FAKE_STEPS": "2000", "FAKE_BLOWUPS": "2:1500"}

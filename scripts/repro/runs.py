@@ -52,12 +52,17 @@ def parse_metric_lines(lines):
     return out
 
 
-def read_metric_lines(path):
-    """parse_metric_lines of a file; [] when the file does not exist."""
+def _parse_file(path, parse):
+    """parse(lines of the file at path); [] when the file does not exist."""
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return parse_metric_lines(f)
+        return parse(f)
+
+
+def read_metric_lines(path):
+    """parse_metric_lines of a file; [] when the file does not exist."""
+    return _parse_file(path, parse_metric_lines)
 
 
 @dataclasses.dataclass
@@ -197,7 +202,4 @@ def parse_manifest(lines):
 
 def read_manifest(path):
     """parse_manifest of a file; [] when it does not exist."""
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return parse_manifest(f)
+    return _parse_file(path, parse_manifest)

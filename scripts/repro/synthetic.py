@@ -7,6 +7,8 @@ import math
 import os
 import stat
 import sys
+import tempfile
+import unittest
 
 
 def encode(x):
@@ -110,3 +112,16 @@ def write_fake_trainer(directory):
         f.write(f"#!{sys.executable}\n" + FAKE_TRAINER)
     os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
     return path
+
+
+class FakeTrainerTest(unittest.TestCase):
+    """A test with a temporary directory (self.dir), an output folder in it (self.out) and the
+    stand-in keel-train (self.fake)."""
+
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.out = os.path.join(self.dir.name, "out")
+        self.fake = write_fake_trainer(self.dir.name)
+
+    def tearDown(self):
+        self.dir.cleanup()

@@ -151,19 +151,25 @@ class KeelRunner:
         self.timeout = timeout
         self.count = 0
 
+    prefix = "c"
+
+    def invoke(self, argv):
+        """Runs the quantizer on the flags argv; returns (exit status, its messages)."""
+        try:
+            p = subprocess.run(self.cmd + argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               timeout=self.timeout)
+            return p.returncode, (p.stderr.decode(errors="replace") + p.stdout.decode(errors="replace")).strip()
+        except subprocess.TimeoutExpired:
+            return -1, "timed out after %ds" % self.timeout
+
     def run(self, x, args):
         self.count += 1
-        base = os.path.join(self.tmpdir, "c%d" % self.count)
+        base = os.path.join(self.tmpdir, "%s%d" % (self.prefix, self.count))
         xin, yout, pout = base + ".in.f32", base + ".out.f32", base + ".packed.bin"
         np.ascontiguousarray(x, dtype="<f4").tofile(xin)
         rows, cols = x.shape
-        argv = self.cmd + ["--rows", str(rows), "--cols", str(cols), "--in", xin, "--out", yout,
-                           "--packed-out", pout] + args
-        try:
-            p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=self.timeout)
-            rc, err = p.returncode, (p.stderr.decode(errors="replace") + p.stdout.decode(errors="replace")).strip()
-        except subprocess.TimeoutExpired:
-            rc, err = -1, "timed out after %ds" % self.timeout
+        rc, err = self.invoke(["--rows", str(rows), "--cols", str(cols), "--in", xin, "--out", yout,
+                               "--packed-out", pout] + args)
         res = RunResult(rc, err)
         if rc == 0:
             try:
@@ -234,22 +240,10 @@ class FakeRunner(KeelRunner):
         self.mx_ref = mx_ref
         self.nv_ref = nv_ref
 
-    def run(self, x, args):
-        self.count += 1
-        base = os.path.join(self.tmpdir, "f%d" % self.count)
-        xin, yout, pout = base + ".in.f32", base + ".out.f32", base + ".packed.bin"
-        np.ascontiguousarray(x, dtype="<f4").tofile(xin)
-        rows, cols = x.shape
-        argv = ["--rows", str(rows), "--cols", str(cols), "--in", xin, "--out", yout, "--packed-out", pout] + args
-        rc, err = fake_keel_main(argv, self.model, self.mx_ref, self.nv_ref)
-        res = RunResult(rc, err)
-        if rc == 0:
-            res.out = np.fromfile(yout, dtype="<f4").reshape(rows, cols)
-            res.packed = open(pout, "rb").read()
-        for f in (xin, yout, pout):
-            if os.path.exists(f):
-                os.remove(f)
-        return res
+    prefix = "f"
+
+    def invoke(self, argv):
+        return fake_keel_main(argv, self.model, self.mx_ref, self.nv_ref)
 
 
 def sr_seeds(fields):

@@ -21,19 +21,11 @@ namespace {
 using Kind = DetectorParam::Kind;
 
 DetectorParam IntParam(const char* key, int lo, int hi, int DetectorConfig::*field) {
-  DetectorParam p{key, Kind::kInt};
-  p.min = lo;
-  p.max = hi;
-  p.int_field = field;
-  return p;
+  return {key, Kind::kInt, static_cast<double>(lo), static_cast<double>(hi), {}, field};
 }
 
 DetectorParam FloatParam(const char* key, double lo, double hi, double DetectorConfig::*field) {
-  DetectorParam p{key, Kind::kFloat};
-  p.min = lo;
-  p.max = hi;
-  p.float_field = field;
-  return p;
+  return {key, Kind::kFloat, lo, hi, {}, nullptr, field};
 }
 
 // The spike rules' parameters; the z-score rule and the ratio rule share window
