@@ -10,6 +10,7 @@
 
 #include "kernels/formats.h"
 #include "kernels/quant_core.h"
+#include "kernels/quant_core_rne.h"
 #include "kernels/quantize.h"
 #include "kernels/quantize_cuda.h"
 #include "kernels/quantize_cuda_internal.h"
@@ -76,25 +77,15 @@ __global__ void __launch_bounds__(kThreads) Fp8Kernel(const InT* __restrict__ x,
       float out[8];
       uint32_t code[8];
       if constexpr (KEEL_HW_FP8 && R == Rounding::kNearestEven) {
-        // Fp8Element with the conversion in hardware. Saturation covers |x * scale|
-        // at or above max_normal, Inf included, as RoundElem's clamp does; -0 keeps
-        // its code 0x80 here (no zero rule for per-tensor FP8). A NaN x gets the
-        // reference's code, its own sign with the NaN code, by a select; its value
-        // (NaN code value times 1 / scale) is the GPU's canonical NaN either way.
+        // Fp8Element with the conversion in hardware (NaN codes by a select).
 #pragma unroll
         for (int e = 0; e < 8; e += 2) {
-          const uint32_t pair = HwFp8x2<F>(v[u][e] * s.scale, v[u][e + 1] * s.scale);
-          code[e] = pair & 0xFFu;
-          code[e + 1] = pair >> 8;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if (qcore::IsNan(v[u][e + h])) code[e + h] = ((qcore::AsBits(v[u][e + h]) >> 24) & 0x80u) | c.nan_code;
-          }
-          if (o.out != nullptr) {
-            const float2 q = HwFp8x2Value<F>(code[e] | (code[e + 1] << 8));
-            out[e] = q.x * s_out.inv;
-            out[e + 1] = q.y * s_out.inv;
-          }
+          Rounded q0, q1;
+          qcore::Fp8TensorPairRne<F>(v[u][e], v[u][e + 1], s.scale, s_out.inv, o.out != nullptr, &q0, &q1);
+          code[e] = q0.code;
+          code[e + 1] = q1.code;
+          out[e] = q0.value;
+          out[e + 1] = q1.value;
         }
       } else {
 #pragma unroll

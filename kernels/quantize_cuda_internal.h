@@ -1,7 +1,8 @@
 // Internals shared by the CUDA quantizers' compilation units: the device helpers
-// every kernel uses (loads, stores, reductions, the hardware FP8 conversion, the
-// short nearest-even rounding) and the launch helpers (error checks, occupancy-sized
-// grids, stream-ordered temporaries, compile-time dispatch of runtime choices).
+// every kernel uses (loads, stores, reductions; the rounding arithmetic itself is
+// in quant_core.h and quant_core_rne.h) and the launch helpers (error checks,
+// occupancy-sized grids, stream-ordered temporaries, compile-time dispatch of
+// runtime choices).
 // Only the quantize_cuda*.cu files include this (it needs the CUDA headers); the
 // public API is quantize_cuda.h.
 //
@@ -39,8 +40,6 @@
 #define KEEL_KERNELS_QUANTIZE_CUDA_INTERNAL_H_
 
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -52,6 +51,7 @@
 #include "kernels/base/status.h"
 #include "kernels/formats.h"
 #include "kernels/quant_core.h"
+#include "kernels/quant_core_rne.h"
 #include "kernels/quantize_cuda.h"
 
 namespace keel {
@@ -264,14 +264,11 @@ __device__ __forceinline__ void Uniform8(uint64_t seed, int64_t i, float u[8]) {
 }
 
 // ---- Hardware FP8 conversion (sm_89 and later) ----------------------------------
-// cvt.rn.satfinite.{e4m3,e5m2}x2.f32 rounds two floats to nearest even and clamps
-// to +-max_normal: for a finite w with |w| < 2^(emax + 1) that is RoundElemCore's
-// nearest_even code, since rounding then clamping and saturating the rounded value
-// agree (a tie just above max_normal goes to the even grid point max_normal, and
-// anything that would round higher saturates to it). One instruction per pair
-// instead of about a dozen per element. What it does not do is Keel's zero rule
-// and NaN codes: MX callers make w with ScaledPlusZero (hardware keeps -0's sign),
-// and callers select NaN codes themselves. Below sm_89 the quant_core path runs.
+// On sm_89 and later the MX and per-tensor FP8 kernels round E4M3 and E5M2 to
+// nearest even with cvt.rn.satfinite.{e4m3,e5m2}x2.f32, one instruction per pair
+// instead of about a dozen per element (qcore::MxFp8PairRne, Fp8TensorPairRne in
+// quant_core_rne.h, which also says why that is the reference's rounding). Below
+// sm_89 they use qcore::MxElementRne and qcore::Fp8Element.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #define KEEL_HW_FP8 1
 #else
@@ -280,59 +277,6 @@ __device__ __forceinline__ void Uniform8(uint64_t seed, int64_t i, float u[8]) {
 
 template <ElemFormat F>
 constexpr bool kHwFp8Format = F == ElemFormat::kE4M3 || F == ElemFormat::kE5M2;
-
-template <ElemFormat F>
-constexpr __nv_fp8_interpretation_t Fp8Kind() {
-  return F == ElemFormat::kE4M3 ? __NV_E4M3 : __NV_E5M2;
-}
-
-// Codes of lo and hi, lo in the low byte (the order StoreCodes wants).
-template <ElemFormat F>
-__device__ __forceinline__ uint32_t HwFp8x2(float lo, float hi) {
-  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, Fp8Kind<F>());
-}
-
-// The values of two codes made by HwFp8x2 (exact: E4M3 and E5M2 are subsets of fp16).
-template <ElemFormat F>
-__device__ __forceinline__ float2 HwFp8x2Value(uint32_t codes) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), Fp8Kind<F>());
-  return __half22float2(*reinterpret_cast<const __half2*>(&h));
-}
-
-// x * 2^-e (the one rounding MxElementFinite does) with the zero rule of
-// PlusZeroBits applied, in two instructions: w + 0 is w for every w != 0 and +0
-// for w = +-0 under round-to-nearest. The separate __fadd_rn keeps it from being
-// fused: an FMA would keep the -0 of a product that underflows.
-__device__ __forceinline__ float ScaledPlusZero(float x, float inv_scale) {
-  return __fadd_rn(__fmul_rn(x, inv_scale), 0.0f);
-}
-
-// ---- Nearest-even rounding to E3M2, E2M3 and E2M1 ------------------------------
-// qcore::RoundElemCore for Rounding::kNearestEven, written for the instruction
-// count: |w| is an operand modifier of the magic addition instead of a separate
-// mask, and kClamp = false drops the clamp to max_normal for callers whose |w| is
-// at most max_normal already (NVFP4 clamps w to +-6 before rounding, and 6 is on
-// the grid, so rounding cannot exceed it). Same additions, same bits: see
-// RoundElemCore for why (|w| + big) - big is the nearest-even grid point and the
-// low bits of the sum count its quanta. w must not be NaN.
-template <ElemFormat F, bool kClamp>
-__device__ __forceinline__ Rounded RneSmall(float w) {
-  constexpr ElemConsts c = qcore::ConstsOf(F);
-  const uint32_t bits = __float_as_uint(w);
-  const uint32_t sign = bits & qcore::kSignBit;
-  const uint32_t big_bits = max(bits & 0x7F800000u, static_cast<uint32_t>(128 - c.bias) << 23) +
-                            (static_cast<uint32_t>(23 - c.mbits) << 23);
-  const float big = __uint_as_float(big_bits);
-  const float sum = __fadd_rn(fabsf(w), big);
-  const uint32_t n = __float_as_uint(sum) - big_bits;
-  float value = __fsub_rn(sum, big);
-  uint32_t code = (big_bits >> (23 - c.mbits)) - (static_cast<uint32_t>(151 - c.bias - c.mbits) << c.mbits) + n;
-  if constexpr (kClamp) {
-    code = min(code, c.max_code);
-    value = fminf(value, __uint_as_float(c.max_bits));
-  }
-  return Rounded{__uint_as_float(__float_as_uint(value) | sign), code | (sign >> (32 - c.bits))};
-}
 
 // Division of a work index by a fixed divisor: a multiply-high (FastDivmod) when
 // every index fits in 32 bits, a 64-bit division otherwise.

@@ -11,6 +11,7 @@
 
 #include "kernels/formats.h"
 #include "kernels/quant_core.h"
+#include "kernels/quant_core_rne.h"
 #include "kernels/quantize.h"
 #include "kernels/quantize_cuda.h"
 #include "kernels/quantize_cuda_internal.h"
@@ -110,29 +111,25 @@ __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__
           code[e] = c.nan_code;
         }
       } else if constexpr (kHw) {
-        // MxElementFinite with the conversion in hardware: w = x * 2^-e exactly as
-        // there, value = code value * 2^e (exact).
+        // MxElementFinite with the conversion in hardware.
 #pragma unroll
         for (int e = 0; e < 8; e += 2) {
-          const uint32_t pair = HwFp8x2<F>(ScaledPlusZero(v[u][e], s.inv_scale),
-                                           ScaledPlusZero(v[u][e + 1], s.inv_scale));
-          code[e] = pair & 0xFFu;
-          code[e + 1] = pair >> 8;
-          if (a.o.out != nullptr) {
-            const float2 q = HwFp8x2Value<F>(pair);
-            out[e] = q.x * s.scale;
-            out[e + 1] = q.y * s.scale;
-          }
+          Rounded q0, q1;
+          qcore::MxFp8PairRne<F>(v[u][e], v[u][e + 1], s, s, a.o.out != nullptr, &q0, &q1);
+          code[e] = q0.code;
+          code[e + 1] = q1.code;
+          out[e] = q0.value;
+          out[e + 1] = q1.value;
         }
       } else if constexpr (R == Rounding::kNearestEven) {
-        // MxElementFinite, with the zero rule as in ScaledPlusZero and RneSmall's
-        // shorter rounding (E3M2, E2M3, E2M1 and, below sm_89, FP8). Two copies of
-        // the loop, so that codes-only calls skip the value arithmetic.
+        // MxElementFinite with RneSmall's shorter rounding (E3M2, E2M3, E2M1 and,
+        // below sm_89, FP8). Two copies of the loop, so that codes-only calls skip
+        // the value arithmetic.
         auto round8 = [&](auto with_values) {
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
-            const Rounded r = RneSmall<F, true>(ScaledPlusZero(v[u][e], s.inv_scale));
-            if constexpr (decltype(with_values)::value) out[e] = r.value * s.scale;
+            const Rounded r = qcore::MxElementRne<F>(v[u][e], s);
+            if constexpr (decltype(with_values)::value) out[e] = r.value;
             code[e] = r.code;
           }
         };
@@ -228,15 +225,10 @@ __global__ void __launch_bounds__(kThreads) MxColsKernel(const InT* __restrict__
         Rounded q0, q1;
         if constexpr (KEEL_HW_FP8 && kHwFp8Format<F> && R == Rounding::kNearestEven) {
           // As MxElementFinite, with the conversion of the pair in hardware.
-          const uint32_t pair = HwFp8x2<F>(ScaledPlusZero(v0, s0.inv_scale), ScaledPlusZero(v1, s1.inv_scale));
-          const float2 q = kValues ? HwFp8x2Value<F>(pair) : make_float2(0.0f, 0.0f);
-          q0 = Rounded{q.x * s0.scale, pair & 0xFFu};
-          q1 = Rounded{q.y * s1.scale, pair >> 8};
+          qcore::MxFp8PairRne<F>(v0, v1, s0, s1, kValues, &q0, &q1);
         } else if constexpr (R == Rounding::kNearestEven) {
-          q0 = RneSmall<F, true>(ScaledPlusZero(v0, s0.inv_scale));
-          q1 = RneSmall<F, true>(ScaledPlusZero(v1, s1.inv_scale));
-          q0.value = q0.value * s0.scale;
-          q1.value = q1.value * s1.scale;
+          q0 = qcore::MxElementRne<F>(v0, s0);
+          q1 = qcore::MxElementRne<F>(v1, s1);
         } else {
           q0 = qcore::MxElementFinite(v0, s0, c, R, u0);
           q1 = qcore::MxElementFinite(v1, s1, c, R, u1);

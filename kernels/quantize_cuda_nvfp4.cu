@@ -12,6 +12,7 @@
 
 #include "kernels/formats.h"
 #include "kernels/quant_core.h"
+#include "kernels/quant_core_rne.h"
 #include "kernels/quantize.h"
 #include "kernels/quantize_cuda.h"
 #include "kernels/quantize_cuda_internal.h"
@@ -23,47 +24,6 @@ namespace {
 // ============================================================================
 // Device helpers and kernels
 // ============================================================================
-
-// Nvfp4Element (nearest_even) for a block whose s_b is not NaN. Then no y * s_b is
-// NaN: a NaN y makes the block amax NaN and so s_b NaN, and s_b is never 0 (sf is
-// at most 448 and |S_dec| below 2^117, so 1 / (sf * S_dec) is not 1 / Inf), so an
-// infinite y gives an infinite product that the clamp takes to +-6. Blocks with a
-// NaN s_b are handled whole by the caller. The + 0 is PlusZeroBits (see
-// ScaledPlusZero).
-__device__ __forceinline__ Rounded Nvfp4ElementRne(float y, float s_b) {
-  const float w = __fadd_rn(fminf(fmaxf(__fmul_rn(y, s_b), -6.0f), 6.0f), 0.0f);
-  return RneSmall<ElemFormat::kE2M1, false>(w);
-}
-
-// Nearest-even NVFP4 step 4-5 for the kN elements of one block (or part of one):
-// a NaN block scale (a NaN tensor or block) gives code 0 and NaN for all of them,
-// as Nvfp4Element does; otherwise each element rounds, and the dequantized value
-// is computed only when it is wanted (codes-only calls skip that arithmetic).
-template <int kN>
-__device__ __forceinline__ void Nvfp4RoundRne(const float (&y)[kN], const qcore::Nvfp4BlockScale& s,
-                                              const qcore::Nvfp4TensorScale& t, bool with_values,
-                                              uint32_t (&code)[kN], float (&out)[kN]) {
-  if (qcore::IsNan(s.s_b)) {
-    const float nan_out = qcore::Nvfp4Dequant(qcore::QuietNan(), s, t);
-#pragma unroll
-    for (int k = 0; k < kN; ++k) {
-      code[k] = 0;
-      out[k] = nan_out;
-    }
-    return;
-  }
-  // Two copies of the loop, so that the codes-only one has no value arithmetic.
-  auto round = [&](auto values) {
-#pragma unroll
-    for (int k = 0; k < kN; ++k) {
-      const Rounded q = Nvfp4ElementRne(y[k], s.s_b);
-      code[k] = q.code;
-      if constexpr (decltype(values)::value) out[k] = qcore::Nvfp4Dequant(q.value, s, t);
-    }
-  };
-  if (with_values) round(std::true_type{});
-  else round(std::false_type{});
-}
 
 // The tensor scale a dequantized NVFP4 output carries: t, or t with S_dec = 1 when
 // outputs.out_without_tensor_scale (q * sf, exact in bf16; the caller folds S_dec
@@ -180,7 +140,7 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsKernel(const InT* __restric
       float out[8];
       uint32_t code[8];
       if constexpr (R == Rounding::kNearestEven) {
-        Nvfp4RoundRne(y, s, OutTensorScale(t, a.o), a.o.out != nullptr, code, out);
+        qcore::Nvfp4RoundRne(y, s, OutTensorScale(t, a.o), a.o.out != nullptr, code, out);
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -291,7 +251,7 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsRneKernel(const InT* __rest
       Raw::Unpack(cur[b][1], y + 8);
       float out[16];
       uint32_t code[16];
-      Nvfp4RoundRne(y, s, OutTensorScale(t, a.o), a.o.out != nullptr, code, out);
+      qcore::Nvfp4RoundRne(y, s, OutTensorScale(t, a.o), a.o.out != nullptr, code, out);
       if (a.o.codes != nullptr) {  // 16 FP4 codes: one 8-byte store, element 2k in byte k's low nibble
         uint2 w = make_uint2(0u, 0u);
 #pragma unroll
@@ -408,8 +368,8 @@ __global__ void __launch_bounds__(kThreads) Nvfp4ColsKernel(const InT* __restric
         Rounded q0, q1;
         if constexpr (R == Rounding::kNearestEven) {
           // NaN blocks selected per block (see Nvfp4ElementRne), after the rounding.
-          q0 = Nvfp4ElementRne(y0[r], s0.s_b);
-          q1 = Nvfp4ElementRne(y1[r], s1.s_b);
+          q0 = qcore::Nvfp4ElementRne(y0[r], s0.s_b);
+          q1 = qcore::Nvfp4ElementRne(y1[r], s1.s_b);
           if (qcore::IsNan(s0.s_b)) q0 = Rounded{qcore::QuietNan(), 0u};
           if (qcore::IsNan(s1.s_b)) q1 = Rounded{qcore::QuietNan(), 0u};
         } else {
