@@ -1,4 +1,4 @@
-// Element formats of NUMERICS.md section 1: E4M3, E5M2, E3M2, E2M3, E2M1, the E8M0
+// Element formats of docs/numerics.md, "Element formats": E4M3, E5M2, E3M2, E2M3, E2M1, the E8M0
 // scale format and BF16. This is the CPU reference: it reads like the spec and
 // favours clarity over speed. The CUDA kernels have their own fast versions
 // (quant_core.h) which are tested against these, bit for bit.
@@ -38,7 +38,7 @@ float RoundQuanta(float n, Rounding rounding, float u);
 // Rounds x to the nearest value of `format` under `rounding`, saturating to
 // +-max_normal (rounding happens first, then the clamp; never Inf).
 // NaN stays NaN; +-Inf saturates. The sign of zero results follows x.
-// Implements NUMERICS.md section 2 step 5 for the element, with the scale
+// The element step of docs/numerics.md, "MX block scaling", with the scale
 // already divided out.
 float RoundToElem(float x, ElemFormat format, Rounding rounding, float u);
 

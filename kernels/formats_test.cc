@@ -1,6 +1,7 @@
-// Exhaustive tests of the element formats (NUMERICS.md section 1): every code,
-// every midpoint between neighbouring values, saturation, specials, E8M0, BF16,
-// and the Philox stream stochastic rounding draws from.
+// Exhaustive tests of the element formats (docs/numerics.md, "Element formats"
+// and "Rounding"): every code, every midpoint between neighbouring values,
+// saturation, specials, E8M0, BF16, and the Philox stream stochastic rounding
+// draws from.
 #include "kernels/formats.h"
 
 #include <cmath>

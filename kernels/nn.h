@@ -95,11 +95,12 @@ class Backend {
   virtual Status QuantizeDequantize(const float* x, int64_t rows, int64_t cols, int axis,
                                     const OperandFormat& format, uint64_t seed, float* out) = 0;
 
-  // ---- Linear layer (NUMERICS.md section 4) -------------------------------------
+  // ---- Linear layer (docs/numerics.md, "Operand roles and axes") -----------------
   // y (rows x out) = Q_fwd_x(x) . Q_fwd_w(w)^T + bias, x: rows x in, w: out x in,
   // bias: out floats or null. Quantization of x and w along `in`, FP32
   // accumulation; NVFP4/FP8 per-tensor decode scales are folded into the GEMM's
-  // alpha (so a BF16 GEMM sees exact operands, section 5).
+  // alpha (so a BF16 GEMM sees exact operands; docs/numerics.md, "Emulation on
+  // Hopper and CPU").
   virtual Status LinearForward(const float* x, const float* w, const float* bias, float* y,
                                int64_t rows, int64_t in, int64_t out, const LinearQuant& q) = 0;
   // dx (rows x in) = Q_dgrad_dy(dy) . Q_dgrad_w(w) (dy along `out`, w down its

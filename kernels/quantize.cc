@@ -1,5 +1,5 @@
-// CPU reference quantizers: MX block scaling (NUMERICS.md section 2), NVFP4
-// (section 3), per-tensor FP8 and BF16. Loops are plain and follow the spec's
+// CPU reference quantizers: MX block scaling, NVFP4, per-tensor FP8 and BF16
+// (docs/numerics.md, the sections of those names). Loops are plain and follow the spec's
 // numbered steps; speed is the CUDA kernels' business.
 #include "kernels/quantize.h"
 

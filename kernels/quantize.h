@@ -1,4 +1,4 @@
-// Quantizers of NUMERICS.md sections 2 and 3 (MX block scaling, NVFP4) plus the
+// Quantizers of docs/numerics.md, "MX block scaling" and "NVFP4", plus the
 // per-tensor FP8 and BF16 roundings that precision schemes mix in. The functions
 // here are the CPU reference; quantize_cuda.h has the CUDA kernels, which must
 // agree with these bit for bit in every mode (stochastic rounding included, for
@@ -38,7 +38,7 @@ struct MxOptions {
   int axis = 1;                         // 1: along rows, 0: down columns
   Rounding rounding = Rounding::kNearestEven;
   uint64_t seed = 0;                    // stochastic rounding only
-  bool bump_exponent = false;           // the paper's fix (section 2 item 8)
+  bool bump_exponent = false;           // the paper's fix (docs/numerics.md, "MX block scaling")
 };
 
 struct Nvfp4Options {
@@ -68,8 +68,9 @@ Status MxQuantizeRef(const float* x, int64_t rows, int64_t cols, const MxOptions
 Status Nvfp4QuantizeRef(const float* x, int64_t rows, int64_t cols, const Nvfp4Options& options,
                         float* out, uint8_t* codes, uint8_t* scales, float* s_dec);
 
-// The 16-point random Hadamard transform of NUMERICS.md section 3 applied to
-// each 16-element chunk along `axis` (cols or rows must be a multiple of 16):
+// The 16-point random Hadamard transform (docs/numerics.md, "Random Hadamard
+// transform") applied to each 16-element chunk along `axis` (cols or rows must be
+// a multiple of 16):
 // y_j = sum_{i=0..15} x_i * s_i * H16[i][j] / 4, summed in fp32 in index order.
 void RhtRef(const float* x, int64_t rows, int64_t cols, int axis, float* y);
 
