@@ -37,13 +37,10 @@ namespace {
 
 using qcore::AsBits;
 using qcore::AsFloat;
-using qcore::ConstsOf;
-using qcore::ElemConsts;
 using qcore::Rounded;
 
-bool SameFloat(float a, float b) {  // bitwise, any NaN equal to any NaN
-  return AsBits(a) == AsBits(b) || (std::isnan(a) && std::isnan(b));
-}
+// Bitwise, except that any NaN equals any NaN (the GPU's NaNs are canonical).
+bool SameFloat(float a, float b) { return AsBits(a) == AsBits(b) || (std::isnan(a) && std::isnan(b)); }
 
 // Counts mismatches and reports the first few with what was compared.
 class Mismatches {
@@ -151,7 +148,7 @@ TEST(QuantCoreRneTest, SatfiniteFp8EmulationRoundsAsTheReference) {
       x.insert(x.end(), more.begin(), more.end());
     Mismatches bad(std::string(Spec(f).name) + " emulated cvt.rn.satfinite");
     for (float w : x) {
-      const uint32_t code = qcore::SatfiniteFp8Emulated(w, ConstsOf(f));
+      const uint32_t code = qcore::SatfiniteFp8Emulated(w, qcore::ConstsOf(f));
       const float want = RoundToElem(w, f, Rounding::kNearestEven, 0.0f);
       if (std::isnan(w)) {
         EXPECT_TRUE(std::isnan(DecodeElem(static_cast<uint8_t>(code), f))) << Spec(f).name << " " << w;
@@ -221,7 +218,7 @@ void AddMxBlocks(ElemFormat f, int e, const std::vector<float>& w, std::vector<f
 
 template <ElemFormat F>
 void CheckMxPaths() {
-  constexpr ElemConsts c = ConstsOf(F);
+  constexpr qcore::ElemConsts c = qcore::ConstsOf(F);
   constexpr bool kFp8 = F == ElemFormat::kE4M3 || F == ElemFormat::kE5M2;
   const std::vector<float> decisions = WithinLimit(Decisions(F), WLimit(F));
   const std::vector<float> dense = WithinLimit(DenseBelowLimit(F), WLimit(F));
@@ -277,7 +274,7 @@ TEST(QuantCoreRneTest, MxNearestEvenPathsMatchTheReferenceAtEveryBlockExponent) 
 // paths (Fp8TensorPairRne on sm_89+, Fp8Element below), pair by pair.
 template <ElemFormat F>
 void CheckFp8Tensor(const std::vector<float>& x, const std::string& what) {
-  constexpr ElemConsts c = ConstsOf(F);
+  constexpr qcore::ElemConsts c = qcore::ConstsOf(F);
   const int64_t n = static_cast<int64_t>(x.size());
   std::vector<float> want(n);
   std::vector<uint8_t> want_codes(n);

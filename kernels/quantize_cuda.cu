@@ -30,11 +30,6 @@ namespace qcuda {
 // Launch helpers (quantize_cuda_internal.h)
 // ============================================================================
 
-Status CudaError(cudaError_t error, const char* call, const char* file, int line) {
-  return Status::Error(std::string(file) + ":" + std::to_string(line) + ": " + call + " failed: " +
-                       cudaGetErrorName(error) + " (" + cudaGetErrorString(error) + ")");
-}
-
 namespace {
 
 // Resident CTAs per SM for each kernel, per device, and SMs per device.

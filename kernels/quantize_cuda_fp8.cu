@@ -43,8 +43,40 @@ __global__ void __launch_bounds__(kThreads) AmaxKernel(const InT* __restrict__ x
   CtaMaxToGlobal(m, amax);
 }
 
-// Per-tensor FP8, elementwise in units of 8 (two per thread per step, loads first),
-// plus a scalar tail for count % 8.
+// The elementwise kernels' loop over count elements of x: unit_fn(unit, v, uni)
+// for each unit of 8 elements (v: their values; uni: their uniforms under
+// stochastic rounding, else zeros), kUnits units per thread per grid step with
+// all of the step's loads issued first; then element_fn(i, x_i, u) for each of
+// the count % 8 trailing elements.
+template <int kUnits, Rounding R, typename InT, typename UnitFn, typename ElementFn>
+__device__ __forceinline__ void ForEachUnit8(const InT* __restrict__ x, int64_t count, uint64_t seed, UnitFn unit_fn,
+                                             ElementFn element_fn) {
+  const int64_t units = count / 8;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * (kThreads * kUnits);
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits); base < units; base += step) {
+    float v[kUnits][8];
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int64_t unit = base + u * kThreads + threadIdx.x;
+      if (unit < units) Load8(x + unit * 8, v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int64_t unit = base + u * kThreads + threadIdx.x;
+      if (unit >= units) continue;
+      float uni[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if constexpr (R == Rounding::kStochastic) Uniform8(seed, unit * 8, uni);
+      unit_fn(unit, v[u], uni);
+    }
+  }
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  for (int64_t i = units * 8 + tid; i < count; i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const float u = R == Rounding::kStochastic ? PhiloxUniform(seed, static_cast<uint64_t>(i)) : 0.0f;
+    element_fn(i, Load1(x + i), u);
+  }
+}
+
+// Per-tensor FP8, elementwise.
 template <typename InT, ElemFormat F, Rounding R>
 __global__ void __launch_bounds__(kThreads) Fp8Kernel(const InT* __restrict__ x, int64_t count, const float* amax,
                                                       uint64_t seed, const DeviceOutputs o) {
@@ -59,97 +91,61 @@ __global__ void __launch_bounds__(kThreads) Fp8Kernel(const InT* __restrict__ x,
   // bf16) when outputs.out_without_tensor_scale; the rounding still uses s.scale.
   qcore::Fp8Scale s_out = s;
   if (o.out_without_tensor_scale) s_out.inv = 1.0f;
-  const int64_t units = count / 8;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * (kThreads * kUnits);
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits); base < units; base += step) {
-    float v[kUnits][8];
+  auto unit_fn = [&](int64_t unit, const float (&v)[8], const float (&uni)[8]) {
+    float out[8];
+    uint32_t code[8];
+    if constexpr (KEEL_HW_FP8 && R == Rounding::kNearestEven) {
+      // Fp8Element with the conversion in hardware (NaN codes by a select).
 #pragma unroll
-    for (int u = 0; u < kUnits; ++u) {
-      const int64_t unit = base + u * kThreads + threadIdx.x;
-      if (unit < units) Load8(x + unit * 8, v[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnits; ++u) {
-      const int64_t unit = base + u * kThreads + threadIdx.x;
-      if (unit >= units) continue;
-      float uni[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      if constexpr (R == Rounding::kStochastic) Uniform8(seed, unit * 8, uni);
-      float out[8];
-      uint32_t code[8];
-      if constexpr (KEEL_HW_FP8 && R == Rounding::kNearestEven) {
-        // Fp8Element with the conversion in hardware (NaN codes by a select).
-#pragma unroll
-        for (int e = 0; e < 8; e += 2) {
-          Rounded q0, q1;
-          qcore::Fp8TensorPairRne<F>(v[u][e], v[u][e + 1], s.scale, s_out.inv, o.out != nullptr, &q0, &q1);
-          code[e] = q0.code;
-          code[e + 1] = q1.code;
-          out[e] = q0.value;
-          out[e + 1] = q1.value;
-        }
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const Rounded r = qcore::Fp8Element(v[u][e], s_out, c, R, uni[e]);
-          out[e] = r.value;
-          code[e] = r.code;
-        }
+      for (int e = 0; e < 8; e += 2) {
+        Rounded q0, q1;
+        qcore::Fp8TensorPairRne<F>(v[e], v[e + 1], s.scale, s_out.inv, o.out != nullptr, &q0, &q1);
+        PutPair(q0, q1, code + e, out + e);
       }
-      if (o.codes != nullptr) StoreCodes8<8>(o.codes, unit * 8, code);
-      if (o.out != nullptr) StoreOut8(o.out, out_bf16, unit * 8, out);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const Rounded r = qcore::Fp8Element(v[e], s_out, c, R, uni[e]);
+        out[e] = r.value;
+        code[e] = r.code;
+      }
     }
-  }
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  for (int64_t i = units * 8 + tid; i < count; i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const float u = R == Rounding::kStochastic ? PhiloxUniform(seed, static_cast<uint64_t>(i)) : 0.0f;
-    const Rounded r = qcore::Fp8Element(Load1(x + i), s_out, c, R, u);
+    if (o.codes != nullptr) StoreCodes8<8>(o.codes, unit * 8, code);
+    if (o.out != nullptr) StoreOut8(o.out, out_bf16, unit * 8, out);
+  };
+  auto element_fn = [&](int64_t i, float xi, float u) {
+    const Rounded r = qcore::Fp8Element(xi, s_out, c, R, u);
     if (o.codes != nullptr) o.codes[i] = static_cast<uint8_t>(r.code);
     if (o.out != nullptr) StoreOut1(o.out, out_bf16, i, r.value);
-  }
+  };
+  ForEachUnit8<kUnits, R>(x, count, seed, unit_fn, element_fn);
 }
 
-// BF16 rounding, elementwise like Fp8Kernel. codes: the bf16 bits, 2 bytes each.
+// BF16 rounding, elementwise. codes: the bf16 bits, 2 bytes each.
 template <typename InT, Rounding R>
 __global__ void __launch_bounds__(kThreads) Bf16Kernel(const InT* __restrict__ x, int64_t count, uint64_t seed,
                                                        const DeviceOutputs o) {
-  constexpr int kUnits = 2;
   const bool out_bf16 = o.out_dtype == DType::kBF16;
-  const int64_t units = count / 8;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * (kThreads * kUnits);
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnits); base < units; base += step) {
-    float v[kUnits][8];
+  auto unit_fn = [&](int64_t unit, const float (&v)[8], const float (&uni)[8]) {
+    uint32_t b[8];
+    float out[8];
 #pragma unroll
-    for (int u = 0; u < kUnits; ++u) {
-      const int64_t unit = base + u * kThreads + threadIdx.x;
-      if (unit < units) Load8(x + unit * 8, v[u]);
+    for (int e = 0; e < 8; ++e) {
+      b[e] = qcore::Bf16Round(v[e], R, uni[e]);
+      out[e] = qcore::Bf16Value(static_cast<uint16_t>(b[e]));
     }
-#pragma unroll
-    for (int u = 0; u < kUnits; ++u) {
-      const int64_t unit = base + u * kThreads + threadIdx.x;
-      if (unit >= units) continue;
-      float uni[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      if constexpr (R == Rounding::kStochastic) Uniform8(seed, unit * 8, uni);
-      uint32_t b[8];
-      float out[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        b[e] = qcore::Bf16Round(v[u][e], R, uni[e]);
-        out[e] = qcore::Bf16Value(static_cast<uint16_t>(b[e]));
-      }
-      if (o.codes != nullptr) {
-        *reinterpret_cast<uint4*>(o.codes + unit * 16) =
-            make_uint4(b[0] | (b[1] << 16), b[2] | (b[3] << 16), b[4] | (b[5] << 16), b[6] | (b[7] << 16));
-      }
-      if (o.out != nullptr) StoreOut8(o.out, out_bf16, unit * 8, out);
+    if (o.codes != nullptr) {
+      *reinterpret_cast<uint4*>(o.codes + unit * 16) =
+          make_uint4(b[0] | (b[1] << 16), b[2] | (b[3] << 16), b[4] | (b[5] << 16), b[6] | (b[7] << 16));
     }
-  }
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  for (int64_t i = units * 8 + tid; i < count; i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const float u = R == Rounding::kStochastic ? PhiloxUniform(seed, static_cast<uint64_t>(i)) : 0.0f;
-    const uint16_t b = qcore::Bf16Round(Load1(x + i), R, u);
+    if (o.out != nullptr) StoreOut8(o.out, out_bf16, unit * 8, out);
+  };
+  auto element_fn = [&](int64_t i, float xi, float u) {
+    const uint16_t b = qcore::Bf16Round(xi, R, u);
     if (o.codes != nullptr) reinterpret_cast<uint16_t*>(o.codes)[i] = b;
     if (o.out != nullptr) StoreOut1(o.out, out_bf16, i, qcore::Bf16Value(b));
-  }
+  };
+  ForEachUnit8<2, R>(x, count, seed, unit_fn, element_fn);
 }
 
 // ============================================================================

@@ -49,6 +49,7 @@
 #include <utility>
 
 #include "kernels/base/status.h"
+#include "kernels/cuda_status.h"
 #include "kernels/formats.h"
 #include "kernels/quant_core.h"
 #include "kernels/quant_core_rne.h"
@@ -242,6 +243,14 @@ __device__ __forceinline__ void StoreCodes8(uint8_t* codes, int64_t i, const uin
     *reinterpret_cast<uint2*>(codes + i) = w;
   }
 }
+// A pair of rounded elements into code[0..1] and out[0..1].
+__device__ __forceinline__ void PutPair(const Rounded& q0, const Rounded& q1, uint32_t* code, float* out) {
+  code[0] = q0.code;
+  code[1] = q1.code;
+  out[0] = q0.value;
+  out[1] = q1.value;
+}
+
 // Codes of two row-adjacent elements at an even index i.
 template <int kBits>
 __device__ __forceinline__ void StoreCodes2(uint8_t* codes, int64_t i, uint32_t c0, uint32_t c1) {
@@ -327,18 +336,7 @@ __device__ __forceinline__ void CtaMaxToGlobal(uint32_t m, unsigned int* out) {
 // Launch helpers (host)
 // ============================================================================
 
-// A Status naming the failed CUDA call, its file and line, and the CUDA error.
-Status CudaError(cudaError_t error, const char* call, const char* file, int line);
-
-// Evaluates a CUDA runtime call; on failure returns a Status naming the call, the
-// file and the line from the enclosing function.
-#define KEEL_CUDA_CHECK(call)                                                  \
-  do {                                                                         \
-    const cudaError_t keel_cuda_error_ = (call);                               \
-    if (keel_cuda_error_ != cudaSuccess)                                       \
-      return ::keel::qcuda::CudaError(keel_cuda_error_, #call, __FILE__, __LINE__); \
-  } while (0)
-
+// KEEL_CUDA_CHECK comes from kernels/cuda_status.h.
 // KEEL_RETURN_IF_ERROR comes from kernels/base/status.h.
 
 // The CTAs of `kernel` (kThreads each) that the current device holds at once,

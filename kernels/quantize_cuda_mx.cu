@@ -116,10 +116,7 @@ __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__
         for (int e = 0; e < 8; e += 2) {
           Rounded q0, q1;
           qcore::MxFp8PairRne<F>(v[u][e], v[u][e + 1], s, s, a.o.out != nullptr, &q0, &q1);
-          code[e] = q0.code;
-          code[e + 1] = q1.code;
-          out[e] = q0.value;
-          out[e + 1] = q1.value;
+          PutPair(q0, q1, code + e, out + e);
         }
       } else if constexpr (R == Rounding::kNearestEven) {
         // MxElementFinite with RneSmall's shorter rounding (E3M2, E2M3, E2M1 and,

@@ -45,6 +45,14 @@ struct Nvfp4Args {
   DeviceOutputs o;
 };
 
+// The tensor scale of the amax in *a.amax_in; the grid's first thread also stores
+// its S_dec to outputs.tensor_scale.
+__device__ __forceinline__ qcore::Nvfp4TensorScale TensorScaleOf(const Nvfp4Args& a) {
+  const qcore::Nvfp4TensorScale t = qcore::Nvfp4TensorScaleFromAmax(__ldg(a.amax_in));
+  if (a.o.tensor_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *a.o.tensor_scale = t.s_dec;
+  return t;
+}
+
 // Axis 1 (blocks of 16 along rows), cols % 16 == 0. A unit is 8 elements, half a
 // block: for 1x16, units run row by row (inner = cols / 8); for 16x16 tiles, one
 // warp is one tile (inner = tiles per 16-row band), lane = 2 * row-in-tile + half.
@@ -54,10 +62,7 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsKernel(const InT* __restric
   constexpr int kUnits = 2;
   const bool out_bf16 = a.o.out_dtype == DType::kBF16;
   qcore::Nvfp4TensorScale t{};
-  if constexpr (!kAmaxOnly) {
-    t = qcore::Nvfp4TensorScaleFromAmax(__ldg(a.amax_in));
-    if (a.o.tensor_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *a.o.tensor_scale = t.s_dec;
-  }
+  if constexpr (!kAmaxOnly) t = TensorScaleOf(a);
   uint32_t thread_max = 0;
   using Raw = Raw8<InT>;
   const int64_t step = static_cast<int64_t>(gridDim.x) * (kThreads * kUnits);
@@ -176,8 +181,7 @@ template <typename InT, bool kTile, typename Index>
 __global__ void __launch_bounds__(kThreads) Nvfp4RowsRneKernel(const InT* __restrict__ x, const Nvfp4Args a) {
   using Raw = Raw8<InT>;
   const bool out_bf16 = a.o.out_dtype == DType::kBF16;
-  const qcore::Nvfp4TensorScale t = qcore::Nvfp4TensorScaleFromAmax(__ldg(a.amax_in));
-  if (a.o.tensor_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *a.o.tensor_scale = t.s_dec;
+  const qcore::Nvfp4TensorScale t = TensorScaleOf(a);
   const Index total = static_cast<Index>(a.total);  // thread items (see the launcher)
   const Index step = static_cast<Index>(gridDim.x) * kThreads;
   const Index cols = static_cast<Index>(a.cols);
@@ -281,10 +285,7 @@ __global__ void __launch_bounds__(kThreads) Nvfp4ColsKernel(const InT* __restric
   using Raw = Raw2<InT>;
   const bool out_bf16 = a.o.out_dtype == DType::kBF16;
   qcore::Nvfp4TensorScale t{};
-  if constexpr (!kAmaxOnly) {
-    t = qcore::Nvfp4TensorScaleFromAmax(__ldg(a.amax_in));
-    if (a.o.tensor_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *a.o.tensor_scale = t.s_dec;
-  }
+  if constexpr (!kAmaxOnly) t = TensorScaleOf(a);
   uint32_t thread_max = 0;
   const Index cols = static_cast<Index>(a.cols);
   const Index total = static_cast<Index>(a.total);
@@ -427,8 +428,7 @@ template <Rounding R>
 __global__ void __launch_bounds__(kThreads) Nvfp4GenericElementsKernel(const float* __restrict__ y, const Nvfp4Args a,
                                                                        const uint8_t* __restrict__ scales) {
   const bool out_bf16 = a.o.out_dtype == DType::kBF16;
-  const qcore::Nvfp4TensorScale t = qcore::Nvfp4TensorScaleFromAmax(__ldg(a.amax_in));
-  if (a.o.tensor_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *a.o.tensor_scale = t.s_dec;
+  const qcore::Nvfp4TensorScale t = TensorScaleOf(a);
   const int64_t count = a.rows * a.cols;
   const int64_t pairs = (count + 1) / 2;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
