@@ -3,6 +3,7 @@
 #include "client/cli.h"
 
 #include <google/protobuf/util/json_util.h>
+#include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -242,10 +243,6 @@ std::string CommandHelp(const CommandSpec& c) {
 const std::vector<std::string> kGlobalValueFlags = {"--server", "--token", "--token-file", "--tls-ca",
                                                      "--tls-cert", "--tls-key"};
 
-bool Contains(const std::vector<std::string>& list, const std::string& value) {
-  return std::find(list.begin(), list.end(), value) != list.end();
-}
-
 struct Parsed {
   bool help = false;
   std::string command;
@@ -254,55 +251,62 @@ struct Parsed {
   std::map<std::string, std::string> flags;
 };
 
-// Empty on success, else the usage error's message.
+// CLI11 splits the line: global flags on the top app (a command passes the
+// ones it does not know up to it), one subcommand per command, positionals
+// counted by RunCli. Empty on success, else the usage error's message.
 std::string ParseArgs(const std::vector<std::string>& args, Parsed* parsed) {
-  bool only_positional = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (!only_positional && arg == "--") {
-      only_positional = true;
-      continue;
-    }
-    if (!only_positional && arg.size() > 1 && arg[0] == '-') {
-      std::string name = arg, value;
-      bool has_value = false;
-      size_t eq = arg.find('=');
-      if (arg.compare(0, 2, "--") == 0 && eq != std::string::npos) {
-        name = arg.substr(0, eq);
-        value = arg.substr(eq + 1);
-        has_value = true;
-      }
-      if (name == "--help" || name == "-h") {
-        parsed->help = true;
-        continue;
-      }
-      bool takes_value =
-          Contains(kGlobalValueFlags, name) || (parsed->spec != nullptr && Contains(parsed->spec->value_flags, name));
-      bool is_bool = parsed->spec != nullptr && Contains(parsed->spec->bool_flags, name);
-      if (takes_value) {
-        if (!has_value) {
-          if (i + 1 >= args.size()) return "flag " + name + " needs a value";
-          value = args[++i];
-        }
-        parsed->flags[name] = value;
-      } else if (is_bool) {
-        if (has_value) return "flag " + name + " takes no value";
-        parsed->flags[name] = "true";
-      } else if (parsed->spec == nullptr) {
-        return "unknown flag " + name + " (command flags go after the command)";
-      } else {
-        return "unknown flag " + name + " for `keel " + parsed->command + "`";
-      }
-      continue;
-    }
-    if (parsed->command.empty()) {
-      parsed->command = arg;
-      if (arg == "help") continue;
-      parsed->spec = FindCommand(arg);
-      if (parsed->spec == nullptr) return "unknown command \"" + arg + "\"";
-    } else {
-      parsed->positional.push_back(arg);
-    }
+  CLI::App app("keel");
+  app.set_help_flag();
+  app.add_flag("-h,--help", parsed->help);
+  app.allow_extras();  // an unknown command or flag, reported below in keel's words
+  std::map<std::string, std::string> values;
+  std::map<std::string, bool> set;
+  std::vector<std::pair<std::string, CLI::Option*>> options;
+  for (const std::string& name : kGlobalValueFlags) options.push_back({name, app.add_option(name, values[name])});
+  std::vector<CLI::App*> subcommands;
+  CLI::App* help = app.add_subcommand("help");
+  help->add_option("command", parsed->positional);
+  subcommands.push_back(help);
+  for (const CommandSpec& c : Commands()) {
+    CLI::App* sub = app.add_subcommand(c.name);
+    sub->fallthrough();
+    sub->add_option("args", parsed->positional);
+    for (const std::string& name : c.value_flags) options.push_back({name, sub->add_option(name, values[name])});
+    for (const std::string& name : c.bool_flags) sub->add_flag(name, set[name])->disable_flag_override();
+    subcommands.push_back(sub);
+  }
+  app.require_subcommand(0, 1);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 wants them reversed
+  std::string problem;
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ArgumentMismatch& e) {
+    // CLI11 says "--name: 1 required TEXT missing" or "name was given a
+    // disallowed flag override".
+    const std::string what = e.what();
+    const size_t colon = what.find(':');
+    problem = colon != std::string::npos ? "flag " + what.substr(0, colon) + " needs a value"
+                                         : "flag --" + what.substr(0, what.find(' ')) + " takes no value";
+  } catch (const CLI::ParseError& e) {
+    problem = e.what();
+  }
+  for (CLI::App* sub : subcommands) {
+    if (sub->parsed()) parsed->command = sub->get_name();
+  }
+  if (!parsed->command.empty() && parsed->command != "help") parsed->spec = FindCommand(parsed->command);
+  if (!problem.empty()) return problem;
+  for (const auto& [name, option] : options) {
+    if (option->count() > 0) parsed->flags[name] = values[name];
+  }
+  for (const auto& [name, given] : set) {
+    if (given) parsed->flags[name] = "true";
+  }
+  for (const std::string& extra : app.remaining(true)) {
+    if (extra == "--") continue;  // CLI11 keeps the end-of-flags mark among the extras
+    const bool flag = extra.size() > 1 && extra[0] == '-';
+    if (!flag && parsed->command.empty()) return "unknown command \"" + extra + "\"";
+    if (parsed->spec == nullptr) return "unknown flag " + extra + " (command flags go after the command)";
+    return "unknown " + std::string(flag ? "flag " : "argument ") + extra + " for `keel " + parsed->command + "`";
   }
   return "";
 }

@@ -591,6 +591,28 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
   EXPECT_EQ(Keel({"sweeps", "--token", "a", "--token-file", "b"}, false), kExitUsage);
 }
 
+// The command line is split by CLI11; the messages are keel's own.
+TEST_F(CliTest, UsageErrorsSayWhatIsWrongInOneMessage) {
+  EXPECT_EQ(Keel({"frobnicate"}), kExitUsage);
+  EXPECT_EQ(err_, "keel: unknown command \"frobnicate\"\nrun `keel --help` for the commands\n");
+  EXPECT_EQ(Keel({"runs", "--bogus"}, false), kExitUsage);
+  EXPECT_EQ(err_, "keel: unknown flag --bogus for `keel runs`\nusage: keel runs [SWEEP] [--output json] (keel runs --help)\n");
+  EXPECT_EQ(Keel({"sweeps", "--server"}, false), kExitUsage);
+  EXPECT_EQ(err_, "keel: flag --server needs a value\nusage: keel sweeps [--output json] (keel sweeps --help)\n");
+  EXPECT_EQ(Keel({"submit", "x.yaml", "--watch=yes"}, false), kExitUsage);
+  EXPECT_EQ(err_, "keel: flag --watch takes no value\nusage: keel submit SWEEP.yaml [--watch] (keel submit --help)\n");
+  EXPECT_EQ(Keel({"show", "a", "b"}, false), kExitUsage);
+  EXPECT_EQ(err_, "keel: too many arguments\nusage: keel show RUN [--output json]\n");
+  // Global flags go before or after the command; `--` ends the flags.
+  std::string closed = "127.0.0.1:" + std::to_string(ClosedPort());
+  EXPECT_EQ(Keel({"--server", closed, "sweeps"}, false), kExitUnavailable);
+  EXPECT_NE(err_.find("could not reach keeld at " + closed), std::string::npos) << err_;
+  EXPECT_EQ(Keel({"show", "--server=" + closed, "--", "-r1"}, false), kExitUnavailable);
+  EXPECT_NE(err_.find("could not reach keeld at " + closed), std::string::npos) << err_;
+  EXPECT_EQ(Keel({"show", "--", "-r1", "--server", closed}, false), kExitUsage);
+  EXPECT_EQ(err_, "keel: too many arguments\nusage: keel show RUN [--output json]\n");
+}
+
 TEST_F(CliTest, HelpForTheToolAndEachCommand) {
   ASSERT_EQ(Keel({"--help"}, false), kExitOk);
   EXPECT_NE(out_.find("keel intervene RUN --precision NAME [--rollback-steps N] [--reason TEXT]"), std::string::npos);

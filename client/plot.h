@@ -46,7 +46,7 @@ struct PlotIntervention {
   std::string run_id;
   // Where it was decided, the marker's step. A rollback's Event.step is the
   // step it went back to (keel-train records the event after restoring the
-  // checkpoint: worker/trainer.cc, RollbackAndRecord), so its decision step
+  // checkpoint: worker/engine/trainer.cc, RollbackAndRecord), so its decision step
   // is details.from_step, the step the run had reached; every other kind's
   // Event.step is the step it acted at. A rollback without a readable
   // from_step (not written by keel-train) falls back to its Event.step.

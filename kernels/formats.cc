@@ -1,6 +1,6 @@
-// CPU reference for the element formats. Written to be read beside docs/numerics.md,
-// "Element formats" and "Rounding": every value is computed with frexp/ldexp/floor,
-// no bit tricks.
+// CPU reference for the element formats. Written to be read beside
+// docs/numerics.md, "Element formats" and "Rounding": every value is computed
+// with frexp/ldexp/floor, no bit tricks.
 #include "kernels/formats.h"
 
 #include <cmath>

@@ -1,7 +1,7 @@
-// Element formats of docs/numerics.md, "Element formats": E4M3, E5M2, E3M2, E2M3, E2M1, the E8M0
-// scale format and BF16. This is the CPU reference: it reads like the spec and
-// favours clarity over speed. The CUDA kernels have their own fast versions
-// (quant_core.h) which are tested against these, bit for bit.
+// Element formats (docs/numerics.md, "Element formats"): E4M3, E5M2, E3M2, E2M3,
+// E2M1, the E8M0 scale format and BF16. This is the CPU reference: it reads like
+// the doc and favours clarity over speed. The CUDA kernels have their own fast
+// versions (quant_core.h) which are tested against these, bit for bit.
 #ifndef KEEL_KERNELS_FORMATS_H_
 #define KEEL_KERNELS_FORMATS_H_
 
@@ -38,8 +38,8 @@ float RoundQuanta(float n, Rounding rounding, float u);
 // Rounds x to the nearest value of `format` under `rounding`, saturating to
 // +-max_normal (rounding happens first, then the clamp; never Inf).
 // NaN stays NaN; +-Inf saturates. The sign of zero results follows x.
-// The element step of docs/numerics.md, "MX block scaling", with the scale
-// already divided out.
+// Implements docs/numerics.md, "Rounding" (step 5 of "MX block scaling" for the
+// element), with the scale already divided out.
 float RoundToElem(float x, ElemFormat format, Rounding rounding, float u);
 
 // Bit code of r, which must be a value of `format` (a result of RoundToElem) or

@@ -1,7 +1,6 @@
-// Exhaustive tests of the element formats (docs/numerics.md, "Element formats"
-// and "Rounding"): every code, every midpoint between neighbouring values,
-// saturation, specials, E8M0, BF16, and the Philox stream stochastic rounding
-// draws from.
+// Exhaustive tests of the element formats (docs/numerics.md, "Element formats"):
+// every code, every midpoint between neighbouring values, saturation, specials,
+// E8M0, BF16, and the Philox stream stochastic rounding draws from.
 #include "kernels/formats.h"
 
 #include <cmath>

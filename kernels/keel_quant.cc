@@ -14,6 +14,7 @@
 
 #include <unistd.h>
 
+#include "kernels/base/flags.h"
 #include "kernels/quantizer.h"
 
 namespace {
@@ -91,36 +92,21 @@ bool WriteFileAtomically(const std::string& path, const void* data, size_t size,
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Flags that take a value, and the one that does not.
+  // Flags that take a value, and the one that does not. Values are checked
+  // below, one message per flag; CLI11 only splits the command line.
   const char* kValued[] = {"--format", "--rows",  "--cols", "--in",     "--out",       "--axis",
                            "--block",  "--rounding", "--seed", "--tile", "--device", "--packed-out"};
-  std::map<std::string, std::string> flags;
+  std::map<std::string, std::string> values;
   bool rht = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (arg == "--rht") {
-      rht = true;
-      continue;
-    }
-    std::string name = arg, value;
-    size_t eq = arg.find('=');
-    bool inline_value = arg.rfind("--", 0) == 0 && eq != std::string::npos;
-    if (inline_value) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-    }
-    bool known = false;
-    for (const char* valued : kValued) known = known || name == valued;
-    if (!known) return Fail("unknown argument '" + arg + "' (see --help)");
-    if (!inline_value) {
-      if (i + 1 >= argc) return Fail(name + " needs a value");
-      value = argv[++i];
-    }
-    flags[name] = value;
+  CLI::App app("keel-quant");
+  std::vector<CLI::Option*> options;
+  for (const char* valued : kValued) options.push_back(app.add_option(valued, values[valued]));
+  app.add_flag("--rht", rht);
+  keel::FlagsOutcome outcome = keel::ParseFlags(app, "keel-quant", kUsage, argc, argv);
+  if (!outcome.proceed) return outcome.exit_code;
+  std::map<std::string, std::string> flags;  // only the flags given
+  for (CLI::Option* option : options) {
+    if (option->count() > 0) flags[option->get_name()] = values[option->get_name()];
   }
   for (const char* required : {"--format", "--rows", "--cols", "--in", "--out"}) {
     if (flags.count(required) == 0) return Fail(std::string(required) + " is required (see --help)");

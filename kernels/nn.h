@@ -1,6 +1,6 @@
 // The neural-network layer kernels the trainer runs, behind one interface with a
 // CPU implementation (nn_cpu.h, the reference, plain C++ with threads) and a CUDA
-// implementation (nn_cuda.h: own kernels plus cuBLASLt GEMMs). The models in
+// implementation (nn_cuda_*.cu: own kernels plus cuBLASLt GEMMs). The models in
 // worker/ are written once against Backend, so the CPU and CUDA runs execute the
 // same sequence of operations and differ only in floating-point summation order.
 //
@@ -95,12 +95,12 @@ class Backend {
   virtual Status QuantizeDequantize(const float* x, int64_t rows, int64_t cols, int axis,
                                     const OperandFormat& format, uint64_t seed, float* out) = 0;
 
-  // ---- Linear layer (docs/numerics.md, "Operand roles and axes") -----------------
+  // ---- Linear layer (docs/numerics.md, "Operand roles and axes") ------------------
   // y (rows x out) = Q_fwd_x(x) . Q_fwd_w(w)^T + bias, x: rows x in, w: out x in,
   // bias: out floats or null. Quantization of x and w along `in`, FP32
   // accumulation; NVFP4/FP8 per-tensor decode scales are folded into the GEMM's
-  // alpha (so a BF16 GEMM sees exact operands; docs/numerics.md, "Emulation on
-  // Hopper and CPU").
+  // alpha, so a BF16 GEMM sees exact operands
+  // (docs/numerics.md, "Emulation on Hopper and CPU").
   virtual Status LinearForward(const float* x, const float* w, const float* bias, float* y,
                                int64_t rows, int64_t in, int64_t out, const LinearQuant& q) = 0;
   // dx (rows x in) = Q_dgrad_dy(dy) . Q_dgrad_w(w) (dy along `out`, w down its
@@ -193,7 +193,7 @@ class Backend {
                       std::vector<double>* out) = 0;
 };
 
-// Factories (nn_cpu.cc, nn_cuda.cu; the CUDA one fails without CUDA or a GPU).
+// Factories (nn_cpu.cc, nn_cuda_backend.cu; the CUDA one fails without CUDA or a GPU).
 Status MakeCpuBackend(int threads, std::unique_ptr<Backend>* out);
 Status MakeCudaBackend(std::unique_ptr<Backend>* out);
 

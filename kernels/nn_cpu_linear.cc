@@ -1,15 +1,15 @@
-// CpuBackend's quantized linear layer (nn.h; docs/numerics.md, "Operand roles and
-// axes"): each GEMM operand is rounded by its role's format with the CPU reference
+// CpuBackend's quantized linear layer (nn.h; docs/numerics.md, "Operand roles and axes"):
+// each GEMM operand is rounded by its role's format with the CPU reference
 // quantizers, counted into the operand statistics, and multiplied by gemm_cpu.h.
 // Also the standalone QuantizeDequantize.
 //
 // What the GEMM multiplies: the element code's value times its block scale
 // (MX: the reference's output; NVFP4: q * float(sf); per-tensor FP8: the code's
 // value; BF16: the rounded value), and the two operands' per-tensor decode scales
-// (NVFP4 S_dec, FP8 1/scale) multiply the product as the GEMM's alpha, as the CUDA
-// backend's BF16 GEMM does (docs/numerics.md, "Emulation on Hopper and CPU"). The
-// result can differ from a GEMM of fully dequantized operands in the last bit,
-// never more.
+// (NVFP4 S_dec, FP8 1/scale) multiply the product as the GEMM's alpha, as the
+// CUDA backend's BF16 GEMM does (docs/numerics.md, "Emulation on Hopper and CPU").
+// The result can differ from a GEMM of fully dequantized operands in the last
+// bit, never more.
 #include <algorithm>
 #include <atomic>
 #include <cmath>

@@ -1,6 +1,6 @@
 // The CUDA backend's quantized linear layer, its operand statistics and
-// QuantizeDequantize. See docs/numerics.md, "Operand roles and axes" and
-// "Emulation on Hopper and CPU".
+// QuantizeDequantize (docs/numerics.md, "Operand roles and axes" and
+// "Emulation on Hopper and CPU").
 //
 // Each GEMM quantizes its two operands afresh along its K axis (quantize_cuda.h):
 //   forward  y  = Q(x) . Q(w)^T       x, w along `in` (axis 1)

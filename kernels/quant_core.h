@@ -278,14 +278,14 @@ KEEL_HD float DecodeElemFast(uint32_t code, ElemConsts c) {
 }
 
 // E4M3 round-to-nearest-even of d in [-448, 448] or NaN: the NVFP4 block scale
-// (docs/numerics.md, "NVFP4").
+// (docs/numerics.md, "NVFP4", step 2).
 KEEL_HD Rounded RoundE4M3Rne(float d) {
   const ElemConsts c = ConstsOf(ElemFormat::kE4M3);
   if (IsNan(d)) return Rounded{d, ((AsBits(d) & kSignBit) >> 24) | c.nan_code};
   return RoundElemCore(AsBits(d), c, Rounding::kNearestEven, 0.0f);  // d in [-448, 448]
 }
 
-// ---- MX block scale (docs/numerics.md, "MX block scaling") ------------------------
+// ---- MX block scale (docs/numerics.md, "MX block scaling") -------------------------
 
 struct MxScale {
   bool nan;         // the block is all NaN (a NaN or Inf in it, or e > 127)
@@ -296,9 +296,8 @@ struct MxScale {
 };
 
 // The block's scale from amax_bits = max over the block of AbsBits(v): a value at
-// or above kInfBits means a NaN or Inf is in the block: the shared exponent and its
-// E8M0 byte (docs/numerics.md, "MX block scaling"), with the paper's bump of the
-// exponent when `bump`.
+// or above kInfBits means a NaN or Inf is in the block. Steps 1-4 of that
+// section, with the bump of step 3 when `bump`.
 KEEL_HD MxScale MxScaleFromAmax(uint32_t amax_bits, ElemConsts c, bool bump) {
   MxScale s;
   s.nan = amax_bits >= kInfBits;
@@ -477,8 +476,8 @@ KEEL_HD float Nvfp4Dequant(float q, const Nvfp4BlockScale& b, const Nvfp4TensorS
 
 // ---- random Hadamard transform -------------------------------------------------------
 
-// s_i = -1 for i in {3, 5, 6, 7, 8, 9, 10, 12, 14, 15} (docs/numerics.md, "Random
-// Hadamard transform").
+// s_i = -1 for i in {3, 5, 6, 7, 8, 9, 10, 12, 14, 15}
+// (docs/numerics.md, "Random Hadamard transform").
 constexpr uint32_t kRhtNegativeSigns = 0xD7E8u;
 
 KEEL_HD constexpr int Parity4(int v) { return (v ^ (v >> 1) ^ (v >> 2) ^ (v >> 3)) & 1; }

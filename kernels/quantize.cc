@@ -1,6 +1,7 @@
-// CPU reference quantizers: MX block scaling, NVFP4, per-tensor FP8 and BF16
-// (docs/numerics.md, the sections of those names). Loops are plain and follow the spec's
-// numbered steps; speed is the CUDA kernels' business.
+// CPU reference quantizers: MX block scaling, NVFP4, per-tensor FP8 and BF16.
+// Loops are plain and follow the numbered steps of the doc
+// (docs/numerics.md, "MX block scaling" and "NVFP4"); speed is the CUDA kernels'
+// business.
 #include "kernels/quantize.h"
 
 #include <algorithm>
@@ -99,8 +100,9 @@ Status ValidateMx(int64_t rows, int64_t cols, const MxOptions& options) {
   if (!status.ok()) return status;
   status = CheckAxis(options.axis);
   if (!status.ok()) return status;
-  if (options.block < 1 || options.block > 4096)
-    return Status::Error("block: " + std::to_string(options.block) + " is not allowed; need 1..4096");
+  if (options.block < 1 || options.block > kMaxMxBlock)
+    return Status::Error("block: " + std::to_string(options.block) + " is not allowed; need 1.." +
+                         std::to_string(kMaxMxBlock));
   return Status::Ok();
 }
 

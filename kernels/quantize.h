@@ -1,8 +1,8 @@
-// Quantizers of docs/numerics.md, "MX block scaling" and "NVFP4", plus the
-// per-tensor FP8 and BF16 roundings that precision schemes mix in. The functions
-// here are the CPU reference; quantize_cuda.h has the CUDA kernels, which must
-// agree with these bit for bit in every mode (stochastic rounding included, for
-// the same seed).
+// Quantizers for MX block scaling and NVFP4 plus the per-tensor FP8 and BF16
+// roundings that precision schemes mix in (docs/numerics.md, "MX block scaling",
+// "NVFP4", "Per-tensor FP8" and "BF16"). The functions here are the CPU
+// reference; quantize_cuda.h has the CUDA kernels, which must agree with these
+// bit for bit in every mode (stochastic rounding included, for the same seed).
 //
 // Layout conventions shared by both implementations:
 //   - x is row-major, rows x cols, float32.
@@ -73,9 +73,8 @@ Status MxQuantizeRef(const float* x, int64_t rows, int64_t cols, const MxOptions
 Status Nvfp4QuantizeRef(const float* x, int64_t rows, int64_t cols, const Nvfp4Options& options,
                         float* out, uint8_t* codes, uint8_t* scales, float* s_dec);
 
-// The 16-point random Hadamard transform (docs/numerics.md, "Random Hadamard
-// transform") applied to each 16-element chunk along `axis` (cols or rows must be
-// a multiple of 16):
+// The 16-point random Hadamard transform (docs/numerics.md, "Random Hadamard transform")
+// applied to each 16-element chunk along `axis` (cols or rows must be a multiple of 16):
 // y_j = sum_{i=0..15} x_i * s_i * H16[i][j] / 4, summed in fp32 in index order.
 void RhtRef(const float* x, int64_t rows, int64_t cols, int axis, float* y);
 

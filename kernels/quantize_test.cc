@@ -53,9 +53,9 @@ Mx RunMx(const std::vector<float>& x, int64_t rows, int64_t cols, MxOptions opti
   return r;
 }
 
-// A worked example of docs/numerics.md, "MX block scaling", by hand: block amax 1.0 gives
-// e = 0 - 8 = -8 for E4M3; 0.3 * 2^8 = 76.8 lies in [64, 128) where the quantum
-// is 2^(6-3) = 8, so it rounds to 80 and dequantizes to 80/256 = 0.3125.
+// A worked example of docs/numerics.md, "MX block scaling", by hand: block amax
+// 1.0 gives e = 0 - 8 = -8 for E4M3; 0.3 * 2^8 = 76.8 lies in [64, 128) where the
+// quantum is 2^(6-3) = 8, so it rounds to 80 and dequantizes to 80/256 = 0.3125.
 TEST(MxTest, WorkedExampleE4M3) {
   std::vector<float> x(32, 0.0f);
   x[0] = 1.0f;

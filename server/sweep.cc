@@ -251,7 +251,7 @@ std::vector<std::string> SplitPath(const std::string& path) {
   return keys;
 }
 
-// Sets root[path] = value the way keel-train's --set does (worker/run_config.cc
+// Sets root[path] = value the way keel-train's --set does (worker/config/run_config.cc
 // ApplyOverride): mappings are created on the way, and a preset name met on the
 // way ("precision: mxfp4", path precision.rounding) becomes {preset: mxfp4}.
 // Paths were checked by ParseRunConfig before, so a non-mapping is overwritten.

@@ -25,12 +25,16 @@ CLI::Validator IntFlag(int64_t lo, int64_t hi) {
 
 namespace {
 
-// CLI11's message for a missing value names the flag and what it wanted.
+// CLI11 says a missing value as "--name: 1 required TEXT missing"; Keel's
+// binaries say "--name needs a value". Other errors keep CLI11's words.
 std::string Describe(const CLI::ParseError& e, const std::string& program) {
+  const std::string what = e.what();
   if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) != nullptr) {
-    return std::string(e.what()) + " (see " + program + " --help)";
+    const size_t colon = what.find(':');
+    const std::string flag = colon == std::string::npos ? what : what.substr(0, colon);
+    return flag + " needs a value (see " + program + " --help)";
   }
-  return e.what();
+  return what;
 }
 
 }  // namespace

@@ -19,10 +19,17 @@ const FormatName kFormatNames[] = {
 
 }  // namespace
 
+namespace {
+constexpr Rounding kRoundings[] = {Rounding::kNearestEven, Rounding::kNearestAway, Rounding::kStochastic};
+}  // namespace
+
 bool ParseRounding(const std::string& text, Rounding* out) {
-  if (text == "nearest_even") { *out = Rounding::kNearestEven; return true; }
-  if (text == "nearest_away") { *out = Rounding::kNearestAway; return true; }
-  if (text == "stochastic") { *out = Rounding::kStochastic; return true; }
+  for (Rounding rounding : kRoundings) {
+    if (text == RoundingName(rounding)) {
+      *out = rounding;
+      return true;
+    }
+  }
   return false;
 }
 
@@ -33,6 +40,12 @@ const char* RoundingName(Rounding rounding) {
     case Rounding::kStochastic: return "stochastic";
   }
   return "?";
+}
+
+std::vector<std::string> RoundingNames() {
+  std::vector<std::string> names;
+  for (Rounding rounding : kRoundings) names.push_back(RoundingName(rounding));
+  return names;
 }
 
 bool ParseQuantFormat(const std::string& text, QuantFormat* out) {

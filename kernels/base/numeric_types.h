@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace keel {
 
@@ -24,6 +25,8 @@ enum class Rounding { kNearestEven, kNearestAway, kStochastic };
 // Parses "nearest_even" | "nearest_away" | "stochastic".
 bool ParseRounding(const std::string& text, Rounding* out);
 const char* RoundingName(Rounding rounding);
+// Every rounding's name, in enum order (what configs may say).
+std::vector<std::string> RoundingNames();
 
 // The quantization formats keel-quant and precision schemes name.
 enum class QuantFormat {
@@ -40,8 +43,12 @@ bool IsMx(QuantFormat format);
 ElemFormat ElementOf(QuantFormat format);
 
 // How one GEMM operand is rounded before the product (one role of a precision
-// scheme, docs/numerics.md "Precision schemes"). kind == kFp32 leaves the
+// scheme: docs/numerics.md, "Precision schemes"). kind == kFp32 leaves the
 // operand untouched.
+// The largest MX block the quantizers take (a block's scale and elements are
+// held per thread block); run configs are refused above it, not at the first GEMM.
+constexpr int kMaxMxBlock = 4096;
+
 struct OperandFormat {
   enum class Kind { kFp32, kQuant };
   Kind kind = Kind::kFp32;

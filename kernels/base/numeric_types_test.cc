@@ -42,6 +42,7 @@ TEST(NumericTypesTest, RoundingNamesRoundTrip) {
   }
   Rounding parsed = Rounding::kStochastic;
   EXPECT_FALSE(ParseRounding("nearest", &parsed));
+  EXPECT_EQ(RoundingNames(), (std::vector<std::string>{"nearest_even", "nearest_away", "stochastic"}));
 }
 
 TEST(NumericTypesTest, RoleNamesAndSeedsAreDistinct) {

@@ -508,7 +508,8 @@ def nvfp4_cases(tile16x16, rht, quick):
     bits = rng.integers(0, 1 << 32, size=(R, C), dtype=np.uint64).astype(np.uint32)
     x = bits.view(np.float32)
     cases.append(("random_bits", np.where(np.isfinite(x), x, F32(0.5)).astype(np.float32), True))
-    # Specials (NUMERICS.md is silent; the reference's behaviour is what counts)
+    # Specials (the reference's behaviour is what counts; docs/numerics.md, "NVFP4"
+    # records it)
     a = rng.standard_normal((R, C)).astype(np.float32)
     a[3, 17] = np.inf
     cases.append(("inf", a, True))

@@ -183,7 +183,7 @@ class KeelRunner:
 
 def fake_keel_main(argv, model, mx_ref=None, nv_ref=None):
     """An in-process stand-in with keel-quant's CLI (self-test only).
-    model 'spec': our exact model of NUMERICS.md; 'ref': the references."""
+    model 'spec': our exact model of docs/numerics.md (spec_model.py); 'ref': the references."""
     ap = argparse.ArgumentParser(prog="fake-keel-quant")
     for f in ["--format", "--rows", "--cols", "--in", "--out", "--axis", "--block", "--rounding", "--seed",
               "--tile", "--device", "--packed-out"]:
@@ -660,7 +660,7 @@ def main(argv=None):
     ap.add_argument("--self-test", action="store_true",
                     help="no keel-quant: check the generators, the references, and run the harness against "
                          "(a) the references themselves (must all PASS) and (b) our exact model of "
-                         "NUMERICS.md (its FAILs are spec-vs-reference discrepancies)")
+                         "docs/numerics.md (its FAILs are spec-vs-reference discrepancies)")
     ap.add_argument("--device", default="cpu", help="keel-quant --device values to test, comma-separated "
                                                     "(cpu,cuda also checks that both agree bit for bit)")
     ap.add_argument("--ref-device", default="cpu", help="torch device for the references (cpu or cuda)")

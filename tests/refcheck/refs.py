@@ -212,7 +212,7 @@ class Nvfp4Reference:
         codes_z[:, 1::2] = data_t >> 4
         codes_z = codes_z[:, :cz]
         sf = scale_t.to(torch.float32)
-        # Dequantized value = (q * float(sf)) * S_dec, fp32 (NUMERICS.md 3.5;
+        # Dequantized value = (q * float(sf)) * S_dec, fp32 (docs/numerics.md, "NVFP4", step 5;
         # the reference itself has no dequantize for NVFP4).
         qv = torch.from_numpy(FP4_LUT[codes_z]).to(dev)
         sf_elem = torch.repeat_interleave(sf, 16, dim=1)[:, :cz]

@@ -8,7 +8,7 @@
    keel-quant that writes the reference results through the same file
    plumbing) must PASS everywhere: this checks the packed layout, the axis /
    transpose handling and the comparisons.
-4. The harness run against our exact model of NUMERICS.md: every FAIL there
+4. The harness run against our exact model of docs/numerics.md: every FAIL there
    is a place where the spec and the reference disagree (informational; the
    list is summarised at the end).
 5. Diagnostics: microxcaling on cpu vs cuda (when a GPU is visible), TE's RHT
@@ -248,7 +248,7 @@ def run(args, mx_ref, nv_ref, nv_why):
     for line in tally.fail_lines[:20]:
         print("     " + line)
 
-    print("== harness vs our exact model of NUMERICS.md (FAILs = spec-vs-reference discrepancies)", flush=True)
+    print("== harness vs our exact model of docs/numerics.md (FAILs = spec-vs-reference discrepancies)", flush=True)
     tally2, text2 = run_harness(args, "spec", mx_ref, nv_ref, quiet=True)
     print("     %d PASS, %d FAIL, %d SKIP" % (tally2.passed, tally2.failed, tally2.skipped))
     for (fmt, case), g in summarize_discrepancies(text2).items():

@@ -1,4 +1,6 @@
-"""Independent, exact model of NUMERICS.md sections 1-3 (numpy only).
+"""Independent, exact model of the formats, MX, NVFP4 and the RHT (numpy only):
+docs/numerics.md, "Element formats", "Rounding", "MX block scaling", "NVFP4" and
+"Random Hadamard transform".
 
 This is our own reading of the spec, written without looking at keel's C++.
 refcheck.py uses it
@@ -19,7 +21,7 @@ FLT_MAX = F32(np.finfo(np.float32).max)
 
 
 class ElemFormat:
-    """One element format of NUMERICS.md section 1."""
+    """One element format (docs/numerics.md, "Element formats")."""
 
     def __init__(self, name, ebits, mbits, bias, emax, max_normal, ms_name):
         self.name = name
@@ -111,7 +113,7 @@ def floor_log2_exact(a):
 
 
 def round_elem_exact(w, fmt, rounding, u=None):
-    """NUMERICS.md section 2 step 5 for the element, scale already divided out.
+    """Step 5 of docs/numerics.md, "MX block scaling", for the element, scale already divided out.
     w: float64 array (exact). Returns float64 grid values, saturated, sign of
     zero following w. rounding: nearest_even | nearest_away | floor (toward 0)
     | up (away from 0, used for stochastic-rounding candidate checks)."""
@@ -165,7 +167,7 @@ def mx_scale_layout(scales_rb, axis):
 
 
 def mx_quantize(x, elem, block, axis, rounding, seed=0):
-    """NUMERICS.md section 2. x: float32 (rows, cols). Returns
+    """docs/numerics.md, "MX block scaling". x: float32 (rows, cols). Returns
     (out float32, codes uint8 (rows, cols), scales uint8 in keel's layout,
     nan_mask bool (rows, cols): elements of NaN blocks)."""
     fmt = FORMATS[elem]
@@ -192,7 +194,7 @@ def mx_quantize(x, elem, block, axis, rounding, seed=0):
 
 
 # ----------------------------------------------------------------------------
-# NVFP4 (NUMERICS.md section 3)
+# NVFP4 (docs/numerics.md, "NVFP4")
 # ----------------------------------------------------------------------------
 RHT_SIGNS = np.array([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1], dtype=np.float64)
 
@@ -242,7 +244,7 @@ def e4m3_rne(d):
 
 def nvfp4_quantize(x, tile16x16=False, rht=False, axis=1, rounding="nearest_even", seed=0,
                    scale_order="spec"):
-    """NUMERICS.md section 3 in the spec's fp32 order. scale_order "legacy_te"
+    """docs/numerics.md, "NVFP4", in its fp32 order. scale_order "legacy_te"
     computes the block scale as TE's reference did before v2.15
     (d = (amax_b / 6) * S_enc) instead of the spec's amax_b * (S_enc * (1/6)).
     Returns (out float32,

@@ -147,8 +147,8 @@ OperandFormat& RoleFormat(PrecisionScheme* s, Role role) { return s->roles[stati
 Status ParseRoleFormats(const Reader& r, const YAML::Node& node, PrecisionScheme* s) {
   const std::string f = "precision";
   // Roles first: a forward role set without its backward twins also sets those
-  // (NUMERICS.md section 4 defaults: backward activations/gradients take fwd_x's
-  // format, dgrad_w takes fwd_w's).
+  // (backward activations/gradients take fwd_x's format, dgrad_w takes fwd_w's:
+  // docs/numerics.md, "Operand roles and axes").
   for (int i = 0; i < kRoleCount; ++i) {
     const char* role = RoleName(static_cast<Role>(i));
     if (!node[role]) continue;
@@ -169,7 +169,7 @@ Status ParseRoleFormats(const Reader& r, const YAML::Node& node, PrecisionScheme
 // precision.rounding (every operand) and precision.grad_rounding (the gradients).
 Status ParseRoundings(const Reader& r, const YAML::Node& node, PrecisionScheme* s) {
   const std::string f = "precision";
-  std::vector<std::string> roundings = {"nearest_even", "nearest_away", "stochastic"};
+  const std::vector<std::string> roundings = RoundingNames();
   if (node["rounding"]) {
     std::string text;
     KEEL_RETURN_IF_ERROR(r.OneOf(node["rounding"], f + ".rounding", roundings, &text));
@@ -222,7 +222,7 @@ Status ParseMxOptions(const Reader& r, const YAML::Node& node, PrecisionScheme* 
   const std::string f = "precision";
   if (node["mx_block"]) {
     int block;
-    KEEL_RETURN_IF_ERROR(r.Int(node["mx_block"], f + ".mx_block", 1, 1 << 16, &block));
+    KEEL_RETURN_IF_ERROR(r.Int(node["mx_block"], f + ".mx_block", 1, kMaxMxBlock, &block));
     for (OperandFormat& o : s->roles) o.mx_block = block;
     s->layernorm.mx_block = block;
   }
@@ -752,7 +752,11 @@ Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
   }
   if (YAML::Node m = root["model"]) KEEL_RETURN_IF_ERROR(ParseModel(r, m, &c.model));
   if (YAML::Node d = root["data"]) KEEL_RETURN_IF_ERROR(ParseData(r, d, &c.data));
-  if (root["precision"]) KEEL_RETURN_IF_ERROR(ParsePrecision(r, root["precision"], &c.precision));
+  if (root["precision"]) {
+    KEEL_RETURN_IF_ERROR(ParsePrecision(r, root["precision"], &c.precision));
+  } else {
+    SchemeFromPreset("fp32", &c.precision);  // what its name says: fp32 attention too
+  }
   if (YAML::Node o = root["optimizer"]) KEEL_RETURN_IF_ERROR(ParseOptimizer(r, o, &c.optimizer));
   if (YAML::Node s = root["schedule"]) KEEL_RETURN_IF_ERROR(ParseSchedule(r, s, &c.schedule));
   KEEL_RETURN_IF_ERROR(ParseRunFields(r, root, &c));

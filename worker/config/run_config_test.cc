@@ -42,6 +42,10 @@ TEST(RunConfigFieldsTest, EmptyConfigIsTheDefaults) {
   EXPECT_EQ(c.model.type, "proxy");
   EXPECT_EQ(c.steps, d.steps);
   EXPECT_EQ(c.precision.name, "fp32");
+  PrecisionScheme fp32;
+  ASSERT_TRUE(SchemeFromPreset("fp32", &fp32).ok());
+  EXPECT_EQ(SchemeToYaml(c.precision), SchemeToYaml(fp32));  // the preset, attention included
+  EXPECT_FALSE(c.precision.attention_bf16);
   EXPECT_FALSE(c.policy.active());
   // Derived: runs/<name>, seq = context, vocab padded to 128, mlp_hidden 4 x width.
   EXPECT_EQ(c.run_dir, "runs/run");
@@ -607,7 +611,8 @@ TEST(RunConfigErrorTest, Precision) {
       {"precision: {bf16_head: x}\n", "r.yaml:1:24: precision.bf16_head: 'x' is not a boolean (allowed: true, false)"},
       {"precision: {attention: fp16}\n",
        "r.yaml:1:24: precision.attention: unknown value 'fp16' (allowed: bf16, fp32)"},
-      {"precision: {mx_block: 0}\n", "r.yaml:1:23: precision.mx_block: 0 is out of range (allowed: 1 .. 65536)"},
+      {"precision: {mx_block: 0}\n", "r.yaml:1:23: precision.mx_block: 0 is out of range (allowed: 1 .. 4096)"},
+      {"precision: {mx_block: 4097}\n", "r.yaml:1:23: precision.mx_block: 4097 is out of range (allowed: 1 .. 4096)"},
       {"precision: {bump_exponent: x}\n",
        "r.yaml:1:28: precision.bump_exponent: 'x' is not a boolean (allowed: true, false)"},
       {"precision: {nvfp4_weight_16x16: x}\n",

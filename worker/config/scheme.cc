@@ -19,7 +19,7 @@ OperandFormat Quant(QuantFormat format, Rounding rounding) {
 OperandFormat Bf16() { return Quant(QuantFormat::kBf16, Rounding::kNearestEven); }
 
 // MX presets round to nearest with ties away from zero: microxcaling's default,
-// what the MX-instability paper trained with (NUMERICS.md section 2 item 6).
+// what the MX-instability paper trained with (docs/numerics.md, "Rounding").
 OperandFormat Mx(QuantFormat format) { return Quant(format, Rounding::kNearestAway); }
 
 void SetAll(PrecisionScheme* s, const OperandFormat& f) {

@@ -1,7 +1,8 @@
 // Precision schemes: how a run rounds every GEMM operand, its layernorm affine
-// parameters and its attention products (NUMERICS.md section 4, ARCHITECTURE.md
-// "Precision scheme"). This header is the one definition of a scheme and of the
-// named presets; configs, the CLI and (later) the RPC layer all parse through it.
+// parameters and its attention products (docs/numerics.md, "Precision schemes";
+// the roles: docs/numerics.md, "Operand roles and axes"). This header is the one
+// definition of a scheme and of the named presets; run configs (run_config.h),
+// the CLI and the wire form (scheme_proto.h) all go through it.
 //
 // A preset name means the same format in every role unless the name says
 // otherwise; any field can then be overridden in a config.

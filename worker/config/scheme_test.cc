@@ -103,7 +103,8 @@ TEST(RunConfigTest, PresetByNameAndMappingOverrides) {
   c = Parse("precision:\n  preset: fp32\n  fwd_x: mxfp8_e4m3\n  fwd_w: mxfp6_e2m3\n", &st);
   ASSERT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(c.precision.name, "custom");
-  // Section 4's defaults: backward activations/gradients follow fwd_x, dgrad_w follows fwd_w.
+  // The defaults of docs/numerics.md, "Operand roles and axes": backward
+  // activations/gradients follow fwd_x, dgrad_w follows fwd_w.
   EXPECT_EQ(RoleOf(c.precision, Role::kWgradX).format, QuantFormat::kMxfp8E4M3);
   EXPECT_EQ(RoleOf(c.precision, Role::kDgradDy).format, QuantFormat::kMxfp8E4M3);
   EXPECT_EQ(RoleOf(c.precision, Role::kDgradW).format, QuantFormat::kMxfp6E2M3);

@@ -1,7 +1,7 @@
 // The models keel-train trains, written once against the Backend interface
 // (kernels/nn.h) so the CPU and CUDA runs execute the same operations:
 //   - ProxyModel: the MX-instability paper's student ResidualMLP(d, L) learning a
-//     frozen teacher on fresh Gaussian batches (NUMERICS.md section 6);
+//     frozen teacher on fresh Gaussian batches (docs/numerics.md, "The proxy model");
 //   - GptModel: a GPT-2-style decoder LM (pre-LN, causal softmax attention, GELU or
 //     SwiGLU MLP, final LN, head tied to the token embedding; optional QK-LN and
 //     no biases).

@@ -1,4 +1,4 @@
-// The MX-instability paper's proxy (NUMERICS.md section 6): a student
+// The MX-instability paper's proxy (docs/numerics.md, "The proxy model"): a student
 // ResidualMLP(d, L) (x <- x + fc2(GELU(fc1(LN(x)))), fc1 d->4d without bias, fc2
 // 4d->d with bias, LN with gamma and beta, no final norm) regressing a frozen
 // teacher (L blocks of Linear(d, d) -> GELU -> Linear(d, d), no bias, no

@@ -1,5 +1,5 @@
 // Stability detectors: functions of a run's metric stream that fire when a
-// low-precision run starts to go wrong (ARCHITECTURE.md "Detector"). They run
+// low-precision run starts to go wrong (docs/design.md defines the terms). They run
 // inside the trainer after every step, on the values StepMetrics already holds,
 // so they cost no extra device work.
 //

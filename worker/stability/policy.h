@@ -1,5 +1,5 @@
 // Stability policies: "when these detectors fire, do these actions"
-// (ARCHITECTURE.md "Policy"). A run's policy comes from its config's `policy:`
+// (docs/design.md defines the terms). A run's policy comes from its config's `policy:`
 // section (a sweep's `policy:` is copied into each of its runs); the trainer
 // evaluates it after every step (PolicyEngine), so an intervention costs no
 // network round trip.

@@ -1,19 +1,14 @@
 """Draw this directory's figures from the CSVs in data/ (the two incomplete device calls of
-2026-11-21), with the plotting code of scripts/reproduce-mx-instability (svg_figure, loaded from
-the script's embedded analysis). A complete run of the script draws the same figures itself
-(OUT_DIR/plots/canon_*.svg) from its own run directories.
+2026-11-21), with the plotting code of scripts/reproduce-mx-instability (scripts/repro/svg.py).
+A complete run of the script draws the same figures itself (OUT_DIR/plots/canon_*.svg) from its
+own run directories.
   python3 docs/reproductions/mx-instability/make_figures_from_csv.py   (from the repository root)
 """
-import csv, math, os, re
+import csv, os, sys
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "..", "..", "..", "scripts", "reproduce-mx-instability")
-src = open(SCRIPT).read()
-src = re.search(r"<<'PYEOF'\n(.*?)\nPYEOF\n", src, re.S).group(1)
-src = src.split("# ------------------------------------------------------------------ report")[0]
-src = src.replace("WORK, OUT = sys.argv[2], sys.argv[3]\nSTEPS = int(sys.argv[4])", "WORK, OUT, STEPS = '', '', 9000")
-lib = {}
-exec(compile(src, SCRIPT, "exec"), lib)
-svg_figure, COLORS, ROLES = lib["svg_figure"], lib["COLORS"], lib["ROLES"]
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "scripts"))
+from repro.runs import ROLES
+from repro.svg import COLORS, svg_figure
 # data/probe, data/series: call 1 (fp32 and bf16 ran furthest there); data/window: call 2 (the
 # per-step window around the final criterion's blow-up steps). The MX and complete bf16 CSVs of
 # the two calls are identical.
