@@ -47,6 +47,17 @@ struct Shape {
 // Kernels
 // ============================================================================
 
+// Where element i of a [b, h, t, d] tensor sits in a row-major (batch*seq) x ld
+// matrix whose columns h * hd .. h * hd + hd - 1 hold head h: (b * seq + t) * ld +
+// h * hd + d.
+__device__ __forceinline__ int64_t RowMajorOffset(int64_t i, const Shape& s, int64_t ld) {
+  const int64_t d = i % s.hd;
+  const int64_t t = (i / s.hd) % s.seq;
+  const int64_t bh = i / (s.hd * s.seq);
+  const int64_t b = bh / s.heads, h = bh - b * s.heads;
+  return (b * s.seq + t) * ld + h * s.hd + d;
+}
+
 // [b, t, col0 + h * hd + d] of a row-major (batch*seq) x ld matrix -> [b, h, t, d],
 // for up to three column offsets at once (q, k, v). One thread per element.
 template <typename OutT>
@@ -55,11 +66,7 @@ __global__ void PermuteKernel(const float* __restrict__ src, int64_t ld, int64_t
   const int64_t n = s.batch * s.heads * s.seq * s.hd;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const int64_t d = i % s.hd;
-    const int64_t t = (i / s.hd) % s.seq;
-    const int64_t bh = i / (s.hd * s.seq);
-    const int64_t b = bh / s.heads, h = bh - b * s.heads;
-    const float* row = src + (b * s.seq + t) * ld + h * s.hd + d;
+    const float* row = src + RowMajorOffset(i, s, ld);
     out0[i] = FromFloat<OutT>(row[off0]);
     if (out1 != nullptr) out1[i] = FromFloat<OutT>(row[off1]);
     if (out2 != nullptr) out2[i] = FromFloat<OutT>(row[off2]);
@@ -73,11 +80,7 @@ __global__ void UnpermuteKernel(const float* __restrict__ src0, const float* __r
   const int64_t n = s.batch * s.heads * s.seq * s.hd;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const int64_t d = i % s.hd;
-    const int64_t t = (i / s.hd) % s.seq;
-    const int64_t bh = i / (s.hd * s.seq);
-    const int64_t b = bh / s.heads, h = bh - b * s.heads;
-    float* row = dst + (b * s.seq + t) * ld + h * s.hd + d;
+    float* row = dst + RowMajorOffset(i, s, ld);
     row[off0] = src0[i];
     if (src1 != nullptr) row[off1] = src1[i];
     if (src2 != nullptr) row[off2] = src2[i];
