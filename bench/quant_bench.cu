@@ -181,6 +181,23 @@ int Main(int argc, char** argv) {
   const MxFormat mx_formats[] = {{ElemFormat::kE4M3, "mxfp8_e4m3"}, {ElemFormat::kE5M2, "mxfp8_e5m2"},
                                  {ElemFormat::kE3M2, "mxfp6_e3m2"}, {ElemFormat::kE2M3, "mxfp6_e2m3"},
                                  {ElemFormat::kE2M1, "mxfp4"}};
+  // What a case writes: the bf16 dequantized tensor (fake quantization), or codes
+  // and block scales of code_bytes and scale_bytes per element (the scales only when
+  // scale_bytes > 0); with_tensor_scale: also the decode scale. *written: its bytes.
+  auto outputs = [&](bool fake, double code_bytes, double scale_bytes, bool with_tensor_scale, double* written) {
+    DeviceOutputs d;
+    if (with_tensor_scale) d.tensor_scale = tensor_scale;
+    if (fake) {
+      d.out = out;
+      d.out_dtype = DType::kBF16;
+      *written = 2.0 * n;
+    } else {
+      d.codes = codes;
+      if (scale_bytes > 0) d.scales = scales;
+      *written = (code_bytes + scale_bytes) * n;
+    }
+    return d;
+  };
   auto add_mx = [&](const MxFormat& f, int axis, Rounding rounding, bool fake) {
     QuantFormat format;
     ParseQuantFormat(f.name, &format);
@@ -190,17 +207,8 @@ int Main(int argc, char** argv) {
     o.axis = axis;
     o.rounding = rounding;
     o.seed = 1;
-    DeviceOutputs d;
     double written;
-    if (fake) {
-      d.out = out;
-      d.out_dtype = DType::kBF16;
-      written = 2.0 * n;
-    } else {
-      d.codes = codes;
-      d.scales = scales;
-      written = (Spec(f.elem).bits == 4 ? 0.5 : 1.0) * n + n / 32.0;
-    }
+    const DeviceOutputs d = outputs(fake, Spec(f.elem).bits == 4 ? 0.5 : 1.0, 1.0 / 32, false, &written);
     std::string name = std::string(f.name) + " axis " + std::to_string(axis);
     if (rounding != Rounding::kNearestEven) name += std::string(" ") + RoundingName(rounding);
     cases.push_back({fake ? "fake-quant bf16->bf16" : "codes+scales", name, in_bytes + written, 1,
@@ -214,18 +222,8 @@ int Main(int argc, char** argv) {
     o.axis = axis;
     o.rounding = rounding;
     o.seed = 1;
-    DeviceOutputs d;
-    d.tensor_scale = tensor_scale;
     double written;
-    if (fake) {
-      d.out = out;
-      d.out_dtype = DType::kBF16;
-      written = 2.0 * n;
-    } else {
-      d.codes = codes;
-      d.scales = scales;
-      written = 0.5 * n + n / 16.0;
-    }
+    const DeviceOutputs d = outputs(fake, 0.5, 1.0 / 16, true, &written);
     std::string name = std::string("nvfp4 ") + (tile ? "16x16" : "1x16") + (rht ? " rht" : "") + " axis " +
                        std::to_string(axis) + (rounding == Rounding::kStochastic ? " stochastic" : "") +
                        (amax_pass ? "  amax+quantize" : "  quantize (amax given)");
@@ -238,17 +236,8 @@ int Main(int argc, char** argv) {
   };
   auto add_fp8 = [&](bool amax_pass, bool fake) {
     CheckRequest(QuantFormat::kFp8E4M3, rows, cols, 1, Rounding::kNearestEven, false, false);
-    DeviceOutputs d;
-    d.tensor_scale = tensor_scale;
     double written;
-    if (fake) {
-      d.out = out;
-      d.out_dtype = DType::kBF16;
-      written = 2.0 * n;
-    } else {
-      d.codes = codes;
-      written = 1.0 * n;
-    }
+    const DeviceOutputs d = outputs(fake, 1.0, 0.0, true, &written);
     const float* given = amax + 3;
     cases.push_back({fake ? "fake-quant bf16->bf16" : "codes+scales",
                      std::string("fp8_e4m3 per-tensor") + (amax_pass ? "  amax+quantize" : "  quantize (amax given)"),

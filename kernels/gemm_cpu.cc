@@ -62,50 +62,42 @@ struct Operands {
   int64_t ldb;
 };
 
-// Packs op(A)[i0 .. i0+mc) x [p0 .. p0+kc) into kMr-row panels, rows past mc zero.
-void PackA(const Operands& op, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* out) {
-  for (int64_t ir = 0; ir < mc; ir += kMr) {
-    const int64_t rows = std::min<int64_t>(kMr, mc - ir);
-    float* panel = out + ir * kc;
-    if (!op.trans_a) {
-      for (int64_t i = 0; i < kMr; ++i) {
-        if (i >= rows) {
-          for (int64_t p = 0; p < kc; ++p) panel[p * kMr + i] = 0.0f;
+// Packs `count` lines from line l0 (rows of op(A) or columns of op(B)) over depth
+// p0 .. p0+kc into kPanel-line panels, panel[p * kPanel + l], lines past count
+// zero. Element (line l, depth p) is m[p * ld + l] when `depth_major`, else
+// m[l * ld + p]: op(A) is depth-major when A is transposed, op(B) when B is not.
+template <int kPanel>
+void PackPanels(const float* m, int64_t ld, bool depth_major, int64_t l0, int64_t count, int64_t p0,
+                int64_t kc, float* out) {
+  for (int64_t lr = 0; lr < count; lr += kPanel) {
+    const int64_t lines = std::min<int64_t>(kPanel, count - lr);
+    float* panel = out + lr * kc;
+    if (!depth_major) {
+      for (int64_t l = 0; l < kPanel; ++l) {
+        if (l >= lines) {
+          for (int64_t p = 0; p < kc; ++p) panel[p * kPanel + l] = 0.0f;
           continue;
         }
-        const float* src = op.a + (i0 + ir + i) * op.lda + p0;
-        for (int64_t p = 0; p < kc; ++p) panel[p * kMr + i] = src[p];
+        const float* src = m + (l0 + lr + l) * ld + p0;
+        for (int64_t p = 0; p < kc; ++p) panel[p * kPanel + l] = src[p];
       }
     } else {
       for (int64_t p = 0; p < kc; ++p) {
-        const float* src = op.a + (p0 + p) * op.lda + i0 + ir;
-        for (int64_t i = 0; i < kMr; ++i) panel[p * kMr + i] = i < rows ? src[i] : 0.0f;
+        const float* src = m + (p0 + p) * ld + l0 + lr;
+        for (int64_t l = 0; l < kPanel; ++l) panel[p * kPanel + l] = l < lines ? src[l] : 0.0f;
       }
     }
   }
 }
 
-// Packs op(B)[p0 .. p0+kc) x [j0 .. j0+nc) into kNr-column panels, columns past nc zero.
+// op(A)[i0 .. i0+mc) x [p0 .. p0+kc) into kMr-row panels.
+void PackA(const Operands& op, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* out) {
+  PackPanels<kMr>(op.a, op.lda, op.trans_a, i0, mc, p0, kc, out);
+}
+
+// op(B)[p0 .. p0+kc) x [j0 .. j0+nc) into kNr-column panels.
 void PackB(const Operands& op, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
-  for (int64_t jr = 0; jr < nc; jr += kNr) {
-    const int64_t cols = std::min<int64_t>(kNr, nc - jr);
-    float* panel = out + jr * kc;
-    if (!op.trans_b) {
-      for (int64_t p = 0; p < kc; ++p) {
-        const float* src = op.b + (p0 + p) * op.ldb + j0 + jr;
-        for (int64_t j = 0; j < kNr; ++j) panel[p * kNr + j] = j < cols ? src[j] : 0.0f;
-      }
-    } else {
-      for (int64_t j = 0; j < kNr; ++j) {
-        if (j >= cols) {
-          for (int64_t p = 0; p < kc; ++p) panel[p * kNr + j] = 0.0f;
-          continue;
-        }
-        const float* src = op.b + (j0 + jr + j) * op.ldb + p0;
-        for (int64_t p = 0; p < kc; ++p) panel[p * kNr + j] = src[p];
-      }
-    }
-  }
+  PackPanels<kNr>(op.b, op.ldb, !op.trans_b, j0, nc, p0, kc, out);
 }
 
 int64_t RoundUp(int64_t value, int64_t multiple) {

@@ -16,6 +16,7 @@ namespace keel {
 
 using cpu_internal::CheckMin;
 using cpu_internal::CheckPtr;
+using cpu_internal::CheckPtrs;
 
 namespace {
 
@@ -97,9 +98,7 @@ Status CpuBackend::Fill(float* x, int64_t count, float value) {
 
 Status CpuBackend::Add(const float* a, const float* b, float* out, int64_t count) {
   KEEL_RETURN_IF_ERROR(CheckMin("Add", "count", count, 0));
-  KEEL_RETURN_IF_ERROR(CheckPtr("Add", "a", a, count));
-  KEEL_RETURN_IF_ERROR(CheckPtr("Add", "b", b, count));
-  KEEL_RETURN_IF_ERROR(CheckPtr("Add", "out", out, count));
+  KEEL_RETURN_IF_ERROR(CheckPtrs("Add", {{"a", a}, {"b", b}, {"out", out}}, count));
   pool_.ParallelRange(count, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
   });
@@ -108,8 +107,7 @@ Status CpuBackend::Add(const float* a, const float* b, float* out, int64_t count
 
 Status CpuBackend::Axpy(float alpha, const float* x, float* y, int64_t count) {
   KEEL_RETURN_IF_ERROR(CheckMin("Axpy", "count", count, 0));
-  KEEL_RETURN_IF_ERROR(CheckPtr("Axpy", "x", x, count));
-  KEEL_RETURN_IF_ERROR(CheckPtr("Axpy", "y", y, count));
+  KEEL_RETURN_IF_ERROR(CheckPtrs("Axpy", {{"x", x}, {"y", y}}, count));
   pool_.ParallelRange(count, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) y[i] += alpha * x[i];
   });
@@ -132,8 +130,7 @@ Status CpuBackend::Copy2D(const float* src, int64_t src_ld, float* dst, int64_t 
   if (rows == 0 || cols == 0) return Status::Ok();
   KEEL_RETURN_IF_ERROR(CheckMin("Copy2D", "src_ld", src_ld, cols));
   KEEL_RETURN_IF_ERROR(CheckMin("Copy2D", "dst_ld", dst_ld, cols));
-  KEEL_RETURN_IF_ERROR(CheckPtr("Copy2D", "src", src));
-  KEEL_RETURN_IF_ERROR(CheckPtr("Copy2D", "dst", dst));
+  KEEL_RETURN_IF_ERROR(CheckPtrs("Copy2D", {{"src", src}, {"dst", dst}}));
   pool_.ParallelRange(rows, std::max<int64_t>(1, kGrain / cols), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
       std::memcpy(dst + r * dst_ld, src + r * src_ld, sizeof(float) * cols);
@@ -166,10 +163,8 @@ Status CpuBackend::AdamW(float* param, const float* grad, float* m, float* v, in
                          int step, float grad_scale) {
   KEEL_RETURN_IF_ERROR(CheckMin("AdamW", "count", count, 0));
   KEEL_RETURN_IF_ERROR(CheckMin("AdamW", "step", step, 1));
-  KEEL_RETURN_IF_ERROR(CheckPtr("AdamW", "param", param, count));
-  KEEL_RETURN_IF_ERROR(CheckPtr("AdamW", "grad", grad, count));
-  KEEL_RETURN_IF_ERROR(CheckPtr("AdamW", "m", m, count));
-  KEEL_RETURN_IF_ERROR(CheckPtr("AdamW", "v", v, count));
+  KEEL_RETURN_IF_ERROR(CheckPtrs("AdamW", {{"param", param}, {"grad", grad}, {"m", m},
+                                           {"v", v}}, count));
   // The bias corrections in double (beta2^t for large t loses digits in float),
   // rounded once; everything per element is fp32.
   const float correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), step));

@@ -25,18 +25,16 @@
 
 namespace keel {
 
-using cpu_internal::CheckMin;
-using cpu_internal::CheckPtr;
+using cpu_internal::CheckPositive;
+using cpu_internal::CheckPtrs;
 
 namespace {
 
 float RoundBf16(float x) { return Bf16ToFloat(FloatToBf16(x, Rounding::kNearestEven, 0.0f)); }
 
 Status CheckAttentionShape(const char* op, int64_t batch, int64_t seq, int64_t heads, int64_t dim) {
-  KEEL_RETURN_IF_ERROR(CheckMin(op, "batch", batch, 1));
-  KEEL_RETURN_IF_ERROR(CheckMin(op, "seq", seq, 1));
-  KEEL_RETURN_IF_ERROR(CheckMin(op, "heads", heads, 1));
-  KEEL_RETURN_IF_ERROR(CheckMin(op, "dim", dim, 1));
+  KEEL_RETURN_IF_ERROR(CheckPositive(op, {{"batch", batch}, {"seq", seq}, {"heads", heads},
+                                          {"dim", dim}}));
   if (dim % heads != 0)
     return Status::Error(std::string(op) + ": heads: " + std::to_string(heads) +
                          " is not allowed; it must divide dim (" + std::to_string(dim) + ")");
@@ -59,9 +57,7 @@ Status CpuBackend::AttentionForward(const float* qkv, float* out, float* probs, 
                                     int64_t seq, int64_t heads, int64_t dim, bool bf16_operands) {
   static const char kOp[] = "AttentionForward";
   KEEL_RETURN_IF_ERROR(CheckAttentionShape(kOp, batch, seq, heads, dim));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "qkv", qkv));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "out", out));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "probs", probs));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"qkv", qkv}, {"out", out}, {"probs", probs}}));
   const int64_t hd = dim / heads;
   const int64_t ld = 3 * dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -107,10 +103,8 @@ Status CpuBackend::AttentionBackward(const float* qkv, const float* probs, const
                                      int64_t dim, bool bf16_operands) {
   static const char kOp[] = "AttentionBackward";
   KEEL_RETURN_IF_ERROR(CheckAttentionShape(kOp, batch, seq, heads, dim));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "qkv", qkv));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "probs", probs));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dout", dout));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dqkv", dqkv));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"qkv", qkv}, {"probs", probs}, {"dout", dout},
+                                       {"dqkv", dqkv}}));
   const int64_t hd = dim / heads;
   const int64_t ld = 3 * dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));

@@ -15,7 +15,9 @@
 namespace keel {
 
 using cpu_internal::CheckMin;
+using cpu_internal::CheckPositive;
 using cpu_internal::CheckPtr;
+using cpu_internal::CheckPtrs;
 
 namespace {
 
@@ -33,13 +35,9 @@ Status CpuBackend::LayerNormForward(const float* x, const float* gamma, const fl
                                     float* mean, float* rstd, int64_t rows, int64_t cols,
                                     float eps) {
   static const char kOp[] = "LayerNormForward";
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "cols", cols, 1));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "gamma", gamma));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "y", y));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "mean", mean));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "rstd", rstd));
+  KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"rows", rows}, {"cols", cols}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"gamma", gamma}, {"y", y}, {"mean", mean},
+                                       {"rstd", rstd}}));
   if (!(eps >= 0.0f))
     return Status::Error(std::string(kOp) + ": eps: " + std::to_string(eps) +
                          " is not allowed; need >= 0");
@@ -73,15 +71,9 @@ Status CpuBackend::LayerNormBackward(const float* x, const float* gamma, const f
                                      const float* rstd, const float* dy, float* dx, float* dgamma,
                                      float* dbeta, int64_t rows, int64_t cols) {
   static const char kOp[] = "LayerNormBackward";
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "cols", cols, 1));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "gamma", gamma));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "mean", mean));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "rstd", rstd));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dy", dy));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dx", dx));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dgamma", dgamma));
+  KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"rows", rows}, {"cols", cols}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"gamma", gamma}, {"mean", mean}, {"rstd", rstd},
+                                       {"dy", dy}, {"dx", dx}, {"dgamma", dgamma}}));
   // dx, per row: with n = (x - mean) * rstd and g = dy * gamma,
   // dx += (g - mean(g) - n * mean(g * n)) * rstd.
   pool_.ParallelRange(rows, RowGrain(cols), [&](int64_t begin, int64_t end) {
@@ -133,8 +125,7 @@ Status CpuBackend::LayerNormBackward(const float* x, const float* gamma, const f
 Status CpuBackend::GeluForward(const float* x, float* y, int64_t count) {
   static const char kOp[] = "GeluForward";
   KEEL_RETURN_IF_ERROR(CheckMin(kOp, "count", count, 0));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x, count));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "y", y, count));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"y", y}}, count));
   pool_.ParallelRange(count, kElementGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       float v = x[i];
@@ -147,9 +138,7 @@ Status CpuBackend::GeluForward(const float* x, float* y, int64_t count) {
 Status CpuBackend::GeluBackward(const float* x, const float* dy, float* dx, int64_t count) {
   static const char kOp[] = "GeluBackward";
   KEEL_RETURN_IF_ERROR(CheckMin(kOp, "count", count, 0));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x, count));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dy", dy, count));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dx", dx, count));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"dy", dy}, {"dx", dx}}, count));
   pool_.ParallelRange(count, kElementGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       // gelu'(x) = Phi(x) + x * phi(x), Phi the normal CDF and phi its density.
@@ -166,10 +155,8 @@ Status CpuBackend::GeluBackward(const float* x, const float* dy, float* dx, int6
 
 Status CpuBackend::SwigluForward(const float* x, float* y, int64_t rows, int64_t h) {
   static const char kOp[] = "SwigluForward";
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "h", h, 1));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "y", y));
+  KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"rows", rows}, {"h", h}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"y", y}}));
   pool_.ParallelRange(rows, RowGrain(h), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* gate = x + r * 2 * h;
@@ -187,11 +174,8 @@ Status CpuBackend::SwigluForward(const float* x, float* y, int64_t rows, int64_t
 Status CpuBackend::SwigluBackward(const float* x, const float* dy, float* dx, int64_t rows,
                                   int64_t h) {
   static const char kOp[] = "SwigluBackward";
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "h", h, 1));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dy", dy));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dx", dx));
+  KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"rows", rows}, {"h", h}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"dy", dy}, {"dx", dx}}));
   pool_.ParallelRange(rows, RowGrain(h), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* gate = x + r * 2 * h;
@@ -230,13 +214,9 @@ Status CheckTokens(const char* op, const int32_t* tokens, int64_t count) {
 Status CpuBackend::EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe,
                                     float* out, int64_t batch, int64_t seq, int64_t dim) {
   static const char kOp[] = "EmbeddingForward";
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "batch", batch, 1));
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "seq", seq, 1));
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "dim", dim, 1));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "tokens", tokens));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "wte", wte));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "wpe", wpe));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "out", out));
+  KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"batch", batch}, {"seq", seq}, {"dim", dim}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"tokens", tokens}, {"wte", wte}, {"wpe", wpe},
+                                       {"out", out}}));
   // nn.h passes no vocabulary size, so only negative ids can be caught here.
   KEEL_RETURN_IF_ERROR(CheckTokens(kOp, tokens, batch * seq));
   pool_.ParallelRange(batch * seq, RowGrain(dim), [&](int64_t begin, int64_t end) {
@@ -253,13 +233,9 @@ Status CpuBackend::EmbeddingForward(const int32_t* tokens, const float* wte, con
 Status CpuBackend::EmbeddingBackward(const int32_t* tokens, const float* dout, float* dwte,
                                      float* dwpe, int64_t batch, int64_t seq, int64_t dim) {
   static const char kOp[] = "EmbeddingBackward";
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "batch", batch, 1));
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "seq", seq, 1));
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "dim", dim, 1));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "tokens", tokens));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dout", dout));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dwte", dwte));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dwpe", dwpe));
+  KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"batch", batch}, {"seq", seq}, {"dim", dim}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"tokens", tokens}, {"dout", dout}, {"dwte", dwte},
+                                       {"dwpe", dwpe}}));
   KEEL_RETURN_IF_ERROR(CheckTokens(kOp, tokens, batch * seq));
   // A token may repeat, so rows of dwte are shared between positions: split by
   // column instead, and walk the positions in order within each column range.
@@ -283,11 +259,9 @@ namespace {
 
 Status CheckCrossEntropy(const char* op, const float* logits, const int32_t* targets, int64_t rows,
                          int64_t padded_vocab, int64_t vocab) {
-  KEEL_RETURN_IF_ERROR(CheckMin(op, "rows", rows, 1));
-  KEEL_RETURN_IF_ERROR(CheckMin(op, "vocab", vocab, 1));
+  KEEL_RETURN_IF_ERROR(CheckPositive(op, {{"rows", rows}, {"vocab", vocab}}));
   KEEL_RETURN_IF_ERROR(CheckMin(op, "padded_vocab", padded_vocab, vocab));
-  KEEL_RETURN_IF_ERROR(CheckPtr(op, "logits", logits));
-  KEEL_RETURN_IF_ERROR(CheckPtr(op, "targets", targets));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(op, {{"logits", logits}, {"targets", targets}}));
   for (int64_t r = 0; r < rows; ++r) {
     if (targets[r] >= vocab)
       return Status::Error(std::string(op) + ": targets[" + std::to_string(r) +

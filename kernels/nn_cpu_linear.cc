@@ -22,8 +22,8 @@
 
 namespace keel {
 
-using cpu_internal::CheckMin;
-using cpu_internal::CheckPtr;
+using cpu_internal::CheckPositive;
+using cpu_internal::CheckPtrs;
 
 namespace {
 
@@ -192,13 +192,7 @@ Status CpuBackend::PrepareOperand(Role role, const float* x, int64_t rows, int64
   local.elements = count;
 
   if (IsMx(format.format)) {
-    MxOptions options;
-    options.elem = ElementOf(format.format);
-    options.block = format.mx_block;
-    options.axis = axis;
-    options.rounding = format.rounding;
-    options.seed = seed;
-    options.bump_exponent = format.bump_exponent;
+    const MxOptions options = MxOptionsOf(format, axis, seed);
     std::vector<uint8_t> codes, scales;
     if (stats != nullptr) {
       codes.resize(count);
@@ -214,12 +208,7 @@ Status CpuBackend::PrepareOperand(Role role, const float* x, int64_t rows, int64
       local.nan_blocks = std::count(scales.begin(), scales.end(), kE8M0Nan);
     }
   } else if (format.format == QuantFormat::kNvfp4) {
-    Nvfp4Options options;
-    options.tile_16x16 = format.tile_16x16;
-    options.rht = format.rht;
-    options.axis = axis;
-    options.rounding = format.rounding;
-    options.seed = seed;
+    const Nvfp4Options options = Nvfp4OptionsOf(format, axis, seed);
     std::vector<uint8_t> codes(count), scales(MxScaleCount(rows, cols, 16, axis));
     std::vector<float> dequantized(stats != nullptr ? count : 0);
     float s_dec = 1.0f;
@@ -316,12 +305,8 @@ Status CpuBackend::ReadOperandStats(std::vector<OperandStats>* stats) {
 Status CpuBackend::LinearForward(const float* x, const float* w, const float* bias, float* y,
                                  int64_t rows, int64_t in, int64_t out, const LinearQuant& q) {
   static const char kOp[] = "LinearForward";
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "in", in, 1));
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "out", out, 1));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "w", w));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "y", y));
+  KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"rows", rows}, {"in", in}, {"out", out}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"w", w}, {"y", y}}));
   std::lock_guard<std::mutex> lock(linear_mutex_);
   KEEL_RETURN_IF_ERROR(ValidateLinearQuant(kOp, q, rows, stats_slots_));
 
@@ -353,13 +338,8 @@ Status CpuBackend::LinearBackward(const float* x, const float* w, const float* d
                                   float* dw, float* dbias, int64_t rows, int64_t in, int64_t out,
                                   const LinearQuant& q) {
   static const char kOp[] = "LinearBackward";
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "in", in, 1));
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "out", out, 1));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "w", w));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dy", dy));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dw", dw));
+  KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"rows", rows}, {"in", in}, {"out", out}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"w", w}, {"dy", dy}, {"dw", dw}}));
   std::lock_guard<std::mutex> lock(linear_mutex_);
   KEEL_RETURN_IF_ERROR(ValidateLinearQuant(kOp, q, rows, stats_slots_));
 
@@ -409,10 +389,8 @@ Status CpuBackend::LinearBackward(const float* x, const float* w, const float* d
 Status CpuBackend::QuantizeDequantize(const float* x, int64_t rows, int64_t cols, int axis,
                                       const OperandFormat& format, uint64_t seed, float* out) {
   static const char kOp[] = "QuantizeDequantize";
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 1));
-  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "cols", cols, 1));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "x", x));
-  KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "out", out));
+  KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"rows", rows}, {"cols", cols}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"out", out}}));
   if (axis != 0 && axis != 1)
     return Status::Error(std::string(kOp) + ": axis: " + std::to_string(axis) +
                          " is not allowed; use 1 (along rows) or 0 (down columns)");
@@ -437,21 +415,12 @@ Status CpuBackend::QuantizeDequantize(const float* x, int64_t rows, int64_t cols
   }
   Status status;
   if (IsMx(format.format)) {
-    MxOptions options;
-    options.elem = ElementOf(format.format);
-    options.block = format.mx_block;
-    options.axis = axis;
-    options.rounding = format.rounding;
-    options.seed = seed;
-    options.bump_exponent = format.bump_exponent;
-    status = MxQuantizeBands(&pool_, x, rows, cols, options, dst, nullptr, nullptr);
+    status = MxQuantizeBands(&pool_, x, rows, cols, MxOptionsOf(format, axis, seed), dst, nullptr,
+                             nullptr);
   } else if (format.format == QuantFormat::kNvfp4) {
-    Nvfp4Options options;
-    options.tile_16x16 = format.tile_16x16;
-    options.axis = axis;
-    options.rounding = format.rounding;
-    options.seed = seed;
-    status = Nvfp4QuantizeRef(x, rows, cols, options, dst, nullptr, nullptr, nullptr);
+    // format.rht is false here (refused above).
+    status = Nvfp4QuantizeRef(x, rows, cols, Nvfp4OptionsOf(format, axis, seed), dst, nullptr,
+                              nullptr, nullptr);
   } else if (IsFp8Tensor(format.format)) {
     status = Fp8TensorQuantizeRef(x, count, ElementOf(format.format), format.rounding, seed, dst,
                                   nullptr, nullptr);

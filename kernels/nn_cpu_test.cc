@@ -24,11 +24,16 @@
 #include "kernels/formats.h"
 #include "kernels/gemm_cpu.h"
 #include "kernels/nn.h"
+#include "kernels/nn_test_util.h"
 #include "kernels/philox.h"
 #include "kernels/quantize.h"
 
 namespace keel {
 namespace {
+
+using nn_test::Normal;
+using nn_test::Quant;
+using nn_test::WithOutliers;
 
 constexpr double kU = 1.0 / 16777216.0;  // fp32 unit roundoff, 2^-24
 
@@ -37,26 +42,6 @@ std::unique_ptr<Backend> MakeCpu(int threads) {
   Status status = MakeCpuBackend(threads, &backend);
   EXPECT_TRUE(status.ok()) << status.message();
   return backend;
-}
-
-std::vector<float> Normal(int64_t n, uint32_t seed, float stddev = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, stddev);
-  std::vector<float> x(n);
-  for (float& v : x) v = normal(rng);
-  return x;
-}
-
-// Normal values with a few large outliers, as activations and gradients have,
-// so that the quantizers' scales differ from block to block.
-std::vector<float> WithOutliers(int64_t n, uint32_t seed) {
-  std::vector<float> x = Normal(n, seed);
-  std::mt19937 rng(seed + 1000);
-  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
-  for (float& v : x) {
-    if (uniform(rng) < 0.03f) v *= 20.0f * (1.0f + uniform(rng));
-  }
-  return x;
 }
 
 double WeightedSum(const std::vector<float>& y, const std::vector<float>& r) {
@@ -591,14 +576,6 @@ std::vector<float> Nvfp4Ref(const std::vector<float>& x, int64_t rows, int64_t c
   Status status = Nvfp4QuantizeRef(x.data(), rows, cols, o, out.data(), nullptr, nullptr, nullptr);
   EXPECT_TRUE(status.ok()) << status.message();
   return out;
-}
-
-OperandFormat Quant(QuantFormat format, Rounding rounding = Rounding::kNearestEven) {
-  OperandFormat f;
-  f.kind = OperandFormat::Kind::kQuant;
-  f.format = format;
-  f.rounding = rounding;
-  return f;
 }
 
 int RoleIndex(Role role) { return static_cast<int>(role); }

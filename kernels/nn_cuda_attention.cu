@@ -29,13 +29,6 @@ namespace nncuda {
 
 namespace {
 
-constexpr unsigned kFullMask = 0xFFFFFFFFu;
-
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
 __device__ __forceinline__ float WarpMax(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
@@ -54,6 +47,17 @@ struct Shape {
 // Kernels
 // ============================================================================
 
+// Where element i of a [b, h, t, d] tensor sits in a row-major (batch*seq) x ld
+// matrix whose columns h * hd .. h * hd + hd - 1 hold head h: (b * seq + t) * ld +
+// h * hd + d.
+__device__ __forceinline__ int64_t RowMajorOffset(int64_t i, const Shape& s, int64_t ld) {
+  const int64_t d = i % s.hd;
+  const int64_t t = (i / s.hd) % s.seq;
+  const int64_t bh = i / (s.hd * s.seq);
+  const int64_t b = bh / s.heads, h = bh - b * s.heads;
+  return (b * s.seq + t) * ld + h * s.hd + d;
+}
+
 // [b, t, col0 + h * hd + d] of a row-major (batch*seq) x ld matrix -> [b, h, t, d],
 // for up to three column offsets at once (q, k, v). One thread per element.
 template <typename OutT>
@@ -62,11 +66,7 @@ __global__ void PermuteKernel(const float* __restrict__ src, int64_t ld, int64_t
   const int64_t n = s.batch * s.heads * s.seq * s.hd;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const int64_t d = i % s.hd;
-    const int64_t t = (i / s.hd) % s.seq;
-    const int64_t bh = i / (s.hd * s.seq);
-    const int64_t b = bh / s.heads, h = bh - b * s.heads;
-    const float* row = src + (b * s.seq + t) * ld + h * s.hd + d;
+    const float* row = src + RowMajorOffset(i, s, ld);
     out0[i] = FromFloat<OutT>(row[off0]);
     if (out1 != nullptr) out1[i] = FromFloat<OutT>(row[off1]);
     if (out2 != nullptr) out2[i] = FromFloat<OutT>(row[off2]);
@@ -80,11 +80,7 @@ __global__ void UnpermuteKernel(const float* __restrict__ src0, const float* __r
   const int64_t n = s.batch * s.heads * s.seq * s.hd;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const int64_t d = i % s.hd;
-    const int64_t t = (i / s.hd) % s.seq;
-    const int64_t bh = i / (s.hd * s.seq);
-    const int64_t b = bh / s.heads, h = bh - b * s.heads;
-    float* row = dst + (b * s.seq + t) * ld + h * s.hd + d;
+    float* row = dst + RowMajorOffset(i, s, ld);
     row[off0] = src0[i];
     if (src1 != nullptr) row[off1] = src1[i];
     if (src2 != nullptr) row[off2] = src2[i];
@@ -189,20 +185,12 @@ Status CudaBackend::AttentionForward(const float* qkv, float* out, float* probs,
   GemmArgs g;
   g.bf16 = bf16;
   g.trans_a = true;
-  g.m = seq;
-  g.n = seq;
-  g.k = s.hd;
-  g.a = attn_k_.get<void>();
-  g.lda = s.hd;
-  g.stride_a = head_elems;
-  g.b = attn_q_.get<void>();
-  g.ldb = s.hd;
-  g.stride_b = head_elems;
-  g.c = probs;
-  g.ldc = seq;
-  g.stride_c = seq * seq;
   g.batch = bh;
   g.alpha = blas_.one();
+  g.Shape(seq, seq, s.hd)
+      .A(attn_k_.get<void>(), s.hd, head_elems)
+      .B(attn_q_.get<void>(), s.hd, head_elems)
+      .C(probs, seq, seq * seq);
   KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
   const float scale = 1.0f / sqrtf(static_cast<float>(s.hd));
   const int64_t rows = bh * seq;
@@ -212,20 +200,12 @@ Status CudaBackend::AttentionForward(const float* qkv, float* out, float* probs,
   // O (row-major t x d) = P v: column-major O^T = v^T (stored d x t) . P^T (stored t x t).
   GemmArgs o;
   o.bf16 = bf16;
-  o.m = s.hd;
-  o.n = seq;
-  o.k = seq;
-  o.a = attn_v_.get<void>();
-  o.lda = s.hd;
-  o.stride_a = head_elems;
-  o.b = bf16 ? attn_p_.get<void>() : static_cast<const void*>(probs);
-  o.ldb = seq;
-  o.stride_b = seq * seq;
-  o.c = attn_o_.get<float>();
-  o.ldc = s.hd;
-  o.stride_c = head_elems;
   o.batch = bh;
   o.alpha = blas_.one();
+  o.Shape(s.hd, seq, seq)
+      .A(attn_v_.get<void>(), s.hd, head_elems)
+      .B(bf16 ? attn_p_.get<void>() : static_cast<const void*>(probs), seq, seq * seq)
+      .C(attn_o_.get<float>(), s.hd, head_elems);
   KEEL_RETURN_IF_ERROR(blas_.Gemm(o));
   UnpermuteKernel<<<GridFor(n), kThreads, 0, stream_>>>(attn_o_.get<float>(), nullptr, nullptr, out, dim, 0, 0, 0, s);
   NN_LAUNCH_CHECK();
@@ -278,20 +258,9 @@ Status CudaBackend::AttentionBackward(const float* qkv, const float* probs, cons
   GemmArgs g;
   g.bf16 = bf16;
   g.trans_a = true;
-  g.m = seq;
-  g.n = seq;
-  g.k = s.hd;
-  g.a = v;
-  g.lda = s.hd;
-  g.stride_a = head_elems;
-  g.b = d_o;
-  g.ldb = s.hd;
-  g.stride_b = head_elems;
-  g.c = dp;
-  g.ldc = seq;
-  g.stride_c = seq * seq;
   g.batch = bh;
   g.alpha = blas_.one();
+  g.Shape(seq, seq, s.hd).A(v, s.hd, head_elems).B(d_o, s.hd, head_elems).C(dp, seq, seq * seq);
   KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
 
   const int64_t rows = bh * seq;
@@ -310,20 +279,9 @@ Status CudaBackend::AttentionBackward(const float* qkv, const float* probs, cons
     GemmArgs h;
     h.bf16 = bf16;
     h.trans_b = trans_b;
-    h.m = s.hd;
-    h.n = seq;
-    h.k = seq;
-    h.a = a;
-    h.lda = s.hd;
-    h.stride_a = head_elems;
-    h.b = b;
-    h.ldb = seq;
-    h.stride_b = seq * seq;
-    h.c = c;
-    h.ldc = s.hd;
-    h.stride_c = head_elems;
     h.batch = bh;
     h.alpha = alpha;
+    h.Shape(s.hd, seq, seq).A(a, s.hd, head_elems).B(b, seq, seq * seq).C(c, s.hd, head_elems);
     return blas_.Gemm(h);
   };
   // dV (t x d) = P^T dO: column-major dV^T = dO^T (stored d x t) . P (stored as P^T, transposed).

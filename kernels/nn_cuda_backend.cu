@@ -24,73 +24,24 @@ int64_t g_grid_cap = 132 * 32;  // set from the device's SM count in Init
 // Kernels
 // ============================================================================
 
-__global__ void FillKernel(float* x, int64_t n, float value, bool vec) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  if (vec) {
-    const float4 v = make_float4(value, value, value, value);
-    for (int64_t j = i; j < n / 4; j += stride) reinterpret_cast<float4*>(x)[j] = v;
-    done = n / 4 * 4;
-  }
-  for (int64_t j = done + i; j < n; j += stride) x[j] = value;
-}
-
-// out may alias a or b: each element is read and then written by one thread.
-__global__ void AddKernel(const float* a, const float* b, float* out, int64_t n, bool vec) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  if (vec) {
-    for (int64_t j = i; j < n / 4; j += stride) {
-      const float4 x = reinterpret_cast<const float4*>(a)[j];
-      const float4 y = reinterpret_cast<const float4*>(b)[j];
-      reinterpret_cast<float4*>(out)[j] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
-    }
-    done = n / 4 * 4;
-  }
-  for (int64_t j = done + i; j < n; j += stride) out[j] = a[j] + b[j];
-}
-
-// y += alpha * x: the product rounded, then the sum (no FMA: -fmad=false), as the
+// The elementwise operations, for MapKernel (nn_cuda_internal.h).
+struct FillOp {
+  float value;
+  __device__ float operator()(float, float) const { return value; }
+};
+struct AddOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+// y + alpha * x: the product rounded, then the sum (no FMA: -fmad=false), as the
 // CPU's y[i] += alpha * x[i].
-__global__ void AxpyKernel(float alpha, const float* __restrict__ x, float* __restrict__ y, int64_t n,
-                           bool vec) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  if (vec) {
-    for (int64_t j = i; j < n / 4; j += stride) {
-      const float4 a = reinterpret_cast<const float4*>(x)[j];
-      float4 b = reinterpret_cast<float4*>(y)[j];
-      b.x = b.x + alpha * a.x;
-      b.y = b.y + alpha * a.y;
-      b.z = b.z + alpha * a.z;
-      b.w = b.w + alpha * a.w;
-      reinterpret_cast<float4*>(y)[j] = b;
-    }
-    done = n / 4 * 4;
-  }
-  for (int64_t j = done + i; j < n; j += stride) y[j] = y[j] + alpha * x[j];
-}
-
-__global__ void ScaleKernel(float* x, int64_t n, float alpha, bool vec) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  if (vec) {
-    for (int64_t j = i; j < n / 4; j += stride) {
-      float4 a = reinterpret_cast<float4*>(x)[j];
-      a.x *= alpha;
-      a.y *= alpha;
-      a.z *= alpha;
-      a.w *= alpha;
-      reinterpret_cast<float4*>(x)[j] = a;
-    }
-    done = n / 4 * 4;
-  }
-  for (int64_t j = done + i; j < n; j += stride) x[j] *= alpha;
-}
+struct AxpyOp {
+  float alpha;
+  __device__ float operator()(float y, float x) const { return y + alpha * x; }
+};
+struct ScaleOp {
+  float alpha;
+  __device__ float operator()(float x, float) const { return x * alpha; }
+};
 
 // Box-Muller of nn.h: u1 = 1 - U(2k), u2 = U(2k + 1) with k = offset + i. Both
 // uniforms come from one Philox call (indices 2k and 2k + 1 share the group k / 2),
@@ -176,10 +127,6 @@ __global__ void ReduceSpansKernel(const double* __restrict__ partials, const int
   out[s] = acc;
 }
 
-bool Vec4(const void* a, const void* b = nullptr, const void* c = nullptr) {
-  return Aligned(a, 16) && (b == nullptr || Aligned(b, 16)) && (c == nullptr || Aligned(c, 16));
-}
-
 Status CheckCount(int64_t count, const char* what) {
   if (count < 0)
     return Status::Error(std::string(what) + ": count: " + std::to_string(count) + " is negative; need >= 0");
@@ -192,11 +139,6 @@ Status CheckCount(int64_t count, const char* what) {
 // Shared helpers
 // ============================================================================
 
-Status CudaError(cudaError_t error, const char* call, const char* file, int line) {
-  return Status::Error(std::string(file) + ":" + std::to_string(line) + ": " + call + " failed: " +
-                       cudaGetErrorName(error) + " (" + cudaGetErrorString(error) + ")");
-}
-
 unsigned int GridFor(int64_t work, int64_t per_block) {
   const int64_t blocks = CeilDiv(work, per_block);
   return static_cast<unsigned int>(std::max<int64_t>(1, std::min(blocks, g_grid_cap)));
@@ -205,7 +147,7 @@ unsigned int GridFor(int64_t work, int64_t per_block) {
 Status Scratch::Reserve(size_t bytes, cudaStream_t stream) {
   if (bytes <= bytes_) return Status::Ok();
   if (ptr_ != nullptr) {
-    NN_CUDA_CHECK(cudaFreeAsync(ptr_, stream));
+    KEEL_CUDA_CHECK(cudaFreeAsync(ptr_, stream));
     ptr_ = nullptr;
     bytes_ = 0;
   }
@@ -213,7 +155,7 @@ Status Scratch::Reserve(size_t bytes, cudaStream_t stream) {
   // reallocate every call.
   const size_t mib = size_t{1} << 20;
   const size_t want = (bytes + bytes / 4 + mib - 1) / mib * mib;
-  NN_CUDA_CHECK(cudaMallocAsync(&ptr_, want, stream));
+  KEEL_CUDA_CHECK(cudaMallocAsync(&ptr_, want, stream));
   bytes_ = want;
   return Status::Ok();
 }
@@ -252,26 +194,26 @@ Status CudaBackend::Init() {
                                                : std::string("cudaGetDeviceCount found none")) +
                          ")");
   }
-  NN_CUDA_CHECK(cudaGetDevice(&device_));
+  KEEL_CUDA_CHECK(cudaGetDevice(&device_));
   cudaDeviceProp prop;
-  NN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  KEEL_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   sm_count_ = prop.multiProcessorCount;
   g_grid_cap = static_cast<int64_t>(sm_count_) * 32;
   description_ = std::string(prop.name) + ", sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
                  std::to_string(prop.multiProcessorCount) + " SMs";
-  NN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  KEEL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   // Scratch comes from the device's default pool (cudaMallocAsync): keep what it
   // holds instead of returning it to the driver at every synchronisation.
   cudaMemPool_t pool;
-  NN_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+  KEEL_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
   uint64_t threshold = UINT64_MAX;
-  NN_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  KEEL_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   KEEL_RETURN_IF_ERROR(blas_.Init(stream_));
-  NN_CUDA_CHECK(cudaMalloc(&small_, kSmallFloats * sizeof(float)));
-  NN_CUDA_CHECK(cudaMemset(small_, 0, kSmallFloats * sizeof(float)));
-  NN_CUDA_CHECK(cudaMalloc(&stats_temp_, 2 * sizeof(unsigned long long)));
+  KEEL_CUDA_CHECK(cudaMalloc(&small_, kSmallFloats * sizeof(float)));
+  KEEL_CUDA_CHECK(cudaMemset(small_, 0, kSmallFloats * sizeof(float)));
+  KEEL_CUDA_CHECK(cudaMalloc(&stats_temp_, 2 * sizeof(unsigned long long)));
   host_pinned_bytes_ = size_t{1} << 20;
-  NN_CUDA_CHECK(cudaHostAlloc(&host_pinned_, host_pinned_bytes_, cudaHostAllocDefault));
+  KEEL_CUDA_CHECK(cudaHostAlloc(&host_pinned_, host_pinned_bytes_, cudaHostAllocDefault));
   return Status::Ok();
 }
 
@@ -280,8 +222,8 @@ Status CudaBackend::Alloc(size_t bytes, void** ptr) {
   *ptr = nullptr;
   if (bytes == 0) bytes = 1;
   // cudaMalloc aligns to 256 bytes; the memset is queued so later work sees zeros.
-  NN_CUDA_CHECK(cudaMalloc(ptr, bytes));
-  NN_CUDA_CHECK(cudaMemsetAsync(*ptr, 0, bytes, stream_));
+  KEEL_CUDA_CHECK(cudaMalloc(ptr, bytes));
+  KEEL_CUDA_CHECK(cudaMemsetAsync(*ptr, 0, bytes, stream_));
   return Status::Ok();
 }
 
@@ -294,29 +236,29 @@ void CudaBackend::Free(void* ptr) {
 Status CudaBackend::Upload(void* dst, const void* host_src, size_t bytes) {
   if (bytes == 0) return Status::Ok();
   if (dst == nullptr || host_src == nullptr) return Status::Error("Upload: dst or host_src: null");
-  NN_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+  KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
   // The caller may reuse host_src when this returns.
-  NN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return Status::Ok();
 }
 
 Status CudaBackend::Download(void* host_dst, const void* src, size_t bytes) {
   if (bytes == 0) return Status::Ok();
   if (host_dst == nullptr || src == nullptr) return Status::Error("Download: host_dst or src: null");
-  NN_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
-  NN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  KEEL_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return Status::Ok();
 }
 
 Status CudaBackend::CopyBytes(void* dst, const void* src, size_t bytes) {
   if (bytes == 0 || dst == src) return Status::Ok();
-  NN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   return Status::Ok();
 }
 
 Status CudaBackend::Sync() {
-  NN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  NN_CUDA_CHECK(cudaGetLastError());
+  KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  KEEL_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }
 
@@ -327,37 +269,25 @@ Status CudaBackend::Sync() {
 Status CudaBackend::Fill(float* x, int64_t count, float value) {
   KEEL_RETURN_IF_ERROR(CheckCount(count, "Fill"));
   if (count == 0) return Status::Ok();
-  const bool vec = Vec4(x);
-  FillKernel<<<GridFor(vec ? count / 4 + 1 : count), kThreads, 0, stream_>>>(x, count, value, vec);
-  NN_LAUNCH_CHECK();
-  return Status::Ok();
+  return LaunchMap<0>(x, nullptr, nullptr, count, FillOp{value}, stream_);
 }
 
 Status CudaBackend::Add(const float* a, const float* b, float* out, int64_t count) {
   KEEL_RETURN_IF_ERROR(CheckCount(count, "Add"));
   if (count == 0) return Status::Ok();
-  const bool vec = Vec4(a, b, out);
-  AddKernel<<<GridFor(vec ? count / 4 + 1 : count), kThreads, 0, stream_>>>(a, b, out, count, vec);
-  NN_LAUNCH_CHECK();
-  return Status::Ok();
+  return LaunchMap<2>(out, a, b, count, AddOp{}, stream_);  // out may alias a or b
 }
 
 Status CudaBackend::Axpy(float alpha, const float* x, float* y, int64_t count) {
   KEEL_RETURN_IF_ERROR(CheckCount(count, "Axpy"));
   if (count == 0) return Status::Ok();
-  const bool vec = Vec4(x, y);
-  AxpyKernel<<<GridFor(vec ? count / 4 + 1 : count), kThreads, 0, stream_>>>(alpha, x, y, count, vec);
-  NN_LAUNCH_CHECK();
-  return Status::Ok();
+  return LaunchMap<2>(y, y, x, count, AxpyOp{alpha}, stream_);
 }
 
 Status CudaBackend::Scale(float* x, int64_t count, float alpha) {
   KEEL_RETURN_IF_ERROR(CheckCount(count, "Scale"));
   if (count == 0) return Status::Ok();
-  const bool vec = Vec4(x);
-  ScaleKernel<<<GridFor(vec ? count / 4 + 1 : count), kThreads, 0, stream_>>>(x, count, alpha, vec);
-  NN_LAUNCH_CHECK();
-  return Status::Ok();
+  return LaunchMap<1>(x, x, nullptr, count, ScaleOp{alpha}, stream_);
 }
 
 Status CudaBackend::Copy2D(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows,
@@ -367,8 +297,8 @@ Status CudaBackend::Copy2D(const float* src, int64_t src_ld, float* dst, int64_t
                          ", src_ld " + std::to_string(src_ld) + ", dst_ld " + std::to_string(dst_ld) +
                          " is not allowed; need rows, cols >= 0 and both ld >= cols");
   if (rows == 0 || cols == 0) return Status::Ok();
-  NN_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_ld * sizeof(float), src, src_ld * sizeof(float), cols * sizeof(float),
-                                  rows, cudaMemcpyDeviceToDevice, stream_));
+  KEEL_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_ld * sizeof(float), src, src_ld * sizeof(float), cols * sizeof(float),
+                                   rows, cudaMemcpyDeviceToDevice, stream_));
   return Status::Ok();
 }
 
@@ -446,18 +376,18 @@ Status CudaBackend::Reduce(int kind, const std::vector<Span>& a, const std::vect
   KEEL_RETURN_IF_ERROR(reduce_desc_.Reserve(result_offset + result_bytes + 16, stream_));
   const size_t host_need = std::max(desc_bytes, result_bytes);
   if (host_need > host_pinned_bytes_) {
-    NN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    NN_CUDA_CHECK(cudaFreeHost(host_pinned_));
+    KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    KEEL_CUDA_CHECK(cudaFreeHost(host_pinned_));
     host_pinned_ = nullptr;
     host_pinned_bytes_ = host_need * 2;
-    NN_CUDA_CHECK(cudaHostAlloc(&host_pinned_, host_pinned_bytes_, cudaHostAllocDefault));
+    KEEL_CUDA_CHECK(cudaHostAlloc(&host_pinned_, host_pinned_bytes_, cudaHostAllocDefault));
   }
   // The pinned buffer is free: every earlier use ended with a synchronisation.
   char* host = static_cast<char*>(host_pinned_);
   if (chunk_bytes > 0) std::memcpy(host, chunks.data(), chunk_bytes);
   std::memcpy(host + chunk_bytes, first.data(), first_bytes);
   char* dev = reduce_desc_.get<char>();
-  NN_CUDA_CHECK(cudaMemcpyAsync(dev, host, desc_bytes, cudaMemcpyHostToDevice, stream_));
+  KEEL_CUDA_CHECK(cudaMemcpyAsync(dev, host, desc_bytes, cudaMemcpyHostToDevice, stream_));
   double* partials = reinterpret_cast<double*>(dev + partial_offset);
   double* results = reinterpret_cast<double*>(dev + result_offset);
   if (nchunks > 0) {
@@ -468,8 +398,8 @@ Status CudaBackend::Reduce(int kind, const std::vector<Span>& a, const std::vect
   ReduceSpansKernel<<<static_cast<unsigned int>(CeilDiv(spans, 128)), 128, 0, stream_>>>(
       partials, reinterpret_cast<const int64_t*>(dev + chunk_bytes), spans, results);
   NN_LAUNCH_CHECK();
-  NN_CUDA_CHECK(cudaMemcpyAsync(host, results, result_bytes, cudaMemcpyDeviceToHost, stream_));
-  NN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  KEEL_CUDA_CHECK(cudaMemcpyAsync(host, results, result_bytes, cudaMemcpyDeviceToHost, stream_));
+  KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
   std::memcpy(out->data(), host, result_bytes);
   return Status::Ok();
 }

@@ -51,10 +51,10 @@ Status Blas::Init(cudaStream_t stream) {
   // 64 MiB: what cuBLASLt's Hopper kernels ask for at most (split-K and stream-K
   // partials), allocated once.
   workspace_bytes_ = size_t{64} << 20;
-  NN_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
-  NN_CUDA_CHECK(cudaMalloc(&constants_, 2 * sizeof(float)));
+  KEEL_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+  KEEL_CUDA_CHECK(cudaMalloc(&constants_, 2 * sizeof(float)));
   const float constants[2] = {0.0f, 1.0f};
-  NN_CUDA_CHECK(cudaMemcpy(constants_, constants, sizeof(constants), cudaMemcpyHostToDevice));
+  KEEL_CUDA_CHECK(cudaMemcpy(constants_, constants, sizeof(constants), cudaMemcpyHostToDevice));
   return Status::Ok();
 }
 
@@ -129,8 +129,8 @@ Status Blas::Gemm(const GemmArgs& g) {
   if (g.k <= 0) {  // an empty sum: C = beta * C
     if (g.accumulate) return Status::Ok();
     for (int64_t i = 0; i < g.batch; ++i) {
-      NN_CUDA_CHECK(cudaMemset2DAsync(g.c + i * g.stride_c, g.ldc * sizeof(float), 0, g.m * sizeof(float), g.n,
-                                      stream_));
+      KEEL_CUDA_CHECK(cudaMemset2DAsync(g.c + i * g.stride_c, g.ldc * sizeof(float), 0, g.m * sizeof(float), g.n,
+                                       stream_));
     }
     return Status::Ok();
   }

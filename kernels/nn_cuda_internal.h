@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cuda_status.h"
 #include "kernels/nn.h"
 #include "kernels/quantize_cuda.h"
 
@@ -26,18 +27,10 @@ namespace nncuda {
 
 // ---- Errors ---------------------------------------------------------------------
 
-Status CudaError(cudaError_t error, const char* call, const char* file, int line);
 Status CublasError(cublasStatus_t status, const char* call, const char* file, int line);
 
-// Evaluate a CUDA runtime / cuBLASLt call; on failure return a Status naming the
-// call with file and line.
-#define NN_CUDA_CHECK(call)                                                        \
-  do {                                                                             \
-    const cudaError_t nn_cuda_error_ = (call);                                     \
-    if (nn_cuda_error_ != cudaSuccess)                                             \
-      return ::keel::nncuda::CudaError(nn_cuda_error_, #call, __FILE__, __LINE__); \
-  } while (0)
-
+// CUDA runtime calls are checked with KEEL_CUDA_CHECK (cuda_status.h); a cuBLASLt
+// call with this, which on failure returns a Status naming the call, file and line.
 #define NN_CUBLAS_CHECK(call)                                                          \
   do {                                                                                 \
     const cublasStatus_t nn_cublas_status_ = (call);                                   \
@@ -46,7 +39,7 @@ Status CublasError(cublasStatus_t status, const char* call, const char* file, in
   } while (0)
 
 // After a <<<...>>> launch: reports a bad configuration at the launch site.
-#define NN_LAUNCH_CHECK() NN_CUDA_CHECK(cudaGetLastError())
+#define NN_LAUNCH_CHECK() KEEL_CUDA_CHECK(cudaGetLastError())
 
 // ---- Launch geometry ---------------------------------------------------------------
 
@@ -69,6 +62,57 @@ inline bool Aligned(const void* p, size_t bytes) {
 int64_t ColumnChunks(int64_t rows);
 Status FinalizeColumnPartials(const float* partial, int64_t chunks, int64_t cols, float* out,
                               cudaStream_t stream);
+
+// ---- Warp reductions ------------------------------------------------------------------
+
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+// The sum (float or double) over the 32 lanes, every lane getting it: an xor
+// butterfly, so every lane adds in the same order and holds the same bits.
+template <typename T>
+__device__ __forceinline__ T WarpSum(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+// ---- Elementwise maps ------------------------------------------------------------------
+
+// out[j] = op(a[j], b[j]) for j < n, grid-stride, four elements at a time through
+// float4 when `vec` (every pointer read or written 16-byte aligned). a is read only
+// when kInputs >= 1 and b only when kInputs == 2; op gets 0 for an input not read.
+// out may alias an input: each element is read, then written, by one thread.
+template <int kInputs, typename Op>
+__global__ void MapKernel(float* out, const float* a, const float* b, int64_t n, bool vec, Op op) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if (vec) {
+    for (int64_t j = i; j < n / 4; j += stride) {
+      float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f), y = x;
+      if constexpr (kInputs >= 1) x = reinterpret_cast<const float4*>(a)[j];
+      if constexpr (kInputs >= 2) y = reinterpret_cast<const float4*>(b)[j];
+      reinterpret_cast<float4*>(out)[j] = make_float4(op(x.x, y.x), op(x.y, y.y), op(x.z, y.z), op(x.w, y.w));
+    }
+    done = n / 4 * 4;
+  }
+  for (int64_t j = done + i; j < n; j += stride) {
+    float x = 0.0f, y = 0.0f;
+    if constexpr (kInputs >= 1) x = a[j];
+    if constexpr (kInputs >= 2) y = b[j];
+    out[j] = op(x, y);
+  }
+}
+
+// Queues MapKernel on `stream` for n >= 1 elements, with float4 access when the
+// pointers it uses allow.
+template <int kInputs, typename Op>
+Status LaunchMap(float* out, const float* a, const float* b, int64_t n, Op op, cudaStream_t stream) {
+  const bool vec = Aligned(out, 16) && (kInputs < 1 || Aligned(a, 16)) && (kInputs < 2 || Aligned(b, 16));
+  MapKernel<kInputs><<<GridFor(vec ? n / 4 + 1 : n), kThreads, 0, stream>>>(out, a, b, n, vec, op);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
 
 // ---- Scratch memory ------------------------------------------------------------------
 
@@ -111,6 +155,33 @@ struct GemmArgs {
   const float* alpha = nullptr;  // device float
   bool accumulate = false;       // beta = 1, else 0
   const float* bias = nullptr;   // m floats added to every column, or null
+
+  // The shape and the three matrices, a line at each call site. stride: elements
+  // between consecutive matrices of a batch (0 when batch is 1).
+  GemmArgs& Shape(int64_t rows_m, int64_t cols_n, int64_t depth_k) {
+    m = rows_m;
+    n = cols_n;
+    k = depth_k;
+    return *this;
+  }
+  GemmArgs& A(const void* p, int64_t ld, int64_t stride = 0) {
+    a = p;
+    lda = ld;
+    stride_a = stride;
+    return *this;
+  }
+  GemmArgs& B(const void* p, int64_t ld, int64_t stride = 0) {
+    b = p;
+    ldb = ld;
+    stride_b = stride;
+    return *this;
+  }
+  GemmArgs& C(float* p, int64_t ld, int64_t stride = 0) {
+    c = p;
+    ldc = ld;
+    stride_c = stride;
+    return *this;
+  }
 };
 
 // The cuBLASLt handle, its workspace and a cache of matmul plans (descriptors and

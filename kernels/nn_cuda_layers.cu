@@ -18,14 +18,6 @@ namespace nncuda {
 
 namespace {
 
-constexpr unsigned kFullMask = 0xFFFFFFFFu;
-
-__device__ __forceinline__ double WarpSum(double v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
-
 // ============================================================================
 // Kernels: LayerNorm
 // ============================================================================
@@ -226,36 +218,13 @@ __device__ __forceinline__ float GeluGrad(float x) {
   return cdf + x * pdf;
 }
 
-__global__ void GeluForwardKernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, bool vec) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  if (vec) {
-    for (int64_t j = i; j < n / 4; j += stride) {
-      const float4 v = reinterpret_cast<const float4*>(x)[j];
-      reinterpret_cast<float4*>(y)[j] = make_float4(Gelu(v.x), Gelu(v.y), Gelu(v.z), Gelu(v.w));
-    }
-    done = n / 4 * 4;
-  }
-  for (int64_t j = done + i; j < n; j += stride) y[j] = Gelu(x[j]);
-}
-
-__global__ void GeluBackwardKernel(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ dx,
-                                   int64_t n, bool vec) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  if (vec) {
-    for (int64_t j = i; j < n / 4; j += stride) {
-      const float4 v = reinterpret_cast<const float4*>(x)[j];
-      const float4 d = reinterpret_cast<const float4*>(dy)[j];
-      reinterpret_cast<float4*>(dx)[j] =
-          make_float4(d.x * GeluGrad(v.x), d.y * GeluGrad(v.y), d.z * GeluGrad(v.z), d.w * GeluGrad(v.w));
-    }
-    done = n / 4 * 4;
-  }
-  for (int64_t j = done + i; j < n; j += stride) dx[j] = dy[j] * GeluGrad(x[j]);
-}
+// GELU and its backward, for MapKernel (nn_cuda_internal.h).
+struct GeluOp {
+  __device__ float operator()(float x, float) const { return Gelu(x); }
+};
+struct GeluGradOp {
+  __device__ float operator()(float x, float dy) const { return dy * GeluGrad(x); }
+};
 
 __device__ __forceinline__ float Sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
 
@@ -569,19 +538,13 @@ Status CudaBackend::LayerNormBackward(const float* x, const float* gamma, const 
 Status CudaBackend::GeluForward(const float* x, float* y, int64_t count) {
   if (count < 0) return Status::Error("GeluForward: count: " + std::to_string(count) + " is negative");
   if (count == 0) return Status::Ok();
-  const bool vec = Aligned(x, 16) && Aligned(y, 16);
-  GeluForwardKernel<<<GridFor(vec ? count / 4 + 1 : count), kThreads, 0, stream_>>>(x, y, count, vec);
-  NN_LAUNCH_CHECK();
-  return Status::Ok();
+  return LaunchMap<1>(y, x, nullptr, count, GeluOp{}, stream_);
 }
 
 Status CudaBackend::GeluBackward(const float* x, const float* dy, float* dx, int64_t count) {
   if (count < 0) return Status::Error("GeluBackward: count: " + std::to_string(count) + " is negative");
   if (count == 0) return Status::Ok();
-  const bool vec = Aligned(x, 16) && Aligned(dy, 16) && Aligned(dx, 16);
-  GeluBackwardKernel<<<GridFor(vec ? count / 4 + 1 : count), kThreads, 0, stream_>>>(x, dy, dx, count, vec);
-  NN_LAUNCH_CHECK();
-  return Status::Ok();
+  return LaunchMap<2>(dx, x, dy, count, GeluGradOp{}, stream_);
 }
 
 Status CudaBackend::SwigluForward(const float* x, float* y, int64_t rows, int64_t h) {

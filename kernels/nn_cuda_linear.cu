@@ -34,8 +34,6 @@ namespace {
 // Kernels
 // ============================================================================
 
-constexpr unsigned kFullMask = 0xFFFFFFFFu;
-
 // Adds a thread's two counts to out[0] and out[1]: a warp sum, then one 64-bit
 // integer atomic per warp (exact and order-free).
 __device__ __forceinline__ void AddCounts(unsigned int saturated, unsigned int nonfinite,
@@ -322,23 +320,11 @@ Status CudaBackend::Quantize(const float* x, int64_t rows, int64_t cols, int axi
     return Bf16QuantizeCuda(x, DType::kF32, count, f.rounding, seed, o, stream_);
   }
   if (IsMx(f.format)) {
-    MxOptions options;
-    options.elem = ElementOf(f.format);
-    options.block = f.mx_block;
-    options.axis = axis;
-    options.rounding = f.rounding;
-    options.seed = seed;
-    options.bump_exponent = f.bump_exponent;
     o.scales = scales;
-    return MxQuantizeCuda(x, DType::kF32, rows, cols, options, o, stream_);
+    return MxQuantizeCuda(x, DType::kF32, rows, cols, MxOptionsOf(f, axis, seed), o, stream_);
   }
   if (f.format == QuantFormat::kNvfp4) {
-    Nvfp4Options options;
-    options.tile_16x16 = f.tile_16x16;
-    options.rht = f.rht;
-    options.axis = axis;
-    options.rounding = f.rounding;
-    options.seed = seed;
+    const Nvfp4Options options = Nvfp4OptionsOf(f, axis, seed);
     o.scales = scales;
     o.tensor_scale = tensor_scale;
     KEEL_RETURN_IF_ERROR(Nvfp4AmaxCuda(x, DType::kF32, rows, cols, options, amax, stream_));
@@ -353,7 +339,7 @@ Status CudaBackend::AddOperandStats(const float* x, int64_t rows, int64_t cols, 
                                     const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, int slot,
                                     Role role) {
   const int64_t count = rows * cols;
-  NN_CUDA_CHECK(cudaMemsetAsync(stats_temp_, 0, 2 * sizeof(unsigned long long), stream_));
+  KEEL_CUDA_CHECK(cudaMemsetAsync(stats_temp_, 0, 2 * sizeof(unsigned long long), stream_));
   StatsArgs a;
   a.x = x;
   a.rows = rows;
@@ -409,7 +395,8 @@ Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, i
   // The quantizers load 16 bytes at a time: an unaligned view is copied first.
   if (!Aligned(x, 16)) {
     KEEL_RETURN_IF_ERROR(align_in_.Reserve(static_cast<size_t>(count) * sizeof(float), stream_));
-    NN_CUDA_CHECK(cudaMemcpyAsync(align_in_.get<float>(), x, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    KEEL_CUDA_CHECK(
+        cudaMemcpyAsync(align_in_.get<float>(), x, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
     x = align_in_.get<float>();
   }
   KEEL_RETURN_IF_ERROR(scratch->Reserve(static_cast<size_t>(count) * (bf16 ? 2 : 4), stream_));
@@ -487,15 +474,7 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
   // y^T (out x rows, column-major) = W (stored in x out) ^T . X^T (stored in x rows).
   g.bf16 = bf16;
   g.trans_a = true;
-  g.m = out;
-  g.n = rows;
-  g.k = in;
-  g.a = qw.data;
-  g.lda = in;
-  g.b = qx.data;
-  g.ldb = in;
-  g.c = y;
-  g.ldc = out;
+  g.Shape(out, rows, in).A(qw.data, in).B(qx.data, in).C(y, out);
   KEEL_RETURN_IF_ERROR(Alpha(qx, qw, 0, &g.alpha));
   // The bias rides in the GEMM's epilogue (y = alpha * acc + bias, what the CPU
   // computes in two steps) unless cuBLASLt has no such algorithm for the shape.
@@ -535,15 +514,7 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     KEEL_RETURN_IF_ERROR(PrepareOperand(w, out, in, 0, Role::kDgradW, q, bf16_dgrad, &op_b_, &qw));
     GemmArgs g;
     g.bf16 = bf16_dgrad;
-    g.m = in;
-    g.n = rows;
-    g.k = out;
-    g.a = qw.data;
-    g.lda = in;
-    g.b = qdy.data;
-    g.ldb = out;
-    g.c = dx;
-    g.ldc = in;
+    g.Shape(in, rows, out).A(qw.data, in).B(qdy.data, out).C(dx, in);
     KEEL_RETURN_IF_ERROR(Alpha(qdy, qw, 1, &g.alpha));
     KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
   }
@@ -568,16 +539,8 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     GemmArgs g;
     g.bf16 = bf16_wgrad;
     g.trans_b = true;
-    g.m = in;
-    g.n = out;
-    g.k = rows;
-    g.a = qx.data;
-    g.lda = in;
-    g.b = qdy_w.data;
-    g.ldb = out;
-    g.c = dw;
-    g.ldc = in;
     g.accumulate = true;
+    g.Shape(in, out, rows).A(qx.data, in).B(qdy_w.data, out).C(dw, in);
     KEEL_RETURN_IF_ERROR(Alpha(qdy_w, qx, 2, &g.alpha));
     KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
   }
@@ -592,15 +555,15 @@ Status CudaBackend::ResetOperandStats(int slots) {
   if (slots < 0)
     return Status::Error("ResetOperandStats: slots: " + std::to_string(slots) + " is not allowed; need >= 0");
   if (slots > stats_slots_ || stats_ == nullptr) {
-    NN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (stats_ != nullptr) NN_CUDA_CHECK(cudaFree(stats_));
+    KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (stats_ != nullptr) KEEL_CUDA_CHECK(cudaFree(stats_));
     stats_ = nullptr;
-    NN_CUDA_CHECK(cudaMalloc(&stats_, std::max(1, slots) * kRoleCount * 4 * sizeof(unsigned long long)));
+    KEEL_CUDA_CHECK(cudaMalloc(&stats_, std::max(1, slots) * kRoleCount * 4 * sizeof(unsigned long long)));
   }
   stats_slots_ = slots;
   if (slots > 0)
-    NN_CUDA_CHECK(cudaMemsetAsync(stats_, 0, static_cast<size_t>(slots) * kRoleCount * 4 * sizeof(unsigned long long),
-                                  stream_));
+    KEEL_CUDA_CHECK(cudaMemsetAsync(stats_, 0, static_cast<size_t>(slots) * kRoleCount * 4 * sizeof(unsigned long long),
+                                   stream_));
   return Status::Ok();
 }
 
@@ -609,10 +572,10 @@ Status CudaBackend::ReadOperandStats(std::vector<OperandStats>* stats) {
   const size_t n = static_cast<size_t>(stats_slots_) * kRoleCount;
   std::vector<unsigned long long> raw(n * 4);
   if (n > 0) {
-    NN_CUDA_CHECK(cudaMemcpyAsync(raw.data(), stats_, raw.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
-                                  stream_));
+    KEEL_CUDA_CHECK(cudaMemcpyAsync(raw.data(), stats_, raw.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                                   stream_));
   }
-  NN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
   stats->assign(n, OperandStats{});
   for (size_t i = 0; i < n; ++i) {
     (*stats)[i].elements = static_cast<int64_t>(raw[4 * i]);
@@ -641,7 +604,7 @@ Status CudaBackend::QuantizeDequantize(const float* x, int64_t rows, int64_t col
   const float* src = x;
   if (!Aligned(x, 16)) {
     KEEL_RETURN_IF_ERROR(align_in_.Reserve(bytes, stream_));
-    NN_CUDA_CHECK(cudaMemcpyAsync(align_in_.get<float>(), x, bytes, cudaMemcpyDeviceToDevice, stream_));
+    KEEL_CUDA_CHECK(cudaMemcpyAsync(align_in_.get<float>(), x, bytes, cudaMemcpyDeviceToDevice, stream_));
     src = align_in_.get<float>();
   }
   // In place (or unaligned out): quantize into a temporary, then copy.
@@ -653,7 +616,7 @@ Status CudaBackend::QuantizeDequantize(const float* x, int64_t rows, int64_t col
   const Status s = Quantize(src, rows, cols, axis, format, seed, dst, false, false, nullptr, nullptr,
                             small_ + kAmaxSlot + kRoleCount, small_ + kTensorScaleSlot + kRoleCount);
   if (!s.ok()) return Status::Error("QuantizeDequantize: " + s.message());
-  if (dst != out) NN_CUDA_CHECK(cudaMemcpyAsync(out, dst, bytes, cudaMemcpyDeviceToDevice, stream_));
+  if (dst != out) KEEL_CUDA_CHECK(cudaMemcpyAsync(out, dst, bytes, cudaMemcpyDeviceToDevice, stream_));
   return Status::Ok();
 }
 

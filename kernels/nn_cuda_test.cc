@@ -40,11 +40,16 @@
 
 #include "kernels/formats.h"
 #include "kernels/nn.h"
+#include "kernels/nn_test_util.h"
 #include "kernels/quantize.h"
 #include "kernels/quantize_cuda.h"
 
 namespace keel {
 namespace {
+
+using nn_test::Normal;
+using nn_test::Quant;
+using nn_test::WithOutliers;
 
 #define ASSERT_OK(expr)                                         \
   do {                                                          \
@@ -53,26 +58,6 @@ namespace {
   } while (0)
 
 // ---- Inputs ------------------------------------------------------------------------
-
-std::vector<float> Normal(int64_t n, uint32_t seed, float stddev = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, stddev);
-  std::vector<float> x(n);
-  for (float& v : x) v = normal(rng);
-  return x;
-}
-
-// Normal values with 3% outliers of 20-40x, so that block scales differ and some
-// elements saturate.
-std::vector<float> WithOutliers(int64_t n, uint32_t seed, float stddev = 1.0f) {
-  std::vector<float> x = Normal(n, seed, stddev);
-  std::mt19937 rng(seed + 1000);
-  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
-  for (float& v : x) {
-    if (uniform(rng) < 0.03f) v *= 20.0f * (1.0f + uniform(rng));
-  }
-  return x;
-}
 
 std::vector<int32_t> Tokens(int64_t n, int32_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -239,14 +224,6 @@ std::unique_ptr<Backend> NnCudaTest::cpu_;
 std::unique_ptr<Backend> NnCudaTest::gpu_;
 
 // ---- Formats ------------------------------------------------------------------------------
-
-OperandFormat Quant(QuantFormat format, Rounding rounding = Rounding::kNearestEven) {
-  OperandFormat f;
-  f.kind = OperandFormat::Kind::kQuant;
-  f.format = format;
-  f.rounding = rounding;
-  return f;
-}
 
 int R(Role role) { return static_cast<int>(role); }
 

@@ -29,6 +29,14 @@
 #include "kernels/formats.h"  // ElemFormat, Rounding (enums only: nothing here calls formats.cc)
 #include "kernels/philox.h"   // KEEL_HD, Philox4x32
 
+// Asks nvcc to unroll the loop that follows; nothing on the host (g++ does not
+// know the pragma).
+#if defined(__CUDA_ARCH__)
+#define KEEL_UNROLL _Pragma("unroll")
+#else
+#define KEEL_UNROLL
+#endif
+
 namespace keel {
 namespace qcore {
 
@@ -89,6 +97,41 @@ KEEL_HD float Div(float a, float b) {
   return __fdiv_rn(a, b);
 #else
   return a / b;
+#endif
+}
+
+// One correctly rounded fp32 addition, subtraction or multiplication that is never
+// fused with a neighbour into an FMA (nvcc's -fmad=false and the host's
+// -ffp-contract=off say so for the whole build; the intrinsics keep it so regardless).
+KEEL_HD float AddRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+KEEL_HD float SubRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+KEEL_HD float MulRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+// |x|: the sign bit cleared (on the device an operand modifier of the instruction
+// that uses it).
+KEEL_HD float Abs(float x) {
+#if defined(__CUDA_ARCH__)
+  return fabsf(x);
+#else
+  return AsFloat(AsBits(x) & kAbsMask);
 #endif
 }
 
@@ -450,9 +493,7 @@ KEEL_HD constexpr float RhtCoefficient(int i, int j) {
 // multiplication per input instead of one per term.
 KEEL_HD float RhtSum(const float quarter[16], int j) {
   float sum = 0.0f;
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+  KEEL_UNROLL
   for (int i = 0; i < 16; ++i) sum = RhtCoefficient(i, j) < 0.0f ? sum - quarter[i] : sum + quarter[i];
   return sum;
 }
@@ -462,9 +503,7 @@ KEEL_HD float RhtSum(const float quarter[16], int j) {
 // the signs are constants.
 KEEL_HD float RhtOutput(const float in[16], int j) {
   float quarter[16];
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+  KEEL_UNROLL
   for (int i = 0; i < 16; ++i) quarter[i] = in[i] * 0.25f;
   return RhtSum(quarter, j);
 }
@@ -477,16 +516,12 @@ KEEL_HD float RhtOutput(const float in[16], int j) {
 KEEL_HD void RhtHalf(const float lo[8], const float hi[8], int half, float y[8]) {
   const uint32_t flip = static_cast<uint32_t>(half) << 31;
   float quarter[16];
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+  KEEL_UNROLL
   for (int i = 0; i < 8; ++i) {
     quarter[i] = lo[i] * 0.25f;
     quarter[8 + i] = AsFloat(AsBits(hi[i] * 0.25f) ^ flip);
   }
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+  KEEL_UNROLL
   for (int e = 0; e < 8; ++e) y[e] = RhtSum(quarter, e);
 }
 

@@ -69,6 +69,27 @@ Status CheckAxis(int axis) {
 
 }  // namespace
 
+MxOptions MxOptionsOf(const OperandFormat& format, int axis, uint64_t seed) {
+  MxOptions options;
+  options.elem = ElementOf(format.format);
+  options.block = format.mx_block;
+  options.axis = axis;
+  options.rounding = format.rounding;
+  options.seed = seed;
+  options.bump_exponent = format.bump_exponent;
+  return options;
+}
+
+Nvfp4Options Nvfp4OptionsOf(const OperandFormat& format, int axis, uint64_t seed) {
+  Nvfp4Options options;
+  options.tile_16x16 = format.tile_16x16;
+  options.rht = format.rht;
+  options.axis = axis;
+  options.rounding = format.rounding;
+  options.seed = seed;
+  return options;
+}
+
 int64_t MxScaleCount(int64_t rows, int64_t cols, int block, int axis) {
   AxisView view{rows, cols, axis};
   return view.lines() * ((view.length() + block - 1) / block);

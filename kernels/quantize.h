@@ -49,6 +49,11 @@ struct Nvfp4Options {
   uint64_t seed = 0;
 };
 
+// The options an operand format (numeric_types.h) asks for when its role quantizes
+// along `axis` with `seed`: for an MX format, and for NVFP4.
+MxOptions MxOptionsOf(const OperandFormat& format, int axis, uint64_t seed);
+Nvfp4Options Nvfp4OptionsOf(const OperandFormat& format, int axis, uint64_t seed);
+
 // Number of scale bytes the layout rules above give.
 int64_t MxScaleCount(int64_t rows, int64_t cols, int block, int axis);
 

@@ -54,12 +54,12 @@ struct DeviceOutputs {
   // NVFP4 and per-tensor FP8 only: `out` leaves the per-tensor decode scale out
   // (NVFP4: q * block scale; FP8: the code's value), which is exact in bf16, so a
   // GEMM on bf16 operands sees the exact operands and takes the decode scales in
-  // its alpha (NUMERICS.md section 5). Codes, scales and tensor_scale are the same
-  // either way; MX and BF16 ignore it.
+  // its alpha (docs/numerics.md, "Emulation on Hopper and CPU"). Codes, scales and
+  // tensor_scale are the same either way; MX and BF16 ignore it.
   bool out_without_tensor_scale = false;
 };
 
-// MX block quantization (NUMERICS.md section 2), one pass.
+// MX block quantization (docs/numerics.md, "MX block scaling"), one pass.
 Status MxQuantizeCuda(const void* x, DType x_dtype, int64_t rows, int64_t cols,
                       const MxOptions& options, const DeviceOutputs& outputs, void* stream);
 
@@ -68,7 +68,7 @@ Status MxQuantizeCuda(const void* x, DType x_dtype, int64_t rows, int64_t cols,
 Status Nvfp4AmaxCuda(const void* x, DType x_dtype, int64_t rows, int64_t cols,
                      const Nvfp4Options& options, float* amax, void* stream);
 
-// NVFP4 quantization (NUMERICS.md section 3) from the tensor amax in *amax (a
+// NVFP4 quantization (docs/numerics.md, "NVFP4") from the tensor amax in *amax (a
 // device float, e.g. from Nvfp4AmaxCuda or from an earlier step), so training can
 // skip the amax pass. With amax == nullptr the amax pass runs first (two passes
 // over x). outputs.tensor_scale receives S_dec; it must not be the amax float
