@@ -203,24 +203,23 @@ TEST(FormatsTest, Bf16EveryCodeAndEveryMidpoint) {
 }
 
 TEST(PhiloxTest, MatchesRandom123KnownAnswers) {
-  // Known-answer vectors of Philox4x32-10 from the Random123 distribution (kat_vectors).
-  Philox4 zero = Philox4x32(0, 0, 0, 0, 0, 0);
-  EXPECT_EQ(zero.v[0], 0x6627e8d5u);
-  EXPECT_EQ(zero.v[1], 0xe169c58du);
-  EXPECT_EQ(zero.v[2], 0xbc57ac4cu);
-  EXPECT_EQ(zero.v[3], 0x9b00dbd8u);
-  Philox4 ones = Philox4x32(0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu,
-                            0xffffffffu);
-  EXPECT_EQ(ones.v[0], 0x408f276du);
-  EXPECT_EQ(ones.v[1], 0x41c83b0eu);
-  EXPECT_EQ(ones.v[2], 0xa20bc7c6u);
-  EXPECT_EQ(ones.v[3], 0x6d5451fdu);
-  Philox4 pi = Philox4x32(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u,
-                          0x299f31d0u);
-  EXPECT_EQ(pi.v[0], 0xd16cfe09u);
-  EXPECT_EQ(pi.v[1], 0x94fdccebu);
-  EXPECT_EQ(pi.v[2], 0x5001e420u);
-  EXPECT_EQ(pi.v[3], 0x24126ea1u);
+  // Known-answer vectors of Philox4x32-10 from the Random123 distribution (kat_vectors):
+  // counter words 0..3, key words 0..1, then the four output words.
+  struct Kat {
+    uint32_t in[6];
+    uint32_t out[4];
+  };
+  const Kat kats[] = {
+      {{0, 0, 0, 0, 0, 0}, {0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}},
+      {{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
+       {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}},
+      {{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u},
+       {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}},
+  };
+  for (const Kat& k : kats) {
+    const Philox4 got = Philox4x32(k.in[0], k.in[1], k.in[2], k.in[3], k.in[4], k.in[5]);
+    for (int w = 0; w < 4; ++w) EXPECT_EQ(got.v[w], k.out[w]) << "vector " << (&k - kats) << " word " << w;
+  }
 }
 
 TEST(PhiloxTest, UniformIsInUnitIntervalAndSeedDependent) {

@@ -17,24 +17,27 @@ std::vector<uint8_t> QuantResult::PackedFile() const {
   return file;
 }
 
-MxOptions MxOptionsOf(const QuantRequest& request) {
-  MxOptions options;
-  options.elem = ElementOf(request.format);
-  options.block = request.block;
+// The fields every format's options share: axis, rounding, seed.
+template <typename Options>
+Options WithCommon(Options options, const QuantRequest& request) {
   options.axis = request.axis;
   options.rounding = request.rounding;
   options.seed = request.seed;
   return options;
 }
 
+MxOptions MxOptionsOf(const QuantRequest& request) {
+  MxOptions options;
+  options.elem = ElementOf(request.format);
+  options.block = request.block;
+  return WithCommon(options, request);
+}
+
 Nvfp4Options Nvfp4OptionsOf(const QuantRequest& request) {
   Nvfp4Options options;
   options.tile_16x16 = request.tile_16x16;
   options.rht = request.rht;
-  options.axis = request.axis;
-  options.rounding = request.rounding;
-  options.seed = request.seed;
-  return options;
+  return WithCommon(options, request);
 }
 
 Status ValidateRequest(const QuantRequest& request) {

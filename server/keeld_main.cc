@@ -6,7 +6,6 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <prometheus/exposer.h>
-#include <signal.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -24,6 +23,7 @@
 #include <thread>
 
 #include "kernels/base/flags.h"
+#include "kernels/base/stop_signal.h"
 #include "server/auth.h"
 #include "server/coordinator.h"
 #include "server/metrics.h"
@@ -57,9 +57,6 @@ const char kUsage[] =
     "One keeld per state directory (it holds <state-dir>/keeld.lock) and per address (the\n"
     "port is bound exclusively): a second one is refused.\n"
     "SIGINT/SIGTERM shut keeld down; everything acknowledged is already on disk.\n";
-
-std::atomic<bool> g_stop{false};
-void OnSignal(int) { g_stop = true; }
 
 int Fail(const std::string& message) { return keel::FlagError("keeld", message); }
 
@@ -175,13 +172,10 @@ int main(int argc, char** argv) {
     }
   }
 
-  struct sigaction action = {};
-  action.sa_handler = OnSignal;
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  std::atomic<bool>& stop = *keel::StopOnSignals();
   std::fprintf(stderr, "keeld: listening on %s (port %d%s), state in %s, metrics on %s\n", listen.c_str(), port,
                tls_cert.empty() ? "" : ", TLS", state_dir.c_str(), metrics_listen.c_str());
-  while (!g_stop.load()) {
+  while (!stop.load()) {
     coordinator->Tick();
     metrics.Update(coordinator->Stats(metrics_retention_ms));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -5,7 +5,6 @@
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,6 +17,7 @@
 #include <thread>
 
 #include "kernels/base/flags.h"
+#include "kernels/base/stop_signal.h"
 #include "proto/channel.h"
 #include "worker/agent/agent.h"
 
@@ -44,9 +44,6 @@ const char kUsage[] =
     "                       keel_worker_trainer_exits_total{outcome}, keel_worker_connected,\n"
     "                       keel_worker_unacknowledged_messages, keel_worker_gpu_memory_{used,total}_bytes{gpu}\n"
     "Ctrl-C or SIGTERM stops the worker; its trainers are stopped with it.\n";
-
-std::atomic<bool> g_stop{false};
-void OnSignal(int) { g_stop = true; }
 
 int Fail(const std::string& message) { return keel::FlagError("keel-worker", message); }
 
@@ -106,10 +103,7 @@ int main(int argc, char** argv) {
     return Fail("--trainer: '" + options.trainer + "' is not an executable keel-train");
   }
   if (gpus) options.devices = keel::DetectGpus();
-  struct sigaction action = {};
-  action.sa_handler = OnSignal;
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  std::atomic<bool>& stop = *keel::StopOnSignals();
   keel::Agent agent(options);
   // /metrics: refreshed once a second from the agent's counters and NVML.
   auto registry = std::make_shared<prometheus::Registry>();
@@ -122,7 +116,7 @@ int main(int argc, char** argv) {
       return Fail("--metrics-listen: cannot listen on '" + metrics_listen + "': " + e.what());
     }
     exposer->RegisterCollectable(registry);
-    metrics_thread = std::thread([&agent, registry] {
+    metrics_thread = std::thread([&agent, &stop, registry] {
       auto& trainers = prometheus::BuildGauge().Name("keel_worker_trainers").Help("keel-train processes running").Register(*registry).Add({});
       auto& connected = prometheus::BuildGauge().Name("keel_worker_connected").Help("1 while the stream to keeld is open").Register(*registry).Add({});
       auto& unacked = prometheus::BuildGauge()
@@ -139,7 +133,7 @@ int main(int argc, char** argv) {
       auto& total = prometheus::BuildGauge().Name("keel_worker_gpu_memory_total_bytes").Help("GPU memory (NVML)").Register(*registry);
       double started = 0;
       std::map<std::string, double> exited;
-      while (!g_stop.load()) {
+      while (!stop.load()) {
         keel::AgentStats st = agent.stats();
         trainers.Set(st.trainers);
         connected.Set(st.connected ? 1 : 0);
@@ -161,8 +155,8 @@ int main(int argc, char** argv) {
       }
     });
   }
-  keel::Status s = agent.Run(&g_stop);
-  g_stop = true;
+  keel::Status s = agent.Run(&stop);
+  stop = true;
   if (metrics_thread.joinable()) metrics_thread.join();
   if (!s.ok()) {
     std::fprintf(stderr, "keel-worker: %s\n", s.message().c_str());
