@@ -370,6 +370,20 @@ class Harness:
             return None
         return r1, r2, r3
 
+    def sr_on_devices(self, x, flags, fields, devices, verdict):
+        """The stochastic-rounding check of one case on each device (keel-quant flags
+        plus --device), verdict(fields, r1, r2, r3) giving what to emit, then the
+        devices compared with each other."""
+        outs = {}
+        for dev in devices:
+            ff = fields + ["dev=%s" % dev]
+            runs = self.sr_runs(x, flags + ["--device", dev], fields, ff)
+            if runs is None:
+                continue
+            outs[dev] = runs[0]
+            self.emit(*verdict(ff, *runs))
+        self.cross_device(fields, outs)
+
     def cross_device(self, fields, outs):
         if len(outs) < 2:
             return
@@ -398,18 +412,10 @@ class Harness:
         lo = sm.round_elem_exact(w, f, "floor") * scale
         hi = sm.round_elem_exact(w, f, "up") * scale
         ref_scales = np.where(np.isnan(e), 0xFF, np.nan_to_num(e) + 127).astype(np.uint8)
-        outs = {}
-        for dev in devices:
-            base = ["--format", fmt, "--axis", str(axis), "--block", str(block), "--rounding", "stochastic",
-                    "--device", dev]
-            ff = fields + ["dev=%s" % dev]
-            runs = self.sr_runs(x, base, fields, ff)
-            if runs is None:
-                continue
-            r1, r2, r3 = runs
-            outs[dev] = r1
-            self.emit(*self._sr_verdict(ff, x, r1, r2, r3, lo, hi, w, scale, elem, ref_scales, None))
-        self.cross_device(fields, outs)
+        flags = ["--format", fmt, "--axis", str(axis), "--block", str(block), "--rounding", "stochastic"]
+        self.sr_on_devices(x, flags, fields, devices,
+                           lambda ff, r1, r2, r3: self._sr_verdict(ff, x, r1, r2, r3, lo, hi, w, scale, elem,
+                                                                   ref_scales, None))
 
     def _sr_verdict(self, ff, x, r1, r2, r3, lo, hi, w, scale, elem, ref_scales, extra):
         """MX stochastic rounding: every output is one of the two grid
@@ -539,19 +545,11 @@ class Harness:
         f = sm.FORMATS["e2m1"]
         lo_q = sm.round_elem_exact(t, f, "floor")
         hi_q = sm.round_elem_exact(t, f, "up")
-        outs = {}
-        for dev in devices:
-            base = ["--format", "nvfp4", "--axis", str(axis), "--tile", "16x16" if tile16 else "1x16",
-                    "--rounding", "stochastic", "--device", dev] + (["--rht"] if rht else [])
-            ff = fields + ["dev=%s" % dev]
-            runs = self.sr_runs(x, base, fields, ff)
-            if runs is None:
-                continue
-            r1, r2, r3 = runs
-            outs[dev] = r1
-            # frac is measured on t (the scaled value), candidates on the output
-            self.emit(*self._sr_verdict_nv(ff, axis, t, r1, r2, r3, lo_q, hi_q, ref))
-        self.cross_device(fields, outs)
+        flags = ["--format", "nvfp4", "--axis", str(axis), "--tile", "16x16" if tile16 else "1x16",
+                 "--rounding", "stochastic"] + (["--rht"] if rht else [])
+        # frac is measured on t (the scaled value), candidates on the output
+        self.sr_on_devices(x, flags, fields, devices,
+                           lambda ff, r1, r2, r3: self._sr_verdict_nv(ff, axis, t, r1, r2, r3, lo_q, hi_q, ref))
 
     @staticmethod
     def _nv_sf_elem(ref, axis, rows, cols):
