@@ -532,7 +532,9 @@ std::string SweepStateName(v1::SweepState state) {
 
 std::string StepText(const v1::Run& run) { return std::to_string(run.step()) + "/" + std::to_string(run.steps()); }
 
-void SortRuns(std::vector<v1::Run>* runs) {
+// Orders runs by sweep, then index, then id (a vector, or a response's runs).
+template <typename Runs>
+void SortRuns(Runs* runs) {
   std::stable_sort(runs->begin(), runs->end(), [](const v1::Run& a, const v1::Run& b) {
     if (a.sweep_id() != b.sweep_id()) return a.sweep_id() < b.sweep_id();
     if (a.index() != b.index()) return a.index() < b.index();
@@ -651,61 +653,77 @@ int CmdSubmit(Client& client, const Parsed& parsed, std::ostream& out, std::ostr
   return kExitOk;
 }
 
-int CmdSweeps(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err) {
+// A listing command: keeld's answer (every page in one response) as JSON with
+// --output json, else the table `table` makes of it. `fetch` asks keeld.
+template <typename Response, typename Fetch, typename Table>
+int PrintListing(Client& client, const Parsed& parsed, const char* rpc, std::ostream& out, std::ostream& err,
+                 Fetch fetch, Table table) {
   int code = kExitOk;
-  bool json = JsonOutput(parsed, err, &code);
+  const bool json = JsonOutput(parsed, err, &code);
   if (code != kExitOk) return code;
-  std::vector<v1::Sweep> sweeps;
-  grpc::Status status = ListAllSweeps(client, &sweeps);
-  if (!status.ok()) return RpcError("ListSweeps", status, client, err);
-  v1::ListSweepsResponse response;  // every page in one, for --output json
-  response.mutable_sweeps()->Reserve(static_cast<int>(sweeps.size()));
-  for (v1::Sweep& sweep : sweeps) *response.add_sweeps() = std::move(sweep);
+  Response response;
+  const grpc::Status status = fetch(&response);
+  if (!status.ok()) return RpcError(rpc, status, client, err);
   if (json) {
     out << ToJson(response) << "\n";
-    return kExitOk;
+  } else {
+    out << table(&response);
   }
-  std::vector<std::vector<std::string>> rows;
-  for (const auto& sweep : response.sweeps()) {
-    std::map<std::string, int> by_state(sweep.runs_by_state().begin(), sweep.runs_by_state().end());
-    std::string states;
-    for (const auto& kv : by_state) {
-      if (kv.second == 0) continue;
-      if (!states.empty()) states += " ";
-      states += kv.first + "=" + std::to_string(kv.second);
-    }
-    rows.push_back({sweep.id(), sweep.name().empty() ? "-" : sweep.name(), SweepStateName(sweep.state()),
-                    std::to_string(sweep.runs_total()), states.empty() ? "-" : states,
-                    FormatTime(sweep.created_unix_ms())});
-  }
-  out << FormatTable({"ID", "NAME", "STATE", "RUNS", "BY STATE", "CREATED"}, rows);
   return kExitOk;
 }
 
+// Moves `items` into a response's repeated field.
+template <typename T>
+void MoveInto(std::vector<T>* items, google::protobuf::RepeatedPtrField<T>* field) {
+  field->Reserve(static_cast<int>(items->size()));
+  for (T& item : *items) *field->Add() = std::move(item);
+}
+
+int CmdSweeps(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err) {
+  auto fetch = [&](v1::ListSweepsResponse* response) {
+    std::vector<v1::Sweep> sweeps;
+    const grpc::Status status = ListAllSweeps(client, &sweeps);
+    MoveInto(&sweeps, response->mutable_sweeps());
+    return status;
+  };
+  auto table = [](v1::ListSweepsResponse* response) {
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& sweep : response->sweeps()) {
+      std::map<std::string, int> by_state(sweep.runs_by_state().begin(), sweep.runs_by_state().end());
+      std::string states;
+      for (const auto& kv : by_state) {
+        if (kv.second == 0) continue;
+        if (!states.empty()) states += " ";
+        states += kv.first + "=" + std::to_string(kv.second);
+      }
+      rows.push_back({sweep.id(), sweep.name().empty() ? "-" : sweep.name(), SweepStateName(sweep.state()),
+                      std::to_string(sweep.runs_total()), states.empty() ? "-" : states,
+                      FormatTime(sweep.created_unix_ms())});
+    }
+    return FormatTable({"ID", "NAME", "STATE", "RUNS", "BY STATE", "CREATED"}, rows);
+  };
+  return PrintListing<v1::ListSweepsResponse>(client, parsed, "ListSweeps", out, err, fetch, table);
+}
+
 int CmdRuns(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err) {
-  int code = kExitOk;
-  bool json = JsonOutput(parsed, err, &code);
-  if (code != kExitOk) return code;
-  std::vector<v1::Run> runs;
-  grpc::Status status = ListAllRuns(client, parsed.positional.empty() ? "" : parsed.positional[0], &runs);
-  if (!status.ok()) return RpcError("ListRuns", status, client, err);
-  if (json) {
-    v1::ListRunsResponse response;  // every page in one
-    response.mutable_runs()->Reserve(static_cast<int>(runs.size()));
-    for (v1::Run& run : runs) *response.add_runs() = std::move(run);
-    out << ToJson(response) << "\n";
-    return kExitOk;
-  }
-  SortRuns(&runs);
-  std::vector<std::vector<std::string>> rows;
-  for (const auto& run : runs) {
-    std::string axes = AxesText(run.axes());
-    rows.push_back({run.id(), run.sweep_id(), StateName(run.state()), StepText(run), RunLossText(run),
-                    run.precision().empty() ? "-" : run.precision(), std::to_string(run.restarts()),
-                    run.worker_id().empty() ? "-" : run.worker_id(), axes.empty() ? "-" : axes});
-  }
-  out << FormatTable({"ID", "SWEEP", "STATE", "STEP", "LOSS", "PRECISION", "RESTARTS", "WORKER", "AXES"}, rows);
-  return kExitOk;
+  auto fetch = [&](v1::ListRunsResponse* response) {
+    std::vector<v1::Run> runs;
+    const grpc::Status status = ListAllRuns(client, parsed.positional.empty() ? "" : parsed.positional[0], &runs);
+    MoveInto(&runs, response->mutable_runs());
+    return status;
+  };
+  auto table = [](v1::ListRunsResponse* response) {
+    SortRuns(response->mutable_runs());
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& run : response->runs()) {
+      std::string axes = AxesText(run.axes());
+      rows.push_back({run.id(), run.sweep_id(), StateName(run.state()), StepText(run), RunLossText(run),
+                      run.precision().empty() ? "-" : run.precision(), std::to_string(run.restarts()),
+                      run.worker_id().empty() ? "-" : run.worker_id(), axes.empty() ? "-" : axes});
+    }
+    return FormatTable({"ID", "SWEEP", "STATE", "STEP", "LOSS", "PRECISION", "RESTARTS", "WORKER", "AXES"}, rows);
+  };
+  return PrintListing<v1::ListRunsResponse>(client, parsed, "ListRuns", out, err, fetch, table);
 }
 
 int CmdShow(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err) {
@@ -1067,30 +1085,25 @@ int CmdPlot(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
 }
 
 int CmdWorkers(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err) {
-  int code = kExitOk;
-  bool json = JsonOutput(parsed, err, &code);
-  if (code != kExitOk) return code;
-  v1::ListWorkersResponse response;
-  auto context = client.Context();
-  grpc::Status status = client.stub()->ListWorkers(context.get(), v1::ListWorkersRequest(), &response);
-  if (!status.ok()) return RpcError("ListWorkers", status, client, err);
-  if (json) {
-    out << ToJson(response) << "\n";
-    return kExitOk;
-  }
-  std::vector<std::vector<std::string>> rows;
-  for (const auto& worker : response.workers()) {
-    int busy = 0;
-    for (const auto& device : worker.devices()) busy += device.run_id().empty() ? 0 : 1;
-    std::string runs;
-    for (const auto& run : worker.run_ids()) runs += (runs.empty() ? "" : ",") + run;
-    rows.push_back({worker.id(), worker.host(), worker.connected() ? "yes" : "no",
-                    std::to_string(busy) + "/" + std::to_string(worker.devices_size()),
-                    std::to_string(worker.cpu_slots()), runs.empty() ? "-" : runs,
-                    FormatTime(worker.lease_expires_unix_ms())});
-  }
-  out << FormatTable({"ID", "HOST", "CONNECTED", "GPUS BUSY", "CPU SLOTS", "RUNS", "LEASE EXPIRES"}, rows);
-  return kExitOk;
+  auto fetch = [&](v1::ListWorkersResponse* response) {
+    auto context = client.Context();
+    return client.stub()->ListWorkers(context.get(), v1::ListWorkersRequest(), response);
+  };
+  auto table = [](v1::ListWorkersResponse* response) {
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& worker : response->workers()) {
+      int busy = 0;
+      for (const auto& device : worker.devices()) busy += device.run_id().empty() ? 0 : 1;
+      std::string runs;
+      for (const auto& run : worker.run_ids()) runs += (runs.empty() ? "" : ",") + run;
+      rows.push_back({worker.id(), worker.host(), worker.connected() ? "yes" : "no",
+                      std::to_string(busy) + "/" + std::to_string(worker.devices_size()),
+                      std::to_string(worker.cpu_slots()), runs.empty() ? "-" : runs,
+                      FormatTime(worker.lease_expires_unix_ms())});
+    }
+    return FormatTable({"ID", "HOST", "CONNECTED", "GPUS BUSY", "CPU SLOTS", "RUNS", "LEASE EXPIRES"}, rows);
+  };
+  return PrintListing<v1::ListWorkersResponse>(client, parsed, "ListWorkers", out, err, fetch, table);
 }
 
 }  // namespace

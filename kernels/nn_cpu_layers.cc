@@ -200,8 +200,15 @@ Status CpuBackend::SwigluBackward(const float* x, const float* dy, float* dx, in
 
 namespace {
 
-Status CheckTokens(const char* op, const int32_t* tokens, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) {
+// What both embedding passes check, in this order: the sizes, the pointers
+// (tokens first), then the token ids (nn.h passes no vocabulary size, so only
+// negative ids can be caught here).
+Status CheckEmbedding(const char* op, const int32_t* tokens, int64_t batch, int64_t seq, int64_t dim,
+                      std::initializer_list<std::pair<const char*, const void*>> arrays) {
+  KEEL_RETURN_IF_ERROR(CheckPositive(op, {{"batch", batch}, {"seq", seq}, {"dim", dim}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(op, {{"tokens", tokens}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(op, arrays));
+  for (int64_t i = 0; i < batch * seq; ++i) {
     if (tokens[i] < 0)
       return Status::Error(std::string(op) + ": tokens[" + std::to_string(i) + "]: " +
                            std::to_string(tokens[i]) + " is not allowed; need a token id >= 0");
@@ -213,12 +220,8 @@ Status CheckTokens(const char* op, const int32_t* tokens, int64_t count) {
 
 Status CpuBackend::EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe,
                                     float* out, int64_t batch, int64_t seq, int64_t dim) {
-  static const char kOp[] = "EmbeddingForward";
-  KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"batch", batch}, {"seq", seq}, {"dim", dim}}));
-  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"tokens", tokens}, {"wte", wte}, {"wpe", wpe},
-                                       {"out", out}}));
-  // nn.h passes no vocabulary size, so only negative ids can be caught here.
-  KEEL_RETURN_IF_ERROR(CheckTokens(kOp, tokens, batch * seq));
+  KEEL_RETURN_IF_ERROR(
+      CheckEmbedding("EmbeddingForward", tokens, batch, seq, dim, {{"wte", wte}, {"wpe", wpe}, {"out", out}}));
   pool_.ParallelRange(batch * seq, RowGrain(dim), [&](int64_t begin, int64_t end) {
     for (int64_t bt = begin; bt < end; ++bt) {
       const float* token_row = wte + static_cast<int64_t>(tokens[bt]) * dim;
@@ -232,11 +235,8 @@ Status CpuBackend::EmbeddingForward(const int32_t* tokens, const float* wte, con
 
 Status CpuBackend::EmbeddingBackward(const int32_t* tokens, const float* dout, float* dwte,
                                      float* dwpe, int64_t batch, int64_t seq, int64_t dim) {
-  static const char kOp[] = "EmbeddingBackward";
-  KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"batch", batch}, {"seq", seq}, {"dim", dim}}));
-  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"tokens", tokens}, {"dout", dout}, {"dwte", dwte},
-                                       {"dwpe", dwpe}}));
-  KEEL_RETURN_IF_ERROR(CheckTokens(kOp, tokens, batch * seq));
+  KEEL_RETURN_IF_ERROR(CheckEmbedding("EmbeddingBackward", tokens, batch, seq, dim,
+                                      {{"dout", dout}, {"dwte", dwte}, {"dwpe", dwpe}}));
   // A token may repeat, so rows of dwte are shared between positions: split by
   // column instead, and walk the positions in order within each column range.
   pool_.ParallelRange(dim, 64, [&](int64_t begin, int64_t end) {

@@ -302,6 +302,19 @@ Status CpuBackend::ReadOperandStats(std::vector<OperandStats>* stats) {
   return Status::Ok();
 }
 
+namespace {
+
+// One linear call's operand statistics by role, kept only when the call records
+// them (q.stats_slot >= 0); `of` is what PrepareOperand fills, or null.
+struct RoleStats {
+  explicit RoleStats(const LinearQuant& q) : record(q.stats_slot >= 0) {}
+  OperandStats* of(Role role) { return record ? &stats[static_cast<int>(role)] : nullptr; }
+  bool record;
+  OperandStats stats[kRoleCount];
+};
+
+}  // namespace
+
 Status CpuBackend::LinearForward(const float* x, const float* w, const float* bias, float* y,
                                  int64_t rows, int64_t in, int64_t out, const LinearQuant& q) {
   static const char kOp[] = "LinearForward";
@@ -310,14 +323,12 @@ Status CpuBackend::LinearForward(const float* x, const float* w, const float* bi
   std::lock_guard<std::mutex> lock(linear_mutex_);
   KEEL_RETURN_IF_ERROR(ValidateLinearQuant(kOp, q, rows, stats_slots_));
 
-  OperandStats role_stats[kRoleCount];
-  const bool record = q.stats_slot >= 0;
-  auto stats_of = [&](Role role) { return record ? &role_stats[static_cast<int>(role)] : nullptr; };
+  RoleStats role_stats(q);
   const std::string prefix = kOp;
   KEEL_RETURN_IF_ERROR(Prefixed(
-      prefix, PrepareOperand(Role::kFwdX, x, rows, in, 1, q, &operand_a_, stats_of(Role::kFwdX))));
+      prefix, PrepareOperand(Role::kFwdX, x, rows, in, 1, q, &operand_a_, role_stats.of(Role::kFwdX))));
   KEEL_RETURN_IF_ERROR(Prefixed(
-      prefix, PrepareOperand(Role::kFwdW, w, out, in, 1, q, &operand_b_, stats_of(Role::kFwdW))));
+      prefix, PrepareOperand(Role::kFwdW, w, out, in, 1, q, &operand_b_, role_stats.of(Role::kFwdW))));
   const float alpha = operand_a_.decode_scale * operand_b_.decode_scale;
   // y = alpha * x_q . w_q^T: B is w stored out x in, i.e. op(B) = w^T.
   GemmCpu(&pool_, GemmShape{rows, out, in}, false, true, alpha, operand_a_.data, in,
@@ -330,7 +341,7 @@ Status CpuBackend::LinearForward(const float* x, const float* w, const float* bi
       }
     });
   }
-  RecordStats(q, role_stats);
+  RecordStats(q, role_stats.stats);
   return Status::Ok();
 }
 
@@ -343,24 +354,22 @@ Status CpuBackend::LinearBackward(const float* x, const float* w, const float* d
   std::lock_guard<std::mutex> lock(linear_mutex_);
   KEEL_RETURN_IF_ERROR(ValidateLinearQuant(kOp, q, rows, stats_slots_));
 
-  OperandStats role_stats[kRoleCount];
-  const bool record = q.stats_slot >= 0;
-  auto stats_of = [&](Role role) { return record ? &role_stats[static_cast<int>(role)] : nullptr; };
+  RoleStats role_stats(q);
   const std::string prefix = kOp;
   // All four operands are quantized before any output is touched, so that a
   // format error (say nvfp4 with rows not a multiple of 16) changes nothing.
   if (dx != nullptr) {
     KEEL_RETURN_IF_ERROR(
         Prefixed(prefix, PrepareOperand(Role::kDgradDy, dy, rows, out, 1, q, &operand_a_,
-                                        stats_of(Role::kDgradDy))));
+                                        role_stats.of(Role::kDgradDy))));
     KEEL_RETURN_IF_ERROR(Prefixed(
         prefix,
-        PrepareOperand(Role::kDgradW, w, out, in, 0, q, &operand_b_, stats_of(Role::kDgradW))));
+        PrepareOperand(Role::kDgradW, w, out, in, 0, q, &operand_b_, role_stats.of(Role::kDgradW))));
   }
   KEEL_RETURN_IF_ERROR(Prefixed(prefix, PrepareOperand(Role::kWgradDy, dy, rows, out, 0, q,
-                                                           &operand_c_, stats_of(Role::kWgradDy))));
+                                                           &operand_c_, role_stats.of(Role::kWgradDy))));
   KEEL_RETURN_IF_ERROR(Prefixed(prefix, PrepareOperand(Role::kWgradX, x, rows, in, 0, q,
-                                                           &operand_d_, stats_of(Role::kWgradX))));
+                                                           &operand_d_, role_stats.of(Role::kWgradX))));
   if (dx != nullptr) {
     // dx (rows x in) = dy_q (rows x out) . w_q (out x in).
     GemmCpu(&pool_, GemmShape{rows, in, out}, false, false,
@@ -382,7 +391,7 @@ Status CpuBackend::LinearBackward(const float* x, const float* w, const float* d
       for (int64_t o = begin; o < end; ++o) dbias[o] += sums[o - begin];
     });
   }
-  RecordStats(q, role_stats);
+  RecordStats(q, role_stats.stats);
   return Status::Ok();
 }
 

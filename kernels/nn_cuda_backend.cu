@@ -133,6 +133,17 @@ Status CheckCount(int64_t count, const char* what) {
   return Status::Ok();
 }
 
+// A copy between host and device that is done when this returns (Upload,
+// Download); `pointers` names the two pointers in the error for a null one.
+Status CopyAndWait(cudaStream_t stream, const char* pointers, void* dst, const void* src, size_t bytes,
+                   cudaMemcpyKind kind) {
+  if (bytes == 0) return Status::Ok();
+  if (dst == nullptr || src == nullptr) return Status::Error(std::string(pointers) + ": null");
+  KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+  KEEL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return Status::Ok();
+}
+
 }  // namespace
 
 // ============================================================================
@@ -234,20 +245,12 @@ void CudaBackend::Free(void* ptr) {
 }
 
 Status CudaBackend::Upload(void* dst, const void* host_src, size_t bytes) {
-  if (bytes == 0) return Status::Ok();
-  if (dst == nullptr || host_src == nullptr) return Status::Error("Upload: dst or host_src: null");
-  KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
   // The caller may reuse host_src when this returns.
-  KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return Status::Ok();
+  return CopyAndWait(stream_, "Upload: dst or host_src", dst, host_src, bytes, cudaMemcpyHostToDevice);
 }
 
 Status CudaBackend::Download(void* host_dst, const void* src, size_t bytes) {
-  if (bytes == 0) return Status::Ok();
-  if (host_dst == nullptr || src == nullptr) return Status::Error("Download: host_dst or src: null");
-  KEEL_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
-  KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return Status::Ok();
+  return CopyAndWait(stream_, "Download: host_dst or src", host_dst, src, bytes, cudaMemcpyDeviceToHost);
 }
 
 Status CudaBackend::CopyBytes(void* dst, const void* src, size_t bytes) {
