@@ -7,7 +7,7 @@ unusual (data, tags, linkopts, visibility, other sources). Every other keyword
 goes to cc_library / cc_test unchanged.
 """
 
-load("@rules_cc//cc:defs.bzl", "cc_library", "cc_test")
+load("@rules_cc//cc:defs.bzl", "cc_binary", "cc_library", "cc_test")
 
 def _set_if_given(attrs, key, value):
     # An empty list is left out rather than passed, so that the target reads
@@ -38,3 +38,10 @@ def keel_test(name, deps = [], size = "small", srcs = None, data = [], **kwargs)
         deps = deps + ["@system//:gtest_main"],
         **attrs
     )
+
+def keel_binary(name, srcs = None, **kwargs):
+    """A cc_binary of its own source file: name.cc, with dashes read as
+    underscores (keel-quant is keel_quant.cc), unless srcs says otherwise."""
+    attrs = dict(kwargs)
+    _set_if_given(attrs, "srcs", [name.replace("-", "_") + ".cc"] if srcs == None else srcs)
+    cc_binary(name = name, **attrs)
