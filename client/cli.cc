@@ -21,6 +21,7 @@
 
 #include "client/format.h"
 #include "client/plot.h"
+#include "kernels/base/flags.h"
 #include "proto/channel.h"
 #include "proto/keel.grpc.pb.h"
 #include "proto/keel.pb.h"
@@ -281,12 +282,7 @@ std::string ParseArgs(const std::vector<std::string>& args, Parsed* parsed) {
   try {
     app.parse(reversed);
   } catch (const CLI::ArgumentMismatch& e) {
-    // CLI11 says "--name: 1 required TEXT missing" or "name was given a
-    // disallowed flag override".
-    const std::string what = e.what();
-    const size_t colon = what.find(':');
-    problem = colon != std::string::npos ? "flag " + what.substr(0, colon) + " needs a value"
-                                         : "flag --" + what.substr(0, what.find(' ')) + " takes no value";
+    problem = "flag " + ValueMismatchMessage(e);
   } catch (const CLI::ParseError& e) {
     problem = e.what();
   }

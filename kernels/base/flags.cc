@@ -23,18 +23,22 @@ CLI::Validator IntFlag(int64_t lo, int64_t hi) {
       range);
 }
 
+std::string ValueMismatchMessage(const CLI::ArgumentMismatch& e) {
+  const std::string what = e.what();
+  const size_t colon = what.find(':');
+  if (colon != std::string::npos) return what.substr(0, colon) + " needs a value";
+  return "--" + what.substr(0, what.find(' ')) + " takes no value";
+}
+
 namespace {
 
-// CLI11 says a missing value as "--name: 1 required TEXT missing"; Keel's
-// binaries say "--name needs a value". Other errors keep CLI11's words.
+// A parse error as ParseFlags prints it: a value mismatch in Keel's words
+// (ValueMismatchMessage), anything else in CLI11's.
 std::string Describe(const CLI::ParseError& e, const std::string& program) {
-  const std::string what = e.what();
-  if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) != nullptr) {
-    const size_t colon = what.find(':');
-    const std::string flag = colon == std::string::npos ? what : what.substr(0, colon);
-    return flag + " needs a value (see " + program + " --help)";
+  if (const auto* mismatch = dynamic_cast<const CLI::ArgumentMismatch*>(&e)) {
+    return ValueMismatchMessage(*mismatch) + " (see " + program + " --help)";
   }
-  return what;
+  return e.what();
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Command-line flags for Keel's binaries (keeld, keel-worker, keel-train), on
+// Command-line flags for Keel's binaries (keeld, keel-worker, keel-train, keel-quant), on
 // CLI11 (Debian's libcli11-dev). Each binary declares its flags on a CLI::App
 // and calls ParseFlags, which keeps the conventions they share:
 //   - `--help`/`-h` prints the binary's own usage text (written next to its
@@ -18,6 +18,12 @@ namespace keel {
 // Accepts a base-10 integer in [lo, hi]; anything else reads
 // "'VALUE' is not allowed (lo .. hi)".
 CLI::Validator IntFlag(int64_t lo, int64_t hi);
+
+// A flag given without its value, or a value given to a flag that takes none,
+// in Keel's words: "--name needs a value" or "--name takes no value" (CLI11
+// says "--name: 1 required TEXT missing" and "name was given a disallowed flag
+// override"). ParseFlags and the `keel` CLI both report it so.
+std::string ValueMismatchMessage(const CLI::ArgumentMismatch& e);
 
 // The outcome of ParseFlags: go on, or exit with `exit_code` (0 after --help,
 // 2 after a usage error; the text is printed already).

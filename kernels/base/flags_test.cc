@@ -99,5 +99,25 @@ TEST(FlagsTest, UnknownArgumentsAndMissingValuesAreUsageErrors) {
   EXPECT_EQ(p.err, "prog: --name needs a value (see prog --help)\n");
 }
 
+// CLI11's two value mismatches, caught from a real parse, in Keel's words.
+TEST(FlagsTest, ValueMismatchMessageNamesTheFlag) {
+  auto mismatch_of = [](const std::vector<std::string>& reversed_args) {
+    CLI::App app("prog");
+    std::string name;
+    bool watch = false;
+    app.add_option("--name", name);
+    app.add_flag("--watch", watch)->disable_flag_override();
+    std::vector<std::string> args = reversed_args;
+    try {
+      app.parse(args);
+    } catch (const CLI::ArgumentMismatch& e) {
+      return ValueMismatchMessage(e);
+    }
+    return std::string("no mismatch");
+  };
+  EXPECT_EQ(mismatch_of({"--name"}), "--name needs a value");
+  EXPECT_EQ(mismatch_of({"--watch=yes"}), "--watch takes no value");
+}
+
 }  // namespace
 }  // namespace keel
