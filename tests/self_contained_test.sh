@@ -97,7 +97,9 @@ while IFS= read -r hit; do
   names=$(printf '%s\n' "${hit#"$where":}" | grep -oE '"[^"]+"' | tr -d '"')
   while IFS= read -r name; do
     checked=$((checked + 1))
-    if ! printf '%s\n' "$headings" | grep -qxF -- "$name"; then
+    # A here-string, not printf | grep -q: grep -q stops at the first match, and
+    # under pipefail the printf it leaves on a broken pipe fails the check.
+    if ! grep -qxF -- "$name" <<< "$headings"; then
       fail "$where: docs/numerics.md has no heading \"$name\""
     fi
   done <<< "$names"
