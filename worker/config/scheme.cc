@@ -147,9 +147,10 @@ Status ValidateScheme(const PrecisionScheme& s) {
     const OperandFormat& f = s.roles[r];
     std::string field = std::string("precision.") + RoleName(static_cast<Role>(r));
     if (!f.quantized()) continue;
-    if (IsMx(f.format) && f.mx_block < 1) {
+    if (IsMx(f.format) && (f.mx_block < 1 || f.mx_block > kMaxMxBlock)) {
       return Status::InvalidField(field, "mx_block " + std::to_string(f.mx_block) +
-                           " is not allowed (a block size >= 1)");
+                                             " is not allowed (a block size 1 .. " +
+                                             std::to_string(kMaxMxBlock) + ")");
     }
     if (f.format == QuantFormat::kNvfp4 && f.rounding == Rounding::kNearestAway) {
       return Status::InvalidField(field, "rounding nearest_away is not allowed for nvfp4 (allowed: "

@@ -33,6 +33,24 @@ TEST(SchemeTest, EveryIssuePresetExistsAndValidates) {
   }
 }
 
+// The quantizers take MX blocks of 1 .. kMaxMxBlock elements; a scheme from any
+// source (a config, a stored proto, an intervention) is held to that.
+TEST(SchemeTest, MxBlockOutsideWhatTheQuantizersTakeIsRefused) {
+  PrecisionScheme s = Preset("mxfp8_e4m3");
+  for (int block : {1, 32, kMaxMxBlock}) {
+    s.roles[0].mx_block = block;
+    EXPECT_TRUE(ValidateScheme(s).ok()) << block;
+  }
+  for (int block : {0, -1, kMaxMxBlock + 1}) {
+    s.roles[0].mx_block = block;
+    Status st = ValidateScheme(s);
+    EXPECT_FALSE(st.ok()) << block;
+    EXPECT_EQ(st.field(), "precision.fwd_x");
+    EXPECT_EQ(st.message(), "precision.fwd_x: mx_block " + std::to_string(block) +
+                                " is not allowed (a block size 1 .. 4096)");
+  }
+}
+
 TEST(SchemeTest, SingleFormatPresetsUseTheFormatInEveryRole) {
   const std::pair<const char*, QuantFormat> cases[] = {
       {"mxfp8_e4m3", QuantFormat::kMxfp8E4M3}, {"mxfp8_e5m2", QuantFormat::kMxfp8E5M2},
