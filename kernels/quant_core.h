@@ -48,25 +48,18 @@ constexpr uint32_t kInfBits = 0x7F800000u;
 constexpr uint32_t kQuietNanBits = 0x7FC00000u;  // std::numeric_limits<float>::quiet_NaN()
 constexpr uint32_t kFltMaxBits = 0x7F7FFFFFu;
 
-KEEL_HD uint32_t AsBits(float x) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(x);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof(bits));
-  return bits;
-#endif
+// The bits of `from` read as a `To` of the same size (C++20's std::bit_cast;
+// a fixed-size memcpy compiles to a register move on the host and the device).
+template <typename To, typename From>
+KEEL_HD To BitCast(From from) {
+  static_assert(sizeof(To) == sizeof(From), "BitCast needs types of one size");
+  To to;
+  std::memcpy(&to, &from, sizeof(to));
+  return to;
 }
 
-KEEL_HD float AsFloat(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float x;
-  std::memcpy(&x, &bits, sizeof(x));
-  return x;
-#endif
-}
+KEEL_HD uint32_t AsBits(float x) { return BitCast<uint32_t>(x); }
+KEEL_HD float AsFloat(uint32_t bits) { return BitCast<float>(bits); }
 
 KEEL_HD float QuietNan() { return AsFloat(kQuietNanBits); }
 KEEL_HD bool IsNan(float x) { return (AsBits(x) & kAbsMask) > kInfBits; }

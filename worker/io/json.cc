@@ -31,6 +31,33 @@ const std::vector<JsonValue::Member> kEmptyMembers;
 // 2^63 as a double: the first double that int64 cannot hold.
 constexpr double kTwoPow63 = 9223372036854775808.0;
 
+// The two-character escapes, both ways: the raw character and the letter
+// after the backslash. The parser also reads backslash-slash as '/', which the writer
+// never needs to write.
+struct ShortEscape {
+  char raw;
+  char letter;
+};
+constexpr ShortEscape kShortEscapes[] = {{'"', '"'},  {'\\', '\\'}, {'\b', 'b'}, {'\f', 'f'},
+                                         {'\n', 'n'}, {'\r', 'r'},   {'\t', 't'}};
+
+// The character that a backslash and `letter` stand for, or 0 if it is not a short escape.
+char UnescapedChar(char letter) {
+  if (letter == '/') return '/';
+  for (const ShortEscape& e : kShortEscapes) {
+    if (e.letter == letter) return e.raw;
+  }
+  return 0;
+}
+
+// The letter that escapes `raw` after a backslash, or 0 if it has none.
+char EscapeLetter(char raw) {
+  for (const ShortEscape& e : kShortEscapes) {
+    if (e.raw == raw) return e.letter;
+  }
+  return 0;
+}
+
 class Parser {
  public:
   explicit Parser(const std::string& text) : text_(text) {}
@@ -220,15 +247,11 @@ class Parser {
         if (AtEnd()) return Error("an escape character after '\\'");
         const char e = Peek();
         ++pos_;
+        if (const char raw = UnescapedChar(e)) {
+          out->push_back(raw);
+          continue;
+        }
         switch (e) {
-          case '"': out->push_back('"'); break;
-          case '\\': out->push_back('\\'); break;
-          case '/': out->push_back('/'); break;
-          case 'b': out->push_back('\b'); break;
-          case 'f': out->push_back('\f'); break;
-          case 'n': out->push_back('\n'); break;
-          case 'r': out->push_back('\r'); break;
-          case 't': out->push_back('\t'); break;
           case 'u': {
             const size_t escape_pos = pos_ - 2;
             unsigned cp;
@@ -347,22 +370,15 @@ void AppendEscaped(const std::string& s, std::string* out) {
       }
       continue;
     }
-    switch (c) {
-      case '"': out->append("\\\""); break;
-      case '\\': out->append("\\\\"); break;
-      case '\b': out->append("\\b"); break;
-      case '\f': out->append("\\f"); break;
-      case '\n': out->append("\\n"); break;
-      case '\r': out->append("\\r"); break;
-      case '\t': out->append("\\t"); break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out->append(buf);
-        } else {
-          out->push_back(static_cast<char>(c));
-        }
+    if (const char escape = EscapeLetter(static_cast<char>(c))) {
+      out->push_back('\\');
+      out->push_back(escape);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out->append(buf);
+    } else {
+      out->push_back(static_cast<char>(c));
     }
     ++i;
   }

@@ -31,6 +31,11 @@ std::string ParseError(const std::string& text) {
   return s.message();
 }
 
+// Each text is refused with exactly its message.
+void ExpectParseErrors(const std::vector<std::pair<std::string, std::string>>& cases) {
+  for (const auto& c : cases) EXPECT_EQ(ParseError(c.first), c.second) << "text: " << c.first;
+}
+
 TEST(JsonTest, ParsesEveryTypeAndKeepsMemberOrder) {
   JsonValue v = MustParse(
       " {\"z\": null, \"a\": [true, false, -1.5e2, \"s\"], \"m\": {\"k\": 0}} \n");
@@ -183,46 +188,45 @@ TEST(JsonTest, WriterBuildsOneLineObjects) {
 }
 
 TEST(JsonTest, ParseErrorsGiveTheByteOffsetAndWhatWasExpected) {
-  EXPECT_EQ(ParseError(""), "JSON: at byte 0: expected a value, found end of input");
-  EXPECT_EQ(ParseError("{\"a\" 1}"),
-            "JSON: at byte 5: expected ':' after object key, found '1'");
-  EXPECT_EQ(ParseError("[1,]"),
-            "JSON: at byte 3: expected a value (object, array, string, number, true, false or "
-            "null), found ']'");
-  EXPECT_EQ(ParseError("{\"a\":1,}"),
-            "JSON: at byte 7: expected '\"' starting an object key, found '}'");
-  EXPECT_EQ(ParseError("[1 2]"), "JSON: at byte 3: expected ',' or ']' after array element, "
-                                 "found '2'");
-  EXPECT_EQ(ParseError("{\"a\":1} x"),
-            "JSON: at byte 8: expected end of input after the value, found 'x'");
-  EXPECT_EQ(ParseError("tru"), "JSON: at byte 3: expected 'true', found end of input");
-  EXPECT_EQ(ParseError("nul!"), "JSON: at byte 3: expected 'null', found '!'");
-  EXPECT_EQ(ParseError("\"abc"), "JSON: at byte 4: expected '\"' closing the string, found "
-                                 "end of input");
-  EXPECT_EQ(ParseError("\"a\nb\""), "JSON: at byte 2: expected a string character (control "
-                                    "characters must be escaped), found byte 0x0A");
-  EXPECT_EQ(ParseError("\"\\x\""), "JSON: at byte 2: expected an escape character (one of \" "
-                                   "\\ / b f n r t u), found 'x'");
-  EXPECT_EQ(ParseError("\"\\u12g4\""),
-            "JSON: at byte 5: expected 4 hex digits after \\u, found 'g'");
-  EXPECT_EQ(ParseError("\"\\ude00\""), "JSON: at byte 1: expected a high surrogate before a "
-                                       "low surrogate \\u escape, found '\\'");
-  EXPECT_EQ(ParseError("\"\\ud83d x\""), "JSON: at byte 7: expected a low surrogate "
-                                         "\\uDC00-\\uDFFF after a high surrogate, found ' '");
-  EXPECT_EQ(ParseError("\"a\xC3(\""), "JSON: at byte 2: expected valid UTF-8, found byte 0xC3");
-  EXPECT_EQ(ParseError("{\"k\":1,\"k\":2}"), "JSON: at byte 7: expected a unique object key, "
-                                             "found a second \"k\"");
+  ExpectParseErrors({
+      {"", "JSON: at byte 0: expected a value, found end of input"},
+      {"{\"a\" 1}", "JSON: at byte 5: expected ':' after object key, found '1'"},
+      {"[1,]",
+       "JSON: at byte 3: expected a value (object, array, string, number, true, false or null)"
+       ", found ']'"},
+      {"{\"a\":1,}", "JSON: at byte 7: expected '\"' starting an object key, found '}'"},
+      {"[1 2]", "JSON: at byte 3: expected ',' or ']' after array element, found '2'"},
+      {"{\"a\":1} x", "JSON: at byte 8: expected end of input after the value, found 'x'"},
+      {"tru", "JSON: at byte 3: expected 'true', found end of input"},
+      {"nul!", "JSON: at byte 3: expected 'null', found '!'"},
+      {"\"abc", "JSON: at byte 4: expected '\"' closing the string, found end of input"},
+      {"\"a\nb\"",
+       "JSON: at byte 2: expected a string character (control characters must be escaped)"
+       ", found byte 0x0A"},
+      {"\"\\x\"",
+       "JSON: at byte 2: expected an escape character (one of \" \\ / b f n r t u), found 'x'"},
+      {"\"\\u12g4\"", "JSON: at byte 5: expected 4 hex digits after \\u, found 'g'"},
+      {"\"\\ude00\"",
+       "JSON: at byte 1: expected a high surrogate before a low surrogate \\u escape"
+       ", found '\\'"},
+      {"\"\\ud83d x\"",
+       "JSON: at byte 7: expected a low surrogate \\uDC00-\\uDFFF after a high surrogate"
+       ", found ' '"},
+      {"\"a\xC3(\"", "JSON: at byte 2: expected valid UTF-8, found byte 0xC3"},
+      {"{\"k\":1,\"k\":2}", "JSON: at byte 7: expected a unique object key, found a second \"k\""},
+  });
 }
 
 TEST(JsonTest, NumberGrammarIsStrict) {
-  EXPECT_EQ(ParseError("01"), "JSON: at byte 1: expected no leading zero ('.', 'e' or the end "
-                              "of the number), found '1'");
-  EXPECT_EQ(ParseError("-"), "JSON: at byte 1: expected a digit, found end of input");
-  EXPECT_EQ(ParseError("1."), "JSON: at byte 2: expected a digit after '.', found end of input");
-  EXPECT_EQ(ParseError("1e+"), "JSON: at byte 3: expected a digit in the exponent, found end "
-                               "of input");
-  EXPECT_EQ(ParseError("[1e999]"), "JSON: at byte 1: expected a number within the range of a "
-                                   "double, found '1'");
+  ExpectParseErrors({
+      {"01",
+       "JSON: at byte 1: expected no leading zero ('.', 'e' or the end of the number)"
+       ", found '1'"},
+      {"-", "JSON: at byte 1: expected a digit, found end of input"},
+      {"1.", "JSON: at byte 2: expected a digit after '.', found end of input"},
+      {"1e+", "JSON: at byte 3: expected a digit in the exponent, found end of input"},
+      {"[1e999]", "JSON: at byte 1: expected a number within the range of a double, found '1'"},
+  });
   ParseError("+1");
   ParseError(".5");
   ParseError("NaN");

@@ -265,56 +265,51 @@ TEST(SafetensorsTest, RefusesDtypesOtherThanF32) {
       {"dtype 32", "\"F32\""});
 }
 
+// One F32 tensor 'a' with the given shape and data_offsets, as header JSON.
+std::string TensorA(const std::string& shape, const std::string& offsets) {
+  return "{\"a\":{\"dtype\":\"F32\",\"shape\":" + shape + ",\"data_offsets\":" + offsets + "}}";
+}
+
 TEST(SafetensorsTest, RefusesBadOffsets) {
   const std::string data8(8, '\0');
-  const std::string f32 = "\"dtype\":\"F32\",";
-  // Overlap.
-  ExpectRefusedBytes(MakeFile("{\"a\":{" + f32 + "\"shape\":[2],\"data_offsets\":[0,8]},"
-                              "\"b\":{" + f32 + "\"shape\":[1],\"data_offsets\":[4,8]}}",
-                              data8),
-                     {"tensor 'b'", "[4, 8]", "overlaps tensor 'a'", "ends at 8"});
-  // Gap.
-  ExpectRefusedBytes(MakeFile("{\"a\":{" + f32 + "\"shape\":[1],\"data_offsets\":[4,8]}}",
-                              data8),
-                     {"tensor 'a'", "leaves bytes [0, 4)", "contiguous"});
-  // begin > end.
-  ExpectRefusedBytes(MakeFile("{\"a\":{" + f32 + "\"shape\":[0],\"data_offsets\":[8,4]}}",
-                              data8),
-                     {"tensor 'a'", "data_offsets [8,4]", "0 <= begin <= end"});
-  // Negative, fractional, wrong arity.
-  ExpectRefusedBytes(MakeFile("{\"a\":{" + f32 + "\"shape\":[1],\"data_offsets\":[-4,0]}}",
-                              data8),
-                     {"data_offsets [-4,0]"});
-  ExpectRefusedBytes(MakeFile("{\"a\":{" + f32 + "\"shape\":[1],\"data_offsets\":[0,4.5]}}",
-                              data8),
-                     {"data_offsets [0,4.5]"});
-  ExpectRefusedBytes(MakeFile("{\"a\":{" + f32 + "\"shape\":[1],\"data_offsets\":[0]}}", data8),
-                     {"data_offsets [0]"});
-  // Shape disagreeing with the offsets.
-  ExpectRefusedBytes(MakeFile("{\"a\":{" + f32 + "\"shape\":[3],\"data_offsets\":[0,8]}}",
-                              data8),
-                     {"tensor 'a'", "shape [3]", "12 bytes", "span 8 bytes"});
-  // Offsets past the end of the data (out of range).
-  ExpectRefusedBytes(MakeFile("{\"a\":{" + f32 + "\"shape\":[4],\"data_offsets\":[0,16]}}",
-                              data8),
-                     {"tensor 'a'", "[0, 16]", "8-byte data buffer"});
-  // Data beyond the last tensor.
-  ExpectRefusedBytes(MakeFile("{\"a\":{" + f32 + "\"shape\":[1],\"data_offsets\":[0,4]}}",
-                              data8),
-                     {"data buffer is 8 bytes", "cover 4", "4 trailing bytes"});
+  struct Case {
+    std::string header;
+    std::initializer_list<std::string> parts;
+  };
+  const Case cases[] = {
+      // Overlap.
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+       "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+       {"tensor 'b'", "[4, 8]", "overlaps tensor 'a'", "ends at 8"}},
+      // Gap.
+      {TensorA("[1]", "[4,8]"), {"tensor 'a'", "leaves bytes [0, 4)", "contiguous"}},
+      // begin > end.
+      {TensorA("[0]", "[8,4]"), {"tensor 'a'", "data_offsets [8,4]", "0 <= begin <= end"}},
+      // Negative, fractional, wrong arity.
+      {TensorA("[1]", "[-4,0]"), {"data_offsets [-4,0]"}},
+      {TensorA("[1]", "[0,4.5]"), {"data_offsets [0,4.5]"}},
+      {TensorA("[1]", "[0]"), {"data_offsets [0]"}},
+      // Shape disagreeing with the offsets.
+      {TensorA("[3]", "[0,8]"), {"tensor 'a'", "shape [3]", "12 bytes", "span 8 bytes"}},
+      // Offsets past the end of the data (out of range).
+      {TensorA("[4]", "[0,16]"), {"tensor 'a'", "[0, 16]", "8-byte data buffer"}},
+      // Data beyond the last tensor.
+      {TensorA("[1]", "[0,4]"), {"data buffer is 8 bytes", "cover 4", "4 trailing bytes"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.header);
+    ExpectRefusedBytes(MakeFile(c.header, data8), c.parts);
+  }
 }
 
 TEST(SafetensorsTest, RefusesBadShapesAndEntries) {
   const std::string data4(4, '\0');
   const std::string f32 = "\"dtype\":\"F32\",";
-  ExpectRefusedBytes(MakeFile("{\"a\":{" + f32 + "\"shape\":[-1],\"data_offsets\":[0,4]}}", data4),
+  ExpectRefusedBytes(MakeFile(TensorA("[-1]", "[0,4]"), data4),
                      {"shape [-1]", "non-negative integers"});
-  ExpectRefusedBytes(MakeFile("{\"a\":{" + f32 + "\"shape\":\"1\",\"data_offsets\":[0,4]}}", data4),
-                     {"shape \"1\""});
-  ExpectRefusedBytes(
-      MakeFile("{\"a\":{" + f32 + "\"shape\":[4611686018427387904,4],\"data_offsets\":[0,4]}}",
-               data4),
-      {"element count overflows"});
+  ExpectRefusedBytes(MakeFile(TensorA("\"1\"", "[0,4]"), data4), {"shape \"1\""});
+  ExpectRefusedBytes(MakeFile(TensorA("[4611686018427387904,4]", "[0,4]"), data4),
+                     {"element count overflows"});
   ExpectRefusedBytes(MakeFile("{\"a\":{" + f32 + "\"data_offsets\":[0,4]}}", data4),
                      {"tensor 'a' lacks shape"});
   ExpectRefusedBytes(
