@@ -128,34 +128,36 @@ __global__ void __launch_bounds__(256) LayerNormBackwardKernel(const float* __re
       v[0] = p[c];
     }
   };
-  double sum_g = 0.0, sum_gx = 0.0;
-  for (int64_t c = lane * kWidth; c < cols; c += 32 * kWidth) {
+  // g = dy * gamma and xhat at the kWidth columns from c.
+  auto terms = [&](int64_t c, float g[kWidth], float xhat[kWidth]) {
     float xv[kWidth], dv[kWidth], gv[kWidth];
     load(xr, c, xv);
     load(dyr, c, dv);
     load(gamma, c, gv);
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) {
-      const float g = dv[k] * gv[k];
-      const float xhat = (xv[k] - m) * s;
-      sum_g += g;
-      sum_gx += static_cast<double>(g) * xhat;
+      g[k] = dv[k] * gv[k];
+      xhat[k] = (xv[k] - m) * s;
+    }
+  };
+  double sum_g = 0.0, sum_gx = 0.0;
+  for (int64_t c = lane * kWidth; c < cols; c += 32 * kWidth) {
+    float g[kWidth], xhat[kWidth];
+    terms(c, g, xhat);
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) {
+      sum_g += g[k];
+      sum_gx += static_cast<double>(g[k]) * xhat[k];
     }
   }
   const float mean_g = static_cast<float>(WarpSum(sum_g) / static_cast<double>(cols));
   const float mean_gx = static_cast<float>(WarpSum(sum_gx) / static_cast<double>(cols));
   for (int64_t c = lane * kWidth; c < cols; c += 32 * kWidth) {
-    float xv[kWidth], dv[kWidth], gv[kWidth], ov[kWidth];
-    load(xr, c, xv);
-    load(dyr, c, dv);
-    load(gamma, c, gv);
+    float g[kWidth], xhat[kWidth], ov[kWidth];
+    terms(c, g, xhat);
     load(dxr, c, ov);
 #pragma unroll
-    for (int k = 0; k < kWidth; ++k) {
-      const float g = dv[k] * gv[k];
-      const float xhat = (xv[k] - m) * s;
-      ov[k] = ov[k] + ((g - mean_g) - xhat * mean_gx) * s;
-    }
+    for (int k = 0; k < kWidth; ++k) ov[k] = ov[k] + ((g[k] - mean_g) - xhat[k] * mean_gx) * s;
     if constexpr (kVec) {
       *reinterpret_cast<float4*>(dxr + c) = make_float4(ov[0], ov[1], ov[2], ov[3]);
     } else {

@@ -20,10 +20,10 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <cstring>  // memcpy (BitCast), on the host and the device
 
 #if !defined(__CUDA_ARCH__)
 #include <cmath>
-#include <cstring>
 #endif
 
 #include "kernels/formats.h"  // ElemFormat, Rounding (enums only: nothing here calls formats.cc)

@@ -44,6 +44,18 @@ std::unique_ptr<TokenLoader> OneShardLoader(int first, int count, int64_t batch,
   return MustOpen(path, batch, seq);
 }
 
+// Writes each shard (name, first, count) as WriteIota into a fresh TestDir and
+// returns the directory.
+struct IotaShard {
+  const char* name;
+  int first, count;
+};
+std::string WriteShards(std::initializer_list<IotaShard> shards) {
+  const std::string dir = TestDir();
+  for (const IotaShard& shard : shards) WriteIota(dir + "/" + shard.name, shard.first, shard.count);
+  return dir;
+}
+
 // Next must give inputs first..first+n-1 and targets one further.
 void ExpectWindow(TokenLoader* loader, int first) {
   std::vector<int32_t> inputs, targets;
@@ -73,10 +85,8 @@ TEST(TokenLoaderTest, InputsAndTargetsAreConsecutiveWindows) {
 }
 
 TEST(TokenLoaderTest, CrossesShardsInSortedOrderAndWrapsWithTheEpoch) {
-  const std::string dir = TestDir();
   // Written out of order; glob order is by name: a, then b.
-  WriteIota(dir + "/shard_b.bin", 1000, 20);
-  WriteIota(dir + "/shard_a.bin", 0, 20);
+  const std::string dir = WriteShards({{"shard_b.bin", 1000, 20}, {"shard_a.bin", 0, 20}});
   auto loader = MustOpen(dir + "/shard_*.bin", 1, 8);
   ASSERT_NE(loader, nullptr);
   EXPECT_EQ(loader->shard_paths(),
@@ -108,10 +118,7 @@ TEST(TokenLoaderTest, ShardOfExactlyOneBatchGivesOneBatch) {
 }
 
 TEST(TokenLoaderTest, SeekThenNextContinuesLikeAnUninterruptedLoader) {
-  const std::string dir = TestDir();
-  WriteIota(dir + "/s0.bin", 0, 30);
-  WriteIota(dir + "/s1.bin", 100, 23);
-  WriteIota(dir + "/s2.bin", 200, 17);
+  const std::string dir = WriteShards({{"s0.bin", 0, 30}, {"s1.bin", 100, 23}, {"s2.bin", 200, 17}});
   const std::string pattern = dir + "/s?.bin";
   auto reference = MustOpen(pattern, 2, 3);
   ASSERT_NE(reference, nullptr);
@@ -151,9 +158,7 @@ TEST(TokenLoaderTest, SeekToAnyOffsetWorksWithAnotherBatchSize) {
 }
 
 TEST(TokenLoaderTest, SeekRefusesPositionsOutsideTheShards) {
-  const std::string dir = TestDir();
-  WriteIota(dir + "/a.bin", 0, 20);
-  WriteIota(dir + "/b.bin", 0, 30);
+  const std::string dir = WriteShards({{"a.bin", 0, 20}, {"b.bin", 0, 30}});
   auto loader = MustOpen(dir + "/*.bin", 1, 4);
   ASSERT_NE(loader, nullptr);
   ASSERT_TRUE(loader->Seek(Position{1, 30, 0}).ok());
@@ -178,9 +183,7 @@ TEST(TokenLoaderTest, SeekRefusesPositionsOutsideTheShards) {
 }
 
 TEST(TokenLoaderTest, OpenRefusesAShardTooSmallForOneBatch) {
-  const std::string dir = TestDir();
-  WriteIota(dir + "/a.bin", 0, 100);
-  WriteIota(dir + "/b.bin", 0, 8);
+  const std::string dir = WriteShards({{"a.bin", 0, 100}, {"b.bin", 0, 8}});
   std::unique_ptr<TokenLoader> loader;
   Status s = TokenLoader::Open(dir + "/*.bin", 2, 4, &loader);
   ASSERT_FALSE(s.ok());
@@ -192,8 +195,7 @@ TEST(TokenLoaderTest, OpenRefusesAShardTooSmallForOneBatch) {
 }
 
 TEST(TokenLoaderTest, OpenRefusesAPatternMatchingNothing) {
-  const std::string dir = TestDir();
-  WriteIota(dir + "/train_000.bin", 0, 100);
+  const std::string dir = WriteShards({{"train_000.bin", 0, 100}});
   std::unique_ptr<TokenLoader> loader;
   Status s = TokenLoader::Open(dir + "/val_*.bin", 1, 4, &loader);
   ASSERT_FALSE(s.ok());
@@ -205,8 +207,7 @@ TEST(TokenLoaderTest, OpenRefusesAPatternMatchingNothing) {
 }
 
 TEST(TokenLoaderTest, OpenRefusesBadShapesAndBadShards) {
-  const std::string dir = TestDir();
-  WriteIota(dir + "/s.bin", 0, 100);
+  const std::string dir = WriteShards({{"s.bin", 0, 100}});
   std::unique_ptr<TokenLoader> loader;
   Status s = TokenLoader::Open(dir + "/s.bin", 0, 4, &loader);
   ASSERT_FALSE(s.ok());
@@ -220,9 +221,7 @@ TEST(TokenLoaderTest, OpenRefusesBadShapesAndBadShards) {
 }
 
 TEST(TokenLoaderTest, NextReportsAShardThatChangedSinceOpen) {
-  const std::string dir = TestDir();
-  WriteIota(dir + "/a.bin", 0, 10);
-  WriteIota(dir + "/b.bin", 0, 10);
+  const std::string dir = WriteShards({{"a.bin", 0, 10}, {"b.bin", 0, 10}});
   auto loader = MustOpen(dir + "/*.bin", 1, 4);
   ASSERT_NE(loader, nullptr);
   ExpectWindow(loader.get(), 0);
