@@ -46,6 +46,18 @@ struct OperandStats {
   int64_t nan_blocks = 0;
 };
 
+// One op's time over a profiled interval (Backend::TakeProfile).
+struct OpTime {
+  std::string op;      // a Backend method, or "Method > part" for a timed part of one
+  int64_t calls = 0;
+  double ms = 0.0;     // total over the calls
+};
+
+// A table of `times` (from TakeProfile) per step over `steps` steps: each op,
+// longest first, with its parts under it; the share of `step_ms` (the measured
+// wall time of a step) when it is > 0, and the ops' total against it.
+std::string FormatProfile(const std::vector<OpTime>& times, int64_t steps, double step_ms);
+
 // A span of backend floats, for the batched reductions.
 struct Span {
   const float* data = nullptr;
@@ -152,18 +164,24 @@ class Backend {
   // Causal multi-head softmax attention. qkv: (batch*seq) x 3*dim, q in columns
   // [0, dim), k in [dim, 2 dim), v in [2 dim, 3 dim), head h in columns
   // [h*hd, (h+1)*hd) of each, hd = dim / heads. out: (batch*seq) x dim, heads
-  // side by side. probs: batch*heads*seq*seq floats of scratch saved for the
-  // backward (the softmax, zero above the diagonal). Scores = q.k / sqrt(hd).
-  // bf16_operands: q, k, v and probs are rounded to bf16 (nearest even) before
+  // side by side. For row t of head (b, h): s_j = (q_t . k_j) / sqrt(hd) for
+  // j <= t, m = max_j s_j, l = sum_j exp(s_j - m), P_tj = exp(s_j - m) * (1 / l)
+  // (0 for j > t), out_t = sum_j P_tj v_j. stats: batch*heads*seq pairs
+  // (m, 1 / l), row (b, h, t) at index (b * heads + h) * seq + t: all the
+  // backward keeps of the softmax (no seq x seq matrix is stored).
+  // bf16_operands: q, k, v and P are rounded to bf16 (nearest even) before
   // their products, accumulation stays fp32 (what the GPU's BF16 path does);
   // false: fp32 throughout.
-  virtual Status AttentionForward(const float* qkv, float* out, float* probs, int64_t batch,
+  virtual Status AttentionForward(const float* qkv, float* out, float* stats, int64_t batch,
                                   int64_t seq, int64_t heads, int64_t dim,
                                   bool bf16_operands) = 0;
-  // dqkv (written) from dout; the same operand rounding as the forward.
-  virtual Status AttentionBackward(const float* qkv, const float* probs, const float* dout,
-                                   float* dqkv, int64_t batch, int64_t seq, int64_t heads,
-                                   int64_t dim, bool bf16_operands) = 0;
+  // dqkv (written) from dout, given the forward's out and stats: P is recomputed
+  // from the stats, dP_tj = dout_t . v_j, dS = P (dP - D) with D_t = dout_t . out_t
+  // (fp32, unrounded), dQ = dS k / sqrt(hd), dK = dS^T q / sqrt(hd), dV = P^T dout;
+  // with bf16_operands dout, v, P and dS are rounded to bf16 for their products.
+  virtual Status AttentionBackward(const float* qkv, const float* out, const float* stats,
+                                   const float* dout, float* dqkv, int64_t batch, int64_t seq,
+                                   int64_t heads, int64_t dim, bool bf16_operands) = 0;
 
   // Softmax cross-entropy over the first `vocab` of `padded_vocab` columns of
   // logits (rows x padded_vocab): losses[r] = logsumexp - logit[target[r]].
@@ -191,6 +209,17 @@ class Backend {
   virtual Status Sums(const std::vector<Span>& spans, std::vector<double>* out) = 0;
   virtual Status Dots(const std::vector<Span>& a, const std::vector<Span>& b,
                       std::vector<double>* out) = 0;
+
+  // ---- Profiling (off by default) ---------------------------------------------------
+  // The CUDA backend times each op's work on its stream with CUDA events (and the
+  // main parts of the linear layer separately); parts are timed inside their op,
+  // so an op's time includes them. It costs a little host time per op and a
+  // fold of the finished events at each Sync. A backend without a timer refuses
+  // SetProfiling(true).
+  virtual Status SetProfiling(bool on);
+  // The times since profiling was turned on or last taken (which resets them),
+  // longest first; waits for the work queued so far.
+  virtual Status TakeProfile(std::vector<OpTime>* out);
 };
 
 // Factories (nn_cpu.cc, nn_cuda_backend.cu; the CUDA one fails without CUDA or a GPU).

@@ -74,11 +74,11 @@ class CpuBackend : public Backend {
                           int64_t batch, int64_t seq, int64_t dim) override;
   Status EmbeddingBackward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe,
                            int64_t batch, int64_t seq, int64_t dim) override;
-  Status AttentionForward(const float* qkv, float* out, float* probs, int64_t batch, int64_t seq,
+  Status AttentionForward(const float* qkv, float* out, float* stats, int64_t batch, int64_t seq,
                           int64_t heads, int64_t dim, bool bf16_operands) override;
-  Status AttentionBackward(const float* qkv, const float* probs, const float* dout, float* dqkv,
-                           int64_t batch, int64_t seq, int64_t heads, int64_t dim,
-                           bool bf16_operands) override;
+  Status AttentionBackward(const float* qkv, const float* out, const float* stats,
+                           const float* dout, float* dqkv, int64_t batch, int64_t seq,
+                           int64_t heads, int64_t dim, bool bf16_operands) override;
   Status CrossEntropyForward(const float* logits, const int32_t* targets, float* losses,
                              int64_t rows, int64_t padded_vocab, int64_t vocab) override;
   Status CrossEntropyBackward(const float* logits, const int32_t* targets, float* dlogits,

@@ -11,9 +11,10 @@
 //             dV = P^T . dO    P and dO rounded
 //             dQ = dS . k      dS and k rounded
 //             dK = dS^T . q    dS and q rounded
-// The softmax, its backward dS = P * (dP - sum_j P dP) (in fp32 from the fp32 P
-// and dP), the 1/sqrt(hd) scale (applied to the fp32 sums S, dQ and dK) and the
-// saved probs stay fp32.
+// The softmax and its statistics (m, 1 / l), the backward's P (recomputed from
+// them exactly as the forward computed it), D = dout . out (from the unrounded
+// fp32 dout and out), dS = P * (dP - D) and the 1/sqrt(hd) scale (applied to
+// the fp32 sums S, dQ and dK) stay fp32.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -51,41 +52,55 @@ void Gather(const float* src, int64_t ld, int64_t b, int64_t seq, int64_t column
   }
 }
 
+// s_j = (q_t . k_j) * scale for j <= t (q, k: seq x hd).
+float Score(const float* q, const float* k, int64_t t, int64_t j, int64_t hd, float scale) {
+  const float* qt = q + t * hd;
+  const float* kj = k + j * hd;
+  float dot = 0.0f;
+  for (int64_t d = 0; d < hd; ++d) dot += qt[d] * kj[d];
+  return dot * scale;
+}
+
+// Row t's softmax over j <= t into p[0 .. t], with its max m and 1 / l.
+void Probabilities(const float* q, const float* k, int64_t t, int64_t hd, float scale, float* m,
+                   float* inv_sum, float* p) {
+  float max = -INFINITY;
+  for (int64_t j = 0; j <= t; ++j) {
+    p[j] = Score(q, k, t, j, hd, scale);
+    max = std::max(max, p[j]);
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j <= t; ++j) sum += std::exp(p[j] - max);
+  *m = max;
+  *inv_sum = 1.0f / sum;
+  for (int64_t j = 0; j <= t; ++j) p[j] = std::exp(p[j] - max) * *inv_sum;
+}
+
+// Row t's P from its stats, as Probabilities computed it.
+void Recompute(const float* q, const float* k, int64_t t, int64_t hd, float scale, float m,
+               float inv_sum, float* p) {
+  for (int64_t j = 0; j <= t; ++j) p[j] = std::exp(Score(q, k, t, j, hd, scale) - m) * inv_sum;
+}
+
 }  // namespace
 
-Status CpuBackend::AttentionForward(const float* qkv, float* out, float* probs, int64_t batch,
+Status CpuBackend::AttentionForward(const float* qkv, float* out, float* stats, int64_t batch,
                                     int64_t seq, int64_t heads, int64_t dim, bool bf16_operands) {
   static const char kOp[] = "AttentionForward";
   KEEL_RETURN_IF_ERROR(CheckAttentionShape(kOp, batch, seq, heads, dim));
-  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"qkv", qkv}, {"out", out}, {"probs", probs}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"qkv", qkv}, {"out", out}, {"stats", stats}}));
   const int64_t hd = dim / heads;
   const int64_t ld = 3 * dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   pool_.ParallelFor(batch * heads, [&](int64_t task, int) {
     const int64_t b = task / heads, h = task % heads;
-    std::vector<float> q(seq * hd), k(seq * hd), v(seq * hd), o(hd);
+    std::vector<float> q(seq * hd), k(seq * hd), v(seq * hd), o(hd), p(seq);
     Gather(qkv, ld, b, seq, h * hd, hd, bf16_operands, q.data());
     Gather(qkv, ld, b, seq, dim + h * hd, hd, bf16_operands, k.data());
     Gather(qkv, ld, b, seq, 2 * dim + h * hd, hd, bf16_operands, v.data());
     for (int64_t t = 0; t < seq; ++t) {
-      float* p = probs + (task * seq + t) * seq;
-      const float* qt = &q[t * hd];
-      float max = -INFINITY;
-      for (int64_t j = 0; j <= t; ++j) {
-        const float* kj = &k[j * hd];
-        float dot = 0.0f;
-        for (int64_t d = 0; d < hd; ++d) dot += qt[d] * kj[d];
-        p[j] = dot * scale;
-        max = std::max(max, p[j]);
-      }
-      float sum = 0.0f;
-      for (int64_t j = 0; j <= t; ++j) {
-        p[j] = std::exp(p[j] - max);
-        sum += p[j];
-      }
-      const float inv_sum = 1.0f / sum;
-      for (int64_t j = 0; j <= t; ++j) p[j] *= inv_sum;
-      std::fill(p + t + 1, p + seq, 0.0f);
+      float* st = stats + 2 * (task * seq + t);
+      Probabilities(q.data(), k.data(), t, hd, scale, &st[0], &st[1], p.data());
       std::fill(o.begin(), o.end(), 0.0f);
       for (int64_t j = 0; j <= t; ++j) {
         const float pj = bf16_operands ? RoundBf16(p[j]) : p[j];
@@ -98,44 +113,45 @@ Status CpuBackend::AttentionForward(const float* qkv, float* out, float* probs, 
   return Status::Ok();
 }
 
-Status CpuBackend::AttentionBackward(const float* qkv, const float* probs, const float* dout,
-                                     float* dqkv, int64_t batch, int64_t seq, int64_t heads,
-                                     int64_t dim, bool bf16_operands) {
+Status CpuBackend::AttentionBackward(const float* qkv, const float* out, const float* stats,
+                                     const float* dout, float* dqkv, int64_t batch, int64_t seq,
+                                     int64_t heads, int64_t dim, bool bf16_operands) {
   static const char kOp[] = "AttentionBackward";
   KEEL_RETURN_IF_ERROR(CheckAttentionShape(kOp, batch, seq, heads, dim));
-  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"qkv", qkv}, {"probs", probs}, {"dout", dout},
-                                       {"dqkv", dqkv}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"qkv", qkv}, {"out", out}, {"stats", stats},
+                                       {"dout", dout}, {"dqkv", dqkv}}));
   const int64_t hd = dim / heads;
   const int64_t ld = 3 * dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   pool_.ParallelFor(batch * heads, [&](int64_t task, int) {
     const int64_t b = task / heads, h = task % heads;
     const int64_t n = seq * hd;
-    std::vector<float> q(n), k(n), v(n), dO(n), dQ(hd), dK(n, 0.0f), dV(n, 0.0f), dP(seq), dS(seq);
+    std::vector<float> q(n), k(n), v(n), dO(n), dQ(hd), dK(n, 0.0f), dV(n, 0.0f), p(seq), dS(seq);
     Gather(qkv, ld, b, seq, h * hd, hd, bf16_operands, q.data());
     Gather(qkv, ld, b, seq, dim + h * hd, hd, bf16_operands, k.data());
     Gather(qkv, ld, b, seq, 2 * dim + h * hd, hd, bf16_operands, v.data());
     Gather(dout, dim, b, seq, h * hd, hd, bf16_operands, dO.data());
     for (int64_t t = 0; t < seq; ++t) {
-      const float* p = probs + (task * seq + t) * seq;
+      const float* st = stats + 2 * (task * seq + t);
+      Recompute(q.data(), k.data(), t, hd, scale, st[0], st[1], p.data());
+      // D = dout_t . out_t from the unrounded fp32 values.
+      const float* dout_t = dout + (b * seq + t) * dim + h * hd;
+      const float* out_t = out + (b * seq + t) * dim + h * hd;
+      float delta = 0.0f;
+      for (int64_t d = 0; d < hd; ++d) delta += dout_t[d] * out_t[d];
       const float* dOt = &dO[t * hd];
-      // dP_tj = dO_t . v_j and dV_j += P_tj dO_t (j <= t; P is zero above the diagonal).
-      float p_dp = 0.0f;  // sum_j P_tj dP_tj, fp32
+      // dP_tj = dO_t . v_j, dS_tj = P_tj (dP_tj - D) and dV_j += P_tj dO_t (j <= t).
       for (int64_t j = 0; j <= t; ++j) {
         const float* vj = &v[j * hd];
         float dot = 0.0f;
         for (int64_t d = 0; d < hd; ++d) dot += dOt[d] * vj[d];
-        dP[j] = dot;
-        p_dp += p[j] * dot;
+        const float ds = p[j] * (dot - delta);
+        dS[j] = bf16_operands ? RoundBf16(ds) : ds;
         const float pj = bf16_operands ? RoundBf16(p[j]) : p[j];
         float* dVj = &dV[j * hd];
         for (int64_t d = 0; d < hd; ++d) dVj[d] += pj * dOt[d];
       }
-      // Softmax backward, then dQ_t = scale * sum_j dS_tj k_j, dK_j += dS_tj q_t.
-      for (int64_t j = 0; j <= t; ++j) {
-        float ds = p[j] * (dP[j] - p_dp);
-        dS[j] = bf16_operands ? RoundBf16(ds) : ds;
-      }
+      // dQ_t = scale * sum_j dS_tj k_j, dK_j += dS_tj q_t.
       std::fill(dQ.begin(), dQ.end(), 0.0f);
       const float* qt = &q[t * hd];
       for (int64_t j = 0; j <= t; ++j) {

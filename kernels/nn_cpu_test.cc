@@ -237,32 +237,32 @@ TEST_F(NnCpuTest, EmbeddingGradients) {
 TEST_F(NnCpuTest, AttentionGradient) {
   const int64_t batch = 2, seq = 5, heads = 2, dim = 6;
   std::vector<float> qkv = Normal(batch * seq * 3 * dim, 61), r = Normal(batch * seq * dim, 62);
-  std::vector<float> out(batch * seq * dim), probs(batch * heads * seq * seq);
+  std::vector<float> out(batch * seq * dim), stats(batch * heads * seq * 2);
   auto loss = [&]() {
     EXPECT_TRUE(
         backend_
-            ->AttentionForward(qkv.data(), out.data(), probs.data(), batch, seq, heads, dim, false)
+            ->AttentionForward(qkv.data(), out.data(), stats.data(), batch, seq, heads, dim, false)
             .ok());
     return WeightedSum(out, r);
   };
   loss();
   std::vector<float> dqkv(qkv.size(), 7.0f);
-  ASSERT_OK(backend_->AttentionBackward(qkv.data(), probs.data(), r.data(), dqkv.data(), batch, seq,
-                                        heads, dim, false));
+  ASSERT_OK(backend_->AttentionBackward(qkv.data(), out.data(), stats.data(), r.data(),
+                                        dqkv.data(), batch, seq, heads, dim, false));
   ExpectGradient("attention dqkv", &qkv, loss, dqkv);
-  // Causality: the first token attends only to itself, so its output is its v.
+  // Causality: the first token attends only to itself, so its output is its v,
+  // its max score is its own and its sum exp(0) = 1.
   loss();
   for (int64_t d = 0; d < dim; ++d) EXPECT_FLOAT_EQ(out[d], qkv[2 * dim + d]);
-  for (int64_t t = 0; t < seq; ++t) {
-    double row = 0.0;
-    for (int64_t j = 0; j < seq; ++j) {
-      float p = probs[t * seq + j];
-      if (j > t) {
-        EXPECT_EQ(p, 0.0f);
-      }
-      row += p;
-    }
-    EXPECT_NEAR(row, 1.0, 1e-6);
+  const int64_t hd = dim / heads;
+  float s00 = 0.0f;
+  for (int64_t d = 0; d < hd; ++d) s00 += qkv[d] * qkv[dim + d];
+  EXPECT_FLOAT_EQ(stats[0], s00 / std::sqrt(static_cast<float>(hd)));
+  EXPECT_EQ(stats[1], 1.0f);
+  // Every row's 1 / l is in (0, 1]: l sums exp(s_j - m) <= 1 with one term exactly 1.
+  for (int64_t r = 0; r < batch * heads * seq; ++r) {
+    EXPECT_GT(stats[2 * r + 1], 0.0f);
+    EXPECT_LE(stats[2 * r + 1], 1.0f);
   }
 }
 
@@ -271,10 +271,10 @@ TEST_F(NnCpuTest, AttentionGradient) {
 TEST_F(NnCpuTest, AttentionBf16OperandsRoundBeforeProducts) {
   const int64_t batch = 1, seq = 8, heads = 1, dim = 8;
   std::vector<float> qkv = Normal(seq * 3 * dim, 63);
-  std::vector<float> out32(seq * dim), out16(seq * dim), probs(seq * seq);
-  ASSERT_OK(backend_->AttentionForward(qkv.data(), out32.data(), probs.data(), batch, seq, heads,
+  std::vector<float> out32(seq * dim), out16(seq * dim), stats(seq * 2);
+  ASSERT_OK(backend_->AttentionForward(qkv.data(), out32.data(), stats.data(), batch, seq, heads,
                                        dim, false));
-  ASSERT_OK(backend_->AttentionForward(qkv.data(), out16.data(), probs.data(), batch, seq, heads,
+  ASSERT_OK(backend_->AttentionForward(qkv.data(), out16.data(), stats.data(), batch, seq, heads,
                                        dim, true));
   double max_diff = 0.0;
   for (size_t i = 0; i < out32.size(); ++i)
@@ -294,11 +294,11 @@ TEST_F(NnCpuTest, AttentionBf16OperandsRoundBeforeProducts) {
 TEST_F(NnCpuTest, AttentionBf16MatchesRoundedReference) {
   const int64_t batch = 2, seq = 6, heads = 2, dim = 16, hd = dim / heads, ld = 3 * dim;
   std::vector<float> qkv = Normal(batch * seq * ld, 65), dout = Normal(batch * seq * dim, 66);
-  std::vector<float> out(batch * seq * dim), probs(batch * heads * seq * seq), dqkv(qkv.size());
-  ASSERT_OK(backend_->AttentionForward(qkv.data(), out.data(), probs.data(), batch, seq, heads, dim,
+  std::vector<float> out(batch * seq * dim), stats(batch * heads * seq * 2), dqkv(qkv.size());
+  ASSERT_OK(backend_->AttentionForward(qkv.data(), out.data(), stats.data(), batch, seq, heads, dim,
                                        true));
-  ASSERT_OK(backend_->AttentionBackward(qkv.data(), probs.data(), dout.data(), dqkv.data(), batch,
-                                        seq, heads, dim, true));
+  ASSERT_OK(backend_->AttentionBackward(qkv.data(), out.data(), stats.data(), dout.data(),
+                                        dqkv.data(), batch, seq, heads, dim, true));
   auto bf16 = [](double v) {
     return static_cast<double>(
         Bf16ToFloat(FloatToBf16(static_cast<float>(v), Rounding::kNearestEven, 0.0f)));
@@ -316,7 +316,8 @@ TEST_F(NnCpuTest, AttentionBf16MatchesRoundedReference) {
       auto k = [&](int64_t t, int64_t d) { return at(qkv, ld, t, dim + h * hd + d); };
       auto v = [&](int64_t t, int64_t d) { return at(qkv, ld, t, 2 * dim + h * hd + d); };
       auto dO = [&](int64_t t, int64_t d) { return at(dout, dim, t, h * hd + d); };
-      const float* P = &probs[(b * heads + h) * seq * seq];
+      const float* st = &stats[(b * heads + h) * seq * 2];
+      std::vector<double> P(seq * seq, 0.0);  // the backend's P: exp(s - m) / l from its stats
       std::vector<double> dK(seq * hd, 0.0), dKb(seq * hd, 0.0), dV(seq * hd, 0.0),
           dVb(seq * hd, 0.0);
       for (int64_t t = 0; t < seq; ++t) {
@@ -330,8 +331,12 @@ TEST_F(NnCpuTest, AttentionBf16MatchesRoundedReference) {
           max = std::max(max, s[j]);
         }
         for (int64_t j = 0; j <= t; ++j) sum += std::exp(s[j] - max);
-        for (int64_t j = 0; j <= t; ++j)
+        EXPECT_NEAR(st[2 * t], max, 1e-6);
+        EXPECT_NEAR(st[2 * t + 1], 1.0 / sum, 1e-6 / sum);
+        for (int64_t j = 0; j <= t; ++j) {
+          P[t * seq + j] = std::exp(s[j] - st[2 * t]) * st[2 * t + 1];
           EXPECT_NEAR(P[t * seq + j], std::exp(s[j] - max) / sum, 1e-6);
+        }
         for (int64_t d = 0; d < hd; ++d) {
           double o = 0.0, bound = 0.0;
           for (int64_t j = 0; j <= t; ++j) {
@@ -341,14 +346,18 @@ TEST_F(NnCpuTest, AttentionBf16MatchesRoundedReference) {
           expect_close("out", out[(b * seq + t) * dim + h * hd + d], o, bound);
         }
         // Backward.
+        // D = dout . out, unrounded.
         std::vector<double> dP(t + 1), dS(t + 1);
-        double p_dp = 0.0;
+        double delta = 0.0;
+        for (int64_t d = 0; d < hd; ++d) {
+          const int64_t i = (b * seq + t) * dim + h * hd + d;
+          delta += static_cast<double>(dout[i]) * out[i];
+        }
         for (int64_t j = 0; j <= t; ++j) {
           dP[j] = 0.0;
           for (int64_t d = 0; d < hd; ++d) dP[j] += dO(t, d) * v(j, d);
-          p_dp += P[t * seq + j] * dP[j];
         }
-        for (int64_t j = 0; j <= t; ++j) dS[j] = bf16(P[t * seq + j] * (dP[j] - p_dp));
+        for (int64_t j = 0; j <= t; ++j) dS[j] = bf16(P[t * seq + j] * (dP[j] - delta));
         for (int64_t d = 0; d < hd; ++d) {
           double dq = 0.0, bound = 0.0;
           for (int64_t j = 0; j <= t; ++j) {
@@ -949,19 +958,20 @@ TEST(NnCpuDeterminismTest, OneAndThreeThreadsGiveTheSameBits) {
     const int64_t batch = 2, seq = 33, heads = 3, dim = 48;
     std::vector<float> qkv = Normal(batch * seq * 3 * dim, 177),
                        dout = Normal(batch * seq * dim, 178);
-    std::vector<float> out[2], probs[2], dqkv[2];
+    std::vector<float> out[2], stats[2], dqkv[2];
     Backend* backends[2] = {one.get(), three.get()};
     for (int b = 0; b < 2; ++b) {
       out[b].resize(batch * seq * dim);
-      probs[b].resize(batch * heads * seq * seq);
+      stats[b].resize(batch * heads * seq * 2);
       dqkv[b].resize(qkv.size());
-      ASSERT_OK(backends[b]->AttentionForward(qkv.data(), out[b].data(), probs[b].data(), batch,
+      ASSERT_OK(backends[b]->AttentionForward(qkv.data(), out[b].data(), stats[b].data(), batch,
                                               seq, heads, dim, true));
-      ASSERT_OK(backends[b]->AttentionBackward(qkv.data(), probs[b].data(), dout.data(),
-                                               dqkv[b].data(), batch, seq, heads, dim, true));
+      ASSERT_OK(backends[b]->AttentionBackward(qkv.data(), out[b].data(), stats[b].data(),
+                                               dout.data(), dqkv[b].data(), batch, seq, heads, dim,
+                                               true));
     }
     EXPECT_TRUE(same(out[0], out[1]));
-    EXPECT_TRUE(same(probs[0], probs[1]));
+    EXPECT_TRUE(same(stats[0], stats[1]));
     EXPECT_TRUE(same(dqkv[0], dqkv[1]));
   }
 }
@@ -1026,6 +1036,32 @@ TEST_F(NnCpuTest, ReductionsInDouble) {
   EXPECT_NEAR(squares[0], sq, 1e-12 * sq);
   EXPECT_NEAR(dots[0], d, 1e-12 * sq);
   EXPECT_FALSE(backend_->Dots(spans, {{b.data(), 5}}, &dots).ok());
+}
+
+// The CPU backend has no per-op timer: turning it on is refused, off is fine.
+TEST_F(NnCpuTest, ProfilingIsRefusedWithoutATimer) {
+  const Status on = backend_->SetProfiling(true);
+  ASSERT_FALSE(on.ok());
+  EXPECT_NE(on.message().find("cpu backend has no per-op timer"), std::string::npos) << on.message();
+  EXPECT_TRUE(backend_->SetProfiling(false).ok());
+}
+
+// Ops longest first, each op's parts under it, per step over `steps`.
+TEST(FormatProfileTest, OrdersOpsAndNestsTheirParts) {
+  const std::vector<OpTime> times = {{"Add", 20, 2.0},
+                                     {"LinearForward > gemm", 8, 6.0},
+                                     {"LinearForward", 8, 10.0},
+                                     {"LinearForward > quantize", 16, 3.0}};
+  const std::string table = FormatProfile(times, 2, 8.0);
+  const size_t linear = table.find("LinearForward"), gemm = table.find("> gemm"),
+               quantize = table.find("> quantize"), add = table.find("Add");
+  ASSERT_NE(linear, std::string::npos) << table;
+  EXPECT_LT(linear, gemm) << table;
+  EXPECT_LT(gemm, quantize) << table;
+  EXPECT_LT(quantize, add) << table;
+  // LinearForward: 4 calls and 5 ms per step, 62.5% of an 8 ms step; all ops 6 ms (75%).
+  EXPECT_NE(table.find("4.0      5.000    62.5%"), std::string::npos) << table;
+  EXPECT_NE(table.find("6.000    75.0%"), std::string::npos) << table;
 }
 
 TEST_F(NnCpuTest, ShapeErrorsNameTheField) {

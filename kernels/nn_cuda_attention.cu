@@ -1,27 +1,29 @@
-// Causal multi-head attention of the CUDA backend: cuBLASLt strided-batched GEMMs
-// over (batch, head) for the four products, plus a causal softmax kernel and its
-// backward.
+// Causal multi-head attention of the CUDA backend (nn.h's contract).
 //
-// Forward:  q, k, v are copied out of qkv into [b, h, t, d] (rounded to bf16 when
-//           bf16_operands), S = q k^T lands in `probs`, the softmax rewrites it in
-//           place (scaled by 1 / sqrt(hd), zero above the diagonal) and also writes
-//           a bf16 copy for the next product, O = P v, and O goes back to heads side
-//           by side in `out`.
-// Backward: dP = dO v^T; one pass over (P, dP) gives dS = P (dP - rowsum(P dP))
-//           and, for bf16 operands, P in bf16; then dV = P^T dO, dQ = dS k / sqrt(hd),
-//           dK = dS^T q / sqrt(hd) (the scale as the GEMMs' alpha), written back
-//           into dqkv. The order of operations is the CPU reference's
-//           (nn_cpu_attention.cc), so the two differ only in the order of fp32 sums.
-// With bf16_operands every GEMM operand (q, k, v, P, dO, dS) is bf16 (nearest
-// even) and the GEMMs run BF16 x BF16 -> FP32; otherwise FP32 GEMMs without TF32.
-// The full T x T products are computed (the upper triangle is wasted work); a
-// fused (flash) kernel would avoid that and the T x T traffic, at the cost of
-// materialising `probs` anyway, which nn.h asks for.
+// bf16 operands with a head size the fused kernels take (32 or 64): q, k, v (and
+// dout) are copied out of qkv into [b, h, t, d] bf16, and nn_cuda_flash.cu does
+// the rest without storing any seq x seq matrix.
+//
+// Otherwise (fp32, or another head size) cuBLASLt strided-batched GEMMs over
+// (batch, head) and a softmax kernel, through a seq x seq scratch of this backend:
+// Forward:  S = q k^T lands in the scratch, the softmax rewrites it in place
+//           (scaled by 1 / sqrt(hd), zero above the diagonal), writes the stats
+//           and, for bf16, a bf16 copy for the next product; O = P v, and O goes
+//           back to heads side by side in `out`.
+// Backward: S again and P from the stats (the forward's values), dP = dO v^T,
+//           dS = P (dP - D) with D = dout . out per row, then dV = P^T dO,
+//           dQ = dS k / sqrt(hd), dK = dS^T q / sqrt(hd) (the scale as the GEMMs'
+//           alpha), written back into dqkv.
+// The order of operations is the CPU reference's (nn_cpu_attention.cc), so the
+// two differ only in the order of fp32 sums. With bf16 operands every GEMM
+// operand (q, k, v, P, dO, dS) is bf16 (nearest even) and the GEMMs run
+// BF16 x BF16 -> FP32; otherwise FP32 GEMMs without TF32.
 #include <cuda_bf16.h>
 
 #include <cmath>
 #include <string>
 
+#include "kernels/nn_cuda_flash.h"
 #include "kernels/nn_cuda_internal.h"
 
 namespace keel {
@@ -89,21 +91,34 @@ __global__ void UnpermuteKernel(const float* __restrict__ src0, const float* __r
 
 // One warp per row (b, h, t) of the scores in p: s_j = p_j * scale for j <= t,
 // softmax over those, written back in place with zeros for j > t, and to pb in bf16
-// when pb is not null. Three passes over the row (max, sum, write), which stays in L1.
-__global__ void __launch_bounds__(256) SoftmaxForwardKernel(float* p, __nv_bfloat16* __restrict__ pb, int64_t rows,
+// when pb is not null. Without `recompute` the row's (m, 1 / l) go to stats (three
+// passes over the row: max, sum, write); with it they are read from stats and P is
+// the forward's, bit for bit.
+__global__ void __launch_bounds__(256) SoftmaxForwardKernel(float* p, __nv_bfloat16* __restrict__ pb,
+                                                            float* __restrict__ stats, bool recompute, int64_t rows,
                                                             int64_t seq, float scale) {
   const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (r >= rows) return;
   const int64_t t = r % seq;
   float* row = p + r * seq;
-  float m = -INFINITY;
-  for (int64_t j = lane; j <= t; j += 32) m = fmaxf(m, row[j] * scale);
-  m = WarpMax(m);
-  float sum = 0.0f;
-  for (int64_t j = lane; j <= t; j += 32) sum += expf(row[j] * scale - m);
-  sum = WarpSum(sum);
-  const float inv_sum = 1.0f / sum;
+  float m, inv_sum;
+  if (recompute) {
+    m = stats[2 * r];
+    inv_sum = stats[2 * r + 1];
+  } else {
+    m = -INFINITY;
+    for (int64_t j = lane; j <= t; j += 32) m = fmaxf(m, row[j] * scale);
+    m = WarpMax(m);
+    float sum = 0.0f;
+    for (int64_t j = lane; j <= t; j += 32) sum += expf(row[j] * scale - m);
+    sum = WarpSum(sum);
+    inv_sum = 1.0f / sum;
+    if (lane == 0) {
+      stats[2 * r] = m;
+      stats[2 * r + 1] = inv_sum;
+    }
+  }
   __nv_bfloat16* brow = pb != nullptr ? pb + r * seq : nullptr;
   for (int64_t j = lane; j < seq; j += 32) {
     const float v = j <= t ? expf(row[j] * scale - m) * inv_sum : 0.0f;
@@ -112,9 +127,10 @@ __global__ void __launch_bounds__(256) SoftmaxForwardKernel(float* p, __nv_bfloa
   }
 }
 
-// One warp per row: D = sum_j P_j dP_j, dS_j = P_j (dP_j - D) (0 above the
-// diagonal). bf16: dS and P to ds_b and p_b; fp32: dS in place of dP.
+// One warp per row: dS_j = P_j (dP_j - D) (0 above the diagonal) with the row's
+// D = dout . out given. bf16: dS and P to ds_b and p_b; fp32: dS in place of dP.
 __global__ void __launch_bounds__(256) SoftmaxBackwardKernel(const float* __restrict__ p, float* dp,
+                                                             const float* __restrict__ delta,
                                                              __nv_bfloat16* __restrict__ ds_b,
                                                              __nv_bfloat16* __restrict__ p_b, int64_t rows,
                                                              int64_t seq) {
@@ -124,9 +140,7 @@ __global__ void __launch_bounds__(256) SoftmaxBackwardKernel(const float* __rest
   const int64_t t = r % seq;
   const float* prow = p + r * seq;
   float* dprow = dp + r * seq;
-  float dot = 0.0f;
-  for (int64_t j = lane; j <= t; j += 32) dot += prow[j] * dprow[j];
-  dot = WarpSum(dot);
+  const float dot = delta[r];
   for (int64_t j = lane; j < seq; j += 32) {
     const float pj = j <= t ? prow[j] : 0.0f;
     const float ds = j <= t ? pj * (dprow[j] - dot) : 0.0f;
@@ -157,46 +171,84 @@ Status CheckAttentionShape(const char* what, int64_t batch, int64_t seq, int64_t
 // Launchers
 // ============================================================================
 
-Status CudaBackend::AttentionForward(const float* qkv, float* out, float* probs, int64_t batch, int64_t seq,
-                                     int64_t heads, int64_t dim, bool bf16) {
-  KEEL_RETURN_IF_ERROR(CheckAttentionShape("AttentionForward", batch, seq, heads, dim));
-  if (qkv == nullptr || out == nullptr || probs == nullptr)
-    return Status::Error("AttentionForward: qkv, out or probs: null");
+Status CudaBackend::AttentionHeads(const float* qkv, const float* dout, int64_t batch, int64_t seq, int64_t heads,
+                                   int64_t dim, bool bf16) {
   const Shape s{batch, seq, heads, dim / heads, dim};
-  const int64_t bh = batch * heads;
-  const int64_t head_elems = seq * s.hd;            // one (b, h) of q, k, v, o
-  const int64_t n = bh * head_elems;                // all of q (or k, v, o)
+  const int64_t n = batch * heads * seq * s.hd;
   const size_t elem = bf16 ? 2 : 4;
   KEEL_RETURN_IF_ERROR(attn_q_.Reserve(n * elem, stream_));
   KEEL_RETURN_IF_ERROR(attn_k_.Reserve(n * elem, stream_));
   KEEL_RETURN_IF_ERROR(attn_v_.Reserve(n * elem, stream_));
-  KEEL_RETURN_IF_ERROR(attn_o_.Reserve(n * sizeof(float), stream_));
+  if (dout != nullptr) KEEL_RETURN_IF_ERROR(attn_o_.Reserve(n * elem, stream_));
   if (bf16) {
-    KEEL_RETURN_IF_ERROR(attn_p_.Reserve(static_cast<size_t>(bh * seq * seq) * 2, stream_));
     PermuteKernel<__nv_bfloat16><<<GridFor(n), kThreads, 0, stream_>>>(
         qkv, 3 * dim, 0, dim, 2 * dim, attn_q_.get<__nv_bfloat16>(), attn_k_.get<__nv_bfloat16>(),
         attn_v_.get<__nv_bfloat16>(), s);
+    NN_LAUNCH_CHECK();
+    if (dout != nullptr) {
+      PermuteKernel<__nv_bfloat16><<<GridFor(n), kThreads, 0, stream_>>>(
+          dout, dim, 0, 0, 0, attn_o_.get<__nv_bfloat16>(), nullptr, nullptr, s);
+    }
   } else {
     PermuteKernel<float><<<GridFor(n), kThreads, 0, stream_>>>(qkv, 3 * dim, 0, dim, 2 * dim, attn_q_.get<float>(),
                                                                attn_k_.get<float>(), attn_v_.get<float>(), s);
+    NN_LAUNCH_CHECK();
+    if (dout != nullptr) {
+      PermuteKernel<float><<<GridFor(n), kThreads, 0, stream_>>>(dout, dim, 0, 0, 0, attn_o_.get<float>(), nullptr,
+                                                                 nullptr, s);
+    }
   }
   NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::AttentionProbabilities(float* stats, bool recompute, int64_t batch, int64_t seq, int64_t heads,
+                                           int64_t dim, bool bf16) {
+  const int64_t hd = dim / heads, bh = batch * heads, head_elems = seq * hd;
+  KEEL_RETURN_IF_ERROR(attn_s_.Reserve(static_cast<size_t>(bh * seq * seq) * sizeof(float), stream_));
+  if (bf16) KEEL_RETURN_IF_ERROR(attn_p_.Reserve(static_cast<size_t>(bh * seq * seq) * 2, stream_));
   // S (row-major t x t) = q k^T: column-major S^T... = k (stored d x t, transposed) . q^T (stored d x t).
   GemmArgs g;
   g.bf16 = bf16;
   g.trans_a = true;
   g.batch = bh;
   g.alpha = blas_.one();
-  g.Shape(seq, seq, s.hd)
-      .A(attn_k_.get<void>(), s.hd, head_elems)
-      .B(attn_q_.get<void>(), s.hd, head_elems)
-      .C(probs, seq, seq * seq);
+  g.Shape(seq, seq, hd)
+      .A(attn_k_.get<void>(), hd, head_elems)
+      .B(attn_q_.get<void>(), hd, head_elems)
+      .C(attn_s_.get<float>(), seq, seq * seq);
   KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
-  const float scale = 1.0f / sqrtf(static_cast<float>(s.hd));
   const int64_t rows = bh * seq;
   SoftmaxForwardKernel<<<static_cast<unsigned int>(CeilDiv(rows, 8)), 256, 0, stream_>>>(
-      probs, bf16 ? attn_p_.get<__nv_bfloat16>() : nullptr, rows, seq, scale);
+      attn_s_.get<float>(), bf16 ? attn_p_.get<__nv_bfloat16>() : nullptr, stats, recompute, rows, seq,
+      1.0f / sqrtf(static_cast<float>(hd)));
   NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::AttentionForward(const float* qkv, float* out, float* stats, int64_t batch, int64_t seq,
+                                     int64_t heads, int64_t dim, bool bf16) {
+  NN_PROFILE("AttentionForward");
+  KEEL_RETURN_IF_ERROR(CheckAttentionShape("AttentionForward", batch, seq, heads, dim));
+  if (qkv == nullptr || out == nullptr || stats == nullptr)
+    return Status::Error("AttentionForward: qkv, out or stats: null");
+  const Shape s{batch, seq, heads, dim / heads, dim};
+  KEEL_RETURN_IF_ERROR(AttentionHeads(qkv, nullptr, batch, seq, heads, dim, bf16));
+  if (bf16 && FlashSupports(s.hd)) {
+    FlashArgs f;
+    f.q = attn_q_.get<__nv_bfloat16>();
+    f.k = attn_k_.get<__nv_bfloat16>();
+    f.v = attn_v_.get<__nv_bfloat16>();
+    f.out = out;
+    f.stats = stats;
+    f.batch = batch, f.seq = seq, f.heads = heads, f.dim = dim;
+    return FlashForward(f, stream_);
+  }
+  const int64_t bh = batch * heads;
+  const int64_t head_elems = seq * s.hd;
+  const int64_t n = bh * head_elems;
+  KEEL_RETURN_IF_ERROR(attn_dq_.Reserve(n * sizeof(float), stream_));  // O per head
+  KEEL_RETURN_IF_ERROR(AttentionProbabilities(stats, false, batch, seq, heads, dim, bf16));
   // O (row-major t x d) = P v: column-major O^T = v^T (stored d x t) . P^T (stored t x t).
   GemmArgs o;
   o.bf16 = bf16;
@@ -204,50 +256,50 @@ Status CudaBackend::AttentionForward(const float* qkv, float* out, float* probs,
   o.alpha = blas_.one();
   o.Shape(s.hd, seq, seq)
       .A(attn_v_.get<void>(), s.hd, head_elems)
-      .B(bf16 ? attn_p_.get<void>() : static_cast<const void*>(probs), seq, seq * seq)
-      .C(attn_o_.get<float>(), s.hd, head_elems);
+      .B(bf16 ? attn_p_.get<void>() : attn_s_.get<void>(), seq, seq * seq)
+      .C(attn_dq_.get<float>(), s.hd, head_elems);
   KEEL_RETURN_IF_ERROR(blas_.Gemm(o));
-  UnpermuteKernel<<<GridFor(n), kThreads, 0, stream_>>>(attn_o_.get<float>(), nullptr, nullptr, out, dim, 0, 0, 0, s);
+  UnpermuteKernel<<<GridFor(n), kThreads, 0, stream_>>>(attn_dq_.get<float>(), nullptr, nullptr, out, dim, 0, 0, 0,
+                                                        s);
   NN_LAUNCH_CHECK();
   return Status::Ok();
 }
 
-Status CudaBackend::AttentionBackward(const float* qkv, const float* probs, const float* dout, float* dqkv,
-                                      int64_t batch, int64_t seq, int64_t heads, int64_t dim, bool bf16) {
+Status CudaBackend::AttentionBackward(const float* qkv, const float* out, const float* stats, const float* dout,
+                                      float* dqkv, int64_t batch, int64_t seq, int64_t heads, int64_t dim,
+                                      bool bf16) {
+  NN_PROFILE("AttentionBackward");
   KEEL_RETURN_IF_ERROR(CheckAttentionShape("AttentionBackward", batch, seq, heads, dim));
-  if (qkv == nullptr || probs == nullptr || dout == nullptr || dqkv == nullptr)
-    return Status::Error("AttentionBackward: qkv, probs, dout or dqkv: null");
+  if (qkv == nullptr || out == nullptr || stats == nullptr || dout == nullptr || dqkv == nullptr)
+    return Status::Error("AttentionBackward: qkv, out, stats, dout or dqkv: null");
   const Shape s{batch, seq, heads, dim / heads, dim};
   const int64_t bh = batch * heads;
+  KEEL_RETURN_IF_ERROR(attn_delta_.Reserve(static_cast<size_t>(bh * seq) * sizeof(float), stream_));
+  KEEL_RETURN_IF_ERROR(FlashRowDots(dout, out, attn_delta_.get<float>(), batch, seq, heads, dim, stream_));
+  KEEL_RETURN_IF_ERROR(AttentionHeads(qkv, dout, batch, seq, heads, dim, bf16));
+  if (bf16 && FlashSupports(s.hd)) {
+    FlashArgs f;
+    f.q = attn_q_.get<__nv_bfloat16>();
+    f.k = attn_k_.get<__nv_bfloat16>();
+    f.v = attn_v_.get<__nv_bfloat16>();
+    f.dout = attn_o_.get<__nv_bfloat16>();
+    f.delta = attn_delta_.get<float>();
+    f.stats = const_cast<float*>(stats);  // read only by the backward kernels
+    f.dqkv = dqkv;
+    f.batch = batch, f.seq = seq, f.heads = heads, f.dim = dim;
+    return FlashBackward(f, stream_);
+  }
   const int64_t head_elems = seq * s.hd;
   const int64_t n = bh * head_elems;
   const int64_t square = bh * seq * seq;
-  const size_t elem = bf16 ? 2 : 4;
-  KEEL_RETURN_IF_ERROR(attn_q_.Reserve(n * elem, stream_));
-  KEEL_RETURN_IF_ERROR(attn_k_.Reserve(n * elem, stream_));
-  KEEL_RETURN_IF_ERROR(attn_v_.Reserve(n * elem, stream_));
-  KEEL_RETURN_IF_ERROR(attn_o_.Reserve(n * elem, stream_));  // dO
   KEEL_RETURN_IF_ERROR(attn_dq_.Reserve(n * sizeof(float), stream_));
   KEEL_RETURN_IF_ERROR(attn_dk_.Reserve(n * sizeof(float), stream_));
   KEEL_RETURN_IF_ERROR(attn_dv_.Reserve(n * sizeof(float), stream_));
   KEEL_RETURN_IF_ERROR(attn_dp_.Reserve(static_cast<size_t>(square) * sizeof(float), stream_));
-  if (bf16) {
-    KEEL_RETURN_IF_ERROR(attn_p_.Reserve(static_cast<size_t>(square) * 2, stream_));
-    KEEL_RETURN_IF_ERROR(attn_ds_.Reserve(static_cast<size_t>(square) * 2, stream_));
-    PermuteKernel<__nv_bfloat16><<<GridFor(n), kThreads, 0, stream_>>>(
-        qkv, 3 * dim, 0, dim, 2 * dim, attn_q_.get<__nv_bfloat16>(), attn_k_.get<__nv_bfloat16>(),
-        attn_v_.get<__nv_bfloat16>(), s);
-    NN_LAUNCH_CHECK();
-    PermuteKernel<__nv_bfloat16><<<GridFor(n), kThreads, 0, stream_>>>(dout, dim, 0, 0, 0, attn_o_.get<__nv_bfloat16>(),
-                                                                       nullptr, nullptr, s);
-  } else {
-    PermuteKernel<float><<<GridFor(n), kThreads, 0, stream_>>>(qkv, 3 * dim, 0, dim, 2 * dim, attn_q_.get<float>(),
-                                                               attn_k_.get<float>(), attn_v_.get<float>(), s);
-    NN_LAUNCH_CHECK();
-    PermuteKernel<float><<<GridFor(n), kThreads, 0, stream_>>>(dout, dim, 0, 0, 0, attn_o_.get<float>(), nullptr,
-                                                               nullptr, s);
-  }
-  NN_LAUNCH_CHECK();
+  if (bf16) KEEL_RETURN_IF_ERROR(attn_ds_.Reserve(static_cast<size_t>(square) * 2, stream_));
+  // P as the forward had it, from the stats.
+  KEEL_RETURN_IF_ERROR(AttentionProbabilities(const_cast<float*>(stats), true, batch, seq, heads, dim, bf16));
+  const float* probs = attn_s_.get<float>();
   const void* q = attn_q_.get<void>();
   const void* k = attn_k_.get<void>();
   const void* v = attn_v_.get<void>();
@@ -265,8 +317,8 @@ Status CudaBackend::AttentionBackward(const float* qkv, const float* probs, cons
 
   const int64_t rows = bh * seq;
   SoftmaxBackwardKernel<<<static_cast<unsigned int>(CeilDiv(rows, 8)), 256, 0, stream_>>>(
-      probs, dp, bf16 ? attn_ds_.get<__nv_bfloat16>() : nullptr, bf16 ? attn_p_.get<__nv_bfloat16>() : nullptr, rows,
-      seq);
+      probs, dp, attn_delta_.get<float>(), bf16 ? attn_ds_.get<__nv_bfloat16>() : nullptr,
+      bf16 ? attn_p_.get<__nv_bfloat16>() : nullptr, rows, seq);
   NN_LAUNCH_CHECK();
   float* scale = small_ + kAttentionScaleSlot;
   SetFloatKernel<<<1, 1, 0, stream_>>>(scale, 1.0f / sqrtf(static_cast<float>(s.hd)));

@@ -6,6 +6,7 @@
 //
 // Elementwise kernels take 16-byte vectors when every pointer allows it (a float4
 // path plus a scalar tail), otherwise one float at a time; all are grid-stride.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -185,7 +186,8 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   Scratch* scratch[] = {&op_a_,    &op_b_,    &codes_,   &scales_,  &partials_, &quant_temp_,
                         &attn_q_,  &attn_k_,  &attn_v_,  &attn_o_,  &attn_p_,   &attn_dp_, &attn_ds_,
-                        &attn_dq_, &attn_dk_, &attn_dv_, &embed_,   &reduce_desc_, &align_in_};
+                        &attn_dq_, &attn_dk_, &attn_dv_, &attn_s_,  &attn_delta_, &embed_, &reduce_desc_,
+                        &align_in_};
   for (Scratch* s : scratch) s->Release(stream_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   if (small_ != nullptr) cudaFree(small_);
@@ -211,7 +213,9 @@ Status CudaBackend::Init() {
   sm_count_ = prop.multiProcessorCount;
   g_grid_cap = static_cast<int64_t>(sm_count_) * 32;
   description_ = std::string(prop.name) + ", sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
-                 std::to_string(prop.multiProcessorCount) + " SMs";
+                 std::to_string(prop.multiProcessorCount) +
+                 " SMs; attention: Keel's fused kernels for bf16 operands at head size 32 or 64, else cuBLASLt "
+                 "GEMMs";
   KEEL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   // Scratch comes from the device's default pool (cudaMallocAsync): keep what it
   // holds instead of returning it to the driver at every synchronisation.
@@ -245,15 +249,18 @@ void CudaBackend::Free(void* ptr) {
 }
 
 Status CudaBackend::Upload(void* dst, const void* host_src, size_t bytes) {
+  NN_PROFILE("Upload");
   // The caller may reuse host_src when this returns.
   return CopyAndWait(stream_, "Upload: dst or host_src", dst, host_src, bytes, cudaMemcpyHostToDevice);
 }
 
 Status CudaBackend::Download(void* host_dst, const void* src, size_t bytes) {
+  NN_PROFILE("Download");
   return CopyAndWait(stream_, "Download: host_dst or src", host_dst, src, bytes, cudaMemcpyDeviceToHost);
 }
 
 Status CudaBackend::CopyBytes(void* dst, const void* src, size_t bytes) {
+  NN_PROFILE("CopyBytes");
   if (bytes == 0 || dst == src) return Status::Ok();
   KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   return Status::Ok();
@@ -262,7 +269,102 @@ Status CudaBackend::CopyBytes(void* dst, const void* src, size_t bytes) {
 Status CudaBackend::Sync() {
   KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
   KEEL_CUDA_CHECK(cudaGetLastError());
+  timer_.Fold();
   return Status::Ok();
+}
+
+// ============================================================================
+// Per-op timer
+// ============================================================================
+
+OpTimer::~OpTimer() {
+  for (const std::vector<Region>* regions : {&open_, &finished_}) {
+    for (const Region& r : *regions) {
+      if (r.start != nullptr) cudaEventDestroy(r.start);
+      if (r.end != nullptr) cudaEventDestroy(r.end);
+    }
+  }
+  for (cudaEvent_t e : free_) cudaEventDestroy(e);
+}
+
+cudaEvent_t OpTimer::NewEvent() {
+  if (!free_.empty()) {
+    cudaEvent_t e = free_.back();
+    free_.pop_back();
+    return e;
+  }
+  cudaEvent_t e = nullptr;
+  const cudaError_t err = cudaEventCreate(&e);
+  if (err != cudaSuccess) {
+    if (error_.ok()) error_ = Status::Error(std::string("profile: cudaEventCreate: ") + cudaGetErrorString(err));
+    return nullptr;
+  }
+  return e;
+}
+
+void OpTimer::Push(const char* name, cudaStream_t stream) {
+  Region r;
+  r.name = open_.empty() ? std::string(name) : open_.back().name + " > " + name;
+  r.start = NewEvent();
+  if (r.start != nullptr) cudaEventRecord(r.start, stream);
+  open_.push_back(std::move(r));
+}
+
+void OpTimer::Pop(cudaStream_t stream) {
+  if (open_.empty()) return;
+  Region r = std::move(open_.back());
+  open_.pop_back();
+  r.end = NewEvent();
+  if (r.end != nullptr) cudaEventRecord(r.end, stream);
+  finished_.push_back(std::move(r));
+  // A long stretch without Sync: wait here rather than hold thousands of events.
+  if (finished_.size() >= 8192 && open_.empty()) {
+    cudaStreamSynchronize(stream);
+    Fold();
+  }
+}
+
+void OpTimer::Fold() {
+  for (Region& r : finished_) {
+    float ms = 0.0f;
+    if (r.start != nullptr && r.end != nullptr) {
+      const cudaError_t err = cudaEventElapsedTime(&ms, r.start, r.end);
+      if (err != cudaSuccess && error_.ok())
+        error_ = Status::Error(std::string("profile: cudaEventElapsedTime: ") + cudaGetErrorString(err));
+    }
+    OpTime& t = totals_[r.name];
+    t.op = r.name;
+    ++t.calls;
+    t.ms += ms;
+    for (cudaEvent_t e : {r.start, r.end}) {
+      if (e != nullptr) free_.push_back(e);
+    }
+  }
+  finished_.clear();
+}
+
+Status OpTimer::Take(std::vector<OpTime>* out) {
+  Fold();
+  out->clear();
+  for (auto& entry : totals_) out->push_back(entry.second);
+  std::sort(out->begin(), out->end(), [](const OpTime& a, const OpTime& b) { return a.ms > b.ms; });
+  totals_.clear();
+  Status s = error_;
+  error_ = Status::Ok();
+  return s;
+}
+
+Status CudaBackend::SetProfiling(bool on) {
+  KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  timer_.Fold();
+  timer_.Enable(on);
+  return Status::Ok();
+}
+
+Status CudaBackend::TakeProfile(std::vector<OpTime>* out) {
+  if (out == nullptr) return Status::Error("TakeProfile: out: null");
+  KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return timer_.Take(out);
 }
 
 // ============================================================================
@@ -270,24 +372,28 @@ Status CudaBackend::Sync() {
 // ============================================================================
 
 Status CudaBackend::Fill(float* x, int64_t count, float value) {
+  NN_PROFILE("Fill");
   KEEL_RETURN_IF_ERROR(CheckCount(count, "Fill"));
   if (count == 0) return Status::Ok();
   return LaunchMap<0>(x, nullptr, nullptr, count, FillOp{value}, stream_);
 }
 
 Status CudaBackend::Add(const float* a, const float* b, float* out, int64_t count) {
+  NN_PROFILE("Add");
   KEEL_RETURN_IF_ERROR(CheckCount(count, "Add"));
   if (count == 0) return Status::Ok();
   return LaunchMap<2>(out, a, b, count, AddOp{}, stream_);  // out may alias a or b
 }
 
 Status CudaBackend::Axpy(float alpha, const float* x, float* y, int64_t count) {
+  NN_PROFILE("Axpy");
   KEEL_RETURN_IF_ERROR(CheckCount(count, "Axpy"));
   if (count == 0) return Status::Ok();
   return LaunchMap<2>(y, y, x, count, AxpyOp{alpha}, stream_);
 }
 
 Status CudaBackend::Scale(float* x, int64_t count, float alpha) {
+  NN_PROFILE("Scale");
   KEEL_RETURN_IF_ERROR(CheckCount(count, "Scale"));
   if (count == 0) return Status::Ok();
   return LaunchMap<1>(x, x, nullptr, count, ScaleOp{alpha}, stream_);
@@ -295,6 +401,7 @@ Status CudaBackend::Scale(float* x, int64_t count, float alpha) {
 
 Status CudaBackend::Copy2D(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows,
                            int64_t cols) {
+  NN_PROFILE("Copy2D");
   if (rows < 0 || cols < 0 || src_ld < cols || dst_ld < cols)
     return Status::Error("Copy2D: shape: rows " + std::to_string(rows) + ", cols " + std::to_string(cols) +
                          ", src_ld " + std::to_string(src_ld) + ", dst_ld " + std::to_string(dst_ld) +
@@ -306,6 +413,7 @@ Status CudaBackend::Copy2D(const float* src, int64_t src_ld, float* dst, int64_t
 }
 
 Status CudaBackend::RandomNormal(float* x, int64_t count, uint64_t seed, uint64_t offset, float stddev) {
+  NN_PROFILE("RandomNormal");
   KEEL_RETURN_IF_ERROR(CheckCount(count, "RandomNormal"));
   if (count == 0) return Status::Ok();
   RandomNormalKernel<<<GridFor(count), kThreads, 0, stream_>>>(x, count, seed, offset, stddev);
@@ -319,6 +427,7 @@ Status CudaBackend::RandomNormal(float* x, int64_t count, uint64_t seed, uint64_
 
 Status CudaBackend::AdamW(float* param, const float* grad, float* m, float* v, int64_t count, float lr,
                           float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale) {
+  NN_PROFILE("AdamW");
   KEEL_RETURN_IF_ERROR(CheckCount(count, "AdamW"));
   if (step < 1) return Status::Error("AdamW: step: " + std::to_string(step) + " is not allowed; need >= 1 (1-based)");
   if (count == 0) return Status::Ok();
@@ -408,14 +517,17 @@ Status CudaBackend::Reduce(int kind, const std::vector<Span>& a, const std::vect
 }
 
 Status CudaBackend::SumSquares(const std::vector<Span>& spans, std::vector<double>* out) {
+  NN_PROFILE("SumSquares");
   return Reduce(0, spans, nullptr, out);
 }
 
 Status CudaBackend::Sums(const std::vector<Span>& spans, std::vector<double>* out) {
+  NN_PROFILE("Sums");
   return Reduce(1, spans, nullptr, out);
 }
 
 Status CudaBackend::Dots(const std::vector<Span>& a, const std::vector<Span>& b, std::vector<double>* out) {
+  NN_PROFILE("Dots");
   return Reduce(2, a, &b, out);
 }
 

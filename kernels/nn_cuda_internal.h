@@ -220,6 +220,62 @@ class Blas {
   std::map<Key, Plan> plans_;
 };
 
+// ---- Per-op timer ----------------------------------------------------------------------
+
+// CUDA events around named regions of work on one stream, summed by name. Regions
+// nest: a region opened inside another is named "outer > inner". Used from the
+// backend's one host thread.
+class OpTimer {
+ public:
+  ~OpTimer();
+  bool on() const { return on_; }
+  void Enable(bool on) { on_ = on; }
+  void Push(const char* name, cudaStream_t stream);
+  void Pop(cudaStream_t stream);
+  // Adds the finished regions to the totals; call after the stream is synchronized.
+  void Fold();
+  // The totals, longest first, and resets them (the stream must be synchronized).
+  Status Take(std::vector<OpTime>* out);
+
+ private:
+  struct Region {
+    std::string name;
+    cudaEvent_t start = nullptr, end = nullptr;
+  };
+  cudaEvent_t NewEvent();
+
+  bool on_ = false;
+  Status error_;                  // the first event failure, reported by Take
+  std::vector<Region> open_;      // innermost last
+  std::vector<Region> finished_;  // waiting for Fold
+  std::vector<cudaEvent_t> free_;
+  std::map<std::string, OpTime> totals_;
+};
+
+// Times the enclosing block as region `name` of `timer` when it is on.
+class OpScope {
+ public:
+  OpScope(OpTimer* timer, const char* name, cudaStream_t stream)
+      : timer_(timer->on() ? timer : nullptr), stream_(stream) {
+    if (timer_ != nullptr) timer_->Push(name, stream_);
+  }
+  ~OpScope() {
+    if (timer_ != nullptr) timer_->Pop(stream_);
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  OpTimer* timer_;
+  cudaStream_t stream_;
+};
+
+// Inside a CudaBackend method: time the rest of the block as `name`.
+#define NN_PROFILE_JOIN2(a, b) a##b
+#define NN_PROFILE_JOIN(a, b) NN_PROFILE_JOIN2(a, b)
+#define NN_PROFILE(name) \
+  const ::keel::nncuda::OpScope NN_PROFILE_JOIN(nn_op_scope_, __LINE__)(&timer_, name, stream_)
+
 // ---- The backend -----------------------------------------------------------------------
 
 class CudaBackend final : public Backend {
@@ -258,6 +314,9 @@ class CudaBackend final : public Backend {
   Status ResetOperandStats(int slots) override;
   Status ReadOperandStats(std::vector<OperandStats>* stats) override;
 
+  Status SetProfiling(bool on) override;
+  Status TakeProfile(std::vector<OpTime>* out) override;
+
   Status LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
                           float* mean, float* rstd, int64_t rows, int64_t cols,
                           float eps) override;
@@ -273,11 +332,11 @@ class CudaBackend final : public Backend {
                           int64_t batch, int64_t seq, int64_t dim) override;
   Status EmbeddingBackward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe,
                            int64_t batch, int64_t seq, int64_t dim) override;
-  Status AttentionForward(const float* qkv, float* out, float* probs, int64_t batch, int64_t seq,
+  Status AttentionForward(const float* qkv, float* out, float* stats, int64_t batch, int64_t seq,
                           int64_t heads, int64_t dim, bool bf16_operands) override;
-  Status AttentionBackward(const float* qkv, const float* probs, const float* dout, float* dqkv,
-                           int64_t batch, int64_t seq, int64_t heads, int64_t dim,
-                           bool bf16_operands) override;
+  Status AttentionBackward(const float* qkv, const float* out, const float* stats,
+                           const float* dout, float* dqkv, int64_t batch, int64_t seq,
+                           int64_t heads, int64_t dim, bool bf16_operands) override;
   Status CrossEntropyForward(const float* logits, const int32_t* targets, float* losses,
                              int64_t rows, int64_t padded_vocab, int64_t vocab) override;
   Status CrossEntropyBackward(const float* logits, const int32_t* targets, float* dlogits,
@@ -329,12 +388,21 @@ class CudaBackend final : public Backend {
   Status Alpha(const Operand& a, const Operand& b, int gemm, const float** alpha);
   // out (+)= column sums of m (rows x cols, row-major), in a fixed order.
   Status ColumnSums(const float* m, int64_t rows, int64_t cols, float* out);
+  // Attention: q, k, v of qkv (and dout when not null) into attn_q_, attn_k_,
+  // attn_v_ (attn_o_) per head [b, h, t, d], bf16 or fp32.
+  Status AttentionHeads(const float* qkv, const float* dout, int64_t batch, int64_t seq, int64_t heads,
+                        int64_t dim, bool bf16);
+  // The GEMM path's P in attn_s_ (and bf16 in attn_p_) from attn_q_ and attn_k_,
+  // writing the stats, or with `recompute` reading them.
+  Status AttentionProbabilities(float* stats, bool recompute, int64_t batch, int64_t seq, int64_t heads,
+                                int64_t dim, bool bf16);
   // Shared by the three reductions: kind 0 sum of squares, 1 sum, 2 dot.
   Status Reduce(int kind, const std::vector<Span>& a, const std::vector<Span>* b,
                 std::vector<double>* out);
 
   int device_ = 0;
   int sm_count_ = 1;
+  OpTimer timer_;
   std::string description_;
   cudaStream_t stream_ = nullptr;
   Blas blas_;
@@ -351,8 +419,11 @@ class CudaBackend final : public Backend {
   Scratch partials_;                   // column-sum and reduction partials
   Scratch quant_temp_;                 // QuantizeDequantize with out == x
   Scratch align_in_;                   // a quantizer input that is not 16-byte aligned
-  Scratch attn_q_, attn_k_, attn_v_, attn_o_;  // attention, per head [b, h, t, d]
-  Scratch attn_p_, attn_dp_, attn_ds_; // attention: probabilities in bf16, dP, dS in bf16
+  Scratch attn_q_, attn_k_, attn_v_, attn_o_;  // attention, per head [b, h, t, d] (attn_o_: dO)
+  Scratch attn_delta_;                 // attention backward: D = dout . out per row
+  // The GEMM path of attention (fp32, or a head size the fused kernels lack):
+  Scratch attn_s_;                     // scores, then probabilities, fp32 seq x seq per head
+  Scratch attn_p_, attn_dp_, attn_ds_; // probabilities in bf16, dP, dS in bf16
   Scratch attn_dq_, attn_dk_, attn_dv_;
   Scratch embed_;                      // embedding backward's sort
   Scratch reduce_desc_;                // the reductions' span descriptors

@@ -492,6 +492,7 @@ Status CheckRowsCols(const char* what, int64_t rows, int64_t cols) {
 
 Status CudaBackend::LayerNormForward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
                                      float* rstd, int64_t rows, int64_t cols, float eps) {
+  NN_PROFILE("LayerNormForward");
   KEEL_RETURN_IF_ERROR(CheckRowsCols("LayerNormForward", rows, cols));
   if (rows == 0) return Status::Ok();
   if (x == nullptr || gamma == nullptr || y == nullptr) return Status::Error("LayerNormForward: x, gamma or y: null");
@@ -510,6 +511,7 @@ Status CudaBackend::LayerNormForward(const float* x, const float* gamma, const f
 Status CudaBackend::LayerNormBackward(const float* x, const float* gamma, const float* mean, const float* rstd,
                                       const float* dy, float* dx, float* dgamma, float* dbeta, int64_t rows,
                                       int64_t cols) {
+  NN_PROFILE("LayerNormBackward");
   KEEL_RETURN_IF_ERROR(CheckRowsCols("LayerNormBackward", rows, cols));
   if (rows == 0) return Status::Ok();
   if (x == nullptr || gamma == nullptr || mean == nullptr || rstd == nullptr || dy == nullptr)
@@ -538,18 +540,21 @@ Status CudaBackend::LayerNormBackward(const float* x, const float* gamma, const 
 }
 
 Status CudaBackend::GeluForward(const float* x, float* y, int64_t count) {
+  NN_PROFILE("GeluForward");
   if (count < 0) return Status::Error("GeluForward: count: " + std::to_string(count) + " is negative");
   if (count == 0) return Status::Ok();
   return LaunchMap<1>(y, x, nullptr, count, GeluOp{}, stream_);
 }
 
 Status CudaBackend::GeluBackward(const float* x, const float* dy, float* dx, int64_t count) {
+  NN_PROFILE("GeluBackward");
   if (count < 0) return Status::Error("GeluBackward: count: " + std::to_string(count) + " is negative");
   if (count == 0) return Status::Ok();
   return LaunchMap<2>(dx, x, dy, count, GeluGradOp{}, stream_);
 }
 
 Status CudaBackend::SwigluForward(const float* x, float* y, int64_t rows, int64_t h) {
+  NN_PROFILE("SwigluForward");
   KEEL_RETURN_IF_ERROR(CheckRowsCols("SwigluForward", rows, h));
   if (rows == 0) return Status::Ok();
   SwigluForwardKernel<<<GridFor(rows * h), kThreads, 0, stream_>>>(x, y, rows, h);
@@ -558,6 +563,7 @@ Status CudaBackend::SwigluForward(const float* x, float* y, int64_t rows, int64_
 }
 
 Status CudaBackend::SwigluBackward(const float* x, const float* dy, float* dx, int64_t rows, int64_t h) {
+  NN_PROFILE("SwigluBackward");
   KEEL_RETURN_IF_ERROR(CheckRowsCols("SwigluBackward", rows, h));
   if (rows == 0) return Status::Ok();
   SwigluBackwardKernel<<<GridFor(rows * h), kThreads, 0, stream_>>>(x, dy, dx, rows, h);
@@ -567,6 +573,7 @@ Status CudaBackend::SwigluBackward(const float* x, const float* dy, float* dx, i
 
 Status CudaBackend::EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* out,
                                      int64_t batch, int64_t seq, int64_t dim) {
+  NN_PROFILE("EmbeddingForward");
   if (batch < 0 || seq < 0 || dim < 1)
     return Status::Error("EmbeddingForward: shape: batch " + std::to_string(batch) + ", seq " + std::to_string(seq) +
                          ", dim " + std::to_string(dim) + " is not allowed");
@@ -579,6 +586,7 @@ Status CudaBackend::EmbeddingForward(const int32_t* tokens, const float* wte, co
 
 Status CudaBackend::EmbeddingBackward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe,
                                       int64_t batch, int64_t seq, int64_t dim) {
+  NN_PROFILE("EmbeddingBackward");
   if (batch < 0 || seq < 0 || dim < 1)
     return Status::Error("EmbeddingBackward: shape: batch " + std::to_string(batch) + ", seq " + std::to_string(seq) +
                          ", dim " + std::to_string(dim) + " is not allowed");
@@ -614,6 +622,7 @@ Status CudaBackend::EmbeddingBackward(const int32_t* tokens, const float* dout, 
 
 Status CudaBackend::CrossEntropyForward(const float* logits, const int32_t* targets, float* losses, int64_t rows,
                                         int64_t padded_vocab, int64_t vocab) {
+  NN_PROFILE("CrossEntropyForward");
   if (rows < 0 || vocab < 1 || padded_vocab < vocab)
     return Status::Error("CrossEntropyForward: shape: rows " + std::to_string(rows) + ", padded_vocab " +
                          std::to_string(padded_vocab) + ", vocab " + std::to_string(vocab) +
@@ -628,6 +637,7 @@ Status CudaBackend::CrossEntropyForward(const float* logits, const int32_t* targ
 
 Status CudaBackend::CrossEntropyBackward(const float* logits, const int32_t* targets, float* dlogits, int64_t rows,
                                          int64_t padded_vocab, int64_t vocab, float scale) {
+  NN_PROFILE("CrossEntropyBackward");
   if (rows < 0 || vocab < 1 || padded_vocab < vocab)
     return Status::Error("CrossEntropyBackward: shape: rows " + std::to_string(rows) + ", padded_vocab " +
                          std::to_string(padded_vocab) + ", vocab " + std::to_string(vocab) +

@@ -416,10 +416,16 @@ Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, i
   float* amax = small_ + kAmaxSlot + r;
   float* tensor_scale = small_ + kTensorScaleSlot + r;
   // The per-tensor decode scale stays out of the values and goes into alpha.
-  const Status s = Quantize(x, rows, cols, axis, f, RoleSeed(q.seed, role), scratch->get<void>(), bf16, true, codes,
-                            scales, amax, tensor_scale);
-  if (!s.ok()) return Status::Error(std::string("linear: role ") + RoleName(role) + ": " + s.message());
-  if (stats) KEEL_RETURN_IF_ERROR(AddOperandStats(x, rows, cols, axis, f, codes, scales, tensor_scale, q.stats_slot, role));
+  {
+    NN_PROFILE("quantize");
+    const Status s = Quantize(x, rows, cols, axis, f, RoleSeed(q.seed, role), scratch->get<void>(), bf16, true,
+                              codes, scales, amax, tensor_scale);
+    if (!s.ok()) return Status::Error(std::string("linear: role ") + RoleName(role) + ": " + s.message());
+  }
+  if (stats) {
+    NN_PROFILE("operand stats");
+    KEEL_RETURN_IF_ERROR(AddOperandStats(x, rows, cols, axis, f, codes, scales, tensor_scale, q.stats_slot, role));
+  }
   out->data = scratch->get<void>();
   if (HasTensorScale(f.format)) out->tensor_scale = tensor_scale;
   return Status::Ok();
@@ -462,6 +468,7 @@ Status CudaBackend::CheckStatsSlot(const char* op, int slot) const {
 
 Status CudaBackend::LinearForward(const float* x, const float* w, const float* bias, float* y, int64_t rows,
                                   int64_t in, int64_t out, const LinearQuant& q) {
+  NN_PROFILE("LinearForward");
   KEEL_RETURN_IF_ERROR(CheckLinearShape("LinearForward", rows, in, out));
   if (x == nullptr || w == nullptr || y == nullptr) return Status::Error("LinearForward: x, w or y: null");
   KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
@@ -478,6 +485,7 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
   KEEL_RETURN_IF_ERROR(Alpha(qx, qw, 0, &g.alpha));
   // The bias rides in the GEMM's epilogue (y = alpha * acc + bias, what the CPU
   // computes in two steps) unless cuBLASLt has no such algorithm for the shape.
+  NN_PROFILE("gemm");
   bool epilogue_bias = bias != nullptr && Aligned(bias, 16);
   if (epilogue_bias) {
     g.bias = bias;
@@ -494,6 +502,7 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
 
 Status CudaBackend::LinearBackward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                                    float* dbias, int64_t rows, int64_t in, int64_t out, const LinearQuant& q) {
+  NN_PROFILE("LinearBackward");
   KEEL_RETURN_IF_ERROR(CheckLinearShape("LinearBackward", rows, in, out));
   if (x == nullptr || w == nullptr || dy == nullptr || dw == nullptr) {
     return Status::Error("LinearBackward: x, w, dy or dw: null");
@@ -516,9 +525,13 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     g.bf16 = bf16_dgrad;
     g.Shape(in, rows, out).A(qw.data, in).B(qdy.data, out).C(dx, in);
     KEEL_RETURN_IF_ERROR(Alpha(qdy, qw, 1, &g.alpha));
+    NN_PROFILE("gemm");
     KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
   }
-  if (dbias != nullptr) KEEL_RETURN_IF_ERROR(ColumnSums(dy, rows, out, dbias));
+  if (dbias != nullptr) {
+    NN_PROFILE("dbias");
+    KEEL_RETURN_IF_ERROR(ColumnSums(dy, rows, out, dbias));
+  }
   {
     // dW^T (in x out) += X^T (stored in x rows) . dY (stored out x rows, transposed).
     // BF16 rounding is elementwise, so a deterministic bf16 dy from the dgrad serves
@@ -529,9 +542,11 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     Operand qdy_w, qx;
     if (reuse_dy) {
       qdy_w = qdy;
-      if (q.stats_slot >= 0)
+      if (q.stats_slot >= 0) {
+        NN_PROFILE("operand stats");
         KEEL_RETURN_IF_ERROR(AddOperandStats(dy, rows, out, 0, f_wdy, nullptr, nullptr, nullptr, q.stats_slot,
-                                           Role::kWgradDy));
+                                             Role::kWgradDy));
+      }
     } else {
       KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 0, Role::kWgradDy, q, bf16_wgrad, &op_a_, &qdy_w));
     }
@@ -542,6 +557,7 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     g.accumulate = true;
     g.Shape(in, out, rows).A(qx.data, in).B(qdy_w.data, out).C(dw, in);
     KEEL_RETURN_IF_ERROR(Alpha(qdy_w, qx, 2, &g.alpha));
+    NN_PROFILE("gemm");
     KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
   }
   return Status::Ok();
@@ -568,6 +584,7 @@ Status CudaBackend::ResetOperandStats(int slots) {
 }
 
 Status CudaBackend::ReadOperandStats(std::vector<OperandStats>* stats) {
+  NN_PROFILE("ReadOperandStats");
   if (stats == nullptr) return Status::Error("ReadOperandStats: stats: null");
   const size_t n = static_cast<size_t>(stats_slots_) * kRoleCount;
   std::vector<unsigned long long> raw(n * 4);
@@ -588,6 +605,7 @@ Status CudaBackend::ReadOperandStats(std::vector<OperandStats>* stats) {
 
 Status CudaBackend::QuantizeDequantize(const float* x, int64_t rows, int64_t cols, int axis,
                                        const OperandFormat& format, uint64_t seed, float* out) {
+  NN_PROFILE("QuantizeDequantize");
   if (rows < 0 || cols < 0)
     return Status::Error("QuantizeDequantize: shape: " + std::to_string(rows) + " x " + std::to_string(cols) +
                          " is not allowed; need rows, cols >= 0");

@@ -688,46 +688,53 @@ TEST_F(NnCudaTest, EmbeddingMatchesBitForBit) {
   ExpectBits("embedding dwpe (+=)", Cpu(dwpe), Gpu(dwpe));
 }
 
+// Three shapes: head size 64 and 32 (the fused kernels; seq 100 leaves a partial
+// tile) and 48 (the GEMM path for bf16 too); fp32 always takes the GEMM path.
 TEST_F(NnCudaTest, AttentionMatchesCpu) {
-  const int64_t batch = 2, seq = 192, heads = 4, dim = 256;
-  Dual qkv = Floats(Normal(batch * seq * 3 * dim, 111)), out = Zeros(batch * seq * dim),
-       probs = Zeros(batch * heads * seq * seq), dout = Floats(Normal(batch * seq * dim, 112)),
-       dqkv = Zeros(batch * seq * 3 * dim);
-  for (bool bf16 : {false, true}) {
-    SCOPED_TRACE(bf16 ? "bf16 operands" : "fp32");
-    std::printf("attention %s\n", bf16 ? "bf16 operands" : "fp32");
-    for (Backend* be : {cpu_.get(), gpu_.get()}) {
-      const bool g = be == gpu_.get();
-      auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
-      ASSERT_OK(be->AttentionForward(p(qkv), p(out), p(probs), batch, seq, heads, dim, bf16));
-      ASSERT_OK(be->AttentionBackward(p(qkv), p(probs), p(dout), p(dqkv), batch, seq, heads, dim, bf16));
-    }
-    const std::vector<float> cp = Cpu(probs), gp = Gpu(probs);
-    // The probabilities are fp32 softmaxes of fp32 dots summed in another order.
-    ExpectNormwise("probs", cp, gp, 1e-5);
-    int64_t upper = 0;
-    for (int64_t r = 0; r < batch * heads * seq; ++r)
-      for (int64_t j = r % seq + 1; j < seq; ++j) upper += gp[r * seq + j] != 0.0f;
-    EXPECT_EQ(upper, 0) << "nonzero probabilities above the diagonal";
-    const std::vector<float> co = Cpu(out), go = Gpu(out), cd = Cpu(dqkv), gd = Gpu(dqkv);
-    if (!bf16) {
-      ExpectNormwise("out", co, go, 1e-5);
-      ExpectNormwise("dqkv", cd, gd, 1e-5);
-    } else {
-      // See the file comment: a probability or dS a hair from a bf16 rounding
-      // boundary can round the other way on one side.
-      for (const auto& t : {std::make_pair(std::string("out"), std::make_pair(&co, &go)),
-                            std::make_pair(std::string("dqkv"), std::make_pair(&cd, &gd))}) {
-        const std::vector<float>& c = *t.second.first;
-        const std::vector<float>& g = *t.second.second;
-        ExpectNormwise(t.first + " (all)", c, g, 4e-3);
-        double max_ref = 0;
-        for (float v : c) max_ref = std::max(max_ref, std::fabs(static_cast<double>(v)));
-        int64_t far = 0;
-        for (size_t i = 0; i < c.size(); ++i) far += std::fabs(static_cast<double>(g[i]) - c[i]) > 1e-5 * max_ref;
-        EXPECT_LE(far, static_cast<int64_t>(c.size() / 100)) << t.first;
-        std::printf("  %-44s %lld of %zu elements beyond 1e-5 normwise\n", (t.first + " (tight)").c_str(),
-                    static_cast<long long>(far), c.size());
+  struct AttentionShape {
+    int64_t batch, seq, heads, dim;
+  };
+  for (const AttentionShape& shape : {AttentionShape{2, 192, 4, 256}, AttentionShape{1, 100, 2, 64},
+                                      AttentionShape{1, 70, 2, 96}}) {
+    const int64_t batch = shape.batch, seq = shape.seq, heads = shape.heads, dim = shape.dim;
+    Dual qkv = Floats(Normal(batch * seq * 3 * dim, 111)), out = Zeros(batch * seq * dim),
+         stats = Zeros(batch * heads * seq * 2), dout = Floats(Normal(batch * seq * dim, 112)),
+         dqkv = Zeros(batch * seq * 3 * dim);
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16 operands" : "fp32") + ", head size " + std::to_string(dim / heads) +
+                   ", seq " + std::to_string(seq));
+      std::printf("attention %s, batch %lld seq %lld heads %lld dim %lld\n", bf16 ? "bf16 operands" : "fp32",
+                  static_cast<long long>(batch), static_cast<long long>(seq), static_cast<long long>(heads),
+                  static_cast<long long>(dim));
+      for (Backend* be : {cpu_.get(), gpu_.get()}) {
+        const bool g = be == gpu_.get();
+        auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+        ASSERT_OK(be->AttentionForward(p(qkv), p(out), p(stats), batch, seq, heads, dim, bf16));
+        ASSERT_OK(be->AttentionBackward(p(qkv), p(out), p(stats), p(dout), p(dqkv), batch, seq, heads, dim, bf16));
+      }
+      // (m, 1 / l) per row: a max of fp32 dots summed in another order, and a sum
+      // of exponentials (online on the fused path).
+      ExpectNormwise("stats", Cpu(stats), Gpu(stats), 1e-5);
+      const std::vector<float> co = Cpu(out), go = Gpu(out), cd = Cpu(dqkv), gd = Gpu(dqkv);
+      if (!bf16) {
+        ExpectNormwise("out", co, go, 1e-5);
+        ExpectNormwise("dqkv", cd, gd, 1e-5);
+      } else {
+        // See the file comment: a probability or dS a hair from a bf16 rounding
+        // boundary can round the other way on one side.
+        for (const auto& t : {std::make_pair(std::string("out"), std::make_pair(&co, &go)),
+                              std::make_pair(std::string("dqkv"), std::make_pair(&cd, &gd))}) {
+          const std::vector<float>& c = *t.second.first;
+          const std::vector<float>& g = *t.second.second;
+          ExpectNormwise(t.first + " (all)", c, g, 4e-3);
+          double max_ref = 0;
+          for (float v : c) max_ref = std::max(max_ref, std::fabs(static_cast<double>(v)));
+          int64_t far = 0;
+          for (size_t i = 0; i < c.size(); ++i) far += std::fabs(static_cast<double>(g[i]) - c[i]) > 1e-5 * max_ref;
+          EXPECT_LE(far, static_cast<int64_t>(c.size() / 100)) << t.first;
+          std::printf("  %-44s %lld of %zu elements beyond 1e-5 normwise\n", (t.first + " (tight)").c_str(),
+                      static_cast<long long>(far), c.size());
+        }
       }
     }
   }
@@ -779,11 +786,11 @@ TEST_F(NnCudaTest, RepeatedRunsGiveIdenticalBits) {
   Dual targets = Ints(Tokens(rows, vocab, 141));
   // Outputs (GPU only).
   Dual y = Zeros(rows * out), dx = Zeros(rows * in), dw = Zeros(out * in), db = Zeros(out);
-  Dual aout = Zeros(batch * seq * dim), probs = Zeros(batch * heads * seq * seq), dqkv = Zeros(batch * seq * 3 * dim);
+  Dual aout = Zeros(batch * seq * dim), astats = Zeros(batch * heads * seq * 2), dqkv = Zeros(batch * seq * 3 * dim);
   Dual lny = Zeros(rows * in), mean = Zeros(rows), rstd = Zeros(rows), lndx = Zeros(rows * in), dg = Zeros(in),
        dbeta = Zeros(in);
   Dual dwte = Zeros(300 * in), dwpe = Zeros(rows * in), losses = Zeros(rows), dl = Zeros(rows * padded);
-  std::vector<Dual> outputs = {y, dx, dw, db, aout, probs, dqkv, lny, mean, rstd, lndx, dg, dbeta, dwte, dwpe, losses, dl};
+  std::vector<Dual> outputs = {y, dx, dw, db, aout, astats, dqkv, lny, mean, rstd, lndx, dg, dbeta, dwte, dwpe, losses, dl};
   std::vector<std::vector<float>> first;
   std::vector<double> norms_first;
   for (int run = 0; run < 2; ++run) {
@@ -796,8 +803,9 @@ TEST_F(NnCudaTest, RepeatedRunsGiveIdenticalBits) {
       ASSERT_OK(gpu_->LinearForward(x.g(), w.g(), bias.g(), y.g(), rows, in, out, q));
       ASSERT_OK(gpu_->LinearBackward(x.g(), w.g(), dy.g(), dx.g(), dw.g(), db.g(), rows, in, out, q));
     }
-    ASSERT_OK(gpu_->AttentionForward(qkv.g(), aout.g(), probs.g(), batch, seq, heads, dim, true));
-    ASSERT_OK(gpu_->AttentionBackward(qkv.g(), probs.g(), dout.g(), dqkv.g(), batch, seq, heads, dim, true));
+    ASSERT_OK(gpu_->AttentionForward(qkv.g(), aout.g(), astats.g(), batch, seq, heads, dim, true));
+    ASSERT_OK(gpu_->AttentionBackward(qkv.g(), aout.g(), astats.g(), dout.g(), dqkv.g(), batch, seq, heads, dim,
+                                      true));
     ASSERT_OK(gpu_->LayerNormForward(lnx.g(), gamma.g(), nullptr, lny.g(), mean.g(), rstd.g(), rows, in, 1e-5f));
     ASSERT_OK(gpu_->LayerNormBackward(lnx.g(), gamma.g(), mean.g(), rstd.g(), lny.g(), lndx.g(), dg.g(), dbeta.g(),
                                       rows, in));
@@ -875,10 +883,10 @@ TEST_F(NnCudaTest, TimingGpt2Shapes) {
 
   // Attention at GPT-2 124M, batch 16 x 1024.
   const int64_t batch = 16, seq = 1024, heads = 12, dim = 768;
-  void *qkv, *aout, *probs, *dout, *dqkv;
+  void *qkv, *aout, *stats, *dout, *dqkv;
   ASSERT_OK(gpu_->Alloc(batch * seq * 3 * dim * 4, &qkv));
   ASSERT_OK(gpu_->Alloc(batch * seq * dim * 4, &aout));
-  ASSERT_OK(gpu_->Alloc(batch * heads * seq * seq * 4, &probs));
+  ASSERT_OK(gpu_->Alloc(batch * heads * seq * 2 * 4, &stats));
   ASSERT_OK(gpu_->Alloc(batch * seq * dim * 4, &dout));
   ASSERT_OK(gpu_->Alloc(batch * seq * 3 * dim * 4, &dqkv));
   ASSERT_OK(gpu_->RandomNormal(f(qkv), batch * seq * 3 * dim, 6, 0, 1.0f));
@@ -887,17 +895,17 @@ TEST_F(NnCudaTest, TimingGpt2Shapes) {
   const double attn_flops = 6.0 * 2.0 * batch * heads * seq * seq * (dim / heads);
   for (bool bf16 : {true, false}) {
     const double fwd = TimeMs(gpu_.get(), 5, [&] {
-      return gpu_->AttentionForward(f(qkv), f(aout), f(probs), batch, seq, heads, dim, bf16);
+      return gpu_->AttentionForward(f(qkv), f(aout), f(stats), batch, seq, heads, dim, bf16);
     });
     const double bwd = TimeMs(gpu_.get(), 5, [&] {
-      return gpu_->AttentionBackward(f(qkv), f(probs), f(dout), f(dqkv), batch, seq, heads, dim, bf16);
+      return gpu_->AttentionBackward(f(qkv), f(aout), f(stats), f(dout), f(dqkv), batch, seq, heads, dim, bf16);
     });
     std::printf("attention b%lld t%lld h%lld d%lld %s: fwd %.3f ms, bwd %.3f ms (%.1f TFLOP/s counting full squares)\n",
                 static_cast<long long>(batch), static_cast<long long>(seq), static_cast<long long>(heads),
                 static_cast<long long>(dim), bf16 ? "bf16" : "fp32", fwd, bwd,
                 attn_flops / ((fwd + bwd) * 1e-3) / 1e12);
   }
-  for (void* p : {qkv, aout, probs, dout, dqkv}) gpu_->Free(p);
+  for (void* p : {qkv, aout, stats, dout, dqkv}) gpu_->Free(p);
 
   // LayerNorm, GELU and cross-entropy at the same token count.
   const int64_t tokens = batch * seq, vocab = 50257, padded = 50304;

@@ -1,6 +1,6 @@
 // keel-train: Keel's training engine on the command line.
 //   keel-train --config run.yaml [--backend cpu|cuda] [--steps N] [--run-dir DIR]
-//              [--resume DIR|latest] [--set key=value ...] [--quiet]
+//              [--resume DIR|latest] [--set key=value ...] [--quiet] [--profile]
 //   keel-train prepare-text IN.txt OUT_PREFIX [--val-fraction F]
 //   keel-train presets
 #include <signal.h>
@@ -47,6 +47,8 @@ const char kUsage[] =
     "  --set KEY=VALUE      override any config field, e.g. --set optimizer.lr=1e-3,\n"
     "                       --set precision=mxfp4 (repeatable)\n"
     "  --quiet              no progress lines on stderr (metrics still go to metrics.jsonl)\n"
+    "  --profile            time every backend op with CUDA events (cuda backend only) and\n"
+    "                       print the per-step breakdown on stderr when training ends\n"
     "  --data-root DIR      data.train and data.val must lie inside DIR once symlinks are\n"
     "                       resolved (repeatable; keel-worker passes its own --data-root)\n"
     "  --lease-file F --attempt N\n"
@@ -114,7 +116,7 @@ int TrainCommand(int argc, char** argv) {
   std::string config_path, resume, lease_file;
   std::vector<std::string> data_roots;
   std::vector<std::string> overrides;
-  bool quiet = false, switch_precision = false, resume_fallback = false;
+  bool quiet = false, switch_precision = false, resume_fallback = false, profile = false;
   int64_t attempt = 0;
   std::string backend, steps, run_dir;
   CLI::App app("keel-train");
@@ -125,6 +127,7 @@ int TrainCommand(int argc, char** argv) {
   app.add_option("--run-dir", run_dir);
   app.add_option("--resume", resume);
   app.add_flag("--quiet", quiet);
+  app.add_flag("--profile", profile);
   app.add_flag("--switch-precision", switch_precision);
   app.add_flag("--resume-fallback", resume_fallback);
   app.add_option("--data-root", data_roots)->allow_extra_args(false);
@@ -169,6 +172,11 @@ int TrainCommand(int argc, char** argv) {
     }
     if (!quiet) std::fprintf(stderr, "keel-train: resumed at step %lld\n", static_cast<long long>(trainer->step()));
   }
+  if (profile) {
+    s = trainer->backend()->SetProfiling(true);
+    if (!s.ok()) return Fail(trainer_exit::kBadConfig, "--profile: " + s.message());
+  }
+  const int64_t first_step = trainer->step();
   g_trainer = trainer.get();
   struct sigaction action = {};
   action.sa_handler = OnSignal;
@@ -176,6 +184,14 @@ int TrainCommand(int argc, char** argv) {
   sigaction(SIGTERM, &action, nullptr);
   s = trainer->Train(nullptr, !quiet);
   g_trainer = nullptr;
+  if (profile) {
+    std::vector<OpTime> times;
+    const Status taken = trainer->backend()->TakeProfile(&times);
+    const int64_t steps = trainer->step() - first_step;
+    std::fprintf(stderr, "keel-train: per-op profile over %lld steps (%s)%s\n%s", static_cast<long long>(steps),
+                 trainer->backend()->Describe().c_str(), taken.ok() ? "" : (": " + taken.message()).c_str(),
+                 FormatProfile(times, steps, 0.0).c_str());
+  }
   if (trainer->superseded()) return Fail(trainer_exit::kSuperseded, s.message());
   if (!s.ok()) return Fail(trainer_exit::kFailed, s.message());
   if (trainer->diverged()) {

@@ -24,7 +24,7 @@ struct BlockParams {
 struct BlockActs {
   float *ln1, *ln1_mean, *ln1_rstd, *qkv, *qkv_normed = nullptr, *q_raw = nullptr,
       *k_raw = nullptr, *q_mean = nullptr, *q_rstd = nullptr, *k_mean = nullptr,
-      *k_rstd = nullptr, *probs, *att, *mid, *ln2, *ln2_mean, *ln2_rstd, *fc, *act;
+      *k_rstd = nullptr, *att_stats, *att, *mid, *ln2, *ln2_mean, *ln2_rstd, *fc, *act;
 };
 
 class GptModel : public Model {
@@ -98,7 +98,7 @@ class GptModel : public Model {
         KEEL_RETURN_IF_ERROR(Scratch(bt_ * heads, &a.k_mean));
         KEEL_RETURN_IF_ERROR(Scratch(bt_ * heads, &a.k_rstd));
       }
-      KEEL_RETURN_IF_ERROR(Scratch(static_cast<int64_t>(batch_) * heads * seq_ * seq_, &a.probs));
+      KEEL_RETURN_IF_ERROR(Scratch(static_cast<int64_t>(batch_) * heads * seq_ * 2, &a.att_stats));
       KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.att));
       KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.mid));
       KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.ln2));
@@ -187,8 +187,8 @@ class GptModel : public Model {
                                                G(q.proj_b), bt_, d_, d_,
                                                Quant(scheme, l, 1, quant_seed, stats)));
       const float* qkv_used = m_.qk_layernorm ? a.qkv_normed : a.qkv;
-      KEEL_RETURN_IF_ERROR(backend_->AttentionBackward(qkv_used, a.probs, datt_, dqkv_, batch_, seq_,
-                                                  m_.heads, d_, AttentionBf16(scheme, l)));
+      KEEL_RETURN_IF_ERROR(backend_->AttentionBackward(qkv_used, a.att, a.att_stats, datt_, dqkv_, batch_,
+                                                  seq_, m_.heads, d_, AttentionBf16(scheme, l)));
       if (m_.qk_layernorm) {
         KEEL_RETURN_IF_ERROR(HeadNormBackward(a.q_raw, q.qln_w, q.qln_b, a.q_mean, a.q_rstd, 0, grads));
         KEEL_RETURN_IF_ERROR(HeadNormBackward(a.k_raw, q.kln_w, q.kln_b, a.k_mean, a.k_rstd, d_, grads));
@@ -295,7 +295,7 @@ class GptModel : public Model {
         KEEL_RETURN_IF_ERROR(HeadNormForward(a.qkv, a.qkv_normed, a.k_raw, q.kln_w, q.kln_b, a.k_mean, a.k_rstd, d_));
         qkv_used = a.qkv_normed;
       }
-      KEEL_RETURN_IF_ERROR(backend_->AttentionForward(qkv_used, a.att, a.probs, batch_, seq_, m_.heads, d_,
+      KEEL_RETURN_IF_ERROR(backend_->AttentionForward(qkv_used, a.att, a.att_stats, batch_, seq_, m_.heads, d_,
                                                  AttentionBf16(scheme, l)));
       KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.att, P(q.proj_w), q.proj_b < 0 ? nullptr : P(q.proj_b),
                                               a.mid, bt_, d_, d_, Quant(scheme, l, 1, quant_seed, stats)));

@@ -1,5 +1,5 @@
 // CPU vs CUDA parity of the whole trainer (needs a GPU; manual): 20 steps of the
-// proxy and of a small GPT in fp32, bf16 and mxfp8_e4m3 on both backends from the
+// proxy and of a small GPT in fp32, bf16, mxfp8_e4m3 and nvfp4_recipe on both backends from the
 // same initial weights and data, comparing the loss at every step.
 //
 // Tolerances are beside kSchemes and Compare.
@@ -97,7 +97,10 @@ void Compare(const std::string& name, const std::string& yaml, double tolerance,
 // per op); bf16 1e-4 (an operand whose fp32 value differs in its last bits can
 // round to the neighbouring bf16, 2^-8 relative on that element); mxfp8 1e-3
 // (the same flip costs one E4M3 step, 2^-3 relative, or a block scale).
-const std::pair<const char*, double> kSchemes[] = {{"fp32", 1e-5}, {"bf16", 1e-4}, {"mxfp8_e4m3", 1e-3}};
+// nvfp4_recipe 1e-2 (a flip is one E2M1 step, up to 2^-1 relative, on an
+// element or a 16-element block's E4M3 scale).
+const std::pair<const char*, double> kSchemes[] = {
+    {"fp32", 1e-5}, {"bf16", 1e-4}, {"mxfp8_e4m3", 1e-3}, {"nvfp4_recipe", 1e-2}};
 
 TEST(TrainerParityTest, Proxy) {
   for (const auto& s : kSchemes) {

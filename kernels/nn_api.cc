@@ -1,0 +1,66 @@
+// The Backend methods with a default (nn.h): backends without a per-op timer.
+#include "kernels/nn.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace keel {
+
+Status Backend::SetProfiling(bool on) {
+  if (!on) return Status::Ok();
+  return Status::Error(std::string("profile: the ") + name() +
+                       " backend has no per-op timer (the cuda backend has)");
+}
+
+Status Backend::TakeProfile(std::vector<OpTime>* out) {
+  out->clear();
+  return Status::Ok();
+}
+
+std::string FormatProfile(const std::vector<OpTime>& times, int64_t steps, double step_ms) {
+  const double n = static_cast<double>(std::max<int64_t>(steps, 1));
+  const std::string kPart = " > ";
+  std::vector<const OpTime*> ops;
+  double total_ms = 0.0;
+  for (const OpTime& t : times) {
+    if (t.op.find(kPart) != std::string::npos) continue;
+    ops.push_back(&t);
+    total_ms += t.ms;
+  }
+  auto longest = [](const OpTime* a, const OpTime* b) { return a->ms > b->ms; };
+  std::sort(ops.begin(), ops.end(), longest);
+  char line[256];
+  std::string out;
+  std::snprintf(line, sizeof(line), "  %-44s %11s %10s %8s\n", "op (device time; parts under their op)",
+                "calls/step", "ms/step", step_ms > 0 ? "% step" : "% ops");
+  out += line;
+  const double whole = step_ms > 0 ? step_ms : total_ms / n;
+  auto row = [&](const std::string& name, const OpTime& t) {
+    const double per_step = t.ms / n;
+    std::snprintf(line, sizeof(line), "  %-44s %11.1f %10.3f %7.1f%%\n", name.c_str(), t.calls / n, per_step,
+                  whole > 0 ? 100.0 * per_step / whole : 0.0);
+    out += line;
+  };
+  for (const OpTime* op : ops) {
+    row(op->op, *op);
+    std::vector<const OpTime*> parts;
+    for (const OpTime& t : times) {
+      if (t.op.size() > op->op.size() + kPart.size() && t.op.compare(0, op->op.size(), op->op) == 0 &&
+          t.op.compare(op->op.size(), kPart.size(), kPart) == 0) {
+        parts.push_back(&t);
+      }
+    }
+    std::sort(parts.begin(), parts.end(), longest);
+    for (const OpTime* part : parts) row("  > " + part->op.substr(op->op.size() + kPart.size()), *part);
+  }
+  std::snprintf(line, sizeof(line), "  %-44s %11s %10.3f %7.1f%%\n", "all ops", "", total_ms / n,
+                whole > 0 ? 100.0 * total_ms / n / whole : 0.0);
+  out += line;
+  if (step_ms > 0) {
+    std::snprintf(line, sizeof(line), "  %-44s %11s %10.3f\n", "step (wall clock)", "", step_ms);
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace keel

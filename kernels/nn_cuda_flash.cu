@@ -1,0 +1,438 @@
+// Fused causal attention for bf16 operands (see nn_cuda_flash.h for the
+// numbers). A block is 4 warps; each warp owns 16 rows of a 64-row tile (query
+// rows in the forward and dQ kernels, key rows in the dK/dV kernel) and the
+// other side streams through shared memory 64 rows at a time.
+//
+// mma.sync m16n8k16 fragments (g = lane / 4, c = lane % 4; a register holds two
+// bf16, the lower column in the low half):
+//   A 16 x 16 row-major: a0 (g, 2c..2c+1), a1 (g+8, 2c..), a2 (g, 2c+8..), a3 (g+8, 2c+8..)
+//   B 16 x 8, k x n:     b0 (k 2c..2c+1, n g), b1 (k 2c+8..2c+9, n g)
+//   C 16 x 8 fp32:       c0, c1 (g, 2c..2c+1), c2, c3 (g+8, 2c..2c+1)
+// B is read from a tile stored n-major ([n][k]), so b0 and b1 are 32-bit loads;
+// two neighbouring C tiles of 16 x 8, rounded to bf16, are the A fragment of the
+// next product (how P and dS stay in registers).
+#include "kernels/nn_cuda_flash.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "kernels/cuda_status.h"
+
+namespace keel {
+namespace nncuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kTile = 64;         // rows of a tile, both sides
+constexpr int kWarps = kTile / 16;
+constexpr int kBlockThreads = 32 * kWarps;
+constexpr int kPad = 8;           // bf16 of padding per shared row: conflict-free fragment loads
+
+struct Lane {
+  int warp, g, c;
+  __device__ Lane() : warp(threadIdx.x >> 5), g((threadIdx.x & 31) >> 2), c(threadIdx.x & 3) {}
+};
+
+__device__ __forceinline__ void Mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t Ld32(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// Two floats as bf16 (nearest even), lo in the low half.
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t bits;
+  memcpy(&bits, &v, sizeof(bits));
+  return bits;
+}
+
+// The A fragments of 16 rows (row0 = tile row of lane g) x HD of a [seq][HD]
+// matrix in global memory; rows at or past seq read as zero.
+template <int HD>
+__device__ void LoadRowFragments(const bf16* m, int64_t row0, int64_t seq, const Lane& l, uint32_t a[HD / 16][4]) {
+  const bf16* r0 = m + row0 * HD;
+  const bf16* r1 = r0 + 8 * HD;
+  const bool ok0 = row0 < seq, ok1 = row0 + 8 < seq;
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    const int col = kk * 16 + 2 * l.c;
+    a[kk][0] = ok0 ? Ld32(r0 + col) : 0u;
+    a[kk][1] = ok1 ? Ld32(r1 + col) : 0u;
+    a[kk][2] = ok0 ? Ld32(r0 + col + 8) : 0u;
+    a[kk][3] = ok1 ? Ld32(r1 + col + 8) : 0u;
+  }
+}
+
+// Rows row0 .. row0 + 63 of a [seq][HD] bf16 matrix into shared memory, as is
+// (rows[r][d]) and, when `cols` is not null, transposed (cols[d][r]); rows at or
+// past seq become zeros.
+template <int HD>
+__device__ void LoadTile(const bf16* m, int64_t row0, int64_t seq, bf16 (*rows)[HD + kPad],
+                         bf16 (*cols)[kTile + kPad]) {
+  constexpr int kChunks = kTile * HD / 8;  // 16-byte chunks
+  for (int i = threadIdx.x; i < kChunks; i += kBlockThreads) {
+    const int r = i / (HD / 8), d = (i % (HD / 8)) * 8;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (row0 + r < seq) v = *reinterpret_cast<const uint4*>(m + (row0 + r) * HD + d);
+    if (rows != nullptr) *reinterpret_cast<uint4*>(&rows[r][d]) = v;
+    if (cols != nullptr) {
+      bf16 e[8];
+      memcpy(e, &v, sizeof(e));
+#pragma unroll
+      for (int j = 0; j < 8; ++j) cols[d + j][r] = e[j];
+    }
+  }
+}
+
+// acc[n] (16 x 8 each, kTile / 8 of them) = the warp's 16 rows (A fragments a,
+// HD wide) times the 64 rows of `other` transposed: one 16 x 64 tile of dots.
+template <int HD>
+__device__ void DotTile(const uint32_t a[HD / 16][4], const bf16 (*other)[HD + kPad], const Lane& l,
+                        float acc[kTile / 8][4]) {
+#pragma unroll
+  for (int n = 0; n < kTile / 8; ++n) {
+    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const bf16* p = &other[n * 8 + l.g][kk * 16 + 2 * l.c];
+      Mma(acc[n], a[kk], Ld32(p), Ld32(p + 8));
+    }
+  }
+}
+
+// out[n] (HD / 8 tiles of 16 x 8) += p (16 x 64 as C tiles, rounded to bf16 here)
+// times the 64 x HD matrix stored transposed in t ([HD][64]).
+template <int HD>
+__device__ void AccumulateTile(const float p[kTile / 8][4], const bf16 (*t)[kTile + kPad], const Lane& l,
+                               float out[HD / 8][4]) {
+  uint32_t a[kTile / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    a[kk][0] = PackBf16(p[2 * kk][0], p[2 * kk][1]);
+    a[kk][1] = PackBf16(p[2 * kk][2], p[2 * kk][3]);
+    a[kk][2] = PackBf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    a[kk][3] = PackBf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+  }
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) {
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      const bf16* q = &t[n * 8 + l.g][kk * 16 + 2 * l.c];
+      Mma(out[n], a[kk], Ld32(q), Ld32(q + 8));
+    }
+  }
+}
+
+// Of the four lanes holding one row (lanes 4g .. 4g + 3): max and sum, every
+// lane getting the same bits.
+__device__ __forceinline__ float QuadMax(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
+}
+__device__ __forceinline__ float QuadSum(float v) {
+  v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+  return v + __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+}
+
+// Scales a 16 x 64 tile of dots (rows row0 and row0 + 8 for this lane, columns
+// col0 + ...) and masks what causality or the sequence end excludes to -inf.
+// transposed: the tile's rows are keys and its columns queries.
+__device__ __forceinline__ void ScaleAndMask(float s[kTile / 8][4], int64_t row0, int64_t col0, int64_t seq,
+                                             float scale, bool transposed, const Lane& l) {
+#pragma unroll
+  for (int n = 0; n < kTile / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = row0 + (e >> 1) * 8;
+      const int64_t col = col0 + n * 8 + 2 * l.c + (e & 1);
+      const int64_t query = transposed ? col : row, key = transposed ? row : col;
+      s[n][e] = key <= query && key < seq && query < seq ? s[n][e] * scale : -INFINITY;
+    }
+  }
+}
+
+// One (batch, head) of a [batch * heads][seq][hd] tensor.
+template <typename T>
+__device__ __forceinline__ T* Head(T* base, int64_t bh, int64_t seq, int hd) {
+  return base + bh * seq * hd;
+}
+
+// ============================================================================
+// Forward: one block per (query tile, batch * head), the longest rows first.
+// ============================================================================
+
+template <int HD>
+__global__ void __launch_bounds__(kBlockThreads) FlashForwardKernel(const FlashArgs a, float scale) {
+  __shared__ __align__(16) bf16 ks[kTile][HD + kPad];
+  __shared__ __align__(16) bf16 vt[HD][kTile + kPad];
+  const Lane l;
+  const int64_t qb = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y;
+  const int64_t b = bh / a.heads, h = bh % a.heads, seq = a.seq;
+  const bf16* k = Head(a.k, bh, seq, HD);
+  const bf16* v = Head(a.v, bh, seq, HD);
+  const int64_t row0 = qb * kTile + l.warp * 16 + l.g;
+  uint32_t qa[HD / 16][4];
+  LoadRowFragments<HD>(Head(a.q, bh, seq, HD), row0, seq, l, qa);
+
+  // Pass 1: each row's max m and sum l of exp(s - m).
+  float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+  float s[kTile / 8][4];
+  for (int64_t kb = 0; kb <= qb; ++kb) {
+    __syncthreads();
+    LoadTile<HD>(k, kb * kTile, seq, ks, nullptr);
+    __syncthreads();
+    DotTile<HD>(qa, ks, l, s);
+    ScaleAndMask(s, row0, kb * kTile, seq, scale, false, l);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kTile / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+      const float m_new = fmaxf(m[r], QuadMax(tile_max));
+      // A row that has seen no key yet (past the sequence end) keeps m = -inf and
+      // l = 0; every lane still takes part in the shuffles.
+      const bool seen = m_new != -INFINITY;
+      float part = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kTile / 8; ++n) {
+        part += seen ? expf(s[n][2 * r] - m_new) + expf(s[n][2 * r + 1] - m_new) : 0.0f;
+      }
+      part = QuadSum(part);
+      if (seen) {
+        sum[r] = sum[r] * expf(m[r] - m_new) + part;
+        m[r] = m_new;
+      }
+    }
+  }
+  // A row past the sequence end saw no key: P = 0 there (it is not stored).
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    inv[r] = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
+    if (m[r] == -INFINITY) m[r] = 0.0f;
+  }
+
+  // Pass 2: O = bf16(P) v with P = exp(s - m) / l.
+  float o[HD / 8][4] = {};
+  for (int64_t kb = 0; kb <= qb; ++kb) {
+    __syncthreads();
+    LoadTile<HD>(k, kb * kTile, seq, ks, nullptr);
+    LoadTile<HD>(v, kb * kTile, seq, nullptr, vt);
+    __syncthreads();
+    DotTile<HD>(qa, ks, l, s);
+    ScaleAndMask(s, row0, kb * kTile, seq, scale, false, l);
+#pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = expf(s[n][e] - m[e >> 1]) * inv[e >> 1];
+    AccumulateTile<HD>(s, vt, l, o);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t t = row0 + 8 * r;
+    if (t >= seq) continue;
+    float* dst = a.out + (b * seq + t) * a.dim + h * HD;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      *reinterpret_cast<float2*>(dst + n * 8 + 2 * l.c) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
+    }
+    if (l.c == 0) *reinterpret_cast<float2*>(a.stats + 2 * (bh * seq + t)) = make_float2(m[r], inv[r]);
+  }
+}
+
+// ============================================================================
+// Backward
+// ============================================================================
+
+// D[bh][t] = sum_d dout * out over the head's columns; one warp per row.
+__global__ void __launch_bounds__(256) RowDotsKernel(const float* __restrict__ dout, const float* __restrict__ out,
+                                                     float* __restrict__ delta, int64_t rows, int64_t seq,
+                                                     int64_t heads, int64_t dim) {
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const int64_t hd = dim / heads;
+  const int64_t t = r % seq, bh = r / seq, b = bh / heads, h = bh % heads;
+  const int64_t at = (b * seq + t) * dim + h * hd;
+  float acc = 0.0f;
+  for (int64_t d = lane; d < hd; d += 32) acc += dout[at + d] * out[at + d];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);
+  if (lane == 0) delta[r] = acc;
+}
+
+// P (from the stats) and dS = P (dP - D) of a 16 x 64 tile whose dots s and dp
+// are given; (m, 1 / l) and D per query. transposed: rows are keys, columns
+// queries (the dK / dV kernel), with per-query values from shared memory.
+__device__ __forceinline__ void SoftmaxGrad(float s[kTile / 8][4], float dp[kTile / 8][4], const float* qm,
+                                            const float* qinv, const float* qd, bool transposed, const Lane& l) {
+#pragma unroll
+  for (int n = 0; n < kTile / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = transposed ? n * 8 + 2 * l.c + (e & 1) : (e >> 1);
+      const float p = expf(s[n][e] - qm[i]) * qinv[i];
+      s[n][e] = p;
+      dp[n][e] = p * (dp[n][e] - qd[i]);
+    }
+  }
+}
+
+// dQ: one block per (query tile, batch * head), the longest rows first.
+template <int HD>
+__global__ void __launch_bounds__(kBlockThreads) FlashDqKernel(const FlashArgs a, float scale) {
+  __shared__ __align__(16) bf16 ks[kTile][HD + kPad];
+  __shared__ __align__(16) bf16 kt[HD][kTile + kPad];
+  __shared__ __align__(16) bf16 vs[kTile][HD + kPad];
+  const Lane l;
+  const int64_t qb = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y;
+  const int64_t b = bh / a.heads, h = bh % a.heads, seq = a.seq;
+  const bf16* k = Head(a.k, bh, seq, HD);
+  const bf16* v = Head(a.v, bh, seq, HD);
+  const int64_t row0 = qb * kTile + l.warp * 16 + l.g;
+  uint32_t qa[HD / 16][4], da[HD / 16][4];
+  LoadRowFragments<HD>(Head(a.q, bh, seq, HD), row0, seq, l, qa);
+  LoadRowFragments<HD>(Head(a.dout, bh, seq, HD), row0, seq, l, da);
+  float qm[2], qinv[2], qd[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t t = row0 + 8 * r;
+    const bool ok = t < seq;
+    qm[r] = ok ? a.stats[2 * (bh * seq + t)] : 0.0f;
+    qinv[r] = ok ? a.stats[2 * (bh * seq + t) + 1] : 0.0f;
+    qd[r] = ok ? a.delta[bh * seq + t] : 0.0f;
+  }
+  float dq[HD / 8][4] = {};
+  float s[kTile / 8][4], dp[kTile / 8][4];
+  for (int64_t kb = 0; kb <= qb; ++kb) {
+    __syncthreads();
+    LoadTile<HD>(k, kb * kTile, seq, ks, kt);
+    LoadTile<HD>(v, kb * kTile, seq, vs, nullptr);
+    __syncthreads();
+    DotTile<HD>(qa, ks, l, s);
+    ScaleAndMask(s, row0, kb * kTile, seq, scale, false, l);
+    DotTile<HD>(da, vs, l, dp);
+    SoftmaxGrad(s, dp, qm, qinv, qd, false, l);
+    AccumulateTile<HD>(dp, kt, l, dq);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t t = row0 + 8 * r;
+    if (t >= seq) continue;
+    float* dst = a.dqkv + (b * seq + t) * 3 * a.dim + h * HD;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      *reinterpret_cast<float2*>(dst + n * 8 + 2 * l.c) = make_float2(dq[n][2 * r] * scale, dq[n][2 * r + 1] * scale);
+    }
+  }
+}
+
+// dK and dV: one block per (key tile, batch * head), the longest columns first.
+template <int HD>
+__global__ void __launch_bounds__(kBlockThreads) FlashDkvKernel(const FlashArgs a, float scale) {
+  __shared__ __align__(16) bf16 qs[kTile][HD + kPad];
+  __shared__ __align__(16) bf16 qt[HD][kTile + kPad];
+  __shared__ __align__(16) bf16 ds[kTile][HD + kPad];
+  __shared__ __align__(16) bf16 dt[HD][kTile + kPad];
+  __shared__ float qm[kTile], qinv[kTile], qd[kTile];
+  const Lane l;
+  const int64_t kb = blockIdx.x, bh = blockIdx.y;
+  const int64_t b = bh / a.heads, h = bh % a.heads, seq = a.seq;
+  const bf16* q = Head(a.q, bh, seq, HD);
+  const bf16* dout = Head(a.dout, bh, seq, HD);
+  const int64_t key0 = kb * kTile + l.warp * 16 + l.g;
+  uint32_t ka[HD / 16][4], va[HD / 16][4];
+  LoadRowFragments<HD>(Head(a.k, bh, seq, HD), key0, seq, l, ka);
+  LoadRowFragments<HD>(Head(a.v, bh, seq, HD), key0, seq, l, va);
+  float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
+  float s[kTile / 8][4], dp[kTile / 8][4];
+  const int64_t tiles = (seq + kTile - 1) / kTile;
+  for (int64_t qb = kb; qb < tiles; ++qb) {
+    __syncthreads();
+    LoadTile<HD>(q, qb * kTile, seq, qs, qt);
+    LoadTile<HD>(dout, qb * kTile, seq, ds, dt);
+    for (int i = threadIdx.x; i < kTile; i += kBlockThreads) {
+      const int64_t t = qb * kTile + i;
+      const bool ok = t < seq;
+      qm[i] = ok ? a.stats[2 * (bh * seq + t)] : 0.0f;
+      qinv[i] = ok ? a.stats[2 * (bh * seq + t) + 1] : 0.0f;
+      qd[i] = ok ? a.delta[bh * seq + t] : 0.0f;
+    }
+    __syncthreads();
+    DotTile<HD>(ka, qs, l, s);
+    ScaleAndMask(s, key0, qb * kTile, seq, scale, true, l);
+    DotTile<HD>(va, ds, l, dp);
+    SoftmaxGrad(s, dp, qm, qinv, qd, true, l);
+    AccumulateTile<HD>(s, dt, l, dv);
+    AccumulateTile<HD>(dp, qt, l, dk);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t t = key0 + 8 * r;
+    if (t >= seq) continue;
+    float* dst = a.dqkv + (b * seq + t) * 3 * a.dim + a.dim + h * HD;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      *reinterpret_cast<float2*>(dst + n * 8 + 2 * l.c) = make_float2(dk[n][2 * r] * scale, dk[n][2 * r + 1] * scale);
+      *reinterpret_cast<float2*>(dst + a.dim + n * 8 + 2 * l.c) = make_float2(dv[n][2 * r], dv[n][2 * r + 1]);
+    }
+  }
+}
+
+dim3 Grid(const FlashArgs& a) {
+  return dim3(static_cast<unsigned>((a.seq + kTile - 1) / kTile), static_cast<unsigned>(a.batch * a.heads));
+}
+
+float Scale(const FlashArgs& a) { return 1.0f / sqrtf(static_cast<float>(a.dim / a.heads)); }
+
+}  // namespace
+
+bool FlashSupports(int64_t hd) { return hd == 32 || hd == 64; }
+
+Status FlashForward(const FlashArgs& a, cudaStream_t stream) {
+  const int64_t hd = a.dim / a.heads;
+  if (hd == 64) {
+    FlashForwardKernel<64><<<Grid(a), kBlockThreads, 0, stream>>>(a, Scale(a));
+  } else if (hd == 32) {
+    FlashForwardKernel<32><<<Grid(a), kBlockThreads, 0, stream>>>(a, Scale(a));
+  } else {
+    return Status::Error("FlashForward: head size " + std::to_string(hd) + " is not supported (32 or 64)");
+  }
+  KEEL_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+Status FlashRowDots(const float* dout, const float* out, float* delta, int64_t batch, int64_t seq, int64_t heads,
+                    int64_t dim, cudaStream_t stream) {
+  const int64_t rows = batch * heads * seq;
+  RowDotsKernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(dout, out, delta, rows, seq, heads, dim);
+  KEEL_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+Status FlashBackward(const FlashArgs& a, cudaStream_t stream) {
+  const int64_t hd = a.dim / a.heads;
+  if (hd == 64) {
+    FlashDqKernel<64><<<Grid(a), kBlockThreads, 0, stream>>>(a, Scale(a));
+    KEEL_CUDA_CHECK(cudaGetLastError());
+    FlashDkvKernel<64><<<Grid(a), kBlockThreads, 0, stream>>>(a, Scale(a));
+  } else if (hd == 32) {
+    FlashDqKernel<32><<<Grid(a), kBlockThreads, 0, stream>>>(a, Scale(a));
+    KEEL_CUDA_CHECK(cudaGetLastError());
+    FlashDkvKernel<32><<<Grid(a), kBlockThreads, 0, stream>>>(a, Scale(a));
+  } else {
+    return Status::Error("FlashBackward: head size " + std::to_string(hd) + " is not supported (32 or 64)");
+  }
+  KEEL_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+}  // namespace nncuda
+}  // namespace keel
