@@ -68,7 +68,7 @@ std::string FormatDuration(double seconds) {
 Trainer::~Trainer() {
   if (metrics_file_) std::fclose(metrics_file_);
   if (backend_) {
-    for (float* p : {grads_, adam_m_, adam_v_, probe_grads_, previous_}) backend_->Free(p);
+    for (float* p : {grads_, adam_m_, adam_v_, probe_grads_, previous_, gains_}) backend_->Free(p);
   }
   model_.reset();  // frees its buffers through backend_, so before it
 }
@@ -122,6 +122,13 @@ Status Trainer::AllocateState() {
     void* mem = nullptr;
     KEEL_RETURN_IF_ERROR(backend_->Alloc(bytes, &mem));
     probe_grads_ = static_cast<float*>(mem);
+  }
+  int64_t gains = 0;
+  for (const ParamInfo& p : model_->param_info()) gains += p.ln_gamma ? p.count : 0;
+  if (gains > 0) {
+    void* mem = nullptr;
+    KEEL_RETURN_IF_ERROR(backend_->Alloc(static_cast<size_t>(gains) * sizeof(float), &mem));
+    gains_ = static_cast<float*>(mem);
   }
   return Status::Ok();
 }
@@ -227,13 +234,23 @@ Status Trainer::MeasureGradients(StepMetrics* m, GroupSums* weight_squares) {
   return Status::Ok();
 }
 
-// The layernorm gains this step used (before its update).
+// The layernorm gains this step used (before its update), gathered on the
+// backend and read back in one copy (one wait instead of one per gain).
 Status Trainer::CollectLayerNormGains(StepMetrics* m) {
+  if (gains_ == nullptr) return Status::Ok();
+  int64_t total = 0;
   for (const ParamInfo& p : model_->param_info()) {
     if (!p.ln_gamma) continue;
-    std::vector<float> gamma(p.count);
-    KEEL_RETURN_IF_ERROR(backend_->Download(gamma.data(), model_->params() + p.offset, p.count * sizeof(float)));
-    m->ln_gamma.push_back(GainStats(p.name, gamma));
+    KEEL_RETURN_IF_ERROR(backend_->CopyBytes(gains_ + total, model_->params() + p.offset, p.count * sizeof(float)));
+    total += p.count;
+  }
+  std::vector<float> all(static_cast<size_t>(total));
+  KEEL_RETURN_IF_ERROR(backend_->Download(all.data(), gains_, all.size() * sizeof(float)));
+  int64_t at = 0;
+  for (const ParamInfo& p : model_->param_info()) {
+    if (!p.ln_gamma) continue;
+    m->ln_gamma.push_back(GainStats(p.name, std::vector<float>(all.begin() + at, all.begin() + at + p.count)));
+    at += p.count;
   }
   return Status::Ok();
 }

@@ -167,6 +167,7 @@ class Trainer {
   float* adam_v_ = nullptr;
   float* probe_grads_ = nullptr;
   float* previous_ = nullptr;  // weights before the update (update ratio)
+  float* gains_ = nullptr;     // the layernorm gains side by side, read back in one copy
   int64_t step_ = 0;
   FILE* metrics_file_ = nullptr;
   std::atomic<bool> stop_requested_{false};

@@ -98,15 +98,18 @@ void Compare(const std::string& name, const std::string& yaml, double tolerance,
 // round to the neighbouring bf16, 2^-8 relative on that element); mxfp8 1e-3
 // (the same flip costs one E4M3 step, 2^-3 relative, or a block scale).
 // nvfp4_recipe 1e-2 (a flip is one E2M1 step, up to 2^-1 relative, on an
-// element or a 16-element block's E4M3 scale).
+// element or a 16-element block's E4M3 scale). The recipe keeps the first and
+// the last block in bf16, so its models have 4 layers (2 would be all bf16).
 const std::pair<const char*, double> kSchemes[] = {
     {"fp32", 1e-5}, {"bf16", 1e-4}, {"mxfp8_e4m3", 1e-3}, {"nvfp4_recipe", 1e-2}};
+
+std::string Layers(const std::string& scheme) { return scheme == "nvfp4_recipe" ? "4" : "2"; }
 
 TEST(TrainerParityTest, Proxy) {
   for (const auto& s : kSchemes) {
     Compare(std::string("proxy ") + s.first,
-            std::string("model: {type: proxy, layers: 2, width: 128}\nbatch: 256\nseed: 3\n"
-                        "optimizer: {type: adam, lr: 1.0e-3}\nprecision: ") + s.first + "\n",
+            "model: {type: proxy, layers: " + Layers(s.first) + ", width: 128}\nbatch: 256\nseed: 3\n"
+            "optimizer: {type: adam, lr: 1.0e-3}\nprecision: " + s.first + "\n",
             s.second, std::string(s.first) == "fp32" ? 1e-3 : 0.1);
   }
 }
@@ -116,7 +119,7 @@ TEST(TrainerParityTest, Gpt) {
   std::string shard = env ? env : "data/fortunes_train.bin";
   for (const auto& s : kSchemes) {
     Compare(std::string("gpt ") + s.first,
-            "model: {type: gpt, layers: 2, width: 128, heads: 4, context: 64, vocab: 256}\n"
+            "model: {type: gpt, layers: " + Layers(s.first) + ", width: 128, heads: 4, context: 64, vocab: 256}\n"
             "data: {train: " + shard + "}\nbatch: 8\nseq: 64\nseed: 3\n"
             "optimizer: {type: adamw, lr: 2.0e-3, beta2: 0.95, weight_decay: 0.1, grad_clip: 1.0}\n"
             "precision: " + std::string(s.first) + "\n",
