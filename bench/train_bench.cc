@@ -1,30 +1,203 @@
-// Training-step throughput of keel-train's engine (issue 3's figures):
-//   - GPT-2 124M shape (12 x 768, 12 heads, context 1024, vocab 50304) at batch
-//     16 x 1024: tokens/s in bf16 (the baseline), mxfp8_e4m3 and mxfp4;
+// Training-step throughput of keel-train's engine (issues 3 and 12):
+//   - a GPT-2 shape (gpt2-124m: 12 x 768, 12 heads; gpt2-350m: 24 x 1024, 16
+//     heads; context 1024, vocab 50257 padded to 50304; AdamW lr 6e-4, beta2
+//     0.95, weight decay 0.1, clip 1.0) at batch x seq (default 16 x 1024), one
+//     case per precision scheme (default bf16, the baseline, then mxfp8_e4m3,
+//     mxfp4, nvfp4, nvfp4_recipe): ms/step, tokens/s, peak device memory, MFU;
 //   - the proxy (L4, d512, batch 2048): steps/s in fp32 (the baseline) and mxfp8_e4m3.
 // Each case: 2 warm-up steps, then the mean of `--steps` timed steps (wall clock
 // around Trainer::Step, which ends with a device sync). Operand statistics on,
-// as in a real run; --no-stats measures without them.
-//   train_bench [--backend cuda|cpu] [--steps N] [--only gpt|proxy] [--no-stats]
+// as in a real run; --no-stats measures without them. bench/speed runs this
+// once per case and llm.c's train_gpt2cu at the same shape (docs/benchmarks.md).
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
-#include <cstring>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "kernels/base/flags.h"
 #include "kernels/philox.h"
-#include "worker/io/token_shard.h"
 #include "worker/config/run_config.h"
+#include "worker/config/scheme.h"
 #include "worker/engine/trainer.h"
+#include "worker/io/file_util.h"
+#include "worker/io/json.h"
+#include "worker/io/token_shard.h"
+
+#ifdef KEEL_BENCH_CUDA
+// The four CUDA runtime calls the memory figure needs, declared here because
+// plain C++ targets do not see the toolkit's headers (only nvcc does). They
+// return cudaError_t, an enum whose cudaSuccess is 0; cudaMemPool_t is a pointer.
+// cudart is linked already (the CUDA backend's dependency).
+extern "C" {
+int cudaGetDevice(int* device);
+int cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+int cudaDeviceGetDefaultMemPool(void** pool, int device);
+int cudaMemPoolTrimTo(void* pool, size_t min_bytes_to_keep);
+}
+#endif
 
 namespace keel {
 namespace {
 
+const char kUsage[] =
+    "usage: train_bench [options]\n"
+    "Throughput of keel-train's training step: GPT-2 shapes, one case per precision scheme,\n"
+    "and the proxy model. Each case: 2 warm-up steps, then the mean of --steps timed steps.\n"
+    "\n"
+    "  --backend cuda|cpu   backend to measure (default cuda)\n"
+    "  --steps N            timed steps per GPT case (default 10; the proxy times 10 x N)\n"
+    "  --only gpt|proxy     run only the GPT cases or only the proxy (default both)\n"
+    "  --no-stats           operand statistics off (default on, as in a real run)\n"
+    "GPT cases:\n"
+    "  --model NAME         gpt2-124m (12 layers, width 768, 12 heads) or gpt2-350m (24 layers,\n"
+    "                       width 1024, 16 heads); both: context 1024, vocab 50257 padded to\n"
+    "                       50304, AdamW lr 6e-4 beta2 0.95 weight decay 0.1, clip 1.0\n"
+    "                       (default gpt2-124m)\n"
+    "  --batch N            sequences per step, 1 .. 65536 (default 16)\n"
+    "  --seq N              tokens per sequence, 1 .. 1024 (default 1024)\n"
+    "  --schemes A,B,...    precision presets, one case each, in this order (default\n"
+    "                       bf16,mxfp8_e4m3,mxfp4,nvfp4,nvfp4_recipe; `keel-train presets`\n"
+    "                       lists them); ratios are to the bf16 case when there is one.\n"
+    "                       The proxy keeps fp32,mxfp8_e4m3\n"
+    "  --tokens FILE        where the random token shard is written, in llm.c's .bin format\n"
+    "                       (default /tmp/keel-train-bench-tokens.bin); bench/speed hands the\n"
+    "                       same file to llm.c's train_gpt2cu\n"
+    "  --json FILE          also write one JSON object per GPT case, one per line: model,\n"
+    "                       scheme, batch, seq, steps, ms_per_step, tokens_per_s, peak_mib,\n"
+    "                       mfu, loss, params, flops_per_token, peak_tflops, peak_tflops_source,\n"
+    "                       device (peak_mib, mfu and peak_tflops are null where unknown)\n"
+    "  --peak-tflops X      the GPU's dense BF16 peak in TFLOP/s for MFU (default: the figure\n"
+    "                       llm.c's llmc/mfu.h gives the device; MFU is n/a for other devices)\n"
+    "  --help               this text\n"
+    "\n"
+    "peak MiB: device memory in use (cudaMemGetInfo total - free, as llm.c's train_gpt2cu\n"
+    "reports it) after the timed steps; n/a on the CPU backend and in builds without CUDA.\n"
+    "MFU: llm.c's formula, FLOPs per token = 6 N + 6 L C T (N parameters with the padded\n"
+    "vocab, L layers, C width, T seq), times tokens/s, over the dense BF16 peak.\n";
+
+constexpr int kContext = 1024;  // GPT-2's; --seq may be shorter
+constexpr int kVocab = 50257;
+constexpr int kPaddedVocab = 50304;
+constexpr int kWarmupSteps = 2;
+
+// The GPT-2 shapes llm.c's train_gpt2cu builds from -e d12 and -e d24.
+struct GptShape {
+  const char* name;
+  int layers;
+  int width;
+  int heads;
+};
+constexpr GptShape kGptShapes[] = {{"gpt2-124m", 12, 768, 12}, {"gpt2-350m", 24, 1024, 16}};
+
+// Dense BF16 peaks (TFLOP/s) by CUDA device name, for MFU. llm.c's llmc/mfu.h
+// scales a family's whitepaper figure by tensor cores and clock (HOPPER: 756
+// TFLOP/s at 456 TCs, 1620 MHz) and lists no H200; NVIDIA gives the H200 (SXM)
+// the H100 SXM's dense BF16 figure, so it gets that one.
+struct Bf16Peak {
+  const char* device;
+  double tflops;
+  const char* source;
+};
+const Bf16Peak kBf16Peaks[] = {
+    {"NVIDIA H100 80GB HBM3", 756.0 * 528 / 456 * 1830 / 1620, "llm.c mfu.h, H100 SXM: 756 x 528/456 TCs x 1830/1620 MHz"},
+    {"NVIDIA H100 PCIe", 756.0, "llm.c mfu.h, H100 PCIe"},
+    {"NVIDIA H200", 756.0 * 528 / 456 * 1830 / 1620, "llm.c mfu.h's H100 SXM figure; mfu.h lists no H200, same dense BF16"},
+};
+
+// A value only some runs have (device memory, MFU): printed "n/a" when absent.
+struct Maybe {
+  bool known = false;
+  double value = 0;
+};
+
+std::string Format(const char* format, double value) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), format, value);
+  return buffer;
+}
+
+std::string Show(const Maybe& m, const char* format) { return m.known ? Format(format, m.value) : "n/a"; }
+
+JsonValue ToJsonValue(const Maybe& m) { return m.known ? JsonValue(m.value) : JsonValue(); }
+
+#ifdef KEEL_BENCH_CUDA
+// A failed runtime call, reported with where it was made; the measurement goes on without it.
+bool CudaOk(int error, const char* call, int line) {
+  if (error == 0) return true;
+  std::fprintf(stderr, "train_bench: %s failed (cudaError_t %d) at %s:%d\n", call, error, __FILE__, line);
+  return false;
+}
+#define BENCH_CUDA_OK(call) CudaOk((call), #call, __LINE__)
+#endif
+
+// Device memory the process holds now: cudaMemGetInfo's total - free, the
+// measure llm.c's train_gpt2cu prints as "device memory usage". Includes the
+// CUDA context, cuBLASLt's workspace and what the CUDA memory pool keeps.
+Maybe DeviceMemoryInUseMib(const Backend& backend) {
+  Maybe m;
+#ifdef KEEL_BENCH_CUDA
+  size_t free_bytes = 0, total_bytes = 0;
+  if (std::string(backend.name()) == "cuda" && BENCH_CUDA_OK(cudaMemGetInfo(&free_bytes, &total_bytes))) {
+    m.known = true;
+    m.value = static_cast<double>(total_bytes - free_bytes) / (1 << 20);
+  }
+#else
+  (void)backend;
+#endif
+  return m;
+}
+
+// Returns what the default CUDA memory pool keeps after a case (the backend keeps
+// its scratch there), so that the next case's peak is its own.
+void TrimCudaPool(const std::string& backend) {
+#ifdef KEEL_BENCH_CUDA
+  int device = 0;
+  void* pool = nullptr;
+  if (backend == "cuda" && BENCH_CUDA_OK(cudaGetDevice(&device)) &&
+      BENCH_CUDA_OK(cudaDeviceGetDefaultMemPool(&pool, device))) {
+    BENCH_CUDA_OK(cudaMemPoolTrimTo(pool, 0));
+  }
+#else
+  (void)backend;
+#endif
+}
+
+// The device name in a Backend::Describe text ("NVIDIA H200, sm_90, 132 SMs").
+std::string DeviceName(const std::string& described) { return described.substr(0, described.find(", ")); }
+
+// The dense BF16 peak for MFU: --peak-tflops, else kBf16Peaks by device name.
+Maybe PeakTflops(double flag, const std::string& device, std::string* source) {
+  Maybe m;
+  if (flag > 0) {
+    *source = "--peak-tflops";
+    m.known = true;
+    m.value = flag;
+    return m;
+  }
+  for (const Bf16Peak& p : kBf16Peaks) {
+    if (device == p.device) {
+      *source = p.source;
+      m.known = true;
+      m.value = p.tflops;
+    }
+  }
+  if (!m.known) *source = "no figure for '" + device + "' (pass --peak-tflops)";
+  return m;
+}
+
 struct Result {
-  std::string name;
+  std::string label;
+  std::string scheme;
   double step_ms = 0;
   double items_per_s = 0;
   double loss = 0;
+  int64_t params = 0;
+  std::string device;
+  Maybe peak_mib;
 };
 
 Status Measure(const std::string& yaml, const std::string& label, int steps, Result* out) {
@@ -35,7 +208,7 @@ Status Measure(const std::string& yaml, const std::string& label, int steps, Res
   s = Trainer::Create(c, &t);
   if (!s.ok()) return s;
   StepMetrics m;
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < kWarmupSteps; ++i) {
     s = t->Step(&m);
     if (!s.ok()) return s;
   }
@@ -45,80 +218,204 @@ Status Measure(const std::string& yaml, const std::string& label, int steps, Res
     if (!s.ok()) return s;
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  out->name = label;
+  out->label = label;
+  out->scheme = c.precision.name;
   out->step_ms = seconds / steps * 1e3;
   out->items_per_s = static_cast<double>(t->model()->items_per_batch()) * steps / seconds;
   out->loss = m.loss;
-  std::printf("  %-28s %9.2f ms/step  %12.0f %s/s  (loss %.4f) [%s]\n", label.c_str(), out->step_ms,
-              out->items_per_s, c.model.type == "gpt" ? "tok" : "samples", out->loss,
-              t->backend()->Describe().c_str());
-  std::fflush(stdout);
+  out->params = t->model()->param_count();
+  out->device = t->backend()->Describe();
+  out->peak_mib = DeviceMemoryInUseMib(*t->backend());
+  const std::string backend = t->backend()->name();
+  t.reset();
+  TrimCudaPool(backend);
   return Status::Ok();
 }
 
-int Main(int argc, char** argv) {
-  std::string backend = "cuda", only;
+// A CLI11 check that accepts one of `allowed`: "'VALUE' is not allowed (a, b)".
+CLI::Validator OneOf(const std::vector<std::string>& allowed) {
+  std::string list;
+  for (const std::string& a : allowed) list += (list.empty() ? "" : ", ") + a;
+  return CLI::Validator(
+      [allowed, list](std::string& text) -> std::string {
+        for (const std::string& a : allowed) {
+          if (text == a) return std::string();
+        }
+        return "'" + text + "' is not allowed (" + list + ")";
+      },
+      list);
+}
+
+std::vector<std::string> SplitCommas(const std::string& text) {
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  std::string part;
+  while (std::getline(in, part, ',')) parts.push_back(part);
+  if (!text.empty() && text.back() == ',') parts.push_back("");
+  return parts;
+}
+
+struct GptOptions {
+  const GptShape* shape = nullptr;
+  int batch = 16;
+  int seq = 1024;
+  std::vector<std::string> schemes;
+  std::string tokens_path;
+  std::string json_path;
+  double peak_tflops_flag = 0;
   int steps = 10;
-  bool stats = true;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--backend" && i + 1 < argc) {
-      backend = argv[++i];
-    } else if (a == "--steps" && i + 1 < argc) {
-      steps = std::atoi(argv[++i]);
-    } else if (a == "--only" && i + 1 < argc) {
-      only = argv[++i];
-    } else if (a == "--no-stats") {
-      stats = false;
-    } else {
-      std::fprintf(stderr, "usage: train_bench [--backend cuda|cpu] [--steps N] [--only gpt|proxy] [--no-stats]\n");
-      return 2;
+};
+
+int RunGpt(const std::string& common, const GptOptions& o) {
+  // Random GPT-2 tokens: throughput does not depend on the text. 4 Mi tokens:
+  // 256 steps of 16 x 1024 before llm.c's loader wraps around.
+  std::vector<uint16_t> tokens(4 << 20);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<uint16_t>(PhiloxUniform(42, i) * static_cast<float>(kVocab));
+  }
+  Status s = WriteTokenShard(o.tokens_path, tokens.data(), static_cast<int64_t>(tokens.size()));
+  if (!s.ok()) return std::fprintf(stderr, "train_bench: --tokens: %s\n", s.message().c_str()), 1;
+  const GptShape& g = *o.shape;
+  std::printf("%s shape: %d layers, %d wide, %d heads, context %d, vocab %d padded to %d, batch %d x %d; tokens in %s\n",
+              g.name, g.layers, g.width, g.heads, kContext, kVocab, kPaddedVocab, o.batch, o.seq,
+              o.tokens_path.c_str());
+  std::fflush(stdout);
+  const std::string shape = "B" + std::to_string(o.batch) + "xT" + std::to_string(o.seq);
+  std::vector<Result> results;
+  std::string json_lines;
+  Maybe peak;
+  std::string peak_source;
+  double flops_per_token = 0;
+  for (const std::string& scheme : o.schemes) {
+    const std::string yaml =
+        common + "model: {type: gpt, layers: " + std::to_string(g.layers) + ", width: " + std::to_string(g.width) +
+        ", heads: " + std::to_string(g.heads) + ", context: " + std::to_string(kContext) +
+        ", vocab: " + std::to_string(kVocab) + ", padded_vocab: " + std::to_string(kPaddedVocab) + "}\n" +
+        "data: {train: " + o.tokens_path + "}\nbatch: " + std::to_string(o.batch) + "\nseq: " + std::to_string(o.seq) +
+        "\nsteps: 1000000\n"
+        "optimizer: {type: adamw, lr: 6.0e-4, beta2: 0.95, weight_decay: 0.1, grad_clip: 1.0}\n"
+        "precision: " + scheme + "\n";
+    Result r;
+    s = Measure(yaml, std::string(g.name) + " " + scheme + " " + shape, o.steps, &r);
+    if (!s.ok()) return std::fprintf(stderr, "train_bench: %s: %s\n", scheme.c_str(), s.message().c_str()), 1;
+    // llm.c's gpt2_estimate_mfu: 6 N for the weight matmuls, 6 L C T for attention.
+    flops_per_token = 6.0 * r.params + 6.0 * g.layers * g.width * o.seq;
+    peak = PeakTflops(o.peak_tflops_flag, DeviceName(r.device), &peak_source);
+    Maybe mfu;
+    if (peak.known) {
+      mfu.known = true;
+      mfu.value = r.items_per_s * flops_per_token / (peak.value * 1e12);
+    }
+    Maybe percent = mfu;
+    percent.value *= 100;
+    std::printf("  %-32s %9.2f ms/step  %10.0f tok/s  peak %9s MiB  MFU %6s%%  (loss %.4f) [%s]\n", r.label.c_str(),
+                r.step_ms, r.items_per_s, Show(r.peak_mib, "%.0f").c_str(), Show(percent, "%.1f").c_str(), r.loss,
+                r.device.c_str());
+    std::fflush(stdout);
+    results.push_back(r);
+    if (!o.json_path.empty()) {
+      JsonWriter w;
+      w.Add("model", g.name).Add("scheme", scheme).Add("batch", o.batch).Add("seq", o.seq).Add("steps", o.steps);
+      w.Add("ms_per_step", r.step_ms).Add("tokens_per_s", r.items_per_s).Add("peak_mib", ToJsonValue(r.peak_mib));
+      w.Add("mfu", ToJsonValue(mfu)).Add("loss", r.loss).Add("params", r.params);
+      w.Add("flops_per_token", flops_per_token).Add("peak_tflops", ToJsonValue(peak));
+      w.Add("peak_tflops_source", peak_source).Add("device", r.device);
+      json_lines += w.str() + "\n";
+      // Rewritten after every case, so a later failure keeps the earlier cases.
+      s = WriteFileAtomic(o.json_path, json_lines);
+      if (!s.ok()) return std::fprintf(stderr, "train_bench: --json: %s\n", s.message().c_str()), 1;
     }
   }
-  const std::string common = "backend: " + backend + "\nrun_dir: /tmp/keel-train-bench\noperand_stats: " +
-                             (stats ? "true" : "false") + "\n";
-  std::printf("train_bench: backend %s, %d timed steps after 2 warm-up, operand stats %s\n",
-              backend.c_str(), steps, stats ? "on" : "off");
-  if (only.empty() || only == "gpt") {
-    // Random GPT-2 tokens: throughput does not depend on the text.
-    const std::string shard = "/tmp/keel-train-bench-tokens.bin";
-    std::vector<uint16_t> tokens(4 << 20);
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      tokens[i] = static_cast<uint16_t>(PhiloxUniform(42, i) * 50257.0f);
-    }
-    Status s = WriteTokenShard(shard, tokens.data(), static_cast<int64_t>(tokens.size()));
-    if (!s.ok()) return std::fprintf(stderr, "%s\n", s.message().c_str()), 1;
-    std::printf("GPT-2 124M shape: 12 layers, 768 wide, 12 heads, vocab 50257 padded to 50304, batch 16 x 1024\n");
-    std::vector<Result> results;
-    for (const char* scheme : {"bf16", "mxfp8_e4m3", "mxfp4"}) {
-      std::string yaml = common +
-                         "model: {type: gpt, layers: 12, width: 768, heads: 12, context: 1024, vocab: 50257, padded_vocab: 50304}\n"
-                         "data: {train: " + shard + "}\nbatch: 16\nseq: 1024\nsteps: 1000000\n"
-                         "optimizer: {type: adamw, lr: 6.0e-4, beta2: 0.95, weight_decay: 0.1, grad_clip: 1.0}\n"
-                         "precision: " + scheme + "\n";
-      Result r;
-      s = Measure(yaml, std::string("gpt2-124m ") + scheme, steps, &r);
-      if (!s.ok()) return std::fprintf(stderr, "%s: %s\n", scheme, s.message().c_str()), 1;
-      results.push_back(r);
-    }
+  std::printf("  MFU: %.1fM FLOPs/token (6 N + 6 L C T, N = %lld with the padded vocab) over %s TFLOP/s dense BF16 (%s)\n",
+              flops_per_token / 1e6, static_cast<long long>(results.back().params), Show(peak, "%.1f").c_str(),
+              peak_source.c_str());
+  const Result* bf16 = nullptr;
+  for (const Result& r : results) {
+    if (r.scheme == "bf16") bf16 = &r;
+  }
+  if (bf16 == nullptr) {
+    std::printf("  (no bf16 case: no ratios)\n");
+  } else {
     for (const Result& r : results) {
-      std::printf("  %-28s %.3fx of bf16's tokens/s\n", r.name.c_str(), r.items_per_s / results[0].items_per_s);
+      std::printf("  %-32s %.3fx of bf16's tokens/s\n", r.label.c_str(), r.items_per_s / bf16->items_per_s);
     }
   }
-  if (only.empty() || only == "proxy") {
-    std::printf("proxy: L4, d512, batch 2048, Adam lr 6e-4\n");
-    std::vector<Result> results;
-    for (const char* scheme : {"fp32", "mxfp8_e4m3"}) {
-      std::string yaml = common + "model: {type: proxy, layers: 4, width: 512}\nbatch: 2048\nsteps: 1000000\n"
-                                  "optimizer: {type: adam, lr: 6.0e-4}\nprecision: " + scheme + "\n";
-      Result r;
-      Status s = Measure(yaml, std::string("proxy ") + scheme, steps * 10, &r);
-      if (!s.ok()) return std::fprintf(stderr, "%s: %s\n", scheme, s.message().c_str()), 1;
-      std::printf("  %-28s %.1f steps/s\n", r.name.c_str(), 1e3 / r.step_ms);
-      results.push_back(r);
-    }
-    std::printf("  mxfp8_e4m3 / fp32 steps/s: %.3f\n", results[0].step_ms / results[1].step_ms);
+  return 0;
+}
+
+int RunProxy(const std::string& common, int steps) {
+  std::printf("proxy: L4, d512, batch 2048, Adam lr 6e-4\n");
+  std::vector<Result> results;
+  for (const char* scheme : {"fp32", "mxfp8_e4m3"}) {
+    std::string yaml = common + "model: {type: proxy, layers: 4, width: 512}\nbatch: 2048\nsteps: 1000000\n"
+                                "optimizer: {type: adam, lr: 6.0e-4}\nprecision: " + scheme + "\n";
+    Result r;
+    Status s = Measure(yaml, std::string("proxy ") + scheme, steps * 10, &r);
+    if (!s.ok()) return std::fprintf(stderr, "train_bench: %s: %s\n", scheme, s.message().c_str()), 1;
+    std::printf("  %-28s %9.2f ms/step  %12.0f samples/s  (loss %.4f) [%s]\n", r.label.c_str(), r.step_ms,
+                r.items_per_s, r.loss, r.device.c_str());
+    std::printf("  %-28s %.1f steps/s\n", r.label.c_str(), 1e3 / r.step_ms);
+    results.push_back(r);
   }
+  std::printf("  mxfp8_e4m3 / fp32 steps/s: %.3f\n", results[0].step_ms / results[1].step_ms);
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  std::string backend = "cuda", only, model = "gpt2-124m";
+  std::string schemes = "bf16,mxfp8_e4m3,mxfp4,nvfp4,nvfp4_recipe";
+  GptOptions gpt;
+  gpt.tokens_path = "/tmp/keel-train-bench-tokens.bin";
+  bool no_stats = false;
+  CLI::App app("train_bench");
+  app.add_option("--backend", backend)->check(OneOf({"cuda", "cpu"}));
+  app.add_option("--steps", gpt.steps)->check(IntFlag(1, 1000000));
+  app.add_option("--only", only)->check(OneOf({"gpt", "proxy"}));
+  app.add_flag("--no-stats", no_stats);
+  std::vector<std::string> model_names;
+  for (const GptShape& g : kGptShapes) model_names.push_back(g.name);
+  app.add_option("--model", model)->check(OneOf(model_names));
+  app.add_option("--batch", gpt.batch)->check(IntFlag(1, 65536));
+  app.add_option("--seq", gpt.seq)->check(IntFlag(1, kContext));
+  app.add_option("--schemes", schemes);
+  app.add_option("--tokens", gpt.tokens_path);
+  app.add_option("--json", gpt.json_path);
+  app.add_option("--peak-tflops", gpt.peak_tflops_flag)
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            char* end = nullptr;
+            const double v = std::strtod(text.c_str(), &end);
+            if (text.empty() || *end != '\0' || !(v > 0 && v < 1e6)) {
+              return "'" + text + "' is not allowed (a number of TFLOP/s above 0)";
+            }
+            return std::string();
+          },
+          "TFLOP/s"));
+  const FlagsOutcome flags = ParseFlags(app, "train_bench", kUsage, argc, argv);
+  if (!flags.proceed) return flags.exit_code;
+  for (const GptShape& g : kGptShapes) {
+    if (model == g.name) gpt.shape = &g;
+  }
+  gpt.schemes = SplitCommas(schemes);
+  if (gpt.schemes.empty()) return FlagError("train_bench", "--schemes: '' is not allowed (one or more of " + PresetNames() + ")");
+  for (const std::string& scheme : gpt.schemes) {
+    PrecisionScheme unused;
+    if (!SchemeFromPreset(scheme, &unused).ok()) {
+      return FlagError("train_bench", "--schemes: '" + scheme + "' is not allowed (comma-separated, each one of " +
+                                          PresetNames() + ")");
+    }
+  }
+  if (gpt.tokens_path.empty()) return FlagError("train_bench", "--tokens: '' is not allowed (a file path)");
+
+  const std::string common = "backend: " + backend + "\nrun_dir: /tmp/keel-train-bench\noperand_stats: " +
+                             (no_stats ? "false" : "true") + "\n";
+  std::printf("train_bench: backend %s, %d timed steps after %d warm-up, operand stats %s\n", backend.c_str(),
+              gpt.steps, kWarmupSteps, no_stats ? "off" : "on");
+  if (only.empty() || only == "gpt") {
+    const int code = RunGpt(common, gpt);
+    if (code != 0) return code;
+  }
+  if (only.empty() || only == "proxy") return RunProxy(common, gpt.steps);
   return 0;
 }
 

@@ -1,0 +1,81 @@
+"""train_bench on the CPU at a tiny batch (1 x 64) of the real GPT-2 124M shape:
+one case, its JSON line, the MFU arithmetic, the token shard llm.c reads, and the
+flag errors. Usage: train_bench_test.py PATH_TO_TRAIN_BENCH (Bazel passes it)."""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+TRAIN_BENCH = None
+
+
+class TrainBenchTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp()
+        cls.tokens = os.path.join(cls.dir, "tokens.bin")
+        cls.json_path = os.path.join(cls.dir, "cases.jsonl")
+        cls.result = subprocess.run(
+            [TRAIN_BENCH, "--backend", "cpu", "--model", "gpt2-124m", "--batch", "1", "--seq", "64", "--schemes",
+             "bf16", "--steps", "1", "--only", "gpt", "--tokens", cls.tokens, "--json", cls.json_path,
+             "--peak-tflops", "0.5"], capture_output=True, text=True, timeout=600)
+
+    def test_runs_one_case_and_writes_its_json_line(self):
+        self.assertEqual(self.result.returncode, 0, self.result.stderr)
+        with open(self.json_path) as f:
+            lines = f.read().splitlines()
+        self.assertEqual(len(lines), 1)
+        case = json.loads(lines[0])
+        self.assertEqual((case["model"], case["scheme"], case["batch"], case["seq"], case["steps"]),
+                         ("gpt2-124m", "bf16", 1, 64, 1))
+        # GPT-2 124M with the vocab padded to 50304, as llm.c counts it.
+        self.assertEqual(case["params"], 124475904)
+        self.assertEqual(case["flops_per_token"], 6 * 124475904 + 6 * 12 * 768 * 64)
+        self.assertAlmostEqual(case["tokens_per_s"], 64 * 1000.0 / case["ms_per_step"], delta=1e-6 * case["tokens_per_s"])
+        self.assertEqual(case["peak_tflops"], 0.5)
+        self.assertEqual(case["peak_tflops_source"], "--peak-tflops")
+        self.assertAlmostEqual(case["mfu"], case["tokens_per_s"] * case["flops_per_token"] / 0.5e12, places=12)
+        self.assertIsNone(case["peak_mib"])  # the CPU backend has no device memory
+        self.assertTrue(case["device"].startswith("cpu"))
+        self.assertGreater(case["loss"], 9.0)  # ln(50257) = 10.8 at random init
+
+    def test_prints_the_case_with_na_memory(self):
+        self.assertRegex(self.result.stdout, r"gpt2-124m bf16 B1xT64 +[\d.]+ ms/step +\d+ tok/s  peak +n/a MiB  MFU +[\d.]+%")
+        self.assertIn("gpt2-124m shape: 12 layers, 768 wide, 12 heads, context 1024", self.result.stdout)
+        self.assertIn("1.000x of bf16's tokens/s", self.result.stdout)
+
+    def test_token_shard_is_llmc_format(self):
+        with open(self.tokens, "rb") as f:
+            header = struct.unpack("<256i", f.read(1024))
+            size = 1024 + 2 * header[2]
+            f.seek(0, os.SEEK_END)
+            self.assertEqual(f.tell(), size)
+        self.assertEqual(header[:2], (20240520, 1))
+        self.assertEqual(header[2], 4 << 20)
+
+    def test_bad_flags_name_the_flag_the_value_and_what_is_allowed(self):
+        for args, message in [
+            (["--schemes", "bf16,fp9"], "train_bench: --schemes: 'fp9' is not allowed (comma-separated, each one of "),
+            (["--model", "gpt2-xl"], "train_bench: --model: 'gpt2-xl' is not allowed (gpt2-124m, gpt2-350m)"),
+            (["--seq", "1025"], "train_bench: --seq: '1025' is not allowed (1 .. 1024)"),
+            (["--batch", "0"], "train_bench: --batch: '0' is not allowed (1 .. 65536)"),
+        ]:
+            run = subprocess.run([TRAIN_BENCH] + args, capture_output=True, text=True, timeout=60)
+            self.assertEqual(run.returncode, 2, args)
+            self.assertTrue(run.stderr.startswith(message), run.stderr)
+
+    def test_help_lists_every_flag(self):
+        run = subprocess.run([TRAIN_BENCH, "--help"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(run.returncode, 0)
+        for flag in ["--backend", "--steps", "--only", "--no-stats", "--model", "--batch", "--seq", "--schemes",
+                     "--tokens", "--json", "--peak-tflops"]:
+            self.assertIn("  " + flag + " ", run.stdout)
+
+
+if __name__ == "__main__":
+    TRAIN_BENCH = os.path.abspath(sys.argv.pop(1)) if len(sys.argv) > 1 else "bazel-bin/bench/train_bench"
+    unittest.main()
