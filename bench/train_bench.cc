@@ -52,6 +52,8 @@ const char kUsage[] =
     "  --steps N            timed steps per GPT case (default 10; the proxy times 10 x N)\n"
     "  --only gpt|proxy     run only the GPT cases or only the proxy (default both)\n"
     "  --no-stats           operand statistics off (default on, as in a real run)\n"
+    "  --profile            time every backend op over the timed steps (CUDA events; cuda\n"
+    "                       backend only) and print the per-op breakdown of each case\n"
     "GPT cases:\n"
     "  --model NAME         gpt2-124m (12 layers, width 768, 12 heads) or gpt2-350m (24 layers,\n"
     "                       width 1024, 16 heads); both: context 1024, vocab 50257 padded to\n"
@@ -200,7 +202,9 @@ struct Result {
   Maybe peak_mib;
 };
 
-Status Measure(const std::string& yaml, const std::string& label, int steps, Result* out) {
+// profile: time every backend op over the timed steps (Backend::SetProfiling)
+// and print the breakdown; the events add a little to the step time.
+Status Measure(const std::string& yaml, const std::string& label, int steps, bool profile, Result* out) {
   RunConfig c;
   Status s = ParseRunConfig(yaml, label, {}, &c);
   if (!s.ok()) return s;
@@ -212,12 +216,23 @@ Status Measure(const std::string& yaml, const std::string& label, int steps, Res
     s = t->Step(&m);
     if (!s.ok()) return s;
   }
+  if (profile) {
+    s = t->backend()->SetProfiling(true);
+    if (!s.ok()) return s;
+  }
   auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) {
     s = t->Step(&m);
     if (!s.ok()) return s;
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (profile) {
+    std::vector<OpTime> times;
+    s = t->backend()->TakeProfile(&times);
+    if (!s.ok()) return s;
+    std::printf("  profile of %s over %d steps (step time includes the timer's events):\n%s", label.c_str(), steps,
+                FormatProfile(times, steps, seconds / steps * 1e3).c_str());
+  }
   out->label = label;
   out->scheme = c.precision.name;
   out->step_ms = seconds / steps * 1e3;
@@ -264,6 +279,7 @@ struct GptOptions {
   std::string json_path;
   double peak_tflops_flag = 0;
   int steps = 10;
+  bool profile = false;
 };
 
 int RunGpt(const std::string& common, const GptOptions& o) {
@@ -296,7 +312,7 @@ int RunGpt(const std::string& common, const GptOptions& o) {
         "optimizer: {type: adamw, lr: 6.0e-4, beta2: 0.95, weight_decay: 0.1, grad_clip: 1.0}\n"
         "precision: " + scheme + "\n";
     Result r;
-    s = Measure(yaml, std::string(g.name) + " " + scheme + " " + shape, o.steps, &r);
+    s = Measure(yaml, std::string(g.name) + " " + scheme + " " + shape, o.steps, o.profile, &r);
     if (!s.ok()) return std::fprintf(stderr, "train_bench: %s: %s\n", scheme.c_str(), s.message().c_str()), 1;
     // llm.c's gpt2_estimate_mfu: 6 N for the weight matmuls, 6 L C T for attention.
     flops_per_token = 6.0 * r.params + 6.0 * g.layers * g.width * o.seq;
@@ -343,14 +359,14 @@ int RunGpt(const std::string& common, const GptOptions& o) {
   return 0;
 }
 
-int RunProxy(const std::string& common, int steps) {
+int RunProxy(const std::string& common, int steps, bool profile) {
   std::printf("proxy: L4, d512, batch 2048, Adam lr 6e-4\n");
   std::vector<Result> results;
   for (const char* scheme : {"fp32", "mxfp8_e4m3"}) {
     std::string yaml = common + "model: {type: proxy, layers: 4, width: 512}\nbatch: 2048\nsteps: 1000000\n"
                                 "optimizer: {type: adam, lr: 6.0e-4}\nprecision: " + scheme + "\n";
     Result r;
-    Status s = Measure(yaml, std::string("proxy ") + scheme, steps * 10, &r);
+    Status s = Measure(yaml, std::string("proxy ") + scheme, steps * 10, profile, &r);
     if (!s.ok()) return std::fprintf(stderr, "train_bench: %s: %s\n", scheme, s.message().c_str()), 1;
     std::printf("  %-28s %9.2f ms/step  %12.0f samples/s  (loss %.4f) [%s]\n", r.label.c_str(), r.step_ms,
                 r.items_per_s, r.loss, r.device.c_str());
@@ -372,6 +388,7 @@ int Main(int argc, char** argv) {
   app.add_option("--steps", gpt.steps)->check(IntFlag(1, 1000000));
   app.add_option("--only", only)->check(OneOf({"gpt", "proxy"}));
   app.add_flag("--no-stats", no_stats);
+  app.add_flag("--profile", gpt.profile);
   std::vector<std::string> model_names;
   for (const GptShape& g : kGptShapes) model_names.push_back(g.name);
   app.add_option("--model", model)->check(OneOf(model_names));
@@ -415,7 +432,7 @@ int Main(int argc, char** argv) {
     const int code = RunGpt(common, gpt);
     if (code != 0) return code;
   }
-  if (only.empty() || only == "proxy") return RunProxy(common, gpt.steps);
+  if (only.empty() || only == "proxy") return RunProxy(common, gpt.steps, gpt.profile);
   return 0;
 }
 

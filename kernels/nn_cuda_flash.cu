@@ -8,9 +8,11 @@
 //   A 16 x 16 row-major: a0 (g, 2c..2c+1), a1 (g+8, 2c..), a2 (g, 2c+8..), a3 (g+8, 2c+8..)
 //   B 16 x 8, k x n:     b0 (k 2c..2c+1, n g), b1 (k 2c+8..2c+9, n g)
 //   C 16 x 8 fp32:       c0, c1 (g, 2c..2c+1), c2, c3 (g+8, 2c..2c+1)
-// B is read from a tile stored n-major ([n][k]), so b0 and b1 are 32-bit loads;
-// two neighbouring C tiles of 16 x 8, rounded to bf16, are the A fragment of the
-// next product (how P and dS stay in registers).
+// Every tile sits in shared memory row-major ([row][hd], padded): a product
+// over hd reads its B fragments with 32-bit loads, one over the tile's rows with
+// ldmatrix.trans. Tiles arrive by cp.async, the next one while the current one
+// is used (two buffers). Two neighbouring C tiles of 16 x 8, rounded to bf16, are
+// the A fragment of the next product (how P and dS stay in registers).
 #include "kernels/nn_cuda_flash.h"
 
 #include <cmath>
@@ -70,25 +72,36 @@ __device__ void LoadRowFragments(const bf16* m, int64_t row0, int64_t seq, const
   }
 }
 
-// Rows row0 .. row0 + 63 of a [seq][HD] bf16 matrix into shared memory, as is
-// (rows[r][d]) and, when `cols` is not null, transposed (cols[d][r]); rows at or
-// past seq become zeros.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most `kPending` committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Starts copying rows row0 .. row0 + 63 of a [seq][HD] bf16 matrix into `rows`
+// (shared, [64][HD + kPad]); rows at or past seq become zeros.
 template <int HD>
-__device__ void LoadTile(const bf16* m, int64_t row0, int64_t seq, bf16 (*rows)[HD + kPad],
-                         bf16 (*cols)[kTile + kPad]) {
+__device__ void LoadTileAsync(const bf16* m, int64_t row0, int64_t seq, bf16 (*rows)[HD + kPad]) {
   constexpr int kChunks = kTile * HD / 8;  // 16-byte chunks
   for (int i = threadIdx.x; i < kChunks; i += kBlockThreads) {
     const int r = i / (HD / 8), d = (i % (HD / 8)) * 8;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (row0 + r < seq) v = *reinterpret_cast<const uint4*>(m + (row0 + r) * HD + d);
-    if (rows != nullptr) *reinterpret_cast<uint4*>(&rows[r][d]) = v;
-    if (cols != nullptr) {
-      bf16 e[8];
-      memcpy(e, &v, sizeof(e));
-#pragma unroll
-      for (int j = 0; j < 8; ++j) cols[d + j][r] = e[j];
-    }
+    const bool valid = row0 + r < seq;
+    CpAsync16(&rows[r][d], valid ? m + (row0 + r) * HD + d : m, valid);
   }
+}
+
+// The four 8 x 8 bf16 matrices at p (lanes 0-7, 8-15, 16-23, 24-31 give their
+// rows' addresses), each transposed into the B fragment layout.
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t r[4], const bf16* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 
 // acc[n] (16 x 8 each, kTile / 8 of them) = the warp's 16 rows (A fragments a,
@@ -108,9 +121,9 @@ __device__ void DotTile(const uint32_t a[HD / 16][4], const bf16 (*other)[HD + k
 }
 
 // out[n] (HD / 8 tiles of 16 x 8) += p (16 x 64 as C tiles, rounded to bf16 here)
-// times the 64 x HD matrix stored transposed in t ([HD][64]).
+// times the 64 x HD tile t (row-major [64][HD + kPad]).
 template <int HD>
-__device__ void AccumulateTile(const float p[kTile / 8][4], const bf16 (*t)[kTile + kPad], const Lane& l,
+__device__ void AccumulateTile(const float p[kTile / 8][4], const bf16 (*t)[HD + kPad], const Lane& l,
                                float out[HD / 8][4]) {
   uint32_t a[kTile / 16][4];
 #pragma unroll
@@ -120,14 +133,20 @@ __device__ void AccumulateTile(const float p[kTile / 8][4], const bf16 (*t)[kTil
     a[kk][2] = PackBf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
     a[kk][3] = PackBf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
   }
+  const int lane = threadIdx.x & 31;
+  // Matrices: rows k0 .. k0 + 7 and k0 + 8 .. k0 + 15, at columns n0 and n0 + 8.
+  const int row = (lane & 7) + ((lane >> 3) & 1) * 8, col = (lane >> 4) * 8;
 #pragma unroll
-  for (int n = 0; n < HD / 8; ++n) {
+  for (int n = 0; n < HD / 8; n += 2) {
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {
-      const bf16* q = &t[n * 8 + l.g][kk * 16 + 2 * l.c];
-      Mma(out[n], a[kk], Ld32(q), Ld32(q + 8));
+      uint32_t b[4];
+      LdMatrixX4Trans(b, &t[kk * 16 + row][n * 8 + col]);
+      Mma(out[n], a[kk], b[0], b[1]);
+      Mma(out[n + 1], a[kk], b[2], b[3]);
     }
   }
+  (void)l;
 }
 
 // Of the four lanes holding one row (lanes 4g .. 4g + 3): max and sum, every
@@ -170,8 +189,8 @@ __device__ __forceinline__ T* Head(T* base, int64_t bh, int64_t seq, int hd) {
 
 template <int HD>
 __global__ void __launch_bounds__(kBlockThreads) FlashForwardKernel(const FlashArgs a, float scale) {
-  __shared__ __align__(16) bf16 ks[kTile][HD + kPad];
-  __shared__ __align__(16) bf16 vt[HD][kTile + kPad];
+  __shared__ __align__(16) bf16 ks[2][kTile][HD + kPad];
+  __shared__ __align__(16) bf16 vs[2][kTile][HD + kPad];
   const Lane l;
   const int64_t qb = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y;
   const int64_t b = bh / a.heads, h = bh % a.heads, seq = a.seq;
@@ -180,15 +199,22 @@ __global__ void __launch_bounds__(kBlockThreads) FlashForwardKernel(const FlashA
   const int64_t row0 = qb * kTile + l.warp * 16 + l.g;
   uint32_t qa[HD / 16][4];
   LoadRowFragments<HD>(Head(a.q, bh, seq, HD), row0, seq, l, qa);
-
-  // Pass 1: each row's max m and sum l of exp(s - m).
-  float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
   float s[kTile / 8][4];
+
+  // Pass 1: each row's max m and sum l of exp(s - m), key tiles 0 .. qb.
+  float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+  LoadTileAsync<HD>(k, 0, seq, ks[0]);
+  CpAsyncCommit();
   for (int64_t kb = 0; kb <= qb; ++kb) {
+    if (kb < qb) {
+      LoadTileAsync<HD>(k, (kb + 1) * kTile, seq, ks[(kb + 1) & 1]);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
     __syncthreads();
-    LoadTile<HD>(k, kb * kTile, seq, ks, nullptr);
-    __syncthreads();
-    DotTile<HD>(qa, ks, l, s);
+    DotTile<HD>(qa, ks[kb & 1], l, s);
     ScaleAndMask(s, row0, kb * kTile, seq, scale, false, l);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -210,6 +236,7 @@ __global__ void __launch_bounds__(kBlockThreads) FlashForwardKernel(const FlashA
         m[r] = m_new;
       }
     }
+    __syncthreads();  // the buffer is refilled next
   }
   // A row past the sequence end saw no key: P = 0 there (it is not stored).
   float inv[2];
@@ -221,18 +248,27 @@ __global__ void __launch_bounds__(kBlockThreads) FlashForwardKernel(const FlashA
 
   // Pass 2: O = bf16(P) v with P = exp(s - m) / l.
   float o[HD / 8][4] = {};
+  LoadTileAsync<HD>(k, 0, seq, ks[0]);
+  LoadTileAsync<HD>(v, 0, seq, vs[0]);
+  CpAsyncCommit();
   for (int64_t kb = 0; kb <= qb; ++kb) {
+    if (kb < qb) {
+      LoadTileAsync<HD>(k, (kb + 1) * kTile, seq, ks[(kb + 1) & 1]);
+      LoadTileAsync<HD>(v, (kb + 1) * kTile, seq, vs[(kb + 1) & 1]);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
     __syncthreads();
-    LoadTile<HD>(k, kb * kTile, seq, ks, nullptr);
-    LoadTile<HD>(v, kb * kTile, seq, nullptr, vt);
-    __syncthreads();
-    DotTile<HD>(qa, ks, l, s);
+    DotTile<HD>(qa, ks[kb & 1], l, s);
     ScaleAndMask(s, row0, kb * kTile, seq, scale, false, l);
 #pragma unroll
     for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = expf(s[n][e] - m[e >> 1]) * inv[e >> 1];
-    AccumulateTile<HD>(s, vt, l, o);
+    AccumulateTile<HD>(s, vs[kb & 1], l, o);
+    __syncthreads();
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -288,14 +324,16 @@ __device__ __forceinline__ void SoftmaxGrad(float s[kTile / 8][4], float dp[kTil
 // dQ: one block per (query tile, batch * head), the longest rows first.
 template <int HD>
 __global__ void __launch_bounds__(kBlockThreads) FlashDqKernel(const FlashArgs a, float scale) {
-  __shared__ __align__(16) bf16 ks[kTile][HD + kPad];
-  __shared__ __align__(16) bf16 kt[HD][kTile + kPad];
-  __shared__ __align__(16) bf16 vs[kTile][HD + kPad];
+  __shared__ __align__(16) bf16 ks[2][kTile][HD + kPad];
+  __shared__ __align__(16) bf16 vs[2][kTile][HD + kPad];
   const Lane l;
   const int64_t qb = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y;
   const int64_t b = bh / a.heads, h = bh % a.heads, seq = a.seq;
   const bf16* k = Head(a.k, bh, seq, HD);
   const bf16* v = Head(a.v, bh, seq, HD);
+  LoadTileAsync<HD>(k, 0, seq, ks[0]);
+  LoadTileAsync<HD>(v, 0, seq, vs[0]);
+  CpAsyncCommit();
   const int64_t row0 = qb * kTile + l.warp * 16 + l.g;
   uint32_t qa[HD / 16][4], da[HD / 16][4];
   LoadRowFragments<HD>(Head(a.q, bh, seq, HD), row0, seq, l, qa);
@@ -312,15 +350,21 @@ __global__ void __launch_bounds__(kBlockThreads) FlashDqKernel(const FlashArgs a
   float dq[HD / 8][4] = {};
   float s[kTile / 8][4], dp[kTile / 8][4];
   for (int64_t kb = 0; kb <= qb; ++kb) {
+    if (kb < qb) {
+      LoadTileAsync<HD>(k, (kb + 1) * kTile, seq, ks[(kb + 1) & 1]);
+      LoadTileAsync<HD>(v, (kb + 1) * kTile, seq, vs[(kb + 1) & 1]);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
     __syncthreads();
-    LoadTile<HD>(k, kb * kTile, seq, ks, kt);
-    LoadTile<HD>(v, kb * kTile, seq, vs, nullptr);
-    __syncthreads();
-    DotTile<HD>(qa, ks, l, s);
+    DotTile<HD>(qa, ks[kb & 1], l, s);
     ScaleAndMask(s, row0, kb * kTile, seq, scale, false, l);
-    DotTile<HD>(da, vs, l, dp);
+    DotTile<HD>(da, vs[kb & 1], l, dp);
     SoftmaxGrad(s, dp, qm, qinv, qd, false, l);
-    AccumulateTile<HD>(dp, kt, l, dq);
+    AccumulateTile<HD>(dp, ks[kb & 1], l, dq);
+    __syncthreads();
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -337,41 +381,55 @@ __global__ void __launch_bounds__(kBlockThreads) FlashDqKernel(const FlashArgs a
 // dK and dV: one block per (key tile, batch * head), the longest columns first.
 template <int HD>
 __global__ void __launch_bounds__(kBlockThreads) FlashDkvKernel(const FlashArgs a, float scale) {
-  __shared__ __align__(16) bf16 qs[kTile][HD + kPad];
-  __shared__ __align__(16) bf16 qt[HD][kTile + kPad];
-  __shared__ __align__(16) bf16 ds[kTile][HD + kPad];
-  __shared__ __align__(16) bf16 dt[HD][kTile + kPad];
-  __shared__ float qm[kTile], qinv[kTile], qd[kTile];
+  __shared__ __align__(16) bf16 qs[2][kTile][HD + kPad];
+  __shared__ __align__(16) bf16 ds[2][kTile][HD + kPad];
+  __shared__ float qm[2][kTile], qinv[2][kTile], qd[2][kTile];
   const Lane l;
   const int64_t kb = blockIdx.x, bh = blockIdx.y;
   const int64_t b = bh / a.heads, h = bh % a.heads, seq = a.seq;
   const bf16* q = Head(a.q, bh, seq, HD);
   const bf16* dout = Head(a.dout, bh, seq, HD);
+  const int64_t tiles = (seq + kTile - 1) / kTile;
+  // The per-query values of query tile `qt` into buffer `buf` (plain loads; they
+  // are small).
+  auto load_rows = [&](int64_t qt, int buf) {
+    for (int i = threadIdx.x; i < kTile; i += kBlockThreads) {
+      const int64_t t = qt * kTile + i;
+      const bool ok = t < seq;
+      qm[buf][i] = ok ? a.stats[2 * (bh * seq + t)] : 0.0f;
+      qinv[buf][i] = ok ? a.stats[2 * (bh * seq + t) + 1] : 0.0f;
+      qd[buf][i] = ok ? a.delta[bh * seq + t] : 0.0f;
+    }
+  };
+  LoadTileAsync<HD>(q, kb * kTile, seq, qs[0]);
+  LoadTileAsync<HD>(dout, kb * kTile, seq, ds[0]);
+  CpAsyncCommit();
+  load_rows(kb, 0);
   const int64_t key0 = kb * kTile + l.warp * 16 + l.g;
   uint32_t ka[HD / 16][4], va[HD / 16][4];
   LoadRowFragments<HD>(Head(a.k, bh, seq, HD), key0, seq, l, ka);
   LoadRowFragments<HD>(Head(a.v, bh, seq, HD), key0, seq, l, va);
   float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
   float s[kTile / 8][4], dp[kTile / 8][4];
-  const int64_t tiles = (seq + kTile - 1) / kTile;
   for (int64_t qb = kb; qb < tiles; ++qb) {
-    __syncthreads();
-    LoadTile<HD>(q, qb * kTile, seq, qs, qt);
-    LoadTile<HD>(dout, qb * kTile, seq, ds, dt);
-    for (int i = threadIdx.x; i < kTile; i += kBlockThreads) {
-      const int64_t t = qb * kTile + i;
-      const bool ok = t < seq;
-      qm[i] = ok ? a.stats[2 * (bh * seq + t)] : 0.0f;
-      qinv[i] = ok ? a.stats[2 * (bh * seq + t) + 1] : 0.0f;
-      qd[i] = ok ? a.delta[bh * seq + t] : 0.0f;
+    const int buf = static_cast<int>((qb - kb) & 1);
+    if (qb + 1 < tiles) {
+      LoadTileAsync<HD>(q, (qb + 1) * kTile, seq, qs[buf ^ 1]);
+      LoadTileAsync<HD>(dout, (qb + 1) * kTile, seq, ds[buf ^ 1]);
+      CpAsyncCommit();
+      load_rows(qb + 1, buf ^ 1);
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
     }
     __syncthreads();
-    DotTile<HD>(ka, qs, l, s);
+    DotTile<HD>(ka, qs[buf], l, s);
     ScaleAndMask(s, key0, qb * kTile, seq, scale, true, l);
-    DotTile<HD>(va, ds, l, dp);
-    SoftmaxGrad(s, dp, qm, qinv, qd, true, l);
-    AccumulateTile<HD>(s, dt, l, dv);
-    AccumulateTile<HD>(dp, qt, l, dk);
+    DotTile<HD>(va, ds[buf], l, dp);
+    SoftmaxGrad(s, dp, qm[buf], qinv[buf], qd[buf], true, l);
+    AccumulateTile<HD>(s, ds[buf], l, dv);
+    AccumulateTile<HD>(dp, qs[buf], l, dk);
+    __syncthreads();
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

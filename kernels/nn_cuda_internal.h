@@ -370,8 +370,11 @@ class CudaBackend final : public Backend {
   // when `bf16` else fp32, without the per-tensor decode scale (returned in
   // out->tensor_scale for alpha); kFp32 roles pass x through. Adds the role's
   // statistics when stats_slot >= 0.
+  // keep_count: leave a BF16 operand's non-finite count in stats_temp_ for the
+  // next FinishOperandStats (the wgrad reusing the dgrad's bf16 dy).
   Status PrepareOperand(const float* x, int64_t rows, int64_t cols, int axis, Role role,
-                        const LinearQuant& q, bool bf16, Scratch* scratch, Operand* out);
+                        const LinearQuant& q, bool bf16, Scratch* scratch, Operand* out,
+                        bool keep_count = false);
   // "op: stats_slot: N is not allowed ..." unless -1 <= slot < the slots ResetOperandStats made.
   Status CheckStatsSlot(const char* op, int slot) const;
   // Device counters of one quantization (see OperandStats) added to slot/role.
@@ -380,10 +383,15 @@ class CudaBackend final : public Backend {
                          const float* tensor_scale, int slot, Role role);
   // Quantize x (fp32) with `format` into out (fp32 or bf16), codes/scales when
   // non-null; tensor_scale receives NVFP4 / FP8 decode scales.
+  // nonfinite: BF16 only, the device counter its non-finite inputs are added to.
   Status Quantize(const float* x, int64_t rows, int64_t cols, int axis,
                   const OperandFormat& format, uint64_t seed, void* out, bool out_bf16,
                   bool out_without_tensor_scale, uint8_t* codes, uint8_t* scales,
-                  float* amax, float* tensor_scale);
+                  float* amax, float* tensor_scale, unsigned long long* nonfinite = nullptr);
+  // slot/role's counters += one quantization's: `count` elements, `blocks`
+  // blocks and what the stats kernels left in stats_temp_ (per_tensor: any
+  // non-finite input counts as one NaN block); clear: zero stats_temp_ after.
+  Status FinishOperandStats(int64_t count, int64_t blocks, bool per_tensor, int slot, Role role, bool clear);
   // alpha = product of the two decode scales (null ones count as 1) in slot `gemm`.
   Status Alpha(const Operand& a, const Operand& b, int gemm, const float** alpha);
   // out (+)= column sums of m (rows x cols, row-major), in a fixed order.

@@ -182,13 +182,15 @@ __global__ void __launch_bounds__(kThreads) NonFiniteKernel(const float* x, int6
   AddCounts(0u, nonfinite, out);
 }
 
-// slot (elements, saturated, blocks, nan_blocks) += this call's counts.
+// slot (elements, saturated, blocks, nan_blocks) += this call's counts; clear:
+// temp back to zero for the next call.
 __global__ void StatsFinalizeKernel(unsigned long long* slot, unsigned long long elements, unsigned long long blocks,
-                                    const unsigned long long* temp, bool per_tensor) {
+                                    unsigned long long* temp, bool per_tensor, bool clear) {
   slot[0] += elements;
   slot[1] += temp[0];
   slot[2] += blocks;
   slot[3] += per_tensor ? (temp[1] > 0 ? 1ull : 0ull) : temp[1];
+  if (clear) temp[0] = temp[1] = 0;
 }
 
 // alpha = a * b, a null pointer standing for 1.
@@ -308,7 +310,7 @@ Status FinalizeColumnPartials(const float* partial, int64_t chunks, int64_t cols
 
 Status CudaBackend::Quantize(const float* x, int64_t rows, int64_t cols, int axis, const OperandFormat& f,
                              uint64_t seed, void* out, bool out_bf16, bool out_without_tensor_scale, uint8_t* codes,
-                             uint8_t* scales, float* amax, float* tensor_scale) {
+                             uint8_t* scales, float* amax, float* tensor_scale, unsigned long long* nonfinite) {
   DeviceOutputs o;
   o.out = out;
   o.out_dtype = out_bf16 ? DType::kBF16 : DType::kF32;
@@ -317,6 +319,7 @@ Status CudaBackend::Quantize(const float* x, int64_t rows, int64_t cols, int axi
   const int64_t count = rows * cols;
   if (f.format == QuantFormat::kBf16) {
     o.codes = nullptr;  // the stats need no bf16 codes
+    o.nonfinite = nonfinite;
     return Bf16QuantizeCuda(x, DType::kF32, count, f.rounding, seed, o, stream_);
   }
   if (IsMx(f.format)) {
@@ -376,15 +379,20 @@ Status CudaBackend::AddOperandStats(const float* x, int64_t rows, int64_t cols, 
     NonFiniteKernel<<<grid, kThreads, 0, stream_>>>(x, count, stats_temp_);
   }
   NN_LAUNCH_CHECK();
+  return FinishOperandStats(count, blocks, per_tensor, slot, role, true);
+}
+
+Status CudaBackend::FinishOperandStats(int64_t count, int64_t blocks, bool per_tensor, int slot, Role role,
+                                       bool clear) {
   unsigned long long* counters = stats_ + (static_cast<int64_t>(slot) * kRoleCount + static_cast<int>(role)) * 4;
   StatsFinalizeKernel<<<1, 1, 0, stream_>>>(counters, static_cast<unsigned long long>(count),
-                                            static_cast<unsigned long long>(blocks), stats_temp_, per_tensor);
+                                            static_cast<unsigned long long>(blocks), stats_temp_, per_tensor, clear);
   NN_LAUNCH_CHECK();
   return Status::Ok();
 }
 
 Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, int axis, Role role,
-                                   const LinearQuant& q, bool bf16, Scratch* scratch, Operand* out) {
+                                   const LinearQuant& q, bool bf16, Scratch* scratch, Operand* out, bool keep_count) {
   const OperandFormat& f = q.role[static_cast<int>(role)];
   out->tensor_scale = nullptr;
   if (!f.quantized()) {  // fp32 GEMM on the unquantized operand
@@ -416,13 +424,18 @@ Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, i
   float* amax = small_ + kAmaxSlot + r;
   float* tensor_scale = small_ + kTensorScaleSlot + r;
   // The per-tensor decode scale stays out of the values and goes into alpha.
+  // BF16 counts its non-finite inputs while it rounds them: no second pass.
+  const bool fused_stats = stats && f.format == QuantFormat::kBf16;
   {
     NN_PROFILE("quantize");
     const Status s = Quantize(x, rows, cols, axis, f, RoleSeed(q.seed, role), scratch->get<void>(), bf16, true,
-                              codes, scales, amax, tensor_scale);
+                              codes, scales, amax, tensor_scale, fused_stats ? stats_temp_ + 1 : nullptr);
     if (!s.ok()) return Status::Error(std::string("linear: role ") + RoleName(role) + ": " + s.message());
   }
-  if (stats) {
+  if (fused_stats) {
+    NN_PROFILE("operand stats");
+    KEEL_RETURN_IF_ERROR(FinishOperandStats(count, 1, true, q.stats_slot, role, !keep_count));
+  } else if (stats) {
     NN_PROFILE("operand stats");
     KEEL_RETURN_IF_ERROR(AddOperandStats(x, rows, cols, axis, f, codes, scales, tensor_scale, q.stats_slot, role));
   }
@@ -515,11 +528,17 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
   const OperandFormat& f_wx = q.role[static_cast<int>(Role::kWgradX)];
   const bool bf16_dgrad = f_ddy.quantized() && f_dw.quantized();
   const bool bf16_wgrad = f_wdy.quantized() && f_wx.quantized();
+  // BF16 rounding is elementwise, so a deterministic bf16 dy from the dgrad serves
+  // the wgrad too (the same bits as quantizing it again down the columns).
+  const bool reuse_dy = dx != nullptr && bf16_dgrad && bf16_wgrad && f_ddy.format == QuantFormat::kBf16 &&
+                        f_wdy.format == QuantFormat::kBf16 && f_ddy.rounding == f_wdy.rounding &&
+                        f_ddy.rounding != Rounding::kStochastic;
   Operand qdy;
   if (dx != nullptr) {
     // dx^T (in x rows) = W^T (stored in x out) . dY^T (stored out x rows).
     Operand qw;
-    KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 1, Role::kDgradDy, q, bf16_dgrad, &op_a_, &qdy));
+    KEEL_RETURN_IF_ERROR(
+        PrepareOperand(dy, rows, out, 1, Role::kDgradDy, q, bf16_dgrad, &op_a_, &qdy, /*keep_count=*/reuse_dy));
     KEEL_RETURN_IF_ERROR(PrepareOperand(w, out, in, 0, Role::kDgradW, q, bf16_dgrad, &op_b_, &qw));
     GemmArgs g;
     g.bf16 = bf16_dgrad;
@@ -534,18 +553,12 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
   }
   {
     // dW^T (in x out) += X^T (stored in x rows) . dY (stored out x rows, transposed).
-    // BF16 rounding is elementwise, so a deterministic bf16 dy from the dgrad serves
-    // the wgrad too (the same bits as quantizing it again down the columns).
-    const bool reuse_dy = dx != nullptr && bf16_dgrad && bf16_wgrad && f_ddy.format == QuantFormat::kBf16 &&
-                          f_wdy.format == QuantFormat::kBf16 && f_ddy.rounding == f_wdy.rounding &&
-                          f_ddy.rounding != Rounding::kStochastic;
     Operand qdy_w, qx;
     if (reuse_dy) {
       qdy_w = qdy;
-      if (q.stats_slot >= 0) {
+      if (q.stats_slot >= 0) {  // the same elements as the dgrad's dy: its count, kept
         NN_PROFILE("operand stats");
-        KEEL_RETURN_IF_ERROR(AddOperandStats(dy, rows, out, 0, f_wdy, nullptr, nullptr, nullptr, q.stats_slot,
-                                             Role::kWgradDy));
+        KEEL_RETURN_IF_ERROR(FinishOperandStats(rows * out, 1, true, q.stats_slot, Role::kWgradDy, true));
       }
     } else {
       KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 0, Role::kWgradDy, q, bf16_wgrad, &op_a_, &qdy_w));

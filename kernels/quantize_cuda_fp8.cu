@@ -126,6 +126,7 @@ template <typename InT, Rounding R>
 __global__ void __launch_bounds__(kThreads) Bf16Kernel(const InT* __restrict__ x, int64_t count, uint64_t seed,
                                                        const DeviceOutputs o) {
   const bool out_bf16 = o.out_dtype == DType::kBF16;
+  unsigned int nonfinite = 0;
   auto unit_fn = [&](int64_t unit, const float (&v)[8], const float (&uni)[8]) {
     uint32_t b[8];
     float out[8];
@@ -133,6 +134,7 @@ __global__ void __launch_bounds__(kThreads) Bf16Kernel(const InT* __restrict__ x
     for (int e = 0; e < 8; ++e) {
       b[e] = qcore::Bf16Round(v[e], R, uni[e]);
       out[e] = qcore::Bf16Value(static_cast<uint16_t>(b[e]));
+      nonfinite += qcore::IsFinite(v[e]) ? 0u : 1u;
     }
     if (o.codes != nullptr) {
       *reinterpret_cast<uint4*>(o.codes + unit * 16) =
@@ -144,8 +146,13 @@ __global__ void __launch_bounds__(kThreads) Bf16Kernel(const InT* __restrict__ x
     const uint16_t b = qcore::Bf16Round(xi, R, u);
     if (o.codes != nullptr) reinterpret_cast<uint16_t*>(o.codes)[i] = b;
     if (o.out != nullptr) StoreOut1(o.out, out_bf16, i, qcore::Bf16Value(b));
+    nonfinite += qcore::IsFinite(xi) ? 0u : 1u;
   };
   ForEachUnit8<2, R>(x, count, seed, unit_fn, element_fn);
+  if (o.nonfinite != nullptr) {
+    nonfinite = __reduce_add_sync(0xFFFFFFFFu, nonfinite);
+    if ((threadIdx.x & 31) == 0 && nonfinite != 0) atomicAdd(o.nonfinite, static_cast<unsigned long long>(nonfinite));
+  }
 }
 
 // ============================================================================

