@@ -226,8 +226,8 @@ Status CudaBackend::Init() {
   KEEL_RETURN_IF_ERROR(blas_.Init(stream_));
   KEEL_CUDA_CHECK(cudaMalloc(&small_, kSmallFloats * sizeof(float)));
   KEEL_CUDA_CHECK(cudaMemset(small_, 0, kSmallFloats * sizeof(float)));
-  KEEL_CUDA_CHECK(cudaMalloc(&stats_temp_, 2 * sizeof(unsigned long long)));
-  KEEL_CUDA_CHECK(cudaMemset(stats_temp_, 0, 2 * sizeof(unsigned long long)));  // the fused BF16 count adds to it
+  KEEL_CUDA_CHECK(cudaMalloc(&stats_temp_, 4 * sizeof(unsigned long long)));
+  KEEL_CUDA_CHECK(cudaMemset(stats_temp_, 0, 4 * sizeof(unsigned long long)));  // the fused BF16 count adds to it
   host_pinned_bytes_ = size_t{1} << 20;
   KEEL_CUDA_CHECK(cudaHostAlloc(&host_pinned_, host_pinned_bytes_, cudaHostAllocDefault));
   return Status::Ok();

@@ -370,8 +370,8 @@ class CudaBackend final : public Backend {
   // when `bf16` else fp32, without the per-tensor decode scale (returned in
   // out->tensor_scale for alpha); kFp32 roles pass x through. Adds the role's
   // statistics when stats_slot >= 0.
-  // keep_count: leave a BF16 operand's non-finite count in stats_temp_ for the
-  // next FinishOperandStats (the wgrad reusing the dgrad's bf16 dy).
+  // keep_count: keep a BF16 operand's counts in stats_temp_ + 2 for the wgrad
+  // that reuses the dgrad's bf16 dy.
   Status PrepareOperand(const float* x, int64_t rows, int64_t cols, int axis, Role role,
                         const LinearQuant& q, bool bf16, Scratch* scratch, Operand* out,
                         bool keep_count = false);
@@ -389,9 +389,12 @@ class CudaBackend final : public Backend {
                   bool out_without_tensor_scale, uint8_t* codes, uint8_t* scales,
                   float* amax, float* tensor_scale, unsigned long long* nonfinite = nullptr);
   // slot/role's counters += one quantization's: `count` elements, `blocks`
-  // blocks and what the stats kernels left in stats_temp_ (per_tensor: any
-  // non-finite input counts as one NaN block); clear: zero stats_temp_ after.
-  Status FinishOperandStats(int64_t count, int64_t blocks, bool per_tensor, int slot, Role role, bool clear);
+  // blocks and the (saturated, non-finite) pair at `counts` (stats_temp_, where
+  // the stats kernels leave them, or the kept pair stats_temp_ + 2), which is
+  // zeroed; `keep`, when not null, receives a copy (per_tensor: any non-finite
+  // input counts as one NaN block).
+  Status FinishOperandStats(int64_t count, int64_t blocks, bool per_tensor, int slot, Role role,
+                            unsigned long long* counts, unsigned long long* keep);
   // alpha = product of the two decode scales (null ones count as 1) in slot `gemm`.
   Status Alpha(const Operand& a, const Operand& b, int gemm, const float** alpha);
   // out (+)= column sums of m (rows x cols, row-major), in a fixed order.
@@ -417,7 +420,7 @@ class CudaBackend final : public Backend {
   float* small_ = nullptr;             // kSmallFloats device floats
   unsigned long long* stats_ = nullptr;  // slots x 6 roles x 4 counters
   int stats_slots_ = 0;
-  unsigned long long* stats_temp_ = nullptr;  // 2 per-call counters of the stats kernels
+  unsigned long long* stats_temp_ = nullptr;  // 2 per-call counters of the stats kernels, 2 kept (see PrepareOperand)
   void* host_pinned_ = nullptr;        // staging for reductions' descriptors and results
   size_t host_pinned_bytes_ = 0;
 

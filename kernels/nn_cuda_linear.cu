@@ -182,15 +182,20 @@ __global__ void __launch_bounds__(kThreads) NonFiniteKernel(const float* x, int6
   AddCounts(0u, nonfinite, out);
 }
 
-// slot (elements, saturated, blocks, nan_blocks) += this call's counts; clear:
-// temp back to zero for the next call.
+// slot (elements, saturated, blocks, nan_blocks) += this call's counts in temp
+// (saturated, non-finite), which go back to zero for the next call, and to
+// `keep` when it is not null.
 __global__ void StatsFinalizeKernel(unsigned long long* slot, unsigned long long elements, unsigned long long blocks,
-                                    unsigned long long* temp, bool per_tensor, bool clear) {
+                                    unsigned long long* temp, bool per_tensor, unsigned long long* keep) {
   slot[0] += elements;
   slot[1] += temp[0];
   slot[2] += blocks;
   slot[3] += per_tensor ? (temp[1] > 0 ? 1ull : 0ull) : temp[1];
-  if (clear) temp[0] = temp[1] = 0;
+  if (keep != nullptr) {
+    keep[0] = temp[0];
+    keep[1] = temp[1];
+  }
+  temp[0] = temp[1] = 0;
 }
 
 // alpha = a * b, a null pointer standing for 1.
@@ -379,14 +384,14 @@ Status CudaBackend::AddOperandStats(const float* x, int64_t rows, int64_t cols, 
     NonFiniteKernel<<<grid, kThreads, 0, stream_>>>(x, count, stats_temp_);
   }
   NN_LAUNCH_CHECK();
-  return FinishOperandStats(count, blocks, per_tensor, slot, role, true);
+  return FinishOperandStats(count, blocks, per_tensor, slot, role, stats_temp_, nullptr);
 }
 
 Status CudaBackend::FinishOperandStats(int64_t count, int64_t blocks, bool per_tensor, int slot, Role role,
-                                       bool clear) {
+                                       unsigned long long* counts, unsigned long long* keep) {
   unsigned long long* counters = stats_ + (static_cast<int64_t>(slot) * kRoleCount + static_cast<int>(role)) * 4;
   StatsFinalizeKernel<<<1, 1, 0, stream_>>>(counters, static_cast<unsigned long long>(count),
-                                            static_cast<unsigned long long>(blocks), stats_temp_, per_tensor, clear);
+                                            static_cast<unsigned long long>(blocks), counts, per_tensor, keep);
   NN_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -434,7 +439,8 @@ Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, i
   }
   if (fused_stats) {
     NN_PROFILE("operand stats");
-    KEEL_RETURN_IF_ERROR(FinishOperandStats(count, 1, true, q.stats_slot, role, !keep_count));
+    KEEL_RETURN_IF_ERROR(
+        FinishOperandStats(count, 1, true, q.stats_slot, role, stats_temp_, keep_count ? stats_temp_ + 2 : nullptr));
   } else if (stats) {
     NN_PROFILE("operand stats");
     KEEL_RETURN_IF_ERROR(AddOperandStats(x, rows, cols, axis, f, codes, scales, tensor_scale, q.stats_slot, role));
@@ -558,7 +564,8 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
       qdy_w = qdy;
       if (q.stats_slot >= 0) {  // the same elements as the dgrad's dy: its count, kept
         NN_PROFILE("operand stats");
-        KEEL_RETURN_IF_ERROR(FinishOperandStats(rows * out, 1, true, q.stats_slot, Role::kWgradDy, true));
+        KEEL_RETURN_IF_ERROR(
+            FinishOperandStats(rows * out, 1, true, q.stats_slot, Role::kWgradDy, stats_temp_ + 2, nullptr));
       }
     } else {
       KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 0, Role::kWgradDy, q, bf16_wgrad, &op_a_, &qdy_w));
