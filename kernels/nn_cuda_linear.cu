@@ -24,6 +24,7 @@
 
 #include "kernels/nn_cuda_internal.h"
 #include "kernels/quant_core.h"
+#include "kernels/quantize_cuda_internal.h"
 
 namespace keel {
 namespace nncuda {
@@ -34,17 +35,7 @@ namespace {
 // Kernels
 // ============================================================================
 
-// Adds a thread's two counts to out[0] and out[1]: a warp sum, then one 64-bit
-// integer atomic per warp (exact and order-free).
-__device__ __forceinline__ void AddCounts(unsigned int saturated, unsigned int nonfinite,
-                                          unsigned long long* out) {
-  saturated = __reduce_add_sync(kFullMask, saturated);
-  nonfinite = __reduce_add_sync(kFullMask, nonfinite);
-  if ((threadIdx.x & 31) == 0) {
-    if (saturated != 0) atomicAdd(out, static_cast<unsigned long long>(saturated));
-    if (nonfinite != 0) atomicAdd(out + 1, static_cast<unsigned long long>(nonfinite));
-  }
-}
+using qcuda::AddCounts;
 
 template <int kBits>
 __device__ __forceinline__ uint32_t CodeAt(const uint8_t* codes, int64_t i) {
@@ -79,13 +70,10 @@ __global__ void __launch_bounds__(kThreads) MxStatsKernel(const StatsArgs a) {
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   unsigned int saturated = 0, nan_blocks = 0;
   auto check = [&](uint32_t code, int64_t i) {
-    if ((code & kMagnitude) != c.max_code) return;
+    if ((code & kMagnitude) != c.max_code) return;  // the common case, before any index arithmetic
     const int64_t row = i / a.cols, col = i - row * a.cols;
     const int64_t s = a.axis == 1 ? row * per_line + col / a.block : (row / a.block) * a.cols + col;
-    const uint32_t byte = a.scales[s];
-    if (byte == 0xFFu) return;
-    const float value = qcore::DecodeElemFast(code, c) * qcore::Pow2(static_cast<int>(byte) - 127);
-    if (fabsf(a.x[i]) > fabsf(value)) ++saturated;
+    if (qcore::MxSaturated(a.x[i], code, qcore::MxScaleFromByte(a.scales[s]), c)) ++saturated;
   };
   const int64_t groups = count / 16;
   for (int64_t g = tid; g < groups; g += stride) {
@@ -315,7 +303,7 @@ Status FinalizeColumnPartials(const float* partial, int64_t chunks, int64_t cols
 
 Status CudaBackend::Quantize(const float* x, int64_t rows, int64_t cols, int axis, const OperandFormat& f,
                              uint64_t seed, void* out, bool out_bf16, bool out_without_tensor_scale, uint8_t* codes,
-                             uint8_t* scales, float* amax, float* tensor_scale, unsigned long long* nonfinite) {
+                             uint8_t* scales, float* amax, float* tensor_scale, unsigned long long* counts) {
   DeviceOutputs o;
   o.out = out;
   o.out_dtype = out_bf16 ? DType::kBF16 : DType::kF32;
@@ -324,11 +312,12 @@ Status CudaBackend::Quantize(const float* x, int64_t rows, int64_t cols, int axi
   const int64_t count = rows * cols;
   if (f.format == QuantFormat::kBf16) {
     o.codes = nullptr;  // the stats need no bf16 codes
-    o.nonfinite = nonfinite;
+    o.counts = counts;
     return Bf16QuantizeCuda(x, DType::kF32, count, f.rounding, seed, o, stream_);
   }
   if (IsMx(f.format)) {
     o.scales = scales;
+    o.counts = counts;
     return MxQuantizeCuda(x, DType::kF32, rows, cols, MxOptionsOf(f, axis, seed), o, stream_);
   }
   if (f.format == QuantFormat::kNvfp4) {
@@ -414,9 +403,12 @@ Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, i
   }
   KEEL_RETURN_IF_ERROR(scratch->Reserve(static_cast<size_t>(count) * (bf16 ? 2 : 4), stream_));
   const bool stats = q.stats_slot >= 0;
+  // BF16 and MX count their statistics while they quantize: no codes, scales or
+  // second pass. NVFP4 and FP8 keep codes and scales for the statistics kernels.
+  const bool fused_stats = stats && (f.format == QuantFormat::kBf16 || IsMx(f.format));
   uint8_t* codes = nullptr;
   uint8_t* scales = nullptr;
-  if (stats && f.format != QuantFormat::kBf16) {
+  if (stats && !fused_stats) {
     KEEL_RETURN_IF_ERROR(codes_.Reserve(static_cast<size_t>(count) + 16, stream_));
     codes = codes_.get<uint8_t>();
     if (IsMx(f.format) || f.format == QuantFormat::kNvfp4) {
@@ -429,18 +421,18 @@ Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, i
   float* amax = small_ + kAmaxSlot + r;
   float* tensor_scale = small_ + kTensorScaleSlot + r;
   // The per-tensor decode scale stays out of the values and goes into alpha.
-  // BF16 counts its non-finite inputs while it rounds them: no second pass.
-  const bool fused_stats = stats && f.format == QuantFormat::kBf16;
   {
     NN_PROFILE("quantize");
     const Status s = Quantize(x, rows, cols, axis, f, RoleSeed(q.seed, role), scratch->get<void>(), bf16, true,
-                              codes, scales, amax, tensor_scale, fused_stats ? stats_temp_ + 1 : nullptr);
+                              codes, scales, amax, tensor_scale, fused_stats ? stats_temp_ : nullptr);
     if (!s.ok()) return Status::Error(std::string("linear: role ") + RoleName(role) + ": " + s.message());
   }
   if (fused_stats) {
     NN_PROFILE("operand stats");
-    KEEL_RETURN_IF_ERROR(
-        FinishOperandStats(count, 1, true, q.stats_slot, role, stats_temp_, keep_count ? stats_temp_ + 2 : nullptr));
+    const bool mx = IsMx(f.format);
+    KEEL_RETURN_IF_ERROR(FinishOperandStats(count, mx ? MxScaleCount(rows, cols, f.mx_block, axis) : 1, !mx,
+                                            q.stats_slot, role, stats_temp_,
+                                            keep_count ? stats_temp_ + 2 : nullptr));
   } else if (stats) {
     NN_PROFILE("operand stats");
     KEEL_RETURN_IF_ERROR(AddOperandStats(x, rows, cols, axis, f, codes, scales, tensor_scale, q.stats_slot, role));

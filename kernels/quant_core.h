@@ -324,6 +324,14 @@ KEEL_HD MxScale MxScaleFromByte(uint32_t byte) {
   return s;
 }
 
+// The operand statistics' saturation test (nn.h OperandStats) for one MX
+// element: x was clipped when its code has the largest magnitude, its block is
+// not NaN, and |x| exceeds |code value * 2^e|, the dequantized value.
+KEEL_HD bool MxSaturated(float x, uint32_t code, const MxScale& s, ElemConsts c) {
+  if ((code & ((1u << (c.bits - 1)) - 1u)) != c.max_code || s.nan) return false;
+  return (AsBits(x) & kAbsMask) > (AsBits(DecodeElemFast(code, c) * s.scale) & kAbsMask) && !IsNan(x);
+}
+
 // The block quantizers' zero rule (ZeroOrRound in quantize.cc): a scaled value
 // that is exactly zero, -0 included, becomes +0 before rounding. It applies to
 // the value after scaling, so a tiny negative x whose w underflows to -0 also

@@ -57,10 +57,11 @@ struct DeviceOutputs {
   // its alpha (docs/numerics.md, "Emulation on Hopper and CPU"). Codes, scales and
   // tensor_scale are the same either way; MX and BF16 ignore it.
   bool out_without_tensor_scale = false;
-  // BF16 only: when not null, the number of non-finite inputs is added to this
-  // device counter (what the trainer's operand statistics count for BF16, read
-  // in the same pass; nothing is added when there are none).
-  unsigned long long* nonfinite = nullptr;
+  // When not null, two device counters the quantizer adds the trainer's
+  // operand statistics of this call to (nn.h OperandStats), in the same pass:
+  // MX: [0] += saturated elements (qcore::MxSaturated), [1] += NaN blocks;
+  // BF16: [1] += non-finite inputs. NVFP4 and FP8 ignore it.
+  unsigned long long* counts = nullptr;
 };
 
 // MX block quantization (docs/numerics.md, "MX block scaling"), one pass.

@@ -149,10 +149,7 @@ __global__ void __launch_bounds__(kThreads) Bf16Kernel(const InT* __restrict__ x
     nonfinite += qcore::IsFinite(xi) ? 0u : 1u;
   };
   ForEachUnit8<2, R>(x, count, seed, unit_fn, element_fn);
-  if (o.nonfinite != nullptr) {
-    nonfinite = __reduce_add_sync(0xFFFFFFFFu, nonfinite);
-    if ((threadIdx.x & 31) == 0 && nonfinite != 0) atomicAdd(o.nonfinite, static_cast<unsigned long long>(nonfinite));
-  }
+  if (o.counts != nullptr) AddCounts(0u, nonfinite, o.counts);
 }
 
 // ============================================================================

@@ -3,8 +3,9 @@
 // in quant_core.h and quant_core_rne.h) and the launch helpers (error checks,
 // occupancy-sized grids, stream-ordered temporaries, compile-time dispatch of
 // runtime choices).
-// Only the quantize_cuda*.cu files include this (it needs the CUDA headers); the
-// public API is quantize_cuda.h.
+// Only the quantize_cuda*.cu files (and the CUDA backend's statistics, for
+// AddCounts) include this (it needs the CUDA headers); the public API is
+// quantize_cuda.h.
 //
 // The compilation units, one per format family, each with its kernels first and
 // then their launchers:
@@ -312,6 +313,19 @@ __device__ __forceinline__ void DivMod(int64_t n, const IndexDiv& by, int64_t* q
     by.fast.DivMod(static_cast<uint32_t>(n), &q32, &r32);
     *q = q32;
     *r = r32;
+  }
+}
+
+// Adds a thread's two counts to out[0] and out[1] (DeviceOutputs::counts, and
+// the CUDA backend's statistics kernels): a warp sum, then one 64-bit integer
+// atomic per warp and count when it is not zero (exact and order-free). Every
+// lane of the warp must call it.
+__device__ __forceinline__ void AddCounts(unsigned int a, unsigned int b, unsigned long long* out) {
+  a = __reduce_add_sync(kFullMask, a);
+  b = __reduce_add_sync(kFullMask, b);
+  if ((threadIdx.x & 31) == 0) {
+    if (a != 0) atomicAdd(out, static_cast<unsigned long long>(a));
+    if (b != 0) atomicAdd(out + 1, static_cast<unsigned long long>(b));
   }
 }
 

@@ -78,6 +78,7 @@ __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__
       }
     }
   };
+  unsigned int saturated = 0, nan_blocks = 0;  // a.o.counts
   load_step(static_cast<Index>(blockIdx.x) * (kThreads * kUnits));
   for (Index base = static_cast<Index>(blockIdx.x) * (kThreads * kUnits); base < total; base += step) {
     float v[kUnits][8];
@@ -146,8 +147,14 @@ __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__
         const Index scale = kDense ? unit[u] >> a.lane_shift : row[u] * a.blocks_per_row + (unit[u] >> a.lane_shift);
         a.o.scales[scale] = static_cast<uint8_t>(s.byte);
       }
+      if (a.o.counts != nullptr) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) saturated += qcore::MxSaturated(v[u][e], code[e], s, c) ? 1u : 0u;
+        nan_blocks += s.nan && (unit[u] & (a.lanes - 1)) == 0 ? 1u : 0u;
+      }
     }
   }
+  if (a.o.counts != nullptr) AddCounts(saturated, nan_blocks, a.o.counts);
 }
 
 struct MxColsArgs {
@@ -173,6 +180,7 @@ __global__ void __launch_bounds__(kThreads) MxColsKernel(const InT* __restrict__
   const Index cols = static_cast<Index>(a.cols);
   const Index total = static_cast<Index>(a.total);
   const Index step = static_cast<Index>(gridDim.x) * kThreads;
+  unsigned int saturated = 0, nan_blocks = 0;  // a.o.counts
   for (Index w = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; w < total; w += step) {
     Index rb, cp;
     if constexpr (kDense) {
@@ -232,6 +240,9 @@ __global__ void __launch_bounds__(kThreads) MxColsKernel(const InT* __restrict__
         }
         if (s0.nan) q0 = qcore::MxNanElement(c);
         if (s1.nan) q1 = qcore::MxNanElement(c);
+        if (a.o.counts != nullptr) {
+          saturated += (qcore::MxSaturated(v0, q0.code, s0, c) ? 1u : 0u) + (qcore::MxSaturated(v1, q1.code, s1, c) ? 1u : 0u);
+        }
         if (a.o.codes != nullptr) StoreCodes2<c.bits>(a.o.codes, i, q0.code, q1.code);
         if constexpr (kValues) StoreOut2(a.o.out, out_bf16, i, q0.value, q1.value);
       }
@@ -240,7 +251,9 @@ __global__ void __launch_bounds__(kThreads) MxColsKernel(const InT* __restrict__
     else quantize_rows(std::false_type{});
     if (a.o.scales != nullptr)
       *reinterpret_cast<uint16_t*>(a.o.scales + rb * cols + c0) = static_cast<uint16_t>(s0.byte | (s1.byte << 8));
+    nan_blocks += (s0.nan ? 1u : 0u) + (s1.nan ? 1u : 0u);
   }
+  if (a.o.counts != nullptr) AddCounts(saturated, nan_blocks, a.o.counts);
 }
 
 struct MxGenericArgs {
@@ -262,6 +275,7 @@ struct MxGenericArgs {
 template <typename InT>
 __global__ void __launch_bounds__(kThreads) MxGenericScalesKernel(const InT* __restrict__ x, const MxGenericArgs a) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
+  unsigned int nan_blocks = 0;  // a.o.counts
   for (int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; w < a.blocks; w += step) {
     int64_t start, stride, n;
     if (a.axis == 1) {
@@ -277,8 +291,11 @@ __global__ void __launch_bounds__(kThreads) MxGenericScalesKernel(const InT* __r
     }
     uint32_t amax = 0;
     for (int64_t k = 0; k < n; ++k) amax = max(amax, qcore::AbsBits(Load1(x + start + k * stride)));
-    a.scales[w] = static_cast<uint8_t>(qcore::MxScaleFromAmax(amax, a.c, a.bump).byte);
+    const qcore::MxScale s = qcore::MxScaleFromAmax(amax, a.c, a.bump);
+    a.scales[w] = static_cast<uint8_t>(s.byte);
+    nan_blocks += s.nan ? 1u : 0u;
   }
+  if (a.o.counts != nullptr) AddCounts(0u, nan_blocks, a.o.counts);
 }
 
 // Generic path, pass 2: one thread per pair of elements (2p, 2p + 1) in row-major
@@ -288,6 +305,7 @@ __global__ void __launch_bounds__(kThreads) MxGenericElementsKernel(const InT* _
   const bool out_bf16 = a.o.out_dtype == DType::kBF16;
   const int64_t pairs = (a.count + 1) / 2;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
+  unsigned int saturated = 0;  // a.o.counts
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; p < pairs; p += step) {
     uint32_t code[2] = {0, 0};
     const int halves = 2 * p + 1 < a.count ? 2 : 1;
@@ -298,8 +316,10 @@ __global__ void __launch_bounds__(kThreads) MxGenericElementsKernel(const InT* _
                                           : (row / a.block) * a.cols + col;
       const qcore::MxScale s = qcore::MxScaleFromByte(a.scales[s_index]);
       const float u = R == Rounding::kStochastic ? PhiloxUniform(a.seed, static_cast<uint64_t>(i)) : 0.0f;
-      const Rounded r = qcore::MxElement(Load1(x + i), s, a.c, R, u);
+      const float xi = Load1(x + i);
+      const Rounded r = qcore::MxElement(xi, s, a.c, R, u);
       code[h] = r.code;
+      saturated += qcore::MxSaturated(xi, r.code, s, a.c) ? 1u : 0u;
       if (a.o.out != nullptr) StoreOut1(a.o.out, out_bf16, i, r.value);
     }
     if (a.o.codes != nullptr) {
@@ -311,6 +331,7 @@ __global__ void __launch_bounds__(kThreads) MxGenericElementsKernel(const InT* _
       }
     }
   }
+  if (a.o.counts != nullptr) AddCounts(saturated, 0u, a.o.counts);
 }
 
 // ============================================================================
