@@ -47,59 +47,11 @@ struct StatsArgs {
   const float* x;
   int64_t rows, cols;
   int axis;
-  int block;                  // MX block
   const uint8_t* codes;       // one per byte, FP4 two per byte (PackCodes)
   const uint8_t* scales;      // quantize.h layout
   const float* tensor_scale;  // NVFP4 S_dec, FP8 1 / scale
-  int64_t scale_count;
-  unsigned long long* out;    // [0] saturated, [1] NaN/Inf blocks (MX, NVFP4) or elements (FP8, BF16)
+  unsigned long long* out;    // [0] saturated, [1] NaN/Inf blocks (NVFP4) or elements (FP8)
 };
-
-// MX: an element saturated if its code has the largest magnitude and |x| exceeds
-// |code value * 2^e| (the reference's dequantized value, exactly); NaN blocks (scale
-// byte 0xFF) have no saturated elements and count as nan blocks. Codes are read 16
-// at a time (one 16-byte load, 8 bytes for FP4; the buffer is 256-byte aligned);
-// only the rare largest-magnitude code looks at its scale and x.
-template <ElemFormat F>
-__global__ void __launch_bounds__(kThreads) MxStatsKernel(const StatsArgs a) {
-  constexpr qcore::ElemConsts c = qcore::ConstsOf(F);
-  constexpr uint32_t kMagnitude = (1u << (c.bits - 1)) - 1u;
-  const int64_t count = a.rows * a.cols;
-  const int64_t per_line = CeilDiv(a.axis == 1 ? a.cols : a.rows, a.block);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  unsigned int saturated = 0, nan_blocks = 0;
-  auto check = [&](uint32_t code, int64_t i) {
-    if ((code & kMagnitude) != c.max_code) return;  // the common case, before any index arithmetic
-    const int64_t row = i / a.cols, col = i - row * a.cols;
-    const int64_t s = a.axis == 1 ? row * per_line + col / a.block : (row / a.block) * a.cols + col;
-    if (qcore::MxSaturated(a.x[i], code, qcore::MxScaleFromByte(a.scales[s]), c)) ++saturated;
-  };
-  const int64_t groups = count / 16;
-  for (int64_t g = tid; g < groups; g += stride) {
-    uint32_t w[4];
-    if constexpr (c.bits == 4) {
-      const uint2 v = reinterpret_cast<const uint2*>(a.codes)[g];
-      w[0] = v.x;
-      w[1] = v.y;
-      w[2] = w[3] = 0u;
-    } else {
-      const uint4 v = reinterpret_cast<const uint4*>(a.codes)[g];
-      w[0] = v.x;
-      w[1] = v.y;
-      w[2] = v.z;
-      w[3] = v.w;
-    }
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const uint32_t code = c.bits == 4 ? (w[k >> 3] >> (4 * (k & 7))) & 0xFu : (w[k >> 2] >> (8 * (k & 3))) & 0xFFu;
-      check(code, g * 16 + k);
-    }
-  }
-  for (int64_t i = groups * 16 + tid; i < count; i += stride) check(CodeAt<c.bits>(a.codes, i), i);
-  for (int64_t s = tid; s < a.scale_count; s += stride) nan_blocks += a.scales[s] == 0xFFu ? 1u : 0u;
-  AddCounts(saturated, nan_blocks, a.out);
-}
 
 // NVFP4: one thread per 16-element block (its scale index is the block index in
 // both layouts). y is x, or its RHT computed as the reference does; a saturated
@@ -159,15 +111,6 @@ __global__ void __launch_bounds__(kThreads) Fp8StatsKernel(const StatsArgs a) {
     if ((code & 0x7Fu) == c.max_code && fabsf(v) > fabsf(qcore::DecodeElemFast(code, c) * inv)) ++saturated;
   }
   AddCounts(saturated, nonfinite, a.out);
-}
-
-// BF16 never saturates: only the NaN/Inf elements.
-__global__ void __launch_bounds__(kThreads) NonFiniteKernel(const float* x, int64_t count, unsigned long long* out) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  unsigned int nonfinite = 0;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < count; i += stride)
-    nonfinite += qcore::IsFinite(x[i]) ? 0u : 1u;
-  AddCounts(0u, nonfinite, out);
 }
 
 // slot (elements, saturated, blocks, nan_blocks) += this call's counts in temp
@@ -342,27 +285,15 @@ Status CudaBackend::AddOperandStats(const float* x, int64_t rows, int64_t cols, 
   a.rows = rows;
   a.cols = cols;
   a.axis = axis;
-  a.block = f.mx_block;
   a.codes = codes;
   a.scales = scales;
   a.tensor_scale = tensor_scale;
-  a.scale_count = 0;
   a.out = stats_temp_;
+  // BF16 and MX count inside their quantizers (PrepareOperand); NVFP4 and FP8 here.
   int64_t blocks = 1;
-  const bool per_tensor = !IsMx(f.format) && f.format != QuantFormat::kNvfp4;
+  const bool per_tensor = f.format != QuantFormat::kNvfp4;
   const unsigned int grid = GridFor(count);
-  if (IsMx(f.format)) {
-    blocks = MxScaleCount(rows, cols, f.mx_block, axis);
-    a.scale_count = blocks;
-    const unsigned int mx_grid = GridFor(std::max(count / 16, blocks));
-    switch (ElementOf(f.format)) {
-      case ElemFormat::kE4M3: MxStatsKernel<ElemFormat::kE4M3><<<mx_grid, kThreads, 0, stream_>>>(a); break;
-      case ElemFormat::kE5M2: MxStatsKernel<ElemFormat::kE5M2><<<mx_grid, kThreads, 0, stream_>>>(a); break;
-      case ElemFormat::kE3M2: MxStatsKernel<ElemFormat::kE3M2><<<mx_grid, kThreads, 0, stream_>>>(a); break;
-      case ElemFormat::kE2M3: MxStatsKernel<ElemFormat::kE2M3><<<mx_grid, kThreads, 0, stream_>>>(a); break;
-      case ElemFormat::kE2M1: MxStatsKernel<ElemFormat::kE2M1><<<mx_grid, kThreads, 0, stream_>>>(a); break;
-    }
-  } else if (f.format == QuantFormat::kNvfp4) {
+  if (f.format == QuantFormat::kNvfp4) {
     blocks = count / 16;
     Nvfp4StatsKernel<<<GridFor(blocks), kThreads, 0, stream_>>>(a, f.rht);
   } else if (f.format == QuantFormat::kFp8E4M3) {
@@ -370,7 +301,8 @@ Status CudaBackend::AddOperandStats(const float* x, int64_t rows, int64_t cols, 
   } else if (f.format == QuantFormat::kFp8E5M2) {
     Fp8StatsKernel<ElemFormat::kE5M2><<<grid, kThreads, 0, stream_>>>(a);
   } else {
-    NonFiniteKernel<<<grid, kThreads, 0, stream_>>>(x, count, stats_temp_);
+    return Status::Error(std::string("AddOperandStats: format ") + QuantFormatName(f.format) +
+                         " counts its statistics in its quantizer");
   }
   NN_LAUNCH_CHECK();
   return FinishOperandStats(count, blocks, per_tensor, slot, role, stats_temp_, nullptr);
