@@ -202,6 +202,15 @@ Status CudaBackend::AttentionHeads(const float* qkv, const float* dout, int64_t 
   return Status::Ok();
 }
 
+FlashArgs CudaBackend::FlashHeads(int64_t batch, int64_t seq, int64_t heads, int64_t dim) {
+  FlashArgs f;
+  f.q = attn_q_.get<__nv_bfloat16>();
+  f.k = attn_k_.get<__nv_bfloat16>();
+  f.v = attn_v_.get<__nv_bfloat16>();
+  f.batch = batch, f.seq = seq, f.heads = heads, f.dim = dim;
+  return f;
+}
+
 Status CudaBackend::AttentionProbabilities(float* stats, bool recompute, int64_t batch, int64_t seq, int64_t heads,
                                            int64_t dim, bool bf16) {
   const int64_t hd = dim / heads, bh = batch * heads, head_elems = seq * hd;
@@ -235,13 +244,9 @@ Status CudaBackend::AttentionForward(const float* qkv, float* out, float* stats,
   const Shape s{batch, seq, heads, dim / heads, dim};
   KEEL_RETURN_IF_ERROR(AttentionHeads(qkv, nullptr, batch, seq, heads, dim, bf16));
   if (bf16 && FlashSupports(s.hd)) {
-    FlashArgs f;
-    f.q = attn_q_.get<__nv_bfloat16>();
-    f.k = attn_k_.get<__nv_bfloat16>();
-    f.v = attn_v_.get<__nv_bfloat16>();
+    FlashArgs f = FlashHeads(batch, seq, heads, dim);
     f.out = out;
     f.stats = stats;
-    f.batch = batch, f.seq = seq, f.heads = heads, f.dim = dim;
     return FlashForward(f, stream_);
   }
   const int64_t bh = batch * heads;
@@ -278,15 +283,11 @@ Status CudaBackend::AttentionBackward(const float* qkv, const float* out, const 
   KEEL_RETURN_IF_ERROR(FlashRowDots(dout, out, attn_delta_.get<float>(), batch, seq, heads, dim, stream_));
   KEEL_RETURN_IF_ERROR(AttentionHeads(qkv, dout, batch, seq, heads, dim, bf16));
   if (bf16 && FlashSupports(s.hd)) {
-    FlashArgs f;
-    f.q = attn_q_.get<__nv_bfloat16>();
-    f.k = attn_k_.get<__nv_bfloat16>();
-    f.v = attn_v_.get<__nv_bfloat16>();
+    FlashArgs f = FlashHeads(batch, seq, heads, dim);
     f.dout = attn_o_.get<__nv_bfloat16>();
     f.delta = attn_delta_.get<float>();
     f.stats = const_cast<float*>(stats);  // read only by the backward kernels
     f.dqkv = dqkv;
-    f.batch = batch, f.seq = seq, f.heads = heads, f.dim = dim;
     return FlashBackward(f, stream_);
   }
   const int64_t head_elems = seq * s.hd;

@@ -104,6 +104,41 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t r[4], const bf16* p) {
                : "r"(addr));
 }
 
+// One step of the two-buffer tile pipeline: starts copying the tile at row
+// `next_row0` of m0 (and of m1 when not null) into buf0 (buf1) when `has_next`,
+// then waits until the tile copied before it has landed and the whole block
+// sees it.
+template <int HD>
+__device__ void NextTiles(bool has_next, int64_t next_row0, int64_t seq, const bf16* m0, bf16 (*buf0)[HD + kPad],
+                          const bf16* m1, bf16 (*buf1)[HD + kPad]) {
+  if (has_next) {
+    LoadTileAsync<HD>(m0, next_row0, seq, buf0);
+    if (m1 != nullptr) LoadTileAsync<HD>(m1, next_row0, seq, buf1);
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+  } else {
+    CpAsyncWait<0>();
+  }
+  __syncthreads();
+}
+
+// Stores this warp's 16 x HD result (C tiles acc, times mul) into rows row0 and
+// row0 + 8 of `base` (row t at base + t * ld); rows at or past seq are skipped.
+template <int HD>
+__device__ void StoreRows(const float acc[HD / 8][4], float mul, float* base, int64_t ld, int64_t row0, int64_t seq,
+                          const Lane& l) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t t = row0 + 8 * r;
+    if (t >= seq) continue;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      *reinterpret_cast<float2*>(base + t * ld + n * 8 + 2 * l.c) =
+          make_float2(acc[n][2 * r] * mul, acc[n][2 * r + 1] * mul);
+    }
+  }
+}
+
 // acc[n] (16 x 8 each, kTile / 8 of them) = the warp's 16 rows (A fragments a,
 // HD wide) times the 64 rows of `other` transposed: one 16 x 64 tile of dots.
 template <int HD>
@@ -183,22 +218,51 @@ __device__ __forceinline__ T* Head(T* base, int64_t bh, int64_t seq, int hd) {
   return base + bh * seq * hd;
 }
 
+// Two tiles of shared memory, each double-buffered: k and v (forward, dQ) or q
+// and dout (dK / dV).
+template <int HD>
+struct TilePair {
+  __align__(16) bf16 a[2][kTile][HD + kPad];
+  __align__(16) bf16 b[2][kTile][HD + kPad];
+};
+
+// The block's tile (rows of the side it owns), its (batch, head) and that head's
+// [seq][HD] slices of q, k, v and dout.
+template <int HD>
+struct HeadBlock {
+  int64_t tile, bh, b, h, seq;
+  const bf16 *q, *k, *v, *dout;
+  // longest_first: the tiles whose loops are longest start first (query tiles run
+  // over the keys before them, so the last one is the longest).
+  __device__ HeadBlock(const FlashArgs& a, bool longest_first)
+      : tile(longest_first ? gridDim.x - 1 - blockIdx.x : blockIdx.x),
+        bh(blockIdx.y),
+        b(bh / a.heads),
+        h(bh % a.heads),
+        seq(a.seq),
+        q(Head(a.q, bh, seq, HD)),
+        k(Head(a.k, bh, seq, HD)),
+        v(Head(a.v, bh, seq, HD)),
+        dout(a.dout != nullptr ? Head(a.dout, bh, seq, HD) : nullptr) {}
+};
+
 // ============================================================================
 // Forward: one block per (query tile, batch * head), the longest rows first.
 // ============================================================================
 
 template <int HD>
 __global__ void __launch_bounds__(kBlockThreads) FlashForwardKernel(const FlashArgs a, float scale) {
-  __shared__ __align__(16) bf16 ks[2][kTile][HD + kPad];
-  __shared__ __align__(16) bf16 vs[2][kTile][HD + kPad];
+  __shared__ TilePair<HD> tiles;
+  auto& ks = tiles.a;
+  auto& vs = tiles.b;
   const Lane l;
-  const int64_t qb = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y;
-  const int64_t b = bh / a.heads, h = bh % a.heads, seq = a.seq;
-  const bf16* k = Head(a.k, bh, seq, HD);
-  const bf16* v = Head(a.v, bh, seq, HD);
+  const HeadBlock<HD> at(a, true);
+  const int64_t qb = at.tile, seq = at.seq;
+  const bf16* k = at.k;
+  const bf16* v = at.v;
   const int64_t row0 = qb * kTile + l.warp * 16 + l.g;
   uint32_t qa[HD / 16][4];
-  LoadRowFragments<HD>(Head(a.q, bh, seq, HD), row0, seq, l, qa);
+  LoadRowFragments<HD>(at.q, row0, seq, l, qa);
   float s[kTile / 8][4];
 
   // Pass 1: each row's max m and sum l of exp(s - m), key tiles 0 .. qb.
@@ -206,14 +270,7 @@ __global__ void __launch_bounds__(kBlockThreads) FlashForwardKernel(const FlashA
   LoadTileAsync<HD>(k, 0, seq, ks[0]);
   CpAsyncCommit();
   for (int64_t kb = 0; kb <= qb; ++kb) {
-    if (kb < qb) {
-      LoadTileAsync<HD>(k, (kb + 1) * kTile, seq, ks[(kb + 1) & 1]);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();
+    NextTiles<HD>(kb < qb, (kb + 1) * kTile, seq, k, ks[(kb + 1) & 1], nullptr, nullptr);
     DotTile<HD>(qa, ks[kb & 1], l, s);
     ScaleAndMask(s, row0, kb * kTile, seq, scale, false, l);
 #pragma unroll
@@ -252,15 +309,7 @@ __global__ void __launch_bounds__(kBlockThreads) FlashForwardKernel(const FlashA
   LoadTileAsync<HD>(v, 0, seq, vs[0]);
   CpAsyncCommit();
   for (int64_t kb = 0; kb <= qb; ++kb) {
-    if (kb < qb) {
-      LoadTileAsync<HD>(k, (kb + 1) * kTile, seq, ks[(kb + 1) & 1]);
-      LoadTileAsync<HD>(v, (kb + 1) * kTile, seq, vs[(kb + 1) & 1]);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();
+    NextTiles<HD>(kb < qb, (kb + 1) * kTile, seq, k, ks[(kb + 1) & 1], v, vs[(kb + 1) & 1]);
     DotTile<HD>(qa, ks[kb & 1], l, s);
     ScaleAndMask(s, row0, kb * kTile, seq, scale, false, l);
 #pragma unroll
@@ -270,16 +319,11 @@ __global__ void __launch_bounds__(kBlockThreads) FlashForwardKernel(const FlashA
     AccumulateTile<HD>(s, vs[kb & 1], l, o);
     __syncthreads();
   }
+  StoreRows<HD>(o, 1.0f, a.out + at.b * seq * a.dim + at.h * HD, a.dim, row0, seq, l);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t t = row0 + 8 * r;
-    if (t >= seq) continue;
-    float* dst = a.out + (b * seq + t) * a.dim + h * HD;
-#pragma unroll
-    for (int n = 0; n < HD / 8; ++n) {
-      *reinterpret_cast<float2*>(dst + n * 8 + 2 * l.c) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
-    }
-    if (l.c == 0) *reinterpret_cast<float2*>(a.stats + 2 * (bh * seq + t)) = make_float2(m[r], inv[r]);
+    if (t < seq && l.c == 0) *reinterpret_cast<float2*>(a.stats + 2 * (at.bh * seq + t)) = make_float2(m[r], inv[r]);
   }
 }
 
@@ -324,20 +368,21 @@ __device__ __forceinline__ void SoftmaxGrad(float s[kTile / 8][4], float dp[kTil
 // dQ: one block per (query tile, batch * head), the longest rows first.
 template <int HD>
 __global__ void __launch_bounds__(kBlockThreads) FlashDqKernel(const FlashArgs a, float scale) {
-  __shared__ __align__(16) bf16 ks[2][kTile][HD + kPad];
-  __shared__ __align__(16) bf16 vs[2][kTile][HD + kPad];
-  const Lane l;
-  const int64_t qb = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y;
-  const int64_t b = bh / a.heads, h = bh % a.heads, seq = a.seq;
-  const bf16* k = Head(a.k, bh, seq, HD);
-  const bf16* v = Head(a.v, bh, seq, HD);
-  LoadTileAsync<HD>(k, 0, seq, ks[0]);
-  LoadTileAsync<HD>(v, 0, seq, vs[0]);
+  __shared__ TilePair<HD> tiles;
+  const HeadBlock<HD> at(a, true);
+  LoadTileAsync<HD>(at.k, 0, at.seq, tiles.a[0]);
+  LoadTileAsync<HD>(at.v, 0, at.seq, tiles.b[0]);
   CpAsyncCommit();
+  auto& ks = tiles.a;
+  auto& vs = tiles.b;
+  const Lane l;
+  const int64_t qb = at.tile, bh = at.bh, seq = at.seq;
+  const bf16* k = at.k;
+  const bf16* v = at.v;
   const int64_t row0 = qb * kTile + l.warp * 16 + l.g;
   uint32_t qa[HD / 16][4], da[HD / 16][4];
-  LoadRowFragments<HD>(Head(a.q, bh, seq, HD), row0, seq, l, qa);
-  LoadRowFragments<HD>(Head(a.dout, bh, seq, HD), row0, seq, l, da);
+  LoadRowFragments<HD>(at.q, row0, seq, l, qa);
+  LoadRowFragments<HD>(at.dout, row0, seq, l, da);
   float qm[2], qinv[2], qd[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -350,15 +395,7 @@ __global__ void __launch_bounds__(kBlockThreads) FlashDqKernel(const FlashArgs a
   float dq[HD / 8][4] = {};
   float s[kTile / 8][4], dp[kTile / 8][4];
   for (int64_t kb = 0; kb <= qb; ++kb) {
-    if (kb < qb) {
-      LoadTileAsync<HD>(k, (kb + 1) * kTile, seq, ks[(kb + 1) & 1]);
-      LoadTileAsync<HD>(v, (kb + 1) * kTile, seq, vs[(kb + 1) & 1]);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();
+    NextTiles<HD>(kb < qb, (kb + 1) * kTile, seq, k, ks[(kb + 1) & 1], v, vs[(kb + 1) & 1]);
     DotTile<HD>(qa, ks[kb & 1], l, s);
     ScaleAndMask(s, row0, kb * kTile, seq, scale, false, l);
     DotTile<HD>(da, vs[kb & 1], l, dp);
@@ -366,30 +403,22 @@ __global__ void __launch_bounds__(kBlockThreads) FlashDqKernel(const FlashArgs a
     AccumulateTile<HD>(dp, ks[kb & 1], l, dq);
     __syncthreads();
   }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t t = row0 + 8 * r;
-    if (t >= seq) continue;
-    float* dst = a.dqkv + (b * seq + t) * 3 * a.dim + h * HD;
-#pragma unroll
-    for (int n = 0; n < HD / 8; ++n) {
-      *reinterpret_cast<float2*>(dst + n * 8 + 2 * l.c) = make_float2(dq[n][2 * r] * scale, dq[n][2 * r + 1] * scale);
-    }
-  }
+  StoreRows<HD>(dq, scale, a.dqkv + at.b * seq * 3 * a.dim + at.h * HD, 3 * a.dim, row0, seq, l);
 }
 
 // dK and dV: one block per (key tile, batch * head), the longest columns first.
 template <int HD>
 __global__ void __launch_bounds__(kBlockThreads) FlashDkvKernel(const FlashArgs a, float scale) {
-  __shared__ __align__(16) bf16 qs[2][kTile][HD + kPad];
-  __shared__ __align__(16) bf16 ds[2][kTile][HD + kPad];
+  __shared__ TilePair<HD> tiles;
   __shared__ float qm[2][kTile], qinv[2][kTile], qd[2][kTile];
+  auto& qs = tiles.a;
+  auto& ds = tiles.b;
   const Lane l;
-  const int64_t kb = blockIdx.x, bh = blockIdx.y;
-  const int64_t b = bh / a.heads, h = bh % a.heads, seq = a.seq;
-  const bf16* q = Head(a.q, bh, seq, HD);
-  const bf16* dout = Head(a.dout, bh, seq, HD);
-  const int64_t tiles = (seq + kTile - 1) / kTile;
+  const HeadBlock<HD> at(a, false);
+  const int64_t kb = at.tile, bh = at.bh, seq = at.seq;
+  const bf16* q = at.q;
+  const bf16* dout = at.dout;
+  const int64_t query_tiles = (seq + kTile - 1) / kTile;
   // The per-query values of query tile `qt` into buffer `buf` (plain loads; they
   // are small).
   auto load_rows = [&](int64_t qt, int buf) {
@@ -407,22 +436,14 @@ __global__ void __launch_bounds__(kBlockThreads) FlashDkvKernel(const FlashArgs 
   load_rows(kb, 0);
   const int64_t key0 = kb * kTile + l.warp * 16 + l.g;
   uint32_t ka[HD / 16][4], va[HD / 16][4];
-  LoadRowFragments<HD>(Head(a.k, bh, seq, HD), key0, seq, l, ka);
-  LoadRowFragments<HD>(Head(a.v, bh, seq, HD), key0, seq, l, va);
+  LoadRowFragments<HD>(at.k, key0, seq, l, ka);
+  LoadRowFragments<HD>(at.v, key0, seq, l, va);
   float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
   float s[kTile / 8][4], dp[kTile / 8][4];
-  for (int64_t qb = kb; qb < tiles; ++qb) {
+  for (int64_t qb = kb; qb < query_tiles; ++qb) {
     const int buf = static_cast<int>((qb - kb) & 1);
-    if (qb + 1 < tiles) {
-      LoadTileAsync<HD>(q, (qb + 1) * kTile, seq, qs[buf ^ 1]);
-      LoadTileAsync<HD>(dout, (qb + 1) * kTile, seq, ds[buf ^ 1]);
-      CpAsyncCommit();
-      load_rows(qb + 1, buf ^ 1);
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();
+    if (qb + 1 < query_tiles) load_rows(qb + 1, buf ^ 1);
+    NextTiles<HD>(qb + 1 < query_tiles, (qb + 1) * kTile, seq, q, qs[buf ^ 1], dout, ds[buf ^ 1]);
     DotTile<HD>(ka, qs[buf], l, s);
     ScaleAndMask(s, key0, qb * kTile, seq, scale, true, l);
     DotTile<HD>(va, ds[buf], l, dp);
@@ -431,17 +452,9 @@ __global__ void __launch_bounds__(kBlockThreads) FlashDkvKernel(const FlashArgs 
     AccumulateTile<HD>(dp, qs[buf], l, dk);
     __syncthreads();
   }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t t = key0 + 8 * r;
-    if (t >= seq) continue;
-    float* dst = a.dqkv + (b * seq + t) * 3 * a.dim + a.dim + h * HD;
-#pragma unroll
-    for (int n = 0; n < HD / 8; ++n) {
-      *reinterpret_cast<float2*>(dst + n * 8 + 2 * l.c) = make_float2(dk[n][2 * r] * scale, dk[n][2 * r + 1] * scale);
-      *reinterpret_cast<float2*>(dst + a.dim + n * 8 + 2 * l.c) = make_float2(dv[n][2 * r], dv[n][2 * r + 1]);
-    }
-  }
+  float* rows = a.dqkv + at.b * seq * 3 * a.dim + at.h * HD;
+  StoreRows<HD>(dk, scale, rows + a.dim, 3 * a.dim, key0, seq, l);
+  StoreRows<HD>(dv, 1.0f, rows + 2 * a.dim, 3 * a.dim, key0, seq, l);
 }
 
 dim3 Grid(const FlashArgs& a) {

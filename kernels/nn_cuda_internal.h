@@ -20,6 +20,7 @@
 
 #include "kernels/cuda_status.h"
 #include "kernels/nn.h"
+#include "kernels/nn_cuda_flash.h"
 #include "kernels/quantize_cuda.h"
 
 namespace keel {
@@ -404,6 +405,9 @@ class CudaBackend final : public Backend {
   // attn_v_ (attn_o_) per head [b, h, t, d], bf16 or fp32.
   Status AttentionHeads(const float* qkv, const float* dout, int64_t batch, int64_t seq, int64_t heads,
                         int64_t dim, bool bf16);
+  // The fused kernels' arguments for the bf16 heads AttentionHeads left in
+  // attn_q_, attn_k_ and attn_v_.
+  FlashArgs FlashHeads(int64_t batch, int64_t seq, int64_t heads, int64_t dim);
   // The GEMM path's P in attn_s_ (and bf16 in attn_p_) from attn_q_ and attn_k_,
   // writing the stats, or with `recompute` reading them.
   Status AttentionProbabilities(float* stats, bool recompute, int64_t batch, int64_t seq, int64_t heads,

@@ -620,13 +620,21 @@ Status CudaBackend::EmbeddingBackward(const int32_t* tokens, const float* dout, 
   return Status::Ok();
 }
 
+namespace {
+
+Status CheckCrossEntropyShape(const char* op, int64_t rows, int64_t padded_vocab, int64_t vocab) {
+  if (rows >= 0 && vocab >= 1 && padded_vocab >= vocab) return Status::Ok();
+  return Status::Error(std::string(op) + ": shape: rows " + std::to_string(rows) + ", padded_vocab " +
+                       std::to_string(padded_vocab) + ", vocab " + std::to_string(vocab) +
+                       " is not allowed; need 1 <= vocab <= padded_vocab");
+}
+
+}  // namespace
+
 Status CudaBackend::CrossEntropyForward(const float* logits, const int32_t* targets, float* losses, int64_t rows,
                                         int64_t padded_vocab, int64_t vocab) {
   NN_PROFILE("CrossEntropyForward");
-  if (rows < 0 || vocab < 1 || padded_vocab < vocab)
-    return Status::Error("CrossEntropyForward: shape: rows " + std::to_string(rows) + ", padded_vocab " +
-                         std::to_string(padded_vocab) + ", vocab " + std::to_string(vocab) +
-                         " is not allowed; need 1 <= vocab <= padded_vocab");
+  KEEL_RETURN_IF_ERROR(CheckCrossEntropyShape("CrossEntropyForward", rows, padded_vocab, vocab));
   if (rows == 0) return Status::Ok();
   const bool vec = padded_vocab % 4 == 0 && Aligned(logits, 16);
   CrossEntropyForwardKernel<<<static_cast<unsigned int>(rows), kCeThreads, 0, stream_>>>(logits, targets, losses,
@@ -638,10 +646,7 @@ Status CudaBackend::CrossEntropyForward(const float* logits, const int32_t* targ
 Status CudaBackend::CrossEntropyBackward(const float* logits, const int32_t* targets, float* dlogits, int64_t rows,
                                          int64_t padded_vocab, int64_t vocab, float scale) {
   NN_PROFILE("CrossEntropyBackward");
-  if (rows < 0 || vocab < 1 || padded_vocab < vocab)
-    return Status::Error("CrossEntropyBackward: shape: rows " + std::to_string(rows) + ", padded_vocab " +
-                         std::to_string(padded_vocab) + ", vocab " + std::to_string(vocab) +
-                         " is not allowed; need 1 <= vocab <= padded_vocab");
+  KEEL_RETURN_IF_ERROR(CheckCrossEntropyShape("CrossEntropyBackward", rows, padded_vocab, vocab));
   if (rows == 0) return Status::Ok();
   const bool vec = padded_vocab % 4 == 0 && Aligned(logits, 16) && Aligned(dlogits, 16);
   CrossEntropyBackwardKernel<<<static_cast<unsigned int>(rows), kCeThreads, 0, stream_>>>(

@@ -280,15 +280,7 @@ Status CudaBackend::AddOperandStats(const float* x, int64_t rows, int64_t cols, 
                                     Role role) {
   const int64_t count = rows * cols;
   KEEL_CUDA_CHECK(cudaMemsetAsync(stats_temp_, 0, 2 * sizeof(unsigned long long), stream_));
-  StatsArgs a;
-  a.x = x;
-  a.rows = rows;
-  a.cols = cols;
-  a.axis = axis;
-  a.codes = codes;
-  a.scales = scales;
-  a.tensor_scale = tensor_scale;
-  a.out = stats_temp_;
+  const StatsArgs a{x, rows, cols, axis, codes, scales, tensor_scale, stats_temp_};
   // BF16 and MX count inside their quantizers (PrepareOperand); NVFP4 and FP8 here.
   int64_t blocks = 1;
   const bool per_tensor = f.format != QuantFormat::kNvfp4;
