@@ -184,7 +184,7 @@ void Scratch::Release(cudaStream_t stream) {
 
 CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  Scratch* scratch[] = {&op_a_,    &op_b_,    &codes_,   &scales_,  &partials_, &quant_temp_,
+  Scratch* scratch[] = {&op_a_,    &op_b_,    &codes_,   &partials_, &quant_temp_,
                         &attn_q_,  &attn_k_,  &attn_v_,  &attn_o_,  &attn_p_,   &attn_dp_, &attn_ds_,
                         &attn_dq_, &attn_dk_, &attn_dv_, &attn_s_,  &attn_delta_, &embed_, &reduce_desc_,
                         &align_in_};

@@ -378,9 +378,9 @@ class CudaBackend final : public Backend {
                         bool keep_count = false);
   // "op: stats_slot: N is not allowed ..." unless -1 <= slot < the slots ResetOperandStats made.
   Status CheckStatsSlot(const char* op, int slot) const;
-  // Device counters of one quantization (see OperandStats) added to slot/role.
-  Status AddOperandStats(const float* x, int64_t rows, int64_t cols, int axis,
-                         const OperandFormat& f, const uint8_t* codes, const uint8_t* scales,
+  // Device counters of one per-tensor FP8 quantization (see OperandStats) added
+  // to slot/role, from its codes (the other formats count in their quantizers).
+  Status AddOperandStats(const float* x, int64_t count, const OperandFormat& f, const uint8_t* codes,
                          const float* tensor_scale, int slot, Role role);
   // Quantize x (fp32) with `format` into out (fp32 or bf16), codes/scales when
   // non-null; tensor_scale receives NVFP4 / FP8 decode scales.
@@ -431,7 +431,7 @@ class CudaBackend final : public Backend {
 
   // Scratch, grown on demand and kept.
   Scratch op_a_, op_b_;                // quantized GEMM operands
-  Scratch codes_, scales_;             // codes and scales of a quantization, for its stats
+  Scratch codes_;                      // per-tensor FP8 codes, for its statistics
   Scratch partials_;                   // column-sum and reduction partials
   Scratch quant_temp_;                 // QuantizeDequantize with out == x
   Scratch align_in_;                   // a quantizer input that is not 16-byte aligned

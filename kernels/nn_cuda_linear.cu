@@ -37,74 +37,24 @@ namespace {
 
 using qcuda::AddCounts;
 
-template <int kBits>
-__device__ __forceinline__ uint32_t CodeAt(const uint8_t* codes, int64_t i) {
-  if constexpr (kBits == 4) return (codes[i >> 1] >> ((i & 1) * 4)) & 0xFu;
-  return codes[i];
-}
-
 struct StatsArgs {
   const float* x;
-  int64_t rows, cols;
-  int axis;
-  const uint8_t* codes;       // one per byte, FP4 two per byte (PackCodes)
-  const uint8_t* scales;      // quantize.h layout
-  const float* tensor_scale;  // NVFP4 S_dec, FP8 1 / scale
-  unsigned long long* out;    // [0] saturated, [1] NaN/Inf blocks (NVFP4) or elements (FP8)
+  int64_t count;
+  const uint8_t* codes;       // one per element
+  const float* tensor_scale;  // 1 / scale
+  unsigned long long* out;    // [0] saturated, [1] NaN/Inf elements
 };
 
-// NVFP4: one thread per 16-element block (its scale index is the block index in
-// both layouts). y is x, or its RHT computed as the reference does; a saturated
-// element has code +-6 and |y| above |(6 * sf) * S_dec|.
-__global__ void __launch_bounds__(kThreads) Nvfp4StatsKernel(const StatsArgs a, bool rht) {
-  const int64_t blocks = a.rows * a.cols / 16;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  const float s_dec = *a.tensor_scale;
-  unsigned int saturated = 0, nan_blocks = 0;
-  for (int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; w < blocks; w += stride) {
-    int64_t first, step;
-    if (a.axis == 1) {
-      first = w * 16;  // rows x (cols / 16) blocks, row-major: block w starts at element 16 w
-      step = 1;
-    } else {
-      const int64_t rb = w / a.cols, col = w - rb * a.cols;
-      first = rb * 16 * a.cols + col;
-      step = a.cols;
-    }
-    float y[16];
-#pragma unroll
-    for (int k = 0; k < 16; ++k) y[k] = a.x[first + k * step];
-    if (rht) {
-      float in[16];
-#pragma unroll
-      for (int k = 0; k < 16; ++k) in[k] = y[k];
-#pragma unroll
-      for (int k = 0; k < 16; ++k) y[k] = qcore::RhtOutput(in, k);
-    }
-    bool nonfinite = false;
-#pragma unroll
-    for (int k = 0; k < 16; ++k) nonfinite |= !qcore::IsFinite(y[k]);
-    nan_blocks += nonfinite ? 1u : 0u;
-    const float sf = qcore::DecodeElemFast(a.scales[w], qcore::ConstsOf(ElemFormat::kE4M3));
-    const float top = fabsf((6.0f * sf) * s_dec);  // NaN for a NaN scale: nothing saturates
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      if ((CodeAt<4>(a.codes, first + k * step) & 7u) == 7u && fabsf(y[k]) > top) ++saturated;
-    }
-  }
-  AddCounts(saturated, nan_blocks, a.out);
-}
-
-// Per-tensor FP8: saturated elements as above with value = code value / scale; the
-// NaN/Inf elements are counted, and the caller turns that into 0 or 1 block.
+// Per-tensor FP8: an element saturated if its code has the largest magnitude and
+// |x| exceeds |code value / scale|; the NaN/Inf elements are counted, and the
+// caller turns that into 0 or 1 block.
 template <ElemFormat F>
 __global__ void __launch_bounds__(kThreads) Fp8StatsKernel(const StatsArgs a) {
   constexpr qcore::ElemConsts c = qcore::ConstsOf(F);
-  const int64_t count = a.rows * a.cols;
   const float inv = *a.tensor_scale;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   unsigned int saturated = 0, nonfinite = 0;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < count; i += stride) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < a.count; i += stride) {
     const float v = a.x[i];
     nonfinite += qcore::IsFinite(v) ? 0u : 1u;
     const uint32_t code = a.codes[i];
@@ -267,6 +217,7 @@ Status CudaBackend::Quantize(const float* x, int64_t rows, int64_t cols, int axi
     const Nvfp4Options options = Nvfp4OptionsOf(f, axis, seed);
     o.scales = scales;
     o.tensor_scale = tensor_scale;
+    o.counts = counts;
     KEEL_RETURN_IF_ERROR(Nvfp4AmaxCuda(x, DType::kF32, rows, cols, options, amax, stream_));
     return Nvfp4QuantizeCuda(x, DType::kF32, rows, cols, options, amax, o, stream_);
   }
@@ -275,20 +226,13 @@ Status CudaBackend::Quantize(const float* x, int64_t rows, int64_t cols, int axi
   return Fp8TensorQuantizeCuda(x, DType::kF32, count, ElementOf(f.format), f.rounding, seed, amax, o, stream_);
 }
 
-Status CudaBackend::AddOperandStats(const float* x, int64_t rows, int64_t cols, int axis, const OperandFormat& f,
-                                    const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, int slot,
-                                    Role role) {
-  const int64_t count = rows * cols;
+Status CudaBackend::AddOperandStats(const float* x, int64_t count, const OperandFormat& f, const uint8_t* codes,
+                                    const float* tensor_scale, int slot, Role role) {
   KEEL_CUDA_CHECK(cudaMemsetAsync(stats_temp_, 0, 2 * sizeof(unsigned long long), stream_));
-  const StatsArgs a{x, rows, cols, axis, codes, scales, tensor_scale, stats_temp_};
-  // BF16 and MX count inside their quantizers (PrepareOperand); NVFP4 and FP8 here.
-  int64_t blocks = 1;
-  const bool per_tensor = f.format != QuantFormat::kNvfp4;
+  const StatsArgs a{x, count, codes, tensor_scale, stats_temp_};
+  // BF16, MX and NVFP4 count inside their quantizers (PrepareOperand); FP8 here.
   const unsigned int grid = GridFor(count);
-  if (f.format == QuantFormat::kNvfp4) {
-    blocks = count / 16;
-    Nvfp4StatsKernel<<<GridFor(blocks), kThreads, 0, stream_>>>(a, f.rht);
-  } else if (f.format == QuantFormat::kFp8E4M3) {
+  if (f.format == QuantFormat::kFp8E4M3) {
     Fp8StatsKernel<ElemFormat::kE4M3><<<grid, kThreads, 0, stream_>>>(a);
   } else if (f.format == QuantFormat::kFp8E5M2) {
     Fp8StatsKernel<ElemFormat::kE5M2><<<grid, kThreads, 0, stream_>>>(a);
@@ -297,7 +241,7 @@ Status CudaBackend::AddOperandStats(const float* x, int64_t rows, int64_t cols, 
                          " counts its statistics in its quantizer");
   }
   NN_LAUNCH_CHECK();
-  return FinishOperandStats(count, blocks, per_tensor, slot, role, stats_temp_, nullptr);
+  return FinishOperandStats(count, 1, true, slot, role, stats_temp_, nullptr);
 }
 
 Status CudaBackend::FinishOperandStats(int64_t count, int64_t blocks, bool per_tensor, int slot, Role role,
@@ -327,19 +271,14 @@ Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, i
   }
   KEEL_RETURN_IF_ERROR(scratch->Reserve(static_cast<size_t>(count) * (bf16 ? 2 : 4), stream_));
   const bool stats = q.stats_slot >= 0;
-  // BF16 and MX count their statistics while they quantize: no codes, scales or
-  // second pass. NVFP4 and FP8 keep codes and scales for the statistics kernels.
-  const bool fused_stats = stats && (f.format == QuantFormat::kBf16 || IsMx(f.format));
+  // BF16, MX and NVFP4 count their statistics while they quantize: no codes,
+  // scales or second pass. Per-tensor FP8 keeps its codes for its statistics kernel.
+  const bool fused_stats =
+      stats && (f.format == QuantFormat::kBf16 || IsMx(f.format) || f.format == QuantFormat::kNvfp4);
   uint8_t* codes = nullptr;
-  uint8_t* scales = nullptr;
   if (stats && !fused_stats) {
     KEEL_RETURN_IF_ERROR(codes_.Reserve(static_cast<size_t>(count) + 16, stream_));
     codes = codes_.get<uint8_t>();
-    if (IsMx(f.format) || f.format == QuantFormat::kNvfp4) {
-      const int block = f.format == QuantFormat::kNvfp4 ? 16 : f.mx_block;
-      KEEL_RETURN_IF_ERROR(scales_.Reserve(static_cast<size_t>(MxScaleCount(rows, cols, block, axis)) + 16, stream_));
-      scales = scales_.get<uint8_t>();
-    }
   }
   const int r = static_cast<int>(role);
   float* amax = small_ + kAmaxSlot + r;
@@ -348,18 +287,18 @@ Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, i
   {
     NN_PROFILE("quantize");
     const Status s = Quantize(x, rows, cols, axis, f, RoleSeed(q.seed, role), scratch->get<void>(), bf16, true,
-                              codes, scales, amax, tensor_scale, fused_stats ? stats_temp_ : nullptr);
+                              codes, nullptr, amax, tensor_scale, fused_stats ? stats_temp_ : nullptr);
     if (!s.ok()) return Status::Error(std::string("linear: role ") + RoleName(role) + ": " + s.message());
   }
   if (fused_stats) {
     NN_PROFILE("operand stats");
-    const bool mx = IsMx(f.format);
-    KEEL_RETURN_IF_ERROR(FinishOperandStats(count, mx ? MxScaleCount(rows, cols, f.mx_block, axis) : 1, !mx,
-                                            q.stats_slot, role, stats_temp_,
+    const bool bf16_stats = f.format == QuantFormat::kBf16;
+    const int64_t blocks = bf16_stats ? 1 : IsMx(f.format) ? MxScaleCount(rows, cols, f.mx_block, axis) : count / 16;
+    KEEL_RETURN_IF_ERROR(FinishOperandStats(count, blocks, bf16_stats, q.stats_slot, role, stats_temp_,
                                             keep_count ? stats_temp_ + 2 : nullptr));
   } else if (stats) {
     NN_PROFILE("operand stats");
-    KEEL_RETURN_IF_ERROR(AddOperandStats(x, rows, cols, axis, f, codes, scales, tensor_scale, q.stats_slot, role));
+    KEEL_RETURN_IF_ERROR(AddOperandStats(x, count, f, codes, tensor_scale, q.stats_slot, role));
   }
   out->data = scratch->get<void>();
   if (HasTensorScale(f.format)) out->tensor_scale = tensor_scale;

@@ -470,6 +470,17 @@ KEEL_HD Rounded Nvfp4Element(float y, const Nvfp4BlockScale& b, Rounding mode, f
   return r;
 }
 
+// The operand statistics (nn.h OperandStats) of NVFP4: an element saturated
+// when its code is +-6 and |y| exceeds |(6 sf) S_dec|, sf its block's E4M3 scale
+// (a NaN scale gives a NaN bound: nothing saturates); a block with a NaN or Inf
+// y counts as a NaN block.
+KEEL_HD float Nvfp4SaturationBound(uint32_t scale_code, float s_dec) {
+  return AsFloat(AsBits((6.0f * DecodeElemFast(scale_code, ConstsOf(ElemFormat::kE4M3))) * s_dec) & kAbsMask);
+}
+KEEL_HD bool Nvfp4Saturated(float y, uint32_t code, float bound) {
+  return (code & 7u) == 7u && AsFloat(AsBits(y) & kAbsMask) > bound;
+}
+
 // Step 5: (q * sf) * S_dec, in that order.
 KEEL_HD float Nvfp4Dequant(float q, const Nvfp4BlockScale& b, const Nvfp4TensorScale& t) {
   return (q * b.sf) * t.s_dec;

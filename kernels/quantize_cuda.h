@@ -60,7 +60,8 @@ struct DeviceOutputs {
   // When not null, two device counters the quantizer adds the trainer's
   // operand statistics of this call to (nn.h OperandStats), in the same pass:
   // MX: [0] += saturated elements (qcore::MxSaturated), [1] += NaN blocks;
-  // BF16: [1] += non-finite inputs. NVFP4 and FP8 ignore it.
+  // NVFP4: the same with qcore::Nvfp4Saturated and 1x16 NaN blocks (16x16 tiles
+  // count their 1x16 rows); BF16: [1] += non-finite inputs. FP8 ignores it.
   unsigned long long* counts = nullptr;
 };
 

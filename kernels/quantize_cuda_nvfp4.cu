@@ -59,6 +59,7 @@ __device__ __forceinline__ qcore::Nvfp4TensorScale TensorScaleOf(const Nvfp4Args
 // kAmaxOnly: the amax pass (only needed with RHT; otherwise a plain max over x).
 template <typename InT, Rounding R, bool kTile, bool kRht, bool kAmaxOnly>
 __global__ void __launch_bounds__(kThreads) Nvfp4RowsKernel(const InT* __restrict__ x, const Nvfp4Args a) {
+  unsigned int saturated = 0, nan_blocks = 0;  // a.o.counts
   constexpr int kUnits = 2;
   const bool out_bf16 = a.o.out_dtype == DType::kBF16;
   qcore::Nvfp4TensorScale t{};
@@ -133,6 +134,7 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsKernel(const InT* __restric
         continue;
       }
       amax = max(amax, __shfl_xor_sync(kFullMask, amax, 1));
+      const bool nan_block = amax >= qcore::kInfBits;  // the 1x16 block's, before the tile's max
       if constexpr (kTile) {
 #pragma unroll
         for (int o = 2; o < 32; o <<= 1) amax = max(amax, __shfl_xor_sync(kFullMask, amax, o));
@@ -158,9 +160,19 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsKernel(const InT* __restric
       if (a.o.out != nullptr) StoreOut8(a.o.out, out_bf16, i0, out);
       if (a.o.scales != nullptr && half == 0)
         a.o.scales[row[u] * a.blocks_per_row + (col[u] >> 4)] = static_cast<uint8_t>(s.code);
+      if (a.o.counts != nullptr) {
+        const float bound = qcore::Nvfp4SaturationBound(s.code, t.s_dec);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) saturated += qcore::Nvfp4Saturated(y[e], code[e], bound) ? 1u : 0u;
+        nan_blocks += nan_block && half == 0 ? 1u : 0u;
+      }
     }
   }
-  if constexpr (kAmaxOnly) CtaMaxToGlobal(thread_max, a.amax_out);
+  if constexpr (kAmaxOnly) {
+    CtaMaxToGlobal(thread_max, a.amax_out);
+  } else {
+    if (a.o.counts != nullptr) AddCounts(saturated, nan_blocks, a.o.counts);
+  }
 }
 
 // NVFP4 along rows, nearest_even, no RHT, one thread per 16-element block: the
@@ -179,6 +191,7 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsKernel(const InT* __restric
 // decides), which shortens the address arithmetic; int64_t otherwise.
 template <typename InT, bool kTile, typename Index>
 __global__ void __launch_bounds__(kThreads) Nvfp4RowsRneKernel(const InT* __restrict__ x, const Nvfp4Args a) {
+  unsigned int saturated = 0, nan_blocks = 0;  // a.o.counts
   using Raw = Raw8<InT>;
   const bool out_bf16 = a.o.out_dtype == DType::kBF16;
   const qcore::Nvfp4TensorScale t = TensorScaleOf(a);
@@ -270,8 +283,15 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsRneKernel(const InT* __rest
         StoreOut8(a.o.out, out_bf16, e[b] + 8, out + 8);
       }
       if (a.o.scales != nullptr) a.o.scales[e[b] / 16] = static_cast<uint8_t>(s.code);
+      if (a.o.counts != nullptr) {
+        const float bound = qcore::Nvfp4SaturationBound(s.code, t.s_dec);
+#pragma unroll
+        for (int m = 0; m < 16; ++m) saturated += qcore::Nvfp4Saturated(y[m], code[m], bound) ? 1u : 0u;
+        nan_blocks += amax[b] >= qcore::kInfBits ? 1u : 0u;
+      }
     }
   }
+  if (a.o.counts != nullptr) AddCounts(saturated, nan_blocks, a.o.counts);
 }
 
 // Axis 0 (blocks of 16 down columns), rows % 16 == 0, cols even. Work item = (row
@@ -281,6 +301,7 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsRneKernel(const InT* __rest
 // the tile amax.
 template <typename InT, Rounding R, bool kTile, bool kRht, bool kAmaxOnly, typename Index>
 __global__ void __launch_bounds__(kThreads) Nvfp4ColsKernel(const InT* __restrict__ x, const Nvfp4Args a) {
+  unsigned int saturated = 0, nan_blocks = 0;  // a.o.counts
   constexpr bool kNarrow = std::is_same_v<Index, uint32_t>;
   using Raw = Raw2<InT>;
   const bool out_bf16 = a.o.out_dtype == DType::kBF16;
@@ -349,6 +370,8 @@ __global__ void __launch_bounds__(kThreads) Nvfp4ColsKernel(const InT* __restric
       thread_max = max(thread_max, max(amax0, amax1));
       continue;
     }
+    // The two 1x16 blocks' NaN flags, before the tile's max.
+    const unsigned int nan_pair = (amax0 >= qcore::kInfBits ? 1u : 0u) + (amax1 >= qcore::kInfBits ? 1u : 0u);
     if constexpr (kTile) {
       amax0 = max(amax0, amax1);
 #pragma unroll
@@ -356,8 +379,11 @@ __global__ void __launch_bounds__(kThreads) Nvfp4ColsKernel(const InT* __restric
       amax1 = amax0;
     }
     if (!active) continue;
+    nan_blocks += nan_pair;
     const qcore::Nvfp4BlockScale s0 = qcore::Nvfp4BlockScaleFromAmax(__uint_as_float(amax0), t);
     const qcore::Nvfp4BlockScale s1 = qcore::Nvfp4BlockScaleFromAmax(__uint_as_float(amax1), t);
+    const float bound0 = qcore::Nvfp4SaturationBound(s0.code, t.s_dec);
+    const float bound1 = qcore::Nvfp4SaturationBound(s1.code, t.s_dec);
     // Two copies of the loop, so that codes-only calls skip the value arithmetic.
     auto quantize_rows = [&](auto with_values) {
       constexpr bool kValues = decltype(with_values)::value;
@@ -378,6 +404,10 @@ __global__ void __launch_bounds__(kThreads) Nvfp4ColsKernel(const InT* __restric
           q1 = qcore::Nvfp4Element(y1[r], s1, R, u1);
         }
         if (a.o.codes != nullptr) StoreCodes2<4>(a.o.codes, i, q0.code, q1.code);
+        if (a.o.counts != nullptr) {
+          saturated += (qcore::Nvfp4Saturated(y0[r], q0.code, bound0) ? 1u : 0u) +
+                       (qcore::Nvfp4Saturated(y1[r], q1.code, bound1) ? 1u : 0u);
+        }
         if constexpr (kValues)
           StoreOut2(a.o.out, out_bf16, i, qcore::Nvfp4Dequant(q0.value, s0, OutTensorScale(t, a.o)),
                     qcore::Nvfp4Dequant(q1.value, s1, OutTensorScale(t, a.o)));
@@ -388,7 +418,11 @@ __global__ void __launch_bounds__(kThreads) Nvfp4ColsKernel(const InT* __restric
     if (a.o.scales != nullptr)
       *reinterpret_cast<uint16_t*>(a.o.scales + rb * cols + c0) = static_cast<uint16_t>(s0.code | (s1.code << 8));
   }
-  if constexpr (kAmaxOnly) CtaMaxToGlobal(thread_max, a.amax_out);
+  if constexpr (kAmaxOnly) {
+    CtaMaxToGlobal(thread_max, a.amax_out);
+  } else {
+    if (a.o.counts != nullptr) AddCounts(saturated, nan_blocks, a.o.counts);
+  }
 }
 
 // Generic NVFP4 (axis 0 with an odd column count; 1x16 only, since a 16x16 tile
@@ -415,12 +449,15 @@ __global__ void __launch_bounds__(kThreads) Nvfp4GenericScalesKernel(const float
   const qcore::Nvfp4TensorScale t = qcore::Nvfp4TensorScaleFromAmax(__ldg(a.amax_in));
   const int64_t work = a.rows / 16 * a.cols;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
+  unsigned int nan_blocks = 0;  // a.o.counts
   for (int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; w < work; w += step) {
     const int64_t rb = w / a.cols, col = w - rb * a.cols;
     uint32_t amax = 0;
     for (int r = 0; r < 16; ++r) amax = max(amax, qcore::AbsBits(__ldg(y + (rb * 16 + r) * a.cols + col)));
     scales[w] = static_cast<uint8_t>(qcore::Nvfp4BlockScaleFromAmax(__uint_as_float(amax), t).code);
+    nan_blocks += amax >= qcore::kInfBits ? 1u : 0u;
   }
+  if (a.o.counts != nullptr) AddCounts(0u, nan_blocks, a.o.counts);
 }
 
 // Pass 3: one thread per pair of elements in row-major order (one writer per byte).
@@ -432,20 +469,25 @@ __global__ void __launch_bounds__(kThreads) Nvfp4GenericElementsKernel(const flo
   const int64_t count = a.rows * a.cols;
   const int64_t pairs = (count + 1) / 2;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
+  unsigned int saturated = 0;  // a.o.counts
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; p < pairs; p += step) {
     uint32_t code[2] = {0, 0};
     const int halves = 2 * p + 1 < count ? 2 : 1;
     for (int h = 0; h < halves; ++h) {
       const int64_t i = 2 * p + h;
       const int64_t row = i / a.cols, col = i - row * a.cols;
-      const qcore::Nvfp4BlockScale s = qcore::Nvfp4BlockScaleFromCode(scales[(row / 16) * a.cols + col], t);
+      const uint32_t scale_code = scales[(row / 16) * a.cols + col];
+      const qcore::Nvfp4BlockScale s = qcore::Nvfp4BlockScaleFromCode(scale_code, t);
       const float u = R == Rounding::kStochastic ? PhiloxUniform(a.seed, static_cast<uint64_t>(i)) : 0.0f;
-      const Rounded q = qcore::Nvfp4Element(__ldg(y + i), s, R, u);
+      const float yi = __ldg(y + i);
+      const Rounded q = qcore::Nvfp4Element(yi, s, R, u);
       code[h] = q.code;
+      saturated += qcore::Nvfp4Saturated(yi, q.code, qcore::Nvfp4SaturationBound(scale_code, t.s_dec)) ? 1u : 0u;
       if (a.o.out != nullptr) StoreOut1(a.o.out, out_bf16, i, qcore::Nvfp4Dequant(q.value, s, OutTensorScale(t, a.o)));
     }
     if (a.o.codes != nullptr) a.o.codes[p] = static_cast<uint8_t>(code[0] | (code[1] << 4));
   }
+  if (a.o.counts != nullptr) AddCounts(saturated, 0u, a.o.counts);
 }
 
 // ============================================================================
