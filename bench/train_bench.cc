@@ -27,18 +27,6 @@
 #include "worker/io/json.h"
 #include "worker/io/token_shard.h"
 
-#ifdef KEEL_BENCH_CUDA
-// The four CUDA runtime calls the memory figure needs, declared here because
-// plain C++ targets do not see the toolkit's headers (only nvcc does). They
-// return cudaError_t, an enum whose cudaSuccess is 0; cudaMemPool_t is a pointer.
-// cudart is linked already (the CUDA backend's dependency).
-extern "C" {
-int cudaGetDevice(int* device);
-int cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
-int cudaDeviceGetDefaultMemPool(void** pool, int device);
-int cudaMemPoolTrimTo(void* pool, size_t min_bytes_to_keep);
-}
-#endif
 
 namespace keel {
 namespace {
@@ -126,46 +114,17 @@ std::string Show(const Maybe& m, const char* format) { return m.known ? Format(f
 
 JsonValue ToJsonValue(const Maybe& m) { return m.known ? JsonValue(m.value) : JsonValue(); }
 
-#ifdef KEEL_BENCH_CUDA
-// A failed runtime call, reported with where it was made; the measurement goes on without it.
-bool CudaOk(int error, const char* call, int line) {
-  if (error == 0) return true;
-  std::fprintf(stderr, "train_bench: %s failed (cudaError_t %d) at %s:%d\n", call, error, __FILE__, line);
-  return false;
-}
-#define BENCH_CUDA_OK(call) CudaOk((call), #call, __LINE__)
-#endif
 
-// Device memory the process holds now: cudaMemGetInfo's total - free, the
-// measure llm.c's train_gpt2cu prints as "device memory usage". Includes the
-// CUDA context, cuBLASLt's workspace and what the CUDA memory pool keeps.
+// Device memory the process holds now (Backend::DeviceMemoryInUse: the measure
+// llm.c's train_gpt2cu prints as "device memory usage"), in MiB.
 Maybe DeviceMemoryInUseMib(const Backend& backend) {
   Maybe m;
-#ifdef KEEL_BENCH_CUDA
-  size_t free_bytes = 0, total_bytes = 0;
-  if (std::string(backend.name()) == "cuda" && BENCH_CUDA_OK(cudaMemGetInfo(&free_bytes, &total_bytes))) {
+  int64_t bytes = 0;
+  if (backend.DeviceMemoryInUse(&bytes)) {
     m.known = true;
-    m.value = static_cast<double>(total_bytes - free_bytes) / (1 << 20);
+    m.value = static_cast<double>(bytes) / (1 << 20);
   }
-#else
-  (void)backend;
-#endif
   return m;
-}
-
-// Returns what the default CUDA memory pool keeps after a case (the backend keeps
-// its scratch there), so that the next case's peak is its own.
-void TrimCudaPool(const std::string& backend) {
-#ifdef KEEL_BENCH_CUDA
-  int device = 0;
-  void* pool = nullptr;
-  if (backend == "cuda" && BENCH_CUDA_OK(cudaGetDevice(&device)) &&
-      BENCH_CUDA_OK(cudaDeviceGetDefaultMemPool(&pool, device))) {
-    BENCH_CUDA_OK(cudaMemPoolTrimTo(pool, 0));
-  }
-#else
-  (void)backend;
-#endif
 }
 
 // The device name in a Backend::Describe text ("NVIDIA H200, sm_90, 132 SMs").
@@ -241,9 +200,7 @@ Status Measure(const std::string& yaml, const std::string& label, int steps, boo
   out->params = t->model()->param_count();
   out->device = t->backend()->Describe();
   out->peak_mib = DeviceMemoryInUseMib(*t->backend());
-  const std::string backend = t->backend()->name();
-  t.reset();
-  TrimCudaPool(backend);
+  t.reset();  // the CUDA backend hands its cached scratch back: the next case's peak is its own
   return Status::Ok();
 }
 

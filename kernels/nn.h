@@ -210,6 +210,13 @@ class Backend {
   virtual Status Dots(const std::vector<Span>& a, const std::vector<Span>& b,
                       std::vector<double>* out) = 0;
 
+  // ---- Device memory ------------------------------------------------------------------
+  // The memory this process holds on the backend's device as the driver counts it
+  // (the CUDA backend: cudaMemGetInfo's total - free, the figure llm.c prints as
+  // "device memory usage": context, cuBLASLt workspace and the memory pool's cache
+  // included). False where there is no such figure (the CPU backend).
+  virtual bool DeviceMemoryInUse(int64_t* bytes) const;
+
   // ---- Profiling (off by default) ---------------------------------------------------
   // The CUDA backend times each op's work on its stream with CUDA events (and the
   // main parts of the linear layer separately); parts are timed inside their op,

@@ -1,4 +1,5 @@
-// The Backend methods with a default (nn.h): backends without a per-op timer.
+// The Backend methods with a default (nn.h), for backends without a device
+// memory figure or a per-op timer, and FormatProfile.
 #include "kernels/nn.h"
 
 #include <algorithm>
@@ -10,6 +11,11 @@ Status Backend::SetProfiling(bool on) {
   if (!on) return Status::Ok();
   return Status::Error(std::string("profile: the ") + name() +
                        " backend has no per-op timer (the cuda backend has)");
+}
+
+bool Backend::DeviceMemoryInUse(int64_t* bytes) const {
+  *bytes = 0;
+  return false;
 }
 
 Status Backend::TakeProfile(std::vector<OpTime>* out) {

@@ -1038,12 +1038,17 @@ TEST_F(NnCpuTest, ReductionsInDouble) {
   EXPECT_FALSE(backend_->Dots(spans, {{b.data(), 5}}, &dots).ok());
 }
 
-// The CPU backend has no per-op timer: turning it on is refused, off is fine.
+// The CPU backend has no per-op timer (turning it on is refused, off is fine)
+// and no device memory figure.
 TEST_F(NnCpuTest, ProfilingIsRefusedWithoutATimer) {
   const Status on = backend_->SetProfiling(true);
   ASSERT_FALSE(on.ok());
   EXPECT_NE(on.message().find("cpu backend has no per-op timer"), std::string::npos) << on.message();
   EXPECT_TRUE(backend_->SetProfiling(false).ok());
+  // Nor a device memory figure.
+  int64_t bytes = -1;
+  EXPECT_FALSE(backend_->DeviceMemoryInUse(&bytes));
+  EXPECT_EQ(bytes, 0);
 }
 
 // Ops longest first, each op's parts under it, per step over `steps`.

@@ -190,6 +190,10 @@ CudaBackend::~CudaBackend() {
                         &align_in_};
   for (Scratch* s : scratch) s->Release(stream_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  // Hand the pool's cached scratch back to the driver (Init keeps it cached while
+  // the backend lives), so that a later backend in this process starts from zero.
+  cudaMemPool_t pool;
+  if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
   if (small_ != nullptr) cudaFree(small_);
   if (stats_ != nullptr) cudaFree(stats_);
   if (stats_temp_ != nullptr) cudaFree(stats_temp_);
@@ -353,6 +357,17 @@ Status OpTimer::Take(std::vector<OpTime>* out) {
   Status s = error_;
   error_ = Status::Ok();
   return s;
+}
+
+bool CudaBackend::DeviceMemoryInUse(int64_t* bytes) const {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    cudaGetLastError();  // leave no sticky error for the next call
+    *bytes = 0;
+    return false;
+  }
+  *bytes = static_cast<int64_t>(total_bytes - free_bytes);
+  return true;
 }
 
 Status CudaBackend::SetProfiling(bool on) {

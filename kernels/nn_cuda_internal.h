@@ -315,6 +315,7 @@ class CudaBackend final : public Backend {
   Status ResetOperandStats(int slots) override;
   Status ReadOperandStats(std::vector<OperandStats>* stats) override;
 
+  bool DeviceMemoryInUse(int64_t* bytes) const override;
   Status SetProfiling(bool on) override;
   Status TakeProfile(std::vector<OpTime>* out) override;
 

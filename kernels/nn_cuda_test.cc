@@ -775,6 +775,20 @@ TEST_F(NnCudaTest, CrossEntropyMatchesCpu) {
 // Determinism
 // ============================================================================
 
+// The device memory figure sees an allocation of 256 MiB (the driver may round
+// it up; nothing else runs on the GPU meanwhile).
+TEST_F(NnCudaTest, DeviceMemoryInUseSeesAnAllocation) {
+  int64_t before = 0, after = 0;
+  ASSERT_TRUE(gpu_->DeviceMemoryInUse(&before));
+  EXPECT_GT(before, 0);
+  void* p = nullptr;
+  ASSERT_OK(gpu_->Alloc(size_t{256} << 20, &p));
+  ASSERT_TRUE(gpu_->DeviceMemoryInUse(&after));
+  gpu_->Free(p);
+  EXPECT_GE(after - before, int64_t{256} << 20) << "before " << before << ", after " << after;
+  EXPECT_LE(after - before, int64_t{300} << 20) << "before " << before << ", after " << after;
+}
+
 TEST_F(NnCudaTest, RepeatedRunsGiveIdenticalBits) {
   const int64_t rows = 2048, in = 768, out = 3072;
   const int64_t batch = 2, seq = 512, heads = 12, dim = 768, vocab = 2000, padded = 2048;
