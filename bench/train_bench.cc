@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -98,56 +99,42 @@ const Bf16Peak kBf16Peaks[] = {
     {"NVIDIA H200", 756.0 * 528 / 456 * 1830 / 1620, "llm.c mfu.h's H100 SXM figure; mfu.h lists no H200, same dense BF16"},
 };
 
-// A value only some runs have (device memory, MFU): printed "n/a" when absent.
-struct Maybe {
-  bool known = false;
-  double value = 0;
-};
-
 std::string Format(const char* format, double value) {
   char buffer[64];
   std::snprintf(buffer, sizeof(buffer), format, value);
   return buffer;
 }
 
-std::string Show(const Maybe& m, const char* format) { return m.known ? Format(format, m.value) : "n/a"; }
+// A value only some runs have (device memory, MFU): "n/a" or null when absent.
+std::string Show(const std::optional<double>& m, const char* format) { return m ? Format(format, *m) : "n/a"; }
 
-JsonValue ToJsonValue(const Maybe& m) { return m.known ? JsonValue(m.value) : JsonValue(); }
-
+JsonValue ToJsonValue(const std::optional<double>& m) { return m ? JsonValue(*m) : JsonValue(); }
 
 // Device memory the process holds now (Backend::DeviceMemoryInUse: the measure
 // llm.c's train_gpt2cu prints as "device memory usage"), in MiB.
-Maybe DeviceMemoryInUseMib(const Backend& backend) {
-  Maybe m;
+std::optional<double> DeviceMemoryInUseMib(const Backend& backend) {
   int64_t bytes = 0;
-  if (backend.DeviceMemoryInUse(&bytes)) {
-    m.known = true;
-    m.value = static_cast<double>(bytes) / (1 << 20);
-  }
-  return m;
+  if (!backend.DeviceMemoryInUse(&bytes)) return std::nullopt;
+  return static_cast<double>(bytes) / (1 << 20);
 }
 
 // The device name in a Backend::Describe text ("NVIDIA H200, sm_90, 132 SMs").
 std::string DeviceName(const std::string& described) { return described.substr(0, described.find(", ")); }
 
 // The dense BF16 peak for MFU: --peak-tflops, else kBf16Peaks by device name.
-Maybe PeakTflops(double flag, const std::string& device, std::string* source) {
-  Maybe m;
+std::optional<double> PeakTflops(double flag, const std::string& device, std::string* source) {
   if (flag > 0) {
     *source = "--peak-tflops";
-    m.known = true;
-    m.value = flag;
-    return m;
+    return flag;
   }
   for (const Bf16Peak& p : kBf16Peaks) {
     if (device == p.device) {
       *source = p.source;
-      m.known = true;
-      m.value = p.tflops;
+      return p.tflops;
     }
   }
-  if (!m.known) *source = "no figure for '" + device + "' (pass --peak-tflops)";
-  return m;
+  *source = "no figure for '" + device + "' (pass --peak-tflops)";
+  return std::nullopt;
 }
 
 struct Result {
@@ -158,7 +145,7 @@ struct Result {
   double loss = 0;
   int64_t params = 0;
   std::string device;
-  Maybe peak_mib;
+  std::optional<double> peak_mib;
 };
 
 // profile: time every backend op over the timed steps (Backend::SetProfiling)
@@ -256,7 +243,7 @@ int RunGpt(const std::string& common, const GptOptions& o) {
   const std::string shape = "B" + std::to_string(o.batch) + "xT" + std::to_string(o.seq);
   std::vector<Result> results;
   std::string json_lines;
-  Maybe peak;
+  std::optional<double> peak;
   std::string peak_source;
   double flops_per_token = 0;
   for (const std::string& scheme : o.schemes) {
@@ -274,13 +261,11 @@ int RunGpt(const std::string& common, const GptOptions& o) {
     // llm.c's gpt2_estimate_mfu: 6 N for the weight matmuls, 6 L C T for attention.
     flops_per_token = 6.0 * r.params + 6.0 * g.layers * g.width * o.seq;
     peak = PeakTflops(o.peak_tflops_flag, DeviceName(r.device), &peak_source);
-    Maybe mfu;
-    if (peak.known) {
-      mfu.known = true;
-      mfu.value = r.items_per_s * flops_per_token / (peak.value * 1e12);
+    std::optional<double> mfu, percent;
+    if (peak) {
+      mfu = r.items_per_s * flops_per_token / (*peak * 1e12);
+      percent = *mfu * 100;
     }
-    Maybe percent = mfu;
-    percent.value *= 100;
     std::printf("  %-32s %9.2f ms/step  %10.0f tok/s  peak %9s MiB  MFU %6s%%  (loss %.4f) [%s]\n", r.label.c_str(),
                 r.step_ms, r.items_per_s, Show(r.peak_mib, "%.0f").c_str(), Show(percent, "%.1f").c_str(), r.loss,
                 r.device.c_str());

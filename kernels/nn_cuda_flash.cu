@@ -168,7 +168,7 @@ __device__ void AccumulateTile(const float p[kTile / 8][4], const bf16 (*t)[HD +
     a[kk][2] = PackBf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
     a[kk][3] = PackBf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
   }
-  const int lane = threadIdx.x & 31;
+  const int lane = 4 * l.g + l.c;
   // Matrices: rows k0 .. k0 + 7 and k0 + 8 .. k0 + 15, at columns n0 and n0 + 8.
   const int row = (lane & 7) + ((lane >> 3) & 1) * 8, col = (lane >> 4) * 8;
 #pragma unroll
@@ -181,7 +181,6 @@ __device__ void AccumulateTile(const float p[kTile / 8][4], const bf16 (*t)[HD +
       Mma(out[n + 1], a[kk], b[2], b[3]);
     }
   }
-  (void)l;
 }
 
 // Of the four lanes holding one row (lanes 4g .. 4g + 3): max and sum, every

@@ -383,14 +383,14 @@ class CudaBackend final : public Backend {
   // to slot/role, from its codes (the other formats count in their quantizers).
   Status AddOperandStats(const float* x, int64_t count, const OperandFormat& f, const uint8_t* codes,
                          const float* tensor_scale, int slot, Role role);
-  // Quantize x (fp32) with `format` into out (fp32 or bf16), codes/scales when
-  // non-null; tensor_scale receives NVFP4 / FP8 decode scales.
-  // counts: BF16 and MX, the two device counters the quantizer adds its
+  // Quantize x (fp32) with `format` into out (fp32 or bf16), codes when non-null
+  // (per-tensor FP8's statistics); tensor_scale receives NVFP4 / FP8 decode scales.
+  // counts: BF16, MX and NVFP4, the two device counters the quantizer adds its
   // statistics to (DeviceOutputs::counts).
   Status Quantize(const float* x, int64_t rows, int64_t cols, int axis,
                   const OperandFormat& format, uint64_t seed, void* out, bool out_bf16,
-                  bool out_without_tensor_scale, uint8_t* codes, uint8_t* scales,
-                  float* amax, float* tensor_scale, unsigned long long* counts = nullptr);
+                  bool out_without_tensor_scale, uint8_t* codes, float* amax, float* tensor_scale,
+                  unsigned long long* counts = nullptr);
   // slot/role's counters += one quantization's: `count` elements, `blocks`
   // blocks and the (saturated, non-finite) pair at `counts` (stats_temp_, where
   // the stats kernels leave them, or the kept pair stats_temp_ + 2), which is

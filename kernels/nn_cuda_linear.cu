@@ -15,10 +15,11 @@
 // runs on it and the raw fp32 operand. Both are what the CPU reference computes,
 // up to the order of the fp32 sums.
 //
-// Statistics (OperandStats of nn.h) come from a second pass over x and the codes
-// and scales the quantizer wrote, so that the dequantized values compared are the
-// CPU reference's fp32 ones; integer atomics only, so the counts are exact and
-// the same every run. Nothing here waits for the host.
+// Statistics (OperandStats of nn.h): BF16, MX and NVFP4 quantizers count them in
+// the pass that quantizes (DeviceOutputs::counts); per-tensor FP8 in a second pass
+// over x and its codes. The dequantized values compared are the CPU reference's
+// fp32 ones; integer atomics only, so the counts are exact and the same every
+// run. Nothing here waits for the host.
 #include <algorithm>
 #include <string>
 
@@ -196,7 +197,7 @@ Status FinalizeColumnPartials(const float* partial, int64_t chunks, int64_t cols
 
 Status CudaBackend::Quantize(const float* x, int64_t rows, int64_t cols, int axis, const OperandFormat& f,
                              uint64_t seed, void* out, bool out_bf16, bool out_without_tensor_scale, uint8_t* codes,
-                             uint8_t* scales, float* amax, float* tensor_scale, unsigned long long* counts) {
+                             float* amax, float* tensor_scale, unsigned long long* counts) {
   DeviceOutputs o;
   o.out = out;
   o.out_dtype = out_bf16 ? DType::kBF16 : DType::kF32;
@@ -209,13 +210,11 @@ Status CudaBackend::Quantize(const float* x, int64_t rows, int64_t cols, int axi
     return Bf16QuantizeCuda(x, DType::kF32, count, f.rounding, seed, o, stream_);
   }
   if (IsMx(f.format)) {
-    o.scales = scales;
     o.counts = counts;
     return MxQuantizeCuda(x, DType::kF32, rows, cols, MxOptionsOf(f, axis, seed), o, stream_);
   }
   if (f.format == QuantFormat::kNvfp4) {
     const Nvfp4Options options = Nvfp4OptionsOf(f, axis, seed);
-    o.scales = scales;
     o.tensor_scale = tensor_scale;
     o.counts = counts;
     KEEL_RETURN_IF_ERROR(Nvfp4AmaxCuda(x, DType::kF32, rows, cols, options, amax, stream_));
@@ -228,7 +227,7 @@ Status CudaBackend::Quantize(const float* x, int64_t rows, int64_t cols, int axi
 
 Status CudaBackend::AddOperandStats(const float* x, int64_t count, const OperandFormat& f, const uint8_t* codes,
                                     const float* tensor_scale, int slot, Role role) {
-  KEEL_CUDA_CHECK(cudaMemsetAsync(stats_temp_, 0, 2 * sizeof(unsigned long long), stream_));
+  // stats_temp_ is zero here: Init clears it and every StatsFinalizeKernel does.
   const StatsArgs a{x, count, codes, tensor_scale, stats_temp_};
   // BF16, MX and NVFP4 count inside their quantizers (PrepareOperand); FP8 here.
   const unsigned int grid = GridFor(count);
@@ -287,7 +286,7 @@ Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, i
   {
     NN_PROFILE("quantize");
     const Status s = Quantize(x, rows, cols, axis, f, RoleSeed(q.seed, role), scratch->get<void>(), bf16, true,
-                              codes, nullptr, amax, tensor_scale, fused_stats ? stats_temp_ : nullptr);
+                              codes, amax, tensor_scale, fused_stats ? stats_temp_ : nullptr);
     if (!s.ok()) return Status::Error(std::string("linear: role ") + RoleName(role) + ": " + s.message());
   }
   if (fused_stats) {
@@ -506,7 +505,7 @@ Status CudaBackend::QuantizeDequantize(const float* x, int64_t rows, int64_t col
     KEEL_RETURN_IF_ERROR(quant_temp_.Reserve(bytes, stream_));
     dst = quant_temp_.get<float>();
   }
-  const Status s = Quantize(src, rows, cols, axis, format, seed, dst, false, false, nullptr, nullptr,
+  const Status s = Quantize(src, rows, cols, axis, format, seed, dst, false, false, nullptr,
                             small_ + kAmaxSlot + kRoleCount, small_ + kTensorScaleSlot + kRoleCount);
   if (!s.ok()) return Status::Error("QuantizeDequantize: " + s.message());
   if (dst != out) KEEL_CUDA_CHECK(cudaMemcpyAsync(out, dst, bytes, cudaMemcpyDeviceToDevice, stream_));
