@@ -698,7 +698,8 @@ Status ParseSchedule(const Reader& r, const YAML::Node& s, ScheduleConfig* sc) {
 }
 
 // The top-level scalars: steps, batch, seq, grad_accum, seed, backend, threads,
-// run_dir, checkpoint_every, keep_checkpoints, probe_every, operand_stats, log_every.
+// run_dir, checkpoint_every, keep_checkpoints, probe_every, operand_stats, log_every,
+// check_every.
 Status ParseRunFields(const Reader& r, const YAML::Node& root, RunConfig* c) {
   if (root["steps"]) KEEL_RETURN_IF_ERROR(r.Int(root["steps"], "steps", 1, int64_t(1) << 40, &c->steps));
   if (root["batch"]) KEEL_RETURN_IF_ERROR(r.Int(root["batch"], "batch", 1, 1 << 24, &c->batch));
@@ -721,6 +722,14 @@ Status ParseRunFields(const Reader& r, const YAML::Node& root, RunConfig* c) {
   if (root["probe_every"]) KEEL_RETURN_IF_ERROR(r.Int(root["probe_every"], "probe_every", 0, 1 << 30, &c->probe_every));
   if (root["operand_stats"]) KEEL_RETURN_IF_ERROR(r.Bool(root["operand_stats"], "operand_stats", &c->operand_stats));
   if (root["log_every"]) KEEL_RETURN_IF_ERROR(r.Int(root["log_every"], "log_every", 1, 1 << 30, &c->log_every));
+  if (root["check_every"]) KEEL_RETURN_IF_ERROR(r.Int(root["check_every"], "check_every", 0, 1 << 30, &c->check_every));
+  return Status::Ok();
+}
+
+Status ParseDist(const Reader& r, const YAML::Node& d, DistConfig* dc) {
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(d, "dist", {"reduce", "timeout_s"}));
+  if (d["reduce"]) KEEL_RETURN_IF_ERROR(r.OneOf(d["reduce"], "dist.reduce", {"fp32", "bf16"}, &dc->reduce));
+  if (d["timeout_s"]) KEEL_RETURN_IF_ERROR(r.Float(d["timeout_s"], "dist.timeout_s", 0.1, 86400.0, &dc->timeout_s));
   return Status::Ok();
 }
 
@@ -742,7 +751,7 @@ Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
       root, "",
       {"name", "model", "data", "precision", "optimizer", "schedule", "steps", "batch", "seq",
        "grad_accum", "seed", "backend", "threads", "run_dir", "checkpoint_every",
-       "keep_checkpoints", "probe_every", "operand_stats", "log_every", "policy"}));
+       "keep_checkpoints", "probe_every", "operand_stats", "log_every", "check_every", "dist", "policy"}));
   if (root["name"]) {
     KEEL_RETURN_IF_ERROR(r.String(root["name"], "name", &c.name));
     // The default run directory is runs/<name>: "..", "/" or a leading '.'
@@ -759,6 +768,7 @@ Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
   }
   if (YAML::Node o = root["optimizer"]) KEEL_RETURN_IF_ERROR(ParseOptimizer(r, o, &c.optimizer));
   if (YAML::Node s = root["schedule"]) KEEL_RETURN_IF_ERROR(ParseSchedule(r, s, &c.schedule));
+  if (YAML::Node d = root["dist"]) KEEL_RETURN_IF_ERROR(ParseDist(r, d, &c.dist));
   KEEL_RETURN_IF_ERROR(ParseRunFields(r, root, &c));
   if (root["policy"]) KEEL_RETURN_IF_ERROR(ParsePolicy(r, root["policy"], &c.policy));
   ResolveDerivedFields(&c);

@@ -64,6 +64,13 @@ struct ScheduleConfig {
   float spike_factor = 1.0f;
 };
 
+// How the ranks of a data-parallel run (keel-train --nproc N, or N ranks under
+// keel-worker) reduce their gradients and wait for each other.
+struct DistConfig {
+  std::string reduce = "fp32";  // fp32 | bf16: the precision gradients travel in (comm.h)
+  float timeout_s = 120;        // joining, and any one wait for a peer inside a collective
+};
+
 struct RunConfig {
   std::string name = "run";
   ModelConfig model;
@@ -84,6 +91,8 @@ struct RunConfig {
   int probe_every = 0;          // gradient-bias probe period (0: off)
   bool operand_stats = true;    // per-operand saturation/NaN counters every step
   int log_every = 1;            // terminal progress period
+  int check_every = 100;        // ranks compare hashes of their weights and Adam moments (0: off)
+  DistConfig dist;              // data-parallel ranks (ignored by a 1-rank run)
   Policy policy;                // stability policy (policy.h); none by default
 };
 

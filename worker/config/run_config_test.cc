@@ -71,7 +71,9 @@ TEST(RunConfigFieldsTest, EveryTopLevelFieldLands) {
       "keep_checkpoints: 0\n"
       "probe_every: 13\n"
       "operand_stats: false\n"
-      "log_every: 17\n");
+      "log_every: 17\n"
+      "check_every: 19\n"
+      "dist: {reduce: bf16, timeout_s: 2.5}\n");
   EXPECT_EQ(c.name, "my-run");
   EXPECT_EQ(c.steps, 1234);
   EXPECT_EQ(c.batch, 7);
@@ -86,6 +88,12 @@ TEST(RunConfigFieldsTest, EveryTopLevelFieldLands) {
   EXPECT_EQ(c.probe_every, 13);
   EXPECT_FALSE(c.operand_stats);
   EXPECT_EQ(c.log_every, 17);
+  EXPECT_EQ(c.check_every, 19);
+  EXPECT_EQ(c.dist.reduce, "bf16");
+  EXPECT_FLOAT_EQ(c.dist.timeout_s, 2.5f);
+  // The defaults: fp32 reductions, hashes compared every 100 steps.
+  EXPECT_EQ(Parsed("steps: 1\n").dist.reduce, "fp32");
+  EXPECT_EQ(Parsed("steps: 1\n").check_every, 100);
   // Without run_dir, the name picks the directory.
   EXPECT_EQ(Parsed("name: other\n").run_dir, "runs/other");
 }
@@ -457,7 +465,7 @@ void ExpectErrors(const std::vector<ErrorCase>& cases, const std::vector<std::st
 }
 
 const std::string kRootKeys =
-    "backend, batch, checkpoint_every, data, grad_accum, keep_checkpoints, log_every, model, name, "
+    "backend, batch, check_every, checkpoint_every, data, dist, grad_accum, keep_checkpoints, log_every, model, name, "
     "operand_stats, optimizer, policy, precision, probe_every, run_dir, schedule, seed, seq, steps, threads";
 const std::string kDetectors =
     "nonfinite, loss_zscore, loss_ratio, grad_norm_zscore, grad_norm_ratio, grad_bias, saturation, gamma_growth";
@@ -489,6 +497,10 @@ TEST(RunConfigErrorTest, TopLevel) {
       {"probe_every: -1\n", "r.yaml:1:14: probe_every: -1 is out of range (allowed: 0 .. 1073741824)"},
       {"operand_stats: maybe\n", "r.yaml:1:16: operand_stats: 'maybe' is not a boolean (allowed: true, false)"},
       {"log_every: 0\n", "r.yaml:1:12: log_every: 0 is out of range (allowed: 1 .. 1073741824)"},
+      {"check_every: -1\n", "r.yaml:1:14: check_every: -1 is out of range (allowed: 0 .. 1073741824)"},
+      {"dist: {reduce: fp16}\n", "r.yaml:1:16: dist.reduce: unknown value 'fp16' (allowed: fp32, bf16)"},
+      {"dist: {timeout_s: 0}\n", "r.yaml:1:19: dist.timeout_s: 0 is out of range (allowed: 0.1 .. 86400)"},
+      {"dist: {ranks: 2}\n", "r.yaml:1:8: dist.ranks: unknown key (allowed: reduce, timeout_s)"},
       // A null value is not "missing".
       {"steps: 10\nbatch: ~\n", "r.yaml:2:8: batch: '<null>' is not an integer"},
   });
