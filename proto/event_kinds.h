@@ -26,6 +26,7 @@ constexpr char kInterventionRequested[] = "intervention_requested";  // keel int
 constexpr char kSweepRule[] = "sweep_rule";           // a sweep rule switched the run
 constexpr char kCommandFailed[] = "command_failed";
 constexpr char kCheckpointSkipped[] = "checkpoint_skipped";  // details: checkpoint, reason, resumed_from
+constexpr char kRankMismatch[] = "rank_mismatch";     // ranks' weight hashes differ (details: step, hashes)
 constexpr char kMetricsGap[] = "metrics_gap";         // details: first_step, last_step, missing, attempt
 
 // The stability interventions a trainer reports (policy rules or commands),

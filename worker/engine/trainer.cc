@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <climits>
+#include <cstring>
 #include <map>
 #include <thread>
 
@@ -78,6 +79,7 @@ Status Trainer::Create(const RunConfig& config, std::unique_ptr<Trainer>* out) {
   std::unique_ptr<Trainer> t(new Trainer);
   t->config_ = config;
   t->scheme_ = config.precision;
+  t->accum_ = config.grad_accum;
   KEEL_RETURN_IF_ERROR(MakeBackend(config.backend, config.threads, &t->backend_));
   if (config.model.type == "gpt") KEEL_RETURN_IF_ERROR(t->OpenData());
   KEEL_RETURN_IF_ERROR(MakeModel(config, t->backend_.get(), &t->model_));
@@ -151,11 +153,48 @@ Status Trainer::SwitchScheme(const PrecisionScheme& scheme) {
   return Status::Ok();
 }
 
-Status Trainer::NextBatch(int micro, Batch* batch) {
-  const uint64_t index = static_cast<uint64_t>(step_) * config_.grad_accum + micro;
+Status Trainer::NextBatch(int64_t micro, bool keep, Batch* batch) {
+  const uint64_t index = static_cast<uint64_t>(step_) * accum_ * ranks() + micro;
   batch->data_seed = Mix(config_.seed ^ 0xDA7Aull, index);
-  if (train_loader_) return train_loader_->Next(&batch->inputs, &batch->targets);
+  if (!train_loader_) return Status::Ok();
+  if (keep) return train_loader_->Next(&batch->inputs, &batch->targets);
+  std::vector<int32_t> inputs, targets;  // another rank's: read past it
+  return train_loader_->Next(&inputs, &targets);
+}
+
+Status Trainer::SumOverRanks(double mine, double* total) {
+  if (ranks() == 1) {
+    *total = mine;
+    return Status::Ok();
+  }
+  std::string bytes(sizeof(double), '\0');
+  std::memcpy(&bytes[0], &mine, sizeof(double));
+  std::vector<std::string> all;
+  KEEL_RETURN_IF_ERROR(comm_->AllGatherHost(bytes, &all));
+  double sum = 0;  // in rank order: the same bits on every rank
+  for (const std::string& b : all) {
+    double v = 0;
+    if (b.size() != sizeof(double)) return Status::Error("ranks: a rank sent " + std::to_string(b.size()) + " bytes for a number");
+    std::memcpy(&v, b.data(), sizeof(double));
+    sum += v;
+  }
+  *total = sum;
   return Status::Ok();
+}
+
+Status Trainer::FromLeader(std::string* text) {
+  if (ranks() == 1) return Status::Ok();
+  std::vector<std::string> all;
+  KEEL_RETURN_IF_ERROR(comm_->AllGatherHost(leader() ? *text : std::string(), &all));
+  *text = all[0];
+  return Status::Ok();
+}
+
+Status Trainer::ShareLeaderStatus(const Status& leader_status) {
+  std::string text = leader_status.ok() ? "" : leader_status.message();
+  KEEL_RETURN_IF_ERROR(FromLeader(&text));
+  if (leader()) return leader_status;
+  return text.empty() ? Status::Ok() : Status::Error("rank 0: " + text);
 }
 
 // One optimizer step as its phases. Each fills its part of *m; the order is the
@@ -181,8 +220,8 @@ Status Trainer::Step(StepMetrics* m) {
   KEEL_RETURN_IF_ERROR(MaybeEvaluate(m));
   KEEL_RETURN_IF_ERROR(backend_->Sync());
   m->step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  m->tokens_per_s = SafeRatio(static_cast<double>(model_->items_per_batch()) * config_.grad_accum,
-                              m->step_seconds);
+  // The whole run's throughput: every rank's items.
+  m->tokens_per_s = SafeRatio(static_cast<double>(model_->items_per_batch()) * accum_ * ranks(), m->step_seconds);
   return Status::Ok();
 }
 
@@ -196,17 +235,26 @@ Status Trainer::ForwardBackward(std::vector<Batch>* kept, StepMetrics* m) {
   KEEL_RETURN_IF_ERROR(backend_->Fill(grads_, model_->param_count(), 0.0f));
   if (stats) KEEL_RETURN_IF_ERROR(backend_->ResetOperandStats(static_cast<int>(model_->linear_names().size())));
   double loss_sum = 0;
-  for (int k = 0; k < config_.grad_accum; ++k) {
+  const int64_t micro_batches = static_cast<int64_t>(accum_) * ranks();  // the global step's
+  const int64_t mine = static_cast<int64_t>(rank()) * accum_;             // this rank's first
+  for (int64_t j = 0; j < micro_batches; ++j) {
     Batch batch;
-    KEEL_RETURN_IF_ERROR(NextBatch(k, &batch));
+    const bool keep = j >= mine && j < mine + accum_;
+    KEEL_RETURN_IF_ERROR(NextBatch(j, keep, &batch));
+    if (!keep) continue;
     double loss = 0;
-    const uint64_t quant_seed = Mix(config_.seed ^ 0x0A7Aull, static_cast<uint64_t>(step_) * config_.grad_accum + k);
-    KEEL_RETURN_IF_ERROR(model_->ForwardBackward(batch, scheme_, quant_seed, 1.0f / config_.grad_accum,
+    const uint64_t quant_seed = Mix(config_.seed ^ 0x0A7Aull, static_cast<uint64_t>(step_) * micro_batches + j);
+    KEEL_RETURN_IF_ERROR(model_->ForwardBackward(batch, scheme_, quant_seed, 1.0f / static_cast<float>(micro_batches),
                                                  stats, grads_, &loss));
     loss_sum += loss;
     if (kept) kept->push_back(std::move(batch));
   }
-  m->loss = loss_sum / config_.grad_accum;
+  if (ranks() > 1) {
+    const ReducePrecision precision = config_.dist.reduce == "bf16" ? ReducePrecision::kBF16 : ReducePrecision::kF32;
+    KEEL_RETURN_IF_ERROR(comm_->AllReduceSum(grads_, model_->param_count(), precision));
+    KEEL_RETURN_IF_ERROR(SumOverRanks(loss_sum, &loss_sum));
+  }
+  m->loss = loss_sum / static_cast<double>(micro_batches);
   return Status::Ok();
 }
 
@@ -214,6 +262,24 @@ Status Trainer::CollectOperandStats(StepMetrics* m) {
   if (!OperandStatsOn()) return Status::Ok();
   std::vector<OperandStats> counters;
   KEEL_RETURN_IF_ERROR(backend_->ReadOperandStats(&counters));
+  if (ranks() > 1) {  // every rank's counts, summed
+    std::string bytes(counters.size() * sizeof(OperandStats), '\0');
+    if (!counters.empty()) std::memcpy(&bytes[0], counters.data(), bytes.size());
+    std::vector<std::string> all;
+    KEEL_RETURN_IF_ERROR(comm_->AllGatherHost(bytes, &all));
+    for (OperandStats& c : counters) c = OperandStats();
+    for (const std::string& b : all) {
+      if (b.size() != bytes.size()) return Status::Error("ranks: operand counters of another size from a rank");
+      std::vector<OperandStats> theirs(counters.size());
+      if (!theirs.empty()) std::memcpy(theirs.data(), b.data(), b.size());
+      for (size_t i = 0; i < counters.size(); ++i) {
+        counters[i].elements += theirs[i].elements;
+        counters[i].saturated += theirs[i].saturated;
+        counters[i].blocks += theirs[i].blocks;
+        counters[i].nan_blocks += theirs[i].nan_blocks;
+      }
+    }
+  }
   m->operands = OperandMetrics(counters, model_->linear_names());
   return Status::Ok();
 }
@@ -316,11 +382,13 @@ Status Trainer::RunProbe(const std::vector<Batch>& batches, StepMetrics* m) {
   PrecisionScheme fp32;
   SchemeFromPreset("fp32", &fp32);
   KEEL_RETURN_IF_ERROR(b.Fill(probe_grads_, model_->param_count(), 0.0f));
+  const float scale = 1.0f / static_cast<float>(static_cast<int64_t>(accum_) * ranks());
   for (size_t k = 0; k < batches.size(); ++k) {
     double loss = 0;
-    KEEL_RETURN_IF_ERROR(model_->ForwardBackward(batches[k], fp32, 0, 1.0f / config_.grad_accum, false,
-                                                 probe_grads_, &loss));
+    KEEL_RETURN_IF_ERROR(model_->ForwardBackward(batches[k], fp32, 0, scale, false, probe_grads_, &loss));
   }
+  // The reference gradient of the whole global batch, as the step's.
+  if (ranks() > 1) KEEL_RETURN_IF_ERROR(comm_->AllReduceSum(probe_grads_, model_->param_count(), ReducePrecision::kF32));
   std::vector<Span> gq, g;
   for (const ParamInfo& p : model_->param_info()) {
     gq.push_back(Span{grads_ + p.offset, p.count});
@@ -377,7 +445,7 @@ Status KeepLinesUpToStep(const std::string& path, int64_t step) {
 }
 
 Status Trainer::OpenMetricsFile() {
-  if (metrics_file_) return Status::Ok();
+  if (metrics_file_ || !leader()) return Status::Ok();  // rank 0 writes the run's files
   KEEL_RETURN_IF_ERROR(MakeDirs(config_.run_dir));
   std::string path = RunDir(config_.run_dir).metrics();
   if (step_ > 0) {
@@ -400,6 +468,7 @@ Status Trainer::OpenMetricsFile() {
 
 Status Trainer::RecordEvent(const std::string& kind, const std::string& message,
                             const std::vector<std::pair<std::string, std::string>>& details) {
+  if (!leader()) return Status::Ok();  // every rank takes the decision; rank 0 records it
   JsonWriter w;
   w.Add("step", step_).Add("kind", kind).Add("message", message);
   JsonValue d = JsonValue::Object();
@@ -419,12 +488,17 @@ Status Trainer::Rollback(int64_t steps, std::string* restored) {
   const int64_t target = step_ - steps;
   const std::string root = RunDir(config_.run_dir).checkpoints();
   std::string best;
-  for (const auto& c : ListCheckpoints(root)) {
-    if (c.first <= target) best = c.second;  // ascending: the last one wins
+  Status found = Status::Ok();
+  if (leader()) {  // rank 0's run directory holds the checkpoints
+    for (const auto& c : ListCheckpoints(root)) {
+      if (c.first <= target) best = c.second;  // ascending: the last one wins
+    }
+    if (best.empty()) {
+      found = Status::Error("rollback: no checkpoint at or before step " + std::to_string(target) + " in " + root);
+    }
   }
-  if (best.empty()) {
-    return Status::Error("rollback: no checkpoint at or before step " + std::to_string(target) + " in " + root);
-  }
+  KEEL_RETURN_IF_ERROR(ShareLeaderStatus(found));
+  KEEL_RETURN_IF_ERROR(FromLeader(&best));
   KEEL_RETURN_IF_ERROR(Resume(root + "/" + best));
   if (metrics_file_) {
     // Reopened (dropping the lines after the restored step) when the next line
@@ -506,40 +580,71 @@ Status Trainer::ApplyAction(const PolicyAction& a, const DecisionEvidence& evide
   return Status::Ok();
 }
 
-Status Trainer::ProcessCommands() {
+Status Trainer::ReadCommandFiles(std::vector<std::pair<std::string, std::string>>* commands) {
   const std::string dir = RunDir(config_.run_dir).commands();
   std::vector<std::string> names;
   if (!ListDir(dir, &names).ok()) return Status::Ok();
   std::sort(names.begin(), names.end());
   for (const std::string& name : names) {
     if (name.size() < 5 || name.compare(name.size() - 5, 5, ".json") != 0) continue;  // skips *.tmp
-    const std::string path = dir + "/" + name;
     std::string text;
-    JsonValue command;
-    std::string error;
-    if (!ReadFile(path, &text).ok() || !ParseJson(text, &command).ok() || !command.is_object()) {
-      error = "unreadable command file " + name;
+    if (!ReadFile(dir + "/" + name, &text).ok()) text.clear();  // unreadable: ApplyCommand says so
+    commands->push_back({name, text});
+  }
+  return Status::Ok();
+}
+
+Status Trainer::ApplyCommand(const std::string& name, const std::string& text) {
+  JsonValue command;
+  std::string error;
+  if (text.empty() || !ParseJson(text, &command).ok() || !command.is_object()) {
+    error = "unreadable command file " + name;
+  }
+  const JsonValue* kind = command.Find("kind");
+  const JsonValue* precision = command.Find("precision");
+  const JsonValue* reason = command.Find("reason");
+  const std::string why = reason && !reason->string_value().empty() ? " (" + reason->string_value() + ")" : "";
+  if (error.empty() && kind && kind->string_value() == event_kind::kRollback) {
+    const JsonValue* steps = command.Find("steps");
+    Status s = RollbackAndRecord(steps ? steps->int_value() : 0, why, {});
+    if (!s.ok()) error = s.message();
+  }
+  if (error.empty() && precision && !precision->string_value().empty()) {
+    PrecisionScheme scheme;
+    Status s = SchemeFromPreset(precision->string_value(), &scheme);
+    if (s.ok()) s = SwitchAndRecord(scheme, why, {});
+    if (!s.ok()) error = s.message();
+  }
+  if (error.empty() && !(kind && event_kind::ChangesTrajectory(kind->string_value()))) {
+    error = "unknown command kind in " + name + " (allowed: switch_precision, rollback)";
+  }
+  if (!error.empty()) KEEL_RETURN_IF_ERROR(RecordEvent(event_kind::kCommandFailed, error, {{"file", name}}));
+  return Status::Ok();
+}
+
+Status Trainer::ProcessCommands() {
+  std::vector<std::pair<std::string, std::string>> commands;
+  if (leader()) KEEL_RETURN_IF_ERROR(ReadCommandFiles(&commands));
+  if (ranks() > 1) {  // rank 0's commands, applied by every rank before the same step
+    JsonValue list = JsonValue::Array();
+    for (const auto& c : commands) {
+      JsonValue pair = JsonValue::Array();
+      pair.Append(JsonValue(c.first));
+      pair.Append(JsonValue(c.second));
+      list.Append(pair);
     }
-    const JsonValue* kind = command.Find("kind");
-    const JsonValue* precision = command.Find("precision");
-    const JsonValue* reason = command.Find("reason");
-    const std::string why = reason && !reason->string_value().empty() ? " (" + reason->string_value() + ")" : "";
-    if (error.empty() && kind && kind->string_value() == event_kind::kRollback) {
-      const JsonValue* steps = command.Find("steps");
-      Status s = RollbackAndRecord(steps ? steps->int_value() : 0, why, {});
-      if (!s.ok()) error = s.message();
+    std::string text = ToJson(list);
+    KEEL_RETURN_IF_ERROR(FromLeader(&text));
+    JsonValue got;
+    KEEL_RETURN_IF_ERROR(ParseJson(text, &got));
+    commands.clear();
+    for (const JsonValue& pair : got.array()) {
+      commands.push_back({pair.array()[0].string_value(), pair.array()[1].string_value()});
     }
-    if (error.empty() && precision && !precision->string_value().empty()) {
-      PrecisionScheme scheme;
-      Status s = SchemeFromPreset(precision->string_value(), &scheme);
-      if (s.ok()) s = SwitchAndRecord(scheme, why, {});
-      if (!s.ok()) error = s.message();
-    }
-    if (error.empty() && !(kind && event_kind::ChangesTrajectory(kind->string_value()))) {
-      error = "unknown command kind in " + name + " (allowed: switch_precision, rollback)";
-    }
-    if (!error.empty()) KEEL_RETURN_IF_ERROR(RecordEvent(event_kind::kCommandFailed, error, {{"file", name}}));
-    std::remove(path.c_str());
+  }
+  for (const auto& c : commands) {
+    KEEL_RETURN_IF_ERROR(ApplyCommand(c.first, c.second));
+    if (leader()) std::remove((RunDir(config_.run_dir).commands() + "/" + c.first).c_str());
   }
   return Status::Ok();
 }
@@ -555,6 +660,11 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
   const int64_t first = step_;
   while (step_ < config_.steps) {
     KEEL_RETURN_IF_ERROR(AwaitLease());
+    if (ranks() > 1) {  // rank 0 holds the lease; every rank stops with it
+      std::string lapsed = lease_lapsed_ ? "1" : "0";
+      KEEL_RETURN_IF_ERROR(FromLeader(&lapsed));
+      lease_lapsed_ = lapsed == "1";
+    }
     if (lease_lapsed_) break;
     KEEL_RETURN_IF_ERROR(ProcessCommands());
     // Reopened here after a rollback closed it (before the step: it keeps the
@@ -566,6 +676,12 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
     if (callback) callback(m);
     if (progress && (EveryNth(step_, config_.log_every) || step_ == config_.steps)) PrintProgress(m, start, first);
     KEEL_RETURN_IF_ERROR(ApplyPolicy());
+    KEEL_RETURN_IF_ERROR(CheckRanksAgree());
+    if (ranks() > 1) {  // a stop asked of any rank stops every rank after this step
+      std::vector<std::string> stops;
+      KEEL_RETURN_IF_ERROR(comm_->AllGatherHost(stop_requested() ? "1" : "0", &stops));
+      if (std::find(stops.begin(), stops.end(), "1") != stops.end()) RequestStop();
+    }
     if (stop_requested() || diverged_) break;
     KEEL_RETURN_IF_ERROR(MaybeCheckpoint());
   }
@@ -573,6 +689,7 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
 }
 
 void Trainer::WriteMetricsLine(StepMetrics* m) {
+  if (!leader()) return;
   m->unix_ms = UnixMs();
   m->attempt = lease_attempt_;
   std::string line = m->ToJson();
@@ -619,6 +736,10 @@ Status Trainer::FinishTraining(bool progress) {
 }
 
 Status Trainer::SaveCheckpoint(std::string* out_dir) {
+  const std::string root = RunDir(config_.run_dir).checkpoints();
+  const std::string final_dir = root + "/" + CheckpointDirName(step_);
+  *out_dir = final_dir;
+  if (!leader()) return Status::Ok();  // the ranks hold the same state: rank 0 writes it once
   Backend& b = *backend_;
   const std::vector<ParamInfo>& params = model_->param_info();
   const size_t count = static_cast<size_t>(model_->param_count());
@@ -633,8 +754,6 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
     optimizer_tensors.push_back(TensorRef{"v." + p.name, p.shape, v.data() + p.offset});
   }
   std::map<std::string, std::string> meta = CheckpointMeta();
-  const std::string root = RunDir(config_.run_dir).checkpoints();
-  const std::string final_dir = root + "/" + CheckpointDirName(step_);
   const std::string tmp_dir = final_dir + ".tmp";
   KEEL_RETURN_IF_ERROR(MakeDirs(tmp_dir));
   KEEL_RETURN_IF_ERROR(WriteSafetensors(tmp_dir + "/model.safetensors", model_tensors, {{"format", kCheckpointFormat}, {"step", meta["step"]}}));
@@ -646,7 +765,6 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
       RemoveCheckpointDir(root + "/" + name);
     }
   }
-  *out_dir = final_dir;
   return Status::Ok();
 }
 
@@ -660,6 +778,10 @@ std::map<std::string, std::string> Trainer::CheckpointMeta() const {
   meta["seed"] = std::to_string(config_.seed);
   meta["scheme"] = SchemeToYaml(scheme_);
   meta["lr_scale"] = JsonNumber(lr_scale_);
+  // The global batch in micro-batches per step, which a resume with another
+  // rank count keeps; and the rank count, for the reader.
+  meta["micro_batches"] = std::to_string(static_cast<int64_t>(accum_) * ranks());
+  meta["ranks"] = std::to_string(ranks());
   if (train_loader_) {
     TokenLoader::Position pos = train_loader_->position();
     meta["data.shard"] = std::to_string(pos.shard);
@@ -676,6 +798,7 @@ void Trainer::SetLease(const std::string& path, int64_t attempt) {
 }
 
 Status Trainer::AwaitLease() {
+  if (!leader()) return Status::Ok();  // rank 0 holds the run's lease for every rank
   // The file is read again when the deadline read last has passed, and at
   // least every 100 ms, so that another attempt's number is seen quickly.
   const int64_t now = UnixMs();
@@ -711,76 +834,166 @@ Status Trainer::AwaitLease() {
   }
 }
 
-Status Trainer::ResumeNewestValid(const std::string& requested, std::string* resumed) {
-  // Candidates, newest first: the requested checkpoint, then the older ones beside it.
-  std::string path = requested;
-  while (path.size() > 1 && path.back() == '/') path.pop_back();
-  const std::string root = path == "latest" ? RunDir(config_.run_dir).checkpoints() : DirName(path);
-  std::vector<std::string> candidates;
-  if (path != "latest") candidates.push_back(path);
-  const std::string requested_name = path == "latest" ? "" : path.substr(path.rfind('/') + 1);
-  const auto beside = ListCheckpoints(root);
-  int64_t limit = INT64_MAX;
-  for (const auto& c : beside) {
-    if (c.second == requested_name) limit = c.first;
-  }
-  if (path != "latest" && limit == INT64_MAX) limit = -1;  // not a checkpoint of this layout: no fallback
-  for (auto it = beside.rbegin(); it != beside.rend(); ++it) {
-    if (it->first < limit) candidates.push_back(root + "/" + it->second);
-  }
-  if (candidates.empty()) return Status::Error("no checkpoints under '" + root + "'");
-  std::vector<std::pair<std::string, std::string>> skipped;
-  for (const std::string& dir : candidates) {
-    Status s = Resume(dir);
-    if (!s.ok()) {
-      skipped.push_back({dir, s.message()});
-      continue;
-    }
-    *resumed = dir;
-    for (const auto& bad : skipped) {
-      std::fprintf(stderr, "keel-train: skipped checkpoint %s: %s\n", bad.first.c_str(), bad.second.c_str());
-      KEEL_RETURN_IF_ERROR(RecordEvent(event_kind::kCheckpointSkipped,
-                                       "checkpoint " + bad.first + " does not verify (" + bad.second +
-                                           "); resumed from " + dir,
-                                       {{"checkpoint", bad.first}, {"reason", bad.second}, {"resumed_from", dir}}));
-    }
-    return Status::Ok();
-  }
-  std::string why;
-  for (const auto& bad : skipped) why += (why.empty() ? "" : "; ") + bad.first + ": " + bad.second;
-  return Status::Error("no checkpoint verifies (" + why + ")");
-}
-
 // A checkpoint's contents, verified against this trainer's model (ReadCheckpoint).
 struct Trainer::LoadedCheckpoint {
   std::vector<float> weights, m, v;  // flat, in param_info order
   PrecisionScheme scheme;
+  std::string scheme_yaml;
   int64_t step = 0;
   double lr_scale = 1.0;
+  int64_t micro_batches = 1;  // the global batch, in micro-batches per step
   TokenLoader::Position position;
 };
 
-Status Trainer::Resume(const std::string& requested) {
-  std::string dir = requested;
-  if (requested == "latest") {
-    const std::string root = RunDir(config_.run_dir).checkpoints();
-    const auto checkpoints = ListCheckpoints(root);
-    if (checkpoints.empty()) return Status::Error("no checkpoints under '" + root + "'");
-    dir = root + "/" + checkpoints.back().second;
+namespace {
+
+// A checkpoint's scalars as rank 0 sends them to the other ranks.
+std::string ScalarsJson(const std::string& scheme_yaml, int64_t step, double lr_scale, int64_t micro_batches,
+                        const TokenLoader::Position& p) {
+  JsonWriter w;
+  w.Add("scheme", scheme_yaml).Add("step", step).Add("lr_scale", lr_scale).Add("micro_batches", micro_batches);
+  w.Add("shard", static_cast<int64_t>(p.shard)).Add("offset", static_cast<int64_t>(p.offset));
+  w.Add("epoch", static_cast<int64_t>(p.epoch));
+  return w.str();
+}
+
+}  // namespace
+
+Status Trainer::ResumeNewestValid(const std::string& requested, std::string* resumed) {
+  // Rank 0 finds the newest checkpoint that verifies; then every rank resumes it.
+  std::string chosen;
+  std::vector<std::pair<std::string, std::string>> skipped;
+  Status found = Status::Ok();
+  if (leader()) {
+    // Candidates, newest first: the requested checkpoint, then the older ones beside it.
+    std::string path = requested;
+    while (path.size() > 1 && path.back() == '/') path.pop_back();
+    const std::string root = path == "latest" ? RunDir(config_.run_dir).checkpoints() : DirName(path);
+    std::vector<std::string> candidates;
+    if (path != "latest") candidates.push_back(path);
+    const std::string requested_name = path == "latest" ? "" : path.substr(path.rfind('/') + 1);
+    const auto beside = ListCheckpoints(root);
+    int64_t limit = INT64_MAX;
+    for (const auto& c : beside) {
+      if (c.second == requested_name) limit = c.first;
+    }
+    if (path != "latest" && limit == INT64_MAX) limit = -1;  // not a checkpoint of this layout: no fallback
+    for (auto it = beside.rbegin(); it != beside.rend(); ++it) {
+      if (it->first < limit) candidates.push_back(root + "/" + it->second);
+    }
+    for (const std::string& dir : candidates) {
+      LoadedCheckpoint c;
+      Status s = ReadCheckpoint(dir, &c);
+      if (s.ok()) {
+        chosen = dir;
+        break;
+      }
+      skipped.push_back({dir, s.message()});
+    }
+    if (candidates.empty()) {
+      found = Status::Error("no checkpoints under '" + root + "'");
+    } else if (chosen.empty()) {
+      std::string why;
+      for (const auto& bad : skipped) why += (why.empty() ? "" : "; ") + bad.first + ": " + bad.second;
+      found = Status::Error("no checkpoint verifies (" + why + ")");
+    }
   }
-  // Everything is checked before anything is changed.
+  KEEL_RETURN_IF_ERROR(ShareLeaderStatus(found));
+  KEEL_RETURN_IF_ERROR(FromLeader(&chosen));
+  KEEL_RETURN_IF_ERROR(Resume(chosen));
+  *resumed = chosen;
+  for (const auto& bad : skipped) {
+    std::fprintf(stderr, "keel-train: skipped checkpoint %s: %s\n", bad.first.c_str(), bad.second.c_str());
+    KEEL_RETURN_IF_ERROR(RecordEvent(event_kind::kCheckpointSkipped,
+                                     "checkpoint " + bad.first + " does not verify (" + bad.second +
+                                         "); resumed from " + chosen,
+                                     {{"checkpoint", bad.first}, {"reason", bad.second}, {"resumed_from", chosen}}));
+  }
+  return Status::Ok();
+}
+
+Status Trainer::Resume(const std::string& requested) {
+  // Rank 0 reads and verifies everything before anything changes; the other
+  // ranks take its state.
   LoadedCheckpoint c;
-  KEEL_RETURN_IF_ERROR(ReadCheckpoint(dir, &c));
+  Status read = Status::Ok();
+  std::string dir = requested;
+  if (leader()) {
+    if (requested == "latest") {
+      const std::string root = RunDir(config_.run_dir).checkpoints();
+      const auto checkpoints = ListCheckpoints(root);
+      if (checkpoints.empty()) {
+        read = Status::Error("no checkpoints under '" + root + "'");
+      } else {
+        dir = root + "/" + checkpoints.back().second;
+      }
+    }
+    if (read.ok()) read = ReadCheckpoint(dir, &c);
+  }
+  KEEL_RETURN_IF_ERROR(ShareLeaderStatus(read));
+  std::string scalars = leader() ? ScalarsJson(c.scheme_yaml, c.step, c.lr_scale, c.micro_batches, c.position) : "";
+  KEEL_RETURN_IF_ERROR(FromLeader(&scalars));
+  JsonValue v;
+  KEEL_RETURN_IF_ERROR(ParseJson(scalars, &v));
+  KEEL_RETURN_IF_ERROR(ParseSchemeYaml(v.Find("scheme")->string_value(), &c.scheme));
+  c.step = v.Find("step")->int_value();
+  c.lr_scale = v.Find("lr_scale")->number();
+  c.micro_batches = v.Find("micro_batches")->int_value();
+  c.position.shard = v.Find("shard")->int_value();
+  c.position.offset = v.Find("offset")->int_value();
+  c.position.epoch = v.Find("epoch")->int_value();
+  // The global batch stays the checkpoint's: each rank takes its share.
+  if (c.micro_batches % ranks() != 0) {
+    return Status::InvalidArgument("checkpoint " + dir + ": its global batch is " + std::to_string(c.micro_batches) +
+                                   " micro-batches per step, which " + std::to_string(ranks()) +
+                                   " ranks cannot split evenly (allowed: a rank count that divides " +
+                                   std::to_string(c.micro_batches) + ")");
+  }
   if (train_loader_) KEEL_RETURN_IF_ERROR(train_loader_->Seek(c.position));
-  const size_t bytes = c.weights.size() * sizeof(float);
-  KEEL_RETURN_IF_ERROR(backend_->Upload(model_->params(), c.weights.data(), bytes));
-  KEEL_RETURN_IF_ERROR(backend_->Upload(adam_m_, c.m.data(), bytes));
-  KEEL_RETURN_IF_ERROR(backend_->Upload(adam_v_, c.v.data(), bytes));
+  const size_t bytes = static_cast<size_t>(model_->param_count()) * sizeof(float);
+  if (leader()) {
+    KEEL_RETURN_IF_ERROR(backend_->Upload(model_->params(), c.weights.data(), bytes));
+    KEEL_RETURN_IF_ERROR(backend_->Upload(adam_m_, c.m.data(), bytes));
+    KEEL_RETURN_IF_ERROR(backend_->Upload(adam_v_, c.v.data(), bytes));
+  }
+  if (ranks() > 1) {
+    for (float* p : {model_->params(), adam_m_, adam_v_}) KEEL_RETURN_IF_ERROR(comm_->Broadcast(p, bytes, 0));
+  }
+  const int accum = static_cast<int>(c.micro_batches / ranks());
+  if (leader() && accum != accum_) {
+    std::fprintf(stderr, "keel-train: the checkpoint's global batch is %lld micro-batches per step: each of %d ranks takes %d\n",
+                 static_cast<long long>(c.micro_batches), ranks(), accum);
+  }
+  accum_ = accum;
   scheme_ = c.scheme;
   step_ = c.step;
   lr_scale_ = c.lr_scale;
   if (detectors_) detectors_->Reset();  // the stream starts again from here
   return Status::Ok();
+}
+
+Status Trainer::CheckRanksAgree() {
+  if (ranks() == 1 || !EveryNth(step_, config_.check_every)) return Status::Ok();
+  // FNV-1a over the bytes of the weights and both Adam moments.
+  const size_t count = static_cast<size_t>(model_->param_count());
+  std::vector<float> host(count);
+  uint64_t hash = 1469598103934665603ull;
+  for (const float* p : {static_cast<const float*>(model_->params()), static_cast<const float*>(adam_m_),
+                         static_cast<const float*>(adam_v_)}) {
+    KEEL_RETURN_IF_ERROR(backend_->Download(host.data(), p, count * sizeof(float)));
+    const unsigned char* b = reinterpret_cast<const unsigned char*>(host.data());
+    for (size_t i = 0; i < count * sizeof(float); ++i) hash = (hash ^ b[i]) * 1099511628211ull;
+  }
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(hash));
+  std::vector<std::string> all;
+  KEEL_RETURN_IF_ERROR(comm_->AllGatherHost(text, &all));
+  if (std::all_of(all.begin(), all.end(), [&](const std::string& h) { return h == all[0]; })) return Status::Ok();
+  std::string listed;
+  for (size_t r = 0; r < all.size(); ++r) listed += (r ? ", rank " : "rank ") + std::to_string(r) + " " + all[r];
+  const std::string message = "ranks hold different weights after step " + std::to_string(step_) + " (" + listed + ")";
+  KEEL_RETURN_IF_ERROR(RecordEvent(event_kind::kRankMismatch, message, {{"hashes", listed}}));
+  return Status::Error(message);
 }
 
 // Reads and verifies a checkpoint directory (CRCs, format, matching steps,
@@ -803,6 +1016,12 @@ Status Trainer::ReadCheckpoint(const std::string& dir, LoadedCheckpoint* out) co
   }
   KEEL_RETURN_IF_ERROR(GatherCheckpointTensors(dir, weights, optimizer, out));
   KEEL_RETURN_IF_ERROR(ParseSchemeYaml(meta["scheme"], &out->scheme));
+  out->scheme_yaml = meta["scheme"];
+  // Before ranks, a checkpoint's global batch was its writer's grad_accum.
+  out->micro_batches = meta.count("micro_batches") ? std::atoll(meta["micro_batches"].c_str()) : config_.grad_accum;
+  if (out->micro_batches < 1) {
+    return Status::DataLoss("checkpoint " + dir + ": micro_batches '" + meta["micro_batches"] + "' is not a positive count");
+  }
   out->step = std::atoll(meta["step"].c_str());
   out->position.shard = std::atoll(meta["data.shard"].c_str());
   out->position.offset = std::atoll(meta["data.offset"].c_str());

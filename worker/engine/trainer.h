@@ -1,6 +1,16 @@
 // The training loop of keel-train: one run's model, data, optimizer, precision
 // scheme, metrics and checkpoints on one backend.
 //
+// Ranks (data parallel, issue 13): with a communicator of N ranks (SetCommunicator),
+// each rank runs this loop on its slice of the global batch: global micro-batch j
+// of a step (0 <= j < grad_accum * N) goes to rank j / grad_accum, so N ranks see
+// the data and random draws a 1-rank run with grad_accum * N sees. Gradients,
+// losses, operand counters and the probe's gradients are summed over the ranks
+// before anything reads them, so every rank computes the same metrics, takes the
+// same policy decisions and holds the same weights (compared by hash every
+// check_every steps). Rank 0 alone reads commands and checkpoints and writes
+// metrics.jsonl, events.jsonl and checkpoints; it sends what it read to the others.
+//
 // Determinism: every random draw (initial weights, proxy data, stochastic
 // rounding) is a function of (config.seed, step, micro-step), and every kernel is
 // deterministic, so the same config on the same backend gives the same loss
@@ -16,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/comm/comm.h"
 #include "kernels/nn.h"
 #include "kernels/base/status.h"
 #include "worker/io/token_loader.h"
@@ -38,6 +49,16 @@ class Trainer {
   // Builds the backend, model and data, initialises the weights.
   static Status Create(const RunConfig& config, std::unique_ptr<Trainer>* out);
   ~Trainer();
+
+  // Makes this trainer one rank of `comm` (before Resume or Train). Without one
+  // the run has a single rank.
+  void SetCommunicator(std::unique_ptr<Communicator> comm) { comm_ = std::move(comm); }
+  int rank() const { return comm_ ? comm_->rank() : 0; }
+  int ranks() const { return comm_ ? comm_->size() : 1; }
+  // Micro-batches per optimizer step on this rank: config.grad_accum, or after
+  // resuming a checkpoint written with another rank count, what keeps that
+  // checkpoint's global batch.
+  int grad_accum() const { return accum_; }
 
   // One optimizer step (grad_accum micro-batches, clip, update); fills *metrics.
   Status Step(StepMetrics* metrics);
@@ -124,7 +145,22 @@ class Trainer {
   Status OpenData();
   Status AllocateState();
   void StartPolicy();
-  Status NextBatch(int micro, Batch* batch);
+  // Global micro-batch `micro` of this step: *batch when keep, else only the
+  // data position moves past it (another rank's).
+  Status NextBatch(int64_t micro, bool keep, Batch* batch);
+  bool leader() const { return rank() == 0; }
+  // Ranks: the sum over ranks of a host value, and rank 0's text (or status)
+  // on every rank. Single rank: the value itself.
+  Status SumOverRanks(double mine, double* total);
+  Status FromLeader(std::string* text);
+  Status ShareLeaderStatus(const Status& leader_status);
+  // Every check_every steps: ranks compare a hash of weights and Adam moments;
+  // a difference is a rank_mismatch event and fails the run.
+  Status CheckRanksAgree();
+  // The commands of this step: rank 0 reads (and deletes) the command files,
+  // every rank applies them. Their names and texts, in name order.
+  Status ReadCommandFiles(std::vector<std::pair<std::string, std::string>>* commands);
+  Status ApplyCommand(const std::string& name, const std::string& text);
   // Step's phases, in the order Step calls them; each fills its part of *m.
   Status ForwardBackward(std::vector<Batch>* kept, StepMetrics* m);
   Status CollectOperandStats(StepMetrics* m);
@@ -157,6 +193,8 @@ class Trainer {
 
   RunConfig config_;
   PrecisionScheme scheme_;
+  std::unique_ptr<Communicator> comm_;  // null: one rank
+  int accum_ = 1;                       // micro-batches per step on this rank
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::vector<std::string> param_groups_;  // ParamGroup of each of model_'s parameters
