@@ -1,6 +1,7 @@
 // keel-train: Keel's training engine on the command line.
 //   keel-train --config run.yaml [--backend cpu|cuda] [--steps N] [--run-dir DIR]
 //              [--resume DIR|latest] [--set key=value ...] [--quiet] [--profile]
+//              [--nproc N]
 //   keel-train prepare-text IN.txt OUT_PREFIX [--val-fraction F]
 //   keel-train presets
 #include <signal.h>
@@ -14,10 +15,12 @@
 #include <vector>
 
 #include "kernels/base/flags.h"
+#include "kernels/comm/tcp_comm.h"
 #include "worker/io/file_util.h"
 #include "worker/io/text_prepare.h"
 #include "worker/config/run_config.h"
 #include "worker/config/scheme.h"
+#include "worker/engine/launcher.h"
 #include "worker/engine/trainer.h"
 #include "worker/run/trainer_exit.h"
 
@@ -51,6 +54,13 @@ const char kUsage[] =
     "                       print the per-step breakdown on stderr when training ends\n"
     "  --data-root DIR      data.train and data.val must lie inside DIR once symlinks are\n"
     "                       resolved (repeatable; keel-worker passes its own --data-root)\n"
+    "  --nproc N            data parallel over N ranks (processes) on this host: each takes\n"
+    "                       1/N of the global batch (N ranks see what one rank with\n"
+    "                       grad_accum x N sees); cpu: N processes over TCP on loopback;\n"
+    "                       cuda: one GPU each (NCCL, not built yet: refused)\n"
+    "  --rank R --world N --bootstrap F\n"
+    "                       (the launcher, keel-worker) be rank R of N; rank 0 publishes\n"
+    "                       its address in file F, the others wait for it (dist.timeout_s)\n"
     "  --lease-file F --attempt N\n"
     "                       (keel-worker) train only while F names attempt N and has not\n"
     "                       expired: wait while it is expired, exit 4 when it names another\n"
@@ -118,6 +128,8 @@ int TrainCommand(int argc, char** argv) {
   std::vector<std::string> overrides;
   bool quiet = false, switch_precision = false, resume_fallback = false, profile = false;
   int64_t attempt = 0;
+  int nproc = 1, rank = -1, world = 0;
+  std::string bootstrap;
   std::string backend, steps, run_dir;
   CLI::App app("keel-train");
   app.add_option("--config", config_path);
@@ -133,6 +145,10 @@ int TrainCommand(int argc, char** argv) {
   app.add_option("--data-root", data_roots)->allow_extra_args(false);
   app.add_option("--lease-file", lease_file);
   app.add_option("--attempt", attempt)->check(IntFlag(1, INT64_MAX));
+  app.add_option("--nproc", nproc)->check(IntFlag(1, 1024));
+  app.add_option("--rank", rank)->check(IntFlag(0, 1023));
+  app.add_option("--world", world)->check(IntFlag(1, 1024));
+  app.add_option("--bootstrap", bootstrap);
   const FlagsOutcome flags = ParseFlags(app, "keel-train", kUsage, argc, argv);
   if (!flags.proceed) return flags.exit_code;
   // The named flags are applied after every --set.
@@ -151,9 +167,51 @@ int TrainCommand(int argc, char** argv) {
       if (!s.ok()) return Fail(trainer_exit::kBadConfig, s.message());
     }
   }
+  if ((rank >= 0) != (world > 0)) return Fail(trainer_exit::kBadConfig, "--rank and --world go together");
+  if (world > 0 && rank >= world) {
+    return Fail(trainer_exit::kBadConfig, "--rank: " + std::to_string(rank) + " is not allowed (0 .. --world - 1 = " +
+                                              std::to_string(world - 1) + ")");
+  }
+  if (world > 1 && bootstrap.empty()) return Fail(trainer_exit::kBadConfig, "--bootstrap: missing (needed with --world > 1)");
+  if (nproc > 1 && world > 0) return Fail(trainer_exit::kBadConfig, "--nproc: not allowed with --rank/--world");
+  if ((nproc > 1 || world > 1) && config.backend == "cuda") {
+    return Fail(trainer_exit::kBadConfig,
+                "--nproc/--world: more than one rank on the cuda backend needs the NCCL communicator, which this "
+                "build does not have yet (allowed: backend cpu)");
+  }
+  if (nproc > 1) {
+    LaunchOptions launch;
+    launch.nproc = nproc;
+    launch.binary = "/proc/self/exe";
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--nproc") {
+        ++i;  // and its value
+      } else if (a.rfind("--nproc=", 0) != 0) {
+        launch.args.push_back(a);
+      }
+    }
+    s = MakeDirs(config.run_dir + "/ranks");
+    if (!s.ok()) return Fail(trainer_exit::kFailed, s.message());
+    launch.bootstrap_path = config.run_dir + "/ranks/bootstrap";
+    launch.cuda = config.backend == "cuda";
+    if (!quiet) std::fprintf(stderr, "keel-train: %d ranks on this host (bootstrap %s)\n", nproc, launch.bootstrap_path.c_str());
+    return LaunchRanks(launch);
+  }
   std::unique_ptr<Trainer> trainer;
   s = Trainer::Create(config, &trainer);
   if (!s.ok()) return Fail(trainer_exit::kFailed, s.message());
+  if (world > 1) {
+    TcpCommOptions options;
+    options.rank = rank;
+    options.size = world;
+    options.bootstrap_path = bootstrap;
+    options.timeout_s = config.dist.timeout_s;
+    std::unique_ptr<Communicator> comm;
+    s = MakeTcpComm(options, &comm);
+    if (!s.ok()) return Fail(trainer_exit::kFailed, "rank " + std::to_string(rank) + ": " + s.message());
+    trainer->SetCommunicator(std::move(comm));
+  }
   if (switch_precision && resume.empty()) return Fail(trainer_exit::kBadConfig, "--switch-precision: needs --resume");
   if (resume_fallback && resume.empty()) return Fail(trainer_exit::kBadConfig, "--resume-fallback: needs --resume");
   if (lease_file.empty() != (attempt == 0)) return Fail(trainer_exit::kBadConfig, "--lease-file and --attempt go together");

@@ -1,0 +1,142 @@
+// keel-train --nproc N (see launcher.h).
+#include "worker/engine/launcher.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "worker/run/trainer_exit.h"
+
+namespace keel {
+namespace {
+
+volatile sig_atomic_t g_forward = 0;  // the signal to pass on, 0 when none is pending
+
+void OnSignal(int signal_number) { g_forward = signal_number; }
+
+// The devices rank r may use: the r-th entry of CUDA_VISIBLE_DEVICES when set,
+// else r.
+std::string DeviceFor(int rank) {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible == nullptr || *visible == '\0') return std::to_string(rank);
+  std::vector<std::string> ids;
+  std::string item;
+  for (const char* p = visible;; ++p) {
+    if (*p == ',' || *p == '\0') {
+      ids.push_back(item);
+      item.clear();
+      if (*p == '\0') break;
+    } else {
+      item += *p;
+    }
+  }
+  return rank < static_cast<int>(ids.size()) ? ids[rank] : std::to_string(rank);
+}
+
+pid_t StartRank(const LaunchOptions& o, int rank) {
+  std::vector<std::string> args = {o.binary};
+  args.insert(args.end(), o.args.begin(), o.args.end());
+  for (const std::string& a : {std::string("--rank"), std::to_string(rank), std::string("--world"),
+                               std::to_string(o.nproc), std::string("--bootstrap"), o.bootstrap_path}) {
+    args.push_back(a);
+  }
+  if (rank > 0) args.push_back("--quiet");
+  const pid_t pid = fork();
+  if (pid != 0) return pid;  // the launcher (or -1)
+  if (o.cuda) setenv("CUDA_VISIBLE_DEVICES", DeviceFor(rank).c_str(), 1);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(&a[0]);
+  argv.push_back(nullptr);
+  execv(o.binary.c_str(), argv.data());
+  std::fprintf(stderr, "keel-train: rank %d: cannot start %s: %s\n", rank, o.binary.c_str(), std::strerror(errno));
+  _exit(trainer_exit::kFailed);
+}
+
+// A rank's wait status as keel-train's exit status.
+int ExitCode(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return trainer_exit::kFailed;
+}
+
+}  // namespace
+
+int LaunchRanks(const LaunchOptions& o) {
+  std::remove(o.bootstrap_path.c_str());
+  struct sigaction action = {};
+  action.sa_handler = OnSignal;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  std::vector<pid_t> pids(o.nproc, -1);
+  std::vector<bool> running(o.nproc, false);
+  for (int r = 0; r < o.nproc; ++r) {
+    pids[r] = StartRank(o, r);
+    running[r] = pids[r] > 0;
+  }
+  int result = trainer_exit::kDone;
+  bool failed = false;  // a rank failed: the others are being stopped
+  auto stop_all = [&](int signal_number) {
+    for (int r = 0; r < o.nproc; ++r) {
+      if (running[r]) kill(pids[r], signal_number);
+    }
+  };
+  for (int r = 0; r < o.nproc; ++r) {
+    if (pids[r] <= 0) {
+      std::fprintf(stderr, "keel-train: cannot start rank %d: %s\n", r, std::strerror(errno));
+      failed = true;
+      result = trainer_exit::kFailed;
+    }
+  }
+  if (failed) stop_all(SIGTERM);
+  auto stopping_since = std::chrono::steady_clock::now();
+  bool killed = false;
+  int left = 0;
+  for (bool r : running) left += r;
+  while (left > 0) {
+    if (g_forward != 0) {
+      stop_all(g_forward);
+      g_forward = 0;
+    }
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (int r = 0; r < o.nproc; ++r) {
+        if (pids[r] != pid || !running[r]) continue;
+        running[r] = false;
+        --left;
+        const int code = ExitCode(status);
+        const bool ok = code == trainer_exit::kDone || code == trainer_exit::kInterrupted ||
+                        code == trainer_exit::kDiverged;
+        if (!failed && !ok) {
+          std::fprintf(stderr, "keel-train: rank %d %s; stopping the other ranks\n", r,
+                       WIFEXITED(status) ? ("exited with status " + std::to_string(code)).c_str()
+                                         : ("died of signal " + std::to_string(WTERMSIG(status))).c_str());
+          failed = true;
+          result = code;
+          stopping_since = std::chrono::steady_clock::now();
+          stop_all(SIGTERM);
+        } else if (!failed && code != trainer_exit::kDone) {
+          result = code;  // interrupted or diverged: every rank says the same
+        }
+      }
+      continue;
+    }
+    if (failed && !killed &&
+        std::chrono::steady_clock::now() - stopping_since > std::chrono::duration<double>(o.grace_s)) {
+      stop_all(SIGKILL);  // a rank stuck in a collective with the failed one
+      killed = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::remove(o.bootstrap_path.c_str());
+  return result;
+}
+
+}  // namespace keel

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# keel-train --nproc N as a user runs it: N rank processes over TCP on loopback.
+#  - 2 ranks give the losses of one rank with grad_accum 2 (within 1e-5: see
+#    ranks_test.cc for why not always bit for bit), and one metrics line per step;
+#  - kill -9 of one rank: the launcher stops the other and fails quickly, and
+#    the run resumed from its newest checkpoint ends with the uninterrupted loss;
+#  - SIGINT: every rank stops after the same step, rank 0 checkpoints, exit 130;
+#  - flags that cannot work are refused (exit 2).
+set -euo pipefail
+train="$PWD/worker/engine/keel-train"
+work="${TEST_TMPDIR:-/tmp}/nproc"
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+cat > run.yaml <<'YAML'
+name: nproc
+model: {type: proxy, layers: 2, width: 32}
+precision: mxfp8_e4m3
+batch: 64
+steps: 12
+seed: 5
+threads: 1
+check_every: 1
+optimizer: {type: adam, lr: 0.003}
+YAML
+losses() { /usr/bin/python3 -c 'import json,sys; print(" ".join(repr(json.loads(l)["loss"]) for l in open(sys.argv[1])))' "$1"; }
+close() {  # close A B: equal length, every loss within 1e-5 relative
+  /usr/bin/python3 - "$1" "$2" <<'PY'
+import sys
+a = [float(x) for x in sys.argv[1].split()]
+b = [float(x) for x in sys.argv[2].split()]
+assert len(a) == len(b), (len(a), len(b))
+for i, (x, y) in enumerate(zip(a, b)):
+    assert abs(x - y) <= 1e-5 * abs(y), (i + 1, x, y)
+print("%d steps within 1e-5%s" % (len(a), " (bit-identical)" if a == b else ""))
+PY
+}
+
+# 1. Two ranks against one rank with grad_accum 2.
+"$train" --config run.yaml --run-dir one --set grad_accum=2 --quiet
+"$train" --config run.yaml --run-dir two --nproc 2 2> two.log
+grep -q "2 ranks on this host" two.log
+[ "$(wc -l < two/metrics.jsonl)" = 12 ] || { echo "two ranks wrote $(wc -l < two/metrics.jsonl) metric lines, want 12"; exit 1; }
+close "$(losses two/metrics.jsonl)" "$(losses one/metrics.jsonl)"
+[ ! -e two/ranks/bootstrap ] || { echo "the bootstrap file outlived the run"; exit 1; }
+
+# 2. kill -9 of rank 1 mid-run.
+"$train" --config run.yaml --run-dir whole --set steps=400 --set checkpoint_every=50 --nproc 2 --quiet
+"$train" --config run.yaml --run-dir killed --set steps=400 --set checkpoint_every=50 --nproc 2 --quiet 2> killed.log &
+launcher=$!
+for _ in $(seq 300); do [ -d killed/checkpoints/step_00000050 ] && break; sleep 0.1; done
+[ -d killed/checkpoints/step_00000050 ] || { echo "no checkpoint at step 50"; cat killed.log; exit 1; }
+rank1=$(pgrep -P "$launcher" | sed -n 2p)
+[ -n "$rank1" ] || { echo "no second rank under the launcher"; exit 1; }
+kill -9 "$rank1"
+start=$(date +%s)
+status=0
+wait "$launcher" || status=$?
+[ "$status" -ne 0 ] || { echo "the launcher exited 0 after a rank was killed"; exit 1; }
+[ $(( $(date +%s) - start )) -lt 60 ] || { echo "the launcher took too long to stop"; exit 1; }
+grep -q "rank 1 died of signal 9; stopping the other ranks" killed.log || { cat killed.log; exit 1; }
+! pgrep -f "run-dir killed" > /dev/null || { echo "a rank outlived the launcher"; exit 1; }
+"$train" --config run.yaml --run-dir killed --set steps=400 --set checkpoint_every=50 --nproc 2 --resume latest --quiet
+final() { tail -n 1 "$1" | /usr/bin/python3 -c 'import json,sys; l=json.loads(sys.stdin.read()); print(l["step"], repr(l["loss"]))'; }
+[ "$(final killed/metrics.jsonl)" = "$(final whole/metrics.jsonl)" ] || {
+  echo "resumed: $(final killed/metrics.jsonl), uninterrupted: $(final whole/metrics.jsonl)"; exit 1; }
+
+# 3. SIGINT: every rank stops after the same step; rank 0 checkpoints; exit 130.
+"$train" --config run.yaml --run-dir interrupted --set steps=100000 --nproc 2 --quiet 2> int.log &
+launcher=$!
+for _ in $(seq 300); do [ -s interrupted/metrics.jsonl ] && break; sleep 0.1; done
+kill -INT "$launcher"
+status=0
+wait "$launcher" || status=$?
+[ "$status" = 130 ] || { echo "SIGINT: exit $status, want 130"; cat int.log; exit 1; }
+ls interrupted/checkpoints | grep -q step_ || { echo "no checkpoint after SIGINT"; exit 1; }
+
+# 4. Refusals.
+expect_refused() {  # expect_refused MESSAGE ARGS...
+  local message=$1 status=0
+  shift
+  "$train" --config run.yaml --run-dir refused "$@" 2> refused.log || status=$?
+  [ "$status" = 2 ] || { echo "$*: exit $status, want 2"; cat refused.log; exit 1; }
+  grep -qF "$message" refused.log || { echo "$*: want '$message' in:"; cat refused.log; exit 1; }
+}
+expect_refused "more than one rank on the cuda backend needs the NCCL communicator" --nproc 2 --backend cuda
+expect_refused "--rank and --world go together" --rank 1
+expect_refused "--rank: 2 is not allowed (0 .. --world - 1 = 1)" --rank 2 --world 2 --bootstrap b
+expect_refused "--bootstrap: missing" --rank 0 --world 2
+echo "nproc_test: ok"

@@ -1,0 +1,298 @@
+// Data-parallel ranks on the CPU (issue 13): N trainers, each a rank of a real
+// TCP communicator on loopback (one thread per rank here; keel-train --nproc
+// runs them as processes, tests/ranks_e2e_test.sh), against one trainer with
+// grad_accum x N.
+//
+// Tolerance: the ranks' gradients are summed in rank order after each rank's
+// backward, where the one-rank run adds its micro-batches' gradients into the
+// same buffer as it goes. Both are fp32 sums of the same terms, grouped
+// differently wherever a kernel accumulates in pieces, so losses agree to a few
+// fp32 ulps per step, growing slowly over steps; 1e-5 relative over 8 to 12
+// steps leaves room for that and catches any mistake in which data or seed a
+// rank uses (that moves the loss by 1e-3 or more). Where the sums group
+// identically the runs agree bit for bit; the test prints which.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "kernels/comm/tcp_comm.h"
+#include "worker/engine/trainer.h"
+#include "worker/io/file_util.h"
+#include "worker/io/text_prepare.h"
+#include "worker/run/run_dir.h"
+
+namespace keel {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(base ? base : "/tmp") + "/" + name;
+  EXPECT_EQ(std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str()), 0);
+  return dir;
+}
+
+RunConfig Config(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  RunConfig c;
+  Status s = ParseRunConfig(yaml, "test", overrides, &c);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return c;
+}
+
+std::string ProxyYaml(const std::string& run_dir) {
+  return "model: {type: proxy, layers: 2, width: 32}\nbatch: 32\nsteps: 8\nseed: 11\nthreads: 1\n"
+         "optimizer: {type: adam, lr: 0.003}\nprecision: mxfp8_e4m3\ncheck_every: 1\nrun_dir: " + run_dir + "\n";
+}
+
+// What one rank saw: its metrics per step and how its run ended.
+struct RankResult {
+  std::vector<StepMetrics> metrics;
+  Status status;
+  int64_t step = 0;
+};
+
+// Runs `config` as `n` ranks (threads, real TCP), each calling `before` (when
+// given: resume, ...) and then Train; `after_step` runs in each rank after
+// every step.
+std::vector<RankResult> RunRanks(const RunConfig& config, int n, const std::string& bootstrap,
+                                 const std::function<Status(Trainer*)>& before = nullptr,
+                                 const std::function<void(Trainer*, const StepMetrics&)>& after_step = nullptr) {
+  std::remove(bootstrap.c_str());
+  std::vector<RankResult> results(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      RankResult& out = results[r];
+      std::unique_ptr<Trainer> t;
+      out.status = Trainer::Create(config, &t);
+      if (!out.status.ok()) return;
+      if (n > 1) {
+        TcpCommOptions o;
+        o.rank = r;
+        o.size = n;
+        o.bootstrap_path = bootstrap;
+        o.timeout_s = 30;
+        std::unique_ptr<Communicator> comm;
+        out.status = MakeTcpComm(o, &comm);
+        if (!out.status.ok()) return;
+        t->SetCommunicator(std::move(comm));
+      }
+      if (before) {
+        out.status = before(t.get());
+        if (!out.status.ok()) return;
+      }
+      Trainer* raw = t.get();
+      out.status = t->Train(
+          [&, raw](const StepMetrics& m) {
+            out.metrics.push_back(m);
+            if (after_step) after_step(raw, m);
+          },
+          false);
+      out.step = t->step();
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  return results;
+}
+
+std::vector<double> LossesOf(const RankResult& r) {
+  std::vector<double> l;
+  for (const StepMetrics& m : r.metrics) l.push_back(m.loss);
+  return l;
+}
+
+// Every rank finished, and they all report the same bits for every step's
+// loss and gradient norm (they computed them from the same reduced values).
+void ExpectRanksAgree(const std::vector<RankResult>& ranks, size_t steps) {
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    ASSERT_TRUE(ranks[r].status.ok()) << "rank " << r << ": " << ranks[r].status.message();
+    ASSERT_EQ(ranks[r].metrics.size(), steps) << "rank " << r;
+    for (size_t i = 0; i < steps; ++i) {
+      EXPECT_EQ(ranks[r].metrics[i].loss, ranks[0].metrics[i].loss) << "rank " << r << " step " << i + 1;
+      EXPECT_EQ(ranks[r].metrics[i].grad_norm, ranks[0].metrics[i].grad_norm) << "rank " << r << " step " << i + 1;
+    }
+  }
+}
+
+void ExpectClose(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  bool exact = true;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-5 * std::fabs(want[i])) << what << ", step " << i + 1;
+    exact = exact && got[i] == want[i];
+  }
+  std::printf("%s: %zu steps, %s\n", what.c_str(), got.size(), exact ? "bit-identical losses" : "losses within 1e-5");
+}
+
+int CountLines(const std::string& path) {
+  std::string text;
+  if (!ReadFile(path, &text).ok()) return -1;
+  int lines = 0;
+  for (char c : text) lines += c == '\n';
+  return lines;
+}
+
+TEST(RanksTest, TwoAndFourProxyRanksMatchOneRankWithGradAccum) {
+  for (int n : {2, 4}) {
+    const std::string dir = TempDir("proxy_ranks_" + std::to_string(n));
+    const RunConfig one = Config(ProxyYaml(dir + "/one"), {"grad_accum=" + std::to_string(n)});
+    const std::vector<RankResult> single = RunRanks(one, 1, "");
+    ASSERT_TRUE(single[0].status.ok()) << single[0].status.message();
+    const std::vector<RankResult> ranks = RunRanks(Config(ProxyYaml(dir + "/ranks")), n, dir + "/bootstrap");
+    ASSERT_NO_FATAL_FAILURE(ExpectRanksAgree(ranks, 8));
+    ExpectClose(LossesOf(ranks[0]), LossesOf(single[0]), "proxy, " + std::to_string(n) + " ranks vs grad_accum " +
+                                                             std::to_string(n));
+    // Operand counters cover the whole global batch.
+    ASSERT_FALSE(ranks[0].metrics[0].operands.empty());
+    // Rank 0 alone writes the run's files: one metrics line per step.
+    EXPECT_EQ(CountLines(RunDir(dir + "/ranks").metrics()), 8);
+    // Throughput counts every rank's samples: n ranks x batch per step.
+    EXPECT_GT(ranks[0].metrics[0].tokens_per_s, 0.0);
+  }
+}
+
+TEST(RanksTest, BfloatReductionStaysCloseToFp32) {
+  const std::string dir = TempDir("proxy_bf16_reduce");
+  const std::vector<RankResult> f32 = RunRanks(Config(ProxyYaml(dir + "/a")), 2, dir + "/b1");
+  const std::vector<RankResult> bf16 = RunRanks(Config(ProxyYaml(dir + "/b"), {"dist.reduce=bf16"}), 2, dir + "/b2");
+  ASSERT_NO_FATAL_FAILURE(ExpectRanksAgree(f32, 8));
+  ASSERT_NO_FATAL_FAILURE(ExpectRanksAgree(bf16, 8));
+  // bf16 gradients move the trajectory (so the option does something) but not far.
+  EXPECT_NE(LossesOf(f32[0]), LossesOf(bf16[0]));
+  for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(bf16[0].metrics[i].loss, f32[0].metrics[i].loss, 0.05 * f32[0].metrics[i].loss);
+}
+
+void PrepareFortunes(const std::string& dir) {
+  std::string text;
+  for (const char* name : {"literature", "wisdom", "science", "people"}) {
+    std::ifstream in(std::string("/usr/share/games/fortunes/") + name);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text += ss.str();
+  }
+  ASSERT_GT(text.size(), 100000u) << "install the Debian package 'fortunes' (scripts/install-deps)";
+  std::ofstream(dir + "/in.txt", std::ios::binary) << text;
+  PrepareSummary summary;
+  ASSERT_TRUE(PrepareText(dir + "/in.txt", dir + "/t", 0.1, &summary).ok());
+}
+
+TEST(RanksTest, TwoGptRanksMatchOneRankWithGradAccumTwo) {
+  const std::string dir = TempDir("gpt_ranks");
+  ASSERT_NO_FATAL_FAILURE(PrepareFortunes(dir));
+  const std::string yaml = "model: {type: gpt, layers: 2, width: 32, heads: 2, context: 32, vocab: 256}\n"
+                           "data: {train: " + dir + "/t_train.bin}\nbatch: 4\nseq: 32\nsteps: 8\nthreads: 1\n"
+                           "precision: mxfp8_e4m3\nprobe_every: 4\ncheck_every: 1\n"
+                           "optimizer: {type: adamw, lr: 0.003, weight_decay: 0.1, grad_clip: 1.0}\n";
+  const std::vector<RankResult> single = RunRanks(Config(yaml + "run_dir: " + dir + "/one\n", {"grad_accum=2"}), 1, "");
+  ASSERT_TRUE(single[0].status.ok()) << single[0].status.message();
+  const std::vector<RankResult> ranks = RunRanks(Config(yaml + "run_dir: " + dir + "/two\n"), 2, dir + "/bootstrap");
+  ASSERT_NO_FATAL_FAILURE(ExpectRanksAgree(ranks, 8));
+  ExpectClose(LossesOf(ranks[0]), LossesOf(single[0]), "gpt, 2 ranks vs grad_accum 2");
+  // The gradient-bias probe under ranks measures the global batch's gradient.
+  ASSERT_TRUE(ranks[0].metrics[3].probed);
+  EXPECT_NEAR(ranks[0].metrics[3].probe.cosine, single[0].metrics[3].probe.cosine, 1e-5);
+}
+
+// A command (rollback two steps and switch to bf16) written after step 5 reaches
+// every rank before the same step, and the run continues as the one-rank run
+// given the same command does.
+TEST(RanksTest, SwitchAndRollbackApplyToEveryRankAtTheSameStep) {
+  const std::string dir = TempDir("proxy_rollback");
+  auto command_after_5 = [](Trainer* t, const StepMetrics& m) {
+    if (t->rank() != 0 || m.step != 5 || m.scheme == "bf16") return;  // once: step 5 comes again in bf16
+    const std::string commands = RunDir(t->config().run_dir).commands();
+    ASSERT_TRUE(MakeDirs(commands).ok());
+    ASSERT_TRUE(WriteFileAtomic(commands + "/0001.json",
+                                "{\"kind\": \"rollback\", \"steps\": 2, \"precision\": \"bf16\", \"reason\": \"test\"}")
+                    .ok());
+  };
+  const std::vector<std::string> every2 = {"checkpoint_every=2", "steps=10"};
+  std::vector<std::string> accum = every2;
+  accum.push_back("grad_accum=2");
+  const std::vector<RankResult> single = RunRanks(Config(ProxyYaml(dir + "/one"), accum), 1, "", nullptr, command_after_5);
+  ASSERT_TRUE(single[0].status.ok()) << single[0].status.message();
+  const std::vector<RankResult> ranks =
+      RunRanks(Config(ProxyYaml(dir + "/two"), every2), 2, dir + "/bootstrap", nullptr, command_after_5);
+  // Steps 1-5; the rollback's target is step 3, whose newest checkpoint at or
+  // before it is step 2's (checkpoint_every 2); then steps 3-10 in bf16.
+  ASSERT_TRUE(ranks[0].status.ok()) << ranks[0].status.message();
+  ASSERT_TRUE(ranks[1].status.ok()) << ranks[1].status.message();
+  ASSERT_EQ(ranks[0].metrics.size(), single[0].metrics.size());
+  ASSERT_NO_FATAL_FAILURE(ExpectRanksAgree(ranks, single[0].metrics.size()));
+  std::vector<std::string> schemes;
+  for (const StepMetrics& m : ranks[1].metrics) schemes.push_back(m.scheme);
+  EXPECT_EQ(schemes.front(), "mxfp8_e4m3");
+  EXPECT_EQ(schemes.back(), "bf16");
+  EXPECT_EQ(ranks[1].metrics[5].step, 3);  // rolled back to the checkpoint of step 2: the next step is 3
+  ExpectClose(LossesOf(ranks[0]), LossesOf(single[0]), "proxy with a rollback and a switch, 2 ranks vs grad_accum 2");
+  // Rank 0 recorded the rollback once.
+  std::string events;
+  ASSERT_TRUE(ReadFile(RunDir(dir + "/two").events(), &events).ok());
+  EXPECT_EQ(CountLines(RunDir(dir + "/two").events()), 2) << events;  // rollback, switch_precision
+}
+
+// 2 ranks x grad_accum 2 for 4 steps, then 1 rank (taking 4 micro-batches) for
+// 4, then 4 ranks (1 each) for 4: the global batch never changes, and the run
+// ends where an uninterrupted one-rank grad_accum 4 run does.
+TEST(RanksTest, ResumeWithAnotherRankCountKeepsTheGlobalBatch) {
+  const std::string dir = TempDir("proxy_resume_ranks");
+  const RunConfig whole = Config(ProxyYaml(dir + "/whole"), {"grad_accum=4", "steps=12"});
+  const std::vector<RankResult> expected = RunRanks(whole, 1, "");
+  ASSERT_TRUE(expected[0].status.ok()) << expected[0].status.message();
+  const std::string run = dir + "/run";
+  const std::vector<RankResult> first = RunRanks(Config(ProxyYaml(run), {"grad_accum=2", "steps=4"}), 2, dir + "/b1");
+  ASSERT_NO_FATAL_FAILURE(ExpectRanksAgree(first, 4));
+  auto resume = [](Trainer* t) { return t->Resume("latest"); };
+  const std::vector<RankResult> second = RunRanks(Config(ProxyYaml(run), {"steps=8"}), 1, "", resume);
+  ASSERT_TRUE(second[0].status.ok()) << second[0].status.message();
+  ASSERT_EQ(second[0].metrics.size(), 4u);
+  const std::vector<RankResult> third = RunRanks(Config(ProxyYaml(run), {"steps=12"}), 4, dir + "/b3", resume);
+  ASSERT_NO_FATAL_FAILURE(ExpectRanksAgree(third, 4));
+  std::vector<double> got = LossesOf(first[0]);
+  for (const auto* part : {&second[0], &third[0]}) {
+    for (double l : LossesOf(*part)) got.push_back(l);
+  }
+  ExpectClose(got, LossesOf(expected[0]), "proxy 2 -> 1 -> 4 ranks vs one rank with grad_accum 4");
+}
+
+TEST(RanksTest, ResumeRefusesARankCountThatCannotSplitTheGlobalBatch) {
+  const std::string dir = TempDir("proxy_resume_split");
+  const std::vector<RankResult> first = RunRanks(Config(ProxyYaml(dir + "/run"), {"steps=2"}), 2, dir + "/b1");
+  ASSERT_NO_FATAL_FAILURE(ExpectRanksAgree(first, 2));
+  auto resume = [](Trainer* t) { return t->Resume("latest"); };
+  const std::vector<RankResult> three = RunRanks(Config(ProxyYaml(dir + "/run"), {"steps=4"}), 3, dir + "/b2", resume);
+  for (const RankResult& r : three) {
+    EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument) << r.status.message();
+    EXPECT_NE(r.status.message().find("global batch is 2 micro-batches per step, which 3 ranks cannot split"),
+              std::string::npos)
+        << r.status.message();
+  }
+}
+
+// A rank whose weights drift from the others' is caught by the hash check of
+// the same step: a rank_mismatch event and a failed run on every rank.
+TEST(RanksTest, RanksWithDifferentWeightsFailTheRun) {
+  const std::string dir = TempDir("proxy_mismatch");
+  auto corrupt_rank1 = [](Trainer* t, const StepMetrics& m) {
+    if (t->rank() != 1 || m.step != 3) return;
+    const float bad = 123.0f;
+    ASSERT_TRUE(t->backend()->Upload(t->model()->params(), &bad, sizeof(bad)).ok());
+  };
+  const std::vector<RankResult> ranks =
+      RunRanks(Config(ProxyYaml(dir + "/run")), 2, dir + "/bootstrap", nullptr, corrupt_rank1);
+  for (const RankResult& r : ranks) {
+    EXPECT_FALSE(r.status.ok());
+    EXPECT_NE(r.status.message().find("ranks hold different weights after step 3"), std::string::npos)
+        << r.status.message();
+  }
+  std::string events;
+  ASSERT_TRUE(ReadFile(RunDir(dir + "/run").events(), &events).ok());
+  EXPECT_NE(events.find("\"kind\":\"rank_mismatch\""), std::string::npos) << events;
+}
+
+}  // namespace
+}  // namespace keel
