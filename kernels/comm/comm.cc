@@ -62,8 +62,8 @@ Status WriteBootstrapId(const std::string& path, const std::string& id) {
 
 Status WaitBootstrapId(const std::string& path, double timeout_s, std::string* id) {
   using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(timeout_s));
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   for (;;) {
     std::ifstream in(path, std::ios::binary);
     if (in) {

@@ -36,9 +36,9 @@ using Clock = std::chrono::steady_clock;
 
 // ---- Wire format ---------------------------------------------------------------
 
-constexpr uint32_t kHelloMagic = 0x6C65656B;   // "keel"
-constexpr uint32_t kAckMagic = 0x6B63616B;     // "kack"
-constexpr uint32_t kHeaderMagic = 0x6C6F636B;  // "kcol"
+constexpr uint32_t kHelloMagic = 0x6C65656B;    // "keel"
+constexpr uint32_t kAckMagic = 0x6B63616B;      // "kack"
+constexpr uint32_t kHeaderMagic = 0x6C6F636B;   // "kcol"
 constexpr uint32_t kBarrierToken = 0x6F67626B;  // "kbgo"
 // Bump when anything below changes meaning: ranks of different builds refuse
 // each other at the hello instead of misreading each other's bytes.
@@ -246,6 +246,10 @@ class TcpComm final : public Communicator {
   // Refuses a call after a failure; otherwise names the collective for the
   // error messages of the I/O that follows.
   Status Begin(Op op);
+  // The header of the collective in progress.
+  Header HeaderFor(uint64_t arg0, uint64_t arg1) const {
+    return Header{kHeaderMagic, static_cast<uint32_t>(op_), arg0, arg1};
+  }
   // Peers: sends this call's header to rank 0. Rank 0: reads every peer's
   // header, in rank order, and fails when one differs from `mine` (arg0 is
   // not compared for AllGatherHost: the lengths differ); the peers' headers
@@ -271,9 +275,9 @@ class TcpComm final : public Communicator {
   const int size_;
   const double timeout_s_;
   std::vector<int> fds_;
-  Op op_ = Op::kBarrier;    // the collective in progress, for messages
+  Op op_ = Op::kBarrier;  // the collective in progress, for messages
   bool failed_ = false;
-  std::string failure_;     // the first failure's message
+  std::string failure_;  // the first failure's message
 };
 
 Status TcpComm::Begin(Op op) {
@@ -305,8 +309,7 @@ Status TcpComm::Send(int peer, const void* data, size_t bytes) {
   int err = 0;
   switch (SendAll(FdFor(peer), data, bytes, timeout_s_, &err)) {
     case Io::kOk: return Status::Ok();
-    case Io::kClosed:
-      return Fail(PeerError(StatusCode::kUnavailable, peer, "closed the connection", op_, rank_));
+    case Io::kClosed: return Fail(PeerError(StatusCode::kUnavailable, peer, "closed the connection", op_, rank_));
     case Io::kTimeout:
       return Fail(PeerError(StatusCode::kUnavailable, peer, "took no data for " + SecondsText(timeout_s_), op_, rank_));
     case Io::kError: break;
@@ -318,13 +321,13 @@ Status TcpComm::Recv(int peer, void* data, size_t bytes) {
   int err = 0;
   switch (RecvAll(FdFor(peer), data, bytes, timeout_s_, &err)) {
     case Io::kOk: return Status::Ok();
-    case Io::kClosed:
-      return Fail(PeerError(StatusCode::kUnavailable, peer, "closed the connection", op_, rank_));
+    case Io::kClosed: return Fail(PeerError(StatusCode::kUnavailable, peer, "closed the connection", op_, rank_));
     case Io::kTimeout:
       return Fail(PeerError(StatusCode::kUnavailable, peer, "sent nothing for " + SecondsText(timeout_s_), op_, rank_));
     case Io::kError: break;
   }
-  return Fail(PeerError(StatusCode::kUnavailable, peer, std::string("receive failed: ") + std::strerror(err), op_, rank_));
+  return Fail(
+      PeerError(StatusCode::kUnavailable, peer, std::string("receive failed: ") + std::strerror(err), op_, rank_));
 }
 
 Status TcpComm::ExchangeHeaders(const Header& mine, std::vector<Header>* headers) {
@@ -334,13 +337,15 @@ Status TcpComm::ExchangeHeaders(const Header& mine, std::vector<Header>* headers
     Header h;
     KEEL_RETURN_IF_ERROR(Recv(r, &h, sizeof(h)));
     if (h.magic != kHeaderMagic) {
-      return Fail(PeerError(StatusCode::kInternal, r, "sent bytes that are not a collective's header (ranks out of step)",
-                            op_, rank_));
+      return Fail(PeerError(StatusCode::kInternal, r,
+                            "sent bytes that are not a collective's header (ranks out of step)", op_, rank_));
     }
-    const bool same_args = h.op == static_cast<uint32_t>(Op::kAllGatherHost) || (h.arg0 == mine.arg0 && h.arg1 == mine.arg1);
+    const bool same_args =
+        h.op == static_cast<uint32_t>(Op::kAllGatherHost) || (h.arg0 == mine.arg0 && h.arg1 == mine.arg1);
     if (h.op != mine.op || !same_args) {
-      return Fail(Status::Error("tcp comm: rank " + std::to_string(r) + " called " + Describe(h) + " while rank 0 called " +
-                                Describe(mine) + " (every rank must call the same collectives, in the same order, with "
+      return Fail(Status::Error("tcp comm: rank " + std::to_string(r) + " called " + Describe(h) +
+                                " while rank 0 called " + Describe(mine) +
+                                " (every rank must call the same collectives, in the same order, with "
                                 "the same counts)"));
     }
     if (headers) (*headers)[r] = h;
@@ -434,8 +439,7 @@ Status TcpComm::AllReduceSum(float* data, int64_t count, ReducePrecision precisi
     }
     return Status::Ok();
   }
-  KEEL_RETURN_IF_ERROR(ExchangeHeaders(
-      Header{kHeaderMagic, static_cast<uint32_t>(op_), static_cast<uint64_t>(count), static_cast<uint64_t>(precision)}));
+  KEEL_RETURN_IF_ERROR(ExchangeHeaders(HeaderFor(count, static_cast<uint64_t>(precision))));
   return ReduceChunks(data, data, count, 0, precision);
 }
 
@@ -446,8 +450,7 @@ Status TcpComm::ReduceScatterSum(const float* in, float* out, int64_t count, Red
     for (int64_t i = 0; i < count; ++i) out[i] = precision == ReducePrecision::kBF16 ? RoundBf16(in[i]) : in[i];
     return Status::Ok();
   }
-  KEEL_RETURN_IF_ERROR(ExchangeHeaders(
-      Header{kHeaderMagic, static_cast<uint32_t>(op_), static_cast<uint64_t>(count), static_cast<uint64_t>(precision)}));
+  KEEL_RETURN_IF_ERROR(ExchangeHeaders(HeaderFor(count, static_cast<uint64_t>(precision))));
   return ReduceChunks(in, out, count * size_, count, precision);
 }
 
@@ -460,7 +463,7 @@ Status TcpComm::AllGather(const float* in, float* out, int64_t count) {
     if (bytes > 0) std::memmove(out + rank_ * count, in, bytes);
     if (size_ == 1) return Status::Ok();
   }
-  KEEL_RETURN_IF_ERROR(ExchangeHeaders(Header{kHeaderMagic, static_cast<uint32_t>(op_), static_cast<uint64_t>(count), 0}));
+  KEEL_RETURN_IF_ERROR(ExchangeHeaders(HeaderFor(count, 0)));
   // No buffer of our own: the peers' parts land in `out` directly, and the
   // kernel's socket buffers bound what is in flight.
   if (rank_ != 0) {
@@ -475,13 +478,12 @@ Status TcpComm::AllGather(const float* in, float* out, int64_t count) {
 Status TcpComm::Broadcast(void* data, size_t bytes, int root) {
   KEEL_RETURN_IF_ERROR(Begin(Op::kBroadcast));
   if (root < 0 || root >= size_) {
-    return Status::InvalidField("root", std::to_string(root) + " is not a rank; 0 .. " + std::to_string(size_ - 1) +
-                                            " is allowed");
+    return Status::InvalidField(
+        "root", std::to_string(root) + " is not a rank; 0 .. " + std::to_string(size_ - 1) + " is allowed");
   }
   if (bytes > 0 && data == nullptr) return Status::InvalidField("data", "is null with bytes > 0; a buffer is required");
   if (size_ == 1) return Status::Ok();
-  KEEL_RETURN_IF_ERROR(ExchangeHeaders(
-      Header{kHeaderMagic, static_cast<uint32_t>(op_), static_cast<uint64_t>(bytes), static_cast<uint64_t>(root)}));
+  KEEL_RETURN_IF_ERROR(ExchangeHeaders(HeaderFor(bytes, root)));
   // Rank 0 relays a root's data: root -> rank 0 -> the others, in rank order.
   if (rank_ != 0) return rank_ == root ? Send(0, data, bytes) : Recv(0, data, bytes);
   if (root != 0) KEEL_RETURN_IF_ERROR(Recv(root, data, bytes));
@@ -495,7 +497,7 @@ Status TcpComm::Barrier() {
   KEEL_RETURN_IF_ERROR(Begin(Op::kBarrier));
   if (size_ == 1) return Status::Ok();
   // Every header reached rank 0 (everyone arrived) before any token leaves it.
-  KEEL_RETURN_IF_ERROR(ExchangeHeaders(Header{kHeaderMagic, static_cast<uint32_t>(op_), 0, 0}));
+  KEEL_RETURN_IF_ERROR(ExchangeHeaders(HeaderFor(0, 0)));
   uint32_t token = kBarrierToken;
   if (rank_ != 0) {
     KEEL_RETURN_IF_ERROR(Recv(0, &token, sizeof(token)));
@@ -511,15 +513,15 @@ Status TcpComm::Barrier() {
 Status TcpComm::AllGatherHost(const std::string& mine, std::vector<std::string>* all) {
   KEEL_RETURN_IF_ERROR(Begin(Op::kAllGatherHost));
   if (mine.size() > kMaxHostValueBytes) {
-    return Status::InvalidField("mine", std::to_string(mine.size()) + " bytes; at most " +
-                                            std::to_string(kMaxHostValueBytes) + " are allowed");
+    return Status::InvalidField(
+        "mine", std::to_string(mine.size()) + " bytes; at most " + std::to_string(kMaxHostValueBytes) + " are allowed");
   }
   if (size_ == 1) {
     *all = {mine};
     return Status::Ok();
   }
   std::vector<Header> headers;
-  KEEL_RETURN_IF_ERROR(ExchangeHeaders(Header{kHeaderMagic, static_cast<uint32_t>(op_), mine.size(), 0}, &headers));
+  KEEL_RETURN_IF_ERROR(ExchangeHeaders(HeaderFor(mine.size(), 0), &headers));
   std::vector<std::string> values(size_);
   if (rank_ != 0) {
     KEEL_RETURN_IF_ERROR(Send(0, mine.data(), mine.size()));
@@ -528,8 +530,9 @@ Status TcpComm::AllGatherHost(const std::string& mine, std::vector<std::string>*
       uint64_t length = 0;
       KEEL_RETURN_IF_ERROR(Recv(0, &length, sizeof(length)));
       if (length > kMaxHostValueBytes) {
-        return Fail(PeerError(StatusCode::kInternal, 0, "sent a host value of " + std::to_string(length) +
-                                                            " bytes (ranks out of step)", op_, rank_));
+        return Fail(PeerError(StatusCode::kInternal, 0,
+                              "sent a host value of " + std::to_string(length) + " bytes (ranks out of step)", op_,
+                              rank_));
       }
       values[r].resize(length);
       KEEL_RETURN_IF_ERROR(Recv(0, &values[r][0], length));
@@ -540,8 +543,9 @@ Status TcpComm::AllGatherHost(const std::string& mine, std::vector<std::string>*
   values[0] = mine;
   for (int r = 1; r < size_; ++r) {
     if (headers[r].arg0 > kMaxHostValueBytes) {
-      return Fail(PeerError(StatusCode::kInternal, r, "announced a host value of " + std::to_string(headers[r].arg0) +
-                                                          " bytes (ranks out of step)", op_, rank_));
+      return Fail(PeerError(
+          StatusCode::kInternal, r,
+          "announced a host value of " + std::to_string(headers[r].arg0) + " bytes (ranks out of step)", op_, rank_));
     }
     values[r].resize(headers[r].arg0);
     KEEL_RETURN_IF_ERROR(Recv(r, &values[r][0], values[r].size()));
@@ -569,8 +573,8 @@ Status ValidateOptions(const TcpCommOptions& o) {
     return Status::InvalidField("timeout_s", SecondsText(o.timeout_s) + "; a finite number of seconds > 0 is allowed");
   }
   if (o.size > 1 && o.bootstrap_path.empty()) {
-    return Status::InvalidField("bootstrap_path", "is empty with size " + std::to_string(o.size) +
-                                                      "; a file path is required when size > 1");
+    return Status::InvalidField(
+        "bootstrap_path", "is empty with size " + std::to_string(o.size) + "; a file path is required when size > 1");
   }
   if (o.size > 1 && o.rank == 0 && o.host.empty()) {
     return Status::InvalidField("host", "is empty; rank 0 needs an address to listen on (\"127.0.0.1\", a host name)");
@@ -584,7 +588,8 @@ void SendAck(int fd, const Status& status, double timeout_s) {
   const std::string message = status.message().substr(0, kMaxMessageBytes);
   Ack ack{kAckMagic, static_cast<uint32_t>(status.code()), static_cast<uint32_t>(message.size()), 0};
   int err = 0;
-  if (SendAll(fd, &ack, sizeof(ack), timeout_s, &err) == Io::kOk) SendAll(fd, message.data(), message.size(), timeout_s, &err);
+  if (SendAll(fd, &ack, sizeof(ack), timeout_s, &err) == Io::kOk)
+    SendAll(fd, message.data(), message.size(), timeout_s, &err);
 }
 
 Status StatusFromCode(uint32_t code, std::string message) {
@@ -629,8 +634,8 @@ Status JoinAsRoot(const TcpCommOptions& o, std::vector<int>* fds) {
   }
   ::freeaddrinfo(addrs);
   if (listen_fd < 0) {
-    return Status::InvalidField("host", "cannot listen on \"" + o.host + "\" (" + bind_error +
-                                            "); an address of this machine is required");
+    return Status::InvalidField(
+        "host", "cannot listen on \"" + o.host + "\" (" + bind_error + "); an address of this machine is required");
   }
   ConfigureSocket(listen_fd);
   sockaddr_storage bound{};
@@ -669,18 +674,19 @@ Status JoinAsRoot(const TcpCommOptions& o, std::vector<int>* fds) {
     std::vector<pollfd> polls{{listen_fd, POLLIN, 0}};
     for (int fd : pending) polls.push_back({fd, POLLIN, 0});
     const int n = ::poll(polls.data(), polls.size(), MillisecondsUntil(deadline));
-    if (n < 0 && errno != EINTR) return fail(Status::Error(std::string("tcp comm: rank 0: poll: ") + std::strerror(errno)), -1);
+    if (n < 0 && errno != EINTR)
+      return fail(Status::Error(std::string("tcp comm: rank 0: poll: ") + std::strerror(errno)), -1);
     if (n <= 0) {
       if (Clock::now() < deadline) continue;
       std::vector<int> missing;
       for (int r = 1; r < o.size; ++r) {
         if ((*fds)[r] < 0) missing.push_back(r);
       }
-      return fail(Status::Unavailable("tcp comm: rank" + std::string(missing.size() > 1 ? "s " : " ") +
-                                      RankList(missing) + ": did not join within " + SecondsText(o.timeout_s) +
-                                      " (rank 0 listening at " + address + ", bootstrap file " + o.bootstrap_path +
-                                      ")"),
-                  -1);
+      return fail(
+          Status::Unavailable("tcp comm: rank" + std::string(missing.size() > 1 ? "s " : " ") + RankList(missing) +
+                              ": did not join within " + SecondsText(o.timeout_s) + " (rank 0 listening at " + address +
+                              ", bootstrap file " + o.bootstrap_path + ")"),
+          -1);
     }
     // Hellos first (the accepted list changes below).
     std::vector<int> still_pending;
@@ -702,7 +708,8 @@ Status JoinAsRoot(const TcpCommOptions& o, std::vector<int>* fds) {
         refusal = "speaks protocol version " + std::to_string(hello.version) + ", rank 0 speaks " +
                   std::to_string(kProtocolVersion) + " (every rank must run the same build)";
       } else if (hello.size != static_cast<uint32_t>(o.size)) {
-        refusal = "says the run has " + std::to_string(hello.size) + " ranks; rank 0 has size " + std::to_string(o.size);
+        refusal =
+            "says the run has " + std::to_string(hello.size) + " ranks; rank 0 has size " + std::to_string(o.size);
       } else if (hello.rank < 1 || hello.rank >= static_cast<uint32_t>(o.size)) {
         refusal = "is not a rank of this run; 1 .. " + std::to_string(o.size - 1) + " may join rank 0";
       } else if ((*fds)[hello.rank] >= 0) {

@@ -225,14 +225,18 @@ TEST_P(TcpCommSizes, BarrierWaitsForEveryRank) {
     std::this_thread::sleep_for(std::chrono::milliseconds(40 * rank));  // the last rank arrives last
     arrived[rank] = true;
     ASSERT_TRUE(comm->Barrier().ok());
-    for (int r = 0; r < size; ++r) EXPECT_TRUE(arrived[r]) << "rank " << rank << " left before rank " << r << " arrived";
+    for (int r = 0; r < size; ++r) {
+      EXPECT_TRUE(arrived[r]) << "rank " << rank << " left before rank " << r << " arrived";
+    }
   });
 }
 
 TEST_P(TcpCommSizes, AllGatherHostGathersValuesOfAnyLength) {
   const int size = GetParam();
   // Rank 0's value is empty; the others differ in length and hold a NUL byte.
-  auto value = [](int r) { return r == 0 ? std::string() : std::string(3 * r, static_cast<char>('a' + r)) + '\0' + "x"; };
+  auto value = [](int r) {
+    return r == 0 ? std::string() : std::string(3 * r, static_cast<char>('a' + r)) + '\0' + "x";
+  };
   RunRanks(size, [&](int rank, Communicator* comm) {
     std::vector<std::string> all = {"stale"};
     ASSERT_TRUE(comm->AllGatherHost(value(rank), &all).ok());
@@ -329,7 +333,8 @@ TEST(TcpComm, ARankThatNeverJoinsFailsTheJoinNamingIt) {
   JoinResults r = JoinSome(4, {0, 1, 3}, {}, 1.0);
   for (size_t i = 0; i < r.status.size(); ++i) {
     EXPECT_EQ(r.status[i].code(), StatusCode::kUnavailable) << r.status[i].message();
-    EXPECT_NE(r.status[i].message().find("rank 2: did not join within 1 s"), std::string::npos) << r.status[i].message();
+    EXPECT_NE(r.status[i].message().find("rank 2: did not join within 1 s"), std::string::npos)
+        << r.status[i].message();
     EXPECT_LT(r.seconds[i], 3.0);
   }
   EXPECT_GE(r.seconds[0], 1.0);  // rank 0 waited the whole timeout
@@ -446,61 +451,71 @@ TEST(TcpComm, APeerProcessThatExitsFailsTheOthersQuickly) {
 
 TEST(TcpComm, ACommunicatorClosedMidRunFailsTheOthers) {
   // Rank 1 goes away (its communicator destroyed) while ranks 0 and 2 gather.
-  RunRanks(3, [&](int rank, Communicator* comm) {
-    if (rank == 1) return;  // RunRanks destroys it on return
-    std::vector<std::string> all;
-    const auto start = Clock::now();
-    Status s = comm->AllGatherHost("x", &all);
-    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.message();
-    EXPECT_LT(SecondsSince(start), 5.0);
-    if (rank == 0) {
-      EXPECT_EQ(s.message().rfind("tcp comm: rank 1: closed the connection", 0), 0u) << s.message();
-    }
-  }, 30.0);
+  RunRanks(
+      3,
+      [&](int rank, Communicator* comm) {
+        if (rank == 1) return;  // RunRanks destroys it on return
+        std::vector<std::string> all;
+        const auto start = Clock::now();
+        Status s = comm->AllGatherHost("x", &all);
+        EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.message();
+        EXPECT_LT(SecondsSince(start), 5.0);
+        if (rank == 0) {
+          EXPECT_EQ(s.message().rfind("tcp comm: rank 1: closed the connection", 0), 0u) << s.message();
+        }
+      },
+      30.0);
 }
 
 TEST(TcpComm, AStalledPeerFailsTheOthersAfterTheTimeout) {
   std::mutex mu;
   std::condition_variable cv;
   int finished = 0;  // ranks 0 and 1 done with their barrier
-  RunRanks(3, [&](int rank, Communicator* comm) {
-    if (rank == 2) {
-      // Stalls: calls nothing until the others gave up, then finds itself cut off.
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return finished == 2; });
-      EXPECT_EQ(comm->Barrier().code(), StatusCode::kUnavailable);
-      return;
-    }
-    const auto start = Clock::now();
-    Status s = comm->Barrier();
-    const double seconds = SecondsSince(start);
-    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.message();
-    if (rank == 0) {
-      EXPECT_EQ(s.message(), "tcp comm: rank 2: sent nothing for 1 s during Barrier (seen from rank 0)");
-      EXPECT_GE(seconds, 1.0);
-    }
-    EXPECT_LT(seconds, 4.0);
-    std::lock_guard<std::mutex> lock(mu);
-    ++finished;
-    cv.notify_all();
-  }, 1.0);
+  RunRanks(
+      3,
+      [&](int rank, Communicator* comm) {
+        if (rank == 2) {
+          // Stalls: calls nothing until the others gave up, then finds itself cut off.
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return finished == 2; });
+          EXPECT_EQ(comm->Barrier().code(), StatusCode::kUnavailable);
+          return;
+        }
+        const auto start = Clock::now();
+        Status s = comm->Barrier();
+        const double seconds = SecondsSince(start);
+        EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.message();
+        if (rank == 0) {
+          EXPECT_EQ(s.message(), "tcp comm: rank 2: sent nothing for 1 s during Barrier (seen from rank 0)");
+          EXPECT_GE(seconds, 1.0);
+        }
+        EXPECT_LT(seconds, 4.0);
+        std::lock_guard<std::mutex> lock(mu);
+        ++finished;
+        cv.notify_all();
+      },
+      1.0);
 }
 
 TEST(TcpComm, ACollectiveMismatchFailsEveryRank) {
-  RunRanks(2, [&](int rank, Communicator* comm) {
-    std::vector<float> data(6, 1.0f);
-    Status s = comm->AllReduceSum(data.data(), rank == 0 ? 5 : 6, ReducePrecision::kF32);
-    EXPECT_FALSE(s.ok());
-    if (rank == 0) {
-      EXPECT_EQ(s.code(), StatusCode::kInternal);
-      EXPECT_EQ(s.message().rfind("tcp comm: rank 1 called AllReduceSum(count=6, fp32) while rank 0 called "
-                                  "AllReduceSum(count=5, fp32)", 0),
-                0u)
-          << s.message();
-    } else {
-      EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.message();
-    }
-  }, 10.0);
+  RunRanks(
+      2,
+      [&](int rank, Communicator* comm) {
+        std::vector<float> data(6, 1.0f);
+        Status s = comm->AllReduceSum(data.data(), rank == 0 ? 5 : 6, ReducePrecision::kF32);
+        EXPECT_FALSE(s.ok());
+        if (rank == 0) {
+          EXPECT_EQ(s.code(), StatusCode::kInternal);
+          EXPECT_EQ(s.message().rfind("tcp comm: rank 1 called AllReduceSum(count=6, fp32) while rank 0 called "
+                                      "AllReduceSum(count=5, fp32)",
+                                      0),
+                    0u)
+              << s.message();
+        } else {
+          EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.message();
+        }
+      },
+      10.0);
 }
 
 }  // namespace
