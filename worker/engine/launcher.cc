@@ -96,38 +96,64 @@ int LaunchRanks(const LaunchOptions& o) {
   }
   if (failed) stop_all(SIGTERM);
   auto stopping_since = std::chrono::steady_clock::now();
-  bool killed = false;
   int left = 0;
   for (bool r : running) left += r;
+  bool killed = false;
+  // One rank's end.
+  struct Exit {
+    int rank, status;
+  };
+  auto reap = [&](std::vector<Exit>* exits) {
+    for (;;) {
+      int status = 0;
+      const pid_t pid = waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) return;
+      for (int r = 0; r < o.nproc; ++r) {
+        if (pids[r] == pid && running[r]) {
+          running[r] = false;
+          --left;
+          exits->push_back({r, status});
+        }
+      }
+    }
+  };
+  auto failure = [](int status) {
+    const int code = ExitCode(status);
+    return !WIFEXITED(status) ||
+           !(code == trainer_exit::kDone || code == trainer_exit::kInterrupted || code == trainer_exit::kDiverged);
+  };
   while (left > 0) {
     if (g_forward != 0) {
       stop_all(g_forward);
       g_forward = 0;
     }
-    int status = 0;
-    const pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid > 0) {
-      for (int r = 0; r < o.nproc; ++r) {
-        if (pids[r] != pid || !running[r]) continue;
-        running[r] = false;
-        --left;
-        const int code = ExitCode(status);
-        const bool ok = code == trainer_exit::kDone || code == trainer_exit::kInterrupted ||
-                        code == trainer_exit::kDiverged;
-        if (!failed && !ok) {
-          std::fprintf(stderr, "keel-train: rank %d %s; stopping the other ranks\n", r,
-                       WIFEXITED(status) ? ("exited with status " + std::to_string(code)).c_str()
-                                         : ("died of signal " + std::to_string(WTERMSIG(status))).c_str());
-          failed = true;
-          result = code;
-          stopping_since = std::chrono::steady_clock::now();
-          stop_all(SIGTERM);
-        } else if (!failed && code != trainer_exit::kDone) {
-          result = code;  // interrupted or diverged: every rank says the same
-        }
+    std::vector<Exit> exits;
+    reap(&exits);
+    bool any_failed = false;
+    for (const Exit& e : exits) any_failed = any_failed || failure(e.status);
+    if (!failed && any_failed) {
+      // The ranks a failure takes down fail too, a moment later: collect them,
+      // and report a rank killed by a signal (the likely cause) before a rank
+      // that exited because its peer went away.
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      reap(&exits);
+      const Exit* cause = nullptr;
+      for (const Exit& e : exits) {
+        if (failure(e.status) && (cause == nullptr || (!WIFEXITED(e.status) && WIFEXITED(cause->status)))) cause = &e;
       }
-      continue;
+      std::fprintf(stderr, "keel-train: rank %d %s; stopping the other ranks\n", cause->rank,
+                   WIFEXITED(cause->status) ? ("exited with status " + std::to_string(ExitCode(cause->status))).c_str()
+                                            : ("died of signal " + std::to_string(WTERMSIG(cause->status))).c_str());
+      failed = true;
+      result = ExitCode(cause->status);
+      stopping_since = std::chrono::steady_clock::now();
+      stop_all(SIGTERM);
+    } else if (!failed) {
+      for (const Exit& e : exits) {
+        if (ExitCode(e.status) != trainer_exit::kDone) result = ExitCode(e.status);  // interrupted or diverged
+      }
     }
+    if (!exits.empty()) continue;
     if (failed && !killed &&
         std::chrono::steady_clock::now() - stopping_since > std::chrono::duration<double>(o.grace_s)) {
       stop_all(SIGKILL);  // a rank stuck in a collective with the failed one

@@ -48,7 +48,8 @@ close "$(losses two/metrics.jsonl)" "$(losses one/metrics.jsonl)"
 launcher=$!
 for _ in $(seq 300); do [ -d killed/checkpoints/step_00000050 ] && break; sleep 0.1; done
 [ -d killed/checkpoints/step_00000050 ] || { echo "no checkpoint at step 50"; cat killed.log; exit 1; }
-rank1=$(pgrep -P "$launcher" | sed -n 2p)
+ranks=$(pgrep -P "$launcher" | tr '\n' ' ')
+rank1=$(echo $ranks | cut -d' ' -f2)
 [ -n "$rank1" ] || { echo "no second rank under the launcher"; exit 1; }
 kill -9 "$rank1"
 start=$(date +%s)
@@ -57,7 +58,7 @@ wait "$launcher" || status=$?
 [ "$status" -ne 0 ] || { echo "the launcher exited 0 after a rank was killed"; exit 1; }
 [ $(( $(date +%s) - start )) -lt 60 ] || { echo "the launcher took too long to stop"; exit 1; }
 grep -q "rank 1 died of signal 9; stopping the other ranks" killed.log || { cat killed.log; exit 1; }
-! pgrep -f "run-dir killed" > /dev/null || { echo "a rank outlived the launcher"; exit 1; }
+for pid in $ranks; do ! kill -0 "$pid" 2> /dev/null || { echo "rank process $pid outlived the launcher"; exit 1; }; done
 "$train" --config run.yaml --run-dir killed --set steps=400 --set checkpoint_every=50 --nproc 2 --resume latest --quiet
 final() { tail -n 1 "$1" | /usr/bin/python3 -c 'import json,sys; l=json.loads(sys.stdin.read()); print(l["step"], repr(l["loss"]))'; }
 [ "$(final killed/metrics.jsonl)" = "$(final whole/metrics.jsonl)" ] || {
@@ -79,7 +80,7 @@ expect_refused() {  # expect_refused MESSAGE ARGS...
   shift
   "$train" --config run.yaml --run-dir refused "$@" 2> refused.log || status=$?
   [ "$status" = 2 ] || { echo "$*: exit $status, want 2"; cat refused.log; exit 1; }
-  grep -qF "$message" refused.log || { echo "$*: want '$message' in:"; cat refused.log; exit 1; }
+  grep -qF -- "$message" refused.log || { echo "$*: want '$message' in:"; cat refused.log; exit 1; }
 }
 expect_refused "more than one rank on the cuda backend needs the NCCL communicator" --nproc 2 --backend cuda
 expect_refused "--rank and --world go together" --rank 1
