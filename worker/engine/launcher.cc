@@ -2,6 +2,7 @@
 #include "worker/engine/launcher.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -49,8 +50,13 @@ pid_t StartRank(const LaunchOptions& o, int rank) {
     args.push_back(a);
   }
   if (rank > 0) args.push_back("--quiet");
+  const pid_t launcher = getpid();
   const pid_t pid = fork();
   if (pid != 0) return pid;  // the launcher (or -1)
+  // A launcher killed outright (kill -9, keel-worker's SIGKILL) must not leave
+  // its ranks training: each stops as if interrupted.
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != launcher) _exit(trainer_exit::kFailed);  // it died before prctl took effect
   if (o.cuda) setenv("CUDA_VISIBLE_DEVICES", DeviceFor(rank).c_str(), 1);
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(&a[0]);

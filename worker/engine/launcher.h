@@ -9,7 +9,8 @@
 // after the same step and rank 0 checkpoints). When a rank fails (exits with a
 // status that is neither 0 nor 130, or dies by a signal) the launcher stops the
 // others (SIGTERM, then SIGKILL after grace_s) and exits with that rank's
-// status (a signal death counts as 1), never leaving a rank behind.
+// status (a signal death counts as 1), never leaving a rank behind; a launcher
+// that is killed outright takes its ranks along (they get SIGTERM).
 #ifndef KEEL_WORKER_ENGINE_LAUNCHER_H_
 #define KEEL_WORKER_ENGINE_LAUNCHER_H_
 
