@@ -658,7 +658,7 @@ Status ParseData(const Reader& r, const YAML::Node& d, DataConfig* dc) {
 
 Status ParseOptimizer(const Reader& r, const YAML::Node& o, OptimizerConfig* oc) {
   KEEL_RETURN_IF_ERROR(r.CheckKeys(
-      o, "optimizer", {"type", "lr", "beta1", "beta2", "eps", "weight_decay", "grad_clip"}));
+      o, "optimizer", {"type", "lr", "beta1", "beta2", "eps", "weight_decay", "grad_clip", "shard"}));
   if (o["type"]) KEEL_RETURN_IF_ERROR(r.OneOf(o["type"], "optimizer.type", {"adam", "adamw"}, &oc->type));
   if (o["lr"]) KEEL_RETURN_IF_ERROR(r.Float(o["lr"], "optimizer.lr", 0.0, 10.0, &oc->lr));
   if (o["beta1"]) KEEL_RETURN_IF_ERROR(r.Float(o["beta1"], "optimizer.beta1", 0.0, 0.999999, &oc->beta1));
@@ -668,6 +668,7 @@ Status ParseOptimizer(const Reader& r, const YAML::Node& o, OptimizerConfig* oc)
     KEEL_RETURN_IF_ERROR(r.Float(o["weight_decay"], "optimizer.weight_decay", 0.0, 10.0, &oc->weight_decay));
   }
   if (o["grad_clip"]) KEEL_RETURN_IF_ERROR(r.Float(o["grad_clip"], "optimizer.grad_clip", 0.0, 1e30, &oc->grad_clip));
+  if (o["shard"]) KEEL_RETURN_IF_ERROR(r.Bool(o["shard"], "optimizer.shard", &oc->shard));
   if (oc->type == "adam" && oc->weight_decay != 0.0f) {
     return r.Error(o["weight_decay"], "optimizer.weight_decay",
                    r.Text(o["weight_decay"]) + " needs optimizer.type adamw (adam has no weight decay)");

@@ -51,6 +51,10 @@ struct OptimizerConfig {
   float eps = 1e-8f;
   float weight_decay = 0.0f;  // adamw only (decoupled), applied to matrices
   float grad_clip = 0.0f;     // global-norm clipping threshold (0: off)
+  // ZeRO-1 under ranks: each rank keeps the Adam moments of 1/N of the
+  // parameters and updates only those; the parameters are all-gathered after
+  // the update. One rank: no effect.
+  bool shard = false;
 };
 
 struct ScheduleConfig {

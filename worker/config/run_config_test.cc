@@ -158,6 +158,7 @@ TEST(RunConfigFieldsTest, EveryDataOptimizerAndScheduleFieldLands) {
       "  eps: 0.125\n"
       "  weight_decay: 0.0625\n"
       "  grad_clip: 2.5\n"
+      "  shard: true\n"
       "schedule:\n"
       "  type: cosine\n"
       "  warmup_steps: 8\n"
@@ -176,6 +177,7 @@ TEST(RunConfigFieldsTest, EveryDataOptimizerAndScheduleFieldLands) {
   EXPECT_EQ(c.optimizer.eps, 0.125f);
   EXPECT_EQ(c.optimizer.weight_decay, 0.0625f);
   EXPECT_EQ(c.optimizer.grad_clip, 2.5f);
+  EXPECT_TRUE(c.optimizer.shard);
   EXPECT_EQ(c.schedule.type, "cosine");
   EXPECT_EQ(c.schedule.warmup_steps, 8);
   EXPECT_EQ(c.schedule.min_lr_ratio, 0.375f);
@@ -546,8 +548,9 @@ TEST(RunConfigErrorTest, Optimizer) {
   ExpectErrors({
       {"optimizer: adam\n", "r.yaml:1:12: optimizer: expected a mapping"},
       {"optimizer:\n  momentum: 0.9\n",
-       "r.yaml:2:3: optimizer.momentum: unknown key (allowed: beta1, beta2, eps, grad_clip, lr, type, "
+       "r.yaml:2:3: optimizer.momentum: unknown key (allowed: beta1, beta2, eps, grad_clip, lr, shard, type, "
        "weight_decay)"},
+      {"optimizer: {shard: 2}\n", "r.yaml:1:20: optimizer.shard: '2' is not a boolean (allowed: true, false)"},
       {"optimizer: {type: sgd}\n", "r.yaml:1:19: optimizer.type: unknown value 'sgd' (allowed: adam, adamw)"},
       {"optimizer: {lr: 11}\n", "r.yaml:1:17: optimizer.lr: 11 is out of range (allowed: 0 .. 10)"},
       {"optimizer: {lr: -1e-3}\n", "r.yaml:1:17: optimizer.lr: -1e-3 is out of range (allowed: 0 .. 10)"},

@@ -210,7 +210,8 @@ int TrainCommand(int argc, char** argv) {
     std::unique_ptr<Communicator> comm;
     s = MakeTcpComm(options, &comm);
     if (!s.ok()) return Fail(trainer_exit::kFailed, "rank " + std::to_string(rank) + ": " + s.message());
-    trainer->SetCommunicator(std::move(comm));
+    s = trainer->SetCommunicator(std::move(comm));
+    if (!s.ok()) return Fail(trainer_exit::kFailed, "rank " + std::to_string(rank) + ": " + s.message());
   }
   if (switch_precision && resume.empty()) return Fail(trainer_exit::kBadConfig, "--switch-precision: needs --resume");
   if (resume_fallback && resume.empty()) return Fail(trainer_exit::kBadConfig, "--resume-fallback: needs --resume");

@@ -69,7 +69,7 @@ std::string FormatDuration(double seconds) {
 Trainer::~Trainer() {
   if (metrics_file_) std::fclose(metrics_file_);
   if (backend_) {
-    for (float* p : {grads_, adam_m_, adam_v_, probe_grads_, previous_, gains_}) backend_->Free(p);
+    for (float* p : {grads_, adam_m_, adam_v_, probe_grads_, previous_, gains_, shard_grads_, gather_}) backend_->Free(p);
   }
   model_.reset();  // frees its buffers through backend_, so before it
 }
@@ -162,6 +162,61 @@ Status Trainer::NextBatch(int64_t micro, bool keep, Batch* batch) {
   return train_loader_->Next(&inputs, &targets);
 }
 
+Status Trainer::SetCommunicator(std::unique_ptr<Communicator> comm) {
+  comm_ = std::move(comm);
+  if (!config_.optimizer.shard || ranks() == 1) return Status::Ok();
+  const int64_t count = model_->param_count(), n = ranks();
+  shard_per_ = (count + n - 1) / n;
+  shard_begin_ = std::min(count, rank() * shard_per_);
+  shard_end_ = std::min(count, shard_begin_ + shard_per_);
+  // Create's full-size gradient and moments give way to the sharded layout.
+  for (float** p : {&grads_, &adam_m_, &adam_v_}) {
+    backend_->Free(*p);
+    *p = nullptr;
+  }
+  const std::vector<std::pair<float**, int64_t>> buffers = {
+      {&grads_, n * shard_per_}, {&adam_m_, shard_per_}, {&adam_v_, shard_per_},
+      {&shard_grads_, shard_per_}, {&gather_, n * shard_per_}};
+  for (const auto& b : buffers) {
+    void* mem = nullptr;
+    KEEL_RETURN_IF_ERROR(backend_->Alloc(static_cast<size_t>(b.second) * sizeof(float), &mem));
+    *b.first = static_cast<float*>(mem);
+  }
+  shard_ = true;
+  return Status::Ok();
+}
+
+Span Trainer::ShardPart(const ParamInfo& p, const float* base) const {
+  const int64_t lo = std::max(p.offset, shard_begin_), hi = std::min(p.offset + p.count, shard_end_);
+  if (lo >= hi) return Span{base, 0};
+  return Span{base + (lo - shard_begin_), hi - lo};
+}
+
+Status Trainer::GatherShards(const float* shard, float* full) {
+  float* mine = gather_ + rank() * shard_per_;
+  KEEL_RETURN_IF_ERROR(
+      backend_->CopyBytes(mine, shard, static_cast<size_t>(shard_end_ - shard_begin_) * sizeof(float)));
+  KEEL_RETURN_IF_ERROR(comm_->AllGather(mine, gather_, shard_per_));
+  return backend_->CopyBytes(full, gather_, static_cast<size_t>(model_->param_count()) * sizeof(float));
+}
+
+Status Trainer::SumOverRanks(std::vector<double>* values) {
+  if (ranks() == 1) return Status::Ok();
+  std::string bytes(values->size() * sizeof(double), '\0');
+  if (!values->empty()) std::memcpy(&bytes[0], values->data(), bytes.size());
+  std::vector<std::string> all;
+  KEEL_RETURN_IF_ERROR(comm_->AllGatherHost(bytes, &all));
+  std::vector<double> sum(values->size(), 0.0);  // in rank order: the same bits on every rank
+  for (const std::string& b : all) {
+    if (b.size() != bytes.size()) return Status::Error("ranks: a rank sent " + std::to_string(b.size()) + " bytes for " + std::to_string(bytes.size()));
+    std::vector<double> theirs(values->size());
+    if (!theirs.empty()) std::memcpy(theirs.data(), b.data(), b.size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += theirs[i];
+  }
+  *values = std::move(sum);
+  return Status::Ok();
+}
+
 Status Trainer::SumOverRanks(double mine, double* total) {
   if (ranks() == 1) {
     *total = mine;
@@ -251,7 +306,11 @@ Status Trainer::ForwardBackward(std::vector<Batch>* kept, StepMetrics* m) {
   }
   if (ranks() > 1) {
     const ReducePrecision precision = config_.dist.reduce == "bf16" ? ReducePrecision::kBF16 : ReducePrecision::kF32;
-    KEEL_RETURN_IF_ERROR(comm_->AllReduceSum(grads_, model_->param_count(), precision));
+    if (shard_) {  // ZeRO-1: each rank gets the summed gradient of its shard only
+      KEEL_RETURN_IF_ERROR(comm_->ReduceScatterSum(grads_, shard_grads_, shard_per_, precision));
+    } else {
+      KEEL_RETURN_IF_ERROR(comm_->AllReduceSum(grads_, model_->param_count(), precision));
+    }
     KEEL_RETURN_IF_ERROR(SumOverRanks(loss_sum, &loss_sum));
   }
   m->loss = loss_sum / static_cast<double>(micro_batches);
@@ -289,10 +348,17 @@ Status Trainer::CollectOperandStats(StepMetrics* m) {
 Status Trainer::MeasureGradients(StepMetrics* m, GroupSums* weight_squares) {
   const std::vector<ParamInfo>& params = model_->param_info();
   std::vector<Span> spans;
-  for (const ParamInfo& p : params) spans.push_back(Span{grads_ + p.offset, p.count});
+  for (const ParamInfo& p : params) {
+    spans.push_back(shard_ ? ShardPart(p, shard_grads_) : Span{grads_ + p.offset, p.count});
+  }
   for (const ParamInfo& p : params) spans.push_back(Span{model_->params() + p.offset, p.count});
   std::vector<double> squares;
   KEEL_RETURN_IF_ERROR(backend_->SumSquares(spans, &squares));
+  if (shard_) {  // each rank squared its shard's part of every gradient
+    std::vector<double> grad(squares.begin(), squares.begin() + params.size());
+    KEEL_RETURN_IF_ERROR(SumOverRanks(&grad));
+    std::copy(grad.begin(), grad.end(), squares.begin());
+  }
   const GroupSums grad_squares = SumByGroup(param_groups_, squares);
   *weight_squares = SumByGroup(param_groups_, squares, params.size());
   m->grad_norm = std::sqrt(grad_squares.total);
@@ -347,10 +413,22 @@ Status Trainer::OptimizerStep(bool skip_update, StepMetrics* m) {
   if (skip_update) return Status::Ok();  // weights and Adam moments stay as they were
   for (const ParamInfo& p : model_->param_info()) {
     float wd = o.type == "adamw" && p.decay ? o.weight_decay : 0.0f;
-    KEEL_RETURN_IF_ERROR(b.AdamW(model_->params() + p.offset, grads_ + p.offset, adam_m_ + p.offset,
-                                 adam_v_ + p.offset, p.count, static_cast<float>(m->lr), o.beta1, o.beta2,
-                                 o.eps, wd, static_cast<int>(step_ + 1), grad_scale));
+    // ZeRO-1: the part of the tensor in this rank's shard (gradient and moments
+    // are shard-local).
+    int64_t lo = p.offset, count = p.count, local = p.offset;
+    if (shard_) {
+      lo = std::max(p.offset, shard_begin_);
+      count = std::min(p.offset + p.count, shard_end_) - lo;
+      local = lo - shard_begin_;
+      if (count <= 0) continue;
+    }
+    const float* g = shard_ ? shard_grads_ + local : grads_ + lo;
+    KEEL_RETURN_IF_ERROR(b.AdamW(model_->params() + lo, g, adam_m_ + local, adam_v_ + local, count,
+                                 static_cast<float>(m->lr), o.beta1, o.beta2, o.eps, wd,
+                                 static_cast<int>(step_ + 1), grad_scale));
   }
+  // ZeRO-1: every rank updated its shard; all of them gather the whole.
+  if (shard_) KEEL_RETURN_IF_ERROR(GatherShards(model_->params() + shard_begin_, model_->params()));
   return Status::Ok();
 }
 
@@ -389,15 +467,20 @@ Status Trainer::RunProbe(const std::vector<Batch>& batches, StepMetrics* m) {
   }
   // The reference gradient of the whole global batch, as the step's.
   if (ranks() > 1) KEEL_RETURN_IF_ERROR(comm_->AllReduceSum(probe_grads_, model_->param_count(), ReducePrecision::kF32));
-  std::vector<Span> gq, g;
+  std::vector<Span> gq, g, g_part;  // g_part: the reference over gq's elements
   for (const ParamInfo& p : model_->param_info()) {
-    gq.push_back(Span{grads_ + p.offset, p.count});
+    gq.push_back(shard_ ? ShardPart(p, shard_grads_) : Span{grads_ + p.offset, p.count});
     g.push_back(Span{probe_grads_ + p.offset, p.count});
+    g_part.push_back(shard_ ? ShardPart(p, probe_grads_ + shard_begin_) : g.back());
   }
   std::vector<double> cross, gq_sq, g_sq;
-  KEEL_RETURN_IF_ERROR(b.Dots(gq, g, &cross));
+  KEEL_RETURN_IF_ERROR(b.Dots(gq, g_part, &cross));
   KEEL_RETURN_IF_ERROR(b.SumSquares(gq, &gq_sq));
   KEEL_RETURN_IF_ERROR(b.SumSquares(g, &g_sq));
+  if (shard_) {  // sums over each rank's shard
+    KEEL_RETURN_IF_ERROR(SumOverRanks(&cross));
+    KEEL_RETURN_IF_ERROR(SumOverRanks(&gq_sq));
+  }
   const GroupSums c = SumByGroup(param_groups_, cross);
   const GroupSums qq = SumByGroup(param_groups_, gq_sq);
   const GroupSums gg = SumByGroup(param_groups_, g_sq);
@@ -739,14 +822,24 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
   const std::string root = RunDir(config_.run_dir).checkpoints();
   const std::string final_dir = root + "/" + CheckpointDirName(step_);
   *out_dir = final_dir;
+  const float* adam_m = adam_m_;
+  const float* adam_v = adam_v_;
+  if (shard_) {
+    // ZeRO-1: the moments gathered whole (today's format), into the buffers
+    // the next step rewrites before reading: previous_ and grads_.
+    KEEL_RETURN_IF_ERROR(GatherShards(adam_m_, previous_));
+    KEEL_RETURN_IF_ERROR(GatherShards(adam_v_, grads_));
+    adam_m = previous_;
+    adam_v = grads_;
+  }
   if (!leader()) return Status::Ok();  // the ranks hold the same state: rank 0 writes it once
   Backend& b = *backend_;
   const std::vector<ParamInfo>& params = model_->param_info();
   const size_t count = static_cast<size_t>(model_->param_count());
   std::vector<float> weights(count), m(count), v(count);
   KEEL_RETURN_IF_ERROR(b.Download(weights.data(), model_->params(), count * sizeof(float)));
-  KEEL_RETURN_IF_ERROR(b.Download(m.data(), adam_m_, count * sizeof(float)));
-  KEEL_RETURN_IF_ERROR(b.Download(v.data(), adam_v_, count * sizeof(float)));
+  KEEL_RETURN_IF_ERROR(b.Download(m.data(), adam_m, count * sizeof(float)));
+  KEEL_RETURN_IF_ERROR(b.Download(v.data(), adam_v, count * sizeof(float)));
   std::vector<TensorRef> model_tensors, optimizer_tensors;
   for (const ParamInfo& p : params) {
     model_tensors.push_back(TensorRef{p.name, p.shape, weights.data() + p.offset});
@@ -951,13 +1044,22 @@ Status Trainer::Resume(const std::string& requested) {
   }
   if (train_loader_) KEEL_RETURN_IF_ERROR(train_loader_->Seek(c.position));
   const size_t bytes = static_cast<size_t>(model_->param_count()) * sizeof(float);
+  // ZeRO-1: the whole moments travel through previous_ and grads_ (rewritten
+  // by the next step before it reads them); each rank keeps its shard.
+  float* full_m = shard_ ? previous_ : adam_m_;
+  float* full_v = shard_ ? grads_ : adam_v_;
   if (leader()) {
     KEEL_RETURN_IF_ERROR(backend_->Upload(model_->params(), c.weights.data(), bytes));
-    KEEL_RETURN_IF_ERROR(backend_->Upload(adam_m_, c.m.data(), bytes));
-    KEEL_RETURN_IF_ERROR(backend_->Upload(adam_v_, c.v.data(), bytes));
+    KEEL_RETURN_IF_ERROR(backend_->Upload(full_m, c.m.data(), bytes));
+    KEEL_RETURN_IF_ERROR(backend_->Upload(full_v, c.v.data(), bytes));
   }
   if (ranks() > 1) {
-    for (float* p : {model_->params(), adam_m_, adam_v_}) KEEL_RETURN_IF_ERROR(comm_->Broadcast(p, bytes, 0));
+    for (float* p : {model_->params(), full_m, full_v}) KEEL_RETURN_IF_ERROR(comm_->Broadcast(p, bytes, 0));
+  }
+  if (shard_) {
+    const size_t mine = static_cast<size_t>(shard_end_ - shard_begin_) * sizeof(float);
+    KEEL_RETURN_IF_ERROR(backend_->CopyBytes(adam_m_, full_m + shard_begin_, mine));
+    KEEL_RETURN_IF_ERROR(backend_->CopyBytes(adam_v_, full_v + shard_begin_, mine));
   }
   const int accum = static_cast<int>(c.micro_batches / ranks());
   if (leader() && accum != accum_) {
@@ -974,12 +1076,14 @@ Status Trainer::Resume(const std::string& requested) {
 
 Status Trainer::CheckRanksAgree() {
   if (ranks() == 1 || !EveryNth(step_, config_.check_every)) return Status::Ok();
-  // FNV-1a over the bytes of the weights and both Adam moments.
+  // FNV-1a over the bytes of the weights and both Adam moments (ZeRO-1: the
+  // weights only; each rank holds other moments).
   const size_t count = static_cast<size_t>(model_->param_count());
   std::vector<float> host(count);
   uint64_t hash = 1469598103934665603ull;
-  for (const float* p : {static_cast<const float*>(model_->params()), static_cast<const float*>(adam_m_),
-                         static_cast<const float*>(adam_v_)}) {
+  std::vector<const float*> hashed = {model_->params()};
+  if (!shard_) hashed.insert(hashed.end(), {adam_m_, adam_v_});
+  for (const float* p : hashed) {
     KEEL_RETURN_IF_ERROR(backend_->Download(host.data(), p, count * sizeof(float)));
     const unsigned char* b = reinterpret_cast<const unsigned char*>(host.data());
     for (size_t i = 0; i < count * sizeof(float); ++i) hash = (hash ^ b[i]) * 1099511628211ull;

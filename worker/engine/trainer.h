@@ -51,14 +51,17 @@ class Trainer {
   ~Trainer();
 
   // Makes this trainer one rank of `comm` (before Resume or Train). Without one
-  // the run has a single rank.
-  void SetCommunicator(std::unique_ptr<Communicator> comm) { comm_ = std::move(comm); }
+  // the run has a single rank. With optimizer.shard (ZeRO-1) this rank then
+  // keeps the Adam moments of its 1/N of the parameters only.
+  Status SetCommunicator(std::unique_ptr<Communicator> comm);
   int rank() const { return comm_ ? comm_->rank() : 0; }
   int ranks() const { return comm_ ? comm_->size() : 1; }
   // Micro-batches per optimizer step on this rank: config.grad_accum, or after
   // resuming a checkpoint written with another rank count, what keeps that
   // checkpoint's global batch.
   int grad_accum() const { return accum_; }
+  // Whether this rank keeps only its shard of the Adam moments (ZeRO-1).
+  bool sharded() const { return shard_; }
 
   // One optimizer step (grad_accum micro-batches, clip, update); fills *metrics.
   Status Step(StepMetrics* metrics);
@@ -152,6 +155,13 @@ class Trainer {
   // Ranks: the sum over ranks of a host value, and rank 0's text (or status)
   // on every rank. Single rank: the value itself.
   Status SumOverRanks(double mine, double* total);
+  Status SumOverRanks(std::vector<double>* values);  // element by element
+  // ZeRO-1: the part of parameter `p` in this rank's shard, as spans of
+  // shard-local memory at base (empty when none).
+  Span ShardPart(const ParamInfo& p, const float* base) const;
+  // ZeRO-1: every rank's shard of `shard` (per_ floats each) into `full`
+  // (param_count floats), through gather_.
+  Status GatherShards(const float* shard, float* full);
   Status FromLeader(std::string* text);
   Status ShareLeaderStatus(const Status& leader_status);
   // Every check_every steps: ranks compare a hash of weights and Adam moments;
@@ -195,6 +205,14 @@ class Trainer {
   PrecisionScheme scheme_;
   std::unique_ptr<Communicator> comm_;  // null: one rank
   int accum_ = 1;                       // micro-batches per step on this rank
+  // ZeRO-1 (optimizer.shard with ranks): rank r owns parameters
+  // [r * shard_per_, (r + 1) * shard_per_) clipped to param_count; grads_ is
+  // padded to ranks * shard_per_ for the reduce-scatter, shard_grads_ holds the
+  // summed gradient of the shard, adam_m_ / adam_v_ hold the shard's moments.
+  bool shard_ = false;
+  int64_t shard_per_ = 0, shard_begin_ = 0, shard_end_ = 0;
+  float* shard_grads_ = nullptr;
+  float* gather_ = nullptr;  // ranks * shard_per_ floats
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::vector<std::string> param_groups_;  // ParamGroup of each of model_'s parameters
