@@ -16,14 +16,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "kernels/comm/tcp_comm.h"
 #include "worker/engine/trainer.h"
 #include "worker/io/file_util.h"
-#include "worker/io/text_prepare.h"
+#include "worker/engine/fortunes_shards.h"
 #include "worker/run/run_dir.h"
 
 namespace keel {
@@ -169,23 +167,9 @@ TEST(RanksTest, BfloatReductionStaysCloseToFp32) {
   for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(bf16[0].metrics[i].loss, f32[0].metrics[i].loss, 0.05 * f32[0].metrics[i].loss);
 }
 
-void PrepareFortunes(const std::string& dir) {
-  std::string text;
-  for (const char* name : {"literature", "wisdom", "science", "people"}) {
-    std::ifstream in(std::string("/usr/share/games/fortunes/") + name);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    text += ss.str();
-  }
-  ASSERT_GT(text.size(), 100000u) << "install the Debian package 'fortunes' (scripts/install-deps)";
-  std::ofstream(dir + "/in.txt", std::ios::binary) << text;
-  PrepareSummary summary;
-  ASSERT_TRUE(PrepareText(dir + "/in.txt", dir + "/t", 0.1, &summary).ok());
-}
-
 TEST(RanksTest, TwoGptRanksMatchOneRankWithGradAccumTwo) {
   const std::string dir = TempDir("gpt_ranks");
-  ASSERT_NO_FATAL_FAILURE(PrepareFortunes(dir));
+  ASSERT_NO_FATAL_FAILURE(PrepareFortunes(dir, "t"));
   const std::string yaml = "model: {type: gpt, layers: 2, width: 32, heads: 2, context: 32, vocab: 256}\n"
                            "data: {train: " + dir + "/t_train.bin}\nbatch: 4\nseq: 32\nsteps: 8\nthreads: 1\n"
                            "precision: mxfp8_e4m3\nprobe_every: 4\ncheck_every: 1\n"

@@ -13,7 +13,7 @@
 #include <iterator>
 #include <sstream>
 
-#include "worker/io/text_prepare.h"
+#include "worker/engine/fortunes_shards.h"
 
 namespace keel {
 namespace {
@@ -437,23 +437,6 @@ TEST(TrainerTest, GradientBiasProbe) {
                           "\"tokens_per_s\"", "\"lr\""}) {
     EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;
   }
-}
-
-// Byte-level shards <dir>/<prefix>_{train,val}.bin of real English text from the
-// Debian package fortunes (installed by scripts/install-deps).
-void PrepareFortunes(const std::string& dir, const std::string& prefix) {
-  std::string text;
-  for (const char* name : {"literature", "wisdom", "science", "people"}) {
-    std::ifstream in(std::string("/usr/share/games/fortunes/") + name);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    text += ss.str();
-  }
-  ASSERT_GT(text.size(), 100000u) << "install the Debian package 'fortunes' (scripts/install-deps)";
-  ASSERT_EQ(std::system(("mkdir -p '" + dir + "'").c_str()), 0);
-  std::ofstream(dir + "/in.txt", std::ios::binary) << text;
-  PrepareSummary summary;
-  ASSERT_TRUE(PrepareText(dir + "/in.txt", dir + "/" + prefix, 0.1, &summary).ok());
 }
 
 TEST(TrainerTest, GptLearnsEnglishFromByteShards) {
