@@ -1028,6 +1028,9 @@ void Coordinator::Schedule() {
     for (int32_t g : p.gpus) a->add_device_indices(g);
     a->set_resume_checkpoint(run.checkpoint());
     a->set_attempt(run.attempt());
+    // A CPU run is one rank per slot. A GPU run stays one trainer until the
+    // NCCL communicator lands (keel-train refuses CUDA ranks without it).
+    a->set_ranks(run.gpus() > 0 ? 1 : std::max(1, run.cpu_slots()));
     if (!workers_[p.worker_id].send(c)) {
       // The stream broke under us: the lease logic requeues the run if the worker is gone.
       std::fprintf(stderr, "keeld: could not send run %s to %s\n", run.id().c_str(), p.worker_id.c_str());

@@ -19,7 +19,8 @@
 //         optimizer.beta2: {uniform: [0.95, 0.999]},          # U(lo, hi)
 //         model.width: {choice: [64, 128]}}}                  # one of the list
 //   resources: {gpus: 1}       # or {cpu_slots: N}; default {cpu_slots: 1};
-//                              # gpus and cpu_slots are exclusive
+//                              # gpus and cpu_slots are exclusive; cpu_slots N > 1
+//                              # runs N data-parallel ranks (keel-train --nproc N)
 //   max_concurrent: 4          # runs of this sweep at once; 0 (default) = unlimited
 //   max_restarts: 2            # per run (default 2)
 //   priority: 0                # higher runs first (default 0)

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -72,7 +73,10 @@ void Cluster::KillKeeld() { keeld_->Kill(SIGKILL); }
 
 Process* Cluster::AddWorker(const std::string& name, std::vector<std::string> extra) {
   std::vector<std::string> args = {"worker/agent/keel-worker", "--server",      Address(), "--trainer",        "worker/engine/keel-train",
-                                   "--work-dir",         dir_ + "/" + name, "--cpu-slots", "1", "--metrics-listen", "off"};
+                                   "--work-dir",         dir_ + "/" + name, "--metrics-listen", "off"};
+  if (std::find(extra.begin(), extra.end(), "--cpu-slots") == extra.end()) {
+    args.insert(args.end(), {"--cpu-slots", "1"});
+  }
   args.insert(args.end(), extra.begin(), extra.end());
   workers_[name].reset(new Process(args, dir_ + "/" + name + ".log"));
   return workers_[name].get();
@@ -158,7 +162,11 @@ std::vector<Trainer> Cluster::Trainers(const std::string& run) const {
         std::getline(stat, stat_text);
         const size_t paren = stat_text.rfind(')');
         if (paren != std::string::npos && paren + 2 < stat_text.size() && stat_text[paren + 2] == 'Z') continue;
-        out.push_back({pid, d});
+        int rank = -1;
+        for (size_t k = 0; k + 1 < args.size(); ++k) {
+          if (args[k] == "--rank") rank = std::atoi(args[k + 1].c_str());
+        }
+        out.push_back({pid, d, rank});
       }
     }
   }

@@ -45,6 +45,7 @@ class Process {
 struct Trainer {
   pid_t pid = -1;
   std::string run_dir;
+  int rank = -1;  // --rank R of a data-parallel rank; -1: a whole run or a launcher (--nproc)
 };
 
 class Cluster {
@@ -55,7 +56,7 @@ class Cluster {
   void StartKeeld();
   void KillKeeld();
   Process* keeld() { return keeld_.get(); }
-  // A worker with one CPU slot and its own work dir <dir>/<name> (restarting a
+  // A worker with one CPU slot (unless `args` say --cpu-slots) and its own work dir <dir>/<name> (restarting a
   // name reuses the dir).
   Process* AddWorker(const std::string& name, std::vector<std::string> args = {});
   Process* Worker(const std::string& name) { return workers_.at(name).get(); }

@@ -124,6 +124,49 @@ TEST(ServiceE2eTest, WorkerKilledMidRunResumesElsewhereWithTheSameFinalLoss) {
   EXPECT_EQ(loss_of(json), loss_of(last));  // bit for bit, as printed
 }
 
+// A CPU run with cpu_slots: 2 is two data-parallel ranks (keel-train --nproc 2
+// under the worker). kill -9 of rank 1 mid-run stops the whole run; keeld
+// requeues it from its newest checkpoint and it ends with the loss of an
+// uninterrupted two-rank run, every step stored once.
+TEST(ServiceE2eTest, TwoRankRunSurvivesAKilledRank) {
+  Cluster cluster("e2e_ranks");
+  cluster.AddWorker("w1", {"--cpu-slots", "2"});
+  keel::v1::SubmitSweepResponse submitted;
+  ASSERT_TRUE(cluster.Submit(SmallSweep(600, "resources: {cpu_slots: 2}\n"), &submitted).ok());
+  const std::string run_id = submitted.runs(0).id();
+  bool killed = false;
+  auto runs = cluster.WaitDone(submitted.sweep().id(), 180, [&](const std::vector<keel::v1::Run>& rs) {
+    if (killed || rs.empty() || rs[0].checkpoint().empty() || rs[0].step() < 30) return;
+    for (const keel_test::Trainer& t : cluster.Trainers(run_id)) {
+      if (t.rank == 1) {
+        kill(t.pid, SIGKILL);
+        killed = true;
+      }
+    }
+  });
+  ASSERT_TRUE(killed);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].state(), keel::v1::SUCCEEDED) << runs[0].message();
+  EXPECT_EQ(runs[0].restarts(), 1);
+  auto points = cluster.Metrics(run_id);
+  ASSERT_FALSE(points.empty());
+  EXPECT_EQ(points.back().step(), 600);
+  EXPECT_EQ(points.size(), 600u);  // rank 0 alone reports; every step stored once
+
+  // The same run uninterrupted, by keel-train --nproc 2 directly.
+  const std::string dir = cluster.dir() + "/direct";
+  std::ofstream(cluster.dir() + "/direct.yaml") << submitted.runs(0).spec().yaml();
+  ASSERT_EQ(std::system(("worker/engine/keel-train --quiet --nproc 2 --config " + cluster.dir() +
+                         "/direct.yaml --run-dir " + dir).c_str()),
+            0);
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  std::string line, last;
+  while (std::getline(metrics, line)) last = line;
+  const std::string json = points.back().json();
+  auto loss_of = [](const std::string& j) { return j.substr(j.find("\"loss\":"), j.find(",\"lr\"") - j.find("\"loss\":")); };
+  EXPECT_EQ(loss_of(json), loss_of(last));  // bit for bit, as printed
+}
+
 TEST(ServiceE2eTest, KeeldKilledAndRestartedLosesNothing) {
   Cluster cluster("e2e_keeld_kill");
   cluster.AddWorker("w1");

@@ -182,6 +182,7 @@ void Agent::HandleCommand(const v1::WorkerCommand& command) {
     launch.spec_yaml = a.spec().yaml();
     launch.gpus.assign(a.device_indices().begin(), a.device_indices().end());
     launch.resume_checkpoint = a.resume_checkpoint();
+    launch.ranks = std::max(1, a.ranks());
     std::unique_ptr<RunSupervisor> s;
     Status st = RunSupervisor::Start(launch, &s);
     if (!st.ok()) {

@@ -58,6 +58,10 @@ Status RunSupervisor::Start(const RunLaunch& launch, std::unique_ptr<RunSupervis
     args.push_back("--data-root");
     args.push_back(root);
   }
+  if (launch.ranks > 1) {  // keel-train starts the ranks and stops them all with any one
+    args.push_back("--nproc");
+    args.push_back(std::to_string(launch.ranks));
+  }
   if (!launch.resume_checkpoint.empty()) {
     const std::string checkpoint = NewestCheckpointBeside(launch.resume_checkpoint);
     args.push_back("--resume");

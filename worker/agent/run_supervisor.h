@@ -26,6 +26,7 @@ struct RunLaunch {
   int64_t attempt = 1;            // the assignment's attempt (fencing, run_lease.h)
   int64_t lease_expires_unix_ms = 0;  // the trainer's first lease deadline
   std::vector<std::string> data_roots;  // --data-root: the only places data may be read from
+  int ranks = 1;                  // > 1: keel-train --nproc ranks (data-parallel rank processes)
 };
 
 // What Poll saw since the previous call.
@@ -58,7 +59,7 @@ class RunSupervisor {
   // Writes <run_dir>/run.yaml and <run_dir>/lease, and starts
   //   trainer --config <run_dir>/run.yaml --run-dir <run_dir> --quiet --backend cpu|cuda
   //           --lease-file <run_dir>/lease --attempt N [--data-root R ...]
-  //           [--resume <checkpoint> --resume-fallback]
+  //           [--resume <checkpoint> --resume-fallback] [--nproc <ranks>]
   // with stdout and stderr appended to <run_dir>/trainer.log and
   // CUDA_VISIBLE_DEVICES set to the GPUs ("" for a CPU run). The trainer gets
   // SIGTERM when the thread that started it dies, whatever kills the worker.

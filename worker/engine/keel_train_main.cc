@@ -183,6 +183,7 @@ int TrainCommand(int argc, char** argv) {
     LaunchOptions launch;
     launch.nproc = nproc;
     launch.binary = "/proc/self/exe";
+    launch.argv0 = argv[0];  // ps and /proc show the ranks as keel-train
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--nproc") {

@@ -43,7 +43,7 @@ std::string DeviceFor(int rank) {
 }
 
 pid_t StartRank(const LaunchOptions& o, int rank) {
-  std::vector<std::string> args = {o.binary};
+  std::vector<std::string> args = {o.argv0.empty() ? o.binary : o.argv0};
   args.insert(args.end(), o.args.begin(), o.args.end());
   for (const std::string& a : {std::string("--rank"), std::to_string(rank), std::string("--world"),
                                std::to_string(o.nproc), std::string("--bootstrap"), o.bootstrap_path}) {

@@ -22,6 +22,7 @@ namespace keel {
 struct LaunchOptions {
   int nproc = 1;
   std::string binary;              // the keel-train to start ("/proc/self/exe")
+  std::string argv0;               // the ranks' argv[0] (the launcher's own; "": binary)
   std::vector<std::string> args;   // keel-train's arguments, without --nproc
   std::string bootstrap_path;      // removed first, so no stale id is read
   bool cuda = false;               // one GPU per rank
