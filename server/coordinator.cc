@@ -27,6 +27,24 @@ bool Terminal(v1::RunState s) {
 
 bool Active(v1::RunState s) { return s == v1::ASSIGNED || s == v1::RUNNING; }
 
+// Whether `worker` holds the run or, for a gang, one of its parts.
+bool OnWorker(const v1::Run& run, const std::string& worker) {
+  if (run.worker_id() == worker) return true;
+  for (const v1::RunPart& p : run.parts()) {
+    if (p.worker_id() == worker) return true;
+  }
+  return false;
+}
+
+// The CPU slots the run holds on `worker` (a gang: its part's ranks there).
+int CpuSlotsOn(const v1::Run& run, const std::string& worker) {
+  if (run.gpus() > 0) return 0;
+  if (run.parts_size() == 0) return run.worker_id() == worker ? std::max(1, run.cpu_slots()) : 0;
+  int slots = 0;
+  for (const v1::RunPart& p : run.parts()) slots += p.worker_id() == worker ? p.ranks() : 0;
+  return slots;
+}
+
 // The listing position of a sweep: the number NewId gave it (creation order,
 // unlike the id's text: "sweep-10" < "sweep-9"), then the id.
 std::pair<uint64_t, std::string> SweepKey(const std::string& id) {
@@ -425,6 +443,7 @@ Status Coordinator::Cancel(v1::Run run) {
     // makes the run CANCELLED.
     run.set_cancel_requested(true);
     KEEL_RETURN_IF_ERROR(SaveRun(&run, "", ""));  // stored, so a keeld restart keeps the request
+    StopParts(run, "");  // every part of a gang: its ranks stop after the same step
     auto w = workers_.find(run.worker_id());
     v1::WorkerCommand c;
     c.mutable_cancel()->set_run_id(run.id());
@@ -568,7 +587,7 @@ grpc::Status Coordinator::ListWorkers(v1::ListWorkersResponse* out) {
     v1::Worker record = w.second.record;
     record.clear_run_ids();
     for (const auto& r : runs_) {
-      if (Active(r.second.state()) && r.second.worker_id() == w.first) record.add_run_ids(r.first);
+      if (Active(r.second.state()) && OnWorker(r.second, w.first)) record.add_run_ids(r.first);
     }
     for (v1::Device& d : *record.mutable_devices()) {
       d.clear_run_id();
@@ -636,7 +655,7 @@ grpc::Status Coordinator::RegisterWorker(const v1::RegisterRequest& request, v1:
   std::set<std::string> live;
   for (const v1::LiveRun& l : request.live_runs()) {
     auto run = runs_.find(l.run_id());
-    if (run != runs_.end() && run->second.worker_id() == id && Active(run->second.state()) &&
+    if (run != runs_.end() && OnWorker(run->second, id) && Active(run->second.state()) &&
         run->second.attempt() == l.attempt()) {
       live.insert(l.run_id());
     } else {
@@ -715,7 +734,7 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
   auto run_of = [&](const std::string& run_id) -> v1::Run* {
     auto it = runs_.find(run_id);
     if (it == runs_.end()) return nullptr;
-    if (m.attempt() != it->second.attempt() || it->second.worker_id() != worker_id) {
+    if (m.attempt() != it->second.attempt() || !OnWorker(it->second, worker_id)) {
       ++counters_.stale_messages["attempt"];
       return nullptr;
     }
@@ -773,9 +792,29 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
       *u.mutable_event() = e;
       Publish(u, e.run_id(), runs_[e.run_id()].sweep_id());
     }
+  } else if (m.has_bootstrap()) {
+    // A gang's rendezvous: rank 0's worker read the id; the other parts wait for it.
+    if (v1::Run* r = run_of(m.bootstrap().run_id())) {
+      for (const v1::RunPart& p : r->parts()) {
+        if (p.worker_id() == worker_id) continue;
+        auto w = workers_.find(p.worker_id());
+        v1::WorkerCommand c;
+        *c.mutable_bootstrap() = m.bootstrap();
+        if (w != workers_.end() && w->second.send) w->second.send(c);
+      }
+    }
   } else if (m.has_exit()) {
-    if (v1::Run* r = run_of(m.exit().run_id())) {
+    v1::Run* gang = run_of(m.exit().run_id());
+    const bool other_part = gang != nullptr && gang->parts_size() > 0 && gang->worker_id() != worker_id;
+    const int other_code = m.exit().exit_code();
+    if (other_part && m.exit().signal() == 0 &&
+        (other_code == trainer_exit::kDone || other_code == trainer_exit::kInterrupted ||
+         other_code == trainer_exit::kDiverged)) {
+      return true;  // a part without rank 0 ended as the gang does: rank 0's exit tells how
+    }
+    if (v1::Run* r = gang) {
       v1::Run run = *r;
+      StopParts(run, worker_id);  // any part's end ends the others
       run.clear_device_indices();
       const int code = m.exit().exit_code();
       std::string how = m.exit().signal() ? "killed by signal " + std::to_string(m.exit().signal())
@@ -876,8 +915,19 @@ void Coordinator::ReportGap(const v1::Run& run, int64_t first, int64_t last, con
   }
 }
 
+void Coordinator::StopParts(const v1::Run& run, const std::string& except_worker) {
+  for (const v1::RunPart& p : run.parts()) {
+    if (p.worker_id() == except_worker || p.worker_id() == run.worker_id()) continue;  // rank 0's: the caller's
+    auto w = workers_.find(p.worker_id());
+    v1::WorkerCommand c;
+    c.mutable_cancel()->set_run_id(run.id());
+    if (w != workers_.end() && w->second.send) w->second.send(c);
+  }
+}
+
 void Coordinator::RequeueOrFail(v1::Run* run, const std::string& why, bool deterministic) {
   run->clear_device_indices();
+  run->clear_parts();
   if (!deterministic && run->restarts() < run->max_restarts()) {
     run->set_restarts(run->restarts() + 1);
     run->set_state(v1::QUEUED);
@@ -901,10 +951,11 @@ void Coordinator::ReleaseWorkerRuns(const std::string& worker_id, const std::set
                                     const std::string& why) {
   std::vector<std::string> ids;
   for (const auto& r : runs_) {
-    if (Active(r.second.state()) && r.second.worker_id() == worker_id && !keep.count(r.first)) ids.push_back(r.first);
+    if (Active(r.second.state()) && OnWorker(r.second, worker_id) && !keep.count(r.first)) ids.push_back(r.first);
   }
   for (const std::string& id : ids) {
     v1::Run run = runs_[id];
+    StopParts(run, worker_id);  // a gang's other parts cannot go on without this one
     if (run.cancel_requested()) {
       run.set_cancel_requested(false);
       run.set_state(v1::CANCELLED);
@@ -1002,14 +1053,17 @@ void Coordinator::Schedule() {
     std::set<int32_t> busy;
     int cpu_used = 0;
     for (const auto& r : runs_) {
-      if (!Active(r.second.state()) || r.second.worker_id() != w.first) continue;
-      for (int32_t g : r.second.device_indices()) busy.insert(g);
-      if (r.second.gpus() == 0) cpu_used += std::max(1, r.second.cpu_slots());
+      if (!Active(r.second.state()) || !OnWorker(r.second, w.first)) continue;
+      if (r.second.worker_id() == w.first) {
+        for (int32_t g : r.second.device_indices()) busy.insert(g);
+      }
+      cpu_used += CpuSlotsOn(r.second, w.first);
     }
     for (const v1::Device& d : w.second.record.devices()) {
       if (!busy.count(d.index())) c.free_gpus.push_back(d.index());
     }
     c.free_cpu_slots = std::max(0, w.second.record.cpu_slots() - cpu_used);
+    c.total_cpu_slots = w.second.record.cpu_slots();
     capacity.push_back(c);
   }
   for (const Placement& p : keel::Schedule(queued, active, limits, capacity)) {
@@ -1020,20 +1074,44 @@ void Coordinator::Schedule() {
     run.set_attempt(run.attempt() + 1);  // fencing: messages of older attempts are refused from now on
     run.clear_device_indices();
     for (int32_t g : p.gpus) run.add_device_indices(g);
-    if (!SaveRun(&run, event_kind::kState, "assigned to " + p.worker_id).ok()) continue;
-    v1::WorkerCommand c;
-    v1::Assignment* a = c.mutable_start();
-    a->set_run_id(run.id());
-    *a->mutable_spec() = run.spec();
-    for (int32_t g : p.gpus) a->add_device_indices(g);
-    a->set_resume_checkpoint(run.checkpoint());
-    a->set_attempt(run.attempt());
-    // A CPU run is one rank per slot. A GPU run stays one trainer until the
-    // NCCL communicator lands (keel-train refuses CUDA ranks without it).
-    a->set_ranks(run.gpus() > 0 ? 1 : std::max(1, run.cpu_slots()));
-    if (!workers_[p.worker_id].send(c)) {
-      // The stream broke under us: the lease logic requeues the run if the worker is gone.
-      std::fprintf(stderr, "keeld: could not send run %s to %s\n", run.id().c_str(), p.worker_id.c_str());
+    run.clear_parts();
+    std::string where = p.worker_id;
+    if (!p.parts.empty()) {
+      where = "a gang of " + std::to_string(p.cpu_slots) + " ranks:";
+      for (const PlacementPart& part : p.parts) {
+        v1::RunPart* rp = run.add_parts();
+        rp->set_worker_id(part.worker_id);
+        rp->set_first_rank(part.first_rank);
+        rp->set_ranks(part.ranks);
+        where += " " + part.worker_id + " (ranks " + std::to_string(part.first_rank) + "-" +
+                 std::to_string(part.first_rank + part.ranks - 1) + ")";
+      }
+    }
+    if (!SaveRun(&run, event_kind::kState, "assigned to " + where).ok()) continue;
+    // One assignment per worker: the whole run, or each part of a gang.
+    std::vector<PlacementPart> parts = p.parts;
+    if (parts.empty()) {
+      // A CPU run is one rank per slot. A GPU run stays one trainer until the
+      // NCCL communicator lands (keel-train refuses CUDA ranks without it).
+      parts.push_back({p.worker_id, 0, run.gpus() > 0 ? 1 : std::max(1, run.cpu_slots())});
+    }
+    for (const PlacementPart& part : parts) {
+      v1::WorkerCommand c;
+      v1::Assignment* a = c.mutable_start();
+      a->set_run_id(run.id());
+      *a->mutable_spec() = run.spec();
+      for (int32_t g : p.gpus) a->add_device_indices(g);
+      a->set_resume_checkpoint(run.checkpoint());
+      a->set_attempt(run.attempt());
+      a->set_ranks(part.ranks);
+      if (!p.parts.empty()) {
+        a->set_first_rank(part.first_rank);
+        a->set_world(p.cpu_slots);
+      }
+      if (!workers_[part.worker_id].send(c)) {
+        // The stream broke under us: the lease logic requeues the run if the worker is gone.
+        std::fprintf(stderr, "keeld: could not send run %s to %s\n", run.id().c_str(), part.worker_id.c_str());
+      }
     }
   }
 }
@@ -1065,7 +1143,7 @@ void Coordinator::Tick() {
   for (auto& w : workers_) {
     if (w.second.lease_expires_ms > now) continue;
     bool had_runs = false;
-    for (const auto& r : runs_) had_runs |= Active(r.second.state()) && r.second.worker_id() == w.first;
+    for (const auto& r : runs_) had_runs |= Active(r.second.state()) && OnWorker(r.second, w.first);
     if (w.second.record.connected() || had_runs || w.second.send) {
       // The worker may only be paused or cut off, and come back: close its
       // stream and order it to register again, where it learns that the runs

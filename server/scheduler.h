@@ -11,8 +11,16 @@
 //     later), lowest free device indices first, on the worker with the fewest
 //     free GPUs that still fit it (best fit keeps whole machines free for big
 //     runs). A CPU run takes cpu_slots from the worker with the most free slots.
+//   - A CPU run needing more slots than any one worker has in all is a gang: its
+//     ranks (one per slot) are spread over workers, those with the most free
+//     slots first, all or nothing; rank 0 is on the first worker.
 //   - A run that does not fit now is skipped and later, smaller runs may still
-//     be placed (backfill); it keeps its place at the head of the order.
+//     be placed (backfill); it keeps its place at the head of the order. A gang
+//     that does not fit stops backfill of CPU runs behind it: free slots then
+//     only grow as runs end, so the gang starts once enough have ended, however
+//     many small runs are submitted after it (no starvation).
+//   - No gang ever holds part of its slots while waiting for the rest (a
+//     placement is made whole in one call), so two gangs cannot deadlock.
 //   - No GPU or CPU slot is handed out twice: capacity shrinks as runs are placed.
 #ifndef KEEL_SERVER_SCHEDULER_H_
 #define KEEL_SERVER_SCHEDULER_H_
@@ -30,6 +38,14 @@ struct WorkerCapacity {
   std::string worker_id;
   std::vector<int32_t> free_gpus;  // device indices
   int32_t free_cpu_slots = 0;
+  int32_t total_cpu_slots = 0;     // free or not (a gang is a run no one worker can ever take)
+};
+
+// A gang's share on one worker: ranks first_rank .. first_rank + ranks - 1.
+struct PlacementPart {
+  std::string worker_id;
+  int32_t first_rank = 0;
+  int32_t ranks = 0;
 };
 
 struct Placement {
@@ -37,6 +53,7 @@ struct Placement {
   std::string worker_id;
   std::vector<int32_t> gpus;  // empty for a CPU run
   int32_t cpu_slots = 0;
+  std::vector<PlacementPart> parts;  // a gang: rank 0's part first (worker_id is its); else empty
 };
 
 // queued: runs in state QUEUED (others are ignored). active_per_sweep: runs of

@@ -87,5 +87,64 @@ TEST(SchedulerTest, IgnoresRunsThatAreNotQueued) {
   EXPECT_TRUE(Schedule({running}, {}, {}, {Gpus("w", {0})}).empty());
 }
 
+WorkerCapacity Cpus(const std::string& id, int free, int total) {
+  WorkerCapacity w;
+  w.worker_id = id;
+  w.free_cpu_slots = free;
+  w.total_cpu_slots = total;
+  return w;
+}
+
+v1::Run CpuRun(const std::string& id, int slots, int64_t created) {
+  v1::Run r = MakeRun(id, "s", 0, 0, created);
+  r.set_cpu_slots(slots);
+  return r;
+}
+
+TEST(SchedulerTest, ACpuRunLargerThanAnyWorkerIsAGangOverSeveralWorkers) {
+  // 5 ranks over workers of 2, 3 and 1 free slots (totals 4, 3, 2): the most free first.
+  auto p = Schedule({CpuRun("gang", 5, 1)}, {}, {}, {Cpus("a", 2, 4), Cpus("b", 3, 3), Cpus("c", 1, 2)});
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].worker_id, "b");  // rank 0's worker
+  ASSERT_EQ(p[0].parts.size(), 2u);
+  EXPECT_EQ(p[0].parts[0].worker_id, "b");
+  EXPECT_EQ(p[0].parts[0].first_rank, 0);
+  EXPECT_EQ(p[0].parts[0].ranks, 3);
+  EXPECT_EQ(p[0].parts[1].worker_id, "a");
+  EXPECT_EQ(p[0].parts[1].first_rank, 3);
+  EXPECT_EQ(p[0].parts[1].ranks, 2);
+  // A run one worker can take stays on one worker.
+  auto single = Schedule({CpuRun("small", 3, 1)}, {}, {}, {Cpus("a", 2, 4), Cpus("b", 3, 3)});
+  ASSERT_EQ(single.size(), 1u);
+  EXPECT_TRUE(single[0].parts.empty());
+  EXPECT_EQ(single[0].worker_id, "b");
+}
+
+TEST(SchedulerTest, AGangIsPlacedWholeOrNotAtAllAndTwoGangsNeverSplitTheFleet) {
+  // Two gangs of 4 on two workers of 2: the first takes both workers, the second waits whole.
+  auto p = Schedule({CpuRun("g1", 4, 1), CpuRun("g2", 4, 2)}, {}, {}, {Cpus("a", 2, 2), Cpus("b", 2, 2)});
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].run_id, "g1");
+  ASSERT_EQ(p[0].parts.size(), 2u);
+  // Only 3 slots free: nothing of the gang is placed.
+  EXPECT_TRUE(Schedule({CpuRun("g", 4, 1)}, {}, {}, {Cpus("a", 1, 2), Cpus("b", 2, 2)}).empty());
+}
+
+TEST(SchedulerTest, AWaitingGangStopsCpuBackfillBehindIt) {
+  // 3 of the gang's 4 slots are free: the one-slot runs submitted after it wait,
+  // so the gang is not starved; a run ahead of it is still placed.
+  std::vector<v1::Run> q = {CpuRun("first", 1, 1), CpuRun("gang", 4, 2), CpuRun("late1", 1, 3),
+                            CpuRun("late2", 1, 4)};
+  auto p = Schedule(q, {}, {}, {Cpus("a", 2, 2), Cpus("b", 2, 2)});
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].run_id, "first");
+  // GPU runs do not compete for CPU slots: they still go.
+  q.push_back(MakeRun("gpu", "s", 1, 0, 5));
+  WorkerCapacity g = Gpus("g", {0});
+  auto with_gpu = Schedule(q, {}, {}, {Cpus("a", 2, 2), Cpus("b", 2, 2), g});
+  ASSERT_EQ(with_gpu.size(), 2u);
+  EXPECT_EQ(with_gpu[1].run_id, "gpu");
+}
+
 }  // namespace
 }  // namespace keel

@@ -167,6 +167,95 @@ TEST(ServiceE2eTest, TwoRankRunSurvivesAKilledRank) {
   EXPECT_EQ(loss_of(json), loss_of(last));  // bit for bit, as printed
 }
 
+// The final metric line's loss, as printed, of a run keel-train ran directly.
+std::string DirectLoss(Cluster* cluster, const keel::v1::Run& run, const std::string& flags) {
+  const std::string dir = cluster->dir() + "/direct-" + run.id();
+  std::ofstream(dir + ".yaml") << run.spec().yaml();
+  EXPECT_EQ(std::system(("worker/engine/keel-train --quiet " + flags + " --config " + dir + ".yaml --run-dir " + dir).c_str()), 0);
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  std::string line, last;
+  while (std::getline(metrics, line)) last = line;
+  return last.substr(last.find("\"loss\":"), last.find(",\"lr\"") - last.find("\"loss\":"));
+}
+
+std::string LossOf(const keel::v1::MetricPoint& p) {
+  const std::string& j = p.json();
+  return j.substr(j.find("\"loss\":"), j.find(",\"lr\"") - j.find("\"loss\":"));
+}
+
+// Two runs of 4 ranks on two workers of 2 slots each: each is a gang over both
+// workers, placed whole (never half of one holding slots the other waits for),
+// one after the other. kill -9 of rank 3 (on the part without rank 0) stops
+// the whole gang, which is requeued from its newest checkpoint. Both end with
+// the loss of an uninterrupted keel-train --nproc 4, every step stored once.
+TEST(ServiceE2eTest, FourRankGangsSpanTwoWorkersAndSurviveAKilledRank) {
+  Cluster cluster("e2e_gang");
+  cluster.AddWorker("w1", {"--cpu-slots", "2"});
+  cluster.AddWorker("w2", {"--cpu-slots", "2"});
+  keel::v1::SubmitSweepResponse submitted;
+  ASSERT_TRUE(cluster.Submit(SmallSweep(300, "resources: {cpu_slots: 4}\naxes:\n  - grid: {seed: [1, 2]}\n"),
+                             &submitted).ok());
+  ASSERT_EQ(submitted.runs_size(), 2);
+  bool killed = false, two_parts = false;
+  std::string killed_run;
+  auto runs = cluster.WaitDone(submitted.sweep().id(), 240, [&](const std::vector<keel::v1::Run>& rs) {
+    for (const keel::v1::Run& r : rs) {
+      if (r.parts_size() == 2) two_parts = true;
+      if (killed || r.checkpoint().empty() || r.step() < 30) continue;
+      for (const keel_test::Trainer& t : cluster.Trainers(r.id())) {
+        if (t.rank == 3) {
+          kill(t.pid, SIGKILL);
+          killed = true;
+          killed_run = r.id();
+        }
+      }
+    }
+  });
+  ASSERT_TRUE(killed);
+  EXPECT_TRUE(two_parts);
+  ASSERT_EQ(runs.size(), 2u);
+  for (const keel::v1::Run& r : runs) {
+    EXPECT_EQ(r.state(), keel::v1::SUCCEEDED) << r.id() << ": " << r.message();
+    EXPECT_EQ(r.restarts(), r.id() == killed_run ? 1 : 0) << r.id();
+    auto points = cluster.Metrics(r.id());
+    ASSERT_EQ(points.size(), 300u) << r.id();  // rank 0 alone reports; every step stored once
+    EXPECT_EQ(LossOf(points.back()), DirectLoss(&cluster, r, "--nproc 4")) << r.id();  // bit for bit, as printed
+  }
+}
+
+// kill -9 of the worker holding the gang's part without rank 0: the gang stops,
+// and once the worker is back the run resumes and ends as an uninterrupted one.
+TEST(ServiceE2eTest, GangSurvivesAKilledWorker) {
+  Cluster cluster("e2e_gang_worker");
+  cluster.AddWorker("w1", {"--cpu-slots", "2"});
+  cluster.AddWorker("w2", {"--cpu-slots", "2"});
+  keel::v1::SubmitSweepResponse submitted;
+  ASSERT_TRUE(cluster.Submit(SmallSweep(300, "resources: {cpu_slots: 4}\n"), &submitted).ok());
+  const std::string run_id = submitted.runs(0).id();
+  std::string victim;
+  auto runs = cluster.WaitDone(submitted.sweep().id(), 240, [&](const std::vector<keel::v1::Run>& rs) {
+    if (!victim.empty() || rs.empty() || rs[0].checkpoint().empty() || rs[0].step() < 30) return;
+    for (const keel_test::Trainer& t : cluster.Trainers(run_id)) {
+      if (t.rank != 3) continue;
+      // The worker whose work dir holds rank 3's run directory.
+      for (const std::string name : {"w1", "w2"}) {
+        if (t.run_dir.rfind(cluster.dir() + "/" + name + "/", 0) == 0) victim = name;
+      }
+    }
+    if (victim.empty()) return;
+    cluster.Worker(victim)->Kill(SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past its lease
+    cluster.AddWorker(victim, {"--cpu-slots", "2"});
+  });
+  ASSERT_FALSE(victim.empty());
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].state(), keel::v1::SUCCEEDED) << runs[0].message();
+  EXPECT_GE(runs[0].restarts(), 1);
+  auto points = cluster.Metrics(run_id);
+  ASSERT_EQ(points.size(), 300u);
+  EXPECT_EQ(LossOf(points.back()), DirectLoss(&cluster, runs[0], "--nproc 4"));
+}
+
 TEST(ServiceE2eTest, KeeldKilledAndRestartedLosesNothing) {
   Cluster cluster("e2e_keeld_kill");
   cluster.AddWorker("w1");

@@ -15,7 +15,9 @@
 
 #include "proto/channel.h"
 #include "proto/keel.grpc.pb.h"
+#include "worker/io/file_util.h"
 #include "worker/io/json.h"
+#include "worker/run/run_dir.h"
 #include "proto/event_kinds.h"
 #include "worker/run/trainer_exit.h"
 
@@ -183,6 +185,8 @@ void Agent::HandleCommand(const v1::WorkerCommand& command) {
     launch.gpus.assign(a.device_indices().begin(), a.device_indices().end());
     launch.resume_checkpoint = a.resume_checkpoint();
     launch.ranks = std::max(1, a.ranks());
+    launch.first_rank = a.first_rank();
+    launch.world = a.world();
     std::unique_ptr<RunSupervisor> s;
     Status st = RunSupervisor::Start(launch, &s);
     if (!st.ok()) {
@@ -201,6 +205,13 @@ void Agent::HandleCommand(const v1::WorkerCommand& command) {
     runs_[a.run_id()] = std::move(s);
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.starts;
+  } else if (command.has_bootstrap()) {
+    // A gang's rendezvous, relayed by keeld from rank 0's worker: where this
+    // worker's ranks wait for it.
+    auto it = runs_.find(command.bootstrap().run_id());
+    if (it == runs_.end()) return;
+    Status st = WriteFileAtomic(RunDir(it->second->launch().run_dir).bootstrap(), command.bootstrap().id());
+    if (!st.ok()) event(command.bootstrap().run_id(), event_kind::kCommandFailed, "bootstrap id: " + st.message());
   } else if (command.has_cancel()) {
     auto it = runs_.find(command.cancel().run_id());
     if (it != runs_.end()) it->second->Signal(SIGTERM);  // checkpoint, then exit 130
@@ -276,6 +287,19 @@ void Agent::PollRuns() {
       Queue(std::move(m), attempt);
     }
     if (!p.events_first) queue_events();
+    // A gang's part with rank 0: once rank 0 has published its id, keeld
+    // relays it to the other parts' workers (once per attempt).
+    const RunLaunch& launch = it->second->launch();
+    if (launch.world > launch.ranks && launch.first_rank == 0 && bootstrap_sent_[it->first] != attempt) {
+      std::string id;
+      if (ReadFile(RunDir(launch.run_dir).bootstrap(), &id).ok() && !id.empty()) {
+        v1::WorkerMessage m;
+        m.mutable_bootstrap()->set_run_id(it->first);
+        m.mutable_bootstrap()->set_id(id);
+        Queue(std::move(m), attempt);
+        bootstrap_sent_[it->first] = attempt;
+      }
+    }
     for (v1::CheckpointNotice& c : p.checkpoints) {
       v1::WorkerMessage m;
       *m.mutable_checkpoint() = std::move(c);

@@ -58,9 +58,20 @@ Status RunSupervisor::Start(const RunLaunch& launch, std::unique_ptr<RunSupervis
     args.push_back("--data-root");
     args.push_back(root);
   }
-  if (launch.ranks > 1) {  // keel-train starts the ranks and stops them all with any one
+  const bool gang = launch.world > launch.ranks;
+  if (launch.ranks > 1 || gang) {  // keel-train starts the ranks and stops them all with any one
     args.push_back("--nproc");
     args.push_back(std::to_string(launch.ranks));
+  }
+  if (gang) {
+    const std::string bootstrap = RunDir(launch.run_dir).bootstrap();
+    KEEL_RETURN_IF_ERROR(MakeDirs(DirName(bootstrap)));
+    // An id left by an earlier attempt must not be read as this one's.
+    unlink(bootstrap.c_str());
+    for (const std::string& a : {std::string("--first-rank"), std::to_string(launch.first_rank), std::string("--world"),
+                                 std::to_string(launch.world), std::string("--bootstrap"), bootstrap}) {
+      args.push_back(a);
+    }
   }
   if (!launch.resume_checkpoint.empty()) {
     const std::string checkpoint = NewestCheckpointBeside(launch.resume_checkpoint);
@@ -73,7 +84,8 @@ Status RunSupervisor::Start(const RunLaunch& launch, std::unique_ptr<RunSupervis
     // never delivered (its worker died) still reach keeld.
     const std::string old_dir = DirName(DirName(checkpoint));
     std::string old_metrics;
-    if (old_dir != launch.run_dir && ReadFile(RunDir(old_dir).metrics(), &old_metrics).ok()) {
+    // (A gang's part without rank 0 reports no metrics: nothing to bring.)
+    if (launch.first_rank == 0 && old_dir != launch.run_dir && ReadFile(RunDir(old_dir).metrics(), &old_metrics).ok()) {
       KEEL_RETURN_IF_ERROR(WriteFileAtomic(RunDir(launch.run_dir).metrics(), old_metrics));
     }
   }

@@ -27,6 +27,11 @@ struct RunLaunch {
   int64_t lease_expires_unix_ms = 0;  // the trainer's first lease deadline
   std::vector<std::string> data_roots;  // --data-root: the only places data may be read from
   int ranks = 1;                  // > 1: keel-train --nproc ranks (data-parallel rank processes)
+  // A part of a gang (world > ranks): ranks first_rank .. first_rank + ranks - 1
+  // of world, meeting through RunDir::bootstrap() (the part with rank 0 writes
+  // it; the others get it relayed by keeld).
+  int first_rank = 0;
+  int world = 0;                  // 0: ranks
 };
 
 // What Poll saw since the previous call.
@@ -59,7 +64,8 @@ class RunSupervisor {
   // Writes <run_dir>/run.yaml and <run_dir>/lease, and starts
   //   trainer --config <run_dir>/run.yaml --run-dir <run_dir> --quiet --backend cpu|cuda
   //           --lease-file <run_dir>/lease --attempt N [--data-root R ...]
-  //           [--resume <checkpoint> --resume-fallback] [--nproc <ranks>]
+  //           [--resume <checkpoint> --resume-fallback]
+  //           [--nproc <ranks> [--first-rank F --world W --bootstrap <run_dir>/ranks/bootstrap]]
   // with stdout and stderr appended to <run_dir>/trainer.log and
   // CUDA_VISIBLE_DEVICES set to the GPUs ("" for a CPU run). The trainer gets
   // SIGTERM when the thread that started it dies, whatever kills the worker.

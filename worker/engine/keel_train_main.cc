@@ -22,6 +22,7 @@
 #include "worker/config/scheme.h"
 #include "worker/engine/launcher.h"
 #include "worker/engine/trainer.h"
+#include "worker/run/run_dir.h"
 #include "worker/run/trainer_exit.h"
 
 namespace keel {
@@ -58,6 +59,8 @@ const char kUsage[] =
     "                       1/N of the global batch (N ranks see what one rank with\n"
     "                       grad_accum x N sees); cpu: N processes over TCP on loopback;\n"
     "                       cuda: one GPU each (NCCL, not built yet: refused)\n"
+    "  --nproc K --first-rank F --world N --bootstrap B\n"
+    "                       (keel-worker) ranks F .. F+K-1 of a run of N ranks spanning hosts\n"
     "  --rank R --world N --bootstrap F\n"
     "                       (the launcher, keel-worker) be rank R of N; rank 0 publishes\n"
     "                       its address in file F, the others wait for it (dist.timeout_s)\n"
@@ -128,7 +131,7 @@ int TrainCommand(int argc, char** argv) {
   std::vector<std::string> overrides;
   bool quiet = false, switch_precision = false, resume_fallback = false, profile = false;
   int64_t attempt = 0;
-  int nproc = 1, rank = -1, world = 0;
+  int nproc = 1, rank = -1, world = 0, first_rank = -1;
   std::string bootstrap;
   std::string backend, steps, run_dir;
   CLI::App app("keel-train");
@@ -149,6 +152,7 @@ int TrainCommand(int argc, char** argv) {
   app.add_option("--rank", rank)->check(IntFlag(0, 1023));
   app.add_option("--world", world)->check(IntFlag(1, 1024));
   app.add_option("--bootstrap", bootstrap);
+  app.add_option("--first-rank", first_rank)->check(IntFlag(0, 1023));
   const FlagsOutcome flags = ParseFlags(app, "keel-train", kUsage, argc, argv);
   if (!flags.proceed) return flags.exit_code;
   // The named flags are applied after every --set.
@@ -167,36 +171,61 @@ int TrainCommand(int argc, char** argv) {
       if (!s.ok()) return Fail(trainer_exit::kBadConfig, s.message());
     }
   }
-  if ((rank >= 0) != (world > 0)) return Fail(trainer_exit::kBadConfig, "--rank and --world go together");
+  // Three ways to be started: a rank (--rank R --world N), a launcher of this
+  // host's ranks (--nproc N), or a launcher of one part of a run spanning hosts
+  // (--nproc K --first-rank F --world N: ranks F .. F + K - 1, keel-worker).
+  const bool part = first_rank >= 0;
+  if (part) {
+    if (rank >= 0) return Fail(trainer_exit::kBadConfig, "--first-rank: not allowed with --rank");
+    if (world <= 0) return Fail(trainer_exit::kBadConfig, "--first-rank: needs --world");
+    if (first_rank + nproc > world) {
+      return Fail(trainer_exit::kBadConfig, "--first-rank: " + std::to_string(first_rank) + " + --nproc " +
+                                                std::to_string(nproc) + " is more than --world " +
+                                                std::to_string(world) + " (allowed: first-rank + nproc <= world)");
+    }
+  } else if ((rank >= 0) != (world > 0)) {
+    return Fail(trainer_exit::kBadConfig, "--rank and --world go together");
+  }
   if (world > 0 && rank >= world) {
     return Fail(trainer_exit::kBadConfig, "--rank: " + std::to_string(rank) + " is not allowed (0 .. --world - 1 = " +
                                               std::to_string(world - 1) + ")");
   }
   if (world > 1 && bootstrap.empty()) return Fail(trainer_exit::kBadConfig, "--bootstrap: missing (needed with --world > 1)");
-  if (nproc > 1 && world > 0) return Fail(trainer_exit::kBadConfig, "--nproc: not allowed with --rank/--world");
+  if (nproc > 1 && rank >= 0) return Fail(trainer_exit::kBadConfig, "--nproc: not allowed with --rank");
   if ((nproc > 1 || world > 1) && config.backend == "cuda") {
     return Fail(trainer_exit::kBadConfig,
                 "--nproc/--world: more than one rank on the cuda backend needs the NCCL communicator, which this "
                 "build does not have yet (allowed: backend cpu)");
   }
-  if (nproc > 1) {
+  if (nproc > 1 || part) {
     LaunchOptions launch;
     launch.nproc = nproc;
+    launch.first_rank = part ? first_rank : 0;
+    launch.world = part ? world : nproc;
     launch.binary = "/proc/self/exe";
     launch.argv0 = argv[0];  // ps and /proc show the ranks as keel-train
+    // The launcher's own flags are not the ranks' (they get --rank, --world, --bootstrap).
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
-      if (a == "--nproc") {
-        ++i;  // and its value
-      } else if (a.rfind("--nproc=", 0) != 0) {
-        launch.args.push_back(a);
+      bool own = false;
+      for (const char* flag : {"--nproc", "--first-rank", "--world", "--bootstrap"}) {
+        if (a == flag) {
+          own = true;
+          ++i;  // and its value
+        } else if (a.rfind(std::string(flag) + "=", 0) == 0) {
+          own = true;
+        }
       }
+      if (!own) launch.args.push_back(a);
     }
-    s = MakeDirs(config.run_dir + "/ranks");
+    launch.bootstrap_path = bootstrap.empty() ? RunDir(config.run_dir).bootstrap() : bootstrap;
+    s = MakeDirs(DirName(launch.bootstrap_path));
     if (!s.ok()) return Fail(trainer_exit::kFailed, s.message());
-    launch.bootstrap_path = config.run_dir + "/ranks/bootstrap";
     launch.cuda = config.backend == "cuda";
-    if (!quiet) std::fprintf(stderr, "keel-train: %d ranks on this host (bootstrap %s)\n", nproc, launch.bootstrap_path.c_str());
+    if (!quiet) {
+      std::fprintf(stderr, "keel-train: ranks %d-%d of %d on this host (bootstrap %s)\n", launch.first_rank,
+                   launch.first_rank + nproc - 1, launch.world, launch.bootstrap_path.c_str());
+    }
     return LaunchRanks(launch);
   }
   std::unique_ptr<Trainer> trainer;
@@ -262,6 +291,12 @@ int TrainCommand(int argc, char** argv) {
   if (g_signal != 0) {
     std::fprintf(stderr, "keel-train: interrupted (signal %d) after step %lld; resume with --resume latest\n",
                  static_cast<int>(g_signal), static_cast<long long>(trainer->step()));
+    return trainer_exit::kInterrupted;
+  }
+  if (trainer->stop_requested() && trainer->step() < trainer->config().steps) {
+    // Another rank was asked to stop, and every rank stopped with it: not done.
+    std::fprintf(stderr, "keel-train: rank %d stopped after step %lld with the other ranks; resume with --resume latest\n",
+                 rank, static_cast<long long>(trainer->step()));
     return trainer_exit::kInterrupted;
   }
   return trainer_exit::kDone;

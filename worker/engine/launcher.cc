@@ -42,11 +42,14 @@ std::string DeviceFor(int rank) {
   return rank < static_cast<int>(ids.size()) ? ids[rank] : std::to_string(rank);
 }
 
-pid_t StartRank(const LaunchOptions& o, int rank) {
+// Starts the launcher's rank `local` (global rank first_rank + local).
+pid_t StartRank(const LaunchOptions& o, int local) {
+  const int rank = o.first_rank + local;
+  const int world = o.world > 0 ? o.world : o.nproc;
   std::vector<std::string> args = {o.argv0.empty() ? o.binary : o.argv0};
   args.insert(args.end(), o.args.begin(), o.args.end());
   for (const std::string& a : {std::string("--rank"), std::to_string(rank), std::string("--world"),
-                               std::to_string(o.nproc), std::string("--bootstrap"), o.bootstrap_path}) {
+                               std::to_string(world), std::string("--bootstrap"), o.bootstrap_path}) {
     args.push_back(a);
   }
   if (rank > 0) args.push_back("--quiet");
@@ -57,7 +60,7 @@ pid_t StartRank(const LaunchOptions& o, int rank) {
   // its ranks training: each stops as if interrupted.
   prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (getppid() != launcher) _exit(trainer_exit::kFailed);  // it died before prctl took effect
-  if (o.cuda) setenv("CUDA_VISIBLE_DEVICES", DeviceFor(rank).c_str(), 1);
+  if (o.cuda) setenv("CUDA_VISIBLE_DEVICES", DeviceFor(local).c_str(), 1);
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(&a[0]);
   argv.push_back(nullptr);
@@ -75,7 +78,9 @@ int ExitCode(int status) {
 }  // namespace
 
 int LaunchRanks(const LaunchOptions& o) {
-  std::remove(o.bootstrap_path.c_str());
+  // Rank 0 publishes the id; elsewhere the file is written for this launch
+  // (keel-worker, from keeld's relay) and must not be removed.
+  if (o.first_rank == 0) std::remove(o.bootstrap_path.c_str());
   struct sigaction action = {};
   action.sa_handler = OnSignal;
   sigaction(SIGINT, &action, nullptr);
@@ -95,7 +100,7 @@ int LaunchRanks(const LaunchOptions& o) {
   };
   for (int r = 0; r < o.nproc; ++r) {
     if (pids[r] <= 0) {
-      std::fprintf(stderr, "keel-train: cannot start rank %d: %s\n", r, std::strerror(errno));
+      std::fprintf(stderr, "keel-train: cannot start rank %d: %s\n", o.first_rank + r, std::strerror(errno));
       failed = true;
       result = trainer_exit::kFailed;
     }
@@ -118,7 +123,7 @@ int LaunchRanks(const LaunchOptions& o) {
         if (pids[r] == pid && running[r]) {
           running[r] = false;
           --left;
-          exits->push_back({r, status});
+          exits->push_back({o.first_rank + r, status});
         }
       }
     }
@@ -167,7 +172,7 @@ int LaunchRanks(const LaunchOptions& o) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  std::remove(o.bootstrap_path.c_str());
+  if (o.first_rank == 0) std::remove(o.bootstrap_path.c_str());
   return result;
 }
 

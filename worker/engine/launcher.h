@@ -20,11 +20,13 @@
 namespace keel {
 
 struct LaunchOptions {
-  int nproc = 1;
+  int nproc = 1;                   // ranks started here: first_rank .. first_rank + nproc - 1
+  int first_rank = 0;
+  int world = 0;                   // ranks of the run in all (0: nproc)
   std::string binary;              // the keel-train to start ("/proc/self/exe")
   std::string argv0;               // the ranks' argv[0] (the launcher's own; "": binary)
   std::vector<std::string> args;   // keel-train's arguments, without --nproc
-  std::string bootstrap_path;      // removed first, so no stale id is read
+  std::string bootstrap_path;      // removed first when rank 0 is here, so no stale id is read
   bool cuda = false;               // one GPU per rank
   double grace_s = 10;
 };

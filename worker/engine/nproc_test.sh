@@ -37,7 +37,7 @@ PY
 # 1. Two ranks against one rank with grad_accum 2.
 "$train" --config run.yaml --run-dir one --set grad_accum=2 --quiet
 "$train" --config run.yaml --run-dir two --nproc 2 2> two.log
-grep -q "2 ranks on this host" two.log
+grep -q "ranks 0-1 of 2 on this host" two.log
 [ "$(wc -l < two/metrics.jsonl)" = 12 ] || { echo "two ranks wrote $(wc -l < two/metrics.jsonl) metric lines, want 12"; exit 1; }
 close "$(losses two/metrics.jsonl)" "$(losses one/metrics.jsonl)"
 [ ! -e two/ranks/bootstrap ] || { echo "the bootstrap file outlived the run"; exit 1; }

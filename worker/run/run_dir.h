@@ -8,6 +8,7 @@
 //   <run_dir>/events.jsonl    one JSON line per event (proto/event_kinds.h)
 //   <run_dir>/commands/       command files for the trainer (trainer.h ProcessCommands)
 //   <run_dir>/checkpoints/    step_<8 digits>/ (checkpoint_dirs.h)
+//   <run_dir>/ranks/bootstrap rank 0's address for the other ranks (kernels/comm/comm.h)
 #ifndef KEEL_WORKER_RUN_RUN_DIR_H_
 #define KEEL_WORKER_RUN_RUN_DIR_H_
 
@@ -27,6 +28,7 @@ class RunDir {
   std::string events() const { return root_ + "/events.jsonl"; }
   std::string commands() const { return root_ + "/commands"; }
   std::string checkpoints() const { return root_ + "/checkpoints"; }
+  std::string bootstrap() const { return root_ + "/ranks/bootstrap"; }
 
  private:
   std::string root_;
