@@ -701,6 +701,30 @@ int CmdSweeps(Client& client, const Parsed& parsed, std::ostream& out, std::ostr
   return PrintListing<v1::ListSweepsResponse>(client, parsed, "ListSweeps", out, err, fetch, table);
 }
 
+// Where a run trains: its worker, and its GPUs; a gang's workers with their ranks.
+// short_form: the workers only ("w1+w2"), for tables.
+std::string PlacementText(const v1::Run& run, bool short_form) {
+  if (run.parts_size() > 0) {
+    std::string text;
+    for (const v1::RunPart& p : run.parts()) {
+      text += text.empty() ? "" : short_form ? "+" : ", ";
+      text += p.worker_id();
+      if (!short_form) {
+        text += " (ranks " + std::to_string(p.first_rank()) + "-" + std::to_string(p.first_rank() + p.ranks() - 1) + ")";
+      }
+    }
+    return text;
+  }
+  if (run.worker_id().empty()) return "-";
+  std::string text = run.worker_id();
+  if (!short_form && run.device_indices_size() > 0) {
+    text += " (GPUs";
+    for (int i = 0; i < run.device_indices_size(); ++i) text += (i ? "," : " ") + std::to_string(run.device_indices(i));
+    text += ")";
+  }
+  return text;
+}
+
 int CmdRuns(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err) {
   auto fetch = [&](v1::ListRunsResponse* response) {
     std::vector<v1::Run> runs;
@@ -715,7 +739,7 @@ int CmdRuns(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
       std::string axes = AxesText(run.axes());
       rows.push_back({run.id(), run.sweep_id(), StateName(run.state()), StepText(run), RunLossText(run),
                       run.precision().empty() ? "-" : run.precision(), std::to_string(run.restarts()),
-                      run.worker_id().empty() ? "-" : run.worker_id(), axes.empty() ? "-" : axes});
+                      PlacementText(run, true), axes.empty() ? "-" : axes});
     }
     return FormatTable({"ID", "SWEEP", "STATE", "STEP", "LOSS", "PRECISION", "RESTARTS", "WORKER", "AXES"}, rows);
   };
@@ -751,7 +775,9 @@ int CmdShow(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
       {"loss:", RunLossText(run)},
       {"precision:", run.precision().empty() ? "-" : run.precision()},
       {"restarts:", std::to_string(run.restarts()) + " (max " + std::to_string(run.max_restarts()) + ")"},
-      {"worker:", run.worker_id().empty() ? "-" : run.worker_id()},
+      {"worker:", PlacementText(run, false)},
+      // Data-parallel ranks: one per CPU slot; a GPU run is one trainer until NCCL is in.
+      {"ranks:", std::to_string(run.gpus() > 0 ? 1 : std::max(1, run.cpu_slots()))},
       {"checkpoint:", run.checkpoint().empty() ? "-" : run.checkpoint()},
       {"axes:", run.axes().empty() ? "-" : AxesText(run.axes())},
       {"created:", FormatTime(run.created_unix_ms())},

@@ -52,8 +52,17 @@ v1::Run MakeRun(const std::string& id, const std::string& sweep, int index, v1::
 class FakeKeel final : public v1::KeelService::Service {
  public:
   FakeKeel() {
-    AddSweep("sw-1", "lr-sweep",
-             {MakeRun("r1", "sw-1", 0, v1::RUNNING, "6e-4"), MakeRun("r2", "sw-1", 1, v1::QUEUED, "1e-3")});
+    // r1 is a gang of 4 CPU ranks over two workers.
+    v1::Run gang = MakeRun("r1", "sw-1", 0, v1::RUNNING, "6e-4");
+    gang.set_cpu_slots(4);
+    gang.set_worker_id("w1");
+    for (int part = 0; part < 2; ++part) {
+      v1::RunPart* p = gang.add_parts();
+      p->set_worker_id(part == 0 ? "w1" : "w2");
+      p->set_first_rank(2 * part);
+      p->set_ranks(2);
+    }
+    AddSweep("sw-1", "lr-sweep", {gang, MakeRun("r2", "sw-1", 1, v1::QUEUED, "1e-3")});
     AddSweep("sw-fail", "",
              {MakeRun("f1", "sw-fail", 0, v1::RUNNING, "6e-4"), MakeRun("f2", "sw-fail", 1, v1::RUNNING, "1e-3")});
     AddSweep("sw-early", "", {MakeRun("e1", "sw-early", 0, v1::RUNNING, "6e-4")});
@@ -353,7 +362,7 @@ TEST_F(CliTest, RunsTableIsSortedAndAligned) {
   ASSERT_EQ(Keel({"runs", "sw-1"}), kExitOk) << err_;
   EXPECT_EQ(out_,
             "ID  SWEEP  STATE    STEP    LOSS   PRECISION  RESTARTS  WORKER  AXES\n"
-            "r1  sw-1   RUNNING  50/100  2.457  bf16       0         -       optimizer.lr=6e-4\n"
+            "r1  sw-1   RUNNING  50/100  2.457  bf16       0         w1+w2   optimizer.lr=6e-4\n"
             "r2  sw-1   QUEUED   0/100   -      bf16       0         -       optimizer.lr=1e-3\n");
 }
 
@@ -400,6 +409,8 @@ TEST_F(CliTest, ShowPrintsDetailsAndRecentEvents) {
   EXPECT_NE(out_.find("state:       RUNNING"), std::string::npos) << out_;
   EXPECT_NE(out_.find("axes:        optimizer.lr=6e-4"), std::string::npos) << out_;
   EXPECT_NE(out_.find("loss:        2.457\n"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("worker:      w1 (ranks 0-1), w2 (ranks 2-3)\n"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("ranks:       4\n"), std::string::npos) << out_;
   EXPECT_NE(out_.find("recent events (2 of 2):"), std::string::npos) << out_;
   EXPECT_NE(out_.find("switch_precision  bf16 after loss spike"), std::string::npos) << out_;
   EXPECT_EQ(Keel({"show", "nope"}), kExitNotFound);
