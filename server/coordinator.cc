@@ -1201,6 +1201,8 @@ CoordinatorStats Coordinator::Stats(int64_t retention_ms) {
         p.zeta = line.probe_zeta;
         p.has_saturation = line.has_saturation;
         p.saturated = line.max_saturated;
+        p.rank_step_seconds = line.rank_step_seconds;
+        p.rank_comm_seconds = line.rank_comm_seconds;
       }
       l.parsed = true;
       g = l.gauges;

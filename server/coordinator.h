@@ -83,6 +83,7 @@ struct RunGauges {
   double cosine = 0, zeta = 0;                // its latest gradient-bias probe
   bool has_saturation = false;
   double saturated = 0;                       // the largest saturated fraction over operands
+  std::vector<double> rank_step_seconds, rank_comm_seconds;  // data-parallel runs, by rank
   std::map<std::pair<std::string, std::string>, int64_t> interventions;  // (action, rule) -> count
   int64_t ended_unix_ms = 0;                  // 0 while not terminal
 };

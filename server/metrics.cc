@@ -20,6 +20,9 @@ const std::vector<std::pair<std::string, std::string>>& RunGaugeNames() {
           {"keel_run_gradient_bias_zeta", "Multiplicative gradient bias zeta at the run's latest probe"},
           {"keel_run_saturated_ratio", "Largest fraction of clipped values over the run's quantized operands"},
           {"keel_run_restarts", "Times the run was restarted from a checkpoint"},
+          {"keel_run_rank_step_seconds", "A data-parallel rank's latest step time (label rank)"},
+          {"keel_run_rank_comm_seconds",
+           "A data-parallel rank's time in gradient and weight collectives in its latest step (label rank)"},
       };
   return *names;
 }
@@ -150,6 +153,19 @@ void KeeldMetrics::Update(const CoordinatorStats& st) {
     set("keel_run_gradient_cosine", g.has_probe, g.cosine);
     set("keel_run_gradient_bias_zeta", g.has_probe, g.zeta);
     set("keel_run_saturated_ratio", g.has_saturation, g.saturated);
+    // Data-parallel runs: each rank's step and communication time.
+    for (const auto& per_rank : {std::make_pair("keel_run_rank_step_seconds", &g.rank_step_seconds),
+                                 std::make_pair("keel_run_rank_comm_seconds", &g.rank_comm_seconds)}) {
+      for (size_t r = 0; r < per_rank.second->size(); ++r) {
+        const double value = (*per_rank.second)[r];
+        if (!std::isfinite(value)) continue;
+        Labels labels = id;
+        labels["rank"] = std::to_string(r);
+        prometheus::Gauge& gauge = run_gauges_[per_rank.first]->Add(labels);
+        series.rank_gauges[{per_rank.first, static_cast<int>(r)}] = &gauge;
+        gauge.Set(value);
+      }
+    }
     for (const auto& kv : g.interventions) {
       Labels labels = id;
       labels["action"] = kv.first.first;
@@ -168,6 +184,7 @@ void KeeldMetrics::Update(const CoordinatorStats& st) {
     RunSeries& series = it->second;
     if (!series.info.empty()) run_info_.Remove(&run_info_.Add(series.info));
     for (const auto& kv : series.gauges) run_gauges_[kv.first]->Remove(kv.second);
+    for (const auto& kv : series.rank_gauges) run_gauges_[kv.first.first]->Remove(kv.second);
     for (const auto& kv : series.interventions) run_interventions_.Remove(kv.second);
     for (auto c = counted_.begin(); c != counted_.end();) {
       c = c->first.rfind("run/" + it->first + "/", 0) == 0 ? counted_.erase(c) : std::next(c);

@@ -23,6 +23,8 @@
 //   keel_run_step, keel_run_loss, keel_run_grad_norm, keel_run_tokens_per_second,
 //   keel_run_gradient_cosine, keel_run_gradient_bias_zeta (latest probe),
 //   keel_run_saturated_ratio (largest operand clip fraction), keel_run_restarts   gauges
+//   keel_run_rank_step_seconds{sweep,run,rank}, keel_run_rank_comm_seconds{sweep,run,rank}
+//     (data-parallel runs: each rank's latest step time and time in collectives)    gauges
 //   keel_run_interventions_total{sweep,run,action,rule}                           counter
 #ifndef KEEL_SERVER_METRICS_H_
 #define KEEL_SERVER_METRICS_H_
@@ -86,6 +88,7 @@ class KeeldMetrics {
   struct RunSeries {
     Labels info;
     std::map<std::string, prometheus::Gauge*> gauges;
+    std::map<std::pair<std::string, int>, prometheus::Gauge*> rank_gauges;  // (metric, rank)
     std::map<std::pair<std::string, std::string>, prometheus::Counter*> interventions;
   };
   std::map<std::string, RunSeries> run_series_;

@@ -153,6 +153,15 @@ TEST(RanksTest, TwoAndFourProxyRanksMatchOneRankWithGradAccum) {
     EXPECT_EQ(CountLines(RunDir(dir + "/ranks").metrics()), 8);
     // Throughput counts every rank's samples: n ranks x batch per step.
     EXPECT_GT(ranks[0].metrics[0].tokens_per_s, 0.0);
+    // Every rank's step time and time in collectives, on every rank's line.
+    ASSERT_EQ(ranks[0].metrics[0].rank_step_seconds.size(), static_cast<size_t>(n));
+    ASSERT_EQ(ranks[0].metrics[0].rank_comm_seconds.size(), static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      EXPECT_GT(ranks[0].metrics[0].rank_step_seconds[r], 0.0);
+      EXPECT_GT(ranks[0].metrics[0].rank_comm_seconds[r], 0.0);
+      EXPECT_LE(ranks[0].metrics[0].rank_comm_seconds[r], ranks[0].metrics[0].rank_step_seconds[r]);
+    }
+    EXPECT_TRUE(single[0].metrics[0].rank_step_seconds.empty());
   }
 }
 

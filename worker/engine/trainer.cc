@@ -28,6 +28,17 @@ constexpr char kCheckpointFormat[] = "keel-checkpoint-1";
 
 uint64_t Mix(uint64_t a, uint64_t b) { return RoleSeed(a ^ (b * 0x9FB21C651E98DF25ull), Role::kWgradX); }
 
+// Adds the wall time of its scope to *total (the trainer's time in collectives).
+class CommTimer {
+ public:
+  explicit CommTimer(double* total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~CommTimer() { *total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+
+ private:
+  double* total_;
+  std::chrono::steady_clock::time_point start_;
+};
+
 // Deletes one checkpoint directory (its two files, then the directory).
 void RemoveCheckpointDir(const std::string& dir) {
   std::remove((dir + "/model.safetensors").c_str());
@@ -256,6 +267,7 @@ Status Trainer::ShareLeaderStatus(const Status& leader_status) {
 // data flow (the detectors read the gradient's metrics before the update).
 Status Trainer::Step(StepMetrics* m) {
   const auto start = std::chrono::steady_clock::now();
+  comm_seconds_ = 0;
   const bool probe = EveryNth(step_ + 1, config_.probe_every);
   *m = StepMetrics();
   m->step = step_ + 1;
@@ -277,6 +289,21 @@ Status Trainer::Step(StepMetrics* m) {
   m->step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // The whole run's throughput: every rank's items.
   m->tokens_per_s = SafeRatio(static_cast<double>(model_->items_per_batch()) * accum_ * ranks(), m->step_seconds);
+  return GatherRankTimes(m);
+}
+
+Status Trainer::GatherRankTimes(StepMetrics* m) {
+  if (ranks() == 1) return Status::Ok();
+  const double mine[2] = {m->step_seconds, comm_seconds_};
+  std::vector<std::string> all;
+  KEEL_RETURN_IF_ERROR(comm_->AllGatherHost(std::string(reinterpret_cast<const char*>(mine), sizeof(mine)), &all));
+  for (const std::string& b : all) {
+    double theirs[2] = {0, 0};
+    if (b.size() != sizeof(theirs)) return Status::Error("ranks: a rank sent " + std::to_string(b.size()) + " bytes of step times");
+    std::memcpy(theirs, b.data(), sizeof(theirs));
+    m->rank_step_seconds.push_back(theirs[0]);
+    m->rank_comm_seconds.push_back(theirs[1]);
+  }
   return Status::Ok();
 }
 
@@ -306,6 +333,7 @@ Status Trainer::ForwardBackward(std::vector<Batch>* kept, StepMetrics* m) {
   }
   if (ranks() > 1) {
     const ReducePrecision precision = config_.dist.reduce == "bf16" ? ReducePrecision::kBF16 : ReducePrecision::kF32;
+    CommTimer timer(&comm_seconds_);
     if (shard_) {  // ZeRO-1: each rank gets the summed gradient of its shard only
       KEEL_RETURN_IF_ERROR(comm_->ReduceScatterSum(grads_, shard_grads_, shard_per_, precision));
     } else {
@@ -428,7 +456,10 @@ Status Trainer::OptimizerStep(bool skip_update, StepMetrics* m) {
                                  static_cast<int>(step_ + 1), grad_scale));
   }
   // ZeRO-1: every rank updated its shard; all of them gather the whole.
-  if (shard_) KEEL_RETURN_IF_ERROR(GatherShards(model_->params() + shard_begin_, model_->params()));
+  if (shard_) {
+    CommTimer timer(&comm_seconds_);
+    KEEL_RETURN_IF_ERROR(GatherShards(model_->params() + shard_begin_, model_->params()));
+  }
   return Status::Ok();
 }
 

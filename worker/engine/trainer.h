@@ -155,6 +155,8 @@ class Trainer {
   // Ranks: the sum over ranks of a host value, and rank 0's text (or status)
   // on every rank. Single rank: the value itself.
   Status SumOverRanks(double mine, double* total);
+  // Every rank's step time and collective time of this step into *m (ranks).
+  Status GatherRankTimes(StepMetrics* m);
   Status SumOverRanks(std::vector<double>* values);  // element by element
   // ZeRO-1: the part of parameter `p` in this rank's shard, as spans of
   // shard-local memory at base (empty when none).
@@ -204,6 +206,7 @@ class Trainer {
   RunConfig config_;
   PrecisionScheme scheme_;
   std::unique_ptr<Communicator> comm_;  // null: one rank
+  double comm_seconds_ = 0;             // this step's wall time in gradient and weight collectives
   int accum_ = 1;                       // micro-batches per step on this rank
   // ZeRO-1 (optimizer.shard with ranks): rank r owns parameters
   // [r * shard_per_, (r + 1) * shard_per_) clipped to param_count; grads_ is

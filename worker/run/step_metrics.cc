@@ -56,6 +56,12 @@ std::string StepMetrics::ToJson() const {
     p.Set("layers", layers);
     w.Add("probe", p);
   }
+  if (!rank_step_seconds.empty()) {
+    JsonValue step_ms = JsonValue::Array(), comm_ms = JsonValue::Array();
+    for (double s : rank_step_seconds) step_ms.Append(s * 1e3);
+    for (double s : rank_comm_seconds) comm_ms.Append(s * 1e3);
+    w.Add("rank_step_ms", step_ms).Add("rank_comm_ms", comm_ms);
+  }
   if (evaluated) w.Add("val_loss", val_loss);
   if (skipped) w.Add("skipped", true);
   return w.str();
@@ -90,6 +96,12 @@ Status ParseMetricLine(const std::string& line, MetricLine* out) {
         m.has_saturation = true;
         m.max_saturated = std::max(m.max_saturated, number(role.second.Find("saturated")));
       }
+    }
+  }
+  for (const auto& field : {std::make_pair("rank_step_ms", &m.rank_step_seconds),
+                            std::make_pair("rank_comm_ms", &m.rank_comm_seconds)}) {
+    if (const JsonValue* ms = v.Find(field.first)) {
+      for (const JsonValue& x : ms->array()) field.second->push_back(number(&x) / 1e3);
     }
   }
   *out = m;

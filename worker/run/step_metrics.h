@@ -46,6 +46,9 @@ struct StepMetrics {
   double lr = 0;
   double tokens_per_s = 0;     // proxy: samples per second
   double step_seconds = 0;
+  // Ranks (data parallel): every rank's step time and time in collectives,
+  // by rank (rank 0 writes the line). Empty for a run of one rank.
+  std::vector<double> rank_step_seconds, rank_comm_seconds;
   double grad_norm = 0;        // global, before clipping
   std::vector<GroupValue> grad_norms;     // per layer group
   double update_ratio = 0;     // |w_new - w_old| / |w_old|, global
@@ -79,6 +82,7 @@ struct MetricLine {
   double probe_cosine = 0, probe_zeta = 0;
   bool has_saturation = false;  // the line holds quantized operands
   double max_saturated = 0;     // the largest saturated fraction over them
+  std::vector<double> rank_step_seconds, rank_comm_seconds;  // by rank; empty: one rank
 };
 
 // Parses one line. Fails, naming what is wrong, when the line is not a JSON

@@ -36,6 +36,23 @@ TEST(MetricLineTest, ReadsBackWhatTheWriterWrote) {
   EXPECT_EQ(line.probe_zeta, -0.5);
   EXPECT_TRUE(line.has_saturation);
   EXPECT_EQ(line.max_saturated, 0.25);
+  // One rank: no per-rank times.
+  EXPECT_TRUE(line.rank_step_seconds.empty());
+  EXPECT_EQ(m.ToJson().find("rank_step_ms"), std::string::npos);
+}
+
+TEST(MetricLineTest, PerRankTimesRoundTripInMilliseconds) {
+  StepMetrics m;
+  m.step = 3;
+  m.rank_step_seconds = {0.5, 0.25};
+  m.rank_comm_seconds = {0.125, 0.0625};
+  const std::string json = m.ToJson();
+  EXPECT_NE(json.find("\"rank_step_ms\":[500,250]"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"rank_comm_ms\":[125,62.5]"), std::string::npos) << json;
+  MetricLine line;
+  ASSERT_TRUE(ParseMetricLine(json, &line).ok());
+  EXPECT_EQ(line.rank_step_seconds, (std::vector<double>{0.5, 0.25}));
+  EXPECT_EQ(line.rank_comm_seconds, (std::vector<double>{0.125, 0.0625}));
 }
 
 TEST(MetricLineTest, MissingOrNonNumericValuesReadAsNaNForEveryReader) {
