@@ -1216,6 +1216,8 @@ CoordinatorStats Coordinator::Stats(int64_t retention_ms) {
     g.state = v1::RunState_Name(r.second.state());
     g.step = r.second.step();
     g.restarts = r.second.restarts();
+    g.ranks = r.second.gpus() > 0 ? 1 : std::max(1, r.second.cpu_slots());
+    g.workers = std::max(1, r.second.parts_size());
     s.runs.push_back(std::move(g));
   }
   return s;

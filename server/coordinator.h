@@ -77,6 +77,7 @@ struct RunGauges {
   std::string run, sweep, precision, worker, state;
   int64_t step = 0;
   int32_t restarts = 0;
+  int32_t ranks = 1, workers = 1;  // data-parallel ranks, and the workers they span (a gang: > 1)
   bool has_metric = false;  // the values below come from its latest metric point
   double loss = 0, grad_norm = 0, tokens_per_s = 0;
   bool has_probe = false;

@@ -23,6 +23,7 @@
 //   keel_run_step, keel_run_loss, keel_run_grad_norm, keel_run_tokens_per_second,
 //   keel_run_gradient_cosine, keel_run_gradient_bias_zeta (latest probe),
 //   keel_run_saturated_ratio (largest operand clip fraction), keel_run_restarts   gauges
+//   keel_run_ranks, keel_run_workers (data-parallel ranks, and the workers they span)  gauges
 //   keel_run_rank_step_seconds{sweep,run,rank}, keel_run_rank_comm_seconds{sweep,run,rank}
 //     (data-parallel runs: each rank's latest step time and time in collectives)    gauges
 //   keel_run_interventions_total{sweep,run,action,rule}                           counter

@@ -53,6 +53,17 @@ policy:
     - {name: again, when: [nonfinite, loss_zscore, loss_ratio], do: [stop], cooldown: 50}
 YAML
 client/keel submit "$work/sweep.yaml" --watch > "$work/watch.log" 2>&1 || true   # a run ends DIVERGED: exit 1
+# A run of two data-parallel ranks (cpu_slots 2): the per-rank series and the Fleet panels on them.
+cat > "$work/ranks.yaml" <<'YAML'
+name: ranks
+base:
+  model: {type: proxy, layers: 1, width: 16}
+  batch: 32
+  steps: 200
+  threads: 1
+resources: {cpu_slots: 2}
+YAML
+client/keel submit "$work/ranks.yaml" --watch > "$work/watch-ranks.log" 2>&1
 client/keel runs
 
 fetch() { /usr/bin/python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())" "$1"; }
@@ -61,11 +72,11 @@ promtool check metrics < "$work/metrics.txt"
 for _ in $(seq 50); do   # the worker refreshes its /metrics once a second
   fetch "http://127.0.0.1:$worker_metrics_port/metrics" > "$work/worker-metrics.txt"
   grep -q '^keel_worker_trainer_exits_total{outcome="diverged"} 1' "$work/worker-metrics.txt" &&
-    grep -q '^keel_worker_trainer_exits_total{outcome="ok"} 1' "$work/worker-metrics.txt" && break
+    grep -q '^keel_worker_trainer_exits_total{outcome="ok"} 2' "$work/worker-metrics.txt" && break
   sleep 0.2
 done
 promtool check metrics < "$work/worker-metrics.txt"
-grep -q '^keel_worker_trainer_exits_total{outcome="ok"} 1' "$work/worker-metrics.txt" || { echo "FAIL: worker exits"; cat "$work/worker-metrics.txt"; exit 1; }
+grep -q '^keel_worker_trainer_exits_total{outcome="ok"} 2' "$work/worker-metrics.txt" || { echo "FAIL: worker exits"; cat "$work/worker-metrics.txt"; exit 1; }
 grep -q '^keel_worker_trainer_exits_total{outcome="diverged"} 1' "$work/worker-metrics.txt" || { echo "FAIL: worker diverged exit"; exit 1; }
 # Let Prometheus scrape the finished state a few times (and evaluate the rules).
 for _ in $(seq 50); do
