@@ -34,6 +34,39 @@ using keel_test::kUserToken;
 using keel_test::kWorkerToken;
 using keel_test::SmallSweep;
 
+// The "loss" member of a metric line, as printed (the whole "loss":... text).
+std::string LossText(const std::string& json) {
+  const size_t at = json.find("\"loss\":");
+  return json.substr(at, json.find(",\"lr\"") - at);
+}
+
+std::string LossOf(const keel::v1::MetricPoint& p) { return LossText(p.json()); }
+
+// The final metric line's loss, as printed, of a run keel-train ran directly.
+std::string DirectLoss(Cluster* cluster, const keel::v1::Run& run, const std::string& flags) {
+  const std::string dir = cluster->dir() + "/direct-" + run.id();
+  std::ofstream(dir + ".yaml") << run.spec().yaml();
+  EXPECT_EQ(std::system(("worker/engine/keel-train --quiet " + flags + " --config " + dir + ".yaml --run-dir " + dir).c_str()), 0);
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  std::string line, last;
+  while (std::getline(metrics, line)) last = line;
+  return LossText(last);
+}
+
+// A run restarted from its checkpoint ends as an uninterrupted one: SUCCEEDED,
+// every step stored once, and its last loss bit for bit (as printed) that of
+// keel-train `flags` run directly. restarts < 0: at least one.
+void ExpectEndsAsUninterrupted(Cluster* cluster, const keel::v1::Run& run, int64_t steps, int restarts,
+                               const std::string& flags) {
+  EXPECT_EQ(run.state(), keel::v1::SUCCEEDED) << run.id() << ": " << run.message();
+  if (restarts >= 0) EXPECT_EQ(run.restarts(), restarts) << run.id();
+  if (restarts < 0) EXPECT_GE(run.restarts(), 1) << run.id();
+  auto points = cluster->Metrics(run.id());
+  ASSERT_EQ(points.size(), static_cast<size_t>(steps)) << run.id();  // every step stored once
+  EXPECT_EQ(points.back().step(), steps);
+  EXPECT_EQ(LossOf(points.back()), DirectLoss(cluster, run, flags)) << run.id();
+}
+
 TEST(ServiceE2eTest, SweepCompletesWithMetricsAndEvents) {
   Cluster cluster("e2e_sweep");
   cluster.AddWorker("w1");
@@ -93,7 +126,6 @@ TEST(ServiceE2eTest, WorkerKilledMidRunResumesElsewhereWithTheSameFinalLoss) {
   // Long enough (a few seconds) that the kill lands mid-run.
   const std::string sweep = SmallSweep(3000, "");
   ASSERT_TRUE(cluster.Submit(sweep, &submitted).ok());
-  const std::string run_id = submitted.runs(0).id();
   // Kill the worker once the run has checkpointed at least once.
   bool killed = false;
   auto runs = cluster.WaitDone(submitted.sweep().id(), 180, [&](const std::vector<keel::v1::Run>& rs) {
@@ -105,23 +137,7 @@ TEST(ServiceE2eTest, WorkerKilledMidRunResumesElsewhereWithTheSameFinalLoss) {
   });
   ASSERT_TRUE(killed);
   ASSERT_EQ(runs.size(), 1u);
-  EXPECT_EQ(runs[0].state(), keel::v1::SUCCEEDED) << runs[0].message();
-  EXPECT_EQ(runs[0].restarts(), 1);
-  auto points = cluster.Metrics(run_id);
-  ASSERT_FALSE(points.empty());
-  EXPECT_EQ(points.back().step(), 3000);
-  EXPECT_EQ(points.size(), 3000u);  // every step stored once
-
-  // The same run uninterrupted, by keel-train directly.
-  const std::string dir = cluster.dir() + "/direct";
-  std::ofstream(cluster.dir() + "/direct.yaml") << submitted.runs(0).spec().yaml();
-  ASSERT_EQ(std::system(("worker/engine/keel-train --quiet --config " + cluster.dir() + "/direct.yaml --run-dir " + dir).c_str()), 0);
-  std::ifstream metrics(dir + "/metrics.jsonl");
-  std::string line, last;
-  while (std::getline(metrics, line)) last = line;
-  const std::string json = points.back().json();
-  auto loss_of = [](const std::string& j) { return j.substr(j.find("\"loss\":"), j.find(",\"lr\"") - j.find("\"loss\":")); };
-  EXPECT_EQ(loss_of(json), loss_of(last));  // bit for bit, as printed
+  ExpectEndsAsUninterrupted(&cluster, runs[0], 3000, 1, "");
 }
 
 // A CPU run with cpu_slots: 2 is two data-parallel ranks (keel-train --nproc 2
@@ -146,41 +162,7 @@ TEST(ServiceE2eTest, TwoRankRunSurvivesAKilledRank) {
   });
   ASSERT_TRUE(killed);
   ASSERT_EQ(runs.size(), 1u);
-  EXPECT_EQ(runs[0].state(), keel::v1::SUCCEEDED) << runs[0].message();
-  EXPECT_EQ(runs[0].restarts(), 1);
-  auto points = cluster.Metrics(run_id);
-  ASSERT_FALSE(points.empty());
-  EXPECT_EQ(points.back().step(), 600);
-  EXPECT_EQ(points.size(), 600u);  // rank 0 alone reports; every step stored once
-
-  // The same run uninterrupted, by keel-train --nproc 2 directly.
-  const std::string dir = cluster.dir() + "/direct";
-  std::ofstream(cluster.dir() + "/direct.yaml") << submitted.runs(0).spec().yaml();
-  ASSERT_EQ(std::system(("worker/engine/keel-train --quiet --nproc 2 --config " + cluster.dir() +
-                         "/direct.yaml --run-dir " + dir).c_str()),
-            0);
-  std::ifstream metrics(dir + "/metrics.jsonl");
-  std::string line, last;
-  while (std::getline(metrics, line)) last = line;
-  const std::string json = points.back().json();
-  auto loss_of = [](const std::string& j) { return j.substr(j.find("\"loss\":"), j.find(",\"lr\"") - j.find("\"loss\":")); };
-  EXPECT_EQ(loss_of(json), loss_of(last));  // bit for bit, as printed
-}
-
-// The final metric line's loss, as printed, of a run keel-train ran directly.
-std::string DirectLoss(Cluster* cluster, const keel::v1::Run& run, const std::string& flags) {
-  const std::string dir = cluster->dir() + "/direct-" + run.id();
-  std::ofstream(dir + ".yaml") << run.spec().yaml();
-  EXPECT_EQ(std::system(("worker/engine/keel-train --quiet " + flags + " --config " + dir + ".yaml --run-dir " + dir).c_str()), 0);
-  std::ifstream metrics(dir + "/metrics.jsonl");
-  std::string line, last;
-  while (std::getline(metrics, line)) last = line;
-  return last.substr(last.find("\"loss\":"), last.find(",\"lr\"") - last.find("\"loss\":"));
-}
-
-std::string LossOf(const keel::v1::MetricPoint& p) {
-  const std::string& j = p.json();
-  return j.substr(j.find("\"loss\":"), j.find(",\"lr\"") - j.find("\"loss\":"));
+  ExpectEndsAsUninterrupted(&cluster, runs[0], 600, 1, "--nproc 2");  // rank 0 alone reports
 }
 
 // Two runs of 4 ranks on two workers of 2 slots each: each is a gang over both
@@ -214,13 +196,7 @@ TEST(ServiceE2eTest, FourRankGangsSpanTwoWorkersAndSurviveAKilledRank) {
   ASSERT_TRUE(killed);
   EXPECT_TRUE(two_parts);
   ASSERT_EQ(runs.size(), 2u);
-  for (const keel::v1::Run& r : runs) {
-    EXPECT_EQ(r.state(), keel::v1::SUCCEEDED) << r.id() << ": " << r.message();
-    EXPECT_EQ(r.restarts(), r.id() == killed_run ? 1 : 0) << r.id();
-    auto points = cluster.Metrics(r.id());
-    ASSERT_EQ(points.size(), 300u) << r.id();  // rank 0 alone reports; every step stored once
-    EXPECT_EQ(LossOf(points.back()), DirectLoss(&cluster, r, "--nproc 4")) << r.id();  // bit for bit, as printed
-  }
+  for (const keel::v1::Run& r : runs) ExpectEndsAsUninterrupted(&cluster, r, 300, r.id() == killed_run ? 1 : 0, "--nproc 4");
 }
 
 // kill -9 of the worker holding the gang's part without rank 0: the gang stops,
@@ -249,11 +225,7 @@ TEST(ServiceE2eTest, GangSurvivesAKilledWorker) {
   });
   ASSERT_FALSE(victim.empty());
   ASSERT_EQ(runs.size(), 1u);
-  EXPECT_EQ(runs[0].state(), keel::v1::SUCCEEDED) << runs[0].message();
-  EXPECT_GE(runs[0].restarts(), 1);
-  auto points = cluster.Metrics(run_id);
-  ASSERT_EQ(points.size(), 300u);
-  EXPECT_EQ(LossOf(points.back()), DirectLoss(&cluster, runs[0], "--nproc 4"));
+  ExpectEndsAsUninterrupted(&cluster, runs[0], 300, -1, "--nproc 4");
 }
 
 TEST(ServiceE2eTest, KeeldKilledAndRestartedLosesNothing) {
