@@ -28,6 +28,24 @@ constexpr char kCheckpointFormat[] = "keel-checkpoint-1";
 
 uint64_t Mix(uint64_t a, uint64_t b) { return RoleSeed(a ^ (b * 0x9FB21C651E98DF25ull), Role::kWgradX); }
 
+// Every rank's `mine` (plain values, the same count on every rank), in rank
+// order, through the communicator's host gather.
+template <typename T>
+Status GatherFromRanks(Communicator* comm, const std::vector<T>& mine, std::vector<std::vector<T>>* all) {
+  const std::string bytes(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(T));
+  std::vector<std::string> gathered;
+  KEEL_RETURN_IF_ERROR(comm->AllGatherHost(bytes, &gathered));
+  all->assign(gathered.size(), std::vector<T>(mine.size()));
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    if (gathered[r].size() != bytes.size()) {
+      return Status::Error("ranks: rank " + std::to_string(r) + " sent " + std::to_string(gathered[r].size()) +
+                           " bytes where this rank has " + std::to_string(bytes.size()));
+    }
+    if (!bytes.empty()) std::memcpy((*all)[r].data(), gathered[r].data(), bytes.size());
+  }
+  return Status::Ok();
+}
+
 // Adds the wall time of its scope to *total (the trainer's time in collectives).
 class CommTimer {
  public:
@@ -197,9 +215,15 @@ Status Trainer::SetCommunicator(std::unique_ptr<Communicator> comm) {
   return Status::Ok();
 }
 
+bool Trainer::ShardRange(const ParamInfo& p, int64_t* lo, int64_t* hi) const {
+  *lo = std::max(p.offset, shard_begin_);
+  *hi = std::min(p.offset + p.count, shard_end_);
+  return *lo < *hi;
+}
+
 Span Trainer::ShardPart(const ParamInfo& p, const float* base) const {
-  const int64_t lo = std::max(p.offset, shard_begin_), hi = std::min(p.offset + p.count, shard_end_);
-  if (lo >= hi) return Span{base, 0};
+  int64_t lo, hi;
+  if (!ShardRange(p, &lo, &hi)) return Span{base, 0};
   return Span{base + (lo - shard_begin_), hi - lo};
 }
 
@@ -213,15 +237,10 @@ Status Trainer::GatherShards(const float* shard, float* full) {
 
 Status Trainer::SumOverRanks(std::vector<double>* values) {
   if (ranks() == 1) return Status::Ok();
-  std::string bytes(values->size() * sizeof(double), '\0');
-  if (!values->empty()) std::memcpy(&bytes[0], values->data(), bytes.size());
-  std::vector<std::string> all;
-  KEEL_RETURN_IF_ERROR(comm_->AllGatherHost(bytes, &all));
+  std::vector<std::vector<double>> all;
+  KEEL_RETURN_IF_ERROR(GatherFromRanks(comm_.get(), *values, &all));
   std::vector<double> sum(values->size(), 0.0);  // in rank order: the same bits on every rank
-  for (const std::string& b : all) {
-    if (b.size() != bytes.size()) return Status::Error("ranks: a rank sent " + std::to_string(b.size()) + " bytes for " + std::to_string(bytes.size()));
-    std::vector<double> theirs(values->size());
-    if (!theirs.empty()) std::memcpy(theirs.data(), b.data(), b.size());
+  for (const std::vector<double>& theirs : all) {
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += theirs[i];
   }
   *values = std::move(sum);
@@ -229,22 +248,9 @@ Status Trainer::SumOverRanks(std::vector<double>* values) {
 }
 
 Status Trainer::SumOverRanks(double mine, double* total) {
-  if (ranks() == 1) {
-    *total = mine;
-    return Status::Ok();
-  }
-  std::string bytes(sizeof(double), '\0');
-  std::memcpy(&bytes[0], &mine, sizeof(double));
-  std::vector<std::string> all;
-  KEEL_RETURN_IF_ERROR(comm_->AllGatherHost(bytes, &all));
-  double sum = 0;  // in rank order: the same bits on every rank
-  for (const std::string& b : all) {
-    double v = 0;
-    if (b.size() != sizeof(double)) return Status::Error("ranks: a rank sent " + std::to_string(b.size()) + " bytes for a number");
-    std::memcpy(&v, b.data(), sizeof(double));
-    sum += v;
-  }
-  *total = sum;
+  std::vector<double> values = {mine};
+  KEEL_RETURN_IF_ERROR(SumOverRanks(&values));
+  *total = values[0];
   return Status::Ok();
 }
 
@@ -294,13 +300,9 @@ Status Trainer::Step(StepMetrics* m) {
 
 Status Trainer::GatherRankTimes(StepMetrics* m) {
   if (ranks() == 1) return Status::Ok();
-  const double mine[2] = {m->step_seconds, comm_seconds_};
-  std::vector<std::string> all;
-  KEEL_RETURN_IF_ERROR(comm_->AllGatherHost(std::string(reinterpret_cast<const char*>(mine), sizeof(mine)), &all));
-  for (const std::string& b : all) {
-    double theirs[2] = {0, 0};
-    if (b.size() != sizeof(theirs)) return Status::Error("ranks: a rank sent " + std::to_string(b.size()) + " bytes of step times");
-    std::memcpy(theirs, b.data(), sizeof(theirs));
+  std::vector<std::vector<double>> all;
+  KEEL_RETURN_IF_ERROR(GatherFromRanks(comm_.get(), std::vector<double>{m->step_seconds, comm_seconds_}, &all));
+  for (const std::vector<double>& theirs : all) {
     m->rank_step_seconds.push_back(theirs[0]);
     m->rank_comm_seconds.push_back(theirs[1]);
   }
@@ -350,15 +352,10 @@ Status Trainer::CollectOperandStats(StepMetrics* m) {
   std::vector<OperandStats> counters;
   KEEL_RETURN_IF_ERROR(backend_->ReadOperandStats(&counters));
   if (ranks() > 1) {  // every rank's counts, summed
-    std::string bytes(counters.size() * sizeof(OperandStats), '\0');
-    if (!counters.empty()) std::memcpy(&bytes[0], counters.data(), bytes.size());
-    std::vector<std::string> all;
-    KEEL_RETURN_IF_ERROR(comm_->AllGatherHost(bytes, &all));
+    std::vector<std::vector<OperandStats>> all;
+    KEEL_RETURN_IF_ERROR(GatherFromRanks(comm_.get(), counters, &all));
     for (OperandStats& c : counters) c = OperandStats();
-    for (const std::string& b : all) {
-      if (b.size() != bytes.size()) return Status::Error("ranks: operand counters of another size from a rank");
-      std::vector<OperandStats> theirs(counters.size());
-      if (!theirs.empty()) std::memcpy(theirs.data(), b.data(), b.size());
+    for (const std::vector<OperandStats>& theirs : all) {
       for (size_t i = 0; i < counters.size(); ++i) {
         counters[i].elements += theirs[i].elements;
         counters[i].saturated += theirs[i].saturated;
@@ -445,10 +442,10 @@ Status Trainer::OptimizerStep(bool skip_update, StepMetrics* m) {
     // are shard-local).
     int64_t lo = p.offset, count = p.count, local = p.offset;
     if (shard_) {
-      lo = std::max(p.offset, shard_begin_);
-      count = std::min(p.offset + p.count, shard_end_) - lo;
+      int64_t hi;
+      if (!ShardRange(p, &lo, &hi)) continue;
+      count = hi - lo;
       local = lo - shard_begin_;
-      if (count <= 0) continue;
     }
     const float* g = shard_ ? shard_grads_ + local : grads_ + lo;
     KEEL_RETURN_IF_ERROR(b.AdamW(model_->params() + lo, g, adam_m_ + local, adam_v_ + local, count,
@@ -985,6 +982,7 @@ std::string ScalarsJson(const std::string& scheme_yaml, int64_t step, double lr_
 
 Status Trainer::ResumeNewestValid(const std::string& requested, std::string* resumed) {
   // Rank 0 finds the newest checkpoint that verifies; then every rank resumes it.
+  LoadedCheckpoint c;
   std::string chosen;
   std::vector<std::pair<std::string, std::string>> skipped;
   Status found = Status::Ok();
@@ -1006,8 +1004,7 @@ Status Trainer::ResumeNewestValid(const std::string& requested, std::string* res
       if (it->first < limit) candidates.push_back(root + "/" + it->second);
     }
     for (const std::string& dir : candidates) {
-      LoadedCheckpoint c;
-      Status s = ReadCheckpoint(dir, &c);
+      Status s = ReadCheckpoint(dir, &c);  // kept: the one that verifies is applied below
       if (s.ok()) {
         chosen = dir;
         break;
@@ -1022,9 +1019,8 @@ Status Trainer::ResumeNewestValid(const std::string& requested, std::string* res
       found = Status::Error("no checkpoint verifies (" + why + ")");
     }
   }
-  KEEL_RETURN_IF_ERROR(ShareLeaderStatus(found));
+  KEEL_RETURN_IF_ERROR(ApplyCheckpoint(chosen, found, &c));
   KEEL_RETURN_IF_ERROR(FromLeader(&chosen));
-  KEEL_RETURN_IF_ERROR(Resume(chosen));
   *resumed = chosen;
   for (const auto& bad : skipped) {
     std::fprintf(stderr, "keel-train: skipped checkpoint %s: %s\n", bad.first.c_str(), bad.second.c_str());
@@ -1054,6 +1050,11 @@ Status Trainer::Resume(const std::string& requested) {
     }
     if (read.ok()) read = ReadCheckpoint(dir, &c);
   }
+  return ApplyCheckpoint(dir, read, &c);
+}
+
+Status Trainer::ApplyCheckpoint(const std::string& dir, const Status& read, LoadedCheckpoint* loaded) {
+  LoadedCheckpoint& c = *loaded;
   KEEL_RETURN_IF_ERROR(ShareLeaderStatus(read));
   std::string scalars = leader() ? ScalarsJson(c.scheme_yaml, c.step, c.lr_scale, c.micro_batches, c.position) : "";
   KEEL_RETURN_IF_ERROR(FromLeader(&scalars));

@@ -155,11 +155,13 @@ class Trainer {
   // Ranks: the sum over ranks of a host value, and rank 0's text (or status)
   // on every rank. Single rank: the value itself.
   Status SumOverRanks(double mine, double* total);
+  Status SumOverRanks(std::vector<double>* values);  // element by element
   // Every rank's step time and collective time of this step into *m (ranks).
   Status GatherRankTimes(StepMetrics* m);
-  Status SumOverRanks(std::vector<double>* values);  // element by element
-  // ZeRO-1: the part of parameter `p` in this rank's shard, as spans of
-  // shard-local memory at base (empty when none).
+  // ZeRO-1: [*lo, *hi), the elements of parameter `p` (flat offsets) in this
+  // rank's shard; false when there are none.
+  bool ShardRange(const ParamInfo& p, int64_t* lo, int64_t* hi) const;
+  // ZeRO-1: that part as a span of shard-local memory at base (empty when none).
   Span ShardPart(const ParamInfo& p, const float* base) const;
   // ZeRO-1: every rank's shard of `shard` (per_ floats each) into `full`
   // (param_count floats), through gather_.
@@ -198,6 +200,10 @@ class Trainer {
   std::map<std::string, std::string> CheckpointMeta() const;
   struct LoadedCheckpoint;
   Status ReadCheckpoint(const std::string& dir, LoadedCheckpoint* out) const;
+  // Resume's collective part: `read` is rank 0's verdict on reading `dir` into
+  // *loaded (rank 0 only); when it is ok every rank takes rank 0's state
+  // (scalars by host gather, weights and moments by broadcast).
+  Status ApplyCheckpoint(const std::string& dir, const Status& read, LoadedCheckpoint* loaded);
   Status GatherCheckpointTensors(const std::string& dir, const std::vector<Tensor>& weights,
                                  const std::vector<Tensor>& optimizer, LoadedCheckpoint* out) const;
   // Ok when the next step may run (see SetLease); waits while the lease is expired.
