@@ -443,11 +443,7 @@ Status Coordinator::Cancel(v1::Run run) {
     // makes the run CANCELLED.
     run.set_cancel_requested(true);
     KEEL_RETURN_IF_ERROR(SaveRun(&run, "", ""));  // stored, so a keeld restart keeps the request
-    StopParts(run, "");  // every part of a gang: its ranks stop after the same step
-    auto w = workers_.find(run.worker_id());
-    v1::WorkerCommand c;
-    c.mutable_cancel()->set_run_id(run.id());
-    if (w != workers_.end() && w->second.send) w->second.send(c);
+    CancelOnWorkers(run, "");  // a gang: every part's ranks stop after the same step
     return Status::Ok();
   }
   run.set_state(v1::CANCELLED);
@@ -572,8 +568,7 @@ grpc::Status Coordinator::Intervene(const v1::InterveneRequest& request, v1::Int
     c.mutable_switch_precision()->set_precision(request.precision());
     c.mutable_switch_precision()->set_reason(request.reason());
   }
-  auto w = workers_.find(run.worker_id());
-  if (w != workers_.end() && w->second.send) w->second.send(c);
+  SendToWorker(run.worker_id(), c);
   v1::WatchUpdate update;
   *update.mutable_event() = e;
   Publish(update, run.id(), run.sweep_id());
@@ -795,26 +790,21 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
   } else if (m.has_bootstrap()) {
     // A gang's rendezvous: rank 0's worker read the id; the other parts wait for it.
     if (v1::Run* r = run_of(m.bootstrap().run_id())) {
+      v1::WorkerCommand c;
+      *c.mutable_bootstrap() = m.bootstrap();
       for (const v1::RunPart& p : r->parts()) {
-        if (p.worker_id() == worker_id) continue;
-        auto w = workers_.find(p.worker_id());
-        v1::WorkerCommand c;
-        *c.mutable_bootstrap() = m.bootstrap();
-        if (w != workers_.end() && w->second.send) w->second.send(c);
+        if (p.worker_id() != worker_id) SendToWorker(p.worker_id(), c);
       }
     }
   } else if (m.has_exit()) {
     v1::Run* gang = run_of(m.exit().run_id());
     const bool other_part = gang != nullptr && gang->parts_size() > 0 && gang->worker_id() != worker_id;
-    const int other_code = m.exit().exit_code();
-    if (other_part && m.exit().signal() == 0 &&
-        (other_code == trainer_exit::kDone || other_code == trainer_exit::kInterrupted ||
-         other_code == trainer_exit::kDiverged)) {
+    if (other_part && m.exit().signal() == 0 && trainer_exit::EndedAsRun(m.exit().exit_code())) {
       return true;  // a part without rank 0 ended as the gang does: rank 0's exit tells how
     }
     if (v1::Run* r = gang) {
       v1::Run run = *r;
-      StopParts(run, worker_id);  // any part's end ends the others
+      CancelOnWorkers(run, worker_id);  // a gang: any part's end ends the others
       run.clear_device_indices();
       const int code = m.exit().exit_code();
       std::string how = m.exit().signal() ? "killed by signal " + std::to_string(m.exit().signal())
@@ -915,14 +905,19 @@ void Coordinator::ReportGap(const v1::Run& run, int64_t first, int64_t last, con
   }
 }
 
-void Coordinator::StopParts(const v1::Run& run, const std::string& except_worker) {
-  for (const v1::RunPart& p : run.parts()) {
-    if (p.worker_id() == except_worker || p.worker_id() == run.worker_id()) continue;  // rank 0's: the caller's
-    auto w = workers_.find(p.worker_id());
-    v1::WorkerCommand c;
-    c.mutable_cancel()->set_run_id(run.id());
-    if (w != workers_.end() && w->second.send) w->second.send(c);
-  }
+bool Coordinator::SendToWorker(const std::string& worker_id, const v1::WorkerCommand& command) {
+  auto w = workers_.find(worker_id);
+  return w != workers_.end() && w->second.send && w->second.send(command);
+}
+
+void Coordinator::CancelOnWorkers(const v1::Run& run, const std::string& except_worker) {
+  std::set<std::string> holders;
+  if (!run.worker_id().empty()) holders.insert(run.worker_id());
+  for (const v1::RunPart& p : run.parts()) holders.insert(p.worker_id());
+  holders.erase(except_worker);
+  v1::WorkerCommand c;
+  c.mutable_cancel()->set_run_id(run.id());
+  for (const std::string& w : holders) SendToWorker(w, c);
 }
 
 void Coordinator::RequeueOrFail(v1::Run* run, const std::string& why, bool deterministic) {
@@ -955,7 +950,7 @@ void Coordinator::ReleaseWorkerRuns(const std::string& worker_id, const std::set
   }
   for (const std::string& id : ids) {
     v1::Run run = runs_[id];
-    StopParts(run, worker_id);  // a gang's other parts cannot go on without this one
+    CancelOnWorkers(run, worker_id);  // a gang's other parts cannot go on without this one
     if (run.cancel_requested()) {
       run.set_cancel_requested(false);
       run.set_state(v1::CANCELLED);
@@ -1011,8 +1006,7 @@ void Coordinator::ApplySweepRules(const std::string& sweep_id) {
         c.mutable_switch_precision()->set_run_id(id);
         c.mutable_switch_precision()->set_precision(rule.switch_to);
         c.mutable_switch_precision()->set_reason(why);
-        auto w = workers_.find(run.worker_id());
-        if (w != workers_.end() && w->second.send) w->second.send(c);
+        SendToWorker(run.worker_id(), c);
         SaveRun(&run, event_kind::kSweepRule, why);
       }
     }
@@ -1108,7 +1102,7 @@ void Coordinator::Schedule() {
         a->set_first_rank(part.first_rank);
         a->set_world(p.cpu_slots);
       }
-      if (!workers_[part.worker_id].send(c)) {
+      if (!SendToWorker(part.worker_id, c)) {
         // The stream broke under us: the lease logic requeues the run if the worker is gone.
         std::fprintf(stderr, "keeld: could not send run %s to %s\n", run.id().c_str(), part.worker_id.c_str());
       }

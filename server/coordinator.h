@@ -204,9 +204,12 @@ class Coordinator {
   // Sends the run back to the queue (restarts + 1, after a backoff) or, with
   // no restarts left or when `deterministic`, ends it FAILED.
   void RequeueOrFail(v1::Run* run, const std::string& why, bool deterministic = false);
-  // A gang's parts other than rank 0's and `except_worker`'s get a cancel
-  // (their ranks stop; their exits, of an attempt no longer current, are ignored).
-  void StopParts(const v1::Run& run, const std::string& except_worker);
+  // The command to the worker's stream, when it has one; false when not sent.
+  bool SendToWorker(const std::string& worker_id, const v1::WorkerCommand& command);
+  // A cancel to every worker holding the run (a gang: every part's, rank 0's
+  // included) but `except_worker`. After a requeue, their exits belong to an
+  // attempt no longer current and are ignored.
+  void CancelOnWorkers(const v1::Run& run, const std::string& except_worker);
   // Tells a worker its stream no longer counts (Reregister) and closes it.
   void DropWorkerStream(WorkerState* worker, const std::string& why);
   // A metric point of the run's current attempt: stored (buffered), and a jump

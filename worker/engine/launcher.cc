@@ -128,11 +128,7 @@ int LaunchRanks(const LaunchOptions& o) {
       }
     }
   };
-  auto failure = [](int status) {
-    const int code = ExitCode(status);
-    return !WIFEXITED(status) ||
-           !(code == trainer_exit::kDone || code == trainer_exit::kInterrupted || code == trainer_exit::kDiverged);
-  };
+  auto failure = [](int status) { return !WIFEXITED(status) || !trainer_exit::EndedAsRun(ExitCode(status)); };
   while (left > 0) {
     if (g_forward != 0) {
       stop_all(g_forward);

@@ -13,6 +13,10 @@ constexpr int kDiverged = 3;      // the stability policy stopped the run as div
 constexpr int kSuperseded = 4;    // the lease names another attempt (fencing)
 constexpr int kInterrupted = 130; // SIGINT/SIGTERM: checkpointed after the step in progress
 
+// Whether a trainer that exited with `code` ended as its run did (done,
+// interrupted, diverged: every rank of a run ends so together), not failed.
+inline bool EndedAsRun(int code) { return code == kDone || code == kInterrupted || code == kDiverged; }
+
 }  // namespace trainer_exit
 }  // namespace keel
 
