@@ -262,6 +262,10 @@ class TcpComm final : public Communicator {
 
   Status Send(int peer, const void* data, size_t bytes);
   Status Recv(int peer, void* data, size_t bytes);
+  // What one Send or Recv came to: Ok, or (closed, idle longer than the
+  // timeout, failed) the failure naming the peer; `idle` says what the peer
+  // did not do in time, `verb` names the call.
+  Status IoStatus(Io io, int err, int peer, const char* idle, const char* verb);
   // The connection a message to or from `peer` travels on.
   int FdFor(int peer) const { return rank_ == 0 ? fds_[peer] : fds_[0]; }
   // Records the first failure, closes every connection (so that the other
@@ -307,27 +311,24 @@ Status PeerError(StatusCode code, int peer, const std::string& what, Op op, int 
 
 Status TcpComm::Send(int peer, const void* data, size_t bytes) {
   int err = 0;
-  switch (SendAll(FdFor(peer), data, bytes, timeout_s_, &err)) {
-    case Io::kOk: return Status::Ok();
-    case Io::kClosed: return Fail(PeerError(StatusCode::kUnavailable, peer, "closed the connection", op_, rank_));
-    case Io::kTimeout:
-      return Fail(PeerError(StatusCode::kUnavailable, peer, "took no data for " + SecondsText(timeout_s_), op_, rank_));
-    case Io::kError: break;
-  }
-  return Fail(PeerError(StatusCode::kUnavailable, peer, std::string("send failed: ") + std::strerror(err), op_, rank_));
+  return IoStatus(SendAll(FdFor(peer), data, bytes, timeout_s_, &err), err, peer, "took no data", "send");
 }
 
 Status TcpComm::Recv(int peer, void* data, size_t bytes) {
   int err = 0;
-  switch (RecvAll(FdFor(peer), data, bytes, timeout_s_, &err)) {
+  return IoStatus(RecvAll(FdFor(peer), data, bytes, timeout_s_, &err), err, peer, "sent nothing", "receive");
+}
+
+Status TcpComm::IoStatus(Io io, int err, int peer, const char* idle, const char* verb) {
+  switch (io) {
     case Io::kOk: return Status::Ok();
     case Io::kClosed: return Fail(PeerError(StatusCode::kUnavailable, peer, "closed the connection", op_, rank_));
     case Io::kTimeout:
-      return Fail(PeerError(StatusCode::kUnavailable, peer, "sent nothing for " + SecondsText(timeout_s_), op_, rank_));
+      return Fail(PeerError(StatusCode::kUnavailable, peer, std::string(idle) + " for " + SecondsText(timeout_s_), op_,
+                            rank_));
     case Io::kError: break;
   }
-  return Fail(
-      PeerError(StatusCode::kUnavailable, peer, std::string("receive failed: ") + std::strerror(err), op_, rank_));
+  return Fail(PeerError(StatusCode::kUnavailable, peer, std::string(verb) + " failed: " + std::strerror(err), op_, rank_));
 }
 
 Status TcpComm::ExchangeHeaders(const Header& mine, std::vector<Header>* headers) {

@@ -242,6 +242,7 @@ void Agent::StopRun(const std::string& run_id, const std::string& why) {
   if (it != runs_.end()) {
     if (options_.verbose) std::fprintf(stderr, "keel-worker: stopping run %s (pid %d): %s\n", run_id.c_str(), it->second->pid(), why.c_str());
     runs_.erase(it);  // SIGKILL and reap: a superseded trainer writes no checkpoint
+    bootstrap_sent_.erase(run_id);
   }
   auto about = [&](const v1::WorkerMessage& m) {
     switch (m.body_case()) {
@@ -319,6 +320,7 @@ void Agent::PollRuns() {
       v1::WorkerMessage m;
       *m.mutable_exit() = p.exit;
       Queue(std::move(m), attempt);
+      bootstrap_sent_.erase(it->first);
       it = runs_.erase(it);
     } else {
       ++it;

@@ -89,7 +89,7 @@ class Agent {
   std::string worker_id_;
   std::atomic<int> connects_{0};
   std::map<std::string, std::unique_ptr<RunSupervisor>> runs_;  // by run id; agent thread only
-  std::map<std::string, int64_t> bootstrap_sent_;  // gangs: the attempt whose rank-0 id went to keeld
+  std::map<std::string, int64_t> bootstrap_sent_;  // gangs: the attempt whose rank-0 id went to keeld (runs_ keys)
   std::deque<v1::WorkerMessage> pending_;                        // not yet written; agent thread only
   std::deque<v1::WorkerMessage> unacked_;                        // written, not yet acknowledged
   uint64_t next_seq_ = 1;
