@@ -75,6 +75,43 @@ __global__ void PermuteKernel(const float* __restrict__ src, int64_t ld, int64_t
   }
 }
 
+// The bf16 case of PermuteKernel for a head size that is a multiple of 8 and
+// 16-byte aligned rows (the fused path): one thread per 8 consecutive columns
+// of one head of one token, for up to three column offsets (q, k, v), with
+// 32-bit index arithmetic. The same bits as PermuteKernel<bf16> (each element
+// rounded to nearest even on its own).
+__global__ void __launch_bounds__(256) PackBf16Kernel(const float* __restrict__ src, int ld, int off0, int off1,
+                                                      int off2, __nv_bfloat16* __restrict__ out0,
+                                                      __nv_bfloat16* __restrict__ out1,
+                                                      __nv_bfloat16* __restrict__ out2, int rows, int seq, int heads,
+                                                      int hd) {
+  const int chunks_per_row = heads * hd / 8;  // 8-column chunks of one token
+  const int n = rows * chunks_per_row;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const int row = i / chunks_per_row, chunk = i - row * chunks_per_row;
+    const int col = chunk * 8, h = col / hd, d = col - h * hd;
+    const int b = row / seq, t = row - b * seq;
+    const size_t dst = ((static_cast<size_t>(b) * heads + h) * seq + t) * hd + d;
+    const float* in = src + static_cast<size_t>(row) * ld + col;
+    __nv_bfloat16* outs[3] = {out0, out1, out2};
+    const int offs[3] = {off0, off1, off2};
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+      if (outs[k] == nullptr) continue;
+      const float4 lo = *reinterpret_cast<const float4*>(in + offs[k]);
+      const float4 hi = *reinterpret_cast<const float4*>(in + offs[k] + 4);
+      const __nv_bfloat162 p0 = __floats2bfloat162_rn(lo.x, lo.y), p1 = __floats2bfloat162_rn(lo.z, lo.w);
+      const __nv_bfloat162 p2 = __floats2bfloat162_rn(hi.x, hi.y), p3 = __floats2bfloat162_rn(hi.z, hi.w);
+      uint4 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&p0);
+      packed.y = *reinterpret_cast<const uint32_t*>(&p1);
+      packed.z = *reinterpret_cast<const uint32_t*>(&p2);
+      packed.w = *reinterpret_cast<const uint32_t*>(&p3);
+      *reinterpret_cast<uint4*>(outs[k] + dst) = packed;
+    }
+  }
+}
+
 // The inverse for up to three sources: dst[b, t, off_k + h * hd + d] = src_k[b, h, t, d].
 __global__ void UnpermuteKernel(const float* __restrict__ src0, const float* __restrict__ src1,
                                 const float* __restrict__ src2, float* __restrict__ dst, int64_t ld, int64_t off0,
@@ -180,7 +217,24 @@ Status CudaBackend::AttentionHeads(const float* qkv, const float* dout, int64_t 
   KEEL_RETURN_IF_ERROR(attn_k_.Reserve(n * elem, stream_));
   KEEL_RETURN_IF_ERROR(attn_v_.Reserve(n * elem, stream_));
   if (dout != nullptr) KEEL_RETURN_IF_ERROR(attn_o_.Reserve(n * elem, stream_));
-  if (bf16) {
+  // The packed kernel needs 16-byte aligned 8-column chunks and 32-bit indices.
+  const bool packed = bf16 && s.hd % 8 == 0 && dim % 4 == 0 && reinterpret_cast<uintptr_t>(qkv) % 16 == 0 &&
+                      (dout == nullptr || reinterpret_cast<uintptr_t>(dout) % 16 == 0) &&
+                      batch * seq * 3 * dim < (int64_t{1} << 31);
+  if (packed) {
+    const int rows = static_cast<int>(batch * seq);
+    const int64_t chunks = n / 8;
+    PackBf16Kernel<<<GridFor(chunks), kThreads, 0, stream_>>>(
+        qkv, static_cast<int>(3 * dim), 0, static_cast<int>(dim), static_cast<int>(2 * dim),
+        attn_q_.get<__nv_bfloat16>(), attn_k_.get<__nv_bfloat16>(), attn_v_.get<__nv_bfloat16>(), rows,
+        static_cast<int>(seq), static_cast<int>(heads), static_cast<int>(s.hd));
+    NN_LAUNCH_CHECK();
+    if (dout != nullptr) {
+      PackBf16Kernel<<<GridFor(chunks), kThreads, 0, stream_>>>(
+          dout, static_cast<int>(dim), 0, 0, 0, attn_o_.get<__nv_bfloat16>(), nullptr, nullptr, rows,
+          static_cast<int>(seq), static_cast<int>(heads), static_cast<int>(s.hd));
+    }
+  } else if (bf16) {
     PermuteKernel<__nv_bfloat16><<<GridFor(n), kThreads, 0, stream_>>>(
         qkv, 3 * dim, 0, dim, 2 * dim, attn_q_.get<__nv_bfloat16>(), attn_k_.get<__nv_bfloat16>(),
         attn_v_.get<__nv_bfloat16>(), s);
