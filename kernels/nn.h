@@ -64,6 +64,17 @@ struct Span {
   int64_t count = 0;
 };
 
+// One tensor of Backend::AdamWTensors: its weights, gradient, moments (count
+// floats each, backend memory) and its weight decay.
+struct AdamWTensor {
+  float* param = nullptr;
+  const float* grad = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  int64_t count = 0;
+  float weight_decay = 0.0f;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -202,6 +213,11 @@ class Backend {
   virtual Status AdamW(float* param, const float* grad, float* m, float* v, int64_t count,
                        float lr, float beta1, float beta2, float eps, float weight_decay, int step,
                        float grad_scale) = 0;
+  // AdamW on every tensor, the other arguments shared: the same bits as one
+  // AdamW call per tensor, in any order (tensors must not overlap). The default
+  // makes those calls; the CUDA backend updates all tensors in one launch.
+  virtual Status AdamWTensors(const std::vector<AdamWTensor>& tensors, float lr, float beta1, float beta2,
+                              float eps, int step, float grad_scale);
 
   // ---- Reductions (return to the host, in double) -------------------------------
   // out[i] = sum of squares of spans[i]; sums() = sum of a; dots: sum a_i * b_i.

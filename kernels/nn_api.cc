@@ -13,6 +13,15 @@ Status Backend::SetProfiling(bool on) {
                        " backend has no per-op timer (the cuda backend has)");
 }
 
+Status Backend::AdamWTensors(const std::vector<AdamWTensor>& tensors, float lr, float beta1, float beta2,
+                             float eps, int step, float grad_scale) {
+  for (const AdamWTensor& t : tensors) {
+    KEEL_RETURN_IF_ERROR(AdamW(t.param, t.grad, t.m, t.v, t.count, lr, beta1, beta2, eps, t.weight_decay, step,
+                               grad_scale));
+  }
+  return Status::Ok();
+}
+
 bool Backend::DeviceMemoryInUse(int64_t* bytes) const {
   *bytes = 0;
   return false;

@@ -85,6 +85,45 @@ __global__ void AdamWKernel(float* __restrict__ param, const float* __restrict__
   }
 }
 
+// AdamWTensors: tensor i covers blocks first_block[i] .. first_block[i + 1] - 1,
+// kAdamChunk elements each (the last one shorter).
+struct AdamTensorEntry {
+  float* param;
+  const float* grad;
+  float* m;
+  float* v;
+  int64_t count;
+  float weight_decay;
+  int64_t first_block;
+};
+constexpr int64_t kAdamChunk = 4096;
+
+// One block per chunk of one tensor; the tensor found by binary search over the
+// first blocks (the table ends with a sentinel entry). Each element as AdamWKernel.
+__global__ void __launch_bounds__(kThreads) AdamWTensorsKernel(const AdamTensorEntry* __restrict__ table,
+                                                               int tensors, AdamArgs a) {
+  const int64_t block = blockIdx.x;
+  int lo = 0, hi = tensors - 1;  // the last i with first_block <= block
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (table[mid].first_block <= block) lo = mid; else hi = mid - 1;
+  }
+  const AdamTensorEntry t = table[lo];
+  const int64_t begin = (block - t.first_block) * kAdamChunk;
+  const int64_t end = min(t.count, begin + kAdamChunk);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float g = t.grad[i] * a.grad_scale;
+    const float mi = a.beta1 * t.m[i] + (1.0f - a.beta1) * g;
+    const float vi = a.beta2 * t.v[i] + (1.0f - a.beta2) * (g * g);
+    t.m[i] = mi;
+    t.v[i] = vi;
+    const float m_hat = mi / a.bias1;
+    const float v_hat = vi / a.bias2;
+    const float p = t.param[i];
+    t.param[i] = p - a.lr * (m_hat / (sqrtf(v_hat) + a.eps) + t.weight_decay * p);
+  }
+}
+
 // ---- Reductions ----
 
 struct ReduceChunk {
@@ -458,6 +497,43 @@ Status CudaBackend::AdamW(float* param, const float* grad, float* m, float* v, i
   a.bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), step));
   a.bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), step));
   AdamWKernel<<<GridFor(count), kThreads, 0, stream_>>>(param, grad, m, v, count, a);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::AdamWTensors(const std::vector<AdamWTensor>& tensors, float lr, float beta1, float beta2,
+                                 float eps, int step, float grad_scale) {
+  NN_PROFILE("AdamW");
+  if (step < 1) return Status::Error("AdamW: step: " + std::to_string(step) + " is not allowed; need >= 1 (1-based)");
+  std::vector<AdamTensorEntry> table;
+  int64_t blocks = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const AdamWTensor& t = tensors[i];
+    KEEL_RETURN_IF_ERROR(CheckCount(t.count, "AdamW"));
+    if (t.count == 0) continue;
+    if (t.param == nullptr || t.grad == nullptr || t.m == nullptr || t.v == nullptr)
+      return Status::Error("AdamW: tensor " + std::to_string(i) + ": param, grad, m or v: null");
+    table.push_back(AdamTensorEntry{t.param, t.grad, t.m, t.v, t.count, t.weight_decay, blocks});
+    blocks += CeilDiv(t.count, kAdamChunk);
+  }
+  if (table.empty()) return Status::Ok();
+  if (blocks > (int64_t{1} << 31) - 1) return Status::Error("AdamW: " + std::to_string(blocks) + " chunks: too many");
+  AdamArgs a;
+  a.lr = lr;
+  a.beta1 = beta1;
+  a.beta2 = beta2;
+  a.eps = eps;
+  a.weight_decay = 0.0f;  // per tensor
+  a.grad_scale = grad_scale;
+  a.bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), step));
+  a.bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), step));
+  const size_t bytes = table.size() * sizeof(AdamTensorEntry);
+  KEEL_RETURN_IF_ERROR(adam_table_.Reserve(bytes, stream_));
+  // Pageable source: the copy is staged before cudaMemcpyAsync returns, so
+  // `table` may go out of scope.
+  KEEL_CUDA_CHECK(cudaMemcpyAsync(adam_table_.get<void>(), table.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  AdamWTensorsKernel<<<static_cast<unsigned int>(blocks), kThreads, 0, stream_>>>(
+      adam_table_.get<AdamTensorEntry>(), static_cast<int>(table.size()), a);
   NN_LAUNCH_CHECK();
   return Status::Ok();
 }

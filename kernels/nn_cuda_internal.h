@@ -345,6 +345,8 @@ class CudaBackend final : public Backend {
                               int64_t rows, int64_t padded_vocab, int64_t vocab,
                               float scale) override;
 
+  Status AdamWTensors(const std::vector<AdamWTensor>& tensors, float lr, float beta1, float beta2, float eps,
+                      int step, float grad_scale) override;
   Status AdamW(float* param, const float* grad, float* m, float* v, int64_t count, float lr,
                float beta1, float beta2, float eps, float weight_decay, int step,
                float grad_scale) override;
@@ -434,6 +436,7 @@ class CudaBackend final : public Backend {
   Scratch op_a_, op_b_;                // quantized GEMM operands
   Scratch codes_;                      // per-tensor FP8 codes, for its statistics
   Scratch partials_;                   // column-sum and reduction partials
+  Scratch adam_table_;                 // AdamWTensors' tensor table
   Scratch quant_temp_;                 // QuantizeDequantize with out == x
   Scratch align_in_;                   // a quantizer input that is not 16-byte aligned
   Scratch attn_q_, attn_k_, attn_v_, attn_o_;  // attention, per head [b, h, t, d] (attn_o_: dO)

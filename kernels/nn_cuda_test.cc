@@ -356,6 +356,50 @@ TEST_F(NnCudaTest, AdamWMatchesBitForBit) {
   ExpectBits("adamw v", Cpu(v), Gpu(v));
 }
 
+// The optimizer's one-launch form: tensors of sizes around its 4096-element
+// chunks, each with its own decay, give the bits of one AdamW call per tensor
+// (on the GPU and on the CPU).
+TEST_F(NnCudaTest, AdamWTensorsMatchesOneCallPerTensor) {
+  const std::vector<int64_t> sizes = {1, 0, 4095, 4096, 4097, 100003, 3};
+  std::vector<Dual> p1, p2, g, m1, m2, v1, v2;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = std::max<int64_t>(1, sizes[i]);
+    for (auto* list : {&p1, &p2}) list->push_back(Floats(Normal(n, 30 + i)));
+    g.push_back(Floats(Normal(n, 40 + i, 1e-2f)));
+    for (auto* list : {&m1, &m2}) list->push_back(Floats(Normal(n, 50 + i, 1e-3f)));
+    for (auto* list : {&v1, &v2}) list->push_back(Floats(std::vector<float>(n, 1e-5f)));
+  }
+  for (int step = 1; step <= 3; ++step) {
+    for (Backend* be : {cpu_.get(), gpu_.get()}) {
+      const bool on_gpu = be == gpu_.get();
+      auto f = [&](const Dual& d) { return on_gpu ? d.g() : d.c(); };
+      std::vector<AdamWTensor> tensors;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        const float wd = i % 2 == 0 ? 0.1f : 0.0f;
+        ASSERT_OK(be->AdamW(f(p1[i]), f(g[i]), f(m1[i]), f(v1[i]), sizes[i], 6e-4f, 0.9f, 0.95f, 1e-8f, wd,
+                            step * 5, 0.5f));
+        tensors.push_back(AdamWTensor{f(p2[i]), f(g[i]), f(m2[i]), f(v2[i]), sizes[i], wd});
+      }
+      ASSERT_OK(be->AdamWTensors(tensors, 6e-4f, 0.9f, 0.95f, 1e-8f, step * 5, 0.5f));
+    }
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    SCOPED_TRACE("tensor " + std::to_string(i) + " of " + std::to_string(sizes[i]));
+    ExpectBits("gpu param", Gpu(p1[i]), Gpu(p2[i]));
+    ExpectBits("gpu m", Gpu(m1[i]), Gpu(m2[i]));
+    ExpectBits("gpu v", Gpu(v1[i]), Gpu(v2[i]));
+    ExpectBits("cpu vs gpu param", Cpu(p2[i]), Gpu(p2[i]));
+  }
+  // A null pointer names the tensor and changes nothing before it.
+  std::vector<AdamWTensor> bad = {AdamWTensor{p2[0].g(), g[0].g(), m2[0].g(), v2[0].g(), 1, 0.0f},
+                                  AdamWTensor{nullptr, g[1].g(), m2[1].g(), v2[1].g(), 5, 0.0f}};
+  const std::vector<float> before = Gpu(p2[0]);
+  const Status s = gpu_->AdamWTensors(bad, 6e-4f, 0.9f, 0.95f, 1e-8f, 9, 0.5f);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("tensor 1"), std::string::npos) << s.message();
+  ExpectBits("untouched after a refused call", before, Gpu(p2[0]));
+}
+
 TEST_F(NnCudaTest, ReductionsMatchInDouble) {
   const std::vector<int64_t> sizes = {0, 1, 1000, 65536, 65537, 300001};
   std::vector<Dual> a, b;

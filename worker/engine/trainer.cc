@@ -436,6 +436,7 @@ Status Trainer::OptimizerStep(bool skip_update, StepMetrics* m) {
                                    static_cast<size_t>(model_->param_count()) * sizeof(float)));
   m->skipped = skip_update;
   if (skip_update) return Status::Ok();  // weights and Adam moments stay as they were
+  std::vector<AdamWTensor> tensors;
   for (const ParamInfo& p : model_->param_info()) {
     float wd = o.type == "adamw" && p.decay ? o.weight_decay : 0.0f;
     // ZeRO-1: the part of the tensor in this rank's shard (gradient and moments
@@ -448,10 +449,10 @@ Status Trainer::OptimizerStep(bool skip_update, StepMetrics* m) {
       local = lo - shard_begin_;
     }
     const float* g = shard_ ? shard_grads_ + local : grads_ + lo;
-    KEEL_RETURN_IF_ERROR(b.AdamW(model_->params() + lo, g, adam_m_ + local, adam_v_ + local, count,
-                                 static_cast<float>(m->lr), o.beta1, o.beta2, o.eps, wd,
-                                 static_cast<int>(step_ + 1), grad_scale));
+    tensors.push_back(AdamWTensor{model_->params() + lo, g, adam_m_ + local, adam_v_ + local, count, wd});
   }
+  KEEL_RETURN_IF_ERROR(b.AdamWTensors(tensors, static_cast<float>(m->lr), o.beta1, o.beta2, o.eps,
+                                      static_cast<int>(step_ + 1), grad_scale));
   // ZeRO-1: every rank updated its shard; all of them gather the whole.
   if (shard_) {
     CommTimer timer(&comm_seconds_);
