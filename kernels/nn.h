@@ -204,6 +204,13 @@ class Backend {
   virtual Status CrossEntropyBackward(const float* logits, const int32_t* targets, float* dlogits,
                                       int64_t rows, int64_t padded_vocab, int64_t vocab,
                                       float scale) = 0;
+  // The losses of CrossEntropyForward and the dlogits of CrossEntropyBackward,
+  // bit for bit the same as those two calls give, in one pass over logits (the
+  // training step, which needs both). dlogits may alias logits (the same
+  // pointer): each row's target logit is read before its gradient is written.
+  virtual Status CrossEntropyFused(const float* logits, const int32_t* targets, float* losses,
+                                   float* dlogits, int64_t rows, int64_t padded_vocab,
+                                   int64_t vocab, float scale) = 0;
 
   // ---- Optimizer --------------------------------------------------------------------
   // Adam(W) with bias correction at step t (1-based), on fp32 master weights:

@@ -84,6 +84,9 @@ class CpuBackend : public Backend {
   Status CrossEntropyBackward(const float* logits, const int32_t* targets, float* dlogits,
                               int64_t rows, int64_t padded_vocab, int64_t vocab,
                               float scale) override;
+  Status CrossEntropyFused(const float* logits, const int32_t* targets, float* losses,
+                           float* dlogits, int64_t rows, int64_t padded_vocab, int64_t vocab,
+                           float scale) override;
 
   Status AdamW(float* param, const float* grad, float* m, float* v, int64_t count, float lr,
                float beta1, float beta2, float eps, float weight_decay, int step,

@@ -282,6 +282,48 @@ void SoftmaxStats(const float* row, int64_t vocab, float* max_out, double* sum_o
   *sum_out = sum;
 }
 
+// One row of cross-entropy, the formulas of all three ops: *loss (when not
+// null) = logsumexp - logit[target], formed in double and rounded once; d (when
+// not null) = scale * (softmax - onehot(target)) in the first `vocab` columns, 0
+// in the padding. An ignored row (target < 0) has loss 0 and d all 0. d may be
+// row itself: the target's logit is read before the gradient, and each element
+// is read before it is written.
+void CrossEntropyRow(const float* row, int32_t target, int64_t padded_vocab, int64_t vocab,
+                     float scale, float* loss, float* d) {
+  if (target < 0) {
+    if (loss != nullptr) *loss = 0.0f;
+    if (d != nullptr) std::fill(d, d + padded_vocab, 0.0f);
+    return;
+  }
+  float max;
+  double sum;
+  SoftmaxStats(row, vocab, &max, &sum);
+  if (loss != nullptr)
+    *loss = static_cast<float>(static_cast<double>(max) + std::log(sum) -
+                               static_cast<double>(row[target]));
+  if (d == nullptr) return;
+  const float inv_sum = static_cast<float>(1.0 / sum);
+  for (int64_t c = 0; c < vocab; ++c) {
+    float p = std::exp(row[c] - max) * inv_sum;
+    d[c] = scale * (c == target ? p - 1.0f : p);
+  }
+  std::fill(d + vocab, d + padded_vocab, 0.0f);
+}
+
+// CrossEntropyForward (dlogits null), CrossEntropyBackward (losses null) or
+// both at once, a row at a time.
+void CrossEntropyRows(ThreadPool& pool, const float* logits, const int32_t* targets,
+                      float* losses, float* dlogits, int64_t rows, int64_t padded_vocab,
+                      int64_t vocab, float scale) {
+  pool.ParallelRange(rows, RowGrain(vocab), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      CrossEntropyRow(logits + r * padded_vocab, targets[r], padded_vocab, vocab, scale,
+                      losses == nullptr ? nullptr : losses + r,
+                      dlogits == nullptr ? nullptr : dlogits + r * padded_vocab);
+    }
+  });
+}
+
 }  // namespace
 
 Status CpuBackend::CrossEntropyForward(const float* logits, const int32_t* targets, float* losses,
@@ -289,21 +331,7 @@ Status CpuBackend::CrossEntropyForward(const float* logits, const int32_t* targe
   static const char kOp[] = "CrossEntropyForward";
   KEEL_RETURN_IF_ERROR(CheckCrossEntropy(kOp, logits, targets, rows, padded_vocab, vocab));
   KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "losses", losses));
-  pool_.ParallelRange(rows, RowGrain(vocab), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      if (targets[r] < 0) {
-        losses[r] = 0.0f;
-        continue;
-      }
-      const float* row = logits + r * padded_vocab;
-      float max;
-      double sum;
-      SoftmaxStats(row, vocab, &max, &sum);
-      // logsumexp - logit[target], formed in double and rounded once.
-      losses[r] = static_cast<float>(static_cast<double>(max) + std::log(sum) -
-                                     static_cast<double>(row[targets[r]]));
-    }
-  });
+  CrossEntropyRows(pool_, logits, targets, losses, nullptr, rows, padded_vocab, vocab, 0.0f);
   return Status::Ok();
 }
 
@@ -313,26 +341,17 @@ Status CpuBackend::CrossEntropyBackward(const float* logits, const int32_t* targ
   static const char kOp[] = "CrossEntropyBackward";
   KEEL_RETURN_IF_ERROR(CheckCrossEntropy(kOp, logits, targets, rows, padded_vocab, vocab));
   KEEL_RETURN_IF_ERROR(CheckPtr(kOp, "dlogits", dlogits));
-  pool_.ParallelRange(rows, RowGrain(vocab), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* row = logits + r * padded_vocab;
-      float* d = dlogits + r * padded_vocab;  // may be row itself: each element is read first
-      const int32_t target = targets[r];
-      if (target < 0) {
-        std::fill(d, d + padded_vocab, 0.0f);
-        continue;
-      }
-      float max;
-      double sum;
-      SoftmaxStats(row, vocab, &max, &sum);
-      const float inv_sum = static_cast<float>(1.0 / sum);
-      for (int64_t c = 0; c < vocab; ++c) {
-        float p = std::exp(row[c] - max) * inv_sum;
-        d[c] = scale * (c == target ? p - 1.0f : p);
-      }
-      std::fill(d + vocab, d + padded_vocab, 0.0f);
-    }
-  });
+  CrossEntropyRows(pool_, logits, targets, nullptr, dlogits, rows, padded_vocab, vocab, scale);
+  return Status::Ok();
+}
+
+Status CpuBackend::CrossEntropyFused(const float* logits, const int32_t* targets, float* losses,
+                                     float* dlogits, int64_t rows, int64_t padded_vocab,
+                                     int64_t vocab, float scale) {
+  static const char kOp[] = "CrossEntropyFused";
+  KEEL_RETURN_IF_ERROR(CheckCrossEntropy(kOp, logits, targets, rows, padded_vocab, vocab));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"losses", losses}, {"dlogits", dlogits}}));
+  CrossEntropyRows(pool_, logits, targets, losses, dlogits, rows, padded_vocab, vocab, scale);
   return Status::Ok();
 }
 

@@ -426,6 +426,69 @@ TEST_F(NnCpuTest, CrossEntropyGradientWithPaddingAndIgnoredTarget) {
   EXPECT_NE(status.message().find("targets[3]"), std::string::npos) << status.message();
 }
 
+// The fused op gives CrossEntropyForward's losses and CrossEntropyBackward's
+// dlogits, the same bits: out of place and in place, with ignored rows, padding
+// columns that must not count, and non-finite logits (whatever the unfused ops
+// give for them, NaN included, the fused op gives too).
+TEST_F(NnCpuTest, CrossEntropyFusedMatchesForwardThenBackward) {
+  const int64_t rows = 8, padded = 11, vocab = 9;
+  const float scale = 0.375f;
+  std::vector<float> logits = Normal(rows * padded, 72, 3.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = vocab; c < padded; ++c) logits[r * padded + c] = 60.0f;  // must be ignored
+  }
+  logits[5 * padded + 4] = std::numeric_limits<float>::infinity();
+  logits[6 * padded + 2] = std::numeric_limits<float>::quiet_NaN();
+  logits[7 * padded + 0] = -std::numeric_limits<float>::infinity();
+  const std::vector<int32_t> targets = {3, -1, 0, 8, -100, 4, 2, 1};
+  auto bits = [](const std::vector<float>& v) {
+    std::vector<uint32_t> b(v.size());
+    std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+    return b;
+  };
+  std::vector<float> losses(rows, 7.0f), dlogits(rows * padded, 9.0f);
+  ASSERT_OK(backend_->CrossEntropyForward(logits.data(), targets.data(), losses.data(), rows,
+                                          padded, vocab));
+  ASSERT_OK(backend_->CrossEntropyBackward(logits.data(), targets.data(), dlogits.data(), rows,
+                                           padded, vocab, scale));
+  // The rows the test means to cover: an ignored row, a finite one, row 7's
+  // -inf logit (probability 0, finite loss) and NaN from rows 5 (+inf) and 6.
+  EXPECT_EQ(losses[1], 0.0f);
+  EXPECT_TRUE(std::isfinite(losses[0]));
+  EXPECT_TRUE(std::isfinite(losses[7]));
+  EXPECT_TRUE(std::isnan(losses[5]));
+  EXPECT_TRUE(std::isnan(losses[6]));
+
+  std::vector<float> fused_losses(rows, -3.0f), fused_dlogits(rows * padded, -5.0f);
+  ASSERT_OK(backend_->CrossEntropyFused(logits.data(), targets.data(), fused_losses.data(),
+                                        fused_dlogits.data(), rows, padded, vocab, scale));
+  EXPECT_EQ(bits(fused_losses), bits(losses));
+  EXPECT_EQ(bits(fused_dlogits), bits(dlogits));
+
+  // dlogits == logits: the target's logit is read before the row is overwritten.
+  std::vector<float> in_place = logits;
+  std::vector<float> in_place_losses(rows, -3.0f);
+  ASSERT_OK(backend_->CrossEntropyFused(in_place.data(), targets.data(), in_place_losses.data(),
+                                        in_place.data(), rows, padded, vocab, scale));
+  EXPECT_EQ(bits(in_place_losses), bits(losses));
+  EXPECT_EQ(bits(in_place), bits(dlogits));
+
+  // Bad input is refused before anything is written.
+  std::vector<int32_t> bad = targets;
+  bad[2] = static_cast<int32_t>(vocab);
+  std::vector<float> untouched(rows, -3.0f);
+  Status status = backend_->CrossEntropyFused(logits.data(), bad.data(), untouched.data(),
+                                              fused_dlogits.data(), rows, padded, vocab, scale);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("CrossEntropyFused: targets[2]"), std::string::npos)
+      << status.message();
+  EXPECT_EQ(untouched, std::vector<float>(rows, -3.0f));
+  status = backend_->CrossEntropyFused(logits.data(), targets.data(), losses.data(), nullptr, rows,
+                                       padded, vocab, scale);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("dlogits"), std::string::npos) << status.message();
+}
+
 // ---- AdamW ----------------------------------------------------------------------------
 
 TEST_F(NnCpuTest, AdamWMatchesFormulaInDouble) {

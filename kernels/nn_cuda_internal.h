@@ -344,6 +344,9 @@ class CudaBackend final : public Backend {
   Status CrossEntropyBackward(const float* logits, const int32_t* targets, float* dlogits,
                               int64_t rows, int64_t padded_vocab, int64_t vocab,
                               float scale) override;
+  Status CrossEntropyFused(const float* logits, const int32_t* targets, float* losses,
+                           float* dlogits, int64_t rows, int64_t padded_vocab, int64_t vocab,
+                           float scale) override;
 
   Status AdamWTensors(const std::vector<AdamWTensor>& tensors, float lr, float beta1, float beta2, float eps,
                       int step, float grad_scale) override;
@@ -431,6 +434,10 @@ class CudaBackend final : public Backend {
   unsigned long long* stats_temp_ = nullptr;  // 2 per-call counters of the stats kernels, 2 kept (see PrepareOperand)
   void* host_pinned_ = nullptr;        // staging for reductions' descriptors and results
   size_t host_pinned_bytes_ = 0;
+  // Dynamic shared memory (bytes) CrossEntropyFused's one-read kernel may use, set
+  // on its first call: the device's opt-in limit less the kernel's static shared
+  // memory; -1 before.
+  int64_t ce_shared_limit_ = -1;
 
   // Scratch, grown on demand and kept.
   Scratch op_a_, op_b_;                // quantized GEMM operands

@@ -378,7 +378,14 @@ constexpr int kCeThreads = 512;
 // double, as the CPU reference keeps it), then a fixed shared-memory tree. Every
 // thread gets the row's pair. One pass instead of two: the rows (200 KB for GPT-2)
 // do not stay in cache between passes.
-__device__ void RowMaxSum(const float* row, int64_t padded, int64_t vocab, bool vec, float* max_out, double* sum_out) {
+//
+// Thread t reads the elements RowCopyToShared gives it, in the same order: vec,
+// float4 t, t + kCeThreads, ... of the ceil(vocab / 4) that hold real columns
+// (the padding after them adds nothing, so it is not read); else columns t,
+// t + kCeThreads, ... . The reduction order, and so the bits, depend on vec, the
+// thread count and nothing else; row may be global or shared memory.
+__device__ __forceinline__ void RowMaxSum(const float* row, int64_t vocab, bool vec, float* max_out,
+                                          double* sum_out) {
   __shared__ float ms[kCeThreads];
   __shared__ double ss[kCeThreads];
   float m = -INFINITY;
@@ -392,10 +399,10 @@ __device__ void RowMaxSum(const float* row, int64_t padded, int64_t vocab, bool 
     }
   };
   if (vec) {
-    for (int64_t c4 = threadIdx.x; c4 < padded / 4; c4 += kCeThreads) {
+    for (int64_t c4 = threadIdx.x; c4 < CeilDiv(vocab, 4); c4 += kCeThreads) {
       const float4 v = reinterpret_cast<const float4*>(row)[c4];
       const int64_t c = c4 * 4;
-      if (c < vocab) add(v.x);
+      add(v.x);
       if (c + 1 < vocab) add(v.y);
       if (c + 2 < vocab) add(v.z);
       if (c + 3 < vocab) add(v.w);
@@ -421,6 +428,42 @@ __device__ void RowMaxSum(const float* row, int64_t padded, int64_t vocab, bool 
   *sum_out = ss[0];
 }
 
+// logsumexp - logit[target], formed in double and rounded once (as the CPU does);
+// NaN for a target the host did not check (>= vocab).
+__device__ __forceinline__ float RowLoss(const float* row, int32_t target, int64_t vocab, float m, double s) {
+  return target < vocab ? static_cast<float>(static_cast<double>(m) + log(s) - static_cast<double>(row[target]))
+                        : NAN;
+}
+
+// drow = scale * (softmax - onehot(target)) from the row's (m, s), 0 in the
+// padding; thread t writes the elements RowMaxSum read (plus, with vec, the
+// padding's float4s). drow may be row when row is global memory: each element is
+// read, then written, by one thread.
+__device__ __forceinline__ void RowGradient(const float* row, float* drow, int64_t padded, int64_t vocab,
+                                            int32_t target, float m, double s, float scale, bool vec) {
+  const float inv_sum = static_cast<float>(1.0 / s);
+  auto grad = [&](float v, int64_t c) {
+    if (c >= vocab) return 0.0f;
+    const float p = expf(v - m) * inv_sum;
+    return scale * (p - (c == target ? 1.0f : 0.0f));
+  };
+  if (vec) {
+    const int64_t real4 = CeilDiv(vocab, 4);
+    for (int64_t c4 = threadIdx.x; c4 < padded / 4; c4 += kCeThreads) {
+      const int64_t c = c4 * 4;
+      const float4 v = c4 < real4 ? reinterpret_cast<const float4*>(row)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      reinterpret_cast<float4*>(drow)[c4] = make_float4(grad(v.x, c), grad(v.y, c + 1), grad(v.z, c + 2), grad(v.w, c + 3));
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < padded; c += kCeThreads) drow[c] = grad(c < vocab ? row[c] : 0.0f, c);
+  }
+}
+
+// An ignored row's gradient.
+__device__ __forceinline__ void RowZero(float* drow, int64_t padded) {
+  for (int64_t c = threadIdx.x; c < padded; c += kCeThreads) drow[c] = 0.0f;
+}
+
 __global__ void __launch_bounds__(kCeThreads) CrossEntropyForwardKernel(const float* __restrict__ logits,
                                                                         const int32_t* __restrict__ targets,
                                                                         float* __restrict__ losses, int64_t padded,
@@ -434,11 +477,8 @@ __global__ void __launch_bounds__(kCeThreads) CrossEntropyForwardKernel(const fl
   const float* row = logits + r * padded;
   float m;
   double s;
-  RowMaxSum(row, padded, vocab, vec, &m, &s);
-  // logsumexp - logit[target], formed in double and rounded once (as the CPU does).
-  if (threadIdx.x == 0)
-    losses[r] = target < vocab ? static_cast<float>(static_cast<double>(m) + log(s) - static_cast<double>(row[target]))
-                               : NAN;
+  RowMaxSum(row, vocab, vec, &m, &s);
+  if (threadIdx.x == 0) losses[r] = RowLoss(row, target, vocab, m, s);
 }
 
 // dlogits may alias logits: the row's max and sum are complete (a barrier inside
@@ -450,31 +490,74 @@ __global__ void __launch_bounds__(kCeThreads) CrossEntropyBackwardKernel(const f
                                                                          float scale, bool vec) {
   const int64_t r = blockIdx.x;
   const int32_t target = targets[r];
-  const float* row = logits + r * padded;
   float* drow = dlogits + r * padded;
   if (target < 0) {
-    for (int64_t c = threadIdx.x; c < padded; c += kCeThreads) drow[c] = 0.0f;
+    RowZero(drow, padded);
     return;
+  }
+  const float* row = logits + r * padded;
+  float m;
+  double s;
+  RowMaxSum(row, vocab, vec, &m, &s);
+  __syncthreads();  // every thread has read m and s from shared memory before anyone writes
+  RowGradient(row, drow, padded, vocab, target, m, s, scale, vec);
+}
+
+// The row's real columns into shared memory, thread t taking the elements
+// RowMaxSum will give it (so it reads back its own stores: no barrier needed for
+// that). Eight loads in flight per thread before their stores: one block fills
+// an SM's shared memory, so nothing else hides this load's latency.
+__device__ __forceinline__ void RowCopyToShared(const float* row, float4* shared, int64_t vocab,
+                                                bool vec) {
+  if (vec) {
+    const int64_t real4 = CeilDiv(vocab, 4);
+#pragma unroll 8
+    for (int64_t c4 = threadIdx.x; c4 < real4; c4 += kCeThreads) shared[c4] = reinterpret_cast<const float4*>(row)[c4];
+  } else {
+    float* shared1 = reinterpret_cast<float*>(shared);
+#pragma unroll 8
+    for (int64_t c = threadIdx.x; c < vocab; c += kCeThreads) shared1[c] = row[c];
+  }
+}
+
+// Shared memory the fused kernel's row copy takes: vec, the float4s holding real
+// columns; else the real columns.
+int64_t CeSharedBytes(int64_t vocab, bool vec) {
+  return (vec ? CeilDiv(vocab, 4) * 4 : vocab) * static_cast<int64_t>(sizeof(float));
+}
+
+// CrossEntropyForwardKernel's loss and CrossEntropyBackwardKernel's gradient,
+// the same bits (same helpers, same vec, same per-thread order). kShared: the
+// row is read from global memory once, into dynamic shared memory
+// (CeSharedBytes), and both passes read it there; else both read global memory,
+// as the unfused kernels do. dlogits may alias logits: the target's logit is
+// read before the barrier that precedes the first write.
+template <bool kShared>
+__global__ void __launch_bounds__(kCeThreads) CrossEntropyFusedKernel(const float* logits,
+                                                                      const int32_t* __restrict__ targets,
+                                                                      float* __restrict__ losses, float* dlogits,
+                                                                      int64_t padded, int64_t vocab, float scale,
+                                                                      bool vec) {
+  extern __shared__ float4 ce_row[];
+  const int64_t r = blockIdx.x;
+  const int32_t target = targets[r];
+  float* drow = dlogits + r * padded;
+  if (target < 0) {
+    if (threadIdx.x == 0) losses[r] = 0.0f;
+    RowZero(drow, padded);
+    return;
+  }
+  const float* row = logits + r * padded;
+  if constexpr (kShared) {
+    RowCopyToShared(row, ce_row, vocab, vec);
+    row = reinterpret_cast<const float*>(ce_row);
   }
   float m;
   double s;
-  RowMaxSum(row, padded, vocab, vec, &m, &s);
-  __syncthreads();  // every thread has read m and s from shared memory before anyone writes
-  const float inv_sum = static_cast<float>(1.0 / s);
-  auto grad = [&](float v, int64_t c) {
-    if (c >= vocab) return 0.0f;
-    const float p = expf(v - m) * inv_sum;
-    return scale * (p - (c == target ? 1.0f : 0.0f));
-  };
-  if (vec) {
-    for (int64_t c4 = threadIdx.x; c4 < padded / 4; c4 += kCeThreads) {
-      const float4 v = reinterpret_cast<const float4*>(row)[c4];
-      const int64_t c = c4 * 4;
-      reinterpret_cast<float4*>(drow)[c4] = make_float4(grad(v.x, c), grad(v.y, c + 1), grad(v.z, c + 2), grad(v.w, c + 3));
-    }
-  } else {
-    for (int64_t c = threadIdx.x; c < padded; c += kCeThreads) drow[c] = grad(row[c], c);
-  }
+  RowMaxSum(row, vocab, vec, &m, &s);
+  if (threadIdx.x == 0) losses[r] = RowLoss(row, target, vocab, m, s);
+  if constexpr (!kShared) __syncthreads();  // row may be drow: thread 0 has read the target's logit
+  RowGradient(row, drow, padded, vocab, target, m, s, scale, vec);
 }
 
 Status CheckRowsCols(const char* what, int64_t rows, int64_t cols) {
@@ -651,6 +734,51 @@ Status CudaBackend::CrossEntropyBackward(const float* logits, const int32_t* tar
   const bool vec = padded_vocab % 4 == 0 && Aligned(logits, 16) && Aligned(dlogits, 16);
   CrossEntropyBackwardKernel<<<static_cast<unsigned int>(rows), kCeThreads, 0, stream_>>>(
       logits, targets, dlogits, padded_vocab, vocab, scale, vec);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::CrossEntropyFused(const float* logits, const int32_t* targets, float* losses, float* dlogits,
+                                      int64_t rows, int64_t padded_vocab, int64_t vocab, float scale) {
+  NN_PROFILE("CrossEntropyFused");
+  KEEL_RETURN_IF_ERROR(CheckCrossEntropyShape("CrossEntropyFused", rows, padded_vocab, vocab));
+  if (rows == 0) return Status::Ok();
+  const unsigned int blocks = static_cast<unsigned int>(rows);
+  // The unfused ops' vec: the forward's from logits, the backward's from both.
+  const bool forward_vec = padded_vocab % 4 == 0 && Aligned(logits, 16);
+  const bool vec = forward_vec && Aligned(dlogits, 16);
+  if (vec != forward_vec) {
+    // dlogits not 16-byte aligned where logits are: the unfused ops reduce the
+    // row in two different orders, so the losses and the dlogits come from
+    // their two kernels (the bits this op promises).
+    CrossEntropyForwardKernel<<<blocks, kCeThreads, 0, stream_>>>(logits, targets, losses, padded_vocab, vocab,
+                                                                  forward_vec);
+    NN_LAUNCH_CHECK();
+    CrossEntropyBackwardKernel<<<blocks, kCeThreads, 0, stream_>>>(logits, targets, dlogits, padded_vocab, vocab,
+                                                                   scale, vec);
+    NN_LAUNCH_CHECK();
+    return Status::Ok();
+  }
+  if (ce_shared_limit_ < 0) {
+    // Once per backend: the most dynamic shared memory a block may opt in to,
+    // less what the kernel's reduction tree takes statically.
+    int optin = 0;
+    KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+    cudaFuncAttributes attributes;
+    KEEL_CUDA_CHECK(cudaFuncGetAttributes(&attributes, CrossEntropyFusedKernel<true>));
+    const int limit = optin - static_cast<int>(attributes.sharedSizeBytes);
+    KEEL_CUDA_CHECK(
+        cudaFuncSetAttribute(CrossEntropyFusedKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
+    ce_shared_limit_ = limit;
+  }
+  const int64_t shared = CeSharedBytes(vocab, vec);
+  if (shared <= ce_shared_limit_) {
+    CrossEntropyFusedKernel<true><<<blocks, kCeThreads, static_cast<size_t>(shared), stream_>>>(
+        logits, targets, losses, dlogits, padded_vocab, vocab, scale, vec);
+  } else {  // the row does not fit: read it from global memory twice
+    CrossEntropyFusedKernel<false><<<blocks, kCeThreads, 0, stream_>>>(logits, targets, losses, dlogits,
+                                                                       padded_vocab, vocab, scale, vec);
+  }
   NN_LAUNCH_CHECK();
   return Status::Ok();
 }

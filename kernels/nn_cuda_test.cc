@@ -815,6 +815,88 @@ TEST_F(NnCudaTest, CrossEntropyMatchesCpu) {
   }
 }
 
+// CrossEntropyFused is CrossEntropyForward's losses and CrossEntropyBackward's
+// dlogits, bit for bit (the same row helpers and reduction order), so it agrees
+// with the CPU within CrossEntropyMatchesCpu's tolerances. Shapes: small ones
+// (float4 rows; rows that cannot be read as float4), GPT-2's padded vocabulary
+// (the row, 197 KB, fits the opt-in shared memory of an H100 or B200: the
+// one-read kernel) and a row that does not fit (70000 fp32 = 273 KB: the
+// kernel that reads global memory twice).
+TEST_F(NnCudaTest, CrossEntropyFusedMatchesCpuAndUnfused) {
+  struct Case {
+    int64_t rows, padded, vocab;
+  };
+  const float scale = 1.0f / 48;
+  for (const Case& k : {Case{64, 1024, 1000}, Case{33, 1001, 999}, Case{64, 50304, 50257}, Case{16, 70000, 69997},
+                        Case{5, 70001, 70001}}) {
+    SCOPED_TRACE(std::to_string(k.rows) + " x " + std::to_string(k.padded) + ", vocab " + std::to_string(k.vocab));
+    std::printf("  rows %lld, padded_vocab %lld, vocab %lld\n", static_cast<long long>(k.rows),
+                static_cast<long long>(k.padded), static_cast<long long>(k.vocab));
+    std::vector<int32_t> th = Tokens(k.rows, static_cast<int32_t>(k.vocab), 151);
+    th[3] = -1;
+    th[k.rows - 1] = -100;
+    th[1] = static_cast<int32_t>(k.vocab - 1);  // the last real column (a float4 holding padding, when vec)
+    const std::vector<float> lh = Normal(k.rows * k.padded, 152, 3.0f);
+    Dual logits = Floats(lh), in_place = Floats(lh), targets = Ints(th);
+    Dual losses = Zeros(k.rows), dl = Zeros(k.rows * k.padded), fused_losses = Zeros(k.rows),
+         fused_dl = Zeros(k.rows * k.padded), in_place_losses = Zeros(k.rows);
+    // The unfused pair on both backends (the CPU's is the reference).
+    for (Backend* be : {cpu_.get(), gpu_.get()}) {
+      const bool g = be == gpu_.get();
+      auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+      ASSERT_OK(be->CrossEntropyForward(p(logits), g ? targets.gi() : targets.ci(), p(losses), k.rows, k.padded,
+                                        k.vocab));
+      ASSERT_OK(be->CrossEntropyBackward(p(logits), g ? targets.gi() : targets.ci(), p(dl), k.rows, k.padded,
+                                         k.vocab, scale));
+    }
+    ASSERT_OK(gpu_->Fill(fused_dl.g(), k.rows * k.padded, 7.0f));  // the padding and ignored rows must be written
+    ASSERT_OK(gpu_->CrossEntropyFused(logits.g(), targets.gi(), fused_losses.g(), fused_dl.g(), k.rows, k.padded,
+                                      k.vocab, scale));
+    ASSERT_OK(gpu_->CrossEntropyFused(in_place.g(), targets.gi(), in_place_losses.g(), in_place.g(), k.rows,
+                                      k.padded, k.vocab, scale));
+    const std::vector<float> unfused_losses = Gpu(losses), unfused_dl = Gpu(dl);
+    ExpectBits("fused losses vs unfused", unfused_losses, Gpu(fused_losses));
+    ExpectBits("fused dlogits vs unfused", unfused_dl, Gpu(fused_dl));
+    ExpectBits("fused in place losses vs unfused", unfused_losses, Gpu(in_place_losses));
+    ExpectBits("fused in place dlogits vs unfused", unfused_dl, Gpu(in_place));
+    // Tolerances of CrossEntropyMatchesCpu: the normaliser is a double sum on
+    // both sides (the GPU's with a running max), so the losses agree to a few
+    // fp32 ulps of logsumexp; exp and 1 / sum differ by an ulp each.
+    ExpectElementwise("fused losses vs cpu", Cpu(losses), Gpu(fused_losses), 1e-6, 1e-6);
+    ExpectElementwise("fused dlogits vs cpu", Cpu(dl), Gpu(fused_dl), 1e-5, 1e-10);
+  }
+}
+
+// The fused op's other promises at a small shape: dlogits 16-byte misaligned
+// where logits are aligned (the unfused ops then reduce in two orders; the fused
+// op must still give both ops' bits), and rows with non-finite logits (no
+// defined values, but the same as the unfused ops give).
+TEST_F(NnCudaTest, CrossEntropyFusedMisalignedAndNonFinite) {
+  const int64_t rows = 24, padded = 512, vocab = 509;
+  const float scale = 0.5f;
+  std::vector<int32_t> th = Tokens(rows, static_cast<int32_t>(vocab), 161);
+  th[2] = -1;
+  std::vector<float> lh = Normal(rows * padded, 162, 2.0f);
+  lh[5 * padded + 17] = std::numeric_limits<float>::infinity();
+  lh[6 * padded + 300] = std::numeric_limits<float>::quiet_NaN();
+  lh[7 * padded + 0] = -std::numeric_limits<float>::infinity();
+  lh[8 * padded + 511] = std::numeric_limits<float>::infinity();  // padding: must not count
+  Dual logits = Floats(lh), targets = Ints(th), losses = Zeros(rows), fused_losses = Zeros(rows);
+  Dual dl = Zeros(rows * padded + 1), fused_dl = Zeros(rows * padded + 1);
+  for (int64_t offset : {0, 1}) {  // offset 1: dlogits 4 bytes past a 256-byte boundary
+    SCOPED_TRACE(offset);
+    ASSERT_OK(gpu_->CrossEntropyForward(logits.g(), targets.gi(), losses.g(), rows, padded, vocab));
+    ASSERT_OK(gpu_->CrossEntropyBackward(logits.g(), targets.gi(), dl.g() + offset, rows, padded, vocab, scale));
+    ASSERT_OK(gpu_->CrossEntropyFused(logits.g(), targets.gi(), fused_losses.g(), fused_dl.g() + offset, rows, padded,
+                                      vocab, scale));
+    ExpectBits("fused losses vs unfused", Gpu(losses), Gpu(fused_losses));
+    ExpectBits("fused dlogits vs unfused", Gpu(dl), Gpu(fused_dl));
+  }
+  const std::vector<float> l = Gpu(losses);
+  EXPECT_TRUE(std::isfinite(l[8])) << "an inf in the padding counted";
+  EXPECT_TRUE(std::isnan(l[6])) << "a NaN logit did not reach the loss";
+}
+
 // ============================================================================
 // Determinism
 // ============================================================================
@@ -1003,10 +1085,18 @@ TEST_F(NnCudaTest, TimingGpt2Shapes) {
     return gpu_->CrossEntropyBackward(f(logits), static_cast<int32_t*>(targets), f(logits), tokens, padded, vocab,
                                       1.0f / tokens);
   });
+  const double ce_fused = TimeMs(gpu_.get(), 5, [&] {
+    return gpu_->CrossEntropyFused(f(logits), static_cast<int32_t*>(targets), f(losses), f(logits), tokens, padded,
+                                   vocab, 1.0f / tokens);
+  });
   const double logit_bytes = tokens * padded * 4.0;
   std::printf("cross-entropy %lldx%lld: fwd %.3f ms (%.0f GB/s), bwd in place %.3f ms (%.0f GB/s)\n",
               static_cast<long long>(tokens), static_cast<long long>(padded), ce_f,
               logit_bytes / (ce_f * 1e-3) / 1e9, ce_b, 3 * logit_bytes / (ce_b * 1e-3) / 1e9);
+  // Fused: one read and one write of the logits when the row fits in shared memory.
+  std::printf("cross-entropy %lldx%lld: fused in place %.3f ms (%.0f GB/s) vs fwd + bwd %.3f ms\n",
+              static_cast<long long>(tokens), static_cast<long long>(padded), ce_fused,
+              2 * logit_bytes / (ce_fused * 1e-3) / 1e9, ce_f + ce_b);
   for (void* p : {g, dg, m, r, logits, targets, losses}) gpu_->Free(p);
 }
 

@@ -154,13 +154,11 @@ class GptModel : public Model {
   Status ForwardBackward(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed,
                          float grad_scale, bool stats, float* grads, double* loss) override {
     int64_t valid = 0;
-    KEEL_RETURN_IF_ERROR(Forward(batch, scheme, quant_seed, stats, loss, &valid));
+    KEEL_RETURN_IF_ERROR(Forward(batch, scheme, quant_seed, stats, &grad_scale, loss, &valid));
     if (valid == 0) return Status::Ok();
-    const float scale = grad_scale / static_cast<float>(valid);
     auto G = [&](int index) { return index < 0 ? nullptr : grads + params_[index].offset; };
-    // Head (tied to wte) and final layernorm.
-    KEEL_RETURN_IF_ERROR(backend_->CrossEntropyBackward(logits_, targets_, logits_, bt_, m_.padded_vocab,
-                                                   m_.vocab, scale));
+    // Head (tied to wte) and final layernorm. logits_ holds dlogits: the
+    // forward's fused cross-entropy wrote them there.
     KEEL_RETURN_IF_ERROR(backend_->LinearBackward(lnf_, P(wte_), logits_, dln_, G(wte_), nullptr, bt_, d_,
                                              m_.padded_vocab, Quant(scheme, -1, 0, quant_seed, stats)));
     KEEL_RETURN_IF_ERROR(backend_->Fill(dres_, bt_ * d_, 0.0f));
@@ -205,7 +203,7 @@ class GptModel : public Model {
   Status Evaluate(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed,
                   double* loss) override {
     int64_t valid = 0;
-    return Forward(batch, scheme, quant_seed, false, loss, &valid);
+    return Forward(batch, scheme, quant_seed, false, nullptr, loss, &valid);
   }
 
  private:
@@ -268,8 +266,13 @@ class GptModel : public Model {
     return backend_->Copy2D(dhead_out_, d_, dqkv_ + col0, 3 * d_, bt_, d_);
   }
 
+  // The forward pass: *loss = the mean loss over the *valid targets that count.
+  // Training (grad_scale not null, and some target counts): the cross-entropy
+  // also leaves dlogits = grad_scale / valid * d(sum of losses)/d logits over
+  // logits_ for the backward, in the same pass (CrossEntropyFused; nothing reads
+  // the logits themselves after it). Evaluation (null): logits_ keeps the logits.
   Status Forward(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed, bool stats,
-                 double* loss, int64_t* valid) {
+                 const float* grad_scale, double* loss, int64_t* valid) {
     if (static_cast<int64_t>(batch.inputs.size()) != bt_ ||
         static_cast<int64_t>(batch.targets.size()) != bt_) {
       return Status::Error("gpt: batch holds " + std::to_string(batch.inputs.size()) +
@@ -317,7 +320,13 @@ class GptModel : public Model {
                                                lnf_mean_, lnf_rstd_, bt_, d_, m_.ln_eps));
     KEEL_RETURN_IF_ERROR(backend_->LinearForward(lnf_, P(wte_), nullptr, logits_, bt_, d_, m_.padded_vocab,
                                             Quant(scheme, -1, 0, quant_seed, stats)));
-    KEEL_RETURN_IF_ERROR(backend_->CrossEntropyForward(logits_, targets_, losses_, bt_, m_.padded_vocab, m_.vocab));
+    if (grad_scale != nullptr && *valid > 0) {
+      const float scale = *grad_scale / static_cast<float>(*valid);
+      KEEL_RETURN_IF_ERROR(backend_->CrossEntropyFused(logits_, targets_, losses_, logits_, bt_, m_.padded_vocab,
+                                                       m_.vocab, scale));
+    } else {
+      KEEL_RETURN_IF_ERROR(backend_->CrossEntropyForward(logits_, targets_, losses_, bt_, m_.padded_vocab, m_.vocab));
+    }
     std::vector<double> sums;
     KEEL_RETURN_IF_ERROR(backend_->Sums({Span{losses_, bt_}}, &sums));
     *loss = *valid > 0 ? sums[0] / static_cast<double>(*valid) : 0.0;
