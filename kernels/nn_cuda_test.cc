@@ -535,7 +535,7 @@ TEST_F(NnCudaTest, LinearMatchesCpuForEveryScheme) {
         const bool g = be == gpu_.get();
         auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
         ASSERT_OK(be->ResetOperandStats(2));
-        ASSERT_OK(be->LinearForward(p(x) + x_offset, p(w), p(bias) + 4, p(y), rows, in, out, q));
+        ASSERT_OK(be->LinearForward(p(x) + x_offset, p(w), p(bias) + 4, nullptr, p(y), rows, in, out, q));
         ASSERT_OK(be->LinearBackward(p(x) + x_offset, p(w), p(dy), p(dx), p(dw), p(db), rows, in, out, q));
       }
       // Identical rounded operands and alpha, fp32 sums in another order: 1e-5 normwise.
@@ -572,9 +572,9 @@ TEST_F(NnCudaTest, LinearStatsWithNonFiniteInputs) {
     for (Backend* be : {cpu_.get(), gpu_.get()}) {
       const bool g = be == gpu_.get();
       auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
-      ASSERT_OK(be->LinearForward(p(x), p(w), nullptr, p(y), rows, in, out, q));
+      ASSERT_OK(be->LinearForward(p(x), p(w), nullptr, nullptr, p(y), rows, in, out, q));
       ASSERT_OK(be->LinearBackward(p(x), p(w), p(dy), p(dx), p(dw), nullptr, rows, in, out, q));
-      ASSERT_OK(be->LinearForward(p(x), p(w), nullptr, p(y), rows, in, out, q));  // counts add up
+      ASSERT_OK(be->LinearForward(p(x), p(w), nullptr, nullptr, p(y), rows, in, out, q));  // counts add up
     }
   }
   std::vector<OperandStats> sc, sg;
@@ -596,8 +596,8 @@ TEST_F(NnCudaTest, LinearRejectsWhatTheCpuRejects) {
   ASSERT_OK(gpu_->ResetOperandStats(1));
   ASSERT_OK(cpu_->ResetOperandStats(1));
   for (const LinearQuant& q : {rht_fwd, bad_slot}) {
-    const Status c = cpu_->LinearForward(x.c(), w.c(), nullptr, y.c(), rows, in, out, q);
-    const Status g = gpu_->LinearForward(x.g(), w.g(), nullptr, y.g(), rows, in, out, q);
+    const Status c = cpu_->LinearForward(x.c(), w.c(), nullptr, nullptr, y.c(), rows, in, out, q);
+    const Status g = gpu_->LinearForward(x.g(), w.g(), nullptr, nullptr, y.g(), rows, in, out, q);
     EXPECT_FALSE(c.ok());
     EXPECT_FALSE(g.ok());
     std::printf("  cuda says: %s\n", g.message().c_str());
@@ -814,7 +814,7 @@ TEST_F(NnCudaTest, RepeatedRunsGiveIdenticalBits) {
       LinearQuant q = k == 0 ? Nvfp4Recipe() : AllRoles(Quant(QuantFormat::kMxfp8E4M3, Rounding::kStochastic));
       q.seed = 77;
       q.stats_slot = k;
-      ASSERT_OK(gpu_->LinearForward(x.g(), w.g(), bias.g(), y.g(), rows, in, out, q));
+      ASSERT_OK(gpu_->LinearForward(x.g(), w.g(), bias.g(), nullptr, y.g(), rows, in, out, q));
       ASSERT_OK(gpu_->LinearBackward(x.g(), w.g(), dy.g(), dx.g(), dw.g(), db.g(), rows, in, out, q));
     }
     ASSERT_OK(gpu_->AttentionForward(qkv.g(), aout.g(), astats.g(), batch, seq, heads, dim, true));
@@ -882,9 +882,9 @@ TEST_F(NnCudaTest, TimingGpt2Shapes) {
       LinearQuant q = s.second;
       q.stats_slot = stats ? 0 : -1;
       ASSERT_OK(gpu_->ResetOperandStats(1));
-      const double fwd = TimeMs(gpu_.get(), 10, [&] { return gpu_->LinearForward(f(x), f(w), f(bias), f(y), rows, in, out, q); });
+      const double fwd = TimeMs(gpu_.get(), 10, [&] { return gpu_->LinearForward(f(x), f(w), f(bias), nullptr, f(y), rows, in, out, q); });
       const double both = TimeMs(gpu_.get(), 10, [&] {
-        Status st = gpu_->LinearForward(f(x), f(w), f(bias), f(y), rows, in, out, q);
+        Status st = gpu_->LinearForward(f(x), f(w), f(bias), nullptr, f(y), rows, in, out, q);
         if (!st.ok()) return st;
         return gpu_->LinearBackward(f(x), f(w), f(dy), f(dx), f(dw), f(db), rows, in, out, q);
       });
