@@ -15,6 +15,11 @@
 // runs on it and the raw fp32 operand. Both are what the CPU reference computes,
 // up to the order of the fp32 sums.
 //
+// The forward's bias and residual are added in the GEMM's epilogue (the residual
+// as cuBLASLt's C with beta = 1). The backward's dbias is summed by the kernel
+// that rounds dy when a dy role is BF16 (Bf16ColumnPartialsKernel, one read of dy
+// for both), else by ColumnSums; both give the same bits.
+//
 // Statistics (OperandStats of nn.h): BF16, MX and NVFP4 quantizers count them in
 // the pass that quantizes (DeviceOutputs::counts); per-tensor FP8 in a second pass
 // over x and its codes. The dequantized values compared are the CPU reference's
@@ -156,13 +161,26 @@ __global__ void __launch_bounds__(256)
   float acc = 0.0f;
   unsigned int nonfinite = 0;
   if (col < cols) {
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
-      const int64_t i = r * cols + col;
-      const float v = m[i];
-      acc += v;
-      const float u = R == Rounding::kStochastic ? PhiloxUniform(seed, static_cast<uint64_t>(i)) : 0.0f;
-      qcuda::StoreOut1(out, out_bf16, i, qcore::Bf16Value(qcore::Bf16Round(v, R, u)));
-      nonfinite += qcore::IsFinite(v) ? 0u : 1u;
+    // Four of the thread's rows loaded before any is used (loads in flight), then
+    // added in row order: the order of ColumnPartialsKernel's loop.
+    constexpr int kBatch = 4;
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8 * kBatch) {
+      float v[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int64_t rk = r + 8 * k;
+        v[k] = rk < r1 ? m[rk * cols + col] : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int64_t rk = r + 8 * k;
+        if (rk >= r1) break;
+        const int64_t i = rk * cols + col;
+        acc += v[k];
+        const float u = R == Rounding::kStochastic ? PhiloxUniform(seed, static_cast<uint64_t>(i)) : 0.0f;
+        qcuda::StoreOut1(out, out_bf16, i, qcore::Bf16Value(qcore::Bf16Round(v[k], R, u)));
+        nonfinite += qcore::IsFinite(v[k]) ? 0u : 1u;
+      }
     }
   }
   // blockDim.x is 32, so threadIdx.x is the lane AddCounts expects; every lane calls it.
