@@ -119,18 +119,29 @@ class Backend {
                                     const OperandFormat& format, uint64_t seed, float* out) = 0;
 
   // ---- Linear layer (docs/numerics.md, "Operand roles and axes") ------------------
-  // y (rows x out) = Q_fwd_x(x) . Q_fwd_w(w)^T + bias, x: rows x in, w: out x in,
-  // bias: out floats or null. Quantization of x and w along `in`, FP32
-  // accumulation; NVFP4/FP8 per-tensor decode scales are folded into the GEMM's
-  // alpha, so a BF16 GEMM sees exact operands
-  // (docs/numerics.md, "Emulation on Hopper and CPU").
-  virtual Status LinearForward(const float* x, const float* w, const float* bias, float* y,
-                               int64_t rows, int64_t in, int64_t out, const LinearQuant& q) = 0;
+  // y (rows x out) = (Q_fwd_x(x) . Q_fwd_w(w)^T + bias) + residual, x: rows x in,
+  // w: out x in, bias: out floats or null, residual: rows x out floats or null
+  // (a transformer's skip connection, added in the same pass instead of by a
+  // separate Add). Quantization of x and w along `in`, FP32 accumulation;
+  // NVFP4/FP8 per-tensor decode scales are folded into the GEMM's alpha, so a
+  // BF16 GEMM sees exact operands (docs/numerics.md, "Emulation on Hopper and
+  // CPU"); they scale the product only, never the bias or the residual.
+  // residual must not alias y (refused: the CPU writes the product into y before
+  // it reads the residual).
+  // The CPU computes (acc + bias) + residual, the bits of LinearForward without
+  // residual followed by Add; CUDA sums the same three terms in cuBLASLt's
+  // epilogue order, (alpha acc + residual) + bias, within the GEMM tolerance of
+  // docs/numerics.md.
+  virtual Status LinearForward(const float* x, const float* w, const float* bias,
+                               const float* residual, float* y, int64_t rows, int64_t in,
+                               int64_t out, const LinearQuant& q) = 0;
   // dx (rows x in) = Q_dgrad_dy(dy) . Q_dgrad_w(w) (dy along `out`, w down its
   // columns), written (dx may be null: skipped); dw must not be null;
   // dw (out x in) += Q_wgrad_dy(dy)^T . Q_wgrad_x(x) (both along rows);
-  // dbias (out) += column sums of dy (dbias may be null). Operands are quantized
-  // afresh from x, w and dy (never reused from the forward).
+  // dbias (out) += column sums of dy (dbias may be null), the same bits whichever
+  // formats the roles have (CUDA sums them in the pass that rounds dy when a dy
+  // role is BF16, else in a pass of its own, in one fixed order). Operands are
+  // quantized afresh from x, w and dy (never reused from the forward).
   virtual Status LinearBackward(const float* x, const float* w, const float* dy, float* dx,
                                 float* dw, float* dbias, int64_t rows, int64_t in, int64_t out,
                                 const LinearQuant& q) = 0;

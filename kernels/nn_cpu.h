@@ -52,8 +52,9 @@ class CpuBackend : public Backend {
   Status QuantizeDequantize(const float* x, int64_t rows, int64_t cols, int axis,
                             const OperandFormat& format, uint64_t seed, float* out) override;
 
-  Status LinearForward(const float* x, const float* w, const float* bias, float* y, int64_t rows,
-                       int64_t in, int64_t out, const LinearQuant& q) override;
+  Status LinearForward(const float* x, const float* w, const float* bias, const float* residual,
+                       float* y, int64_t rows, int64_t in, int64_t out,
+                       const LinearQuant& q) override;
   Status LinearBackward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                         float* dbias, int64_t rows, int64_t in, int64_t out,
                         const LinearQuant& q) override;

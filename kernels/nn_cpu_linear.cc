@@ -315,11 +315,16 @@ struct RoleStats {
 
 }  // namespace
 
-Status CpuBackend::LinearForward(const float* x, const float* w, const float* bias, float* y,
-                                 int64_t rows, int64_t in, int64_t out, const LinearQuant& q) {
+Status CpuBackend::LinearForward(const float* x, const float* w, const float* bias,
+                                 const float* residual, float* y, int64_t rows, int64_t in,
+                                 int64_t out, const LinearQuant& q) {
   static const char kOp[] = "LinearForward";
   KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"rows", rows}, {"in", in}, {"out", out}}));
   KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"w", w}, {"y", y}}));
+  if (residual == y)
+    return Status::Error(std::string(kOp) +
+                         ": residual: the same buffer as y is not allowed; pass a separate "
+                         "residual (y receives the product before the residual is added)");
   std::lock_guard<std::mutex> lock(linear_mutex_);
   KEEL_RETURN_IF_ERROR(ValidateLinearQuant(kOp, q, rows, stats_slots_));
 
@@ -333,11 +338,19 @@ Status CpuBackend::LinearForward(const float* x, const float* w, const float* bi
   // y = alpha * x_q . w_q^T: B is w stored out x in, i.e. op(B) = w^T.
   GemmCpu(&pool_, GemmShape{rows, out, in}, false, true, alpha, operand_a_.data, in,
           operand_b_.data, in, false, y, out);
-  if (bias != nullptr) {
+  // Then (y + bias) + residual, each a separate fp32 addition: the bits of adding
+  // the bias and then calling Add with the residual.
+  if (bias != nullptr || residual != nullptr) {
     pool_.ParallelRange(rows, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         float* row = y + r * out;
-        for (int64_t o = 0; o < out; ++o) row[o] += bias[o];
+        if (bias != nullptr) {
+          for (int64_t o = 0; o < out; ++o) row[o] += bias[o];
+        }
+        if (residual != nullptr) {
+          const float* skip = residual + r * out;
+          for (int64_t o = 0; o < out; ++o) row[o] += skip[o];
+        }
       }
     });
   }

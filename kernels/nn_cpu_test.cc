@@ -114,7 +114,7 @@ TEST_F(NnCpuTest, LinearFp32Gradients) {
   LinearQuant q;  // every role fp32
   auto loss = [&]() {
     EXPECT_TRUE(
-        backend_->LinearForward(x.data(), w.data(), bias.data(), y.data(), rows, in, out, q).ok());
+        backend_->LinearForward(x.data(), w.data(), bias.data(), nullptr, y.data(), rows, in, out, q).ok());
     return WeightedSum(y, r);
   };
   // dx is written (start from garbage); dw and dbias are += (start from a base).
@@ -125,6 +125,47 @@ TEST_F(NnCpuTest, LinearFp32Gradients) {
   ExpectGradient("linear dx", &x, loss, dx);
   ExpectGradient("linear dw", &w, loss, Minus(dw, dw_base));
   ExpectGradient("linear dbias", &bias, loss, Minus(db, db_base));
+}
+
+// The residual rides in LinearForward: (acc + bias) + residual must be the bits of
+// LinearForward without it followed by Add, in every format (per-tensor FP8 and
+// NVFP4 fold their decode scales into alpha, which must not scale the residual),
+// with and without a bias, for 1 and 3 threads.
+TEST_F(NnCpuTest, LinearResidualEqualsLinearThenAdd) {
+  const int64_t rows = 48, in = 64, out = 32;
+  std::vector<float> x = WithOutliers(rows * in, 181), w = Normal(out * in, 182, 0.1f);
+  std::vector<float> bias = Normal(out, 183), residual = Normal(rows * out, 184, 3.0f);
+  std::vector<LinearQuant> schemes(6);
+  for (OperandFormat& f : schemes[1].role) f = Quant(QuantFormat::kBf16);
+  for (OperandFormat& f : schemes[2].role) f = Quant(QuantFormat::kMxfp8E4M3, Rounding::kNearestAway);
+  for (OperandFormat& f : schemes[3].role) f = Quant(QuantFormat::kNvfp4);
+  for (OperandFormat& f : schemes[4].role) f = Quant(QuantFormat::kFp8E4M3);
+  schemes[5].role[static_cast<int>(Role::kFwdW)] = Quant(QuantFormat::kFp8E5M2);  // fp32 x, fp8 w
+  for (int threads : {1, 3}) {
+    std::unique_ptr<Backend> be = MakeCpu(threads);
+    for (size_t k = 0; k < schemes.size(); ++k) {
+      LinearQuant q = schemes[k];
+      q.seed = 9;
+      const float* biases[] = {nullptr, bias.data()};
+      for (const float* b : biases) {
+        SCOPED_TRACE("scheme " + std::to_string(k) + (b != nullptr ? " with bias" : " without bias") + ", " +
+                     std::to_string(threads) + " threads");
+        std::vector<float> plain(rows * out), sum(rows * out), fused(rows * out, -7.0f);
+        ASSERT_OK(be->LinearForward(x.data(), w.data(), b, nullptr, plain.data(), rows, in, out, q));
+        ASSERT_OK(be->Add(plain.data(), residual.data(), sum.data(), rows * out));
+        ASSERT_OK(be->LinearForward(x.data(), w.data(), b, residual.data(), fused.data(), rows, in, out, q));
+        EXPECT_EQ(0, std::memcmp(sum.data(), fused.data(), sum.size() * sizeof(float)));
+        EXPECT_NE(0, std::memcmp(plain.data(), fused.data(), sum.size() * sizeof(float)));
+      }
+    }
+  }
+  // residual == y is refused and leaves y as it was.
+  std::vector<float> y(rows * out, 2.5f);
+  const Status status =
+      backend_->LinearForward(x.data(), w.data(), bias.data(), y.data(), y.data(), rows, in, out, LinearQuant());
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("residual"), std::string::npos) << status.message();
+  EXPECT_EQ(y, std::vector<float>(rows * out, 2.5f));
 }
 
 TEST_F(NnCpuTest, LayerNormGradientsWithAndWithoutBeta) {
@@ -666,7 +707,7 @@ TEST_F(NnCpuTest, QuantizedLinearMxfp8MatchesReference) {
   std::vector<float> x = WithOutliers(rows * in, 101), w = WithOutliers(out * in, 102);
   std::vector<float> dy = WithOutliers(rows * out, 103), bias = Normal(out, 104);
   std::vector<float> y(rows * out);
-  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), bias.data(), y.data(), rows, in, out, q));
+  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), bias.data(), nullptr, y.data(), rows, in, out, q));
   std::vector<float> xq = MxRef(x, rows, in, 1, fmt(Role::kFwdX), seed(Role::kFwdX));
   std::vector<float> wq = MxRef(w, out, in, 1, fmt(Role::kFwdW), seed(Role::kFwdW));
   DoubleGemm fwd = GemmDouble(xq, false, wq, true, rows, out, in);
@@ -726,7 +767,7 @@ TEST_F(NnCpuTest, QuantizedLinearNvfp4MatchesReference) {
   // The references' outputs include S_dec; the backend folds S_dec_a * S_dec_b
   // into alpha instead, which moves each product by at most 3 roundings.
   std::vector<float> y(rows * out);
-  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), nullptr, y.data(), rows, in, out, q));
+  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), nullptr, nullptr, y.data(), rows, in, out, q));
   std::vector<float> xq = Nvfp4Ref(x, rows, in, 1, fmt(Role::kFwdX), seed(Role::kFwdX));
   std::vector<float> wq = Nvfp4Ref(w, out, in, 1, fmt(Role::kFwdW), seed(Role::kFwdW));
   ExpectGemmClose("y", y, {}, GemmDouble(xq, false, wq, true, rows, out, in), in, 4);
@@ -748,7 +789,7 @@ TEST_F(NnCpuTest, PerTensorFp8AndBf16Roles) {
   q.role[RoleIndex(Role::kFwdX)] = Quant(QuantFormat::kFp8E4M3);
   q.role[RoleIndex(Role::kFwdW)] = Quant(QuantFormat::kBf16);
   std::vector<float> x = WithOutliers(rows * in, 121), w = Normal(out * in, 122), y(rows * out);
-  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), nullptr, y.data(), rows, in, out, q));
+  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), nullptr, nullptr, y.data(), rows, in, out, q));
   std::vector<float> xq(x.size()), wq(w.size());
   ASSERT_OK(Fp8TensorQuantizeRef(x.data(), x.size(), ElemFormat::kE4M3, Rounding::kNearestEven, 0,
                                  xq.data(), nullptr, nullptr));
@@ -866,7 +907,7 @@ TEST_F(NnCpuTest, RhtMisuseIsAnError) {
   LinearQuant fwd;
   fwd.role[RoleIndex(Role::kFwdX)] = Quant(QuantFormat::kNvfp4);
   fwd.role[RoleIndex(Role::kFwdX)].rht = true;
-  status = backend_->LinearForward(x.data(), w.data(), nullptr, y.data(), rows, in, out, fwd);
+  status = backend_->LinearForward(x.data(), w.data(), nullptr, nullptr, y.data(), rows, in, out, fwd);
   ASSERT_FALSE(status.ok());
   EXPECT_NE(status.message().find("fwd_x.rht"), std::string::npos) << status.message();
 
@@ -911,8 +952,8 @@ TEST_F(NnCpuTest, OperandStatsOnHandMadeTensor) {
   q.role[RoleIndex(Role::kFwdW)] = Quant(QuantFormat::kBf16);
   q.stats_slot = 1;
   ASSERT_OK(backend_->ResetOperandStats(2));
-  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), nullptr, y.data(), rows, in, out, q));
-  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), nullptr, y.data(), rows, in, out, q));
+  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), nullptr, nullptr, y.data(), rows, in, out, q));
+  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), nullptr, nullptr, y.data(), rows, in, out, q));
   std::vector<OperandStats> stats;
   ASSERT_OK(backend_->ReadOperandStats(&stats));
   ASSERT_EQ(stats.size(), 2u * kRoleCount);
@@ -937,7 +978,7 @@ TEST_F(NnCpuTest, OperandStatsOnHandMadeTensor) {
   std::vector<float> w16 = Normal(16 * in, 152), y16(rows * 16);
   std::vector<float> finite_x = Normal(rows * in, 153);
   ASSERT_OK(
-      backend_->LinearForward(finite_x.data(), w16.data(), nullptr, y16.data(), rows, in, 16, nv));
+      backend_->LinearForward(finite_x.data(), w16.data(), nullptr, nullptr, y16.data(), rows, in, 16, nv));
   ASSERT_OK(backend_->ReadOperandStats(&stats));
   EXPECT_EQ(stats[RoleIndex(Role::kFwdW)].blocks, 16 * in / 16);
   EXPECT_EQ(stats[RoleIndex(Role::kFwdW)].elements, 16 * in);
@@ -947,7 +988,7 @@ TEST_F(NnCpuTest, OperandStatsOnHandMadeTensor) {
   for (const OperandStats& s : stats)
     EXPECT_EQ(s.elements + s.blocks + s.saturated + s.nan_blocks, 0);
   q.stats_slot = 2;  // only slots 0 and 1 exist
-  Status status = backend_->LinearForward(x.data(), w.data(), nullptr, y.data(), rows, in, out, q);
+  Status status = backend_->LinearForward(x.data(), w.data(), nullptr, nullptr, y.data(), rows, in, out, q);
   ASSERT_FALSE(status.ok());
   EXPECT_NE(status.message().find("stats_slot"), std::string::npos) << status.message();
 }
@@ -1007,7 +1048,7 @@ TEST(NnCpuDeterminismTest, OneAndThreeThreadsGiveTheSameBits) {
       dx[b].resize(rows * in);
       dw[b].assign(out * in, 0.5f);
       db[b].assign(out, 0.5f);
-      ASSERT_OK(backends[b]->LinearForward(x.data(), w.data(), bias.data(), y[b].data(), rows, in,
+      ASSERT_OK(backends[b]->LinearForward(x.data(), w.data(), bias.data(), nullptr, y[b].data(), rows, in,
                                            out, q));
       ASSERT_OK(backends[b]->LinearBackward(x.data(), w.data(), dy.data(), dx[b].data(),
                                             dw[b].data(), db[b].data(), rows, in, out, q));
@@ -1138,7 +1179,7 @@ TEST_F(NnCpuTest, ShapeErrorsNameTheField) {
   ASSERT_FALSE(status.ok());
   EXPECT_NE(status.message().find("heads: 5"), std::string::npos) << status.message();
   status =
-      backend_->LinearForward(buf.data(), buf.data(), nullptr, buf.data(), 0, 4, 4, LinearQuant());
+      backend_->LinearForward(buf.data(), buf.data(), nullptr, nullptr, buf.data(), 0, 4, 4, LinearQuant());
   ASSERT_FALSE(status.ok());
   EXPECT_NE(status.message().find("rows: 0"), std::string::npos) << status.message();
   status = backend_->LayerNormForward(buf.data(), buf.data(), nullptr, buf.data(), buf.data(),
@@ -1148,11 +1189,11 @@ TEST_F(NnCpuTest, ShapeErrorsNameTheField) {
   // Quantizer errors name the role and the field.
   LinearQuant nv;
   nv.role[RoleIndex(Role::kFwdX)] = Quant(QuantFormat::kNvfp4);
-  status = backend_->LinearForward(buf.data(), buf.data(), nullptr, buf.data(), 2, 24, 2, nv);
+  status = backend_->LinearForward(buf.data(), buf.data(), nullptr, nullptr, buf.data(), 2, 24, 2, nv);
   ASSERT_FALSE(status.ok());
   EXPECT_NE(status.message().find("fwd_x: cols: 24"), std::string::npos) << status.message();
   nv.role[RoleIndex(Role::kFwdX)].rounding = Rounding::kNearestAway;
-  status = backend_->LinearForward(buf.data(), buf.data(), nullptr, buf.data(), 2, 32, 2, nv);
+  status = backend_->LinearForward(buf.data(), buf.data(), nullptr, nullptr, buf.data(), 2, 32, 2, nv);
   ASSERT_FALSE(status.ok());
   EXPECT_NE(status.message().find("fwd_x: rounding"), std::string::npos) << status.message();
   std::unique_ptr<Backend> backend;

@@ -5,6 +5,7 @@
 // strided batches. Plans (descriptors plus the heuristic's algorithm) are cached
 // per shape: the same shape always runs the same algorithm, which keeps results
 // bit-reproducible from run to run.
+#include <algorithm>
 #include <cstdio>
 
 #include "kernels/nn_cuda_internal.h"
@@ -126,18 +127,26 @@ Status Blas::MakePlan(const GemmArgs& g, int alignment, Plan* plan) {
 
 Status Blas::Gemm(const GemmArgs& g) {
   if (g.m <= 0 || g.n <= 0) return Status::Ok();
+  const float* c_in = g.accumulate && g.c_in != nullptr ? g.c_in : g.c;
   if (g.k <= 0) {  // an empty sum: C = beta * C
-    if (g.accumulate) return Status::Ok();
     for (int64_t i = 0; i < g.batch; ++i) {
-      KEEL_CUDA_CHECK(cudaMemset2DAsync(g.c + i * g.stride_c, g.ldc * sizeof(float), 0, g.m * sizeof(float), g.n,
-                                       stream_));
+      float* d = g.c + i * g.stride_c;
+      const size_t pitch = g.ldc * sizeof(float);
+      if (!g.accumulate) {
+        KEEL_CUDA_CHECK(cudaMemset2DAsync(d, pitch, 0, g.m * sizeof(float), g.n, stream_));
+      } else if (c_in != g.c) {
+        KEEL_CUDA_CHECK(cudaMemcpy2DAsync(d, pitch, c_in + i * g.stride_c, pitch, g.m * sizeof(float), g.n,
+                                          cudaMemcpyDeviceToDevice, stream_));
+      }
     }
     return Status::Ok();
   }
   const int elem = g.bf16 ? 2 : 4;
+  // C and D share one layout and one alignment preference: the smaller of the two.
   const int alignment = AlignmentOf(g.a, g.stride_a * elem, g.batch) |
                         (AlignmentOf(g.b, g.stride_b * elem, g.batch) << 9) |
-                        (AlignmentOf(g.c, g.stride_c * 4, g.batch) << 18);
+                        (std::min(AlignmentOf(g.c, g.stride_c * 4, g.batch), AlignmentOf(c_in, g.stride_c * 4, g.batch))
+                         << 18);
   const Key key(g.bf16, g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.stride_a, g.stride_b,
                 g.stride_c, g.batch, g.bias != nullptr, alignment);
   auto found = plans_.find(key);
@@ -159,7 +168,7 @@ Status Blas::Gemm(const GemmArgs& g) {
                                                    sizeof(g.bias)));
   }
   const float* beta = constants_ + (g.accumulate ? 1 : 0);
-  NN_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, g.alpha, g.a, plan.a, g.b, plan.b, beta, g.c, plan.c, g.c,
+  NN_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, g.alpha, g.a, plan.a, g.b, plan.b, beta, c_in, plan.c, g.c,
                                  plan.c, &plan.algo, workspace_, workspace_bytes_, stream_));
   return Status::Ok();
 }

@@ -139,6 +139,8 @@ class Scratch {
 
 // One (strided-batched) GEMM in cuBLASLt's column-major terms:
 //   C (m x n, ldc) = alpha * op(A) . op(B) + beta * C [+ bias broadcast along n]
+// (cuBLASLt's order: the bias is added to alpha * op(A) . op(B) + beta * C), where
+// the C read may come from another matrix of the same layout (c_in).
 // op(A) is m x k (A stored k x m when trans_a), op(B) is k x n (B stored n x k when
 // trans_b). A row-major r x c matrix is a column-major c x r one with ld = c, so
 // the callers compute row-major products as transposed column-major ones.
@@ -155,6 +157,7 @@ struct GemmArgs {
   int64_t batch = 1;
   const float* alpha = nullptr;  // device float
   bool accumulate = false;       // beta = 1, else 0
+  const float* c_in = nullptr;   // with accumulate: beta * C read from here (ldc, stride_c), not c
   const float* bias = nullptr;   // m floats added to every column, or null
 
   // The shape and the three matrices, a line at each call site. stride: elements
@@ -307,8 +310,9 @@ class CudaBackend final : public Backend {
   Status QuantizeDequantize(const float* x, int64_t rows, int64_t cols, int axis,
                             const OperandFormat& format, uint64_t seed, float* out) override;
 
-  Status LinearForward(const float* x, const float* w, const float* bias, float* y, int64_t rows,
-                       int64_t in, int64_t out, const LinearQuant& q) override;
+  Status LinearForward(const float* x, const float* w, const float* bias, const float* residual,
+                       float* y, int64_t rows, int64_t in, int64_t out,
+                       const LinearQuant& q) override;
   Status LinearBackward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                         float* dbias, int64_t rows, int64_t in, int64_t out,
                         const LinearQuant& q) override;
@@ -378,10 +382,12 @@ class CudaBackend final : public Backend {
   // out->tensor_scale for alpha); kFp32 roles pass x through. Adds the role's
   // statistics when stats_slot >= 0.
   // keep_count: keep a BF16 operand's counts in stats_temp_ + 2 for the wgrad
-  // that reuses the dgrad's bf16 dy.
+  // that reuses the dgrad's bf16 dy. column_sums (only for a BF16 role, else an
+  // error): also column_sums += the column sums of x, computed by the rounding
+  // pass (QuantizeBf16WithColumnSums: ColumnSums' bits).
   Status PrepareOperand(const float* x, int64_t rows, int64_t cols, int axis, Role role,
                         const LinearQuant& q, bool bf16, Scratch* scratch, Operand* out,
-                        bool keep_count = false);
+                        bool keep_count = false, float* column_sums = nullptr);
   // "op: stats_slot: N is not allowed ..." unless -1 <= slot < the slots ResetOperandStats made.
   Status CheckStatsSlot(const char* op, int slot) const;
   // Device counters of one per-tensor FP8 quantization (see OperandStats) added
@@ -407,6 +413,14 @@ class CudaBackend final : public Backend {
   Status Alpha(const Operand& a, const Operand& b, int gemm, const float** alpha);
   // out (+)= column sums of m (rows x cols, row-major), in a fixed order.
   Status ColumnSums(const float* m, int64_t rows, int64_t cols, float* out);
+  // BF16 rounding of x (rows x cols, fp32) into out (bf16 when out_bf16, else
+  // the rounded values in fp32) with the bits Quantize gives, counts as Quantize
+  // adds them, in one pass that also adds x's column sums to column_sums with
+  // ColumnSums' partials and order, hence its bits (dbias without a second read
+  // of dy). format must be bf16 (any rounding).
+  Status QuantizeBf16WithColumnSums(const float* x, int64_t rows, int64_t cols, const OperandFormat& format,
+                                    uint64_t seed, void* out, bool out_bf16, unsigned long long* counts,
+                                    float* column_sums);
   // Attention: q, k, v of qkv (and dout when not null) into attn_q_, attn_k_,
   // attn_v_ (attn_o_) per head [b, h, t, d], bf16 or fp32.
   Status AttentionHeads(const float* qkv, const float* dout, int64_t batch, int64_t seq, int64_t heads,

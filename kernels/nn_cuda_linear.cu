@@ -15,6 +15,11 @@
 // runs on it and the raw fp32 operand. Both are what the CPU reference computes,
 // up to the order of the fp32 sums.
 //
+// The forward's bias and residual are added in the GEMM's epilogue (the residual
+// as cuBLASLt's C with beta = 1). The backward's dbias is summed by the kernel
+// that rounds dy when a dy role is BF16 (Bf16ColumnPartialsKernel, one read of dy
+// for both), else by ColumnSums; both give the same bits.
+//
 // Statistics (OperandStats of nn.h): BF16, MX and NVFP4 quantizers count them in
 // the pass that quantizes (DeviceOutputs::counts); per-tensor FP8 in a second pass
 // over x and its codes. The dequantized values compared are the CPU reference's
@@ -132,6 +137,60 @@ __global__ void __launch_bounds__(256) ColumnFinalizeKernel(const float* __restr
     float total = sums[0][threadIdx.x];
     for (int k = 1; k < 8; ++k) total += sums[k][threadIdx.x];
     out[col] += total;
+  }
+}
+
+// BF16 rounding of m (rows x cols, fp32) fused with pass 1 of the column sums:
+// the blocks, threads, rows and order of ColumnPartialsKernel, so `partial` gets
+// its bits (the sums are of the unrounded m, as dbias needs), while each element
+// is rounded as Bf16Kernel (quantize_cuda_fp8.cu) rounds it: the same
+// qcore::Bf16Round, the same Philox uniform of index i under stochastic rounding
+// and the same store (StoreOut1), so `out` gets that kernel's bits too. counts
+// (may be null): [1] += the NaN/Inf elements, as Bf16Kernel counts them.
+// One 4-byte load and one 2-byte store per element, a warp covering 32
+// consecutive columns of a row: coalesced, and dy is read once instead of twice.
+template <Rounding R>
+__global__ void __launch_bounds__(256)
+    Bf16ColumnPartialsKernel(const float* __restrict__ m, int64_t rows, int64_t cols, int64_t rows_per_chunk,
+                             uint64_t seed, void* __restrict__ out, bool out_bf16, float* __restrict__ partial,
+                             unsigned long long* counts) {
+  __shared__ float sums[8][33];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = min(rows, r0 + rows_per_chunk);
+  float acc = 0.0f;
+  unsigned int nonfinite = 0;
+  if (col < cols) {
+    // Four of the thread's rows loaded before any is used (loads in flight), then
+    // added in row order: the order of ColumnPartialsKernel's loop.
+    constexpr int kBatch = 4;
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8 * kBatch) {
+      float v[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int64_t rk = r + 8 * k;
+        v[k] = rk < r1 ? m[rk * cols + col] : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int64_t rk = r + 8 * k;
+        if (rk >= r1) break;
+        const int64_t i = rk * cols + col;
+        acc += v[k];
+        const float u = R == Rounding::kStochastic ? PhiloxUniform(seed, static_cast<uint64_t>(i)) : 0.0f;
+        qcuda::StoreOut1(out, out_bf16, i, qcore::Bf16Value(qcore::Bf16Round(v[k], R, u)));
+        nonfinite += qcore::IsFinite(v[k]) ? 0u : 1u;
+      }
+    }
+  }
+  // blockDim.x is 32, so threadIdx.x is the lane AddCounts expects; every lane calls it.
+  if (counts != nullptr) AddCounts(0u, nonfinite, counts);
+  sums[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float total = sums[0][threadIdx.x];
+    for (int k = 1; k < 8; ++k) total += sums[k][threadIdx.x];
+    partial[blockIdx.y * cols + col] = total;
   }
 }
 
@@ -253,9 +312,14 @@ Status CudaBackend::FinishOperandStats(int64_t count, int64_t blocks, bool per_t
 }
 
 Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, int axis, Role role,
-                                   const LinearQuant& q, bool bf16, Scratch* scratch, Operand* out, bool keep_count) {
+                                   const LinearQuant& q, bool bf16, Scratch* scratch, Operand* out, bool keep_count,
+                                   float* column_sums) {
   const OperandFormat& f = q.role[static_cast<int>(role)];
   out->tensor_scale = nullptr;
+  if (column_sums != nullptr && !(f.quantized() && f.format == QuantFormat::kBf16))
+    return Status::Error(std::string("linear: role ") + RoleName(role) +
+                         ": column sums ride only on a bf16 rounding; this role is " +
+                         (f.quantized() ? QuantFormatName(f.format) : "fp32"));
   if (!f.quantized()) {  // fp32 GEMM on the unquantized operand
     out->data = x;
     return Status::Ok();
@@ -283,7 +347,12 @@ Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, i
   float* amax = small_ + kAmaxSlot + r;
   float* tensor_scale = small_ + kTensorScaleSlot + r;
   // The per-tensor decode scale stays out of the values and goes into alpha.
-  {
+  if (column_sums != nullptr) {
+    NN_PROFILE("quantize + dbias");
+    const Status s = QuantizeBf16WithColumnSums(x, rows, cols, f, RoleSeed(q.seed, role), scratch->get<void>(), bf16,
+                                                fused_stats ? stats_temp_ : nullptr, column_sums);
+    if (!s.ok()) return Status::Error(std::string("linear: role ") + RoleName(role) + ": " + s.message());
+  } else {
     NN_PROFILE("quantize");
     const Status s = Quantize(x, rows, cols, axis, f, RoleSeed(q.seed, role), scratch->get<void>(), bf16, true,
                               codes, amax, tensor_scale, fused_stats ? stats_temp_ : nullptr);
@@ -316,6 +385,39 @@ Status CudaBackend::Alpha(const Operand& a, const Operand& b, int gemm, const fl
   return Status::Ok();
 }
 
+Status CudaBackend::QuantizeBf16WithColumnSums(const float* x, int64_t rows, int64_t cols, const OperandFormat& f,
+                                               uint64_t seed, void* out, bool out_bf16, unsigned long long* counts,
+                                               float* column_sums) {
+  if (f.format != QuantFormat::kBf16)
+    return Status::Error(std::string("QuantizeBf16WithColumnSums: format ") + QuantFormatName(f.format) +
+                         " is not allowed; only bf16 rounds elementwise");
+  // ColumnSums' chunks, so that the partials and their finalization are its own.
+  const int64_t chunks = ColumnChunks(rows);
+  const int64_t rows_per_chunk = CeilDiv(rows, chunks);
+  KEEL_RETURN_IF_ERROR(partials_.Reserve(static_cast<size_t>(chunks * cols) * sizeof(float), stream_));
+  float* partial = partials_.get<float>();
+  const dim3 grid(static_cast<unsigned int>(CeilDiv(cols, 32)), static_cast<unsigned int>(chunks));
+  switch (f.rounding) {
+    case Rounding::kNearestEven:
+      Bf16ColumnPartialsKernel<Rounding::kNearestEven><<<grid, dim3(32, 8), 0, stream_>>>(
+          x, rows, cols, rows_per_chunk, seed, out, out_bf16, partial, counts);
+      break;
+    case Rounding::kNearestAway:
+      Bf16ColumnPartialsKernel<Rounding::kNearestAway><<<grid, dim3(32, 8), 0, stream_>>>(
+          x, rows, cols, rows_per_chunk, seed, out, out_bf16, partial, counts);
+      break;
+    case Rounding::kStochastic:
+      Bf16ColumnPartialsKernel<Rounding::kStochastic><<<grid, dim3(32, 8), 0, stream_>>>(
+          x, rows, cols, rows_per_chunk, seed, out, out_bf16, partial, counts);
+      break;
+    default:
+      return Status::Error("QuantizeBf16WithColumnSums: rounding: " + std::to_string(static_cast<int>(f.rounding)) +
+                           " is not a rounding mode");
+  }
+  NN_LAUNCH_CHECK();
+  return FinalizeColumnPartials(partial, chunks, cols, column_sums, stream_);
+}
+
 Status CudaBackend::ColumnSums(const float* m, int64_t rows, int64_t cols, float* out) {
   if (rows <= 0 || cols <= 0) return Status::Ok();
   const int64_t chunks = ColumnChunks(rows);  // a fixed function of the shape
@@ -339,11 +441,14 @@ Status CudaBackend::CheckStatsSlot(const char* op, int slot) const {
                        " (ResetOperandStats made " + std::to_string(stats_slots_) + " slots)");
 }
 
-Status CudaBackend::LinearForward(const float* x, const float* w, const float* bias, float* y, int64_t rows,
-                                  int64_t in, int64_t out, const LinearQuant& q) {
+Status CudaBackend::LinearForward(const float* x, const float* w, const float* bias, const float* residual,
+                                  float* y, int64_t rows, int64_t in, int64_t out, const LinearQuant& q) {
   NN_PROFILE("LinearForward");
   KEEL_RETURN_IF_ERROR(CheckLinearShape("LinearForward", rows, in, out));
   if (x == nullptr || w == nullptr || y == nullptr) return Status::Error("LinearForward: x, w or y: null");
+  if (residual == y)
+    return Status::Error("LinearForward: residual: the same buffer as y is not allowed; pass a separate residual "
+                         "(as the CPU backend requires)");
   KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
   KEEL_RETURN_IF_ERROR(CheckStatsSlot("LinearForward", q.stats_slot));
   const bool bf16 = q.role[static_cast<int>(Role::kFwdX)].quantized() && q.role[static_cast<int>(Role::kFwdW)].quantized();
@@ -356,8 +461,18 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
   g.trans_a = true;
   g.Shape(out, rows, in).A(qw.data, in).B(qx.data, in).C(y, out);
   KEEL_RETURN_IF_ERROR(Alpha(qx, qw, 0, &g.alpha));
+  // The residual is the GEMM's C with beta = 1 (D = y): it is read in the
+  // epilogue instead of by a separate Add, and alpha (the decode scales) does
+  // not touch it.
+  if (residual != nullptr) {
+    g.accumulate = true;
+    g.c_in = residual;
+  }
   // The bias rides in the GEMM's epilogue (y = alpha * acc + bias, what the CPU
-  // computes in two steps) unless cuBLASLt has no such algorithm for the shape.
+  // computes in two steps; with a residual cuBLASLt adds the bias last:
+  // y = (alpha * acc + residual) + bias, the CPU's three terms in another order)
+  // unless cuBLASLt has no such algorithm for the shape; then the same sum with
+  // the bias added by a kernel of its own.
   NN_PROFILE("gemm");
   bool epilogue_bias = bias != nullptr && Aligned(bias, 16);
   if (epilogue_bias) {
@@ -393,12 +508,19 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
   const bool reuse_dy = dx != nullptr && bf16_dgrad && bf16_wgrad && f_ddy.format == QuantFormat::kBf16 &&
                         f_wdy.format == QuantFormat::kBf16 && f_ddy.rounding == f_wdy.rounding &&
                         f_ddy.rounding != Rounding::kStochastic;
+  // dbias: the column sums of dy ride on the first BF16 rounding of dy (which
+  // reads dy anyway); with no BF16 dy role, a pass of its own. Either way the
+  // same partials in the same order: the same bits.
+  auto rounds_bf16 = [](const OperandFormat& f) { return f.quantized() && f.format == QuantFormat::kBf16; };
+  float* dbias_with_dgrad = dbias != nullptr && dx != nullptr && rounds_bf16(f_ddy) ? dbias : nullptr;
+  float* dbias_with_wgrad =
+      dbias != nullptr && dbias_with_dgrad == nullptr && !reuse_dy && rounds_bf16(f_wdy) ? dbias : nullptr;
   Operand qdy;
   if (dx != nullptr) {
     // dx^T (in x rows) = W^T (stored in x out) . dY^T (stored out x rows).
     Operand qw;
-    KEEL_RETURN_IF_ERROR(
-        PrepareOperand(dy, rows, out, 1, Role::kDgradDy, q, bf16_dgrad, &op_a_, &qdy, /*keep_count=*/reuse_dy));
+    KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 1, Role::kDgradDy, q, bf16_dgrad, &op_a_, &qdy,
+                                        /*keep_count=*/reuse_dy, dbias_with_dgrad));
     KEEL_RETURN_IF_ERROR(PrepareOperand(w, out, in, 0, Role::kDgradW, q, bf16_dgrad, &op_b_, &qw));
     GemmArgs g;
     g.bf16 = bf16_dgrad;
@@ -407,7 +529,7 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     NN_PROFILE("gemm");
     KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
   }
-  if (dbias != nullptr) {
+  if (dbias != nullptr && dbias_with_dgrad == nullptr && dbias_with_wgrad == nullptr) {
     NN_PROFILE("dbias");
     KEEL_RETURN_IF_ERROR(ColumnSums(dy, rows, out, dbias));
   }
@@ -422,7 +544,8 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
             FinishOperandStats(rows * out, 1, true, q.stats_slot, Role::kWgradDy, stats_temp_ + 2, nullptr));
       }
     } else {
-      KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 0, Role::kWgradDy, q, bf16_wgrad, &op_a_, &qdy_w));
+      KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 0, Role::kWgradDy, q, bf16_wgrad, &op_a_, &qdy_w,
+                                          /*keep_count=*/false, dbias_with_wgrad));
     }
     KEEL_RETURN_IF_ERROR(PrepareOperand(x, rows, in, 0, Role::kWgradX, q, bf16_wgrad, &op_b_, &qx));
     GemmArgs g;

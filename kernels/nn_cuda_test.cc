@@ -4,7 +4,9 @@
 //
 // What agrees how closely, and why (each check repeats its tolerance):
 //   - Same fp32 operations in the same order on both sides (Fill, Add, Axpy,
-//     Scale, Copy2D, AdamW, the embedding, the quantizers): bit for bit. nvcc
+//     Scale, Copy2D, AdamW, the embedding, the quantizers): bit for bit. So is
+//     the GPU's dbias summed inside the bf16 rounding of dy against its own
+//     ColumnSums (the same partials in the same order). nvcc
 //     builds with -fmad=false and IEEE division and square root, the CPU with
 //     -ffp-contract=off, so no fused multiply-add changes a rounding.
 //   - Libm functions (logf, cosf, erff, expf): CUDA's and glibc's differ by an
@@ -579,7 +581,7 @@ TEST_F(NnCudaTest, LinearMatchesCpuForEveryScheme) {
         const bool g = be == gpu_.get();
         auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
         ASSERT_OK(be->ResetOperandStats(2));
-        ASSERT_OK(be->LinearForward(p(x) + x_offset, p(w), p(bias) + 4, p(y), rows, in, out, q));
+        ASSERT_OK(be->LinearForward(p(x) + x_offset, p(w), p(bias) + 4, nullptr, p(y), rows, in, out, q));
         ASSERT_OK(be->LinearBackward(p(x) + x_offset, p(w), p(dy), p(dx), p(dw), p(db), rows, in, out, q));
       }
       // Identical rounded operands and alpha, fp32 sums in another order: 1e-5 normwise.
@@ -596,6 +598,178 @@ TEST_F(NnCudaTest, LinearMatchesCpuForEveryScheme) {
       std::printf("  stats equal (saturated elements over the roles: %lld)\n", static_cast<long long>(saturated));
     }
   }
+}
+
+// The residual in LinearForward, every scheme, with and without a bias, against
+// the CPU's (acc + bias) + residual. The GPU adds the three terms in cuBLASLt's
+// epilogue order, (alpha acc + residual) + bias: another order of an fp32 sum,
+// so the GEMM tolerance, 1e-5 normwise. A residual scaled by alpha (the NVFP4 /
+// FP8 decode scales) or dropped would be off by O(1). In the odd shape the
+// residual starts 4 bytes in, so cuBLASLt reads C less aligned than it writes D.
+TEST_F(NnCudaTest, LinearResidualMatchesCpu) {
+  for (const LinearShape& shape : {LinearShape{512, 768, 1024}, LinearShape{100, 72, 40}}) {
+    const int64_t rows = shape.rows, in = shape.in, out = shape.out;
+    const int64_t offset = rows % 16 == 0 ? 0 : 1;
+    Dual x = Floats(WithOutliers(rows * in + offset, 251)), w = Floats(WithOutliers(out * in, 252, 0.05f)),
+         bias = Floats(Normal(out + 4, 253)), residual = Floats(Normal(rows * out + offset, 254));
+    Dual y = Zeros(rows * out);
+    const bool mult16 = rows % 16 == 0 && in % 16 == 0 && out % 16 == 0;
+    for (const Scheme& s : Schemes()) {
+      if (s.needs_16 && !mult16) continue;
+      for (bool with_bias : {true, false}) {
+        const std::string what = s.name + (with_bias ? " bias" : " no bias") + " " + std::to_string(rows) + "x" +
+                                 std::to_string(in) + "->" + std::to_string(out);
+        SCOPED_TRACE(what);
+        std::printf("%s\n", what.c_str());
+        LinearQuant q = s.q;
+        q.seed = 0x5EED;
+        for (Backend* be : {cpu_.get(), gpu_.get()}) {
+          const bool g = be == gpu_.get();
+          auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+          ASSERT_OK(be->Fill(p(y), rows * out, 7.0f));  // y is written, not added to
+          ASSERT_OK(be->LinearForward(p(x) + offset, p(w), with_bias ? p(bias) + 4 : nullptr, p(residual) + offset,
+                                      p(y), rows, in, out, q));
+        }
+        ExpectNormwise("y = (x.w^T + bias) + residual", Cpu(y), Gpu(y), 1e-5);
+      }
+    }
+  }
+  Dual x = Floats(Normal(32 * 32, 255)), w = Floats(Normal(32 * 32, 256)), y = Zeros(32 * 32);
+  const Status refused = gpu_->LinearForward(x.g(), w.g(), nullptr, y.g(), y.g(), 32, 32, 32, LinearQuant{});
+  EXPECT_FALSE(refused.ok());
+  std::printf("  residual == y: %s\n", refused.message().c_str());
+}
+
+// What one GPU LinearBackward gives: its outputs and the operand statistics.
+struct BackwardResult {
+  std::vector<float> dx, dw, db;
+  std::vector<OperandStats> stats;
+};
+
+// The schemes under which the CUDA backend sums dbias in the bf16 rounding of dy
+// (the dgrad's, or the wgrad's when the dgrad's dy is not bf16 or there is no
+// dx), each with a name; every other scheme sums it with ColumnSums.
+std::vector<Scheme> FusedDbiasSchemes() {
+  std::vector<Scheme> s;
+  s.push_back({"bf16 (dy rounded once, reused by the wgrad)", AllRoles(Quant(QuantFormat::kBf16))});
+  s.push_back({"bf16 nearest_away", AllRoles(Quant(QuantFormat::kBf16, Rounding::kNearestAway))});
+  {
+    LinearQuant q = AllRoles(Quant(QuantFormat::kBf16));
+    q.role[R(Role::kDgradDy)].rounding = Rounding::kStochastic;
+    q.role[R(Role::kWgradDy)].rounding = Rounding::kStochastic;
+    s.push_back({"bf16, stochastic dy (rounded twice)", q});
+  }
+  {
+    LinearQuant q;  // a bf16 dy beside an fp32 w: the rounding writes fp32 values
+    q.role[R(Role::kDgradDy)] = Quant(QuantFormat::kBf16);
+    s.push_back({"bf16 dgrad_dy, fp32 elsewhere", q});
+  }
+  {
+    LinearQuant q = AllRoles(Quant(QuantFormat::kMxfp8E4M3));  // the wgrad's dy carries it
+    q.role[R(Role::kWgradDy)] = Quant(QuantFormat::kBf16, Rounding::kStochastic);
+    q.role[R(Role::kWgradX)] = Quant(QuantFormat::kBf16);
+    s.push_back({"mxfp8 dgrad, bf16 wgrad", q});
+  }
+  return s;
+}
+
+class NnCudaDbiasTest : public NnCudaTest {
+ protected:
+  // LinearBackward on the GPU from dw0 / db0 (db null: no dbias), with_dx false
+  // passes no dx; statistics in slot 0.
+  BackwardResult Backward(const Dual& x, const Dual& w, const Dual& dy, const std::vector<float>& dw0,
+                          const std::vector<float>& db0, bool with_db, bool with_dx, int64_t rows, int64_t in,
+                          int64_t out, LinearQuant q) {
+    BackwardResult r;
+    Dual dx = Zeros(rows * in), dw = Floats(dw0), db = Floats(db0);
+    q.seed = 0xD1A5;
+    q.stats_slot = 0;
+    EXPECT_TRUE(gpu_->ResetOperandStats(1).ok());
+    const Status s = gpu_->LinearBackward(x.g(), w.g(), dy.g(), with_dx ? dx.g() : nullptr, dw.g(),
+                                          with_db ? db.g() : nullptr, rows, in, out, q);
+    EXPECT_TRUE(s.ok()) << s.message();
+    EXPECT_TRUE(gpu_->ReadOperandStats(&r.stats).ok());
+    r.dx = Gpu(dx);
+    r.dw = Gpu(dw);
+    r.db = Gpu(db);
+    return r;
+  }
+
+  // For each fused scheme: dbias has the bits of the ColumnSums path (the fp32
+  // scheme), and dx, dw and the statistics have the bits of the same scheme
+  // without dbias (where dy is rounded by the plain bf16 quantizer).
+  void ExpectFusedDbiasBits(const std::vector<float>& dy_host, int64_t rows, int64_t in, int64_t out) {
+    Dual x = Floats(WithOutliers(rows * in, 261)), w = Floats(Normal(out * in, 262, 0.05f)), dy = Floats(dy_host);
+    const std::vector<float> dw0 = Normal(out * in, 263, 1e-3f), db0 = Normal(out, 264, 1e-3f);
+    const BackwardResult reference = Backward(x, w, dy, dw0, db0, true, true, rows, in, out, LinearQuant{});
+    for (const Scheme& s : FusedDbiasSchemes()) {
+      for (bool with_dx : {true, false}) {
+        const std::string what = s.name + (with_dx ? "" : ", no dx") + ", rows " + std::to_string(rows) + ", out " +
+                                 std::to_string(out);
+        SCOPED_TRACE(what);
+        std::printf("%s\n", what.c_str());
+        const BackwardResult fused = Backward(x, w, dy, dw0, db0, true, with_dx, rows, in, out, s.q);
+        const BackwardResult plain = Backward(x, w, dy, dw0, db0, false, with_dx, rows, in, out, s.q);
+        ExpectBits("dbias vs ColumnSums", reference.db, fused.db);
+        ExpectBits("dbias untouched without dbias", db0, plain.db);
+        if (with_dx) ExpectBits("dx vs no dbias", plain.dx, fused.dx);
+        ExpectBits("dw vs no dbias", plain.dw, fused.dw);
+        ExpectStatsEqual(what, plain.stats, fused.stats);
+      }
+    }
+  }
+};
+
+// dbias summed in the bf16 rounding pass of dy: the bits ColumnSums gives, for
+// row counts that are not a multiple of the 64-row chunk or of the 8 rows a
+// thread strides (and 8200 rows: 128 chunks of 65), and column counts that are
+// not a multiple of 4 or of the 32 columns of a block; the rounded dy (seen
+// through dx and dw) and the statistics are those of the plain bf16 quantizer.
+TEST_F(NnCudaDbiasTest, LinearFusedDbiasIsBitIdenticalToColumnSums) {
+  struct Shape {
+    int64_t rows, in, out;
+  };
+  for (const Shape& k : {Shape{512, 64, 768}, Shape{100, 48, 37}, Shape{1000, 40, 771}, Shape{8200, 32, 70},
+                         Shape{7, 16, 3}, Shape{1, 8, 5}}) {
+    ExpectFusedDbiasBits(WithOutliers(k.rows * k.out, 265, 1e-3f), k.rows, k.in, k.out);
+  }
+}
+
+// Inf and NaN in dy: dbias has ColumnSums' bits (Inf with its sign, NaN where
+// +Inf meets -Inf or a NaN, any NaN equal to any NaN) and the CPU's NaN-ness and
+// infinities; the statistics' NaN blocks are those of the plain quantizer.
+TEST_F(NnCudaDbiasTest, LinearFusedDbiasWithNonFiniteDy) {
+  const int64_t rows = 300, in = 24, out = 45;
+  std::vector<float> dyh = WithOutliers(rows * out, 271, 1e-3f);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  dyh[5 * out + 0] = inf;                           // column 0: +Inf
+  dyh[290 * out + 1] = -inf;                        // column 1: -Inf
+  dyh[3 * out + 2] = inf;                           // column 2: +Inf - Inf = NaN
+  dyh[200 * out + 2] = -inf;
+  dyh[64 * out + 33] = nan;                         // column 33: NaN (second block of columns)
+  dyh[299 * out + 44] = std::numeric_limits<float>::max();  // column 44: overflows to +Inf with the next
+  dyh[298 * out + 44] = std::numeric_limits<float>::max();
+  ExpectFusedDbiasBits(dyh, rows, in, out);
+
+  // Against the CPU: the same columns are NaN, the same are +-Inf.
+  Dual x = Floats(Normal(rows * in, 272)), w = Floats(Normal(out * in, 273)), dy = Floats(dyh);
+  Dual dx = Zeros(rows * in), dw = Zeros(out * in), db = Zeros(out);
+  for (Backend* be : {cpu_.get(), gpu_.get()}) {
+    const bool g = be == gpu_.get();
+    auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+    ASSERT_OK(be->LinearBackward(p(x), p(w), p(dy), p(dx), p(dw), p(db), rows, in, out,
+                                 AllRoles(Quant(QuantFormat::kBf16))));
+  }
+  const std::vector<float> c = Cpu(db), g = Gpu(db);
+  int64_t nonfinite = 0;
+  for (int64_t o = 0; o < out; ++o) {
+    EXPECT_EQ(std::isnan(c[o]), std::isnan(g[o])) << "column " << o;
+    if (std::isinf(c[o]) || std::isinf(g[o])) {
+      EXPECT_EQ(c[o], g[o]) << "column " << o;
+    }
+    nonfinite += std::isfinite(g[o]) ? 0 : 1;
+  }
+  EXPECT_EQ(nonfinite, 5);
 }
 
 TEST_F(NnCudaTest, LinearStatsWithNonFiniteInputs) {
@@ -616,9 +790,9 @@ TEST_F(NnCudaTest, LinearStatsWithNonFiniteInputs) {
     for (Backend* be : {cpu_.get(), gpu_.get()}) {
       const bool g = be == gpu_.get();
       auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
-      ASSERT_OK(be->LinearForward(p(x), p(w), nullptr, p(y), rows, in, out, q));
+      ASSERT_OK(be->LinearForward(p(x), p(w), nullptr, nullptr, p(y), rows, in, out, q));
       ASSERT_OK(be->LinearBackward(p(x), p(w), p(dy), p(dx), p(dw), nullptr, rows, in, out, q));
-      ASSERT_OK(be->LinearForward(p(x), p(w), nullptr, p(y), rows, in, out, q));  // counts add up
+      ASSERT_OK(be->LinearForward(p(x), p(w), nullptr, nullptr, p(y), rows, in, out, q));  // counts add up
     }
   }
   std::vector<OperandStats> sc, sg;
@@ -640,8 +814,8 @@ TEST_F(NnCudaTest, LinearRejectsWhatTheCpuRejects) {
   ASSERT_OK(gpu_->ResetOperandStats(1));
   ASSERT_OK(cpu_->ResetOperandStats(1));
   for (const LinearQuant& q : {rht_fwd, bad_slot}) {
-    const Status c = cpu_->LinearForward(x.c(), w.c(), nullptr, y.c(), rows, in, out, q);
-    const Status g = gpu_->LinearForward(x.g(), w.g(), nullptr, y.g(), rows, in, out, q);
+    const Status c = cpu_->LinearForward(x.c(), w.c(), nullptr, nullptr, y.c(), rows, in, out, q);
+    const Status g = gpu_->LinearForward(x.g(), w.g(), nullptr, nullptr, y.g(), rows, in, out, q);
     EXPECT_FALSE(c.ok());
     EXPECT_FALSE(g.ok());
     std::printf("  cuda says: %s\n", g.message().c_str());
@@ -940,7 +1114,7 @@ TEST_F(NnCudaTest, RepeatedRunsGiveIdenticalBits) {
       LinearQuant q = k == 0 ? Nvfp4Recipe() : AllRoles(Quant(QuantFormat::kMxfp8E4M3, Rounding::kStochastic));
       q.seed = 77;
       q.stats_slot = k;
-      ASSERT_OK(gpu_->LinearForward(x.g(), w.g(), bias.g(), y.g(), rows, in, out, q));
+      ASSERT_OK(gpu_->LinearForward(x.g(), w.g(), bias.g(), nullptr, y.g(), rows, in, out, q));
       ASSERT_OK(gpu_->LinearBackward(x.g(), w.g(), dy.g(), dx.g(), dw.g(), db.g(), rows, in, out, q));
     }
     ASSERT_OK(gpu_->AttentionForward(qkv.g(), aout.g(), astats.g(), batch, seq, heads, dim, true));
@@ -1008,9 +1182,9 @@ TEST_F(NnCudaTest, TimingGpt2Shapes) {
       LinearQuant q = s.second;
       q.stats_slot = stats ? 0 : -1;
       ASSERT_OK(gpu_->ResetOperandStats(1));
-      const double fwd = TimeMs(gpu_.get(), 10, [&] { return gpu_->LinearForward(f(x), f(w), f(bias), f(y), rows, in, out, q); });
+      const double fwd = TimeMs(gpu_.get(), 10, [&] { return gpu_->LinearForward(f(x), f(w), f(bias), nullptr, f(y), rows, in, out, q); });
       const double both = TimeMs(gpu_.get(), 10, [&] {
-        Status st = gpu_->LinearForward(f(x), f(w), f(bias), f(y), rows, in, out, q);
+        Status st = gpu_->LinearForward(f(x), f(w), f(bias), nullptr, f(y), rows, in, out, q);
         if (!st.ok()) return st;
         return gpu_->LinearBackward(f(x), f(w), f(dy), f(dx), f(dw), f(db), rows, in, out, q);
       });

@@ -290,7 +290,7 @@ class GptModel : public Model {
       KEEL_RETURN_IF_ERROR(backend_->LayerNormForward(res_[l], Affine(q.ln1_w), Affine(q.ln1_b), a.ln1,
                                                  a.ln1_mean, a.ln1_rstd, bt_, d_, m_.ln_eps));
       KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.ln1, P(q.attn_w), q.attn_b < 0 ? nullptr : P(q.attn_b),
-                                              a.qkv, bt_, d_, 3 * d_, Quant(scheme, l, 0, quant_seed, stats)));
+                                              nullptr, a.qkv, bt_, d_, 3 * d_, Quant(scheme, l, 0, quant_seed, stats)));
       const float* qkv_used = a.qkv;
       if (m_.qk_layernorm) {
         KEEL_RETURN_IF_ERROR(backend_->CopyBytes(a.qkv_normed, a.qkv, bt_ * 3 * d_ * sizeof(float)));
@@ -300,25 +300,27 @@ class GptModel : public Model {
       }
       KEEL_RETURN_IF_ERROR(backend_->AttentionForward(qkv_used, a.att, a.att_stats, batch_, seq_, m_.heads, d_,
                                                  AttentionBf16(scheme, l)));
+      // mid = res + proj(att): the residual add rides in the GEMM. Nothing reads the
+      // projection without the residual (its backward needs att, the weight and dmid).
       KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.att, P(q.proj_w), q.proj_b < 0 ? nullptr : P(q.proj_b),
-                                              a.mid, bt_, d_, d_, Quant(scheme, l, 1, quant_seed, stats)));
-      KEEL_RETURN_IF_ERROR(backend_->Add(a.mid, res_[l], a.mid, bt_ * d_));
+                                              res_[l], a.mid, bt_, d_, d_, Quant(scheme, l, 1, quant_seed, stats)));
       KEEL_RETURN_IF_ERROR(backend_->LayerNormForward(a.mid, Affine(q.ln2_w), Affine(q.ln2_b), a.ln2,
                                                  a.ln2_mean, a.ln2_rstd, bt_, d_, m_.ln_eps));
-      KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.ln2, P(q.fc_w), q.fc_b < 0 ? nullptr : P(q.fc_b), a.fc,
-                                              bt_, d_, fc_out_, Quant(scheme, l, 2, quant_seed, stats)));
+      KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.ln2, P(q.fc_w), q.fc_b < 0 ? nullptr : P(q.fc_b), nullptr,
+                                              a.fc, bt_, d_, fc_out_, Quant(scheme, l, 2, quant_seed, stats)));
       if (m_.mlp == "swiglu") {
         KEEL_RETURN_IF_ERROR(backend_->SwigluForward(a.fc, a.act, bt_, hidden_));
       } else {
         KEEL_RETURN_IF_ERROR(backend_->GeluForward(a.fc, a.act, bt_ * hidden_));
       }
+      // res[l + 1] = mid + fcproj(act), the same way.
       KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.act, P(q.fcproj_w), q.fcproj_b < 0 ? nullptr : P(q.fcproj_b),
-                                              res_[l + 1], bt_, hidden_, d_, Quant(scheme, l, 3, quant_seed, stats)));
-      KEEL_RETURN_IF_ERROR(backend_->Add(res_[l + 1], a.mid, res_[l + 1], bt_ * d_));
+                                              a.mid, res_[l + 1], bt_, hidden_, d_,
+                                              Quant(scheme, l, 3, quant_seed, stats)));
     }
     KEEL_RETURN_IF_ERROR(backend_->LayerNormForward(res_[blocks_], Affine(lnf_w_), Affine(lnf_b_), lnf_,
                                                lnf_mean_, lnf_rstd_, bt_, d_, m_.ln_eps));
-    KEEL_RETURN_IF_ERROR(backend_->LinearForward(lnf_, P(wte_), nullptr, logits_, bt_, d_, m_.padded_vocab,
+    KEEL_RETURN_IF_ERROR(backend_->LinearForward(lnf_, P(wte_), nullptr, nullptr, logits_, bt_, d_, m_.padded_vocab,
                                             Quant(scheme, -1, 0, quant_seed, stats)));
     if (grad_scale != nullptr && *valid > 0) {
       const float scale = *grad_scale / static_cast<float>(*valid);

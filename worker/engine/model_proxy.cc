@@ -137,9 +137,9 @@ class ProxyModel : public Model {
     for (int l = 0; l < blocks_; ++l) {
       const float* w1 = teacher_ + 2 * l * d_ * d_;
       const float* w2 = w1 + d_ * d_;
-      KEEL_RETURN_IF_ERROR(backend_->LinearForward(x, w1, nullptr, teacher_a_, batch_, d_, d_, fp32));
+      KEEL_RETURN_IF_ERROR(backend_->LinearForward(x, w1, nullptr, nullptr, teacher_a_, batch_, d_, d_, fp32));
       KEEL_RETURN_IF_ERROR(backend_->GeluForward(teacher_a_, teacher_a_, bd));
-      KEEL_RETURN_IF_ERROR(backend_->LinearForward(teacher_a_, w2, nullptr, target_, batch_, d_, d_, fp32));
+      KEEL_RETURN_IF_ERROR(backend_->LinearForward(teacher_a_, w2, nullptr, nullptr, target_, batch_, d_, d_, fp32));
       if (l + 1 < blocks_) {
         // The next teacher block reads from dnormed_ (free until the backward):
         // LinearForward's input and output must not alias.
@@ -162,12 +162,13 @@ class ProxyModel : public Model {
       KEEL_RETURN_IF_ERROR(backend_->QuantizeDequantize(P(base + 1), 1, d_, 1, scheme.layernorm, ln_seed + 1, Beta(l)));
       KEEL_RETURN_IF_ERROR(backend_->LayerNormForward(res_[l], Gamma(l), Beta(l), normed_[l], mean_[l],
                                                  rstd_[l], batch_, d_, eps_));
-      KEEL_RETURN_IF_ERROR(backend_->LinearForward(normed_[l], P(base + 2), nullptr, hidden_[l], batch_,
+      KEEL_RETURN_IF_ERROR(backend_->LinearForward(normed_[l], P(base + 2), nullptr, nullptr, hidden_[l], batch_,
                                               d_, 4 * d_, Quant(scheme, l, 0, quant_seed, stats)));
       KEEL_RETURN_IF_ERROR(backend_->GeluForward(hidden_[l], act_[l], 4 * bd));
-      KEEL_RETURN_IF_ERROR(backend_->LinearForward(act_[l], P(base + 3), P(base + 4), res_[l + 1], batch_,
-                                              4 * d_, d_, Quant(scheme, l, 1, quant_seed, stats)));
-      KEEL_RETURN_IF_ERROR(backend_->Add(res_[l + 1], res_[l], res_[l + 1], bd));
+      // res[l + 1] = res[l] + fc2(act): the residual add rides in the GEMM (the
+      // backward reads res[l + 1] only as the next block's input).
+      KEEL_RETURN_IF_ERROR(backend_->LinearForward(act_[l], P(base + 3), P(base + 4), res_[l], res_[l + 1],
+                                              batch_, 4 * d_, d_, Quant(scheme, l, 1, quant_seed, stats)));
     }
     KEEL_RETURN_IF_ERROR(backend_->CopyBytes(dres_, res_[blocks_], bd * sizeof(float)));
     KEEL_RETURN_IF_ERROR(backend_->Axpy(-1.0f, target_, dres_, bd));
