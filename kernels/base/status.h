@@ -19,6 +19,7 @@ enum class StatusCode {
   kFailedPrecondition,  // valid, but not in this state (a run that already ended, ...)
   kDataLoss,            // stored data is corrupt or truncated (a checkpoint whose CRC fails, ...)
   kUnavailable,         // a peer or resource cannot be reached now; retrying may help
+  kUnimplemented,       // this build lacks the feature (NCCL in a build without CUDA, ...)
   kInternal,            // anything else: a failed system call, a bug
 };
 
@@ -31,6 +32,7 @@ inline const char* StatusCodeName(StatusCode code) {
     case StatusCode::kFailedPrecondition: return "FAILED_PRECONDITION";
     case StatusCode::kDataLoss: return "DATA_LOSS";
     case StatusCode::kUnavailable: return "UNAVAILABLE";
+    case StatusCode::kUnimplemented: return "UNIMPLEMENTED";
     case StatusCode::kInternal: return "INTERNAL";
   }
   return "INTERNAL";
@@ -59,6 +61,9 @@ class Status {
   }
   static Status DataLoss(std::string message) { return Status(StatusCode::kDataLoss, std::move(message)); }
   static Status Unavailable(std::string message) { return Status(StatusCode::kUnavailable, std::move(message)); }
+  static Status Unimplemented(std::string message) {
+    return Status(StatusCode::kUnimplemented, std::move(message));
+  }
 
   // The same failure with `prefix` in front of its message (context for the
   // caller's caller); OK stays OK.

@@ -73,6 +73,15 @@ Status WriteBootstrapId(const std::string& path, const std::string& id);
 // PATH after T s").
 Status WaitBootstrapId(const std::string& path, double timeout_s, std::string* id);
 
+// A binary id (NCCL's ncclUniqueId) as the text of a bootstrap file: two
+// lowercase hex digits per byte, nothing else.
+std::string BootstrapIdToHex(const void* bytes, size_t size);
+// The reverse: `text` (read from `path`, named in errors) must be exactly
+// 2 * size hex digits (either case); anything else is kInvalidArgument naming
+// the path, the length found and the first character that is not a hex digit,
+// and leaves *bytes unchanged.
+Status BootstrapIdFromHex(const std::string& path, const std::string& text, void* bytes, size_t size);
+
 }  // namespace keel
 
 #endif  // KEEL_KERNELS_COMM_COMM_H_
