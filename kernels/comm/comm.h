@@ -9,11 +9,13 @@
 //     place; NCCL: queued on the stream, in order with the backend's work).
 //   - Results are deterministic and identical on every rank: the TCP
 //     communicator sums in rank order, ((x_0 + x_1) + x_2) + ..., and sends every
-//     rank the same bits.
+//     rank the same bits; NCCL sums in its own order (fixed for a world size and
+//     machine) and also gives every rank the same bits.
 //   - No call waits forever: a peer that does not connect within the timeout, or
 //     goes away (closed socket, exited process) or stalls for longer than the
 //     timeout in the middle of a collective, makes the call fail with
-//     kUnavailable naming the peer's rank; the communicator is then unusable.
+//     kUnavailable naming the peer's rank (NCCL, which does not say which peer
+//     is late, names the rank that saw it); the communicator is then unusable.
 //   - Pointers are the backend's memory (CPU backend: host memory).
 #ifndef KEEL_KERNELS_COMM_COMM_H_
 #define KEEL_KERNELS_COMM_COMM_H_

@@ -97,6 +97,7 @@ std::string FormatDuration(double seconds) {
 
 Trainer::~Trainer() {
   if (metrics_file_) std::fclose(metrics_file_);
+  comm_.reset();  // the NCCL communicator queues on backend_'s stream: it goes first
   if (backend_) {
     for (float* p : {grads_, adam_m_, adam_v_, probe_grads_, previous_, gains_, shard_grads_, gather_}) backend_->Free(p);
   }
