@@ -5,8 +5,9 @@
 //
 // Contract shared by every implementation:
 //   - Every rank calls the same collectives in the same order with the same
-//     counts; a call returns once this rank's part is done (TCP: the data is in
-//     place; NCCL: queued on the stream, in order with the backend's work).
+//     counts; a call returns once this rank's part is done and the data is in
+//     place (NCCL: queued on the backend's stream, in order with its work, and
+//     waited for).
 //   - Results are deterministic and identical on every rank: the TCP
 //     communicator sums in rank order, ((x_0 + x_1) + x_2) + ..., and sends every
 //     rank the same bits; NCCL sums in its own order (fixed for a world size and

@@ -46,6 +46,14 @@ __global__ void WidenBf16Kernel(const uint16_t* src, float* dst, int64_t n) {
 int GridFor(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096)); }
 
 // ---- The communicator ----------------------------------------------------------------
+//
+// Every collective ends by waiting (polled, bounded by the timeout) until the
+// stream has run it. Queuing it and returning would let the backend's next
+// blocking wait (Download, SumSquares: cudaStreamSynchronize, no timeout) be
+// the first to wait on it, and a peer that died mid-collective would then hang
+// this rank instead of failing it. The cost is one host round trip per
+// collective, which the trainer pays anyway: each of its collectives is
+// followed by a host read (a loss sum, a norm) within the same step.
 
 std::string Seconds(double s) {
   std::ostringstream text;
@@ -285,7 +293,8 @@ Status NcclComm::AllReduceSum(float* data, int64_t count, ReducePrecision precis
   if (count < 0) return Status::InvalidField("count", std::to_string(count) + " is negative (allowed: >= 0)");
   if (count == 0) return Status::Ok();
   if (precision == ReducePrecision::kF32) {
-    return NCCL_SETTLE(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_), "AllReduceSum");
+    NCCL_TRY(NCCL_SETTLE(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_), "AllReduceSum"));
+    return WaitStream("AllReduceSum");
   }
   // bf16: each rank's contribution rounded to bf16, summed by NCCL in bf16,
   // widened back into data.
@@ -295,7 +304,8 @@ Status NcclComm::AllReduceSum(float* data, int64_t count, ReducePrecision precis
   NCCL_TRY(NCCL_CUDA(cudaGetLastError()));
   NCCL_TRY(NCCL_SETTLE(ncclAllReduce(wire, wire, count, ncclBfloat16, ncclSum, comm_, stream_), "AllReduceSum"));
   WidenBf16Kernel<<<GridFor(count), kThreads, 0, stream_>>>(wire, data, count);
-  return NCCL_CUDA(cudaGetLastError());
+  NCCL_TRY(NCCL_CUDA(cudaGetLastError()));
+  return WaitStream("AllReduceSum");
 }
 
 Status NcclComm::ReduceScatterSum(const float* in, float* out, int64_t count, ReducePrecision precision) {
@@ -303,7 +313,8 @@ Status NcclComm::ReduceScatterSum(const float* in, float* out, int64_t count, Re
   if (count < 0) return Status::InvalidField("count", std::to_string(count) + " is negative (allowed: >= 0)");
   if (count == 0) return Status::Ok();
   if (precision == ReducePrecision::kF32) {
-    return NCCL_SETTLE(ncclReduceScatter(in, out, count, ncclFloat32, ncclSum, comm_, stream_), "ReduceScatterSum");
+    NCCL_TRY(NCCL_SETTLE(ncclReduceScatter(in, out, count, ncclFloat32, ncclSum, comm_, stream_), "ReduceScatterSum"));
+    return WaitStream("ReduceScatterSum");
   }
   const int64_t total = count * world_;
   NCCL_TRY(Scratch(static_cast<size_t>(total) * sizeof(uint16_t)));
@@ -315,7 +326,8 @@ Status NcclComm::ReduceScatterSum(const float* in, float* out, int64_t count, Re
   NCCL_TRY(NCCL_SETTLE(ncclReduceScatter(wire, mine, count, ncclBfloat16, ncclSum, comm_, stream_),
                        "ReduceScatterSum"));
   WidenBf16Kernel<<<GridFor(count), kThreads, 0, stream_>>>(mine, out, count);
-  return NCCL_CUDA(cudaGetLastError());
+  NCCL_TRY(NCCL_CUDA(cudaGetLastError()));
+  return WaitStream("ReduceScatterSum");
 }
 
 Status NcclComm::AllGather(const float* in, float* out, int64_t count) {
@@ -323,7 +335,8 @@ Status NcclComm::AllGather(const float* in, float* out, int64_t count) {
   if (count < 0) return Status::InvalidField("count", std::to_string(count) + " is negative (allowed: >= 0)");
   if (count == 0) return Status::Ok();
   // in == out + rank * count is NCCL's in-place all-gather.
-  return NCCL_SETTLE(ncclAllGather(in, out, count, ncclFloat32, comm_, stream_), "AllGather");
+  NCCL_TRY(NCCL_SETTLE(ncclAllGather(in, out, count, ncclFloat32, comm_, stream_), "AllGather"));
+  return WaitStream("AllGather");
 }
 
 Status NcclComm::Broadcast(void* data, size_t bytes, int root) {
@@ -333,13 +346,14 @@ Status NcclComm::Broadcast(void* data, size_t bytes, int root) {
                                             std::to_string(world_ - 1) + ")");
   }
   if (bytes == 0) return Status::Ok();
-  return NCCL_SETTLE(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_), "Broadcast");
+  NCCL_TRY(NCCL_SETTLE(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_), "Broadcast"));
+  return WaitStream("Broadcast");
 }
 
 Status NcclComm::Barrier() {
   NCCL_TRY(Usable("Barrier"));
   // One float summed over the ranks: it completes on this rank only once every
-  // rank has queued it; the stream wait makes that a host-side barrier.
+  // rank has queued it, so the wait for it is a host-side barrier.
   NCCL_TRY(Scratch(sizeof(float)));
   NCCL_TRY(NCCL_SETTLE(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_), "Barrier"));
   return WaitStream("Barrier");

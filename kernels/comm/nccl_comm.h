@@ -43,9 +43,10 @@ class NcclCommunicator : public Communicator {
   //     joins) the half-made communicator is aborted and Create returns
   //     kUnavailable "nccl comm: rank R: NCCL init did not complete within T s
   //     (world N)".
-  // Inside a collective: a call returns once its work is queued (comm.h); the
-  // calls that return host data (AllGatherHost) and Barrier wait for the
-  // stream, polling with the timeout. A wait that runs past timeout_s (a peer
+  // Inside a collective: the work is queued on `stream` after the backend's,
+  // and the call returns once the stream has run it (the data is in place, as
+  // with TCP), waiting by polling with the timeout, never with a blocking
+  // synchronize (nccl_comm.cu says why). A wait that runs past timeout_s (a peer
   // stalled or went away), or an error NCCL reports, aborts the communicator
   // and returns kUnavailable "nccl comm: rank R: ..."; every later call is
   // refused with kFailedPrecondition quoting that first failure. A call with

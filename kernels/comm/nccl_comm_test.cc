@@ -450,7 +450,7 @@ int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   const int result = RUN_ALL_TESTS();
   if (result == 0 && keel::g_skipped) {
-    std::printf("SKIPPED: needs 2 GPUs for the two-rank tests (%d visible); exit 77, not a pass\n",
+    std::printf("SKIPPED: needs 2 GPUs (%d visible): the tests listed as skipped did not run; exit 77, not a pass\n",
                 keel::VisibleGpuCount());
     return 77;
   }
