@@ -19,8 +19,9 @@ enum class StatusCode {
   kFailedPrecondition,  // valid, but not in this state (a run that already ended, ...)
   kDataLoss,            // stored data is corrupt or truncated (a checkpoint whose CRC fails, ...)
   kUnavailable,         // a peer or resource cannot be reached now; retrying may help
-  kUnimplemented,       // this build lacks the feature (NCCL in a build without CUDA, ...)
   kInternal,            // anything else: a failed system call, a bug
+  kUnimplemented,       // this build lacks the feature (NCCL in a build without CUDA, ...);
+                        // last, so the values above keep their numbers (tcp_comm sends them)
 };
 
 // "OK", "INVALID_ARGUMENT", ... (gRPC's spelling).
