@@ -251,6 +251,13 @@ class Backend {
   // included). False where there is no such figure (the CPU backend).
   virtual bool DeviceMemoryInUse(int64_t* bytes) const;
 
+  // ---- Native stream ----------------------------------------------------------------
+  // The stream this backend queues all its work on (CUDA: its cudaStream_t), so
+  // that a communicator can queue collectives in order with it
+  // (kernels/comm/nccl_comm.h); it lives as long as the backend. nullptr where
+  // there is none (the CPU backend).
+  virtual void* NativeStream() const { return nullptr; }
+
   // ---- Profiling (off by default) ---------------------------------------------------
   // The CUDA backend times each op's work on its stream with CUDA events (and the
   // main parts of the linear layer separately); parts are timed inside their op,

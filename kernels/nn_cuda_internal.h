@@ -290,6 +290,7 @@ class CudaBackend final : public Backend {
 
   const char* name() const override { return "cuda"; }
   std::string Describe() const override { return description_; }
+  void* NativeStream() const override { return stream_; }
 
   Status Alloc(size_t bytes, void** ptr) override;
   void Free(void* ptr) override;

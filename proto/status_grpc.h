@@ -17,6 +17,7 @@ inline grpc::StatusCode ToGrpcCode(StatusCode code) {
     case StatusCode::kFailedPrecondition: return grpc::StatusCode::FAILED_PRECONDITION;
     case StatusCode::kDataLoss: return grpc::StatusCode::DATA_LOSS;
     case StatusCode::kUnavailable: return grpc::StatusCode::UNAVAILABLE;
+    case StatusCode::kUnimplemented: return grpc::StatusCode::UNIMPLEMENTED;
     case StatusCode::kInternal: return grpc::StatusCode::INTERNAL;
   }
   return grpc::StatusCode::INTERNAL;

@@ -1,9 +1,11 @@
 """Detects a local CUDA toolkit and describes it to the build.
 
 Writes @local_cuda//:defs.bzl with HAS_CUDA, NVCC and NVCC_ARCH_FLAGS, and
-@local_cuda//:cudart (link options for the CUDA runtime). Without a toolkit
-(or with KEEL_CUDA=0 in the environment) HAS_CUDA is False and every CUDA
-target is replaced by a stub that reports "built without CUDA".
+@local_cuda//:cudart, :cublaslt and :nccl (link options for the CUDA runtime,
+cuBLASLt and NCCL, which the toolkit's lib64 holds; nvcc finds their headers in
+its own include directory). Without a toolkit (or with KEEL_CUDA=0 in the
+environment) HAS_CUDA is False and every CUDA target is replaced by a stub that
+reports "built without CUDA".
 """
 
 def _cuda_configure_impl(ctx):
@@ -25,10 +27,12 @@ def _cuda_configure_impl(ctx):
         print("Keel: CUDA found at %s; building CUDA targets for %s" % (cuda_path, " ".join(arch_flags)))
         link = ["-L%s/lib64" % cuda_path, "-lcudart_static", "-ldl", "-lrt", "-lpthread"]
         blaslt = ["-L%s/lib64" % cuda_path, "-lcublasLt", "-lcublas"]
+        nccl = ["-L%s/lib64" % cuda_path, "-lnccl"]
     else:
         print("Keel: no CUDA toolkit (looked for %s, KEEL_CUDA=%s); building without CUDA targets" % (nvcc, wanted))
         link = []
         blaslt = []
+        nccl = []
     ctx.file("defs.bzl", "\n".join([
         "HAS_CUDA = %s" % has_cuda,
         "CUDA_PATH = %r" % cuda_path,
@@ -41,6 +45,7 @@ def _cuda_configure_impl(ctx):
         'exports_files(["defs.bzl"])',
         "cc_library(name = \"cudart\", linkopts = %r)" % link,
         "cc_library(name = \"cublaslt\", linkopts = %r)" % blaslt,
+        "cc_library(name = \"nccl\", linkopts = %r)" % nccl,
         "",
     ]))
 

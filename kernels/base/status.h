@@ -20,6 +20,8 @@ enum class StatusCode {
   kDataLoss,            // stored data is corrupt or truncated (a checkpoint whose CRC fails, ...)
   kUnavailable,         // a peer or resource cannot be reached now; retrying may help
   kInternal,            // anything else: a failed system call, a bug
+  kUnimplemented,       // this build lacks the feature (NCCL in a build without CUDA, ...);
+                        // last, so the values above keep their numbers (tcp_comm sends them)
 };
 
 // "OK", "INVALID_ARGUMENT", ... (gRPC's spelling).
@@ -31,6 +33,7 @@ inline const char* StatusCodeName(StatusCode code) {
     case StatusCode::kFailedPrecondition: return "FAILED_PRECONDITION";
     case StatusCode::kDataLoss: return "DATA_LOSS";
     case StatusCode::kUnavailable: return "UNAVAILABLE";
+    case StatusCode::kUnimplemented: return "UNIMPLEMENTED";
     case StatusCode::kInternal: return "INTERNAL";
   }
   return "INTERNAL";
@@ -59,6 +62,9 @@ class Status {
   }
   static Status DataLoss(std::string message) { return Status(StatusCode::kDataLoss, std::move(message)); }
   static Status Unavailable(std::string message) { return Status(StatusCode::kUnavailable, std::move(message)); }
+  static Status Unimplemented(std::string message) {
+    return Status(StatusCode::kUnimplemented, std::move(message));
+  }
 
   // The same failure with `prefix` in front of its message (context for the
   // caller's caller); OK stays OK.

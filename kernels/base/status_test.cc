@@ -16,6 +16,7 @@ TEST(StatusTest, ConstructorsGiveTheirCodes) {
   EXPECT_EQ(Status::FailedPrecondition("x").code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(Status::DataLoss("x").code(), StatusCode::kDataLoss);
   EXPECT_EQ(Status::Unavailable("x").code(), StatusCode::kUnavailable);
+  EXPECT_EQ(Status::Unimplemented("x").code(), StatusCode::kUnimplemented);
   for (const Status& s : {Status::Error(""), Status::NotFound(""), Status::DataLoss("")}) EXPECT_FALSE(s.ok());
   EXPECT_EQ(Status::NotFound("run 'r' not found").message(), "run 'r' not found");
 }
@@ -33,6 +34,7 @@ TEST(StatusTest, TheCodeNotTheTextSaysWhatFailed) {
   EXPECT_EQ(reworded.code(), StatusCode::kDataLoss);
   EXPECT_EQ(reworded.message(), "a b");
   EXPECT_STREQ(StatusCodeName(StatusCode::kInvalidArgument), "INVALID_ARGUMENT");
+  EXPECT_STREQ(StatusCodeName(StatusCode::kUnimplemented), "UNIMPLEMENTED");
 }
 
 TEST(StatusTest, InvalidFieldNamesItsFieldThroughRewordings) {

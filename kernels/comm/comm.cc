@@ -83,4 +83,40 @@ Status WaitBootstrapId(const std::string& path, double timeout_s, std::string* i
   return Status::Unavailable(message.str());
 }
 
+std::string BootstrapIdToHex(const void* bytes, size_t size) {
+  static const char kDigits[] = "0123456789abcdef";
+  const unsigned char* b = static_cast<const unsigned char*>(bytes);
+  std::string text(2 * size, '0');
+  for (size_t i = 0; i < size; ++i) {
+    text[2 * i] = kDigits[b[i] >> 4];
+    text[2 * i + 1] = kDigits[b[i] & 15];
+  }
+  return text;
+}
+
+Status BootstrapIdFromHex(const std::string& path, const std::string& text, void* bytes, size_t size) {
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  const std::string want = "(allowed: exactly " + std::to_string(2 * size) + " hex digits)";
+  if (text.size() != 2 * size) {
+    return Status::InvalidArgument("bootstrap id at " + path + ": " + std::to_string(text.size()) +
+                                   " characters, not a hex id " + want);
+  }
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (digit(text[i]) < 0) {
+      const unsigned char c = static_cast<unsigned char>(text[i]);
+      const std::string shown = c >= 0x20 && c < 0x7f ? "'" + std::string(1, text[i]) + "'" : "byte " + std::to_string(c);
+      return Status::InvalidArgument("bootstrap id at " + path + ": character " + std::to_string(i) + " is " + shown +
+                                     ", not a hex digit " + want);
+    }
+  }
+  unsigned char* b = static_cast<unsigned char*>(bytes);
+  for (size_t i = 0; i < size; ++i) b[i] = static_cast<unsigned char>(digit(text[2 * i]) * 16 + digit(text[2 * i + 1]));
+  return Status::Ok();
+}
+
 }  // namespace keel

@@ -5,15 +5,18 @@
 //
 // Contract shared by every implementation:
 //   - Every rank calls the same collectives in the same order with the same
-//     counts; a call returns once this rank's part is done (TCP: the data is in
-//     place; NCCL: queued on the stream, in order with the backend's work).
+//     counts; a call returns once this rank's part is done and the data is in
+//     place (NCCL: queued on the backend's stream, in order with its work, and
+//     waited for).
 //   - Results are deterministic and identical on every rank: the TCP
 //     communicator sums in rank order, ((x_0 + x_1) + x_2) + ..., and sends every
-//     rank the same bits.
+//     rank the same bits; NCCL sums in its own order (fixed for a world size and
+//     machine) and also gives every rank the same bits.
 //   - No call waits forever: a peer that does not connect within the timeout, or
 //     goes away (closed socket, exited process) or stalls for longer than the
 //     timeout in the middle of a collective, makes the call fail with
-//     kUnavailable naming the peer's rank; the communicator is then unusable.
+//     kUnavailable naming the peer's rank (NCCL, which does not say which peer
+//     is late, names the rank that saw it); the communicator is then unusable.
 //   - Pointers are the backend's memory (CPU backend: host memory).
 #ifndef KEEL_KERNELS_COMM_COMM_H_
 #define KEEL_KERNELS_COMM_COMM_H_
@@ -72,6 +75,15 @@ Status WriteBootstrapId(const std::string& path, const std::string& id);
 // timeout_s seconds fails with kUnavailable ("no bootstrap id from rank 0 at
 // PATH after T s").
 Status WaitBootstrapId(const std::string& path, double timeout_s, std::string* id);
+
+// A binary id (NCCL's ncclUniqueId) as the text of a bootstrap file: two
+// lowercase hex digits per byte, nothing else.
+std::string BootstrapIdToHex(const void* bytes, size_t size);
+// The reverse: `text` (read from `path`, named in errors) must be exactly
+// 2 * size hex digits (either case); anything else is kInvalidArgument naming
+// the path, the length found and the first character that is not a hex digit,
+// and leaves *bytes unchanged.
+Status BootstrapIdFromHex(const std::string& path, const std::string& text, void* bytes, size_t size);
 
 }  // namespace keel
 

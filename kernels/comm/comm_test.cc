@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -90,6 +91,44 @@ TEST(BootstrapId, ReportsAnUnwritableDirectory) {
   Status s = WriteBootstrapId("/nonexistent-dir-for-comm-test/bootstrap", "h:1");
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("/nonexistent-dir-for-comm-test/bootstrap.tmp."), std::string::npos) << s.message();
+}
+
+TEST(BootstrapHex, RoundTripsEveryByteValue) {
+  unsigned char bytes[256];
+  for (int i = 0; i < 256; ++i) bytes[i] = static_cast<unsigned char>(i);
+  const std::string text = BootstrapIdToHex(bytes, sizeof(bytes));
+  ASSERT_EQ(text.size(), 512u);
+  EXPECT_EQ(text.substr(0, 8), "00010203");
+  EXPECT_EQ(text.substr(504), "fcfdfeff");
+  unsigned char back[256] = {};
+  ASSERT_TRUE(BootstrapIdFromHex("b", text, back, sizeof(back)).ok());
+  EXPECT_EQ(std::memcmp(bytes, back, sizeof(bytes)), 0);
+}
+
+TEST(BootstrapHex, AcceptsUpperCase) {
+  unsigned char b[2] = {};
+  ASSERT_TRUE(BootstrapIdFromHex("b", "A0fF", b, 2).ok());
+  EXPECT_EQ(b[0], 0xA0);
+  EXPECT_EQ(b[1], 0xFF);
+}
+
+TEST(BootstrapHex, RefusesAWrongLengthNamingThePath) {
+  unsigned char b[4] = {1, 2, 3, 4};
+  // What a TCP rank 0 writes: an address, not an NCCL id.
+  Status s = BootstrapIdFromHex("/run/bootstrap", "127.0.0.1:4242", b, sizeof(b));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "bootstrap id at /run/bootstrap: 14 characters, not a hex id (allowed: exactly 8 hex digits)");
+  EXPECT_EQ(b[0], 1);  // unchanged
+}
+
+TEST(BootstrapHex, RefusesANonHexCharacterLeavingTheOutputUnchanged) {
+  unsigned char b[2] = {7, 7};
+  Status s = BootstrapIdFromHex("p", "00g0", b, sizeof(b));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "bootstrap id at p: character 2 is 'g', not a hex digit (allowed: exactly 4 hex digits)");
+  EXPECT_EQ(b[0], 7);
+  EXPECT_EQ(BootstrapIdFromHex("p", "000\n", b, sizeof(b)).message(),
+            "bootstrap id at p: character 3 is byte 10, not a hex digit (allowed: exactly 4 hex digits)");
 }
 
 }  // namespace

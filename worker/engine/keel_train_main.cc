@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/base/flags.h"
+#include "kernels/comm/nccl_comm.h"
 #include "kernels/comm/tcp_comm.h"
 #include "worker/io/file_util.h"
 #include "worker/io/text_prepare.h"
@@ -58,7 +59,8 @@ const char kUsage[] =
     "  --nproc N            data parallel over N ranks (processes) on this host: each takes\n"
     "                       1/N of the global batch (N ranks see what one rank with\n"
     "                       grad_accum x N sees); cpu: N processes over TCP on loopback;\n"
-    "                       cuda: one GPU each (NCCL, not built yet: refused)\n"
+    "                       cuda: one GPU each, over NCCL: this host's k-th rank gets the\n"
+    "                       k-th GPU of CUDA_VISIBLE_DEVICES (GPU k when it is unset)\n"
     "  --nproc K --first-rank F --world N --bootstrap B\n"
     "                       (keel-worker) ranks F .. F+K-1 of a run of N ranks spanning hosts\n"
     "  --rank R --world N --bootstrap F\n"
@@ -192,10 +194,10 @@ int TrainCommand(int argc, char** argv) {
   }
   if (world > 1 && bootstrap.empty()) return Fail(trainer_exit::kBadConfig, "--bootstrap: missing (needed with --world > 1)");
   if (nproc > 1 && rank >= 0) return Fail(trainer_exit::kBadConfig, "--nproc: not allowed with --rank");
-  if ((nproc > 1 || world > 1) && config.backend == "cuda") {
+  if ((nproc > 1 || world > 1) && config.backend == "cuda" && !NcclCommunicator::Available()) {
     return Fail(trainer_exit::kBadConfig,
                 "--nproc/--world: more than one rank on the cuda backend needs the NCCL communicator, which this "
-                "build does not have yet (allowed: backend cpu)");
+                "build does not have (built without CUDA; allowed: backend cpu)");
   }
   if (nproc > 1 || part) {
     LaunchOptions launch;
@@ -232,13 +234,21 @@ int TrainCommand(int argc, char** argv) {
   s = Trainer::Create(config, &trainer);
   if (!s.ok()) return Fail(trainer_exit::kFailed, s.message());
   if (world > 1) {
-    TcpCommOptions options;
-    options.rank = rank;
-    options.size = world;
-    options.bootstrap_path = bootstrap;
-    options.timeout_s = config.dist.timeout_s;
+    // The ranks' collectives: NCCL on the CUDA backend's stream (each rank's
+    // GPU is device 0 of the CUDA_VISIBLE_DEVICES the launcher gave it), TCP
+    // between CPU ranks.
     std::unique_ptr<Communicator> comm;
-    s = MakeTcpComm(options, &comm);
+    if (config.backend == "cuda") {
+      s = NcclCommunicator::Create(rank, world, bootstrap, config.dist.timeout_s, trainer->backend()->NativeStream(),
+                                   &comm);
+    } else {
+      TcpCommOptions options;
+      options.rank = rank;
+      options.size = world;
+      options.bootstrap_path = bootstrap;
+      options.timeout_s = config.dist.timeout_s;
+      s = MakeTcpComm(options, &comm);
+    }
     if (!s.ok()) return Fail(trainer_exit::kFailed, "rank " + std::to_string(rank) + ": " + s.message());
     s = trainer->SetCommunicator(std::move(comm));
     if (!s.ok()) return Fail(trainer_exit::kFailed, "rank " + std::to_string(rank) + ": " + s.message());

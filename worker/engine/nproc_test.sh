@@ -5,7 +5,7 @@
 #  - kill -9 of one rank: the launcher stops the other and fails quickly, and
 #    the run resumed from its newest checkpoint ends with the uninterrupted loss;
 #  - SIGINT: every rank stops after the same step, rank 0 checkpoints, exit 130;
-#  - flags that cannot work are refused (exit 2).
+#  - flags that cannot work are refused (exit 2); CUDA ranks without a GPU fail at once.
 set -euo pipefail
 train="$PWD/worker/engine/keel-train"
 work="${TEST_TMPDIR:-/tmp}/nproc"
@@ -82,7 +82,16 @@ expect_refused() {  # expect_refused MESSAGE ARGS...
   [ "$status" = 2 ] || { echo "$*: exit $status, want 2"; cat refused.log; exit 1; }
   grep -qF -- "$message" refused.log || { echo "$*: want '$message' in:"; cat refused.log; exit 1; }
 }
-expect_refused "more than one rank on the cuda backend needs the NCCL communicator" --nproc 2 --backend cuda
+# CUDA ranks on this (GPU-less) host: a build without CUDA refuses them up
+# front (exit 2); a CUDA build starts them and each rank fails to find a GPU
+# (exit 1). Either way, at once and saying why.
+status=0
+timeout 60 "$train" --config run.yaml --run-dir refused --nproc 2 --backend cuda 2> cuda.log || status=$?
+case "$status" in
+  2) grep -qF "more than one rank on the cuda backend needs the NCCL communicator, which this build does not have" cuda.log ;;
+  1) grep -qF "no CUDA GPU visible" cuda.log ;;
+  *) false ;;
+esac || { echo "--nproc 2 --backend cuda: exit $status, want 2 (no NCCL) or 1 (no GPU):"; cat cuda.log; exit 1; }
 expect_refused "--rank and --world go together" --rank 1
 expect_refused "--rank: 2 is not allowed (0 .. --world - 1 = 1)" --rank 2 --world 2 --bootstrap b
 expect_refused "--bootstrap: missing" --rank 0 --world 2

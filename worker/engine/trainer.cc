@@ -97,6 +97,7 @@ std::string FormatDuration(double seconds) {
 
 Trainer::~Trainer() {
   if (metrics_file_) std::fclose(metrics_file_);
+  comm_.reset();  // the NCCL communicator queues on backend_'s stream: it goes first
   if (backend_) {
     for (float* p : {grads_, adam_m_, adam_v_, probe_grads_, previous_, gains_, shard_grads_, gather_}) backend_->Free(p);
   }
@@ -335,6 +336,9 @@ Status Trainer::ForwardBackward(std::vector<Batch>* kept, StepMetrics* m) {
   }
   if (ranks() > 1) {
     const ReducePrecision precision = config_.dist.reduce == "bf16" ? ReducePrecision::kBF16 : ReducePrecision::kF32;
+    // The backward's queued kernels first: NCCL's collectives wait for the
+    // stream, and the timer is for the collective alone.
+    KEEL_RETURN_IF_ERROR(backend_->Sync());
     CommTimer timer(&comm_seconds_);
     if (shard_) {  // ZeRO-1: each rank gets the summed gradient of its shard only
       KEEL_RETURN_IF_ERROR(comm_->ReduceScatterSum(grads_, shard_grads_, shard_per_, precision));
@@ -455,6 +459,7 @@ Status Trainer::OptimizerStep(bool skip_update, StepMetrics* m) {
                                       static_cast<int>(step_ + 1), grad_scale));
   // ZeRO-1: every rank updated its shard; all of them gather the whole.
   if (shard_) {
+    KEEL_RETURN_IF_ERROR(backend_->Sync());  // the updates' kernels are not the gather's time
     CommTimer timer(&comm_seconds_);
     KEEL_RETURN_IF_ERROR(GatherShards(model_->params() + shard_begin_, model_->params()));
   }

@@ -52,7 +52,10 @@ class Trainer {
 
   // Makes this trainer one rank of `comm` (before Resume or Train). Without one
   // the run has a single rank. With optimizer.shard (ZeRO-1) this rank then
-  // keeps the Adam moments of its 1/N of the parameters only.
+  // keeps the Adam moments of its 1/N of the parameters only. The communicator
+  // must work on this trainer's backend memory (CPU backend: TcpComm; CUDA:
+  // NcclCommunicator on backend()->NativeStream()); it is destroyed before the
+  // backend.
   Status SetCommunicator(std::unique_ptr<Communicator> comm);
   int rank() const { return comm_ ? comm_->rank() : 0; }
   int ranks() const { return comm_ ? comm_->size() : 1; }

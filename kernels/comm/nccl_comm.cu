@@ -1,0 +1,443 @@
+// The NCCL communicator of nccl_comm.h: the bf16 conversion kernels, then the
+// communicator (join, collectives on the backend's stream, polled waits).
+#include "kernels/comm/nccl_comm.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "kernels/cuda_status.h"
+#include "kernels/quant_core.h"
+
+namespace keel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- Kernels ------------------------------------------------------------------------
+
+constexpr int kThreads = 256;
+
+// dst[i] = bf16 of src[i], nearest even: the rounding of formats.h's
+// FloatToBf16 and of the TCP communicator (qcore::Bf16Round is checked against
+// it by quant_core_test).
+__global__ void RoundToBf16Kernel(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = qcore::Bf16Round(src[i], Rounding::kNearestEven, 0.0f);
+  }
+}
+
+// dst[i] = src[i] widened to fp32 (exact).
+__global__ void WidenBf16Kernel(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = qcore::Bf16Value(src[i]);
+  }
+}
+
+int GridFor(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096)); }
+
+// ---- The communicator ----------------------------------------------------------------
+//
+// Every collective ends by waiting (polled, bounded by the timeout) until the
+// stream has run it. Queuing it and returning would let the backend's next
+// blocking wait (Download, SumSquares: cudaStreamSynchronize, no timeout) be
+// the first to wait on it, and a peer that died mid-collective would then hang
+// this rank instead of failing it. The cost is one host round trip per
+// collective, which the trainer pays anyway: each of its collectives is
+// followed by a host read (a loss sum, a norm) within the same step.
+
+std::string Seconds(double s) {
+  std::ostringstream text;
+  text << s;
+  return text.str();
+}
+
+Status NcclError(ncclResult_t result, const char* call, const char* file, int line) {
+  return Status::Error(std::string(file) + ":" + std::to_string(line) + ": " + call + " failed: " +
+                       ncclGetErrorString(result));
+}
+
+class NcclComm final : public NcclCommunicator {
+ public:
+  NcclComm(int rank, int world, double timeout_s, cudaStream_t stream)
+      : rank_(rank), world_(world), timeout_s_(timeout_s), stream_(stream) {}
+  ~NcclComm() override;
+
+  // Joins with `id` (every rank's the same), polling until the join completes
+  // or timeout_s passes.
+  Status Init(const ncclUniqueId& id);
+
+  int rank() const override { return rank_; }
+  int size() const override { return world_; }
+  const char* name() const override { return "nccl"; }
+
+  Status AllReduceSum(float* data, int64_t count, ReducePrecision precision) override;
+  Status ReduceScatterSum(const float* in, float* out, int64_t count, ReducePrecision precision) override;
+  Status AllGather(const float* in, float* out, int64_t count) override;
+  Status Broadcast(void* data, size_t bytes, int root) override;
+  Status Barrier() override;
+  Status AllGatherHost(const std::string& mine, std::vector<std::string>* all) override;
+
+ private:
+  // Ok while no collective has failed; else kFailedPrecondition quoting the failure.
+  Status Usable(const char* op) const;
+  // Records the first failure, aborts the communicator (its kernels stop and
+  // the peers' operations with this rank fail) and returns `s`.
+  Status Fail(Status s);
+  // The state of an NCCL call just made: in non-blocking mode a call may
+  // answer ncclInProgress, and no other NCCL call may follow until
+  // ncclCommGetAsyncError says it is done; this polls that (up to timeout_s)
+  // and then checks the communicator for an error a peer caused.
+  Status Settle(ncclResult_t result, const char* call, const char* op, const char* file, int line);
+  // Waits until the stream has run everything queued on it, polling
+  // cudaStreamQuery and the communicator's error state; past timeout_s the
+  // communicator is aborted.
+  Status WaitStream(const char* op);
+  // A CUDA failure inside `op`: fails the communicator.
+  Status Cuda(cudaError_t error, const char* call, const char* file, int line);
+  // Device scratch of at least `bytes` (stream-ordered, grown as needed).
+  Status Scratch(size_t bytes);
+  // Pinned host staging of at least `bytes`: device-to-host copies into
+  // pageable memory would block the thread until the stream drains (no
+  // timeout); into pinned memory they are queued and WaitStream polls.
+  Status Staging(size_t bytes);
+  Status Timeout(const char* what);
+
+  const int rank_, world_;
+  const double timeout_s_;
+  cudaStream_t stream_;
+  ncclComm_t comm_ = nullptr;  // null before Init and after an abort
+  std::string failure_;        // the first failure; empty while usable
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  char* staging_ = nullptr;
+  size_t staging_bytes_ = 0;
+};
+
+#define NCCL_SETTLE(call, op) Settle((call), #call, op, __FILE__, __LINE__)
+#define NCCL_CUDA(call) Cuda((call), #call, __FILE__, __LINE__)
+// Returns from the enclosing method when `expr` failed.
+#define NCCL_TRY(expr) KEEL_RETURN_IF_ERROR(expr)
+
+Clock::time_point DeadlineAfter(double seconds) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// Between polls: spin briefly (a collective of a training step usually ends
+// within microseconds of being waited for), then sleep so that a long wait
+// leaves the CPU to the other ranks.
+void Pause(int polls) {
+  if (polls < 2000) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+NcclComm::~NcclComm() {
+  if (comm_ != nullptr) {
+    // A clean end: our part of every collective has run, so finalizing
+    // (flushing what NCCL's proxy still sends) needs no peer. Bounded by the
+    // timeout like every wait; past it, or on any error, abort.
+    bool clean = WaitStream("destroy").ok() && comm_ != nullptr;
+    if (clean) {
+      ncclResult_t state = ncclCommFinalize(comm_);
+      const auto deadline = DeadlineAfter(timeout_s_);
+      for (int polls = 0; state == ncclInProgress && Clock::now() < deadline; ++polls) {
+        Pause(polls);
+        if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) state = ncclInternalError;
+      }
+      clean = state == ncclSuccess;
+    }
+    if (clean) {
+      ncclCommDestroy(comm_);
+    } else if (comm_ != nullptr) {
+      ncclCommAbort(comm_);
+    }
+    comm_ = nullptr;
+  }
+  // Stream-ordered frees: nothing here waits for the device.
+  if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream_);
+  if (staging_ != nullptr) {
+    // cudaFreeHost waits for the device; only do it when the stream is idle.
+    if (cudaStreamQuery(stream_) == cudaSuccess) cudaFreeHost(staging_);
+  }
+}
+
+Status NcclComm::Init(const ncclUniqueId& id) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // the join returns at once and is polled, so it can time out
+  const auto deadline = DeadlineAfter(timeout_s_);
+  ncclResult_t state = ncclCommInitRankConfig(&comm_, world_, id, rank_, &config);
+  for (int polls = 0; state == ncclInProgress; ++polls) {
+    if (Clock::now() >= deadline) {
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      return Status::Unavailable("nccl comm: rank " + std::to_string(rank_) + ": NCCL init did not complete within " +
+                                 Seconds(timeout_s_) + " s (world " + std::to_string(world_) + ")");
+    }
+    Pause(polls);
+    const ncclResult_t asked = ncclCommGetAsyncError(comm_, &state);
+    if (asked != ncclSuccess) state = asked;
+  }
+  if (state != ncclSuccess) {
+    if (comm_ != nullptr) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    return Status::Unavailable("nccl comm: rank " + std::to_string(rank_) + ": NCCL init failed (world " +
+                               std::to_string(world_) + "): " + ncclGetErrorString(state) + ": " +
+                               ncclGetLastError(nullptr));
+  }
+  return Status::Ok();
+}
+
+Status NcclComm::Usable(const char* op) const {
+  if (failure_.empty()) return Status::Ok();
+  return Status::FailedPrecondition(std::string("nccl comm: ") + op + " refused: the communicator failed earlier (" +
+                                    failure_ + ")");
+}
+
+Status NcclComm::Fail(Status s) {
+  if (comm_ != nullptr) {
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+  if (failure_.empty()) failure_ = s.message();
+  return s;
+}
+
+Status NcclComm::Timeout(const char* what) {
+  return Fail(Status::Unavailable("nccl comm: rank " + std::to_string(rank_) + ": " + what + " did not complete within " +
+                                  Seconds(timeout_s_) + " s (world " + std::to_string(world_) +
+                                  "): a peer stalled or went away"));
+}
+
+Status NcclComm::Settle(ncclResult_t result, const char* call, const char* op, const char* file, int line) {
+  const auto deadline = DeadlineAfter(timeout_s_);
+  for (int polls = 0; result == ncclInProgress; ++polls) {
+    if (Clock::now() >= deadline) return Timeout(op);
+    Pause(polls);
+    const ncclResult_t asked = ncclCommGetAsyncError(comm_, &result);
+    if (asked != ncclSuccess) result = asked;
+  }
+  if (result == ncclSuccess) {
+    // An error a peer caused earlier (a closed connection) shows here.
+    const ncclResult_t asked = ncclCommGetAsyncError(comm_, &result);
+    if (asked != ncclSuccess) result = asked;
+    if (result == ncclInProgress) result = ncclSuccess;  // queued work still running: not an error
+  }
+  if (result == ncclSuccess) return Status::Ok();
+  const Status failed = NcclError(result, call, file, line);
+  return Fail(Status::Unavailable("nccl comm: rank " + std::to_string(rank_) + ": " + op + ": " + failed.message()));
+}
+
+Status NcclComm::Cuda(cudaError_t error, const char* call, const char* file, int line) {
+  if (error == cudaSuccess) return Status::Ok();
+  return Fail(CudaError(error, call, file, line).WithPrefix("nccl comm: rank " + std::to_string(rank_) + ": "));
+}
+
+Status NcclComm::WaitStream(const char* op) {
+  const auto deadline = DeadlineAfter(timeout_s_);
+  for (int polls = 0;; ++polls) {
+    const cudaError_t query = cudaStreamQuery(stream_);
+    if (query == cudaSuccess) return Status::Ok();
+    if (query != cudaErrorNotReady) return Cuda(query, "cudaStreamQuery", __FILE__, __LINE__);
+    if (comm_ != nullptr) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t asked = ncclCommGetAsyncError(comm_, &state);
+      if (asked != ncclSuccess) state = asked;
+      if (state != ncclSuccess && state != ncclInProgress) {
+        return Fail(Status::Unavailable("nccl comm: rank " + std::to_string(rank_) + ": " + op + ": NCCL reported " +
+                                        ncclGetErrorString(state) + ": " + ncclGetLastError(comm_)));
+      }
+    }
+    if (Clock::now() >= deadline) return Timeout(op);
+    Pause(polls);
+  }
+}
+
+Status NcclComm::Scratch(size_t bytes) {
+  if (bytes <= scratch_bytes_) return Status::Ok();
+  if (scratch_ != nullptr) NCCL_TRY(NCCL_CUDA(cudaFreeAsync(scratch_, stream_)));
+  scratch_ = nullptr;
+  scratch_bytes_ = 0;
+  NCCL_TRY(NCCL_CUDA(cudaMallocAsync(&scratch_, bytes, stream_)));
+  scratch_bytes_ = bytes;
+  return Status::Ok();
+}
+
+Status NcclComm::Staging(size_t bytes) {
+  if (bytes <= staging_bytes_) return Status::Ok();
+  if (staging_ != nullptr) {
+    NCCL_TRY(WaitStream("AllGatherHost"));  // cudaFreeHost waits for the device: not while work is queued
+    NCCL_TRY(NCCL_CUDA(cudaFreeHost(staging_)));
+  }
+  staging_ = nullptr;
+  staging_bytes_ = 0;
+  const size_t grown = std::max<size_t>(bytes, 4096);
+  NCCL_TRY(NCCL_CUDA(cudaMallocHost(&staging_, grown)));
+  staging_bytes_ = grown;
+  return Status::Ok();
+}
+
+Status NcclComm::AllReduceSum(float* data, int64_t count, ReducePrecision precision) {
+  NCCL_TRY(Usable("AllReduceSum"));
+  if (count < 0) return Status::InvalidField("count", std::to_string(count) + " is negative (allowed: >= 0)");
+  if (count == 0) return Status::Ok();
+  if (precision == ReducePrecision::kF32) {
+    NCCL_TRY(NCCL_SETTLE(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_), "AllReduceSum"));
+    return WaitStream("AllReduceSum");
+  }
+  // bf16: each rank's contribution rounded to bf16, summed by NCCL in bf16,
+  // widened back into data.
+  NCCL_TRY(Scratch(static_cast<size_t>(count) * sizeof(uint16_t)));
+  uint16_t* wire = static_cast<uint16_t*>(scratch_);
+  RoundToBf16Kernel<<<GridFor(count), kThreads, 0, stream_>>>(data, wire, count);
+  NCCL_TRY(NCCL_CUDA(cudaGetLastError()));
+  NCCL_TRY(NCCL_SETTLE(ncclAllReduce(wire, wire, count, ncclBfloat16, ncclSum, comm_, stream_), "AllReduceSum"));
+  WidenBf16Kernel<<<GridFor(count), kThreads, 0, stream_>>>(wire, data, count);
+  NCCL_TRY(NCCL_CUDA(cudaGetLastError()));
+  return WaitStream("AllReduceSum");
+}
+
+Status NcclComm::ReduceScatterSum(const float* in, float* out, int64_t count, ReducePrecision precision) {
+  NCCL_TRY(Usable("ReduceScatterSum"));
+  if (count < 0) return Status::InvalidField("count", std::to_string(count) + " is negative (allowed: >= 0)");
+  if (count == 0) return Status::Ok();
+  if (precision == ReducePrecision::kF32) {
+    NCCL_TRY(NCCL_SETTLE(ncclReduceScatter(in, out, count, ncclFloat32, ncclSum, comm_, stream_), "ReduceScatterSum"));
+    return WaitStream("ReduceScatterSum");
+  }
+  const int64_t total = count * world_;
+  NCCL_TRY(Scratch(static_cast<size_t>(total) * sizeof(uint16_t)));
+  uint16_t* wire = static_cast<uint16_t*>(scratch_);
+  RoundToBf16Kernel<<<GridFor(total), kThreads, 0, stream_>>>(in, wire, total);
+  NCCL_TRY(NCCL_CUDA(cudaGetLastError()));
+  // In place: this rank's part of the sum lands on its own part of the input.
+  uint16_t* mine = wire + static_cast<int64_t>(rank_) * count;
+  NCCL_TRY(NCCL_SETTLE(ncclReduceScatter(wire, mine, count, ncclBfloat16, ncclSum, comm_, stream_),
+                       "ReduceScatterSum"));
+  WidenBf16Kernel<<<GridFor(count), kThreads, 0, stream_>>>(mine, out, count);
+  NCCL_TRY(NCCL_CUDA(cudaGetLastError()));
+  return WaitStream("ReduceScatterSum");
+}
+
+Status NcclComm::AllGather(const float* in, float* out, int64_t count) {
+  NCCL_TRY(Usable("AllGather"));
+  if (count < 0) return Status::InvalidField("count", std::to_string(count) + " is negative (allowed: >= 0)");
+  if (count == 0) return Status::Ok();
+  // in == out + rank * count is NCCL's in-place all-gather.
+  NCCL_TRY(NCCL_SETTLE(ncclAllGather(in, out, count, ncclFloat32, comm_, stream_), "AllGather"));
+  return WaitStream("AllGather");
+}
+
+Status NcclComm::Broadcast(void* data, size_t bytes, int root) {
+  NCCL_TRY(Usable("Broadcast"));
+  if (root < 0 || root >= world_) {
+    return Status::InvalidField("root", std::to_string(root) + " is not a rank (allowed: 0 .. " +
+                                            std::to_string(world_ - 1) + ")");
+  }
+  if (bytes == 0) return Status::Ok();
+  NCCL_TRY(NCCL_SETTLE(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_), "Broadcast"));
+  return WaitStream("Broadcast");
+}
+
+Status NcclComm::Barrier() {
+  NCCL_TRY(Usable("Barrier"));
+  // One float summed over the ranks: it completes on this rank only once every
+  // rank has queued it, so the wait for it is a host-side barrier.
+  NCCL_TRY(Scratch(sizeof(float)));
+  NCCL_TRY(NCCL_SETTLE(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_), "Barrier"));
+  return WaitStream("Barrier");
+}
+
+Status NcclComm::AllGatherHost(const std::string& mine, std::vector<std::string>* all) {
+  NCCL_TRY(Usable("AllGatherHost"));
+  if (all == nullptr) return Status::InvalidField("all", "is null");
+  // 1. Every rank's length: an all-gather of one int64 each.
+  const size_t lengths_bytes = static_cast<size_t>(world_) * sizeof(int64_t);
+  NCCL_TRY(Staging(lengths_bytes));
+  NCCL_TRY(WaitStream("AllGatherHost"));  // the staging buffer may still be read by an earlier copy
+  int64_t* host_lengths = reinterpret_cast<int64_t*>(staging_);
+  host_lengths[rank_] = static_cast<int64_t>(mine.size());
+  NCCL_TRY(Scratch(lengths_bytes));
+  int64_t* lengths = static_cast<int64_t*>(scratch_);
+  NCCL_TRY(NCCL_CUDA(cudaMemcpyAsync(lengths + rank_, host_lengths + rank_, sizeof(int64_t), cudaMemcpyHostToDevice,
+                                     stream_)));
+  NCCL_TRY(NCCL_SETTLE(ncclAllGather(lengths + rank_, lengths, 1, ncclInt64, comm_, stream_), "AllGatherHost"));
+  NCCL_TRY(NCCL_CUDA(cudaMemcpyAsync(host_lengths, lengths, lengths_bytes, cudaMemcpyDeviceToHost, stream_)));
+  NCCL_TRY(WaitStream("AllGatherHost"));
+  std::vector<int64_t> length(host_lengths, host_lengths + world_);
+  int64_t longest = 0;
+  for (int r = 0; r < world_; ++r) {
+    if (length[r] < 0) {
+      return Fail(Status::Error("nccl comm: rank " + std::to_string(rank_) + ": AllGatherHost: rank " +
+                                std::to_string(r) + " sent a negative length (ranks out of step)"));
+    }
+    longest = std::max(longest, length[r]);
+  }
+  all->assign(world_, std::string());
+  if (longest == 0) return Status::Ok();
+  // 2. Every rank's bytes, padded to the longest.
+  const size_t slot = static_cast<size_t>(longest);
+  const size_t total = slot * world_;
+  NCCL_TRY(Staging(total));
+  NCCL_TRY(Scratch(total));
+  char* device = static_cast<char*>(scratch_);
+  std::memset(staging_ + rank_ * slot, 0, slot);
+  if (!mine.empty()) std::memcpy(staging_ + rank_ * slot, mine.data(), mine.size());
+  NCCL_TRY(NCCL_CUDA(
+      cudaMemcpyAsync(device + rank_ * slot, staging_ + rank_ * slot, slot, cudaMemcpyHostToDevice, stream_)));
+  NCCL_TRY(NCCL_SETTLE(ncclAllGather(device + rank_ * slot, device, slot, ncclUint8, comm_, stream_), "AllGatherHost"));
+  NCCL_TRY(NCCL_CUDA(cudaMemcpyAsync(staging_, device, total, cudaMemcpyDeviceToHost, stream_)));
+  NCCL_TRY(WaitStream("AllGatherHost"));
+  for (int r = 0; r < world_; ++r) (*all)[r].assign(staging_ + r * slot, static_cast<size_t>(length[r]));
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool NcclCommunicator::Available() { return true; }
+
+Status NcclCommunicator::Create(int rank, int world, const std::string& bootstrap_path, double timeout_s, void* stream,
+                                std::unique_ptr<Communicator>* out) {
+  if (out == nullptr) return Status::InvalidField("out", "is null");
+  out->reset();
+  if (world < 1) return Status::InvalidField("world", std::to_string(world) + " is not allowed (>= 1)");
+  if (rank < 0 || rank >= world) {
+    return Status::InvalidField("rank", std::to_string(rank) + " is not allowed (0 .. " + std::to_string(world - 1) + ")");
+  }
+  if (!(timeout_s > 0)) return Status::InvalidField("timeout_s", Seconds(timeout_s) + " is not allowed (> 0)");
+  if (stream == nullptr) return Status::InvalidField("stream", "is null (the CUDA backend's stream is required)");
+  if (world > 1 && bootstrap_path.empty()) {
+    return Status::InvalidField("bootstrap_path", "is empty; a file path is required with more than one rank");
+  }
+  ncclUniqueId id;
+  if (rank == 0) {
+    const ncclResult_t made = ncclGetUniqueId(&id);
+    if (made != ncclSuccess) {
+      return Status::Unavailable("nccl comm: rank 0: " + NcclError(made, "ncclGetUniqueId", __FILE__, __LINE__).message());
+    }
+    if (!bootstrap_path.empty()) {
+      KEEL_RETURN_IF_ERROR(WriteBootstrapId(bootstrap_path, BootstrapIdToHex(&id, sizeof(id))));
+    }
+  } else {
+    std::string text;
+    KEEL_RETURN_IF_ERROR(WaitBootstrapId(bootstrap_path, timeout_s, &text));
+    KEEL_RETURN_IF_ERROR(BootstrapIdFromHex(bootstrap_path, text, &id, sizeof(id)));
+  }
+  auto comm = std::make_unique<NcclComm>(rank, world, timeout_s, static_cast<cudaStream_t>(stream));
+  KEEL_RETURN_IF_ERROR(comm->Init(id));
+  *out = std::move(comm);
+  return Status::Ok();
+}
+
+}  // namespace keel
