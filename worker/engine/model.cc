@@ -31,6 +31,13 @@ void Model::AddParam(const std::string& name, std::vector<int64_t> shape, int bl
   params_.push_back(std::move(info));
 }
 
+Status Model::LinearPlusResidual(const float* x, const float* w, const float* bias, const float* residual,
+                                 float* y, int64_t rows, int64_t in, int64_t out, const LinearQuant& q) {
+  if (bias == nullptr) return backend_->LinearForward(x, w, nullptr, residual, y, rows, in, out, q);
+  KEEL_RETURN_IF_ERROR(backend_->LinearForward(x, w, bias, nullptr, y, rows, in, out, q));
+  return backend_->Add(y, residual, y, rows * out);
+}
+
 Status Model::AllocateParams() {
   param_count_ = (param_count_ + 63) / 64 * 64;
   return Scratch(param_count_, &weights_);

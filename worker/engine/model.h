@@ -84,6 +84,13 @@ class Model {
     return Status::Ok();
   }
   Status ScratchBytes(size_t bytes, void** out);
+  // y = linear(x) + residual (rows x out). Without a bias the residual rides in
+  // the GEMM (LinearForward's residual: CPU and CUDA add it in the same order).
+  // With a bias it is a separate Add: cuBLASLt's epilogue adds the bias after C,
+  // so folding it would change CUDA's order from the CPU's (acc + bias) +
+  // residual, and with it the free-running trajectory of 4-bit runs.
+  Status LinearPlusResidual(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                            int64_t rows, int64_t in, int64_t out, const LinearQuant& q);
   float* P(size_t index) const { return weights_ + params_[index].offset; }
 
   Backend* backend_;

@@ -300,10 +300,10 @@ class GptModel : public Model {
       }
       KEEL_RETURN_IF_ERROR(backend_->AttentionForward(qkv_used, a.att, a.att_stats, batch_, seq_, m_.heads, d_,
                                                  AttentionBf16(scheme, l)));
-      // mid = res + proj(att): the residual add rides in the GEMM. Nothing reads the
-      // projection without the residual (its backward needs att, the weight and dmid).
-      KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.att, P(q.proj_w), q.proj_b < 0 ? nullptr : P(q.proj_b),
-                                              res_[l], a.mid, bt_, d_, d_, Quant(scheme, l, 1, quant_seed, stats)));
+      // mid = res + proj(att). Nothing reads the projection without the residual
+      // (its backward needs att, the weight and dmid).
+      KEEL_RETURN_IF_ERROR(LinearPlusResidual(a.att, P(q.proj_w), q.proj_b < 0 ? nullptr : P(q.proj_b), res_[l],
+                                              a.mid, bt_, d_, d_, Quant(scheme, l, 1, quant_seed, stats)));
       KEEL_RETURN_IF_ERROR(backend_->LayerNormForward(a.mid, Affine(q.ln2_w), Affine(q.ln2_b), a.ln2,
                                                  a.ln2_mean, a.ln2_rstd, bt_, d_, m_.ln_eps));
       KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.ln2, P(q.fc_w), q.fc_b < 0 ? nullptr : P(q.fc_b), nullptr,
@@ -314,7 +314,7 @@ class GptModel : public Model {
         KEEL_RETURN_IF_ERROR(backend_->GeluForward(a.fc, a.act, bt_ * hidden_));
       }
       // res[l + 1] = mid + fcproj(act), the same way.
-      KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.act, P(q.fcproj_w), q.fcproj_b < 0 ? nullptr : P(q.fcproj_b),
+      KEEL_RETURN_IF_ERROR(LinearPlusResidual(a.act, P(q.fcproj_w), q.fcproj_b < 0 ? nullptr : P(q.fcproj_b),
                                               a.mid, res_[l + 1], bt_, hidden_, d_,
                                               Quant(scheme, l, 3, quant_seed, stats)));
     }

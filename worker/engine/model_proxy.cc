@@ -165,10 +165,10 @@ class ProxyModel : public Model {
       KEEL_RETURN_IF_ERROR(backend_->LinearForward(normed_[l], P(base + 2), nullptr, nullptr, hidden_[l], batch_,
                                               d_, 4 * d_, Quant(scheme, l, 0, quant_seed, stats)));
       KEEL_RETURN_IF_ERROR(backend_->GeluForward(hidden_[l], act_[l], 4 * bd));
-      // res[l + 1] = res[l] + fc2(act): the residual add rides in the GEMM (the
-      // backward reads res[l + 1] only as the next block's input).
-      KEEL_RETURN_IF_ERROR(backend_->LinearForward(act_[l], P(base + 3), P(base + 4), res_[l], res_[l + 1],
-                                              batch_, 4 * d_, d_, Quant(scheme, l, 1, quant_seed, stats)));
+      // res[l + 1] = res[l] + fc2(act) (the backward reads res[l + 1] only as the
+      // next block's input).
+      KEEL_RETURN_IF_ERROR(LinearPlusResidual(act_[l], P(base + 3), P(base + 4), res_[l], res_[l + 1], batch_,
+                                              4 * d_, d_, Quant(scheme, l, 1, quant_seed, stats)));
     }
     KEEL_RETURN_IF_ERROR(backend_->CopyBytes(dres_, res_[blocks_], bd * sizeof(float)));
     KEEL_RETURN_IF_ERROR(backend_->Axpy(-1.0f, target_, dres_, bd));
