@@ -124,8 +124,9 @@ class Backend {
   // (a transformer's skip connection, added in the same pass instead of by a
   // separate Add). Quantization of x and w along `in`, FP32 accumulation;
   // NVFP4/FP8 per-tensor decode scales are folded into the GEMM's alpha, so a
-  // BF16 GEMM sees exact operands (docs/numerics.md, "Emulation on Hopper and
-  // CPU"); they scale the product only, never the bias or the residual.
+  // BF16 GEMM sees exact operands
+  // (docs/numerics.md, "Emulation on Hopper and CPU");
+  // they scale the product only, never the bias or the residual.
   // residual must not alias y (refused: the CPU writes the product into y before
   // it reads the residual).
   // The CPU computes (acc + bias) + residual, the bits of LinearForward without
