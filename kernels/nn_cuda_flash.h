@@ -2,7 +2,9 @@
 // tensor-core kernels that never store the seq x seq scores. Only the CUDA
 // backend's .cu files include this (nn_cuda_attention.cu decides when it runs).
 //
-// The numbers are nn.h's attention contract, computed per 64 x 64 tile:
+// The numbers are nn.h's attention contract, computed over tiles of 64 keys
+// (or 64 queries for dK / dV), with exp(s - m) as exp2(dot * scale * log2 e -
+// m * log2 e) (one FMA; the stats keep m in nn.h's units):
 //   forward   pass 1 walks the key tiles for each row's max m and sum l of
 //             exp(s - m) (online: l is rescaled when m grows); pass 2 walks them
 //             again for P = exp(s - m) * (1 / l), rounds P to bf16 and adds P v.
