@@ -68,20 +68,44 @@ struct AdamArgs {
   float bias1, bias2;  // 1 - beta^t
 };
 
-// One element per thread iteration, in nn.h's order of operations.
+// The arguments of step `step` (1-based); the bias corrections in double,
+// rounded once (beta2^t loses digits in float).
+AdamArgs MakeAdamArgs(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
+                      float grad_scale) {
+  AdamArgs a;
+  a.lr = lr;
+  a.beta1 = beta1;
+  a.beta2 = beta2;
+  a.eps = eps;
+  a.weight_decay = weight_decay;
+  a.grad_scale = grad_scale;
+  a.bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), step));
+  a.bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), step));
+  return a;
+}
+
+// Element i of one tensor, in nn.h's order of operations (AdamWKernel and
+// AdamWTensorsKernel, so both give the same bits).
+__device__ __forceinline__ void AdamWElement(float* __restrict__ param, const float* __restrict__ grad,
+                                             float* __restrict__ m, float* __restrict__ v, int64_t i,
+                                             float weight_decay, const AdamArgs& a) {
+  const float g = grad[i] * a.grad_scale;
+  const float mi = a.beta1 * m[i] + (1.0f - a.beta1) * g;
+  const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * (g * g);
+  m[i] = mi;
+  v[i] = vi;
+  const float m_hat = mi / a.bias1;
+  const float v_hat = vi / a.bias2;
+  const float p = param[i];
+  param[i] = p - a.lr * (m_hat / (sqrtf(v_hat) + a.eps) + weight_decay * p);
+}
+
+// One element per thread iteration.
 __global__ void AdamWKernel(float* __restrict__ param, const float* __restrict__ grad, float* __restrict__ m,
                             float* __restrict__ v, int64_t n, AdamArgs a) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float g = grad[i] * a.grad_scale;
-    const float mi = a.beta1 * m[i] + (1.0f - a.beta1) * g;
-    const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * (g * g);
-    m[i] = mi;
-    v[i] = vi;
-    const float m_hat = mi / a.bias1;
-    const float v_hat = vi / a.bias2;
-    const float p = param[i];
-    param[i] = p - a.lr * (m_hat / (sqrtf(v_hat) + a.eps) + a.weight_decay * p);
+    AdamWElement(param, grad, m, v, i, a.weight_decay, a);
   }
 }
 
@@ -99,7 +123,7 @@ struct AdamTensorEntry {
 constexpr int64_t kAdamChunk = 4096;
 
 // One block per chunk of one tensor; the tensor found by binary search over the
-// first blocks (the table ends with a sentinel entry). Each element as AdamWKernel.
+// first blocks.
 __global__ void __launch_bounds__(kThreads) AdamWTensorsKernel(const AdamTensorEntry* __restrict__ table,
                                                                int tensors, AdamArgs a) {
   const int64_t block = blockIdx.x;
@@ -112,15 +136,7 @@ __global__ void __launch_bounds__(kThreads) AdamWTensorsKernel(const AdamTensorE
   const int64_t begin = (block - t.first_block) * kAdamChunk;
   const int64_t end = min(t.count, begin + kAdamChunk);
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float g = t.grad[i] * a.grad_scale;
-    const float mi = a.beta1 * t.m[i] + (1.0f - a.beta1) * g;
-    const float vi = a.beta2 * t.v[i] + (1.0f - a.beta2) * (g * g);
-    t.m[i] = mi;
-    t.v[i] = vi;
-    const float m_hat = mi / a.bias1;
-    const float v_hat = vi / a.bias2;
-    const float p = t.param[i];
-    t.param[i] = p - a.lr * (m_hat / (sqrtf(v_hat) + a.eps) + t.weight_decay * p);
+    AdamWElement(t.param, t.grad, t.m, t.v, i, t.weight_decay, a);
   }
 }
 
@@ -486,16 +502,7 @@ Status CudaBackend::AdamW(float* param, const float* grad, float* m, float* v, i
   KEEL_RETURN_IF_ERROR(CheckCount(count, "AdamW"));
   if (step < 1) return Status::Error("AdamW: step: " + std::to_string(step) + " is not allowed; need >= 1 (1-based)");
   if (count == 0) return Status::Ok();
-  AdamArgs a;
-  a.lr = lr;
-  a.beta1 = beta1;
-  a.beta2 = beta2;
-  a.eps = eps;
-  a.weight_decay = weight_decay;
-  a.grad_scale = grad_scale;
-  // The bias corrections in double, rounded once (beta2^t loses digits in float).
-  a.bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), step));
-  a.bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), step));
+  const AdamArgs a = MakeAdamArgs(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
   AdamWKernel<<<GridFor(count), kThreads, 0, stream_>>>(param, grad, m, v, count, a);
   NN_LAUNCH_CHECK();
   return Status::Ok();
@@ -518,15 +525,8 @@ Status CudaBackend::AdamWTensors(const std::vector<AdamWTensor>& tensors, float 
   }
   if (table.empty()) return Status::Ok();
   if (blocks > (int64_t{1} << 31) - 1) return Status::Error("AdamW: " + std::to_string(blocks) + " chunks: too many");
-  AdamArgs a;
-  a.lr = lr;
-  a.beta1 = beta1;
-  a.beta2 = beta2;
-  a.eps = eps;
-  a.weight_decay = 0.0f;  // per tensor
-  a.grad_scale = grad_scale;
-  a.bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), step));
-  a.bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), step));
+  // weight_decay is per tensor (the table's).
+  const AdamArgs a = MakeAdamArgs(lr, beta1, beta2, eps, 0.0f, step, grad_scale);
   const size_t bytes = table.size() * sizeof(AdamTensorEntry);
   KEEL_RETURN_IF_ERROR(adam_table_.Reserve(bytes, stream_));
   // Pageable source: the copy is staged before cudaMemcpyAsync returns, so

@@ -98,12 +98,25 @@ __global__ void AddBiasKernel(float* y, const float* bias, int64_t rows, int64_t
     y[i] = y[i] + bias[i % cols];
 }
 
+// The column sums' fixed order inside a 32 x 8 block: thread (c, r) holds acc,
+// and column c's total is rows 0..7 added in order. Every thread calls it (it
+// synchronises); the total is valid where threadIdx.y == 0.
+__device__ __forceinline__ float SumOverRowThreads(float acc) {
+  __shared__ float sums[8][33];
+  sums[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  float total = sums[0][threadIdx.x];
+  if (threadIdx.y == 0) {
+    for (int k = 1; k < 8; ++k) total += sums[k][threadIdx.x];
+  }
+  return total;
+}
+
 // Column sums, pass 1: block (x, y) sums columns 32x .. 32x + 31 over rows
 // [y * rows_per_chunk, ...) (thread (c, r) every 8th row from r, then the 8 partial
 // sums in order), into partial[y * cols + column].
 __global__ void __launch_bounds__(256) ColumnPartialsKernel(const float* __restrict__ m, int64_t rows, int64_t cols,
                                                             int64_t rows_per_chunk, float* __restrict__ partial) {
-  __shared__ float sums[8][33];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   const int64_t r1 = min(rows, r0 + rows_per_chunk);
@@ -111,13 +124,8 @@ __global__ void __launch_bounds__(256) ColumnPartialsKernel(const float* __restr
   if (col < cols) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) acc += m[r * cols + col];
   }
-  sums[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < cols) {
-    float total = sums[0][threadIdx.x];
-    for (int k = 1; k < 8; ++k) total += sums[k][threadIdx.x];
-    partial[blockIdx.y * cols + col] = total;
-  }
+  const float total = SumOverRowThreads(acc);
+  if (threadIdx.y == 0 && col < cols) partial[blockIdx.y * cols + col] = total;
 }
 
 // Pass 2: out[c] += the chunks' partials of column c. Block x takes columns 32x ..
@@ -125,19 +133,13 @@ __global__ void __launch_bounds__(256) ColumnPartialsKernel(const float* __restr
 // order, so that a column's many partials are not one thread's serial chain.
 __global__ void __launch_bounds__(256) ColumnFinalizeKernel(const float* __restrict__ partial, int64_t chunks,
                                                             int64_t cols, float* __restrict__ out) {
-  __shared__ float sums[8][33];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float acc = 0.0f;
   if (col < cols) {
     for (int64_t c = threadIdx.y; c < chunks; c += 8) acc += partial[c * cols + col];
   }
-  sums[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < cols) {
-    float total = sums[0][threadIdx.x];
-    for (int k = 1; k < 8; ++k) total += sums[k][threadIdx.x];
-    out[col] += total;
-  }
+  const float total = SumOverRowThreads(acc);
+  if (threadIdx.y == 0 && col < cols) out[col] += total;
 }
 
 // BF16 rounding of m (rows x cols, fp32) fused with pass 1 of the column sums:
@@ -154,7 +156,6 @@ __global__ void __launch_bounds__(256)
     Bf16ColumnPartialsKernel(const float* __restrict__ m, int64_t rows, int64_t cols, int64_t rows_per_chunk,
                              uint64_t seed, void* __restrict__ out, bool out_bf16, float* __restrict__ partial,
                              unsigned long long* counts) {
-  __shared__ float sums[8][33];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   const int64_t r1 = min(rows, r0 + rows_per_chunk);
@@ -185,13 +186,8 @@ __global__ void __launch_bounds__(256)
   }
   // blockDim.x is 32, so threadIdx.x is the lane AddCounts expects; every lane calls it.
   if (counts != nullptr) AddCounts(0u, nonfinite, counts);
-  sums[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < cols) {
-    float total = sums[0][threadIdx.x];
-    for (int k = 1; k < 8; ++k) total += sums[k][threadIdx.x];
-    partial[blockIdx.y * cols + col] = total;
-  }
+  const float total = SumOverRowThreads(acc);
+  if (threadIdx.y == 0 && col < cols) partial[blockIdx.y * cols + col] = total;
 }
 
 // ============================================================================
