@@ -250,8 +250,7 @@ CudaBackend::~CudaBackend() {
   cudaMemPool_t pool;
   if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
   if (small_ != nullptr) cudaFree(small_);
-  if (stats_ != nullptr) cudaFree(stats_);
-  if (stats_temp_ != nullptr) cudaFree(stats_temp_);
+  if (stats_pairs_ != nullptr) cudaFree(stats_pairs_);
   if (host_pinned_ != nullptr) cudaFreeHost(host_pinned_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -285,8 +284,10 @@ Status CudaBackend::Init() {
   KEEL_RETURN_IF_ERROR(blas_.Init(stream_));
   KEEL_CUDA_CHECK(cudaMalloc(&small_, kSmallFloats * sizeof(float)));
   KEEL_CUDA_CHECK(cudaMemset(small_, 0, kSmallFloats * sizeof(float)));
-  KEEL_CUDA_CHECK(cudaMalloc(&stats_temp_, 4 * sizeof(unsigned long long)));
-  KEEL_CUDA_CHECK(cudaMemset(stats_temp_, 0, 4 * sizeof(unsigned long long)));  // the fused BF16 count adds to it
+  // Room for a GPT-2 step's counting quantizations; more fold early (FoldStats).
+  stats_pair_capacity_ = 1024;
+  KEEL_CUDA_CHECK(cudaMalloc(&stats_pairs_, stats_pair_capacity_ * 2 * sizeof(unsigned long long)));
+  KEEL_CUDA_CHECK(cudaMemset(stats_pairs_, 0, stats_pair_capacity_ * 2 * sizeof(unsigned long long)));
   host_pinned_bytes_ = size_t{1} << 20;
   KEEL_CUDA_CHECK(cudaHostAlloc(&host_pinned_, host_pinned_bytes_, cudaHostAllocDefault));
   return Status::Ok();

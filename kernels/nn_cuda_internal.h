@@ -382,8 +382,8 @@ class CudaBackend final : public Backend {
   // when `bf16` else fp32, without the per-tensor decode scale (returned in
   // out->tensor_scale for alpha); kFp32 roles pass x through. Adds the role's
   // statistics when stats_slot >= 0.
-  // keep_count: keep a BF16 operand's counts in stats_temp_ + 2 for the wgrad
-  // that reuses the dgrad's bf16 dy. column_sums (only for a BF16 role, else an
+  // keep_count: remember the counters of this (BF16) operand for the wgrad
+  // that reuses the dgrad's bf16 dy (RecordKeptStats). column_sums (only for a BF16 role, else an
   // error): also column_sums += the column sums of x, computed by the rounding
   // pass (QuantizeBf16WithColumnSums: ColumnSums' bits).
   Status PrepareOperand(const float* x, int64_t rows, int64_t cols, int axis, Role role,
@@ -403,13 +403,21 @@ class CudaBackend final : public Backend {
                   const OperandFormat& format, uint64_t seed, void* out, bool out_bf16,
                   bool out_without_tensor_scale, uint8_t* codes, float* amax, float* tensor_scale,
                   unsigned long long* counts = nullptr);
-  // slot/role's counters += one quantization's: `count` elements, `blocks`
-  // blocks and the (saturated, non-finite) pair at `counts` (stats_temp_, where
-  // the stats kernels leave them, or the kept pair stats_temp_ + 2), which is
-  // zeroed; `keep`, when not null, receives a copy (per_tensor: any non-finite
-  // input counts as one NaN block).
-  Status FinishOperandStats(int64_t count, int64_t blocks, bool per_tensor, int slot, Role role,
-                            unsigned long long* counts, unsigned long long* keep);
+  // Operand statistics cost no kernel of their own. Every counting quantization
+  // gets a fresh pair of device counters (saturated, non-finite) that its kernel
+  // adds to, and a host record of what the pair counts for (slot, role,
+  // elements, blocks); ReadOperandStats downloads the pairs in one copy and
+  // folds them into the slots on the host. NextStatsPair hands out the pair (the
+  // pairs fold early, with a wait, when all are in use); RecordStats files it.
+  Status NextStatsPair(unsigned long long** pair, int64_t* index);
+  // slot/role += `count` elements, `blocks` blocks and pair `index`'s counts
+  // (per_tensor: any non-finite element counts as one NaN block).
+  void RecordStats(int64_t count, int64_t blocks, bool per_tensor, int slot, Role role, int64_t index);
+  // The wgrad's dy role counted as the dgrad's dy that keep_count remembered.
+  void RecordKeptStats(int64_t count, int slot, Role role);
+  // Waits for the queued work, folds every recorded pair into host_stats_ and
+  // zeroes the pairs for reuse.
+  Status FoldStats();
   // alpha = product of the two decode scales (null ones count as 1) in slot `gemm`.
   Status Alpha(const Operand& a, const Operand& b, int gemm, const float** alpha);
   // out (+)= column sums of m (rows x cols, row-major), in a fixed order.
@@ -444,9 +452,25 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   Blas blas_;
   float* small_ = nullptr;             // kSmallFloats device floats
-  unsigned long long* stats_ = nullptr;  // slots x 6 roles x 4 counters
+  // Statistics (see NextStatsPair): the device pairs, what each counts for, and
+  // the folded totals, slots x roles.
+  struct StatsCall {
+    int slot;
+    Role role;
+    int64_t elements, blocks;
+    bool per_tensor;
+    int64_t pair;
+  };
+  unsigned long long* stats_pairs_ = nullptr;  // 2 counters per pair, zero until counted
+  int64_t stats_pair_capacity_ = 0;
+  int64_t stats_pairs_used_ = 0;
+  std::vector<StatsCall> stats_calls_;
+  std::vector<OperandStats> host_stats_;
   int stats_slots_ = 0;
-  unsigned long long* stats_temp_ = nullptr;  // 2 per-call counters of the stats kernels, 2 kept (see PrepareOperand)
+  // keep_count's pair, and its counts when a fold has already read them.
+  int64_t kept_pair_ = -1;
+  bool kept_folded_ = false;
+  unsigned long long kept_counts_[2] = {0, 0};
   void* host_pinned_ = nullptr;        // staging for reductions' descriptors and results
   size_t host_pinned_bytes_ = 0;
   // Dynamic shared memory (bytes) CrossEntropyFused's one-read kernel may use, set

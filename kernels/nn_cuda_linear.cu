@@ -69,22 +69,6 @@ __global__ void __launch_bounds__(kThreads) Fp8StatsKernel(const StatsArgs a) {
   AddCounts(saturated, nonfinite, a.out);
 }
 
-// slot (elements, saturated, blocks, nan_blocks) += this call's counts in temp
-// (saturated, non-finite), which go back to zero for the next call, and to
-// `keep` when it is not null.
-__global__ void StatsFinalizeKernel(unsigned long long* slot, unsigned long long elements, unsigned long long blocks,
-                                    unsigned long long* temp, bool per_tensor, unsigned long long* keep) {
-  slot[0] += elements;
-  slot[1] += temp[0];
-  slot[2] += blocks;
-  slot[3] += per_tensor ? (temp[1] > 0 ? 1ull : 0ull) : temp[1];
-  if (keep != nullptr) {
-    keep[0] = temp[0];
-    keep[1] = temp[1];
-  }
-  temp[0] = temp[1] = 0;
-}
-
 // alpha = a * b, a null pointer standing for 1.
 __global__ void AlphaKernel(const float* a, const float* b, float* alpha) {
   *alpha = (a != nullptr ? *a : 1.0f) * (b != nullptr ? *b : 1.0f);
@@ -282,8 +266,10 @@ Status CudaBackend::Quantize(const float* x, int64_t rows, int64_t cols, int axi
 
 Status CudaBackend::AddOperandStats(const float* x, int64_t count, const OperandFormat& f, const uint8_t* codes,
                                     const float* tensor_scale, int slot, Role role) {
-  // stats_temp_ is zero here: Init clears it and every StatsFinalizeKernel does.
-  const StatsArgs a{x, count, codes, tensor_scale, stats_temp_};
+  unsigned long long* pair = nullptr;
+  int64_t index = 0;
+  KEEL_RETURN_IF_ERROR(NextStatsPair(&pair, &index));
+  const StatsArgs a{x, count, codes, tensor_scale, pair};
   // BF16, MX and NVFP4 count inside their quantizers (PrepareOperand); FP8 here.
   const unsigned int grid = GridFor(count);
   if (f.format == QuantFormat::kFp8E4M3) {
@@ -295,15 +281,69 @@ Status CudaBackend::AddOperandStats(const float* x, int64_t count, const Operand
                          " counts its statistics in its quantizer");
   }
   NN_LAUNCH_CHECK();
-  return FinishOperandStats(count, 1, true, slot, role, stats_temp_, nullptr);
+  RecordStats(count, 1, true, slot, role, index);
+  return Status::Ok();
 }
 
-Status CudaBackend::FinishOperandStats(int64_t count, int64_t blocks, bool per_tensor, int slot, Role role,
-                                       unsigned long long* counts, unsigned long long* keep) {
-  unsigned long long* counters = stats_ + (static_cast<int64_t>(slot) * kRoleCount + static_cast<int>(role)) * 4;
-  StatsFinalizeKernel<<<1, 1, 0, stream_>>>(counters, static_cast<unsigned long long>(count),
-                                            static_cast<unsigned long long>(blocks), counts, per_tensor, keep);
-  NN_LAUNCH_CHECK();
+Status CudaBackend::NextStatsPair(unsigned long long** pair, int64_t* index) {
+  if (stats_pairs_used_ == stats_pair_capacity_) {
+    // Every pair is counting: fold them (a wait) and reuse them, with twice the
+    // room if one fold per step was not enough.
+    KEEL_RETURN_IF_ERROR(FoldStats());
+    const int64_t grown = stats_pair_capacity_ * 2;
+    unsigned long long* bigger = nullptr;
+    KEEL_CUDA_CHECK(cudaMalloc(&bigger, grown * 2 * sizeof(unsigned long long)));
+    KEEL_CUDA_CHECK(cudaMemsetAsync(bigger, 0, grown * 2 * sizeof(unsigned long long), stream_));
+    KEEL_CUDA_CHECK(cudaFree(stats_pairs_));
+    stats_pairs_ = bigger;
+    stats_pair_capacity_ = grown;
+  }
+  *index = stats_pairs_used_++;
+  *pair = stats_pairs_ + 2 * *index;
+  return Status::Ok();
+}
+
+void CudaBackend::RecordStats(int64_t count, int64_t blocks, bool per_tensor, int slot, Role role, int64_t index) {
+  stats_calls_.push_back(StatsCall{slot, role, count, blocks, per_tensor, index});
+}
+
+void CudaBackend::RecordKeptStats(int64_t count, int slot, Role role) {
+  if (kept_pair_ < 0) return;  // nothing was kept: the dgrad's dy did not count
+  if (!kept_folded_) {
+    RecordStats(count, 1, true, slot, role, kept_pair_);
+    return;
+  }
+  OperandStats& s = host_stats_[static_cast<size_t>(slot) * kRoleCount + static_cast<int>(role)];
+  s.elements += count;
+  s.saturated += static_cast<int64_t>(kept_counts_[0]);
+  s.blocks += 1;
+  s.nan_blocks += kept_counts_[1] > 0 ? 1 : 0;
+}
+
+Status CudaBackend::FoldStats() {
+  std::vector<unsigned long long> raw(static_cast<size_t>(stats_pairs_used_) * 2);
+  if (!raw.empty()) {
+    KEEL_CUDA_CHECK(cudaMemcpyAsync(raw.data(), stats_pairs_, raw.size() * sizeof(unsigned long long),
+                                   cudaMemcpyDeviceToHost, stream_));
+  }
+  KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (const StatsCall& c : stats_calls_) {
+    OperandStats& s = host_stats_[static_cast<size_t>(c.slot) * kRoleCount + static_cast<int>(c.role)];
+    const unsigned long long saturated = raw[2 * c.pair], nonfinite = raw[2 * c.pair + 1];
+    s.elements += c.elements;
+    s.saturated += static_cast<int64_t>(saturated);
+    s.blocks += c.blocks;
+    s.nan_blocks += c.per_tensor ? (nonfinite > 0 ? 1 : 0) : static_cast<int64_t>(nonfinite);
+  }
+  if (kept_pair_ >= 0 && !kept_folded_) {
+    kept_counts_[0] = raw[2 * kept_pair_];
+    kept_counts_[1] = raw[2 * kept_pair_ + 1];
+    kept_folded_ = true;
+  }
+  if (!raw.empty())
+    KEEL_CUDA_CHECK(cudaMemsetAsync(stats_pairs_, 0, raw.size() * sizeof(unsigned long long), stream_));
+  stats_calls_.clear();
+  stats_pairs_used_ = 0;
   return Status::Ok();
 }
 
@@ -343,23 +383,28 @@ Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, i
   float* amax = small_ + kAmaxSlot + r;
   float* tensor_scale = small_ + kTensorScaleSlot + r;
   // The per-tensor decode scale stays out of the values and goes into alpha.
+  unsigned long long* counts = nullptr;
+  int64_t pair = -1;
+  if (fused_stats) KEEL_RETURN_IF_ERROR(NextStatsPair(&counts, &pair));
   if (column_sums != nullptr) {
     NN_PROFILE("quantize + dbias");
     const Status s = QuantizeBf16WithColumnSums(x, rows, cols, f, RoleSeed(q.seed, role), scratch->get<void>(), bf16,
-                                                fused_stats ? stats_temp_ : nullptr, column_sums);
+                                                counts, column_sums);
     if (!s.ok()) return Status::Error(std::string("linear: role ") + RoleName(role) + ": " + s.message());
   } else {
     NN_PROFILE("quantize");
     const Status s = Quantize(x, rows, cols, axis, f, RoleSeed(q.seed, role), scratch->get<void>(), bf16, true,
-                              codes, amax, tensor_scale, fused_stats ? stats_temp_ : nullptr);
+                              codes, amax, tensor_scale, counts);
     if (!s.ok()) return Status::Error(std::string("linear: role ") + RoleName(role) + ": " + s.message());
   }
   if (fused_stats) {
-    NN_PROFILE("operand stats");
     const bool bf16_stats = f.format == QuantFormat::kBf16;
     const int64_t blocks = bf16_stats ? 1 : IsMx(f.format) ? MxScaleCount(rows, cols, f.mx_block, axis) : count / 16;
-    KEEL_RETURN_IF_ERROR(FinishOperandStats(count, blocks, bf16_stats, q.stats_slot, role, stats_temp_,
-                                            keep_count ? stats_temp_ + 2 : nullptr));
+    RecordStats(count, blocks, bf16_stats, q.stats_slot, role, pair);
+    if (keep_count) {
+      kept_pair_ = pair;
+      kept_folded_ = false;
+    }
   } else if (stats) {
     NN_PROFILE("operand stats");
     KEEL_RETURN_IF_ERROR(AddOperandStats(x, count, f, codes, tensor_scale, q.stats_slot, role));
@@ -534,11 +579,8 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     Operand qdy_w, qx;
     if (reuse_dy) {
       qdy_w = qdy;
-      if (q.stats_slot >= 0) {  // the same elements as the dgrad's dy: its count, kept
-        NN_PROFILE("operand stats");
-        KEEL_RETURN_IF_ERROR(
-            FinishOperandStats(rows * out, 1, true, q.stats_slot, Role::kWgradDy, stats_temp_ + 2, nullptr));
-      }
+      // The same elements as the dgrad's dy: its counts.
+      if (q.stats_slot >= 0) RecordKeptStats(rows * out, q.stats_slot, Role::kWgradDy);
     } else {
       KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 0, Role::kWgradDy, q, bf16_wgrad, &op_a_, &qdy_w,
                                           /*keep_count=*/false, dbias_with_wgrad));
@@ -563,36 +605,25 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
 Status CudaBackend::ResetOperandStats(int slots) {
   if (slots < 0)
     return Status::Error("ResetOperandStats: slots: " + std::to_string(slots) + " is not allowed; need >= 0");
-  if (slots > stats_slots_ || stats_ == nullptr) {
-    KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (stats_ != nullptr) KEEL_CUDA_CHECK(cudaFree(stats_));
-    stats_ = nullptr;
-    KEEL_CUDA_CHECK(cudaMalloc(&stats_, std::max(1, slots) * kRoleCount * 4 * sizeof(unsigned long long)));
+  // Pairs counted but not read are dropped: zeroed in stream order, before any
+  // quantization queued after this call adds to them again.
+  if (stats_pairs_used_ > 0) {
+    KEEL_CUDA_CHECK(cudaMemsetAsync(stats_pairs_, 0, stats_pairs_used_ * 2 * sizeof(unsigned long long), stream_));
   }
+  stats_pairs_used_ = 0;
+  stats_calls_.clear();
+  kept_pair_ = -1;
+  kept_folded_ = false;
   stats_slots_ = slots;
-  if (slots > 0)
-    KEEL_CUDA_CHECK(cudaMemsetAsync(stats_, 0, static_cast<size_t>(slots) * kRoleCount * 4 * sizeof(unsigned long long),
-                                   stream_));
+  host_stats_.assign(static_cast<size_t>(slots) * kRoleCount, OperandStats{});
   return Status::Ok();
 }
 
 Status CudaBackend::ReadOperandStats(std::vector<OperandStats>* stats) {
   NN_PROFILE("ReadOperandStats");
   if (stats == nullptr) return Status::Error("ReadOperandStats: stats: null");
-  const size_t n = static_cast<size_t>(stats_slots_) * kRoleCount;
-  std::vector<unsigned long long> raw(n * 4);
-  if (n > 0) {
-    KEEL_CUDA_CHECK(cudaMemcpyAsync(raw.data(), stats_, raw.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
-                                   stream_));
-  }
-  KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  stats->assign(n, OperandStats{});
-  for (size_t i = 0; i < n; ++i) {
-    (*stats)[i].elements = static_cast<int64_t>(raw[4 * i]);
-    (*stats)[i].saturated = static_cast<int64_t>(raw[4 * i + 1]);
-    (*stats)[i].blocks = static_cast<int64_t>(raw[4 * i + 2]);
-    (*stats)[i].nan_blocks = static_cast<int64_t>(raw[4 * i + 3]);
-  }
+  KEEL_RETURN_IF_ERROR(FoldStats());
+  *stats = host_stats_;
   return Status::Ok();
 }
 

@@ -804,6 +804,54 @@ TEST_F(NnCudaTest, LinearStatsWithNonFiniteInputs) {
   EXPECT_GT(nan_blocks, 0);
 }
 
+// More counting quantizations before a read than the backend has counter pairs
+// (1024 at the start): the pairs fold early and grow, the count the wgrad
+// borrows from the dgrad's bf16 dy survives a fold between the two, a reset
+// drops what was counted before it, and the totals still equal the CPU's.
+TEST_F(NnCudaTest, LinearStatsSurviveManyCallsBetweenReads) {
+  const int64_t rows = 64, in = 96, out = 48;
+  std::vector<float> xh = WithOutliers(rows * in, 71);
+  xh[5 * in + 3] = std::numeric_limits<float>::quiet_NaN();
+  Dual x = Floats(xh), w = Floats(Normal(out * in, 72, 0.1f)), dy = Floats(WithOutliers(rows * out, 73));
+  Dual y = Zeros(rows * out), dx = Zeros(rows * in), dw = Zeros(out * in);
+  const std::vector<LinearQuant> schemes = {AllRoles(Quant(QuantFormat::kBf16)), AllRoles(Quant(QuantFormat::kMxfp8E4M3)),
+                                            Nvfp4Recipe(), AllRoles(Quant(QuantFormat::kFp8E4M3)),
+                                            AllRoles(Quant(QuantFormat::kMxfp4))};
+  auto run = [&](Backend* be, size_t scheme, bool backward) -> Status {
+    const bool g = be == gpu_.get();
+    auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+    LinearQuant q = schemes[scheme];
+    q.stats_slot = static_cast<int>(scheme);
+    KEEL_RETURN_IF_ERROR(be->LinearForward(p(x), p(w), nullptr, nullptr, p(y), rows, in, out, q));
+    if (!backward) return Status::Ok();
+    return be->LinearBackward(p(x), p(w), p(dy), p(dx), p(dw), nullptr, rows, in, out, q);
+  };
+  const int slots = static_cast<int>(schemes.size());
+  // Counted, then dropped by the reset.
+  ASSERT_OK(gpu_->ResetOperandStats(slots));
+  for (int i = 0; i < 40; ++i) ASSERT_OK(run(gpu_.get(), i % schemes.size(), true));
+  for (Backend* be : {cpu_.get(), gpu_.get()}) {
+    ASSERT_OK(be->ResetOperandStats(slots));
+    // bf16: a forward takes 2 pairs, a backward 3 (its wgrad borrows the dgrad's
+    // dy count). After 3 forwards and 203 steps, 1023 pairs are in use when a
+    // backward keeps its dy count: the next pair, its dgrad w's, folds first.
+    for (int i = 0; i < 3; ++i) ASSERT_OK(run(be, 0, false));
+    for (int i = 0; i < 250; ++i) ASSERT_OK(run(be, 0, true));
+    // Then every scheme, past the grown room of 2048 pairs.
+    for (int i = 0; i < 600; ++i) ASSERT_OK(run(be, i % schemes.size(), true));
+  }
+  std::vector<OperandStats> sc, sg;
+  ASSERT_OK(cpu_->ReadOperandStats(&sc));
+  ASSERT_OK(gpu_->ReadOperandStats(&sg));
+  ExpectStatsEqual("many calls", sc, sg);
+  EXPECT_EQ(sg[static_cast<size_t>(Role::kWgradDy)].elements, (250 + 120) * rows * out);  // slot 0: bf16
+  EXPECT_EQ(sg[static_cast<size_t>(Role::kFwdX)].nan_blocks, 3 + 250 + 120);  // per tensor: one per call
+  // A second read, with no call between, gives the same totals.
+  std::vector<OperandStats> again;
+  ASSERT_OK(gpu_->ReadOperandStats(&again));
+  ExpectStatsEqual("read twice", sg, again);
+}
+
 TEST_F(NnCudaTest, LinearRejectsWhatTheCpuRejects) {
   const int64_t rows = 32, in = 32, out = 32;
   Dual x = Floats(Normal(rows * in, 71)), w = Floats(Normal(out * in, 72)), y = Zeros(rows * out);
