@@ -258,6 +258,10 @@ class Coordinator {
     int64_t last_step = -1;                         // newest step received (-1: not known yet)
   };
   std::map<std::string, Live> live_;
+  // Gangs: the bootstrap id rank 0's worker sent, by run, with the attempt it
+  // belongs to; sent again to a part's worker whose stream reconnects. Dropped
+  // when the run stops being active (SaveRun).
+  std::map<std::string, std::pair<int64_t, std::string>> bootstrap_ids_;
 };
 
 }  // namespace keel
