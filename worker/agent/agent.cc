@@ -108,6 +108,17 @@ std::vector<v1::Device> DetectGpus() {
   return devices;
 }
 
+std::vector<v1::Device> FakeGpus(int count) {
+  std::vector<v1::Device> devices;
+  for (int i = 0; i < count; ++i) {
+    v1::Device d;
+    d.set_index(i);
+    d.set_name("fake GPU");
+    devices.push_back(d);
+  }
+  return devices;
+}
+
 std::vector<GpuMemory> GpuMemoryInUse() {
   std::vector<GpuMemory> out;
   const Nvml& nvml = Nvml::Get();
@@ -183,6 +194,7 @@ void Agent::HandleCommand(const v1::WorkerCommand& command) {
     launch.run_dir = options_.work_dir + "/runs/" + a.run_id();
     launch.spec_yaml = a.spec().yaml();
     launch.gpus.assign(a.device_indices().begin(), a.device_indices().end());
+    launch.fake_gpus = options_.fake_gpus;
     launch.resume_checkpoint = a.resume_checkpoint();
     launch.ranks = std::max(1, a.ranks());
     launch.first_rank = a.first_rank();

@@ -51,9 +51,15 @@ Status RunSupervisor::Start(const RunLaunch& launch, std::unique_ptr<RunSupervis
   // The lease comes first: the trainer reads it before its first step.
   const std::string lease = RunDir(launch.run_dir).lease();
   KEEL_RETURN_IF_ERROR(WriteRunLease(lease, {launch.attempt, launch.lease_expires_unix_ms}));
-  std::vector<std::string> args = {launch.trainer, "--config", config, "--run-dir", launch.run_dir, "--quiet",
-                                   "--backend", launch.gpus.empty() ? "cpu" : "cuda", "--lease-file", lease,
-                                   "--attempt", std::to_string(launch.attempt)};
+  std::vector<std::string> args = {launch.trainer, "--config", config, "--run-dir", launch.run_dir, "--quiet"};
+  if (launch.gpus.empty() || !launch.fake_gpus) {
+    args.push_back("--backend");
+    args.push_back(launch.gpus.empty() ? "cpu" : "cuda");
+  }
+  for (const std::string& a : {std::string("--lease-file"), lease, std::string("--attempt"),
+                               std::to_string(launch.attempt)}) {
+    args.push_back(a);
+  }
   for (const std::string& root : launch.data_roots) {
     args.push_back("--data-root");
     args.push_back(root);
