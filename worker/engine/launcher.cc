@@ -156,9 +156,10 @@ int LaunchRanks(const LaunchOptions& o) {
       for (const Exit& e : exits) {
         if (failure(e.status) && (cause == nullptr || (!WIFEXITED(e.status) && WIFEXITED(cause->status)))) cause = &e;
       }
-      std::fprintf(stderr, "keel-train: rank %d %s; stopping the other ranks\n", cause->rank,
+      std::fprintf(stderr, "keel-train: rank %d %s%s\n", cause->rank,
                    WIFEXITED(cause->status) ? ("exited with status " + std::to_string(ExitCode(cause->status))).c_str()
-                                            : ("died of signal " + std::to_string(WTERMSIG(cause->status))).c_str());
+                                            : ("died of signal " + std::to_string(WTERMSIG(cause->status))).c_str(),
+                   trainer_exit::kStoppingOtherRanks);
       failed = true;
       result = ExitCode(cause->status);
       stopping_since = std::chrono::steady_clock::now();
