@@ -1210,10 +1210,6 @@ CoordinatorStats Coordinator::Stats(int64_t retention_ms) {
   }
   const int64_t now = Now();
   for (const auto& r : runs_) {
-    if (Active(r.second.state())) {
-      s.gpus_busy += r.second.device_indices_size();
-      for (const v1::RunPart& p : r.second.parts()) s.gpus_busy += p.device_indices_size();
-    }
     auto live = live_.find(r.first);
     const bool ended = Terminal(r.second.state());
     // Bounded cardinality: a run's series go away `retention_ms` after it ended
@@ -1255,7 +1251,12 @@ CoordinatorStats Coordinator::Stats(int64_t retention_ms) {
     g.step = r.second.step();
     g.restarts = r.second.restarts();
     g.ranks = RanksOf(r.second);
+    if (Active(r.second.state())) {
+      g.gpus = r.second.device_indices_size();
+      for (const v1::RunPart& p : r.second.parts()) g.gpus += p.device_indices_size();
+    }
     g.workers = std::max(1, r.second.parts_size());
+    s.gpus_busy += g.gpus;
     s.runs.push_back(std::move(g));
   }
   return s;
