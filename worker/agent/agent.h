@@ -103,6 +103,12 @@ class Agent {
 // The CUDA devices this process can see (empty without CUDA or GPUs).
 std::vector<v1::Device> DetectGpus();
 
+// Keeps of *devices only those whose indices `list` names ("0,1": keel-worker
+// --gpus). An index twice, one that is not a number, or one *devices does not
+// hold is an error naming the value and the indices there are; *devices is
+// then unchanged.
+Status SelectGpus(const std::string& list, std::vector<v1::Device>* devices);
+
 // `count` GPUs that do not exist (keel-worker --fake-gpus, for tests and
 // demos): indices 0 .. count-1, named "fake GPU", no memory.
 std::vector<v1::Device> FakeGpus(int count);

@@ -36,8 +36,11 @@ const char kUsage[] =
     "  --work-dir DIR       run directories (default ./keel-worker)\n"
     "  --data-root DIR      trainers may read data (data.train, data.val) only inside DIR,\n"
     "                       checked after resolving symlinks; repeatable (default ./data)\n"
-    "  --cpu-slots N        concurrent CPU runs offered when there is no GPU (default 1)\n"
+    "  --cpu-slots N        CPU slots offered when there is no GPU, one rank each: N one-rank\n"
+    "                       runs at once, or a run's N ranks (default 1)\n"
     "  --no-gpus            offer CPU slots even when GPUs are present\n"
+    "  --gpus LIST          offer only these of this host's GPUs (NVML indices, e.g. 0,1), so\n"
+    "                       that several workers can share a host (default: all)\n"
     "  --fake-gpus N        for tests and demos: offer N GPUs that do not exist (indices\n"
     "                       0..N-1) instead of the real ones. Runs placed on them get\n"
     "                       CUDA_VISIBLE_DEVICES as for real GPUs (rank k its k-th), but no\n"
@@ -68,6 +71,7 @@ int main(int argc, char** argv) {
   std::string token_file;
   bool no_gpus = false, quiet = false;
   int fake_gpus = 0;
+  std::string only_gpus;
   CLI::App app("keel-worker");
   app.add_option("--server", options.server);
   app.add_option("--token-file", token_file);
@@ -80,12 +84,17 @@ int main(int argc, char** argv) {
   app.add_option("--tls-key", options.tls_key);
   app.add_flag("--no-gpus", no_gpus);
   app.add_option("--fake-gpus", fake_gpus)->check(keel::IntFlag(1, 1024));
+  app.add_option("--gpus", only_gpus);
   app.add_option("--metrics-listen", metrics_listen);
   app.add_flag("--quiet", quiet);
   const keel::FlagsOutcome flags = keel::ParseFlags(app, "keel-worker", kUsage, argc, argv);
   if (!flags.proceed) return flags.exit_code;
   gpus = !no_gpus;
   if (fake_gpus > 0 && no_gpus) return Fail("--fake-gpus: not allowed with --no-gpus (allowed: one of them)");
+  if (!only_gpus.empty() && (no_gpus || fake_gpus > 0)) {
+    return Fail("--gpus: not allowed with " + std::string(no_gpus ? "--no-gpus" : "--fake-gpus") +
+                " (allowed: one of them)");
+  }
   if (quiet) options.verbose = false;
   if (!token_file.empty()) {
     keel::Status s = keel::ReadTokenFile(token_file, &options.token);
@@ -117,6 +126,10 @@ int main(int argc, char** argv) {
     options.fake_gpus = true;
   } else if (gpus) {
     options.devices = keel::DetectGpus();
+    if (!only_gpus.empty()) {
+      keel::Status s = keel::SelectGpus(only_gpus, &options.devices);
+      if (!s.ok()) return Fail(s.message());
+    }
   }
   std::atomic<bool>& stop = *keel::StopOnSignals();
   keel::Agent agent(options);
