@@ -716,11 +716,37 @@ std::string PlacementText(const v1::Run& run, bool short_form) {
     return text;
   }
   if (run.worker_id().empty()) return "-";
-  std::string text = run.worker_id();
-  if (!short_form && run.device_indices_size() > 0) {
-    text += " (GPUs";
-    for (int i = 0; i < run.device_indices_size(); ++i) text += (i ? "," : " ") + std::to_string(run.device_indices(i));
-    text += ")";
+  return run.worker_id();
+}
+
+// Data-parallel ranks of a run: one per GPU, else one per CPU slot.
+int RanksOf(const v1::Run& run) { return run.gpus() > 0 ? run.gpus() : std::max(1, run.cpu_slots()); }
+
+// The GPUs a run holds, by worker, in rank order: "w1[0,1] w2[0,1]"; "-" when none.
+std::string GpusText(const v1::Run& run) {
+  auto one = [](const std::string& worker, const google::protobuf::RepeatedField<int32_t>& gpus) {
+    std::string text = worker + "[";
+    for (int i = 0; i < gpus.size(); ++i) text += (i ? "," : "") + std::to_string(gpus.Get(i));
+    return text + "]";
+  };
+  std::string text;
+  if (run.parts_size() > 0) {
+    for (const v1::RunPart& p : run.parts()) {
+      if (p.device_indices_size() > 0) text += (text.empty() ? "" : " ") + one(p.worker_id(), p.device_indices());
+    }
+  } else if (run.device_indices_size() > 0) {
+    text = one(run.worker_id(), run.device_indices());
+  }
+  return text.empty() ? "-" : text;
+}
+
+// What a GPU run asks for: "8", or "8 (2 hosts x 4)"; "-" for a CPU run.
+std::string GpusWanted(const v1::Run& run) {
+  if (run.gpus() == 0) return "-";
+  std::string text = std::to_string(run.gpus());
+  if (run.hosts() > 0) {
+    text += " (" + std::to_string(run.hosts()) + (run.hosts() == 1 ? " host" : " hosts") + " x " +
+            std::to_string(run.gpus_per_host()) + ")";
   }
   return text;
 }
@@ -739,9 +765,10 @@ int CmdRuns(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
       std::string axes = AxesText(run.axes());
       rows.push_back({run.id(), run.sweep_id(), StateName(run.state()), StepText(run), RunLossText(run),
                       run.precision().empty() ? "-" : run.precision(), std::to_string(run.restarts()),
-                      PlacementText(run, true), axes.empty() ? "-" : axes});
+                      std::to_string(RanksOf(run)), PlacementText(run, true), GpusText(run), axes.empty() ? "-" : axes});
     }
-    return FormatTable({"ID", "SWEEP", "STATE", "STEP", "LOSS", "PRECISION", "RESTARTS", "WORKER", "AXES"}, rows);
+    return FormatTable(
+        {"ID", "SWEEP", "STATE", "STEP", "LOSS", "PRECISION", "RESTARTS", "RANKS", "WORKER", "GPUS", "AXES"}, rows);
   };
   return PrintListing<v1::ListRunsResponse>(client, parsed, "ListRuns", out, err, fetch, table);
 }
@@ -776,8 +803,8 @@ int CmdShow(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
       {"precision:", run.precision().empty() ? "-" : run.precision()},
       {"restarts:", std::to_string(run.restarts()) + " (max " + std::to_string(run.max_restarts()) + ")"},
       {"worker:", PlacementText(run, false)},
-      // Data-parallel ranks: one per CPU slot; a GPU run is one trainer until NCCL is in.
-      {"ranks:", std::to_string(run.gpus() > 0 ? 1 : std::max(1, run.cpu_slots()))},
+      {"ranks:", std::to_string(RanksOf(run))},  // data-parallel: one per GPU, else one per CPU slot
+      {"gpus:", run.gpus() == 0 ? "-" : GpusText(run) == "-" ? "none held; wants " + GpusWanted(run) : GpusText(run)},
       {"checkpoint:", run.checkpoint().empty() ? "-" : run.checkpoint()},
       {"axes:", run.axes().empty() ? "-" : AxesText(run.axes())},
       {"created:", FormatTime(run.created_unix_ms())},

@@ -65,7 +65,21 @@ class FakeKeel final : public v1::KeelService::Service {
     AddSweep("sw-1", "lr-sweep", {gang, MakeRun("r2", "sw-1", 1, v1::QUEUED, "1e-3")});
     AddSweep("sw-fail", "",
              {MakeRun("f1", "sw-fail", 0, v1::RUNNING, "6e-4"), MakeRun("f2", "sw-fail", 1, v1::RUNNING, "1e-3")});
-    AddSweep("sw-early", "", {MakeRun("e1", "sw-early", 0, v1::RUNNING, "6e-4")});
+    // e1 is a GPU gang of 2 hosts x 2 GPUs.
+    v1::Run gpu_gang = MakeRun("e1", "sw-early", 0, v1::RUNNING, "6e-4");
+    gpu_gang.set_gpus(4);
+    gpu_gang.set_hosts(2);
+    gpu_gang.set_gpus_per_host(2);
+    gpu_gang.set_worker_id("w1");
+    for (int part = 0; part < 2; ++part) {
+      v1::RunPart* p = gpu_gang.add_parts();
+      p->set_worker_id(part == 0 ? "w1" : "w2");
+      p->set_first_rank(2 * part);
+      p->set_ranks(2);
+      p->add_device_indices(part == 0 ? 0 : 2);
+      p->add_device_indices(part == 0 ? 1 : 3);
+    }
+    AddSweep("sw-early", "", {gpu_gang});
     for (int step : {0, 10, 20}) {
       v1::MetricPoint p;
       p.set_run_id("r1");
@@ -361,9 +375,11 @@ TEST_F(CliTest, InvalidArgumentPrintsTheServerMessageVerbatim) {
 TEST_F(CliTest, RunsTableIsSortedAndAligned) {
   ASSERT_EQ(Keel({"runs", "sw-1"}), kExitOk) << err_;
   EXPECT_EQ(out_,
-            "ID  SWEEP  STATE    STEP    LOSS   PRECISION  RESTARTS  WORKER  AXES\n"
-            "r1  sw-1   RUNNING  50/100  2.457  bf16       0         w1+w2   optimizer.lr=6e-4\n"
-            "r2  sw-1   QUEUED   0/100   -      bf16       0         -       optimizer.lr=1e-3\n");
+            "ID  SWEEP  STATE    STEP    LOSS   PRECISION  RESTARTS  RANKS  WORKER  GPUS  AXES\n"
+            "r1  sw-1   RUNNING  50/100  2.457  bf16       0         4      w1+w2   -     optimizer.lr=6e-4\n"
+            "r2  sw-1   QUEUED   0/100   -      bf16       0         1      -       -     optimizer.lr=1e-3\n");
+  ASSERT_EQ(Keel({"runs", "sw-early"}), kExitOk) << err_;
+  EXPECT_NE(out_.find("4      w1+w2   w1[0,1] w2[2,3]  optimizer.lr=6e-4\n"), std::string::npos) << out_;
 }
 
 TEST_F(CliTest, ListingsAsJsonParseBack) {
@@ -411,9 +427,15 @@ TEST_F(CliTest, ShowPrintsDetailsAndRecentEvents) {
   EXPECT_NE(out_.find("loss:        2.457\n"), std::string::npos) << out_;
   EXPECT_NE(out_.find("worker:      w1 (ranks 0-1), w2 (ranks 2-3)\n"), std::string::npos) << out_;
   EXPECT_NE(out_.find("ranks:       4\n"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("gpus:        -\n"), std::string::npos) << out_;  // a CPU gang
   EXPECT_NE(out_.find("recent events (2 of 2):"), std::string::npos) << out_;
   EXPECT_NE(out_.find("switch_precision  bf16 after loss spike"), std::string::npos) << out_;
   EXPECT_EQ(Keel({"show", "nope"}), kExitNotFound);
+  // A GPU gang: its ranks, workers and each worker's GPUs.
+  ASSERT_EQ(Keel({"show", "e1"}), kExitOk) << err_;
+  EXPECT_NE(out_.find("worker:      w1 (ranks 0-1), w2 (ranks 2-3)\n"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("ranks:       4\n"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("gpus:        w1[0,1] w2[2,3]\n"), std::string::npos) << out_;
 }
 
 TEST_F(CliTest, ExportCsvIsExact) {

@@ -36,6 +36,29 @@ bool OnWorker(const v1::Run& run, const std::string& worker) {
   return false;
 }
 
+// The GPUs the run holds on `worker` (a gang: its part's there).
+std::vector<int32_t> GpusOn(const v1::Run& run, const std::string& worker) {
+  std::vector<int32_t> gpus;
+  if (run.parts_size() == 0) {
+    if (run.worker_id() == worker) gpus.assign(run.device_indices().begin(), run.device_indices().end());
+    return gpus;
+  }
+  for (const v1::RunPart& p : run.parts()) {
+    if (p.worker_id() == worker) gpus.insert(gpus.end(), p.device_indices().begin(), p.device_indices().end());
+  }
+  return gpus;
+}
+
+// Data-parallel ranks of a run: one per GPU, else one per CPU slot.
+int32_t RanksOf(const v1::Run& run) { return run.gpus() > 0 ? run.gpus() : std::max(1, run.cpu_slots()); }
+
+// "0,1" for GPUs {0, 1}.
+std::string GpuList(const std::vector<int32_t>& gpus) {
+  std::string text;
+  for (int32_t g : gpus) text += (text.empty() ? "" : ",") + std::to_string(g);
+  return text;
+}
+
 // The CPU slots the run holds on `worker` (a gang: its part's ranks there).
 int CpuSlotsOn(const v1::Run& run, const std::string& worker) {
   if (run.gpus() > 0) return 0;
@@ -223,6 +246,7 @@ Status Coordinator::SaveRun(v1::Run* run, const std::string& event_kind, const s
   if (Terminal(run->state())) live_[run->id()].ended_unix_ms = Now();
   KEEL_RETURN_IF_ERROR(store_->UpdateRun(*run));
   runs_[run->id()] = *run;
+  if (!Active(run->state())) bootstrap_ids_.erase(run->id());
   progress_dirty_.erase(run->id());
   v1::WatchUpdate update;
   *update.mutable_run() = *run;
@@ -296,10 +320,14 @@ grpc::Status Coordinator::SubmitSweep(const v1::SweepSpec& spec, v1::SubmitSweep
   sweep.set_priority(plan.priority);
   sweep.set_gpus(plan.gpus);
   sweep.set_cpu_slots(plan.cpu_slots);
+  sweep.set_hosts(plan.hosts);
+  sweep.set_gpus_per_host(plan.gpus_per_host);
   sweep.mutable_policy()->set_yaml(plan.policy_yaml);
   for (size_t i = 0; i < runs.size(); ++i) {
     runs[i].set_gpus(plan.gpus);
     runs[i].set_cpu_slots(plan.gpus > 0 ? 0 : plan.cpu_slots);
+    runs[i].set_hosts(plan.hosts);
+    runs[i].set_gpus_per_host(plan.gpus_per_host);
     runs[i].set_priority(plan.priority);
     runs[i].set_max_restarts(plan.max_restarts);
     runs[i].set_index(static_cast<int32_t>(i));
@@ -587,8 +615,8 @@ grpc::Status Coordinator::ListWorkers(v1::ListWorkersResponse* out) {
     for (v1::Device& d : *record.mutable_devices()) {
       d.clear_run_id();
       for (const auto& r : runs_) {
-        if (!Active(r.second.state()) || r.second.worker_id() != w.first) continue;
-        for (int32_t g : r.second.device_indices()) {
+        if (!Active(r.second.state())) continue;
+        for (int32_t g : GpusOn(r.second, w.first)) {
           if (g == d.index()) d.set_run_id(r.first);
         }
       }
@@ -682,6 +710,20 @@ grpc::Status Coordinator::AttachWorker(const std::string& worker_id,
   it->second.record.set_connected(true);
   it->second.lease_expires_ms = Now() + options_.lease_ms;
   store_->UpsertWorker(it->second.record);
+  // A gang's bootstrap id relayed while this worker's stream was down (or
+  // written into a stream that broke) reaches its ranks now; writing it twice
+  // is harmless.
+  for (const auto& b : bootstrap_ids_) {
+    auto run = runs_.find(b.first);
+    if (run == runs_.end() || !Active(run->second.state()) || run->second.attempt() != b.second.first ||
+        run->second.worker_id() == worker_id || !OnWorker(run->second, worker_id)) {
+      continue;
+    }
+    v1::WorkerCommand c;
+    c.mutable_bootstrap()->set_run_id(b.first);
+    c.mutable_bootstrap()->set_id(b.second.second);
+    it->second.send(c);
+  }
   Schedule();
   return grpc::Status::OK;
 }
@@ -790,6 +832,7 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
   } else if (m.has_bootstrap()) {
     // A gang's rendezvous: rank 0's worker read the id; the other parts wait for it.
     if (v1::Run* r = run_of(m.bootstrap().run_id())) {
+      bootstrap_ids_[r->id()] = {r->attempt(), m.bootstrap().id()};
       v1::WorkerCommand c;
       *c.mutable_bootstrap() = m.bootstrap();
       for (const v1::RunPart& p : r->parts()) {
@@ -1048,14 +1091,13 @@ void Coordinator::Schedule() {
     int cpu_used = 0;
     for (const auto& r : runs_) {
       if (!Active(r.second.state()) || !OnWorker(r.second, w.first)) continue;
-      if (r.second.worker_id() == w.first) {
-        for (int32_t g : r.second.device_indices()) busy.insert(g);
-      }
+      for (int32_t g : GpusOn(r.second, w.first)) busy.insert(g);
       cpu_used += CpuSlotsOn(r.second, w.first);
     }
     for (const v1::Device& d : w.second.record.devices()) {
       if (!busy.count(d.index())) c.free_gpus.push_back(d.index());
     }
+    c.total_gpus = w.second.record.devices_size();
     c.free_cpu_slots = std::max(0, w.second.record.cpu_slots() - cpu_used);
     c.total_cpu_slots = w.second.record.cpu_slots();
     capacity.push_back(c);
@@ -1069,38 +1111,37 @@ void Coordinator::Schedule() {
     run.clear_device_indices();
     for (int32_t g : p.gpus) run.add_device_indices(g);
     run.clear_parts();
-    std::string where = p.worker_id;
+    std::string where = p.worker_id + (p.gpus.empty() ? "" : " (GPUs " + GpuList(p.gpus) + ")");
     if (!p.parts.empty()) {
-      where = "a gang of " + std::to_string(p.cpu_slots) + " ranks:";
+      where = "a gang of " + std::to_string(p.world) + " ranks:";
       for (const PlacementPart& part : p.parts) {
         v1::RunPart* rp = run.add_parts();
         rp->set_worker_id(part.worker_id);
         rp->set_first_rank(part.first_rank);
         rp->set_ranks(part.ranks);
+        for (int32_t g : part.gpus) rp->add_device_indices(g);
         where += " " + part.worker_id + " (ranks " + std::to_string(part.first_rank) + "-" +
-                 std::to_string(part.first_rank + part.ranks - 1) + ")";
+                 std::to_string(part.first_rank + part.ranks - 1) +
+                 (part.gpus.empty() ? "" : ", GPUs " + GpuList(part.gpus)) + ")";
       }
     }
     if (!SaveRun(&run, event_kind::kState, "assigned to " + where).ok()) continue;
-    // One assignment per worker: the whole run, or each part of a gang.
+    // One assignment per worker: the whole run, or each part of a gang. A run
+    // is one rank per GPU or CPU slot (keel-train --nproc under the worker).
     std::vector<PlacementPart> parts = p.parts;
-    if (parts.empty()) {
-      // A CPU run is one rank per slot. A GPU run stays one trainer until the
-      // NCCL communicator lands (keel-train refuses CUDA ranks without it).
-      parts.push_back({p.worker_id, 0, run.gpus() > 0 ? 1 : std::max(1, run.cpu_slots())});
-    }
+    if (parts.empty()) parts.push_back({p.worker_id, 0, p.world, p.gpus});
     for (const PlacementPart& part : parts) {
       v1::WorkerCommand c;
       v1::Assignment* a = c.mutable_start();
       a->set_run_id(run.id());
       *a->mutable_spec() = run.spec();
-      for (int32_t g : p.gpus) a->add_device_indices(g);
+      for (int32_t g : part.gpus) a->add_device_indices(g);
       a->set_resume_checkpoint(run.checkpoint());
       a->set_attempt(run.attempt());
       a->set_ranks(part.ranks);
       if (!p.parts.empty()) {
         a->set_first_rank(part.first_rank);
-        a->set_world(p.cpu_slots);
+        a->set_world(p.world);
       }
       if (!SendToWorker(part.worker_id, c)) {
         // The stream broke under us: the lease logic requeues the run if the worker is gone.
@@ -1169,7 +1210,6 @@ CoordinatorStats Coordinator::Stats(int64_t retention_ms) {
   }
   const int64_t now = Now();
   for (const auto& r : runs_) {
-    if (Active(r.second.state())) s.gpus_busy += r.second.device_indices_size();
     auto live = live_.find(r.first);
     const bool ended = Terminal(r.second.state());
     // Bounded cardinality: a run's series go away `retention_ms` after it ended
@@ -1210,8 +1250,13 @@ CoordinatorStats Coordinator::Stats(int64_t retention_ms) {
     g.state = v1::RunState_Name(r.second.state());
     g.step = r.second.step();
     g.restarts = r.second.restarts();
-    g.ranks = r.second.gpus() > 0 ? 1 : std::max(1, r.second.cpu_slots());
+    g.ranks = RanksOf(r.second);
+    if (Active(r.second.state())) {
+      g.gpus = r.second.device_indices_size();
+      for (const v1::RunPart& p : r.second.parts()) g.gpus += p.device_indices_size();
+    }
     g.workers = std::max(1, r.second.parts_size());
+    s.gpus_busy += g.gpus;
     s.runs.push_back(std::move(g));
   }
   return s;

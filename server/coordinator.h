@@ -78,6 +78,7 @@ struct RunGauges {
   int64_t step = 0;
   int32_t restarts = 0;
   int32_t ranks = 1, workers = 1;  // data-parallel ranks, and the workers they span (a gang: > 1)
+  int32_t gpus = 0;                // GPUs it holds now, over all its workers
   bool has_metric = false;  // the values below come from its latest metric point
   double loss = 0, grad_norm = 0, tokens_per_s = 0;
   bool has_probe = false;
@@ -258,6 +259,10 @@ class Coordinator {
     int64_t last_step = -1;                         // newest step received (-1: not known yet)
   };
   std::map<std::string, Live> live_;
+  // Gangs: the bootstrap id rank 0's worker sent, by run, with the attempt it
+  // belongs to; sent again to a part's worker whose stream reconnects. Dropped
+  // when the run stops being active (SaveRun).
+  std::map<std::string, std::pair<int64_t, std::string>> bootstrap_ids_;
 };
 
 }  // namespace keel

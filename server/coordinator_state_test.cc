@@ -160,7 +160,7 @@ TEST(CoordinatorStateTest, QueuedRunIsAssignedAsAttemptOneWhenAWorkerStreamHasRo
     ASSERT_EQ(events.size(), 1u);
     EXPECT_EQ(events[0].kind(), "state");
     EXPECT_EQ(events[0].details().at("state"), "ASSIGNED");
-    EXPECT_EQ(events[0].message(), "assigned to " + w);
+    EXPECT_EQ(events[0].message(), "assigned to " + w + " (GPUs " + std::to_string(i) + ")");
   }
   const v1::Run third = f.Run(runs[2].id());
   EXPECT_EQ(third.state(), v1::QUEUED);  // no GPU left

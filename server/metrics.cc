@@ -22,6 +22,7 @@ const std::vector<std::pair<std::string, std::string>>& RunGaugeNames() {
           {"keel_run_restarts", "Times the run was restarted from a checkpoint"},
           {"keel_run_ranks", "Data-parallel ranks (trainer processes) of the run"},
           {"keel_run_workers", "Workers the run's ranks span (a gang: more than 1)"},
+          {"keel_run_gpus", "GPUs the run holds now, over all its workers (one rank each)"},
           {"keel_run_rank_step_seconds", "A data-parallel rank's latest step time (label rank)"},
           {"keel_run_rank_comm_seconds",
            "A data-parallel rank's time in gradient and weight collectives in its latest step (label rank)"},
@@ -151,6 +152,7 @@ void KeeldMetrics::Update(const CoordinatorStats& st) {
     set("keel_run_restarts", true, g.restarts);
     set("keel_run_ranks", true, g.ranks);
     set("keel_run_workers", true, g.workers);
+    set("keel_run_gpus", true, g.gpus);
     set("keel_run_loss", g.has_metric, g.loss);
     set("keel_run_grad_norm", g.has_metric, g.grad_norm);
     set("keel_run_tokens_per_second", g.has_metric, g.tokens_per_s);

@@ -36,6 +36,7 @@ TEST(KeeldMetricsTest, PerRankTimesAreOneSeriesPerRankAndLeaveWithTheRun) {
   gang.rank_comm_seconds = {0.125, 0.0625, 0.25};
   gang.ranks = 3;
   gang.workers = 2;
+  gang.gpus = 3;
   RunGauges single;
   single.run = "run-2";
   single.sweep = "sweep-1";
@@ -47,18 +48,20 @@ TEST(KeeldMetricsTest, PerRankTimesAreOneSeriesPerRankAndLeaveWithTheRun) {
   EXPECT_EQ(series["keel_run_rank_comm_seconds"],
             (std::map<std::string, double>{{"0", 0.125}, {"1", 0.0625}, {"2", 0.25}}));
   EXPECT_TRUE(RankSeries(metrics, "run-2").empty());  // one rank: no per-rank series
-  std::map<std::string, double> ranks, workers;
+  std::map<std::string, double> ranks, workers, gpus;
   for (const prometheus::MetricFamily& f : metrics.registry()->Collect()) {
     for (const prometheus::ClientMetric& m : f.metric) {
       for (const prometheus::ClientMetric::Label& l : m.label) {
         if (l.name != "run") continue;
         if (f.name == "keel_run_ranks") ranks[l.value] = m.gauge.value;
         if (f.name == "keel_run_workers") workers[l.value] = m.gauge.value;
+        if (f.name == "keel_run_gpus") gpus[l.value] = m.gauge.value;
       }
     }
   }
   EXPECT_EQ(ranks, (std::map<std::string, double>{{"run-1", 3}, {"run-2", 1}}));
   EXPECT_EQ(workers, (std::map<std::string, double>{{"run-1", 2}, {"run-2", 1}}));
+  EXPECT_EQ(gpus, (std::map<std::string, double>{{"run-1", 3}, {"run-2", 0}}));
   stats.runs = {single};  // run-1 ended longer than the retention ago
   metrics.Update(stats);
   EXPECT_TRUE(RankSeries(metrics, "run-1").empty());

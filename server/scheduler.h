@@ -7,20 +7,43 @@
 //     their position in the sweep (index), then id.
 //   - A sweep never has more than max_concurrent runs assigned or running
 //     (0: unlimited).
-//   - A GPU run (gpus > 0) gets that many GPUs of ONE worker (multi-host comes
-//     later), lowest free device indices first, on the worker with the fewest
-//     free GPUs that still fit it (best fit keeps whole machines free for big
-//     runs). A CPU run takes cpu_slots from the worker with the most free slots.
-//   - A CPU run needing more slots than any one worker has in all is a gang: its
-//     ranks (one per slot) are spread over workers, those with the most free
-//     slots first, all or nothing; rank 0 is on the first worker.
+//   - A GPU run is one rank per GPU. A run with gpus N that some worker has N
+//     GPUs for in all (free or not) gets N GPUs of ONE worker, lowest free
+//     device indices first, on the worker with the fewest free GPUs that still
+//     fit it (best fit keeps whole machines free for big runs); so does
+//     {hosts: 1, gpus_per_host: N}. A CPU run takes cpu_slots from the worker
+//     with the most free slots.
+//   - GPU gangs. A run with gpus N more than any one worker has in all is
+//     spread over workers: those with the most free GPUs first, each taken
+//     whole (fewest parts), the last part from the worker with the fewest free
+//     GPUs that still cover the rest (best fit). A run with {hosts: H,
+//     gpus_per_host: G}, H > 1, gets exactly H workers with G free GPUs each,
+//     best fit (fewest free first). Rank 0 is on the first part; each part's
+//     ranks get its GPUs in order.
+//   - A CPU run needing more slots than any one worker has in all is a CPU
+//     gang: its ranks (one per slot) are spread over workers, those with the
+//     most free slots first; rank 0 is on the first worker.
+//   - All or nothing: a gang is placed whole in one call or not at all, so no
+//     gang ever holds part of its GPUs or slots while waiting for the rest,
+//     and two gangs cannot deadlock holding halves.
 //   - A run that does not fit now is skipped and later, smaller runs may still
-//     be placed (backfill); it keeps its place at the head of the order. A gang
-//     that does not fit stops backfill of CPU runs behind it: free slots then
-//     only grow as runs end, so the gang starts once enough have ended, however
-//     many small runs are submitted after it (no starvation).
-//   - No gang ever holds part of its slots while waiting for the rest (a
-//     placement is made whole in one call), so two gangs cannot deadlock.
+//     be placed (backfill); it keeps its place at the head of the order.
+//   - No starvation of gangs (a gang "can fit" when the connected fleet could
+//     hold it with every GPU / slot free; one that cannot waits for workers to
+//     join and holds nothing back):
+//       * A CPU gang that does not fit stops backfill of CPU runs behind it:
+//         free slots then only grow as runs end, so the gang starts once
+//         enough have ended, however many small runs are submitted after it.
+//       * The first GPU gang in the order that does not fit reserves workers:
+//         for gpus N the workers with the most GPUs in all (ties: id) until
+//         they hold N; for H x G the H workers with the fewest GPUs in all
+//         that have G (ties: id). The choice depends only on the fleet, not on
+//         what is free, so it is the same in every call. No run behind the
+//         gang is placed on a reserved worker: their free GPUs only grow as
+//         runs there end, until the gang fits (on them or anywhere else). GPU
+//         runs behind it still backfill onto the other workers, and runs ahead
+//         of it in the order (higher priority, older) are placed as usual.
+//         Later gangs that do not fit wait without reserving, each in turn.
 //   - No GPU or CPU slot is handed out twice: capacity shrinks as runs are placed.
 #ifndef KEEL_SERVER_SCHEDULER_H_
 #define KEEL_SERVER_SCHEDULER_H_
@@ -37,6 +60,7 @@ namespace keel {
 struct WorkerCapacity {
   std::string worker_id;
   std::vector<int32_t> free_gpus;  // device indices
+  int32_t total_gpus = 0;          // free or not (at least free_gpus.size() is assumed)
   int32_t free_cpu_slots = 0;
   int32_t total_cpu_slots = 0;     // free or not (a gang is a run no one worker can ever take)
 };
@@ -46,13 +70,15 @@ struct PlacementPart {
   std::string worker_id;
   int32_t first_rank = 0;
   int32_t ranks = 0;
+  std::vector<int32_t> gpus;  // a GPU gang: one per rank, in rank order; else empty
 };
 
 struct Placement {
   std::string run_id;
   std::string worker_id;
-  std::vector<int32_t> gpus;  // empty for a CPU run
+  std::vector<int32_t> gpus;  // a GPU run on one worker (one rank each); empty for a CPU run or a gang
   int32_t cpu_slots = 0;
+  int32_t world = 1;          // data-parallel ranks in all
   std::vector<PlacementPart> parts;  // a gang: rank 0's part first (worker_id is its); else empty
 };
 

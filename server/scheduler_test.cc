@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 namespace keel {
@@ -144,6 +145,196 @@ TEST(SchedulerTest, AWaitingGangStopsCpuBackfillBehindIt) {
   auto with_gpu = Schedule(q, {}, {}, {Cpus("a", 2, 2), Cpus("b", 2, 2), g});
   ASSERT_EQ(with_gpu.size(), 2u);
   EXPECT_EQ(with_gpu[1].run_id, "gpu");
+}
+
+TEST(SchedulerTest, ACpuGangTheFleetCannotHoldDoesNotStopBackfill) {
+  // 8 slots wanted, 4 in the whole fleet: the gang waits for workers to join,
+  // and the one-slot runs behind it still run.
+  auto p = Schedule({CpuRun("huge", 8, 1), CpuRun("late", 1, 2)}, {}, {}, {Cpus("a", 2, 2), Cpus("b", 2, 2)});
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].run_id, "late");
+}
+
+// ---- GPU runs: one rank per GPU; gangs across workers ----
+
+WorkerCapacity Gpus(const std::string& id, std::vector<int32_t> free, int total) {
+  WorkerCapacity w = Gpus(id, std::move(free));
+  w.total_gpus = total;
+  return w;
+}
+
+v1::Run HostsRun(const std::string& id, int hosts, int per_host, int64_t created = 0) {
+  v1::Run r = MakeRun(id, "s", hosts * per_host, 0, created);
+  r.set_hosts(hosts);
+  r.set_gpus_per_host(per_host);
+  return r;
+}
+
+// The GPUs a placement holds, as "worker:gpu" in rank order.
+std::vector<std::string> RankGpus(const Placement& p) {
+  std::vector<std::string> out;
+  if (p.parts.empty()) {
+    for (int32_t g : p.gpus) out.push_back(p.worker_id + ":" + std::to_string(g));
+  }
+  for (const PlacementPart& part : p.parts) {
+    EXPECT_EQ(part.first_rank, static_cast<int>(out.size())) << part.worker_id;  // ranks are contiguous
+    EXPECT_EQ(part.ranks, static_cast<int>(part.gpus.size())) << part.worker_id;  // one rank per GPU
+    for (int32_t g : part.gpus) out.push_back(part.worker_id + ":" + std::to_string(g));
+  }
+  return out;
+}
+
+TEST(SchedulerTest, BestFitSingleWorkerGpuRunsAreOneRankPerGpuAndUnchanged) {
+  // 3 GPUs fit on one worker of 4 in all: no gang, best fit (fewest free that fit).
+  auto p = Schedule({MakeRun("r", "s", 3)}, {}, {},
+                    {Gpus("a", {0, 1, 2, 3}, 4), Gpus("b", {1, 2, 3}, 4), Gpus("c", {0, 1}, 2)});
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_TRUE(p[0].parts.empty());
+  EXPECT_EQ(p[0].worker_id, "b");
+  EXPECT_EQ(p[0].gpus, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(p[0].world, 3);
+  // A run that one worker can hold in all waits for it rather than becoming a gang.
+  EXPECT_TRUE(Schedule({MakeRun("r", "s", 4)}, {}, {}, {Gpus("a", {0, 1}, 4), Gpus("b", {0, 1, 2}, 4)}).empty());
+  // {hosts: 1, gpus_per_host: 2} is a run on one worker too.
+  auto one = Schedule({HostsRun("h1", 1, 2)}, {}, {}, {Gpus("a", {0, 1, 2, 3}, 4), Gpus("b", {5, 6}, 2)});
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_TRUE(one[0].parts.empty());
+  EXPECT_EQ(RankGpus(one[0]), (std::vector<std::string>{"b:5", "b:6"}));
+}
+
+TEST(SchedulerTest, AGpuRunLargerThanAnyWorkerSpreadsOverTheFewestWorkers) {
+  // 8 GPUs, no worker has more than 4: the most free first, whole (a: 4, c: 3),
+  // the last GPU from the worker with the fewest free that covers it (d, not b).
+  auto p = Schedule({MakeRun("gang", "s", 8)}, {}, {},
+                    {Gpus("a", {0, 1, 2, 3}, 4), Gpus("b", {2, 3}, 4), Gpus("c", {4, 5, 6}, 4), Gpus("d", {7}, 4)});
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].worker_id, "a");  // rank 0's
+  EXPECT_EQ(p[0].world, 8);
+  EXPECT_TRUE(p[0].gpus.empty());
+  ASSERT_EQ(p[0].parts.size(), 3u);
+  EXPECT_EQ(RankGpus(p[0]),
+            (std::vector<std::string>{"a:0", "a:1", "a:2", "a:3", "c:4", "c:5", "c:6", "d:7"}));
+}
+
+TEST(SchedulerTest, HostsTimesGpusPerHostTakesExactlyThatManyWorkers) {
+  // 2 x 2: the two workers with the fewest free GPUs that have 2 (b and c);
+  // a keeps its 4 for a bigger run.
+  auto p = Schedule({HostsRun("g", 2, 2)}, {}, {},
+                    {Gpus("a", {0, 1, 2, 3}, 4), Gpus("b", {1, 3}, 4), Gpus("c", {0, 1, 2}, 4), Gpus("d", {0}, 4)});
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(RankGpus(p[0]), (std::vector<std::string>{"b:1", "b:3", "c:0", "c:1"}));
+  EXPECT_EQ(p[0].world, 4);
+  // Never more GPUs of one worker, nor fewer workers: 2 x 2 waits while only
+  // one worker has 2 free, even though 4 GPUs are free in all.
+  EXPECT_TRUE(Schedule({HostsRun("g", 2, 2)}, {}, {}, {Gpus("a", {0, 1, 2}, 4), Gpus("b", {0}, 4)}).empty());
+}
+
+TEST(SchedulerTest, AGpuGangIsPlacedWholeOrNotAtAll) {
+  // 7 of 8 free: nothing of the gang is placed, and no GPU is taken.
+  std::vector<WorkerCapacity> fleet = {Gpus("a", {0, 1, 2, 3}, 4), Gpus("b", {0, 1, 2}, 4)};
+  EXPECT_TRUE(Schedule({MakeRun("gang", "s", 8)}, {}, {}, fleet).empty());
+  EXPECT_TRUE(Schedule({HostsRun("g", 2, 4)}, {}, {}, fleet).empty());
+}
+
+TEST(SchedulerTest, TwoGpuGangsNeverDeadlockHoldingHalves) {
+  // Two gangs of 4 on two workers of 2: the first gets both workers, the
+  // second waits whole; it does not hold one worker while the first holds the other.
+  std::vector<WorkerCapacity> fleet = {Gpus("a", {0, 1}, 2), Gpus("b", {0, 1}, 2)};
+  for (bool hosts : {false, true}) {
+    std::vector<v1::Run> q = {hosts ? HostsRun("g1", 2, 2, 1) : MakeRun("g1", "s", 4, 0, 1),
+                              hosts ? HostsRun("g2", 2, 2, 2) : MakeRun("g2", "s", 4, 0, 2)};
+    auto p = Schedule(q, {}, {}, fleet);
+    ASSERT_EQ(p.size(), 1u) << hosts;
+    EXPECT_EQ(p[0].run_id, "g1");
+    EXPECT_EQ(RankGpus(p[0]), (std::vector<std::string>{"a:0", "a:1", "b:0", "b:1"}));
+    // With the first gang running, the second still takes nothing.
+    EXPECT_TRUE(Schedule({q[1]}, {}, {}, {Gpus("a", {}, 2), Gpus("b", {}, 2)}).empty());
+  }
+}
+
+TEST(SchedulerTest, AWaitingGpuGangIsNotStarvedByAStreamOfSmallRuns) {
+  // Workers a and b (4 GPUs each) are busy with small runs; c has 2. A gang of
+  // 8 waits and reserves a and b (the most GPUs in all). Every round one
+  // busy GPU frees and two new 1-GPU runs arrive: they only ever go to c, so
+  // the gang starts once a and b are free, and then takes them.
+  std::map<std::string, std::vector<int32_t>> busy = {{"a", {0, 1, 2, 3}}, {"b", {0, 1, 2, 3}}};
+  std::vector<int32_t> c_free = {0, 1};
+  std::vector<v1::Run> queue = {MakeRun("gang", "s", 8, 0, 1)};
+  bool placed = false;
+  for (int round = 0; round < 20 && !placed; ++round) {
+    // One GPU of a (then b) is freed.
+    for (auto& w : busy) {
+      if (!w.second.empty()) {
+        w.second.pop_back();
+        break;
+      }
+    }
+    queue.push_back(MakeRun("small" + std::to_string(2 * round), "s", 1, 0, 100 + 2 * round));
+    queue.push_back(MakeRun("small" + std::to_string(2 * round + 1), "s", 1, 0, 101 + 2 * round));
+    std::vector<WorkerCapacity> fleet;
+    for (const std::string id : {"a", "b"}) {
+      std::vector<int32_t> free;
+      for (int32_t g = 0; g < 4; ++g) {
+        if (std::find(busy[id].begin(), busy[id].end(), g) == busy[id].end()) free.push_back(g);
+      }
+      fleet.push_back(Gpus(id, free, 4));
+    }
+    fleet.push_back(Gpus("c", c_free, 2));
+    for (const Placement& p : Schedule(queue, {}, {}, fleet)) {
+      if (p.run_id == "gang") {
+        placed = true;
+        EXPECT_EQ(round, 7) << "the gang starts as soon as a and b are free";
+        EXPECT_EQ(RankGpus(p), (std::vector<std::string>{"a:0", "a:1", "a:2", "a:3", "b:0", "b:1", "b:2", "b:3"}));
+      } else {
+        EXPECT_EQ(p.worker_id, "c") << p.run_id << " backfilled onto a GPU the gang waits for";
+        for (int32_t g : p.gpus) {
+          auto at = std::find(c_free.begin(), c_free.end(), g);
+          if (at != c_free.end()) c_free.erase(at);
+        }
+      }
+      for (v1::Run& r : queue) {
+        if (r.id() == p.run_id) r.set_state(v1::ASSIGNED);
+      }
+    }
+  }
+  EXPECT_TRUE(placed);
+  EXPECT_TRUE(c_free.empty());  // c was used by the backfill all along
+}
+
+TEST(SchedulerTest, OnlyTheFirstWaitingGpuGangReservesAndGangsBehindItMayBackfill) {
+  // gang1 (2 x 4) waits and reserves a and b (the two smallest that have 4);
+  // gang2 (2 x 2) fits on c and d, which are not reserved; the 1-GPU run finds
+  // no free GPU outside the reservation and waits.
+  std::vector<v1::Run> q = {HostsRun("gang1", 2, 4, 1), HostsRun("gang2", 2, 2, 2), MakeRun("one", "s", 1, 0, 3)};
+  auto p = Schedule(q, {}, {},
+                    {Gpus("a", {0, 1}, 4), Gpus("b", {0, 1, 2}, 4), Gpus("c", {0, 1}, 8), Gpus("d", {4, 5}, 8)});
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].run_id, "gang2");
+  EXPECT_EQ(RankGpus(p[0]), (std::vector<std::string>{"c:0", "c:1", "d:4", "d:5"}));
+}
+
+TEST(SchedulerTest, AGpuGangTheFleetCannotHoldReservesNothing) {
+  // 16 GPUs wanted, 8 in the fleet (or 3 hosts wanted, 2 there): the gang
+  // waits for workers to join and the small run behind it is placed.
+  for (const v1::Run& gang : {MakeRun("gang", "s", 16, 0, 1), HostsRun("gang", 3, 2, 1)}) {
+    auto p = Schedule({gang, MakeRun("small", "s", 1, 0, 2)}, {}, {}, {Gpus("a", {0, 1}, 4), Gpus("b", {0}, 4)});
+    ASSERT_EQ(p.size(), 1u);
+    EXPECT_EQ(p[0].run_id, "small");
+  }
+}
+
+TEST(SchedulerTest, GpuGangsAndCpuGangsDoNotHoldEachOtherBack) {
+  // A waiting GPU gang does not stop CPU runs; a waiting CPU gang does not stop GPU runs.
+  std::vector<v1::Run> q = {MakeRun("gpu-gang", "s", 8, 0, 1), CpuRun("cpu-gang", 4, 2), CpuRun("cpu", 1, 3),
+                            MakeRun("gpu", "s", 1, 0, 4)};
+  auto p = Schedule(q, {}, {}, {Gpus("a", {0}, 4), Gpus("b", {0, 1, 2, 3}, 4), Gpus("c", {0}, 1), Cpus("x", 2, 2), Cpus("y", 1, 2)});
+  std::set<std::string> ids;
+  for (const Placement& x : p) ids.insert(x.run_id);
+  // gpu-gang (8 of 9 in all, 6 free) waits and reserves b and a; "gpu" goes to c.
+  // cpu-gang (4 of 4 in all, 3 free) waits and stops "cpu".
+  EXPECT_EQ(ids, (std::set<std::string>{"gpu"}));
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].worker_id, "c");
 }
 
 }  // namespace

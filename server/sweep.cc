@@ -638,12 +638,56 @@ void ReadName(Errors* err, YAML::Node root, SweepPlan* plan) {
   }
 }
 
-// resources: {gpus: N} or {cpu_slots: N} (1 .. 1024), not both; absent: one CPU slot.
+// resources: {gpus: N} or {cpu_slots: N} (1 .. 1024), not both; or
+// {hosts: H, gpus_per_host: G} (each 1 .. 1024, H x G at most 1024), with gpus
+// allowed beside them only as H x G; absent: one CPU slot.
 void ReadResources(Errors* err, YAML::Node root, SweepPlan* plan) {
   const YAML::Node r = root["resources"];
-  if (!r || !err->Keys(r, "resources", {"gpus", "cpu_slots"})) return;
-  if (r["gpus"] && r["cpu_slots"]) {
-    err->Add(r, "resources", "gpus and cpu_slots are both set (allowed: one of them)");
+  if (!r || !err->Keys(r, "resources", {"gpus", "cpu_slots", "hosts", "gpus_per_host"})) return;
+  const bool gang = r["hosts"] || r["gpus_per_host"];
+  if (r["cpu_slots"] && (r["gpus"] || gang)) {
+    err->Add(r, "resources", std::string(r["gpus"] ? "gpus" : r["hosts"] ? "hosts" : "gpus_per_host") +
+                                 " and cpu_slots are both set (allowed: one of them)");
+    return;
+  }
+  if (gang) {
+    int hosts = 0, per_host = 0;
+    bool ok = true;
+    if (!r["hosts"]) {
+      err->Add(r["gpus_per_host"], "resources.gpus_per_host",
+               "needs resources.hosts (allowed: both, e.g. {hosts: 2, gpus_per_host: 4})");
+      ok = false;
+    } else {
+      ok = err->Int(r["hosts"], "resources.hosts", 1, 1024, &hosts) && ok;
+    }
+    if (!r["gpus_per_host"]) {
+      err->Add(r["hosts"], "resources.hosts",
+               "needs resources.gpus_per_host (allowed: both, e.g. {hosts: 2, gpus_per_host: 4})");
+      ok = false;
+    } else {
+      ok = err->Int(r["gpus_per_host"], "resources.gpus_per_host", 1, 1024, &per_host) && ok;
+    }
+    if (!ok) return;
+    const int64_t total = static_cast<int64_t>(hosts) * per_host;
+    if (total > 1024) {
+      err->Add(r, "resources", "hosts x gpus_per_host = " + std::to_string(hosts) + " x " + std::to_string(per_host) +
+                                   " = " + std::to_string(total) + " GPUs (allowed: at most 1024)");
+      return;
+    }
+    if (r["gpus"]) {
+      int gpus = 0;
+      if (!err->Int(r["gpus"], "resources.gpus", 1, 1024, &gpus)) return;
+      if (gpus != total) {
+        err->Add(r["gpus"], "resources.gpus",
+                 std::to_string(gpus) + " is not hosts x gpus_per_host = " + std::to_string(hosts) + " x " +
+                     std::to_string(per_host) + " (allowed: " + std::to_string(total) + ", or leave gpus out)");
+        return;
+      }
+    }
+    plan->hosts = hosts;
+    plan->gpus_per_host = per_host;
+    plan->gpus = static_cast<int>(total);
+    plan->cpu_slots = 0;
   } else if (r["gpus"]) {
     if (err->Int(r["gpus"], "resources.gpus", 1, 1024, &plan->gpus)) plan->cpu_slots = 0;
   } else if (r["cpu_slots"]) {

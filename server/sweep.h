@@ -20,7 +20,13 @@
 //         model.width: {choice: [64, 128]}}}                  # one of the list
 //   resources: {gpus: 1}       # or {cpu_slots: N}; default {cpu_slots: 1};
 //                              # gpus and cpu_slots are exclusive; cpu_slots N > 1
-//                              # runs N data-parallel ranks (keel-train --nproc N)
+//                              # runs N data-parallel ranks (keel-train --nproc N),
+//                              # gpus N runs N ranks, one per GPU; more GPUs than
+//                              # any one worker has: a gang over several workers
+//                              # (scheduler.h). Or {hosts: H, gpus_per_host: G}:
+//                              # a gang of exactly H workers, G GPUs each (each
+//                              # 1 .. 1024, H x G <= 1024; gpus beside them must
+//                              # equal H x G; not with cpu_slots)
 //   max_concurrent: 4          # runs of this sweep at once; 0 (default) = unlimited
 //   max_restarts: 2            # per run (default 2)
 //   priority: 0                # higher runs first (default 0)
@@ -87,8 +93,10 @@ struct SweepPlan {
   std::string source_yaml;  // the sweep file as submitted
   std::string source;       // its name, as given to ExpandSweep (SweepSpec.source)
   std::vector<ExpandedRun> runs;
-  int gpus = 0;
+  int gpus = 0;           // in all (hosts x gpus_per_host when those are given)
   int cpu_slots = 1;
+  int hosts = 0;          // {hosts, gpus_per_host}: 0 when not given
+  int gpus_per_host = 0;
   int max_concurrent = 0;  // 0: unlimited
   int max_restarts = 2;
   int priority = 0;

@@ -249,6 +249,54 @@ TEST(SweepTest, ResourcesAndLimits) {
   EXPECT_NE(s.message().find("s.yaml:9:9: policy: expected a mapping"), std::string::npos);
 }
 
+TEST(SweepTest, HostsTimesGpusPerHostIsAGangOfExactlyThatShape) {
+  SweepPlan plan;
+  ASSERT_TRUE(Expand(std::string(kBase) + "resources: {hosts: 2, gpus_per_host: 4}\n", &plan).ok());
+  EXPECT_EQ(plan.hosts, 2);
+  EXPECT_EQ(plan.gpus_per_host, 4);
+  EXPECT_EQ(plan.gpus, 8);
+  EXPECT_EQ(plan.cpu_slots, 0);
+  // gpus beside them is allowed when it says the same.
+  ASSERT_TRUE(Expand(std::string(kBase) + "resources: {hosts: 2, gpus_per_host: 4, gpus: 8}\n", &plan).ok());
+  EXPECT_EQ(plan.gpus, 8);
+  // Plain gpus leaves the shape to the scheduler.
+  ASSERT_TRUE(Expand(std::string(kBase) + "resources: {gpus: 8}\n", &plan).ok());
+  EXPECT_EQ(plan.hosts, 0);
+  EXPECT_EQ(plan.gpus_per_host, 0);
+  EXPECT_EQ(plan.gpus, 8);
+}
+
+TEST(SweepTest, BadHostsAndGpusPerHostNameFieldValueAndWhatIsAllowed) {
+  struct Case {
+    const char* resources;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"{hosts: 0, gpus_per_host: 4}", "s.yaml:7:20: resources.hosts: 0 is out of range (allowed: 1 .. 1024)"},
+      {"{hosts: 2, gpus_per_host: -1}", "s.yaml:7:38: resources.gpus_per_host: -1 is out of range (allowed: 1 .. 1024)"},
+      {"{hosts: two, gpus_per_host: 4}", "s.yaml:7:20: resources.hosts: 'two' is not an integer"},
+      {"{hosts: 1.5, gpus_per_host: 4}", "s.yaml:7:20: resources.hosts: '1.5' is not an integer"},
+      {"{hosts: 2}", "s.yaml:7:20: resources.hosts: needs resources.gpus_per_host (allowed: both, e.g. "
+                     "{hosts: 2, gpus_per_host: 4})"},
+      {"{gpus_per_host: 4}", "s.yaml:7:28: resources.gpus_per_host: needs resources.hosts (allowed: both, e.g. "
+                             "{hosts: 2, gpus_per_host: 4})"},
+      {"{hosts: 2, gpus_per_host: 4, gpus: 6}",
+       "s.yaml:7:47: resources.gpus: 6 is not hosts x gpus_per_host = 2 x 4 (allowed: 8, or leave gpus out)"},
+      {"{hosts: 64, gpus_per_host: 32}",
+       "s.yaml:7:12: resources: hosts x gpus_per_host = 64 x 32 = 2048 GPUs (allowed: at most 1024)"},
+      {"{hosts: 2, gpus_per_host: 4, cpu_slots: 1}",
+       "s.yaml:7:12: resources: hosts and cpu_slots are both set (allowed: one of them)"},
+  };
+  for (const Case& c : cases) {
+    SweepPlan plan;
+    plan.name = "untouched";
+    Status s = Expand(std::string(kBase) + "resources: " + c.resources + "\n", &plan);
+    ASSERT_FALSE(s.ok()) << c.resources;
+    EXPECT_EQ(s.message(), c.message) << c.resources;
+    EXPECT_EQ(plan.name, "untouched");  // nothing changes on error
+  }
+}
+
 TEST(SweepTest, MaxRunsLimitIsApplied) {
   SweepPlan plan;
   SweepLimits limits;
@@ -385,7 +433,7 @@ TEST(SweepTest, UnknownKeysAreErrorsWithAllowedList) {
       << s.message();
   EXPECT_NE(s.message().find("s.yaml:9:5: axes[1].cross: unknown axis kind (allowed: grid, zip, random)"),
             std::string::npos);
-  EXPECT_NE(s.message().find("s.yaml:10:13: resources.tpus: unknown key (allowed: gpus, cpu_slots)"),
+  EXPECT_NE(s.message().find("s.yaml:10:13: resources.tpus: unknown key (allowed: gpus, cpu_slots, hosts, gpus_per_host)"),
             std::string::npos);
 
   s = Expand(std::string(kBase) +

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -226,6 +227,96 @@ TEST(ServiceE2eTest, GangSurvivesAKilledWorker) {
   ASSERT_FALSE(victim.empty());
   ASSERT_EQ(runs.size(), 1u);
   ExpectEndsAsUninterrupted(&cluster, runs[0], 300, -1, "--nproc 4");
+}
+
+// The value of `name` in a process's environment ("" when unset).
+std::string EnvOf(pid_t pid, const std::string& name) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ");
+  std::string env((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string key = name + "=";
+  for (size_t begin = 0, end; begin < env.size(); begin = end + 1) {
+    end = env.find('\0', begin);
+    if (end == std::string::npos) end = env.size();
+    if (env.compare(begin, key.size(), key) == 0) return env.substr(begin + key.size(), end - begin - key.size());
+  }
+  return "";
+}
+
+// A GPU run of 4 ranks on two workers offering 2 fake GPUs each: a gang of
+// one part per worker, each rank seeing only its own GPU (CUDA_VISIBLE_DEVICES),
+// training on the CPU as its config says. kill -9 of rank 2 (the part without
+// rank 0) stops the whole gang; it is requeued from its newest checkpoint and
+// ends with the loss of an uninterrupted keel-train --nproc 4, every step
+// stored once.
+TEST(ServiceE2eTest, GpuGangOnFakeGpusSpansTwoWorkersAndSurvivesAKilledRank) {
+  Cluster cluster("e2e_gpu_gang");
+  cluster.AddWorker("w1", {"--fake-gpus", "2"});
+  cluster.AddWorker("w2", {"--fake-gpus", "2"});
+  keel::v1::SubmitSweepResponse submitted;
+  ASSERT_TRUE(cluster.Submit(SmallSweep(300, "resources: {gpus: 4}\n"), &submitted).ok());
+  const std::string run_id = submitted.runs(0).id();
+  std::map<int, std::string> devices;  // rank -> its CUDA_VISIBLE_DEVICES, first attempt
+  std::set<std::string> part_gpus;
+  bool killed = false;
+  auto runs = cluster.WaitDone(submitted.sweep().id(), 120, [&](const std::vector<keel::v1::Run>& rs) {
+    if (killed || rs.empty() || rs[0].parts_size() != 2) return;
+    for (const keel::v1::RunPart& p : rs[0].parts()) {
+      std::string gpus;
+      for (int g : p.device_indices()) gpus += std::to_string(g);
+      part_gpus.insert(gpus);
+    }
+    const std::vector<keel_test::Trainer> trainers = cluster.Trainers(run_id);
+    for (const keel_test::Trainer& t : trainers) {
+      if (t.rank >= 0 && !devices.count(t.rank)) devices[t.rank] = EnvOf(t.pid, "CUDA_VISIBLE_DEVICES");
+    }
+    if (rs[0].checkpoint().empty() || rs[0].step() < 30) return;
+    for (const keel_test::Trainer& t : trainers) {
+      if (t.rank == 2) {
+        kill(t.pid, SIGKILL);
+        killed = true;
+      }
+    }
+  });
+  ASSERT_TRUE(killed);
+  EXPECT_EQ(part_gpus, std::set<std::string>{"01"});  // each part: both GPUs of its worker
+  // Rank r is the (r - first_rank)-th GPU of its part: 0, 1 on each worker.
+  EXPECT_EQ(devices, (std::map<int, std::string>{{0, "0"}, {1, "1"}, {2, "0"}, {3, "1"}}));
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].gpus(), 4);
+  ExpectEndsAsUninterrupted(&cluster, runs[0], 300, 1, "--nproc 4");
+  bool restarted_from_checkpoint = false;
+  for (const keel::v1::Event& e : cluster.Events(run_id)) {
+    if (e.kind() == "restart" && e.message().find("/checkpoints/step_") != std::string::npos) restarted_from_checkpoint = true;
+  }
+  EXPECT_TRUE(restarted_from_checkpoint);
+}
+
+// A gang whose ranks on one worker never join (that worker's "trainer" is a
+// stand-in that starts and then hangs, as a rank stuck before joining would):
+// rank 0 gives up after dist.timeout_s and the attempt fails, naming the ranks
+// that did not join; with its restarts spent the run ends FAILED. Never a hang.
+TEST(ServiceE2eTest, AGangWhoseRanksNeverJoinFailsWithinTheTimeout) {
+  Cluster cluster("e2e_gang_join_timeout", {"--restart-backoff-ms", "200"});
+  const std::string stuck = cluster.dir() + "/stuck-trainer.sh";
+  std::ofstream(stuck) << "#!/bin/sh\nexec sleep 600\n";
+  ASSERT_EQ(chmod(stuck.c_str(), 0755), 0);
+  cluster.AddWorker("w1", {"--fake-gpus", "2"});
+  cluster.AddWorker("w2", {"--fake-gpus", "2", "--trainer", stuck});
+  keel::v1::SubmitSweepResponse submitted;
+  ASSERT_TRUE(cluster.Submit(SmallSweep(300, "  dist: {timeout_s: 2}\nresources: {hosts: 2, gpus_per_host: 2}\n"
+                                             "max_restarts: 1\n"),
+                             &submitted)
+                  .ok());
+  const auto start = std::chrono::steady_clock::now();
+  auto runs = cluster.WaitDone(submitted.sweep().id(), 60);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].state(), keel::v1::FAILED) << runs[0].message();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(40));
+  EXPECT_EQ(runs[0].restarts(), 1);
+  EXPECT_NE(runs[0].message().find("did not join within 2 s"), std::string::npos) << runs[0].message();
+  // w2's stand-ins were stopped with each attempt: nothing of the run is left.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_TRUE(cluster.Trainers(runs[0].id()).empty());
 }
 
 TEST(ServiceE2eTest, KeeldKilledAndRestartedLosesNothing) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -108,6 +109,42 @@ std::vector<v1::Device> DetectGpus() {
   return devices;
 }
 
+Status SelectGpus(const std::string& list, std::vector<v1::Device>* devices) {
+  std::string there;
+  for (const v1::Device& d : *devices) there += (there.empty() ? "" : ",") + std::to_string(d.index());
+  const std::string allowed = " (allowed: a comma-separated list of this host's GPU indices: " +
+                              (there.empty() ? std::string("none found") : there) + ")";
+  std::vector<v1::Device> kept;
+  std::set<int> seen;
+  size_t begin = 0;
+  for (;;) {
+    const size_t end = std::min(list.find(',', begin), list.size());
+    const std::string item = list.substr(begin, end - begin);
+    char* stop = nullptr;
+    const long index = std::strtol(item.c_str(), &stop, 10);
+    if (item.empty() || *stop != '\0' || index < 0) return Status::InvalidArgument("--gpus: '" + item + "' is not a GPU index" + allowed);
+    if (!seen.insert(static_cast<int>(index)).second) return Status::InvalidArgument("--gpus: " + item + " is named twice" + allowed);
+    auto d = std::find_if(devices->begin(), devices->end(), [&](const v1::Device& x) { return x.index() == index; });
+    if (d == devices->end()) return Status::InvalidArgument("--gpus: no GPU " + item + " on this host" + allowed);
+    kept.push_back(*d);
+    if (end == list.size()) break;
+    begin = end + 1;
+  }
+  *devices = std::move(kept);
+  return Status::Ok();
+}
+
+std::vector<v1::Device> FakeGpus(int count) {
+  std::vector<v1::Device> devices;
+  for (int i = 0; i < count; ++i) {
+    v1::Device d;
+    d.set_index(i);
+    d.set_name("fake GPU");
+    devices.push_back(d);
+  }
+  return devices;
+}
+
 std::vector<GpuMemory> GpuMemoryInUse() {
   std::vector<GpuMemory> out;
   const Nvml& nvml = Nvml::Get();
@@ -183,6 +220,7 @@ void Agent::HandleCommand(const v1::WorkerCommand& command) {
     launch.run_dir = options_.work_dir + "/runs/" + a.run_id();
     launch.spec_yaml = a.spec().yaml();
     launch.gpus.assign(a.device_indices().begin(), a.device_indices().end());
+    launch.fake_gpus = options_.fake_gpus;
     launch.resume_checkpoint = a.resume_checkpoint();
     launch.ranks = std::max(1, a.ranks());
     launch.first_rank = a.first_rank();

@@ -43,6 +43,7 @@ struct AgentOptions {
   std::string work_dir = "keel-worker";   // runs/<run_id>/ live here
   std::string host;                       // "" : gethostname()
   std::vector<v1::Device> devices;        // GPUs to offer (empty: CPU slots)
+  bool fake_gpus = false;                 // `devices` are FakeGpus(): trainers run their config's backend
   std::vector<std::string> data_roots;    // trainers may read data only inside these (--data-root)
   int cpu_slots = 1;
   int poll_ms = 100;
@@ -101,6 +102,16 @@ class Agent {
 
 // The CUDA devices this process can see (empty without CUDA or GPUs).
 std::vector<v1::Device> DetectGpus();
+
+// Keeps of *devices only those whose indices `list` names ("0,1": keel-worker
+// --gpus). An index twice, one that is not a number, or one *devices does not
+// hold is an error naming the value and the indices there are; *devices is
+// then unchanged.
+Status SelectGpus(const std::string& list, std::vector<v1::Device>* devices);
+
+// `count` GPUs that do not exist (keel-worker --fake-gpus, for tests and
+// demos): indices 0 .. count-1, named "fake GPU", no memory.
+std::vector<v1::Device> FakeGpus(int count);
 
 // Memory in use and total per GPU (NVML order), for /metrics; empty without NVML.
 struct GpuMemory {

@@ -155,5 +155,26 @@ TEST(AgentTest, WrongTokenNeverRegisters) {
   EXPECT_TRUE(coordinator.registrations.empty());
 }
 
+TEST(AgentTest, FakeGpusAreNumberedFromZeroAndSelectGpusKeepsTheNamedOnes) {
+  const std::vector<v1::Device> fake = FakeGpus(3);
+  ASSERT_EQ(fake.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(fake[i].index(), i);
+  std::vector<v1::Device> devices = fake;
+  ASSERT_TRUE(SelectGpus("2,0", &devices).ok());
+  ASSERT_EQ(devices.size(), 2u);
+  EXPECT_EQ(devices[0].index(), 2);
+  EXPECT_EQ(devices[1].index(), 0);
+  for (const auto& [list, message] : std::vector<std::pair<std::string, std::string>>{
+           {"3", "--gpus: no GPU 3 on this host (allowed: a comma-separated list of this host's GPU indices: 0,1,2)"},
+           {"0,x", "--gpus: 'x' is not a GPU index (allowed: a comma-separated list of this host's GPU indices: 0,1,2)"},
+           {"1,1", "--gpus: 1 is named twice (allowed: a comma-separated list of this host's GPU indices: 0,1,2)"},
+           {"0,", "--gpus: '' is not a GPU index (allowed: a comma-separated list of this host's GPU indices: 0,1,2)"}}) {
+    devices = fake;
+    Status s = SelectGpus(list, &devices);
+    EXPECT_EQ(s.message(), message) << list;
+    EXPECT_EQ(devices.size(), 3u) << list;  // unchanged
+  }
+}
+
 }  // namespace
 }  // namespace keel

@@ -1,6 +1,6 @@
 // keel-worker: runs keel-train for keeld on this host.
 //   keel-worker [--server HOST:PORT] [--token-file F] [--trainer PATH]
-//               [--work-dir DIR] [--cpu-slots N] [--no-gpus]
+//               [--work-dir DIR] [--cpu-slots N] [--no-gpus | --fake-gpus N]
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
@@ -26,7 +26,9 @@ namespace {
 const char kUsage[] =
     "usage: keel-worker [options]\n"
     "  Registers this host with keeld, offers its GPUs (found through NVML) or, without\n"
-    "  GPUs, CPU slots, and runs one keel-train per assigned run under <work-dir>/runs/.\n"
+    "  GPUs, CPU slots, and runs one keel-train per assigned run under <work-dir>/runs/\n"
+    "  (keel-train --nproc N for a run of N ranks: one per GPU, or one per CPU slot; a\n"
+    "  gang's part on this host is ranks F..F+N-1 of the run's W).\n"
     "options:\n"
     "  --server HOST:PORT   keeld's address (default $KEEL_SERVER or 127.0.0.1:7070)\n"
     "  --token-file FILE    the worker join token (default $KEEL_WORKER_TOKEN)\n"
@@ -34,8 +36,16 @@ const char kUsage[] =
     "  --work-dir DIR       run directories (default ./keel-worker)\n"
     "  --data-root DIR      trainers may read data (data.train, data.val) only inside DIR,\n"
     "                       checked after resolving symlinks; repeatable (default ./data)\n"
-    "  --cpu-slots N        concurrent CPU runs offered when there is no GPU (default 1)\n"
+    "  --cpu-slots N        CPU slots offered when there is no GPU, one rank each: N one-rank\n"
+    "                       runs at once, or a run's N ranks (default 1)\n"
     "  --no-gpus            offer CPU slots even when GPUs are present\n"
+    "  --gpus LIST          offer only these of this host's GPUs (NVML indices, e.g. 0,1), so\n"
+    "                       that several workers can share a host (default: all)\n"
+    "  --fake-gpus N        for tests and demos: offer N GPUs that do not exist (indices\n"
+    "                       0..N-1) instead of the real ones. Runs placed on them get\n"
+    "                       CUDA_VISIBLE_DEVICES as for real GPUs (rank k its k-th), but no\n"
+    "                       --backend: their trainers run the backend their config names, so\n"
+    "                       a run with backend: cpu trains on the CPU. Not with --no-gpus\n"
     "  --tls-ca FILE        speak TLS to keeld, trusting certificates this CA signed\n"
     "  --tls-cert F --tls-key F  a client certificate (keeld --tls-client-ca)\n"
     "  --quiet              no connection/run lines on stderr\n"
@@ -60,6 +70,8 @@ int main(int argc, char** argv) {
   std::string metrics_listen = "127.0.0.1:9465";
   std::string token_file;
   bool no_gpus = false, quiet = false;
+  int fake_gpus = 0;
+  std::string only_gpus;
   CLI::App app("keel-worker");
   app.add_option("--server", options.server);
   app.add_option("--token-file", token_file);
@@ -71,11 +83,18 @@ int main(int argc, char** argv) {
   app.add_option("--tls-cert", options.tls_cert);
   app.add_option("--tls-key", options.tls_key);
   app.add_flag("--no-gpus", no_gpus);
+  app.add_option("--fake-gpus", fake_gpus)->check(keel::IntFlag(1, 1024));
+  app.add_option("--gpus", only_gpus);
   app.add_option("--metrics-listen", metrics_listen);
   app.add_flag("--quiet", quiet);
   const keel::FlagsOutcome flags = keel::ParseFlags(app, "keel-worker", kUsage, argc, argv);
   if (!flags.proceed) return flags.exit_code;
   gpus = !no_gpus;
+  if (fake_gpus > 0 && no_gpus) return Fail("--fake-gpus: not allowed with --no-gpus (allowed: one of them)");
+  if (!only_gpus.empty() && (no_gpus || fake_gpus > 0)) {
+    return Fail("--gpus: not allowed with " + std::string(no_gpus ? "--no-gpus" : "--fake-gpus") +
+                " (allowed: one of them)");
+  }
   if (quiet) options.verbose = false;
   if (!token_file.empty()) {
     keel::Status s = keel::ReadTokenFile(token_file, &options.token);
@@ -102,7 +121,16 @@ int main(int argc, char** argv) {
   if (access(options.trainer.c_str(), X_OK) != 0) {
     return Fail("--trainer: '" + options.trainer + "' is not an executable keel-train");
   }
-  if (gpus) options.devices = keel::DetectGpus();
+  if (fake_gpus > 0) {
+    options.devices = keel::FakeGpus(fake_gpus);
+    options.fake_gpus = true;
+  } else if (gpus) {
+    options.devices = keel::DetectGpus();
+    if (!only_gpus.empty()) {
+      keel::Status s = keel::SelectGpus(only_gpus, &options.devices);
+      if (!s.ok()) return Fail(s.message());
+    }
+  }
   std::atomic<bool>& stop = *keel::StopOnSignals();
   keel::Agent agent(options);
   // /metrics: refreshed once a second from the agent's counters and NVML.

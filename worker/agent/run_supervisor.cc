@@ -19,6 +19,7 @@
 #include "worker/run/run_dir.h"
 #include "worker/run/run_lease.h"
 #include "worker/run/step_metrics.h"
+#include "worker/run/trainer_exit.h"
 #include "worker/io/file_util.h"
 #include "worker/io/json.h"
 
@@ -29,6 +30,33 @@ std::string Join(const std::vector<int32_t>& gpus) {
   std::string text;
   for (int32_t g : gpus) text += (text.empty() ? "" : ",") + std::to_string(g);
   return text;
+}
+
+bool EndsWith(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Why the trainer stopped, from its output: the last line; when that is the
+// launcher's "rank R ...; stopping the other ranks", with rank R's own last
+// line ("keel-train: rank R: <why>") after it, so that keeld's message names
+// the cause (a rank that never joined, a CUDA error), not only the rank.
+std::string ExitReason(const std::string& log) {
+  std::vector<std::string> lines;
+  for (size_t begin = 0, end; begin < log.size(); begin = end + 1) {
+    end = log.find('\n', begin);
+    if (end == std::string::npos) end = log.size();
+    if (end > begin) lines.push_back(log.substr(begin, end - begin));
+  }
+  if (lines.empty()) return "";
+  const std::string& last = lines.back();
+  const std::string prefix = "keel-train: rank ";
+  if (!EndsWith(last, trainer_exit::kStoppingOtherRanks) || last.compare(0, prefix.size(), prefix) != 0) return last;
+  const std::string rank = last.substr(prefix.size(), last.find(' ', prefix.size()) - prefix.size());
+  const std::string own = prefix + rank + ": ";
+  for (size_t i = lines.size() - 1; i-- > 0;) {
+    if (lines[i].compare(0, own.size(), own) == 0) return last + ": " + lines[i].substr(std::string("keel-train: ").size());
+  }
+  return last;
 }
 
 }  // namespace
@@ -51,9 +79,15 @@ Status RunSupervisor::Start(const RunLaunch& launch, std::unique_ptr<RunSupervis
   // The lease comes first: the trainer reads it before its first step.
   const std::string lease = RunDir(launch.run_dir).lease();
   KEEL_RETURN_IF_ERROR(WriteRunLease(lease, {launch.attempt, launch.lease_expires_unix_ms}));
-  std::vector<std::string> args = {launch.trainer, "--config", config, "--run-dir", launch.run_dir, "--quiet",
-                                   "--backend", launch.gpus.empty() ? "cpu" : "cuda", "--lease-file", lease,
-                                   "--attempt", std::to_string(launch.attempt)};
+  std::vector<std::string> args = {launch.trainer, "--config", config, "--run-dir", launch.run_dir, "--quiet"};
+  if (launch.gpus.empty() || !launch.fake_gpus) {
+    args.push_back("--backend");
+    args.push_back(launch.gpus.empty() ? "cpu" : "cuda");
+  }
+  for (const std::string& a : {std::string("--lease-file"), lease, std::string("--attempt"),
+                               std::to_string(launch.attempt)}) {
+    args.push_back(a);
+  }
   for (const std::string& root : launch.data_roots) {
     args.push_back("--data-root");
     args.push_back(root);
@@ -265,12 +299,7 @@ Status RunSupervisor::Poll(RunProgress* progress) {
       progress->exit.set_signal(WTERMSIG(status));
     }
     std::string log;
-    if (ReadFile(RunDir(launch_.run_dir).trainer_log(), &log).ok() && !log.empty()) {
-      // The last line of the trainer's output says why it stopped.
-      size_t end = log.find_last_not_of('\n');
-      size_t begin = log.rfind('\n', end);
-      progress->exit.set_message(log.substr(begin == std::string::npos ? 0 : begin + 1, end - (begin == std::string::npos ? 0 : begin + 1) + 1));
-    }
+    if (ReadFile(RunDir(launch_.run_dir).trainer_log(), &log).ok()) progress->exit.set_message(ExitReason(log));
   } else if (done < 0 && errno != EINTR) {
     return Status::Error("run " + launch_.run_id + ": waitpid failed: " + strerror(errno));
   }

@@ -21,7 +21,13 @@ struct RunLaunch {
   std::string trainer;            // path of the keel-train binary (or a stand-in)
   std::string run_dir;            // created if missing; holds run.yaml, trainer.log, metrics.jsonl
   std::string spec_yaml;          // the run config
-  std::vector<int32_t> gpus;      // CUDA_VISIBLE_DEVICES; empty: --backend cpu
+  // CUDA_VISIBLE_DEVICES, one GPU per rank (keel-train's launcher gives its
+  // k-th rank the k-th); empty: --backend cpu.
+  std::vector<int32_t> gpus;
+  // The GPUs are keel-worker --fake-gpus (tests, demos): CUDA_VISIBLE_DEVICES
+  // is set as for real ones, but no --backend is passed, so the trainer runs
+  // the backend its run config names (backend: cpu works without a GPU).
+  bool fake_gpus = false;
   std::string resume_checkpoint;  // "" : fresh start; the newest beside it that verifies is used
   int64_t attempt = 1;            // the assignment's attempt (fencing, run_lease.h)
   int64_t lease_expires_unix_ms = 0;  // the trainer's first lease deadline
@@ -63,6 +69,7 @@ class RunSupervisor {
  public:
   // Writes <run_dir>/run.yaml and <run_dir>/lease, and starts
   //   trainer --config <run_dir>/run.yaml --run-dir <run_dir> --quiet --backend cpu|cuda
+  //           (no --backend for fake GPUs)
   //           --lease-file <run_dir>/lease --attempt N [--data-root R ...]
   //           [--resume <checkpoint> --resume-fallback]
   //           [--nproc <ranks> [--first-rank F --world W --bootstrap <run_dir>/ranks/bootstrap]]

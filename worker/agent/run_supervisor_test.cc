@@ -9,9 +9,17 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <thread>
+#include <vector>
 
 namespace keel {
 namespace {
@@ -107,6 +115,85 @@ TEST(RunSupervisorTest, KillNineIsReportedAsTheSignal) {
   ASSERT_TRUE(p.exited);
   EXPECT_EQ(p.exit.exit_code(), -1);
   EXPECT_EQ(p.exit.signal(), SIGKILL);
+}
+
+// The NUL-separated strings of a /proc file (cmdline, environ).
+std::vector<std::string> ProcStrings(pid_t pid, const std::string& file) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/" + file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> out;
+  for (size_t begin = 0, end; begin < text.size(); begin = end + 1) {
+    end = text.find('\0', begin);
+    if (end == std::string::npos) end = text.size();
+    out.push_back(text.substr(begin, end - begin));
+  }
+  return out;
+}
+
+// The value of `name` in the process's environment ("" when unset).
+std::string EnvOf(pid_t pid, const std::string& name) {
+  for (const std::string& kv : ProcStrings(pid, "environ")) {
+    if (kv.rfind(name + "=", 0) == 0) return kv.substr(name.size() + 1);
+  }
+  return "";
+}
+
+// The processes whose parent is `parent`.
+std::vector<pid_t> Children(pid_t parent) {
+  std::vector<pid_t> out;
+  DIR* proc = opendir("/proc");
+  while (dirent* e = proc ? readdir(proc) : nullptr) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0) continue;
+    std::ifstream stat("/proc/" + std::string(e->d_name) + "/stat");
+    std::string text;
+    std::getline(stat, text);
+    const size_t paren = text.rfind(')');
+    int ppid = 0;
+    char state = 0;
+    if (paren != std::string::npos && std::sscanf(text.c_str() + paren + 1, " %c %d", &state, &ppid) == 2 &&
+        ppid == parent) {
+      out.push_back(pid);
+    }
+  }
+  if (proc) closedir(proc);
+  return out;
+}
+
+// Fake GPUs (keel-worker --fake-gpus): the trainer gets no --backend (its
+// config's cpu runs), and rank k of its launcher sees only the k-th GPU.
+TEST(RunSupervisorTest, FakeGpusRunTheConfigsBackendWithOneDevicePerRank) {
+  RunLaunch l = Launch(FreshDir("sup_fake_gpus"), 3000);  // a few seconds: long enough to see the ranks
+  l.gpus = {3, 5};
+  l.fake_gpus = true;
+  l.ranks = 2;
+  std::unique_ptr<RunSupervisor> s;
+  ASSERT_TRUE(RunSupervisor::Start(l, &s).ok());
+  // The launcher, once exec'd (before that /proc shows this test): no --backend.
+  std::vector<std::string> args;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::find(args.begin(), args.end(), "--config") == args.end() && std::chrono::steady_clock::now() < deadline) {
+    args = ProcStrings(s->pid(), "cmdline");
+  }
+  EXPECT_EQ(std::find(args.begin(), args.end(), "--backend"), args.end());
+  EXPECT_NE(std::find(args.begin(), args.end(), "--nproc"), args.end());
+  EXPECT_EQ(EnvOf(s->pid(), "CUDA_VISIBLE_DEVICES"), "3,5");
+  // Each rank, once started: its own GPU.
+  std::map<std::string, std::string> by_rank;
+  while (by_rank.size() < 2 && std::chrono::steady_clock::now() < deadline) {
+    for (pid_t child : Children(s->pid())) {
+      const std::vector<std::string> rank_args = ProcStrings(child, "cmdline");
+      auto rank = std::find(rank_args.begin(), rank_args.end(), "--rank");
+      if (rank != rank_args.end() && rank + 1 != rank_args.end()) by_rank[*(rank + 1)] = EnvOf(child, "CUDA_VISIBLE_DEVICES");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(by_rank, (std::map<std::string, std::string>{{"0", "3"}, {"1", "5"}}));
+  // They train on the CPU (the config's backend) to the end.
+  RunProgress p = Follow(s.get());
+  ASSERT_TRUE(p.exited);
+  EXPECT_EQ(p.exit.exit_code(), 0) << p.exit.message();
+  EXPECT_EQ(p.metrics.size(), 3000u);
 }
 
 TEST(RunSupervisorTest, BadTrainerPathExitsWith127AndSaysSo) {

@@ -23,6 +23,12 @@ volatile sig_atomic_t g_forward = 0;  // the signal to pass on, 0 when none is p
 
 void OnSignal(int signal_number) { g_forward = signal_number; }
 
+// Whether the launcher was given devices (a non-empty CUDA_VISIBLE_DEVICES).
+bool VisibleDevicesSet() {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  return visible != nullptr && *visible != '\0';
+}
+
 // The devices rank r may use: the r-th entry of CUDA_VISIBLE_DEVICES when set,
 // else r.
 std::string DeviceFor(int rank) {
@@ -60,7 +66,9 @@ pid_t StartRank(const LaunchOptions& o, int local) {
   // its ranks training: each stops as if interrupted.
   prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (getppid() != launcher) _exit(trainer_exit::kFailed);  // it died before prctl took effect
-  if (o.cuda) setenv("CUDA_VISIBLE_DEVICES", DeviceFor(local).c_str(), 1);
+  // CPU ranks too when the launcher was given GPUs (keel-worker --fake-gpus):
+  // every rank sees only its own device, whatever its backend.
+  if (o.cuda || VisibleDevicesSet()) setenv("CUDA_VISIBLE_DEVICES", DeviceFor(local).c_str(), 1);
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(&a[0]);
   argv.push_back(nullptr);
@@ -148,9 +156,10 @@ int LaunchRanks(const LaunchOptions& o) {
       for (const Exit& e : exits) {
         if (failure(e.status) && (cause == nullptr || (!WIFEXITED(e.status) && WIFEXITED(cause->status)))) cause = &e;
       }
-      std::fprintf(stderr, "keel-train: rank %d %s; stopping the other ranks\n", cause->rank,
+      std::fprintf(stderr, "keel-train: rank %d %s%s\n", cause->rank,
                    WIFEXITED(cause->status) ? ("exited with status " + std::to_string(ExitCode(cause->status))).c_str()
-                                            : ("died of signal " + std::to_string(WTERMSIG(cause->status))).c_str());
+                                            : ("died of signal " + std::to_string(WTERMSIG(cause->status))).c_str(),
+                   trainer_exit::kStoppingOtherRanks);
       failed = true;
       result = ExitCode(cause->status);
       stopping_since = std::chrono::steady_clock::now();

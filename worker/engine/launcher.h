@@ -4,7 +4,8 @@
 // arguments it was given plus --rank R --world N --bootstrap PATH; rank 0
 // publishes its address in PATH (kernels/comm/comm.h) and the others join it.
 // On CUDA each rank sees one GPU (CUDA_VISIBLE_DEVICES: the R-th of those the
-// launcher sees, or R). Ranks other than 0 run with --quiet: rank 0 prints the
+// launcher sees, or R); so does a CPU rank when the launcher's
+// CUDA_VISIBLE_DEVICES is set (keel-worker --fake-gpus). Ranks other than 0 run with --quiet: rank 0 prints the
 // run's progress. SIGINT and SIGTERM are passed on to every rank (each stops
 // after the same step and rank 0 checkpoints). When a rank fails (exits with a
 // status that is neither 0 nor 130, or dies by a signal) the launcher stops the

@@ -17,6 +17,12 @@ constexpr int kInterrupted = 130; // SIGINT/SIGTERM: checkpointed after the step
 // interrupted, diverged: every rank of a run ends so together), not failed.
 inline bool EndedAsRun(int code) { return code == kDone || code == kInterrupted || code == kDiverged; }
 
+// How keel-train --nproc (the launcher) ends its line when a rank failed:
+// "keel-train: rank R exited with status S; stopping the other ranks" (or
+// "died of signal N"). That rank's own line, "keel-train: rank R: <why>",
+// comes before it in the same output; keel-worker reports both.
+constexpr char kStoppingOtherRanks[] = "; stopping the other ranks";
+
 }  // namespace trainer_exit
 }  // namespace keel
 
