@@ -4,19 +4,22 @@
 // the CPU reference quantizers (formats.h, quantize.h):
 //   - RneSmall: RoundElemCore's nearest_even in fewer instructions. MX E3M2, E2M3
 //     and E2M1 use it on every GPU, MX E4M3 and E5M2 below sm_89, NVFP4 always.
-//   - MxElementRne, Nvfp4ElementRne, Nvfp4RoundRne: MX's and NVFP4's nearest-even
-//     element built on it.
+//   - TiesAwayInput: nearest_away as nearest_even of a slightly changed input, so
+//     that nearest_away runs the nearest-even paths (one extra instruction).
+//   - MxElementNearest, Nvfp4ElementRne, Nvfp4RoundRne: MX's (nearest even or
+//     away) and NVFP4's (nearest even) element built on them.
 //   - SatfiniteFp8x2 and Fp8x2Values: the FP8 conversion instructions that the MX
 //     and per-tensor FP8 kernels use on sm_89 and later; on the host, an
 //     emulation of what the PTX ISA documents for them.
-//   - MxFp8PairRne and Fp8TensorPairRne: how those kernels combine the conversion
-//     with their scales.
+//   - MxFp8PairNearest and Fp8TensorPairNearest: how those kernels combine the
+//     conversion with their scales, for nearest_even and nearest_away.
 // The host cannot check that the hardware instruction does what the PTX ISA says;
 // cuda_quant_test does, on a GPU: its mxfp8_e4m3 / mxfp8_e5m2 and fp8_e4m3 /
 // fp8_e5m2 nearest_even cases compare the sm_89+ path with the reference.
 #ifndef KEEL_KERNELS_QUANT_CORE_RNE_H_
 #define KEEL_KERNELS_QUANT_CORE_RNE_H_
 
+#include <cfloat>
 #include <cstdint>
 #include <type_traits>
 
@@ -67,12 +70,50 @@ KEEL_HD Rounded RneSmall(float w) {
 // fused: an FMA would keep the -0 of a product that underflows.
 KEEL_HD float ScaledPlusZero(float x, float inv_scale) { return AddRn(MulRn(x, inv_scale), 0.0f); }
 
-// MxElementFinite for nearest_even: the kernels' path for E3M2, E2M3 and E2M1,
-// and for E4M3 and E5M2 below sm_89. The value is the rounded w times 2^e (exact);
-// a caller that wants only the code leaves it unused.
-template <ElemFormat F>
-KEEL_HD Rounded MxElementRne(float x, const MxScale& s) {
-  Rounded r = RneSmall<F, true>(ScaledPlusZero(x, s.inv_scale));
+// ---- nearest away, through nearest even ---------------------------------------------
+
+// The input whose nearest-even rounding is w's nearest_away rounding, on any
+// element grid, for w finite (a NaN stays a NaN; an infinity would become one,
+// so callers that can see one clamp it first): w with its lowest significand bit
+// set. One instruction, so nearest_away runs every nearest-even path (RneSmall,
+// the FP8 conversion instruction) at their speed.
+//
+// Why. Let g be the grid point at or below |w| and q the grid step there
+// (q = 2^(p - mbits), p = max(floor(log2|w|), 1 - bias)), so |w| = g + f with
+// 0 <= f < q. The two modes differ only at f = q/2 (a tie): nearest_even goes
+// down when g / q is even, nearest_away always goes up. The lowest bit of w is
+// worth u = ulp(w) = 2^(floor(log2|w|) - 23) (2^-149 for fp32 subnormals and
+// zero), and q >= 2^(23 - mbits) u >= 2^20 u, so g, q/2 and q are all even
+// multiples of u, and so is f when that bit is clear. Setting it gives
+// |w'| = g + f' with f' = f or f + u, the same g and sign:
+//   - f < q/2: f <= q/2 - 2u when the bit was clear, so f' < q/2 and both
+//     modes round w and w' down;
+//   - f = q/2: the bit was clear, f' = q/2 + u lies above the tie and nearest
+//     even rounds w' up, as nearest_away rounds w;
+//   - f > q/2: f' > q/2 as well, both round up;
+//   - f' < q always, so the next grid point is the same one.
+// So round_even(w') = round_away(w) on the unbounded grid; clamping to
+// max_normal afterwards (RneSmall's clamp, the conversion's .satfinite, which
+// gives max_normal for any |w'| above it) then agrees too. Zero: +0 becomes
+// 2^-149, -0 becomes -2^-149, both rounding to a zero of their sign as before
+// (the MX zero rule is applied to w before this, see ScaledPlusZero).
+KEEL_HD float TiesAwayInput(float w) { return AsFloat(AsBits(w) | 1u); }
+
+// The input that rounding mode R (nearest even or away) hands to a nearest-even
+// rounding: w itself, or TiesAwayInput(w).
+template <Rounding R>
+KEEL_HD float NearestInput(float w) {
+  static_assert(R == Rounding::kNearestEven || R == Rounding::kNearestAway, "a nearest mode");
+  if constexpr (R == Rounding::kNearestAway) return TiesAwayInput(w);
+  return w;
+}
+
+// MxElementFinite for nearest_even or nearest_away: the kernels' path for E3M2,
+// E2M3 and E2M1, and for E4M3 and E5M2 below sm_89. The value is the rounded w
+// times 2^e (exact); a caller that wants only the code leaves it unused.
+template <ElemFormat F, Rounding R = Rounding::kNearestEven>
+KEEL_HD Rounded MxElementNearest(float x, const MxScale& s) {
+  Rounded r = RneSmall<F, true>(NearestInput<R>(ScaledPlusZero(x, s.inv_scale)));
   r.value = r.value * s.scale;
   return r;
 }
@@ -192,18 +233,20 @@ KEEL_HD void Fp8x2Values(uint32_t codes, float* lo, float* hi) {
 #endif
 }
 
-// MxElementFinite (nearest_even, E4M3 or E5M2) of two elements of blocks that are
-// not NaN, with the conversion in hardware: for a finite w with |w| <
-// 2^(emax + 1), rounding to nearest even then saturating is RoundElemCore's code,
-// since rounding then clamping and saturating the rounded value agree (a tie just
-// above max_normal goes to the even grid point max_normal, and anything that
-// would round higher saturates to it). The conversion keeps -0's sign, so w comes
-// from ScaledPlusZero; the value is the code's value times 2^e (exact). Values
-// only when with_values (codes-only callers skip the decode); 0 otherwise.
-template <ElemFormat F>
-KEEL_HD void MxFp8PairRne(float x0, float x1, const MxScale& s0, const MxScale& s1, bool with_values, Rounded* q0,
-                          Rounded* q1) {
-  const uint32_t pair = SatfiniteFp8x2<F>(ScaledPlusZero(x0, s0.inv_scale), ScaledPlusZero(x1, s1.inv_scale));
+// MxElementFinite (nearest_even or nearest_away, E4M3 or E5M2) of two elements of
+// blocks that are not NaN, with the conversion in hardware: for a finite w with
+// |w| < 2^(emax + 1), rounding to nearest even then saturating is RoundElemCore's
+// code, since rounding then clamping and saturating the rounded value agree (a
+// tie just above max_normal goes to the even grid point max_normal, and anything
+// that would round higher saturates to it); nearest_away converts
+// TiesAwayInput(w) instead (w is finite here). The conversion keeps -0's sign, so
+// w comes from ScaledPlusZero; the value is the code's value times 2^e (exact).
+// Values only when with_values (codes-only callers skip the decode); 0 otherwise.
+template <ElemFormat F, Rounding R = Rounding::kNearestEven>
+KEEL_HD void MxFp8PairNearest(float x0, float x1, const MxScale& s0, const MxScale& s1, bool with_values,
+                              Rounded* q0, Rounded* q1) {
+  const uint32_t pair = SatfiniteFp8x2<F>(NearestInput<R>(ScaledPlusZero(x0, s0.inv_scale)),
+                                          NearestInput<R>(ScaledPlusZero(x1, s1.inv_scale)));
   *q0 = Rounded{0.0f, pair & 0xFFu};
   *q1 = Rounded{0.0f, pair >> 8};
   if (with_values) {
@@ -214,18 +257,26 @@ KEEL_HD void MxFp8PairRne(float x0, float x1, const MxScale& s0, const MxScale& 
   }
 }
 
-// Fp8Element (nearest_even) of two elements with the conversion in hardware.
-// Saturation covers |x * scale| above max_normal, Inf included, as RoundElem's
-// clamp does; -0 keeps its code 0x80 (per-tensor FP8 has no zero rule). A NaN x
-// gets the reference's code, its own sign with the NaN code, by a select; its
-// value (the NaN code's value times out_scale) is a NaN either way. scale: the
-// encode scale; out_scale: what the code's value is multiplied by (1 / scale, or
-// 1 for an output without the tensor scale). Values only when with_values.
-template <ElemFormat F>
-KEEL_HD void Fp8TensorPairRne(float x0, float x1, float scale, float out_scale, bool with_values, Rounded* q0,
-                              Rounded* q1) {
+// Fp8Element (nearest_even or nearest_away) of two elements with the conversion in
+// hardware. Saturation covers |x * scale| above max_normal, Inf included, as
+// RoundElem's clamp does; -0 keeps its code 0x80 (per-tensor FP8 has no zero
+// rule). A NaN x gets the reference's code, its own sign with the NaN code, by a
+// select; its value (the NaN code's value times out_scale) is a NaN either way.
+// nearest_away first clamps the product to +-FLT_MAX (so that TiesAwayInput sees
+// no infinity; the conversion saturates either way, and a NaN's code is the
+// select's). scale: the encode scale; out_scale: what the code's value is
+// multiplied by (1 / scale, or 1 for an output without the tensor scale). Values
+// only when with_values.
+template <ElemFormat F, Rounding R = Rounding::kNearestEven>
+KEEL_HD void Fp8TensorPairNearest(float x0, float x1, float scale, float out_scale, bool with_values, Rounded* q0,
+                                  Rounded* q1) {
   constexpr ElemConsts c = ConstsOf(F);
-  const uint32_t pair = SatfiniteFp8x2<F>(x0 * scale, x1 * scale);
+  float w0 = x0 * scale, w1 = x1 * scale;
+  if constexpr (R == Rounding::kNearestAway) {
+    w0 = TiesAwayInput(Min(Max(w0, -FLT_MAX), FLT_MAX));
+    w1 = TiesAwayInput(Min(Max(w1, -FLT_MAX), FLT_MAX));
+  }
+  const uint32_t pair = SatfiniteFp8x2<F>(w0, w1);
   const uint32_t code0 = IsNan(x0) ? ((AsBits(x0) >> 24) & 0x80u) | c.nan_code : pair & 0xFFu;
   const uint32_t code1 = IsNan(x1) ? ((AsBits(x1) >> 24) & 0x80u) | c.nan_code : pair >> 8;
   *q0 = Rounded{0.0f, code0};

@@ -276,9 +276,11 @@ __device__ __forceinline__ void Uniform8(uint64_t seed, int64_t i, float u[8]) {
 // ---- Hardware FP8 conversion (sm_89 and later) ----------------------------------
 // On sm_89 and later the MX and per-tensor FP8 kernels round E4M3 and E5M2 to
 // nearest even with cvt.rn.satfinite.{e4m3,e5m2}x2.f32, one instruction per pair
-// instead of about a dozen per element (qcore::MxFp8PairRne, Fp8TensorPairRne in
-// quant_core_rne.h, which also says why that is the reference's rounding). Below
-// sm_89 they use qcore::MxElementRne and qcore::Fp8Element.
+// instead of about a dozen per element, and to nearest away with the same
+// instruction on qcore::TiesAwayInput of each input (qcore::MxFp8PairNearest,
+// Fp8TensorPairNearest in quant_core_rne.h, which also says why that is the
+// reference's rounding). Below sm_89 they use qcore::MxElementNearest and
+// qcore::Fp8Element.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #define KEEL_HW_FP8 1
 #else

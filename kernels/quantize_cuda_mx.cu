@@ -48,7 +48,9 @@ template <typename InT, ElemFormat F, Rounding R, bool kBump, bool kDense>
 __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__ x, const MxRowsArgs a) {
   using Index = std::conditional_t<kDense, uint32_t, int64_t>;
   constexpr ElemConsts c = qcore::ConstsOf(F);
-  constexpr bool kHw = KEEL_HW_FP8 && kHwFp8Format<F> && R == Rounding::kNearestEven;
+  // Nearest even or away: the short paths (nearest_away through TiesAwayInput).
+  constexpr bool kNearest = R != Rounding::kStochastic;
+  constexpr bool kHw = KEEL_HW_FP8 && kHwFp8Format<F> && kNearest;
   // Two units per step: with four (98 registers, or 80 with spills at three CTAs
   // per SM) the H200 ran slower than with two and 4 CTAs per SM.
   constexpr int kUnits = 2;
@@ -116,17 +118,17 @@ __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__
 #pragma unroll
         for (int e = 0; e < 8; e += 2) {
           Rounded q0, q1;
-          qcore::MxFp8PairRne<F>(v[u][e], v[u][e + 1], s, s, a.o.out != nullptr, &q0, &q1);
+          qcore::MxFp8PairNearest<F, R>(v[u][e], v[u][e + 1], s, s, a.o.out != nullptr, &q0, &q1);
           PutPair(q0, q1, code + e, out + e);
         }
-      } else if constexpr (R == Rounding::kNearestEven) {
+      } else if constexpr (kNearest) {
         // MxElementFinite with RneSmall's shorter rounding (E3M2, E2M3, E2M1 and,
         // below sm_89, FP8). Two copies of the loop, so that codes-only calls skip
         // the value arithmetic.
         auto round8 = [&](auto with_values) {
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
-            const Rounded r = qcore::MxElementRne<F>(v[u][e], s);
+            const Rounded r = qcore::MxElementNearest<F, R>(v[u][e], s);
             if constexpr (decltype(with_values)::value) out[e] = r.value;
             code[e] = r.code;
           }
@@ -228,12 +230,12 @@ __global__ void __launch_bounds__(kThreads) MxColsKernel(const InT* __restrict__
         if constexpr (R == Rounding::kStochastic) Uniform2(a.seed, i, &u0, &u1);
         // Computed unconditionally, NaN blocks selected after: keeps 2^+-e out of the loop.
         Rounded q0, q1;
-        if constexpr (KEEL_HW_FP8 && kHwFp8Format<F> && R == Rounding::kNearestEven) {
+        if constexpr (KEEL_HW_FP8 && kHwFp8Format<F> && R != Rounding::kStochastic) {
           // As MxElementFinite, with the conversion of the pair in hardware.
-          qcore::MxFp8PairRne<F>(v0, v1, s0, s1, kValues, &q0, &q1);
-        } else if constexpr (R == Rounding::kNearestEven) {
-          q0 = qcore::MxElementRne<F>(v0, s0);
-          q1 = qcore::MxElementRne<F>(v1, s1);
+          qcore::MxFp8PairNearest<F, R>(v0, v1, s0, s1, kValues, &q0, &q1);
+        } else if constexpr (R != Rounding::kStochastic) {
+          q0 = qcore::MxElementNearest<F, R>(v0, s0);
+          q1 = qcore::MxElementNearest<F, R>(v1, s1);
         } else {
           q0 = qcore::MxElementFinite(v0, s0, c, R, u0);
           q1 = qcore::MxElementFinite(v1, s1, c, R, u1);
