@@ -8,6 +8,9 @@
 //     that nearest_away runs the nearest-even paths (one extra instruction).
 //   - MxElementNearest, Nvfp4ElementRne, Nvfp4RoundRne: MX's (nearest even or
 //     away) and NVFP4's (nearest even) element built on them.
+//   - SrSmall, MxElementSr, Nvfp4ElementSr: RoundElemCore's stochastic rounding
+//     in fewer instructions (the grid point below |w| from one addition rounded
+//     toward zero), and MX's and NVFP4's stochastic element built on it.
 //   - SatfiniteFp8x2 and Fp8x2Values: the FP8 conversion instructions that the MX
 //     and per-tensor FP8 kernels use on sm_89 and later; on the host, an
 //     emulation of what the PTX ISA documents for them.
@@ -43,11 +46,13 @@ namespace qcore {
 // grid, so rounding cannot exceed it). Same additions, same bits: see
 // RoundElemCore for why (|w| + big) - big is the nearest-even grid point and the
 // low bits of the sum count its quanta. w must not be NaN, and |w| < 2^(emax + 1).
-template <ElemFormat F, bool kClamp>
+// kSigned = false: the caller knows w's sign bit is clear (w = |something|) and
+// handles the sign itself, so no instruction is spent on it.
+template <ElemFormat F, bool kClamp, bool kSigned = true>
 KEEL_HD Rounded RneSmall(float w) {
   constexpr ElemConsts c = ConstsOf(F);
   const uint32_t bits = AsBits(w);
-  const uint32_t sign = bits & kSignBit;
+  const uint32_t sign = kSigned ? bits & kSignBit : 0u;
   const uint32_t exponent = bits & 0x7F800000u;
   const uint32_t min_exponent = static_cast<uint32_t>(128 - c.bias) << 23;
   const uint32_t big_bits =
@@ -118,15 +123,34 @@ KEEL_HD Rounded MxElementNearest(float x, const MxScale& s) {
   return r;
 }
 
+// NVFP4's step-4 input in two parts: the magnitude min(|y * s_b|, 6) (one
+// instruction on the device: the clamp to +-6 of the reference, sign aside) and
+// whether the element is negative under PlusZeroBits' rule (a -0 product counts
+// as +0; every other negative product, one that rounds to zero included, keeps its
+// sign). The product must not be NaN.
+struct Nvfp4Scaled {
+  float magnitude;
+  bool negative;
+};
+KEEL_HD Nvfp4Scaled Nvfp4Scale(float y, float s_b) {
+  const float product = MulRn(y, s_b);
+  return Nvfp4Scaled{Min(Abs(product), 6.0f), AsBits(product) > kSignBit};
+}
+// The rounded magnitude with that sign: code bit 3, and the value negated (-0 for
+// a magnitude that rounded to zero, as the reference keeps the sign).
+KEEL_HD Rounded Nvfp4WithSign(Rounded r, bool negative) {
+  return negative ? Rounded{-r.value, r.code | 8u} : r;
+}
+
 // Nvfp4Element (nearest_even) for a block whose s_b is not NaN. Then no y * s_b is
 // NaN: a NaN y makes the block amax NaN and so s_b NaN, and s_b is never 0 (sf is
 // at most 448 and |S_dec| below 2^117, so 1 / (sf * S_dec) is not 1 / Inf), so an
-// infinite y gives an infinite product that the clamp takes to +-6. Blocks with a
-// NaN s_b are handled whole by the caller (Nvfp4RoundRne). The + 0 is
-// PlusZeroBits (see ScaledPlusZero).
+// infinite y gives an infinite product that the clamp takes to 6. Blocks with a
+// NaN s_b are handled whole by the caller (Nvfp4RoundRne). The magnitude is at
+// most 6, on the grid, so rounding needs no clamp.
 KEEL_HD Rounded Nvfp4ElementRne(float y, float s_b) {
-  const float w = AddRn(Min(Max(MulRn(y, s_b), -6.0f), 6.0f), 0.0f);
-  return RneSmall<ElemFormat::kE2M1, false>(w);
+  const Nvfp4Scaled w = Nvfp4Scale(y, s_b);
+  return Nvfp4WithSign(RneSmall<ElemFormat::kE2M1, false, false>(w.magnitude), w.negative);
 }
 
 // Nearest-even NVFP4 steps 4-5 for the kN elements of one block (or part of one):
@@ -156,6 +180,89 @@ KEEL_HD void Nvfp4RoundRne(const float (&y)[kN], const Nvfp4BlockScale& s, const
   };
   if (with_values) round(std::true_type{});
   else round(std::false_type{});
+}
+
+// ---- stochastic, short ------------------------------------------------------------
+
+// One fp32 addition a + b rounded toward zero, for 0 <= a < b with b a power of two
+// (all SrSmall needs): __fadd_rz on the device; on the host the nearest sum,
+// stepped down one ulp when it rounded up (then the exact sum lies between the
+// two, and b <= sum <= 2b makes sum - b exact, so the test is exact too).
+KEEL_HD float AddRzBelowPow2(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rz(a, b);
+#else
+  const float sum = a + b;
+  return sum - b > a ? AsFloat(AsBits(sum) - 1u) : sum;
+#endif
+}
+
+// RoundElemCore for Rounding::kStochastic, written for the instruction count:
+// the same rule (up iff u < (|w| - floor) / q, floor the grid point at or below
+// |w|), with floor read off one addition rounded toward zero instead of
+// correcting the nearest-even one. With big = 2^(p - mbits + 23) as in RneSmall,
+// |w| < 2^(p + 1) <= big, so the exact |w| + big lies in [big, 2 big), where the
+// fp32 step is q: truncating it gives big + floor exactly, and its low bits count
+// floor's quanta. |w| - floor is exact (0 <= it < q, and floor = 0 or floor >= q >
+// |w| - floor, so Sterbenz applies), and multiplying by 1 / q (a power of two) is
+// exact: the fraction is the reference's. Up adds one quantum (a carry from the
+// largest mantissa moves to the next exponent, as in RoundElemCore). kClamp as in
+// RneSmall: false for callers whose |w| is at most max_normal (then rounding up
+// cannot pass it: max_normal is on the grid); kSigned as in RneSmall. w must not
+// be NaN, and |w| < 2^(emax + 1); the sign of w is kept, zero included.
+template <ElemFormat F, bool kClamp, bool kSigned = true>
+KEEL_HD Rounded SrSmall(float w, float u) {
+  constexpr ElemConsts c = ConstsOf(F);
+  const uint32_t bits = AsBits(w);
+  const uint32_t sign = kSigned ? bits & kSignBit : 0u;
+  const uint32_t exponent = bits & 0x7F800000u;
+  const uint32_t min_exponent = static_cast<uint32_t>(128 - c.bias) << 23;
+  const uint32_t big_bits =
+      (exponent > min_exponent ? exponent : min_exponent) + (static_cast<uint32_t>(23 - c.mbits) << 23);
+  const float big = AsFloat(big_bits);
+  const float magnitude = Abs(w);
+  const float sum = AddRzBelowPow2(magnitude, big);
+  const float floor_value = SubRn(sum, big);
+  const float fraction = MulRn(SubRn(magnitude, floor_value), AsFloat(0x8A800000u - big_bits));  // / q
+  const bool up = u < fraction;
+  const uint32_t n = AsBits(sum) - big_bits + (up ? 1u : 0u);
+  float value = up ? AddRn(floor_value, AsFloat(big_bits - (23u << 23))) : floor_value;  // + q
+  uint32_t code = (big_bits >> (23 - c.mbits)) - (static_cast<uint32_t>(151 - c.bias - c.mbits) << c.mbits) + n;
+  if constexpr (kClamp) {
+    code = code < c.max_code ? code : c.max_code;
+    value = Min(value, AsFloat(c.max_bits));
+  }
+  return Rounded{AsFloat(AsBits(value) | sign), code | (sign >> (32 - c.bits))};
+}
+
+// MxElementFinite for stochastic rounding with the uniform u.
+template <ElemFormat F>
+KEEL_HD Rounded MxElementSr(float x, const MxScale& s, float u) {
+  Rounded r = SrSmall<F, true>(ScaledPlusZero(x, s.inv_scale), u);
+  r.value = r.value * s.scale;
+  return r;
+}
+
+// Nvfp4Element (stochastic, uniform u) for a block whose s_b is not NaN, as
+// Nvfp4ElementRne: the caller selects NaN blocks whole.
+KEEL_HD Rounded Nvfp4ElementSr(float y, float s_b, float u) {
+  const Nvfp4Scaled w = Nvfp4Scale(y, s_b);
+  return Nvfp4WithSign(SrSmall<ElemFormat::kE2M1, false, false>(w.magnitude, u), w.negative);
+}
+
+// Stochastic NVFP4 steps 4-5 for the kN elements of one block (or part of one),
+// u[k] the uniform of element k: Nvfp4RoundRne with Nvfp4ElementSr.
+template <int kN>
+KEEL_HD void Nvfp4RoundSr(const float (&y)[kN], const float (&u)[kN], const Nvfp4BlockScale& s,
+                          const Nvfp4TensorScale& t, uint32_t (&code)[kN], float (&out)[kN]) {
+  const bool nan_block = IsNan(s.s_b);
+  const float nan_out = Nvfp4Dequant(QuietNan(), s, t);
+  KEEL_UNROLL
+  for (int k = 0; k < kN; ++k) {
+    const Rounded q = Nvfp4ElementSr(y[k], s.s_b, u[k]);
+    code[k] = nan_block ? 0u : q.code;
+    out[k] = nan_block ? nan_out : Nvfp4Dequant(q.value, s, t);
+  }
 }
 
 // ---- the FP8 conversion instructions (sm_89 and later) ---------------------------

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "kernels/formats.h"
+#include "kernels/philox.h"
 #include "kernels/quant_core.h"
 #include "kernels/quantize.h"
 
@@ -267,6 +268,69 @@ TEST(QuantCoreRneTest, TiesAwayInputRoundedToNearestEvenIsNearestAway) {
   CheckTiesAway<ElemFormat::kE2M1>();
 }
 
+// ---- stochastic ------------------------------------------------------------------------------
+
+// Uniforms that sit on the rounding decisions of the inputs above: 0, the
+// smallest and largest, and each of 1/4, 1/2, 3/4 with its neighbours 2^-24 away
+// (the fractions of midpoints and quarter points are exactly these).
+std::vector<float> DecisionUniforms() {
+  const float step = std::ldexp(1.0f, -24);
+  std::vector<float> u = {0.0f, step, 1.0f - step};
+  for (float f : {0.25f, 0.5f, 0.75f})
+    for (float d : {-step, 0.0f, step}) u.push_back(f + d);
+  return u;
+}
+
+template <ElemFormat F>
+void CheckSrSmall() {
+  constexpr qcore::ElemConsts c = qcore::ConstsOf(F);
+  std::vector<float> w = DenseGridBelow(WLimit(F));
+  for (const std::vector<float>& more : {DenseBelowLimit(F), Decisions(F)}) w.insert(w.end(), more.begin(), more.end());
+  w = WithinLimit(w, WLimit(F));
+  const std::vector<float> uniforms = DecisionUniforms();
+  Mismatches bad(std::string(Spec(F).name) + " SrSmall");
+  int64_t k = 0;
+  for (float v : w) {
+    // Every decision uniform on the decision inputs (and a third of the dense
+    // ones), a Philox draw on every input.
+    const bool all = k++ % 3 == 0;
+    for (size_t j = 0; j <= uniforms.size(); ++j) {
+      if (j < uniforms.size() && !all) continue;
+      const float u = j < uniforms.size() ? uniforms[j] : PhiloxUniform(7, static_cast<uint64_t>(k));
+      const float want = RoundToElem(v, F, Rounding::kStochastic, u);
+      const uint32_t want_code = EncodeElem(want, F);
+      bad.Check("SrSmall<clamp>", v, qcore::SrSmall<F, true>(v, u), want, want_code);
+      if (std::fabs(v) <= Spec(F).max_normal)
+        bad.Check("SrSmall<no clamp>", v, qcore::SrSmall<F, false>(v, u), want, want_code);
+      bad.Check("RoundElemCore", v, qcore::RoundElemCore(AsBits(v), c, Rounding::kStochastic, u), want, want_code);
+    }
+  }
+}
+
+TEST(QuantCoreRneTest, SrSmallMatchesRoundToElemOverItsDomain) {
+  CheckSrSmall<ElemFormat::kE4M3>();
+  CheckSrSmall<ElemFormat::kE5M2>();
+  CheckSrSmall<ElemFormat::kE3M2>();
+  CheckSrSmall<ElemFormat::kE2M3>();
+  CheckSrSmall<ElemFormat::kE2M1>();
+}
+
+TEST(QuantCoreRneTest, AddRzBelowPow2TruncatesTheExactSum) {
+  // a + b for b = 2^k, a < b: the sum's bits, truncated, are b's plus a's bits
+  // at or above b's ulp (2^(k - 23)). Every a of a few binades below b at a prime
+  // stride, and fp32's smallest.
+  for (int k : {-10, 0, 3, 24, 100}) {
+    const float b = std::ldexp(1.0f, k);
+    for (uint32_t bits = 0; bits < AsBits(b); bits += 997) {
+      const float a = AsFloat(bits);
+      // floor(a / ulp) * ulp + b, computed in double (exact: both fit 53 bits).
+      const double ulp = std::ldexp(1.0, k - 23);
+      const double want = std::floor(static_cast<double>(a) / ulp) * ulp + static_cast<double>(b);
+      ASSERT_EQ(static_cast<double>(qcore::AddRzBelowPow2(a, b)), want) << std::hexfloat << a << " + " << b;
+    }
+  }
+}
+
 // ---- MX ------------------------------------------------------------------------------------
 
 // Rows of blocks of 32 along a row: each block's first element is the largest
@@ -293,6 +357,7 @@ void CheckMxPaths() {
   MxOptions o;
   o.elem = F;
   o.rounding = R;
+  o.seed = 0x5EED;
   std::vector<float> want(n);
   std::vector<uint8_t> want_codes(n), want_scales(n / 32);
   ASSERT_TRUE(MxQuantizeRef(x.data(), 1, n, o, want.data(), want_codes.data(), want_scales.data()).ok());
@@ -307,8 +372,13 @@ void CheckMxPaths() {
   Mismatches bad(std::string(Spec(F).name) + " MX " + RoundingName(R));
   for (int64_t i = 0; i < n; ++i) {
     const qcore::MxScale& s = scales[i / 32];
-    bad.Check("MxElementNearest", x[i], qcore::MxElementNearest<F, R>(x[i], s), want[i], want_codes[i]);
-    if constexpr (kFp8) {
+    if constexpr (R == Rounding::kStochastic) {
+      const float u = PhiloxUniform(o.seed, static_cast<uint64_t>(i));
+      bad.Check("MxElementSr", x[i], qcore::MxElementSr<F>(x[i], s, u), want[i], want_codes[i]);
+    } else {
+      bad.Check("MxElementNearest", x[i], qcore::MxElementNearest<F, R>(x[i], s), want[i], want_codes[i]);
+    }
+    if constexpr (kFp8 && R != Rounding::kStochastic) {
       // The pair as the kernels convert it: along rows both from one block, down
       // columns from two blocks (here 37 blocks apart, another exponent).
       const int64_t j = (i + 37 * 32) % n;
@@ -331,6 +401,14 @@ TEST(QuantCoreRneTest, MxNearestEvenPathsMatchTheReferenceAtEveryBlockExponent) 
   CheckMxPaths<ElemFormat::kE3M2, Rounding::kNearestEven>();
   CheckMxPaths<ElemFormat::kE2M3, Rounding::kNearestEven>();
   CheckMxPaths<ElemFormat::kE2M1, Rounding::kNearestEven>();
+}
+
+TEST(QuantCoreRneTest, MxStochasticPathMatchesTheReferenceAtEveryBlockExponent) {
+  CheckMxPaths<ElemFormat::kE4M3, Rounding::kStochastic>();
+  CheckMxPaths<ElemFormat::kE5M2, Rounding::kStochastic>();
+  CheckMxPaths<ElemFormat::kE3M2, Rounding::kStochastic>();
+  CheckMxPaths<ElemFormat::kE2M3, Rounding::kStochastic>();
+  CheckMxPaths<ElemFormat::kE2M1, Rounding::kStochastic>();
 }
 
 TEST(QuantCoreRneTest, MxNearestAwayPathsMatchTheReferenceAtEveryBlockExponent) {
@@ -480,6 +558,34 @@ TEST(QuantCoreRneTest, Nvfp4NearestEvenMatchesTheReference) {
   std::vector<float> tiny;  // fp32 subnormals of both signs and +-0
   for (uint32_t bits = 0; bits < 64; ++bits) tiny.push_back((bits & 1) ? -AsFloat(bits) : AsFloat(bits));
   CheckNvfp4(tiny, "subnormal");
+}
+
+TEST(QuantCoreRneTest, Nvfp4ElementSrMatchesNvfp4ElementForEveryInput) {
+  // As the nearest-even test below, each input with one of the decision uniforms
+  // (in turn) and a Philox draw.
+  std::vector<float> y = EveryPatternStrided();
+  y.erase(std::remove_if(y.begin(), y.end(), [](float v) { return std::isnan(v); }), y.end());
+  for (float v : Specials())
+    if (!std::isnan(v)) y.push_back(v);
+  const std::vector<float> decision_uniforms = DecisionUniforms();
+  Mismatches bad("Nvfp4ElementSr");
+  int64_t k = 0;
+  for (float amax_t : {1.0f, 3e-30f, 2e38f}) {
+    const qcore::Nvfp4TensorScale t = qcore::Nvfp4TensorScaleFromAmax(amax_t);
+    for (uint32_t code = 0; code < 0x7Fu; code += 7) {
+      const qcore::Nvfp4BlockScale s = qcore::Nvfp4BlockScaleFromCode(code, t);
+      ASSERT_FALSE(std::isnan(s.s_b));
+      for (float v : y) {
+        const float uniforms[2] = {decision_uniforms[k % decision_uniforms.size()],
+                                   PhiloxUniform(11, static_cast<uint64_t>(k))};
+        ++k;
+        for (float u : uniforms) {
+          const Rounded want = qcore::Nvfp4Element(v, s, Rounding::kStochastic, u);
+          bad.Check("Nvfp4ElementSr", v, qcore::Nvfp4ElementSr(v, s.s_b, u), want.value, want.code);
+        }
+      }
+    }
+  }
 }
 
 TEST(QuantCoreRneTest, Nvfp4ElementRneMatchesNvfp4ElementForEveryInput) {
