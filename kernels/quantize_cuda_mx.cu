@@ -222,12 +222,13 @@ __global__ void __launch_bounds__(kThreads) MxColsKernel(const InT* __restrict__
     // Two copies of the loop, so that codes-only calls skip the value arithmetic.
     auto quantize_rows = [&](auto with_values) {
       constexpr bool kValues = decltype(with_values)::value;
-      float uni[4];  // stochastic: the uniforms of rows r and r + 1 (r even)
+      [[maybe_unused]] float uni[4];  // stochastic: the uniforms of rows r and r + 1 (r even)
 #pragma unroll
       for (int r = 0; r < kBlock; ++r) {
         if (r >= n) break;
         const Index i = (r0 + r) * cols + c0;
-        float v0, v1, u0 = 0.0f, u1 = 0.0f;
+        float v0, v1;
+        [[maybe_unused]] float u0 = 0.0f, u1 = 0.0f;
         Raw::Unpack(raw[r], &v0, &v1);
         if constexpr (R == Rounding::kStochastic) {
           // Both lanes of a pair reach this (same row block, same n).

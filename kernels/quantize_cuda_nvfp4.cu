@@ -383,11 +383,11 @@ __global__ void __launch_bounds__(kThreads) Nvfp4ColsKernel(const InT* __restric
     // Two copies of the loop, so that codes-only calls skip the value arithmetic.
     auto quantize_rows = [&](auto with_values) {
       constexpr bool kValues = decltype(with_values)::value;
-      float uni[4];  // stochastic: the uniforms of rows r and r + 1 (r even)
+      [[maybe_unused]] float uni[4];  // stochastic: the uniforms of rows r and r + 1 (r even)
 #pragma unroll
       for (int r = 0; r < 16; ++r) {
         const Index i = (rb * 16 + r) * cols + c0;
-        float u0 = 0.0f, u1 = 0.0f;
+        [[maybe_unused]] float u0 = 0.0f, u1 = 0.0f;
         if constexpr (R == Rounding::kStochastic) {
           if (r % 2 == 0) Uniform2x2(a.seed, i, a.cols, a.paired_draws, uni);
           u0 = uni[(r % 2) * 2];
