@@ -249,8 +249,12 @@ int Main(int argc, char** argv) {
 
   for (const MxFormat& f : mx_formats)
     for (int axis : {1, 0}) add_mx(f, axis, Rounding::kNearestEven, false);
-  add_mx(mx_formats[0], 1, Rounding::kNearestAway, false);
+  // nearest_away (the MX presets' rounding) for every format along rows, and
+  // MXFP8 down columns; stochastic for MXFP8 both ways.
+  for (const MxFormat& f : mx_formats) add_mx(f, 1, Rounding::kNearestAway, false);
+  add_mx(mx_formats[0], 0, Rounding::kNearestAway, false);
   add_mx(mx_formats[0], 1, Rounding::kStochastic, false);
+  add_mx(mx_formats[0], 0, Rounding::kStochastic, false);
   for (bool tile : {false, true})
     for (bool rht : {false, true})
       for (bool amax_pass : {false, true}) add_nvfp4(tile, rht, 1, Rounding::kNearestEven, amax_pass, false);
@@ -264,6 +268,7 @@ int Main(int argc, char** argv) {
   add_mx(mx_formats[0], 1, Rounding::kNearestEven, true);
   add_mx(mx_formats[0], 0, Rounding::kNearestEven, true);
   add_mx(mx_formats[4], 1, Rounding::kNearestEven, true);
+  add_mx(mx_formats[0], 1, Rounding::kNearestAway, true);
   add_nvfp4(false, false, 1, Rounding::kNearestEven, false, true);
   add_nvfp4(true, false, 1, Rounding::kNearestEven, false, true);
   add_fp8(false, true);

@@ -407,6 +407,11 @@ int Main(int argc, char** argv) {
   const Input nv_nan = MakeInputs("specials", 512, 768, Kind::kSpecials, 7);
   const Input nv_inf = MakeInputs("inf", 512, 768, Kind::kInfOnly, 8);
   const Input flat = MakeInputs("specials", 1, 1000003, Kind::kSpecials, 9);         // count % 8 != 0
+  // Down columns, stochastic: cols % 4 == 2 (each lane draws its own Philox groups)
+  // and cols % 4 == 0 (lane pairs share them), both with an odd partial row block.
+  const Input cols_unpaired = MakeInputs("outliers", 999, 1002, Kind::kOutliers, 10);
+  const Input cols_paired = MakeInputs("outliers", 1009, 1000, Kind::kOutliers, 11);
+  const Input nv_cols_unpaired = MakeInputs("outliers", 1024, 1002, Kind::kOutliers, 12);  // nvfp4 axis 0
 
   std::vector<Case> cases;
   auto add = [&](const QuantRequest& r, const Input& in, DType in_dtype, DType out_dtype, bool host_api,
@@ -458,6 +463,16 @@ int Main(int argc, char** argv) {
         o.block = 33;
         add(o, odd, DType::kBF16, DType::kF32, false, false);
       }
+
+  for (const Input* in : {&cols_unpaired, &cols_paired}) {
+    for (QuantFormat f : kMxFormats)
+      for (Rounding m : kModes) add(Request(f, *in, 0, m), *in, DType::kBF16, DType::kF32, false, false);
+  }
+  for (bool rht : {false, true}) {
+    QuantRequest r = Request(QuantFormat::kNvfp4, nv_cols_unpaired, 0, Rounding::kStochastic);
+    r.rht = rht;
+    add(r, nv_cols_unpaired, DType::kBF16, DType::kF32, false, false);
+  }
 
   // NVFP4: 1x16 / 16x16, with and without RHT, both modes, both axes, both input
   // types; the amax pass run separately (amax given) on half of them.

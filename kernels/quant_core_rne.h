@@ -4,19 +4,25 @@
 // the CPU reference quantizers (formats.h, quantize.h):
 //   - RneSmall: RoundElemCore's nearest_even in fewer instructions. MX E3M2, E2M3
 //     and E2M1 use it on every GPU, MX E4M3 and E5M2 below sm_89, NVFP4 always.
-//   - MxElementRne, Nvfp4ElementRne, Nvfp4RoundRne: MX's and NVFP4's nearest-even
-//     element built on it.
+//   - TiesAwayInput: nearest_away as nearest_even of a slightly changed input, so
+//     that nearest_away runs the nearest-even paths (one extra instruction).
+//   - MxElementNearest, Nvfp4ElementRne, Nvfp4RoundRne: MX's (nearest even or
+//     away) and NVFP4's (nearest even) element built on them.
+//   - SrSmall, MxElementSr, Nvfp4ElementSr: RoundElemCore's stochastic rounding
+//     in fewer instructions (the grid point below |w| from one addition rounded
+//     toward zero), and MX's and NVFP4's stochastic element built on it.
 //   - SatfiniteFp8x2 and Fp8x2Values: the FP8 conversion instructions that the MX
 //     and per-tensor FP8 kernels use on sm_89 and later; on the host, an
 //     emulation of what the PTX ISA documents for them.
-//   - MxFp8PairRne and Fp8TensorPairRne: how those kernels combine the conversion
-//     with their scales.
+//   - MxFp8PairNearest and Fp8TensorPairNearest: how those kernels combine the
+//     conversion with their scales, for nearest_even and nearest_away.
 // The host cannot check that the hardware instruction does what the PTX ISA says;
 // cuda_quant_test does, on a GPU: its mxfp8_e4m3 / mxfp8_e5m2 and fp8_e4m3 /
 // fp8_e5m2 nearest_even cases compare the sm_89+ path with the reference.
 #ifndef KEEL_KERNELS_QUANT_CORE_RNE_H_
 #define KEEL_KERNELS_QUANT_CORE_RNE_H_
 
+#include <cfloat>
 #include <cstdint>
 #include <type_traits>
 
@@ -40,11 +46,13 @@ namespace qcore {
 // grid, so rounding cannot exceed it). Same additions, same bits: see
 // RoundElemCore for why (|w| + big) - big is the nearest-even grid point and the
 // low bits of the sum count its quanta. w must not be NaN, and |w| < 2^(emax + 1).
-template <ElemFormat F, bool kClamp>
+// kSigned = false: the caller knows w's sign bit is clear (w = |something|) and
+// handles the sign itself, so no instruction is spent on it.
+template <ElemFormat F, bool kClamp, bool kSigned = true>
 KEEL_HD Rounded RneSmall(float w) {
   constexpr ElemConsts c = ConstsOf(F);
   const uint32_t bits = AsBits(w);
-  const uint32_t sign = bits & kSignBit;
+  const uint32_t sign = kSigned ? bits & kSignBit : 0u;
   const uint32_t exponent = bits & 0x7F800000u;
   const uint32_t min_exponent = static_cast<uint32_t>(128 - c.bias) << 23;
   const uint32_t big_bits =
@@ -67,25 +75,82 @@ KEEL_HD Rounded RneSmall(float w) {
 // fused: an FMA would keep the -0 of a product that underflows.
 KEEL_HD float ScaledPlusZero(float x, float inv_scale) { return AddRn(MulRn(x, inv_scale), 0.0f); }
 
-// MxElementFinite for nearest_even: the kernels' path for E3M2, E2M3 and E2M1,
-// and for E4M3 and E5M2 below sm_89. The value is the rounded w times 2^e (exact);
-// a caller that wants only the code leaves it unused.
-template <ElemFormat F>
-KEEL_HD Rounded MxElementRne(float x, const MxScale& s) {
-  Rounded r = RneSmall<F, true>(ScaledPlusZero(x, s.inv_scale));
+// ---- nearest away, through nearest even ---------------------------------------------
+
+// The input whose nearest-even rounding is w's nearest_away rounding, on any
+// element grid, for w finite (a NaN stays a NaN; an infinity would become one,
+// so callers that can see one clamp it first): w with its lowest significand bit
+// set. One instruction, so nearest_away runs every nearest-even path (RneSmall,
+// the FP8 conversion instruction) at their speed.
+//
+// Why. Let g be the grid point at or below |w| and q the grid step there
+// (q = 2^(p - mbits), p = max(floor(log2|w|), 1 - bias)), so |w| = g + f with
+// 0 <= f < q. The two modes differ only at f = q/2 (a tie): nearest_even goes
+// down when g / q is even, nearest_away always goes up. The lowest bit of w is
+// worth u = ulp(w) = 2^(floor(log2|w|) - 23) (2^-149 for fp32 subnormals and
+// zero), and q >= 2^(23 - mbits) u >= 2^20 u, so g, q/2 and q are all even
+// multiples of u, and so is f when that bit is clear. Setting it gives
+// |w'| = g + f' with f' = f or f + u, the same g and sign:
+//   - f < q/2: f <= q/2 - 2u when the bit was clear, so f' < q/2 and both
+//     modes round w and w' down;
+//   - f = q/2: the bit was clear, f' = q/2 + u lies above the tie and nearest
+//     even rounds w' up, as nearest_away rounds w;
+//   - f > q/2: f' > q/2 as well, both round up;
+//   - f' < q always, so the next grid point is the same one.
+// So round_even(w') = round_away(w) on the unbounded grid; clamping to
+// max_normal afterwards (RneSmall's clamp, the conversion's .satfinite, which
+// gives max_normal for any |w'| above it) then agrees too. Zero: +0 becomes
+// 2^-149, -0 becomes -2^-149, both rounding to a zero of their sign as before
+// (the MX zero rule is applied to w before this, see ScaledPlusZero).
+KEEL_HD float TiesAwayInput(float w) { return AsFloat(AsBits(w) | 1u); }
+
+// The input that rounding mode R (nearest even or away) hands to a nearest-even
+// rounding: w itself, or TiesAwayInput(w).
+template <Rounding R>
+KEEL_HD float NearestInput(float w) {
+  static_assert(R == Rounding::kNearestEven || R == Rounding::kNearestAway, "a nearest mode");
+  if constexpr (R == Rounding::kNearestAway) return TiesAwayInput(w);
+  return w;
+}
+
+// MxElementFinite for nearest_even or nearest_away: the kernels' path for E3M2,
+// E2M3 and E2M1, and for E4M3 and E5M2 below sm_89. The value is the rounded w
+// times 2^e (exact); a caller that wants only the code leaves it unused.
+template <ElemFormat F, Rounding R = Rounding::kNearestEven>
+KEEL_HD Rounded MxElementNearest(float x, const MxScale& s) {
+  Rounded r = RneSmall<F, true>(NearestInput<R>(ScaledPlusZero(x, s.inv_scale)));
   r.value = r.value * s.scale;
   return r;
+}
+
+// NVFP4's step-4 input in two parts: the magnitude min(|y * s_b|, 6) (one
+// instruction on the device: the clamp to +-6 of the reference, sign aside) and
+// whether the element is negative under PlusZeroBits' rule (a -0 product counts
+// as +0; every other negative product, one that rounds to zero included, keeps its
+// sign). The product must not be NaN.
+struct Nvfp4Scaled {
+  float magnitude;
+  bool negative;
+};
+KEEL_HD Nvfp4Scaled Nvfp4Scale(float y, float s_b) {
+  const float product = MulRn(y, s_b);
+  return Nvfp4Scaled{Min(Abs(product), 6.0f), AsBits(product) > kSignBit};
+}
+// The rounded magnitude with that sign: code bit 3, and the value negated (-0 for
+// a magnitude that rounded to zero, as the reference keeps the sign).
+KEEL_HD Rounded Nvfp4WithSign(Rounded r, bool negative) {
+  return negative ? Rounded{-r.value, r.code | 8u} : r;
 }
 
 // Nvfp4Element (nearest_even) for a block whose s_b is not NaN. Then no y * s_b is
 // NaN: a NaN y makes the block amax NaN and so s_b NaN, and s_b is never 0 (sf is
 // at most 448 and |S_dec| below 2^117, so 1 / (sf * S_dec) is not 1 / Inf), so an
-// infinite y gives an infinite product that the clamp takes to +-6. Blocks with a
-// NaN s_b are handled whole by the caller (Nvfp4RoundRne). The + 0 is
-// PlusZeroBits (see ScaledPlusZero).
+// infinite y gives an infinite product that the clamp takes to 6. Blocks with a
+// NaN s_b are handled whole by the caller (Nvfp4RoundRne). The magnitude is at
+// most 6, on the grid, so rounding needs no clamp.
 KEEL_HD Rounded Nvfp4ElementRne(float y, float s_b) {
-  const float w = AddRn(Min(Max(MulRn(y, s_b), -6.0f), 6.0f), 0.0f);
-  return RneSmall<ElemFormat::kE2M1, false>(w);
+  const Nvfp4Scaled w = Nvfp4Scale(y, s_b);
+  return Nvfp4WithSign(RneSmall<ElemFormat::kE2M1, false, false>(w.magnitude), w.negative);
 }
 
 // Nearest-even NVFP4 steps 4-5 for the kN elements of one block (or part of one):
@@ -115,6 +180,89 @@ KEEL_HD void Nvfp4RoundRne(const float (&y)[kN], const Nvfp4BlockScale& s, const
   };
   if (with_values) round(std::true_type{});
   else round(std::false_type{});
+}
+
+// ---- stochastic, short ------------------------------------------------------------
+
+// One fp32 addition a + b rounded toward zero, for 0 <= a < b with b a power of two
+// (all SrSmall needs): __fadd_rz on the device; on the host the nearest sum,
+// stepped down one ulp when it rounded up (then the exact sum lies between the
+// two, and b <= sum <= 2b makes sum - b exact, so the test is exact too).
+KEEL_HD float AddRzBelowPow2(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rz(a, b);
+#else
+  const float sum = a + b;
+  return sum - b > a ? AsFloat(AsBits(sum) - 1u) : sum;
+#endif
+}
+
+// RoundElemCore for Rounding::kStochastic, written for the instruction count:
+// the same rule (up iff u < (|w| - floor) / q, floor the grid point at or below
+// |w|), with floor read off one addition rounded toward zero instead of
+// correcting the nearest-even one. With big = 2^(p - mbits + 23) as in RneSmall,
+// |w| < 2^(p + 1) <= big, so the exact |w| + big lies in [big, 2 big), where the
+// fp32 step is q: truncating it gives big + floor exactly, and its low bits count
+// floor's quanta. |w| - floor is exact (0 <= it < q, and floor = 0 or floor >= q >
+// |w| - floor, so Sterbenz applies), and multiplying by 1 / q (a power of two) is
+// exact: the fraction is the reference's. Up adds one quantum (a carry from the
+// largest mantissa moves to the next exponent, as in RoundElemCore). kClamp as in
+// RneSmall: false for callers whose |w| is at most max_normal (then rounding up
+// cannot pass it: max_normal is on the grid); kSigned as in RneSmall. w must not
+// be NaN, and |w| < 2^(emax + 1); the sign of w is kept, zero included.
+template <ElemFormat F, bool kClamp, bool kSigned = true>
+KEEL_HD Rounded SrSmall(float w, float u) {
+  constexpr ElemConsts c = ConstsOf(F);
+  const uint32_t bits = AsBits(w);
+  const uint32_t sign = kSigned ? bits & kSignBit : 0u;
+  const uint32_t exponent = bits & 0x7F800000u;
+  const uint32_t min_exponent = static_cast<uint32_t>(128 - c.bias) << 23;
+  const uint32_t big_bits =
+      (exponent > min_exponent ? exponent : min_exponent) + (static_cast<uint32_t>(23 - c.mbits) << 23);
+  const float big = AsFloat(big_bits);
+  const float magnitude = Abs(w);
+  const float sum = AddRzBelowPow2(magnitude, big);
+  const float floor_value = SubRn(sum, big);
+  const float fraction = MulRn(SubRn(magnitude, floor_value), AsFloat(0x8A800000u - big_bits));  // / q
+  const bool up = u < fraction;
+  const uint32_t n = AsBits(sum) - big_bits + (up ? 1u : 0u);
+  float value = up ? AddRn(floor_value, AsFloat(big_bits - (23u << 23))) : floor_value;  // + q
+  uint32_t code = (big_bits >> (23 - c.mbits)) - (static_cast<uint32_t>(151 - c.bias - c.mbits) << c.mbits) + n;
+  if constexpr (kClamp) {
+    code = code < c.max_code ? code : c.max_code;
+    value = Min(value, AsFloat(c.max_bits));
+  }
+  return Rounded{AsFloat(AsBits(value) | sign), code | (sign >> (32 - c.bits))};
+}
+
+// MxElementFinite for stochastic rounding with the uniform u.
+template <ElemFormat F>
+KEEL_HD Rounded MxElementSr(float x, const MxScale& s, float u) {
+  Rounded r = SrSmall<F, true>(ScaledPlusZero(x, s.inv_scale), u);
+  r.value = r.value * s.scale;
+  return r;
+}
+
+// Nvfp4Element (stochastic, uniform u) for a block whose s_b is not NaN, as
+// Nvfp4ElementRne: the caller selects NaN blocks whole.
+KEEL_HD Rounded Nvfp4ElementSr(float y, float s_b, float u) {
+  const Nvfp4Scaled w = Nvfp4Scale(y, s_b);
+  return Nvfp4WithSign(SrSmall<ElemFormat::kE2M1, false, false>(w.magnitude, u), w.negative);
+}
+
+// Stochastic NVFP4 steps 4-5 for the kN elements of one block (or part of one),
+// u[k] the uniform of element k: Nvfp4RoundRne with Nvfp4ElementSr.
+template <int kN>
+KEEL_HD void Nvfp4RoundSr(const float (&y)[kN], const float (&u)[kN], const Nvfp4BlockScale& s,
+                          const Nvfp4TensorScale& t, uint32_t (&code)[kN], float (&out)[kN]) {
+  const bool nan_block = IsNan(s.s_b);
+  const float nan_out = Nvfp4Dequant(QuietNan(), s, t);
+  KEEL_UNROLL
+  for (int k = 0; k < kN; ++k) {
+    const Rounded q = Nvfp4ElementSr(y[k], s.s_b, u[k]);
+    code[k] = nan_block ? 0u : q.code;
+    out[k] = nan_block ? nan_out : Nvfp4Dequant(q.value, s, t);
+  }
 }
 
 // ---- the FP8 conversion instructions (sm_89 and later) ---------------------------
@@ -192,18 +340,20 @@ KEEL_HD void Fp8x2Values(uint32_t codes, float* lo, float* hi) {
 #endif
 }
 
-// MxElementFinite (nearest_even, E4M3 or E5M2) of two elements of blocks that are
-// not NaN, with the conversion in hardware: for a finite w with |w| <
-// 2^(emax + 1), rounding to nearest even then saturating is RoundElemCore's code,
-// since rounding then clamping and saturating the rounded value agree (a tie just
-// above max_normal goes to the even grid point max_normal, and anything that
-// would round higher saturates to it). The conversion keeps -0's sign, so w comes
-// from ScaledPlusZero; the value is the code's value times 2^e (exact). Values
-// only when with_values (codes-only callers skip the decode); 0 otherwise.
-template <ElemFormat F>
-KEEL_HD void MxFp8PairRne(float x0, float x1, const MxScale& s0, const MxScale& s1, bool with_values, Rounded* q0,
-                          Rounded* q1) {
-  const uint32_t pair = SatfiniteFp8x2<F>(ScaledPlusZero(x0, s0.inv_scale), ScaledPlusZero(x1, s1.inv_scale));
+// MxElementFinite (nearest_even or nearest_away, E4M3 or E5M2) of two elements of
+// blocks that are not NaN, with the conversion in hardware: for a finite w with
+// |w| < 2^(emax + 1), rounding to nearest even then saturating is RoundElemCore's
+// code, since rounding then clamping and saturating the rounded value agree (a
+// tie just above max_normal goes to the even grid point max_normal, and anything
+// that would round higher saturates to it); nearest_away converts
+// TiesAwayInput(w) instead (w is finite here). The conversion keeps -0's sign, so
+// w comes from ScaledPlusZero; the value is the code's value times 2^e (exact).
+// Values only when with_values (codes-only callers skip the decode); 0 otherwise.
+template <ElemFormat F, Rounding R = Rounding::kNearestEven>
+KEEL_HD void MxFp8PairNearest(float x0, float x1, const MxScale& s0, const MxScale& s1, bool with_values,
+                              Rounded* q0, Rounded* q1) {
+  const uint32_t pair = SatfiniteFp8x2<F>(NearestInput<R>(ScaledPlusZero(x0, s0.inv_scale)),
+                                          NearestInput<R>(ScaledPlusZero(x1, s1.inv_scale)));
   *q0 = Rounded{0.0f, pair & 0xFFu};
   *q1 = Rounded{0.0f, pair >> 8};
   if (with_values) {
@@ -214,18 +364,26 @@ KEEL_HD void MxFp8PairRne(float x0, float x1, const MxScale& s0, const MxScale& 
   }
 }
 
-// Fp8Element (nearest_even) of two elements with the conversion in hardware.
-// Saturation covers |x * scale| above max_normal, Inf included, as RoundElem's
-// clamp does; -0 keeps its code 0x80 (per-tensor FP8 has no zero rule). A NaN x
-// gets the reference's code, its own sign with the NaN code, by a select; its
-// value (the NaN code's value times out_scale) is a NaN either way. scale: the
-// encode scale; out_scale: what the code's value is multiplied by (1 / scale, or
-// 1 for an output without the tensor scale). Values only when with_values.
-template <ElemFormat F>
-KEEL_HD void Fp8TensorPairRne(float x0, float x1, float scale, float out_scale, bool with_values, Rounded* q0,
-                              Rounded* q1) {
+// Fp8Element (nearest_even or nearest_away) of two elements with the conversion in
+// hardware. Saturation covers |x * scale| above max_normal, Inf included, as
+// RoundElem's clamp does; -0 keeps its code 0x80 (per-tensor FP8 has no zero
+// rule). A NaN x gets the reference's code, its own sign with the NaN code, by a
+// select; its value (the NaN code's value times out_scale) is a NaN either way.
+// nearest_away first clamps the product to +-FLT_MAX (so that TiesAwayInput sees
+// no infinity; the conversion saturates either way, and a NaN's code is the
+// select's). scale: the encode scale; out_scale: what the code's value is
+// multiplied by (1 / scale, or 1 for an output without the tensor scale). Values
+// only when with_values.
+template <ElemFormat F, Rounding R = Rounding::kNearestEven>
+KEEL_HD void Fp8TensorPairNearest(float x0, float x1, float scale, float out_scale, bool with_values, Rounded* q0,
+                                  Rounded* q1) {
   constexpr ElemConsts c = ConstsOf(F);
-  const uint32_t pair = SatfiniteFp8x2<F>(x0 * scale, x1 * scale);
+  float w0 = x0 * scale, w1 = x1 * scale;
+  if constexpr (R == Rounding::kNearestAway) {
+    w0 = TiesAwayInput(Min(Max(w0, -FLT_MAX), FLT_MAX));
+    w1 = TiesAwayInput(Min(Max(w1, -FLT_MAX), FLT_MAX));
+  }
+  const uint32_t pair = SatfiniteFp8x2<F>(w0, w1);
   const uint32_t code0 = IsNan(x0) ? ((AsBits(x0) >> 24) & 0x80u) | c.nan_code : pair & 0xFFu;
   const uint32_t code1 = IsNan(x1) ? ((AsBits(x1) >> 24) & 0x80u) | c.nan_code : pair >> 8;
   *q0 = Rounded{0.0f, code0};

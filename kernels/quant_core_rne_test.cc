@@ -1,21 +1,22 @@
 // quant_core_rne.h against the CPU reference quantizers (formats.h, quantize.h),
 // bit for bit: the nearest-even paths of the CUDA kernels, including the ones
 // that run only on a GPU, checked in CI without one.
-//   - RneSmall, MxElementRne, Nvfp4ElementRne and Nvfp4RoundRne are the very
-//     code the kernels run (MX E3M2, E2M3, E2M1 on every GPU, MX E4M3 and E5M2
-//     below sm_89, NVFP4 always); qcore::Fp8Element is per-tensor FP8 below sm_89.
+//   - RneSmall, TiesAwayInput, MxElementNearest, Nvfp4ElementRne and
+//     Nvfp4RoundRne are the very code the kernels run (MX E3M2, E2M3, E2M1 on
+//     every GPU, MX E4M3 and E5M2 below sm_89, NVFP4 always), for nearest_even and
+//     (MX, FP8) nearest_away; qcore::Fp8Element is per-tensor FP8 below sm_89.
 //   - On the host, SatfiniteFp8x2 is an emulation of cvt.rn.satfinite.{e4m3,e5m2}x2
-//     as the PTX ISA documents it, so MxFp8PairRne and Fp8TensorPairRne here are
-//     the kernels' sm_89+ arithmetic with the instruction emulated. The emulation
-//     itself is checked against the reference first.
+//     as the PTX ISA documents it, so MxFp8PairNearest and Fp8TensorPairNearest
+//     here are the kernels' sm_89+ arithmetic with the instruction emulated. The
+//     emulation itself is checked against the reference first.
 // Inputs: every fp32 bit pattern at a prime stride, a denser sweep where the
 // format's grid lies, and at every rounding decision of each format (each value,
 // each midpoint between neighbours, the midpoint above max_normal, with the fp32
 // values up to 3 ulps either side), both signs, at every MX block exponent, plus
 // +-0, fp32 subnormals, +-Inf and NaN. That the hardware instruction does what
 // the PTX ISA says needs a GPU: cuda_quant_test's mxfp8_e4m3 / mxfp8_e5m2 and
-// fp8_e4m3 / fp8_e5m2 nearest_even cases compare the sm_89+ kernels with the
-// reference.
+// fp8_e4m3 / fp8_e5m2 nearest_even and nearest_away cases compare the sm_89+
+// kernels with the reference.
 #include "kernels/quant_core_rne.h"
 
 #include <gtest/gtest.h>
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "kernels/formats.h"
+#include "kernels/philox.h"
 #include "kernels/quant_core.h"
 #include "kernels/quantize.h"
 
@@ -203,6 +205,132 @@ TEST(QuantCoreRneTest, RneSmallMatchesRoundToElemOverItsDomain) {
   CheckRneSmall<ElemFormat::kE2M1>();
 }
 
+// ---- nearest away through nearest even ------------------------------------------------------
+
+// Every fp32 of magnitude below `limit` whose bits are a multiple of 512 (up to
+// 2.3M of them), both signs: each binade, each pattern of the 14 significand bits
+// above bit 8, and so every tie of every format (a tie has at most mbits + 2
+// significant bits).
+std::vector<float> DenseGridBelow(float limit) {
+  std::vector<float> x;
+  for (uint64_t b = 0; b < AsBits(limit); b += 512) {
+    x.push_back(AsFloat(static_cast<uint32_t>(b)));
+    x.push_back(-AsFloat(static_cast<uint32_t>(b)));
+  }
+  return x;
+}
+
+template <ElemFormat F>
+void CheckTiesAway() {
+  constexpr qcore::ElemConsts c = qcore::ConstsOf(F);
+  constexpr bool kFp8 = F == ElemFormat::kE4M3 || F == ElemFormat::kE5M2;
+  // RneSmall's domain (|w| < 2^(emax + 1)): every bit pattern at stride 64, the
+  // decisions +-3 ulps, and the dense sweep.
+  std::vector<float> w = DenseGridBelow(WLimit(F));
+  for (const std::vector<float>& more : {DenseBelowLimit(F), Decisions(F)}) w.insert(w.end(), more.begin(), more.end());
+  w = WithinLimit(w, WLimit(F));
+  Mismatches bad(std::string(Spec(F).name) + " TiesAwayInput");
+  int64_t ties = 0;
+  for (float v : w) {
+    const float want = RoundToElem(v, F, Rounding::kNearestAway, 0.0f);
+    const uint32_t want_code = EncodeElem(want, F);
+    const Rounded core = qcore::RoundElemCore(AsBits(v), c, Rounding::kNearestAway, 0.0f);
+    bad.Check("RoundElemCore nearest_away (the reference's twin)", v, core, want, want_code);
+    bad.Check("RneSmall(TiesAwayInput)", v, qcore::RneSmall<F, true>(qcore::TiesAwayInput(v)), want, want_code);
+    if constexpr (kFp8) {
+      const uint32_t code = qcore::SatfiniteFp8Emulated(qcore::TiesAwayInput(v), c);
+      bad.Check("cvt.rn.satfinite(TiesAwayInput)", v, Rounded{want, code}, want, want_code);
+    }
+    ties += RoundToElem(v, F, Rounding::kNearestEven, 0.0f) != want ? 1 : 0;
+  }
+  // The inputs reach the cases where the two modes differ, the ties that nearest
+  // even rounds down (E2M1, the fewest: 0.25, 1.25, 2.5 and 5, both signs, twice).
+  EXPECT_GE(ties, 16) << Spec(F).name;
+  if constexpr (kFp8) {
+    // The conversion also sees w beyond 2^(emax + 1) (per-tensor FP8, after the
+    // clamp to +-FLT_MAX): every pattern at a prime stride, and fp32's extremes.
+    std::vector<float> wide = EveryPatternStrided();
+    wide.insert(wide.end(), {FLT_MAX, -FLT_MAX, FLT_TRUE_MIN, -FLT_TRUE_MIN, 0.0f, -0.0f});
+    for (float v : wide) {
+      if (!std::isfinite(v)) continue;
+      const float want = RoundToElem(v, F, Rounding::kNearestAway, 0.0f);
+      const uint32_t code = qcore::SatfiniteFp8Emulated(qcore::TiesAwayInput(v), c);
+      bad.Check("cvt.rn.satfinite(TiesAwayInput), wide", v, Rounded{want, code}, want, EncodeElem(want, F));
+    }
+  }
+}
+
+TEST(QuantCoreRneTest, TiesAwayInputRoundedToNearestEvenIsNearestAway) {
+  CheckTiesAway<ElemFormat::kE4M3>();
+  CheckTiesAway<ElemFormat::kE5M2>();
+  CheckTiesAway<ElemFormat::kE3M2>();
+  CheckTiesAway<ElemFormat::kE2M3>();
+  CheckTiesAway<ElemFormat::kE2M1>();
+}
+
+// ---- stochastic ------------------------------------------------------------------------------
+
+// Uniforms that sit on the rounding decisions of the inputs above: 0, the
+// smallest and largest, and each of 1/4, 1/2, 3/4 with its neighbours 2^-24 away
+// (the fractions of midpoints and quarter points are exactly these).
+std::vector<float> DecisionUniforms() {
+  const float step = std::ldexp(1.0f, -24);
+  std::vector<float> u = {0.0f, step, 1.0f - step};
+  for (float f : {0.25f, 0.5f, 0.75f})
+    for (float d : {-step, 0.0f, step}) u.push_back(f + d);
+  return u;
+}
+
+template <ElemFormat F>
+void CheckSrSmall() {
+  constexpr qcore::ElemConsts c = qcore::ConstsOf(F);
+  std::vector<float> w = DenseGridBelow(WLimit(F));
+  for (const std::vector<float>& more : {DenseBelowLimit(F), Decisions(F)}) w.insert(w.end(), more.begin(), more.end());
+  w = WithinLimit(w, WLimit(F));
+  const std::vector<float> uniforms = DecisionUniforms();
+  Mismatches bad(std::string(Spec(F).name) + " SrSmall");
+  int64_t k = 0;
+  for (float v : w) {
+    // Every decision uniform on the decision inputs (and a third of the dense
+    // ones), a Philox draw on every input.
+    const bool all = k++ % 3 == 0;
+    for (size_t j = 0; j <= uniforms.size(); ++j) {
+      if (j < uniforms.size() && !all) continue;
+      const float u = j < uniforms.size() ? uniforms[j] : PhiloxUniform(7, static_cast<uint64_t>(k));
+      const float want = RoundToElem(v, F, Rounding::kStochastic, u);
+      const uint32_t want_code = EncodeElem(want, F);
+      bad.Check("SrSmall<clamp>", v, qcore::SrSmall<F, true>(v, u), want, want_code);
+      if (std::fabs(v) <= Spec(F).max_normal)
+        bad.Check("SrSmall<no clamp>", v, qcore::SrSmall<F, false>(v, u), want, want_code);
+      bad.Check("RoundElemCore", v, qcore::RoundElemCore(AsBits(v), c, Rounding::kStochastic, u), want, want_code);
+    }
+  }
+}
+
+TEST(QuantCoreRneTest, SrSmallMatchesRoundToElemOverItsDomain) {
+  CheckSrSmall<ElemFormat::kE4M3>();
+  CheckSrSmall<ElemFormat::kE5M2>();
+  CheckSrSmall<ElemFormat::kE3M2>();
+  CheckSrSmall<ElemFormat::kE2M3>();
+  CheckSrSmall<ElemFormat::kE2M1>();
+}
+
+TEST(QuantCoreRneTest, AddRzBelowPow2TruncatesTheExactSum) {
+  // a + b for b = 2^k, a < b: the sum's bits, truncated, are b's plus a's bits
+  // at or above b's ulp (2^(k - 23)). Every a of a few binades below b at a prime
+  // stride, and fp32's smallest.
+  for (int k : {-10, 0, 3, 24, 100}) {
+    const float b = std::ldexp(1.0f, k);
+    for (uint32_t bits = 0; bits < AsBits(b); bits += 997) {
+      const float a = AsFloat(bits);
+      // floor(a / ulp) * ulp + b, computed in double (exact: both fit 53 bits).
+      const double ulp = std::ldexp(1.0, k - 23);
+      const double want = std::floor(static_cast<double>(a) / ulp) * ulp + static_cast<double>(b);
+      ASSERT_EQ(static_cast<double>(qcore::AddRzBelowPow2(a, b)), want) << std::hexfloat << a << " + " << b;
+    }
+  }
+}
+
 // ---- MX ------------------------------------------------------------------------------------
 
 // Rows of blocks of 32 along a row: each block's first element is the largest
@@ -216,7 +344,7 @@ void AddMxBlocks(ElemFormat f, int e, const std::vector<float>& w, std::vector<f
   }
 }
 
-template <ElemFormat F>
+template <ElemFormat F, Rounding R>
 void CheckMxPaths() {
   constexpr qcore::ElemConsts c = qcore::ConstsOf(F);
   constexpr bool kFp8 = F == ElemFormat::kE4M3 || F == ElemFormat::kE5M2;
@@ -228,6 +356,8 @@ void CheckMxPaths() {
   const int64_t n = static_cast<int64_t>(x.size());
   MxOptions o;
   o.elem = F;
+  o.rounding = R;
+  o.seed = 0x5EED;
   std::vector<float> want(n);
   std::vector<uint8_t> want_codes(n), want_scales(n / 32);
   ASSERT_TRUE(MxQuantizeRef(x.data(), 1, n, o, want.data(), want_codes.data(), want_scales.data()).ok());
@@ -239,21 +369,26 @@ void CheckMxPaths() {
     scales[b] = qcore::MxScaleFromAmax(amax, c, false);
     ASSERT_EQ(scales[b].byte, want_scales[b]) << Spec(F).name << " block " << b;
   }
-  Mismatches bad(std::string(Spec(F).name) + " MX nearest_even");
+  Mismatches bad(std::string(Spec(F).name) + " MX " + RoundingName(R));
   for (int64_t i = 0; i < n; ++i) {
     const qcore::MxScale& s = scales[i / 32];
-    bad.Check("MxElementRne", x[i], qcore::MxElementRne<F>(x[i], s), want[i], want_codes[i]);
-    if constexpr (kFp8) {
+    if constexpr (R == Rounding::kStochastic) {
+      const float u = PhiloxUniform(o.seed, static_cast<uint64_t>(i));
+      bad.Check("MxElementSr", x[i], qcore::MxElementSr<F>(x[i], s, u), want[i], want_codes[i]);
+    } else {
+      bad.Check("MxElementNearest", x[i], qcore::MxElementNearest<F, R>(x[i], s), want[i], want_codes[i]);
+    }
+    if constexpr (kFp8 && R != Rounding::kStochastic) {
       // The pair as the kernels convert it: along rows both from one block, down
       // columns from two blocks (here 37 blocks apart, another exponent).
       const int64_t j = (i + 37 * 32) % n;
       Rounded q0, q1, codes0, codes1;
-      qcore::MxFp8PairRne<F>(x[i], x[j], s, scales[j / 32], true, &q0, &q1);
-      qcore::MxFp8PairRne<F>(x[i], x[j], s, scales[j / 32], false, &codes0, &codes1);
-      bad.Check("MxFp8PairRne lo", x[i], q0, want[i], want_codes[i]);
-      bad.Check("MxFp8PairRne hi", x[j], q1, want[j], want_codes[j]);
-      bad.Check("MxFp8PairRne codes only", x[i], Rounded{want[i], codes0.code}, want[i], want_codes[i]);
-      bad.Check("MxFp8PairRne codes only", x[j], Rounded{want[j], codes1.code}, want[j], want_codes[j]);
+      qcore::MxFp8PairNearest<F, R>(x[i], x[j], s, scales[j / 32], true, &q0, &q1);
+      qcore::MxFp8PairNearest<F, R>(x[i], x[j], s, scales[j / 32], false, &codes0, &codes1);
+      bad.Check("MxFp8PairNearest lo", x[i], q0, want[i], want_codes[i]);
+      bad.Check("MxFp8PairNearest hi", x[j], q1, want[j], want_codes[j]);
+      bad.Check("MxFp8PairNearest codes only", x[i], Rounded{want[i], codes0.code}, want[i], want_codes[i]);
+      bad.Check("MxFp8PairNearest codes only", x[j], Rounded{want[j], codes1.code}, want[j], want_codes[j]);
     }
   }
 }
@@ -261,46 +396,60 @@ void CheckMxPaths() {
 TEST(QuantCoreRneTest, MxNearestEvenPathsMatchTheReferenceAtEveryBlockExponent) {
   // NaN blocks never reach these functions (the kernels select MxNanElement);
   // cuda_quant_test's MX cases on its "specials" inputs cover them on a GPU.
-  CheckMxPaths<ElemFormat::kE4M3>();
-  CheckMxPaths<ElemFormat::kE5M2>();
-  CheckMxPaths<ElemFormat::kE3M2>();
-  CheckMxPaths<ElemFormat::kE2M3>();
-  CheckMxPaths<ElemFormat::kE2M1>();
+  CheckMxPaths<ElemFormat::kE4M3, Rounding::kNearestEven>();
+  CheckMxPaths<ElemFormat::kE5M2, Rounding::kNearestEven>();
+  CheckMxPaths<ElemFormat::kE3M2, Rounding::kNearestEven>();
+  CheckMxPaths<ElemFormat::kE2M3, Rounding::kNearestEven>();
+  CheckMxPaths<ElemFormat::kE2M1, Rounding::kNearestEven>();
+}
+
+TEST(QuantCoreRneTest, MxStochasticPathMatchesTheReferenceAtEveryBlockExponent) {
+  CheckMxPaths<ElemFormat::kE4M3, Rounding::kStochastic>();
+  CheckMxPaths<ElemFormat::kE5M2, Rounding::kStochastic>();
+  CheckMxPaths<ElemFormat::kE3M2, Rounding::kStochastic>();
+  CheckMxPaths<ElemFormat::kE2M3, Rounding::kStochastic>();
+  CheckMxPaths<ElemFormat::kE2M1, Rounding::kStochastic>();
+}
+
+TEST(QuantCoreRneTest, MxNearestAwayPathsMatchTheReferenceAtEveryBlockExponent) {
+  CheckMxPaths<ElemFormat::kE4M3, Rounding::kNearestAway>();
+  CheckMxPaths<ElemFormat::kE5M2, Rounding::kNearestAway>();
+  CheckMxPaths<ElemFormat::kE3M2, Rounding::kNearestAway>();
+  CheckMxPaths<ElemFormat::kE2M3, Rounding::kNearestAway>();
+  CheckMxPaths<ElemFormat::kE2M1, Rounding::kNearestAway>();
 }
 
 // ---- per-tensor FP8 --------------------------------------------------------------------------
 
 // One tensor, quantized by the reference and by the kernels' two nearest-even
 // paths (Fp8TensorPairRne on sm_89+, Fp8Element below), pair by pair.
-template <ElemFormat F>
+template <ElemFormat F, Rounding R>
 void CheckFp8Tensor(const std::vector<float>& x, const std::string& what) {
   constexpr qcore::ElemConsts c = qcore::ConstsOf(F);
   const int64_t n = static_cast<int64_t>(x.size());
   std::vector<float> want(n);
   std::vector<uint8_t> want_codes(n);
   float want_decode = 0.0f;
-  ASSERT_TRUE(Fp8TensorQuantizeRef(x.data(), n, F, Rounding::kNearestEven, 0, want.data(), want_codes.data(),
-                                   &want_decode).ok());
+  ASSERT_TRUE(Fp8TensorQuantizeRef(x.data(), n, F, R, 0, want.data(), want_codes.data(), &want_decode).ok());
   uint32_t amax = 0;
   for (float v : x) amax = std::max(amax, qcore::AbsBitsNoNan(v));
   const qcore::Fp8Scale s = qcore::Fp8ScaleFromAmax(AsFloat(amax), c);
   ASSERT_EQ(AsBits(s.inv), AsBits(want_decode)) << what;
-  Mismatches bad(std::string(Spec(F).name) + " per-tensor FP8, " + what);
+  Mismatches bad(std::string(Spec(F).name) + " per-tensor FP8 " + RoundingName(R) + ", " + what);
   for (int64_t i = 0; i < n; ++i) {
-    bad.Check("Fp8Element", x[i], qcore::Fp8Element(x[i], s, c, Rounding::kNearestEven, 0.0f), want[i],
-              want_codes[i]);
+    bad.Check("Fp8Element", x[i], qcore::Fp8Element(x[i], s, c, R, 0.0f), want[i], want_codes[i]);
     const int64_t j = (i + 1) % n;
     Rounded q0, q1, raw0, raw1;
-    qcore::Fp8TensorPairRne<F>(x[i], x[j], s.scale, s.inv, true, &q0, &q1);
-    bad.Check("Fp8TensorPairRne lo", x[i], q0, want[i], want_codes[i]);
-    bad.Check("Fp8TensorPairRne hi", x[j], q1, want[j], want_codes[j]);
+    qcore::Fp8TensorPairNearest<F, R>(x[i], x[j], s.scale, s.inv, true, &q0, &q1);
+    bad.Check("Fp8TensorPairNearest lo", x[i], q0, want[i], want_codes[i]);
+    bad.Check("Fp8TensorPairNearest hi", x[j], q1, want[j], want_codes[j]);
     // Without the tensor scale the output is the code's value.
-    qcore::Fp8TensorPairRne<F>(x[i], x[j], s.scale, 1.0f, true, &raw0, &raw1);
-    bad.Check("Fp8TensorPairRne unscaled", x[i], raw0, DecodeElem(want_codes[i], F), want_codes[i]);
+    qcore::Fp8TensorPairNearest<F, R>(x[i], x[j], s.scale, 1.0f, true, &raw0, &raw1);
+    bad.Check("Fp8TensorPairNearest unscaled", x[i], raw0, DecodeElem(want_codes[i], F), want_codes[i]);
   }
 }
 
-template <ElemFormat F>
+template <ElemFormat F, Rounding R>
 void CheckFp8TensorPaths() {
   const float max_normal = Spec(F).max_normal;
   // An infinite amax makes the scale 1: every input reaches the conversion as it
@@ -308,27 +457,32 @@ void CheckFp8TensorPaths() {
   std::vector<float> x = {INFINITY};
   for (const std::vector<float>& more : {EveryPatternStrided(), DenseBelowLimit(F), Decisions(F), Specials()})
     x.insert(x.end(), more.begin(), more.end());
-  CheckFp8Tensor<F>(x, "scale 1");
+  CheckFp8Tensor<F, R>(x, "scale 1");
   // Power-of-two scales 2^k (amax = max_normal / 2^k): x * scale is exact, so
   // the decisions arrive unchanged.
   for (int k : {-100, -3, 0, 5, 127}) {
     const float amax = std::ldexp(max_normal, -k);
     std::vector<float> y = {amax};
     for (float w : WithinLimit(Decisions(F), max_normal)) y.push_back(std::ldexp(w, -k));
-    CheckFp8Tensor<F>(y, "scale 2^" + std::to_string(k));
+    CheckFp8Tensor<F, R>(y, "scale 2^" + std::to_string(k));
   }
   // Scales that are not powers of two: the product's rounding comes first.
   for (float amax : {3.7f, 1e-30f, 6e37f}) {
     std::vector<float> y = WithinLimit(EveryPatternStrided(), amax);
     y.push_back(amax);
     for (float w : WithinLimit(Decisions(F), max_normal)) y.push_back(w * (amax / max_normal));
-    CheckFp8Tensor<F>(y, "amax " + std::to_string(amax));
+    CheckFp8Tensor<F, R>(y, "amax " + std::to_string(amax));
   }
 }
 
 TEST(QuantCoreRneTest, Fp8TensorNearestEvenPathsMatchTheReference) {
-  CheckFp8TensorPaths<ElemFormat::kE4M3>();
-  CheckFp8TensorPaths<ElemFormat::kE5M2>();
+  CheckFp8TensorPaths<ElemFormat::kE4M3, Rounding::kNearestEven>();
+  CheckFp8TensorPaths<ElemFormat::kE5M2, Rounding::kNearestEven>();
+}
+
+TEST(QuantCoreRneTest, Fp8TensorNearestAwayPathsMatchTheReference) {
+  CheckFp8TensorPaths<ElemFormat::kE4M3, Rounding::kNearestAway>();
+  CheckFp8TensorPaths<ElemFormat::kE5M2, Rounding::kNearestAway>();
 }
 
 // ---- NVFP4 -------------------------------------------------------------------------------------
@@ -404,6 +558,34 @@ TEST(QuantCoreRneTest, Nvfp4NearestEvenMatchesTheReference) {
   std::vector<float> tiny;  // fp32 subnormals of both signs and +-0
   for (uint32_t bits = 0; bits < 64; ++bits) tiny.push_back((bits & 1) ? -AsFloat(bits) : AsFloat(bits));
   CheckNvfp4(tiny, "subnormal");
+}
+
+TEST(QuantCoreRneTest, Nvfp4ElementSrMatchesNvfp4ElementForEveryInput) {
+  // As the nearest-even test below, each input with one of the decision uniforms
+  // (in turn) and a Philox draw.
+  std::vector<float> y = EveryPatternStrided();
+  y.erase(std::remove_if(y.begin(), y.end(), [](float v) { return std::isnan(v); }), y.end());
+  for (float v : Specials())
+    if (!std::isnan(v)) y.push_back(v);
+  const std::vector<float> decision_uniforms = DecisionUniforms();
+  Mismatches bad("Nvfp4ElementSr");
+  int64_t k = 0;
+  for (float amax_t : {1.0f, 3e-30f, 2e38f}) {
+    const qcore::Nvfp4TensorScale t = qcore::Nvfp4TensorScaleFromAmax(amax_t);
+    for (uint32_t code = 0; code < 0x7Fu; code += 7) {
+      const qcore::Nvfp4BlockScale s = qcore::Nvfp4BlockScaleFromCode(code, t);
+      ASSERT_FALSE(std::isnan(s.s_b));
+      for (float v : y) {
+        const float uniforms[2] = {decision_uniforms[k % decision_uniforms.size()],
+                                   PhiloxUniform(11, static_cast<uint64_t>(k))};
+        ++k;
+        for (float u : uniforms) {
+          const Rounded want = qcore::Nvfp4Element(v, s, Rounding::kStochastic, u);
+          bad.Check("Nvfp4ElementSr", v, qcore::Nvfp4ElementSr(v, s.s_b, u), want.value, want.code);
+        }
+      }
+    }
+  }
 }
 
 TEST(QuantCoreRneTest, Nvfp4ElementRneMatchesNvfp4ElementForEveryInput) {

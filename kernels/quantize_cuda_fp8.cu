@@ -94,12 +94,13 @@ __global__ void __launch_bounds__(kThreads) Fp8Kernel(const InT* __restrict__ x,
   auto unit_fn = [&](int64_t unit, const float (&v)[8], const float (&uni)[8]) {
     float out[8];
     uint32_t code[8];
-    if constexpr (KEEL_HW_FP8 && R == Rounding::kNearestEven) {
-      // Fp8Element with the conversion in hardware (NaN codes by a select).
+    if constexpr (KEEL_HW_FP8 && R != Rounding::kStochastic) {
+      // Fp8Element with the conversion in hardware (NaN codes by a select;
+      // nearest_away through TiesAwayInput).
 #pragma unroll
       for (int e = 0; e < 8; e += 2) {
         Rounded q0, q1;
-        qcore::Fp8TensorPairRne<F>(v[e], v[e + 1], s.scale, s_out.inv, o.out != nullptr, &q0, &q1);
+        qcore::Fp8TensorPairNearest<F, R>(v[e], v[e + 1], s.scale, s_out.inv, o.out != nullptr, &q0, &q1);
         PutPair(q0, q1, code + e, out + e);
       }
     } else {

@@ -267,6 +267,40 @@ __device__ __forceinline__ void Uniform2(uint64_t seed, int64_t i, float* u0, fl
   *u0 = upper ? u[2] : u[0];
   *u1 = upper ? u[3] : u[1];
 }
+// The uniforms of elements i, i + 1 (row r) and i + cols, i + cols + 1 (row r + 1)
+// into u[0..3], for a column-pair lane whose neighbour (lane ^ 1) holds the other
+// half of the same 4-column Philox group in the same rows: cols % 4 == 0, i even,
+// column pairs 2k and 2k + 1 on lanes 2k' and 2k' + 1. One Philox call gives the
+// draws of 4 consecutive elements, so rather than each lane drawing a group per row
+// and using half of it, the even lane draws row r's group and the odd lane row
+// r + 1's, and each passes the other the half it needs: one call per two rows, not
+// two (the same draws: each element's still comes from group index / 4, word
+// index % 4). Both lanes of the pair must call it.
+__device__ __forceinline__ void Uniform2x2Paired(uint64_t seed, int64_t i, int64_t cols, float u[4]) {
+  const unsigned lane = threadIdx.x & 31u;
+  const bool odd = (lane & 1u) != 0;
+  float g[4];
+  qcore::PhiloxUniform4(seed, static_cast<uint64_t>(odd ? i + cols : i) >> 2, g);
+  // Even lane (columns 4k, 4k + 1): keeps words 0-1 of row r, sends words 2-3 of
+  // row r; odd lane (columns 4k + 2, 4k + 3): keeps words 2-3 of row r + 1, sends
+  // words 0-1 of row r + 1.
+  const unsigned pair_mask = 3u << (lane & 30u);
+  const float got0 = __shfl_xor_sync(pair_mask, odd ? g[0] : g[2], 1);
+  const float got1 = __shfl_xor_sync(pair_mask, odd ? g[1] : g[3], 1);
+  u[0] = odd ? got0 : g[0];
+  u[1] = odd ? got1 : g[1];
+  u[2] = odd ? g[2] : got0;
+  u[3] = odd ? g[3] : got1;
+}
+// The same without the neighbour (any even cols): two calls.
+__device__ __forceinline__ void Uniform2x2(uint64_t seed, int64_t i, int64_t cols, bool paired, float u[4]) {
+  if (paired) {
+    Uniform2x2Paired(seed, i, cols, u);
+  } else {
+    Uniform2(seed, i, &u[0], &u[1]);
+    Uniform2(seed, i + cols, &u[2], &u[3]);
+  }
+}
 // The uniforms of elements i .. i + 7 for i a multiple of 8.
 __device__ __forceinline__ void Uniform8(uint64_t seed, int64_t i, float u[8]) {
   qcore::PhiloxUniform4(seed, static_cast<uint64_t>(i) >> 2, u);
@@ -276,9 +310,11 @@ __device__ __forceinline__ void Uniform8(uint64_t seed, int64_t i, float u[8]) {
 // ---- Hardware FP8 conversion (sm_89 and later) ----------------------------------
 // On sm_89 and later the MX and per-tensor FP8 kernels round E4M3 and E5M2 to
 // nearest even with cvt.rn.satfinite.{e4m3,e5m2}x2.f32, one instruction per pair
-// instead of about a dozen per element (qcore::MxFp8PairRne, Fp8TensorPairRne in
-// quant_core_rne.h, which also says why that is the reference's rounding). Below
-// sm_89 they use qcore::MxElementRne and qcore::Fp8Element.
+// instead of about a dozen per element, and to nearest away with the same
+// instruction on qcore::TiesAwayInput of each input (qcore::MxFp8PairNearest,
+// Fp8TensorPairNearest in quant_core_rne.h, which also says why that is the
+// reference's rounding). Below sm_89 they use qcore::MxElementNearest and
+// qcore::Fp8Element.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #define KEEL_HW_FP8 1
 #else

@@ -48,7 +48,9 @@ template <typename InT, ElemFormat F, Rounding R, bool kBump, bool kDense>
 __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__ x, const MxRowsArgs a) {
   using Index = std::conditional_t<kDense, uint32_t, int64_t>;
   constexpr ElemConsts c = qcore::ConstsOf(F);
-  constexpr bool kHw = KEEL_HW_FP8 && kHwFp8Format<F> && R == Rounding::kNearestEven;
+  // Nearest even or away: the short paths (nearest_away through TiesAwayInput).
+  constexpr bool kNearest = R != Rounding::kStochastic;
+  constexpr bool kHw = KEEL_HW_FP8 && kHwFp8Format<F> && kNearest;
   // Two units per step: with four (98 registers, or 80 with spills at three CTAs
   // per SM) the H200 ran slower than with two and 4 CTAs per SM.
   constexpr int kUnits = 2;
@@ -116,17 +118,17 @@ __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__
 #pragma unroll
         for (int e = 0; e < 8; e += 2) {
           Rounded q0, q1;
-          qcore::MxFp8PairRne<F>(v[u][e], v[u][e + 1], s, s, a.o.out != nullptr, &q0, &q1);
+          qcore::MxFp8PairNearest<F, R>(v[u][e], v[u][e + 1], s, s, a.o.out != nullptr, &q0, &q1);
           PutPair(q0, q1, code + e, out + e);
         }
-      } else if constexpr (R == Rounding::kNearestEven) {
+      } else if constexpr (kNearest) {
         // MxElementFinite with RneSmall's shorter rounding (E3M2, E2M3, E2M1 and,
         // below sm_89, FP8). Two copies of the loop, so that codes-only calls skip
         // the value arithmetic.
         auto round8 = [&](auto with_values) {
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
-            const Rounded r = qcore::MxElementRne<F>(v[u][e], s);
+            const Rounded r = qcore::MxElementNearest<F, R>(v[u][e], s);
             if constexpr (decltype(with_values)::value) out[e] = r.value;
             code[e] = r.code;
           }
@@ -136,7 +138,7 @@ __global__ void __launch_bounds__(kThreads) MxRowsKernel(const InT* __restrict__
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          const Rounded r = qcore::MxElementFinite(v[u][e], s, c, R, uni[e]);
+          const Rounded r = qcore::MxElementSr<F>(v[u][e], s, uni[e]);
           out[e] = r.value;
           code[e] = r.code;
         }
@@ -163,6 +165,7 @@ struct MxColsArgs {
   IndexDiv by_pairs;          // cols / 2
   int prefetch;               // L2 prefetch of the item this many grid steps ahead; 0: none (see the kernel)
   bool bump;
+  bool paired_draws;          // cols % 4 == 0: lane pairs share Philox calls (Uniform2x2Paired)
   uint64_t seed;
   DeviceOutputs o;
 };
@@ -219,24 +222,31 @@ __global__ void __launch_bounds__(kThreads) MxColsKernel(const InT* __restrict__
     // Two copies of the loop, so that codes-only calls skip the value arithmetic.
     auto quantize_rows = [&](auto with_values) {
       constexpr bool kValues = decltype(with_values)::value;
+      [[maybe_unused]] float uni[4];  // stochastic: the uniforms of rows r and r + 1 (r even)
 #pragma unroll
       for (int r = 0; r < kBlock; ++r) {
         if (r >= n) break;
         const Index i = (r0 + r) * cols + c0;
-        float v0, v1, u0 = 0.0f, u1 = 0.0f;
+        float v0, v1;
+        [[maybe_unused]] float u0 = 0.0f, u1 = 0.0f;
         Raw::Unpack(raw[r], &v0, &v1);
-        if constexpr (R == Rounding::kStochastic) Uniform2(a.seed, i, &u0, &u1);
+        if constexpr (R == Rounding::kStochastic) {
+          // Both lanes of a pair reach this (same row block, same n).
+          if (r % 2 == 0) Uniform2x2(a.seed, i, a.cols, a.paired_draws, uni);
+          u0 = uni[(r % 2) * 2];
+          u1 = uni[(r % 2) * 2 + 1];
+        }
         // Computed unconditionally, NaN blocks selected after: keeps 2^+-e out of the loop.
         Rounded q0, q1;
-        if constexpr (KEEL_HW_FP8 && kHwFp8Format<F> && R == Rounding::kNearestEven) {
+        if constexpr (KEEL_HW_FP8 && kHwFp8Format<F> && R != Rounding::kStochastic) {
           // As MxElementFinite, with the conversion of the pair in hardware.
-          qcore::MxFp8PairRne<F>(v0, v1, s0, s1, kValues, &q0, &q1);
-        } else if constexpr (R == Rounding::kNearestEven) {
-          q0 = qcore::MxElementRne<F>(v0, s0);
-          q1 = qcore::MxElementRne<F>(v1, s1);
+          qcore::MxFp8PairNearest<F, R>(v0, v1, s0, s1, kValues, &q0, &q1);
+        } else if constexpr (R != Rounding::kStochastic) {
+          q0 = qcore::MxElementNearest<F, R>(v0, s0);
+          q1 = qcore::MxElementNearest<F, R>(v1, s1);
         } else {
-          q0 = qcore::MxElementFinite(v0, s0, c, R, u0);
-          q1 = qcore::MxElementFinite(v1, s1, c, R, u1);
+          q0 = qcore::MxElementSr<F>(v0, s0, u0);
+          q1 = qcore::MxElementSr<F>(v1, s1, u1);
         }
         if (s0.nan) q0 = qcore::MxNanElement(c);
         if (s1.nan) q1 = qcore::MxNanElement(c);
@@ -384,6 +394,7 @@ Status LaunchMx(const void* x, DType x_dtype, int64_t rows, int64_t cols, const 
     a.by_pairs = MakeIndexDiv(cols / 2, a.total);
     a.prefetch = 0;  // off: slower on the H200 (see MxColsKernel)
     a.bump = options.bump_exponent;
+    a.paired_draws = cols % 4 == 0;
     a.seed = options.seed;
     a.o = o;
     const bool dense = rows % 32 == 0 && rows * cols < (int64_t{1} << 31);

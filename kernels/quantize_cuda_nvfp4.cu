@@ -40,6 +40,7 @@ struct Nvfp4Args {
   IndexDiv by_inner;          // work item -> (outer, inner)
   int64_t blocks_per_row;     // axis 1: cols / 16
   uint64_t seed;
+  bool paired_draws;          // axis 0, cols % 4 == 0: lane pairs share Philox calls (Uniform2x2Paired)
   const float* amax_in;       // quantize: the tensor amax
   unsigned int* amax_out;     // amax pass: max |y| bits, atomically
   DeviceOutputs o;
@@ -149,12 +150,7 @@ __global__ void __launch_bounds__(kThreads) Nvfp4RowsKernel(const InT* __restric
       if constexpr (R == Rounding::kNearestEven) {
         qcore::Nvfp4RoundRne(y, s, OutTensorScale(t, a.o), a.o.out != nullptr, code, out);
       } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const Rounded q = qcore::Nvfp4Element(y[e], s, R, uni[e]);
-          code[e] = q.code;
-          out[e] = qcore::Nvfp4Dequant(q.value, s, OutTensorScale(t, a.o));
-        }
+        qcore::Nvfp4RoundSr(y, uni, s, OutTensorScale(t, a.o), code, out);
       }
       if (a.o.codes != nullptr) StoreCodes8<4>(a.o.codes, i0, code);
       if (a.o.out != nullptr) StoreOut8(a.o.out, out_bf16, i0, out);
@@ -387,22 +383,27 @@ __global__ void __launch_bounds__(kThreads) Nvfp4ColsKernel(const InT* __restric
     // Two copies of the loop, so that codes-only calls skip the value arithmetic.
     auto quantize_rows = [&](auto with_values) {
       constexpr bool kValues = decltype(with_values)::value;
+      [[maybe_unused]] float uni[4];  // stochastic: the uniforms of rows r and r + 1 (r even)
 #pragma unroll
       for (int r = 0; r < 16; ++r) {
         const Index i = (rb * 16 + r) * cols + c0;
-        float u0 = 0.0f, u1 = 0.0f;
-        if constexpr (R == Rounding::kStochastic) Uniform2(a.seed, i, &u0, &u1);
+        [[maybe_unused]] float u0 = 0.0f, u1 = 0.0f;
+        if constexpr (R == Rounding::kStochastic) {
+          if (r % 2 == 0) Uniform2x2(a.seed, i, a.cols, a.paired_draws, uni);
+          u0 = uni[(r % 2) * 2];
+          u1 = uni[(r % 2) * 2 + 1];
+        }
         Rounded q0, q1;
+        // NaN blocks selected per block (see Nvfp4ElementRne), after the rounding.
         if constexpr (R == Rounding::kNearestEven) {
-          // NaN blocks selected per block (see Nvfp4ElementRne), after the rounding.
           q0 = qcore::Nvfp4ElementRne(y0[r], s0.s_b);
           q1 = qcore::Nvfp4ElementRne(y1[r], s1.s_b);
-          if (qcore::IsNan(s0.s_b)) q0 = Rounded{qcore::QuietNan(), 0u};
-          if (qcore::IsNan(s1.s_b)) q1 = Rounded{qcore::QuietNan(), 0u};
         } else {
-          q0 = qcore::Nvfp4Element(y0[r], s0, R, u0);
-          q1 = qcore::Nvfp4Element(y1[r], s1, R, u1);
+          q0 = qcore::Nvfp4ElementSr(y0[r], s0.s_b, u0);
+          q1 = qcore::Nvfp4ElementSr(y1[r], s1.s_b, u1);
         }
+        if (qcore::IsNan(s0.s_b)) q0 = Rounded{qcore::QuietNan(), 0u};
+        if (qcore::IsNan(s1.s_b)) q1 = Rounded{qcore::QuietNan(), 0u};
         if (a.o.codes != nullptr) StoreCodes2<4>(a.o.codes, i, q0.code, q1.code);
         if (a.o.counts != nullptr) {
           saturated += (qcore::Nvfp4Saturated(y0[r], q0.code, bound0) ? 1u : 0u) +
@@ -594,6 +595,7 @@ Status LaunchNvfp4(const void* x, DType x_dtype, int64_t rows, int64_t cols, con
   if (cols % 2 == 0) {
     a.total = rows / 16 * (cols / 2);
     a.by_inner = MakeIndexDiv(cols / 2, a.total);
+    a.paired_draws = cols % 4 == 0;
     const bool narrow = rows * cols < (int64_t{1} << 31);  // 32-bit element indices
     return WithInput(x_dtype, [&](auto in) {
       using InT = decltype(in);
