@@ -259,6 +259,19 @@ class Backend {
   // there is none (the CPU backend).
   virtual void* NativeStream() const { return nullptr; }
 
+  // ---- Side work ----------------------------------------------------------------------
+  // Work that may run beside the work queued around it (the proxy's teacher beside
+  // the student's forward). Between BeginSideWork and EndSideWork the ops queue on a
+  // second stream that first waits for everything queued before BeginSideWork; the
+  // work queued after EndSideWork runs beside it until JoinSideWork (or Sync) makes
+  // the later work wait for it. The side must not touch what the main queue writes
+  // meanwhile, nor write what it reads, and may use only ops that need no backend
+  // scratch (elementwise ops, copies, RandomNormal, fp32 linear layers); a CUDA op
+  // that needs scratch fails there. The CPU backend runs everything in order.
+  virtual Status BeginSideWork() { return Status::Ok(); }
+  virtual Status EndSideWork() { return Status::Ok(); }
+  virtual Status JoinSideWork() { return Status::Ok(); }
+
   // ---- Profiling (off by default) ---------------------------------------------------
   // The CUDA backend times each op's work on its stream with CUDA events (and the
   // main parts of the linear layer separately); parts are timed inside their op,

@@ -212,6 +212,8 @@ unsigned int GridFor(int64_t work, int64_t per_block) {
 }
 
 Status Scratch::Reserve(size_t bytes, cudaStream_t stream) {
+  if (refuse_ != nullptr && *refuse_)
+    return Status::Error("this op needs backend scratch memory, which side work (BeginSideWork) may not use");
   if (bytes <= bytes_) return Status::Ok();
   if (ptr_ != nullptr) {
     KEEL_CUDA_CHECK(cudaFreeAsync(ptr_, stream));
@@ -238,6 +240,8 @@ void Scratch::Release(cudaStream_t stream) {
 // ============================================================================
 
 CudaBackend::~CudaBackend() {
+  if (side_stream_ != nullptr) cudaStreamSynchronize(side_stream_);
+  stream_ = main_stream_;
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   Scratch* scratch[] = {&op_a_,    &op_b_,    &codes_,   &partials_, &quant_temp_,
                         &attn_q_,  &attn_k_,  &attn_v_,  &attn_o_,  &attn_p_,   &attn_dp_, &attn_ds_,
@@ -252,6 +256,9 @@ CudaBackend::~CudaBackend() {
   if (small_ != nullptr) cudaFree(small_);
   if (stats_pairs_ != nullptr) cudaFree(stats_pairs_);
   if (host_pinned_ != nullptr) cudaFreeHost(host_pinned_);
+  if (side_start_ != nullptr) cudaEventDestroy(side_start_);
+  if (side_done_ != nullptr) cudaEventDestroy(side_done_);
+  if (side_stream_ != nullptr) cudaStreamDestroy(side_stream_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -275,6 +282,11 @@ Status CudaBackend::Init() {
                  " SMs; attention: Keel's fused kernels for bf16 operands at head size 32 or 64, else cuBLASLt "
                  "GEMMs";
   KEEL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  main_stream_ = stream_;
+  for (Scratch* s : {&op_a_, &op_b_, &codes_, &partials_, &quant_temp_, &attn_q_, &attn_k_, &attn_v_, &attn_o_,
+                     &attn_p_, &attn_dp_, &attn_ds_, &attn_dq_, &attn_dk_, &attn_dv_, &attn_s_, &attn_delta_,
+                     &embed_, &reduce_desc_, &align_in_})
+    s->RefuseWhile(&on_side_);
   // Scratch comes from the device's default pool (cudaMallocAsync): keep what it
   // holds instead of returning it to the driver at every synchronisation.
   cudaMemPool_t pool;
@@ -327,7 +339,42 @@ Status CudaBackend::CopyBytes(void* dst, const void* src, size_t bytes) {
   return Status::Ok();
 }
 
+Status CudaBackend::BeginSideWork() {
+  if (on_side_) return Status::Error("BeginSideWork: already in side work (EndSideWork first)");
+  if (side_pending_) return Status::Error("BeginSideWork: the last side work is not joined (JoinSideWork first)");
+  if (side_stream_ == nullptr) {
+    KEEL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
+    KEEL_CUDA_CHECK(cudaEventCreateWithFlags(&side_start_, cudaEventDisableTiming));
+    KEEL_CUDA_CHECK(cudaEventCreateWithFlags(&side_done_, cudaEventDisableTiming));
+  }
+  KEEL_CUDA_CHECK(cudaEventRecord(side_start_, main_stream_));
+  KEEL_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, side_start_, 0));
+  KEEL_RETURN_IF_ERROR(blas_.UseSide(side_stream_, true));
+  stream_ = side_stream_;
+  on_side_ = true;
+  return Status::Ok();
+}
+
+Status CudaBackend::EndSideWork() {
+  if (!on_side_) return Status::Error("EndSideWork: not in side work (BeginSideWork first)");
+  KEEL_CUDA_CHECK(cudaEventRecord(side_done_, side_stream_));
+  KEEL_RETURN_IF_ERROR(blas_.UseSide(side_stream_, false));
+  stream_ = main_stream_;
+  on_side_ = false;
+  side_pending_ = true;
+  return Status::Ok();
+}
+
+Status CudaBackend::JoinSideWork() {
+  if (on_side_) return Status::Error("JoinSideWork: still in side work (EndSideWork first)");
+  if (side_pending_) KEEL_CUDA_CHECK(cudaStreamWaitEvent(main_stream_, side_done_, 0));
+  side_pending_ = false;
+  return Status::Ok();
+}
+
 Status CudaBackend::Sync() {
+  if (on_side_) return Status::Error("Sync: in side work (EndSideWork first)");
+  KEEL_RETURN_IF_ERROR(JoinSideWork());
   KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
   KEEL_CUDA_CHECK(cudaGetLastError());
   timer_.Fold();
@@ -427,7 +474,7 @@ bool CudaBackend::DeviceMemoryInUse(int64_t* bytes) const {
 }
 
 Status CudaBackend::SetProfiling(bool on) {
-  KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  KEEL_RETURN_IF_ERROR(Sync());
   timer_.Fold();
   timer_.Enable(on);
   return Status::Ok();
@@ -435,7 +482,7 @@ Status CudaBackend::SetProfiling(bool on) {
 
 Status CudaBackend::TakeProfile(std::vector<OpTime>* out) {
   if (out == nullptr) return Status::Error("TakeProfile: out: null");
-  KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  KEEL_RETURN_IF_ERROR(Sync());
   return timer_.Take(out);
 }
 

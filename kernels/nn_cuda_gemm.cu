@@ -41,7 +41,8 @@ Blas::~Blas() {
     cublasLtMatrixLayoutDestroy(p.c);
     cublasLtMatmulDescDestroy(p.desc);
   }
-  if (workspace_ != nullptr) cudaFree(workspace_);
+  if (main_workspace_ != nullptr) cudaFree(main_workspace_);
+  if (side_workspace_ != nullptr) cudaFree(side_workspace_);
   if (constants_ != nullptr) cudaFree(constants_);
   if (handle_ != nullptr) cublasLtDestroy(handle_);
 }
@@ -53,6 +54,8 @@ Status Blas::Init(cudaStream_t stream) {
   // partials), allocated once.
   workspace_bytes_ = size_t{64} << 20;
   KEEL_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+  main_stream_ = stream;
+  main_workspace_ = workspace_;
   KEEL_CUDA_CHECK(cudaMalloc(&constants_, 2 * sizeof(float)));
   const float constants[2] = {0.0f, 1.0f};
   KEEL_CUDA_CHECK(cudaMemcpy(constants_, constants, sizeof(constants), cudaMemcpyHostToDevice));
@@ -122,6 +125,13 @@ Status Blas::MakePlan(const GemmArgs& g, int alignment, Plan* plan) {
     return Status::Error(std::string("cuBLASLt has no algorithm for ") + what);
   }
   plan->algo = result.algo;
+  return Status::Ok();
+}
+
+Status Blas::UseSide(cudaStream_t side, bool on) {
+  if (on && side_workspace_ == nullptr) KEEL_CUDA_CHECK(cudaMalloc(&side_workspace_, workspace_bytes_));
+  stream_ = on ? side : main_stream_;
+  workspace_ = on ? side_workspace_ : main_workspace_;
   return Status::Ok();
 }
 

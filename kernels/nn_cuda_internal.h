@@ -127,12 +127,16 @@ class Scratch {
   Scratch& operator=(const Scratch&) = delete;
   Status Reserve(size_t bytes, cudaStream_t stream);
   void Release(cudaStream_t stream);
+  // Reserve fails while *flag is true (the backend's side work, which must not
+  // share scratch with the main stream).
+  void RefuseWhile(const bool* flag) { refuse_ = flag; }
   template <typename T> T* get() const { return static_cast<T*>(ptr_); }
   size_t bytes() const { return bytes_; }
 
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+  const bool* refuse_ = nullptr;
 };
 
 // ---- cuBLASLt ------------------------------------------------------------------------
@@ -201,6 +205,9 @@ class Blas {
   Blas& operator=(const Blas&) = delete;
   Status Init(cudaStream_t stream);
   Status Gemm(const GemmArgs& g);
+  // GEMMs go to `side` with a workspace of their own (allocated on first use)
+  // while on, back to Init's stream and workspace when off.
+  Status UseSide(cudaStream_t side, bool on);
   // Device floats 1.0f and 0.0f, for alpha.
   const float* one() const { return constants_ + 1; }
 
@@ -220,6 +227,9 @@ class Blas {
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  cudaStream_t main_stream_ = nullptr;  // Init's
+  void* main_workspace_ = nullptr;
+  void* side_workspace_ = nullptr;
   float* constants_ = nullptr;  // device: [0] = 0.0f, [1] = 1.0f
   std::map<Key, Plan> plans_;
 };
@@ -290,7 +300,7 @@ class CudaBackend final : public Backend {
 
   const char* name() const override { return "cuda"; }
   std::string Describe() const override { return description_; }
-  void* NativeStream() const override { return stream_; }
+  void* NativeStream() const override { return main_stream_; }
 
   Status Alloc(size_t bytes, void** ptr) override;
   void Free(void* ptr) override;
@@ -299,6 +309,9 @@ class CudaBackend final : public Backend {
   Status CopyBytes(void* dst, const void* src, size_t bytes) override;
   Status Fill(float* x, int64_t count, float value) override;
   Status Sync() override;
+  Status BeginSideWork() override;
+  Status EndSideWork() override;
+  Status JoinSideWork() override;
 
   Status Add(const float* a, const float* b, float* out, int64_t count) override;
   Status Axpy(float alpha, const float* x, float* y, int64_t count) override;
@@ -449,7 +462,12 @@ class CudaBackend final : public Backend {
   int sm_count_ = 1;
   OpTimer timer_;
   std::string description_;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;       // where ops queue now: main_stream_, or side_stream_ in side work
+  cudaStream_t main_stream_ = nullptr;
+  cudaStream_t side_stream_ = nullptr;  // created on first side work
+  cudaEvent_t side_start_ = nullptr, side_done_ = nullptr;
+  bool on_side_ = false;       // between BeginSideWork and EndSideWork
+  bool side_pending_ = false;  // side work not joined yet
   Blas blas_;
   float* small_ = nullptr;             // kSmallFloats device floats
   // Statistics (see NextStatsPair): the device pairs, what each counts for, and

@@ -325,6 +325,57 @@ TEST_F(NnCudaTest, ElementwiseOpsMatchBitForBit) {
   ExpectBits("fill", Cpu(a), Gpu(a));
 }
 
+// Side work: a chain of fp32 GEMMs and elementwise ops queued beside a main
+// chain gives exactly the bits of the same work queued in order (each chain's
+// ops are the same, only their overlap differs); an op that needs scratch is
+// refused there; the calls out of order are refused by name.
+TEST_F(NnCudaTest, SideWorkGivesTheInOrderBits) {
+  const int64_t rows = 1024, d = 512;
+  Dual x = Floats(Normal(rows * d, 81)), w = Floats(Normal(d * d, 82, 0.05f)), side_out = Zeros(rows * d),
+       side_tmp = Zeros(rows * d), main_out = Zeros(rows * d);
+  LinearQuant fp32, bf16 = AllRoles(Quant(QuantFormat::kBf16));
+  auto side_chain = [&](Backend* be, float* xp, float* wp, float* tmp, float* out) -> Status {
+    for (int i = 0; i < 4; ++i) {
+      KEEL_RETURN_IF_ERROR(be->LinearForward(i == 0 ? xp : out, wp, nullptr, nullptr, tmp, rows, d, d, fp32));
+      KEEL_RETURN_IF_ERROR(be->GeluForward(tmp, out, rows * d));
+    }
+    return be->RandomNormal(tmp, rows * d, 7, 0, 0.5f);
+  };
+  std::vector<std::vector<float>> got;
+  for (bool side : {false, true}) {
+    Set(side_out, std::vector<float>(rows * d, 0.0f));
+    Set(main_out, std::vector<float>(rows * d, 0.0f));
+    Backend* be = gpu_.get();
+    if (side) ASSERT_OK(be->BeginSideWork());
+    ASSERT_OK(side_chain(be, x.g(), w.g(), side_tmp.g(), side_out.g()));
+    if (side) ASSERT_OK(be->EndSideWork());
+    // The main chain reads x too, and uses scratch (a bf16 linear layer).
+    ASSERT_OK(be->LinearForward(x.g(), w.g(), nullptr, nullptr, main_out.g(), rows, d, d, bf16));
+    ASSERT_OK(be->GeluForward(main_out.g(), main_out.g(), rows * d));
+    if (side) ASSERT_OK(be->JoinSideWork());
+    ASSERT_OK(be->Add(side_out.g(), main_out.g(), main_out.g(), rows * d));
+    got.push_back(Gpu(main_out));
+    got.push_back(Gpu(side_tmp));
+  }
+  ExpectBits("side + main", got[0], got[2]);
+  ExpectBits("side's last op", got[1], got[3]);
+  Backend* be = gpu_.get();
+  ASSERT_OK(be->BeginSideWork());
+  const Status refused = be->LinearForward(x.g(), w.g(), nullptr, nullptr, main_out.g(), rows, d, d, bf16);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("side work"), std::string::npos) << refused.message();
+  EXPECT_FALSE(be->BeginSideWork().ok());
+  EXPECT_FALSE(be->JoinSideWork().ok());
+  EXPECT_FALSE(be->Sync().ok());
+  ASSERT_OK(be->EndSideWork());
+  EXPECT_FALSE(be->EndSideWork().ok());
+  EXPECT_FALSE(be->BeginSideWork().ok());  // not joined yet
+  ASSERT_OK(be->Sync());                   // joins
+  ASSERT_OK(be->BeginSideWork());
+  ASSERT_OK(be->EndSideWork());
+  ASSERT_OK(be->JoinSideWork());
+}
+
 TEST_F(NnCudaTest, RandomNormalMatchesToLibmUlps) {
   const int64_t n = 1 << 20;
   Dual x = Zeros(n);

@@ -128,10 +128,22 @@ class ProxyModel : public Model {
     return q;
   }
 
-  // x ~ N(0, I) into res_[0]; target = teacher(x) + 0.005 N(0, 1).
+  // x ~ N(0, I) into res_[0]; target = teacher(x) + 0.005 N(0, 1). The teacher
+  // runs as side work, beside the student's forward (which reads neither target_
+  // nor the teacher's buffers); Forward joins it before the loss.
   Status MakeData(uint64_t data_seed) {
     const int64_t bd = batch_ * d_;
     KEEL_RETURN_IF_ERROR(backend_->RandomNormal(res_[0], bd, data_seed, 0, 1.0f));
+    KEEL_RETURN_IF_ERROR(backend_->BeginSideWork());
+    const Status teacher = Teacher(data_seed);
+    const Status ended = backend_->EndSideWork();
+    KEEL_RETURN_IF_ERROR(teacher);
+    return ended;
+  }
+
+  // target_ = teacher(res_[0]) + noise, in fp32 ops that need no backend scratch.
+  Status Teacher(uint64_t data_seed) {
+    const int64_t bd = batch_ * d_;
     LinearQuant fp32;  // the teacher is never quantized
     const float* x = res_[0];
     for (int l = 0; l < blocks_; ++l) {
@@ -171,6 +183,7 @@ class ProxyModel : public Model {
                                               4 * d_, d_, Quant(scheme, l, 1, quant_seed, stats)));
     }
     KEEL_RETURN_IF_ERROR(backend_->CopyBytes(dres_, res_[blocks_], bd * sizeof(float)));
+    KEEL_RETURN_IF_ERROR(backend_->JoinSideWork());  // the teacher's target_
     KEEL_RETURN_IF_ERROR(backend_->Axpy(-1.0f, target_, dres_, bd));
     std::vector<double> ss;
     KEEL_RETURN_IF_ERROR(backend_->SumSquares({Span{dres_, bd}}, &ss));
