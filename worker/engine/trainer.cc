@@ -860,9 +860,16 @@ void Trainer::PrintProgress(const StepMetrics& m, std::chrono::steady_clock::tim
                             int64_t first) const {
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   double eta = elapsed / static_cast<double>(step_ - first) * static_cast<double>(config_.steps - step_);
-  std::fprintf(stderr, "step %lld/%lld | loss %.6g | lr %.3g | %.0f %s/s | ETA %s%s\n",
+  // Ranks: this rank's time in collectives and how much of it overlapped its backward.
+  char comm[64] = "";
+  if (static_cast<size_t>(rank()) < m.rank_comm_seconds.size()) {
+    const double total = m.rank_comm_seconds[rank()], exposed = m.rank_comm_exposed_seconds[rank()];
+    std::snprintf(comm, sizeof(comm), " | comm %.1f ms, %.0f%% overlapped", total * 1e3,
+                  total > 0 ? 100.0 * std::max(0.0, 1.0 - exposed / total) : 0.0);
+  }
+  std::fprintf(stderr, "step %lld/%lld | loss %.6g | lr %.3g | %.0f %s/s%s | ETA %s%s\n",
                static_cast<long long>(step_), static_cast<long long>(config_.steps), m.loss, m.lr,
-               m.tokens_per_s, config_.model.type == "gpt" ? "tok" : "samples",
+               m.tokens_per_s, config_.model.type == "gpt" ? "tok" : "samples", comm,
                FormatDuration(eta).c_str(),
                m.evaluated ? (" | val " + std::to_string(m.val_loss)).c_str() : "");
 }
