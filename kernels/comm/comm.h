@@ -7,7 +7,8 @@
 //   - Every rank calls the same collectives in the same order with the same
 //     counts; a call returns once this rank's part is done and the data is in
 //     place (NCCL: queued on the backend's stream, in order with its work, and
-//     waited for).
+//     waited for). StartAllReduceSum is the exception: it returns at once, and
+//     Wait says when its data is in place.
 //   - Results are deterministic and identical on every rank: the TCP
 //     communicator sums in rank order, ((x_0 + x_1) + x_2) + ..., and sends every
 //     rank the same bits; NCCL sums in its own order (fixed for a world size and
@@ -38,6 +39,10 @@ namespace keel {
 //          back as fp32.
 enum class ReducePrecision { kF32, kBF16 };
 
+// A collective started by Communicator::StartAllReduceSum, until Wait takes it.
+// 0 is never a handle.
+using CommHandle = uint64_t;
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -62,6 +67,41 @@ class Communicator {
   // Host values (metrics, decisions, weight hashes): every rank's `mine` (any
   // length) into (*all)[r] on every rank.
   virtual Status AllGatherHost(const std::string& mine, std::vector<std::string>* all) = 0;
+
+  // ---- Asynchronous all-reduce (gradient buckets that overlap the backward) ----
+  //
+  // StartAllReduceSum begins the sum AllReduceSum(data, count, precision) would
+  // compute and returns at once with *handle; the sum is in data only once
+  // Wait(*handle) returned Ok, and until then the caller neither reads nor
+  // writes data[0, count). Started collectives and the synchronous calls above
+  // run in the order this rank called them (a synchronous call runs after every
+  // collective started before it), so every rank must start and call the same
+  // sequence, as for the synchronous calls alone. The results are the bits the
+  // synchronous call would give.
+  //   - TCP: a background thread of the communicator runs the started
+  //     collectives one after the other; data is host memory.
+  //   - NCCL: the collective is queued on the communicator's own stream once
+  //     the backend's stream has run the work queued before the start (an
+  //     event), so it reads data after the kernels that wrote it and runs
+  //     beside the kernels queued after.
+  // Bad arguments (negative count, null data) are refused with
+  // kInvalidArgument and start nothing; a communicator that failed earlier
+  // refuses with kFailedPrecondition (TCP reports that at Wait).
+  virtual Status StartAllReduceSum(float* data, int64_t count, ReducePrecision precision, CommHandle* handle) = 0;
+
+  // Waits until the started collective `handle` is done; every handle is
+  // waited for once, in any order. *seconds (when not null) = how long the
+  // collective itself ran, measured where it ran (TCP: wall time on the
+  // communication thread; NCCL: CUDA events on the communication stream
+  // around it), so a caller compares it with its own waiting to see how much
+  // of it overlapped its work. NCCL: the backend's stream also waits for the
+  // collective (kernels queued after Wait see the sum). No wait is unbounded:
+  // a peer that never starts the same collective, or goes away, fails it with
+  // kUnavailable within the communicator's timeout (TCP: of silence from the
+  // peer; NCCL: from the call to Wait), as a synchronous call would, and the
+  // communicator is unusable after. A handle that was not started or was
+  // already waited for is refused with kInvalidArgument.
+  virtual Status Wait(CommHandle handle, double* seconds) = 0;
 };
 
 // The rendezvous: rank 0 publishes how to reach it (TCP: "host:port"; NCCL:

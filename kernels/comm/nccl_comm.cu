@@ -9,9 +9,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "kernels/cuda_status.h"
 #include "kernels/quant_core.h"
@@ -47,13 +50,22 @@ int GridFor(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads
 
 // ---- The communicator ----------------------------------------------------------------
 //
-// Every collective ends by waiting (polled, bounded by the timeout) until the
-// stream has run it. Queuing it and returning would let the backend's next
-// blocking wait (Download, SumSquares: cudaStreamSynchronize, no timeout) be
-// the first to wait on it, and a peer that died mid-collective would then hang
-// this rank instead of failing it. The cost is one host round trip per
-// collective, which the trainer pays anyway: each of its collectives is
-// followed by a host read (a loss sum, a norm) within the same step.
+// Every synchronous collective ends by waiting (polled, bounded by the
+// timeout) until the stream has run it. Queuing it and returning would let the
+// backend's next blocking wait (Download, SumSquares: cudaStreamSynchronize, no
+// timeout) be the first to wait on it, and a peer that died mid-collective
+// would then hang this rank instead of failing it. The cost is one host round
+// trip per collective, which the trainer pays anyway: each of its collectives
+// is followed by a host read (a loss sum, a norm) within the same step.
+//
+// Started collectives (StartAllReduceSum) run on a stream of their own, the
+// communication stream: it waits for an event recorded on the backend's stream
+// at the start (the gradients' kernels have run), then runs the collective
+// between two timing events. Wait makes the backend's stream wait for the end
+// event and polls that event from the host with the timeout, so the same rule
+// holds: the first wait on a collective is a bounded one. A synchronous
+// collective first makes the backend's stream wait for the last started one,
+// so the order on the device is the order of the calls.
 
 std::string Seconds(double s) {
   std::ostringstream text;
@@ -86,8 +98,16 @@ class NcclComm final : public NcclCommunicator {
   Status Broadcast(void* data, size_t bytes, int root) override;
   Status Barrier() override;
   Status AllGatherHost(const std::string& mine, std::vector<std::string>* all) override;
+  Status StartAllReduceSum(float* data, int64_t count, ReducePrecision precision, CommHandle* handle) override;
+  Status Wait(CommHandle handle, double* seconds) override;
 
  private:
+  // A started collective's events: `ready` on the backend's stream at the
+  // start, `begin` and `end` on the communication stream around the
+  // collective (timed: end - begin is its duration on the device).
+  struct Started {
+    cudaEvent_t ready = nullptr, begin = nullptr, end = nullptr;
+  };
   // Ok while no collective has failed; else kFailedPrecondition quoting the failure.
   Status Usable(const char* op) const;
   // Records the first failure, aborts the communicator (its kernels stop and
@@ -102,6 +122,19 @@ class NcclComm final : public NcclCommunicator {
   // cudaStreamQuery and the communicator's error state; past timeout_s the
   // communicator is aborted.
   Status WaitStream(const char* op);
+  // The loop behind every wait: polls `query` (cudaSuccess: done;
+  // cudaErrorNotReady: not yet) and the communicator's error state until done,
+  // an error, or timeout_s (then the communicator is aborted).
+  Status PollUntilDone(const char* op, const char* query_name, const std::function<cudaError_t()>& query);
+  // A synchronous collective's first step: the backend's stream waits for the
+  // last started collective (and so for every one before it).
+  Status AfterStarted();
+  // The communication stream, created at the first start (highest priority:
+  // a collective's kernels get SMs beside the backward's).
+  Status CommStream();
+  // Events for Started, from a pool (created with timing).
+  Status TakeEvent(cudaEvent_t* event);
+  void ReleaseStarted(const Started& started);
   // A CUDA failure inside `op`: fails the communicator.
   Status Cuda(cudaError_t error, const char* call, const char* file, int line);
   // Device scratch of at least `bytes` (stream-ordered, grown as needed).
@@ -121,6 +154,16 @@ class NcclComm final : public NcclCommunicator {
   size_t scratch_bytes_ = 0;
   char* staging_ = nullptr;
   size_t staging_bytes_ = 0;
+  // Started collectives (see the comment above the class).
+  cudaStream_t comm_stream_ = nullptr;
+  std::map<CommHandle, Started> started_;  // started, not yet waited for
+  CommHandle next_handle_ = 1;
+  CommHandle last_started_ = 0;
+  std::vector<cudaEvent_t> spare_events_;
+  // The bf16 wire of started collectives, ordered on the communication stream
+  // (one at a time runs there, so one buffer serves them all).
+  void* comm_scratch_ = nullptr;
+  size_t comm_scratch_bytes_ = 0;
 };
 
 #define NCCL_SETTLE(call, op) Settle((call), #call, op, __FILE__, __LINE__)
@@ -149,6 +192,9 @@ NcclComm::~NcclComm() {
     // (flushing what NCCL's proxy still sends) needs no peer. Bounded by the
     // timeout like every wait; past it, or on any error, abort.
     bool clean = WaitStream("destroy").ok() && comm_ != nullptr;
+    if (clean && comm_stream_ != nullptr) {
+      clean = PollUntilDone("destroy", "cudaStreamQuery", [this] { return cudaStreamQuery(comm_stream_); }).ok() && comm_ != nullptr;
+    }
     if (clean) {
       ncclResult_t state = ncclCommFinalize(comm_);
       const auto deadline = DeadlineAfter(timeout_s_);
@@ -167,6 +213,10 @@ NcclComm::~NcclComm() {
   }
   // Stream-ordered frees: nothing here waits for the device.
   if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream_);
+  if (comm_scratch_ != nullptr) cudaFreeAsync(comm_scratch_, comm_stream_);
+  for (const auto& s : started_) ReleaseStarted(s.second);
+  for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);  // an event still pending is released when it completes
+  if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);  // likewise: no wait
   if (staging_ != nullptr) {
     // cudaFreeHost waits for the device; only do it when the stream is idle.
     if (cudaStreamQuery(stream_) == cudaSuccess) cudaFreeHost(staging_);
@@ -245,11 +295,16 @@ Status NcclComm::Cuda(cudaError_t error, const char* call, const char* file, int
 }
 
 Status NcclComm::WaitStream(const char* op) {
+  return PollUntilDone(op, "cudaStreamQuery", [this] { return cudaStreamQuery(stream_); });
+}
+
+Status NcclComm::PollUntilDone(const char* op, const char* query_name,
+                               const std::function<cudaError_t()>& query_done) {
   const auto deadline = DeadlineAfter(timeout_s_);
   for (int polls = 0;; ++polls) {
-    const cudaError_t query = cudaStreamQuery(stream_);
+    const cudaError_t query = query_done();
     if (query == cudaSuccess) return Status::Ok();
-    if (query != cudaErrorNotReady) return Cuda(query, "cudaStreamQuery", __FILE__, __LINE__);
+    if (query != cudaErrorNotReady) return Cuda(query, query_name, __FILE__, __LINE__);
     if (comm_ != nullptr) {
       ncclResult_t state = ncclSuccess;
       const ncclResult_t asked = ncclCommGetAsyncError(comm_, &state);
@@ -262,6 +317,104 @@ Status NcclComm::WaitStream(const char* op) {
     if (Clock::now() >= deadline) return Timeout(op);
     Pause(polls);
   }
+}
+
+Status NcclComm::AfterStarted() {
+  if (started_.count(last_started_) == 0) return Status::Ok();  // none, or waited for (the stream waits already)
+  return NCCL_CUDA(cudaStreamWaitEvent(stream_, started_[last_started_].end, 0));
+}
+
+Status NcclComm::CommStream() {
+  if (comm_stream_ != nullptr) return Status::Ok();
+  int least = 0, greatest = 0;
+  NCCL_TRY(NCCL_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest)));
+  return NCCL_CUDA(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, greatest));
+}
+
+Status NcclComm::TakeEvent(cudaEvent_t* event) {
+  if (!spare_events_.empty()) {
+    *event = spare_events_.back();
+    spare_events_.pop_back();
+    return Status::Ok();
+  }
+  return NCCL_CUDA(cudaEventCreate(event));
+}
+
+void NcclComm::ReleaseStarted(const Started& started) {
+  for (cudaEvent_t e : {started.ready, started.begin, started.end}) {
+    if (e != nullptr) spare_events_.push_back(e);
+  }
+}
+
+Status NcclComm::StartAllReduceSum(float* data, int64_t count, ReducePrecision precision, CommHandle* handle) {
+  if (handle == nullptr) return Status::InvalidField("handle", "is null (a place for the handle is required)");
+  NCCL_TRY(Usable("StartAllReduceSum"));
+  if (count < 0) return Status::InvalidField("count", std::to_string(count) + " is negative (allowed: >= 0)");
+  if (count > 0 && data == nullptr) return Status::InvalidField("data", "is null with count > 0");
+  NCCL_TRY(CommStream());
+  const CommHandle h = next_handle_++;
+  // Entered first, so that whatever fails below, the events go back (Wait or
+  // the destructor releases them).
+  Started& started = started_[h];
+  NCCL_TRY(TakeEvent(&started.ready));
+  NCCL_TRY(TakeEvent(&started.begin));
+  NCCL_TRY(TakeEvent(&started.end));
+  last_started_ = h;
+  *handle = h;
+  // The communication stream goes on once the backend's stream has run what
+  // was queued before this call: the kernels that wrote `data`.
+  NCCL_TRY(NCCL_CUDA(cudaEventRecord(started.ready, stream_)));
+  NCCL_TRY(NCCL_CUDA(cudaStreamWaitEvent(comm_stream_, started.ready, 0)));
+  NCCL_TRY(NCCL_CUDA(cudaEventRecord(started.begin, comm_stream_)));
+  if (count > 0 && precision == ReducePrecision::kF32) {
+    NCCL_TRY(NCCL_SETTLE(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, comm_stream_),
+                         "StartAllReduceSum"));
+  } else if (count > 0) {
+    // bf16 as in AllReduceSum, on the communication stream and its own scratch.
+    const size_t bytes = static_cast<size_t>(count) * sizeof(uint16_t);
+    if (bytes > comm_scratch_bytes_) {
+      if (comm_scratch_ != nullptr) NCCL_TRY(NCCL_CUDA(cudaFreeAsync(comm_scratch_, comm_stream_)));
+      comm_scratch_ = nullptr;
+      comm_scratch_bytes_ = 0;
+      NCCL_TRY(NCCL_CUDA(cudaMallocAsync(&comm_scratch_, bytes, comm_stream_)));
+      comm_scratch_bytes_ = bytes;
+    }
+    uint16_t* wire = static_cast<uint16_t*>(comm_scratch_);
+    RoundToBf16Kernel<<<GridFor(count), kThreads, 0, comm_stream_>>>(data, wire, count);
+    NCCL_TRY(NCCL_CUDA(cudaGetLastError()));
+    NCCL_TRY(NCCL_SETTLE(ncclAllReduce(wire, wire, count, ncclBfloat16, ncclSum, comm_, comm_stream_),
+                         "StartAllReduceSum"));
+    WidenBf16Kernel<<<GridFor(count), kThreads, 0, comm_stream_>>>(wire, data, count);
+    NCCL_TRY(NCCL_CUDA(cudaGetLastError()));
+  }
+  return NCCL_CUDA(cudaEventRecord(started.end, comm_stream_));
+}
+
+Status NcclComm::Wait(CommHandle handle, double* seconds) {
+  auto it = started_.find(handle);
+  if (it == started_.end()) {
+    return Status::InvalidField("handle", std::to_string(handle) +
+                                              " is not a started collective (never started, or already waited for)");
+  }
+  const Started started = it->second;
+  started_.erase(it);
+  // Its events go back to the pool however the wait ends; recording them
+  // again later does not disturb a wait already queued on them.
+  struct Release {
+    NcclComm* comm;
+    Started started;
+    ~Release() { comm->ReleaseStarted(started); }
+  } release{this, started};
+  NCCL_TRY(Usable("Wait"));
+  // The backend's later kernels read the sum.
+  NCCL_TRY(NCCL_CUDA(cudaStreamWaitEvent(stream_, started.end, 0)));
+  NCCL_TRY(PollUntilDone("AllReduceSum (started)", "cudaEventQuery", [&] { return cudaEventQuery(started.end); }));
+  if (seconds != nullptr) {
+    float ms = 0;
+    NCCL_TRY(NCCL_CUDA(cudaEventElapsedTime(&ms, started.begin, started.end)));
+    *seconds = ms / 1e3;
+  }
+  return Status::Ok();
 }
 
 Status NcclComm::Scratch(size_t bytes) {
@@ -290,6 +443,7 @@ Status NcclComm::Staging(size_t bytes) {
 
 Status NcclComm::AllReduceSum(float* data, int64_t count, ReducePrecision precision) {
   NCCL_TRY(Usable("AllReduceSum"));
+  NCCL_TRY(AfterStarted());
   if (count < 0) return Status::InvalidField("count", std::to_string(count) + " is negative (allowed: >= 0)");
   if (count == 0) return Status::Ok();
   if (precision == ReducePrecision::kF32) {
@@ -310,6 +464,7 @@ Status NcclComm::AllReduceSum(float* data, int64_t count, ReducePrecision precis
 
 Status NcclComm::ReduceScatterSum(const float* in, float* out, int64_t count, ReducePrecision precision) {
   NCCL_TRY(Usable("ReduceScatterSum"));
+  NCCL_TRY(AfterStarted());
   if (count < 0) return Status::InvalidField("count", std::to_string(count) + " is negative (allowed: >= 0)");
   if (count == 0) return Status::Ok();
   if (precision == ReducePrecision::kF32) {
@@ -332,6 +487,7 @@ Status NcclComm::ReduceScatterSum(const float* in, float* out, int64_t count, Re
 
 Status NcclComm::AllGather(const float* in, float* out, int64_t count) {
   NCCL_TRY(Usable("AllGather"));
+  NCCL_TRY(AfterStarted());
   if (count < 0) return Status::InvalidField("count", std::to_string(count) + " is negative (allowed: >= 0)");
   if (count == 0) return Status::Ok();
   // in == out + rank * count is NCCL's in-place all-gather.
@@ -341,6 +497,7 @@ Status NcclComm::AllGather(const float* in, float* out, int64_t count) {
 
 Status NcclComm::Broadcast(void* data, size_t bytes, int root) {
   NCCL_TRY(Usable("Broadcast"));
+  NCCL_TRY(AfterStarted());
   if (root < 0 || root >= world_) {
     return Status::InvalidField("root", std::to_string(root) + " is not a rank (allowed: 0 .. " +
                                             std::to_string(world_ - 1) + ")");
@@ -352,6 +509,7 @@ Status NcclComm::Broadcast(void* data, size_t bytes, int root) {
 
 Status NcclComm::Barrier() {
   NCCL_TRY(Usable("Barrier"));
+  NCCL_TRY(AfterStarted());
   // One float summed over the ranks: it completes on this rank only once every
   // rank has queued it, so the wait for it is a host-side barrier.
   NCCL_TRY(Scratch(sizeof(float)));
@@ -361,6 +519,7 @@ Status NcclComm::Barrier() {
 
 Status NcclComm::AllGatherHost(const std::string& mine, std::vector<std::string>* all) {
   NCCL_TRY(Usable("AllGatherHost"));
+  NCCL_TRY(AfterStarted());
   if (all == nullptr) return Status::InvalidField("all", "is null");
   // 1. Every rank's length: an all-gather of one int64 each.
   const size_t lengths_bytes = static_cast<size_t>(world_) * sizeof(int64_t);

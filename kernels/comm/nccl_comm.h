@@ -46,7 +46,10 @@ class NcclCommunicator : public Communicator {
   // Inside a collective: the work is queued on `stream` after the backend's,
   // and the call returns once the stream has run it (the data is in place, as
   // with TCP), waiting by polling with the timeout, never with a blocking
-  // synchronize (nccl_comm.cu says why). A wait that runs past timeout_s (a peer
+  // synchronize (nccl_comm.cu says why). A started collective
+  // (StartAllReduceSum) runs on the communicator's own stream after an event
+  // recorded on `stream` at the start; Wait makes `stream` wait for it and
+  // polls its end with the timeout. A wait that runs past timeout_s (a peer
   // stalled or went away), or an error NCCL reports, aborts the communicator
   // and returns kUnavailable "nccl comm: rank R: ..."; every later call is
   // refused with kFailedPrecondition quoting that first failure. A call with

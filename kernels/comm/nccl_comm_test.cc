@@ -377,6 +377,81 @@ TEST(NcclCommTwoRanks, AllGatherHostGathersStringsOfAnyLength) {
   });
 }
 
+// ---- Started (asynchronous) all-reduces ------------------------------------------------------------
+
+// What the trainer's gradient buckets do: kernels write the data, the
+// all-reduce starts right after them (no sync), the backend queues more work
+// meanwhile, and kernels queued after Wait read the sum. Started collectives
+// and a synchronous one in between keep their order; the results are exact.
+TEST(NcclCommTwoRanks, StartedAllReducesFollowTheirWritersAndPrecedeTheirReaders) {
+  SKIP_WITHOUT_GPUS(2);
+  Watchdog watchdog(120, "StartedAllReducesFollowTheirWritersAndPrecedeTheirReaders");
+  OnRanks(2, [](int rank, Backend& b, Communicator& c) {
+    // a: integers halved on the host, doubled by a kernel queued just before the
+    // start (the collective must see the kernel's output); c: bf16 values.
+    std::vector<float> halves = IntegerValues(rank, kCount, 7);
+    for (float& x : halves) x *= 0.5f;
+    float* a = ToDevice(b, halves);
+    float* bf = ToDevice(b, Bf16Values(rank, kCount, 8));
+    float* other = ToDevice(b, std::vector<float>(kCount, 1.0f));
+    ASSERT_OK(b.Sync());
+    ASSERT_OK(b.Scale(a, kCount, 2.0f));  // queued, not waited for
+    CommHandle ha = 0, hb = 0;
+    ASSERT_OK(c.StartAllReduceSum(a, kCount, ReducePrecision::kF32, &ha));
+    ASSERT_OK(c.StartAllReduceSum(bf, kCount, ReducePrecision::kBF16, &hb));
+    // Backend work beside the collectives (on other memory).
+    for (int i = 0; i < 20; ++i) ASSERT_OK(b.Scale(other, kCount, 1.0f));
+    // A synchronous collective after two started ones: it runs after them.
+    std::vector<std::string> all;
+    ASSERT_OK(c.AllGatherHost("r" + std::to_string(rank), &all));
+    EXPECT_EQ(all, (std::vector<std::string>{"r0", "r1"}));
+    double sa = -1, sb = -1;
+    ASSERT_OK(c.Wait(hb, &sb));  // in any order
+    ASSERT_OK(c.Wait(ha, &sa));
+    EXPECT_GT(sa, 0.0);
+    EXPECT_GT(sb, 0.0);
+    EXPECT_LT(sa, 60.0);
+    // Queued after Wait: reads the sum (the backend's stream waits for it).
+    ASSERT_OK(b.Scale(a, kCount, 3.0f));
+    std::vector<float> want = Sums(2, kCount, false, [](int r) { return IntegerValues(r, kCount, 7); });
+    for (float& x : want) x *= 3.0f;  // integers below 2^14: exact
+    ExpectSame(ToHost(b, a, kCount), want, "fp32 on rank " + std::to_string(rank));
+    ExpectSame(ToHost(b, bf, kCount), Sums(2, kCount, true, [](int r) { return Bf16Values(r, kCount, 8); }),
+               "bf16 on rank " + std::to_string(rank));
+    // Each handle once; bad arguments start nothing and leave it usable.
+    EXPECT_EQ(c.Wait(ha, nullptr).field(), "handle");
+    CommHandle bad = 0;
+    EXPECT_EQ(c.StartAllReduceSum(a, -1, ReducePrecision::kF32, &bad).field(), "count");
+    EXPECT_EQ(c.StartAllReduceSum(a, 4, ReducePrecision::kF32, nullptr).field(), "handle");
+    ASSERT_OK(c.Barrier());
+    // Many in flight at once (more than the event pool had), waited in order.
+    std::vector<CommHandle> many(12);
+    for (size_t i = 0; i < many.size(); ++i) {
+      ASSERT_OK(c.StartAllReduceSum(other + i * 1000, 1000, ReducePrecision::kF32, &many[i]));
+    }
+    for (CommHandle h : many) ASSERT_OK(c.Wait(h, nullptr));
+    const std::vector<float> got = ToHost(b, other, 12000);
+    for (float x : got) ASSERT_EQ(x, 2.0f);
+    for (float* p : {a, bf, other}) b.Free(p);
+  });
+}
+
+TEST(NcclCommOneRank, AStartedAllReduceIsLocal) {
+  SKIP_WITHOUT_GPUS(1);
+  Watchdog watchdog(120, "AStartedAllReduceIsLocal");
+  OnRanks(1, [](int, Backend& b, Communicator& c) {
+    const std::vector<float> x = Bf16Values(0, kCount, 4);
+    float* d = ToDevice(b, x);
+    CommHandle h = 0;
+    ASSERT_OK(c.StartAllReduceSum(d, kCount, ReducePrecision::kBF16, &h));
+    ASSERT_OK(c.Wait(h, nullptr));
+    ExpectSame(ToHost(b, d, kCount), Sums(1, kCount, true, [&](int) { return x; }), "bf16, one rank");
+    ASSERT_OK(c.StartAllReduceSum(d, 0, ReducePrecision::kF32, &h));  // nothing to sum
+    ASSERT_OK(c.Wait(h, nullptr));
+    b.Free(d);
+  });
+}
+
 // ---- Failures ---------------------------------------------------------------------------------
 
 TEST(NcclCommFailures, InitTimesOutWhenAPeerNeverJoins) {
@@ -439,6 +514,39 @@ TEST(NcclCommFailures, ACollectiveAPeerNeverCallsTimesOutAndThenRefuses) {
         const Status after = c.Barrier();
         EXPECT_EQ(after.code(), StatusCode::kFailedPrecondition) << after.message();
         EXPECT_NE(after.message().find(s.message()), std::string::npos) << after.message();
+      },
+      timeout_s);
+}
+
+// A started all-reduce that the peer never starts fails at Wait after the
+// timeout (never a hang) and leaves the communicator refusing.
+TEST(NcclCommFailures, AStartedAllReduceAPeerNeverStartsTimesOutAtWait) {
+  SKIP_WITHOUT_GPUS(2);
+  const double timeout_s = 3;
+  Watchdog watchdog(timeout_s + 90, "AStartedAllReduceAPeerNeverStartsTimesOutAtWait");
+  std::atomic<bool> rank0_done{false};
+  OnRanks(
+      2,
+      [&](int rank, Backend& b, Communicator& c) {
+        if (rank == 1) {
+          while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          return;
+        }
+        float* d = ToDevice(b, std::vector<float>(1000, 1.0f));
+        CommHandle h = 0;
+        ASSERT_OK(c.StartAllReduceSum(d, 1000, ReducePrecision::kF32, &h));
+        const auto start = Clock::now();
+        const Status s = c.Wait(h, nullptr);
+        const double took = SecondsSince(start);
+        rank0_done = true;
+        EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.message();
+        EXPECT_EQ(s.message(), "nccl comm: rank 0: AllReduceSum (started) did not complete within 3 s (world 2): a "
+                               "peer stalled or went away");
+        EXPECT_GE(took, timeout_s - 0.1);
+        EXPECT_LT(took, timeout_s + 10) << "the timeout was not kept";
+        EXPECT_EQ(c.Barrier().code(), StatusCode::kFailedPrecondition);
+        CommHandle later = 0;
+        EXPECT_EQ(c.StartAllReduceSum(d, 1000, ReducePrecision::kF32, &later).code(), StatusCode::kFailedPrecondition);
       },
       timeout_s);
 }

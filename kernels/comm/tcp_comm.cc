@@ -16,8 +16,13 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -223,13 +228,18 @@ bool SplitHostPort(const std::string& id, std::string* host, std::string* port) 
 
 // ---- The communicator ----------------------------------------------------------------
 
+// Threads: the caller's (one at a time, comm.h) and, once a collective was
+// started, the communication thread that runs started collectives. The socket
+// state (fds_ aside, see CloseAll), op_, failed_ and failure_ belong to one of
+// them at a time: to the communication thread while started collectives are
+// queued or running, to the caller once Drain returned (mu_ orders the two).
 class TcpComm final : public Communicator {
  public:
   // fds: on rank 0 the connection to rank r at fds[r] (fds[0] unused); on any
   // other rank the connection to rank 0 at fds[0]. Empty when size == 1.
   TcpComm(const TcpCommOptions& options, std::vector<int> fds)
       : rank_(options.rank), size_(options.size), timeout_s_(options.timeout_s), fds_(std::move(fds)) {}
-  ~TcpComm() override { CloseAll(); }
+  ~TcpComm() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -241,8 +251,30 @@ class TcpComm final : public Communicator {
   Status Broadcast(void* data, size_t bytes, int root) override;
   Status Barrier() override;
   Status AllGatherHost(const std::string& mine, std::vector<std::string>* all) override;
+  Status StartAllReduceSum(float* data, int64_t count, ReducePrecision precision, CommHandle* handle) override;
+  Status Wait(CommHandle handle, double* seconds) override;
 
  private:
+  // A started all-reduce, queued for the communication thread.
+  struct Started {
+    CommHandle handle;
+    float* data;
+    int64_t count;
+    ReducePrecision precision;
+  };
+  // What a started collective came to, until Wait takes it.
+  struct Finished {
+    Status status;
+    double seconds = 0;
+  };
+  // The communication thread: runs the started collectives in order, until
+  // the communicator is destroyed (then what is still queued fails unrun).
+  void RunStarted();
+  // A synchronous call's first step: waits until the communication thread has
+  // run every collective started before it (they come first on the wire).
+  void Drain();
+  // AllReduceSum's work, on whichever thread owns the sockets.
+  Status AllReduceNow(float* data, int64_t count, ReducePrecision precision);
   // Refuses a call after a failure; otherwise names the collective for the
   // error messages of the I/O that follows.
   Status Begin(Op op);
@@ -271,18 +303,123 @@ class TcpComm final : public Communicator {
   // Records the first failure, closes every connection (so that the other
   // ranks stop waiting on this one) and returns `status`.
   Status Fail(Status status);
+  // Closes every connection. Under mu_: the destructor may shut the same fds
+  // down from its thread (to end a started collective in progress).
   void CloseAll() {
+    std::lock_guard<std::mutex> lock(mu_);
     for (int& fd : fds_) CloseFd(&fd);
   }
 
   const int rank_;
   const int size_;
   const double timeout_s_;
-  std::vector<int> fds_;
+  std::vector<int> fds_;  // changed only by CloseAll
   Op op_ = Op::kBarrier;  // the collective in progress, for messages
   bool failed_ = false;
   std::string failure_;  // the first failure's message
+
+  std::mutex mu_;  // guards the members below (and fds_'s changes)
+  std::condition_variable cv_;              // queue_, running_, finished_ or closing_ changed
+  std::deque<Started> queue_;               // started, not yet run
+  bool running_ = false;                    // the communication thread runs one (taken from queue_)
+  bool closing_ = false;                    // the destructor has begun
+  std::set<CommHandle> outstanding_;        // started and not yet waited for
+  std::map<CommHandle, Finished> finished_;  // run, not yet waited for
+  CommHandle next_handle_ = 1;
+  std::thread thread_;  // the communication thread, from the first collective started with size > 1
 };
+
+TcpComm::~TcpComm() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closing_ = true;
+    // A started collective in progress ends now rather than after its
+    // timeout: shutdown wakes its poll (the fds stay open until the thread is
+    // joined, so their numbers cannot be reused under it).
+    if (running_) {
+      for (int fd : fds_) {
+        if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+      }
+    }
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  CloseAll();
+}
+
+void TcpComm::RunStarted() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return closing_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // closing, nothing left
+    const Started started = queue_.front();
+    queue_.pop_front();
+    running_ = true;
+    const bool abandoned = closing_;
+    lock.unlock();
+    Finished finished;
+    if (abandoned) {
+      finished.status = Status::FailedPrecondition("tcp comm: rank " + std::to_string(rank_) +
+                                                   ": a started AllReduceSum did not run: the communicator was destroyed");
+    } else {
+      const auto start = Clock::now();
+      finished.status = AllReduceNow(started.data, started.count, started.precision);
+      finished.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    }
+    lock.lock();
+    running_ = false;
+    finished_[started.handle] = std::move(finished);
+    cv_.notify_all();
+  }
+}
+
+void TcpComm::Drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return queue_.empty() && !running_; });
+}
+
+Status TcpComm::StartAllReduceSum(float* data, int64_t count, ReducePrecision precision, CommHandle* handle) {
+  if (handle == nullptr) return Status::InvalidField("handle", "is null; a place for the handle is required");
+  if (count < 0) return Status::InvalidField("count", std::to_string(count) + " is negative; 0 or more is allowed");
+  if (count > 0 && data == nullptr) {
+    return Status::InvalidField("data", "is null with count " + std::to_string(count) + "; a buffer is required");
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  const CommHandle h = next_handle_++;
+  outstanding_.insert(h);
+  *handle = h;
+  if (size_ == 1) {
+    // Nothing to wait for: the local sum (bf16 rounding) now.
+    lock.unlock();
+    Finished finished;
+    const auto start = Clock::now();
+    finished.status = AllReduceNow(data, count, precision);
+    finished.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    lock.lock();
+    finished_[h] = std::move(finished);
+    return Status::Ok();
+  }
+  queue_.push_back(Started{h, data, count, precision});
+  if (!thread_.joinable()) thread_ = std::thread([this] { RunStarted(); });
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+Status TcpComm::Wait(CommHandle handle, double* seconds) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (outstanding_.count(handle) == 0) {
+    return Status::InvalidField("handle", std::to_string(handle) +
+                                              " is not a started collective (never started, or already waited for)");
+  }
+  // No deadline of its own: every wait of the collective's I/O on the
+  // communication thread is bounded by timeout_s, so it finishes.
+  cv_.wait(lock, [&] { return finished_.count(handle) > 0; });
+  Finished finished = std::move(finished_[handle]);
+  finished_.erase(handle);
+  outstanding_.erase(handle);
+  if (seconds != nullptr) *seconds = finished.seconds;
+  return finished.status;
+}
 
 Status TcpComm::Begin(Op op) {
   if (failed_) {
@@ -432,6 +569,11 @@ Status CheckCount(int64_t count, const void* a, const void* b) {
 }
 
 Status TcpComm::AllReduceSum(float* data, int64_t count, ReducePrecision precision) {
+  Drain();
+  return AllReduceNow(data, count, precision);
+}
+
+Status TcpComm::AllReduceNow(float* data, int64_t count, ReducePrecision precision) {
   KEEL_RETURN_IF_ERROR(Begin(Op::kAllReduceSum));
   KEEL_RETURN_IF_ERROR(CheckCount(count, data, data));
   if (size_ == 1) {
@@ -445,6 +587,7 @@ Status TcpComm::AllReduceSum(float* data, int64_t count, ReducePrecision precisi
 }
 
 Status TcpComm::ReduceScatterSum(const float* in, float* out, int64_t count, ReducePrecision precision) {
+  Drain();
   KEEL_RETURN_IF_ERROR(Begin(Op::kReduceScatterSum));
   KEEL_RETURN_IF_ERROR(CheckCount(count, in, out));
   if (size_ == 1) {
@@ -456,6 +599,7 @@ Status TcpComm::ReduceScatterSum(const float* in, float* out, int64_t count, Red
 }
 
 Status TcpComm::AllGather(const float* in, float* out, int64_t count) {
+  Drain();
   KEEL_RETURN_IF_ERROR(Begin(Op::kAllGather));
   KEEL_RETURN_IF_ERROR(CheckCount(count, in, out));
   const size_t bytes = static_cast<size_t>(count) * sizeof(float);
@@ -477,6 +621,7 @@ Status TcpComm::AllGather(const float* in, float* out, int64_t count) {
 }
 
 Status TcpComm::Broadcast(void* data, size_t bytes, int root) {
+  Drain();
   KEEL_RETURN_IF_ERROR(Begin(Op::kBroadcast));
   if (root < 0 || root >= size_) {
     return Status::InvalidField(
@@ -495,6 +640,7 @@ Status TcpComm::Broadcast(void* data, size_t bytes, int root) {
 }
 
 Status TcpComm::Barrier() {
+  Drain();
   KEEL_RETURN_IF_ERROR(Begin(Op::kBarrier));
   if (size_ == 1) return Status::Ok();
   // Every header reached rank 0 (everyone arrived) before any token leaves it.
@@ -512,6 +658,7 @@ Status TcpComm::Barrier() {
 }
 
 Status TcpComm::AllGatherHost(const std::string& mine, std::vector<std::string>* all) {
+  Drain();
   KEEL_RETURN_IF_ERROR(Begin(Op::kAllGatherHost));
   if (mine.size() > kMaxHostValueBytes) {
     return Status::InvalidField(

@@ -4,7 +4,10 @@
 // connection to rank 0, which sums, in rank order, and sends the result back.
 // kernels/comm/README.md describes the protocol, the timeouts and the failures.
 //
-// A TcpComm is used by one thread at a time (the trainer's); it holds no lock.
+// A TcpComm is used by one thread at a time (the trainer's). Collectives
+// started with StartAllReduceSum run on a thread of the communicator's own,
+// one after the other; a synchronous call first waits for them, so the order
+// on the wire is the order of the calls.
 #ifndef KEEL_KERNELS_COMM_TCP_COMM_H_
 #define KEEL_KERNELS_COMM_TCP_COMM_H_
 
@@ -40,11 +43,14 @@ constexpr size_t kTcpCommChunkBytes = size_t{1} << 20;
 //     timeout_s makes every rank's MakeTcpComm fail (kUnavailable, naming the
 //     missing ranks); a peer that claims a wrong run size or a rank already
 //     taken or out of range fails the join for all (kInvalidArgument).
-// Any failure inside a collective (a peer closed, stalled longer than
-// timeout_s, or sent what the protocol does not allow) returns kUnavailable
-// "tcp comm: rank R: ..." (or kInternal for a protocol mismatch), closes every
-// connection, so the other ranks fail promptly too, and leaves the
-// communicator refusing further calls (kFailedPrecondition).
+// Any failure inside a collective, started or synchronous (a peer closed,
+// stalled longer than timeout_s, or sent what the protocol does not allow)
+// returns kUnavailable "tcp comm: rank R: ..." (or kInternal for a protocol
+// mismatch; a started one's at its Wait), closes every connection, so the
+// other ranks fail promptly too, and leaves the communicator refusing further
+// calls (kFailedPrecondition). Destroying the communicator ends a started
+// collective in progress at once (its connections are shut down) and fails
+// the ones still queued unrun.
 Status MakeTcpComm(const TcpCommOptions& options, std::unique_ptr<Communicator>* out);
 
 }  // namespace keel

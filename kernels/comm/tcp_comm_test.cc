@@ -262,6 +262,167 @@ TEST_P(TcpCommSizes, CollectivesInSequenceStayInStep) {
   });
 }
 
+// ---- Started (asynchronous) all-reduces ------------------------------------------------------
+
+// Started collectives give the synchronous call's bits; a synchronous call made
+// while some are outstanding runs after them; handles are waited for in any
+// order, once each.
+TEST_P(TcpCommSizes, StartedAllReducesGiveTheSynchronousBitsInCallOrder) {
+  const int size = GetParam();
+  struct Buffer {
+    int64_t count;
+    ReducePrecision precision;
+    uint32_t salt;
+  };
+  const std::vector<Buffer> buffers = {{7, ReducePrecision::kF32, 1},
+                                       {2 * kChunkFloats + 13, ReducePrecision::kF32, 2},
+                                       {kChunkFloats + 3, ReducePrecision::kBF16, 3}};
+  std::vector<std::vector<float>> want(buffers.size());
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    std::vector<std::vector<float>> inputs;
+    for (int r = 0; r < size; ++r) inputs.push_back(RankData(r, buffers[b].count, buffers[b].salt));
+    for (int64_t i = 0; i < buffers[b].count; ++i) want[b].push_back(RankOrderSum(inputs, i, buffers[b].precision));
+  }
+  RunRanks(size, [&](int rank, Communicator* comm) {
+    std::vector<std::vector<float>> data;
+    for (const Buffer& b : buffers) data.push_back(RankData(rank, b.count, b.salt));
+    CommHandle h[3] = {0, 0, 0};
+    ASSERT_TRUE(comm->StartAllReduceSum(data[0].data(), buffers[0].count, buffers[0].precision, &h[0]).ok());
+    ASSERT_TRUE(comm->StartAllReduceSum(data[1].data(), buffers[1].count, buffers[1].precision, &h[1]).ok());
+    // Synchronous, with two started before it: it goes on the wire after them.
+    std::vector<std::string> all;
+    ASSERT_TRUE(comm->AllGatherHost("rank " + std::to_string(rank), &all).ok());
+    ASSERT_EQ(all.size(), static_cast<size_t>(size));
+    EXPECT_EQ(all.back(), "rank " + std::to_string(size - 1));
+    ASSERT_TRUE(comm->StartAllReduceSum(data[2].data(), buffers[2].count, buffers[2].precision, &h[2]).ok());
+    EXPECT_NE(h[0], 0u);
+    EXPECT_NE(h[0], h[1]);
+    EXPECT_NE(h[1], h[2]);
+    for (int b : {2, 0, 1}) {  // not the order they were started in
+      double seconds = -1;
+      const Status s = comm->Wait(h[b], &seconds);
+      ASSERT_TRUE(s.ok()) << "rank " << rank << ", buffer " << b << ": " << s.message();
+      EXPECT_GE(seconds, 0.0);
+      EXPECT_EQ(FirstDifference(data[b].data(), want[b]), -1) << "rank " << rank << ", buffer " << b;
+    }
+    // Each handle once; 0 is never one.
+    for (CommHandle bad : {h[0], CommHandle{0}}) {
+      const Status again = comm->Wait(bad, nullptr);
+      EXPECT_EQ(again.code(), StatusCode::kInvalidArgument) << again.message();
+      EXPECT_EQ(again.field(), "handle");
+    }
+    // Bad arguments start nothing, and the communicator stays usable.
+    CommHandle h_bad = 0;
+    EXPECT_EQ(comm->StartAllReduceSum(data[0].data(), -1, ReducePrecision::kF32, &h_bad).field(), "count");
+    EXPECT_EQ(comm->StartAllReduceSum(nullptr, 4, ReducePrecision::kF32, &h_bad).field(), "data");
+    EXPECT_EQ(comm->StartAllReduceSum(data[0].data(), 4, ReducePrecision::kF32, nullptr).field(), "handle");
+    EXPECT_EQ(h_bad, 0u);
+    ASSERT_TRUE(comm->Barrier().ok());
+    CommHandle empty = 0;
+    ASSERT_TRUE(comm->StartAllReduceSum(nullptr, 0, ReducePrecision::kF32, &empty).ok());
+    ASSERT_TRUE(comm->Wait(empty, nullptr).ok());
+  });
+}
+
+// StartAllReduceSum returns at once: rank 0 starts, a late rank 1 starts 300 ms
+// later, and rank 0's wait is what takes the time.
+TEST(TcpComm, StartReturnsAtOnceAndWaitWaitsForTheLatePeer) {
+  RunRanks(2, [&](int rank, Communicator* comm) {
+    std::vector<float> data(kChunkFloats + 5, static_cast<float>(rank + 1));
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto start = Clock::now();
+    CommHandle h = 0;
+    ASSERT_TRUE(comm->StartAllReduceSum(data.data(), data.size(), ReducePrecision::kF32, &h).ok());
+    const double started = SecondsSince(start);
+    double seconds = 0;
+    ASSERT_TRUE(comm->Wait(h, &seconds).ok());
+    const double waited = SecondsSince(start);
+    for (float x : data) ASSERT_EQ(x, 3.0f);
+    if (rank == 0) {
+      EXPECT_LT(started, 0.1) << "Start waited for the collective";
+      EXPECT_GE(waited, 0.25);
+      // The collective began on the communication thread at the start and
+      // waited there for rank 1: its own time covers that wait.
+      EXPECT_GE(seconds, 0.2);
+      EXPECT_LE(seconds, waited);
+    }
+  });
+}
+
+// A peer that never starts the collective fails it at Wait after the timeout
+// (never a hang), naming the peer; the communicator then refuses everything.
+TEST(TcpComm, AStartedAllReduceAPeerNeverStartsFailsAtWait) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool rank0_done = false;
+  RunRanks(
+      2,
+      [&](int rank, Communicator* comm) {
+        if (rank == 1) {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return rank0_done; });
+          return;
+        }
+        std::vector<float> data(100, 1.0f);
+        const auto start = Clock::now();
+        CommHandle h = 0;
+        ASSERT_TRUE(comm->StartAllReduceSum(data.data(), data.size(), ReducePrecision::kF32, &h).ok());
+        const Status s = comm->Wait(h, nullptr);
+        const double seconds = SecondsSince(start);
+        EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.message();
+        EXPECT_EQ(s.message(), "tcp comm: rank 1: sent nothing for 1 s during AllReduceSum (seen from rank 0)");
+        EXPECT_GE(seconds, 1.0);
+        EXPECT_LT(seconds, 4.0);
+        const Status barrier = comm->Barrier();
+        EXPECT_EQ(barrier.code(), StatusCode::kFailedPrecondition) << barrier.message();
+        EXPECT_NE(barrier.message().find(s.message()), std::string::npos) << barrier.message();
+        CommHandle later = 0;
+        ASSERT_TRUE(comm->StartAllReduceSum(data.data(), data.size(), ReducePrecision::kF32, &later).ok());
+        EXPECT_EQ(comm->Wait(later, nullptr).code(), StatusCode::kFailedPrecondition);
+        std::lock_guard<std::mutex> lock(mu);
+        rank0_done = true;
+        cv.notify_all();
+      },
+      1.0);
+}
+
+// Destroying a communicator whose started collectives wait for a peer ends
+// them at once (not after the 30 s timeout), and the peer sees it go.
+TEST(TcpComm, DestroyingACommunicatorEndsItsStartedCollectivesAtOnce) {
+  const std::string path = NewBootstrapPath();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool rank0_gone = false;
+  std::thread peer([&] {
+    std::unique_ptr<Communicator> comm;
+    ASSERT_TRUE(MakeTcpComm(Options(1, 2, path, 30), &comm).ok());
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return rank0_gone; });
+    }
+    const Status s = comm->Barrier();
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.message();
+  });
+  {
+    std::unique_ptr<Communicator> comm;
+    ASSERT_TRUE(MakeTcpComm(Options(0, 2, path, 30), &comm).ok());
+    std::vector<float> a(10, 1.0f), b(10, 2.0f);
+    CommHandle ha = 0, hb = 0;
+    ASSERT_TRUE(comm->StartAllReduceSum(a.data(), a.size(), ReducePrecision::kF32, &ha).ok());
+    ASSERT_TRUE(comm->StartAllReduceSum(b.data(), b.size(), ReducePrecision::kF32, &hb).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the first is waiting for rank 1 now
+    const auto start = Clock::now();
+    comm.reset();
+    EXPECT_LT(SecondsSince(start), 5.0);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    rank0_gone = true;
+  }
+  cv.notify_all();
+  peer.join();
+}
+
 // ---- Refusals and failures -------------------------------------------------------------
 
 TEST(TcpComm, RefusesBadOptionsNamingTheField) {

@@ -728,9 +728,11 @@ Status ParseRunFields(const Reader& r, const YAML::Node& root, RunConfig* c) {
 }
 
 Status ParseDist(const Reader& r, const YAML::Node& d, DistConfig* dc) {
-  KEEL_RETURN_IF_ERROR(r.CheckKeys(d, "dist", {"reduce", "timeout_s"}));
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(d, "dist", {"reduce", "timeout_s", "bucket_mb"}));
   if (d["reduce"]) KEEL_RETURN_IF_ERROR(r.OneOf(d["reduce"], "dist.reduce", {"fp32", "bf16"}, &dc->reduce));
   if (d["timeout_s"]) KEEL_RETURN_IF_ERROR(r.Float(d["timeout_s"], "dist.timeout_s", 0.1, 86400.0, &dc->timeout_s));
+  // 0: one reduction after the backward; else MiB per bucket, up to 64 GiB.
+  if (d["bucket_mb"]) KEEL_RETURN_IF_ERROR(r.Float(d["bucket_mb"], "dist.bucket_mb", 0.0, 65536.0, &dc->bucket_mb));
   return Status::Ok();
 }
 

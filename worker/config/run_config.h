@@ -73,6 +73,10 @@ struct ScheduleConfig {
 struct DistConfig {
   std::string reduce = "fp32";  // fp32 | bf16: the precision gradients travel in (comm.h)
   float timeout_s = 120;        // joining, and any one wait for a peer inside a collective
+  // Gradient buckets of about this many MiB, each all-reduced as soon as the
+  // backward has written it (worker/engine/grad_buckets.h); 0: one reduction
+  // after the backward. ZeRO-1 (optimizer.shard) keeps one reduce-scatter.
+  float bucket_mb = 25;
 };
 
 struct RunConfig {

@@ -73,7 +73,7 @@ TEST(RunConfigFieldsTest, EveryTopLevelFieldLands) {
       "operand_stats: false\n"
       "log_every: 17\n"
       "check_every: 19\n"
-      "dist: {reduce: bf16, timeout_s: 2.5}\n");
+      "dist: {reduce: bf16, timeout_s: 2.5, bucket_mb: 0.5}\n");
   EXPECT_EQ(c.name, "my-run");
   EXPECT_EQ(c.steps, 1234);
   EXPECT_EQ(c.batch, 7);
@@ -91,8 +91,11 @@ TEST(RunConfigFieldsTest, EveryTopLevelFieldLands) {
   EXPECT_EQ(c.check_every, 19);
   EXPECT_EQ(c.dist.reduce, "bf16");
   EXPECT_FLOAT_EQ(c.dist.timeout_s, 2.5f);
-  // The defaults: fp32 reductions, hashes compared every 100 steps.
+  EXPECT_EQ(c.dist.bucket_mb, 0.5f);
+  // The defaults: fp32 reductions in 25 MiB buckets, hashes compared every 100 steps.
   EXPECT_EQ(Parsed("steps: 1\n").dist.reduce, "fp32");
+  EXPECT_EQ(Parsed("steps: 1\n").dist.bucket_mb, 25.0f);
+  EXPECT_EQ(Parsed("dist: {bucket_mb: 0}\n").dist.bucket_mb, 0.0f);  // one reduction after the backward
   EXPECT_EQ(Parsed("steps: 1\n").check_every, 100);
   // Without run_dir, the name picks the directory.
   EXPECT_EQ(Parsed("name: other\n").run_dir, "runs/other");
@@ -502,7 +505,11 @@ TEST(RunConfigErrorTest, TopLevel) {
       {"check_every: -1\n", "r.yaml:1:14: check_every: -1 is out of range (allowed: 0 .. 1073741824)"},
       {"dist: {reduce: fp16}\n", "r.yaml:1:16: dist.reduce: unknown value 'fp16' (allowed: fp32, bf16)"},
       {"dist: {timeout_s: 0}\n", "r.yaml:1:19: dist.timeout_s: 0 is out of range (allowed: 0.1 .. 86400)"},
-      {"dist: {ranks: 2}\n", "r.yaml:1:8: dist.ranks: unknown key (allowed: reduce, timeout_s)"},
+      {"dist: {ranks: 2}\n", "r.yaml:1:8: dist.ranks: unknown key (allowed: bucket_mb, reduce, timeout_s)"},
+      {"dist: {bucket_mb: -1}\n", "r.yaml:1:19: dist.bucket_mb: -1 is out of range (allowed: 0 .. 65536)"},
+      {"dist: {bucket_mb: 1e9}\n", "r.yaml:1:19: dist.bucket_mb: 1e9 is out of range (allowed: 0 .. 65536)"},
+      {"dist: {bucket_mb: big}\n", "r.yaml:1:19: dist.bucket_mb: 'big' is not a finite number"},
+      {"dist: {bucket_mb: .nan}\n", "r.yaml:1:19: dist.bucket_mb: '.nan' is not a finite number"},
       // A null value is not "missing".
       {"steps: 10\nbatch: ~\n", "r.yaml:2:8: batch: '<null>' is not an integer"},
   });

@@ -38,6 +38,14 @@ Status Model::LinearPlusResidual(const float* x, const float* w, const float* bi
   return backend_->Add(y, residual, y, rows * out);
 }
 
+Status Model::Final(const GradientReady& ready, std::initializer_list<int> indices) {
+  if (!ready) return Status::Ok();
+  for (int i : indices) {
+    if (i >= 0) KEEL_RETURN_IF_ERROR(ready(i));
+  }
+  return Status::Ok();
+}
+
 Status Model::AllocateParams() {
   param_count_ = (param_count_ + 63) / 64 * 64;
   return Scratch(param_count_, &weights_);

@@ -11,6 +11,8 @@
 #define KEEL_WORKER_ENGINE_MODEL_H_
 
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +42,12 @@ struct Batch {
   uint64_t data_seed = 0;
 };
 
+// Told during a backward that the gradient of parameter `index` (into
+// param_info()) is final: nothing later in that ForwardBackward writes its part
+// of grads. The trainer starts reducing a bucket of gradients once all its
+// tensors are final (trainer.h). A failure ends the backward with it.
+using GradientReady = std::function<Status(int index)>;
+
 class Model {
  public:
   virtual ~Model();
@@ -62,9 +70,14 @@ class Model {
   // One micro-batch: *loss = its mean loss; grads (param_count floats, backend)
   // += grad_scale * d loss / d params. quant_seed feeds stochastic rounding.
   // stats: record operand statistics into the linear layers' slots.
+  // ready (when set) is called for each tensor once its gradient is written for
+  // good, right after the layer that writes it (on CUDA: once its kernels are
+  // queued), in the order the backward finishes them: every tensor once, unless
+  // the backward writes nothing (a batch without a target that counts). It
+  // changes nothing in what is computed.
   virtual Status ForwardBackward(const Batch& batch, const PrecisionScheme& scheme,
                                  uint64_t quant_seed, float grad_scale, bool stats, float* grads,
-                                 double* loss) = 0;
+                                 double* loss, const GradientReady& ready) = 0;
   // Forward only (evaluation): *loss = the mean loss.
   virtual Status Evaluate(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed,
                           double* loss) = 0;
@@ -92,6 +105,9 @@ class Model {
   Status LinearPlusResidual(const float* x, const float* w, const float* bias, const float* residual, float* y,
                             int64_t rows, int64_t in, int64_t out, const LinearQuant& q);
   float* P(size_t index) const { return weights_ + params_[index].offset; }
+  // ready(i) for each i of `indices` that is a tensor (>= 0; an absent one is
+  // -1), in order; nothing when ready is not set.
+  static Status Final(const GradientReady& ready, std::initializer_list<int> indices);
 
   Backend* backend_;
   std::vector<ParamInfo> params_;

@@ -152,18 +152,21 @@ class GptModel : public Model {
   }
 
   Status ForwardBackward(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed,
-                         float grad_scale, bool stats, float* grads, double* loss) override {
+                         float grad_scale, bool stats, float* grads, double* loss,
+                         const GradientReady& ready) override {
     int64_t valid = 0;
     KEEL_RETURN_IF_ERROR(Forward(batch, scheme, quant_seed, stats, &grad_scale, loss, &valid));
     if (valid == 0) return Status::Ok();
     auto G = [&](int index) { return index < 0 ? nullptr : grads + params_[index].offset; };
     // Head (tied to wte) and final layernorm. logits_ holds dlogits: the
-    // forward's fused cross-entropy wrote them there.
+    // forward's fused cross-entropy wrote them there. wte's gradient is final
+    // only after the embedding's backward, at the end.
     KEEL_RETURN_IF_ERROR(backend_->LinearBackward(lnf_, P(wte_), logits_, dln_, G(wte_), nullptr, bt_, d_,
                                              m_.padded_vocab, Quant(scheme, -1, 0, quant_seed, stats)));
     KEEL_RETURN_IF_ERROR(backend_->Fill(dres_, bt_ * d_, 0.0f));
     KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(res_[blocks_], Affine(lnf_w_), lnf_mean_, lnf_rstd_,
                                                 dln_, dres_, G(lnf_w_), G(lnf_b_), bt_, d_));
+    KEEL_RETURN_IF_ERROR(Final(ready, {lnf_w_, lnf_b_}));
     for (int l = blocks_ - 1; l >= 0; --l) {
       const BlockParams& q = bp_[l];
       const BlockActs& a = acts_[l];
@@ -171,6 +174,7 @@ class GptModel : public Model {
       KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.act, P(q.fcproj_w), dres_, dact_, G(q.fcproj_w),
                                                G(q.fcproj_b), bt_, hidden_, d_,
                                                Quant(scheme, l, 3, quant_seed, stats)));
+      KEEL_RETURN_IF_ERROR(Final(ready, {q.fcproj_w, q.fcproj_b}));
       if (m_.mlp == "swiglu") {
         KEEL_RETURN_IF_ERROR(backend_->SwigluBackward(a.fc, dact_, dfc_, bt_, hidden_));
       } else {
@@ -178,26 +182,34 @@ class GptModel : public Model {
       }
       KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.ln2, P(q.fc_w), dfc_, dln_, G(q.fc_w), G(q.fc_b),
                                                bt_, d_, fc_out_, Quant(scheme, l, 2, quant_seed, stats)));
+      KEEL_RETURN_IF_ERROR(Final(ready, {q.fc_w, q.fc_b}));
       KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(a.mid, Affine(q.ln2_w), a.ln2_mean, a.ln2_rstd,
                                                   dln_, dres_, G(q.ln2_w), G(q.ln2_b), bt_, d_));
+      KEEL_RETURN_IF_ERROR(Final(ready, {q.ln2_w, q.ln2_b}));
       // Attention.
       KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.att, P(q.proj_w), dres_, datt_, G(q.proj_w),
                                                G(q.proj_b), bt_, d_, d_,
                                                Quant(scheme, l, 1, quant_seed, stats)));
+      KEEL_RETURN_IF_ERROR(Final(ready, {q.proj_w, q.proj_b}));
       const float* qkv_used = m_.qk_layernorm ? a.qkv_normed : a.qkv;
       KEEL_RETURN_IF_ERROR(backend_->AttentionBackward(qkv_used, a.att, a.att_stats, datt_, dqkv_, batch_,
                                                   seq_, m_.heads, d_, AttentionBf16(scheme, l)));
       if (m_.qk_layernorm) {
         KEEL_RETURN_IF_ERROR(HeadNormBackward(a.q_raw, q.qln_w, q.qln_b, a.q_mean, a.q_rstd, 0, grads));
+        KEEL_RETURN_IF_ERROR(Final(ready, {q.qln_w, q.qln_b}));
         KEEL_RETURN_IF_ERROR(HeadNormBackward(a.k_raw, q.kln_w, q.kln_b, a.k_mean, a.k_rstd, d_, grads));
+        KEEL_RETURN_IF_ERROR(Final(ready, {q.kln_w, q.kln_b}));
       }
       KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.ln1, P(q.attn_w), dqkv_, dln_, G(q.attn_w),
                                                G(q.attn_b), bt_, d_, 3 * d_,
                                                Quant(scheme, l, 0, quant_seed, stats)));
+      KEEL_RETURN_IF_ERROR(Final(ready, {q.attn_w, q.attn_b}));
       KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(res_[l], Affine(q.ln1_w), a.ln1_mean, a.ln1_rstd,
                                                   dln_, dres_, G(q.ln1_w), G(q.ln1_b), bt_, d_));
+      KEEL_RETURN_IF_ERROR(Final(ready, {q.ln1_w, q.ln1_b}));
     }
-    return backend_->EmbeddingBackward(tokens_, dres_, G(wte_), G(wpe_), batch_, seq_, d_);
+    KEEL_RETURN_IF_ERROR(backend_->EmbeddingBackward(tokens_, dres_, G(wte_), G(wpe_), batch_, seq_, d_));
+    return Final(ready, {wte_, wpe_});
   }
 
   Status Evaluate(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed,

@@ -83,7 +83,8 @@ class ProxyModel : public Model {
   }
 
   Status ForwardBackward(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed,
-                         float grad_scale, bool stats, float* grads, double* loss) override {
+                         float grad_scale, bool stats, float* grads, double* loss,
+                         const GradientReady& ready) override {
     KEEL_RETURN_IF_ERROR(MakeData(batch.data_seed));
     KEEL_RETURN_IF_ERROR(Forward(scheme, quant_seed, stats, loss));
     const int64_t bd = batch_ * d_;
@@ -93,17 +94,21 @@ class ProxyModel : public Model {
       LinearQuant fc1 = Quant(scheme, l, 0, quant_seed, stats);
       LinearQuant fc2 = Quant(scheme, l, 1, quant_seed, stats);
       const size_t base = 5 * static_cast<size_t>(l);
+      const int i = static_cast<int>(base);  // ln.weight, ln.bias, fc1.weight, fc2.weight, fc2.bias
       KEEL_RETURN_IF_ERROR(backend_->LinearBackward(act_[l], P(base + 3), dres_, dact_,
                                                GradOf(grads, base + 3), GradOf(grads, base + 4),
                                                batch_, 4 * d_, d_, fc2));
+      KEEL_RETURN_IF_ERROR(Final(ready, {i + 3, i + 4}));
       KEEL_RETURN_IF_ERROR(backend_->GeluBackward(hidden_[l], dact_, dhidden_, 4 * bd));
       KEEL_RETURN_IF_ERROR(backend_->LinearBackward(normed_[l], P(base + 2), dhidden_, dnormed_,
                                                GradOf(grads, base + 2), nullptr, batch_, d_,
                                                4 * d_, fc1));
+      KEEL_RETURN_IF_ERROR(Final(ready, {i + 2}));
       // dres_ carries the residual path's gradient; the LN branch adds to it.
       KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(res_[l], Gamma(l), mean_[l], rstd_[l], dnormed_,
                                                   dres_, GradOf(grads, base), GradOf(grads, base + 1),
                                                   batch_, d_));
+      KEEL_RETURN_IF_ERROR(Final(ready, {i, i + 1}));
     }
     return Status::Ok();
   }

@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <thread>
 
@@ -52,6 +53,7 @@ struct RankResult {
   Status status;
   int64_t step = 0;
   bool sharded = false;
+  std::vector<float> weights;  // after the run
 };
 
 // Runs `config` as `n` ranks (threads, real TCP), each calling `before` (when
@@ -94,6 +96,10 @@ std::vector<RankResult> RunRanks(const RunConfig& config, int n, const std::stri
           false);
       out.step = t->step();
       out.sharded = t->sharded();
+      out.weights.resize(static_cast<size_t>(t->model()->param_count()));
+      const Status read = t->backend()->Download(out.weights.data(), t->model()->params(),
+                                                 out.weights.size() * sizeof(float));
+      if (out.status.ok()) out.status = read;
     });
   }
   for (std::thread& th : threads) th.join();
@@ -143,7 +149,10 @@ TEST(RanksTest, TwoAndFourProxyRanksMatchOneRankWithGradAccum) {
     const RunConfig one = Config(ProxyYaml(dir + "/one"), {"grad_accum=" + std::to_string(n)});
     const std::vector<RankResult> single = RunRanks(one, 1, "");
     ASSERT_TRUE(single[0].status.ok()) << single[0].status.message();
-    const std::vector<RankResult> ranks = RunRanks(Config(ProxyYaml(dir + "/ranks")), n, dir + "/bootstrap");
+    // Six gradient buckets (see BucketedReductionGivesTheWeightsOfOneReductionBitForBit);
+    // the other tests here run the default 25 MiB, one bucket for these models.
+    const std::vector<RankResult> ranks =
+        RunRanks(Config(ProxyYaml(dir + "/ranks"), {"dist.bucket_mb=0.016"}), n, dir + "/bootstrap");
     ASSERT_NO_FATAL_FAILURE(ExpectRanksAgree(ranks, 8));
     ExpectClose(LossesOf(ranks[0]), LossesOf(single[0]), "proxy, " + std::to_string(n) + " ranks vs grad_accum " +
                                                              std::to_string(n));
@@ -191,6 +200,75 @@ TEST(RanksTest, TwoGptRanksMatchOneRankWithGradAccumTwo) {
   // The gradient-bias probe under ranks measures the global batch's gradient.
   ASSERT_TRUE(ranks[0].metrics[3].probed);
   EXPECT_NEAR(ranks[0].metrics[3].probe.cosine, single[0].metrics[3].probe.cosine, 1e-5);
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Gradient buckets: the gradient all-reduced in buckets started during the
+// backward gives the weights one all-reduce after it gives, bit for bit, for 2
+// and 4 ranks. For 2 ranks that holds for any reduction (x_0 + x_1 is
+// commutative); for 4 it holds because the TCP communicator sums each element
+// on its own, ((x_0 + x_1) + x_2) + x_3 in rank order, whatever chunk or
+// bucket the element travels in: bucket boundaries cannot change a bit. (NCCL
+// does not promise that: its order may depend on a collective's size.)
+TEST(RanksTest, BucketedReductionGivesTheWeightsOfOneReductionBitForBit) {
+  // 0.016 MiB = 4194 floats: the proxy's two blocks (slots of 64, 64, 4096,
+  // 4096 and 64 floats each) in six buckets, from the top: fc2 (w, b); fc1.w
+  // and ln.bias; ln.weight and block 0's fc2.bias; fc2.weight; fc1.weight and
+  // ln.bias; ln.weight.
+  for (const std::string reduce : {"fp32", "bf16"}) {
+    for (int n : {2, 4}) {
+      if (reduce == "bf16" && n == 4) continue;
+      const std::string tag = reduce + "_" + std::to_string(n);
+      const std::string dir = TempDir("proxy_buckets_" + tag);
+      const std::vector<std::string> common = {"dist.reduce=" + reduce};
+      std::vector<std::string> one = common, bucketed = common;
+      one.push_back("dist.bucket_mb=0");
+      bucketed.push_back("dist.bucket_mb=0.016");
+      const std::vector<RankResult> a = RunRanks(Config(ProxyYaml(dir + "/one"), one), n, dir + "/b1");
+      const std::vector<RankResult> b = RunRanks(Config(ProxyYaml(dir + "/buckets"), bucketed), n, dir + "/b2");
+      ASSERT_NO_FATAL_FAILURE(ExpectRanksAgree(a, 8));
+      ASSERT_NO_FATAL_FAILURE(ExpectRanksAgree(b, 8));
+      EXPECT_EQ(LossesOf(b[0]), LossesOf(a[0])) << tag;
+      for (int r = 0; r < n; ++r) EXPECT_TRUE(SameBits(b[r].weights, a[0].weights)) << tag << ", rank " << r;
+      const StepMetrics& first = b[0].metrics[0];
+      EXPECT_EQ(a[0].metrics[0].grad_buckets, 0) << "bucket_mb 0: one reduction";
+      EXPECT_EQ(first.grad_buckets, 6) << tag;
+      // Every tensor is reported during the backward, so every bucket started before it ended.
+      EXPECT_EQ(first.grad_buckets_early, first.grad_buckets) << tag;
+      ASSERT_EQ(first.rank_comm_exposed_seconds.size(), static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        EXPECT_GT(first.rank_comm_seconds[r], 0.0) << tag;
+        EXPECT_GE(first.rank_comm_exposed_seconds[r], 0.0) << tag;
+        EXPECT_LE(first.rank_comm_exposed_seconds[r], first.rank_step_seconds[r]) << tag;
+        // One reduction after the backward: all of it is waited for.
+        EXPECT_EQ(a[0].metrics[0].rank_comm_exposed_seconds[r], a[0].metrics[0].rank_comm_seconds[r]) << tag;
+      }
+    }
+  }
+}
+
+TEST(RanksTest, BucketedGptRanksGiveTheWeightsOfOneReductionBitForBit) {
+  const std::string dir = TempDir("gpt_buckets");
+  ASSERT_NO_FATAL_FAILURE(PrepareFortunes(dir, "t"));
+  // QK-LayerNorm: the hooks of its gains too; 0.02 MiB buckets: several per block.
+  const std::string yaml = "model: {type: gpt, layers: 2, width: 32, heads: 2, context: 32, vocab: 256, "
+                           "qk_layernorm: true}\n"
+                           "data: {train: " + dir + "/t_train.bin}\nbatch: 4\nseq: 32\nsteps: 6\nthreads: 1\n"
+                           "precision: mxfp8_e4m3\ncheck_every: 1\ngrad_accum: 2\n"
+                           "optimizer: {type: adamw, lr: 0.003, weight_decay: 0.1, grad_clip: 1.0}\n";
+  const std::vector<RankResult> a =
+      RunRanks(Config(yaml + "run_dir: " + dir + "/one\n", {"dist.bucket_mb=0"}), 2, dir + "/b1");
+  const std::vector<RankResult> b =
+      RunRanks(Config(yaml + "run_dir: " + dir + "/buckets\n", {"dist.bucket_mb=0.02"}), 2, dir + "/b2");
+  ASSERT_NO_FATAL_FAILURE(ExpectRanksAgree(a, 6));
+  ASSERT_NO_FATAL_FAILURE(ExpectRanksAgree(b, 6));
+  EXPECT_EQ(LossesOf(b[0]), LossesOf(a[0]));
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(SameBits(b[r].weights, a[0].weights)) << "rank " << r;
+  EXPECT_GT(b[0].metrics[0].grad_buckets, 3);
+  EXPECT_EQ(b[0].metrics[0].grad_buckets_early, b[0].metrics[0].grad_buckets);
 }
 
 // A command (rollback two steps and switch to bf16) written after step 5 reaches

@@ -46,16 +46,30 @@ Status GatherFromRanks(Communicator* comm, const std::vector<T>& mine, std::vect
   return Status::Ok();
 }
 
-// Adds the wall time of its scope to *total (the trainer's time in collectives).
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Adds the wall time of its scope to *comm and *exposed: a synchronous
+// collective, whose whole time the trainer waits.
 class CommTimer {
  public:
-  explicit CommTimer(double* total) : total_(total), start_(std::chrono::steady_clock::now()) {}
-  ~CommTimer() { *total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+  CommTimer(double* comm, double* exposed) : comm_(comm), exposed_(exposed), start_(std::chrono::steady_clock::now()) {}
+  ~CommTimer() {
+    const double seconds = SecondsSince(start_);
+    *comm_ += seconds;
+    *exposed_ += seconds;
+  }
 
  private:
-  double* total_;
+  double* comm_;
+  double* exposed_;
   std::chrono::steady_clock::time_point start_;
 };
+
+ReducePrecision ReducePrecisionOf(const DistConfig& dist) {
+  return dist.reduce == "bf16" ? ReducePrecision::kBF16 : ReducePrecision::kF32;
+}
 
 // Deletes one checkpoint directory (its two files, then the directory).
 void RemoveCheckpointDir(const std::string& dir) {
@@ -194,6 +208,11 @@ Status Trainer::NextBatch(int64_t micro, bool keep, Batch* batch) {
 
 Status Trainer::SetCommunicator(std::unique_ptr<Communicator> comm) {
   comm_ = std::move(comm);
+  buckets_.reset();
+  if (ranks() > 1 && !config_.optimizer.shard && config_.dist.bucket_mb > 0) {
+    buckets_.reset(new GradBuckets(model_->param_info(), model_->param_count(),
+                                   static_cast<double>(config_.dist.bucket_mb) * (1 << 20)));
+  }
   if (!config_.optimizer.shard || ranks() == 1) return Status::Ok();
   const int64_t count = model_->param_count(), n = ranks();
   shard_per_ = (count + n - 1) / n;
@@ -275,6 +294,7 @@ Status Trainer::ShareLeaderStatus(const Status& leader_status) {
 Status Trainer::Step(StepMetrics* m) {
   const auto start = std::chrono::steady_clock::now();
   comm_seconds_ = 0;
+  comm_exposed_seconds_ = 0;
   const bool probe = EveryNth(step_ + 1, config_.probe_every);
   *m = StepMetrics();
   m->step = step_ + 1;
@@ -302,10 +322,12 @@ Status Trainer::Step(StepMetrics* m) {
 Status Trainer::GatherRankTimes(StepMetrics* m) {
   if (ranks() == 1) return Status::Ok();
   std::vector<std::vector<double>> all;
-  KEEL_RETURN_IF_ERROR(GatherFromRanks(comm_.get(), std::vector<double>{m->step_seconds, comm_seconds_}, &all));
+  KEEL_RETURN_IF_ERROR(GatherFromRanks(
+      comm_.get(), std::vector<double>{m->step_seconds, comm_seconds_, comm_exposed_seconds_}, &all));
   for (const std::vector<double>& theirs : all) {
     m->rank_step_seconds.push_back(theirs[0]);
     m->rank_comm_seconds.push_back(theirs[1]);
+    m->rank_comm_exposed_seconds.push_back(theirs[2]);
   }
   return Status::Ok();
 }
@@ -314,11 +336,15 @@ bool Trainer::OperandStatsOn() const { return config_.operand_stats && scheme_.A
 
 // The micro-batches' forward and backward passes: the mean gradient into grads_,
 // the mean loss into m->loss, and (when on) the operand counters. `kept`, when
-// not null, receives the batches.
+// not null, receives the batches. With ranks the gradient is summed over them:
+// in buckets started during this rank's last backward (buckets_), or in one
+// collective after it.
 Status Trainer::ForwardBackward(std::vector<Batch>* kept, StepMetrics* m) {
   const bool stats = OperandStatsOn();
+  const ReducePrecision precision = ReducePrecisionOf(config_.dist);
   KEEL_RETURN_IF_ERROR(backend_->Fill(grads_, model_->param_count(), 0.0f));
   if (stats) KEEL_RETURN_IF_ERROR(backend_->ResetOperandStats(static_cast<int>(model_->linear_names().size())));
+  if (buckets_) buckets_->Begin(comm_.get(), grads_, precision);
   double loss_sum = 0;
   const int64_t micro_batches = static_cast<int64_t>(accum_) * ranks();  // the global step's
   const int64_t mine = static_cast<int64_t>(rank()) * accum_;             // this rank's first
@@ -329,22 +355,38 @@ Status Trainer::ForwardBackward(std::vector<Batch>* kept, StepMetrics* m) {
     if (!keep) continue;
     double loss = 0;
     const uint64_t quant_seed = Mix(config_.seed ^ 0x0A7Aull, static_cast<uint64_t>(step_) * micro_batches + j);
+    // Only the last micro-batch's backward writes gradients for good.
+    GradientReady ready;
+    if (buckets_ && j == mine + accum_ - 1) ready = [this](int index) { return buckets_->Ready(index); };
     KEEL_RETURN_IF_ERROR(model_->ForwardBackward(batch, scheme_, quant_seed, 1.0f / static_cast<float>(micro_batches),
-                                                 stats, grads_, &loss));
+                                                 stats, grads_, &loss, ready));
     loss_sum += loss;
     if (kept) kept->push_back(std::move(batch));
   }
   if (ranks() > 1) {
-    const ReducePrecision precision = config_.dist.reduce == "bf16" ? ReducePrecision::kBF16 : ReducePrecision::kF32;
-    // The backward's queued kernels first: NCCL's collectives wait for the
-    // stream, and the timer is for the collective alone.
-    KEEL_RETURN_IF_ERROR(backend_->Sync());
-    CommTimer timer(&comm_seconds_);
-    if (shard_) {  // ZeRO-1: each rank gets the summed gradient of its shard only
-      KEEL_RETURN_IF_ERROR(comm_->ReduceScatterSum(grads_, shard_grads_, shard_per_, precision));
+    if (buckets_) {
+      KEEL_RETURN_IF_ERROR(buckets_->Flush());  // tensors the backward did not report (it wrote nothing)
+      m->grad_buckets = static_cast<int>(buckets_->plan().size());
+      m->grad_buckets_early = buckets_->started_early();
+      // The backward's queued kernels first, so that what is timed below is
+      // the wait for communication alone (the buckets' collectives go on
+      // meanwhile: nothing on the backend's stream waits for them yet).
+      KEEL_RETURN_IF_ERROR(backend_->Sync());
+      const auto waited = std::chrono::steady_clock::now();
+      KEEL_RETURN_IF_ERROR(buckets_->WaitAll(&comm_seconds_));
+      comm_exposed_seconds_ += SecondsSince(waited);
     } else {
-      KEEL_RETURN_IF_ERROR(comm_->AllReduceSum(grads_, model_->param_count(), precision));
+      // The backward's queued kernels first: NCCL's collectives wait for the
+      // stream, and the timer is for the collective alone.
+      KEEL_RETURN_IF_ERROR(backend_->Sync());
+      CommTimer timer(&comm_seconds_, &comm_exposed_seconds_);
+      if (shard_) {  // ZeRO-1: each rank gets the summed gradient of its shard only
+        KEEL_RETURN_IF_ERROR(comm_->ReduceScatterSum(grads_, shard_grads_, shard_per_, precision));
+      } else {
+        KEEL_RETURN_IF_ERROR(comm_->AllReduceSum(grads_, model_->param_count(), precision));
+      }
     }
+    CommTimer timer(&comm_seconds_, &comm_exposed_seconds_);
     KEEL_RETURN_IF_ERROR(SumOverRanks(loss_sum, &loss_sum));
   }
   m->loss = loss_sum / static_cast<double>(micro_batches);
@@ -460,7 +502,7 @@ Status Trainer::OptimizerStep(bool skip_update, StepMetrics* m) {
   // ZeRO-1: every rank updated its shard; all of them gather the whole.
   if (shard_) {
     KEEL_RETURN_IF_ERROR(backend_->Sync());  // the updates' kernels are not the gather's time
-    CommTimer timer(&comm_seconds_);
+    CommTimer timer(&comm_seconds_, &comm_exposed_seconds_);
     KEEL_RETURN_IF_ERROR(GatherShards(model_->params() + shard_begin_, model_->params()));
   }
   return Status::Ok();
@@ -497,7 +539,7 @@ Status Trainer::RunProbe(const std::vector<Batch>& batches, StepMetrics* m) {
   const float scale = 1.0f / static_cast<float>(static_cast<int64_t>(accum_) * ranks());
   for (size_t k = 0; k < batches.size(); ++k) {
     double loss = 0;
-    KEEL_RETURN_IF_ERROR(model_->ForwardBackward(batches[k], fp32, 0, scale, false, probe_grads_, &loss));
+    KEEL_RETURN_IF_ERROR(model_->ForwardBackward(batches[k], fp32, 0, scale, false, probe_grads_, &loss, nullptr));
   }
   // The reference gradient of the whole global batch, as the step's.
   if (ranks() > 1) KEEL_RETURN_IF_ERROR(comm_->AllReduceSum(probe_grads_, model_->param_count(), ReducePrecision::kF32));
@@ -818,9 +860,16 @@ void Trainer::PrintProgress(const StepMetrics& m, std::chrono::steady_clock::tim
                             int64_t first) const {
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   double eta = elapsed / static_cast<double>(step_ - first) * static_cast<double>(config_.steps - step_);
-  std::fprintf(stderr, "step %lld/%lld | loss %.6g | lr %.3g | %.0f %s/s | ETA %s%s\n",
+  // Ranks: this rank's time in collectives and how much of it overlapped its backward.
+  char comm[64] = "";
+  if (static_cast<size_t>(rank()) < m.rank_comm_seconds.size()) {
+    const double total = m.rank_comm_seconds[rank()], exposed = m.rank_comm_exposed_seconds[rank()];
+    std::snprintf(comm, sizeof(comm), " | comm %.1f ms, %.0f%% overlapped", total * 1e3,
+                  total > 0 ? 100.0 * std::max(0.0, 1.0 - exposed / total) : 0.0);
+  }
+  std::fprintf(stderr, "step %lld/%lld | loss %.6g | lr %.3g | %.0f %s/s%s | ETA %s%s\n",
                static_cast<long long>(step_), static_cast<long long>(config_.steps), m.loss, m.lr,
-               m.tokens_per_s, config_.model.type == "gpt" ? "tok" : "samples",
+               m.tokens_per_s, config_.model.type == "gpt" ? "tok" : "samples", comm,
                FormatDuration(eta).c_str(),
                m.evaluated ? (" | val " + std::to_string(m.val_loss)).c_str() : "");
 }

@@ -30,6 +30,7 @@
 #include "kernels/nn.h"
 #include "kernels/base/status.h"
 #include "worker/io/token_loader.h"
+#include "worker/engine/grad_buckets.h"
 #include "worker/engine/model.h"
 #include "worker/engine/step_phases.h"
 #include "worker/config/run_config.h"
@@ -52,7 +53,10 @@ class Trainer {
 
   // Makes this trainer one rank of `comm` (before Resume or Train). Without one
   // the run has a single rank. With optimizer.shard (ZeRO-1) this rank then
-  // keeps the Adam moments of its 1/N of the parameters only. The communicator
+  // keeps the Adam moments of its 1/N of the parameters only. Otherwise, with
+  // dist.bucket_mb > 0, the gradient is all-reduced in buckets started during
+  // the last micro-batch's backward (grad_buckets.h); with 0 (or ZeRO-1) in
+  // one collective after the backward. The communicator
   // must work on this trainer's backend memory (CPU backend: TcpComm; CUDA:
   // NcclCommunicator on backend()->NativeStream()); it is destroyed before the
   // backend.
@@ -215,7 +219,12 @@ class Trainer {
   RunConfig config_;
   PrecisionScheme scheme_;
   std::unique_ptr<Communicator> comm_;  // null: one rank
-  double comm_seconds_ = 0;             // this step's wall time in gradient and weight collectives
+  // This step's time in the gradient and weight collectives (the collectives'
+  // own durations: bucketed all-reduces as measured where they ran, the others
+  // as wall time around the call), and the part of it the trainer waited for
+  // after its backward had finished (1 - exposed / comm: the overlap).
+  double comm_seconds_ = 0, comm_exposed_seconds_ = 0;
+  std::unique_ptr<GradBuckets> buckets_;  // null: one reduction after the backward
   int accum_ = 1;                       // micro-batches per step on this rank
   // ZeRO-1 (optimizer.shard with ranks): rank r owns parameters
   // [r * shard_per_, (r + 1) * shard_per_) clipped to param_count; grads_ is

@@ -57,10 +57,15 @@ std::string StepMetrics::ToJson() const {
     w.Add("probe", p);
   }
   if (!rank_step_seconds.empty()) {
-    JsonValue step_ms = JsonValue::Array(), comm_ms = JsonValue::Array();
+    JsonValue step_ms = JsonValue::Array(), comm_ms = JsonValue::Array(), exposed_ms = JsonValue::Array();
     for (double s : rank_step_seconds) step_ms.Append(s * 1e3);
     for (double s : rank_comm_seconds) comm_ms.Append(s * 1e3);
-    w.Add("rank_step_ms", step_ms).Add("rank_comm_ms", comm_ms);
+    for (double s : rank_comm_exposed_seconds) exposed_ms.Append(s * 1e3);
+    w.Add("rank_step_ms", step_ms).Add("rank_comm_ms", comm_ms).Add("rank_comm_exposed_ms", exposed_ms);
+  }
+  if (grad_buckets > 0) {
+    w.Add("grad_buckets", static_cast<int64_t>(grad_buckets));
+    w.Add("grad_buckets_early", static_cast<int64_t>(grad_buckets_early));
   }
   if (evaluated) w.Add("val_loss", val_loss);
   if (skipped) w.Add("skipped", true);
@@ -99,7 +104,8 @@ Status ParseMetricLine(const std::string& line, MetricLine* out) {
     }
   }
   for (const auto& field : {std::make_pair("rank_step_ms", &m.rank_step_seconds),
-                            std::make_pair("rank_comm_ms", &m.rank_comm_seconds)}) {
+                            std::make_pair("rank_comm_ms", &m.rank_comm_seconds),
+                            std::make_pair("rank_comm_exposed_ms", &m.rank_comm_exposed_seconds)}) {
     if (const JsonValue* ms = v.Find(field.first)) {
       for (const JsonValue& x : ms->array()) field.second->push_back(number(&x) / 1e3);
     }

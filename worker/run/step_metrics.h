@@ -46,9 +46,17 @@ struct StepMetrics {
   double lr = 0;
   double tokens_per_s = 0;     // proxy: samples per second
   double step_seconds = 0;
-  // Ranks (data parallel): every rank's step time and time in collectives,
-  // by rank (rank 0 writes the line). Empty for a run of one rank.
-  std::vector<double> rank_step_seconds, rank_comm_seconds;
+  // Ranks (data parallel), by rank (rank 0 writes the line); empty for a run
+  // of one rank: every rank's step time; its time in the gradient and weight
+  // collectives (their own durations: a bucketed all-reduce as measured on the
+  // communication thread or stream, which may overlap the backward); and the
+  // part of that the rank waited for after its backward had finished (the
+  // exposed time; overlap = 1 - exposed / comm).
+  std::vector<double> rank_step_seconds, rank_comm_seconds, rank_comm_exposed_seconds;
+  // Gradient buckets (dist.bucket_mb > 0 with ranks): how many this step's
+  // gradient was reduced in, and how many of them started while the backward
+  // still ran. 0: one reduction after the backward.
+  int grad_buckets = 0, grad_buckets_early = 0;
   double grad_norm = 0;        // global, before clipping
   std::vector<GroupValue> grad_norms;     // per layer group
   double update_ratio = 0;     // |w_new - w_old| / |w_old|, global
@@ -82,7 +90,7 @@ struct MetricLine {
   double probe_cosine = 0, probe_zeta = 0;
   bool has_saturation = false;  // the line holds quantized operands
   double max_saturated = 0;     // the largest saturated fraction over them
-  std::vector<double> rank_step_seconds, rank_comm_seconds;  // by rank; empty: one rank
+  std::vector<double> rank_step_seconds, rank_comm_seconds, rank_comm_exposed_seconds;  // by rank; empty: one rank
 };
 
 // Parses one line. Fails, naming what is wrong, when the line is not a JSON

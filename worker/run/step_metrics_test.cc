@@ -46,13 +46,26 @@ TEST(MetricLineTest, PerRankTimesRoundTripInMilliseconds) {
   m.step = 3;
   m.rank_step_seconds = {0.5, 0.25};
   m.rank_comm_seconds = {0.125, 0.0625};
+  m.rank_comm_exposed_seconds = {0.03125, 0.0};
   const std::string json = m.ToJson();
   EXPECT_NE(json.find("\"rank_step_ms\":[500,250]"), std::string::npos) << json;
   EXPECT_NE(json.find("\"rank_comm_ms\":[125,62.5]"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"rank_comm_exposed_ms\":[31.25,0]"), std::string::npos) << json;
+  EXPECT_EQ(json.find("grad_buckets"), std::string::npos) << json;  // one reduction: no bucket counts
   MetricLine line;
   ASSERT_TRUE(ParseMetricLine(json, &line).ok());
   EXPECT_EQ(line.rank_step_seconds, (std::vector<double>{0.5, 0.25}));
   EXPECT_EQ(line.rank_comm_seconds, (std::vector<double>{0.125, 0.0625}));
+  EXPECT_EQ(line.rank_comm_exposed_seconds, (std::vector<double>{0.03125, 0.0}));
+}
+
+TEST(MetricLineTest, BucketCountsAreWrittenWhenTheGradientWasBucketed) {
+  StepMetrics m;
+  m.step = 1;
+  m.grad_buckets = 6;
+  m.grad_buckets_early = 5;
+  const std::string json = m.ToJson();
+  EXPECT_NE(json.find("\"grad_buckets\":6,\"grad_buckets_early\":5"), std::string::npos) << json;
 }
 
 TEST(MetricLineTest, MissingOrNonNumericValuesReadAsNaNForEveryReader) {
