@@ -300,15 +300,18 @@ int TrainCommand(int argc, char** argv) {
                  static_cast<long long>(trainer->step()));
     return trainer_exit::kDiverged;
   }
-  if (g_signal != 0) {
-    std::fprintf(stderr, "keel-train: interrupted (signal %d) after step %lld; resume with --resume latest\n",
-                 static_cast<int>(g_signal), static_cast<long long>(trainer->step()));
-    return trainer_exit::kInterrupted;
-  }
-  if (trainer->stop_requested() && trainer->step() < trainer->config().steps) {
-    // Another rank was asked to stop, and every rank stopped with it: not done.
-    std::fprintf(stderr, "keel-train: rank %d stopped after step %lld with the other ranks; resume with --resume latest\n",
-                 rank, static_cast<long long>(trainer->step()));
+  // The ranks' agreed stop decides, not this rank's signal: a signal that came
+  // after the last vote (the run done meanwhile) changes nothing, so every rank
+  // exits with the same status.
+  if (trainer->stopped() && trainer->step() < trainer->config().steps) {
+    if (g_signal != 0) {
+      std::fprintf(stderr, "keel-train: interrupted (signal %d) after step %lld; resume with --resume latest\n",
+                   static_cast<int>(g_signal), static_cast<long long>(trainer->step()));
+    } else {
+      // Another rank was asked to stop, and every rank stopped with it: not done.
+      std::fprintf(stderr, "keel-train: rank %d stopped after step %lld with the other ranks; resume with --resume latest\n",
+                   rank, static_cast<long long>(trainer->step()));
+    }
     return trainer_exit::kInterrupted;
   }
   return trainer_exit::kDone;

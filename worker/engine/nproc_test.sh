@@ -5,6 +5,8 @@
 #  - kill -9 of one rank: the launcher stops the other and fails quickly, and
 #    the run resumed from its newest checkpoint ends with the uninterrupted loss;
 #  - SIGINT: every rank stops after the same step, rank 0 checkpoints, exit 130;
+#    so does a SIGTERM that lands on one rank between the ranks' stop vote and
+#    the end of the step (a test hook raises it there);
 #  - flags that cannot work are refused (exit 2); CUDA ranks without a GPU fail at once.
 set -euo pipefail
 train="$PWD/worker/engine/keel-train"
@@ -73,6 +75,19 @@ status=0
 wait "$launcher" || status=$?
 [ "$status" = 130 ] || { echo "SIGINT: exit $status, want 130"; cat int.log; exit 1; }
 ls interrupted/checkpoints | grep -q step_ || { echo "no checkpoint after SIGINT"; exit 1; }
+
+# 3b. SIGTERM on rank 1 right after its stop vote of step 3 (the test hook in
+# trainer.cc): the vote said "go on", so both ranks train step 4, vote to stop
+# and stop there together; rank 0 checkpoints step 4; exit 130.
+status=0
+KEEL_TEST_SIGNAL_AFTER_VOTE=1:3 timeout 120 "$train" --config run.yaml --run-dir late --set steps=100000 --nproc 2 \
+  --quiet 2> late.log || status=$?
+[ "$status" = 130 ] || { echo "SIGTERM after the vote: exit $status, want 130"; cat late.log; exit 1; }
+grep -qF "interrupted (signal 15) after step 4" late.log || { echo "rank 1 did not stop after step 4:"; cat late.log; exit 1; }
+grep -qF "rank 0 stopped after step 4 with the other ranks" late.log || {
+  echo "rank 0 did not stop after step 4:"; cat late.log; exit 1; }
+[ "$(wc -l < late/metrics.jsonl)" = 4 ] || { echo "SIGTERM after the vote: $(wc -l < late/metrics.jsonl) metric lines, want 4"; exit 1; }
+[ "$(ls late/checkpoints)" = step_00000004 ] || { echo "checkpoints after SIGTERM: $(ls late/checkpoints), want step_00000004"; exit 1; }
 
 # 4. Refusals.
 expect_refused() {  # expect_refused MESSAGE ARGS...

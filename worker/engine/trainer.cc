@@ -1,6 +1,7 @@
 // The training loop (see trainer.h).
 #include "worker/engine/trainer.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <climits>
 #include <cstring>
 #include <map>
@@ -808,6 +810,21 @@ Status Trainer::ProcessCommands() {
   return Status::Ok();
 }
 
+namespace {
+
+// Test hook (nproc_test.sh): KEEL_TEST_SIGNAL_AFTER_VOTE=R:S makes rank R
+// raise SIGTERM right after its stop vote of step S: the moment where a signal
+// must not make one rank leave while the others train on.
+bool SignalAfterVote(int rank, int64_t step) {
+  const char* spec = std::getenv("KEEL_TEST_SIGNAL_AFTER_VOTE");
+  if (spec == nullptr) return false;
+  int want_rank = -1;
+  long long want_step = -1;
+  return std::sscanf(spec, "%d:%lld", &want_rank, &want_step) == 2 && want_rank == rank && want_step == step;
+}
+
+}  // namespace
+
 Status Trainer::Train(const MetricsCallback& callback, bool progress) {
   KEEL_RETURN_IF_ERROR(OpenMetricsFile());
   if (progress) {
@@ -824,7 +841,10 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
       KEEL_RETURN_IF_ERROR(FromLeader(&lapsed));
       lease_lapsed_ = lapsed == "1";
     }
-    if (lease_lapsed_) break;
+    if (lease_lapsed_) {
+      stopped_ = true;  // rank 0's decision, which every rank received
+      break;
+    }
     KEEL_RETURN_IF_ERROR(ProcessCommands());
     // Reopened here after a rollback closed it (before the step: it keeps the
     // lines up to the restored step).
@@ -836,12 +856,22 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
     if (progress && (EveryNth(step_, config_.log_every) || step_ == config_.steps)) PrintProgress(m, start, first);
     KEEL_RETURN_IF_ERROR(ApplyPolicy());
     KEEL_RETURN_IF_ERROR(CheckRanksAgree());
-    if (ranks() > 1) {  // a stop asked of any rank stops every rank after this step
+    // The stop vote: a stop asked of any rank stops every rank after this step.
+    // Only the vote decides, never a fresh read of stop_requested(): a signal
+    // landing after it would make this rank leave alone while the others wait
+    // in the next step's collectives. Such a stop is voted on after the next step.
+    bool stop = stop_requested();
+    if (ranks() > 1) {
       std::vector<std::string> stops;
-      KEEL_RETURN_IF_ERROR(comm_->AllGatherHost(stop_requested() ? "1" : "0", &stops));
-      if (std::find(stops.begin(), stops.end(), "1") != stops.end()) RequestStop();
+      KEEL_RETURN_IF_ERROR(comm_->AllGatherHost(stop ? "1" : "0", &stops));
+      stop = std::find(stops.begin(), stops.end(), "1") != stops.end();
+      if (SignalAfterVote(rank(), step_)) raise(SIGTERM);
     }
-    if (stop_requested() || diverged_) break;
+    if (stop) {
+      stopped_ = true;
+      break;
+    }
+    if (diverged_) break;
     KEEL_RETURN_IF_ERROR(MaybeCheckpoint());
   }
   return FinishTraining(progress);

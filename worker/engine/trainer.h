@@ -83,6 +83,10 @@ class Trainer {
   // handler (it only sets an atomic flag).
   void RequestStop() { stop_requested_.store(true); }
   bool stop_requested() const { return stop_requested_.load(); }
+  // Whether Train ended on a stop the ranks agreed on (their vote after a step,
+  // or rank 0's while it waited for the lease). The same on every rank, unlike
+  // stop_requested(), which a signal may set on one rank at any moment.
+  bool stopped() const { return stopped_; }
 
   // Switches the precision scheme; the next step uses it. Weights, optimizer
   // state and data position are untouched.
@@ -248,6 +252,7 @@ class Trainer {
   int64_t step_ = 0;
   FILE* metrics_file_ = nullptr;
   std::atomic<bool> stop_requested_{false};
+  bool stopped_ = false;  // Train's loop ended on the ranks' stop vote (stopped())
   std::unique_ptr<DetectorSet> detectors_;       // null without a policy
   std::unique_ptr<PolicyEngine> engine_;         // reads config_.policy
   std::vector<PolicyEngine::Decision> pending_;  // decided in Step, applied by ApplyPolicy
