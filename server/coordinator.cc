@@ -1237,6 +1237,7 @@ CoordinatorStats Coordinator::Stats(int64_t retention_ms) {
         p.saturated = line.max_saturated;
         p.rank_step_seconds = line.rank_step_seconds;
         p.rank_comm_seconds = line.rank_comm_seconds;
+        p.rank_comm_exposed_seconds = line.rank_comm_exposed_seconds;
       }
       l.parsed = true;
       g = l.gauges;

@@ -85,7 +85,9 @@ struct RunGauges {
   double cosine = 0, zeta = 0;                // its latest gradient-bias probe
   bool has_saturation = false;
   double saturated = 0;                       // the largest saturated fraction over operands
-  std::vector<double> rank_step_seconds, rank_comm_seconds;  // data-parallel runs, by rank
+  // Data-parallel runs, by rank: step time, time in collectives, and the part of
+  // it the rank waited for (not overlapped with its backward).
+  std::vector<double> rank_step_seconds, rank_comm_seconds, rank_comm_exposed_seconds;
   std::map<std::pair<std::string, std::string>, int64_t> interventions;  // (action, rule) -> count
   int64_t ended_unix_ms = 0;                  // 0 while not terminal
 };

@@ -26,6 +26,9 @@ const std::vector<std::pair<std::string, std::string>>& RunGaugeNames() {
           {"keel_run_rank_step_seconds", "A data-parallel rank's latest step time (label rank)"},
           {"keel_run_rank_comm_seconds",
            "A data-parallel rank's time in gradient and weight collectives in its latest step (label rank)"},
+          {"keel_run_rank_comm_exposed_seconds",
+           "The part of keel_run_rank_comm_seconds the rank waited for: not overlapped with its backward "
+           "(label rank)"},
       };
   return *names;
 }
@@ -159,9 +162,11 @@ void KeeldMetrics::Update(const CoordinatorStats& st) {
     set("keel_run_gradient_cosine", g.has_probe, g.cosine);
     set("keel_run_gradient_bias_zeta", g.has_probe, g.zeta);
     set("keel_run_saturated_ratio", g.has_saturation, g.saturated);
-    // Data-parallel runs: each rank's step and communication time.
+    // Data-parallel runs: each rank's step and communication time, and the
+    // part of that time which the backward did not hide.
     for (const auto& per_rank : {std::make_pair("keel_run_rank_step_seconds", &g.rank_step_seconds),
-                                 std::make_pair("keel_run_rank_comm_seconds", &g.rank_comm_seconds)}) {
+                                 std::make_pair("keel_run_rank_comm_seconds", &g.rank_comm_seconds),
+                                 std::make_pair("keel_run_rank_comm_exposed_seconds", &g.rank_comm_exposed_seconds)}) {
       for (size_t r = 0; r < per_rank.second->size(); ++r) {
         const double value = (*per_rank.second)[r];
         if (!std::isfinite(value)) continue;

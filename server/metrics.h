@@ -24,8 +24,10 @@
 //   keel_run_gradient_cosine, keel_run_gradient_bias_zeta (latest probe),
 //   keel_run_saturated_ratio (largest operand clip fraction), keel_run_restarts   gauges
 //   keel_run_ranks, keel_run_workers (data-parallel ranks, and the workers they span)  gauges
-//   keel_run_rank_step_seconds{sweep,run,rank}, keel_run_rank_comm_seconds{sweep,run,rank}
-//     (data-parallel runs: each rank's latest step time and time in collectives)    gauges
+//   keel_run_rank_step_seconds{sweep,run,rank}, keel_run_rank_comm_seconds{sweep,run,rank},
+//   keel_run_rank_comm_exposed_seconds{sweep,run,rank}
+//     (data-parallel runs: each rank's latest step time, time in collectives, and
+//     the part of that time not overlapped with its backward)                      gauges
 //   keel_run_interventions_total{sweep,run,action,rule}                           counter
 #ifndef KEEL_SERVER_METRICS_H_
 #define KEEL_SERVER_METRICS_H_

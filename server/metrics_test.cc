@@ -1,5 +1,6 @@
 // keeld's exporter: a data-parallel run's per-rank step and communication
-// times become one series per rank, and go away with the run.
+// times (and the exposed part of the latter) become one series per rank, and
+// go away with the run.
 #include "server/metrics.h"
 
 #include <gtest/gtest.h>
@@ -15,7 +16,10 @@ namespace {
 std::map<std::string, std::map<std::string, double>> RankSeries(KeeldMetrics& metrics, const std::string& run) {
   std::map<std::string, std::map<std::string, double>> out;
   for (const prometheus::MetricFamily& f : metrics.registry()->Collect()) {
-    if (f.name != "keel_run_rank_step_seconds" && f.name != "keel_run_rank_comm_seconds") continue;
+    if (f.name != "keel_run_rank_step_seconds" && f.name != "keel_run_rank_comm_seconds" &&
+        f.name != "keel_run_rank_comm_exposed_seconds") {
+      continue;
+    }
     for (const prometheus::ClientMetric& m : f.metric) {
       std::map<std::string, std::string> labels;
       for (const prometheus::ClientMetric::Label& l : m.label) labels[l.name] = l.value;
@@ -34,6 +38,7 @@ TEST(KeeldMetricsTest, PerRankTimesAreOneSeriesPerRankAndLeaveWithTheRun) {
   gang.has_metric = true;
   gang.rank_step_seconds = {0.5, 0.25, 0.75};
   gang.rank_comm_seconds = {0.125, 0.0625, 0.25};
+  gang.rank_comm_exposed_seconds = {0.03125, 0.0, 0.25};  // part, all and none overlapped
   gang.ranks = 3;
   gang.workers = 2;
   gang.gpus = 3;
@@ -47,6 +52,8 @@ TEST(KeeldMetricsTest, PerRankTimesAreOneSeriesPerRankAndLeaveWithTheRun) {
   EXPECT_EQ(series["keel_run_rank_step_seconds"], (std::map<std::string, double>{{"0", 0.5}, {"1", 0.25}, {"2", 0.75}}));
   EXPECT_EQ(series["keel_run_rank_comm_seconds"],
             (std::map<std::string, double>{{"0", 0.125}, {"1", 0.0625}, {"2", 0.25}}));
+  EXPECT_EQ(series["keel_run_rank_comm_exposed_seconds"],
+            (std::map<std::string, double>{{"0", 0.03125}, {"1", 0.0}, {"2", 0.25}}));
   EXPECT_TRUE(RankSeries(metrics, "run-2").empty());  // one rank: no per-rank series
   std::map<std::string, double> ranks, workers, gpus;
   for (const prometheus::MetricFamily& f : metrics.registry()->Collect()) {

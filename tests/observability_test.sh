@@ -69,6 +69,12 @@ client/keel runs
 fetch() { /usr/bin/python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())" "$1"; }
 fetch "http://127.0.0.1:$metrics_port/metrics" > "$work/metrics.txt"
 promtool check metrics < "$work/metrics.txt"
+# The two-rank run's per-rank series, the exposed communication time among them.
+for name in keel_run_rank_step_seconds keel_run_rank_comm_seconds keel_run_rank_comm_exposed_seconds; do
+  for rank in 0 1; do
+    grep -q "^$name{.*rank=\"$rank\"" "$work/metrics.txt" || { echo "FAIL: no $name for rank $rank"; grep keel_run_rank "$work/metrics.txt"; exit 1; }
+  done
+done
 for _ in $(seq 50); do   # the worker refreshes its /metrics once a second
   fetch "http://127.0.0.1:$worker_metrics_port/metrics" > "$work/worker-metrics.txt"
   grep -q '^keel_worker_trainer_exits_total{outcome="diverged"} 1' "$work/worker-metrics.txt" &&
