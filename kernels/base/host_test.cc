@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -49,6 +50,27 @@ TEST(HostTest, FreeLoopbackPortCanBeListenedOn) {
   EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << "port " << port;
   EXPECT_EQ(listen(fd, 1), 0);
   close(fd);
+}
+
+TEST(HostTest, HostAddressesAreIpLiteralsOrNamesWithoutAPort) {
+  for (const std::string& ok :
+       std::vector<std::string>{"127.0.0.1", "0.0.0.0", "::", "::1", "fe80::1", "node-7.cluster", "vm"}) {
+    EXPECT_TRUE(IsHostAddress(ok)) << ok;
+  }
+  for (const std::string& bad :
+       std::vector<std::string>{"", "10.0.0.1:7000", "[::1]", "a b", "-h", "host/x", std::string(254, 'a')}) {
+    EXPECT_FALSE(IsHostAddress(bad)) << bad;
+  }
+  EXPECT_TRUE(IsWildcardAddress("0.0.0.0"));
+  EXPECT_TRUE(IsWildcardAddress("::"));
+  EXPECT_FALSE(IsWildcardAddress("127.0.0.1"));
+}
+
+TEST(HostTest, LocalAddressTowardIsTheSourceAddressOfTheRoute) {
+  EXPECT_EQ(LocalAddressToward("127.0.0.1:7070"), "127.0.0.1");
+  EXPECT_EQ(LocalAddressToward("127.0.0.2:7070"), "127.0.0.1");  // the whole of 127/8 is lo, whose address is 127.0.0.1
+  EXPECT_EQ(LocalAddressToward("no port"), "");
+  EXPECT_EQ(LocalAddressToward("host.invalid:7070"), "");  // .invalid never resolves (RFC 6761)
 }
 
 }  // namespace

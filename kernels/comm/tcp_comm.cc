@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/base/host.h"
 #include "kernels/formats.h"
 
 // Headers and values go on the wire as they are in memory: every host Keel
@@ -215,6 +216,15 @@ std::string SecondsText(double seconds) {
 std::string JoinHostPort(const std::string& host, int port) {
   const bool v6 = host.find(':') != std::string::npos;
   return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+// The host rank 0 publishes (TcpCommOptions::advertise).
+std::string AdvertisedHost(const TcpCommOptions& o) {
+  if (!o.advertise.empty()) return o.advertise;
+  if (!IsWildcardAddress(o.host)) return o.host;
+  char name[256] = {0};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
 }
 
 bool SplitHostPort(const std::string& id, std::string* host, std::string* port) {
@@ -727,6 +737,11 @@ Status ValidateOptions(const TcpCommOptions& o) {
   if (o.size > 1 && o.rank == 0 && o.host.empty()) {
     return Status::InvalidField("host", "is empty; rank 0 needs an address to listen on (\"127.0.0.1\", a host name)");
   }
+  if (IsWildcardAddress(o.advertise)) {
+    return Status::InvalidField("advertise", "\"" + o.advertise +
+                                                 "\" cannot be connected to; an address or name of this machine that "
+                                                 "the other ranks reach is allowed (\"\": the listen host)");
+  }
   return Status::Ok();
 }
 
@@ -791,7 +806,7 @@ Status JoinAsRoot(const TcpCommOptions& o, std::vector<int>* fds) {
   ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&bound), &bound_len);
   const int port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                                      : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  const std::string address = JoinHostPort(o.host, port);
+  const std::string address = JoinHostPort(AdvertisedHost(o), port);
   Status published = WriteBootstrapId(o.bootstrap_path, address);
   if (!published.ok()) {
     CloseFd(&listen_fd);

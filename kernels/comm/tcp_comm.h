@@ -23,7 +23,11 @@ namespace keel {
 struct TcpCommOptions {
   int rank = 0, size = 1;
   std::string bootstrap_path;      // the bootstrap file (comm.h); required when size > 1
-  std::string host = "127.0.0.1";  // rank 0 binds here and advertises "host:port" (port chosen by the OS)
+  std::string host = "127.0.0.1";  // rank 0 listens here (port chosen by the OS); "0.0.0.0", "::": every interface
+  // The host rank 0 publishes in the bootstrap file ("advertise:port"): the
+  // address the other ranks connect to. "": `host`, or this machine's name
+  // (gethostname) when `host` is a wildcard. A wildcard here is refused.
+  std::string advertise;
   double timeout_s = 60;           // joining, and any one wait for a peer inside a collective
 };
 
@@ -37,7 +41,7 @@ constexpr size_t kTcpCommChunkBytes = size_t{1} << 20;
 //   - size == 1: no sockets; the collectives are local copies (kBF16 still
 //     rounds, so one rank computes what N ranks would).
 //   - Rank 0 listens on options.host (port 0: the OS picks), writes
-//     "host:port" to bootstrap_path and waits up to timeout_s for the other
+//     "advertise:port" to bootstrap_path and waits up to timeout_s for the other
 //     ranks; the others wait for that file, connect (retrying while rank 0 is
 //     not listening yet) and introduce themselves. A rank missing after
 //     timeout_s makes every rank's MakeTcpComm fail (kUnavailable, naming the

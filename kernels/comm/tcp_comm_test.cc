@@ -3,6 +3,8 @@
 // in a temporary directory, ports chosen by the OS.
 #include "kernels/comm/tcp_comm.h"
 
+#include <ifaddrs.h>
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -12,6 +14,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
@@ -443,6 +447,10 @@ TEST(TcpComm, RefusesBadOptionsNamingTheField) {
   TcpCommOptions no_host = Options(0, 2, path, 1);
   no_host.host = "";
   cases.push_back({no_host, "host", "is empty"});
+  TcpCommOptions wildcard_advertised = Options(0, 2, path, 1);
+  wildcard_advertised.host = "0.0.0.0";
+  wildcard_advertised.advertise = "0.0.0.0";
+  cases.push_back({wildcard_advertised, "advertise", "\"0.0.0.0\" cannot be connected to"});
   for (const Case& c : cases) {
     std::unique_ptr<Communicator> comm;
     Status s = MakeTcpComm(c.options, &comm);
@@ -454,6 +462,77 @@ TEST(TcpComm, RefusesBadOptionsNamingTheField) {
   // One rank needs no bootstrap file.
   std::unique_ptr<Communicator> comm;
   EXPECT_TRUE(MakeTcpComm(Options(0, 1, "", 1), &comm).ok());
+}
+
+// This machine's first IPv4 address that is not loopback; "" when it has none.
+std::string NonLoopbackIpv4() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* a = list; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    const in_addr ip = reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr;
+    if ((ntohl(ip.s_addr) >> 24) == 127) continue;
+    char text[INET_ADDRSTRLEN];
+    if (::inet_ntop(AF_INET, &ip, text, sizeof(text)) != nullptr) found = text;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+// Rank 0 listens on 0.0.0.0 and publishes `advertise`; the bootstrap file must
+// then read "<published>:<port>", and rank 1 joins through it (or, with
+// connect_via, through a copy naming that host instead) and sums with rank 0.
+void JoinThroughEveryInterface(const std::string& advertise, const std::string& published,
+                               const std::string& connect_via = "") {
+  SCOPED_TRACE("advertise \"" + advertise + "\"");
+  const std::string path = NewBootstrapPath();
+  std::vector<float> sums[2];
+  std::thread root([&] {
+    TcpCommOptions o = Options(0, 2, path, 10);
+    o.host = "0.0.0.0";
+    o.advertise = advertise;
+    std::unique_ptr<Communicator> comm;
+    Status s = MakeTcpComm(o, &comm);
+    ASSERT_TRUE(s.ok()) << s.message();
+    sums[0] = {1, 2};
+    ASSERT_TRUE(comm->AllReduceSum(sums[0].data(), 2, ReducePrecision::kF32).ok());
+  });
+  std::string id;
+  ASSERT_TRUE(WaitBootstrapId(path, 10, &id).ok());
+  EXPECT_EQ(id.rfind(published + ":", 0), 0u) << id;
+  const std::string port = id.substr(id.rfind(':') + 1);
+  EXPECT_GT(std::atoi(port.c_str()), 0) << id;
+  std::string peer_path = path;
+  if (!connect_via.empty()) {
+    peer_path = path + ".via";
+    ASSERT_TRUE(WriteBootstrapId(peer_path, connect_via + ":" + port).ok());
+  }
+  std::unique_ptr<Communicator> comm;
+  Status s = MakeTcpComm(Options(1, 2, peer_path, 10), &comm);
+  EXPECT_TRUE(s.ok()) << s.message();
+  if (s.ok()) {
+    sums[1] = {10, 20};
+    EXPECT_TRUE(comm->AllReduceSum(sums[1].data(), 2, ReducePrecision::kF32).ok());
+  }
+  root.join();
+  EXPECT_EQ(sums[0], (std::vector<float>{11, 22}));
+  EXPECT_EQ(sums[1], (std::vector<float>{11, 22}));
+}
+
+// A run spanning hosts (dist.listen_host 0.0.0.0): rank 0 is reachable at an
+// address other than the loopback one the single-host default listens on.
+TEST(TcpComm, RankZeroOnEveryInterfacePublishesTheAdvertisedAddress) {
+  // 127.0.0.2 reaches a socket bound to 0.0.0.0, never one bound to 127.0.0.1.
+  JoinThroughEveryInterface("127.0.0.2", "127.0.0.2");
+  const std::string lan = NonLoopbackIpv4();
+  std::printf("this machine's non-loopback IPv4 address: %s\n", lan.empty() ? "(none)" : lan.c_str());
+  if (!lan.empty()) JoinThroughEveryInterface(lan, lan);
+  // Nothing advertised: the machine's name (here reached through loopback,
+  // since a test machine's name need not resolve).
+  char name[256] = {0};
+  ::gethostname(name, sizeof(name) - 1);
+  JoinThroughEveryInterface("", name, "127.0.0.1");
 }
 
 TEST(TcpComm, RefusesABroadcastRootThatIsNotARank) {

@@ -12,6 +12,7 @@
 #include <limits>
 #include <sstream>
 
+#include "kernels/base/host.h"
 #include "worker/io/yaml_strict.h"
 
 namespace keel {
@@ -727,12 +728,32 @@ Status ParseRunFields(const Reader& r, const YAML::Node& root, RunConfig* c) {
   return Status::Ok();
 }
 
+// An IP address or host name (IsHostAddress) for dist.listen_host /
+// dist.advertise_host; the wildcards "0.0.0.0" and "::" only where listening.
+Status HostField(const Reader& r, const YAML::Node& node, const std::string& field, bool wildcard_allowed,
+                 std::string* out) {
+  std::string v;
+  KEEL_RETURN_IF_ERROR(r.String(node, field, &v));
+  if (!IsHostAddress(v) || (IsWildcardAddress(v) && !wildcard_allowed)) {
+    return r.Error(node, field,
+                   "'" + v + "' is not allowed (allowed: an IP address or host name of " +
+                       (wildcard_allowed ? "this machine, e.g. 127.0.0.1, or 0.0.0.0 / :: for every interface)"
+                                         : "this machine that the other ranks reach, not a wildcard)"));
+  }
+  *out = v;
+  return Status::Ok();
+}
+
 Status ParseDist(const Reader& r, const YAML::Node& d, DistConfig* dc) {
-  KEEL_RETURN_IF_ERROR(r.CheckKeys(d, "dist", {"reduce", "timeout_s", "bucket_mb"}));
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(d, "dist", {"reduce", "timeout_s", "bucket_mb", "listen_host", "advertise_host"}));
   if (d["reduce"]) KEEL_RETURN_IF_ERROR(r.OneOf(d["reduce"], "dist.reduce", {"fp32", "bf16"}, &dc->reduce));
   if (d["timeout_s"]) KEEL_RETURN_IF_ERROR(r.Float(d["timeout_s"], "dist.timeout_s", 0.1, 86400.0, &dc->timeout_s));
   // 0: one reduction after the backward; else MiB per bucket, up to 64 GiB.
   if (d["bucket_mb"]) KEEL_RETURN_IF_ERROR(r.Float(d["bucket_mb"], "dist.bucket_mb", 0.0, 65536.0, &dc->bucket_mb));
+  if (d["listen_host"]) KEEL_RETURN_IF_ERROR(HostField(r, d["listen_host"], "dist.listen_host", true, &dc->listen_host));
+  if (d["advertise_host"]) {
+    KEEL_RETURN_IF_ERROR(HostField(r, d["advertise_host"], "dist.advertise_host", false, &dc->advertise_host));
+  }
   return Status::Ok();
 }
 

@@ -77,6 +77,13 @@ struct DistConfig {
   // backward has written it (worker/engine/grad_buckets.h); 0: one reduction
   // after the backward. ZeRO-1 (optimizer.shard) keeps one reduce-scatter.
   float bucket_mb = 25;
+  // TCP (CPU) ranks: rank 0 listens on listen_host ("0.0.0.0" or "::": every
+  // interface) and publishes advertise_host:port in the bootstrap file, the
+  // address the other ranks connect to ("": listen_host, or this machine's name
+  // when listen_host is a wildcard). keel-worker sets both for a gang's parts
+  // (0.0.0.0 and its --advertise); NCCL ranks do not use them.
+  std::string listen_host = "127.0.0.1";
+  std::string advertise_host;
 };
 
 struct RunConfig {

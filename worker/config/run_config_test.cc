@@ -96,6 +96,11 @@ TEST(RunConfigFieldsTest, EveryTopLevelFieldLands) {
   EXPECT_EQ(Parsed("steps: 1\n").dist.reduce, "fp32");
   EXPECT_EQ(Parsed("steps: 1\n").dist.bucket_mb, 25.0f);
   EXPECT_EQ(Parsed("dist: {bucket_mb: 0}\n").dist.bucket_mb, 0.0f);  // one reduction after the backward
+  EXPECT_EQ(Parsed("steps: 1\n").dist.listen_host, "127.0.0.1");  // one host: loopback only
+  EXPECT_EQ(Parsed("steps: 1\n").dist.advertise_host, "");
+  EXPECT_EQ(Parsed("dist: {listen_host: 0.0.0.0, advertise_host: node-7.cluster}\n").dist.advertise_host,
+            "node-7.cluster");
+  EXPECT_EQ(Parsed("dist: {listen_host: '::'}\n").dist.listen_host, "::");
   EXPECT_EQ(Parsed("steps: 1\n").check_every, 100);
   // Without run_dir, the name picks the directory.
   EXPECT_EQ(Parsed("name: other\n").run_dir, "runs/other");
@@ -505,7 +510,20 @@ TEST(RunConfigErrorTest, TopLevel) {
       {"check_every: -1\n", "r.yaml:1:14: check_every: -1 is out of range (allowed: 0 .. 1073741824)"},
       {"dist: {reduce: fp16}\n", "r.yaml:1:16: dist.reduce: unknown value 'fp16' (allowed: fp32, bf16)"},
       {"dist: {timeout_s: 0}\n", "r.yaml:1:19: dist.timeout_s: 0 is out of range (allowed: 0.1 .. 86400)"},
-      {"dist: {ranks: 2}\n", "r.yaml:1:8: dist.ranks: unknown key (allowed: bucket_mb, reduce, timeout_s)"},
+      {"dist: {ranks: 2}\n",
+       "r.yaml:1:8: dist.ranks: unknown key (allowed: advertise_host, bucket_mb, listen_host, reduce, timeout_s)"},
+      {"dist: {listen_host: 'a b'}\n",
+       "r.yaml:1:21: dist.listen_host: 'a b' is not allowed (allowed: an IP address or host name of this machine, "
+       "e.g. 127.0.0.1, or 0.0.0.0 / :: for every interface)"},
+      {"dist: {listen_host: '10.0.0.1:7000'}\n",  // no port: the OS picks it
+       "r.yaml:1:21: dist.listen_host: '10.0.0.1:7000' is not allowed (allowed: an IP address or host name of this "
+       "machine, e.g. 127.0.0.1, or 0.0.0.0 / :: for every interface)"},
+      {"dist: {advertise_host: 0.0.0.0}\n",
+       "r.yaml:1:24: dist.advertise_host: '0.0.0.0' is not allowed (allowed: an IP address or host name of this "
+       "machine that the other ranks reach, not a wildcard)"},
+      {"dist: {advertise_host: -h}\n",
+       "r.yaml:1:24: dist.advertise_host: '-h' is not allowed (allowed: an IP address or host name of this machine "
+       "that the other ranks reach, not a wildcard)"},
       {"dist: {bucket_mb: -1}\n", "r.yaml:1:19: dist.bucket_mb: -1 is out of range (allowed: 0 .. 65536)"},
       {"dist: {bucket_mb: 1e9}\n", "r.yaml:1:19: dist.bucket_mb: 1e9 is out of range (allowed: 0 .. 65536)"},
       {"dist: {bucket_mb: big}\n", "r.yaml:1:19: dist.bucket_mb: 'big' is not a finite number"},
