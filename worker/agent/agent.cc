@@ -14,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include "kernels/base/host.h"
 #include "proto/channel.h"
 #include "proto/keel.grpc.pb.h"
 #include "worker/io/file_util.h"
@@ -225,6 +226,11 @@ void Agent::HandleCommand(const v1::WorkerCommand& command) {
     launch.ranks = std::max(1, a.ranks());
     launch.first_rank = a.first_rank();
     launch.world = a.world();
+    if (launch.world > launch.ranks && launch.first_rank == 0) {
+      launch.advertise = options_.advertise;
+      if (launch.advertise.empty()) launch.advertise = LocalAddressToward(options_.server);
+      if (launch.advertise.empty()) launch.advertise = options_.host;
+    }
     std::unique_ptr<RunSupervisor> s;
     Status st = RunSupervisor::Start(launch, &s);
     if (!st.ok()) {

@@ -42,6 +42,10 @@ struct AgentOptions {
   std::string trainer;                    // keel-train binary
   std::string work_dir = "keel-worker";   // runs/<run_id>/ live here
   std::string host;                       // "" : gethostname()
+  // The address other hosts reach this one at: a gang's part with rank 0 listens
+  // on every interface and publishes it (dist.advertise_host). "": this host's
+  // address on its route to keeld (LocalAddressToward), else `host`.
+  std::string advertise;
   std::vector<v1::Device> devices;        // GPUs to offer (empty: CPU slots)
   bool fake_gpus = false;                 // `devices` are FakeGpus(): trainers run their config's backend
   std::vector<std::string> data_roots;    // trainers may read data only inside these (--data-root)

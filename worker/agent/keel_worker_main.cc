@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "kernels/base/flags.h"
+#include "kernels/base/host.h"
 #include "kernels/base/stop_signal.h"
 #include "proto/channel.h"
 #include "worker/agent/agent.h"
@@ -31,6 +32,10 @@ const char kUsage[] =
     "  gang's part on this host is ranks F..F+N-1 of the run's W).\n"
     "options:\n"
     "  --server HOST:PORT   keeld's address (default $KEEL_SERVER or 127.0.0.1:7070)\n"
+    "  --advertise HOST     the address other workers reach this host at: a gang's rank 0\n"
+    "                       here listens on every interface and publishes HOST:port to\n"
+    "                       the other parts (default: this host's address on its route to\n"
+    "                       keeld, e.g. 127.0.0.1 when keeld is on loopback)\n"
     "  --token-file FILE    the worker join token (default $KEEL_WORKER_TOKEN)\n"
     "  --trainer PATH       keel-train (default: keel-train beside this binary)\n"
     "  --work-dir DIR       run directories (default ./keel-worker)\n"
@@ -74,6 +79,7 @@ int main(int argc, char** argv) {
   std::string only_gpus;
   CLI::App app("keel-worker");
   app.add_option("--server", options.server);
+  app.add_option("--advertise", options.advertise);
   app.add_option("--token-file", token_file);
   app.add_option("--trainer", options.trainer);
   app.add_option("--data-root", options.data_roots)->allow_extra_args(false);
@@ -94,6 +100,12 @@ int main(int argc, char** argv) {
   if (!only_gpus.empty() && (no_gpus || fake_gpus > 0)) {
     return Fail("--gpus: not allowed with " + std::string(no_gpus ? "--no-gpus" : "--fake-gpus") +
                 " (allowed: one of them)");
+  }
+  if (!options.advertise.empty() &&
+      (!keel::IsHostAddress(options.advertise) || keel::IsWildcardAddress(options.advertise))) {
+    return Fail("--advertise: '" + options.advertise +
+                "' is not allowed (allowed: an IP address or host name of this host that other workers reach, "
+                "without a port, not 0.0.0.0 or ::)");
   }
   if (quiet) options.verbose = false;
   if (!token_file.empty()) {

@@ -106,6 +106,13 @@ Status RunSupervisor::Start(const RunLaunch& launch, std::unique_ptr<RunSupervis
                                  std::to_string(launch.world), std::string("--bootstrap"), bootstrap}) {
       args.push_back(a);
     }
+    // The other parts run on other hosts: rank 0 must not listen on loopback only.
+    if (launch.first_rank == 0 && !launch.advertise.empty()) {
+      for (const std::string& a : {std::string("--set"), std::string("dist.listen_host=0.0.0.0"), std::string("--set"),
+                                   "dist.advertise_host=" + launch.advertise}) {
+        args.push_back(a);
+      }
+    }
   }
   if (!launch.resume_checkpoint.empty()) {
     const std::string checkpoint = NewestCheckpointBeside(launch.resume_checkpoint);

@@ -38,6 +38,10 @@ struct RunLaunch {
   // it; the others get it relayed by keeld).
   int first_rank = 0;
   int world = 0;                  // 0: ranks
+  // A gang's part with rank 0: the address the other parts reach this host at.
+  // Rank 0 then listens on every interface and publishes it (keel-train --set
+  // dist.listen_host=0.0.0.0 --set dist.advertise_host=<advertise>).
+  std::string advertise;
 };
 
 // What Poll saw since the previous call.
@@ -73,6 +77,7 @@ class RunSupervisor {
   //           --lease-file <run_dir>/lease --attempt N [--data-root R ...]
   //           [--resume <checkpoint> --resume-fallback]
   //           [--nproc <ranks> [--first-rank F --world W --bootstrap <run_dir>/ranks/bootstrap]]
+  //           [--set dist.listen_host=0.0.0.0 --set dist.advertise_host=<advertise>]  (gang, rank 0's part)
   // with stdout and stderr appended to <run_dir>/trainer.log and
   // CUDA_VISIBLE_DEVICES set to the GPUs ("" for a CPU run). The trainer gets
   // SIGTERM when the thread that started it dies, whatever kills the worker.

@@ -3,6 +3,8 @@
 // exit 130) and kill -9 are each reported as what they were; resume continues.
 #include "worker/agent/run_supervisor.h"
 
+#include "worker/io/file_util.h"
+#include "worker/run/run_dir.h"
 #include "worker/run/run_lease.h"
 
 #include <gtest/gtest.h>
@@ -194,6 +196,62 @@ TEST(RunSupervisorTest, FakeGpusRunTheConfigsBackendWithOneDevicePerRank) {
   ASSERT_TRUE(p.exited);
   EXPECT_EQ(p.exit.exit_code(), 0) << p.exit.message();
   EXPECT_EQ(p.metrics.size(), 3000u);
+}
+
+// A gang of two parts of one rank each, as on two hosts (two run directories,
+// the id relayed by hand as keeld relays it): the part with rank 0 listens on
+// every interface and publishes its advertise address, here 127.0.0.2, which
+// reaches a socket bound to 0.0.0.0 but never one bound to 127.0.0.1 (the
+// single-host default); the other part joins through it and both finish.
+TEST(RunSupervisorTest, AGangsRankZeroListensOnEveryInterfaceAndPublishesItsAdvertiseAddress) {
+  RunLaunch first = Launch(FreshDir("sup_gang_first"), 20);
+  first.ranks = 1;
+  first.first_rank = 0;
+  first.world = 2;
+  first.advertise = "127.0.0.2";
+  RunLaunch second = Launch(FreshDir("sup_gang_second"), 20);
+  second.ranks = 1;
+  second.first_rank = 1;
+  second.world = 2;
+  second.advertise = "127.0.0.3";  // not the part with rank 0: unused
+  std::unique_ptr<RunSupervisor> a, b;
+  ASSERT_TRUE(RunSupervisor::Start(first, &a).ok());
+  ASSERT_TRUE(RunSupervisor::Start(second, &b).ok());
+  std::vector<std::string> args;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::find(args.begin(), args.end(), "--config") == args.end() && std::chrono::steady_clock::now() < deadline) {
+    args = ProcStrings(a->pid(), "cmdline");
+  }
+  auto set = [](const std::vector<std::string>& v, const std::string& what) {
+    for (size_t i = 0; i + 1 < v.size(); ++i) {
+      if (v[i] == "--set" && v[i + 1] == what) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(set(args, "dist.listen_host=0.0.0.0"));
+  EXPECT_TRUE(set(args, "dist.advertise_host=127.0.0.2"));
+  std::vector<std::string> other;
+  while (std::find(other.begin(), other.end(), "--config") == other.end() && std::chrono::steady_clock::now() < deadline) {
+    other = ProcStrings(b->pid(), "cmdline");
+  }
+  EXPECT_FALSE(set(other, "dist.listen_host=0.0.0.0"));  // only rank 0 listens
+  // Relay rank 0's id to the other part, as keeld does.
+  std::string id;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (ReadFile(RunDir(first.run_dir).bootstrap(), &id).ok() && !id.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(id.rfind("127.0.0.2:", 0), 0u) << id;
+  ASSERT_TRUE(WriteFileAtomic(RunDir(second.run_dir).bootstrap(), id).ok());
+  RunProgress second_progress;
+  std::thread follow_second([&] { second_progress = Follow(b.get()); });
+  RunProgress p = Follow(a.get());
+  follow_second.join();
+  ASSERT_TRUE(p.exited);
+  EXPECT_EQ(p.exit.exit_code(), 0) << p.exit.message();
+  EXPECT_EQ(p.metrics.size(), 20u);
+  ASSERT_TRUE(second_progress.exited);
+  EXPECT_EQ(second_progress.exit.exit_code(), 0) << second_progress.exit.message();
 }
 
 TEST(RunSupervisorTest, BadTrainerPathExitsWith127AndSaysSo) {

@@ -249,6 +249,8 @@ int TrainCommand(int argc, char** argv) {
       options.size = world;
       options.bootstrap_path = bootstrap;
       options.timeout_s = config.dist.timeout_s;
+      options.host = config.dist.listen_host;
+      options.advertise = config.dist.advertise_host;
       s = MakeTcpComm(options, &comm);
     }
     if (!s.ok()) return Fail(trainer_exit::kFailed, "rank " + std::to_string(rank) + ": " + s.message());

@@ -7,6 +7,7 @@
 #  - SIGINT: every rank stops after the same step, rank 0 checkpoints, exit 130;
 #    so does a SIGTERM that lands on one rank between the ranks' stop vote and
 #    the end of the step (a test hook raises it there);
+#  - dist.listen_host 0.0.0.0: rank 0 reached at its dist.advertise_host;
 #  - flags that cannot work are refused (exit 2); CUDA ranks without a GPU fail at once.
 set -euo pipefail
 train="$PWD/worker/engine/keel-train"
@@ -89,6 +90,12 @@ grep -qF "rank 0 stopped after step 4 with the other ranks" late.log || {
 [ "$(wc -l < late/metrics.jsonl)" = 4 ] || { echo "SIGTERM after the vote: $(wc -l < late/metrics.jsonl) metric lines, want 4"; exit 1; }
 [ "$(ls late/checkpoints)" = step_00000004 ] || { echo "checkpoints after SIGTERM: $(ls late/checkpoints), want step_00000004"; exit 1; }
 
+# 3c. Rank 0 on every interface (dist.listen_host 0.0.0.0), publishing
+# 127.0.0.2, which a socket bound to 127.0.0.1 (the default) never answers.
+"$train" --config run.yaml --run-dir wide --set steps=3 --set dist.listen_host=0.0.0.0 \
+  --set dist.advertise_host=127.0.0.2 --nproc 2 --quiet
+[ "$(wc -l < wide/metrics.jsonl)" = 3 ] || { echo "listen_host 0.0.0.0: $(wc -l < wide/metrics.jsonl) metric lines, want 3"; exit 1; }
+
 # 4. Refusals.
 expect_refused() {  # expect_refused MESSAGE ARGS...
   local message=$1 status=0
@@ -110,4 +117,6 @@ esac || { echo "--nproc 2 --backend cuda: exit $status, want 2 (no NCCL) or 1 (n
 expect_refused "--rank and --world go together" --rank 1
 expect_refused "--rank: 2 is not allowed (0 .. --world - 1 = 1)" --rank 2 --world 2 --bootstrap b
 expect_refused "--bootstrap: missing" --rank 0 --world 2
+expect_refused "dist.listen_host: '10.0.0.1:7000' is not allowed" --nproc 2 --set dist.listen_host=10.0.0.1:7000
+expect_refused "dist.advertise_host: '0.0.0.0' is not allowed" --nproc 2 --set dist.advertise_host=0.0.0.0
 echo "nproc_test: ok"
