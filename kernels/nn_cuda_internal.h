@@ -443,6 +443,13 @@ class CudaBackend final : public Backend {
   Status QuantizeBf16WithColumnSums(const float* x, int64_t rows, int64_t cols, const OperandFormat& format,
                                     uint64_t seed, void* out, bool out_bf16, unsigned long long* counts,
                                     float* column_sums);
+  // MX quantization of x (rows x cols, fp32) along rows into out with
+  // MxQuantizeCuda's bits (fake-quant values, counts), fused with x's column sums
+  // added to column_sums with ColumnSums' partials and order (hence its bits):
+  // for MxRowsCarryColumnSums formats only (block 32, cols % 32 == 0, nearest
+  // rounding), else an error.
+  Status QuantizeMxWithColumnSums(const float* x, int64_t rows, int64_t cols, const OperandFormat& format,
+                                  void* out, bool out_bf16, unsigned long long* counts, float* column_sums);
   // Attention: q, k, v of qkv (and dout when not null) into attn_q_, attn_k_,
   // attn_v_ (attn_o_) per head [b, h, t, d], bf16 or fp32.
   Status AttentionHeads(const float* qkv, const float* dout, int64_t batch, int64_t seq, int64_t heads,

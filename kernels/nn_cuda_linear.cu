@@ -174,9 +174,71 @@ __global__ void __launch_bounds__(256)
   if (threadIdx.y == 0 && col < cols) partial[blockIdx.y * cols + col] = total;
 }
 
+// MX quantization along rows (blocks of 32 columns; cols % 32 == 0) with nearest
+// rounding (even or away), fused with pass 1 of the column sums like
+// Bf16ColumnPartialsKernel: ColumnPartialsKernel's blocks, threads, rows and
+// order, so `partial` gets its bits. A warp holds 32 consecutive columns of a row,
+// which is one MX block: its scale comes from the warp's max of AbsBits (the max
+// MxRowsKernel takes over the same 32 elements), and each element is rounded by
+// qcore::MxElementNearest, the reference's rounding that cuda_quant_test checks
+// the hardware FP8 path against bit for bit, so `out` (the dequantized values)
+// gets MxRowsKernel's bits. counts: saturated elements and NaN blocks, as
+// MxRowsKernel counts them.
+template <ElemFormat F, Rounding R, bool kBump>
+__global__ void __launch_bounds__(256)
+    MxRowsColumnPartialsKernel(const float* __restrict__ m, int64_t rows, int64_t cols, int64_t rows_per_chunk,
+                               void* __restrict__ out, bool out_bf16, float* __restrict__ partial,
+                               unsigned long long* counts) {
+  constexpr qcore::ElemConsts c = qcore::ConstsOf(F);
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;  // < cols: cols % 32 == 0
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = min(rows, r0 + rows_per_chunk);
+  float acc = 0.0f;
+  unsigned int saturated = 0, nan_blocks = 0;
+  constexpr int kBatch = 4;
+  for (int64_t r = r0 + threadIdx.y; r < r1; r += 8 * kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int64_t rk = r + 8 * k;
+      v[k] = rk < r1 ? m[rk * cols + col] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int64_t rk = r + 8 * k;
+      if (rk >= r1) break;  // the same for the whole warp: a row's 32 lanes
+      acc += v[k];
+      uint32_t amax = qcore::AbsBits(v[k]);
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) amax = max(amax, __shfl_xor_sync(qcuda::kFullMask, amax, o));
+      const qcore::MxScale sc = qcore::MxScaleFromAmax(amax, c, kBump);
+      qcore::Rounded q;
+      if (sc.nan) {
+        q.value = qcore::QuietNan();
+        q.code = c.nan_code;
+      } else {
+        q = qcore::MxElementNearest<F, R>(v[k], sc);
+      }
+      qcuda::StoreOut1(out, out_bf16, rk * cols + col, q.value);
+      saturated += qcore::MxSaturated(v[k], q.code, sc, c) ? 1u : 0u;
+      nan_blocks += sc.nan && threadIdx.x == 0 ? 1u : 0u;
+    }
+  }
+  if (counts != nullptr) AddCounts(saturated, nan_blocks, counts);
+  const float total = SumOverRowThreads(acc);
+  if (threadIdx.y == 0) partial[blockIdx.y * cols + col] = total;
+}
+
 // ============================================================================
 // Host helpers
 // ============================================================================
+
+// Whether an MX quantization along rows of a (rows x cols) operand can carry the
+// column sums (QuantizeMxWithColumnSums): blocks of 32 columns, whole, nearest rounding.
+bool MxRowsCarryColumnSums(const OperandFormat& f, int64_t cols) {
+  return f.quantized() && IsMx(f.format) && f.mx_block == 32 && cols % 32 == 0 &&
+         (f.rounding == Rounding::kNearestEven || f.rounding == Rounding::kNearestAway);
+}
 
 bool IsPerTensor(QuantFormat f) { return f == QuantFormat::kFp8E4M3 || f == QuantFormat::kFp8E5M2; }
 bool HasTensorScale(QuantFormat f) { return f == QuantFormat::kNvfp4 || IsPerTensor(f); }
@@ -352,10 +414,11 @@ Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, i
                                    float* column_sums) {
   const OperandFormat& f = q.role[static_cast<int>(role)];
   out->tensor_scale = nullptr;
-  if (column_sums != nullptr && !(f.quantized() && f.format == QuantFormat::kBf16))
+  const bool mx_sums = column_sums != nullptr && axis == 1 && MxRowsCarryColumnSums(f, cols);
+  if (column_sums != nullptr && !mx_sums && !(f.quantized() && f.format == QuantFormat::kBf16))
     return Status::Error(std::string("linear: role ") + RoleName(role) +
-                         ": column sums ride only on a bf16 rounding; this role is " +
-                         (f.quantized() ? QuantFormatName(f.format) : "fp32"));
+                         ": column sums ride only on a bf16 rounding or an MX quantization along rows (block 32, "
+                         "nearest rounding); this role is " + (f.quantized() ? QuantFormatName(f.format) : "fp32"));
   if (!f.quantized()) {  // fp32 GEMM on the unquantized operand
     out->data = x;
     return Status::Ok();
@@ -386,7 +449,11 @@ Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, i
   unsigned long long* counts = nullptr;
   int64_t pair = -1;
   if (fused_stats) KEEL_RETURN_IF_ERROR(NextStatsPair(&counts, &pair));
-  if (column_sums != nullptr) {
+  if (mx_sums) {
+    NN_PROFILE("quantize + dbias");
+    const Status s = QuantizeMxWithColumnSums(x, rows, cols, f, scratch->get<void>(), bf16, counts, column_sums);
+    if (!s.ok()) return Status::Error(std::string("linear: role ") + RoleName(role) + ": " + s.message());
+  } else if (column_sums != nullptr) {
     NN_PROFILE("quantize + dbias");
     const Status s = QuantizeBf16WithColumnSums(x, rows, cols, f, RoleSeed(q.seed, role), scratch->get<void>(), bf16,
                                                 counts, column_sums);
@@ -456,6 +523,37 @@ Status CudaBackend::QuantizeBf16WithColumnSums(const float* x, int64_t rows, int
                            " is not a rounding mode");
   }
   NN_LAUNCH_CHECK();
+  return FinalizeColumnPartials(partial, chunks, cols, column_sums, stream_);
+}
+
+Status CudaBackend::QuantizeMxWithColumnSums(const float* x, int64_t rows, int64_t cols, const OperandFormat& f,
+                                             void* out, bool out_bf16, unsigned long long* counts,
+                                             float* column_sums) {
+  if (!MxRowsCarryColumnSums(f, cols))
+    return Status::Error(std::string("QuantizeMxWithColumnSums: format ") + QuantFormatName(f.format) + ", block " +
+                         std::to_string(f.mx_block) + ", cols " + std::to_string(cols) +
+                         " is not allowed; need an MX format, block 32, cols a multiple of 32, nearest rounding");
+  const int64_t chunks = ColumnChunks(rows);
+  const int64_t rows_per_chunk = CeilDiv(rows, chunks);
+  KEEL_RETURN_IF_ERROR(partials_.Reserve(static_cast<size_t>(chunks * cols) * sizeof(float), stream_));
+  float* partial = partials_.get<float>();
+  const dim3 grid(static_cast<unsigned int>(cols / 32), static_cast<unsigned int>(chunks));
+  const MxOptions options = MxOptionsOf(f, 1, 0);
+  KEEL_RETURN_IF_ERROR(qcuda::WithElem(options.elem, [&](auto fmt) {
+    return qcuda::WithBool(options.bump_exponent, [&](auto bump) {
+      constexpr ElemFormat F = decltype(fmt)::value;
+      constexpr bool kBump = decltype(bump)::value;
+      if (options.rounding == Rounding::kNearestAway) {
+        MxRowsColumnPartialsKernel<F, Rounding::kNearestAway, kBump><<<grid, dim3(32, 8), 0, stream_>>>(
+            x, rows, cols, rows_per_chunk, out, out_bf16, partial, counts);
+      } else {
+        MxRowsColumnPartialsKernel<F, Rounding::kNearestEven, kBump><<<grid, dim3(32, 8), 0, stream_>>>(
+            x, rows, cols, rows_per_chunk, out, out_bf16, partial, counts);
+      }
+      NN_LAUNCH_CHECK();
+      return Status::Ok();
+    });
+  }));
   return FinalizeColumnPartials(partial, chunks, cols, column_sums, stream_);
 }
 
@@ -553,7 +651,10 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
   // reads dy anyway); with no BF16 dy role, a pass of its own. Either way the
   // same partials in the same order: the same bits.
   auto rounds_bf16 = [](const OperandFormat& f) { return f.quantized() && f.format == QuantFormat::kBf16; };
-  float* dbias_with_dgrad = dbias != nullptr && dx != nullptr && rounds_bf16(f_ddy) ? dbias : nullptr;
+  // An MX dgrad dy (quantized along rows) carries them as well when its blocks
+  // are whole warps of 32 columns.
+  float* dbias_with_dgrad =
+      dbias != nullptr && dx != nullptr && (rounds_bf16(f_ddy) || MxRowsCarryColumnSums(f_ddy, out)) ? dbias : nullptr;
   float* dbias_with_wgrad =
       dbias != nullptr && dbias_with_dgrad == nullptr && !reuse_dy && rounds_bf16(f_wdy) ? dbias : nullptr;
   Operand qdy;

@@ -721,6 +721,22 @@ std::vector<Scheme> FusedDbiasSchemes() {
     q.role[R(Role::kWgradX)] = Quant(QuantFormat::kBf16);
     s.push_back({"mxfp8 dgrad, bf16 wgrad", q});
   }
+  // MX dgrad dy along rows carries dbias itself when out % 32 == 0 (the blocks are
+  // whole warps); other widths take ColumnSums.
+  s.push_back({"mxfp8_e4m3 nearest_away (the preset's rounding)",
+               AllRoles(Quant(QuantFormat::kMxfp8E4M3, Rounding::kNearestAway))});
+  s.push_back({"mxfp8_e5m2", AllRoles(Quant(QuantFormat::kMxfp8E5M2))});
+  s.push_back({"mxfp4", AllRoles(Quant(QuantFormat::kMxfp4))});
+  {
+    LinearQuant q = AllRoles(Quant(QuantFormat::kMxfp6E3M2, Rounding::kNearestAway));
+    for (OperandFormat& f : q.role) f.bump_exponent = true;
+    s.push_back({"mxfp6_e3m2 nearest_away, bump exponent", q});
+  }
+  {
+    LinearQuant q = AllRoles(Quant(QuantFormat::kMxfp6E2M3));
+    q.role[R(Role::kDgradDy)].rounding = Rounding::kStochastic;  // not fused: ColumnSums
+    s.push_back({"mxfp6_e2m3, stochastic dgrad dy", q});
+  }
   return s;
 }
 
@@ -781,7 +797,8 @@ TEST_F(NnCudaDbiasTest, LinearFusedDbiasIsBitIdenticalToColumnSums) {
     int64_t rows, in, out;
   };
   for (const Shape& k : {Shape{512, 64, 768}, Shape{100, 48, 37}, Shape{1000, 40, 771}, Shape{8200, 32, 70},
-                         Shape{7, 16, 3}, Shape{1, 8, 5}}) {
+                         Shape{7, 16, 3}, Shape{1, 8, 5}, Shape{1000, 40, 96}, Shape{8200, 32, 64},
+                         Shape{7, 16, 32}}) {
     ExpectFusedDbiasBits(WithOutliers(k.rows * k.out, 265, 1e-3f), k.rows, k.in, k.out);
   }
 }
@@ -801,6 +818,16 @@ TEST_F(NnCudaDbiasTest, LinearFusedDbiasWithNonFiniteDy) {
   dyh[299 * out + 44] = std::numeric_limits<float>::max();  // column 44: overflows to +Inf with the next
   dyh[298 * out + 44] = std::numeric_limits<float>::max();
   ExpectFusedDbiasBits(dyh, rows, in, out);
+  {
+    // The same values 64 columns wide, where MX dgrad dy carries dbias: a NaN
+    // block, Inf blocks, and the overflowing column.
+    const int64_t out64 = 64;
+    std::vector<float> wide = WithOutliers(rows * out64, 274, 1e-3f);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t o = 0; o < out; ++o) wide[r * out64 + o] = dyh[r * out + o];
+    }
+    ExpectFusedDbiasBits(wide, rows, in, out64);
+  }
 
   // Against the CPU: the same columns are NaN, the same are +-Inf.
   Dual x = Floats(Normal(rows * in, 272)), w = Floats(Normal(out * in, 273)), dy = Floats(dyh);
