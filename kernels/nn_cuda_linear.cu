@@ -82,18 +82,29 @@ __global__ void AddBiasKernel(float* y, const float* bias, int64_t rows, int64_t
     y[i] = y[i] + bias[i % cols];
 }
 
-// The column sums' fixed order inside a 32 x 8 block: thread (c, r) holds acc,
-// and column c's total is rows 0..7 added in order. Every thread calls it (it
-// synchronises); the total is valid where threadIdx.y == 0.
-__device__ __forceinline__ float SumOverRowThreads(float acc) {
-  __shared__ float sums[8][33];
-  sums[threadIdx.y][threadIdx.x] = acc;
+// The column sums' fixed order inside a 32 x 8 block: thread (t, r) holds acc[j]
+// for column kCols * t + j, and a column's total is row threads 0..7 added in
+// order. Every thread calls it (it synchronises); total is valid where
+// threadIdx.y == 0.
+template <int kCols>
+__device__ __forceinline__ void SumOverRowThreads(const float (&acc)[kCols], float (&total)[kCols]) {
+  __shared__ float sums[8][32 * kCols + 1];
+#pragma unroll
+  for (int j = 0; j < kCols; ++j) sums[threadIdx.y][kCols * threadIdx.x + j] = acc[j];
   __syncthreads();
-  float total = sums[0][threadIdx.x];
-  if (threadIdx.y == 0) {
-    for (int k = 1; k < 8; ++k) total += sums[k][threadIdx.x];
+#pragma unroll
+  for (int j = 0; j < kCols; ++j) {
+    total[j] = sums[0][kCols * threadIdx.x + j];
+    if (threadIdx.y == 0) {
+      for (int k = 1; k < 8; ++k) total[j] += sums[k][kCols * threadIdx.x + j];
+    }
   }
-  return total;
+}
+__device__ __forceinline__ float SumOverRowThreads(float acc) {
+  const float a[1] = {acc};
+  float total[1];
+  SumOverRowThreads<1>(a, total);
+  return total[0];
 }
 
 // Column sums, pass 1: block (x, y) sums columns 32x .. 32x + 31 over rows
@@ -175,58 +186,96 @@ __global__ void __launch_bounds__(256)
 }
 
 // MX quantization along rows (blocks of 32 columns; cols % 32 == 0) with nearest
-// rounding (even or away), fused with pass 1 of the column sums like
-// Bf16ColumnPartialsKernel: ColumnPartialsKernel's blocks, threads, rows and
-// order, so `partial` gets its bits. A warp holds 32 consecutive columns of a row,
-// which is one MX block: its scale comes from the warp's max of AbsBits (the max
-// MxRowsKernel takes over the same 32 elements), and each element is rounded by
-// qcore::MxElementNearest, the reference's rounding that cuda_quant_test checks
-// the hardware FP8 path against bit for bit, so `out` (the dequantized values)
-// gets MxRowsKernel's bits. counts: saturated elements and NaN blocks, as
-// MxRowsKernel counts them.
+// rounding (even or away), fused with pass 1 of the column sums. A block covers
+// 128 columns and a chunk of rows; thread (t, r) owns columns 4t .. 4t + 3 of the
+// block and adds its rows r, r + 8, ... in order, then the 8 row threads' sums are
+// added in order: per column exactly ColumnPartialsKernel's additions, so
+// `partial` gets its bits. Eight lanes hold one row's MX block of 32 columns: its
+// scale comes from their max of AbsBits (MxRowsKernel's max over the same 32
+// elements), and the elements are rounded as MxRowsKernel rounds them (the
+// hardware FP8 pair conversion from sm_89, else qcore::MxElementNearest), so
+// `out` (the dequantized values) gets its bits. counts: saturated elements and
+// NaN blocks, as MxRowsKernel counts them. Requires 16-byte aligned rows (cols % 4
+// == 0 and an aligned m, which PrepareOperand guarantees).
 template <ElemFormat F, Rounding R, bool kBump>
 __global__ void __launch_bounds__(256)
     MxRowsColumnPartialsKernel(const float* __restrict__ m, int64_t rows, int64_t cols, int64_t rows_per_chunk,
                                void* __restrict__ out, bool out_bf16, float* __restrict__ partial,
                                unsigned long long* counts) {
   constexpr qcore::ElemConsts c = qcore::ConstsOf(F);
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;  // < cols: cols % 32 == 0
+  constexpr bool kHw = KEEL_HW_FP8 && qcuda::kHwFp8Format<F>;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 128 + 4 * threadIdx.x;
+  const bool active = col < cols;  // whole MX blocks: cols % 32 == 0
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   const int64_t r1 = min(rows, r0 + rows_per_chunk);
-  float acc = 0.0f;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   unsigned int saturated = 0, nan_blocks = 0;
-  constexpr int kBatch = 4;
+  constexpr int kBatch = 2;
   for (int64_t r = r0 + threadIdx.y; r < r1; r += 8 * kBatch) {
-    float v[kBatch];
+    float4 v[kBatch];
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       const int64_t rk = r + 8 * k;
-      v[k] = rk < r1 ? m[rk * cols + col] : 0.0f;
+      v[k] = rk < r1 && active ? *reinterpret_cast<const float4*>(m + rk * cols + col) : make_float4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       const int64_t rk = r + 8 * k;
-      if (rk >= r1) break;  // the same for the whole warp: a row's 32 lanes
-      acc += v[k];
-      uint32_t amax = qcore::AbsBits(v[k]);
+      if (rk >= r1) break;  // the same for the whole warp: one row
+      const float e[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
 #pragma unroll
-      for (int o = 1; o < 32; o <<= 1) amax = max(amax, __shfl_xor_sync(qcuda::kFullMask, amax, o));
+      for (int j = 0; j < 4; ++j) acc[j] += e[j];
+      uint32_t amax = max(max(qcore::AbsBits(e[0]), qcore::AbsBits(e[1])),
+                          max(qcore::AbsBits(e[2]), qcore::AbsBits(e[3])));
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) amax = max(amax, __shfl_xor_sync(qcuda::kFullMask, amax, o));
+      if (!active) continue;
       const qcore::MxScale sc = qcore::MxScaleFromAmax(amax, c, kBump);
-      qcore::Rounded q;
+      float q[4];
+      uint32_t code[4];
       if (sc.nan) {
-        q.value = qcore::QuietNan();
-        q.code = c.nan_code;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          q[j] = qcore::QuietNan();
+          code[j] = c.nan_code;
+        }
+      } else if constexpr (kHw) {
+#pragma unroll
+        for (int j = 0; j < 4; j += 2) {
+          qcore::Rounded q0, q1;
+          qcore::MxFp8PairNearest<F, R>(e[j], e[j + 1], sc, sc, true, &q0, &q1);
+          q[j] = q0.value;
+          q[j + 1] = q1.value;
+          code[j] = q0.code;
+          code[j + 1] = q1.code;
+        }
       } else {
-        q = qcore::MxElementNearest<F, R>(v[k], sc);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const qcore::Rounded rj = qcore::MxElementNearest<F, R>(e[j], sc);
+          q[j] = rj.value;
+          code[j] = rj.code;
+        }
       }
-      qcuda::StoreOut1(out, out_bf16, rk * cols + col, q.value);
-      saturated += qcore::MxSaturated(v[k], q.code, sc, c) ? 1u : 0u;
-      nan_blocks += sc.nan && threadIdx.x == 0 ? 1u : 0u;
+      const int64_t i = rk * cols + col;
+      if (out_bf16) {
+        *reinterpret_cast<uint2*>(static_cast<uint16_t*>(out) + i) =
+            make_uint2(qcuda::ToBf16x2(q[0], q[1]), qcuda::ToBf16x2(q[2], q[3]));
+      } else {
+        *reinterpret_cast<float4*>(static_cast<float*>(out) + i) = make_float4(q[0], q[1], q[2], q[3]);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) saturated += qcore::MxSaturated(e[j], code[j], sc, c) ? 1u : 0u;
+      nan_blocks += sc.nan && (threadIdx.x & 7) == 0 ? 1u : 0u;
     }
   }
   if (counts != nullptr) AddCounts(saturated, nan_blocks, counts);
-  const float total = SumOverRowThreads(acc);
-  if (threadIdx.y == 0) partial[blockIdx.y * cols + col] = total;
+  float total[4];
+  SumOverRowThreads<4>(acc, total);
+  if (threadIdx.y == 0 && active) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) partial[blockIdx.y * cols + col + j] = total[j];
+  }
 }
 
 // ============================================================================
@@ -537,7 +586,7 @@ Status CudaBackend::QuantizeMxWithColumnSums(const float* x, int64_t rows, int64
   const int64_t rows_per_chunk = CeilDiv(rows, chunks);
   KEEL_RETURN_IF_ERROR(partials_.Reserve(static_cast<size_t>(chunks * cols) * sizeof(float), stream_));
   float* partial = partials_.get<float>();
-  const dim3 grid(static_cast<unsigned int>(cols / 32), static_cast<unsigned int>(chunks));
+  const dim3 grid(static_cast<unsigned int>(CeilDiv(cols, 128)), static_cast<unsigned int>(chunks));
   const MxOptions options = MxOptionsOf(f, 1, 0);
   KEEL_RETURN_IF_ERROR(qcuda::WithElem(options.elem, [&](auto fmt) {
     return qcuda::WithBool(options.bump_exponent, [&](auto bump) {
