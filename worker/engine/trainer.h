@@ -207,6 +207,10 @@ class Trainer {
   Status FinishTraining(bool progress);
   // One action of a policy decision (ApplyPolicy), with its event.
   Status ApplyAction(const PolicyAction& action, const DecisionEvidence& evidence);
+  // policy.probation's return one rung down, with its event (after ApplyPolicy's decisions).
+  Status ApplyProbation();
+  // A ladder rung's scheme: the run's starting one when the name is its name, else the preset.
+  Status SchemeForRung(const std::string& name, PrecisionScheme* out) const;
   // Checkpoints: the metadata written, and reading one back verified.
   std::map<std::string, std::string> CheckpointMeta() const;
   struct LoadedCheckpoint;
