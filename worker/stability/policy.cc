@@ -171,9 +171,11 @@ std::vector<PolicyEngine::Decision> PolicyEngine::Decide(int64_t tick, int64_t s
     if (rule.max > 0 && times_[rule.name] >= rule.max) continue;
     auto last_step = last_fired_step_.find(rule.name);
     if (last_step != last_fired_step_.end() && step <= last_step->second) {
+      const std::string again = "rule " + rule.name + " fired again at step " + std::to_string(step);
       Escalate(rule, scheme,
-               "rule " + rule.name + " fired again at step " + std::to_string(step) + " before passing step " +
-                   std::to_string(last_step->second) + " where it last fired",
+               step == last_step->second
+                   ? again + ", the step where it last fired"
+                   : again + " before passing step " + std::to_string(last_step->second) + " where it last fired",
                &d);
     } else {
       for (PolicyAction a : rule.actions) {
