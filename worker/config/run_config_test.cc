@@ -1073,7 +1073,8 @@ TEST(RunConfigModelSizeTest, ModelsBeyondTheStateLimitAreRefusedWithTheEstimate)
 
 TEST(RunConfigModelSizeTest, EveryExampleRunConfigStillParses) {
   for (const char* name : {"gpt2_124m", "gpt_fortunes_cpu", "proxy_cpu", "proxy_mxfp8_e4m3",
-                           "proxy_mxfp8_e4m3_policy", "proxy_mxfp8_e4m3_policy_tuned"}) {
+                           "proxy_mxfp8_e4m3_policy", "proxy_mxfp8_e4m3_policy_tuned",
+                           "proxy_mxfp8_e4m3_policy_default"}) {
     const std::string path = std::string("examples/") + name + ".yaml";
     RunConfig config;
     Status s = LoadRunConfig(path, {"data.train=x.bin"}, &config);

@@ -109,7 +109,10 @@ class Trainer {
   Status ProcessCommands();
   // The stability policy's decisions for the step just taken (config.policy):
   // switch, rollback, scale_lr, skip_step (already applied) and stop, each an
-  // event in events.jsonl with the rule and the detector values behind it.
+  // event in events.jsonl with the rule and the detector values behind it; an
+  // `escalate` event first when the engine escalated instead of replaying a
+  // rule (policy.h), and probation's return one rung down after them. A
+  // policy rollback keeps the running scheme and learning-rate scale.
   Status ApplyPolicy();
   // True once a policy's stop action ended the run (keel-train exits 3).
   bool diverged() const { return diverged_; }
