@@ -6,5 +6,6 @@ RUN_CONFIGS = [
     "//examples:proxy_cpu.yaml",
     "//examples:proxy_mxfp8_e4m3.yaml",
     "//examples:proxy_mxfp8_e4m3_policy.yaml",
+    "//examples:proxy_mxfp8_e4m3_policy_default.yaml",
     "//examples:proxy_mxfp8_e4m3_policy_tuned.yaml",
 ]

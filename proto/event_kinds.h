@@ -3,7 +3,8 @@
 // and the kinds of the command files keel-worker hands a trainer.
 //
 // Written by keel-train: the policy's and commands' actions (switch_precision,
-// rollback, scale_lr, skip_step, stop), checkpoint_skipped, command_failed.
+// rollback, scale_lr, skip_step, stop), escalate, probation, checkpoint_skipped,
+// command_failed.
 // Written by keel-worker: command_failed (a command it could not hand on).
 // Written by keeld: state, restart, intervention_requested, sweep_rule,
 // metrics_gap.
@@ -22,6 +23,11 @@ constexpr char kRollback[] = "rollback";              // details: from_step, to_
 constexpr char kScaleLr[] = "scale_lr";
 constexpr char kSkipStep[] = "skip_step";
 constexpr char kStop[] = "stop";                      // the policy ended the run as diverged
+// Why a policy did something other than its rule as written: a rule that fired
+// again before passing the step where it last fired, or at the ladder's top
+// (details: rule, step, from, to). The actions' own events follow it.
+constexpr char kEscalate[] = "escalate";
+constexpr char kProbation[] = "probation";            // a firing after probation's return: the run stays up
 constexpr char kInterventionRequested[] = "intervention_requested";  // keel intervene, before the trainer acts
 constexpr char kSweepRule[] = "sweep_rule";           // a sweep rule switched the run
 constexpr char kCommandFailed[] = "command_failed";

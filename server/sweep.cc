@@ -707,13 +707,14 @@ void ReadLimits(Errors* err, YAML::Node root, SweepPlan* plan) {
   }
 }
 
-// policy: optional. Checked here, on the sweep file's own nodes, so errors
-// carry its lines; every run then gets it as its config's policy section.
+// policy: optional, a mapping or a policy's name (`policy: default`). Checked
+// here, on the sweep file's own nodes, so errors carry its lines; every run
+// then gets it as its config's policy section.
 void ReadPolicy(Errors* err, YAML::Node root, const std::string& source, SweepPlan* plan) {
   const YAML::Node p = root["policy"];
   if (!p) return;
-  if (!p.IsMap()) {
-    err->Add(p, "policy", "expected a mapping, got " + Errors::Text(p));
+  if (!p.IsMap() && !p.IsScalar()) {
+    err->Add(p, "policy", "expected a mapping or a policy name, got " + Errors::Text(p));
     return;
   }
   Policy policy;

@@ -246,7 +246,29 @@ TEST(SweepTest, ResourcesAndLimits) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("s.yaml:7:17: max_concurrent: -1 is out of range"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("s.yaml:8:15: max_restarts: 'many' is not an integer"), std::string::npos);
-  EXPECT_NE(s.message().find("s.yaml:9:9: policy: expected a mapping"), std::string::npos);
+  EXPECT_NE(s.message().find("s.yaml:9:9: policy: unknown policy 'strict' (allowed: default, or a mapping of "
+                             "detectors, ladder, rules, ...)"),
+            std::string::npos)
+      << s.message();
+  s = Expand(std::string(kBase) + "policy: [default]\n", &plan);
+  EXPECT_NE(s.message().find("s.yaml:7:9: policy: expected a mapping or a policy name, got a sequence"),
+            std::string::npos)
+      << s.message();
+}
+
+// policy: default on a sweep: every run resolves it against its own scheme.
+TEST(SweepTest, PolicyDefaultReachesEveryRunWithItsOwnLadder) {
+  SweepPlan plan;
+  Status s = Expand(std::string(kBase) + "axes:\n  - grid: {precision: [mxfp4, bf16]}\npolicy: default\n", &plan);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_EQ(plan.runs.size(), 2u);
+  for (const auto& run : plan.runs) {
+    RunConfig config = Parse(run);
+    EXPECT_EQ(config.policy.preset, "default");
+    ASSERT_FALSE(config.policy.ladder.empty());
+    EXPECT_EQ(config.policy.ladder.front(), config.precision.name);
+    EXPECT_EQ(config.policy.ladder.back(), "fp32");
+  }
 }
 
 TEST(SweepTest, HostsTimesGpusPerHostIsAGangOfExactlyThatShape) {

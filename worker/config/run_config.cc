@@ -537,6 +537,8 @@ Status ParseRule(const Reader& r, const YAML::Node& rn, int index, const Policy&
   KEEL_RETURN_IF_ERROR(ParseActions(r, rn, g, p, &rule->actions));
   if (rn["cooldown"]) KEEL_RETURN_IF_ERROR(r.Int(rn["cooldown"], g + ".cooldown", 0, int64_t(1) << 40, &rule->cooldown));
   if (rn["max"]) KEEL_RETURN_IF_ERROR(r.Int(rn["max"], g + ".max", 0, 1 << 20, &rule->max));
+  Status replay = ValidateRule(*rule, g);  // no rollback alone
+  if (!replay.ok()) return Status::InvalidArgument(r.Where(rn["do"]) + replay.message());
   for (const PolicyRule& other : p.rules) {
     if (other.name == rule->name) return r.Error(rn, g + ".name", "'" + rule->name + "' names two rules");
   }
@@ -578,6 +580,36 @@ Status ParseSweepRules(const Reader& r, const YAML::Node& sweep_rules, std::vect
   return Status::Ok();
 }
 
+// policy.probation: {after: N}, N >= 1.
+Status ParseProbation(const Reader& r, const YAML::Node& node, Policy* p) {
+  const std::string f = "policy.probation";
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(node, f, {"after"}));
+  if (!node["after"]) return r.Error(node, f + ".after", "missing (healthy steps before going back down one rung, >= 1)");
+  return r.Int(node["after"], f + ".after", 1, int64_t(1) << 40, &p->probation_after);
+}
+
+// `policy: NAME` or `policy: {preset: NAME, probation: ..., sweep_rules: ...}`:
+// a named policy, resolved against the run's scheme and length by
+// ResolvePolicyPreset once they are known.
+Status ParsePolicyPreset(const Reader& r, const YAML::Node& node, Policy* p) {
+  const std::string f = "policy";
+  std::vector<std::string> presets;
+  for (const PolicyPresetInfo& info : PolicyPresets()) presets.push_back(info.name);
+  if (node.IsScalar()) {
+    if (std::find(presets.begin(), presets.end(), node.Scalar()) == presets.end()) {
+      return r.Error(node, f, "unknown policy '" + node.Scalar() + "' (allowed: " + PolicyPresetNames() +
+                                  ", or a mapping of detectors, ladder, rules, ...)");
+    }
+    p->preset = node.Scalar();
+    return Status::Ok();
+  }
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(node, f, {"preset", "probation", "sweep_rules"}));
+  KEEL_RETURN_IF_ERROR(r.OneOf(node["preset"], f + ".preset", presets, &p->preset));
+  if (YAML::Node probation = node["probation"]) KEEL_RETURN_IF_ERROR(ParseProbation(r, probation, p));
+  if (YAML::Node sweep_rules = node["sweep_rules"]) KEEL_RETURN_IF_ERROR(ParseSweepRules(r, sweep_rules, &p->sweep_rules));
+  return Status::Ok();
+}
+
 Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
   const std::string f = "policy";
   Policy p;
@@ -586,21 +618,42 @@ Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
     *out = p;
     return Status::Ok();
   }
-  KEEL_RETURN_IF_ERROR(
-      r.CheckKeys(node, f, {"detectors", "ladder", "snapshots", "max_interventions", "rules", "sweep_rules"}));
-  if (YAML::Node d = node["detectors"]) KEEL_RETURN_IF_ERROR(ParseDetectors(r, d, &p.detectors));
-  if (YAML::Node ladder = node["ladder"]) KEEL_RETURN_IF_ERROR(ParseLadder(r, ladder, &p.ladder));
-  if (YAML::Node snap = node["snapshots"]) KEEL_RETURN_IF_ERROR(ParseSnapshots(r, snap, &p));
-  if (node["max_interventions"]) {
-    KEEL_RETURN_IF_ERROR(r.Int(node["max_interventions"], f + ".max_interventions", 0, 1 << 20, &p.max_interventions));
+  if (node.IsScalar() || (node.IsMap() && node["preset"])) {
+    KEEL_RETURN_IF_ERROR(ParsePolicyPreset(r, node, &p));
+  } else {
+    KEEL_RETURN_IF_ERROR(r.CheckKeys(
+        node, f, {"detectors", "ladder", "snapshots", "max_interventions", "rules", "sweep_rules", "probation"}));
+    if (YAML::Node d = node["detectors"]) KEEL_RETURN_IF_ERROR(ParseDetectors(r, d, &p.detectors));
+    if (YAML::Node ladder = node["ladder"]) KEEL_RETURN_IF_ERROR(ParseLadder(r, ladder, &p.ladder));
+    if (YAML::Node snap = node["snapshots"]) KEEL_RETURN_IF_ERROR(ParseSnapshots(r, snap, &p));
+    if (node["max_interventions"]) {
+      KEEL_RETURN_IF_ERROR(r.Int(node["max_interventions"], f + ".max_interventions", 0, 1 << 20, &p.max_interventions));
+    }
+    if (YAML::Node rules = node["rules"]) KEEL_RETURN_IF_ERROR(ParseRules(r, rules, &p));
+    if (YAML::Node sweep_rules = node["sweep_rules"]) KEEL_RETURN_IF_ERROR(ParseSweepRules(r, sweep_rules, &p.sweep_rules));
+    if (YAML::Node probation = node["probation"]) {
+      KEEL_RETURN_IF_ERROR(ParseProbation(r, probation, &p));
+      if (p.ladder.empty()) {
+        return r.Error(probation, f + ".probation", "needs policy.ladder (probation goes back down one of its rungs)");
+      }
+    }
   }
-  if (YAML::Node rules = node["rules"]) KEEL_RETURN_IF_ERROR(ParseRules(r, rules, &p));
-  if (YAML::Node sweep_rules = node["sweep_rules"]) KEEL_RETURN_IF_ERROR(ParseSweepRules(r, sweep_rules, &p.sweep_rules));
   YAML::Emitter e;
   e << YAML::Flow << node;
   p.yaml = e.c_str();
   *out = p;
   return Status::Ok();
+}
+
+// A named policy (`policy: default`) becomes its rules once the run's starting
+// scheme and length are known; what the config set besides the name stays.
+void ResolvePolicyPreset(RunConfig* c) {
+  if (c->policy.preset != "default") return;
+  Policy resolved = DefaultPolicy(RescueLadder(c->precision), c->steps);
+  resolved.probation_after = c->policy.probation_after;
+  resolved.sweep_rules = c->policy.sweep_rules;
+  resolved.yaml = c->policy.yaml;
+  c->policy = resolved;
 }
 
 // The node of the field a ValidateRunConfig failure names (Status::field():
@@ -796,6 +849,7 @@ Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
   KEEL_RETURN_IF_ERROR(ParseRunFields(r, root, &c));
   if (root["policy"]) KEEL_RETURN_IF_ERROR(ParsePolicy(r, root["policy"], &c.policy));
   ResolveDerivedFields(&c);
+  ResolvePolicyPreset(&c);
   Status st = ValidateRunConfig(c);
   if (!st.ok()) return Status::InvalidArgument(r.Where(FieldNode(root, st.field())) + st.message());
   *out = c;

@@ -297,6 +297,35 @@ TEST(RunConfigPolicyTest, AnEmptyPolicyHasEveryDetectorAtItsDefault) {
   }
 }
 
+TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) {
+  RunConfig c = Parsed("precision: mxfp4\nsteps: 9000\npolicy: default\n");
+  EXPECT_TRUE(c.policy.active());
+  EXPECT_EQ(c.policy.preset, "default");
+  EXPECT_EQ(c.policy.ladder,
+            (std::vector<std::string>{"mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"}));
+  EXPECT_EQ(c.policy.snapshot_every, 100);
+  ASSERT_EQ(c.policy.rules.size(), 1u);
+  EXPECT_EQ(c.policy.rules[0].actions[0].steps, 500);
+  EXPECT_EQ(c.policy.probation_after, 0);
+  EXPECT_EQ(c.policy.yaml, "default");
+  // The mapping form, with probation; the scheme after --set.
+  c = Parsed("precision: mxfp4\nsteps: 300\npolicy: {preset: default, probation: {after: 40}}\n",
+             {"precision=nvfp4"});
+  EXPECT_EQ(c.policy.ladder.front(), "nvfp4");
+  EXPECT_EQ(c.policy.ladder[1], "nvfp4_recipe");
+  EXPECT_EQ(c.policy.ladder.back(), "fp32");
+  EXPECT_EQ(c.policy.probation_after, 40);
+  EXPECT_EQ(c.policy.snapshot_every, 3);
+  // --set policy=default on a run without one.
+  c = Parsed("precision: bf16\n", {"policy=default"});
+  EXPECT_EQ(c.policy.ladder, (std::vector<std::string>{"bf16", "fp32"}));
+  // probation on a policy written out.
+  c = Parsed("policy:\n  ladder: [mxfp4, bf16]\n  probation: {after: 7}\n  rules:\n"
+             "    - {when: nonfinite, do: [{rollback: 5}, {switch: next}]}\n");
+  EXPECT_EQ(c.policy.probation_after, 7);
+  EXPECT_EQ(c.policy.preset, "");
+}
+
 TEST(RunConfigPolicyTest, EveryDetectorParameterLands) {
   const Policy p = Parsed(
                        "policy:\n"
@@ -665,7 +694,7 @@ TEST(RunConfigErrorTest, Precision) {
 }
 
 TEST(RunConfigErrorTest, PolicySectionsAndDetectors) {
-  const std::string policy_keys = "detectors, ladder, max_interventions, rules, snapshots, sweep_rules";
+  const std::string policy_keys = "detectors, ladder, max_interventions, probation, rules, snapshots, sweep_rules";
   const std::string roles = "fwd_x, fwd_w, dgrad_dy, dgrad_w, wgrad_dy, wgrad_x";
   ExpectErrors({
       {"policy: [a]\n", "r.yaml:1:9: policy: expected a mapping"},
@@ -743,6 +772,33 @@ TEST(RunConfigErrorTest, PolicyRules) {
       // The default name of the second rule is rule1.
       {head + "    - {name: rule1, when: nonfinite, do: [stop]}\n    - {when: loss_ratio, do: [stop]}\n",
        "r.yaml:4:7: policy.rules[1].name: 'rule1' names two rules"},
+  });
+}
+
+TEST(RunConfigErrorTest, PolicyPresetsProbationAndReplays) {
+  const std::string head = "policy:\n  rules:\n    - {when: nonfinite, do: [";
+  ExpectErrors({
+      {"policy: safest\n",
+       "r.yaml:1:9: policy: unknown policy 'safest' (allowed: default, or a mapping of detectors, ladder, rules, ...)"},
+      {"policy: {preset: safest}\n", "r.yaml:1:18: policy.preset: unknown value 'safest' (allowed: default)"},
+      {"policy: {preset: default, rules: []}\n",
+       "r.yaml:1:27: policy.rules: unknown key (allowed: preset, probation, sweep_rules)"},
+      {"policy: {preset: default, probation: {after: 0}}\n",
+       "r.yaml:1:46: policy.probation.after: 0 is out of range (allowed: 1 .. 1099511627776)"},
+      {"policy: {preset: default, probation: {after: -5}}\n",
+       "r.yaml:1:46: policy.probation.after: -5 is out of range (allowed: 1 .. 1099511627776)"},
+      {"policy: {preset: default, probation: {}}\n",
+       "r.yaml:1:38: policy.probation.after: missing (healthy steps before going back down one rung, >= 1)"},
+      {"policy: {preset: default, probation: {before: 3}}\n",
+       "r.yaml:1:39: policy.probation.before: unknown key (allowed: after)"},
+      {"policy:\n  probation: {after: 5}\n",
+       "r.yaml:2:14: policy.probation: needs policy.ladder (probation goes back down one of its rungs)"},
+      {head + "{rollback: 50}]}\n",
+       "r.yaml:3:29: policy.rules[0].do: [rollback] is a rollback alone: the run would replay the same steps in the "
+       "same scheme and diverge the same way (allowed: a rollback with switch, scale_lr or stop)"},
+      {head + "{rollback: 50}, skip_step]}\n",
+       "r.yaml:3:29: policy.rules[0].do: [rollback, skip_step] is a rollback alone: the run would replay the same "
+       "steps in the same scheme and diverge the same way (allowed: a rollback with switch, scale_lr or stop)"},
   });
 }
 
@@ -1017,7 +1073,8 @@ TEST(RunConfigModelSizeTest, ModelsBeyondTheStateLimitAreRefusedWithTheEstimate)
 
 TEST(RunConfigModelSizeTest, EveryExampleRunConfigStillParses) {
   for (const char* name : {"gpt2_124m", "gpt_fortunes_cpu", "proxy_cpu", "proxy_mxfp8_e4m3",
-                           "proxy_mxfp8_e4m3_policy", "proxy_mxfp8_e4m3_policy_tuned"}) {
+                           "proxy_mxfp8_e4m3_policy", "proxy_mxfp8_e4m3_policy_tuned",
+                           "proxy_mxfp8_e4m3_policy_default"}) {
     const std::string path = std::string("examples/") + name + ".yaml";
     RunConfig config;
     Status s = LoadRunConfig(path, {"data.train=x.bin"}, &config);

@@ -1,6 +1,7 @@
 // Precision schemes and presets (see scheme.h).
 #include "worker/config/scheme.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace keel {
@@ -215,6 +216,84 @@ Status SchemeFromPreset(const std::string& name, PrecisionScheme* out) {
   }
   return Status::InvalidField("precision.preset", "unknown value '" + name + "' (allowed: " +
                        PresetNames() + ")");
+}
+
+namespace {
+
+// Element bits of an operand format: 4, 6, 8, 16 (bf16) or 32 (fp32).
+int ElementBits(const OperandFormat& f) {
+  if (!f.quantized()) return 32;
+  switch (f.format) {
+    case QuantFormat::kMxfp4:
+    case QuantFormat::kNvfp4: return 4;
+    case QuantFormat::kMxfp6E3M2:
+    case QuantFormat::kMxfp6E2M3: return 6;
+    case QuantFormat::kMxfp8E4M3:
+    case QuantFormat::kMxfp8E5M2:
+    case QuantFormat::kFp8E4M3:
+    case QuantFormat::kFp8E5M2: return 8;
+    case QuantFormat::kBf16: return 16;
+  }
+  return 32;
+}
+
+bool IsWeightRole(int role) { return role == static_cast<int>(Role::kFwdW) || role == static_cast<int>(Role::kDgradW); }
+
+// The rungs of RescueLadder, least precise first.
+constexpr const char* kMixedRung = "mx_w_e4m3_a_bf16";
+const std::vector<std::string>& CommonRungs() {
+  static const std::vector<std::string>* rungs =
+      new std::vector<std::string>{"mxfp6_e2m3", "mxfp8_e4m3", kMixedRung, "bf16", "fp32"};
+  return *rungs;
+}
+
+}  // namespace
+
+std::vector<std::string> RescueLadder(const PrecisionScheme& start) {
+  // The narrowest element over what the scheme rounds (forward_only's
+  // backward roles run on unquantized operands), and its shape.
+  int narrowest = ElementBits(start.layernorm);
+  bool mxfp4 = start.layernorm.quantized() && start.layernorm.format == QuantFormat::kMxfp4;
+  bool nvfp4 = start.layernorm.quantized() && start.layernorm.format == QuantFormat::kNvfp4;
+  bool only_weights_narrow = true;  // every 8-bit (or narrower) role is a weight role
+  for (int r = 0; r < kRoleCount; ++r) {
+    if (start.forward_only && r >= static_cast<int>(Role::kDgradDy)) continue;
+    const OperandFormat& f = start.roles[r];
+    const int bits = ElementBits(f);
+    narrowest = std::min(narrowest, bits);
+    if (bits <= 8 && !IsWeightRole(r)) only_weights_narrow = false;
+    mxfp4 |= f.quantized() && f.format == QuantFormat::kMxfp4;
+    nvfp4 |= f.quantized() && f.format == QuantFormat::kNvfp4;
+  }
+  if (start.layernorm.quantized() && ElementBits(start.layernorm) <= 8) only_weights_narrow = false;
+  std::string first_above;  // the first rung of CommonRungs above the start
+  std::vector<std::string> ladder = {start.name};
+  if (narrowest <= 4) {
+    const OperandFormat& wgrad_x = start.roles[static_cast<int>(Role::kWgradX)];
+    // NVFP4 alone: its own recipe first (RHT, stochastic rounding, bf16 edge
+    // blocks: the same 4-bit speed, built for stability), then MXFP8. MXFP6
+    // is skipped: on Blackwell FP6 runs at FP8's rate, and NVFP4's finer scales
+    // already do much of what its extra mantissa bits would.
+    if (nvfp4 && !mxfp4) {
+      if (!wgrad_x.rht && start.name != "nvfp4_recipe") ladder.push_back("nvfp4_recipe");
+      first_above = "mxfp8_e4m3";
+    } else {
+      first_above = "mxfp6_e2m3";
+    }
+  } else if (narrowest <= 6) {
+    first_above = "mxfp8_e4m3";
+  } else if (narrowest <= 8) {
+    first_above = only_weights_narrow ? "bf16" : kMixedRung;
+  } else if (narrowest <= 16) {
+    first_above = "fp32";
+  }
+  if (!first_above.empty()) {
+    const std::vector<std::string>& rungs = CommonRungs();
+    for (auto it = std::find(rungs.begin(), rungs.end(), first_above); it != rungs.end(); ++it) {
+      if (std::find(ladder.begin(), ladder.end(), *it) == ladder.end()) ladder.push_back(*it);
+    }
+  }
+  return ladder;
 }
 
 Status ParseOperandFormat(const std::string& field, const std::string& text, OperandFormat* out) {

@@ -59,6 +59,19 @@ const std::vector<PresetInfo>& Presets();
 std::string PresetNames();  // comma-separated, for error messages
 Status SchemeFromPreset(const std::string& name, PrecisionScheme* out);
 
+// The ladder `policy: default` climbs from `start` (docs/train.md has the table
+// for every preset): start.name first, then presets of strictly more precision,
+// always ending at fp32. The rung above a scheme follows from its narrowest
+// operand format (forward_only's backward roles count as fp32):
+//   4-bit MX (mxfp4)   -> mxfp6_e2m3 -> mxfp8_e4m3 -> mx_w_e4m3_a_bf16 -> bf16 -> fp32
+//   4-bit NVFP4        -> nvfp4_recipe (unless it already rotates its wgrad
+//                         operands) -> mxfp8_e4m3 -> ...
+//   6-bit              -> mxfp8_e4m3 -> ...
+//   8-bit              -> mx_w_e4m3_a_bf16 -> ...
+//   8-bit weights only, the rest bf16 or wider ("mixed") -> bf16 -> fp32
+//   bf16               -> fp32
+std::vector<std::string> RescueLadder(const PrecisionScheme& start);
+
 // Operand formats as written in configs: "fp32", "bf16", or a QuantFormat name
 // (mxfp8_e4m3 ... nvfp4, fp8_e4m3, fp8_e5m2).
 Status ParseOperandFormat(const std::string& field, const std::string& text, OperandFormat* out);

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -170,6 +171,60 @@ TEST(RunConfigTest, SchemeYamlRoundTripsEveryPreset) {
     EXPECT_EQ(SchemeToYaml(back), SchemeToYaml(s)) << p.name;
     EXPECT_EQ(DescribeScheme(back), DescribeScheme(s)) << p.name;
   }
+}
+
+// policy: default's ladders (docs/train.md has the same table): each starts at
+// the run's scheme, climbs through presets of more precision and ends at fp32.
+TEST(RescueLadderTest, EveryPresetsLadderClimbsToFp32) {
+  using Ladder = std::vector<std::string>;
+  const Ladder mx_tail = {"mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"};
+  auto with = [](Ladder head, const Ladder& tail) {
+    head.insert(head.end(), tail.begin(), tail.end());
+    return head;
+  };
+  const std::map<std::string, Ladder> want = {
+      {"fp32", {"fp32"}},
+      {"bf16", {"bf16", "fp32"}},
+      {"mxfp8_e4m3", {"mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"}},
+      {"mxfp8_e5m2", {"mxfp8_e5m2", "mx_w_e4m3_a_bf16", "bf16", "fp32"}},
+      {"mxfp8_e4m3_bwd_e5m2", {"mxfp8_e4m3_bwd_e5m2", "mx_w_e4m3_a_bf16", "bf16", "fp32"}},
+      {"mxfp6_e2m3", with({"mxfp6_e2m3"}, mx_tail)},
+      {"mxfp6_e3m2", with({"mxfp6_e3m2"}, mx_tail)},
+      {"mxfp4", with({"mxfp4", "mxfp6_e2m3"}, mx_tail)},
+      {"nvfp4", with({"nvfp4", "nvfp4_recipe"}, mx_tail)},
+      {"nvfp4_recipe", with({"nvfp4_recipe"}, mx_tail)},
+      {"mx_w_e4m3_a_bf16", {"mx_w_e4m3_a_bf16", "bf16", "fp32"}},
+      {"mxfp8_e4m3_fwd_only", {"mxfp8_e4m3_fwd_only", "mx_w_e4m3_a_bf16", "bf16", "fp32"}},
+  };
+  ASSERT_EQ(want.size(), Presets().size()) << "a new preset needs its ladder here and in docs/train.md";
+  for (const PresetInfo& p : Presets()) {
+    ASSERT_TRUE(want.count(p.name)) << p.name;
+    const Ladder ladder = RescueLadder(Preset(p.name));
+    EXPECT_EQ(ladder, want.at(p.name)) << p.name;
+    EXPECT_EQ(ladder.back(), "fp32") << p.name;
+    for (size_t i = 1; i < ladder.size(); ++i) {
+      PrecisionScheme rung;
+      EXPECT_TRUE(SchemeFromPreset(ladder[i], &rung).ok()) << p.name << ": " << ladder[i];
+    }
+  }
+}
+
+TEST(RescueLadderTest, ACustomSchemeClimbsFromItsNarrowestFormat) {
+  // Named "custom": the ladder starts at the run's own scheme, whatever its name.
+  PrecisionScheme s = Preset("bf16");
+  s.name = "custom";
+  s.roles[static_cast<int>(Role::kFwdW)] = Preset("mxfp6_e3m2").roles[0];
+  EXPECT_EQ(RescueLadder(s), (std::vector<std::string>{"custom", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"}));
+  // 8-bit weights only, the rest bf16: the mixed rung already, so bf16 next.
+  s.roles[static_cast<int>(Role::kFwdW)] = Preset("mxfp8_e5m2").roles[0];
+  EXPECT_EQ(RescueLadder(s), (std::vector<std::string>{"custom", "bf16", "fp32"}));
+  // An 8-bit activation: below the mixed rung.
+  s.roles[static_cast<int>(Role::kFwdX)] = Preset("mxfp8_e5m2").roles[0];
+  EXPECT_EQ(RescueLadder(s), (std::vector<std::string>{"custom", "mx_w_e4m3_a_bf16", "bf16", "fp32"}));
+  // NVFP4 with rotated wgrad operands skips the recipe rung.
+  PrecisionScheme n = Preset("nvfp4_recipe");
+  n.name = "custom";
+  EXPECT_EQ(RescueLadder(n)[1], "mxfp8_e4m3");
 }
 
 TEST(SchemeProtoTest, EveryPresetRoundTripsThroughTheWireForm) {

@@ -3,7 +3,7 @@
 //              [--resume DIR|latest] [--set key=value ...] [--quiet] [--profile]
 //              [--nproc N]
 //   keel-train prepare-text IN.txt OUT_PREFIX [--val-fraction F]
-//   keel-train presets
+//   keel-train presets [--policies]
 #include <signal.h>
 #include <unistd.h>
 
@@ -25,6 +25,7 @@
 #include "worker/engine/trainer.h"
 #include "worker/run/run_dir.h"
 #include "worker/run/trainer_exit.h"
+#include "worker/stability/policy.h"
 
 namespace keel {
 namespace {
@@ -37,7 +38,9 @@ const char kUsage[] =
     "                                           byte-level tokenize UTF-8 text into llm.c shards\n"
     "                                           OUT_PREFIX_train.bin and OUT_PREFIX_val.bin\n"
     "                                           (val = the last F of the text, default 0.1)\n"
-    "  keel-train presets                       list the precision-scheme presets\n"
+    "  keel-train presets [--policies]          list the precision-scheme presets; --policies: the\n"
+    "                                           named stability policies (policy: default), their\n"
+    "                                           rule and the ladder each scheme climbs\n"
     "\n"
     "options for training:\n"
     "  --backend cpu|cuda   override the config's backend\n"
@@ -92,7 +95,66 @@ int Fail(int code, const std::string& message) {
   return code;
 }
 
-int PresetsCommand() {
+std::string Join(const std::vector<std::string>& parts, const char* separator) {
+  std::string out;
+  for (const std::string& part : parts) out += (out.empty() ? "" : separator) + part;
+  return out;
+}
+
+// `keel-train presets --policies`: each named policy, its rule as a run of
+// `steps` steps gets it, and the ladder it climbs from every scheme preset.
+void PrintPolicyPresets(int64_t steps) {
+  for (const PolicyPresetInfo& info : PolicyPresets()) {
+    std::printf("%s\n  %s\n", info.name.c_str(), info.summary.c_str());
+    const Policy p = DefaultPolicy(RescueLadder(PrecisionScheme()), steps);
+    std::printf("  for a run of %lld steps (distances scale with the run's length):\n", static_cast<long long>(steps));
+    for (const PolicyRule& rule : p.rules) {
+      std::vector<std::string> when, actions;
+      for (const std::string& name : rule.when) {
+        const DetectorConfig& c = p.detectors.at(name);
+        char text[128];
+        if (name.find("zscore") != std::string::npos) {
+          std::snprintf(text, sizeof(text), "%s (z > %g over %d steps)", name.c_str(), c.z, c.window);
+        } else if (name.find("ratio") != std::string::npos) {
+          std::snprintf(text, sizeof(text), "%s (> %gx the mean for > %d steps)", name.c_str(), c.ratio, c.steps);
+        } else {
+          std::snprintf(text, sizeof(text), "%s", name.c_str());
+        }
+        when.push_back(text);
+      }
+      for (const PolicyAction& a : rule.actions) {
+        actions.push_back(a.kind == PolicyAction::Kind::kRollback ? "rollback " + std::to_string(a.steps)
+                          : a.kind == PolicyAction::Kind::kSwitch ? "switch " + a.scheme
+                                                                  : std::string(ActionName(a.kind)));
+      }
+      std::printf("    rule %s: when %s\n      do %s; cooldown %lld\n", rule.name.c_str(), Join(when, ", ").c_str(),
+                  Join(actions, ", ").c_str(), static_cast<long long>(rule.cooldown));
+    }
+    std::printf("    snapshots every %d (%d kept); past the ladder's top: scale_lr %g (%d time), then stop\n",
+                p.snapshot_every, p.snapshot_keep, p.lr_fallback_factor, p.lr_fallbacks);
+    std::printf("  ladders (from the run's scheme):\n");
+    for (const PresetInfo& preset : Presets()) {
+      PrecisionScheme s;
+      SchemeFromPreset(preset.name, &s);
+      std::printf("    %-22s %s\n", preset.name.c_str(), Join(RescueLadder(s), " -> ").c_str());
+    }
+  }
+}
+
+int PresetsCommand(int argc, char** argv) {
+  bool policies = false;
+  for (int i = 2; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--policies") == 0) {
+      policies = true;
+    } else {
+      return Fail(trainer_exit::kBadConfig,
+                  std::string("presets: unknown argument '") + argv[i] + "' (allowed: --policies)");
+    }
+  }
+  if (policies) {
+    PrintPolicyPresets(9000);
+    return 0;
+  }
   for (const PresetInfo& p : Presets()) {
     PrecisionScheme s;
     SchemeFromPreset(p.name, &s);
@@ -324,7 +386,7 @@ int TrainCommand(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "prepare-text") == 0) return keel::PrepareTextCommand(argc, argv);
-  if (argc >= 2 && std::strcmp(argv[1], "presets") == 0) return keel::PresetsCommand();
+  if (argc >= 2 && std::strcmp(argv[1], "presets") == 0) return keel::PresetsCommand(argc, argv);
   if (argc < 2) {
     std::fputs(keel::kUsage, stderr);
     return keel::trainer_exit::kBadConfig;

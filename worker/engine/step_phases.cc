@@ -99,7 +99,7 @@ ProbeValues ProbeValuesFrom(double c, double qq, double gg) {
 
 bool SkipsUpdate(const std::vector<PolicyEngine::Decision>& decisions) {
   for (const PolicyEngine::Decision& d : decisions) {
-    for (const PolicyAction& a : d.rule->actions) {
+    for (const PolicyAction& a : d.actions) {
       if (a.kind == PolicyAction::Kind::kSkipStep) return true;
     }
   }

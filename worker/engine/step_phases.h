@@ -73,7 +73,8 @@ StepMetrics::LnGamma GainStats(const std::string& name, const std::vector<float>
 // <g_q, g>, |g_q|^2 and |g|^2.
 ProbeValues ProbeValuesFrom(double cross, double quantized_squares, double reference_squares);
 
-// Whether any of a step's policy decisions skips its update (skip_step).
+// Whether any of a step's policy decisions skips its update (a skip_step among
+// the actions the engine decided on, which an escalation keeps).
 bool SkipsUpdate(const std::vector<PolicyEngine::Decision>& decisions);
 
 // What a policy decision's events carry: the rule, each firing detector's

@@ -189,8 +189,10 @@ TEST(StepPhasesTest, OnlyASkipStepActionSkipsTheUpdate) {
   const PolicyRule switch_rule = Rule("s", {Kind::kSwitch, Kind::kRollback});
   const PolicyRule skip_rule = Rule("k", {Kind::kStop, Kind::kSkipStep});
   EXPECT_FALSE(SkipsUpdate({}));
-  EXPECT_FALSE(SkipsUpdate({{&switch_rule, {}}}));
-  EXPECT_TRUE(SkipsUpdate({{&switch_rule, {}}, {&skip_rule, {}}}));
+  EXPECT_FALSE(SkipsUpdate({{&switch_rule, {}, switch_rule.actions}}));
+  EXPECT_TRUE(SkipsUpdate({{&switch_rule, {}, switch_rule.actions}, {&skip_rule, {}, skip_rule.actions}}));
+  // The decided actions count, not the rule's: an escalation that stops instead.
+  EXPECT_FALSE(SkipsUpdate({{&skip_rule, {}, switch_rule.actions}}));
 }
 
 TEST(StepPhasesTest, EvidenceNamesTheRuleTheDetectorsAndTheirValues) {

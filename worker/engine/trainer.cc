@@ -186,7 +186,7 @@ void Trainer::StartPolicy() {
   if (config_.policy.snapshot_every > 0) config_.checkpoint_every = config_.policy.snapshot_every;
   if (config_.policy.snapshot_keep > 0) config_.keep_checkpoints = config_.policy.snapshot_keep;
   detectors_.reset(new DetectorSet(config_.policy.detectors));
-  engine_.reset(new PolicyEngine(config_.policy));
+  engine_.reset(new PolicyEngine(config_.policy, config_.precision.name));
 }
 
 double Trainer::LearningRate(int64_t step) const {
@@ -468,7 +468,7 @@ bool Trainer::RunStabilityController(const StepMetrics& m) {
   std::vector<Firing> fired = detectors_->Observe(m);
   // Cooldowns count steps taken, not step numbers: a rollback moves the step
   // number back, and the rule must still wait its cooldown.
-  std::vector<PolicyEngine::Decision> decisions = engine_->Decide(++policy_steps_, fired);
+  std::vector<PolicyEngine::Decision> decisions = engine_->Decide(++policy_steps_, m.step, scheme_.name, fired);
   const bool skip_update = SkipsUpdate(decisions);
   for (PolicyEngine::Decision& d : decisions) pending_.push_back(std::move(d));
   return skip_update;
@@ -699,9 +699,50 @@ Status Trainer::ApplyPolicy() {
   for (const PolicyEngine::Decision& d : decisions) {
     // The detector values behind the decision go into every event it causes.
     const DecisionEvidence evidence = EvidenceOf(d);
-    for (const PolicyAction& a : d.rule->actions) KEEL_RETURN_IF_ERROR(ApplyAction(a, evidence));
+    if (!d.probation_over.empty()) {
+      KEEL_RETURN_IF_ERROR(RecordEvent(event_kind::kProbation, d.probation_over, evidence.details));
+    }
+    if (!d.escalation.empty()) {
+      // What the engine does instead of the rule as written, and why, before
+      // the actions' own events.
+      auto details = evidence.details;
+      details.push_back({"from", scheme_.name});
+      std::string to;
+      for (const PolicyAction& a : d.actions) {
+        to += (to.empty() ? "" : ", ") + (a.kind == PolicyAction::Kind::kSwitch ? a.scheme
+                                          : a.kind == PolicyAction::Kind::kScaleLr
+                                              ? "scale_lr " + JsonNumber(a.factor)
+                                              : std::string(ActionName(a.kind)));
+      }
+      details.push_back({"actions", to});
+      KEEL_RETURN_IF_ERROR(RecordEvent(event_kind::kEscalate, d.escalation + "; " + evidence.cause, details));
+    }
+    for (const PolicyAction& a : d.actions) KEEL_RETURN_IF_ERROR(ApplyAction(a, evidence));
   }
-  return Status::Ok();
+  return ApplyProbation();
+}
+
+// policy.probation: back down one rung after enough healthy steps in a scheme
+// the policy moved up to (PolicyEngine::ProbationReturn decides).
+Status Trainer::ApplyProbation() {
+  if (!engine_ || diverged_) return Status::Ok();
+  const std::string target = engine_->ProbationReturn(policy_steps_, scheme_.name);
+  if (target.empty()) return Status::Ok();
+  PrecisionScheme scheme;
+  KEEL_RETURN_IF_ERROR(SchemeForRung(target, &scheme));
+  const std::string after = std::to_string(config_.policy.probation_after);
+  return SwitchAndRecord(scheme, ": probation: " + after + " healthy steps in " + scheme_.name +
+                                     " since the policy moved there (policy.probation.after " + after + ")",
+                         {{"probation_after", after}});
+}
+
+// A ladder rung by name: the run's own starting scheme (it may be custom) or a preset.
+Status Trainer::SchemeForRung(const std::string& name, PrecisionScheme* out) const {
+  if (name == config_.precision.name) {
+    *out = config_.precision;
+    return Status::Ok();
+  }
+  return SchemeFromPreset(name, out);
 }
 
 // One action of a decision, and its event (skip_step's update was already
@@ -711,18 +752,28 @@ Status Trainer::ApplyAction(const PolicyAction& a, const DecisionEvidence& evide
   auto details = evidence.details;
   if (a.kind == PolicyAction::Kind::kSwitch) {
     const std::string from = scheme_.name;
-    std::string target = a.scheme == "next" ? engine_->NextRung(from) : a.scheme;
+    // The engine resolved `next` against the scheme that ran the step.
+    const std::string target = a.scheme == "next" ? engine_->NextRung(from) : a.scheme;
     if (target.empty() || target == from) {
       details.push_back({"from", from});
       return RecordEvent("switch_skipped", "no scheme above " + from + " on the ladder; " + cause, details);
     }
     PrecisionScheme scheme;
-    KEEL_RETURN_IF_ERROR(SchemeFromPreset(target, &scheme));
+    KEEL_RETURN_IF_ERROR(SchemeForRung(target, &scheme));
     return SwitchAndRecord(scheme, ": " + cause, details);
   }
   if (a.kind == PolicyAction::Kind::kRollback) {
+    // A policy rollback rewinds weights, moments, data and step, not the
+    // policy's own decisions: the run keeps the scheme and learning-rate scale
+    // it had (a checkpoint from before an earlier rescue would otherwise bring
+    // back the scheme that diverged, and the rung above it would be a replay).
+    const PrecisionScheme running = scheme_;
+    const double lr_scale = lr_scale_;
+    details.push_back({"precision", running.name});
     Status s = RollbackAndRecord(a.steps, ": " + cause, details);
-    if (!s.ok()) return RecordEvent("rollback_failed", s.message() + "; " + cause, details);
+    if (!s.ok()) return RecordEvent("rollback_failed", s.message() + "; " + cause, evidence.details);
+    scheme_ = running;
+    lr_scale_ = lr_scale;
     return Status::Ok();
   }
   if (a.kind == PolicyAction::Kind::kScaleLr) {

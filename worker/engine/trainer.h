@@ -109,7 +109,10 @@ class Trainer {
   Status ProcessCommands();
   // The stability policy's decisions for the step just taken (config.policy):
   // switch, rollback, scale_lr, skip_step (already applied) and stop, each an
-  // event in events.jsonl with the rule and the detector values behind it.
+  // event in events.jsonl with the rule and the detector values behind it; an
+  // `escalate` event first when the engine escalated instead of replaying a
+  // rule (policy.h), and probation's return one rung down after them. A
+  // policy rollback keeps the running scheme and learning-rate scale.
   Status ApplyPolicy();
   // True once a policy's stop action ended the run (keel-train exits 3).
   bool diverged() const { return diverged_; }
@@ -207,6 +210,10 @@ class Trainer {
   Status FinishTraining(bool progress);
   // One action of a policy decision (ApplyPolicy), with its event.
   Status ApplyAction(const PolicyAction& action, const DecisionEvidence& evidence);
+  // policy.probation's return one rung down, with its event (after ApplyPolicy's decisions).
+  Status ApplyProbation();
+  // A ladder rung's scheme: the run's starting one when the name is its name, else the preset.
+  Status SchemeForRung(const std::string& name, PrecisionScheme* out) const;
   // Checkpoints: the metadata written, and reading one back verified.
   std::map<std::string, std::string> CheckpointMeta() const;
   struct LoadedCheckpoint;

@@ -389,6 +389,42 @@ TEST(TrainerTest, PolicySkipStepKeepsTheWeights) {
   EXPECT_FALSE(t->diverged());
 }
 
+// probation on a real trainer: the rescue (rollback, mxfp8_e4m3, a lower LR)
+// carries the run past the fault, and after 10 healthy steps in mxfp8_e4m3 the
+// run goes back down to mxfp4, where it ends.
+TEST(TrainerTest, ProbationReturnsToTheCheaperSchemeAfterHealthySteps) {
+  const std::string dir = TempDir("policy_probation");
+  RunConfig c;
+  Status s = ParseRunConfig(
+      "model: {type: proxy, layers: 1, width: 32}\nbatch: 64\nsteps: 60\nthreads: 2\nprecision: mxfp4\n"
+      "optimizer: {type: adam, lr: 0.003}\n"
+      "schedule: {type: constant, spike_at: 30, spike_steps: 3, spike_factor: 300}\n"
+      "policy:\n  detectors: {loss_zscore: {min_samples: 10}, loss_ratio: {min_samples: 10}}\n"
+      "  ladder: [mxfp4, mxfp8_e4m3, bf16]\n  snapshots: {every: 5, keep: 8}\n  probation: {after: 10}\n"
+      "  rules:\n    - {name: r, when: [nonfinite, loss_zscore, loss_ratio], "
+      "do: [{rollback: 10}, {switch: next}, {scale_lr: 0.01}], cooldown: 5}\n"
+      "run_dir: " + dir + "\n",
+      "test", {}, &c);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  std::vector<StepMetrics> m;
+  ASSERT_TRUE(t->Train([&](const StepMetrics& x) { m.push_back(x); }, false).ok());
+  EXPECT_FALSE(t->diverged());
+  EXPECT_EQ(t->step(), 60);
+  EXPECT_EQ(t->scheme().name, "mxfp4");  // back down, and it stayed healthy there
+  int rescued = 0;
+  for (const StepMetrics& x : m) rescued += x.scheme == "mxfp8_e4m3";
+  EXPECT_GE(rescued, 10);  // the healthy steps probation waited for
+  std::ifstream events(c.run_dir + "/events.jsonl");
+  std::string all((std::istreambuf_iterator<char>(events)), std::istreambuf_iterator<char>());
+  EXPECT_NE(all.find("switched precision from mxfp4 to mxfp8_e4m3: rule r"), std::string::npos) << all;
+  EXPECT_NE(all.find("switched precision from mxfp8_e4m3 to mxfp4: probation: 10 healthy steps in mxfp8_e4m3"),
+            std::string::npos)
+      << all;
+  EXPECT_EQ(all.find("\"kind\":\"escalate\""), std::string::npos) << all;
+}
+
 TEST(TrainerTest, SchemeSwitchMidRunKeepsTraining) {
   std::unique_ptr<Trainer> t;
   ASSERT_TRUE(Trainer::Create(ProxyConfig(TempDir("proxy_switch"), "fp32"), &t).ok());

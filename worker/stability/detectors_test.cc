@@ -172,13 +172,13 @@ TEST(PolicyTest, RulesCooldownsCapsAndTheLadder) {
   EXPECT_EQ(engine.NextRung("bf16"), "");
   EXPECT_EQ(engine.NextRung("custom"), "bf16");
   Firing z{"loss_zscore", "", {}}, g{"grad_norm_zscore", "", {}};
-  auto d = engine.Decide(100, {z});
+  auto d = engine.Decide(100, 100, "mxfp4", {z});
   ASSERT_EQ(d.size(), 1u);  // "all" needs both
   EXPECT_EQ(d[0].rule->name, "spike");
-  EXPECT_TRUE(engine.Decide(105, {z}).empty());  // cooldown 10
-  d = engine.Decide(110, {z, g});
+  EXPECT_TRUE(engine.Decide(105, 105, "mxfp4", {z}).empty());  // cooldown 10
+  d = engine.Decide(110, 110, "mxfp4", {z, g});
   ASSERT_EQ(d.size(), 2u);
-  EXPECT_TRUE(engine.Decide(200, {z, g}).empty());  // max_interventions 3 reached
+  EXPECT_TRUE(engine.Decide(200, 200, "mxfp4", {z, g}).empty());  // max_interventions 3 reached
   EXPECT_TRUE(engine.exhausted());
 }
 

@@ -23,8 +23,22 @@
 //           - stop                      # end the run as diverged (keel-train exit 3)
 //         cooldown: 200                 # steps before this rule may fire again (default 100)
 //         max: 3                        # times this rule may fire (0, default: no limit)
+//     probation: {after: 300}           # optional: after 300 healthy steps in a scheme the
+//                                       # policy moved up to, back down one rung (once it
+//                                       # diverges there, never again)
 //     sweep_rules:                      # keeld, across a sweep's runs (SweepRule below)
 //       - {when_diverged: 2, scheme: mxfp4, switch: mxfp6_e2m3}
+//
+// Or the preset, with nothing to tune (DefaultPolicy below; docs/train.md):
+//
+//   policy: default
+//   policy: {preset: default, probation: {after: 300}}
+//
+// No identical replay: a rule whose actions are a rollback alone is refused
+// (ValidateRule), and when a rule fires again before the run has passed the
+// step where it last fired, the engine escalates instead of repeating the rule
+// (PolicyEngine::Decide): the next rung of the ladder, then the learning-rate
+// fallback, then stop.
 //
 // Manual interventions (keel intervene) take the same path: a command the
 // trainer applies before its next step (trainer.h ProcessCommands).
@@ -34,8 +48,10 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "kernels/base/status.h"
 #include "worker/stability/detectors.h"
 
 namespace keel {
@@ -58,6 +74,12 @@ struct PolicyRule {
   int max = 0;
 };
 
+// Refuses a rule that could only replay itself: one whose actions are a
+// rollback alone (skip_step aside), which would run the same steps in the same
+// scheme at the same learning rate and diverge the same way. `field` names the
+// rule ("policy.rules[0]") in the message.
+Status ValidateRule(const PolicyRule& rule, const std::string& field);
+
 // A sweep-level rule, applied by keeld (not the trainer): once `diverged` runs
 // of one scheme in a sweep have ended DIVERGED, that scheme's other runs switch
 // to `switch_to` (running ones at their next step, queued ones before they start).
@@ -70,6 +92,7 @@ struct SweepRule {
 };
 
 struct Policy {
+  std::string preset;  // "default" for `policy: default`; "" for a policy written out
   std::map<std::string, DetectorConfig> detectors;  // every detector, defaults filled in
   std::vector<std::string> ladder;
   int snapshot_every = 0;  // 0: the run's checkpoint_every
@@ -77,34 +100,102 @@ struct Policy {
   int max_interventions = 5;
   std::vector<PolicyRule> rules;
   std::vector<SweepRule> sweep_rules;
+  // probation: {after: N}: after N healthy steps (no rule fired) in a scheme the
+  // policy moved up to, go back down one rung, never below the run's starting
+  // scheme; once a rule fires after such a return, the run stays up. 0: off.
+  int64_t probation_after = 0;
+  // The escalation past the ladder's top: scale the learning rate by
+  // lr_fallback_factor, at most lr_fallbacks times, then stop as diverged.
+  double lr_fallback_factor = 0.5;
+  int lr_fallbacks = 1;
   std::string yaml;        // the section as given, for checkpoints and events
 
   bool active() const { return !rules.empty(); }
 };
 
-// Decides, step by step, which rules act (cooldowns and caps included).
+// The policies a config can name (`policy: NAME`): today only "default".
+struct PolicyPresetInfo {
+  std::string name;
+  std::string summary;  // one line for `keel-train presets --policies`
+};
+const std::vector<PolicyPresetInfo>& PolicyPresets();
+std::string PolicyPresetNames();  // comma-separated, for error messages
+
+// `policy: default` for a run of `run_steps` steps starting in ladder[0]
+// (`ladder`: RescueLadder of the run's scheme, worker/config/scheme.h; it ends at
+// fp32). One rule, "blow-up": nonfinite, or the loss or grad norm 30 sigma
+// above its running mean, or the loss 10x its running mean for 4 steps ->
+// rollback, switch next. The thresholds are relative to the run's own running
+// statistics; the distances scale with the run's length (S = run_steps / 90
+// clamped to 1 .. 100: the tuned 9000-step run's 100): snapshots every S steps (12 kept), rollback 5 S, the
+// statistics' min_samples 2 S clamped to 8 .. 64 (window twice that), cooldown
+// min_samples. max_interventions is the longest escalation the ladder allows,
+// so the policy never goes quiet before its stop. docs/train.md has the table.
+Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps);
+
+// Decides, step by step, which rules act (cooldowns and caps included), and
+// what they do: a rule's actions with `switch: next` resolved against the
+// scheme running, or an escalation instead of an identical replay.
 class PolicyEngine {
  public:
-  explicit PolicyEngine(const Policy& policy) : policy_(policy) {}
+  // `start_scheme`: the run's starting scheme, below which probation never goes.
+  explicit PolicyEngine(const Policy& policy, std::string start_scheme = "")
+      : policy_(policy), start_scheme_(std::move(start_scheme)) {}
 
   struct Decision {
     const PolicyRule* rule = nullptr;
     std::vector<Firing> firings;  // the detectors of the rule that fired
+    // What to do, in order: the rule's actions with every `switch: next`
+    // resolved to a scheme name, or, when `escalation` says so, instead of them.
+    std::vector<PolicyAction> actions;
+    // Empty when the rule acts as written; else what the engine did instead
+    // and why ("rule spike fired again at step 412 before passing step 450
+    // where it last fired: escalating to bf16 instead of replaying").
+    std::string escalation;
+    // Set when this firing ended probation (the run stays up from now on).
+    std::string probation_over;
   };
   // The rules that act on this step's firings, in rule order. `tick` counts the
   // steps taken (it keeps increasing across rollbacks); cooldowns are in ticks.
-  std::vector<Decision> Decide(int64_t tick, const std::vector<Firing>& fired);
+  // `step` is the step number just taken (a rollback moves it back); `scheme`
+  // the scheme that ran it.
+  //
+  // A rule that fires at a step not past the step where it last fired (the
+  // run rolled back and diverged again on the way) does not repeat itself: it
+  // keeps its rollbacks and skip_step and, instead of its other actions, moves
+  // one rung up the ladder from `scheme`; with no rung above, scales the
+  // learning rate (lr_fallbacks times); after that, stops. A `switch: next`
+  // with no rung above escalates the same way.
+  std::vector<Decision> Decide(int64_t tick, int64_t step, const std::string& scheme,
+                               const std::vector<Firing>& fired);
+  // Probation, after a step's decisions were applied with `scheme` now
+  // running: the rung to go back down to now, or "" (sets up the next one).
+  std::string ProbationReturn(int64_t tick, const std::string& scheme);
   // The ladder rung after `scheme`; "" when `scheme` is the last rung; the last
   // rung (the most precise) when `scheme` is not on the ladder.
   std::string NextRung(const std::string& scheme) const;
   int interventions() const { return interventions_; }
   bool exhausted() const { return interventions_ >= policy_.max_interventions; }
+  bool probation_over() const { return probation_over_; }
 
  private:
+  // The escalation of `rule` from `scheme`: *d's actions and its message's end.
+  void Escalate(const PolicyRule& rule, const std::string& scheme, const std::string& why, Decision* d);
+
   const Policy& policy_;
-  std::map<std::string, int64_t> last_fired_;  // rule name -> step
-  std::map<std::string, int> times_;           // rule name -> count
+  const std::string start_scheme_;
+  std::map<std::string, int64_t> last_fired_;       // rule name -> tick
+  std::map<std::string, int64_t> last_fired_step_;  // rule name -> step number
+  std::map<std::string, int> times_;                // rule name -> count
   int interventions_ = 0;
+  int lr_fallbacks_used_ = 0;
+  // Probation: the scheme the policy last moved to (probation applies only
+  // there), the tick since which the run has been healthy in it, whether the
+  // run came down by probation, and whether probation is over.
+  std::string policy_scheme_;
+  int64_t healthy_since_ = 0;
+  bool returned_ = false;
+  bool probation_over_ = false;
 };
 
 }  // namespace keel

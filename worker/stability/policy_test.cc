@@ -1,0 +1,276 @@
+// The policy engine's escalation: no rule replays itself (refused at
+// validation, escalated at run time), `switch: next` resolved against the
+// running scheme, the learning-rate fallback and the stop past the ladder's
+// top, probation, and the default policy's shape.
+#include "worker/stability/policy.h"
+
+#include <gtest/gtest.h>
+
+namespace keel {
+namespace {
+
+using Kind = PolicyAction::Kind;
+
+PolicyAction Action(Kind kind, const std::string& scheme = "", int64_t steps = 0, double factor = 1.0) {
+  PolicyAction a;
+  a.kind = kind;
+  a.scheme = scheme;
+  a.steps = steps;
+  a.factor = factor;
+  return a;
+}
+
+PolicyRule Rule(const std::string& name, std::vector<PolicyAction> actions, int64_t cooldown = 0) {
+  PolicyRule r;
+  r.name = name;
+  r.when = {"loss_zscore"};
+  r.actions = std::move(actions);
+  r.cooldown = cooldown;
+  return r;
+}
+
+Policy WithRules(std::vector<std::string> ladder, std::vector<PolicyRule> rules) {
+  Policy p;
+  p.ladder = std::move(ladder);
+  p.rules = std::move(rules);
+  p.max_interventions = 100;
+  return p;
+}
+
+const std::vector<Firing> kSpike = {{"loss_zscore", "loss 9 is 40 sigma above the mean", {}}};
+
+std::vector<Kind> Kinds(const PolicyEngine::Decision& d) {
+  std::vector<Kind> out;
+  for (const PolicyAction& a : d.actions) out.push_back(a.kind);
+  return out;
+}
+
+TEST(ValidateRuleTest, ARollbackAloneIsRefusedNamingTheField) {
+  Status s = ValidateRule(Rule("r", {Action(Kind::kRollback, "", 50)}), "policy.rules[2]");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.field(), "policy.rules[2].do");
+  EXPECT_EQ(s.message(),
+            "policy.rules[2].do: [rollback] is a rollback alone: the run would replay the same steps in the same "
+            "scheme and diverge the same way (allowed: a rollback with switch, scale_lr or stop)");
+  // skip_step changes nothing about the replay either.
+  EXPECT_FALSE(ValidateRule(Rule("r", {Action(Kind::kRollback, "", 50), Action(Kind::kSkipStep)}), "f").ok());
+  EXPECT_TRUE(ValidateRule(Rule("r", {Action(Kind::kRollback, "", 50), Action(Kind::kSwitch, "next")}), "f").ok());
+  EXPECT_TRUE(ValidateRule(Rule("r", {Action(Kind::kRollback, "", 50), Action(Kind::kScaleLr, "", 0, 0.5)}), "f").ok());
+  EXPECT_TRUE(ValidateRule(Rule("r", {Action(Kind::kRollback, "", 50), Action(Kind::kStop)}), "f").ok());
+  EXPECT_TRUE(ValidateRule(Rule("r", {Action(Kind::kSkipStep)}), "f").ok());  // no rollback: nothing replays
+}
+
+TEST(PolicyEngineTest, NextIsResolvedAgainstTheSchemeThatRanTheStep) {
+  Policy p = WithRules({"mxfp4", "mxfp6_e2m3", "bf16"},
+                       {Rule("spike", {Action(Kind::kRollback, "", 50), Action(Kind::kSwitch, "next")})});
+  PolicyEngine engine(p, "mxfp4");
+  auto d = engine.Decide(100, 100, "mxfp4", kSpike);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_TRUE(d[0].escalation.empty());
+  ASSERT_EQ(d[0].actions.size(), 2u);
+  EXPECT_EQ(d[0].actions[0].kind, Kind::kRollback);
+  EXPECT_EQ(d[0].actions[1].scheme, "mxfp6_e2m3");
+  // Later in the run, past step 100: the rule as written, from the scheme now running.
+  d = engine.Decide(200, 200, "mxfp6_e2m3", kSpike);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_TRUE(d[0].escalation.empty());
+  EXPECT_EQ(d[0].actions[1].scheme, "bf16");
+}
+
+TEST(PolicyEngineTest, ARuleFiringAgainBeforePassingItsStepEscalatesInsteadOfReplaying) {
+  // A fixed scheme: repeated, it would be the same replay every time.
+  Policy p = WithRules({"mxfp4", "mxfp8_e4m3", "bf16", "fp32"},
+                       {Rule("spike", {Action(Kind::kRollback, "", 50), Action(Kind::kSwitch, "mxfp8_e4m3"),
+                                       Action(Kind::kScaleLr, "", 0, 0.1)})});
+  PolicyEngine engine(p, "mxfp4");
+  auto d = engine.Decide(450, 450, "mxfp4", kSpike);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(Kinds(d[0]), (std::vector<Kind>{Kind::kRollback, Kind::kSwitch, Kind::kScaleLr}));
+  EXPECT_EQ(d[0].actions[1].scheme, "mxfp8_e4m3");
+  // Rolled back to 400, diverged again at 412 (tick 462): one rung up instead.
+  d = engine.Decide(462, 412, "mxfp8_e4m3", kSpike);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].escalation,
+            "rule spike fired again at step 412 before passing step 450 where it last fired: escalating to bf16 "
+            "instead of replaying");
+  EXPECT_EQ(Kinds(d[0]), (std::vector<Kind>{Kind::kRollback, Kind::kSwitch}));
+  EXPECT_EQ(d[0].actions[0].steps, 50);  // the rule's rollback stays
+  EXPECT_EQ(d[0].actions[1].scheme, "bf16");
+  // The step where it last fired is now 412: firing at 412 again escalates, at 413 it does not.
+  d = engine.Decide(480, 412, "bf16", kSpike);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].actions[1].scheme, "fp32");
+  d = engine.Decide(500, 413, "fp32", kSpike);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_TRUE(d[0].escalation.empty());
+  EXPECT_EQ(d[0].actions[1].scheme, "mxfp8_e4m3");  // as written
+}
+
+TEST(PolicyEngineTest, PastTheTopTheLearningRateFallsBackThenTheRunStops) {
+  Policy p = WithRules({"bf16", "fp32"}, {Rule("spike", {Action(Kind::kRollback, "", 20), Action(Kind::kSwitch, "next")})});
+  p.lr_fallbacks = 2;
+  p.lr_fallback_factor = 0.5;
+  PolicyEngine engine(p, "bf16");
+  auto d = engine.Decide(100, 100, "bf16", kSpike);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].actions[1].scheme, "fp32");
+  // Again before passing 100, in fp32, the top: the LR, twice.
+  d = engine.Decide(110, 90, "fp32", kSpike);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(Kinds(d[0]), (std::vector<Kind>{Kind::kRollback, Kind::kScaleLr}));
+  EXPECT_EQ(d[0].actions[1].factor, 0.5);
+  EXPECT_NE(d[0].escalation.find("no rung above fp32, scaling the learning rate by 0.5 (fallback 1 of 2)"),
+            std::string::npos)
+      << d[0].escalation;
+  d = engine.Decide(120, 85, "fp32", kSpike);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(Kinds(d[0]), (std::vector<Kind>{Kind::kRollback, Kind::kScaleLr}));
+  // Then stop, where it diverged (no rollback).
+  d = engine.Decide(130, 80, "fp32", kSpike);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(Kinds(d[0]), (std::vector<Kind>{Kind::kStop}));
+  EXPECT_NE(d[0].escalation.find("the learning-rate fallback is spent, stopping the run as diverged"),
+            std::string::npos)
+      << d[0].escalation;
+}
+
+TEST(PolicyEngineTest, SwitchNextAtTheTopEscalatesEvenWhenTheRunPassedTheStep) {
+  Policy p = WithRules({"bf16", "fp32"}, {Rule("spike", {Action(Kind::kRollback, "", 20), Action(Kind::kSwitch, "next")})});
+  PolicyEngine engine(p, "fp32");
+  auto d = engine.Decide(100, 100, "fp32", kSpike);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].escalation,
+            "rule spike fired at step 100 on fp32, the top of the ladder: no rung above fp32, scaling the learning "
+            "rate by 0.5 (fallback 1 of 1)");
+  EXPECT_EQ(Kinds(d[0]), (std::vector<Kind>{Kind::kRollback, Kind::kScaleLr}));
+  d = engine.Decide(300, 300, "fp32", kSpike);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(Kinds(d[0]), (std::vector<Kind>{Kind::kStop}));
+}
+
+TEST(PolicyEngineTest, WithoutALadderAReplayGoesStraightToTheLearningRate) {
+  Policy p = WithRules({}, {Rule("spike", {Action(Kind::kRollback, "", 20), Action(Kind::kScaleLr, "", 0, 0.9),
+                                           Action(Kind::kSkipStep)})});
+  PolicyEngine engine(p);
+  ASSERT_EQ(engine.Decide(100, 100, "custom", kSpike).size(), 1u);
+  auto d = engine.Decide(101, 95, "custom", kSpike);
+  ASSERT_EQ(d.size(), 1u);
+  // skip_step stays with the rollback; the rule's own scale_lr 0.9 gives way to the fallback.
+  EXPECT_EQ(Kinds(d[0]), (std::vector<Kind>{Kind::kRollback, Kind::kSkipStep, Kind::kScaleLr}));
+  EXPECT_EQ(d[0].actions[2].factor, 0.5);
+}
+
+TEST(PolicyEngineTest, CooldownsStillHoldAndEveryFiringCounts) {
+  Policy p = WithRules({"mxfp4", "bf16"}, {Rule("spike", {Action(Kind::kRollback, "", 20), Action(Kind::kSwitch, "next")},
+                                                /*cooldown=*/10)});
+  p.max_interventions = 2;
+  PolicyEngine engine(p, "mxfp4");
+  ASSERT_EQ(engine.Decide(100, 100, "mxfp4", kSpike).size(), 1u);
+  EXPECT_TRUE(engine.Decide(105, 85, "bf16", kSpike).empty());  // cooldown 10 ticks
+  ASSERT_EQ(engine.Decide(110, 90, "bf16", kSpike).size(), 1u);
+  EXPECT_TRUE(engine.exhausted());
+  EXPECT_TRUE(engine.Decide(200, 200, "bf16", kSpike).empty());
+}
+
+TEST(PolicyEngineTest, ProbationGoesBackDownOneRungAfterHealthyStepsThenStaysUpOnceItDiverges) {
+  Policy p = WithRules({"mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "bf16"},
+                       {Rule("spike", {Action(Kind::kRollback, "", 20), Action(Kind::kSwitch, "next")})});
+  p.probation_after = 50;
+  PolicyEngine engine(p, "mxfp4");
+  EXPECT_EQ(engine.ProbationReturn(10, "mxfp4"), "");  // the start: nothing to come back from
+  ASSERT_EQ(engine.Decide(100, 100, "mxfp4", kSpike).size(), 1u);
+  ASSERT_EQ(engine.Decide(130, 120, "mxfp6_e2m3", kSpike).size(), 1u);  // up again, to mxfp8_e4m3
+  EXPECT_EQ(engine.ProbationReturn(179, "mxfp8_e4m3"), "");  // 49 healthy steps
+  EXPECT_EQ(engine.ProbationReturn(180, "mxfp8_e4m3"), "mxfp6_e2m3");
+  EXPECT_EQ(engine.ProbationReturn(229, "mxfp6_e2m3"), "");
+  EXPECT_EQ(engine.ProbationReturn(230, "mxfp6_e2m3"), "mxfp4");
+  EXPECT_EQ(engine.ProbationReturn(400, "mxfp4"), "");  // never below the starting scheme
+  // Diverges again after coming down: back up, and for good.
+  auto d = engine.Decide(401, 380, "mxfp4", kSpike);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].actions[1].scheme, "mxfp6_e2m3");
+  EXPECT_NE(d[0].probation_over.find("stays up for the rest of the run"), std::string::npos) << d[0].probation_over;
+  EXPECT_TRUE(engine.probation_over());
+  EXPECT_EQ(engine.ProbationReturn(10000, "mxfp6_e2m3"), "");
+}
+
+TEST(PolicyEngineTest, ProbationLeavesASchemeChosenByHandAlone) {
+  Policy p = WithRules({"mxfp4", "mxfp6_e2m3", "bf16"},
+                       {Rule("spike", {Action(Kind::kRollback, "", 20), Action(Kind::kSwitch, "next")})});
+  p.probation_after = 5;
+  PolicyEngine engine(p, "mxfp4");
+  ASSERT_EQ(engine.Decide(100, 100, "mxfp4", kSpike).size(), 1u);
+  // keel intervene moved the run to bf16: not the policy's rung.
+  EXPECT_EQ(engine.ProbationReturn(200, "bf16"), "");
+  EXPECT_EQ(engine.ProbationReturn(200, "mxfp6_e2m3"), "mxfp4");
+}
+
+TEST(DefaultPolicyTest, OneRuleThatClimbsTheLadderWithDistancesFromTheRunLength) {
+  const std::vector<std::string> ladder = {"mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"};
+  Policy p = DefaultPolicy(ladder, 9000);
+  EXPECT_EQ(p.preset, "default");
+  EXPECT_EQ(p.ladder, ladder);
+  EXPECT_EQ(p.snapshot_every, 100);
+  EXPECT_EQ(p.snapshot_keep, 12);
+  ASSERT_EQ(p.rules.size(), 1u);
+  const PolicyRule& r = p.rules[0];
+  EXPECT_EQ(r.name, "blow-up");
+  EXPECT_EQ(r.when, (std::vector<std::string>{"nonfinite", "grad_norm_zscore", "loss_zscore", "loss_ratio"}));
+  ASSERT_EQ(r.actions.size(), 2u);
+  EXPECT_EQ(r.actions[0].kind, Kind::kRollback);
+  EXPECT_EQ(r.actions[0].steps, 500);
+  EXPECT_EQ(r.actions[1].scheme, "next");
+  EXPECT_TRUE(ValidateRule(r, "policy.rules[0]").ok());
+  EXPECT_EQ(p.detectors.at("loss_zscore").z, 30);
+  EXPECT_EQ(p.detectors.at("grad_norm_zscore").z, 30);
+  EXPECT_EQ(p.detectors.at("loss_ratio").ratio, 10);
+  EXPECT_EQ(p.detectors.at("loss_zscore").min_samples, 64);
+  EXPECT_EQ(p.detectors.at("loss_zscore").window, 128);
+  EXPECT_FALSE(p.detectors.at("grad_norm_ratio").enabled);
+  EXPECT_TRUE(p.detectors.at("nonfinite").enabled);
+  // 5 climbs, 5 probation returns and a climb back each, 1 LR fallback, 1 stop.
+  EXPECT_EQ(p.max_interventions, 12);
+  // A short run: the same proportions, and the statistics armed in time to see
+  // a replay diverge again.
+  Policy short_run = DefaultPolicy(ladder, 300);
+  EXPECT_EQ(short_run.snapshot_every, 3);
+  EXPECT_EQ(short_run.rules[0].actions[0].steps, 15);
+  EXPECT_EQ(short_run.detectors.at("loss_zscore").min_samples, 8);
+  EXPECT_LT(short_run.detectors.at("loss_zscore").min_samples, short_run.rules[0].actions[0].steps);
+  EXPECT_EQ(PolicyPresetNames(), "default");
+}
+
+// The default policy over a whole escalation: every firing is a replay that
+// diverges again, and the run ends stopped, having climbed every rung once.
+TEST(DefaultPolicyTest, RepeatedDivergenceClimbsEveryRungThenFallsBackThenStops) {
+  const std::vector<std::string> ladder = {"mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"};
+  Policy p = DefaultPolicy(ladder, 300);
+  PolicyEngine engine(p, "mxfp4");
+  std::string scheme = "mxfp4";
+  std::vector<std::string> climbed;
+  int64_t tick = 0;
+  bool stopped = false, scaled = false;
+  for (int firing = 0; firing < 20 && !stopped; ++firing) {
+    tick += 40;  // past the cooldown, always back at step 151
+    auto d = engine.Decide(tick, 151, scheme, {{"nonfinite", "loss nan", {}}});
+    ASSERT_EQ(d.size(), 1u) << "firing " << firing;
+    if (firing > 0) {
+      EXPECT_FALSE(d[0].escalation.empty()) << firing;
+    }
+    for (const PolicyAction& a : d[0].actions) {
+      if (a.kind == Kind::kSwitch) {
+        climbed.push_back(a.scheme);
+        scheme = a.scheme;
+      }
+      scaled |= a.kind == Kind::kScaleLr;
+      stopped |= a.kind == Kind::kStop;
+    }
+  }
+  EXPECT_TRUE(stopped);
+  EXPECT_TRUE(scaled);
+  EXPECT_EQ(climbed, (std::vector<std::string>{"mxfp6_e2m3", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"}));
+  EXPECT_LE(engine.interventions(), p.max_interventions);
+}
+
+}  // namespace
+}  // namespace keel
