@@ -59,6 +59,13 @@ std::string GpuList(const std::vector<int32_t>& gpus) {
   return text;
 }
 
+// "0.25" for 250 thousandths of a GPU.
+std::string FractionText(int32_t milli) {
+  std::string text = std::to_string(milli / 1000) + "." + std::to_string(1000 + milli % 1000).substr(1);
+  while (text.back() == '0') text.pop_back();
+  return text;
+}
+
 // The CPU slots the run holds on `worker` (a gang: its part's ranks there).
 int CpuSlotsOn(const v1::Run& run, const std::string& worker) {
   if (run.gpus() > 0) return 0;
@@ -322,12 +329,16 @@ grpc::Status Coordinator::SubmitSweep(const v1::SweepSpec& spec, v1::SubmitSweep
   sweep.set_cpu_slots(plan.cpu_slots);
   sweep.set_hosts(plan.hosts);
   sweep.set_gpus_per_host(plan.gpus_per_host);
+  sweep.set_gpu_milli(plan.gpu_milli);
+  sweep.set_gpu_memory_bytes(plan.gpu_memory_bytes);
   sweep.mutable_policy()->set_yaml(plan.policy_yaml);
   for (size_t i = 0; i < runs.size(); ++i) {
     runs[i].set_gpus(plan.gpus);
     runs[i].set_cpu_slots(plan.gpus > 0 ? 0 : plan.cpu_slots);
     runs[i].set_hosts(plan.hosts);
     runs[i].set_gpus_per_host(plan.gpus_per_host);
+    runs[i].set_gpu_milli(plan.gpu_milli);
+    runs[i].set_gpu_memory_bytes(plan.gpu_memory_bytes);
     runs[i].set_priority(plan.priority);
     runs[i].set_max_restarts(plan.max_restarts);
     runs[i].set_index(static_cast<int32_t>(i));
@@ -617,7 +628,8 @@ grpc::Status Coordinator::ListWorkers(v1::ListWorkersResponse* out) {
       for (const auto& r : runs_) {
         if (!Active(r.second.state())) continue;
         for (int32_t g : GpusOn(r.second, w.first)) {
-          if (g == d.index()) d.set_run_id(r.first);
+          // Fractional runs share a GPU: all their ids, comma-separated.
+          if (g == d.index()) d.set_run_id(d.run_id().empty() ? r.first : d.run_id() + "," + r.first);
         }
       }
     }
@@ -1087,16 +1099,35 @@ void Coordinator::Schedule() {
     if (!w.second.send) continue;  // no stream: cannot take work now
     WorkerCapacity c;
     c.worker_id = w.first;
-    std::set<int32_t> busy;
+    std::map<int32_t, int64_t> memory;  // device index -> total memory reported
+    for (const v1::Device& d : w.second.record.devices()) memory[d.index()] = d.memory_bytes();
+    std::set<int32_t> busy;  // held whole (a whole-GPU run or a gang's part)
+    std::map<int32_t, SharedGpu> shared;  // held in part by fractional runs
     int cpu_used = 0;
     for (const auto& r : runs_) {
       if (!Active(r.second.state()) || !OnWorker(r.second, w.first)) continue;
-      for (int32_t g : GpusOn(r.second, w.first)) busy.insert(g);
+      for (int32_t g : GpusOn(r.second, w.first)) {
+        if (r.second.gpu_milli() > 0) {
+          SharedGpu& s = shared[g];
+          s.index = g;
+          s.used_milli += r.second.gpu_milli();
+          s.used_memory_bytes += ReservedGpuMemory(r.second, memory[g]);
+        } else {
+          busy.insert(g);
+        }
+      }
       cpu_used += CpuSlotsOn(r.second, w.first);
     }
     for (const v1::Device& d : w.second.record.devices()) {
-      if (!busy.count(d.index())) c.free_gpus.push_back(d.index());
+      if (busy.count(d.index())) continue;
+      auto part = shared.find(d.index());
+      if (part == shared.end()) {
+        c.free_gpus.push_back(d.index());
+      } else {
+        c.shared_gpus.push_back(part->second);
+      }
     }
+    c.gpu_memory_bytes = memory;
     c.total_gpus = w.second.record.devices_size();
     c.free_cpu_slots = std::max(0, w.second.record.cpu_slots() - cpu_used);
     c.total_cpu_slots = w.second.record.cpu_slots();
@@ -1112,6 +1143,9 @@ void Coordinator::Schedule() {
     for (int32_t g : p.gpus) run.add_device_indices(g);
     run.clear_parts();
     std::string where = p.worker_id + (p.gpus.empty() ? "" : " (GPUs " + GpuList(p.gpus) + ")");
+    if (run.gpu_milli() > 0) {
+      where = p.worker_id + " (" + FractionText(run.gpu_milli()) + " of GPU " + GpuList(p.gpus) + ")";
+    }
     if (!p.parts.empty()) {
       where = "a gang of " + std::to_string(p.world) + " ranks:";
       for (const PlacementPart& part : p.parts) {
@@ -1209,6 +1243,7 @@ CoordinatorStats Coordinator::Stats(int64_t retention_ms) {
     s.gpus_total += w.second.record.devices_size();
   }
   const int64_t now = Now();
+  std::set<std::pair<std::string, int32_t>> busy_gpus;  // (worker, device) held by an active run
   for (const auto& r : runs_) {
     auto live = live_.find(r.first);
     const bool ended = Terminal(r.second.state());
@@ -1257,9 +1292,16 @@ CoordinatorStats Coordinator::Stats(int64_t retention_ms) {
       for (const v1::RunPart& p : r.second.parts()) g.gpus += p.device_indices_size();
     }
     g.workers = std::max(1, r.second.parts_size());
-    s.gpus_busy += g.gpus;
+    if (Active(r.second.state())) {
+      // A GPU that fractional runs share counts once.
+      for (int32_t d : r.second.device_indices()) busy_gpus.insert({r.second.worker_id(), d});
+      for (const v1::RunPart& p : r.second.parts()) {
+        for (int32_t d : p.device_indices()) busy_gpus.insert({p.worker_id(), d});
+      }
+    }
     s.runs.push_back(std::move(g));
   }
+  s.gpus_busy = static_cast<int64_t>(busy_gpus.size());
   return s;
 }
 

@@ -156,7 +156,80 @@ bool PlaceCpuGang(const v1::Run& run, std::vector<WorkerCapacity>* workers, Plac
   return true;
 }
 
+// Where a fractional run goes (scheduler.h, "Fractional GPUs"): false, and
+// nothing taken, when no GPU on a worker not `reserved` has room for it.
+bool PlaceFraction(const v1::Run& run, const std::set<std::string>& reserved, std::vector<WorkerCapacity>* workers,
+                   Placement* out) {
+  const int32_t milli = run.gpu_milli();
+  WorkerCapacity* best_worker = nullptr;
+  int32_t best_index = -1;
+  int32_t best_room = kGpuMilli + 1;  // thousandths left after it is placed there
+  int32_t best_free = 0;              // the free GPUs of best_worker, for ties between free GPUs
+  bool best_shared = false;
+  auto fits = [&](const WorkerCapacity& w, int32_t index, int32_t used_milli, int64_t used_memory) {
+    if (used_milli + milli > kGpuMilli) return false;
+    auto total = w.gpu_memory_bytes.find(index);
+    const int64_t total_bytes = total == w.gpu_memory_bytes.end() ? 0 : total->second;
+    if (total_bytes <= 0) return run.gpu_memory_bytes() == 0;  // unknown memory: nothing to check against
+    return used_memory + ReservedGpuMemory(run, total_bytes) <= total_bytes;
+  };
+  // Candidates come in worker-id order, then device order, so a strict
+  // "better" keeps the first of equals.
+  auto consider = [&](WorkerCapacity& w, int32_t index, int32_t used_milli, bool shared) {
+    const int32_t room = kGpuMilli - used_milli - milli;
+    const bool better = room < best_room || (room == best_room && !shared && !best_shared && FreeGpus(w) < best_free);
+    if (!better) return;
+    best_worker = &w;
+    best_index = index;
+    best_room = room;
+    best_free = FreeGpus(w);
+    best_shared = shared;
+  };
+  for (WorkerCapacity& w : *workers) {
+    if (reserved.count(w.worker_id)) continue;
+    std::sort(w.shared_gpus.begin(), w.shared_gpus.end(),
+              [](const SharedGpu& a, const SharedGpu& b) { return a.index < b.index; });
+    for (const SharedGpu& g : w.shared_gpus) {
+      if (fits(w, g.index, g.used_milli, g.used_memory_bytes)) consider(w, g.index, g.used_milli, true);
+    }
+    for (int32_t index : w.free_gpus) {
+      // The lowest free index of a worker stands for all of them.
+      if (fits(w, index, 0, 0)) {
+        consider(w, index, 0, false);
+        break;
+      }
+    }
+  }
+  if (!best_worker) return false;
+  auto total = best_worker->gpu_memory_bytes.find(best_index);
+  const int64_t memory =
+      ReservedGpuMemory(run, total == best_worker->gpu_memory_bytes.end() ? 0 : total->second);
+  auto shared = std::find_if(best_worker->shared_gpus.begin(), best_worker->shared_gpus.end(),
+                             [&](const SharedGpu& g) { return g.index == best_index; });
+  if (shared == best_worker->shared_gpus.end()) {
+    best_worker->free_gpus.erase(std::find(best_worker->free_gpus.begin(), best_worker->free_gpus.end(), best_index));
+    best_worker->shared_gpus.push_back({best_index, milli, memory});
+  } else {
+    shared->used_milli += milli;
+    shared->used_memory_bytes += memory;
+  }
+  Placement p;
+  p.run_id = run.id();
+  p.worker_id = best_worker->worker_id;
+  p.gpus = {best_index};
+  p.world = 1;
+  *out = std::move(p);
+  return true;
+}
+
 }  // namespace
+
+int64_t ReservedGpuMemory(const v1::Run& run, int64_t total_bytes) {
+  if (run.gpu_memory_bytes() > 0) return run.gpu_memory_bytes();
+  // Rounded down, so shares that fill the thousandths never sum past the total.
+  return std::max<int64_t>(0, total_bytes) / kGpuMilli * run.gpu_milli() +
+         std::max<int64_t>(0, total_bytes) % kGpuMilli * run.gpu_milli() / kGpuMilli;
+}
 
 std::vector<Placement> Schedule(const std::vector<v1::Run>& queued,
                                 const std::map<std::string, int>& active_per_sweep,
@@ -190,6 +263,14 @@ std::vector<Placement> Schedule(const std::vector<v1::Run>& queued,
   for (const v1::Run* run : order) {
     auto limit = max_concurrent.find(run->sweep_id());
     if (limit != max_concurrent.end() && limit->second > 0 && active[run->sweep_id()] >= limit->second) {
+      continue;
+    }
+    if (run->gpu_milli() > 0) {
+      Placement p;
+      if (PlaceFraction(*run, reserved, &workers, &p)) {
+        ++active[run->sweep_id()];
+        placements.push_back(std::move(p));
+      }
       continue;
     }
     if (run->gpus() > 0) {

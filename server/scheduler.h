@@ -44,7 +44,24 @@
 //         runs behind it still backfill onto the other workers, and runs ahead
 //         of it in the order (higher priority, older) are placed as usual.
 //         Later gangs that do not fit wait without reserving, each in turn.
-//   - No GPU or CPU slot is handed out twice: capacity shrinks as runs are placed.
+//   - Fractional GPUs. A run with gpu_milli m (resources: {gpus: m / 1000},
+//     0 < m < 1000) is one rank on one GPU that it may share with other
+//     fractional runs, never with a whole-GPU run or a gang. Each GPU holds
+//     1000 thousandths (integers: no float error). Its memory is the total
+//     the worker reported (NVML; keel-worker --fake-gpus reports 80 GiB); a
+//     run reserves its gpu_memory_bytes, or, when it declares none, m / 1000
+//     of that GPU's total. A fractional run fits a GPU when the thousandths
+//     and the reserved memory of all runs there, its own included, stay at
+//     most 1000 and the total; a GPU whose total is unknown (0) takes only
+//     runs that declare no memory. Best fit: the GPU with the least room
+//     (thousandths) left that still fits, a partly used one before a free
+//     one, so whole GPUs stay free for whole-GPU runs and gangs; ties: the
+//     worker with the fewest free GPUs, then worker id, then device index.
+//     A whole-GPU run and a gang take only GPUs with nothing on them (a
+//     partly used GPU is not free). A GPU gang's reserved workers take no
+//     fractional run behind it either.
+//   - No GPU or CPU slot is handed out twice: capacity shrinks as runs are
+//     placed, and no GPU's thousandths or memory are ever oversubscribed.
 #ifndef KEEL_SERVER_SCHEDULER_H_
 #define KEEL_SERVER_SCHEDULER_H_
 
@@ -57,13 +74,29 @@
 
 namespace keel {
 
+// A GPU that fractional runs hold part of (never in free_gpus).
+struct SharedGpu {
+  int32_t index = 0;
+  int32_t used_milli = 0;           // thousandths held, 1 .. 1000
+  int64_t used_memory_bytes = 0;    // memory the runs on it reserve
+};
+
 struct WorkerCapacity {
   std::string worker_id;
-  std::vector<int32_t> free_gpus;  // device indices
+  std::vector<int32_t> free_gpus;  // device indices with nothing on them
   int32_t total_gpus = 0;          // free or not (at least free_gpus.size() is assumed)
   int32_t free_cpu_slots = 0;
   int32_t total_cpu_slots = 0;     // free or not (a gang is a run no one worker can ever take)
+  std::vector<SharedGpu> shared_gpus;           // partly held by fractional runs
+  std::map<int32_t, int64_t> gpu_memory_bytes;  // device index -> total memory (missing or 0: unknown)
 };
+
+// Thousandths of a GPU in all.
+constexpr int32_t kGpuMilli = 1000;
+
+// The memory a fractional run reserves on a GPU of `total_bytes`: its
+// declared gpu_memory_bytes, else its share of the total.
+int64_t ReservedGpuMemory(const v1::Run& run, int64_t total_bytes);
 
 // A gang's share on one worker: ranks first_rank .. first_rank + ranks - 1.
 struct PlacementPart {
@@ -76,7 +109,8 @@ struct PlacementPart {
 struct Placement {
   std::string run_id;
   std::string worker_id;
-  std::vector<int32_t> gpus;  // a GPU run on one worker (one rank each); empty for a CPU run or a gang
+  std::vector<int32_t> gpus;  // a GPU run on one worker (one rank each; a fractional run: its one GPU);
+                              // empty for a CPU run or a gang
   int32_t cpu_slots = 0;
   int32_t world = 1;          // data-parallel ranks in all
   std::vector<PlacementPart> parts;  // a gang: rank 0's part first (worker_id is its); else empty

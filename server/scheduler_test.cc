@@ -337,5 +337,147 @@ TEST(SchedulerTest, GpuGangsAndCpuGangsDoNotHoldEachOtherBack) {
   EXPECT_EQ(p[0].worker_id, "c");
 }
 
+// ---- Fractional GPUs --------------------------------------------------------
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+// A run of `milli` thousandths of a GPU (gpus: 0.25 is 250), declaring
+// `memory` bytes (0: none).
+v1::Run FractionRun(const std::string& id, int32_t milli, int64_t memory = 0, int64_t created = 0) {
+  v1::Run r = MakeRun(id, "s", 1, 0, created);
+  r.set_gpu_milli(milli);
+  r.set_gpu_memory_bytes(memory);
+  return r;
+}
+
+// A worker whose GPUs `free` have nothing on them, `shared` are partly held,
+// every one with 80 GiB.
+WorkerCapacity Shared(const std::string& id, std::vector<int32_t> free, std::vector<SharedGpu> shared) {
+  WorkerCapacity w = Gpus(id, std::move(free));
+  w.shared_gpus = std::move(shared);
+  w.total_gpus = static_cast<int32_t>(w.free_gpus.size() + w.shared_gpus.size());
+  for (int32_t g : w.free_gpus) w.gpu_memory_bytes[g] = 80 * kGiB;
+  for (const SharedGpu& g : w.shared_gpus) w.gpu_memory_bytes[g.index] = 80 * kGiB;
+  return w;
+}
+
+// "worker:gpu" of every placement, in order.
+std::vector<std::string> Where(const std::vector<Placement>& p) {
+  std::vector<std::string> out;
+  for (const Placement& x : p) {
+    for (int32_t g : x.gpus) out.push_back(x.worker_id + ":" + std::to_string(g));
+  }
+  return out;
+}
+
+TEST(SchedulerTest, FourQuarterRunsShareOneGpuAndAFifthGoesToAnother) {
+  std::vector<v1::Run> q;
+  for (int i = 0; i < 5; ++i) q.push_back(FractionRun("q" + std::to_string(i), 250, 0, i));
+  auto p = Schedule(q, {}, {}, {Shared("w", {0, 1}, {})});
+  ASSERT_EQ(p.size(), 5u);
+  EXPECT_EQ(Where(p), (std::vector<std::string>{"w:0", "w:0", "w:0", "w:0", "w:1"}));
+  for (const Placement& x : p) {
+    EXPECT_EQ(x.world, 1);
+    EXPECT_TRUE(x.parts.empty());
+  }
+}
+
+TEST(SchedulerTest, AFifthQuarterRunWaitsWhenTheOnlyGpuIsFull) {
+  std::vector<v1::Run> q;
+  for (int i = 0; i < 5; ++i) q.push_back(FractionRun("q" + std::to_string(i), 250, 0, i));
+  auto p = Schedule(q, {}, {}, {Shared("w", {0}, {})});
+  ASSERT_EQ(p.size(), 4u);
+  EXPECT_EQ(p[3].run_id, "q3");
+  // The same when the GPU is already held by four: nothing more goes there.
+  p = Schedule({FractionRun("late", 250)}, {}, {}, {Shared("w", {}, {{0, 1000, 80 * kGiB}})});
+  EXPECT_TRUE(p.empty());
+}
+
+TEST(SchedulerTest, AHalfAndTwoQuartersFillAGpu) {
+  std::vector<v1::Run> q = {FractionRun("half", 500, 0, 1), FractionRun("qa", 250, 0, 2), FractionRun("qb", 250, 0, 3),
+                            FractionRun("qc", 250, 0, 4)};
+  auto p = Schedule(q, {}, {}, {Shared("w", {0, 1}, {})});
+  ASSERT_EQ(p.size(), 4u);
+  EXPECT_EQ(Where(p), (std::vector<std::string>{"w:0", "w:0", "w:0", "w:1"}));
+  // A 0.75 run does not fit beside a 0.5 one.
+  p = Schedule({FractionRun("big", 750)}, {}, {}, {Shared("w", {}, {{0, 500, 40 * kGiB}})});
+  EXPECT_TRUE(p.empty());
+}
+
+TEST(SchedulerTest, FractionsGoToTheGpuWithTheLeastRoomLeftBeforeAFreeOne) {
+  // w1's GPU 0 has 0.5 left, w2's GPU 3 has 0.25 left, w3 has a free GPU: a
+  // 0.25 run fills w2's; then a 0.5 run fills w1's, and the next takes w3's
+  // free GPU (the worker with the fewest free GPUs: w3, not w1).
+  std::vector<v1::Run> q = {FractionRun("q", 250, 0, 1), FractionRun("h", 500, 0, 2), FractionRun("h2", 500, 0, 3)};
+  auto p = Schedule(q, {}, {}, {Shared("w1", {1, 2}, {{0, 500, 40 * kGiB}}), Shared("w2", {}, {{3, 750, 60 * kGiB}}),
+                                Shared("w3", {7}, {})});
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_EQ(Where(p), (std::vector<std::string>{"w2:3", "w1:0", "w3:7"}));
+}
+
+TEST(SchedulerTest, AWholeGpuRunNeverLandsOnAPartlyUsedGpu) {
+  // The fraction comes first in the order and takes GPU 0: the whole-GPU run
+  // gets GPU 1, and the 2-GPU run finds no two empty GPUs and waits.
+  std::vector<v1::Run> q = {FractionRun("frac", 250, 0, 1), MakeRun("whole", "s", 1, 0, 2), MakeRun("two", "s", 2, 0, 3)};
+  auto p = Schedule(q, {}, {}, {Shared("w", {0, 1}, {})});
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(Where(p), (std::vector<std::string>{"w:0", "w:1"}));
+  // Only partly used GPUs: a whole-GPU run and a GPU gang wait.
+  for (const v1::Run& r : {MakeRun("whole", "s", 1), HostsRun("gang", 2, 1)}) {
+    p = Schedule({r}, {}, {}, {Shared("a", {}, {{0, 250, 20 * kGiB}}), Shared("b", {}, {{0, 250, 20 * kGiB}})});
+    EXPECT_TRUE(p.empty()) << r.id();
+  }
+}
+
+TEST(SchedulerTest, DeclaredMemoryIsNeverOversubscribed) {
+  // 50 GiB each on 80 GiB GPUs: only one per GPU, though a quarter each.
+  std::vector<v1::Run> q = {FractionRun("a", 250, 50 * kGiB, 1), FractionRun("b", 250, 50 * kGiB, 2),
+                            FractionRun("c", 250, 50 * kGiB, 3)};
+  auto p = Schedule(q, {}, {}, {Shared("w", {0, 1}, {})});
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(Where(p), (std::vector<std::string>{"w:0", "w:1"}));
+  // Undeclared, a half reserves 40 GiB: 40 + 50 > 80, so the 50 GiB quarter
+  // waits, and a 40 GiB one fits exactly.
+  p = Schedule({FractionRun("half", 500, 0, 1), FractionRun("fat", 250, 50 * kGiB, 2),
+                FractionRun("fits", 250, 40 * kGiB, 3)},
+               {}, {}, {Shared("w", {0}, {})});
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0].run_id, "half");
+  EXPECT_EQ(p[1].run_id, "fits");
+  // More than a GPU has: never placed.
+  p = Schedule({FractionRun("huge", 100, 81 * kGiB)}, {}, {}, {Shared("w", {0}, {})});
+  EXPECT_TRUE(p.empty());
+}
+
+TEST(SchedulerTest, AGpuOfUnknownMemoryTakesOnlyRunsThatDeclareNone) {
+  WorkerCapacity w = Gpus("w", {0});  // no memory figure
+  auto p = Schedule({FractionRun("declared", 250, kGiB, 1), FractionRun("plain", 250, 0, 2)}, {}, {}, {w});
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].run_id, "plain");
+}
+
+TEST(SchedulerTest, UndeclaredSharesOfAnOddTotalStillFillTheGpu) {
+  WorkerCapacity w = Gpus("w", {0});
+  w.gpu_memory_bytes[0] = 80 * kGiB + 3;  // not a multiple of four
+  std::vector<v1::Run> q;
+  for (int i = 0; i < 4; ++i) q.push_back(FractionRun("q" + std::to_string(i), 250, 0, i));
+  EXPECT_EQ(Schedule(q, {}, {}, {w}).size(), 4u);
+  v1::Run r = FractionRun("x", 333);
+  EXPECT_EQ(ReservedGpuMemory(r, 1000), 333);
+  EXPECT_EQ(ReservedGpuMemory(r, 80 * kGiB + 3), (80 * kGiB + 3) * 333 / 1000);
+}
+
+TEST(SchedulerTest, AWaitingGpuGangsReservedWorkersTakeNoFraction) {
+  // The gang wants 4 GPUs: it reserves "big" (4 in all, 3 free); the fraction
+  // behind it goes to "small", not to big's free GPUs.
+  std::vector<v1::Run> q = {MakeRun("gang", "s", 4, 0, 1), FractionRun("frac", 250, 0, 2)};
+  WorkerCapacity big = Shared("big", {1, 2, 3}, {});
+  big.total_gpus = 4;
+  WorkerCapacity small = Shared("small", {0}, {});
+  auto p = Schedule(q, {}, {}, {big, small});
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(Where(p), (std::vector<std::string>{"small:0"}));
+}
+
 }  // namespace
 }  // namespace keel

@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "server/scheduler.h"
 #include "worker/io/yaml_strict.h"
 #include "worker/config/run_config.h"
 #include "worker/config/scheme_proto.h"
@@ -638,12 +639,53 @@ void ReadName(Errors* err, YAML::Node root, SweepPlan* plan) {
   }
 }
 
+// What resources.gpus allows, for its errors.
+constexpr char kGpusRule[] =
+    "a whole number 1 .. 1024, or a fraction 0 < gpus < 1 in thousandths, e.g. 0.25";
+
+// resources.gpus: a whole number 1 .. 1024 (*gpus, *milli 0), or a fraction
+// of one GPU (*gpus 1, *milli its thousandths, 1 .. 999). A non-integer above
+// 1 is refused.
+bool ReadGpus(Errors* err, const YAML::Node& n, int* gpus, int* milli) {
+  int64_t whole = 0;
+  if (n.IsScalar() && YAML::convert<int64_t>::decode(n, whole)) {
+    if (!err->Int(n, "resources.gpus", 1, 1024, gpus)) return false;
+    *milli = 0;
+    return true;
+  }
+  double v = 0;
+  if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || !std::isfinite(v)) {
+    err->Add(n, "resources.gpus", "'" + Errors::Text(n) + "' is not a number (allowed: " + kGpusRule + ")");
+    return false;
+  }
+  if (v >= 1 && v <= 1024 && v == std::floor(v)) {  // "2.0"
+    *gpus = static_cast<int>(v);
+    *milli = 0;
+    return true;
+  }
+  const double thousandths = v * kGpuMilli;
+  const int64_t rounded = std::llround(thousandths);
+  if (v <= 0 || v >= 1 || rounded < 1 || rounded >= kGpuMilli || std::fabs(thousandths - rounded) > 1e-6) {
+    const char* why = v >= 1 ? "a fraction above 1 GPU is not allowed"
+                      : v <= 0 ? "is out of range"
+                               : "is not a whole number of thousandths";
+    err->Add(n, "resources.gpus", n.Scalar() + " " + (v >= 1 ? std::string("is not whole: ") + why : why) +
+                                      " (allowed: " + kGpusRule + ")");
+    return false;
+  }
+  *gpus = 1;
+  *milli = static_cast<int>(rounded);
+  return true;
+}
+
 // resources: {gpus: N} or {cpu_slots: N} (1 .. 1024), not both; or
 // {hosts: H, gpus_per_host: G} (each 1 .. 1024, H x G at most 1024), with gpus
-// allowed beside them only as H x G; absent: one CPU slot.
+// allowed beside them only as H x G; absent: one CPU slot. gpus may be a
+// fraction of one GPU (0 < gpus < 1), with gpu_memory_gb (GiB, optional)
+// beside it and nowhere else.
 void ReadResources(Errors* err, YAML::Node root, SweepPlan* plan) {
   const YAML::Node r = root["resources"];
-  if (!r || !err->Keys(r, "resources", {"gpus", "cpu_slots", "hosts", "gpus_per_host"})) return;
+  if (!r || !err->Keys(r, "resources", {"gpus", "cpu_slots", "hosts", "gpus_per_host", "gpu_memory_gb"})) return;
   const bool gang = r["hosts"] || r["gpus_per_host"];
   if (r["cpu_slots"] && (r["gpus"] || gang)) {
     err->Add(r, "resources", std::string(r["gpus"] ? "gpus" : r["hosts"] ? "hosts" : "gpus_per_host") +
@@ -667,6 +709,12 @@ void ReadResources(Errors* err, YAML::Node root, SweepPlan* plan) {
     } else {
       ok = err->Int(r["gpus_per_host"], "resources.gpus_per_host", 1, 1024, &per_host) && ok;
     }
+    if (r["gpu_memory_gb"]) {
+      err->Add(r["gpu_memory_gb"], "resources.gpu_memory_gb",
+               "is not allowed with hosts and gpus_per_host (allowed: only beside a fractional gpus, e.g. "
+               "{gpus: 0.25, gpu_memory_gb: 16})");
+      ok = false;
+    }
     if (!ok) return;
     const int64_t total = static_cast<int64_t>(hosts) * per_host;
     if (total > 1024) {
@@ -675,11 +723,11 @@ void ReadResources(Errors* err, YAML::Node root, SweepPlan* plan) {
       return;
     }
     if (r["gpus"]) {
-      int gpus = 0;
-      if (!err->Int(r["gpus"], "resources.gpus", 1, 1024, &gpus)) return;
-      if (gpus != total) {
+      int gpus = 0, milli = 0;
+      if (!ReadGpus(err, r["gpus"], &gpus, &milli)) return;
+      if (milli > 0 || gpus != total) {
         err->Add(r["gpus"], "resources.gpus",
-                 std::to_string(gpus) + " is not hosts x gpus_per_host = " + std::to_string(hosts) + " x " +
+                 r["gpus"].Scalar() + " is not hosts x gpus_per_host = " + std::to_string(hosts) + " x " +
                      std::to_string(per_host) + " (allowed: " + std::to_string(total) + ", or leave gpus out)");
         return;
       }
@@ -689,7 +737,30 @@ void ReadResources(Errors* err, YAML::Node root, SweepPlan* plan) {
     plan->gpus = static_cast<int>(total);
     plan->cpu_slots = 0;
   } else if (r["gpus"]) {
-    if (err->Int(r["gpus"], "resources.gpus", 1, 1024, &plan->gpus)) plan->cpu_slots = 0;
+    int gpus = 0, milli = 0;
+    if (!ReadGpus(err, r["gpus"], &gpus, &milli)) return;
+    if (r["gpu_memory_gb"]) {
+      if (milli == 0) {
+        err->Add(r["gpu_memory_gb"], "resources.gpu_memory_gb",
+                 "is not allowed with gpus: " + r["gpus"].Scalar() +
+                     " (allowed: only beside a fractional gpus, e.g. {gpus: 0.25, gpu_memory_gb: 16})");
+        return;
+      }
+      double gib = 0;
+      if (!err->Number(r["gpu_memory_gb"], "resources.gpu_memory_gb", &gib)) return;
+      if (gib <= 0 || gib > 1 << 20) {
+        err->Add(r["gpu_memory_gb"], "resources.gpu_memory_gb",
+                 r["gpu_memory_gb"].Scalar() + " is out of range (allowed: 0 < GiB <= 1048576)");
+        return;
+      }
+      plan->gpu_memory_bytes = static_cast<int64_t>(std::llround(gib * (int64_t{1} << 30)));
+    }
+    plan->gpus = gpus;
+    plan->gpu_milli = milli;
+    plan->cpu_slots = 0;
+  } else if (r["gpu_memory_gb"]) {
+    err->Add(r["gpu_memory_gb"], "resources.gpu_memory_gb",
+             "needs a fractional resources.gpus (allowed: e.g. {gpus: 0.25, gpu_memory_gb: 16})");
   } else if (r["cpu_slots"]) {
     err->Int(r["cpu_slots"], "resources.cpu_slots", 1, 1024, &plan->cpu_slots);
   }

@@ -26,7 +26,11 @@
 //                              # (scheduler.h). Or {hosts: H, gpus_per_host: G}:
 //                              # a gang of exactly H workers, G GPUs each (each
 //                              # 1 .. 1024, H x G <= 1024; gpus beside them must
-//                              # equal H x G; not with cpu_slots)
+//                              # equal H x G; not with cpu_slots). Or
+//                              # {gpus: F, gpu_memory_gb: M}, 0 < F < 1 in
+//                              # thousandths: one rank on a GPU it shares with
+//                              # other fractional runs, reserving M GiB of its
+//                              # memory (optional; default F x the GPU's)
 //   max_concurrent: 4          # runs of this sweep at once; 0 (default) = unlimited
 //   max_restarts: 2            # per run (default 2)
 //   priority: 0                # higher runs first (default 0)
@@ -97,6 +101,8 @@ struct SweepPlan {
   int cpu_slots = 1;
   int hosts = 0;          // {hosts, gpus_per_host}: 0 when not given
   int gpus_per_host = 0;
+  int gpu_milli = 0;              // a fraction of one GPU in thousandths (gpus is 1); 0: whole GPUs
+  int64_t gpu_memory_bytes = 0;   // resources.gpu_memory_gb of a fractional run; 0: not declared
   int max_concurrent = 0;  // 0: unlimited
   int max_restarts = 2;
   int priority = 0;

@@ -319,6 +319,59 @@ TEST(SweepTest, BadHostsAndGpusPerHostNameFieldValueAndWhatIsAllowed) {
   }
 }
 
+TEST(SweepTest, AFractionOfAGpuIsOneRankInThousandths) {
+  SweepPlan plan;
+  ASSERT_TRUE(Expand(std::string(kBase) + "resources: {gpus: 0.25}\n", &plan).ok());
+  EXPECT_EQ(plan.gpus, 1);
+  EXPECT_EQ(plan.gpu_milli, 250);
+  EXPECT_EQ(plan.gpu_memory_bytes, 0);
+  EXPECT_EQ(plan.cpu_slots, 0);
+  ASSERT_TRUE(Expand(std::string(kBase) + "resources: {gpus: 0.125, gpu_memory_gb: 1.5}\n", &plan).ok());
+  EXPECT_EQ(plan.gpu_milli, 125);
+  EXPECT_EQ(plan.gpu_memory_bytes, int64_t{3} << 29);
+  // Whole numbers stay whole GPUs, "2.0" too.
+  ASSERT_TRUE(Expand(std::string(kBase) + "resources: {gpus: 2.0}\n", &plan).ok());
+  EXPECT_EQ(plan.gpus, 2);
+  EXPECT_EQ(plan.gpu_milli, 0);
+  ASSERT_TRUE(Expand(std::string(kBase) + "resources: {gpus: 0.5, gpu_memory_gb: 8}\n", &plan).ok());
+  EXPECT_EQ(plan.gpu_milli, 500);
+  EXPECT_EQ(plan.gpu_memory_bytes, int64_t{8} << 30);
+}
+
+TEST(SweepTest, BadFractionalGpusNameFieldValueAndWhatIsAllowed) {
+  struct Case {
+    const char* resources;
+    std::string message;
+  };
+  const std::string rule = " (allowed: a whole number 1 .. 1024, or a fraction 0 < gpus < 1 in thousandths, e.g. 0.25)";
+  const Case cases[] = {
+      {"{gpus: 1.5}", "s.yaml:7:19: resources.gpus: 1.5 is not whole: a fraction above 1 GPU is not allowed" + rule},
+      {"{gpus: 0.0001}", "s.yaml:7:19: resources.gpus: 0.0001 is not a whole number of thousandths" + rule},
+      {"{gpus: -0.5}", "s.yaml:7:19: resources.gpus: -0.5 is out of range" + rule},
+      {"{gpus: half}", "s.yaml:7:19: resources.gpus: 'half' is not a number" + rule},
+      {"{gpus: 0}", "s.yaml:7:19: resources.gpus: 0 is out of range (allowed: 1 .. 1024)"},
+      {"{gpus: 1, gpu_memory_gb: 8}",
+       "s.yaml:7:37: resources.gpu_memory_gb: is not allowed with gpus: 1 (allowed: only beside a fractional gpus, "
+       "e.g. {gpus: 0.25, gpu_memory_gb: 16})"},
+      {"{gpu_memory_gb: 8}",
+       "s.yaml:7:28: resources.gpu_memory_gb: needs a fractional resources.gpus (allowed: e.g. {gpus: 0.25, "
+       "gpu_memory_gb: 16})"},
+      {"{gpus: 0.5, gpu_memory_gb: 0}",
+       "s.yaml:7:39: resources.gpu_memory_gb: 0 is out of range (allowed: 0 < GiB <= 1048576)"},
+      {"{hosts: 2, gpus_per_host: 1, gpus: 0.5}",
+       "s.yaml:7:47: resources.gpus: 0.5 is not hosts x gpus_per_host = 2 x 1 (allowed: 2, or leave gpus out)"},
+  };
+  for (const Case& c : cases) {
+    SweepPlan plan;
+    plan.name = "untouched";
+    Status s = Expand(std::string(kBase) + "resources: " + c.resources + "\n", &plan);
+    ASSERT_FALSE(s.ok()) << c.resources;
+    EXPECT_EQ(s.message(), c.message) << c.resources;
+    EXPECT_EQ(plan.name, "untouched");
+    EXPECT_EQ(plan.gpu_milli, 0);
+  }
+}
+
 TEST(SweepTest, MaxRunsLimitIsApplied) {
   SweepPlan plan;
   SweepLimits limits;
@@ -455,7 +508,7 @@ TEST(SweepTest, UnknownKeysAreErrorsWithAllowedList) {
       << s.message();
   EXPECT_NE(s.message().find("s.yaml:9:5: axes[1].cross: unknown axis kind (allowed: grid, zip, random)"),
             std::string::npos);
-  EXPECT_NE(s.message().find("s.yaml:10:13: resources.tpus: unknown key (allowed: gpus, cpu_slots, hosts, gpus_per_host)"),
+  EXPECT_NE(s.message().find("s.yaml:10:13: resources.tpus: unknown key (allowed: gpus, cpu_slots, hosts, gpus_per_host, gpu_memory_gb)"),
             std::string::npos);
 
   s = Expand(std::string(kBase) +

@@ -14,7 +14,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
 #include <functional>
 #include <cstdlib>
 #include <fstream>
@@ -317,6 +319,56 @@ TEST(ServiceE2eTest, AGangWhoseRanksNeverJoinFailsWithinTheTimeout) {
   // w2's stand-ins were stopped with each attempt: nothing of the run is left.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_TRUE(cluster.Trainers(runs[0].id()).empty());
+}
+
+// Fractional GPUs: four runs of gpus: 0.25 share the one fake GPU of one
+// worker, all at once (their trainers' start and finish events overlap), each
+// with CUDA_VISIBLE_DEVICES of that GPU, and all finish.
+TEST(ServiceE2eTest, FourQuarterGpuRunsShareOneFakeGpuAtOnce) {
+  Cluster cluster("e2e_fraction");
+  cluster.AddWorker("w1", {"--fake-gpus", "1"});
+  keel::v1::SubmitSweepResponse submitted;
+  ASSERT_TRUE(cluster.Submit(SmallSweep(600, "  backend: cpu\naxes:\n  - grid: {seed: [1, 2, 3, 4]}\n"
+                                             "resources: {gpus: 0.25}\n"),
+                             &submitted)
+                  .ok());
+  ASSERT_EQ(submitted.runs_size(), 4);
+  size_t most_running = 0;
+  std::map<std::string, std::string> devices;  // run -> its trainer's CUDA_VISIBLE_DEVICES
+  std::map<std::string, std::vector<int>> held;  // run -> its device_indices while running
+  auto runs = cluster.WaitDone(submitted.sweep().id(), 40, [&](const std::vector<keel::v1::Run>& rs) {
+    size_t running = 0;
+    for (const keel::v1::Run& r : rs) {
+      if (r.state() != keel::v1::RUNNING) continue;
+      ++running;
+      held[r.id()].assign(r.device_indices().begin(), r.device_indices().end());
+      for (const keel_test::Trainer& t : cluster.Trainers(r.id())) {
+        if (!devices.count(r.id())) devices[r.id()] = EnvOf(t.pid, "CUDA_VISIBLE_DEVICES");
+      }
+    }
+    most_running = std::max(most_running, running);
+  });
+  ASSERT_EQ(runs.size(), 4u);
+  int64_t last_start = 0, first_finish = INT64_MAX;
+  for (const keel::v1::Run& r : runs) {
+    EXPECT_EQ(r.state(), keel::v1::SUCCEEDED) << r.id() << ": " << r.message();
+    EXPECT_EQ(r.gpu_milli(), 250);
+    EXPECT_EQ(held[r.id()], std::vector<int>{0}) << r.id();
+    int64_t started = 0, finished = 0;
+    for (const keel::v1::Event& e : cluster.Events(r.id())) {
+      if (e.message().rfind("trainer started on w", 0) == 0) started = e.unix_ms();
+      if (e.message() == "finished") finished = e.unix_ms();
+    }
+    ASSERT_GT(started, 0) << r.id();
+    ASSERT_GT(finished, 0) << r.id();
+    last_start = std::max(last_start, started);
+    first_finish = std::min(first_finish, finished);
+  }
+  // All four were running at once: the last started before the first finished.
+  EXPECT_LT(last_start, first_finish);
+  EXPECT_EQ(most_running, 4u);
+  ASSERT_EQ(devices.size(), 4u);
+  for (const auto& d : devices) EXPECT_EQ(d.second, "0") << d.first;
 }
 
 TEST(ServiceE2eTest, KeeldKilledAndRestartedLosesNothing) {

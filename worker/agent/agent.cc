@@ -141,6 +141,7 @@ std::vector<v1::Device> FakeGpus(int count) {
     v1::Device d;
     d.set_index(i);
     d.set_name("fake GPU");
+    d.set_memory_bytes(kFakeGpuMemoryBytes);
     devices.push_back(d);
   }
   return devices;

@@ -113,8 +113,12 @@ std::vector<v1::Device> DetectGpus();
 // then unchanged.
 Status SelectGpus(const std::string& list, std::vector<v1::Device>* devices);
 
+// The memory a fake GPU reports: 80 GiB, an H100's, so fractional runs
+// (resources.gpus below 1) are packed and memory-checked as on a real one.
+constexpr int64_t kFakeGpuMemoryBytes = int64_t{80} << 30;
+
 // `count` GPUs that do not exist (keel-worker --fake-gpus, for tests and
-// demos): indices 0 .. count-1, named "fake GPU", no memory.
+// demos): indices 0 .. count-1, named "fake GPU", kFakeGpuMemoryBytes each.
 std::vector<v1::Device> FakeGpus(int count);
 
 // Memory in use and total per GPU (NVML order), for /metrics; empty without NVML.
