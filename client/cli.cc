@@ -23,6 +23,7 @@
 #include "client/plot.h"
 #include "kernels/base/flags.h"
 #include "proto/channel.h"
+#include "proto/gpu_share.h"
 #include "proto/keel.grpc.pb.h"
 #include "proto/keel.pb.h"
 #include "worker/io/yaml_strict.h"
@@ -723,12 +724,6 @@ std::string PlacementText(const v1::Run& run, bool short_form) {
 int RanksOf(const v1::Run& run) { return run.gpus() > 0 ? run.gpus() : std::max(1, run.cpu_slots()); }
 
 // "0.25" for a fractional run's 250 thousandths of a GPU.
-std::string GpuFractionText(int32_t milli) {
-  std::string text = "0." + std::to_string(1000 + milli % 1000).substr(1);
-  while (text.back() == '0') text.pop_back();
-  return text;
-}
-
 // The GPUs a run holds, by worker, in rank order: "w1[0,1] w2[0,1]"; "-" when none.
 std::string GpusText(const v1::Run& run) {
   auto one = [](const std::string& worker, const google::protobuf::RepeatedField<int32_t>& gpus) {
@@ -743,7 +738,7 @@ std::string GpusText(const v1::Run& run) {
     }
   } else if (run.device_indices_size() > 0) {
     text = one(run.worker_id(), run.device_indices());
-    if (run.gpu_milli() > 0) text += "x" + GpuFractionText(run.gpu_milli());  // "w1[0]x0.25": a share of GPU 0
+    if (run.gpu_milli() > 0) text += "x" + GpuShareText(run.gpu_milli());  // "w1[0]x0.25": a share of GPU 0
   }
   return text.empty() ? "-" : text;
 }
@@ -751,7 +746,7 @@ std::string GpusText(const v1::Run& run) {
 // What a GPU run asks for: "8", or "8 (2 hosts x 4)"; "-" for a CPU run.
 std::string GpusWanted(const v1::Run& run) {
   if (run.gpus() == 0) return "-";
-  if (run.gpu_milli() > 0) return GpuFractionText(run.gpu_milli());
+  if (run.gpu_milli() > 0) return GpuShareText(run.gpu_milli());
   std::string text = std::to_string(run.gpus());
   if (run.hosts() > 0) {
     text += " (" + std::to_string(run.hosts()) + (run.hosts() == 1 ? " host" : " hosts") + " x " +

@@ -4,12 +4,22 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "proto/gpu_share.h"
 #include "proto/keel.grpc.pb.h"
 #include "proto/keel.pb.h"
 #include "proto/test_server.h"
 
 namespace keel {
 namespace {
+
+TEST(KeelProtoTest, GpuShareTextHasNoTrailingZeros) {
+  EXPECT_EQ(GpuShareText(250), "0.25");
+  EXPECT_EQ(GpuShareText(500), "0.5");
+  EXPECT_EQ(GpuShareText(1), "0.001");
+  EXPECT_EQ(GpuShareText(125), "0.125");
+  EXPECT_EQ(GpuShareText(1000), "1");
+  EXPECT_EQ(GpuShareText(1250), "1.25");
+}
 
 TEST(KeelProtoTest, RunRoundTripsThroughTheWireFormat) {
   v1::Run run;

@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "proto/event_kinds.h"
+#include "proto/gpu_share.h"
 #include "proto/status_grpc.h"
 #include "server/scheduler.h"
 #include "worker/config/run_config.h"
@@ -56,13 +57,6 @@ int32_t RanksOf(const v1::Run& run) { return run.gpus() > 0 ? run.gpus() : std::
 std::string GpuList(const std::vector<int32_t>& gpus) {
   std::string text;
   for (int32_t g : gpus) text += (text.empty() ? "" : ",") + std::to_string(g);
-  return text;
-}
-
-// "0.25" for 250 thousandths of a GPU.
-std::string FractionText(int32_t milli) {
-  std::string text = std::to_string(milli / 1000) + "." + std::to_string(1000 + milli % 1000).substr(1);
-  while (text.back() == '0') text.pop_back();
   return text;
 }
 
@@ -1144,7 +1138,7 @@ void Coordinator::Schedule() {
     run.clear_parts();
     std::string where = p.worker_id + (p.gpus.empty() ? "" : " (GPUs " + GpuList(p.gpus) + ")");
     if (run.gpu_milli() > 0) {
-      where = p.worker_id + " (" + FractionText(run.gpu_milli()) + " of GPU " + GpuList(p.gpus) + ")";
+      where = p.worker_id + " (" + GpuShareText(run.gpu_milli()) + " of GPU " + GpuList(p.gpus) + ")";
     }
     if (!p.parts.empty()) {
       where = "a gang of " + std::to_string(p.world) + " ranks:";
