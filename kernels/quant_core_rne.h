@@ -39,6 +39,29 @@ namespace qcore {
 
 // ---- nearest even, short ---------------------------------------------------------
 
+// The magic addend of RneSmall and SrSmall, as bits: the power of two whose fp32
+// ulp is the grid step of format c at |w| (w's exponent, raised to the format's
+// smallest normal one), so that |w| + big lands on w's grid.
+KEEL_HD uint32_t GridBigBits(uint32_t w_bits, ElemConsts c) {
+  const uint32_t exponent = w_bits & 0x7F800000u;
+  const uint32_t min_exponent = static_cast<uint32_t>(128 - c.bias) << 23;
+  return (exponent > min_exponent ? exponent : min_exponent) + (static_cast<uint32_t>(23 - c.mbits) << 23);
+}
+
+// The result of RneSmall and SrSmall from the grid point chosen: its code from
+// big's exponent and the n quanta above it, clamped to max_normal when kClamp,
+// with w's sign on both.
+template <ElemFormat F, bool kClamp>
+KEEL_HD Rounded GridRounded(uint32_t big_bits, uint32_t n, float value, uint32_t sign) {
+  constexpr ElemConsts c = ConstsOf(F);
+  uint32_t code = (big_bits >> (23 - c.mbits)) - (static_cast<uint32_t>(151 - c.bias - c.mbits) << c.mbits) + n;
+  if constexpr (kClamp) {
+    code = code < c.max_code ? code : c.max_code;
+    value = Min(value, AsFloat(c.max_bits));
+  }
+  return Rounded{AsFloat(AsBits(value) | sign), code | (sign >> (32 - c.bits))};
+}
+
 // RoundElemCore for Rounding::kNearestEven, written for the instruction count:
 // |w| is an operand modifier of the magic addition instead of a separate mask,
 // and kClamp = false drops the clamp to max_normal for callers whose |w| is at
@@ -53,20 +76,12 @@ KEEL_HD Rounded RneSmall(float w) {
   constexpr ElemConsts c = ConstsOf(F);
   const uint32_t bits = AsBits(w);
   const uint32_t sign = kSigned ? bits & kSignBit : 0u;
-  const uint32_t exponent = bits & 0x7F800000u;
-  const uint32_t min_exponent = static_cast<uint32_t>(128 - c.bias) << 23;
-  const uint32_t big_bits =
-      (exponent > min_exponent ? exponent : min_exponent) + (static_cast<uint32_t>(23 - c.mbits) << 23);
+  const uint32_t big_bits = GridBigBits(bits, c);
   const float big = AsFloat(big_bits);
   const float sum = AddRn(Abs(w), big);
   const uint32_t n = AsBits(sum) - big_bits;
   float value = SubRn(sum, big);
-  uint32_t code = (big_bits >> (23 - c.mbits)) - (static_cast<uint32_t>(151 - c.bias - c.mbits) << c.mbits) + n;
-  if constexpr (kClamp) {
-    code = code < c.max_code ? code : c.max_code;
-    value = Min(value, AsFloat(c.max_bits));
-  }
-  return Rounded{AsFloat(AsBits(value) | sign), code | (sign >> (32 - c.bits))};
+  return GridRounded<F, kClamp>(big_bits, n, value, sign);
 }
 
 // x * 2^-e (the one rounding MxElementFinite does) with the zero rule of
@@ -215,10 +230,7 @@ KEEL_HD Rounded SrSmall(float w, float u) {
   constexpr ElemConsts c = ConstsOf(F);
   const uint32_t bits = AsBits(w);
   const uint32_t sign = kSigned ? bits & kSignBit : 0u;
-  const uint32_t exponent = bits & 0x7F800000u;
-  const uint32_t min_exponent = static_cast<uint32_t>(128 - c.bias) << 23;
-  const uint32_t big_bits =
-      (exponent > min_exponent ? exponent : min_exponent) + (static_cast<uint32_t>(23 - c.mbits) << 23);
+  const uint32_t big_bits = GridBigBits(bits, c);
   const float big = AsFloat(big_bits);
   const float magnitude = Abs(w);
   const float sum = AddRzBelowPow2(magnitude, big);
@@ -227,12 +239,7 @@ KEEL_HD Rounded SrSmall(float w, float u) {
   const bool up = u < fraction;
   const uint32_t n = AsBits(sum) - big_bits + (up ? 1u : 0u);
   float value = up ? AddRn(floor_value, AsFloat(big_bits - (23u << 23))) : floor_value;  // + q
-  uint32_t code = (big_bits >> (23 - c.mbits)) - (static_cast<uint32_t>(151 - c.bias - c.mbits) << c.mbits) + n;
-  if constexpr (kClamp) {
-    code = code < c.max_code ? code : c.max_code;
-    value = Min(value, AsFloat(c.max_bits));
-  }
-  return Rounded{AsFloat(AsBits(value) | sign), code | (sign >> (32 - c.bits))};
+  return GridRounded<F, kClamp>(big_bits, n, value, sign);
 }
 
 // MxElementFinite for stochastic rounding with the uniform u.
