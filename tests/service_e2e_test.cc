@@ -315,7 +315,13 @@ TEST(ServiceE2eTest, AGangWhoseRanksNeverJoinFailsWithinTheTimeout) {
   EXPECT_EQ(runs[0].state(), keel::v1::FAILED) << runs[0].message();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(40));
   EXPECT_EQ(runs[0].restarts(), 1);
-  EXPECT_NE(runs[0].message().find("did not join within 2 s"), std::string::npos) << runs[0].message();
+  // Which worker's part holds rank 0 depends on the workers' ids: rank 0 on the
+  // good worker reports the ranks that did not join; rank 0 on the stuck one
+  // never publishes its id, and the good ranks report that instead.
+  const std::string& why = runs[0].message();
+  EXPECT_TRUE(why.find("did not join within 2 s") != std::string::npos ||
+              why.find("no bootstrap id from rank 0") != std::string::npos)
+      << why;
   // w2's stand-ins were stopped with each attempt: nothing of the run is left.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_TRUE(cluster.Trainers(runs[0].id()).empty());
