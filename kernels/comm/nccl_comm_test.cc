@@ -35,7 +35,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/comm/comm.h"
-#include "kernels/comm/nccl_test_device.h"
+#include "kernels/comm/gpu_devices.h"
 #include "kernels/formats.h"
 #include "kernels/nn.h"
 

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "kernels/base/flags.h"
+#include "kernels/comm/gpu_devices.h"
 #include "kernels/comm/nccl_comm.h"
 #include "kernels/comm/tcp_comm.h"
 #include "worker/io/file_util.h"
@@ -59,11 +61,12 @@ const char kUsage[] =
     "                       print the per-step breakdown on stderr when training ends\n"
     "  --data-root DIR      data.train and data.val must lie inside DIR once symlinks are\n"
     "                       resolved (repeatable; keel-worker passes its own --data-root)\n"
-    "  --nproc N            data parallel over N ranks (processes) on this host: each takes\n"
+    "  --nproc N|auto       data parallel over N ranks (processes) on this host: each takes\n"
     "                       1/N of the global batch (N ranks see what one rank with\n"
     "                       grad_accum x N sees); cpu: N processes over TCP on loopback;\n"
     "                       cuda: one GPU each, over NCCL: this host's k-th rank gets the\n"
     "                       k-th GPU of CUDA_VISIBLE_DEVICES (GPU k when it is unset);\n"
+    "                       auto: one rank per visible GPU (cuda backend only);\n"
     "                       gradients are all-reduced in buckets of dist.bucket_mb MiB\n"
     "                       while the backward runs (dist.bucket_mb: 0, once after it)\n"
     "  --nproc K --first-rank F --world N --bootstrap B\n"
@@ -88,6 +91,27 @@ volatile sig_atomic_t g_signal = 0;
 void OnSignal(int signal_number) {
   g_signal = signal_number;
   if (g_trainer != nullptr) g_trainer->RequestStop();
+}
+
+// --nproc: a number 1..1024, or "auto": one rank per GPU visible to this
+// process (CUDA_VISIBLE_DEVICES applies), on the cuda backend only.
+Status ParseNproc(const std::string& text, const std::string& backend, int* nproc) {
+  if (text == "auto") {
+    if (backend != "cuda")
+      return Status::Error("--nproc: auto is not allowed with backend " + backend +
+                           " (allowed: auto with backend cuda, or a number 1..1024)");
+    const int gpus = VisibleGpuCount();
+    if (gpus < 1)
+      return Status::Error("--nproc: auto found no visible GPU (CUDA_VISIBLE_DEVICES, driver); give a number 1..1024");
+    *nproc = std::min(gpus, 1024);
+    return Status::Ok();
+  }
+  char* end = nullptr;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || value < 1 || value > 1024)
+    return Status::Error("--nproc: " + text + " is not allowed (allowed: a number 1..1024, or auto)");
+  *nproc = static_cast<int>(value);
+  return Status::Ok();
 }
 
 int Fail(int code, const std::string& message) {
@@ -198,6 +222,7 @@ int TrainCommand(int argc, char** argv) {
   bool quiet = false, switch_precision = false, resume_fallback = false, profile = false;
   int64_t attempt = 0;
   int nproc = 1, rank = -1, world = 0, first_rank = -1;
+  std::string nproc_text;
   std::string bootstrap;
   std::string backend, steps, run_dir;
   CLI::App app("keel-train");
@@ -214,7 +239,7 @@ int TrainCommand(int argc, char** argv) {
   app.add_option("--data-root", data_roots)->allow_extra_args(false);
   app.add_option("--lease-file", lease_file);
   app.add_option("--attempt", attempt)->check(IntFlag(1, INT64_MAX));
-  app.add_option("--nproc", nproc)->check(IntFlag(1, 1024));
+  app.add_option("--nproc", nproc_text);
   app.add_option("--rank", rank)->check(IntFlag(0, 1023));
   app.add_option("--world", world)->check(IntFlag(1, 1024));
   app.add_option("--bootstrap", bootstrap);
@@ -229,6 +254,10 @@ int TrainCommand(int argc, char** argv) {
   RunConfig config;
   Status s = LoadRunConfig(config_path, overrides, &config);
   if (!s.ok()) return Fail(trainer_exit::kBadConfig, s.message());
+  if (!nproc_text.empty()) {
+    s = ParseNproc(nproc_text, config.backend, &nproc);
+    if (!s.ok()) return Fail(trainer_exit::kBadConfig, s.message());
+  }
   // Checked before any data file is opened (keel-worker may run as root).
   if (!data_roots.empty()) {
     for (const auto& field : {std::make_pair("data.train", config.data.train), std::make_pair("data.val", config.data.val)}) {

@@ -119,4 +119,13 @@ expect_refused "--rank: 2 is not allowed (0 .. --world - 1 = 1)" --rank 2 --worl
 expect_refused "--bootstrap: missing" --rank 0 --world 2
 expect_refused "dist.listen_host: '10.0.0.1:7000' is not allowed" --nproc 2 --set dist.listen_host=10.0.0.1:7000
 expect_refused "dist.advertise_host: '0.0.0.0' is not allowed" --nproc 2 --set dist.advertise_host=0.0.0.0
+expect_refused "--nproc: auto is not allowed with backend cpu" --nproc auto
+expect_refused "--nproc: 0 is not allowed (allowed: a number 1..1024, or auto)" --nproc 0
+expect_refused "--nproc: 2x is not allowed" --nproc 2x
+# auto on the cuda backend: one rank per visible GPU; with none visible here it
+# says so (a build with CUDA on this GPU-less host, or hiding every GPU).
+status=0
+CUDA_VISIBLE_DEVICES= timeout 60 "$train" --config run.yaml --run-dir refused --nproc auto --backend cuda 2> auto.log || status=$?
+[ "$status" = 2 ] && grep -qF -- "--nproc: auto found no visible GPU" auto.log ||
+  { echo "--nproc auto --backend cuda with no GPU: exit $status, want 2:"; cat auto.log; exit 1; }
 echo "nproc_test: ok"

@@ -1,5 +1,5 @@
-// nccl_test_device.h on the CUDA runtime.
-#include "kernels/comm/nccl_test_device.h"
+// gpu_devices.h on the CUDA runtime.
+#include "kernels/comm/gpu_devices.h"
 
 #include <cuda_runtime.h>
 

@@ -1,5 +1,5 @@
-// nccl_test_device.h in a build without CUDA: no GPU is ever visible.
-#include "kernels/comm/nccl_test_device.h"
+// gpu_devices.h in a build without CUDA: no GPU is ever visible.
+#include "kernels/comm/gpu_devices.h"
 
 namespace keel {
 
