@@ -10,10 +10,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <sstream>
 
 #include "worker/engine/fortunes_shards.h"
+#include "worker/io/crc32.h"
+#include "worker/io/safetensors.h"
 
 namespace keel {
 namespace {
@@ -463,6 +466,78 @@ TEST(TrainerTest, PolicyEscalationSurvivesACheckpointAndResume) {
   }
   ASSERT_FALSE(m.empty());
   EXPECT_NE(m.back().scheme, "mxfp4");
+}
+
+// Rewrites optimizer.safetensors of `dir` with `edit` applied to its metadata
+// (WriteSafetensors recomputes the data's CRC, not the policy state's).
+void EditOptimizerMeta(const std::string& dir, const std::function<void(std::map<std::string, std::string>*)>& edit) {
+  std::vector<Tensor> tensors;
+  std::map<std::string, std::string> meta;
+  ASSERT_TRUE(ReadSafetensors(dir + "/optimizer.safetensors", &tensors, &meta).ok());
+  edit(&meta);
+  std::vector<TensorRef> refs;
+  for (const Tensor& t : tensors) refs.push_back(TensorRef{t.name, t.shape, t.data.data()});
+  ASSERT_TRUE(WriteSafetensors(dir + "/optimizer.safetensors", refs, meta).ok());
+}
+
+// A checkpoint whose policy state does not verify is skipped like any corrupt
+// one, the event naming the file and the field; one without a state (written
+// before it existed) resumes with the state empty.
+TEST(TrainerTest, CorruptPolicyStateFallsBackAndAMissingOneStartsEmpty) {
+  RunConfig c = FaultyRun(TempDir("policy_state_corrupt"), "[{rollback: 5}, {switch: bf16}]");
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  Losses(t.get(), 2);
+  std::string older, newer;
+  ASSERT_TRUE(t->SaveCheckpoint(&older).ok());
+  Losses(t.get(), 2);
+  ASSERT_TRUE(t->SaveCheckpoint(&newer).ok());
+  t.reset();
+  std::vector<Tensor> tensors;
+  std::map<std::string, std::string> meta;
+  ASSERT_TRUE(ReadSafetensors(newer + "/optimizer.safetensors", &tensors, &meta).ok());
+  ASSERT_EQ(meta.count("policy_state"), 1u);
+  EXPECT_NE(meta["policy_state"].find("\"tick\":4"), std::string::npos) << meta["policy_state"];
+  EditOptimizerMeta(newer, [](std::map<std::string, std::string>* m) {
+    const size_t at = (*m)["policy_state"].find("\"tick\":4");
+    (*m)["policy_state"].replace(at, 8, "\"tick\":5");  // one flipped digit
+  });
+  std::unique_ptr<Trainer> strict;
+  ASSERT_TRUE(Trainer::Create(c, &strict).ok());
+  Status s = strict->Resume(newer);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(newer + "/optimizer.safetensors: policy_state: CRC-32"), std::string::npos)
+      << s.message();
+  EXPECT_EQ(strict->step(), 0);  // nothing changed
+  std::unique_ptr<Trainer> r;
+  ASSERT_TRUE(Trainer::Create(c, &r).ok());
+  std::string resumed;
+  s = r->ResumeNewestValid("latest", &resumed);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(resumed, older);
+  const std::string events = ReadAll(c.run_dir + "/events.jsonl");
+  EXPECT_NE(events.find("\"kind\":\"checkpoint_skipped\""), std::string::npos) << events;
+  EXPECT_NE(events.find("optimizer.safetensors: policy_state"), std::string::npos) << events;
+  // A state with the right CRC but a bad field: refused naming the field.
+  EditOptimizerMeta(newer, [](std::map<std::string, std::string>* m) {
+    std::string state = (*m)["policy_state"];
+    state.replace(state.find("\"interventions\":0"), 17, "\"interventions\":-3");
+    (*m)["policy_state"] = state;
+    char hex[9];
+    std::snprintf(hex, sizeof(hex), "%08x", Crc32(0, state.data(), state.size()));
+    (*m)["policy_state.crc32"] = hex;
+  });
+  s = strict->Resume(newer);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("policy_state: interventions is -3"), std::string::npos) << s.message();
+  // Without the state (an older checkpoint): it resumes.
+  EditOptimizerMeta(newer, [](std::map<std::string, std::string>* m) {
+    m->erase("policy_state");
+    m->erase("policy_state.crc32");
+  });
+  s = strict->Resume(newer);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(strict->step(), 4);
 }
 
 // probation on a real trainer: the rescue (rollback, mxfp8_e4m3, a lower LR)
