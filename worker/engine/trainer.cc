@@ -18,6 +18,7 @@
 #include "worker/run/checkpoint_dirs.h"
 #include "worker/run/run_dir.h"
 #include "worker/run/run_lease.h"
+#include "worker/io/crc32.h"
 #include "worker/io/file_util.h"
 #include "worker/io/json.h"
 #include "worker/io/safetensors.h"
@@ -27,6 +28,17 @@ namespace keel {
 namespace {
 
 constexpr char kCheckpointFormat[] = "keel-checkpoint-1";
+// optimizer.safetensors' metadata: the policy engine's state (PolicyStateToJson)
+// and the CRC-32 of that text. Absent from checkpoints written before them, or
+// without a policy: the state then starts empty.
+constexpr char kPolicyStateKey[] = "policy_state";
+constexpr char kPolicyStateCrcKey[] = "policy_state.crc32";
+
+std::string Crc32Hex(const std::string& text) {
+  char hex[9];
+  std::snprintf(hex, sizeof(hex), "%08x", Crc32(0, text.data(), text.size()));
+  return hex;
+}
 
 uint64_t Mix(uint64_t a, uint64_t b) { return RoleSeed(a ^ (b * 0x9FB21C651E98DF25ull), Role::kWgradX); }
 
@@ -660,7 +672,17 @@ Status Trainer::Rollback(int64_t steps, std::string* restored) {
   }
   KEEL_RETURN_IF_ERROR(ShareLeaderStatus(found));
   KEEL_RETURN_IF_ERROR(FromLeader(&best));
-  KEEL_RETURN_IF_ERROR(Resume(root + "/" + best));
+  // The policy keeps what it learnt: the snapshot's state is from before the
+  // blow-up this rollback answers, and restoring it would replay the rescue.
+  KEEL_RETURN_IF_ERROR(ResumeCheckpoint(root + "/" + best, /*restore_policy=*/false));
+  if (leader()) {
+    // The checkpoints after the restored one belong to the abandoned
+    // trajectory: a restart resuming "latest" must not go back to one of them
+    // (in the scheme that diverged, with a policy state from before the rescue).
+    for (const auto& c : ListCheckpoints(root)) {
+      if (c.first > step_) RemoveCheckpointDir(root + "/" + c.second);
+    }
+  }
   if (metrics_file_) {
     // Reopened (dropping the lines after the restored step) when the next line
     // is written: after the rollback's event, which keel-worker reads first.
@@ -765,7 +787,7 @@ Status Trainer::ApplyAction(const PolicyAction& a, const DecisionEvidence& evide
   if (a.kind == PolicyAction::Kind::kRollback) {
     // A policy rollback rewinds weights, moments, data and step, not the
     // policy's own decisions: the run keeps the scheme and learning-rate scale
-    // it had (a checkpoint from before an earlier rescue would otherwise bring
+    // it had (and the policy engine its state: Rollback) (a checkpoint from before an earlier rescue would otherwise bring
     // back the scheme that diverged, and the rung above it would be a replay).
     const PrecisionScheme running = scheme_;
     const double lr_scale = lr_scale_;
@@ -1026,7 +1048,8 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
 }
 
 // What optimizer.safetensors' metadata holds besides the tensors: format,
-// step, model, seed, scheme, lr_scale and the data position.
+// step, model, seed, scheme, lr_scale, the data position and, under a policy,
+// the policy's state.
 std::map<std::string, std::string> Trainer::CheckpointMeta() const {
   std::map<std::string, std::string> meta;
   meta["format"] = kCheckpointFormat;
@@ -1039,6 +1062,14 @@ std::map<std::string, std::string> Trainer::CheckpointMeta() const {
   // rank count keeps; and the rank count, for the reader.
   meta["micro_batches"] = std::to_string(static_cast<int64_t>(accum_) * ranks());
   meta["ranks"] = std::to_string(ranks());
+  if (engine_) {
+    // What the policy has learnt (policy.h PolicyState), so that a restart
+    // escalates where the run would have instead of replaying a rescued
+    // blow-up. Metadata is outside keel.crc32 (the data's): it has its own.
+    const std::string state = PolicyStateToJson(engine_->State(policy_steps_));
+    meta[kPolicyStateKey] = state;
+    meta[kPolicyStateCrcKey] = Crc32Hex(state);
+  }
   if (train_loader_) {
     TokenLoader::Position pos = train_loader_->position();
     meta["data.shard"] = std::to_string(pos.shard);
@@ -1100,15 +1131,17 @@ struct Trainer::LoadedCheckpoint {
   double lr_scale = 1.0;
   int64_t micro_batches = 1;  // the global batch, in micro-batches per step
   TokenLoader::Position position;
+  std::string policy_state;  // PolicyStateToJson's text, verified; "" when the checkpoint has none
 };
 
 namespace {
 
 // A checkpoint's scalars as rank 0 sends them to the other ranks.
 std::string ScalarsJson(const std::string& scheme_yaml, int64_t step, double lr_scale, int64_t micro_batches,
-                        const TokenLoader::Position& p) {
+                        const TokenLoader::Position& p, const std::string& policy_state) {
   JsonWriter w;
   w.Add("scheme", scheme_yaml).Add("step", step).Add("lr_scale", lr_scale).Add("micro_batches", micro_batches);
+  w.Add("policy_state", policy_state);
   w.Add("shard", static_cast<int64_t>(p.shard)).Add("offset", static_cast<int64_t>(p.offset));
   w.Add("epoch", static_cast<int64_t>(p.epoch));
   return w.str();
@@ -1155,7 +1188,7 @@ Status Trainer::ResumeNewestValid(const std::string& requested, std::string* res
       found = Status::Error("no checkpoint verifies (" + why + ")");
     }
   }
-  KEEL_RETURN_IF_ERROR(ApplyCheckpoint(chosen, found, &c));
+  KEEL_RETURN_IF_ERROR(ApplyCheckpoint(chosen, found, /*restore_policy=*/true, &c));
   KEEL_RETURN_IF_ERROR(FromLeader(&chosen));
   *resumed = chosen;
   for (const auto& bad : skipped) {
@@ -1168,7 +1201,9 @@ Status Trainer::ResumeNewestValid(const std::string& requested, std::string* res
   return Status::Ok();
 }
 
-Status Trainer::Resume(const std::string& requested) {
+Status Trainer::Resume(const std::string& requested) { return ResumeCheckpoint(requested, /*restore_policy=*/true); }
+
+Status Trainer::ResumeCheckpoint(const std::string& requested, bool restore_policy) {
   // Rank 0 reads and verifies everything before anything changes; the other
   // ranks take its state.
   LoadedCheckpoint c;
@@ -1186,13 +1221,15 @@ Status Trainer::Resume(const std::string& requested) {
     }
     if (read.ok()) read = ReadCheckpoint(dir, &c);
   }
-  return ApplyCheckpoint(dir, read, &c);
+  return ApplyCheckpoint(dir, read, restore_policy, &c);
 }
 
-Status Trainer::ApplyCheckpoint(const std::string& dir, const Status& read, LoadedCheckpoint* loaded) {
+Status Trainer::ApplyCheckpoint(const std::string& dir, const Status& read, bool restore_policy,
+                                LoadedCheckpoint* loaded) {
   LoadedCheckpoint& c = *loaded;
   KEEL_RETURN_IF_ERROR(ShareLeaderStatus(read));
-  std::string scalars = leader() ? ScalarsJson(c.scheme_yaml, c.step, c.lr_scale, c.micro_batches, c.position) : "";
+  std::string scalars =
+      leader() ? ScalarsJson(c.scheme_yaml, c.step, c.lr_scale, c.micro_batches, c.position, c.policy_state) : "";
   KEEL_RETURN_IF_ERROR(FromLeader(&scalars));
   JsonValue v;
   KEEL_RETURN_IF_ERROR(ParseJson(scalars, &v));
@@ -1203,6 +1240,12 @@ Status Trainer::ApplyCheckpoint(const std::string& dir, const Status& read, Load
   c.position.shard = v.Find("shard")->int_value();
   c.position.offset = v.Find("offset")->int_value();
   c.position.epoch = v.Find("epoch")->int_value();
+  c.policy_state = v.Find("policy_state")->string_value();
+  PolicyState policy_state;  // empty for a checkpoint without one
+  if (!c.policy_state.empty()) {
+    KEEL_RETURN_IF_ERROR(ParsePolicyState(c.policy_state, "checkpoint " + dir + "/optimizer.safetensors: " +
+                                                              kPolicyStateKey, &policy_state));
+  }
   // The global batch stays the checkpoint's: each rank takes its share.
   if (c.micro_batches % ranks() != 0) {
     return Status::InvalidArgument("checkpoint " + dir + ": its global batch is " + std::to_string(c.micro_batches) +
@@ -1238,6 +1281,7 @@ Status Trainer::ApplyCheckpoint(const std::string& dir, const Status& read, Load
   scheme_ = c.scheme;
   step_ = c.step;
   lr_scale_ = c.lr_scale;
+  if (engine_ && restore_policy) policy_steps_ = engine_->Restore(policy_state);
   if (detectors_) detectors_->Reset();  // the stream starts again from here
   return Status::Ok();
 }
@@ -1299,6 +1343,25 @@ Status Trainer::ReadCheckpoint(const std::string& dir, LoadedCheckpoint* out) co
   out->position.offset = std::atoll(meta["data.offset"].c_str());
   out->position.epoch = std::atoll(meta["data.epoch"].c_str());
   out->lr_scale = meta.count("lr_scale") ? std::atof(meta["lr_scale"].c_str()) : 1.0;
+  // The policy's state, verified whether or not this run has a policy: a
+  // checkpoint with a corrupt part is not one to resume.
+  out->policy_state.clear();
+  const std::string where = "checkpoint " + dir + "/optimizer.safetensors: " + kPolicyStateKey;
+  const bool has_state = meta.count(kPolicyStateKey) > 0, has_crc = meta.count(kPolicyStateCrcKey) > 0;
+  if (has_state != has_crc) {
+    return Status::DataLoss(where + (has_state ? ": " + std::string(kPolicyStateCrcKey) + " is missing"
+                                               : " is missing beside its " + std::string(kPolicyStateCrcKey)));
+  }
+  if (has_state) {
+    const std::string& state = meta[kPolicyStateKey];
+    if (meta[kPolicyStateCrcKey] != Crc32Hex(state)) {
+      return Status::DataLoss(where + ": CRC-32 " + Crc32Hex(state) + " does not match " + kPolicyStateCrcKey + " " +
+                              meta[kPolicyStateCrcKey] + " (corrupt)");
+    }
+    PolicyState parsed;
+    KEEL_RETURN_IF_ERROR(ParsePolicyState(state, where, &parsed));
+    out->policy_state = state;
+  }
   return Status::Ok();
 }
 

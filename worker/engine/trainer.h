@@ -95,7 +95,11 @@ class Trainer {
 
   // Rolls back at least `steps` steps: resumes from the newest checkpoint of
   // this run at or before step() - steps (weights, optimizer, data, scheme) and
-  // drops metrics.jsonl's later lines. *restored names the checkpoint.
+  // drops metrics.jsonl's later lines and the checkpoints after the restored
+  // one (the abandoned trajectory's, which a restart must not resume). The
+  // policy engine keeps its state (what it learnt from the blow-up that
+  // caused the rollback, and the steps taken): a snapshot's is older.
+  // *restored names the checkpoint.
   Status Rollback(int64_t steps, std::string* restored);
 
   // Commands from outside (keel-worker, for keeld's Intervene), read before each
@@ -127,11 +131,15 @@ class Trainer {
   Status RollbackAndRecord(int64_t steps, const std::string& suffix,
                            std::vector<std::pair<std::string, std::string>> details);
 
-  // Checkpoint: <run_dir>/checkpoints/step_<8 digits>/{model,optimizer}.safetensors.
+  // Checkpoint: <run_dir>/checkpoints/step_<8 digits>/{model,optimizer}.safetensors;
+  // under a policy, optimizer.safetensors' metadata also holds the policy
+  // engine's state (policy.h PolicyState) with its own CRC-32.
   Status SaveCheckpoint(std::string* dir);
-  // Restores weights, optimizer state, step, scheme and data position from a
-  // checkpoint directory, or from the newest one of this run when dir == "latest".
-  // Everything is verified (CRCs, shapes, metadata) before anything changes.
+  // Restores weights, optimizer state, step, scheme, data position and the
+  // policy's state (empty from a checkpoint without one) from a checkpoint
+  // directory, or from the newest one of this run when dir == "latest".
+  // Everything is verified (CRCs, shapes, metadata, the policy state's fields)
+  // before anything changes.
   Status Resume(const std::string& dir);
   // Resume, falling back: when `dir` does not verify, the newest older
   // checkpoint beside it that does is used ("latest": this run's newest that
@@ -221,7 +229,11 @@ class Trainer {
   // Resume's collective part: `read` is rank 0's verdict on reading `dir` into
   // *loaded (rank 0 only); when it is ok every rank takes rank 0's state
   // (scalars by host gather, weights and moments by broadcast).
-  Status ApplyCheckpoint(const std::string& dir, const Status& read, LoadedCheckpoint* loaded);
+  // restore_policy: whether the policy engine takes the checkpoint's state
+  // (a resume) or keeps its own (a rollback: see Rollback).
+  Status ApplyCheckpoint(const std::string& dir, const Status& read, bool restore_policy, LoadedCheckpoint* loaded);
+  // Resume, with or without the policy's state.
+  Status ResumeCheckpoint(const std::string& dir, bool restore_policy);
   Status GatherCheckpointTensors(const std::string& dir, const std::vector<Tensor>& weights,
                                  const std::vector<Tensor>& optimizer, LoadedCheckpoint* out) const;
   // Ok when the next step may run (see SetLease); waits while the lease is expired.

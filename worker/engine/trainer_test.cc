@@ -10,10 +10,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <sstream>
 
 #include "worker/engine/fortunes_shards.h"
+#include "worker/io/crc32.h"
+#include "worker/io/safetensors.h"
 
 namespace keel {
 namespace {
@@ -387,6 +390,154 @@ TEST(TrainerTest, PolicySkipStepKeepsTheWeights) {
   }
   EXPECT_GE(skipped, 1);
   EXPECT_FALSE(t->diverged());
+}
+
+std::string ReadAll(const std::string& path, size_t from = 0) {
+  std::ifstream f(path);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return from < all.size() ? all.substr(from) : "";
+}
+
+// issue 14: a restart does not forget the policy's escalation. Run A is
+// rescued once (rollback 15, scale_lr 0.5 as written) and stopped right after
+// the rollback; run B, a new Trainer resuming "latest", replays into the same
+// LR fault, and the rule firing again escalates to the next rung instead of
+// scaling the learning rate again (what a fresh engine would do).
+TEST(TrainerTest, PolicyEscalationSurvivesACheckpointAndResume) {
+  const std::string dir = TempDir("policy_resume");
+  RunConfig c;
+  Status s = ParseRunConfig(
+      "model: {type: proxy, layers: 1, width: 32}\nbatch: 64\nsteps: 60\nthreads: 2\nprecision: mxfp4\n"
+      "optimizer: {type: adam, lr: 0.003}\n"
+      "schedule: {type: constant, spike_at: 30, spike_steps: 3, spike_factor: 300}\n"
+      "policy:\n  detectors: {loss_zscore: {min_samples: 10}, loss_ratio: {min_samples: 10}}\n"
+      "  ladder: [mxfp4, mxfp8_e4m3, bf16]\n  snapshots: {every: 5, keep: 8}\n"
+      "  rules:\n    - {name: r, when: [nonfinite, loss_zscore, loss_ratio], "
+      "do: [{rollback: 15}, {scale_lr: 0.5}], cooldown: 5}\n"
+      "run_dir: " + dir + "\n",
+      "test", {}, &c);
+  ASSERT_TRUE(s.ok()) << s.message();
+  const std::string events = c.run_dir + "/events.jsonl";
+  int64_t stopped_at = 0, fired_at = 0;
+  {
+    std::unique_ptr<Trainer> a;
+    ASSERT_TRUE(Trainer::Create(c, &a).ok());
+    int64_t previous = 0;
+    // The first step after the rollback stops the run: its checkpoint is the restart's.
+    ASSERT_TRUE(a->Train([&](const StepMetrics& m) {
+                   if (m.step < previous) {
+                     fired_at = previous;
+                     a->RequestStop();
+                   }
+                   previous = m.step;
+                 }, false).ok());
+    stopped_at = a->step();
+    ASSERT_GT(fired_at, 29);
+    ASSERT_LT(stopped_at, fired_at);
+    const std::string all = ReadAll(events);
+    EXPECT_NE(all.find("\"kind\":\"scale_lr\""), std::string::npos) << all;
+    EXPECT_EQ(all.find("\"kind\":\"escalate\""), std::string::npos) << all;  // the rule as written
+  }
+  // The rollback dropped the abandoned trajectory's checkpoints: "latest" is the stop's.
+  const size_t before = ReadAll(events).size();
+  std::unique_ptr<Trainer> b;
+  ASSERT_TRUE(Trainer::Create(c, &b).ok());
+  std::string resumed;
+  s = b->ResumeNewestValid("latest", &resumed);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(b->step(), stopped_at) << resumed;
+  EXPECT_EQ(b->scheme().name, "mxfp4");
+  std::vector<StepMetrics> m;
+  ASSERT_TRUE(b->Train([&](const StepMetrics& x) { m.push_back(x); }, false).ok());
+  const std::string after = ReadAll(events, before);
+  // The first thing B's policy does is escalate, naming the step A's rule fired at.
+  ASSERT_EQ(after.find("{\"step\":"), 0u) << after;
+  const std::string first = after.substr(0, after.find('\n'));
+  EXPECT_NE(first.find("\"kind\":\"escalate\""), std::string::npos) << first;
+  EXPECT_NE(first.find("where it last fired: escalating to mxfp8_e4m3 instead of replaying"), std::string::npos)
+      << first;
+  EXPECT_NE(first.find("step " + std::to_string(fired_at)), std::string::npos) << first;
+  EXPECT_NE(after.find("switched precision from mxfp4 to mxfp8_e4m3"), std::string::npos) << after;
+  // The learning rate was not scaled again by the rule as written: the next
+  // scale_lr (if the fault drives the run that far) is the fallback past bf16.
+  const size_t scaled = after.find("\"kind\":\"scale_lr\"");
+  if (scaled != std::string::npos) {
+    EXPECT_GT(scaled, after.find("switched precision from mxfp8_e4m3 to bf16")) << after;
+  }
+  ASSERT_FALSE(m.empty());
+  EXPECT_NE(m.back().scheme, "mxfp4");
+}
+
+// Rewrites optimizer.safetensors of `dir` with `edit` applied to its metadata
+// (WriteSafetensors recomputes the data's CRC, not the policy state's).
+void EditOptimizerMeta(const std::string& dir, const std::function<void(std::map<std::string, std::string>*)>& edit) {
+  std::vector<Tensor> tensors;
+  std::map<std::string, std::string> meta;
+  ASSERT_TRUE(ReadSafetensors(dir + "/optimizer.safetensors", &tensors, &meta).ok());
+  edit(&meta);
+  std::vector<TensorRef> refs;
+  for (const Tensor& t : tensors) refs.push_back(TensorRef{t.name, t.shape, t.data.data()});
+  ASSERT_TRUE(WriteSafetensors(dir + "/optimizer.safetensors", refs, meta).ok());
+}
+
+// A checkpoint whose policy state does not verify is skipped like any corrupt
+// one, the event naming the file and the field; one without a state (written
+// before it existed) resumes with the state empty.
+TEST(TrainerTest, CorruptPolicyStateFallsBackAndAMissingOneStartsEmpty) {
+  RunConfig c = FaultyRun(TempDir("policy_state_corrupt"), "[{rollback: 5}, {switch: bf16}]");
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  Losses(t.get(), 2);
+  std::string older, newer;
+  ASSERT_TRUE(t->SaveCheckpoint(&older).ok());
+  Losses(t.get(), 2);
+  ASSERT_TRUE(t->SaveCheckpoint(&newer).ok());
+  t.reset();
+  std::vector<Tensor> tensors;
+  std::map<std::string, std::string> meta;
+  ASSERT_TRUE(ReadSafetensors(newer + "/optimizer.safetensors", &tensors, &meta).ok());
+  ASSERT_EQ(meta.count("policy_state"), 1u);
+  EXPECT_NE(meta["policy_state"].find("\"tick\":4"), std::string::npos) << meta["policy_state"];
+  EditOptimizerMeta(newer, [](std::map<std::string, std::string>* m) {
+    const size_t at = (*m)["policy_state"].find("\"tick\":4");
+    (*m)["policy_state"].replace(at, 8, "\"tick\":5");  // one flipped digit
+  });
+  std::unique_ptr<Trainer> strict;
+  ASSERT_TRUE(Trainer::Create(c, &strict).ok());
+  Status s = strict->Resume(newer);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(newer + "/optimizer.safetensors: policy_state: CRC-32"), std::string::npos)
+      << s.message();
+  EXPECT_EQ(strict->step(), 0);  // nothing changed
+  std::unique_ptr<Trainer> r;
+  ASSERT_TRUE(Trainer::Create(c, &r).ok());
+  std::string resumed;
+  s = r->ResumeNewestValid("latest", &resumed);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(resumed, older);
+  const std::string events = ReadAll(c.run_dir + "/events.jsonl");
+  EXPECT_NE(events.find("\"kind\":\"checkpoint_skipped\""), std::string::npos) << events;
+  EXPECT_NE(events.find("optimizer.safetensors: policy_state"), std::string::npos) << events;
+  // A state with the right CRC but a bad field: refused naming the field.
+  EditOptimizerMeta(newer, [](std::map<std::string, std::string>* m) {
+    std::string state = (*m)["policy_state"];
+    state.replace(state.find("\"interventions\":0"), 17, "\"interventions\":-3");
+    (*m)["policy_state"] = state;
+    char hex[9];
+    std::snprintf(hex, sizeof(hex), "%08x", Crc32(0, state.data(), state.size()));
+    (*m)["policy_state.crc32"] = hex;
+  });
+  s = strict->Resume(newer);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("policy_state: interventions is -3"), std::string::npos) << s.message();
+  // Without the state (an older checkpoint): it resumes.
+  EditOptimizerMeta(newer, [](std::map<std::string, std::string>* m) {
+    m->erase("policy_state");
+    m->erase("policy_state.crc32");
+  });
+  s = strict->Resume(newer);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(strict->step(), 4);
 }
 
 // probation on a real trainer: the rescue (rollback, mxfp8_e4m3, a lower LR)

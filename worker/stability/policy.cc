@@ -2,7 +2,11 @@
 #include "worker/stability/policy.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
+
+#include "worker/io/json.h"
 
 namespace keel {
 namespace {
@@ -130,12 +134,12 @@ void PolicyEngine::Escalate(const PolicyRule& rule, const std::string& scheme, c
     up.kind = PolicyAction::Kind::kSwitch;
     up.scheme = next;
     d->escalation = why + ": escalating to " + next + " instead of replaying";
-  } else if (lr_fallbacks_used_ < policy_.lr_fallbacks) {
-    ++lr_fallbacks_used_;
+  } else if (state_.lr_fallbacks_used < policy_.lr_fallbacks) {
+    ++state_.lr_fallbacks_used;
     up.kind = PolicyAction::Kind::kScaleLr;
     up.factor = policy_.lr_fallback_factor;
     d->escalation = why + ": no rung above " + scheme + ", scaling the learning rate by " +
-                    Number(up.factor) + " (fallback " + std::to_string(lr_fallbacks_used_) + " of " +
+                    Number(up.factor) + " (fallback " + std::to_string(state_.lr_fallbacks_used) + " of " +
                     std::to_string(policy_.lr_fallbacks) + ")";
   } else {
     // Stopping where it diverged: no rollback first, the events and the final
@@ -166,16 +170,16 @@ std::vector<PolicyEngine::Decision> PolicyEngine::Decide(int64_t tick, int64_t s
     names.erase(std::unique(names.begin(), names.end()), names.end());
     const bool match = rule.match_all ? names.size() == rule.when.size() : !names.empty();
     if (!match) continue;
-    auto last = last_fired_.find(rule.name);
-    if (last != last_fired_.end() && tick - last->second < rule.cooldown) continue;
-    if (rule.max > 0 && times_[rule.name] >= rule.max) continue;
-    auto last_step = last_fired_step_.find(rule.name);
-    if (last_step != last_fired_step_.end() && step <= last_step->second) {
+    const auto found = state_.rules.find(rule.name);
+    const PolicyState::Rule* last = found == state_.rules.end() ? nullptr : &found->second;
+    if (last && tick - last->tick < rule.cooldown) continue;
+    if (rule.max > 0 && last && last->times >= rule.max) continue;
+    if (last && step <= last->step) {
       const std::string again = "rule " + rule.name + " fired again at step " + std::to_string(step);
       Escalate(rule, scheme,
-               step == last_step->second
+               step == last->step
                    ? again + ", the step where it last fired"
-                   : again + " before passing step " + std::to_string(last_step->second) + " where it last fired",
+                   : again + " before passing step " + std::to_string(last->step) + " where it last fired",
                &d);
     } else {
       for (PolicyAction a : rule.actions) {
@@ -192,38 +196,173 @@ std::vector<PolicyEngine::Decision> PolicyEngine::Decide(int64_t tick, int64_t s
         d.actions.push_back(a);
       }
     }
-    if (returned_ && !probation_over_) {
-      probation_over_ = true;
+    if (state_.returned && !state_.probation_over) {
+      state_.probation_over = true;
       d.probation_over = "rule " + rule.name + " fired at step " + std::to_string(step) + " on " + scheme +
                          ", where probation had brought the run back down: it stays up for the rest of the run";
     }
     for (const PolicyAction& a : d.actions) {
-      if (a.kind == PolicyAction::Kind::kSwitch) policy_scheme_ = a.scheme;
+      if (a.kind == PolicyAction::Kind::kSwitch) state_.policy_scheme = a.scheme;
     }
-    healthy_since_ = tick;
-    last_fired_[rule.name] = tick;
-    last_fired_step_[rule.name] = step;
-    ++times_[rule.name];
-    ++interventions_;
+    state_.healthy_since = tick;
+    PolicyState::Rule& fired_rule = state_.rules[rule.name];
+    fired_rule.tick = tick;
+    fired_rule.step = step;
+    ++fired_rule.times;
+    ++state_.interventions;
     out.push_back(std::move(d));
   }
   return out;
 }
 
 std::string PolicyEngine::ProbationReturn(int64_t tick, const std::string& scheme) {
-  if (policy_.probation_after <= 0 || probation_over_) return "";
+  if (policy_.probation_after <= 0 || state_.probation_over) return "";
   // Only a scheme the policy moved to; one someone else chose (keel intervene)
   // is theirs to keep.
-  if (scheme != policy_scheme_) return "";
-  if (tick - healthy_since_ < policy_.probation_after) return "";
+  if (scheme != state_.policy_scheme) return "";
+  if (tick - state_.healthy_since < policy_.probation_after) return "";
   const auto& ladder = policy_.ladder;
   const auto here = std::find(ladder.begin(), ladder.end(), scheme);
   const auto floor = std::find(ladder.begin(), ladder.end(), start_scheme_);
   if (here == ladder.end() || floor == ladder.end() || here <= floor) return "";
-  policy_scheme_ = *(here - 1);
-  healthy_since_ = tick;
-  returned_ = true;
-  return policy_scheme_;
+  state_.policy_scheme = *(here - 1);
+  state_.healthy_since = tick;
+  state_.returned = true;
+  return state_.policy_scheme;
+}
+
+PolicyState PolicyEngine::State(int64_t tick) const {
+  PolicyState s = state_;
+  s.tick = tick;
+  return s;
+}
+
+int64_t PolicyEngine::Restore(const PolicyState& state) {
+  state_ = state;
+  state_.tick = 0;
+  return state.tick;
+}
+
+bool PolicyState::operator==(const PolicyState& o) const {
+  return tick == o.tick && rules == o.rules && interventions == o.interventions &&
+         lr_fallbacks_used == o.lr_fallbacks_used && policy_scheme == o.policy_scheme &&
+         healthy_since == o.healthy_since && returned == o.returned && probation_over == o.probation_over;
+}
+
+namespace {
+
+constexpr int64_t kPolicyStateVersion = 1;
+
+// One member of the state's JSON: a non-negative integer that fits `max`.
+Status StateCount(const JsonValue& object, const std::string& key, const std::string& where, int64_t max,
+                  int64_t* out) {
+  const JsonValue* v = object.Find(key);
+  if (v == nullptr) return Status::DataLoss(where + ": " + key + " is missing (allowed: an integer >= 0)");
+  if (!v->is_int() || v->int_value() < 0 || v->int_value() > max) {
+    return Status::DataLoss(where + ": " + key + " is " + ToJson(*v) + " (allowed: an integer 0 .. " +
+                            std::to_string(max) + ")");
+  }
+  *out = v->int_value();
+  return Status::Ok();
+}
+
+Status StateBool(const JsonValue& object, const std::string& key, const std::string& where, bool* out) {
+  const JsonValue* v = object.Find(key);
+  if (v == nullptr || !v->is_bool()) {
+    return Status::DataLoss(where + ": " + key + " is " + (v ? ToJson(*v) : std::string("missing")) +
+                            " (allowed: true or false)");
+  }
+  *out = v->bool_value();
+  return Status::Ok();
+}
+
+// Refuses members of `object` other than `keys`.
+Status OnlyKeys(const JsonValue& object, const std::vector<std::string>& keys, const std::string& where) {
+  for (const auto& m : object.members()) {
+    if (std::find(keys.begin(), keys.end(), m.first) == keys.end()) {
+      std::string allowed;
+      for (const std::string& k : keys) allowed += (allowed.empty() ? "" : ", ") + k;
+      return Status::DataLoss(where + ": unknown field " + m.first + " (allowed: " + allowed + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string PolicyStateToJson(const PolicyState& state) {
+  JsonValue rules = JsonValue::Object();
+  for (const auto& r : state.rules) {
+    JsonValue rule = JsonValue::Object();
+    rule.Set("tick", JsonValue(r.second.tick));
+    rule.Set("step", JsonValue(r.second.step));
+    rule.Set("times", JsonValue(r.second.times));
+    rules.Set(r.first, rule);
+  }
+  JsonValue v = JsonValue::Object();
+  v.Set("version", JsonValue(kPolicyStateVersion));
+  v.Set("tick", JsonValue(state.tick));
+  v.Set("rules", rules);
+  v.Set("interventions", JsonValue(state.interventions));
+  v.Set("lr_fallbacks_used", JsonValue(state.lr_fallbacks_used));
+  v.Set("policy_scheme", JsonValue(state.policy_scheme));
+  v.Set("healthy_since", JsonValue(state.healthy_since));
+  v.Set("returned", JsonValue(state.returned));
+  v.Set("probation_over", JsonValue(state.probation_over));
+  return ToJson(v);
+}
+
+Status ParsePolicyState(const std::string& text, const std::string& where, PolicyState* out) {
+  JsonValue v;
+  Status parsed = ParseJson(text, &v);
+  if (!parsed.ok()) return Status::DataLoss(where + ": not JSON (" + parsed.message() + ")");
+  if (!v.is_object()) return Status::DataLoss(where + ": is " + ToJson(v) + " (allowed: a JSON object)");
+  KEEL_RETURN_IF_ERROR(OnlyKeys(v,
+                                {"version", "tick", "rules", "interventions", "lr_fallbacks_used", "policy_scheme",
+                                 "healthy_since", "returned", "probation_over"},
+                                where));
+  int64_t version = 0;
+  KEEL_RETURN_IF_ERROR(StateCount(v, "version", where, INT64_MAX, &version));
+  if (version != kPolicyStateVersion) {
+    return Status::DataLoss(where + ": version is " + std::to_string(version) + " (allowed: " +
+                            std::to_string(kPolicyStateVersion) + ")");
+  }
+  PolicyState s;
+  int64_t count = 0;
+  KEEL_RETURN_IF_ERROR(StateCount(v, "tick", where, INT64_MAX, &s.tick));
+  KEEL_RETURN_IF_ERROR(StateCount(v, "interventions", where, INT_MAX, &count));
+  s.interventions = static_cast<int>(count);
+  KEEL_RETURN_IF_ERROR(StateCount(v, "lr_fallbacks_used", where, INT_MAX, &count));
+  s.lr_fallbacks_used = static_cast<int>(count);
+  KEEL_RETURN_IF_ERROR(StateCount(v, "healthy_since", where, INT64_MAX, &s.healthy_since));
+  KEEL_RETURN_IF_ERROR(StateBool(v, "returned", where, &s.returned));
+  KEEL_RETURN_IF_ERROR(StateBool(v, "probation_over", where, &s.probation_over));
+  const JsonValue* scheme = v.Find("policy_scheme");
+  if (scheme == nullptr || !scheme->is_string()) {
+    return Status::DataLoss(where + ": policy_scheme is " + (scheme ? ToJson(*scheme) : std::string("missing")) +
+                            " (allowed: a scheme name, or \"\")");
+  }
+  s.policy_scheme = scheme->string_value();
+  const JsonValue* rules = v.Find("rules");
+  if (rules == nullptr || !rules->is_object()) {
+    return Status::DataLoss(where + ": rules is " + (rules ? ToJson(*rules) : std::string("missing")) +
+                            " (allowed: an object of rule name -> {tick, step, times})");
+  }
+  for (const auto& m : rules->members()) {
+    const std::string field = "rules." + m.first;
+    if (!m.second.is_object()) {
+      return Status::DataLoss(where + ": " + field + " is " + ToJson(m.second) + " (allowed: {tick, step, times})");
+    }
+    KEEL_RETURN_IF_ERROR(OnlyKeys(m.second, {"tick", "step", "times"}, where + ": " + field));
+    PolicyState::Rule r;
+    KEEL_RETURN_IF_ERROR(StateCount(m.second, "tick", where + ": " + field, INT64_MAX, &r.tick));
+    KEEL_RETURN_IF_ERROR(StateCount(m.second, "step", where + ": " + field, INT64_MAX, &r.step));
+    KEEL_RETURN_IF_ERROR(StateCount(m.second, "times", where + ": " + field, INT_MAX, &count));
+    r.times = static_cast<int>(count);
+    s.rules[m.first] = r;
+  }
+  *out = std::move(s);
+  return Status::Ok();
 }
 
 }  // namespace keel

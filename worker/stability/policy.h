@@ -133,6 +133,47 @@ std::string PolicyPresetNames();  // comma-separated, for error messages
 // so the policy never goes quiet before its stop. docs/train.md has the table.
 Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps);
 
+// What a PolicyEngine has learnt during a run: what escalates a rule that fires
+// again instead of replaying it, what the learning-rate fallback has spent,
+// and probation's progress. Checkpoints carry it (trainer.h SaveCheckpoint) so
+// that a restart (keel-worker's requeue, --resume, keeld moving the run) does
+// not forget it and replay a blow-up the run has already been rescued from.
+struct PolicyState {
+  struct Rule {
+    int64_t tick = 0;  // the tick of its last firing (cooldowns)
+    int64_t step = 0;  // the step number of its last firing (escalation)
+    int times = 0;     // its firings so far (PolicyRule::max)
+    bool operator==(const Rule& o) const { return tick == o.tick && step == o.step && times == o.times; }
+  };
+  // The steps the run has taken when the state was saved: the trainer's count
+  // (cooldowns are in these ticks, which rollbacks do not rewind), kept
+  // beside the engine's state so that both resume together.
+  int64_t tick = 0;
+  std::map<std::string, Rule> rules;  // rule name -> its last firing; rules that never fired are absent
+  int interventions = 0;
+  int lr_fallbacks_used = 0;
+  // Probation: the scheme the policy last moved to (probation applies only
+  // there), the tick since which the run has been healthy in it, whether the
+  // run came down by probation, and whether probation is over (it stays up).
+  std::string policy_scheme;
+  int64_t healthy_since = 0;
+  bool returned = false;
+  bool probation_over = false;
+
+  bool operator==(const PolicyState& o) const;
+  bool operator!=(const PolicyState& o) const { return !(*this == o); }
+};
+
+// The state as one line of JSON (version 1):
+//   {"version":1,"tick":46,"rules":{"blow-up":{"tick":31,"step":30,"times":1}},
+//    "interventions":1,"lr_fallbacks_used":0,"policy_scheme":"mxfp8_e4m3",
+//    "healthy_since":31,"returned":false,"probation_over":false}
+std::string PolicyStateToJson(const PolicyState& state);
+// Parses PolicyStateToJson's text. Every key above is required and no other is
+// allowed; counts and ticks are non-negative integers. An error names `where`
+// (the file), the field, the value and what is allowed; *out is unchanged on error.
+Status ParsePolicyState(const std::string& text, const std::string& where, PolicyState* out);
+
 // Decides, step by step, which rules act (cooldowns and caps included), and
 // what they do: a rule's actions with `switch: next` resolved against the
 // scheme running, or an escalation instead of an identical replay.
@@ -174,9 +215,15 @@ class PolicyEngine {
   // The ladder rung after `scheme`; "" when `scheme` is the last rung; the last
   // rung (the most precise) when `scheme` is not on the ladder.
   std::string NextRung(const std::string& scheme) const;
-  int interventions() const { return interventions_; }
-  bool exhausted() const { return interventions_ >= policy_.max_interventions; }
-  bool probation_over() const { return probation_over_; }
+  int interventions() const { return state_.interventions; }
+  bool exhausted() const { return state_.interventions >= policy_.max_interventions; }
+  bool probation_over() const { return state_.probation_over; }
+
+  // What the engine has learnt, with `tick` (the caller's count of steps
+  // taken) in it, for a checkpoint; Restore puts a saved state back (a resume),
+  // and returns the tick saved with it. A PolicyState{} is a fresh engine's.
+  PolicyState State(int64_t tick) const;
+  int64_t Restore(const PolicyState& state);
 
  private:
   // The escalation of `rule` from `scheme`: *d's actions and its message's end.
@@ -184,18 +231,7 @@ class PolicyEngine {
 
   const Policy& policy_;
   const std::string start_scheme_;
-  std::map<std::string, int64_t> last_fired_;       // rule name -> tick
-  std::map<std::string, int64_t> last_fired_step_;  // rule name -> step number
-  std::map<std::string, int> times_;                // rule name -> count
-  int interventions_ = 0;
-  int lr_fallbacks_used_ = 0;
-  // Probation: the scheme the policy last moved to (probation applies only
-  // there), the tick since which the run has been healthy in it, whether the
-  // run came down by probation, and whether probation is over.
-  std::string policy_scheme_;
-  int64_t healthy_since_ = 0;
-  bool returned_ = false;
-  bool probation_over_ = false;
+  PolicyState state_;  // its tick unused: the caller counts the ticks
 };
 
 }  // namespace keel

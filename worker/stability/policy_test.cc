@@ -272,5 +272,110 @@ TEST(DefaultPolicyTest, RepeatedDivergenceClimbsEveryRungThenFallsBackThenStops)
   EXPECT_LE(engine.interventions(), p.max_interventions);
 }
 
+// The state a checkpoint carries: what an engine learnt, written and read back
+// equal, and put into a new engine it decides as the old one would have.
+TEST(PolicyStateTest, RoundTripsThroughJsonAndANewEngineEscalatesAsTheOldOneWould) {
+  Policy p = WithRules({"mxfp4", "mxfp8_e4m3", "bf16"},
+                       {Rule("spike", {Action(Kind::kRollback, "", 20), Action(Kind::kSwitch, "next")}),
+                        Rule("other", {Action(Kind::kStop)}, 1000)});
+  p.rules[1].when = {"nonfinite"};
+  p.probation_after = 10;
+  PolicyEngine engine(p, "mxfp4");
+  ASSERT_EQ(engine.Decide(100, 100, "mxfp4", kSpike).size(), 1u);  // -> mxfp8_e4m3
+  EXPECT_EQ(engine.ProbationReturn(110, "mxfp8_e4m3"), "mxfp4");
+  ASSERT_EQ(engine.Decide(130, 125, "mxfp4", kSpike).size(), 1u);  // back up, probation over
+  const PolicyState saved = engine.State(131);
+  EXPECT_EQ(saved.tick, 131);
+  ASSERT_EQ(saved.rules.size(), 1u);  // "other" never fired
+  EXPECT_EQ(saved.rules.at("spike").tick, 130);
+  EXPECT_EQ(saved.rules.at("spike").step, 125);
+  EXPECT_EQ(saved.rules.at("spike").times, 2);
+  EXPECT_EQ(saved.interventions, 2);
+  EXPECT_EQ(saved.policy_scheme, "mxfp8_e4m3");
+  EXPECT_TRUE(saved.returned);
+  EXPECT_TRUE(saved.probation_over);
+
+  const std::string json = PolicyStateToJson(saved);
+  PolicyState loaded;
+  Status s = ParsePolicyState(json, "ckpt/optimizer.safetensors: policy_state", &loaded);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_TRUE(loaded == saved) << json;
+  EXPECT_EQ(PolicyStateToJson(loaded), json);
+
+  // A new engine given the state: the rule firing again at step 125 escalates
+  // (as the old engine does), where a fresh engine replays the rule as written.
+  PolicyEngine restored(p, "mxfp4");
+  EXPECT_EQ(restored.Restore(loaded), 131);
+  EXPECT_TRUE(restored.State(131) == saved);
+  EXPECT_TRUE(restored.probation_over());
+  EXPECT_EQ(restored.interventions(), 2);
+  auto again = restored.Decide(140, 125, "mxfp8_e4m3", kSpike);
+  auto same = engine.Decide(140, 125, "mxfp8_e4m3", kSpike);
+  ASSERT_EQ(again.size(), 1u);
+  ASSERT_EQ(same.size(), 1u);
+  EXPECT_EQ(again[0].escalation, same[0].escalation);
+  EXPECT_NE(again[0].escalation.find("fired again at step 125, the step where it last fired"), std::string::npos)
+      << again[0].escalation;
+  EXPECT_EQ(again[0].actions[1].scheme, "bf16");
+  PolicyEngine fresh(p, "mxfp4");
+  auto replay = fresh.Decide(140, 125, "mxfp8_e4m3", kSpike);
+  ASSERT_EQ(replay.size(), 1u);
+  EXPECT_TRUE(replay[0].escalation.empty());
+  // Cooldowns count from the restored ticks: a rule that fired at tick 125
+  // with a 1000-tick cooldown stays quiet until tick 1125.
+  PolicyState cooling = saved;
+  cooling.rules["other"] = PolicyState::Rule{125, 120, 1};
+  PolicyEngine cool(p, "mxfp4");
+  cool.Restore(cooling);
+  const std::vector<Firing> nan = {{"nonfinite", "loss is NaN", {}}};
+  EXPECT_TRUE(cool.Decide(200, 200, "bf16", nan).empty());   // 75 ticks after, cooldown 1000
+  EXPECT_EQ(cool.Decide(1125, 900, "bf16", nan).size(), 1u);  // 1000 ticks after
+}
+
+TEST(PolicyStateTest, AFreshEngineHasTheEmptyState) {
+  Policy p = WithRules({"mxfp4", "bf16"}, {Rule("spike", {Action(Kind::kRollback, "", 20), Action(Kind::kSwitch, "next")})});
+  PolicyEngine engine(p, "mxfp4");
+  EXPECT_TRUE(engine.State(0) == PolicyState{});
+  PolicyState empty;
+  ASSERT_TRUE(ParsePolicyState(PolicyStateToJson(empty), "f", &empty).ok());
+  EXPECT_TRUE(empty == PolicyState{});
+}
+
+TEST(PolicyStateTest, BadStateIsRefusedNamingTheFileTheFieldAndTheValue) {
+  PolicyState good;
+  good.rules["spike"] = PolicyState::Rule{31, 30, 1};
+  good.policy_scheme = "bf16";
+  const std::string json = PolicyStateToJson(good);
+  struct Case {
+    std::string from, to, want;
+  };
+  const std::vector<Case> cases = {
+      {"\"interventions\":0", "\"interventions\":-1", "interventions is -1 (allowed: an integer 0 .."},
+      {"\"tick\":31", "\"tick\":\"x\"", "rules.spike: tick is \"x\" (allowed: an integer 0 .."},
+      {"\"times\":1", "\"times\":1,\"extra\":2", "rules.spike: unknown field extra"},
+      {"\"version\":1", "\"version\":2", "version is 2 (allowed: 1)"},
+      {"\"returned\":false", "\"returned\":0", "returned is 0 (allowed: true or false)"},
+      {"\"policy_scheme\":\"bf16\"", "\"policy_scheme\":7", "policy_scheme is 7"},
+      {"\"rules\":{", "\"rules\":[{", "not JSON"},
+      {",\"healthy_since\":0", "", "healthy_since is missing"},
+  };
+  for (const Case& c : cases) {
+    std::string text = json;
+    const size_t at = text.find(c.from);
+    ASSERT_NE(at, std::string::npos) << c.from << " in " << json;
+    text.replace(at, c.from.size(), c.to);
+    PolicyState out = good;
+    out.interventions = 42;  // unchanged on error
+    Status s = ParsePolicyState(text, "run/checkpoints/step_00000010/optimizer.safetensors: policy_state", &out);
+    ASSERT_FALSE(s.ok()) << text;
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.message();
+    EXPECT_NE(s.message().find("step_00000010/optimizer.safetensors: policy_state"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(c.want), std::string::npos) << s.message();
+    EXPECT_EQ(out.interventions, 42);
+  }
+  PolicyState out;
+  EXPECT_FALSE(ParsePolicyState("[1]", "f", &out).ok());
+}
+
 }  // namespace
 }  // namespace keel
