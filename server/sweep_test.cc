@@ -288,12 +288,28 @@ TEST(SweepTest, HostsTimesGpusPerHostIsAGangOfExactlyThatShape) {
   EXPECT_EQ(plan.gpus, 8);
 }
 
+// A `resources:` value the parser must refuse, and its exact message.
+struct ResourcesCase {
+  const char* resources;
+  std::string message;
+};
+
+// Each case is refused with its message, and the plan is left as it was.
+template <size_t N>
+void ExpectResourcesRefused(const ResourcesCase (&cases)[N]) {
+  for (const ResourcesCase& c : cases) {
+    SweepPlan plan;
+    plan.name = "untouched";
+    Status s = Expand(std::string(kBase) + "resources: " + c.resources + "\n", &plan);
+    ASSERT_FALSE(s.ok()) << c.resources;
+    EXPECT_EQ(s.message(), c.message) << c.resources;
+    EXPECT_EQ(plan.name, "untouched");  // nothing changes on error
+    EXPECT_EQ(plan.gpu_milli, 0);
+  }
+}
+
 TEST(SweepTest, BadHostsAndGpusPerHostNameFieldValueAndWhatIsAllowed) {
-  struct Case {
-    const char* resources;
-    const char* message;
-  };
-  const Case cases[] = {
+  const ResourcesCase cases[] = {
       {"{hosts: 0, gpus_per_host: 4}", "s.yaml:7:20: resources.hosts: 0 is out of range (allowed: 1 .. 1024)"},
       {"{hosts: 2, gpus_per_host: -1}", "s.yaml:7:38: resources.gpus_per_host: -1 is out of range (allowed: 1 .. 1024)"},
       {"{hosts: two, gpus_per_host: 4}", "s.yaml:7:20: resources.hosts: 'two' is not an integer"},
@@ -309,14 +325,7 @@ TEST(SweepTest, BadHostsAndGpusPerHostNameFieldValueAndWhatIsAllowed) {
       {"{hosts: 2, gpus_per_host: 4, cpu_slots: 1}",
        "s.yaml:7:12: resources: hosts and cpu_slots are both set (allowed: one of them)"},
   };
-  for (const Case& c : cases) {
-    SweepPlan plan;
-    plan.name = "untouched";
-    Status s = Expand(std::string(kBase) + "resources: " + c.resources + "\n", &plan);
-    ASSERT_FALSE(s.ok()) << c.resources;
-    EXPECT_EQ(s.message(), c.message) << c.resources;
-    EXPECT_EQ(plan.name, "untouched");  // nothing changes on error
-  }
+  ExpectResourcesRefused(cases);
 }
 
 TEST(SweepTest, AFractionOfAGpuIsOneRankInThousandths) {
@@ -339,12 +348,8 @@ TEST(SweepTest, AFractionOfAGpuIsOneRankInThousandths) {
 }
 
 TEST(SweepTest, BadFractionalGpusNameFieldValueAndWhatIsAllowed) {
-  struct Case {
-    const char* resources;
-    std::string message;
-  };
   const std::string rule = " (allowed: a whole number 1 .. 1024, or a fraction 0 < gpus < 1 in thousandths, e.g. 0.25)";
-  const Case cases[] = {
+  const ResourcesCase cases[] = {
       {"{gpus: 1.5}", "s.yaml:7:19: resources.gpus: 1.5 is not whole: a fraction above 1 GPU is not allowed" + rule},
       {"{gpus: 0.0001}", "s.yaml:7:19: resources.gpus: 0.0001 is not a whole number of thousandths" + rule},
       {"{gpus: -0.5}", "s.yaml:7:19: resources.gpus: -0.5 is out of range" + rule},
@@ -361,15 +366,7 @@ TEST(SweepTest, BadFractionalGpusNameFieldValueAndWhatIsAllowed) {
       {"{hosts: 2, gpus_per_host: 1, gpus: 0.5}",
        "s.yaml:7:47: resources.gpus: 0.5 is not hosts x gpus_per_host = 2 x 1 (allowed: 2, or leave gpus out)"},
   };
-  for (const Case& c : cases) {
-    SweepPlan plan;
-    plan.name = "untouched";
-    Status s = Expand(std::string(kBase) + "resources: " + c.resources + "\n", &plan);
-    ASSERT_FALSE(s.ok()) << c.resources;
-    EXPECT_EQ(s.message(), c.message) << c.resources;
-    EXPECT_EQ(plan.name, "untouched");
-    EXPECT_EQ(plan.gpu_milli, 0);
-  }
+  ExpectResourcesRefused(cases);
 }
 
 TEST(SweepTest, MaxRunsLimitIsApplied) {

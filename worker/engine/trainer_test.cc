@@ -398,6 +398,20 @@ std::string ReadAll(const std::string& path, size_t from = 0) {
   return from < all.size() ? all.substr(from) : "";
 }
 
+// A CPU proxy run in mxfp4 that an LR fault (x300 from step 30) throws off, under
+// a policy with the ladder mxfp4, mxfp8_e4m3, bf16, snapshots every 5 steps and
+// one rule r doing `actions`; `policy_extra`: more lines under policy:.
+std::string FaultedPolicyRun(const std::string& dir, const std::string& policy_extra, const std::string& actions) {
+  return "model: {type: proxy, layers: 1, width: 32}\nbatch: 64\nsteps: 60\nthreads: 2\nprecision: mxfp4\n"
+         "optimizer: {type: adam, lr: 0.003}\n"
+         "schedule: {type: constant, spike_at: 30, spike_steps: 3, spike_factor: 300}\n"
+         "policy:\n  detectors: {loss_zscore: {min_samples: 10}, loss_ratio: {min_samples: 10}}\n"
+         "  ladder: [mxfp4, mxfp8_e4m3, bf16]\n  snapshots: {every: 5, keep: 8}\n" +
+         policy_extra +
+         "  rules:\n    - {name: r, when: [nonfinite, loss_zscore, loss_ratio], do: [" + actions +
+         "], cooldown: 5}\nrun_dir: " + dir + "\n";
+}
+
 // issue 14: a restart does not forget the policy's escalation. Run A is
 // rescued once (rollback 15, scale_lr 0.5 as written) and stopped right after
 // the rollback; run B, a new Trainer resuming "latest", replays into the same
@@ -406,16 +420,7 @@ std::string ReadAll(const std::string& path, size_t from = 0) {
 TEST(TrainerTest, PolicyEscalationSurvivesACheckpointAndResume) {
   const std::string dir = TempDir("policy_resume");
   RunConfig c;
-  Status s = ParseRunConfig(
-      "model: {type: proxy, layers: 1, width: 32}\nbatch: 64\nsteps: 60\nthreads: 2\nprecision: mxfp4\n"
-      "optimizer: {type: adam, lr: 0.003}\n"
-      "schedule: {type: constant, spike_at: 30, spike_steps: 3, spike_factor: 300}\n"
-      "policy:\n  detectors: {loss_zscore: {min_samples: 10}, loss_ratio: {min_samples: 10}}\n"
-      "  ladder: [mxfp4, mxfp8_e4m3, bf16]\n  snapshots: {every: 5, keep: 8}\n"
-      "  rules:\n    - {name: r, when: [nonfinite, loss_zscore, loss_ratio], "
-      "do: [{rollback: 15}, {scale_lr: 0.5}], cooldown: 5}\n"
-      "run_dir: " + dir + "\n",
-      "test", {}, &c);
+  Status s = ParseRunConfig(FaultedPolicyRun(dir, "", "{rollback: 15}, {scale_lr: 0.5}"), "test", {}, &c);
   ASSERT_TRUE(s.ok()) << s.message();
   const std::string events = c.run_dir + "/events.jsonl";
   int64_t stopped_at = 0, fired_at = 0;
@@ -547,15 +552,8 @@ TEST(TrainerTest, ProbationReturnsToTheCheaperSchemeAfterHealthySteps) {
   const std::string dir = TempDir("policy_probation");
   RunConfig c;
   Status s = ParseRunConfig(
-      "model: {type: proxy, layers: 1, width: 32}\nbatch: 64\nsteps: 60\nthreads: 2\nprecision: mxfp4\n"
-      "optimizer: {type: adam, lr: 0.003}\n"
-      "schedule: {type: constant, spike_at: 30, spike_steps: 3, spike_factor: 300}\n"
-      "policy:\n  detectors: {loss_zscore: {min_samples: 10}, loss_ratio: {min_samples: 10}}\n"
-      "  ladder: [mxfp4, mxfp8_e4m3, bf16]\n  snapshots: {every: 5, keep: 8}\n  probation: {after: 10}\n"
-      "  rules:\n    - {name: r, when: [nonfinite, loss_zscore, loss_ratio], "
-      "do: [{rollback: 10}, {switch: next}, {scale_lr: 0.01}], cooldown: 5}\n"
-      "run_dir: " + dir + "\n",
-      "test", {}, &c);
+      FaultedPolicyRun(dir, "  probation: {after: 10}\n", "{rollback: 10}, {switch: next}, {scale_lr: 0.01}"), "test",
+      {}, &c);
   ASSERT_TRUE(s.ok()) << s.message();
   std::unique_ptr<Trainer> t;
   ASSERT_TRUE(Trainer::Create(c, &t).ok());
