@@ -186,7 +186,17 @@ std::vector<PolicyEngine::Decision> PolicyEngine::Decide(int64_t tick, int64_t s
         if (a.kind == PolicyAction::Kind::kSwitch && a.scheme == "next") {
           const std::string next = NextRung(scheme);
           if (next.empty()) {
-            // The top of the ladder: the rest of the escalation, never a replay.
+            // The top of the ladder. A rule that also changes the learning rate
+            // still makes a change: it acts as written and the trainer records
+            // the switch as skipped. A rule whose only change was the switch
+            // takes the rest of the escalation instead, never a replay.
+            const bool scales_lr = std::any_of(rule.actions.begin(), rule.actions.end(), [](const PolicyAction& x) {
+              return x.kind == PolicyAction::Kind::kScaleLr;
+            });
+            if (scales_lr) {
+              d.actions.push_back(a);  // "next" left unresolved: switch_skipped
+              continue;
+            }
             Escalate(rule, scheme, "rule " + rule.name + " fired at step " + std::to_string(step) + " on " + scheme +
                                        ", the top of the ladder", &d);
             break;

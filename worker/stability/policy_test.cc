@@ -148,6 +148,26 @@ TEST(PolicyEngineTest, SwitchNextAtTheTopEscalatesEvenWhenTheRunPassedTheStep) {
   EXPECT_EQ(Kinds(d[0]), (std::vector<Kind>{Kind::kStop}));
 }
 
+// A rule that also scales the learning rate acts as written at the top of the
+// ladder (the lower learning rate is its change; the trainer records the switch
+// as skipped), and escalates only when it fires again before passing its step.
+TEST(PolicyEngineTest, SwitchNextAtTheTopOfARuleThatScalesTheLearningRateActsAsWritten) {
+  const PolicyAction scale = Action(Kind::kScaleLr, "", 0, 0.01);
+  Policy p = WithRules({"mxfp8_e4m3", "bf16"},
+                       {Rule("spike", {Action(Kind::kRollback, "", 50), Action(Kind::kSwitch, "next"), scale})});
+  PolicyEngine engine(p, "bf16");
+  auto d = engine.Decide(151, 151, "bf16", kSpike);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].escalation, "");
+  EXPECT_EQ(Kinds(d[0]), (std::vector<Kind>{Kind::kRollback, Kind::kSwitch, Kind::kScaleLr}));
+  EXPECT_EQ(d[0].actions[1].scheme, "next");  // nothing above bf16: the trainer's switch_skipped
+  EXPECT_DOUBLE_EQ(d[0].actions[2].factor, 0.01);
+  d = engine.Decide(200, 120, "bf16", kSpike);  // again, before passing step 151
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_NE(d[0].escalation.find("no rung above bf16, scaling the learning rate by 0.5"), std::string::npos)
+      << d[0].escalation;
+}
+
 TEST(PolicyEngineTest, WithoutALadderAReplayGoesStraightToTheLearningRate) {
   Policy p = WithRules({}, {Rule("spike", {Action(Kind::kRollback, "", 20), Action(Kind::kScaleLr, "", 0, 0.9),
                                            Action(Kind::kSkipStep)})});
