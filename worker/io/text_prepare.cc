@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 
 #include "worker/io/file_util.h"
 #include "worker/io/token_shard.h"
@@ -31,8 +32,40 @@ Status DetokenizeBytes(const std::vector<uint16_t>& tokens, std::string* text) {
   return Status::Ok();
 }
 
+Status ParseTextTokenizer(const std::string& name, TextTokenizer* out) {
+  if (name == "bytes") {
+    *out = TextTokenizer::kBytes;
+  } else if (name == "gpt2") {
+    *out = TextTokenizer::kGpt2;
+  } else {
+    return Status::InvalidArgument("tokenizer is '" + name + "', expected bytes or gpt2");
+  }
+  return Status::Ok();
+}
+
+const char* TextTokenizerName(TextTokenizer tokenizer) {
+  return tokenizer == TextTokenizer::kGpt2 ? "gpt2" : "bytes";
+}
+
+int TextTokenizerVocab(TextTokenizer tokenizer) {
+  return tokenizer == TextTokenizer::kGpt2 ? kGpt2VocabSize : kByteVocabSize;
+}
+
 Status PrepareText(const std::string& in_path, const std::string& out_prefix,
                    double val_fraction, PrepareSummary* summary) {
+  PrepareOptions options;
+  options.val_fraction = val_fraction;
+  return PrepareText(in_path, out_prefix, options, summary);
+}
+
+Status PrepareText(const std::string& in_path, const std::string& out_prefix,
+                   const PrepareOptions& options, PrepareSummary* summary) {
+  const double val_fraction = options.val_fraction;
+  std::unique_ptr<Gpt2Bpe> bpe;
+  if (options.tokenizer == TextTokenizer::kGpt2) {
+    Status s = Gpt2Bpe::Load(options.bpe_dir, &bpe);
+    if (!s.ok()) return s;
+  }
   if (!(val_fraction > 0.0 && val_fraction < 1.0)) {
     return Status::Error("val_fraction is " + std::to_string(val_fraction) +
                          ", expected a value strictly between 0 and 1");
@@ -75,18 +108,28 @@ Status PrepareText(const std::string& in_path, const std::string& out_prefix,
     }
   }
 
-  const std::vector<uint16_t> tokens = TokenizeBytes(text);
+  std::vector<uint16_t> tokens;
+  int64_t train_tokens = cut;
+  if (bpe != nullptr) {
+    s = bpe->Encode(text.substr(0, cut), &tokens);
+    if (!s.ok()) return s;
+    train_tokens = static_cast<int64_t>(tokens.size());
+    s = bpe->Encode(text.substr(cut), &tokens);
+    if (!s.ok()) return s;
+  } else {
+    tokens = TokenizeBytes(text);
+  }
   PrepareSummary result;
-  result.total_tokens = n;
-  result.train_tokens = cut;
-  result.val_tokens = n - cut;
+  result.total_tokens = static_cast<int64_t>(tokens.size());
+  result.train_tokens = train_tokens;
+  result.val_tokens = result.total_tokens - train_tokens;
   result.train_path = out_prefix + "_train.bin";
   result.val_path = out_prefix + "_val.bin";
   s = MakeDirs(DirName(out_prefix));
   if (!s.ok()) return s;
   s = WriteTokenShard(result.train_path, tokens.data(), result.train_tokens);
   if (!s.ok()) return s;
-  s = WriteTokenShard(result.val_path, tokens.data() + cut, result.val_tokens);
+  s = WriteTokenShard(result.val_path, tokens.data() + train_tokens, result.val_tokens);
   if (!s.ok()) return s;
   *summary = result;
   return Status::Ok();

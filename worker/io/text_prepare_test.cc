@@ -169,5 +169,63 @@ TEST(TextPrepareTest, CreatesTheOutputDirectory) {
   EXPECT_EQ(Decode(summary.train_path) + Decode(summary.val_path), "one\ntwo\nthree\n");
 }
 
+TEST(TextPrepareTest, Gpt2ShardsHoldTheBpeIdsOfEachPartAndDecodeBack) {
+  std::string text;
+  for (int i = 0; i < 30; ++i) {
+    text += "Line " + std::to_string(i) + ": it's the caf\xC3\xA9's  3,50 \xE2\x82\xAC price.\n";
+  }
+  const std::string dir = TestDir();
+  ASSERT_TRUE(WriteFileAtomic(dir + "/in.txt", text).ok());
+  PrepareOptions options;
+  options.tokenizer = TextTokenizer::kGpt2;
+  PrepareSummary summary;
+  Status s = PrepareText(dir + "/in.txt", dir + "/out", options, &summary);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::unique_ptr<Gpt2Bpe> bpe;
+  ASSERT_TRUE(Gpt2Bpe::Load(kDefaultGpt2BpeDir, &bpe).ok());
+  std::vector<uint16_t> train, val;
+  ASSERT_TRUE(ReadTokenShard(summary.train_path, &train).ok());
+  ASSERT_TRUE(ReadTokenShard(summary.val_path, &val).ok());
+  EXPECT_EQ(static_cast<int64_t>(train.size()), summary.train_tokens);
+  EXPECT_EQ(static_cast<int64_t>(val.size()), summary.val_tokens);
+  EXPECT_EQ(summary.train_tokens + summary.val_tokens, summary.total_tokens);
+  EXPECT_LT(summary.total_tokens, static_cast<int64_t>(text.size())) << "BPE merges bytes";
+  std::string train_text, val_text;
+  ASSERT_TRUE(bpe->Decode(train, &train_text).ok());
+  ASSERT_TRUE(bpe->Decode(val, &val_text).ok());
+  EXPECT_EQ(train_text + val_text, text);
+  EXPECT_EQ(train_text.back(), '\n');
+  // Each part is the BPE encoding of its own text.
+  std::vector<uint16_t> want;
+  ASSERT_TRUE(bpe->Encode(val_text, &want).ok());
+  EXPECT_EQ(val, want);
+  EXPECT_EQ(TextTokenizerVocab(TextTokenizer::kGpt2), 50257);
+}
+
+TEST(TextPrepareTest, Gpt2WithoutTheBpeFilesWritesNothingAndSaysHowToInstall) {
+  const std::string dir = TestDir();
+  ASSERT_TRUE(WriteFileAtomic(dir + "/in.txt", "hello\nworld\n").ok());
+  PrepareOptions options;
+  options.tokenizer = TextTokenizer::kGpt2;
+  options.bpe_dir = dir + "/no-bpe";
+  PrepareSummary summary;
+  Status s = PrepareText(dir + "/in.txt", dir + "/out", options, &summary);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(HasAll(s.message(), {dir + "/no-bpe/encoder.json", "scripts/install-deps"}));
+  EXPECT_FALSE(Exists(dir + "/out_train.bin"));
+}
+
+TEST(TextPrepareTest, TokenizerNamesParseAndOthersAreRefused) {
+  TextTokenizer t = TextTokenizer::kGpt2;
+  ASSERT_TRUE(ParseTextTokenizer("bytes", &t).ok());
+  EXPECT_EQ(t, TextTokenizer::kBytes);
+  ASSERT_TRUE(ParseTextTokenizer("gpt2", &t).ok());
+  EXPECT_EQ(t, TextTokenizer::kGpt2);
+  Status s = ParseTextTokenizer("GPT-2", &t);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(HasAll(s.message(), {"tokenizer", "GPT-2", "bytes or gpt2"}));
+  EXPECT_EQ(t, TextTokenizer::kGpt2);
+}
+
 }  // namespace
 }  // namespace keel
