@@ -61,6 +61,12 @@ inline bool Aligned(const void* p, size_t bytes) {
 // ColumnChunks(rows), each ceil(rows / chunks) rows); FinalizeColumnPartials adds
 // each column's partials in chunk order to out[c] (out null: nothing).
 int64_t ColumnChunks(int64_t rows);
+// Pass 1's split of `rows` (ColumnChunks) and its partials buffer (sets x chunks x
+// cols floats, set k at partial + k * chunks * cols).
+struct ColumnSplit {
+  int64_t chunks = 0, rows_per_chunk = 0;
+  float* partial = nullptr;
+};
 Status FinalizeColumnPartials(const float* partial, int64_t chunks, int64_t cols, float* out,
                               cudaStream_t stream);
 
@@ -435,6 +441,9 @@ class CudaBackend final : public Backend {
   Status Alpha(const Operand& a, const Operand& b, int gemm, const float** alpha);
   // out (+)= column sums of m (rows x cols, row-major), in a fixed order.
   Status ColumnSums(const float* m, int64_t rows, int64_t cols, float* out);
+  // The split every pass 1 over rows x cols uses, with room for `sets` partial
+  // arrays in partials_ (the one split, so that fused and plain sums agree).
+  Status SplitColumnSums(int64_t rows, int64_t cols, int sets, ColumnSplit* split);
   // BF16 rounding of x (rows x cols, fp32) into out (bf16 when out_bf16, else
   // the rounded values in fp32) with the bits Quantize gives, counts as Quantize
   // adds them, in one pass that also adds x's column sums to column_sums with

@@ -610,10 +610,10 @@ Status CudaBackend::LayerNormBackward(const float* x, const float* gamma, const 
     NN_LAUNCH_CHECK();
   }
   if (dgamma == nullptr && dbeta == nullptr) return Status::Ok();
-  const int64_t chunks = ColumnChunks(rows);
-  const int64_t rows_per_chunk = CeilDiv(rows, chunks);
-  KEEL_RETURN_IF_ERROR(partials_.Reserve(static_cast<size_t>(2 * chunks * cols) * sizeof(float), stream_));
-  float* pg = partials_.get<float>();
+  ColumnSplit split;
+  KEEL_RETURN_IF_ERROR(SplitColumnSums(rows, cols, 2, &split));
+  const int64_t chunks = split.chunks, rows_per_chunk = split.rows_per_chunk;
+  float* pg = split.partial;
   float* pb = pg + chunks * cols;
   LayerNormParamPartialsKernel<<<dim3(static_cast<unsigned int>(CeilDiv(cols, 32)), static_cast<unsigned int>(chunks)),
                                  dim3(32, 8), 0, stream_>>>(x, mean, rstd, dy, rows, cols, rows_per_chunk, pg, pb);

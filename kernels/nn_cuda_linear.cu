@@ -548,11 +548,10 @@ Status CudaBackend::QuantizeBf16WithColumnSums(const float* x, int64_t rows, int
   if (f.format != QuantFormat::kBf16)
     return Status::Error(std::string("QuantizeBf16WithColumnSums: format ") + QuantFormatName(f.format) +
                          " is not allowed; only bf16 rounds elementwise");
-  // ColumnSums' chunks, so that the partials and their finalization are its own.
-  const int64_t chunks = ColumnChunks(rows);
-  const int64_t rows_per_chunk = CeilDiv(rows, chunks);
-  KEEL_RETURN_IF_ERROR(partials_.Reserve(static_cast<size_t>(chunks * cols) * sizeof(float), stream_));
-  float* partial = partials_.get<float>();
+  ColumnSplit split;
+  KEEL_RETURN_IF_ERROR(SplitColumnSums(rows, cols, 1, &split));
+  const int64_t chunks = split.chunks, rows_per_chunk = split.rows_per_chunk;
+  float* partial = split.partial;
   const dim3 grid(static_cast<unsigned int>(CeilDiv(cols, 32)), static_cast<unsigned int>(chunks));
   switch (f.rounding) {
     case Rounding::kNearestEven:
@@ -582,10 +581,10 @@ Status CudaBackend::QuantizeMxWithColumnSums(const float* x, int64_t rows, int64
     return Status::Error(std::string("QuantizeMxWithColumnSums: format ") + QuantFormatName(f.format) + ", block " +
                          std::to_string(f.mx_block) + ", cols " + std::to_string(cols) +
                          " is not allowed; need an MX format, block 32, cols a multiple of 32, nearest rounding");
-  const int64_t chunks = ColumnChunks(rows);
-  const int64_t rows_per_chunk = CeilDiv(rows, chunks);
-  KEEL_RETURN_IF_ERROR(partials_.Reserve(static_cast<size_t>(chunks * cols) * sizeof(float), stream_));
-  float* partial = partials_.get<float>();
+  ColumnSplit split;
+  KEEL_RETURN_IF_ERROR(SplitColumnSums(rows, cols, 1, &split));
+  const int64_t chunks = split.chunks, rows_per_chunk = split.rows_per_chunk;
+  float* partial = split.partial;
   const dim3 grid(static_cast<unsigned int>(CeilDiv(cols, 128)), static_cast<unsigned int>(chunks));
   const MxOptions options = MxOptionsOf(f, 1, 0);
   KEEL_RETURN_IF_ERROR(qcuda::WithElem(options.elem, [&](auto fmt) {
@@ -606,12 +605,21 @@ Status CudaBackend::QuantizeMxWithColumnSums(const float* x, int64_t rows, int64
   return FinalizeColumnPartials(partial, chunks, cols, column_sums, stream_);
 }
 
+Status CudaBackend::SplitColumnSums(int64_t rows, int64_t cols, int sets, ColumnSplit* split) {
+  split->chunks = ColumnChunks(rows);  // a fixed function of the shape
+  split->rows_per_chunk = CeilDiv(rows, split->chunks);
+  KEEL_RETURN_IF_ERROR(
+      partials_.Reserve(static_cast<size_t>(sets * split->chunks * cols) * sizeof(float), stream_));
+  split->partial = partials_.get<float>();
+  return Status::Ok();
+}
+
 Status CudaBackend::ColumnSums(const float* m, int64_t rows, int64_t cols, float* out) {
   if (rows <= 0 || cols <= 0) return Status::Ok();
-  const int64_t chunks = ColumnChunks(rows);  // a fixed function of the shape
-  const int64_t rows_per_chunk = CeilDiv(rows, chunks);
-  KEEL_RETURN_IF_ERROR(partials_.Reserve(static_cast<size_t>(chunks * cols) * sizeof(float), stream_));
-  float* partial = partials_.get<float>();
+  ColumnSplit split;
+  KEEL_RETURN_IF_ERROR(SplitColumnSums(rows, cols, 1, &split));
+  const int64_t chunks = split.chunks, rows_per_chunk = split.rows_per_chunk;
+  float* partial = split.partial;
   ColumnPartialsKernel<<<dim3(static_cast<unsigned int>(CeilDiv(cols, 32)), static_cast<unsigned int>(chunks)),
                          dim3(32, 8), 0, stream_>>>(m, rows, cols, rows_per_chunk, partial);
   NN_LAUNCH_CHECK();
