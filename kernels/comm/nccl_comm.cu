@@ -137,8 +137,15 @@ class NcclComm final : public NcclCommunicator {
   void ReleaseStarted(const Started& started);
   // A CUDA failure inside `op`: fails the communicator.
   Status Cuda(cudaError_t error, const char* call, const char* file, int line);
-  // Device scratch of at least `bytes` (stream-ordered, grown as needed).
-  Status Scratch(size_t bytes);
+  // Device scratch *ptr of at least `bytes` (*have now), freed and allocated in
+  // `stream`'s order when it must grow: the backend stream's scratch_ and the
+  // communication stream's comm_scratch_.
+  Status Scratch(size_t bytes, cudaStream_t stream, void** ptr, size_t* have);
+  Status Scratch(size_t bytes) { return Scratch(bytes, stream_, &scratch_, &scratch_bytes_); }
+  // Queues the all-reduce of AllReduceSum (fp32, or bf16 on the wire through
+  // the scratch *scratch of `stream`) on `stream`, without waiting; count > 0.
+  Status EnqueueAllReduce(float* data, int64_t count, ReducePrecision precision, cudaStream_t stream,
+                          void** scratch, size_t* scratch_bytes, const char* op);
   // Pinned host staging of at least `bytes`: device-to-host copies into
   // pageable memory would block the thread until the stream drains (no
   // timeout); into pinned memory they are queued and WaitStream polls.
@@ -366,26 +373,10 @@ Status NcclComm::StartAllReduceSum(float* data, int64_t count, ReducePrecision p
   NCCL_TRY(NCCL_CUDA(cudaEventRecord(started.ready, stream_)));
   NCCL_TRY(NCCL_CUDA(cudaStreamWaitEvent(comm_stream_, started.ready, 0)));
   NCCL_TRY(NCCL_CUDA(cudaEventRecord(started.begin, comm_stream_)));
-  if (count > 0 && precision == ReducePrecision::kF32) {
-    NCCL_TRY(NCCL_SETTLE(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, comm_stream_),
-                         "StartAllReduceSum"));
-  } else if (count > 0) {
-    // bf16 as in AllReduceSum, on the communication stream and its own scratch.
-    const size_t bytes = static_cast<size_t>(count) * sizeof(uint16_t);
-    if (bytes > comm_scratch_bytes_) {
-      if (comm_scratch_ != nullptr) NCCL_TRY(NCCL_CUDA(cudaFreeAsync(comm_scratch_, comm_stream_)));
-      comm_scratch_ = nullptr;
-      comm_scratch_bytes_ = 0;
-      NCCL_TRY(NCCL_CUDA(cudaMallocAsync(&comm_scratch_, bytes, comm_stream_)));
-      comm_scratch_bytes_ = bytes;
-    }
-    uint16_t* wire = static_cast<uint16_t*>(comm_scratch_);
-    RoundToBf16Kernel<<<GridFor(count), kThreads, 0, comm_stream_>>>(data, wire, count);
-    NCCL_TRY(NCCL_CUDA(cudaGetLastError()));
-    NCCL_TRY(NCCL_SETTLE(ncclAllReduce(wire, wire, count, ncclBfloat16, ncclSum, comm_, comm_stream_),
-                         "StartAllReduceSum"));
-    WidenBf16Kernel<<<GridFor(count), kThreads, 0, comm_stream_>>>(wire, data, count);
-    NCCL_TRY(NCCL_CUDA(cudaGetLastError()));
+  // AllReduceSum's collective, on the communication stream and its own scratch.
+  if (count > 0) {
+    NCCL_TRY(EnqueueAllReduce(data, count, precision, comm_stream_, &comm_scratch_, &comm_scratch_bytes_,
+                              "StartAllReduceSum"));
   }
   return NCCL_CUDA(cudaEventRecord(started.end, comm_stream_));
 }
@@ -417,14 +408,30 @@ Status NcclComm::Wait(CommHandle handle, double* seconds) {
   return Status::Ok();
 }
 
-Status NcclComm::Scratch(size_t bytes) {
-  if (bytes <= scratch_bytes_) return Status::Ok();
-  if (scratch_ != nullptr) NCCL_TRY(NCCL_CUDA(cudaFreeAsync(scratch_, stream_)));
-  scratch_ = nullptr;
-  scratch_bytes_ = 0;
-  NCCL_TRY(NCCL_CUDA(cudaMallocAsync(&scratch_, bytes, stream_)));
-  scratch_bytes_ = bytes;
+Status NcclComm::Scratch(size_t bytes, cudaStream_t stream, void** ptr, size_t* have) {
+  if (bytes <= *have) return Status::Ok();
+  if (*ptr != nullptr) NCCL_TRY(NCCL_CUDA(cudaFreeAsync(*ptr, stream)));
+  *ptr = nullptr;
+  *have = 0;
+  NCCL_TRY(NCCL_CUDA(cudaMallocAsync(ptr, bytes, stream)));
+  *have = bytes;
   return Status::Ok();
+}
+
+Status NcclComm::EnqueueAllReduce(float* data, int64_t count, ReducePrecision precision, cudaStream_t stream,
+                                  void** scratch, size_t* scratch_bytes, const char* op) {
+  if (precision == ReducePrecision::kF32) {
+    return NCCL_SETTLE(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream), op);
+  }
+  // bf16: each rank's contribution rounded to bf16, summed by NCCL in bf16,
+  // widened back into data.
+  NCCL_TRY(Scratch(static_cast<size_t>(count) * sizeof(uint16_t), stream, scratch, scratch_bytes));
+  uint16_t* wire = static_cast<uint16_t*>(*scratch);
+  RoundToBf16Kernel<<<GridFor(count), kThreads, 0, stream>>>(data, wire, count);
+  NCCL_TRY(NCCL_CUDA(cudaGetLastError()));
+  NCCL_TRY(NCCL_SETTLE(ncclAllReduce(wire, wire, count, ncclBfloat16, ncclSum, comm_, stream), op));
+  WidenBf16Kernel<<<GridFor(count), kThreads, 0, stream>>>(wire, data, count);
+  return NCCL_CUDA(cudaGetLastError());
 }
 
 Status NcclComm::Staging(size_t bytes) {
@@ -446,19 +453,7 @@ Status NcclComm::AllReduceSum(float* data, int64_t count, ReducePrecision precis
   NCCL_TRY(AfterStarted());
   if (count < 0) return Status::InvalidField("count", std::to_string(count) + " is negative (allowed: >= 0)");
   if (count == 0) return Status::Ok();
-  if (precision == ReducePrecision::kF32) {
-    NCCL_TRY(NCCL_SETTLE(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_), "AllReduceSum"));
-    return WaitStream("AllReduceSum");
-  }
-  // bf16: each rank's contribution rounded to bf16, summed by NCCL in bf16,
-  // widened back into data.
-  NCCL_TRY(Scratch(static_cast<size_t>(count) * sizeof(uint16_t)));
-  uint16_t* wire = static_cast<uint16_t*>(scratch_);
-  RoundToBf16Kernel<<<GridFor(count), kThreads, 0, stream_>>>(data, wire, count);
-  NCCL_TRY(NCCL_CUDA(cudaGetLastError()));
-  NCCL_TRY(NCCL_SETTLE(ncclAllReduce(wire, wire, count, ncclBfloat16, ncclSum, comm_, stream_), "AllReduceSum"));
-  WidenBf16Kernel<<<GridFor(count), kThreads, 0, stream_>>>(wire, data, count);
-  NCCL_TRY(NCCL_CUDA(cudaGetLastError()));
+  NCCL_TRY(EnqueueAllReduce(data, count, precision, stream_, &scratch_, &scratch_bytes_, "AllReduceSum"));
   return WaitStream("AllReduceSum");
 }
 
