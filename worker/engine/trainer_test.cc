@@ -348,19 +348,28 @@ TEST(TrainerTest, CommandFilesSwitchPrecisionAndRollBack) {
 }
 
 // A run hit by an injected LR fault at step 30, under a policy.
+// A CPU proxy run in mxfp4 that an LR fault (x300 from step 30) throws off, under
+// a policy of one rule r doing `actions` (a YAML list) with `cooldown`;
+// `policy_lines`: more lines under policy: (a ladder, snapshots, probation).
+std::string FaultyRunYaml(const std::string& dir, const std::string& actions, const std::string& policy_lines = "",
+                          int cooldown = 100) {
+  return "model: {type: proxy, layers: 1, width: 32}\nbatch: 64\nsteps: 60\nthreads: 2\nprecision: mxfp4\n"
+         "optimizer: {type: adam, lr: 0.003}\n"
+         "schedule: {type: constant, spike_at: 30, spike_steps: 3, spike_factor: 300}\n"
+         "policy:\n  detectors: {loss_zscore: {min_samples: 10}, loss_ratio: {min_samples: 10}}\n" +
+         policy_lines + "  rules:\n    - {name: r, when: [nonfinite, loss_zscore, loss_ratio], do: " + actions +
+         ", cooldown: " + std::to_string(cooldown) + "}\nrun_dir: " + dir + "\n";
+}
+
 RunConfig FaultyRun(const std::string& dir, const std::string& actions) {
   RunConfig c;
-  Status s = ParseRunConfig(
-      "model: {type: proxy, layers: 1, width: 32}\nbatch: 64\nsteps: 60\nthreads: 2\nprecision: mxfp4\n"
-      "optimizer: {type: adam, lr: 0.003}\n"
-      "schedule: {type: constant, spike_at: 30, spike_steps: 3, spike_factor: 300}\n"
-      "policy:\n  detectors: {loss_zscore: {min_samples: 10}, loss_ratio: {min_samples: 10}}\n"
-      "  rules:\n    - {name: r, when: [nonfinite, loss_zscore, loss_ratio], do: " + actions + ", cooldown: 100}\n"
-      "run_dir: " + dir + "\n",
-      "test", {}, &c);
+  Status s = ParseRunConfig(FaultyRunYaml(dir, actions), "test", {}, &c);
   EXPECT_TRUE(s.ok()) << s.message();
   return c;
 }
+
+// The ladder and snapshots the escalation and probation tests climb and roll back on.
+constexpr char kLadderLines[] = "  ladder: [mxfp4, mxfp8_e4m3, bf16]\n  snapshots: {every: 5, keep: 8}\n";
 
 TEST(TrainerTest, PolicyStopEndsTheRunAsDivergedWithItsEvent) {
   RunConfig c = FaultyRun(TempDir("policy_stop"), "[stop]");
@@ -398,20 +407,6 @@ std::string ReadAll(const std::string& path, size_t from = 0) {
   return from < all.size() ? all.substr(from) : "";
 }
 
-// A CPU proxy run in mxfp4 that an LR fault (x300 from step 30) throws off, under
-// a policy with the ladder mxfp4, mxfp8_e4m3, bf16, snapshots every 5 steps and
-// one rule r doing `actions`; `policy_extra`: more lines under policy:.
-std::string FaultedPolicyRun(const std::string& dir, const std::string& policy_extra, const std::string& actions) {
-  return "model: {type: proxy, layers: 1, width: 32}\nbatch: 64\nsteps: 60\nthreads: 2\nprecision: mxfp4\n"
-         "optimizer: {type: adam, lr: 0.003}\n"
-         "schedule: {type: constant, spike_at: 30, spike_steps: 3, spike_factor: 300}\n"
-         "policy:\n  detectors: {loss_zscore: {min_samples: 10}, loss_ratio: {min_samples: 10}}\n"
-         "  ladder: [mxfp4, mxfp8_e4m3, bf16]\n  snapshots: {every: 5, keep: 8}\n" +
-         policy_extra +
-         "  rules:\n    - {name: r, when: [nonfinite, loss_zscore, loss_ratio], do: [" + actions +
-         "], cooldown: 5}\nrun_dir: " + dir + "\n";
-}
-
 // issue 14: a restart does not forget the policy's escalation. Run A is
 // rescued once (rollback 15, scale_lr 0.5 as written) and stopped right after
 // the rollback; run B, a new Trainer resuming "latest", replays into the same
@@ -420,7 +415,7 @@ std::string FaultedPolicyRun(const std::string& dir, const std::string& policy_e
 TEST(TrainerTest, PolicyEscalationSurvivesACheckpointAndResume) {
   const std::string dir = TempDir("policy_resume");
   RunConfig c;
-  Status s = ParseRunConfig(FaultedPolicyRun(dir, "", "{rollback: 15}, {scale_lr: 0.5}"), "test", {}, &c);
+  Status s = ParseRunConfig(FaultyRunYaml(dir, "[{rollback: 15}, {scale_lr: 0.5}]", kLadderLines, 5), "test", {}, &c);
   ASSERT_TRUE(s.ok()) << s.message();
   const std::string events = c.run_dir + "/events.jsonl";
   int64_t stopped_at = 0, fired_at = 0;
@@ -552,8 +547,9 @@ TEST(TrainerTest, ProbationReturnsToTheCheaperSchemeAfterHealthySteps) {
   const std::string dir = TempDir("policy_probation");
   RunConfig c;
   Status s = ParseRunConfig(
-      FaultedPolicyRun(dir, "  probation: {after: 10}\n", "{rollback: 10}, {switch: next}, {scale_lr: 0.01}"), "test",
-      {}, &c);
+      FaultyRunYaml(dir, "[{rollback: 10}, {switch: next}, {scale_lr: 0.01}]",
+                    std::string(kLadderLines) + "  probation: {after: 10}\n", 5),
+      "test", {}, &c);
   ASSERT_TRUE(s.ok()) << s.message();
   std::unique_ptr<Trainer> t;
   ASSERT_TRUE(Trainer::Create(c, &t).ok());
