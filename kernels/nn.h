@@ -174,8 +174,39 @@ class Backend {
   virtual Status SwigluBackward(const float* x, const float* dy, float* dx, int64_t rows,
                                 int64_t h) = 0;
 
+  // RMSNorm (llama): y = x * rstd * gain per row (cols features), rstd = 1 /
+  // sqrt(mean(x^2) + eps), the mean of squares summed in double; no bias and no
+  // centring. rstd (rows floats) is saved for the backward.
+  virtual Status RmsNormForward(const float* x, const float* gain, float* y, float* rstd,
+                                int64_t rows, int64_t cols, float eps) = 0;
+  // With g = dy * gain and xhat = x * rstd: dx += rstd * (g - xhat * mean(g * xhat))
+  // (the mean summed in double), dgain += sum over rows of dy * xhat.
+  virtual Status RmsNormBackward(const float* x, const float* gain, const float* rstd,
+                                 const float* dy, float* dx, float* dgain, int64_t rows,
+                                 int64_t cols) = 0;
+
+  // Rotary position embedding (RoPE), the rotate-half convention of GPT-NeoX and
+  // Hugging Face's Llama. x holds batch*seq rows, `ld` floats apart; each row's
+  // columns [0, heads * hd) are `heads` heads of hd (even) features, and row r is
+  // at position t = r % seq. Within a head, feature i < hd/2 pairs with
+  // i + hd/2 and turns by the angle whose cos and sin are
+  // cos[t * hd/2 + i], sin[t * hd/2 + i] (RopeTables):
+  //   y[i]        = x[i] * cos - x[i + hd/2] * sin
+  //   y[i + hd/2] = x[i + hd/2] * cos + x[i] * sin
+  // Columns from heads * hd on are not touched. y may alias x (in place).
+  // RopeBackward is the rotation by minus the angle (the transpose):
+  //   dx[i] = dy[i] * cos + dy[i + hd/2] * sin,  dx[i + hd/2] = dy[i + hd/2] * cos - dy[i] * sin.
+  // The same fp32 products and sums on both backends: the same bits.
+  virtual Status RopeForward(const float* x, float* y, const float* cos, const float* sin,
+                             int64_t batch, int64_t seq, int64_t heads, int64_t hd,
+                             int64_t ld) = 0;
+  virtual Status RopeBackward(const float* dy, float* dx, const float* cos, const float* sin,
+                              int64_t batch, int64_t seq, int64_t heads, int64_t hd,
+                              int64_t ld) = 0;
+
   // Token + learned position embedding: out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :],
   // tokens: batch x seq int32 in backend memory. Backward: dwte, dwpe += (deterministic).
+  // wpe null: no position term (out = wte[token], llama); dwpe null: not computed.
   // Token ids and targets live in backend memory, so only the CPU backend can
   // refuse one out of range; callers check ids on the host (the trainer checks
   // its shards against the vocabulary when it opens them).
@@ -283,6 +314,14 @@ class Backend {
   // longest first; waits for the work queued so far.
   virtual Status TakeProfile(std::vector<OpTime>* out);
 };
+
+// RopeForward's tables for `positions` positions and head size hd (even), on the
+// host: for t < positions and i < hd/2, angle = t * theta^(-2i / hd) computed in
+// double, cos[t * hd/2 + i] and sin[t * hd/2 + i] its cosine and sine rounded to
+// float. Every backend reads the same table, so RoPE's bits do not depend on a
+// device's libm. Llama uses theta 10000.
+void RopeTables(double theta, int64_t positions, int64_t hd, std::vector<float>* cos,
+                std::vector<float>* sin);
 
 // Factories (nn_cpu.cc, nn_cuda_backend.cu; the CUDA one fails without CUDA or a GPU).
 Status MakeCpuBackend(int threads, std::unique_ptr<Backend>* out);

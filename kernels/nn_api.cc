@@ -3,6 +3,7 @@
 #include "kernels/nn.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace keel {
@@ -20,6 +21,21 @@ Status Backend::AdamWTensors(const std::vector<AdamWTensor>& tensors, float lr, 
                                grad_scale));
   }
   return Status::Ok();
+}
+
+void RopeTables(double theta, int64_t positions, int64_t hd, std::vector<float>* cos,
+                std::vector<float>* sin) {
+  const int64_t half = hd / 2;
+  cos->assign(static_cast<size_t>(positions * half), 0.0f);
+  sin->assign(static_cast<size_t>(positions * half), 0.0f);
+  for (int64_t i = 0; i < half; ++i) {
+    const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+    for (int64_t t = 0; t < positions; ++t) {
+      const double angle = static_cast<double>(t) * inv_freq;
+      (*cos)[t * half + i] = static_cast<float>(std::cos(angle));
+      (*sin)[t * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
 }
 
 bool Backend::DeviceMemoryInUse(int64_t* bytes) const {

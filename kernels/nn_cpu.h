@@ -8,7 +8,8 @@
 // The methods are spread over one file per concern: nn_cpu.cc (memory,
 // elementwise, random numbers, optimizer, reductions), nn_cpu_linear.cc
 // (quantized operands, their statistics, the linear layer), nn_cpu_layers.cc
-// (layernorm, GELU, SwiGLU, embedding, cross-entropy) and nn_cpu_attention.cc.
+// (layernorm, RMSNorm, RoPE, GELU, SwiGLU, embedding, cross-entropy) and
+// nn_cpu_attention.cc.
 //
 // Like the CUDA backend's single stream, the object expects one caller at a
 // time; the linear layer's scratch and the statistics sit behind linear_mutex_
@@ -66,6 +67,15 @@ class CpuBackend : public Backend {
   Status LayerNormBackward(const float* x, const float* gamma, const float* mean, const float* rstd,
                            const float* dy, float* dx, float* dgamma, float* dbeta, int64_t rows,
                            int64_t cols) override;
+  Status RmsNormForward(const float* x, const float* gain, float* y, float* rstd, int64_t rows,
+                        int64_t cols, float eps) override;
+  Status RmsNormBackward(const float* x, const float* gain, const float* rstd, const float* dy,
+                         float* dx, float* dgain, int64_t rows, int64_t cols) override;
+  Status RopeForward(const float* x, float* y, const float* cos, const float* sin, int64_t batch,
+                     int64_t seq, int64_t heads, int64_t hd, int64_t ld) override;
+  Status RopeBackward(const float* dy, float* dx, const float* cos, const float* sin,
+                      int64_t batch, int64_t seq, int64_t heads, int64_t hd,
+                      int64_t ld) override;
   Status GeluForward(const float* x, float* y, int64_t count) override;
   Status GeluBackward(const float* x, const float* dy, float* dx, int64_t count) override;
   Status SwigluForward(const float* x, float* y, int64_t rows, int64_t h) override;

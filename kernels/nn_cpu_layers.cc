@@ -1,6 +1,7 @@
-// CpuBackend's pointwise and per-row layers (nn.h): layernorm, exact GELU,
-// SwiGLU, token + position embedding and softmax cross-entropy, forward and
-// backward. Row statistics (layernorm's mean and variance, the softmax's
+// CpuBackend's pointwise and per-row layers (nn.h): layernorm, RMSNorm, RoPE,
+// exact GELU, SwiGLU, token + position embedding and softmax cross-entropy,
+// forward and backward. Row statistics (layernorm's mean and variance, RMSNorm's
+// mean square, the softmax's
 // normaliser) are summed in double in index order; everything per element is
 // fp32. Sums over rows (dgamma, dbeta, the embedding gradients) are split
 // across threads by column, so each one still runs over the rows in order.
@@ -120,6 +121,127 @@ Status CpuBackend::LayerNormBackward(const float* x, const float* gamma, const f
   return Status::Ok();
 }
 
+// ---- RMSNorm ------------------------------------------------------------------------
+
+Status CpuBackend::RmsNormForward(const float* x, const float* gain, float* y, float* rstd,
+                                  int64_t rows, int64_t cols, float eps) {
+  static const char kOp[] = "RmsNormForward";
+  KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"rows", rows}, {"cols", cols}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"gain", gain}, {"y", y}, {"rstd", rstd}}));
+  if (!(eps >= 0.0f))
+    return Status::Error(std::string(kOp) + ": eps: " + std::to_string(eps) +
+                         " is not allowed; need >= 0");
+  pool_.ParallelRange(rows, RowGrain(cols), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * cols;
+      float* yr = y + r * cols;
+      double squares = 0.0;
+      for (int64_t c = 0; c < cols; ++c) squares += static_cast<double>(xr[c]) * xr[c];
+      const float mean_square = static_cast<float>(squares / cols);
+      const float s = 1.0f / std::sqrt(mean_square + eps);
+      for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] * s * gain[c];
+      rstd[r] = s;
+    }
+  });
+  return Status::Ok();
+}
+
+Status CpuBackend::RmsNormBackward(const float* x, const float* gain, const float* rstd,
+                                   const float* dy, float* dx, float* dgain, int64_t rows,
+                                   int64_t cols) {
+  static const char kOp[] = "RmsNormBackward";
+  KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"rows", rows}, {"cols", cols}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"gain", gain}, {"rstd", rstd}, {"dy", dy},
+                                       {"dx", dx}, {"dgain", dgain}}));
+  // dx, per row: with xhat = x * rstd and g = dy * gain (d y / d x through rstd
+  // is -rstd^3 x / cols), dx += (g - xhat * mean(g * xhat)) * rstd.
+  pool_.ParallelRange(rows, RowGrain(cols), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * cols;
+      const float* dyr = dy + r * cols;
+      float* dxr = dx + r * cols;
+      const float s = rstd[r];
+      double gx_sum = 0.0;
+      for (int64_t c = 0; c < cols; ++c) {
+        float xhat = xr[c] * s;
+        float g = dyr[c] * gain[c];
+        gx_sum += static_cast<double>(g) * xhat;
+      }
+      const float gx_mean = static_cast<float>(gx_sum / cols);
+      for (int64_t c = 0; c < cols; ++c) {
+        float xhat = xr[c] * s;
+        float g = dyr[c] * gain[c];
+        dxr[c] += (g - xhat * gx_mean) * s;
+      }
+    }
+  });
+  // dgain += sum over rows of dy * xhat; split by column, rows in order.
+  pool_.ParallelRange(cols, 64, [&](int64_t begin, int64_t end) {
+    const int64_t width = end - begin;
+    std::vector<float> acc(width, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols + begin;
+      const float* dyr = dy + r * cols + begin;
+      const float s = rstd[r];
+      for (int64_t c = 0; c < width; ++c) acc[c] += dyr[c] * (xr[c] * s);
+    }
+    for (int64_t c = 0; c < width; ++c) dgain[begin + c] += acc[c];
+  });
+  return Status::Ok();
+}
+
+// ---- RoPE -----------------------------------------------------------------------------
+
+namespace {
+
+// RopeForward (sign +1) or RopeBackward (sign -1, the rotation by minus the angle).
+Status RopeRows(ThreadPool& pool, const char* op, const float* x, float* y, const float* cos,
+                const float* sin, int64_t batch, int64_t seq, int64_t heads, int64_t hd, int64_t ld,
+                bool inverse) {
+  KEEL_RETURN_IF_ERROR(CheckPositive(op, {{"batch", batch}, {"seq", seq}, {"heads", heads}, {"hd", hd}}));
+  if (hd % 2 != 0)
+    return Status::Error(std::string(op) + ": hd: " + std::to_string(hd) +
+                         " is not allowed; need an even head size");
+  KEEL_RETURN_IF_ERROR(CheckMin(op, "ld", ld, heads * hd));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(op, {{"x", x}, {"y", y}, {"cos", cos}, {"sin", sin}}));
+  const int64_t half = hd / 2;
+  pool.ParallelRange(batch * seq, RowGrain(heads * hd), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* c_row = cos + (r % seq) * half;
+      const float* s_row = sin + (r % seq) * half;
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* xh = x + r * ld + h * hd;
+        float* yh = y + r * ld + h * hd;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = xh[i], b = xh[i + half], c = c_row[i], s = s_row[i];
+          // Both outputs from a and b read first: y may alias x.
+          if (inverse) {
+            yh[i] = a * c + b * s;
+            yh[i + half] = b * c - a * s;
+          } else {
+            yh[i] = a * c - b * s;
+            yh[i + half] = b * c + a * s;
+          }
+        }
+      }
+    }
+  });
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CpuBackend::RopeForward(const float* x, float* y, const float* cos, const float* sin,
+                               int64_t batch, int64_t seq, int64_t heads, int64_t hd, int64_t ld) {
+  return RopeRows(pool_, "RopeForward", x, y, cos, sin, batch, seq, heads, hd, ld, false);
+}
+
+Status CpuBackend::RopeBackward(const float* dy, float* dx, const float* cos, const float* sin,
+                                int64_t batch, int64_t seq, int64_t heads, int64_t hd,
+                                int64_t ld) {
+  return RopeRows(pool_, "RopeBackward", dy, dx, cos, sin, batch, seq, heads, hd, ld, true);
+}
+
 // ---- GELU -----------------------------------------------------------------------------
 
 Status CpuBackend::GeluForward(const float* x, float* y, int64_t count) {
@@ -221,12 +343,16 @@ Status CheckEmbedding(const char* op, const int32_t* tokens, int64_t batch, int6
 Status CpuBackend::EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe,
                                     float* out, int64_t batch, int64_t seq, int64_t dim) {
   KEEL_RETURN_IF_ERROR(
-      CheckEmbedding("EmbeddingForward", tokens, batch, seq, dim, {{"wte", wte}, {"wpe", wpe}, {"out", out}}));
+      CheckEmbedding("EmbeddingForward", tokens, batch, seq, dim, {{"wte", wte}, {"out", out}}));
   pool_.ParallelRange(batch * seq, RowGrain(dim), [&](int64_t begin, int64_t end) {
     for (int64_t bt = begin; bt < end; ++bt) {
       const float* token_row = wte + static_cast<int64_t>(tokens[bt]) * dim;
-      const float* position_row = wpe + (bt % seq) * dim;
       float* o = out + bt * dim;
+      if (wpe == nullptr) {
+        std::copy(token_row, token_row + dim, o);
+        continue;
+      }
+      const float* position_row = wpe + (bt % seq) * dim;
       for (int64_t c = 0; c < dim; ++c) o[c] = token_row[c] + position_row[c];
     }
   });
@@ -235,19 +361,18 @@ Status CpuBackend::EmbeddingForward(const int32_t* tokens, const float* wte, con
 
 Status CpuBackend::EmbeddingBackward(const int32_t* tokens, const float* dout, float* dwte,
                                      float* dwpe, int64_t batch, int64_t seq, int64_t dim) {
-  KEEL_RETURN_IF_ERROR(CheckEmbedding("EmbeddingBackward", tokens, batch, seq, dim,
-                                      {{"dout", dout}, {"dwte", dwte}, {"dwpe", dwpe}}));
+  KEEL_RETURN_IF_ERROR(
+      CheckEmbedding("EmbeddingBackward", tokens, batch, seq, dim, {{"dout", dout}, {"dwte", dwte}}));
   // A token may repeat, so rows of dwte are shared between positions: split by
   // column instead, and walk the positions in order within each column range.
   pool_.ParallelRange(dim, 64, [&](int64_t begin, int64_t end) {
     for (int64_t bt = 0; bt < batch * seq; ++bt) {
       const float* d = dout + bt * dim;
       float* token_row = dwte + static_cast<int64_t>(tokens[bt]) * dim;
+      for (int64_t c = begin; c < end; ++c) token_row[c] += d[c];
+      if (dwpe == nullptr) continue;
       float* position_row = dwpe + (bt % seq) * dim;
-      for (int64_t c = begin; c < end; ++c) {
-        token_row[c] += d[c];
-        position_row[c] += d[c];
-      }
+      for (int64_t c = begin; c < end; ++c) position_row[c] += d[c];
     }
   });
   return Status::Ok();

@@ -349,6 +349,15 @@ class CudaBackend final : public Backend {
   Status LayerNormBackward(const float* x, const float* gamma, const float* mean,
                            const float* rstd, const float* dy, float* dx, float* dgamma,
                            float* dbeta, int64_t rows, int64_t cols) override;
+  Status RmsNormForward(const float* x, const float* gain, float* y, float* rstd, int64_t rows,
+                        int64_t cols, float eps) override;
+  Status RmsNormBackward(const float* x, const float* gain, const float* rstd, const float* dy,
+                         float* dx, float* dgain, int64_t rows, int64_t cols) override;
+  Status RopeForward(const float* x, float* y, const float* cos, const float* sin, int64_t batch,
+                     int64_t seq, int64_t heads, int64_t hd, int64_t ld) override;
+  Status RopeBackward(const float* dy, float* dx, const float* cos, const float* sin,
+                      int64_t batch, int64_t seq, int64_t heads, int64_t hd,
+                      int64_t ld) override;
   Status GeluForward(const float* x, float* y, int64_t count) override;
   Status GeluBackward(const float* x, const float* dy, float* dx, int64_t count) override;
   Status SwigluForward(const float* x, float* y, int64_t rows, int64_t h) override;

@@ -269,7 +269,8 @@ __global__ void EmbeddingForwardKernel(const int32_t* __restrict__ tokens, const
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t p = i / dim, c = i - p * dim;
     const int64_t t = p % seq;
-    out[i] = wte[static_cast<int64_t>(tokens[p]) * dim + c] + wpe[t * dim + c];
+    const float token = wte[static_cast<int64_t>(tokens[p]) * dim + c];
+    out[i] = wpe != nullptr ? token + wpe[t * dim + c] : token;
   }
 }
 

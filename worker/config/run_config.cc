@@ -678,7 +678,17 @@ Status ParseModel(const Reader& r, const YAML::Node& m, ModelConfig* mc) {
                                    {"type", "layers", "width", "heads", "context", "vocab",
                                     "padded_vocab", "mlp", "mlp_hidden", "qk_layernorm", "bias",
                                     "ln_eps"}));
-  if (m["type"]) KEEL_RETURN_IF_ERROR(r.OneOf(m["type"], "model.type", {"proxy", "gpt"}, &mc->type));
+  if (m["type"]) KEEL_RETURN_IF_ERROR(r.OneOf(m["type"], "model.type", {"proxy", "gpt", "llama"}, &mc->type));
+  if (mc->type == "llama") {
+    // The llama block is fixed: a key that would change it is an error, not ignored.
+    for (const char* key : {"mlp", "qk_layernorm", "bias"}) {
+      if (m[key]) {
+        return r.Error(m[key], std::string("model.") + key,
+                       "'" + m[key].Scalar() + "' is not allowed with model.type llama (always SwiGLU, no biases, no QK-LayerNorm; "
+                       "allowed keys: type, layers, width, heads, context, vocab, padded_vocab, mlp_hidden, ln_eps)");
+      }
+    }
+  }
   if (m["layers"]) KEEL_RETURN_IF_ERROR(r.Int(m["layers"], "model.layers", 1, 1024, &mc->layers));
   if (m["width"]) KEEL_RETURN_IF_ERROR(r.Int(m["width"], "model.width", 1, 1 << 16, &mc->width));
   if (m["heads"]) KEEL_RETURN_IF_ERROR(r.Int(m["heads"], "model.heads", 1, 1024, &mc->heads));
@@ -815,6 +825,11 @@ void ResolveDerivedFields(RunConfig* c) {
   if (c->run_dir.empty()) c->run_dir = "runs/" + c->name;
   if (c->seq == 0) c->seq = c->model.context;
   if (c->model.padded_vocab == 0) c->model.padded_vocab = (c->model.vocab + 127) / 128 * 128;
+  if (c->model.type == "llama") {  // what the llama block is (ParseModel refuses other values)
+    c->model.mlp = "swiglu";
+    c->model.bias = false;
+    c->model.qk_layernorm = false;
+  }
   if (c->model.mlp_hidden == 0) {
     c->model.mlp_hidden = c->model.mlp == "gelu" ? 4 * c->model.width
                                                  : (8 * c->model.width / 3 + 63) / 64 * 64;
@@ -905,8 +920,19 @@ int64_t ModelParameterCount(const ModelConfig& m) {
     const int64_t block = SatAdd(SatMul(SatMul(8, d), d), SatMul(3, d));
     return SatMul(layers, block);
   }
-  // gpt, as model_gpt.cc's Build registers them.
   const int64_t hidden = m.mlp_hidden;
+  if (m.type == "llama") {
+    // As model_llama.cc's Build registers them: per block the attention RMSNorm
+    // gain (d), q/k/v (3d x d), o_proj (d x d), the MLP RMSNorm gain (d), gate and
+    // up (2h x d), down (d x h); the token embedding (tied head) and the final gain.
+    int64_t block = SatMul(2, d);
+    block = SatAdd(block, SatMul(SatMul(4, d), d));
+    block = SatAdd(block, SatMul(SatMul(3, hidden), d));
+    int64_t total = SatMul(m.padded_vocab, d);
+    total = SatAdd(total, SatMul(layers, block));
+    return SatAdd(total, d);
+  }
+  // gpt, as model_gpt.cc's Build registers them.
   const int64_t fc_out = m.mlp == "swiglu" ? SatMul(2, hidden) : hidden;
   const int64_t hd = m.heads > 0 ? d / m.heads : d;
   const int64_t b = m.bias ? 1 : 0;
@@ -943,14 +969,20 @@ Status CheckTrainingStateFits(const ModelConfig& m) {
   return Status::Ok();
 }
 
-// A gpt's data and shapes: token shards, heads dividing the width, seq within
-// the context, a padded vocabulary no smaller than the vocabulary.
-Status CheckGptShapes(const RunConfig& c) {
+// A language model's data and shapes: token shards, heads dividing the width,
+// seq within the context, a padded vocabulary no smaller than the vocabulary;
+// llama: an even head size (RoPE turns pairs of features).
+Status CheckLanguageModelShapes(const RunConfig& c) {
   const ModelConfig& m = c.model;
-  if (c.data.train.empty()) return Status::InvalidField("data.train", "missing (gpt needs token shards)");
+  if (c.data.train.empty()) return Status::InvalidField("data.train", "missing (" + m.type + " needs token shards)");
   if (m.width % m.heads != 0) {
     return Status::InvalidField("model.heads", std::to_string(m.heads) + " does not divide model.width " +
                          std::to_string(m.width));
+  }
+  if (m.type == "llama" && (m.width / m.heads) % 2 != 0) {
+    return Status::InvalidField("model.heads", std::to_string(m.heads) + " with model.width " + std::to_string(m.width) +
+                                                   " gives head size " + std::to_string(m.width / m.heads) +
+                                                   " (allowed: an even head size, which RoPE needs)");
   }
   if (c.seq > m.context) {
     return Status::InvalidField("seq", std::to_string(c.seq) + " is larger than model.context " +
@@ -968,13 +1000,13 @@ Status CheckGptShapes(const RunConfig& c) {
 Status ValidateRunConfig(const RunConfig& c) {
   const ModelConfig& m = c.model;
   KEEL_RETURN_IF_ERROR(CheckTrainingStateFits(m));
-  if (m.type == "gpt") KEEL_RETURN_IF_ERROR(CheckGptShapes(c));
+  if (IsLanguageModel(m)) KEEL_RETURN_IF_ERROR(CheckLanguageModelShapes(c));
   if (c.probe_every < 0) return Status::InvalidField("probe_every", "must be >= 0");
   // RHT rotates 16-token chunks of the wgrad operands, so a micro-batch's rows
   // (tokens) must come in multiples of 16.
-  const int64_t rows = m.type == "gpt" ? static_cast<int64_t>(c.batch) * c.seq : c.batch;
+  const int64_t rows = IsLanguageModel(m) ? static_cast<int64_t>(c.batch) * c.seq : c.batch;
   if (c.precision.roles[static_cast<int>(Role::kWgradX)].rht && rows % 16 != 0) {
-    return Status::InvalidField("batch", std::to_string(rows) + (m.type == "gpt" ? " tokens (batch x seq)" : " samples") +
+    return Status::InvalidField("batch", std::to_string(rows) + (IsLanguageModel(m) ? " tokens (batch x seq)" : " samples") +
                          " per micro-batch is not allowed with RHT on the wgrad operands (a multiple of 16)");
   }
   return ValidateScheme(c.precision);

@@ -21,20 +21,27 @@ class Node;
 namespace keel {
 
 struct ModelConfig {
-  std::string type = "proxy";  // proxy | gpt
-  int layers = 4;              // proxy: depth L; gpt: transformer blocks
-  int width = 512;             // proxy: d; gpt: model width
-  // gpt only
+  std::string type = "proxy";  // proxy | gpt | llama
+  int layers = 4;              // proxy: depth L; gpt, llama: transformer blocks
+  int width = 512;             // proxy: d; gpt, llama: model width
+  // gpt and llama (the language models)
   int heads = 12;
-  int context = 1024;          // max sequence length (position embeddings)
+  int context = 1024;          // max sequence length (gpt: position embeddings)
   int vocab = 50257;
   int padded_vocab = 0;        // 0: vocab rounded up to a multiple of 128
-  std::string mlp = "gelu";    // gelu | swiglu
   int mlp_hidden = 0;          // 0: 4 x width (gelu), 8/3 x width rounded up to 64 (swiglu)
+  float ln_eps = 1e-5f;        // layernorm eps (gpt), RMSNorm eps (llama)
+  // gpt only: llama is always SwiGLU without biases or QK-LayerNorm, and the
+  // parser refuses these keys for it (ParseRunConfig resolves them to what it is).
+  std::string mlp = "gelu";    // gelu | swiglu
   bool qk_layernorm = false;
   bool bias = true;            // false: no biases in linears and layernorms
-  float ln_eps = 1e-5f;
 };
+
+// The models that read token shards and see batch x seq tokens a micro-batch.
+inline bool IsLanguageModel(const ModelConfig& model) {
+  return model.type == "gpt" || model.type == "llama";
+}
 
 struct DataConfig {
   std::string train;  // llm.c token shard path or glob (gpt)
@@ -120,7 +127,8 @@ constexpr char kNameRule[] = "[A-Za-z0-9_.-]+, at most 128 characters, not start
 std::string NameProblem(const std::string& name);
 
 // The model's parameter count (proxy: model_proxy.cc's blocks; gpt:
-// model_gpt.cc's embeddings, blocks and final layernorm), computed from the
+// model_gpt.cc's embeddings, blocks and final layernorm; llama: model_llama.cc's,
+// the formula in docs/train.md), computed from the
 // config alone, saturating at INT64_MAX instead of overflowing. Needs
 // padded_vocab and mlp_hidden resolved (ParseRunConfig does that).
 int64_t ModelParameterCount(const ModelConfig& model);
@@ -152,7 +160,7 @@ Status LoadRunConfig(const std::string& path, const std::vector<std::string>& ov
 std::string SchemeToYaml(const PrecisionScheme& scheme);
 Status ParseSchemeYaml(const std::string& yaml_text, PrecisionScheme* out);
 
-// Checks cross-field rules (gpt needs data.train, heads divide width, the
+// Checks cross-field rules (gpt and llama need data.train, heads divide width, the
 // training state fits kMaxTrainingStateBytes, ...).
 Status ValidateRunConfig(const RunConfig& config);
 

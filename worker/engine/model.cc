@@ -9,6 +9,7 @@ namespace keel {
 
 std::unique_ptr<Model> NewProxyModel(const RunConfig& config, Backend* backend);
 std::unique_ptr<Model> NewGptModel(const RunConfig& config, Backend* backend);
+std::unique_ptr<Model> NewLlamaModel(const RunConfig& config, Backend* backend);
 
 Model::~Model() {
   for (void* p : allocations_) backend_->Free(p);
@@ -80,9 +81,11 @@ Status MakeModel(const RunConfig& config, Backend* backend, std::unique_ptr<Mode
     model = NewProxyModel(config, backend);
   } else if (config.model.type == "gpt") {
     model = NewGptModel(config, backend);
+  } else if (config.model.type == "llama") {
+    model = NewLlamaModel(config, backend);
   } else {
     return Status::Error("model.type: unknown value '" + config.model.type +
-                         "' (allowed: proxy, gpt)");
+                         "' (allowed: proxy, gpt, llama)");
   }
   Status s = model->Build();
   if (!s.ok()) return s;

@@ -139,7 +139,7 @@ Status Trainer::Create(const RunConfig& config, std::unique_ptr<Trainer>* out) {
   t->scheme_ = config.precision;
   t->accum_ = config.grad_accum;
   KEEL_RETURN_IF_ERROR(MakeBackend(config.backend, config.threads, &t->backend_));
-  if (config.model.type == "gpt") KEEL_RETURN_IF_ERROR(t->OpenData());
+  if (IsLanguageModel(config.model)) KEEL_RETURN_IF_ERROR(t->OpenData());
   KEEL_RETURN_IF_ERROR(MakeModel(config, t->backend_.get(), &t->model_));
   for (const ParamInfo& p : t->model_->param_info()) t->param_groups_.push_back(ParamGroup(p));
   KEEL_RETURN_IF_ERROR(t->AllocateState());
@@ -149,7 +149,7 @@ Status Trainer::Create(const RunConfig& config, std::unique_ptr<Trainer>* out) {
   return Status::Ok();
 }
 
-// The token loaders of a gpt run (data.train, and data.val when given).
+// The token loaders of a gpt or llama run (data.train, and data.val when given).
 Status Trainer::OpenData() {
   const RunConfig& config = config_;
   Status opened = TokenLoader::Open(config.data.train, config.batch, config.seq, &train_loader_);
@@ -972,7 +972,7 @@ void Trainer::PrintProgress(const StepMetrics& m, std::chrono::steady_clock::tim
   }
   std::fprintf(stderr, "step %lld/%lld | loss %.6g | lr %.3g | %.0f %s/s%s | ETA %s%s\n",
                static_cast<long long>(step_), static_cast<long long>(config_.steps), m.loss, m.lr,
-               m.tokens_per_s, config_.model.type == "gpt" ? "tok" : "samples", comm,
+               m.tokens_per_s, IsLanguageModel(config_.model) ? "tok" : "samples", comm,
                FormatDuration(eta).c_str(),
                m.evaluated ? (" | val " + std::to_string(m.val_loss)).c_str() : "");
 }

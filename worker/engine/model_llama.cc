@@ -1,0 +1,100 @@
+// The llama model (model.type llama): DecoderModel's skeleton (model_decoder.h)
+// with causal softmax attention as the mixer:
+//   qkv = x . Wqkv^T            (one [3d, d] matrix: q rows [0, d), k [d, 2d), v [2d, 3d))
+//   q, k <- RoPE(q), RoPE(k)    (per head, rotate-half pairs (i, i + hd/2), theta 10000, nn.h RopeForward)
+//   a = softmax attention(q, k, v), causal, scale 1 / sqrt(hd)   (nn.h AttentionForward)
+//   out = residual + a . Wo^T
+// Parameters per block: layers.<l>.attn.qkv.weight, layers.<l>.attn.o_proj.weight
+// (besides the skeleton's norms and MLP).
+#include <vector>
+
+#include "worker/engine/model_decoder.h"
+
+namespace keel {
+namespace {
+
+// Llama's RoPE base.
+constexpr double kRopeTheta = 10000.0;
+
+class LlamaModel : public DecoderModel {
+ public:
+  LlamaModel(const RunConfig& config, Backend* backend) : DecoderModel(config, backend) {}
+
+ protected:
+  std::vector<std::string> MixerLinears() const override { return {"attn.qkv", "attn.o_proj"}; }
+
+  void AddMixerParams(int block, const std::string& prefix) override {
+    Attention a;
+    a.qkv = AddTensor(prefix + "attn.qkv.weight", {3 * d_, d_}, block, Kind::kMatrix);
+    a.o_proj = AddTensor(prefix + "attn.o_proj.weight", {d_, d_}, block, Kind::kOutput);
+    attn_.push_back(a);
+  }
+
+  Status BuildMixer() override {
+    const int64_t heads = m_.heads;
+    for (Attention& a : attn_) {
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * 3 * d_, &a.qkv_act));
+      KEEL_RETURN_IF_ERROR(Scratch(static_cast<int64_t>(batch_) * heads * seq_ * 2, &a.stats));
+      KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.att));
+    }
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * 3 * d_, &dqkv_));
+    KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &datt_));
+    // The rotation tables for positions 0 .. seq - 1, made once on the host.
+    std::vector<float> cos, sin;
+    RopeTables(kRopeTheta, seq_, hd_, &cos, &sin);
+    KEEL_RETURN_IF_ERROR(Scratch(static_cast<int64_t>(cos.size()), &rope_cos_));
+    KEEL_RETURN_IF_ERROR(Scratch(static_cast<int64_t>(sin.size()), &rope_sin_));
+    KEEL_RETURN_IF_ERROR(backend_->Upload(rope_cos_, cos.data(), cos.size() * sizeof(float)));
+    return backend_->Upload(rope_sin_, sin.data(), sin.size() * sizeof(float));
+  }
+
+  Status MixerForward(int block, const float* x, const float* residual, float* out, const Pass& pass) override {
+    const Attention& a = attn_[block];
+    KEEL_RETURN_IF_ERROR(backend_->LinearForward(x, P(a.qkv), nullptr, nullptr, a.qkv_act, bt_, d_, 3 * d_,
+                                                 Quant(pass, block, 0)));
+    // q and k are 2 x heads heads side by side at the start of each qkv row:
+    // one in-place rotation for both. The backward needs only the rotated ones.
+    KEEL_RETURN_IF_ERROR(
+        backend_->RopeForward(a.qkv_act, a.qkv_act, rope_cos_, rope_sin_, batch_, seq_, 2 * m_.heads, hd_, 3 * d_));
+    KEEL_RETURN_IF_ERROR(backend_->AttentionForward(a.qkv_act, a.att, a.stats, batch_, seq_, m_.heads, d_,
+                                                    pass.scheme->attention_bf16));
+    return backend_->LinearForward(a.att, P(a.o_proj), nullptr, residual, out, bt_, d_, d_, Quant(pass, block, 1));
+  }
+
+  Status MixerBackward(int block, const float* x, const float* dout, float* dx, const Pass& pass, float* grads,
+                       const GradientReady& ready) override {
+    const Attention& a = attn_[block];
+    KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.att, P(a.o_proj), dout, datt_, Grad(grads, a.o_proj), nullptr,
+                                                  bt_, d_, d_, Quant(pass, block, 1)));
+    KEEL_RETURN_IF_ERROR(Final(ready, {a.o_proj}));
+    KEEL_RETURN_IF_ERROR(backend_->AttentionBackward(a.qkv_act, a.att, a.stats, datt_, dqkv_, batch_, seq_, m_.heads,
+                                                     d_, pass.scheme->attention_bf16));
+    // d/d(q, k before RoPE) = the rotation by minus the angle of d/d(rotated q, k).
+    KEEL_RETURN_IF_ERROR(
+        backend_->RopeBackward(dqkv_, dqkv_, rope_cos_, rope_sin_, batch_, seq_, 2 * m_.heads, hd_, 3 * d_));
+    KEEL_RETURN_IF_ERROR(backend_->LinearBackward(x, P(a.qkv), dqkv_, dx, Grad(grads, a.qkv), nullptr, bt_, d_,
+                                                  3 * d_, Quant(pass, block, 0)));
+    return Final(ready, {a.qkv});
+  }
+
+ private:
+  // One block's attention: parameter indices and saved activations.
+  struct Attention {
+    int qkv = -1, o_proj = -1;
+    float* qkv_act = nullptr;  // q and k rotated, v
+    float* stats = nullptr;    // the softmax's (max, 1 / sum) per row and head
+    float* att = nullptr;      // the heads' outputs, bt x d
+  };
+
+  std::vector<Attention> attn_;
+  float *dqkv_ = nullptr, *datt_ = nullptr;
+  float *rope_cos_ = nullptr, *rope_sin_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> NewLlamaModel(const RunConfig& config, Backend* backend) {
+  return std::unique_ptr<Model>(new LlamaModel(config, backend));
+}
+
+}  // namespace keel
