@@ -3,6 +3,8 @@
 RUN_CONFIGS = [
     "//examples:gpt2_124m.yaml",
     "//examples:gpt_fortunes_cpu.yaml",
+    "//examples:llama_124m.yaml",
+    "//examples:llama_fortunes_cpu.yaml",
     "//examples:proxy_cpu.yaml",
     "//examples:proxy_mxfp8_e4m3.yaml",
     "//examples:proxy_mxfp8_e4m3_policy.yaml",

@@ -217,6 +217,178 @@ TEST_F(NnCpuTest, LayerNormForwardNormalises) {
   }
 }
 
+TEST_F(NnCpuTest, RmsNormGradients) {
+  const int64_t rows = 4, cols = 9;
+  std::vector<float> x = Normal(rows * cols, 221, 2.0f), gain = Normal(cols, 222);
+  std::vector<float> r = Normal(rows * cols, 223), y(rows * cols), rstd(rows);
+  for (float& v : x) v += 0.5f;  // a nonzero mean: RMSNorm must not centre it
+  auto loss = [&]() {
+    EXPECT_TRUE(backend_->RmsNormForward(x.data(), gain.data(), y.data(), rstd.data(), rows, cols, 1e-5f).ok());
+    return WeightedSum(y, r);
+  };
+  loss();  // rstd of the unperturbed x, for the backward
+  std::vector<float> dx_base = Normal(rows * cols, 224), dg_base = Normal(cols, 225);
+  std::vector<float> dx = dx_base, dg = dg_base;
+  ASSERT_OK(backend_->RmsNormBackward(x.data(), gain.data(), rstd.data(), r.data(), dx.data(), dg.data(), rows,
+                                      cols));
+  ExpectGradient("rmsnorm dx", &x, loss, Minus(dx, dx_base));
+  ExpectGradient("rmsnorm dgain", &gain, loss, Minus(dg, dg_base));
+}
+
+TEST_F(NnCpuTest, RmsNormForwardIsTheFormula) {
+  const int64_t rows = 3, cols = 64;
+  std::vector<float> x = Normal(rows * cols, 231, 3.0f), gain = Normal(cols, 232), y(rows * cols), rstd(rows);
+  for (float& v : x) v += 5.0f;
+  const float eps = 1e-2f;
+  ASSERT_OK(backend_->RmsNormForward(x.data(), gain.data(), y.data(), rstd.data(), rows, cols, eps));
+  for (int64_t r = 0; r < rows; ++r) {
+    double squares = 0.0;
+    for (int64_t c = 0; c < cols; ++c) squares += static_cast<double>(x[r * cols + c]) * x[r * cols + c];
+    const double expected_rstd = 1.0 / std::sqrt(squares / cols + eps);
+    EXPECT_NEAR(rstd[r], expected_rstd, 4 * kU * expected_rstd);
+    for (int64_t c = 0; c < cols; ++c) {
+      const double expected = x[r * cols + c] * expected_rstd * gain[c];
+      EXPECT_NEAR(y[r * cols + c], expected, 8 * kU * std::fabs(expected) + 1e-30) << r << "," << c;
+    }
+  }
+  // Errors name the field and the value.
+  Status status = backend_->RmsNormForward(x.data(), gain.data(), y.data(), rstd.data(), rows, 0, eps);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("RmsNormForward: cols: 0"), std::string::npos) << status.message();
+  status = backend_->RmsNormForward(x.data(), nullptr, y.data(), rstd.data(), rows, cols, eps);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("gain: null"), std::string::npos) << status.message();
+}
+
+TEST_F(NnCpuTest, RopeTablesAreLlamaAngles) {
+  const int64_t positions = 7, hd = 12;
+  std::vector<float> cos, sin;
+  RopeTables(10000.0, positions, hd, &cos, &sin);
+  ASSERT_EQ(cos.size(), static_cast<size_t>(positions * hd / 2));
+  ASSERT_EQ(sin.size(), cos.size());
+  for (int64_t t = 0; t < positions; ++t) {
+    for (int64_t i = 0; i < hd / 2; ++i) {
+      // theta_i = 10000^(-2i / hd): i = 0 turns by t radians, the last pair slowest.
+      const double angle = t * std::pow(10000.0, -2.0 * i / hd);
+      EXPECT_EQ(cos[t * hd / 2 + i], static_cast<float>(std::cos(angle))) << t << "," << i;
+      EXPECT_EQ(sin[t * hd / 2 + i], static_cast<float>(std::sin(angle))) << t << "," << i;
+    }
+  }
+  EXPECT_EQ(cos[0], 1.0f);
+  EXPECT_EQ(sin[1 * hd / 2 + 0], static_cast<float>(std::sin(1.0)));
+}
+
+// RoPE on a qkv-like buffer: rows of ld = 3 * width floats, the first 2 * heads
+// heads (q and k) rotated, v untouched.
+TEST_F(NnCpuTest, RopeIsTheRotateHalfRotationAndItsBackwardTheTranspose) {
+  const int64_t batch = 2, seq = 5, heads = 4, hd = 6, ld = heads * hd + 10;
+  const int64_t rows = batch * seq, half = hd / 2;
+  std::vector<float> cos, sin;
+  RopeTables(10000.0, seq, hd, &cos, &sin);
+  std::vector<float> x = Normal(rows * ld, 241), y(rows * ld, -9.0f);
+  ASSERT_OK(backend_->RopeForward(x.data(), y.data(), cos.data(), sin.data(), batch, seq, heads, hd, ld));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = r % seq;
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < half; ++i) {
+        // Pair (i, i + hd/2) of head h, turned by t * 10000^(-2i/hd) (in double here).
+        const double angle = t * std::pow(10000.0, -2.0 * i / hd);
+        const double a = x[r * ld + h * hd + i], b = x[r * ld + h * hd + i + half];
+        EXPECT_NEAR(y[r * ld + h * hd + i], a * std::cos(angle) - b * std::sin(angle), 1e-6);
+        EXPECT_NEAR(y[r * ld + h * hd + i + half], b * std::cos(angle) + a * std::sin(angle), 1e-6);
+      }
+    }
+    for (int64_t c = heads * hd; c < ld; ++c) EXPECT_EQ(y[r * ld + c], -9.0f) << "column " << c << " was written";
+  }
+  // In place gives the same bits.
+  std::vector<float> in_place = x;
+  ASSERT_OK(backend_->RopeForward(in_place.data(), in_place.data(), cos.data(), sin.data(), batch, seq, heads, hd, ld));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < heads * hd; ++c) EXPECT_EQ(in_place[r * ld + c], y[r * ld + c]);
+  }
+  // The rotation keeps dot products between positions a function of their
+  // distance only: q at 4 . k at 1 equals q at 3 . k at 0 (same vectors).
+  {
+    std::vector<float> q = Normal(hd, 242), k = Normal(hd, 243), buf(seq * hd);
+    auto rotated = [&](const std::vector<float>& v, int64_t t) {
+      for (int64_t p = 0; p < seq; ++p) std::copy(v.begin(), v.end(), buf.begin() + p * hd);
+      EXPECT_TRUE(backend_->RopeForward(buf.data(), buf.data(), cos.data(), sin.data(), 1, seq, 1, hd, hd).ok());
+      return std::vector<float>(buf.begin() + t * hd, buf.begin() + (t + 1) * hd);
+    };
+    auto dot = [](const std::vector<float>& a, const std::vector<float>& b) {
+      double s = 0.0;
+      for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
+      return s;
+    };
+    const double d41 = dot(rotated(q, 4), rotated(k, 1)), d30 = dot(rotated(q, 3), rotated(k, 0));
+    const double d40 = dot(rotated(q, 4), rotated(k, 0));
+    EXPECT_NEAR(d41, d30, 1e-5);
+    EXPECT_GT(std::fabs(d41 - d40), 1e-3);  // and it does depend on the distance
+  }
+  // The backward is the gradient of the forward (a linear map: central
+  // differences are exact up to rounding) and, being the inverse rotation,
+  // undoes it.
+  std::vector<float> r = Normal(rows * ld, 244), dx(rows * ld, 5.0f);
+  auto loss = [&]() {
+    EXPECT_TRUE(backend_->RopeForward(x.data(), y.data(), cos.data(), sin.data(), batch, seq, heads, hd, ld).ok());
+    double sum = 0.0;  // only the rotated columns
+    for (int64_t row = 0; row < rows; ++row) {
+      for (int64_t c = 0; c < heads * hd; ++c) sum += static_cast<double>(y[row * ld + c]) * r[row * ld + c];
+    }
+    return sum;
+  };
+  ASSERT_OK(backend_->RopeBackward(r.data(), dx.data(), cos.data(), sin.data(), batch, seq, heads, hd, ld));
+  std::vector<float> dx_rotated;
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int64_t c = 0; c < heads * hd; ++c) dx_rotated.push_back(dx[row * ld + c]);
+  }
+  // ExpectGradient perturbs every element of its vector: check on a copy that
+  // maps into x's rotated columns.
+  std::vector<float> xr;
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int64_t c = 0; c < heads * hd; ++c) xr.push_back(x[row * ld + c]);
+  }
+  auto loss_of_xr = [&]() {
+    for (int64_t row = 0; row < rows; ++row) {
+      for (int64_t c = 0; c < heads * hd; ++c) x[row * ld + c] = xr[row * heads * hd + c];
+    }
+    return loss();
+  };
+  ExpectGradient("rope dx", &xr, loss_of_xr, dx_rotated);
+  std::vector<float> back(rows * ld, 0.0f);
+  ASSERT_OK(backend_->RopeForward(x.data(), y.data(), cos.data(), sin.data(), batch, seq, heads, hd, ld));
+  ASSERT_OK(backend_->RopeBackward(y.data(), back.data(), cos.data(), sin.data(), batch, seq, heads, hd, ld));
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int64_t c = 0; c < heads * hd; ++c) EXPECT_NEAR(back[row * ld + c], x[row * ld + c], 1e-6);
+  }
+  // Errors name the field and the value.
+  Status status = backend_->RopeForward(x.data(), y.data(), cos.data(), sin.data(), batch, seq, heads, 5, ld);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("RopeForward: hd: 5 is not allowed; need an even head size"), std::string::npos)
+      << status.message();
+  status = backend_->RopeBackward(x.data(), y.data(), cos.data(), sin.data(), batch, seq, heads, hd, heads * hd - 1);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("RopeBackward: ld: 23 is not allowed; need >= 24"), std::string::npos)
+      << status.message();
+}
+
+TEST_F(NnCpuTest, EmbeddingWithoutPositions) {
+  const int64_t batch = 2, seq = 3, dim = 4, vocab = 5;
+  std::vector<int32_t> tokens = {1, 3, 1, 4, 1, 0};
+  std::vector<float> wte = Normal(vocab * dim, 251), r = Normal(batch * seq * dim, 252), out(batch * seq * dim);
+  auto loss = [&]() {
+    EXPECT_TRUE(backend_->EmbeddingForward(tokens.data(), wte.data(), nullptr, out.data(), batch, seq, dim).ok());
+    return WeightedSum(out, r);
+  };
+  std::vector<float> dwte_base = Normal(vocab * dim, 253), dwte = dwte_base;
+  ASSERT_OK(backend_->EmbeddingBackward(tokens.data(), r.data(), dwte.data(), nullptr, batch, seq, dim));
+  ExpectGradient("embedding dwte (no positions)", &wte, loss, Minus(dwte, dwte_base));
+  loss();
+  for (int64_t bt = 0; bt < batch * seq; ++bt) {
+    for (int64_t c = 0; c < dim; ++c) EXPECT_EQ(out[bt * dim + c], wte[tokens[bt] * dim + c]);
+  }
+}
+
 TEST_F(NnCpuTest, GeluGradientAndValues) {
   const int64_t n = 40;
   std::vector<float> x = Normal(n, 31, 2.0f), r = Normal(n, 32), y(n), dx(n, 7.0f);

@@ -1032,6 +1032,90 @@ TEST_F(NnCudaTest, EmbeddingMatchesBitForBit) {
   ExpectBits("embedding dwpe (+=)", Cpu(dwpe), Gpu(dwpe));
 }
 
+TEST_F(NnCudaTest, RmsNormMatchesCpu) {
+  struct Case {
+    int64_t rows, cols;
+  };
+  // 768: the float4 forward; 100 and 1023: the scalar one (1023 also no multiple of 32).
+  for (const Case& k : {Case{512, 768}, Case{37, 100}, Case{64, 1023}}) {
+    SCOPED_TRACE(std::to_string(k.rows) + "x" + std::to_string(k.cols));
+    std::vector<float> xh = Normal(k.rows * k.cols, 261, 2.0f);
+    for (float& v : xh) v += 0.7f;
+    Dual x = Floats(xh), gain = Floats(Normal(k.cols, 262)), y = Zeros(k.rows * k.cols), rstd = Zeros(k.rows),
+         dy = Floats(Normal(k.rows * k.cols, 263)), dx = Floats(Normal(k.rows * k.cols, 264)),
+         dg = Floats(Normal(k.cols, 265));
+    for (Backend* be : {cpu_.get(), gpu_.get()}) {
+      const bool g = be == gpu_.get();
+      auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+      ASSERT_OK(be->RmsNormForward(p(x), p(gain), p(y), p(rstd), k.rows, k.cols, 1e-5f));
+      ASSERT_OK(be->RmsNormBackward(p(x), p(gain), p(rstd), p(dy), p(dx), p(dg), k.rows, k.cols));
+    }
+    // The mean square is a double sum on both sides (in another order), rounded
+    // once to fp32: equal or an ulp apart, so rstd agrees to an ulp or two and y
+    // to a few ulps of its terms, as LayerNorm's.
+    ExpectElementwise("rmsnorm rstd", Cpu(rstd), Gpu(rstd), 1e-6, 0.0);
+    ExpectNormwise("rmsnorm y", Cpu(y), Gpu(y), 1e-6);
+    // dx: the row's mean(g * xhat) in double, then per-element fp32 (an ulp of
+    // rstd moves every term); dgain: column sums over the rows in another order.
+    ExpectNormwise("rmsnorm dx (+=)", Cpu(dx), Gpu(dx), 1e-5);
+    ExpectNormwise("rmsnorm dgain (+=)", Cpu(dg), Gpu(dg), 1e-5);
+  }
+}
+
+TEST_F(NnCudaTest, RopeMatchesBitForBit) {
+  struct Case {
+    int64_t batch, seq, heads, hd, ld;
+  };
+  // A llama qkv buffer (q and k: 2 x 12 heads of 64, rows of 3 x 768) and an odd
+  // small shape (head size 6, rows with 7 untouched columns).
+  for (const Case& k : {Case{4, 64, 24, 64, 3 * 768}, Case{3, 17, 5, 6, 37}}) {
+    SCOPED_TRACE("heads " + std::to_string(k.heads) + ", hd " + std::to_string(k.hd));
+    std::vector<float> cos, sin;
+    RopeTables(10000.0, k.seq, k.hd, &cos, &sin);
+    const int64_t n = k.batch * k.seq * k.ld;
+    Dual c = Floats(cos), s = Floats(sin), x = Floats(Normal(n, 271)), y = Floats(Normal(n, 272)),
+         in_place = Floats(Normal(n, 271)), dy = Floats(Normal(n, 273)), dx = Floats(Normal(n, 274));
+    for (Backend* be : {cpu_.get(), gpu_.get()}) {
+      const bool g = be == gpu_.get();
+      auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+      ASSERT_OK(be->RopeForward(p(x), p(y), p(c), p(s), k.batch, k.seq, k.heads, k.hd, k.ld));
+      ASSERT_OK(be->RopeForward(p(in_place), p(in_place), p(c), p(s), k.batch, k.seq, k.heads, k.hd, k.ld));
+      ASSERT_OK(be->RopeBackward(p(dy), p(dx), p(c), p(s), k.batch, k.seq, k.heads, k.hd, k.ld));
+    }
+    // Two fp32 products and a sum or difference per output from the same table
+    // entries (RopeTables, made on the host), no fused multiply-add on either side:
+    // the same bits. The columns past heads * hd keep their old values on both.
+    ExpectBits("rope y", Cpu(y), Gpu(y));
+    ExpectBits("rope in place", Cpu(in_place), Gpu(in_place));
+    // In place rotates the same columns to the same bits as out of place.
+    auto rotated = [&](const std::vector<float>& v) {
+      std::vector<float> cols;
+      for (int64_t r = 0; r < k.batch * k.seq; ++r) {
+        cols.insert(cols.end(), v.begin() + r * k.ld, v.begin() + r * k.ld + k.heads * k.hd);
+      }
+      return cols;
+    };
+    ExpectBits("rope in place == out of place", rotated(Gpu(y)), rotated(Gpu(in_place)));
+    ExpectBits("rope backward", Cpu(dx), Gpu(dx));
+  }
+}
+
+TEST_F(NnCudaTest, EmbeddingWithoutPositionsMatchesBitForBit) {
+  const int64_t batch = 4, seq = 64, dim = 96, vocab = 50;
+  Dual tokens = Ints(Tokens(batch * seq, vocab, 281)), wte = Floats(Normal(vocab * dim, 282)),
+       out = Zeros(batch * seq * dim), dout = Floats(Normal(batch * seq * dim, 283)),
+       dwte = Floats(Normal(vocab * dim, 284));
+  for (Backend* be : {cpu_.get(), gpu_.get()}) {
+    const bool g = be == gpu_.get();
+    auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+    ASSERT_OK(be->EmbeddingForward(g ? tokens.gi() : tokens.ci(), p(wte), nullptr, p(out), batch, seq, dim));
+    ASSERT_OK(be->EmbeddingBackward(g ? tokens.gi() : tokens.ci(), p(dout), p(dwte), nullptr, batch, seq, dim));
+  }
+  // Rows copied, and each token's rows added in position order on both: bit for bit.
+  ExpectBits("embedding out (no positions)", Cpu(out), Gpu(out));
+  ExpectBits("embedding dwte (no positions)", Cpu(dwte), Gpu(dwte));
+}
+
 // Three shapes: head size 64 and 32 (the fused kernels; seq 100 leaves a partial
 // tile) and 48 (the GEMM path for bf16 too); fp32 always takes the GEMM path.
 TEST_F(NnCudaTest, AttentionMatchesCpu) {

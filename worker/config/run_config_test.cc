@@ -149,6 +149,18 @@ TEST(RunConfigFieldsTest, DerivedModelSizesFollowTheirRules) {
   EXPECT_EQ(Parsed("model: {width: 100, mlp: swiglu}\n").model.mlp_hidden, 320);  // 266 -> 320
   // seq: model.context when not given.
   EXPECT_EQ(Parsed("model: {context: 77}\n").seq, 77);
+  // llama: SwiGLU without biases or QK-LayerNorm, so the swiglu hidden size.
+  const ModelConfig llama =
+      Parsed("model: {type: llama, width: 100, heads: 10, vocab: 300}\ndata: {train: t.bin}\n").model;
+  EXPECT_EQ(llama.type, "llama");
+  EXPECT_EQ(llama.mlp, "swiglu");
+  EXPECT_FALSE(llama.bias);
+  EXPECT_FALSE(llama.qk_layernorm);
+  EXPECT_EQ(llama.mlp_hidden, 320);  // 8 * 100 / 3 = 266 -> 320
+  EXPECT_EQ(llama.padded_vocab, 384);
+  EXPECT_EQ(Parsed("model: {type: llama, width: 96, heads: 12}\ndata: {train: t.bin}\n").model.mlp_hidden, 256);
+  EXPECT_EQ(Parsed("model: {type: llama, heads: 8, mlp_hidden: 100}\ndata: {train: t.bin}\n").model.mlp_hidden,
+            100);
 }
 
 TEST(RunConfigFieldsTest, EveryDataOptimizerAndScheduleFieldLands) {
@@ -568,7 +580,7 @@ TEST(RunConfigErrorTest, Model) {
   ExpectErrors({
       {"model: 5\n", "r.yaml:1:8: model: expected a mapping"},
       {"model:\n  type: proxy\n  depth: 3\n", "r.yaml:3:3: model.depth: unknown key (allowed: " + keys + ")"},
-      {"model:\n  type: rnn\n", "r.yaml:2:9: model.type: unknown value 'rnn' (allowed: proxy, gpt)"},
+      {"model:\n  type: rnn\n", "r.yaml:2:9: model.type: unknown value 'rnn' (allowed: proxy, gpt, llama)"},
       {"model:\n  layers: 0\n", "r.yaml:2:11: model.layers: 0 is out of range (allowed: 1 .. 1024)"},
       {"model: {width: 65537}\n", "r.yaml:1:16: model.width: 65537 is out of range (allowed: 1 .. 65536)"},
       {"model: {heads: 0}\n", "r.yaml:1:16: model.heads: 0 is out of range (allowed: 1 .. 1024)"},
@@ -585,6 +597,17 @@ TEST(RunConfigErrorTest, Model) {
       {"model: {ln_eps: .inf}\n", "r.yaml:1:17: model.ln_eps: '.inf' is not a finite number"},
       {"model: {ln_eps: abc}\n", "r.yaml:1:17: model.ln_eps: 'abc' is not a finite number"},
   });
+  // The llama block is fixed: the gpt-only keys are refused, naming the value.
+  const std::string llama = " is not allowed with model.type llama (always SwiGLU, no biases, no QK-LayerNorm; "
+                            "allowed keys: type, layers, width, heads, context, vocab, padded_vocab, mlp_hidden, "
+                            "ln_eps)";
+  ExpectErrors({
+      {"model: {type: llama, mlp: gelu}\n", "r.yaml:1:27: model.mlp: 'gelu'" + llama},
+      {"model: {type: llama, mlp: swiglu}\n", "r.yaml:1:27: model.mlp: 'swiglu'" + llama},
+      {"model:\n  type: llama\n  bias: true\n", "r.yaml:3:9: model.bias: 'true'" + llama},
+      {"model: {qk_layernorm: false, type: llama}\n", "r.yaml:1:23: model.qk_layernorm: 'false'" + llama},
+  });
+  EXPECT_EQ(Parse("model: {mlp: gelu}\n", {"model.type=llama"}).message(), "r.yaml:1:14: model.mlp: 'gelu'" + llama);
 }
 
 TEST(RunConfigErrorTest, Data) {
@@ -875,6 +898,18 @@ TEST(RunConfigErrorTest, CrossFieldRulesPointAtTheirField) {
       {"precision: nvfp4_recipe\nbatch: 10\n", "r.yaml:2:8: batch: 10 samples" + rht},
       {"model: {type: gpt, heads: 8, context: 8}\ndata: {train: t.bin}\nprecision: nvfp4_recipe\nbatch: 3\n",
        "r.yaml:4:8: batch: 24 tokens (batch x seq)" + rht},
+      {"model: {type: llama, heads: 8}\n", "r.yaml:1:1: data.train: missing (llama needs token shards)"},
+      {"model: {type: llama, width: 100, heads: 12}\ndata: {train: t.bin}\n",
+       "r.yaml:1:41: model.heads: 12 does not divide model.width 100"},
+      {"model: {type: llama, width: 60, heads: 4}\ndata: {train: t.bin}\n",
+       "r.yaml:1:40: model.heads: 4 with model.width 60 gives head size 15 (allowed: an even head size, which RoPE "
+       "needs)"},
+      {"model: {type: llama, heads: 8, context: 64}\ndata: {train: t.bin}\nseq: 65\n",
+       "r.yaml:3:6: seq: 65 is larger than model.context 64"},
+      {"model: {type: llama, heads: 8, vocab: 300, padded_vocab: 256}\ndata: {train: t.bin}\n",
+       "r.yaml:1:58: model.padded_vocab: 256 is smaller than model.vocab 300"},
+      {"model: {type: llama, heads: 8, context: 8}\ndata: {train: t.bin}\nprecision: nvfp4_recipe\nbatch: 3\n",
+       "r.yaml:4:8: batch: 24 tokens (batch x seq)" + rht},
       {"model: {type: proxy, width: 65536, layers: 1024}\n",
        "r.yaml:1:29: model.width: 65536 with model.layers 1024 (proxy) gives 35184573415424 parameters, a training "
        "state of 524291.0 GiB (16 bytes per parameter: fp32 weights, gradients, Adam m and v), more than the limit "
@@ -1041,6 +1076,18 @@ TEST(RunConfigModelSizeTest, ParameterCountsMatchTheModels) {
   Status s = ParseRunConfig(text.str(), "examples/gpt2_124m.yaml", {"data.train=x.bin"}, &config);
   ASSERT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(ModelParameterCount(config.model), 124475904);
+  // examples/llama_124m.yaml: V d + L (2d + 4d^2 + 3 h d) + d with V 50304, d 768,
+  // h 2048 (8/3 x 768), L 12, the head tied: 123,587,328.
+  std::ifstream llama_in("examples/llama_124m.yaml");
+  std::stringstream llama_text;
+  llama_text << llama_in.rdbuf();
+  ASSERT_FALSE(llama_text.str().empty()) << "examples/llama_124m.yaml not found";
+  s = ParseRunConfig(llama_text.str(), "examples/llama_124m.yaml", {"data.train=x.bin"}, &config);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(config.model.mlp_hidden, 2048);
+  const int64_t d = 768, h = 2048;
+  EXPECT_EQ(ModelParameterCount(config.model), 50304 * d + 12 * (2 * d + 4 * d * d + 3 * h * d) + d);
+  EXPECT_EQ(ModelParameterCount(config.model), 123587328);
 }
 
 TEST(RunConfigModelSizeTest, ModelsBeyondTheStateLimitAreRefusedWithTheEstimate) {
@@ -1072,7 +1119,8 @@ TEST(RunConfigModelSizeTest, ModelsBeyondTheStateLimitAreRefusedWithTheEstimate)
 }
 
 TEST(RunConfigModelSizeTest, EveryExampleRunConfigStillParses) {
-  for (const char* name : {"gpt2_124m", "gpt_fortunes_cpu", "proxy_cpu", "proxy_mxfp8_e4m3",
+  for (const char* name : {"gpt2_124m", "gpt_fortunes_cpu", "llama_124m", "llama_fortunes_cpu", "proxy_cpu",
+                           "proxy_mxfp8_e4m3",
                            "proxy_mxfp8_e4m3_policy", "proxy_mxfp8_e4m3_policy_tuned",
                            "proxy_mxfp8_e4m3_policy_default"}) {
     const std::string path = std::string("examples/") + name + ".yaml";

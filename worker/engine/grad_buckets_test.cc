@@ -241,5 +241,10 @@ TEST(GradBucketsTest, GptReportsEachTensorOnceAfterItsLastWrite) {
   CheckHooks(gpt + ", qk_layernorm: true, bias: false" + rest);           // absent tensors skipped
 }
 
+TEST(GradBucketsTest, LlamaReportsEachTensorOnceAfterItsLastWrite) {
+  CheckHooks("model: {type: llama, layers: 3, width: 32, heads: 2, context: 16, vocab: 256}\n"
+             "data: {train: unused.bin}\nbatch: 2\nseq: 16\n");
+}
+
 }  // namespace
 }  // namespace keel

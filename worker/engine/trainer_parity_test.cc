@@ -1,9 +1,9 @@
 // CPU vs CUDA parity of the whole trainer (needs a GPU; manual): 20 steps of the
-// proxy and of a small GPT in fp32, bf16, mxfp8_e4m3 and nvfp4_recipe on both backends from the
+// proxy, of a small GPT and of a small llama in fp32, bf16, mxfp8_e4m3 and nvfp4_recipe on both backends from the
 // same initial weights and data, comparing the loss at every step.
 //
 // Tolerances are beside kSchemes and Compare.
-// The GPT uses byte-level shards of real text: KEEL_PARITY_SHARD (default
+// The GPT and the llama use byte-level shards of real text: KEEL_PARITY_SHARD (default
 // data/fortunes_train.bin, from scripts/prepare-fortunes).
 #include <gtest/gtest.h>
 
@@ -134,6 +134,23 @@ TEST(TrainerParityTest, Gpt) {
   for (const auto& s : kSchemes) {
     Compare(std::string("gpt ") + s.scheme,
             "model: {type: gpt, layers: " + Layers(s.scheme) + ", width: 128, heads: 4, context: 64, vocab: 256}\n"
+            "data: {train: " + shard + "}\nbatch: 8\nseq: 64\nseed: 3\n"
+            "optimizer: {type: adamw, lr: 2.0e-3, beta2: 0.95, weight_decay: 0.1, grad_clip: 1.0}\n"
+            "precision: " + std::string(s.scheme) + "\n",
+            s.lockstep, s.update, s.drift);
+  }
+}
+
+// The llama block (RMSNorm, RoPE, SwiGLU, no biases) at the GPT's size, data
+// and bounds: its new ops agree as the GPT's do (RoPE bit for bit; RMSNorm as
+// LayerNorm, to its double row sums' last bit), so every difference still comes
+// from the GEMMs' and attention's summation order and the roundings they flip.
+TEST(TrainerParityTest, Llama) {
+  const char* env = std::getenv("KEEL_PARITY_SHARD");
+  std::string shard = env ? env : "data/fortunes_train.bin";
+  for (const auto& s : kSchemes) {
+    Compare(std::string("llama ") + s.scheme,
+            "model: {type: llama, layers: " + Layers(s.scheme) + ", width: 128, heads: 4, context: 64, vocab: 256}\n"
             "data: {train: " + shard + "}\nbatch: 8\nseq: 64\nseed: 3\n"
             "optimizer: {type: adamw, lr: 2.0e-3, beta2: 0.95, weight_decay: 0.1, grad_clip: 1.0}\n"
             "precision: " + std::string(s.scheme) + "\n",

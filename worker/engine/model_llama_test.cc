@@ -1,0 +1,166 @@
+// The llama model (model_llama.cc on model_decoder.h) on the CPU backend: its
+// parameters against the formula of docs/train.md and ModelParameterCount, and
+// its whole backward (embedding, RMSNorms, q/k/v, RoPE, attention, o_proj,
+// SwiGLU MLP, tied head, cross-entropy) against central differences of its
+// forward.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/nn.h"
+#include "worker/config/run_config.h"
+#include "worker/engine/model.h"
+
+namespace keel {
+namespace {
+
+struct Net {
+  RunConfig config;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+};
+
+void MakeNet(const std::string& model_yaml, const std::string& rest, Net* net) {
+  const Status parsed =
+      ParseRunConfig("model: " + model_yaml + "\ndata: {train: unused.bin}\n" + rest, "test", {}, &net->config);
+  ASSERT_TRUE(parsed.ok()) << parsed.message();
+  ASSERT_TRUE(MakeBackend("cpu", 2, &net->backend).ok());
+  const Status made = MakeModel(net->config, net->backend.get(), &net->model);
+  ASSERT_TRUE(made.ok()) << made.message();
+}
+
+TEST(LlamaModelTest, ParametersAreTheDocumentedTensors) {
+  Net net;
+  ASSERT_NO_FATAL_FAILURE(
+      MakeNet("{type: llama, layers: 2, width: 48, heads: 4, context: 32, vocab: 100}", "batch: 2\nseq: 32\n", &net));
+  const ModelConfig& m = net.config.model;
+  // The defaults: vocab padded to 128, SwiGLU hidden 8/3 x 48 = 128 (a multiple of 64).
+  EXPECT_EQ(m.padded_vocab, 128);
+  EXPECT_EQ(m.mlp_hidden, 128);
+  const int64_t d = 48, h = 128, v = 128, layers = 2;
+  std::vector<std::string> expected_names = {"embed.weight"};
+  std::vector<std::vector<int64_t>> expected_shapes = {{v, d}};
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+             {"attn_norm.weight", {d}},
+             {"attn.qkv.weight", {3 * d, d}},
+             {"attn.o_proj.weight", {d, d}},
+             {"mlp_norm.weight", {d}},
+             {"mlp.gate_up.weight", {2 * h, d}},
+             {"mlp.down.weight", {d, h}}}) {
+      expected_names.push_back(p + name);
+      expected_shapes.push_back(shape);
+    }
+  }
+  expected_names.push_back("norm.weight");
+  expected_shapes.push_back({d});
+  const std::vector<ParamInfo>& params = net.model->param_info();
+  ASSERT_EQ(params.size(), expected_names.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(params[i].name, expected_names[i]);
+    EXPECT_EQ(params[i].shape, expected_shapes[i]) << params[i].name;
+    EXPECT_EQ(params[i].ln_gamma, params[i].shape.size() == 1) << params[i].name;  // the RMSNorm gains
+    EXPECT_EQ(params[i].decay, params[i].shape.size() == 2) << params[i].name;
+    total += params[i].count;
+  }
+  // docs/train.md: V d + L (2d + 4d^2 + 3 h d) + d, the head tied to the embedding.
+  const int64_t formula = v * d + layers * (2 * d + 4 * d * d + 3 * h * d) + d;
+  EXPECT_EQ(formula, 61680);
+  EXPECT_EQ(total, formula);
+  EXPECT_EQ(ModelParameterCount(m), formula);
+  EXPECT_EQ(net.model->linear_names(),
+            (std::vector<std::string>{"layers.0.attn.qkv", "layers.0.attn.o_proj", "layers.0.mlp.gate_up",
+                                      "layers.0.mlp.down", "layers.1.attn.qkv", "layers.1.attn.o_proj",
+                                      "layers.1.mlp.gate_up", "layers.1.mlp.down", "lm_head"}));
+}
+
+// The gradient of the mean loss along random directions, one tensor at a time:
+// (L(w + s u) - L(w - s u)) / 2s against g . u. The weights are drawn larger
+// than the init's (matrices N(0, 1/fan_in), gains 1 + N(0, 0.2^2)) so that the
+// attention is far from uniform and RoPE's angles change the loss: a wrong
+// rotation, pairing or sign in any layer moves g . u by O(|g|).
+// Precision: the forward is fp32, so L carries an error of ~1e-7 relative
+// (loss ~5: ~5e-7); divided by 2s = 2e-3 that is ~3e-4 on the directional
+// derivative, whose size here is 0.1 to 10. The truncation error s^2/6 L''' is
+// ~1e-6. The check allows 1e-2 relative with a floor of 2e-3 (observed:
+// largest error 1.1e-3 relative).
+TEST(LlamaModelTest, WholeModelGradientMatchesFiniteDifferences) {
+  Net net;
+  ASSERT_NO_FATAL_FAILURE(
+      MakeNet("{type: llama, layers: 2, width: 16, heads: 2, context: 8, vocab: 40, ln_eps: 1.0e-5}",
+              "batch: 2\nseq: 8\nthreads: 2\n", &net));
+  Model* model = net.model.get();
+  Backend* b = net.backend.get();
+  const std::vector<ParamInfo>& params = model->param_info();
+  const int64_t count = model->param_count();
+  const int vocab = net.config.model.vocab;
+
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> weights(count, 0.0f);
+  for (const ParamInfo& p : params) {
+    float* w = weights.data() + p.offset;
+    if (p.shape.size() == 1) {
+      for (int64_t i = 0; i < p.count; ++i) w[i] = 1.0f + 0.2f * normal(rng);
+    } else {
+      const float stddev = p.name == "embed.weight" ? 1.0f : 1.0f / std::sqrt(static_cast<float>(p.shape[1]));
+      const int64_t real = p.name == "embed.weight" ? vocab * p.shape[1] : p.count;  // padded rows stay 0
+      for (int64_t i = 0; i < real; ++i) w[i] = stddev * normal(rng);
+    }
+  }
+  ASSERT_TRUE(b->Upload(model->params(), weights.data(), count * sizeof(float)).ok());
+
+  Batch batch;
+  std::uniform_int_distribution<int32_t> token(0, vocab - 1);
+  for (int i = 0; i < 16; ++i) {
+    batch.inputs.push_back(token(rng));
+    batch.targets.push_back(i == 5 ? -1 : token(rng));  // one ignored target
+  }
+  PrecisionScheme fp32;
+  ASSERT_TRUE(SchemeFromPreset("fp32", &fp32).ok());
+
+  std::vector<float> grads(count, 0.0f);
+  double loss = 0.0;
+  ASSERT_TRUE(model->ForwardBackward(batch, fp32, 0, 1.0f, false, grads.data(), &loss, nullptr).ok());
+  double evaluated = 0.0;
+  ASSERT_TRUE(model->Evaluate(batch, fp32, 0, &evaluated).ok());
+  EXPECT_EQ(loss, evaluated);  // the fused cross-entropy's losses are the plain forward's
+
+  auto loss_at = [&](const std::vector<float>& w) {
+    EXPECT_TRUE(b->Upload(model->params(), w.data(), count * sizeof(float)).ok());
+    double l = 0.0;
+    EXPECT_TRUE(model->Evaluate(batch, fp32, 0, &l).ok());
+    return l;
+  };
+  const float step = 1e-3f;
+  double worst = 0.0;
+  for (const ParamInfo& p : params) {
+    for (int trial = 0; trial < 2; ++trial) {
+      std::vector<float> u(p.count), plus = weights, minus = weights;
+      double analytic = 0.0;
+      for (int64_t i = 0; i < p.count; ++i) {
+        u[i] = normal(rng);
+        plus[p.offset + i] += step * u[i];
+        minus[p.offset + i] -= step * u[i];
+        analytic += static_cast<double>(grads[p.offset + i]) * u[i];
+      }
+      const double numeric = (loss_at(plus) - loss_at(minus)) / (2.0 * step);
+      const double error = std::fabs(numeric - analytic) / std::max(std::fabs(numeric), 0.2);
+      worst = std::max(worst, error);
+      EXPECT_LE(error, 1e-2) << p.name << " direction " << trial << ": analytic " << analytic << ", numeric "
+                             << numeric;
+      EXPECT_GT(std::fabs(analytic), 1e-2) << p.name << ": a gradient this small checks nothing";
+    }
+  }
+  std::printf("largest relative error of a directional derivative: %.2e\n", worst);
+}
+
+}  // namespace
+}  // namespace keel
