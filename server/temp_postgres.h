@@ -3,7 +3,7 @@
 // package postgresql) initdb a cluster into a fresh directory under /tmp,
 // and the server listens on 127.0.0.1 at a free port and on a unix socket in
 // that directory, with the server's defaults otherwise (fsync on: commits are
-// as durable as in production). It is stopped (fast shutdown) and its
+// as durable as in production). It is stopped (immediate shutdown) and its
 // directory removed when the object is destroyed, and it gets SIGINT if the
 // process that started it dies first.
 //
