@@ -134,14 +134,18 @@ int RunLoad(std::unique_ptr<keel::Store> store, const std::string& label, int wo
           latencies.push_back(Ms(Clock::now() - waiting_since));
         }
         const std::string run = command.start().run_id();
+        // Fencing: every message about the run names the attempt it was started as.
+        const int64_t attempt = command.start().attempt();
         keel::v1::WorkerMessage m;
         m.set_worker_id(resp.worker_id());
+        m.set_attempt(attempt);
         m.set_seq(seq++);
         m.mutable_started()->set_run_id(run);
         stream->Write(m);
         for (int step = 1; step <= 200 && !stop; ++step) {
           keel::v1::WorkerMessage p;
           p.set_worker_id(resp.worker_id());
+          p.set_attempt(attempt);
           p.set_seq(seq++);
           auto* point = p.mutable_metric();
           point->set_run_id(run);
@@ -153,6 +157,7 @@ int RunLoad(std::unique_ptr<keel::Store> store, const std::string& label, int wo
         }
         keel::v1::WorkerMessage e;
         e.set_worker_id(resp.worker_id());
+        e.set_attempt(attempt);
         e.set_seq(seq++);
         e.mutable_exit()->set_run_id(run);
         e.mutable_exit()->set_exit_code(0);
