@@ -1,5 +1,5 @@
 // keeld: Keel's coordinator daemon.
-//   keeld [--listen 127.0.0.1:7070] [--state-dir DIR] [--metrics-listen 127.0.0.1:9464]
+//   keeld [--listen 127.0.0.1:7070] [--state-dir DIR] [--store URL] [--metrics-listen 127.0.0.1:9464]
 //         [--user-tokens-file F] [--worker-token-file F]
 //         [--tls-cert F --tls-key F [--tls-client-ca F]] [--lease-ms N] [--heartbeat-ms N]
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -38,10 +38,20 @@ const char kUsage[] =
     "usage: keeld [options]\n"
     "  Keel's coordinator: accepts sweeps (KeelService, user tokens), schedules their runs\n"
     "  onto keel-workers (WorkerService, the worker join token), stores everything in\n"
-    "  SQLite under the state directory and exports Prometheus metrics.\n"
+    "  SQLite under the state directory (or in PostgreSQL: --store) and exports\n"
+    "  Prometheus metrics.\n"
     "options:\n"
     "  --listen ADDR            gRPC address (default 127.0.0.1:7070; 0.0.0.0:PORT for all)\n"
-    "  --state-dir DIR          keeld.db and generated tokens (default ./keeld-state)\n"
+    "  --state-dir DIR          keeld.db, keeld.lock and generated tokens (default ./keeld-state)\n"
+    "  --store URL              where sweeps, runs, metrics and events live:\n"
+    "                             sqlite:PATH or a plain PATH   a SQLite file\n"
+    "                             postgresql://user@host:port/db  a PostgreSQL database that\n"
+    "                                                           exists (libpq URL; ?host=DIR for a\n"
+    "                                                           unix socket; a password may be in\n"
+    "                                                           the URL or ~/.pgpass)\n"
+    "                           (default: SQLite at <state-dir>/keeld.db). The schema is created,\n"
+    "                           or upgraded in place from an older keeld's; a store written by a\n"
+    "                           newer keeld is refused and left unchanged. One keeld per database.\n"
     "  --metrics-listen ADDR    Prometheus /metrics (default 127.0.0.1:9464; 'off' disables)\n"
     "  --metrics-retention-s N  keep a finished run's per-run series this long (default 600)\n"
     "  --user-tokens-file F     user tokens, one per line (also $KEEL_USER_TOKENS, comma-separated)\n"
@@ -73,13 +83,14 @@ bool ReadPem(const std::string& path, std::string* out) {
 
 int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7070", state_dir = "keeld-state", metrics_listen = "127.0.0.1:9464";
-  std::string user_tokens_file, worker_token_file, tls_cert, tls_key, tls_ca;
+  std::string user_tokens_file, worker_token_file, tls_cert, tls_key, tls_ca, store_url;
   keel::CoordinatorOptions options;
   int64_t metrics_retention_ms = 600000;
   int64_t metrics_retention_s = metrics_retention_ms / 1000;
   CLI::App app("keeld");
   app.add_option("--listen", listen);
   app.add_option("--state-dir", state_dir);
+  app.add_option("--store", store_url);
   app.add_option("--metrics-listen", metrics_listen);
   app.add_option("--user-tokens-file", user_tokens_file);
   app.add_option("--worker-token-file", worker_token_file);
@@ -94,7 +105,13 @@ int main(int argc, char** argv) {
   if (!flags.proceed) return flags.exit_code;
   metrics_retention_ms = metrics_retention_s * 1000;
   if (tls_cert.empty() != tls_key.empty()) return Fail("--tls-cert and --tls-key go together");
-  keel::Status s = keel::MakeDirs(state_dir);
+  // Checked before anything is created: a bad --store changes nothing.
+  const bool store_given = app.count("--store") > 0;
+  keel::StoreLocation store_location;
+  keel::Status s = keel::ParseStoreLocation(store_given ? store_url : "sqlite:" + state_dir + "/keeld.db",
+                                            &store_location);
+  if (!s.ok()) return Fail(s.message());
+  s = keel::MakeDirs(state_dir);
   if (!s.ok()) return Fail("--state-dir: " + s.message());
   chmod(state_dir.c_str(), 0700);
   // One keeld per state directory: a second one would mark the first one's
@@ -122,8 +139,8 @@ int main(int argc, char** argv) {
   if (!s.ok()) return Fail(s.message());
   keel::KeeldMetrics metrics;
   std::unique_ptr<keel::Store> store;
-  s = keel::OpenSqliteStore(state_dir + "/keeld.db", &store);
-  if (!s.ok()) return Fail(s.message());
+  s = keel::OpenStore(store_location, &store);
+  if (!s.ok()) return Fail(store_given ? "--store: " + s.message() : s.message());
   store->SetWriteObserver([&metrics](double seconds) { metrics.ObserveStoreWrite(seconds); });
   std::unique_ptr<keel::Coordinator> coordinator;
   s = keel::Coordinator::Open(std::move(store), options, &coordinator);
@@ -173,8 +190,12 @@ int main(int argc, char** argv) {
   }
 
   std::atomic<bool>& stop = *keel::StopOnSignals();
-  std::fprintf(stderr, "keeld: listening on %s (port %d%s), state in %s, metrics on %s\n", listen.c_str(), port,
-               tls_cert.empty() ? "" : ", TLS", state_dir.c_str(), metrics_listen.c_str());
+  const std::string store_name = store_location.kind == keel::StoreLocation::Kind::kPostgres
+                                     ? keel::RedactStoreUrl(store_location.target)
+                                     : "sqlite:" + store_location.target;
+  std::fprintf(stderr, "keeld: listening on %s (port %d%s), state in %s, store %s (schema version %d), metrics on %s\n",
+               listen.c_str(), port, tls_cert.empty() ? "" : ", TLS", state_dir.c_str(), store_name.c_str(),
+               keel::kStoreSchemaVersion, metrics_listen.c_str());
   while (!stop.load()) {
     coordinator->Tick();
     metrics.Update(coordinator->Stats(metrics_retention_ms));

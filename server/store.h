@@ -1,6 +1,7 @@
 // Store: keeld's persistent state (sweeps, runs, metric points, events,
 // workers) behind one interface, so that SQLite (the default, store_sqlite.cc)
-// and later PostgreSQL are interchangeable.
+// and PostgreSQL (store_postgres.cc) are interchangeable; keeld picks one with
+// --store (ParseStoreLocation, OpenStore below).
 //
 // Contract shared by every implementation:
 // - Records are the keel.proto messages; a stored record reads back equal to
@@ -148,18 +149,60 @@ class Store {
   virtual Status Counts(int64_t* sweeps, int64_t* runs, int64_t* metric_points) = 0;
 };
 
-// The schema version this build writes and reads (the `schema_version` table).
+// The schema version this build writes and reads (the `schema_version` table,
+// one row, in both backends). Each backend keeps an ordered list of migration
+// steps, step v taking a store from version v-1 to v; opening a store applies
+// the missing steps in one transaction (a new store runs them all).
+// 1: the first released schema (sweeps, runs, metrics, events, workers).
 // 2: metric points' loss, lr, tokens_per_s and grad_norm also have columns of
-// their own (version 1 files are upgraded in place when opened).
+//    their own, filled from the stored records when a version 1 store is
+//    upgraded.
 constexpr int kStoreSchemaVersion = 2;
 
 // Opens the SQLite store at `path`, creating the file and its schema when
-// missing, and upgrading an older schema in place (one transaction). The database runs in WAL mode with synchronous=FULL (a commit
-// survives kill -9 and power loss) and foreign keys on. Refuses a file whose
-// schema version is newer than kStoreSchemaVersion (written by a newer keeld)
-// and changes nothing in it. On success *out owns the store; the file stays
-// open until the Store is destroyed. Open one Store per file per process.
+// missing, and upgrading an older schema in place (one transaction). The
+// database runs in WAL mode with synchronous=FULL (a commit survives kill -9
+// and power loss) and foreign keys on. Refuses a file whose schema version is
+// newer than kStoreSchemaVersion (written by a newer keeld) and changes
+// nothing in it. On success *out owns the store; the file stays open until the
+// Store is destroyed. Open one Store per file per process.
 Status OpenSqliteStore(const std::string& path, std::unique_ptr<Store>* out);
+
+// Opens the PostgreSQL store in the database that `url` names (a libpq
+// connection URI: postgresql://user[:password]@host[:port]/db[?param=value],
+// e.g. postgresql://keel@db.example:5432/keel; ?host=/dir reaches a unix
+// socket in /dir). The database must exist; the schema is created in it when
+// missing and upgraded in place when older (one transaction), and a newer one
+// is refused with nothing changed, as for SQLite. Every commit waits for the
+// server's WAL flush (synchronous_commit=on for keeld's connection).
+// One Store per database: the connection holds a session advisory lock, and
+// a second Store (another keeld) waiting more than lock_wait_ms for it is
+// refused with an error saying so. A dropped connection is reopened at the
+// next method call (the lock is taken again). Errors name the URL with any
+// password replaced by "***".
+Status OpenPostgresStore(const std::string& url, std::unique_ptr<Store>* out,
+                         int lock_wait_ms = 10000);
+
+// `url` with the password (user:PASSWORD@ or password=...) replaced by "***",
+// for messages and logs.
+std::string RedactStoreUrl(const std::string& url);
+
+// Where a store lives, as keeld's --store flag names it.
+struct StoreLocation {
+  enum class Kind { kSqlite, kPostgres };
+  Kind kind = Kind::kSqlite;
+  std::string target;  // the SQLite file, or the PostgreSQL URL
+};
+
+// Parses a --store value: "sqlite:PATH" or a plain PATH is SQLite at PATH;
+// "postgresql://..." or "postgres://..." is PostgreSQL (the URL checked by
+// libpq's parser, nothing connected). Anything else (an empty value or path,
+// another scheme, a URL libpq cannot parse) is InvalidField("--store", ...)
+// naming the value and the forms allowed.
+Status ParseStoreLocation(const std::string& value, StoreLocation* out);
+
+// Opens the store at `location` (OpenSqliteStore or OpenPostgresStore).
+Status OpenStore(const StoreLocation& location, std::unique_ptr<Store>* out);
 
 }  // namespace keel
 

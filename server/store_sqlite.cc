@@ -16,10 +16,16 @@
 #include <vector>
 
 #include "server/store.h"
+#include "server/store_internal.h"
 
 namespace keel {
 namespace {
 
+using store_internal::CheckSchemaVersion;
+using store_internal::DownsampledIndex;
+using store_internal::PageFull;
+using store_internal::RequireId;
+using store_internal::Serialize;
 
 // Version 1. Every table keeps insertion order in an INTEGER PRIMARY KEY `seq`
 // (AUTOINCREMENT: a deleted row's seq is never reused, so order stays creation
@@ -147,12 +153,7 @@ class Stmt {
   // Parses the blob in `col` into `msg`.
   Status Parse(int col, google::protobuf::Message* msg) const {
     const void* p = sqlite3_column_blob(stmt_, col);
-    int n = sqlite3_column_bytes(stmt_, col);
-    if (!msg->ParseFromArray(p, n)) {
-      return Status::Error("store: stored " + msg->GetTypeName() + " record is corrupt (" +
-                           std::to_string(n) + " bytes do not parse)");
-    }
-    return Status::Ok();
+    return store_internal::ParseRecord(p, sqlite3_column_bytes(stmt_, col), msg);
   }
 
  private:
@@ -179,13 +180,6 @@ Status Exec(sqlite3* db, const char* sql) {
   return Status::Ok();
 }
 
-Status Serialize(const google::protobuf::Message& msg, std::string* out) {
-  if (!msg.SerializeToString(out)) {
-    return Status::Error("store: cannot serialize " + msg.GetTypeName());
-  }
-  return Status::Ok();
-}
-
 // Runs `body` inside one transaction: COMMIT when it returns OK (the commit is
 // synced: synchronous=FULL), ROLLBACK otherwise. Writes take the write lock at
 // BEGIN (IMMEDIATE) so that a commit never fails for a lock upgrade.
@@ -198,11 +192,6 @@ Status InTransaction(sqlite3* db, bool write, Body body) {
   return status;
 }
 
-Status RequireId(const std::string& id, const std::string& what) {
-  if (id.empty()) return Status::Error(what + ": id is empty; every record needs a non-empty id");
-  return Status::Ok();
-}
-
 // A point without its json line, from a row whose column 0 is the step and
 // columns first..first+3 are loss, lr, tokens_per_s and grad_norm.
 void PointFromColumns(const Stmt& q, const std::string& run_id, int first, v1::MetricPoint* point) {
@@ -212,21 +201,6 @@ void PointFromColumns(const Stmt& q, const std::string& run_id, int first, v1::M
   point->set_lr(q.Double(first + 1));
   point->set_tokens_per_s(q.Double(first + 2));
   point->set_grad_norm(q.Double(first + 3));
-}
-
-// Whether a page of `items` records and `bytes` bytes ends before the next
-// record (`size` bytes): it holds page.max_items records, or that record would
-// take it past page.max_bytes. A page always takes its first record.
-bool PageFull(const PageRequest& page, size_t items, int64_t bytes, int64_t size) {
-  return items > 0 && (static_cast<int64_t>(items) >= page.max_items || bytes + size > page.max_bytes);
-}
-
-// Downsampling n points to m < n by index: the k-th point kept (k = 0 .. m-1)
-// is point round(k * (n-1) / (m-1)). n > m makes the spacing (n-1)/(m-1) > 1,
-// so the indices are distinct and increasing, with k = 0 the first point and
-// k = m-1 the last (the last alone when m is 1).
-int64_t DownsampledIndex(int64_t k, int64_t n, int64_t m) {
-  return m == 1 ? n - 1 : (k * (n - 1) + (m - 1) / 2) / (m - 1);
 }
 
 class SqliteStore : public Store {
@@ -773,15 +747,17 @@ Status MigrateV1ToV2(sqlite3* db) {
   }
 }
 
-Status CheckVersion(const std::string& path, int64_t version) {
-  if (version > kStoreSchemaVersion) {
-    return Status::Error("store '" + path + "': schema version " + std::to_string(version) +
-                         " is newer than version " + std::to_string(kStoreSchemaVersion) +
-                         ", the newest this keeld supports; run a newer keeld (the file was "
-                         "left unchanged)");
-  }
-  return Status::Ok();
-}
+Status CreateV1(sqlite3* db) { return Exec(db, kSchemaV1); }
+
+// The schema's history: step i takes a store from version to_version - 1 to
+// to_version. A new file runs them all; kStoreSchemaVersion is the last one's.
+struct Migration {
+  int64_t to_version;
+  Status (*apply)(sqlite3* db);
+};
+constexpr Migration kMigrations[] = {{1, CreateV1}, {2, MigrateV1ToV2}};
+static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kStoreSchemaVersion,
+              "one migration step per schema version");
 
 Status Open(const std::string& path, sqlite3* db) {
   if (sqlite3_busy_timeout(db, 10000) != SQLITE_OK) {
@@ -791,7 +767,7 @@ Status Open(const std::string& path, sqlite3* db) {
   // included).
   int64_t version = 0;
   KEEL_RETURN_IF_ERROR(ReadSchemaVersion(db, &version));
-  KEEL_RETURN_IF_ERROR(CheckVersion(path, version));
+  KEEL_RETURN_IF_ERROR(CheckSchemaVersion(path, version));
 
   // WAL: readers never block the writer and a commit is one append. FULL: the
   // WAL is fsynced at every commit, so an acknowledged write survives power
@@ -813,20 +789,19 @@ Status Open(const std::string& path, sqlite3* db) {
     // Read again under the write lock: another process may have created the
     // schema since.
     KEEL_RETURN_IF_ERROR(ReadSchemaVersion(db, &version));
-    KEEL_RETURN_IF_ERROR(CheckVersion(path, version));
+    KEEL_RETURN_IF_ERROR(CheckSchemaVersion(path, version));
     if (version == kStoreSchemaVersion) return Status::Ok();
     if (version == 0) {
-      // A new file: version 1's schema, then every migration after it.
-      KEEL_RETURN_IF_ERROR(Exec(db, "CREATE TABLE schema_version (version INTEGER NOT NULL)"));
-      KEEL_RETURN_IF_ERROR(Exec(db, kSchemaV1));
-      KEEL_RETURN_IF_ERROR(Exec(db, "INSERT INTO schema_version(version) VALUES(1)"));
-      version = 1;
+      KEEL_RETURN_IF_ERROR(Exec(db, "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"));
+      KEEL_RETURN_IF_ERROR(Exec(db, "INSERT INTO schema_version(version) SELECT 0 "
+                                    "WHERE NOT EXISTS (SELECT 1 FROM schema_version)"));
     }
-    // Older versions are upgraded in place, one step at a time, inside this
-    // transaction: a failure leaves the file as it was.
-    if (version == 1) {
-      KEEL_RETURN_IF_ERROR(MigrateV1ToV2(db));
-      version = 2;
+    // Older versions (0: a new file) are upgraded in place, one step at a
+    // time, inside this transaction: a failure leaves the file as it was.
+    for (const Migration& step : kMigrations) {
+      if (step.to_version <= version) continue;
+      KEEL_RETURN_IF_ERROR(step.apply(db));
+      version = step.to_version;
     }
     Stmt set(db, "UPDATE schema_version SET version = ?");
     set.Bind(1, version);

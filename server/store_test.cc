@@ -1,8 +1,14 @@
-// Tests of the SQLite Store (store.h) on real files under $TEST_TMPDIR:
-// round trips, atomicity, metric idempotence and downsampling, durability
-// across close, _exit and SIGKILL, schema version refusal, concurrent writers.
+// Tests of the Store (store.h), one suite run against both backends: SQLite on
+// real files under $TEST_TMPDIR and PostgreSQL on a real server this test
+// starts (TempPostgres: Debian's postgresql, a database per test). Round
+// trips, atomicity, metric idempotence and downsampling, durability across
+// close, _exit and SIGKILL, schema versions (upgrade of a version 1 store,
+// refusal of a newer one), concurrent writers; then what only one backend has
+// (SQLite's WAL mode and paths, PostgreSQL's lock, reconnects and URLs) and
+// --store parsing.
 #include "server/store.h"
 
+#include <postgresql/libpq-fe.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/types.h>
@@ -14,11 +20,14 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <memory>
 #include <thread>
 #include <vector>
 
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
+
+#include "server/temp_postgres.h"
 
 namespace keel {
 namespace {
@@ -30,18 +39,6 @@ using google::protobuf::util::MessageDifferencer;
     ::keel::Status _s = (expr);                   \
     ASSERT_TRUE(_s.ok()) << #expr << ": " << _s.message(); \
   } while (0)
-
-// A fresh database path per test (the file does not exist yet).
-std::string TestDbPath() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  std::string base = dir != nullptr ? dir : "/tmp";
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string path = base + "/" + info->test_suite_name() + "_" + info->name() + ".db";
-  std::remove(path.c_str());
-  std::remove((path + "-wal").c_str());
-  std::remove((path + "-shm").c_str());
-  return path;
-}
 
 v1::Sweep MakeSweep(const std::string& id) {
   v1::Sweep s;
@@ -101,12 +98,160 @@ v1::Event MakeEvent(const std::string& run_id, int64_t step, const std::string& 
   return e;
 }
 
-std::unique_ptr<Store> Open(const std::string& path) {
-  std::unique_ptr<Store> store;
-  Status s = OpenSqliteStore(path, &store);
-  EXPECT_TRUE(s.ok()) << s.message();
-  return store;
+// A fresh SQLite path per test (the file does not exist yet).
+std::string TestDbPath() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  std::string base = dir != nullptr ? dir : "/tmp";
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string name = std::string(info->test_suite_name()) + "_" + info->name();
+  for (char& c : name) {
+    if (c == '/') c = '_';
+  }
+  std::string path = base + "/" + name + ".db";
+  std::remove(path.c_str());
+  std::remove((path + "-wal").c_str());
+  std::remove((path + "-shm").c_str());
+  return path;
 }
+
+// The PostgreSQL server of this test binary, started by the first test that
+// needs it and stopped when the tests end. A server that cannot start fails
+// every PostgreSQL test with the reason.
+class PostgresEnvironment : public ::testing::Environment {
+ public:
+  static TempPostgres* Get(Status* status) {
+    if (!started_) {
+      started_ = true;
+      start_status_ = TempPostgres::Start(&server_);
+    }
+    *status = start_status_;
+    return server_.get();
+  }
+  // A new, empty database; *url names it.
+  static Status NewDatabase(std::string* url) {
+    Status status;
+    TempPostgres* server = Get(&status);
+    if (server == nullptr) return status;
+    return server->CreateDatabase("t" + std::to_string(++databases_), url);
+  }
+  void TearDown() override { server_.reset(); }
+
+ private:
+  static bool started_;
+  static Status start_status_;
+  static std::unique_ptr<TempPostgres> server_;
+  static int databases_;
+};
+bool PostgresEnvironment::started_ = false;
+Status PostgresEnvironment::start_status_;
+std::unique_ptr<TempPostgres> PostgresEnvironment::server_;
+int PostgresEnvironment::databases_ = 0;
+::testing::Environment* const kPostgresEnvironment =
+    ::testing::AddGlobalTestEnvironment(new PostgresEnvironment());
+
+enum class Backend { kSqlite, kPostgres };
+
+std::string BackendName(const ::testing::TestParamInfo<Backend>& info) {
+  return info.param == Backend::kSqlite ? "sqlite" : "postgres";
+}
+
+// Runs SQL on a PostgreSQL database directly, bypassing the Store.
+std::string PgQueryText(const std::string& url, const std::string& sql, bool expect_ok = true) {
+  PGconn* conn = PQconnectdb(url.c_str());
+  std::string out;
+  if (PQstatus(conn) != CONNECTION_OK) {
+    out = std::string("connect failed: ") + PQerrorMessage(conn);
+  } else {
+    PGresult* res = PQexec(conn, sql.c_str());
+    const ExecStatusType st = PQresultStatus(res);
+    if (st == PGRES_TUPLES_OK && PQntuples(res) > 0) {
+      out = PQgetvalue(res, 0, 0);
+    } else if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
+      out = std::string("error: ") + PQresultErrorMessage(res);
+    }
+    PQclear(res);
+  }
+  PQfinish(conn);
+  if (expect_ok) {
+    EXPECT_EQ(out.rfind("error: ", 0), std::string::npos) << sql << ": " << out;
+    EXPECT_EQ(out.rfind("connect failed", 0), std::string::npos) << out;
+  }
+  return out;
+}
+
+// Runs SQL on a SQLite file directly, bypassing the Store.
+void SqliteExec(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* err = nullptr;
+  int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
+  EXPECT_EQ(rc, SQLITE_OK) << (err ? err : "");
+  sqlite3_free(err);
+  sqlite3_close(db);
+}
+
+std::string SqliteQueryText(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  std::string out;
+  if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) return "open failed";
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) == SQLITE_OK &&
+      sqlite3_step(stmt) == SQLITE_ROW) {
+    const unsigned char* p = sqlite3_column_text(stmt, 0);
+    out = p ? reinterpret_cast<const char*>(p) : "";
+  } else {
+    out = std::string("error: ") + sqlite3_errmsg(db);
+  }
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+  return out;
+}
+
+// The suite's fixture: Location() is where this test's store lives (a SQLite
+// file or a PostgreSQL database URL), new and empty when the test starts.
+class StoreTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Backend::kSqlite) {
+      location_ = TestDbPath();
+      return;
+    }
+    Status s = PostgresEnvironment::NewDatabase(&location_);
+    ASSERT_TRUE(s.ok()) << "the PostgreSQL tests need a PostgreSQL server: " << s.message();
+  }
+
+  bool postgres() const { return GetParam() == Backend::kPostgres; }
+  const std::string& Location() const { return location_; }
+
+  Status OpenAt(const std::string& location, std::unique_ptr<Store>* out) {
+    return postgres() ? OpenPostgresStore(location, out) : OpenSqliteStore(location, out);
+  }
+  std::unique_ptr<Store> Open(const std::string& location) {
+    std::unique_ptr<Store> store;
+    Status s = OpenAt(location, &store);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return store;
+  }
+
+  // SQL run on the store directly, bypassing the Store.
+  void RawExec(const std::string& location, const std::string& sql) {
+    if (postgres()) {
+      PgQueryText(location, sql);
+    } else {
+      SqliteExec(location, sql);
+    }
+  }
+  // The first column of the first row as text ("" when none).
+  std::string RawQueryText(const std::string& location, const std::string& sql) {
+    return postgres() ? PgQueryText(location, sql) : SqliteQueryText(location, sql);
+  }
+
+ private:
+  std::string location_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Backends, StoreTest, ::testing::Values(Backend::kSqlite, Backend::kPostgres),
+                         BackendName);
 
 std::vector<std::string> RunIds(const std::vector<v1::Run>& runs) {
   std::vector<std::string> ids;
@@ -128,8 +273,8 @@ std::vector<std::string> EventKinds(const std::vector<v1::Event>& events) {
 
 // ---- Round trips -------------------------------------------------------------
 
-TEST(StoreTest, SweepAndRunRoundTrip) {
-  auto store = Open(TestDbPath());
+TEST_P(StoreTest, SweepAndRunRoundTrip) {
+  auto store = Open(Location());
   ASSERT_TRUE(store);
   v1::Sweep sweep = MakeSweep("sw1");
   std::vector<v1::Run> runs = {MakeRun("r1", "sw1"), MakeRun("r2", "sw1")};
@@ -155,8 +300,8 @@ TEST(StoreTest, SweepAndRunRoundTrip) {
   EXPECT_TRUE(MessageDifferencer::Equals(runs[0], run)) << run.DebugString();
 }
 
-TEST(StoreTest, NotFoundErrors) {
-  auto store = Open(TestDbPath());
+TEST_P(StoreTest, NotFoundErrors) {
+  auto store = Open(Location());
   ASSERT_TRUE(store);
   v1::Sweep sweep;
   Status s = store->GetSweep("x", &sweep);
@@ -189,8 +334,8 @@ TEST(StoreTest, NotFoundErrors) {
   EXPECT_TRUE(points.empty());
 }
 
-TEST(StoreTest, ListsKeepCreationOrder) {
-  auto store = Open(TestDbPath());
+TEST_P(StoreTest, ListsKeepCreationOrder) {
+  auto store = Open(Location());
   ASSERT_TRUE(store);
   // Ids sort differently from creation order on purpose.
   ASSERT_OK(store->CreateSweep(MakeSweep("zeta"), {MakeRun("z2", "zeta"), MakeRun("z1", "zeta")}));
@@ -213,8 +358,8 @@ TEST(StoreTest, ListsKeepCreationOrder) {
   EXPECT_TRUE(runs.empty());
 }
 
-TEST(StoreTest, ListRunsInStateAndUpdateRuns) {
-  auto store = Open(TestDbPath());
+TEST_P(StoreTest, ListRunsInStateAndUpdateRuns) {
+  auto store = Open(Location());
   ASSERT_TRUE(store);
   std::vector<v1::Run> runs = {MakeRun("a", "s"), MakeRun("b", "s"), MakeRun("c", "s")};
   ASSERT_OK(store->CreateSweep(MakeSweep("s"), runs));
@@ -248,8 +393,8 @@ TEST(StoreTest, ListRunsInStateAndUpdateRuns) {
   EXPECT_NE(s.message().find("sweep_id"), std::string::npos) << s.message();
 }
 
-TEST(StoreTest, WorkerRoundTripAndUpsert) {
-  auto store = Open(TestDbPath());
+TEST_P(StoreTest, WorkerRoundTripAndUpsert) {
+  auto store = Open(Location());
   ASSERT_TRUE(store);
   v1::Worker w;
   w.set_id("w2");
@@ -286,8 +431,8 @@ TEST(StoreTest, WorkerRoundTripAndUpsert) {
   EXPECT_TRUE(MessageDifferencer::Equals(w, workers[0])) << workers[0].DebugString();
 }
 
-TEST(StoreTest, Counts) {
-  auto store = Open(TestDbPath());
+TEST_P(StoreTest, Counts) {
+  auto store = Open(Location());
   ASSERT_TRUE(store);
   int64_t sweeps = -1, runs = -1, points = -1;
   ASSERT_OK(store->Counts(&sweeps, &runs, &points));
@@ -305,8 +450,8 @@ TEST(StoreTest, Counts) {
 
 // ---- CreateSweep validation and atomicity ------------------------------------------
 
-TEST(StoreTest, CreateSweepIsAtomicOnDuplicateRunId) {
-  auto store = Open(TestDbPath());
+TEST_P(StoreTest, CreateSweepIsAtomicOnDuplicateRunId) {
+  auto store = Open(Location());
   ASSERT_TRUE(store);
   ASSERT_OK(store->CreateSweep(MakeSweep("s1"), {MakeRun("r1", "s1")}));
 
@@ -346,8 +491,8 @@ TEST(StoreTest, CreateSweepIsAtomicOnDuplicateRunId) {
 
 // ---- Metrics -------------------------------------------------------------------
 
-TEST(StoreTest, MetricsIdempotentPerStep) {
-  auto store = Open(TestDbPath());
+TEST_P(StoreTest, MetricsIdempotentPerStep) {
+  auto store = Open(Location());
   ASSERT_TRUE(store);
   ASSERT_OK(store->CreateSweep(MakeSweep("s"), {MakeRun("r", "s"), MakeRun("q", "s")}));
   std::vector<v1::MetricPoint> batch;
@@ -377,8 +522,8 @@ TEST(StoreTest, MetricsIdempotentPerStep) {
   EXPECT_EQ(last.step(), 5);
 }
 
-TEST(StoreTest, MetricsDownsamplingIsExact) {
-  auto store = Open(TestDbPath());
+TEST_P(StoreTest, MetricsDownsamplingIsExact) {
+  auto store = Open(Location());
   ASSERT_TRUE(store);
   ASSERT_OK(store->CreateSweep(MakeSweep("s"), {MakeRun("r", "s")}));
   // Steps 0, 10, ..., 990: point i has step 10*i.
@@ -429,8 +574,8 @@ TEST(StoreTest, MetricsDownsamplingIsExact) {
   }
 }
 
-TEST(StoreTest, DeleteMetricsAfterRollsBack) {
-  auto store = Open(TestDbPath());
+TEST_P(StoreTest, DeleteMetricsAfterRollsBack) {
+  auto store = Open(Location());
   ASSERT_TRUE(store);
   ASSERT_OK(store->CreateSweep(MakeSweep("s"), {MakeRun("r", "s"), MakeRun("other", "s")}));
   std::vector<v1::MetricPoint> batch;
@@ -464,8 +609,8 @@ TEST(StoreTest, DeleteMetricsAfterRollsBack) {
 
 // ---- Events ----------------------------------------------------------------------
 
-TEST(StoreTest, EventFilters) {
-  auto store = Open(TestDbPath());
+TEST_P(StoreTest, EventFilters) {
+  auto store = Open(Location());
   ASSERT_TRUE(store);
   ASSERT_OK(store->CreateSweep(MakeSweep("s1"), {MakeRun("a", "s1"), MakeRun("b", "s1")}));
   ASSERT_OK(store->CreateSweep(MakeSweep("s2"), {MakeRun("c", "s2")}));
@@ -496,8 +641,8 @@ TEST(StoreTest, EventFilters) {
 
 // ---- Paging ------------------------------------------------------------------------
 
-TEST(StoreTest, EventPagesReturnEveryEventOnceInOrderWhileEventsArrive) {
-  auto store = Open(TestDbPath());
+TEST_P(StoreTest, EventPagesReturnEveryEventOnceInOrderWhileEventsArrive) {
+  auto store = Open(Location());
   ASSERT_TRUE(store);
   ASSERT_OK(store->CreateSweep(MakeSweep("s1"), {MakeRun("a", "s1"), MakeRun("b", "s1")}));
   ASSERT_OK(store->CreateSweep(MakeSweep("s2"), {MakeRun("c", "s2")}));
@@ -548,8 +693,8 @@ TEST(StoreTest, EventPagesReturnEveryEventOnceInOrderWhileEventsArrive) {
   EXPECT_TRUE(IsNotFound(store->ListEventsPage("ghost", "", PageRequest(), &events, &result)));
 }
 
-TEST(StoreTest, AppendEventsIsAllOrNothing) {
-  auto store = Open(TestDbPath());
+TEST_P(StoreTest, AppendEventsIsAllOrNothing) {
+  auto store = Open(Location());
   ASSERT_TRUE(store);
   ASSERT_OK(store->CreateSweep(MakeSweep("s"), {MakeRun("r", "s")}));
   Status s = store->AppendEvents({MakeEvent("r", 1, "kept?"), MakeEvent("ghost", 2, "bad")});
@@ -562,8 +707,8 @@ TEST(StoreTest, AppendEventsIsAllOrNothing) {
   EXPECT_EQ(EventKinds(got), (std::vector<std::string>{"one", "two"}));
 }
 
-TEST(StoreTest, MetricPagesReturnEveryPointOnceInStepOrderWhilePointsArrive) {
-  auto store = Open(TestDbPath());
+TEST_P(StoreTest, MetricPagesReturnEveryPointOnceInStepOrderWhilePointsArrive) {
+  auto store = Open(Location());
   ASSERT_TRUE(store);
   ASSERT_OK(store->CreateSweep(MakeSweep("s"), {MakeRun("r", "s"), MakeRun("other", "s")}));
   std::vector<v1::MetricPoint> points;
@@ -665,8 +810,8 @@ void CheckAll(Store* store) {
   EXPECT_EQ(w.host(), "h");
 }
 
-TEST(StoreTest, ReopenAfterCloseKeepsEverything) {
-  const std::string path = TestDbPath();
+TEST_P(StoreTest, ReopenAfterCloseKeepsEverything) {
+  const std::string path = Location();
   {
     auto store = Open(path);
     ASSERT_TRUE(store);
@@ -677,15 +822,15 @@ TEST(StoreTest, ReopenAfterCloseKeepsEverything) {
   CheckAll(store.get());
 }
 
-TEST(StoreTest, ChildExitingWithoutCloseLosesNothing) {
-  const std::string path = TestDbPath();
+TEST_P(StoreTest, ChildExitingWithoutCloseLosesNothing) {
+  const std::string path = Location();
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     // The child: writes, then ends without destroying the Store or running
     // any destructor (the store's connection is never closed).
     std::unique_ptr<Store> store;
-    if (!OpenSqliteStore(path, &store).ok()) _exit(2);
+    if (!OpenAt(path, &store).ok()) _exit(2);
     WriteAll(store.get());
     if (::testing::Test::HasFailure()) _exit(3);
     store.release();  // leak on purpose: no sqlite3_close, no checkpoint
@@ -701,8 +846,8 @@ TEST(StoreTest, ChildExitingWithoutCloseLosesNothing) {
   CheckAll(store.get());
 }
 
-TEST(StoreTest, KillNineKeepsEveryAcknowledgedWrite) {
-  const std::string path = TestDbPath();
+TEST_P(StoreTest, KillNineKeepsEveryAcknowledgedWrite) {
+  const std::string path = Location();
   {
     auto store = Open(path);
     ASSERT_TRUE(store);
@@ -717,7 +862,7 @@ TEST(StoreTest, KillNineKeepsEveryAcknowledgedWrite) {
     // returned OK (acknowledged).
     close(fds[0]);
     std::unique_ptr<Store> store;
-    if (!OpenSqliteStore(path, &store).ok()) _exit(2);
+    if (!OpenAt(path, &store).ok()) _exit(2);
     for (int64_t step = 1;; ++step) {
       if (!store->AppendMetrics({MakePoint("r", step)}).ok()) _exit(3);
       if (write(fds[1], &step, sizeof(step)) != sizeof(step)) _exit(4);
@@ -750,77 +895,10 @@ TEST(StoreTest, KillNineKeepsEveryAcknowledgedWrite) {
 
 // ---- Schema ------------------------------------------------------------------------
 
-// Runs one SQL statement on the file directly, bypassing the Store.
-void RawExec(const std::string& path, const std::string& sql) {
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  char* err = nullptr;
-  int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
-  EXPECT_EQ(rc, SQLITE_OK) << (err ? err : "");
-  sqlite3_free(err);
-  sqlite3_close(db);
-}
-
-std::string RawQueryText(const std::string& path, const std::string& sql) {
-  sqlite3* db = nullptr;
-  std::string out;
-  if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) return "open failed";
-  sqlite3_stmt* stmt = nullptr;
-  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) == SQLITE_OK &&
-      sqlite3_step(stmt) == SQLITE_ROW) {
-    const unsigned char* p = sqlite3_column_text(stmt, 0);
-    out = p ? reinterpret_cast<const char*>(p) : "";
-  } else {
-    out = std::string("error: ") + sqlite3_errmsg(db);
-  }
-  sqlite3_finalize(stmt);
-  sqlite3_close(db);
-  return out;
-}
-
-TEST(StoreTest, CreatesSchemaInWalMode) {
-  const std::string path = TestDbPath();
-  {
-    auto store = Open(path);
-    ASSERT_TRUE(store);
-  }
-  EXPECT_EQ(RawQueryText(path, "PRAGMA journal_mode"), "wal");
-  EXPECT_EQ(RawQueryText(path, "SELECT version FROM schema_version"),
-            std::to_string(kStoreSchemaVersion));
-  // Reopening an existing file keeps its schema and one version row.
-  auto store = Open(path);
-  ASSERT_TRUE(store);
-  EXPECT_EQ(RawQueryText(path, "SELECT COUNT(*) FROM schema_version"), "1");
-}
-
-TEST(StoreTest, RefusesNewerSchemaVersion) {
-  const std::string path = TestDbPath();
-  {
-    auto store = Open(path);
-    ASSERT_TRUE(store);
-    ASSERT_OK(store->CreateSweep(MakeSweep("s"), {}));
-  }
-  RawExec(path, "UPDATE schema_version SET version = 999");
-  std::unique_ptr<Store> store;
-  Status s = OpenSqliteStore(path, &store);
-  ASSERT_FALSE(s.ok());
-  EXPECT_FALSE(store);
-  EXPECT_NE(s.message().find("schema version 999"), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find("newer"), std::string::npos) << s.message();
-  // The file is unchanged: data and version as they were.
-  EXPECT_EQ(RawQueryText(path, "SELECT version FROM schema_version"), "999");
-  EXPECT_EQ(RawQueryText(path, "SELECT id FROM sweeps"), "s");
-  // Back at the supported version it opens again.
-  RawExec(path, "UPDATE schema_version SET version = " + std::to_string(kStoreSchemaVersion));
-  ASSERT_OK(OpenSqliteStore(path, &store));
-  v1::Sweep sweep;
-  ASSERT_OK(store->GetSweep("s", &sweep));
-}
-
-// The hex of a message's serialized bytes, for an SQL blob literal X'...'.
-std::string HexOf(const google::protobuf::Message& m) {
-  std::string bytes = m.SerializeAsString(), hex;
+// The hex of bytes, for an SQL blob literal.
+std::string Hex(const std::string& bytes) {
   static const char kDigits[] = "0123456789abcdef";
+  std::string hex;
   for (unsigned char c : bytes) {
     hex += kDigits[c >> 4];
     hex += kDigits[c & 15];
@@ -828,40 +906,125 @@ std::string HexOf(const google::protobuf::Message& m) {
   return hex;
 }
 
-TEST(StoreTest, UpgradesAVersionOneStoreInPlace) {
-  // A store as the previous release (schema version 1) wrote it: metric points
-  // as records only, without the number columns of version 2.
-  const std::string path = TestDbPath();
-  RawExec(path,
-          "CREATE TABLE schema_version (version INTEGER NOT NULL);"
-          "CREATE TABLE sweeps (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,"
-          " state INTEGER NOT NULL, created_unix_ms INTEGER NOT NULL, proto BLOB NOT NULL);"
-          "CREATE TABLE runs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,"
-          " sweep_id TEXT NOT NULL REFERENCES sweeps(id), state INTEGER NOT NULL, proto BLOB NOT NULL);"
-          "CREATE INDEX runs_by_sweep ON runs(sweep_id, seq);"
-          "CREATE INDEX runs_by_state ON runs(state, seq);"
-          "CREATE TABLE metrics (run_id TEXT NOT NULL REFERENCES runs(id), step INTEGER NOT NULL,"
-          " proto BLOB NOT NULL, PRIMARY KEY (run_id, step)) WITHOUT ROWID;"
-          "CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT REFERENCES runs(id),"
-          " sweep_id TEXT REFERENCES sweeps(id), proto BLOB NOT NULL);"
-          "CREATE INDEX events_by_run ON events(run_id, seq);"
-          "CREATE INDEX events_by_sweep ON events(sweep_id, seq);"
-          "CREATE TABLE workers (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, proto BLOB NOT NULL);"
-          "INSERT INTO schema_version(version) VALUES(1);"
-          "PRAGMA journal_mode = WAL;");
+std::string HexOf(const google::protobuf::Message& m) { return Hex(m.SerializeAsString()); }
+
+// Version 1 as the previous release wrote it (store_sqlite.cc's kSchemaV1
+// before version 2), copied here so that a change to the code cannot change
+// the fixture: metric points as records only, without the number columns.
+const char kSqliteSchemaV1[] =
+    "CREATE TABLE schema_version (version INTEGER NOT NULL);"
+    "CREATE TABLE sweeps (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,"
+    " state INTEGER NOT NULL, created_unix_ms INTEGER NOT NULL, proto BLOB NOT NULL);"
+    "CREATE TABLE runs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,"
+    " sweep_id TEXT NOT NULL REFERENCES sweeps(id), state INTEGER NOT NULL, proto BLOB NOT NULL);"
+    "CREATE INDEX runs_by_sweep ON runs(sweep_id, seq);"
+    "CREATE INDEX runs_by_state ON runs(state, seq);"
+    "CREATE TABLE metrics (run_id TEXT NOT NULL REFERENCES runs(id), step INTEGER NOT NULL,"
+    " proto BLOB NOT NULL, PRIMARY KEY (run_id, step)) WITHOUT ROWID;"
+    "CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT REFERENCES runs(id),"
+    " sweep_id TEXT REFERENCES sweeps(id), proto BLOB NOT NULL);"
+    "CREATE INDEX events_by_run ON events(run_id, seq);"
+    "CREATE INDEX events_by_sweep ON events(sweep_id, seq);"
+    "CREATE TABLE workers (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, proto BLOB NOT NULL);"
+    "INSERT INTO schema_version(version) VALUES(1);"
+    "PRAGMA journal_mode = WAL;";
+
+// PostgreSQL's version 1 (store_postgres.cc's kSchemaV1, the same tables), as
+// a keeld of schema version 1 would have written it.
+const char kPostgresSchemaV1[] =
+    "CREATE TABLE schema_version (version BIGINT NOT NULL);"
+    "CREATE TABLE sweeps (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, id TEXT NOT NULL UNIQUE,"
+    " state BIGINT NOT NULL, created_unix_ms BIGINT NOT NULL, proto BYTEA NOT NULL);"
+    "CREATE TABLE runs (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, id TEXT NOT NULL UNIQUE,"
+    " sweep_id TEXT NOT NULL REFERENCES sweeps(id), state BIGINT NOT NULL, proto BYTEA NOT NULL);"
+    "CREATE INDEX runs_by_sweep ON runs(sweep_id, seq);"
+    "CREATE INDEX runs_by_state ON runs(state, seq);"
+    "CREATE TABLE metrics (run_id TEXT NOT NULL REFERENCES runs(id), step BIGINT NOT NULL,"
+    " proto BYTEA NOT NULL, PRIMARY KEY (run_id, step));"
+    "CREATE TABLE events (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, run_id TEXT REFERENCES runs(id),"
+    " sweep_id TEXT REFERENCES sweeps(id), proto BYTEA NOT NULL);"
+    "CREATE INDEX events_by_run ON events(run_id, seq);"
+    "CREATE INDEX events_by_sweep ON events(sweep_id, seq);"
+    "CREATE TABLE workers (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, id TEXT NOT NULL UNIQUE,"
+    " proto BYTEA NOT NULL);"
+    "INSERT INTO schema_version(version) VALUES(1);";
+
+std::string BlobLiteral(bool postgres, const std::string& hex) {
+  return postgres ? "decode('" + hex + "', 'hex')" : "X'" + hex + "'";
+}
+
+// Whether table metrics has a column `name`.
+std::string MetricsHasColumnQuery(bool postgres, const std::string& name) {
+  return postgres ? "SELECT COUNT(*) FROM information_schema.columns WHERE table_name = 'metrics' AND column_name = '" +
+                        name + "'"
+                  : "SELECT COUNT(*) FROM pragma_table_info('metrics') WHERE name = '" + name + "'";
+}
+
+TEST_P(StoreTest, CreatesTheCurrentSchemaWithOneVersionRow) {
+  const std::string path = Location();
+  {
+    auto store = Open(path);
+    ASSERT_TRUE(store);
+  }
+  EXPECT_EQ(RawQueryText(path, "SELECT version FROM schema_version"), std::to_string(kStoreSchemaVersion));
+  EXPECT_EQ(RawQueryText(path, MetricsHasColumnQuery(postgres(), "grad_norm")), "1");
+  // Reopening an existing store keeps its schema and one version row.
+  auto store = Open(path);
+  ASSERT_TRUE(store);
+  EXPECT_EQ(RawQueryText(path, "SELECT COUNT(*) FROM schema_version"), "1");
+  EXPECT_EQ(RawQueryText(path, "SELECT version FROM schema_version"), std::to_string(kStoreSchemaVersion));
+}
+
+TEST_P(StoreTest, RefusesNewerSchemaVersion) {
+  const std::string path = Location();
+  {
+    auto store = Open(path);
+    ASSERT_TRUE(store);
+    ASSERT_OK(store->CreateSweep(MakeSweep("s"), {}));
+  }
+  RawExec(path, "UPDATE schema_version SET version = 999");
+  std::unique_ptr<Store> store;
+  Status s = OpenAt(path, &store);
+  ASSERT_FALSE(s.ok());
+  EXPECT_FALSE(store);
+  // Both versions are named.
+  EXPECT_NE(s.message().find("schema version 999 is newer than version " + std::to_string(kStoreSchemaVersion)),
+            std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("left unchanged"), std::string::npos) << s.message();
+  // The store is unchanged: data and version as they were.
+  EXPECT_EQ(RawQueryText(path, "SELECT version FROM schema_version"), "999");
+  EXPECT_EQ(RawQueryText(path, "SELECT id FROM sweeps"), "s");
+  // Back at the supported version it opens again.
+  RawExec(path, "UPDATE schema_version SET version = " + std::to_string(kStoreSchemaVersion));
+  ASSERT_OK(OpenAt(path, &store));
+  v1::Sweep sweep;
+  ASSERT_OK(store->GetSweep("s", &sweep));
+}
+
+TEST_P(StoreTest, UpgradesAVersionOneStoreInPlace) {
+  // A store as the previous release (schema version 1) wrote it.
+  const std::string path = Location();
+  RawExec(path, postgres() ? kPostgresSchemaV1 : kSqliteSchemaV1);
   const v1::Sweep sweep = MakeSweep("s");
   const v1::Run run = MakeRun("r", "s");
-  RawExec(path, "INSERT INTO sweeps(id, state, created_unix_ms, proto) VALUES('s', 1, 0, X'" + HexOf(sweep) + "');"
-                "INSERT INTO runs(id, sweep_id, state, proto) VALUES('r', 's', 1, X'" + HexOf(run) + "');");
+  RawExec(path, "INSERT INTO sweeps(id, state, created_unix_ms, proto) VALUES('s', 1, 0, " +
+                    BlobLiteral(postgres(), HexOf(sweep)) + ")");
+  RawExec(path, "INSERT INTO runs(id, sweep_id, state, proto) VALUES('r', 's', 1, " +
+                    BlobLiteral(postgres(), HexOf(run)) + ")");
   std::vector<v1::MetricPoint> points;
   for (int step = 1; step <= 3; ++step) {
     points.push_back(MakePoint("r", step, 0.5 * step));
     points.back().set_lr(1e-3 * step);
     points.back().set_tokens_per_s(100.0 * step);
     points.back().set_grad_norm(0.25 * step);
-    RawExec(path, "INSERT INTO metrics(run_id, step, proto) VALUES('r', " + std::to_string(step) + ", X'" +
-                      HexOf(points.back()) + "')");
+    RawExec(path, "INSERT INTO metrics(run_id, step, proto) VALUES('r', " + std::to_string(step) + ", " +
+                      BlobLiteral(postgres(), HexOf(points.back())) + ")");
   }
+  RawExec(path, "INSERT INTO events(run_id, sweep_id, proto) VALUES('r', 's', " +
+                    BlobLiteral(postgres(), HexOf(MakeEvent("r", 2, "old"))) + ")");
+  EXPECT_EQ(RawQueryText(path, MetricsHasColumnQuery(postgres(), "loss")), "0");
+
   auto store = Open(path);
   ASSERT_TRUE(store);
   EXPECT_EQ(RawQueryText(path, "SELECT version FROM schema_version"), std::to_string(kStoreSchemaVersion));
@@ -881,17 +1044,60 @@ TEST(StoreTest, UpgradesAVersionOneStoreInPlace) {
     EXPECT_TRUE(MessageDifferencer::Equals(numbers[i], want)) << numbers[i].DebugString();
   }
   EXPECT_EQ(RawQueryText(path, "SELECT grad_norm FROM metrics WHERE step = 2"), "0.5");
-  // New points get their columns too, and the sweep and run are still there.
+  // New points get their columns too, and the sweep, run and event are still there.
   ASSERT_OK(store->AppendMetrics({MakePoint("r", 4, 9.0)}));
-  EXPECT_EQ(RawQueryText(path, "SELECT loss FROM metrics WHERE step = 4"), "9.0");
+  EXPECT_EQ(RawQueryText(path, "SELECT CAST(loss AS INTEGER) FROM metrics WHERE step = 4"), "9");
   v1::Run read;
   ASSERT_OK(store->GetRun("r", &read));
   EXPECT_TRUE(MessageDifferencer::Equals(read, run));
+  v1::Sweep read_sweep;
+  ASSERT_OK(store->GetSweep("s", &read_sweep));
+  EXPECT_TRUE(MessageDifferencer::Equals(read_sweep, sweep));
+  std::vector<v1::Event> events;
+  ASSERT_OK(store->ListEvents("", "s", &events));
+  EXPECT_EQ(EventKinds(events), (std::vector<std::string>{"old"}));
+  // New rows continue the old ones' order.
+  ASSERT_OK(store->CreateSweep(MakeSweep("s2"), {MakeRun("r2", "s2")}));
+  std::vector<v1::Run> runs;
+  ASSERT_OK(store->ListRuns("", &runs));
+  EXPECT_EQ(RunIds(runs), (std::vector<std::string>{"r", "r2"}));
 }
 
-TEST(StoreTest, NonFiniteNumbersRoundTripWithAndWithoutJson) {
+TEST_P(StoreTest, AFailedUpgradeLeavesTheVersionOneStoreAsItWas) {
+  // A version 1 store with a corrupt metric record: the upgrade, which reads
+  // every record for the new columns, fails half way.
+  const std::string path = Location();
+  RawExec(path, postgres() ? kPostgresSchemaV1 : kSqliteSchemaV1);
+  RawExec(path, "INSERT INTO sweeps(id, state, created_unix_ms, proto) VALUES('s', 1, 0, " +
+                    BlobLiteral(postgres(), HexOf(MakeSweep("s"))) + ")");
+  RawExec(path, "INSERT INTO runs(id, sweep_id, state, proto) VALUES('r', 's', 1, " +
+                    BlobLiteral(postgres(), HexOf(MakeRun("r", "s"))) + ")");
+  RawExec(path, "INSERT INTO metrics(run_id, step, proto) VALUES('r', 1, " +
+                    BlobLiteral(postgres(), HexOf(MakePoint("r", 1))) + ")");
+  // 0xff: a tag whose varint never ends.
+  RawExec(path, "INSERT INTO metrics(run_id, step, proto) VALUES('r', 2, " + BlobLiteral(postgres(), "ff") + ")");
+
+  std::unique_ptr<Store> store;
+  Status s = OpenAt(path, &store);
+  ASSERT_FALSE(s.ok());
+  EXPECT_FALSE(store);
+  EXPECT_NE(s.message().find("corrupt"), std::string::npos) << s.message();
+  // Nothing of the upgrade stayed: version 1, no new columns, the points as they were.
+  EXPECT_EQ(RawQueryText(path, "SELECT version FROM schema_version"), "1");
+  EXPECT_EQ(RawQueryText(path, MetricsHasColumnQuery(postgres(), "loss")), "0");
+  EXPECT_EQ(RawQueryText(path, "SELECT COUNT(*) FROM metrics"), "2");
+  // Without the corrupt record the upgrade goes through.
+  RawExec(path, "DELETE FROM metrics WHERE step = 2");
+  ASSERT_OK(OpenAt(path, &store));
+  EXPECT_EQ(RawQueryText(path, "SELECT version FROM schema_version"), std::to_string(kStoreSchemaVersion));
+  v1::MetricPoint last;
+  ASSERT_OK(store->LastMetric("r", &last));
+  EXPECT_TRUE(MessageDifferencer::Equals(last, MakePoint("r", 1)));
+}
+
+TEST_P(StoreTest, NonFiniteNumbersRoundTripWithAndWithoutJson) {
   // A diverged run reports NaN and infinite values; SQLite stores a NaN as NULL.
-  auto store = Open(TestDbPath());
+  auto store = Open(Location());
   ASSERT_TRUE(store);
   ASSERT_OK(store->CreateSweep(MakeSweep("s"), {MakeRun("r", "s")}));
   v1::MetricPoint p = MakePoint("r", 1);
@@ -911,19 +1117,10 @@ TEST(StoreTest, NonFiniteNumbersRoundTripWithAndWithoutJson) {
   }
 }
 
-TEST(StoreTest, RefusesUnusablePath) {
-  std::unique_ptr<Store> store;
-  EXPECT_FALSE(OpenSqliteStore("", &store).ok());
-  Status s = OpenSqliteStore("/nonexistent-dir-for-keel/x.db", &store);
-  EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("/nonexistent-dir-for-keel/x.db"), std::string::npos) << s.message();
-  EXPECT_FALSE(store);
-}
-
 // ---- Concurrency ----------------------------------------------------------------------
 
-TEST(StoreTest, ConcurrentWritersLoseNothing) {
-  auto store = Open(TestDbPath());
+TEST_P(StoreTest, ConcurrentWritersLoseNothing) {
+  auto store = Open(Location());
   ASSERT_TRUE(store);
   constexpr int kThreads = 6;
   constexpr int kRounds = 40;
@@ -979,6 +1176,135 @@ TEST(StoreTest, ConcurrentWritersLoseNothing) {
     ASSERT_OK(store->GetWorker("w" + std::to_string(t), &w));
     EXPECT_EQ(w.cpu_slots(), kRounds);
   }
+}
+
+// ---- SQLite only -------------------------------------------------------------------
+
+TEST(SqliteStoreTest, UsesWalMode) {
+  const std::string path = TestDbPath();
+  {
+    std::unique_ptr<Store> store;
+    ASSERT_OK(OpenSqliteStore(path, &store));
+  }
+  EXPECT_EQ(SqliteQueryText(path, "PRAGMA journal_mode"), "wal");
+}
+
+TEST(SqliteStoreTest, RefusesUnusablePath) {
+  std::unique_ptr<Store> store;
+  EXPECT_FALSE(OpenSqliteStore("", &store).ok());
+  Status s = OpenSqliteStore("/nonexistent-dir-for-keel/x.db", &store);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("/nonexistent-dir-for-keel/x.db"), std::string::npos) << s.message();
+  EXPECT_FALSE(store);
+}
+
+// ---- PostgreSQL only ----------------------------------------------------------------
+
+TEST(PostgresStoreTest, ASecondStoreOnTheSameDatabaseIsRefusedUntilTheFirstCloses) {
+  std::string url;
+  ASSERT_OK(PostgresEnvironment::NewDatabase(&url));
+  std::unique_ptr<Store> first;
+  ASSERT_OK(OpenPostgresStore(url, &first));
+  std::unique_ptr<Store> second;
+  Status s = OpenPostgresStore(url, &second, /*lock_wait_ms=*/300);
+  ASSERT_FALSE(s.ok());
+  EXPECT_FALSE(second);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.message();
+  EXPECT_NE(s.message().find("in use by another keeld"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(url), std::string::npos) << s.message();
+  first.reset();
+  ASSERT_OK(OpenPostgresStore(url, &second));
+}
+
+TEST(PostgresStoreTest, ReconnectsAfterTheServerDropsTheConnection) {
+  std::string url;
+  ASSERT_OK(PostgresEnvironment::NewDatabase(&url));
+  std::unique_ptr<Store> store;
+  ASSERT_OK(OpenPostgresStore(url, &store));
+  ASSERT_OK(store->CreateSweep(MakeSweep("s"), {MakeRun("r", "s")}));
+  // An administrator ends keeld's server process (as a server restart would).
+  EXPECT_EQ(PgQueryText(url, "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                             "WHERE datname = current_database() AND pid <> pg_backend_pid()"),
+            "1");
+  // The next calls connect again, and the store still holds keeld's lock.
+  v1::Run run;
+  ASSERT_OK(store->GetRun("r", &run));
+  ASSERT_OK(store->AppendMetrics({MakePoint("r", 1)}));
+  v1::MetricPoint last;
+  ASSERT_OK(store->LastMetric("r", &last));
+  EXPECT_EQ(last.step(), 1);
+  std::unique_ptr<Store> second;
+  EXPECT_FALSE(OpenPostgresStore(url, &second, /*lock_wait_ms=*/200).ok());
+}
+
+TEST(PostgresStoreTest, ConnectionErrorsNameTheUrlWithoutItsPassword) {
+  Status status;
+  TempPostgres* server = PostgresEnvironment::Get(&status);
+  ASSERT_TRUE(server != nullptr) << status.message();
+  std::unique_ptr<Store> store;
+  // No such database on a running server.
+  Status s = OpenPostgresStore("postgresql://keel:hunter2@127.0.0.1:" + std::to_string(server->port()) +
+                                   "/no_such_database",
+                               &store);
+  ASSERT_FALSE(s.ok());
+  EXPECT_FALSE(store);
+  EXPECT_NE(s.message().find("postgresql://keel:***@127.0.0.1:" + std::to_string(server->port()) +
+                             "/no_such_database"),
+            std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("no_such_database\" does not exist"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("hunter2"), std::string::npos) << s.message();
+  // Nothing listening (port 1).
+  s = OpenPostgresStore("postgresql://keel@127.0.0.1:1/x?password=hunter2&connect_timeout=2", &store);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.message();
+  EXPECT_NE(s.message().find("cannot connect"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("hunter2"), std::string::npos) << s.message();
+}
+
+TEST(PostgresStoreTest, RedactStoreUrlHidesPasswordsOnly) {
+  EXPECT_EQ(RedactStoreUrl("postgresql://keel@db:5432/keel"), "postgresql://keel@db:5432/keel");
+  EXPECT_EQ(RedactStoreUrl("postgresql://keel:s3cr@t@db:5432/keel"), "postgresql://keel:***@db:5432/keel");
+  EXPECT_EQ(RedactStoreUrl("postgres://u:p@h/d?sslmode=require"), "postgres://u:***@h/d?sslmode=require");
+  EXPECT_EQ(RedactStoreUrl("postgresql://u@h/d?password=p&sslmode=require"),
+            "postgresql://u@h/d?password=***&sslmode=require");
+  EXPECT_EQ(RedactStoreUrl("postgresql://h:5432/d"), "postgresql://h:5432/d");
+}
+
+// ---- --store -------------------------------------------------------------------------
+
+TEST(StoreLocationTest, ParsesEachForm) {
+  StoreLocation loc;
+  ASSERT_OK(ParseStoreLocation("sqlite:/var/lib/keel/keeld.db", &loc));
+  EXPECT_EQ(loc.kind, StoreLocation::Kind::kSqlite);
+  EXPECT_EQ(loc.target, "/var/lib/keel/keeld.db");
+  ASSERT_OK(ParseStoreLocation("state/keeld.db", &loc));
+  EXPECT_EQ(loc.kind, StoreLocation::Kind::kSqlite);
+  EXPECT_EQ(loc.target, "state/keeld.db");
+  ASSERT_OK(ParseStoreLocation("postgresql://keel@db.example:5432/keel", &loc));
+  EXPECT_EQ(loc.kind, StoreLocation::Kind::kPostgres);
+  EXPECT_EQ(loc.target, "postgresql://keel@db.example:5432/keel");
+  ASSERT_OK(ParseStoreLocation("postgres://keel@/keel?host=/run/postgresql", &loc));
+  EXPECT_EQ(loc.kind, StoreLocation::Kind::kPostgres);
+}
+
+TEST(StoreLocationTest, RefusesBadValuesNamingTheFlagTheValueAndTheForms) {
+  const std::string forms = "sqlite:PATH, a plain PATH (SQLite), or postgresql://user@host:port/db";
+  for (const std::string& bad : {std::string(""), std::string("sqlite:"), std::string("mysql://keel@db/keel"),
+                                 std::string("postgresql://keel@db/keel?no_such_option=1")}) {
+    StoreLocation loc;
+    Status s = ParseStoreLocation(bad, &loc);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+    EXPECT_EQ(s.field(), "--store") << s.message();
+    EXPECT_NE(s.message().find("'" + bad + "'"), bad.empty() ? 0 : std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(forms), std::string::npos) << s.message();
+  }
+  StoreLocation loc;
+  Status s = ParseStoreLocation("postgresql://keel:pw@db/keel?no_such_option=1", &loc);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message().find("pw@"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("no_such_option"), std::string::npos) << s.message();
 }
 
 }  // namespace

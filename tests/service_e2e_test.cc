@@ -4,6 +4,8 @@
 // loses its lease and the run resumes elsewhere from its checkpoint with the
 // same final loss as an uninterrupted run; keeld killed with -9 and restarted
 // loses nothing; bad tokens and bad sweeps are refused without state changes.
+// The sweep and the keeld kill also run with keeld's store in PostgreSQL
+// (--store postgresql://..., a real server the test starts: TempPostgres).
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -28,6 +30,7 @@
 
 #include "kernels/base/host.h"
 #include "proto/keel.grpc.pb.h"
+#include "server/temp_postgres.h"
 #include "tests/cluster.h"
 
 namespace {
@@ -70,8 +73,24 @@ void ExpectEndsAsUninterrupted(Cluster* cluster, const keel::v1::Run& run, int64
   EXPECT_EQ(LossOf(points.back()), DirectLoss(cluster, run, flags)) << run.id();
 }
 
-TEST(ServiceE2eTest, SweepCompletesWithMetricsAndEvents) {
-  Cluster cluster("e2e_sweep");
+// A PostgreSQL server with a new database for one test; *store_args is
+// keeld's --store for it.
+std::unique_ptr<keel::TempPostgres> StartPostgres(const std::string& db, std::vector<std::string>* store_args) {
+  std::unique_ptr<keel::TempPostgres> pg;
+  keel::Status s = keel::TempPostgres::Start(&pg);
+  EXPECT_TRUE(s.ok()) << "this test needs a PostgreSQL server: " << s.message();
+  if (!s.ok()) return nullptr;
+  std::string url;
+  s = pg->CreateDatabase(db, &url);
+  EXPECT_TRUE(s.ok()) << s.message();
+  if (!s.ok()) return nullptr;
+  *store_args = {"--store", url};
+  return pg;
+}
+
+// A 4-run sweep on two workers, checked through the API and the CLI.
+void SweepCompletesWithMetricsAndEvents(const std::string& name, std::vector<std::string> keeld_args) {
+  Cluster cluster(name, keeld_args);
   cluster.AddWorker("w1");
   cluster.AddWorker("w2");
   keel::v1::SubmitSweepResponse submitted;
@@ -120,6 +139,52 @@ TEST(ServiceE2eTest, SweepCompletesWithMetricsAndEvents) {
   for (size_t at = text.find("<polyline"); at != std::string::npos; at = text.find("<polyline", at + 1)) ++polylines;
   EXPECT_EQ(polylines, 4u);
   EXPECT_EQ(text.find("nan"), std::string::npos);
+  // keeld says which store it used: the one --store named, if any.
+  std::ifstream log_in(cluster.dir() + "/keeld.log");
+  std::string log((std::istreambuf_iterator<char>(log_in)), std::istreambuf_iterator<char>());
+  const std::string store = keeld_args.size() == 2 ? "store " + keeld_args[1] + " (schema version" : "store sqlite:";
+  EXPECT_NE(log.find(store), std::string::npos) << log;
+}
+
+TEST(ServiceE2eTest, SweepCompletesWithMetricsAndEvents) { SweepCompletesWithMetricsAndEvents("e2e_sweep", {}); }
+
+TEST(ServiceE2eTest, SweepCompletesWithMetricsAndEventsOnPostgres) {
+  std::vector<std::string> store;
+  auto pg = StartPostgres("e2e_sweep", &store);
+  ASSERT_TRUE(pg);
+  SweepCompletesWithMetricsAndEvents("e2e_sweep_pg", store);
+}
+
+TEST(ServiceE2eTest, BadStoreUrlIsRefusedNamingTheFlagAndChangesNothing) {
+  const std::string dir = keel_test::TempDir("e2e_bad_store");
+  for (const std::string& bad : {std::string("mysql://keel@db/keel"), std::string("sqlite:"),
+                                 std::string("postgresql://keel@db/keel?no_such_option=1")}) {
+    const std::string log = dir + "/keeld.err";
+    const int status = std::system(("server/keeld --listen 127.0.0.1:0 --metrics-listen off --state-dir " + dir +
+                                    "/state --store '" + bad + "' 2>" + log)
+                                       .c_str());
+    ASSERT_TRUE(WIFEXITED(status)) << bad;
+    EXPECT_EQ(WEXITSTATUS(status), 2) << bad;
+    std::ifstream in(log);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("keeld: --store: '" + bad + "'"), std::string::npos) << text;
+    EXPECT_NE(text.find("postgresql://user@host:port/db"), std::string::npos) << text;
+    struct stat st;
+    EXPECT_NE(stat((dir + "/state").c_str(), &st), 0) << "keeld created its state dir for " << bad;
+  }
+  // A database that is not there: keeld exits 2 naming --store and the URL.
+  std::vector<std::string> store;
+  auto pg = StartPostgres("e2e_present", &store);
+  ASSERT_TRUE(pg);
+  const std::string missing = pg->Url("e2e_absent");
+  const int status = std::system(("server/keeld --listen 127.0.0.1:0 --metrics-listen off --state-dir " + dir +
+                                  "/state --store '" + missing + "' 2>" + dir + "/keeld.err")
+                                     .c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  std::ifstream in(dir + "/keeld.err");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("keeld: --store: store '" + missing + "': cannot connect"), std::string::npos) << text;
 }
 
 TEST(ServiceE2eTest, WorkerKilledMidRunResumesElsewhereWithTheSameFinalLoss) {
@@ -377,8 +442,10 @@ TEST(ServiceE2eTest, FourQuarterGpuRunsShareOneFakeGpuAtOnce) {
   for (const auto& d : devices) EXPECT_EQ(d.second, "0") << d.first;
 }
 
-TEST(ServiceE2eTest, KeeldKilledAndRestartedLosesNothing) {
-  Cluster cluster("e2e_keeld_kill");
+// keeld killed with -9 while two runs stream metrics, then restarted on the
+// same store: both runs re-attach and every step is stored once.
+void KeeldKilledAndRestartedLosesNothing(const std::string& name, std::vector<std::string> keeld_args) {
+  Cluster cluster(name, keeld_args);
   cluster.AddWorker("w1");
   cluster.AddWorker("w2");
   keel::v1::SubmitSweepResponse submitted;
@@ -405,6 +472,15 @@ TEST(ServiceE2eTest, KeeldKilledAndRestartedLosesNothing) {
     ASSERT_EQ(points.size(), 300u) << r.id();  // every step, across the outage
     EXPECT_EQ(points.back().step(), 300);
   }
+}
+
+TEST(ServiceE2eTest, KeeldKilledAndRestartedLosesNothing) { KeeldKilledAndRestartedLosesNothing("e2e_keeld_kill", {}); }
+
+TEST(ServiceE2eTest, KeeldKilledAndRestartedLosesNothingOnPostgres) {
+  std::vector<std::string> store;
+  auto pg = StartPostgres("e2e_keeld_kill", &store);
+  ASSERT_TRUE(pg);
+  KeeldKilledAndRestartedLosesNothing("e2e_keeld_kill_pg", store);
 }
 
 TEST(ServiceE2eTest, InterveneSwitchesARunningTrainerAndRollsItBack) {
