@@ -519,7 +519,12 @@ TEST(NcclCommFailures, ACollectiveAPeerNeverCallsTimesOutAndThenRefuses) {
 }
 
 // A started all-reduce that the peer never starts fails at Wait after the
-// timeout (never a hang) and leaves the communicator refusing.
+// timeout (never a hang) and leaves the communicator refusing. Both ranks
+// first finish one all-reduce together, as ranks of a training run have: NCCL
+// connects the peers at their first collective, and a first collective that
+// a peer never joins times out already where it is queued (a communicator
+// that never connected), not at Wait. On 2 x H200 the test without it failed
+// that way (StartAllReduceSum returned the timeout).
 TEST(NcclCommFailures, AStartedAllReduceAPeerNeverStartsTimesOutAtWait) {
   SKIP_WITHOUT_GPUS(2);
   const double timeout_s = 3;
@@ -528,11 +533,17 @@ TEST(NcclCommFailures, AStartedAllReduceAPeerNeverStartsTimesOutAtWait) {
   OnRanks(
       2,
       [&](int rank, Backend& b, Communicator& c) {
+        float* d = ToDevice(b, std::vector<float>(1000, 1.0f));
+        ASSERT_OK(c.AllReduceSum(d, 1000, ReducePrecision::kF32));
         if (rank == 1) {
           while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
           return;
         }
-        float* d = ToDevice(b, std::vector<float>(1000, 1.0f));
+        // Rank 1 stops waiting however this rank's checks end (an ASSERT returns early).
+        struct Done {
+          std::atomic<bool>* flag;
+          ~Done() { *flag = true; }
+        } done{&rank0_done};
         CommHandle h = 0;
         ASSERT_OK(c.StartAllReduceSum(d, 1000, ReducePrecision::kF32, &h));
         const auto start = Clock::now();
