@@ -28,6 +28,7 @@
 #include "server/coordinator.h"
 #include "server/metrics.h"
 #include "server/service.h"
+#include "server/slurm_fleet.h"
 #include "server/store.h"
 #include "worker/io/file_util.h"
 #include "worker/io/yaml_strict.h"
@@ -64,6 +65,16 @@ const char kUsage[] =
     "  --heartbeat-ms N         heartbeat interval asked of workers (default 1000)\n"
     "  --restart-backoff-ms N   a run whose trainer failed waits N ms before its first restart,\n"
     "                           doubling for each further one, at most 60 s (default 1000)\n"
+    "Slurm (docs/deploy.md): grow the fleet with keel-worker batch jobs while runs wait\n"
+    "  --slurm-sbatch SCRIPT    submit SCRIPT (deploy/slurm/keel-worker.sbatch) with sbatch when\n"
+    "                           runs have been queued for 3 s, none of our jobs is pending and\n"
+    "                           fewer than --slurm-max-jobs exist; the workers end themselves\n"
+    "                           when idle (keel-worker --exit-when-idle-s)\n"
+    "  --slurm-sbatch-args ARGS more sbatch arguments, space-separated (e.g. '--partition=gpu')\n"
+    "  --slurm-max-jobs N       our worker jobs, pending or running, at most (default 4)\n"
+    "  --slurm-job-name NAME    the jobs' name, how squeue tells them apart (default keel-worker)\n"
+    "  --slurm-server ADDR      keeld's address as the jobs' workers reach it, given to them as\n"
+    "                           KEEL_SERVER (default: --listen, with this host's name for 0.0.0.0)\n"
     "One keeld per state directory (it holds <state-dir>/keeld.lock) and per address (the\n"
     "port is bound exclusively): a second one is refused.\n"
     "SIGINT/SIGTERM shut keeld down; everything acknowledged is already on disk.\n";
@@ -101,10 +112,35 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-retention-s", metrics_retention_s)->check(keel::IntFlag(0, 30 * 86400));
   app.add_option("--restart-backoff-ms", options.restart_backoff_ms)->check(keel::IntFlag(0, 3600000));
   app.add_option("--heartbeat-ms", options.heartbeat_interval_ms)->check(keel::IntFlag(10, 600000));
+  keel::SlurmFleetOptions slurm_options;
+  std::string slurm_args, slurm_server;
+  app.add_option("--slurm-sbatch", slurm_options.script);
+  app.add_option("--slurm-sbatch-args", slurm_args);
+  app.add_option("--slurm-max-jobs", slurm_options.max_jobs)->check(keel::IntFlag(1, 10000));
+  app.add_option("--slurm-job-name", slurm_options.job_name);
+  app.add_option("--slurm-server", slurm_server);
   const keel::FlagsOutcome flags = keel::ParseFlags(app, "keeld", kUsage, argc, argv);
   if (!flags.proceed) return flags.exit_code;
   metrics_retention_ms = metrics_retention_s * 1000;
   if (tls_cert.empty() != tls_key.empty()) return Fail("--tls-cert and --tls-key go together");
+  const bool slurm = !slurm_options.script.empty();
+  if (!slurm && (app.count("--slurm-sbatch-args") || app.count("--slurm-max-jobs") || app.count("--slurm-job-name") ||
+                 app.count("--slurm-server"))) {
+    return Fail("--slurm-sbatch-args, --slurm-max-jobs, --slurm-job-name and --slurm-server need --slurm-sbatch");
+  }
+  if (slurm && access(slurm_options.script.c_str(), R_OK) != 0) {
+    return Fail("--slurm-sbatch: '" + slurm_options.script + "' is not a readable batch script (" +
+                std::strerror(errno) + ")");
+  }
+  if (slurm && (slurm_options.job_name.empty() ||
+                slurm_options.job_name.find_first_of(" \t\n,") != std::string::npos)) {
+    return Fail("--slurm-job-name: '" + slurm_options.job_name +
+                "' is not allowed (a non-empty name without spaces or commas)");
+  }
+  {
+    std::istringstream words(slurm_args);
+    for (std::string w; words >> w;) slurm_options.sbatch_args.push_back(w);
+  }
   // Checked before anything is created: a bad --store changes nothing.
   const bool store_given = app.count("--store") > 0;
   keel::StoreLocation store_location;
@@ -196,9 +232,43 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "keeld: listening on %s (port %d%s), state in %s, store %s (schema version %d), metrics on %s\n",
                listen.c_str(), port, tls_cert.empty() ? "" : ", TLS", state_dir.c_str(), store_name.c_str(),
                keel::kStoreSchemaVersion, metrics_listen.c_str());
+  std::unique_ptr<keel::SlurmFleet> fleet_jobs;
+  if (slurm) {
+    if (slurm_server.empty()) {
+      slurm_server = listen;
+      const std::string host = listen.substr(0, listen.rfind(':'));
+      if (host == "0.0.0.0" || host == "[::]" || host == "::") {
+        char name[256] = {0};
+        gethostname(name, sizeof(name) - 1);
+        slurm_server = std::string(name) + listen.substr(listen.rfind(':'));
+      }
+    }
+    slurm_options.env["KEEL_SERVER"] = slurm_server;
+    if (!worker_token_file.empty()) slurm_options.env["KEEL_WORKER_TOKEN_FILE"] = worker_token_file;
+    else if (std::getenv("KEEL_WORKER_TOKEN") == nullptr) slurm_options.env["KEEL_WORKER_TOKEN_FILE"] = state_dir + "/worker.token";
+    std::fprintf(stderr, "keeld: slurm: submitting %s (job name %s, at most %d jobs) for workers of %s\n",
+                 slurm_options.script.c_str(), slurm_options.job_name.c_str(), slurm_options.max_jobs,
+                 slurm_server.c_str());
+    fleet_jobs = std::make_unique<keel::SlurmFleet>(slurm_options);
+  }
+  std::string last_slurm_error;
+  const auto started = std::chrono::steady_clock::now();
   while (!stop.load()) {
     coordinator->Tick();
-    metrics.Update(coordinator->Stats(metrics_retention_ms));
+    const keel::CoordinatorStats stats = coordinator->Stats(metrics_retention_ms);
+    metrics.Update(stats);
+    if (fleet_jobs) {
+      const int64_t now_ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count();
+      std::string job;
+      const keel::Status fs = fleet_jobs->Tick(stats.queue_depth, now_ms, &job);
+      if (!job.empty()) {
+        std::fprintf(stderr, "keeld: slurm: submitted job %s (%lld runs queued, %zu jobs of ours)\n", job.c_str(),
+                     static_cast<long long>(stats.queue_depth), fleet_jobs->jobs().size());
+      }
+      if (!fs.ok() && fs.message() != last_slurm_error) std::fprintf(stderr, "keeld: slurm: %s\n", fs.message().c_str());
+      last_slurm_error = fs.ok() ? "" : fs.message();
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   std::fprintf(stderr, "keeld: shutting down\n");

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <chrono>
 #include <thread>
 
 #include "kernels/base/flags.h"
@@ -58,6 +59,9 @@ const char kUsage[] =
     "                       keel_worker_trainers, keel_worker_trainer_starts_total,\n"
     "                       keel_worker_trainer_exits_total{outcome}, keel_worker_connected,\n"
     "                       keel_worker_unacknowledged_messages, keel_worker_gpu_memory_{used,total}_bytes{gpu}\n"
+    "  --exit-when-idle-s N  exit (status 0) after N seconds holding no run and with every message\n"
+    "                       acknowledged, connected to keeld or not: how a Slurm job's worker gives\n"
+    "                       its allocation back (deploy/slurm/; default 0: never)\n"
     "Ctrl-C or SIGTERM stops the worker; its trainers are stopped with it.\n";
 
 int Fail(const std::string& message) { return keel::FlagError("keel-worker", message); }
@@ -93,6 +97,8 @@ int main(int argc, char** argv) {
   app.add_option("--gpus", only_gpus);
   app.add_option("--metrics-listen", metrics_listen);
   app.add_flag("--quiet", quiet);
+  int exit_when_idle_s = 0;
+  app.add_option("--exit-when-idle-s", exit_when_idle_s)->check(keel::IntFlag(0, 30 * 86400));
   const keel::FlagsOutcome flags = keel::ParseFlags(app, "keel-worker", kUsage, argc, argv);
   if (!flags.proceed) return flags.exit_code;
   gpus = !no_gpus;
@@ -195,8 +201,29 @@ int main(int argc, char** argv) {
       }
     });
   }
+  // --exit-when-idle-s: the agent stops like on SIGTERM once it has held no run
+  // and had nothing unacknowledged for that long.
+  std::thread idle_thread;
+  if (exit_when_idle_s > 0) {
+    idle_thread = std::thread([&agent, &stop, exit_when_idle_s] {
+      using Clock = std::chrono::steady_clock;
+      Clock::time_point idle_since = Clock::now();
+      while (!stop.load()) {
+        const keel::AgentStats st = agent.stats();
+        if (st.trainers > 0 || st.unacknowledged > 0) idle_since = Clock::now();
+        if (Clock::now() - idle_since >= std::chrono::seconds(exit_when_idle_s)) {
+          std::fprintf(stderr, "keel-worker: idle for %d s (no run, nothing unacknowledged): exiting\n",
+                       exit_when_idle_s);
+          stop = true;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    });
+  }
   keel::Status s = agent.Run(&stop);
   stop = true;
+  if (idle_thread.joinable()) idle_thread.join();
   if (metrics_thread.joinable()) metrics_thread.join();
   if (!s.ok()) {
     std::fprintf(stderr, "keel-worker: %s\n", s.message().c_str());
