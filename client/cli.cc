@@ -18,6 +18,7 @@
 #include <memory>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "client/format.h"
 #include "client/plot.h"
@@ -46,6 +47,12 @@ constexpr int kListPageDeadlineSeconds = 30;
 // 10,000-run sweep) are long but not stuck: a short deadline would report a
 // success as a timeout. $KEEL_LONG_DEADLINE_S overrides it (tests).
 constexpr int kLongDeadlineSeconds = 300;
+// Given several keeld addresses (an active keeld and its standbys), how long
+// the CLI looks for the active one: longer than a standby takes to take over
+// (under 10 s), so that a command issued during a takeover still succeeds.
+constexpr int kFindActiveSeconds = 15;
+// One probe of one address while looking.
+constexpr int kProbeDeadlineSeconds = 2;
 // Points per run that `keel plot` asks for (the server downsamples).
 constexpr int kPlotMaxPoints = 2000;
 // Events `keel show` lists.
@@ -200,7 +207,11 @@ const CommandSpec* FindCommand(const std::string& name) {
 const char kGlobalHelp[] =
     "Global flags (anywhere on the line):\n"
     "  --server HOST:PORT   keeld's address; else $KEEL_SERVER, else `server = ...`\n"
-    "                       in ~/.config/keel/config, else 127.0.0.1:7070\n"
+    "                       in ~/.config/keel/config, else 127.0.0.1:7070. Several,\n"
+    "                       comma-separated (A:7070,B:7070: an active keeld and its\n"
+    "                       standbys): keel asks each in order and uses the first that\n"
+    "                       answers as the active one (a standby refuses: UNAVAILABLE),\n"
+    "                       going round with backoff for up to 15 s (a takeover)\n"
     "  --token TOKEN        user token, sent as \"authorization: Bearer TOKEN\"\n"
     "  --token-file FILE    read the token from FILE (one trailing newline dropped)\n"
     "                       tokens are printable ASCII without spaces (0x21..0x7E)\n"
@@ -390,6 +401,52 @@ class Client {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KeelService::Stub> stub_;
 };
+
+// Several addresses: the first, in order, whose keeld answers as the active
+// one, going round with backoff for up to kFindActiveSeconds. The probe is a
+// GetSweep of no sweep: an active keeld answers it (NOT_FOUND, or
+// UNAUTHENTICATED for a bad token, which the command then reports); a standby
+// or an unreachable address gives UNAVAILABLE or DEADLINE_EXCEEDED.
+// Returns kExitOk with *server and *channel set, or the exit code after
+// printing why.
+int FindActive(const std::vector<std::string>& servers, ChannelOptions options, const std::string& token,
+               std::string* server, std::shared_ptr<grpc::Channel>* channel, std::ostream& err) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kFindActiveSeconds);
+  int backoff_ms = 250;
+  std::vector<std::string> last(servers.size());
+  for (;;) {
+    for (size_t i = 0; i < servers.size(); ++i) {
+      options.address = servers[i];
+      std::shared_ptr<grpc::Channel> c;
+      Status made = MakeChannel(options, &c);
+      if (!made.ok()) {
+        err << "keel: " << made.message() << "\n";
+        return kExitUsage;
+      }
+      grpc::ClientContext context;
+      if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(kProbeDeadlineSeconds));
+      v1::GetSweepRequest request;
+      v1::Sweep sweep;
+      grpc::Status status = v1::KeelService::NewStub(c)->GetSweep(&context, request, &sweep);
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+          status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+        *server = servers[i];
+        *channel = c;
+        return kExitOk;
+      }
+      last[i] = status.error_message();
+    }
+    if (std::chrono::steady_clock::now() + std::chrono::milliseconds(backoff_ms) >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+    backoff_ms = std::min(2000, backoff_ms * 2);
+  }
+  err << "keel: could not reach an active keeld at any of " << servers.size() << " addresses within "
+      << kFindActiveSeconds << " s (UNAVAILABLE):";
+  for (size_t i = 0; i < servers.size(); ++i) err << (i ? ";" : "") << " " << servers[i] << ": " << last[i];
+  err << "\n";
+  return kExitUnavailable;
+}
 
 // Prints a failed RPC's status and returns the exit code for it.
 int RpcError(const std::string& what, const grpc::Status& status, const Client& client, std::ostream& err) {
@@ -1203,8 +1260,17 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   // Server and token: flags, then environment, then the config file.
   std::map<std::string, std::string> config = ReadConfig();
   std::string server = parsed.flags.count("--server") ? parsed.flags.at("--server") : Env("KEEL_SERVER");
-  if (server.empty() && config.count("server")) server = config.at("server");
+  std::string server_origin = parsed.flags.count("--server") ? "--server" : "KEEL_SERVER";
+  if (server.empty() && config.count("server")) {
+    server = config.at("server");
+    server_origin = "server in ~/.config/keel/config";
+  }
   if (server.empty()) server = kDefaultServer;
+  std::vector<std::string> servers;
+  if (Status s = ParseServerList(server, server_origin, &servers); !s.ok()) {
+    err << "keel: " << s.message() << "\n";
+    return kExitUsage;
+  }
   if (parsed.flags.count("--token") && parsed.flags.count("--token-file")) {
     err << "keel: give --token or --token-file, not both\n";
     return kExitUsage;
@@ -1235,7 +1301,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   }
 
   ChannelOptions channel_options;
-  channel_options.address = server;
+  channel_options.address = servers[0];
   auto flag_env_config = [&](const char* flag, const char* env, const char* key) {
     if (parsed.flags.count(flag)) return parsed.flags.at(flag);
     std::string v = Env(env);
@@ -1246,10 +1312,16 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   channel_options.tls_cert = flag_env_config("--tls-cert", "KEEL_TLS_CERT", "tls_cert");
   channel_options.tls_key = flag_env_config("--tls-key", "KEEL_TLS_KEY", "tls_key");
   std::shared_ptr<grpc::Channel> channel;
-  Status channel_status = MakeChannel(channel_options, &channel);
-  if (!channel_status.ok()) {
-    err << "keel: " << channel_status.message() << "\n";
-    return kExitUsage;
+  server = servers[0];
+  if (servers.size() > 1) {
+    const int found = FindActive(servers, channel_options, token, &server, &channel, err);
+    if (found != kExitOk) return found;
+  } else {
+    Status channel_status = MakeChannel(channel_options, &channel);
+    if (!channel_status.ok()) {
+      err << "keel: " << channel_status.message() << "\n";
+      return kExitUsage;
+    }
   }
   bool tty = &out == &std::cout && isatty(STDOUT_FILENO);
   Client client(server, token, channel);

@@ -1,6 +1,8 @@
 // Channels to keeld (see channel.h).
 #include "proto/channel.h"
 
+#include <algorithm>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -57,6 +59,25 @@ Status ReadTokenFile(const std::string& path, std::string* token) {
   if (!text.empty() && text.back() == '\r') text.pop_back();
   KEEL_RETURN_IF_ERROR(CheckToken(text, origin));
   *token = text;
+  return Status::Ok();
+}
+
+Status ParseServerList(const std::string& value, const std::string& origin, std::vector<std::string>* out) {
+  const std::string allowed = " (allowed: HOST:PORT, or several separated by commas: the active keeld's and its "
+                              "standbys', tried in order)";
+  std::vector<std::string> servers;
+  size_t begin = 0;
+  for (;;) {
+    const size_t end = std::min(value.find(',', begin), value.size());
+    std::string item = value.substr(begin, end - begin);
+    const size_t first = item.find_first_not_of(' ');
+    item = first == std::string::npos ? "" : item.substr(first, item.find_last_not_of(' ') - first + 1);
+    if (item.empty()) return Status::InvalidArgument(origin + ": '" + value + "' has an empty address" + allowed);
+    servers.push_back(item);
+    if (end == value.size()) break;
+    begin = end + 1;
+  }
+  *out = std::move(servers);
   return Status::Ok();
 }
 

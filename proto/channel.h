@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/base/status.h"
 
@@ -30,6 +31,14 @@ Status CheckToken(const std::string& token, const std::string& origin);
 // Reads a token file (at most 64 KiB), drops one trailing newline ("\n" or
 // "\r\n") and checks the rest with CheckToken (origin "--token-file PATH").
 Status ReadTokenFile(const std::string& path, std::string* token);
+
+// keeld's addresses as --server (and $KEEL_SERVER, the config's `server`)
+// give them: one HOST:PORT, or several separated by commas ("a:7070,b:7070":
+// an active keeld and its standbys, tried in order). Surrounding spaces are
+// dropped; each item is a gRPC target, used as given. An empty list or item
+// is an error naming `origin`, the value and the form allowed; *out is then
+// unchanged.
+Status ParseServerList(const std::string& value, const std::string& origin, std::vector<std::string>* out);
 
 // Errors name the flag-like field (tls_ca, tls_cert, tls_key) and the file.
 Status MakeChannel(const ChannelOptions& options, std::shared_ptr<grpc::Channel>* out);

@@ -785,7 +785,10 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
     return &it->second;
   };
   if (m.has_started()) {
-    if (v1::Run* r = run_of(m.started().run_id())) {
+    // Already RUNNING in this attempt: a re-send after a reconnect (perhaps to
+    // a standby that took over), whose state event is stored already.
+    v1::Run* r = run_of(m.started().run_id());
+    if (r != nullptr && r->state() != v1::RUNNING) {
       v1::Run run = *r;
       run.set_state(v1::RUNNING);
       SaveRun(&run, event_kind::kState, "trainer started on " + worker_id + " (pid " + std::to_string(m.started().pid()) + ")");

@@ -2,6 +2,7 @@
 //   keeld [--listen 127.0.0.1:7070] [--state-dir DIR] [--store URL] [--metrics-listen 127.0.0.1:9464]
 //         [--user-tokens-file F] [--worker-token-file F]
 //         [--tls-cert F --tls-key F [--tls-client-ca F]] [--lease-ms N] [--heartbeat-ms N]
+//         [--standby]
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -52,7 +53,16 @@ const char kUsage[] =
     "                                                           the URL or ~/.pgpass)\n"
     "                           (default: SQLite at <state-dir>/keeld.db). The schema is created,\n"
     "                           or upgraded in place from an older keeld's; a store written by a\n"
-    "                           newer keeld is refused and left unchanged. One keeld per database.\n"
+    "                           newer keeld is refused and left unchanged. One keeld per database\n"
+    "                           is active: it holds a PostgreSQL advisory lock; another one is\n"
+    "                           refused after 10 s, unless it is a --standby.\n"
+    "  --standby                (PostgreSQL only) when another keeld holds the database's lock,\n"
+    "                           listen anyway and wait: refuse every RPC with UNAVAILABLE\n"
+    "                           (\"standby: the active keeld is ...\"), poll the lock every 100 ms,\n"
+    "                           and once the active keeld's session ends (it stopped, was killed,\n"
+    "                           lost its connection) load the store and serve, as a restarted\n"
+    "                           keeld does. Give workers and the CLI both addresses\n"
+    "                           (--server A,B). Without a holder it is active at once.\n"
     "  --metrics-listen ADDR    Prometheus /metrics (default 127.0.0.1:9464; 'off' disables)\n"
     "  --metrics-retention-s N  keep a finished run's per-run series this long (default 600)\n"
     "  --user-tokens-file F     user tokens, one per line (also $KEEL_USER_TOKENS, comma-separated)\n"
@@ -77,7 +87,10 @@ const char kUsage[] =
     "                           KEEL_SERVER (default: --listen, with this host's name for 0.0.0.0)\n"
     "One keeld per state directory (it holds <state-dir>/keeld.lock) and per address (the\n"
     "port is bound exclusively): a second one is refused.\n"
-    "SIGINT/SIGTERM shut keeld down; everything acknowledged is already on disk.\n";
+    "SIGINT/SIGTERM shut keeld down; everything acknowledged is already on disk.\n"
+    "Fencing (PostgreSQL): keeld writes only on the session that took the lock. When that\n"
+    "session is lost, keeld reconnects only if it gets the lock back with no other keeld\n"
+    "having taken it meanwhile (the keeld_epoch row); otherwise it exits with status 3.\n";
 
 int Fail(const std::string& message) { return keel::FlagError("keeld", message); }
 
@@ -95,6 +108,7 @@ bool ReadPem(const std::string& path, std::string* out) {
 int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7070", state_dir = "keeld-state", metrics_listen = "127.0.0.1:9464";
   std::string user_tokens_file, worker_token_file, tls_cert, tls_key, tls_ca, store_url;
+  bool standby = false;
   keel::CoordinatorOptions options;
   int64_t metrics_retention_ms = 600000;
   int64_t metrics_retention_s = metrics_retention_ms / 1000;
@@ -102,6 +116,7 @@ int main(int argc, char** argv) {
   app.add_option("--listen", listen);
   app.add_option("--state-dir", state_dir);
   app.add_option("--store", store_url);
+  app.add_flag("--standby", standby);
   app.add_option("--metrics-listen", metrics_listen);
   app.add_option("--user-tokens-file", user_tokens_file);
   app.add_option("--worker-token-file", worker_token_file);
@@ -147,6 +162,12 @@ int main(int argc, char** argv) {
   keel::Status s = keel::ParseStoreLocation(store_given ? store_url : "sqlite:" + state_dir + "/keeld.db",
                                             &store_location);
   if (!s.ok()) return Fail(s.message());
+  const bool postgres = store_location.kind == keel::StoreLocation::Kind::kPostgres;
+  if (standby && !postgres) {
+    return Fail("--standby: the store is '" + (store_given ? store_url : "sqlite:" + state_dir + "/keeld.db") +
+                "', SQLite; a standby keeld needs --store postgresql://... (it waits for the active keeld's "
+                "PostgreSQL lock). A SQLite store belongs to one keeld: run one, and restart it.");
+  }
   s = keel::MakeDirs(state_dir);
   if (!s.ok()) return Fail("--state-dir: " + s.message());
   chmod(state_dir.c_str(), 0700);
@@ -174,16 +195,58 @@ int main(int argc, char** argv) {
   s = keel::LoadAuthConfig(user_tokens_file, worker_token_file, state_dir, &auth);
   if (!s.ok()) return Fail(s.message());
   keel::KeeldMetrics metrics;
-  std::unique_ptr<keel::Store> store;
-  s = keel::OpenStore(store_location, &store);
-  if (!s.ok()) return Fail(store_given ? "--store: " + s.message() : s.message());
-  store->SetWriteObserver([&metrics](double seconds) { metrics.ObserveStoreWrite(seconds); });
-  std::unique_ptr<keel::Coordinator> coordinator;
-  s = keel::Coordinator::Open(std::move(store), options, &coordinator);
-  if (!s.ok()) return Fail(s.message());
+  std::atomic<bool>& stop = *keel::StopOnSignals();
+  const std::string store_name = postgres ? keel::RedactStoreUrl(store_location.target) : "sqlite:" + store_location.target;
 
-  keel::UserService users(coordinator.get(), &auth, &metrics);
-  keel::FleetService fleet(coordinator.get(), &auth, &metrics);
+  // The store, then the coordinator loaded from it: at once for an active
+  // keeld (before it listens, so a bad store changes nothing), or once the
+  // lock is free for a standby (which listens first, to refuse).
+  keel::ServingGate gate;
+  std::unique_ptr<keel::Coordinator> coordinator;
+  keel::Store* store_raw = nullptr;
+  auto open_store = [&]() -> keel::Status {
+    std::unique_ptr<keel::Store> store;
+    keel::Status st;
+    if (postgres) {
+      keel::PostgresStoreOptions pg;
+      char host[256] = {0};
+      gethostname(host, sizeof(host) - 1);
+      pg.application_name = "keeld " + std::string(host) + " " + listen + " (pid " + std::to_string(getpid()) + ")";
+      // The fencing rule (store.h): a keeld that may no longer write stops
+      // here, in the middle of the call that found out, so that nothing it
+      // holds is acknowledged afterwards; workers re-send it to the new one.
+      pg.on_fenced = [](const keel::Status& why) {
+        std::fprintf(stderr, "keeld: %s\nkeeld: exiting (status 3)\n", why.message().c_str());
+        std::_Exit(3);
+      };
+      if (standby) {
+        pg.lock_wait_ms = -1;
+        pg.stop = &stop;
+        pg.on_waiting = [&gate, &listen](const std::string& holder) {
+          const std::string who = holder.empty() ? "another keeld" : "'" + holder + "'";
+          gate.SetStandbyReason("standby: the active keeld is " + who +
+                                "; this keeld takes over when that one's database session ends");
+          std::fprintf(stderr, "keeld: standby on %s: the database's lock is held by %s; waiting for it\n",
+                       listen.c_str(), who.c_str());
+        };
+      }
+      st = keel::OpenPostgresStore(store_location.target, pg, &store);
+    } else {
+      st = keel::OpenStore(store_location, &store);
+    }
+    if (!st.ok()) return store_given ? keel::Status::Error("--store: " + st.message()) : st;
+    store->SetWriteObserver([&metrics](double seconds) { metrics.ObserveStoreWrite(seconds); });
+    store_raw = store.get();
+    return keel::Coordinator::Open(std::move(store), options, &coordinator);
+  };
+  if (!standby) {
+    s = open_store();
+    if (!s.ok()) return Fail(s.message());
+    gate.Activate(coordinator.get());
+  }
+
+  keel::UserService users(&gate, &auth, &metrics);
+  keel::FleetService fleet(&gate, &auth, &metrics);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
@@ -225,10 +288,23 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::atomic<bool>& stop = *keel::StopOnSignals();
-  const std::string store_name = store_location.kind == keel::StoreLocation::Kind::kPostgres
-                                     ? keel::RedactStoreUrl(store_location.target)
-                                     : "sqlite:" + store_location.target;
+  if (standby) {
+    std::fprintf(stderr, "keeld: standby: listening on %s (port %d), refusing RPCs until it holds the lock of %s\n",
+                 listen.c_str(), port, store_name.c_str());
+    const auto waited_from = std::chrono::steady_clock::now();
+    s = open_store();
+    if (!s.ok()) {
+      if (stop.load()) {
+        std::fprintf(stderr, "keeld: shutting down (standby)\n");
+        server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+        return 0;
+      }
+      return Fail(s.message());
+    }
+    gate.Activate(coordinator.get());
+    std::fprintf(stderr, "keeld: took over after %.1f s as standby: the lock is this keeld's, state loaded\n",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - waited_from).count());
+  }
   std::fprintf(stderr, "keeld: listening on %s (port %d%s), state in %s, store %s (schema version %d), metrics on %s\n",
                listen.c_str(), port, tls_cert.empty() ? "" : ", TLS", state_dir.c_str(), store_name.c_str(),
                keel::kStoreSchemaVersion, metrics_listen.c_str());
@@ -253,6 +329,7 @@ int main(int argc, char** argv) {
   }
   std::string last_slurm_error;
   const auto started = std::chrono::steady_clock::now();
+  auto ownership_checked = started;
   while (!stop.load()) {
     coordinator->Tick();
     const keel::CoordinatorStats stats = coordinator->Stats(metrics_retention_ms);
@@ -268,6 +345,12 @@ int main(int argc, char** argv) {
       }
       if (!fs.ok() && fs.message() != last_slurm_error) std::fprintf(stderr, "keeld: slurm: %s\n", fs.message().c_str());
       last_slurm_error = fs.ok() ? "" : fs.message();
+    }
+    // An idle keeld notices a lost database session too (fenced: it exits in
+    // CheckOwnership; any other error, e.g. the server restarting, is retried).
+    if (std::chrono::steady_clock::now() - ownership_checked >= std::chrono::seconds(1)) {
+      store_raw->CheckOwnership();
+      ownership_checked = std::chrono::steady_clock::now();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

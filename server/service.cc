@@ -25,12 +25,16 @@ const char* CodeName(grpc::StatusCode code) {
 // One unary RPC: the caller must be `who` (else the refusal is the answer),
 // then `handler` answers; the latency is recorded by method and status code,
 // refusals included.
+// A standby keeld refuses first (UNAVAILABLE, whatever the token), so that a
+// client moves on to its next address.
 template <typename Handler>
-grpc::Status Unary(grpc::ServerContext* ctx, const AuthConfig& auth, Caller who, KeeldMetrics* metrics,
-                   const char* method, Handler handler) {
+grpc::Status Unary(grpc::ServerContext* ctx, const ServingGate& gate, const AuthConfig& auth, Caller who,
+                   KeeldMetrics* metrics, const char* method, Handler handler) {
   const auto start = std::chrono::steady_clock::now();
-  grpc::Status status = Authorize(*ctx, auth, who);
-  if (status.ok()) status = handler();
+  grpc::Status status;
+  Coordinator* c = gate.Get(&status);
+  if (c != nullptr) status = Authorize(*ctx, auth, who);
+  if (c != nullptr && status.ok()) status = handler(c);
   if (metrics) {
     metrics->ObserveRpc(method, CodeName(status.error_code()),
                         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -40,6 +44,26 @@ grpc::Status Unary(grpc::ServerContext* ctx, const AuthConfig& auth, Caller who,
 
 }  // namespace
 
+void ServingGate::SetStandbyReason(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reason_ = reason;
+}
+
+Coordinator* ServingGate::Get(grpc::Status* refusal) const {
+  Coordinator* c = coordinator_.load();
+  if (c == nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    *refusal = grpc::Status(grpc::StatusCode::UNAVAILABLE, reason_);
+  }
+  return c;
+}
+
+// The coordinator, or the standby's refusal as the RPC's answer.
+#define KEEL_ACTIVE(c)                     \
+  grpc::Status _refusal;                   \
+  Coordinator* c = gate_->Get(&_refusal);  \
+  if (c == nullptr) return _refusal
+
 #define KEEL_AUTHORIZE(ctx, who)                              \
   do {                                                        \
     grpc::Status _allowed = Authorize(*(ctx), *auth_, (who)); \
@@ -48,39 +72,39 @@ grpc::Status Unary(grpc::ServerContext* ctx, const AuthConfig& auth, Caller who,
 
 grpc::Status UserService::SubmitSweep(grpc::ServerContext* ctx, const v1::SubmitSweepRequest* req,
                                       v1::SubmitSweepResponse* out) {
-  return Unary(ctx, *auth_, Caller::kUser, metrics_, "SubmitSweep", [&] { return c_->SubmitSweep(req->spec(), out); });
+  return Unary(ctx, *gate_, *auth_, Caller::kUser, metrics_, "SubmitSweep", [&](Coordinator* c) { return c->SubmitSweep(req->spec(), out); });
 }
 
 grpc::Status UserService::GetSweep(grpc::ServerContext* ctx, const v1::GetSweepRequest* req, v1::Sweep* out) {
-  return Unary(ctx, *auth_, Caller::kUser, metrics_, "GetSweep", [&] { return c_->GetSweep(req->sweep_id(), out); });
+  return Unary(ctx, *gate_, *auth_, Caller::kUser, metrics_, "GetSweep", [&](Coordinator* c) { return c->GetSweep(req->sweep_id(), out); });
 }
 
 grpc::Status UserService::ListSweeps(grpc::ServerContext* ctx, const v1::ListSweepsRequest* req, v1::ListSweepsResponse* out) {
-  return Unary(ctx, *auth_, Caller::kUser, metrics_, "ListSweeps", [&] { return c_->ListSweeps(*req, out); });
+  return Unary(ctx, *gate_, *auth_, Caller::kUser, metrics_, "ListSweeps", [&](Coordinator* c) { return c->ListSweeps(*req, out); });
 }
 
 grpc::Status UserService::CancelSweep(grpc::ServerContext* ctx, const v1::CancelSweepRequest* req, v1::Sweep* out) {
-  return Unary(ctx, *auth_, Caller::kUser, metrics_, "CancelSweep",
-               [&] { return c_->CancelSweep(req->sweep_id(), out); });
+  return Unary(ctx, *gate_, *auth_, Caller::kUser, metrics_, "CancelSweep",
+               [&](Coordinator* c) { return c->CancelSweep(req->sweep_id(), out); });
 }
 
 grpc::Status UserService::ListRuns(grpc::ServerContext* ctx, const v1::ListRunsRequest* req, v1::ListRunsResponse* out) {
-  return Unary(ctx, *auth_, Caller::kUser, metrics_, "ListRuns", [&] { return c_->ListRuns(*req, out); });
+  return Unary(ctx, *gate_, *auth_, Caller::kUser, metrics_, "ListRuns", [&](Coordinator* c) { return c->ListRuns(*req, out); });
 }
 
 grpc::Status UserService::GetRun(grpc::ServerContext* ctx, const v1::GetRunRequest* req, v1::Run* out) {
-  return Unary(ctx, *auth_, Caller::kUser, metrics_, "GetRun", [&] { return c_->GetRun(req->run_id(), out); });
+  return Unary(ctx, *gate_, *auth_, Caller::kUser, metrics_, "GetRun", [&](Coordinator* c) { return c->GetRun(req->run_id(), out); });
 }
 
 grpc::Status UserService::CancelRun(grpc::ServerContext* ctx, const v1::CancelRunRequest* req, v1::Run* out) {
-  return Unary(ctx, *auth_, Caller::kUser, metrics_, "CancelRun", [&] { return c_->CancelRun(req->run_id(), out); });
+  return Unary(ctx, *gate_, *auth_, Caller::kUser, metrics_, "CancelRun", [&](Coordinator* c) { return c->CancelRun(req->run_id(), out); });
 }
 
-grpc::Status UserService::Watch(grpc::ServerContext* ctx, const grpc::Status& found, const std::string& id,
-                                grpc::ServerWriter<v1::WatchUpdate>* writer) {
+grpc::Status UserService::Watch(grpc::ServerContext* ctx, Coordinator* c, const grpc::Status& found,
+                                const std::string& id, grpc::ServerWriter<v1::WatchUpdate>* writer) {
   if (!found.ok()) return found;
   std::shared_ptr<Subscription> sub;
-  grpc::Status s = c_->Watch(id, &sub);
+  grpc::Status s = c->Watch(id, &sub);
   if (!s.ok()) return s;
   std::vector<v1::WatchUpdate> updates;
   while (!ctx->IsCancelled() && sub->Next(200, &updates)) {
@@ -88,51 +112,54 @@ grpc::Status UserService::Watch(grpc::ServerContext* ctx, const grpc::Status& fo
     for (const v1::WatchUpdate& u : updates) ok = ok && writer->Write(u);
     if (!ok) break;  // the watcher went away
   }
-  c_->Unwatch(sub);
+  c->Unwatch(sub);
   return grpc::Status::OK;
 }
 
 grpc::Status UserService::WatchRun(grpc::ServerContext* ctx, const v1::WatchRequest* req,
                                    grpc::ServerWriter<v1::WatchUpdate>* writer) {
+  KEEL_ACTIVE(c);
   KEEL_AUTHORIZE(ctx, Caller::kUser);
   v1::Run run;
-  return Watch(ctx, c_->GetRun(req->id(), &run), req->id(), writer);
+  return Watch(ctx, c, c->GetRun(req->id(), &run), req->id(), writer);
 }
 
 grpc::Status UserService::WatchSweep(grpc::ServerContext* ctx, const v1::WatchRequest* req,
                                      grpc::ServerWriter<v1::WatchUpdate>* writer) {
+  KEEL_ACTIVE(c);
   KEEL_AUTHORIZE(ctx, Caller::kUser);
   v1::Sweep sweep;
-  return Watch(ctx, c_->GetSweep(req->id(), &sweep), req->id(), writer);
+  return Watch(ctx, c, c->GetSweep(req->id(), &sweep), req->id(), writer);
 }
 
 grpc::Status UserService::GetMetrics(grpc::ServerContext* ctx, const v1::GetMetricsRequest* req,
                                      v1::GetMetricsResponse* out) {
-  return Unary(ctx, *auth_, Caller::kUser, metrics_, "GetMetrics", [&] { return c_->GetMetrics(*req, out); });
+  return Unary(ctx, *gate_, *auth_, Caller::kUser, metrics_, "GetMetrics", [&](Coordinator* c) { return c->GetMetrics(*req, out); });
 }
 
 grpc::Status UserService::ListEvents(grpc::ServerContext* ctx, const v1::ListEventsRequest* req,
                                      v1::ListEventsResponse* out) {
-  return Unary(ctx, *auth_, Caller::kUser, metrics_, "ListEvents", [&] { return c_->ListEvents(*req, out); });
+  return Unary(ctx, *gate_, *auth_, Caller::kUser, metrics_, "ListEvents", [&](Coordinator* c) { return c->ListEvents(*req, out); });
 }
 
 grpc::Status UserService::Intervene(grpc::ServerContext* ctx, const v1::InterveneRequest* req,
                                     v1::InterveneResponse* out) {
-  return Unary(ctx, *auth_, Caller::kUser, metrics_, "Intervene", [&] { return c_->Intervene(*req, out); });
+  return Unary(ctx, *gate_, *auth_, Caller::kUser, metrics_, "Intervene", [&](Coordinator* c) { return c->Intervene(*req, out); });
 }
 
 grpc::Status UserService::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
                                       v1::ListWorkersResponse* out) {
-  return Unary(ctx, *auth_, Caller::kUser, metrics_, "ListWorkers", [&] { return c_->ListWorkers(out); });
+  return Unary(ctx, *gate_, *auth_, Caller::kUser, metrics_, "ListWorkers", [&](Coordinator* c) { return c->ListWorkers(out); });
 }
 
 grpc::Status FleetService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                                     v1::RegisterResponse* out) {
-  return Unary(ctx, *auth_, Caller::kWorker, metrics_, "Register", [&] { return c_->RegisterWorker(*req, out); });
+  return Unary(ctx, *gate_, *auth_, Caller::kWorker, metrics_, "Register", [&](Coordinator* c) { return c->RegisterWorker(*req, out); });
 }
 
 grpc::Status FleetService::Connect(grpc::ServerContext* ctx,
                                    grpc::ServerReaderWriter<v1::WorkerCommand, v1::WorkerMessage>* stream) {
+  KEEL_ACTIVE(c_);
   KEEL_AUTHORIZE(ctx, Caller::kWorker);
   auto it = ctx->client_metadata().find("keel-worker-id");
   if (it == ctx->client_metadata().end()) {

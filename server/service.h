@@ -4,6 +4,10 @@
 #ifndef KEEL_SERVER_SERVICE_H_
 #define KEEL_SERVER_SERVICE_H_
 
+#include <atomic>
+#include <mutex>
+#include <string>
+
 #include "proto/keel.grpc.pb.h"
 #include "server/auth.h"
 #include "server/coordinator.h"
@@ -11,11 +15,37 @@
 
 namespace keel {
 
+// Whether keeld's services answer. A standby keeld (keeld --standby) serves
+// from the start but refuses every RPC with UNAVAILABLE and the reason
+// ("standby: ..."), so that clients given several addresses move on to the
+// next; Activate hands it the Coordinator once it holds the database's lock.
+// A gate is activated at most once and never goes back: a keeld that loses
+// the lock exits (the fencing rule, store.h).
+class ServingGate {
+ public:
+  ServingGate() = default;
+  explicit ServingGate(Coordinator* coordinator) : coordinator_(coordinator) {}
+
+  // The refusal's text while standby.
+  void SetStandbyReason(const std::string& reason);
+  void Activate(Coordinator* coordinator) { coordinator_.store(coordinator); }
+  // The coordinator once active; else null, with *refusal the UNAVAILABLE answer.
+  Coordinator* Get(grpc::Status* refusal) const;
+
+ private:
+  std::atomic<Coordinator*> coordinator_{nullptr};
+  mutable std::mutex mu_;  // guards reason_
+  std::string reason_ = "standby: this keeld waits for the active keeld's database lock";
+};
+
 class UserService final : public v1::KeelService::Service {
  public:
   // metrics may be null (no RPC latency histograms).
   UserService(Coordinator* coordinator, const AuthConfig* auth, KeeldMetrics* metrics = nullptr)
-      : c_(coordinator), auth_(auth), metrics_(metrics) {}
+      : own_gate_(coordinator), gate_(&own_gate_), auth_(auth), metrics_(metrics) {}
+  // Serves through `gate` (which must outlive the service): refuses while standby.
+  UserService(const ServingGate* gate, const AuthConfig* auth, KeeldMetrics* metrics = nullptr)
+      : gate_(gate), auth_(auth), metrics_(metrics) {}
 
   grpc::Status SubmitSweep(grpc::ServerContext* ctx, const v1::SubmitSweepRequest* req, v1::SubmitSweepResponse* out) override;
   grpc::Status GetSweep(grpc::ServerContext* ctx, const v1::GetSweepRequest* req, v1::Sweep* out) override;
@@ -36,9 +66,10 @@ class UserService final : public v1::KeelService::Service {
  private:
   // Streams the updates of run or sweep `id` once `found`, the look-up of `id`
   // as what the RPC watches, is OK; else `found` is the answer.
-  grpc::Status Watch(grpc::ServerContext* ctx, const grpc::Status& found, const std::string& id,
+  grpc::Status Watch(grpc::ServerContext* ctx, Coordinator* c, const grpc::Status& found, const std::string& id,
                      grpc::ServerWriter<v1::WatchUpdate>* writer);
-  Coordinator* c_;
+  ServingGate own_gate_;
+  const ServingGate* gate_;
   const AuthConfig* auth_;
   KeeldMetrics* metrics_;
 };
@@ -46,7 +77,9 @@ class UserService final : public v1::KeelService::Service {
 class FleetService final : public v1::WorkerService::Service {
  public:
   FleetService(Coordinator* coordinator, const AuthConfig* auth, KeeldMetrics* metrics = nullptr)
-      : c_(coordinator), auth_(auth), metrics_(metrics) {}
+      : own_gate_(coordinator), gate_(&own_gate_), auth_(auth), metrics_(metrics) {}
+  FleetService(const ServingGate* gate, const AuthConfig* auth, KeeldMetrics* metrics = nullptr)
+      : gate_(gate), auth_(auth), metrics_(metrics) {}
 
   grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req, v1::RegisterResponse* out) override;
   // The worker names itself with the "keel-worker-id" metadata (its Register answer).
@@ -54,7 +87,8 @@ class FleetService final : public v1::WorkerService::Service {
                        grpc::ServerReaderWriter<v1::WorkerCommand, v1::WorkerMessage>* stream) override;
 
  private:
-  Coordinator* c_;
+  ServingGate own_gate_;
+  const ServingGate* gate_;
   const AuthConfig* auth_;
   KeeldMetrics* metrics_;
 };

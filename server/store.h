@@ -19,6 +19,7 @@
 #ifndef KEEL_SERVER_STORE_H_
 #define KEEL_SERVER_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -114,7 +115,9 @@ class Store {
 
   // Appends an event. A non-empty run_id must name a stored run; the event is
   // then also filed under that run's sweep. An empty run_id is a keeld-level
-  // event (listed only when both filters are empty).
+  // event (listed only when both filters are empty). An event with a non-empty
+  // key that is already stored (a worker's re-send) is skipped: OK, nothing
+  // changes.
   virtual Status AppendEvent(const v1::Event& event) = 0;
   // AppendEvent for each event, in one transaction (one fsync for a batch such
   // as cancelling a 10,000-run sweep): all or nothing.
@@ -147,6 +150,15 @@ class Store {
   // COMMIT), on the writing thread; for keeld's store latency histogram.
   virtual void SetWriteObserver(std::function<void(double)> observer) = 0;
   virtual Status Counts(int64_t* sweeps, int64_t* runs, int64_t* metric_points) = 0;
+
+  // ---- Ownership -------------------------------------------------------------------
+
+  // OK while this Store may still write its database as the only keeld doing
+  // so. PostgreSQL: one round trip on the session that holds keeld's lock
+  // (reconnecting as any method does, under the fencing rule of
+  // OpenPostgresStore); once fenced, every method fails. SQLite: always OK
+  // (one keeld per state directory is the kernel's flock).
+  virtual Status CheckOwnership() { return Status::Ok(); }
 };
 
 // The schema version this build writes and reads (the `schema_version` table,
@@ -157,7 +169,11 @@ class Store {
 // 2: metric points' loss, lr, tokens_per_s and grad_norm also have columns of
 //    their own, filled from the stored records when a version 1 store is
 //    upgraded.
-constexpr int kStoreSchemaVersion = 2;
+// 3: events have a `key` column (Event.key) with a unique index: an event
+//    whose key is already stored is not stored again. PostgreSQL also gets
+//    `keeld_epoch`, one row counting the times a keeld took the database's
+//    lock (the fencing rule: OpenPostgresStore).
+constexpr int kStoreSchemaVersion = 3;
 
 // Opens the SQLite store at `path`, creating the file and its schema when
 // missing, and upgrading an older schema in place (one transaction). The
@@ -177,9 +193,38 @@ Status OpenSqliteStore(const std::string& path, std::unique_ptr<Store>* out);
 // server's WAL flush (synchronous_commit=on for keeld's connection).
 // One Store per database: the connection holds a session advisory lock, and
 // a second Store (another keeld) waiting more than lock_wait_ms for it is
-// refused with an error saying so. A dropped connection is reopened at the
-// next method call (the lock is taken again). Errors name the URL with any
-// password replaced by "***".
+// refused with an error saying so. Errors name the URL with any password
+// replaced by "***".
+//
+// The fencing rule. PostgreSQL drops a session's advisory lock with the
+// session, so the lock means "this keeld writes" only while that session
+// lives. Each time a Store takes the lock it adds 1 to keeld_epoch and keeps
+// the number. A dropped connection is reopened at the next method call, and
+// the Store writes again only when it gets the lock back within lock_wait_ms
+// AND keeld_epoch still holds its number (no other keeld took the lock
+// meanwhile). Otherwise the Store is fenced: that method and every later one
+// fail with FailedPrecondition ("fenced: ..."), and on_fenced is called once.
+// A write committed on the lock's session was therefore made while no other
+// keeld could write.
+struct PostgresStoreOptions {
+  // How long to wait for the lock when another session holds it; < 0: until it
+  // is free (a standby keeld) or *stop.
+  int lock_wait_ms = 10000;
+  // While waiting with lock_wait_ms < 0, polled every 100 ms: true ends the
+  // wait with an error (keeld's SIGTERM).
+  const std::atomic<bool>* stop = nullptr;
+  // The session's application_name (pg_stat_activity): how another keeld's
+  // messages name this one, e.g. "keeld 10.0.0.5:7070 (pid 1234)".
+  std::string application_name;
+  // Called once, when the lock is found held by another session, with that
+  // session's application_name ("" when not known).
+  std::function<void(const std::string& holder)> on_waiting;
+  // Called once, on the thread whose method found the Store fenced, with the
+  // error; keeld exits there (see keeld_main.cc).
+  std::function<void(const Status& why)> on_fenced;
+};
+Status OpenPostgresStore(const std::string& url, const PostgresStoreOptions& options,
+                         std::unique_ptr<Store>* out);
 Status OpenPostgresStore(const std::string& url, std::unique_ptr<Store>* out,
                          int lock_wait_ms = 10000);
 

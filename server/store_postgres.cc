@@ -9,6 +9,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -223,17 +224,47 @@ std::string Placeholders(size_t rows, const std::vector<const char*>& casts) {
   return out;
 }
 
-// One libpq connection: statements, transactions, errors that name the URL.
+// One libpq connection: statements, transactions, errors that name the URL,
+// keeld's lock and the fencing rule (store.h, OpenPostgresStore).
 class Connection {
  public:
-  Connection(std::string url, int lock_wait_ms)
-      : url_(std::move(url)), redacted_(RedactStoreUrl(url_)), lock_wait_ms_(lock_wait_ms) {}
+  Connection(std::string url, PostgresStoreOptions options)
+      : url_(std::move(url)), redacted_(RedactStoreUrl(url_)), options_(std::move(options)) {}
   ~Connection() { PQfinish(conn_); }
 
   const std::string& redacted() const { return redacted_; }
 
-  // Connects, sets the session up and takes the keeld lock.
+  // Connects, sets the session up and takes the keeld lock. Once the Store
+  // has an epoch (TakeEpoch), this is a reconnect: it must get the lock back
+  // and find keeld_epoch unchanged, or the connection is fenced for good.
   Status Connect() {
+    if (!fenced_.ok()) return fenced_;
+    Status s = ConnectAndLock();
+    if (!s.ok() && epoch_ > 0 && s.code() == StatusCode::kFailedPrecondition) return Fence(s.message());
+    if (s.ok() && epoch_ > 0) {
+      Result r;
+      s = Exec("SELECT epoch FROM keeld_epoch", Params(), &r);
+      if (!s.ok()) return s;  // the connection failed again: fenced or not, the next call tells
+      const int64_t now = r.rows() == 1 ? r.Int(0, 0) : -1;
+      if (now != epoch_) {
+        return Fence("keeld_epoch is " + std::to_string(now) + ", not this keeld's " + std::to_string(epoch_) +
+                     ": another keeld took the database's lock while this one's session was down");
+      }
+    }
+    return s;
+  }
+
+  // Counts this Store's taking of the lock (after Migrate: keeld_epoch exists).
+  Status TakeEpoch() {
+    Result r;
+    KEEL_RETURN_IF_ERROR(Exec("UPDATE keeld_epoch SET epoch = epoch + 1 RETURNING epoch", Params(), &r));
+    if (r.rows() != 1) return Status::Error("store '" + redacted_ + "': keeld_epoch has no row");
+    epoch_ = r.Int(0, 0);
+    return Status::Ok();
+  }
+
+ private:
+  Status ConnectAndLock() {
     PQfinish(conn_);
     conn_ = PQconnectdb(url_.c_str());
     if (conn_ == nullptr) return Status::Unavailable("store '" + redacted_ + "': cannot connect: out of memory");
@@ -247,11 +278,28 @@ class Connection {
     // write survives a crash of the server, whatever its default is.
     KEEL_RETURN_IF_ERROR(Exec("SET synchronous_commit = on"));
     KEEL_RETURN_IF_ERROR(Exec("SET client_min_messages = warning"));
+    if (!options_.application_name.empty()) {
+      KEEL_RETURN_IF_ERROR(Exec("SELECT set_config('application_name', $1, false)",
+                                Params().Text(options_.application_name)));
+    }
     return TakeLock();
   }
 
+  Status Fence(const std::string& why) {
+    fenced_ = Status::FailedPrecondition("store '" + redacted_ + "': fenced: " + why +
+                                         "; this keeld must not write any more (restart it: it comes back as a "
+                                         "standby or waits for the lock)");
+    PQfinish(conn_);
+    conn_ = nullptr;
+    if (options_.on_fenced) options_.on_fenced(fenced_);
+    return fenced_;
+  }
+
+ public:
+
   // Reconnects when the connection was lost (a restarted server).
   Status EnsureConnected() {
+    if (!fenced_.ok()) return fenced_;
     if (conn_ != nullptr && PQstatus(conn_) == CONNECTION_OK) return Status::Ok();
     return Connect();
   }
@@ -300,15 +348,36 @@ class Connection {
     return sql.size() <= 200 ? sql : sql.substr(0, 200) + "...";
   }
 
+  // The application_name of the session holding keeld's lock ("" if unknown).
+  // An advisory lock on a bigint key is listed with its high 32 bits as
+  // classid and its low 32 bits as objid.
+  std::string LockHolder() {
+    Result r;
+    Status s = Exec("SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                    "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+                    "AND l.classid::bigint = $1 AND l.objid::bigint = $2 AND l.pid <> pg_backend_pid()",
+                    Params().Int(kKeeldLockKey >> 32).Int(kKeeldLockKey & 0xffffffff), &r);
+    return s.ok() && r.rows() > 0 ? r.Text(0, 0) : std::string();
+  }
+
   Status TakeLock() {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(lock_wait_ms_);
+    // A reconnect waits a bounded time even for a standby: its keeld must
+    // learn that it was fenced rather than hang.
+    const int wait_ms = options_.lock_wait_ms >= 0 ? options_.lock_wait_ms : epoch_ > 0 ? 10000 : -1;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(wait_ms, 0));
+    bool told = false;
     for (;;) {
       Result r;
       KEEL_RETURN_IF_ERROR(Exec("SELECT pg_try_advisory_lock($1)", Params().Int(kKeeldLockKey), &r));
       if (r.rows() == 1 && r.Bool(0, 0)) return Status::Ok();
+      if (!told && options_.on_waiting) options_.on_waiting(LockHolder());
+      told = true;
+      if (wait_ms < 0 && options_.stop != nullptr && options_.stop->load()) {
+        return Status::Unavailable("store '" + redacted_ + "': stopped while waiting for keeld's lock");
+      }
       // The holder may be a keeld that was just killed, whose server process
       // has not noticed yet: wait a little before refusing.
-      if (std::chrono::steady_clock::now() >= deadline) {
+      if (wait_ms >= 0 && std::chrono::steady_clock::now() >= deadline) {
         return Status::FailedPrecondition(
             "store '" + redacted_ + "': the database is in use by another keeld (it holds keeld's advisory lock " +
             std::to_string(kKeeldLockKey) + "); stop it first, or give this one another database");
@@ -319,8 +388,10 @@ class Connection {
 
   const std::string url_;
   const std::string redacted_;
-  const int lock_wait_ms_;
+  const PostgresStoreOptions options_;
   PGconn* conn_ = nullptr;
+  int64_t epoch_ = 0;              // keeld_epoch when this Store took the lock; 0: not yet
+  Status fenced_ = Status::Ok();   // set once for good (Fence)
 };
 
 // Runs `body` inside one transaction: COMMIT when it returns OK (the commit
@@ -644,10 +715,10 @@ class PostgresStore : public Store {
         Params params;
         for (size_t i = first; i < first + n; ++i) {
           KEEL_RETURN_IF_ERROR(Serialize(events[i], &blob));
-          params.Int(static_cast<int64_t>(i)).TextOrNull(events[i].run_id()).Bytes(blob);
+          params.Int(static_cast<int64_t>(i)).TextOrNull(events[i].run_id()).TextOrNull(events[i].key()).Bytes(blob);
         }
         const std::string values =
-            "(VALUES " + Placeholders(n, {"bigint", "text", "bytea"}) + ") AS v(ord, run_id, proto)";
+            "(VALUES " + Placeholders(n, {"bigint", "text", "text", "bytea"}) + ") AS v(ord, run_id, key, proto)";
         // The first event (in batch order) whose run does not exist.
         Result missing;
         KEEL_RETURN_IF_ERROR(db_->Exec("SELECT v.run_id FROM " + values +
@@ -656,10 +727,12 @@ class PostgresStore : public Store {
                                        params, &missing));
         if (missing.rows() > 0) return NotFoundError("run", missing.Text(0, 0));
         // Each event filed under its run's sweep; inserted in batch order, so
-        // their seq is the order given.
-        KEEL_RETURN_IF_ERROR(db_->Exec("INSERT INTO events(run_id, sweep_id, proto) "
-                                       "SELECT v.run_id, runs.sweep_id, v.proto FROM " +
-                                           values + " LEFT JOIN runs ON runs.id = v.run_id ORDER BY v.ord",
+        // their seq is the order given. A keyed event already stored (a
+        // worker's re-send) is skipped.
+        KEEL_RETURN_IF_ERROR(db_->Exec("INSERT INTO events(run_id, sweep_id, key, proto) "
+                                       "SELECT v.run_id, runs.sweep_id, v.key, v.proto FROM " +
+                                           values + " LEFT JOIN runs ON runs.id = v.run_id ORDER BY v.ord "
+                                           "ON CONFLICT (key) DO NOTHING",
                                        params));
       }
       return Status::Ok();
@@ -740,6 +813,11 @@ class PostgresStore : public Store {
   Status GetWorker(const std::string& id, v1::Worker* out) override {
     std::lock_guard<std::mutex> lock(mu_);
     return InTransaction(db_.get(), false, [&]() { return GetById("workers", "worker", id, out); });
+  }
+
+  Status CheckOwnership() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return InTransaction(db_.get(), false, [] { return Status::Ok(); });
   }
 
   Status Counts(int64_t* sweeps, int64_t* runs, int64_t* metric_points) override {
@@ -910,13 +988,24 @@ Status MigrateV1ToV2(Connection* db) {
   return Status::Ok();
 }
 
+// Version 3: events get their key (Event.key) in a column with a unique index,
+// so that a worker's re-sent event is stored once (NULLs, keeld's own events,
+// are never equal); and keeld_epoch, one row counting the keelds that took
+// the database's lock (the fencing rule, store.h).
+Status MigrateV2ToV3(Connection* db) {
+  KEEL_RETURN_IF_ERROR(db->Exec("ALTER TABLE events ADD COLUMN key TEXT"));
+  KEEL_RETURN_IF_ERROR(db->Exec("CREATE UNIQUE INDEX events_by_key ON events(key)"));
+  KEEL_RETURN_IF_ERROR(db->Exec("CREATE TABLE keeld_epoch (epoch BIGINT NOT NULL)"));
+  return db->Exec("INSERT INTO keeld_epoch(epoch) VALUES (0)");
+}
+
 // The schema's history, as in store_sqlite.cc: step i takes a database from
 // version to_version - 1 to to_version.
 struct Migration {
   int64_t to_version;
   Status (*apply)(Connection* db);
 };
-constexpr Migration kMigrations[] = {{1, CreateV1}, {2, MigrateV1ToV2}};
+constexpr Migration kMigrations[] = {{1, CreateV1}, {2, MigrateV1ToV2}, {3, MigrateV2ToV3}};
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kStoreSchemaVersion,
               "one migration step per schema version");
 
@@ -949,13 +1038,20 @@ Status Migrate(Connection* db) {
 
 }  // namespace
 
-Status OpenPostgresStore(const std::string& url, std::unique_ptr<Store>* out, int lock_wait_ms) {
+Status OpenPostgresStore(const std::string& url, const PostgresStoreOptions& options, std::unique_ptr<Store>* out) {
   if (url.empty()) return Status::InvalidArgument("OpenPostgresStore: url is empty; give postgresql://user@host:port/db");
-  auto db = std::make_unique<Connection>(url, lock_wait_ms);
+  auto db = std::make_unique<Connection>(url, options);
   KEEL_RETURN_IF_ERROR(db->Connect());
   KEEL_RETURN_IF_ERROR(Migrate(db.get()));
+  KEEL_RETURN_IF_ERROR(db->TakeEpoch());
   out->reset(new PostgresStore(std::move(db)));
   return Status::Ok();
+}
+
+Status OpenPostgresStore(const std::string& url, std::unique_ptr<Store>* out, int lock_wait_ms) {
+  PostgresStoreOptions options;
+  options.lock_wait_ms = lock_wait_ms;
+  return OpenPostgresStore(url, options, out);
 }
 
 }  // namespace keel

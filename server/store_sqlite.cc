@@ -482,7 +482,8 @@ class SqliteStore : public Store {
     std::lock_guard<std::mutex> lock(mu_);
     return WriteTransaction([&]() -> Status {
       Stmt sweep_of(db_, "SELECT sweep_id FROM runs WHERE id = ?");
-      Stmt ins(db_, "INSERT INTO events(run_id, sweep_id, proto) VALUES(?,?,?)");
+      // A keyed event already stored (a worker's re-send) is skipped.
+      Stmt ins(db_, "INSERT INTO events(run_id, sweep_id, key, proto) VALUES(?,?,?,?) ON CONFLICT(key) DO NOTHING");
       std::string blob;
       for (const v1::Event& event : events) {
         std::string sweep_id;
@@ -496,7 +497,7 @@ class SqliteStore : public Store {
         }
         KEEL_RETURN_IF_ERROR(Serialize(event, &blob));
         ins.Reset();
-        ins.BindOrNull(1, event.run_id()).BindOrNull(2, sweep_id).BindBlob(3, blob);
+        ins.BindOrNull(1, event.run_id()).BindOrNull(2, sweep_id).BindOrNull(3, event.key()).BindBlob(4, blob);
         KEEL_RETURN_IF_ERROR(ins.Run());
       }
       return Status::Ok();
@@ -749,13 +750,22 @@ Status MigrateV1ToV2(sqlite3* db) {
 
 Status CreateV1(sqlite3* db) { return Exec(db, kSchemaV1); }
 
+// Version 3: an event's key (Event.key, set by the worker that sent it) has a
+// column and a unique index, so that an event a worker re-sends after a
+// reconnect is stored once. NULL (keeld's own events, and every older one) is
+// never equal to another NULL, so those are not constrained.
+Status MigrateV2ToV3(sqlite3* db) {
+  KEEL_RETURN_IF_ERROR(Exec(db, "ALTER TABLE events ADD COLUMN key TEXT"));
+  return Exec(db, "CREATE UNIQUE INDEX events_by_key ON events(key)");
+}
+
 // The schema's history: step i takes a store from version to_version - 1 to
 // to_version. A new file runs them all; kStoreSchemaVersion is the last one's.
 struct Migration {
   int64_t to_version;
   Status (*apply)(sqlite3* db);
 };
-constexpr Migration kMigrations[] = {{1, CreateV1}, {2, MigrateV1ToV2}};
+constexpr Migration kMigrations[] = {{1, CreateV1}, {2, MigrateV1ToV2}, {3, MigrateV2ToV3}};
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kStoreSchemaVersion,
               "one migration step per schema version");
 

@@ -18,6 +18,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <atomic>
+#include <chrono>
+#include <mutex>
 #include <limits>
 #include <string>
 #include <memory>
@@ -639,6 +642,32 @@ TEST_P(StoreTest, EventFilters) {
   EXPECT_TRUE(IsNotFound(store->ListEvents("", "ghost", &got)));
 }
 
+// A worker re-sends what keeld did not acknowledge, possibly to a standby
+// that took over: an event whose key is stored is skipped, in a batch or
+// alone, and events without a key (keeld's own) are never merged.
+TEST_P(StoreTest, KeyedEventsAreStoredOnceAndUnkeyedOnesAlways) {
+  auto store = Open(Location());
+  ASSERT_TRUE(store);
+  ASSERT_OK(store->CreateSweep(MakeSweep("s1"), {MakeRun("a", "s1")}));
+  v1::Event first = MakeEvent("a", 1, "e1");
+  first.set_key("worker-1#7");
+  v1::Event second = MakeEvent("a", 2, "e2");
+  second.set_key("worker-1#8");
+  ASSERT_OK(store->AppendEvent(first));
+  ASSERT_OK(store->AppendEvents({first, second, second}));  // a re-send, and a repeat within the batch
+  ASSERT_OK(store->AppendEvent(MakeEvent("a", 3, "mine")));
+  ASSERT_OK(store->AppendEvent(MakeEvent("a", 3, "mine")));
+  ASSERT_OK(store->AppendEvent(second));
+  std::vector<v1::Event> got;
+  ASSERT_OK(store->ListEvents("a", "", &got));
+  EXPECT_EQ(EventKinds(got), (std::vector<std::string>{"e1", "e2", "mine", "mine"}));
+  EXPECT_EQ(got[0].key(), "worker-1#7");
+  // A keyed event for a missing run is still an error.
+  v1::Event ghost = MakeEvent("ghost", 4, "g");
+  ghost.set_key("worker-1#9");
+  EXPECT_TRUE(IsNotFound(store->AppendEvent(ghost)));
+}
+
 // ---- Paging ------------------------------------------------------------------------
 
 TEST_P(StoreTest, EventPagesReturnEveryEventOnceInOrderWhileEventsArrive) {
@@ -1214,6 +1243,121 @@ TEST(PostgresStoreTest, ASecondStoreOnTheSameDatabaseIsRefusedUntilTheFirstClose
   EXPECT_NE(s.message().find(url), std::string::npos) << s.message();
   first.reset();
   ASSERT_OK(OpenPostgresStore(url, &second));
+}
+
+// A standby keeld: waits for the lock as long as it takes, is told who holds
+// it (the holder's application_name), and opens once the holder closes.
+TEST(PostgresStoreTest, AStandbyWaitsForTheLockAndTakesItWhenTheHolderCloses) {
+  std::string url;
+  ASSERT_OK(PostgresEnvironment::NewDatabase(&url));
+  PostgresStoreOptions active_options;
+  active_options.application_name = "keeld 127.0.0.1:1 (pid 1)";
+  std::unique_ptr<Store> active;
+  ASSERT_OK(OpenPostgresStore(url, active_options, &active));
+  ASSERT_OK(active->CreateSweep(MakeSweep("s"), {MakeRun("r", "s")}));
+
+  std::atomic<bool> stop{false};
+  std::atomic<bool> opened{false};
+  std::mutex mu;
+  std::string holder;
+  int waits = 0;
+  PostgresStoreOptions standby_options;
+  standby_options.lock_wait_ms = -1;
+  standby_options.stop = &stop;
+  standby_options.on_waiting = [&](const std::string& h) {
+    std::lock_guard<std::mutex> lock(mu);
+    holder = h;
+    ++waits;
+  };
+  std::unique_ptr<Store> standby;
+  Status standby_status;
+  std::thread waiter([&] {
+    standby_status = OpenPostgresStore(url, standby_options, &standby);
+    opened = true;
+  });
+  // Longer than the default lock_wait_ms would be is not needed: 1.5 s of
+  // waiting already shows it neither gives up nor gets the lock.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_FALSE(opened.load());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(holder, "keeld 127.0.0.1:1 (pid 1)");
+    EXPECT_EQ(waits, 1);
+  }
+  const auto released = std::chrono::steady_clock::now();
+  active.reset();
+  waiter.join();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - released).count();
+  ASSERT_OK(standby_status);
+  EXPECT_LT(took, 2.0);  // polled every 100 ms
+  v1::Run run;
+  ASSERT_OK(standby->GetRun("r", &run));
+  EXPECT_EQ(PgQueryText(url, "SELECT epoch FROM keeld_epoch"), "2");  // two keelds took the lock
+
+  // A standby asked to stop while waiting gives up with an error.
+  std::unique_ptr<Store> third;
+  stop = true;
+  Status s = OpenPostgresStore(url, standby_options, &third);
+  EXPECT_FALSE(s.ok());
+  EXPECT_FALSE(third);
+  EXPECT_NE(s.message().find("stopped while waiting"), std::string::npos) << s.message();
+}
+
+// The fencing rule: a Store whose session died while another Store took the
+// lock never writes again, whether the other still holds the lock or has let
+// it go (keeld_epoch moved on); on_fenced is called once.
+TEST(PostgresStoreTest, AStoreWhoseSessionDiedWhileAnotherTookTheLockIsFenced) {
+  for (const bool other_still_holds : {true, false}) {
+    SCOPED_TRACE(other_still_holds ? "the other still holds the lock" : "the other let it go");
+    std::string url;
+    ASSERT_OK(PostgresEnvironment::NewDatabase(&url));
+    int fenced_calls = 0;
+    PostgresStoreOptions options;
+    options.lock_wait_ms = 300;
+    options.application_name = "keeld A";
+    options.on_fenced = [&](const Status&) { ++fenced_calls; };
+    std::unique_ptr<Store> a;
+    ASSERT_OK(OpenPostgresStore(url, options, &a));
+    ASSERT_OK(a->CreateSweep(MakeSweep("s"), {MakeRun("r", "s")}));
+    ASSERT_OK(a->AppendMetrics({MakePoint("r", 1)}));
+    // A's session dies (a network cut, an administrator), and B takes over.
+    EXPECT_EQ(PgQueryText(url, "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                               "WHERE application_name = 'keeld A'"),
+              "1");
+    std::unique_ptr<Store> b;
+    ASSERT_OK(OpenPostgresStore(url, &b, /*lock_wait_ms=*/5000));
+    ASSERT_OK(b->AppendMetrics({MakePoint("r", 2)}));
+    if (!other_still_holds) b.reset();
+    // A's next write finds its session gone and may not reconnect.
+    Status s = a->AppendMetrics({MakePoint("r", 3)});
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.message();
+    EXPECT_NE(s.message().find("fenced"), std::string::npos) << s.message();
+    EXPECT_EQ(fenced_calls, 1);
+    // Fenced for good: reads, writes and the ownership check all fail, and on_fenced is not called again.
+    EXPECT_FALSE(a->CheckOwnership().ok());
+    v1::Run run;
+    EXPECT_FALSE(a->GetRun("r", &run).ok());
+    EXPECT_FALSE(a->AppendMetrics({MakePoint("r", 4)}).ok());
+    EXPECT_EQ(fenced_calls, 1);
+    // Only B's point was stored after the takeover.
+    EXPECT_EQ(PgQueryText(url, "SELECT string_agg(step::text, ',' ORDER BY step) FROM metrics"), "1,2");
+  }
+}
+
+// CheckOwnership is a round trip: an idle Store notices its session's loss.
+TEST(PostgresStoreTest, CheckOwnershipReconnectsWhenNobodyElseTookTheLock) {
+  std::string url;
+  ASSERT_OK(PostgresEnvironment::NewDatabase(&url));
+  PostgresStoreOptions options;
+  options.application_name = "keeld idle";
+  std::unique_ptr<Store> store;
+  ASSERT_OK(OpenPostgresStore(url, options, &store));
+  ASSERT_OK(store->CheckOwnership());
+  EXPECT_EQ(PgQueryText(url, "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                             "WHERE application_name = 'keeld idle'"),
+            "1");
+  ASSERT_OK(store->CheckOwnership());  // back, with the lock and the same epoch
+  EXPECT_EQ(PgQueryText(url, "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"), "1");
 }
 
 TEST(PostgresStoreTest, ReconnectsAfterTheServerDropsTheConnection) {

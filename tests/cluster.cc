@@ -71,9 +71,14 @@ void Cluster::StartKeeld() {
 
 void Cluster::KillKeeld() { keeld_->Kill(SIGKILL); }
 
+void Cluster::UseKeeldAt(const std::string& address) {
+  stub_ = keel::v1::KeelService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
 Process* Cluster::AddWorker(const std::string& name, std::vector<std::string> extra) {
-  std::vector<std::string> args = {"worker/agent/keel-worker", "--server",      Address(), "--trainer",        "worker/engine/keel-train",
-                                   "--work-dir",         dir_ + "/" + name, "--metrics-listen", "off"};
+  std::vector<std::string> args = {"worker/agent/keel-worker", "--trainer", "worker/engine/keel-train",
+                                   "--work-dir", dir_ + "/" + name, "--metrics-listen", "off"};
+  if (std::find(extra.begin(), extra.end(), "--server") == extra.end()) args.insert(args.end(), {"--server", Address()});
   if (std::find(extra.begin(), extra.end(), "--cpu-slots") == extra.end()) {
     args.insert(args.end(), {"--cpu-slots", "1"});
   }

@@ -55,9 +55,11 @@ class Cluster {
 
   void StartKeeld();
   void KillKeeld();
+  // Points stub() at another keeld (a standby that took over).
+  void UseKeeldAt(const std::string& address);
   Process* keeld() { return keeld_.get(); }
-  // A worker with one CPU slot (unless `args` say --cpu-slots) and its own work dir <dir>/<name> (restarting a
-  // name reuses the dir).
+  // A worker with one CPU slot (unless `args` say --cpu-slots), connected to this cluster's keeld (unless
+  // `args` say --server) and its own work dir <dir>/<name> (restarting a name reuses the dir).
   Process* AddWorker(const std::string& name, std::vector<std::string> args = {});
   Process* Worker(const std::string& name) { return workers_.at(name).get(); }
 

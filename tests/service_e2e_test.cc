@@ -934,4 +934,184 @@ TEST(ServiceE2eTest, DataOutsideTheWorkersDataRootsIsRefusedAndFailsAtOnce) {
   }
 }
 
+
+
+// The whole of `path` ("" when missing).
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// A policy sweep of 180 steps whose runs roll back at a loss spike at step 90:
+// the worker sends events (rollback, switch_precision) besides its points.
+std::string PolicySweep(int runs) {
+  std::string seeds;
+  for (int i = 1; i <= runs; ++i) seeds += (i > 1 ? ", " : "") + std::to_string(i);
+  return "name: standby\n"
+         "base:\n"
+         "  model: {type: proxy, layers: 2, width: 64}\n"
+         "  batch: 256\n  steps: 180\n  threads: 1\n  precision: mxfp8_e4m3\n"
+         "  checkpoint_every: 25\n"
+         "  optimizer: {type: adam, lr: 3.0e-3}\n"
+         "  schedule: {type: constant, spike_at: 90, spike_steps: 3, spike_factor: 300}\n"
+         "axes:\n  - grid: {seed: [" + seeds + "]}\n"
+         "policy:\n"
+         "  ladder: [mxfp8_e4m3, mx_w_e4m3_a_bf16, bf16]\n"
+         "  snapshots: {every: 25, keep: 8}\n"
+         "  max_interventions: 3\n"
+         "  rules:\n"
+         "    - {name: loss-spike, when: [nonfinite, loss_zscore, loss_ratio],\n"
+         "       do: [{rollback: {steps: 50}}, {switch: next}, {scale_lr: 0.01}], cooldown: 20}\n";
+}
+
+// keeld A active and keeld B a standby on one PostgreSQL database; a worker
+// and the CLI know both. B refuses RPCs while standby; A is killed with -9
+// mid-sweep; B takes over within 10 s (measured from the kill to B's first
+// answer), the worker moves to it and re-sends what A did not acknowledge;
+// the sweep finishes with every run's points exactly steps 1..180 once each
+// and no event stored twice.
+TEST(ServiceE2eTest, StandbyKeeldTakesOverAfterKillNineAndLosesOrDuplicatesNothing) {
+  std::vector<std::string> store;
+  auto pg = StartPostgres("e2e_standby", &store);
+  ASSERT_TRUE(pg);
+  Cluster cluster("e2e_standby", store);  // keeld A, active
+  const std::string a = cluster.Address();
+  const std::string b = "127.0.0.1:" + std::to_string(keel::FreeLoopbackPort());
+  keel_test::Process standby({"server/keeld", "--listen", b, "--state-dir", cluster.dir() + "/state-b", "--metrics-listen",
+                              "off", "--lease-ms", "1500", "--heartbeat-ms", "200", "--standby", store[0], store[1]},
+                             cluster.dir() + "/keeld-b.log");
+  const std::string b_log = cluster.dir() + "/keeld-b.log";
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (ReadAll(b_log).find("waiting for it") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_NE(ReadAll(b_log).find("waiting for it"), std::string::npos) << ReadAll(b_log);
+
+  // The standby refuses, naming the active keeld, whatever the token.
+  auto b_stub = keel::v1::KeelService::NewStub(grpc::CreateChannel(b, grpc::InsecureChannelCredentials()));
+  for (const std::string token : {std::string(kUserToken), std::string("wrong-token")}) {
+    keel::v1::ListSweepsResponse sweeps;
+    grpc::Status refused = b_stub->ListSweeps(cluster.Context(token).get(), keel::v1::ListSweepsRequest(), &sweeps);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+    EXPECT_NE(refused.error_message().find("standby: the active keeld is 'keeld "), std::string::npos)
+        << refused.error_message();
+    EXPECT_NE(refused.error_message().find(a), std::string::npos) << refused.error_message();
+  }
+  {
+    auto worker_stub = keel::v1::WorkerService::NewStub(grpc::CreateChannel(b, grpc::InsecureChannelCredentials()));
+    keel::v1::RegisterRequest request;
+    request.set_cpu_slots(1);
+    keel::v1::RegisterResponse response;
+    grpc::Status refused = worker_stub->Register(cluster.Context(kWorkerToken).get(), request, &response);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+  }
+
+  // One worker with both addresses, the standby's first: it moves on to A.
+  cluster.AddWorker("w1", {"--server", b + "," + a, "--cpu-slots", "2"});
+  keel::v1::SubmitSweepResponse submitted;
+  grpc::Status s = cluster.Submit(PolicySweep(4), &submitted);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const std::string sweep_id = submitted.sweep().id();
+  // The CLI with both addresses, the standby's first, reaches A.
+  std::string err;
+  const std::string cli = "client/keel --token " + std::string(kUserToken) + " ";
+  EXPECT_EQ(RunCapture(cli + "runs " + sweep_id + " --server " + b + "," + a + " >/dev/null", &err), 0) << err;
+
+  // Mid-sweep: two runs streaming (past step 40), two still queued.
+  bool killed = false;
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!killed && std::chrono::steady_clock::now() < deadline) {
+    int streaming = 0;
+    for (const auto& r : cluster.Runs(sweep_id)) streaming += r.step() >= 40;
+    if (streaming >= 2) {
+      cluster.KillKeeld();
+      killed = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(killed) << "the runs never got past step 40 on keeld A";
+  const auto killed_at = std::chrono::steady_clock::now();
+  // Takeover: from the kill to B's first answer.
+  double takeover_s = -1;
+  while (std::chrono::steady_clock::now() - killed_at < std::chrono::seconds(30)) {
+    keel::v1::GetSweepRequest request;
+    request.set_sweep_id(sweep_id);
+    keel::v1::Sweep sweep;
+    if (b_stub->GetSweep(cluster.Context().get(), request, &sweep).ok()) {
+      takeover_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::printf("standby takeover: %.3f s from kill -9 of the active keeld to the standby's first answer\n", takeover_s);
+  ASSERT_GT(takeover_s, 0) << ReadAll(b_log);
+  EXPECT_LT(takeover_s, 10.0);
+  EXPECT_NE(ReadAll(b_log).find("took over after"), std::string::npos) << ReadAll(b_log);
+
+  // The CLI with both addresses, the dead one first, reaches B.
+  EXPECT_EQ(RunCapture(cli + "runs " + sweep_id + " --server " + a + "," + b + " >/dev/null", &err), 0) << err;
+
+  cluster.UseKeeldAt(b);
+  auto runs = cluster.WaitDone(sweep_id, 240);
+  ASSERT_EQ(runs.size(), 4u);
+  for (const auto& r : runs) {
+    SCOPED_TRACE(r.id());
+    EXPECT_EQ(r.state(), keel::v1::SUCCEEDED) << r.message();
+    std::printf("%s: restarts %d\n", r.id().c_str(), r.restarts());
+    auto points = cluster.Metrics(r.id());
+    ASSERT_EQ(points.size(), 180u);
+    for (size_t i = 0; i < points.size(); ++i) ASSERT_EQ(points[i].step(), static_cast<int64_t>(i + 1));
+    // No event twice: no two equal records (a worker's event re-sent without
+    // its key would be one), one "finished", one "trainer started" per pid.
+    std::set<std::string> seen, started;
+    int finished = 0, worker_events = 0;
+    for (const keel::v1::Event& e : cluster.Events(r.id())) {
+      std::string bytes;
+      ASSERT_TRUE(e.SerializeToString(&bytes));
+      EXPECT_TRUE(seen.insert(bytes).second) << "stored twice: " << e.DebugString();
+      finished += e.message() == "finished";
+      if (e.message().rfind("trainer started on", 0) == 0) {
+        EXPECT_TRUE(started.insert(e.message()).second) << "stored twice: " << e.message();
+      }
+      worker_events += !e.key().empty();
+    }
+    EXPECT_EQ(finished, 1);
+    EXPECT_GE(worker_events, 1);  // the rollback at the spike, at least
+  }
+  // The sweep as B serves it, through the CLI given both addresses.
+  EXPECT_EQ(RunCapture(cli + "runs " + sweep_id + " --server " + a + "," + b + " >/dev/null", &err), 0) << err;
+}
+
+TEST(ServiceE2eTest, AStandbyOnSqliteIsRefusedNamingTheFlag) {
+  const std::string dir = keel_test::TempDir("e2e_standby_sqlite");
+  const std::string listen = "127.0.0.1:" + std::to_string(keel::FreeLoopbackPort());
+  std::string err;
+  EXPECT_EQ(RunCapture("server/keeld --standby --metrics-listen off --listen " + listen + " --state-dir " + dir + "/state", &err), 2);
+  EXPECT_NE(err.find("--standby: the store is 'sqlite:" + dir + "/state/keeld.db', SQLite; a standby keeld needs "
+                     "--store postgresql://"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(RunCapture("server/keeld --standby --metrics-listen off --listen " + listen + " --state-dir " + dir +
+                           "/state --store sqlite:" + dir + "/x.db",
+                       &err),
+            2);
+  EXPECT_NE(err.find("--standby: the store is 'sqlite:" + dir + "/x.db'"), std::string::npos) << err;
+  // Nothing was created: the refusal comes before the state directory.
+  struct stat st;
+  EXPECT_NE(stat((dir + "/state").c_str(), &st), 0);
+}
+
+// An unreachable list: the CLI tries every address, then exits 3 naming each.
+TEST(ServiceE2eTest, CliWithSeveralUnreachableAddressesExitsThreeNamingEach) {
+  const std::string x = "127.0.0.1:" + std::to_string(keel::FreeLoopbackPort());
+  const std::string y = "127.0.0.1:" + std::to_string(keel::FreeLoopbackPort());
+  std::string err;
+  EXPECT_EQ(RunCapture("client/keel sweeps --token t --server " + x + "," + y, &err), 3);
+  EXPECT_NE(err.find("could not reach an active keeld at any of 2 addresses within 15 s"), std::string::npos) << err;
+  EXPECT_NE(err.find(x + ": "), std::string::npos) << err;
+  EXPECT_NE(err.find(y + ": "), std::string::npos) << err;
+  EXPECT_EQ(RunCapture("client/keel sweeps --token t --server " + x + ",,", &err), 2);
+  EXPECT_NE(err.find("--server: '" + x + ",,' has an empty address"), std::string::npos) << err;
+}
+
 }  // namespace

@@ -180,6 +180,8 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
     char cwd[4096];
     if (getcwd(cwd, sizeof(cwd)) != nullptr) options_.work_dir = std::string(cwd) + "/" + options_.work_dir;
   }
+  // keel-worker checked the list (ParseServerList); a bad one here is tried as given.
+  if (!ParseServerList(options_.server, "server", &servers_).ok()) servers_ = {options_.server};
   if (options_.host.empty()) {
     char name[256] = {0};
     gethostname(name, sizeof(name) - 1);
@@ -193,6 +195,9 @@ void Agent::Queue(v1::WorkerMessage message, int64_t attempt) {
   message.set_worker_id(worker_id_);
   message.set_attempt(attempt);
   message.set_seq(next_seq_++);
+  // The seq is this message's for good (re-sends keep it), and worker_id_ is
+  // set before any run exists: the key names this event alone.
+  if (message.has_event()) message.mutable_event()->set_key(worker_id_ + "#" + std::to_string(message.seq()));
   pending_.push_back(std::move(message));
   while (pending_.size() > options_.max_pending) pending_.pop_front();
 }
@@ -229,7 +234,7 @@ void Agent::HandleCommand(const v1::WorkerCommand& command) {
     launch.world = a.world();
     if (launch.world > launch.ranks && launch.first_rank == 0) {
       launch.advertise = options_.advertise;
-      if (launch.advertise.empty()) launch.advertise = LocalAddressToward(options_.server);
+      if (launch.advertise.empty()) launch.advertise = LocalAddressToward(server());
       if (launch.advertise.empty()) launch.advertise = options_.host;
     }
     std::unique_ptr<RunSupervisor> s;
@@ -375,7 +380,7 @@ void Agent::PollRuns() {
 
 bool Agent::Serve(const std::atomic<bool>* stop) {
   ChannelOptions channel_options;
-  channel_options.address = options_.server;
+  channel_options.address = server();
   channel_options.tls_ca = options_.tls_ca;
   channel_options.tls_cert = options_.tls_cert;
   channel_options.tls_key = options_.tls_key;
@@ -413,7 +418,7 @@ bool Agent::Serve(const std::atomic<bool>* stop) {
     grpc::Status status = stub->Register(&context, request, &response);
     if (!status.ok()) {
       if (options_.verbose) {
-        std::fprintf(stderr, "keel-worker: register with %s failed: %s\n", options_.server.c_str(),
+        std::fprintf(stderr, "keel-worker: register with %s failed: %s\n", server().c_str(),
                      status.error_message().c_str());
       }
       return false;
@@ -433,7 +438,7 @@ bool Agent::Serve(const std::atomic<bool>* stop) {
   ++connects_;
   if (options_.verbose) {
     std::fprintf(stderr, "keel-worker: %s %s as %s (%zu GPUs, %d CPU slots, %zu live runs)\n",
-                 first ? "registered with" : "reconnected to", options_.server.c_str(), worker_id_.c_str(),
+                 first ? "registered with" : "reconnected to", server().c_str(), worker_id_.c_str(),
                  options_.devices.size(), request.cpu_slots(), runs_.size());
   }
   grpc::ClientContext context;
@@ -495,9 +500,20 @@ bool Agent::Serve(const std::atomic<bool>* stop) {
 
 Status Agent::Run(const std::atomic<bool>* stop) {
   int backoff_ms = 100;
+  size_t failed_in_a_row = 0;  // addresses that could not be served, since the last that could
   while (!stop->load()) {
     bool reached = Serve(stop);
     if (stop->load()) break;
+    if (reached) {
+      // The stream ended: this address first again, after a short pause.
+      failed_in_a_row = 0;
+      backoff_ms = 100;
+    } else {
+      // Unreachable, or a standby refusing: the next address at once; a
+      // backoff only once every address failed in a row.
+      current_server_ = (current_server_ + 1) % servers_.size();
+      if (++failed_in_a_row % servers_.size() != 0) continue;
+    }
     // Keep the runs going while keeld is away; their output waits in pending_.
     auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(backoff_ms);
     while (std::chrono::steady_clock::now() < until && !stop->load()) {
@@ -505,7 +521,7 @@ Status Agent::Run(const std::atomic<bool>* stop) {
       PublishStats(false);
       std::this_thread::sleep_for(std::chrono::milliseconds(options_.poll_ms));
     }
-    backoff_ms = reached ? 100 : std::min(options_.max_backoff_ms, backoff_ms * 2);
+    if (!reached) backoff_ms = std::min(options_.max_backoff_ms, backoff_ms * 2);
   }
   return Status::Ok();
 }

@@ -15,7 +15,9 @@
 // send time plus 3/4 of keeld's lease on this worker, so a trainer stops
 // stepping before keeld can give its run to another worker. While keeld is
 // unreachable (or this worker is paused) trainers therefore wait after at most
-// 3/4 of a lease. When keeld orders a re-register (its lease on this worker ran
+// 3/4 of a lease. An event's message also stamps the event with a key
+// ("<worker id>#<seq>", Event.key) by which keeld's store keeps it once
+// however often it is re-sent, to whichever keeld. When keeld orders a re-register (its lease on this worker ran
 // out), the agent registers again and stops, without a checkpoint, the trainers
 // of the runs keeld says were taken from it.
 #ifndef KEEL_WORKER_AGENT_AGENT_H_
@@ -36,7 +38,11 @@
 namespace keel {
 
 struct AgentOptions {
-  std::string server = "127.0.0.1:7070";  // keeld's address
+  // keeld's address, or several separated by commas (ParseServerList): an
+  // active keeld and its standbys. The agent stays with the one it reached;
+  // when that one cannot be reached or refuses (UNAVAILABLE: a standby) it
+  // tries the next at once, and waits a backoff after each full round.
+  std::string server = "127.0.0.1:7070";
   std::string token;                      // the worker join token
   std::string tls_ca, tls_cert, tls_key;  // TLS to keeld (proto/channel.h); "" : plaintext
   std::string trainer;                    // keel-train binary
@@ -76,6 +82,8 @@ class Agent {
 
   // For tests and status lines.
   std::string worker_id() const { return worker_id_; }
+  // The address now used (one of AgentOptions::server's).
+  const std::string& server() const { return servers_[current_server_]; }
   int connects() const { return connects_.load(); }
   AgentStats stats() const;
 
@@ -91,6 +99,8 @@ class Agent {
   int64_t TrainerLeaseMs() const { return lease_ms_ * 3 / 4; }
 
   AgentOptions options_;
+  std::vector<std::string> servers_;   // options_.server's addresses; never empty
+  size_t current_server_ = 0;          // the one Serve uses
   std::string worker_id_;
   std::atomic<int> connects_{0};
   std::map<std::string, std::unique_ptr<RunSupervisor>> runs_;  // by run id; agent thread only

@@ -1,5 +1,5 @@
 // keel-worker: runs keel-train for keeld on this host.
-//   keel-worker [--server HOST:PORT] [--token-file F] [--trainer PATH]
+//   keel-worker [--server HOST:PORT[,HOST:PORT...]] [--token-file F] [--trainer PATH]
 //               [--work-dir DIR] [--cpu-slots N] [--no-gpus | --fake-gpus N]
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
@@ -32,7 +32,13 @@ const char kUsage[] =
     "  (keel-train --nproc N for a run of N ranks: one per GPU, or one per CPU slot; a\n"
     "  gang's part on this host is ranks F..F+N-1 of the run's W).\n"
     "options:\n"
-    "  --server HOST:PORT   keeld's address (default $KEEL_SERVER or 127.0.0.1:7070)\n"
+    "  --server HOST:PORT[,HOST:PORT...]\n"
+    "                       keeld's address (default $KEEL_SERVER or 127.0.0.1:7070); several,\n"
+    "                       comma-separated, for an active keeld and its standbys: the\n"
+    "                       worker tries them in order, moves to the next when one cannot be\n"
+    "                       reached or refuses (a standby: UNAVAILABLE), backs off after\n"
+    "                       each round, and re-sends everything keeld did not acknowledge\n"
+    "                       (a re-sent metric point or event is stored once)\n"
     "  --advertise HOST     the address other workers reach this host at: a gang's rank 0\n"
     "                       here listens on every interface and publishes HOST:port to\n"
     "                       the other parts (default: this host's address on its route to\n"
@@ -130,8 +136,10 @@ int main(int argc, char** argv) {
       if (getcwd(cwd, sizeof(cwd)) != nullptr) root = std::string(cwd) + "/" + root;
     }
   }
+  std::vector<std::string> servers;
+  if (keel::Status s = keel::ParseServerList(options.server, "--server", &servers); !s.ok()) return Fail(s.message());
   {
-    keel::ChannelOptions check{options.server, options.tls_ca, options.tls_cert, options.tls_key};
+    keel::ChannelOptions check{servers[0], options.tls_ca, options.tls_cert, options.tls_key};
     std::shared_ptr<grpc::Channel> channel;
     keel::Status s = keel::MakeChannel(check, &channel);  // bad TLS files are a usage error, now
     if (!s.ok()) return Fail(s.message());
