@@ -126,6 +126,7 @@ Status ArtifactStore::Upload::Commit() {
                             " bytes arrived (incomplete)");
   }
   KEEL_RETURN_IF_ERROR(receiver_->Finish());
+  received_ = receiver_->bytes();
   receiver_.reset();
   KEEL_RETURN_IF_ERROR(WriteFileAtomic(incoming_ + "/" + kManifestName, FormatManifest(header_)));
   const std::string run_dir = store_->RunDirOf(header_.run_id());

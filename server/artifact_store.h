@@ -55,7 +55,7 @@ class ArtifactStore {
     // A checkpoint of this run and step with the same files (names, sizes,
     // CRC-32s) is complete already: the upload needs no bytes.
     bool already_stored() const { return already_stored_; }
-    int64_t bytes() const { return receiver_ ? receiver_->bytes() : 0; }
+    int64_t bytes() const { return receiver_ ? receiver_->bytes() : received_; }  // received so far
     const v1::CheckpointHeader& header() const { return header_; }
 
    private:
@@ -64,6 +64,7 @@ class ArtifactStore {
     v1::CheckpointHeader header_;
     std::string incoming_;  // its .incoming directory ("" when already stored)
     std::unique_ptr<CheckpointReceiver> receiver_;
+    int64_t received_ = 0;  // bytes, once receiver_ is gone
     bool already_stored_ = false;
     bool committed_ = false;
   };

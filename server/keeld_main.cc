@@ -2,6 +2,7 @@
 //   keeld [--listen 127.0.0.1:7070] [--state-dir DIR] [--store URL] [--metrics-listen 127.0.0.1:9464]
 //         [--user-tokens-file F] [--worker-token-file F]
 //         [--tls-cert F --tls-key F [--tls-client-ca F]] [--lease-ms N] [--heartbeat-ms N]
+//         [--artifact-dir DIR] [--artifact-keep K]
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -24,6 +25,7 @@
 
 #include "kernels/base/flags.h"
 #include "kernels/base/stop_signal.h"
+#include "server/artifact_store.h"
 #include "server/auth.h"
 #include "server/coordinator.h"
 #include "server/metrics.h"
@@ -64,6 +66,11 @@ const char kUsage[] =
     "  --heartbeat-ms N         heartbeat interval asked of workers (default 1000)\n"
     "  --restart-backoff-ms N   a run whose trainer failed waits N ms before its first restart,\n"
     "                           doubling for each further one, at most 60 s (default 1000)\n"
+    "  --artifact-dir DIR       the artifact store: checkpoints workers upload, so that a run\n"
+    "                           resumes on a host without them and `keel fetch` can download\n"
+    "                           them (default <state-dir>/artifacts)\n"
+    "  --artifact-keep K        checkpoints kept per run in the artifact store: the newest K,\n"
+    "                           and always the one the run resumes from (default 3)\n"
     "One keeld per state directory (it holds <state-dir>/keeld.lock) and per address (the\n"
     "port is bound exclusively): a second one is refused.\n"
     "SIGINT/SIGTERM shut keeld down; everything acknowledged is already on disk.\n";
@@ -83,7 +90,8 @@ bool ReadPem(const std::string& path, std::string* out) {
 
 int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7070", state_dir = "keeld-state", metrics_listen = "127.0.0.1:9464";
-  std::string user_tokens_file, worker_token_file, tls_cert, tls_key, tls_ca, store_url;
+  std::string user_tokens_file, worker_token_file, tls_cert, tls_key, tls_ca, store_url, artifact_dir;
+  int64_t artifact_keep = keel::kDefaultArtifactKeep;
   keel::CoordinatorOptions options;
   int64_t metrics_retention_ms = 600000;
   int64_t metrics_retention_s = metrics_retention_ms / 1000;
@@ -101,6 +109,8 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-retention-s", metrics_retention_s)->check(keel::IntFlag(0, 30 * 86400));
   app.add_option("--restart-backoff-ms", options.restart_backoff_ms)->check(keel::IntFlag(0, 3600000));
   app.add_option("--heartbeat-ms", options.heartbeat_interval_ms)->check(keel::IntFlag(10, 600000));
+  app.add_option("--artifact-dir", artifact_dir);
+  app.add_option("--artifact-keep", artifact_keep)->check(keel::IntFlag(1, 1000000));
   const keel::FlagsOutcome flags = keel::ParseFlags(app, "keeld", kUsage, argc, argv);
   if (!flags.proceed) return flags.exit_code;
   metrics_retention_ms = metrics_retention_s * 1000;
@@ -142,6 +152,11 @@ int main(int argc, char** argv) {
   s = keel::OpenStore(store_location, &store);
   if (!s.ok()) return Fail(store_given ? "--store: " + s.message() : s.message());
   store->SetWriteObserver([&metrics](double seconds) { metrics.ObserveStoreWrite(seconds); });
+  if (artifact_dir.empty()) artifact_dir = state_dir + "/artifacts";
+  std::unique_ptr<keel::ArtifactStore> artifacts;
+  s = keel::ArtifactStore::Open(artifact_dir, static_cast<int>(artifact_keep), &artifacts);
+  if (!s.ok()) return Fail(s.message());
+  options.artifacts = artifacts.get();
   std::unique_ptr<keel::Coordinator> coordinator;
   s = keel::Coordinator::Open(std::move(store), options, &coordinator);
   if (!s.ok()) return Fail(s.message());
@@ -193,9 +208,11 @@ int main(int argc, char** argv) {
   const std::string store_name = store_location.kind == keel::StoreLocation::Kind::kPostgres
                                      ? keel::RedactStoreUrl(store_location.target)
                                      : "sqlite:" + store_location.target;
-  std::fprintf(stderr, "keeld: listening on %s (port %d%s), state in %s, store %s (schema version %d), metrics on %s\n",
+  std::fprintf(stderr,
+               "keeld: listening on %s (port %d%s), state in %s, store %s (schema version %d), artifacts in %s "
+               "(keep %d a run), metrics on %s\n",
                listen.c_str(), port, tls_cert.empty() ? "" : ", TLS", state_dir.c_str(), store_name.c_str(),
-               keel::kStoreSchemaVersion, metrics_listen.c_str());
+               keel::kStoreSchemaVersion, artifact_dir.c_str(), artifacts->keep(), metrics_listen.c_str());
   while (!stop.load()) {
     coordinator->Tick();
     metrics.Update(coordinator->Stats(metrics_retention_ms));
