@@ -59,7 +59,8 @@ Status DownloadCheckpointDir(v1::WorkerService::Stub* stub, grpc::ClientContext*
   v1::CheckpointHeader header;
   Status s = ReceiveCheckpoint([&](v1::CheckpointChunk* c) { return reader->Read(c); }, run_id, step, dest, &header);
   if (!s.ok()) {
-    context->TryCancel();
+    // Unavailable: the stream ended (keeld's status says why); else stop keeld sending.
+    if (s.code() != StatusCode::kUnavailable) context->TryCancel();
     grpc::Status status = reader->Finish();
     if (!status.ok()) return Status::Unavailable(s.message() + " (keeld: " + status.error_message() + ")");
     return s;

@@ -185,8 +185,8 @@ Status SendCheckpoint(const std::string& dir, const v1::CheckpointHeader& header
     close(fd);
     KEEL_RETURN_IF_ERROR(s);
     if (crc != f.crc32()) {
-      return Status::DataLoss("'" + path + "': CRC-32 " + Hex(crc) + " does not match " + Hex(f.crc32()) +
-                              " (changed while being sent)");
+      return Status::DataLoss("'" + path + "': CRC-32 " + Hex(crc) + " of its bytes does not match " + Hex(f.crc32()) +
+                              " (corrupt, or changed while being sent)");
     }
   }
   return Status::Ok();
