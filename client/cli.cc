@@ -28,6 +28,8 @@
 #include "proto/keel.grpc.pb.h"
 #include "proto/keel.pb.h"
 #include "worker/io/yaml_strict.h"
+#include "worker/run/checkpoint_dirs.h"
+#include "worker/run/checkpoint_transfer.h"
 
 namespace keel {
 namespace client {
@@ -181,6 +183,20 @@ const std::vector<CommandSpec>& Commands() {
        "sweep first (GetSweep), then as a run.\n"
        "  -o FILE.svg   output file (required)\n",
        {"-o"},
+       {},
+       1,
+       1},
+      {"fetch",
+       "keel fetch RUN [--step N] [-o DIR]",
+       "download a run's checkpoint from keeld's artifact store",
+       "Downloads a checkpoint its worker uploaded (FetchCheckpoint): the newest\n"
+       "stored, or step N's. Every chunk and file is checked against its CRC-32 and\n"
+       "size; the files land in DIR.tmp and DIR appears only once all verified.\n"
+       "Checkpoints of 8 MiB or more print their progress on stderr.\n"
+       "  --step N   the checkpoint of step N (default: the newest stored)\n"
+       "  -o DIR     a new directory for its files (default RUN-step_<8 digits>;\n"
+       "             an existing one is refused)\n",
+       {"--step", "-o"},
        {},
        1,
        1},
@@ -1194,6 +1210,70 @@ int CmdPlot(Client& client, const Parsed& parsed, std::ostream& out, std::ostrea
   return kExitOk;
 }
 
+int CmdFetch(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err) {
+  const std::string& run_id = parsed.positional[0];
+  int64_t step = 0;
+  if (parsed.flags.count("--step")) {
+    const std::string& text = parsed.flags.at("--step");
+    char* end = nullptr;
+    step = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || step < 1 || step > 99999999) {
+      err << "keel: --step: '" << text << "' is not allowed (allowed: a step, 1 .. 99999999)\n";
+      return kExitUsage;
+    }
+  }
+  std::string dest = parsed.flags.count("-o") ? parsed.flags.at("-o") : "";
+  if (dest.empty()) {
+    int64_t named = step;
+    if (named == 0) {  // the newest: its step names the directory
+      v1::GetRunRequest request;
+      request.set_run_id(run_id);
+      v1::Run run;
+      grpc::Status status = client.stub()->GetRun(client.Context().get(), request, &run);
+      if (!status.ok()) return RpcError("GetRun", status, client, err);
+      named = run.artifact_step();
+    }
+    dest = run_id + "-" + CheckpointDirName(named);
+  }
+  while (dest.size() > 1 && dest.back() == '/') dest.pop_back();
+  if (!client.WaitForConnected()) {
+    return RpcError("FetchCheckpoint", grpc::Status(grpc::StatusCode::UNAVAILABLE, "no connection"), client, err);
+  }
+  v1::DownloadCheckpointRequest request;
+  request.set_run_id(run_id);
+  request.set_step(step);
+  auto context = client.Context(0);
+  auto reader = client.stub()->FetchCheckpoint(context.get(), request);
+  v1::CheckpointHeader header;
+  int last_tenth = -1;
+  Status received = ReceiveCheckpoint(
+      [&](v1::CheckpointChunk* c) { return reader->Read(c); }, run_id, step, dest, &header,
+      [&](int64_t bytes, int64_t total) {
+        if (total < (int64_t{8} << 20)) return;
+        const int tenth = static_cast<int>(bytes * 10 / total);
+        if (tenth == last_tenth) return;
+        last_tenth = tenth;
+        char line[128];
+        std::snprintf(line, sizeof(line), "keel: fetching %s: %.1f of %.1f MiB (%d%%)\n", run_id.c_str(),
+                      static_cast<double>(bytes) / (1 << 20), static_cast<double>(total) / (1 << 20), tenth * 10);
+        err << line << std::flush;
+      });
+  // Unavailable: the stream ended, and keeld's status says why; else stop keeld sending.
+  if (!received.ok() && received.code() != StatusCode::kUnavailable) context->TryCancel();
+  grpc::Status status = reader->Finish();
+  if (!received.ok() && (status.ok() || status.error_code() == grpc::StatusCode::CANCELLED)) {
+    err << "keel: fetch of run " << run_id << (step ? " step " + std::to_string(step) : std::string(" (newest)"))
+        << " failed: " << received.message() << "\n";
+    return received.code() == StatusCode::kFailedPrecondition ? kExitUsage : kExitFailed;
+  }
+  if (!status.ok()) return RpcError("FetchCheckpoint", status, client, err);
+  int64_t bytes = 0;
+  for (const v1::CheckpointFile& f : header.files()) bytes += f.size();
+  out << "fetched run " << run_id << " step " << header.step() << " into " << dest << ": " << header.files_size()
+      << " files, " << bytes << " bytes, every file's CRC-32 verified\n";
+  return kExitOk;
+}
+
 int CmdWorkers(Client& client, const Parsed& parsed, std::ostream& out, std::ostream& err) {
   auto fetch = [&](v1::ListWorkersResponse* response) {
     auto context = client.Context();
@@ -1336,6 +1416,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   if (command == "export") return CmdExport(client, parsed, out, err);
   if (command == "plot") return CmdPlot(client, parsed, out, err);
   if (command == "workers") return CmdWorkers(client, parsed, out, err);
+  if (command == "fetch") return CmdFetch(client, parsed, out, err);
   err << "keel: command " << command << " is not implemented\n";
   return kExitFailed;
 }

@@ -821,6 +821,14 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
         store_->DeleteMetricsAfter(run.id(), to);
         run.set_step(to);
         live_[run.id()].last_step = to;  // the next point expected is to + 1
+        live_[run.id()].rollback_seq = m.seq();
+        // The stored checkpoints after `to` are the abandoned trajectory's.
+        if (options_.artifacts && run.artifact_step() > to) {
+          int64_t newest = 0;
+          Status dropped = options_.artifacts->DropAfter(run.id(), to, &newest);
+          if (!dropped.ok()) std::fprintf(stderr, "keeld: run %s: %s\n", run.id().c_str(), dropped.message().c_str());
+          run.set_artifact_step(newest);
+        }
       }
       if (event_kind::ChangesTrajectory(e.kind()) && !detail("precision").empty()) {
         run.set_precision(detail("precision"));
@@ -906,6 +914,73 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
     }
   }
   return true;
+}
+
+namespace {
+
+// CheckUpload's rule for one run.
+grpc::Status UploadAllowed(const v1::Run& run, const std::string& worker_id, const v1::CheckpointHeader& header) {
+  if (header.attempt() != run.attempt() || !OnWorker(run, worker_id)) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "run " + run.id() + ": attempt " + std::to_string(header.attempt()) + " on worker '" +
+                            worker_id + "' is not its current attempt (" + std::to_string(run.attempt()) +
+                            (run.worker_id().empty() ? "" : " on '" + run.worker_id() + "'") + "): upload refused");
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status Coordinator::CheckUpload(const std::string& worker_id, const v1::CheckpointHeader& header) {
+  if (!options_.artifacts) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "keeld has no artifact store");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = runs_.find(header.run_id());
+  if (it == runs_.end()) return NotFound("run", header.run_id());
+  return UploadAllowed(it->second, worker_id, header);
+}
+
+grpc::Status Coordinator::CheckpointUploaded(const std::string& worker_id, const v1::CheckpointHeader& header,
+                                             bool* recorded, int64_t* protect) {
+  *recorded = false;
+  *protect = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = runs_.find(header.run_id());
+  if (it == runs_.end()) return NotFound("run", header.run_id());
+  *protect = it->second.artifact_step();
+  grpc::Status allowed = UploadAllowed(it->second, worker_id, header);
+  if (!allowed.ok()) return allowed;
+  if (live_[header.run_id()].rollback_seq > header.notice_seq()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "run " + header.run_id() + ": step " + std::to_string(header.step()) +
+                            " was reported before a rollback keeld has applied (an abandoned trajectory): not recorded");
+  }
+  *recorded = header.step() >= it->second.artifact_step();
+  if (header.step() > it->second.artifact_step()) {
+    v1::Run run = it->second;
+    run.set_artifact_step(header.step());
+    Status saved = SaveRun(&run, "", "");
+    if (!saved.ok()) return FromStatus(saved);
+  }
+  *protect = runs_[header.run_id()].artifact_step();
+  return grpc::Status::OK;
+}
+
+grpc::Status Coordinator::FindArtifact(const std::string& run_id, int64_t step, v1::CheckpointHeader* header,
+                                       std::string* dir) {
+  if (!options_.artifacts) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "keeld has no artifact store");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!runs_.count(run_id)) return NotFound("run", run_id);
+  }
+  if (step < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "step: " + std::to_string(step) + " is not allowed (allowed: 0 for the newest, or a step)");
+  }
+  return FromStatus(options_.artifacts->Find(run_id, step, header, dir));
 }
 
 void Coordinator::AcceptMetric(v1::Run* r, const v1::MetricPoint& point) {
@@ -1168,6 +1243,7 @@ void Coordinator::Schedule() {
       *a->mutable_spec() = run.spec();
       for (int32_t g : part.gpus) a->add_device_indices(g);
       a->set_resume_checkpoint(run.checkpoint());
+      a->set_resume_artifact_step(run.artifact_step());
       a->set_attempt(run.attempt());
       a->set_ranks(part.ranks);
       if (!p.parts.empty()) {

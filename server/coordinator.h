@@ -41,6 +41,7 @@
 
 #include "kernels/base/status.h"
 #include "proto/keel.pb.h"
+#include "server/artifact_store.h"
 #include "server/store.h"
 #include "server/sweep.h"
 
@@ -55,6 +56,9 @@ struct CoordinatorOptions {
   int64_t max_restart_backoff_ms = 60000;
   SweepLimits limits;
   std::function<int64_t()> now_ms;  // wall clock unless a test sets one
+  // keeld's artifact store (uploaded checkpoints); null: none, and uploads
+  // and downloads are refused. Must outlive the Coordinator.
+  ArtifactStore* artifacts = nullptr;
 };
 
 // A WatchRun / WatchSweep subscriber's queue of updates.
@@ -175,6 +179,23 @@ class Coordinator {
   // been sent a Reregister order, and the caller ends the stream.
   bool HandleWorkerMessage(const std::string& worker_id, uint64_t stream_id, const v1::WorkerMessage& message);
 
+  // ---- Artifacts (docs/service.md, "Artifacts"; null options.artifacts: FAILED_PRECONDITION) ----
+  ArtifactStore* artifacts() const { return options_.artifacts; }
+  // Whether worker_id may upload the checkpoint `header` describes: the run
+  // exists and header.attempt is its current attempt, on this worker (the run
+  // may have ended since: its final checkpoint still counts).
+  grpc::Status CheckUpload(const std::string& worker_id, const v1::CheckpointHeader& header);
+  // The upload of `header` is committed in the store. It becomes the run's
+  // artifact_step (*recorded) when CheckUpload still holds, no rollback
+  // reported after its CheckpointNotice (header.notice_seq) has been applied
+  // (it would be an abandoned trajectory's), and it is not older than the one
+  // recorded. *protect: the run's artifact_step, which retention must keep.
+  grpc::Status CheckpointUploaded(const std::string& worker_id, const v1::CheckpointHeader& header, bool* recorded,
+                                  int64_t* protect);
+  // A stored checkpoint of a run keeld knows (step 0: the newest): its
+  // manifest and directory. NOT_FOUND names the run, the step and what exists.
+  grpc::Status FindArtifact(const std::string& run_id, int64_t step, v1::CheckpointHeader* header, std::string* dir);
+
   // Lease expiry, run progress saving and scheduling; keeld calls it every ~100 ms.
   void Tick();
 
@@ -259,6 +280,9 @@ class Coordinator {
     std::map<std::pair<std::string, std::string>, int64_t> interventions;
     int64_t ended_unix_ms = 0;
     int64_t last_step = -1;                         // newest step received (-1: not known yet)
+    // The seq of the newest rollback event applied (its worker's numbering):
+    // checkpoints reported before it are an abandoned trajectory's.
+    uint64_t rollback_seq = 0;
   };
   std::map<std::string, Live> live_;
   // Gangs: the bootstrap id rank 0's worker sent, by run, with the attempt it

@@ -3,6 +3,7 @@
 //         [--user-tokens-file F] [--worker-token-file F]
 //         [--tls-cert F --tls-key F [--tls-client-ca F]] [--lease-ms N] [--heartbeat-ms N]
 //         [--standby]
+//         [--artifact-dir DIR] [--artifact-keep K]
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -25,6 +26,7 @@
 
 #include "kernels/base/flags.h"
 #include "kernels/base/stop_signal.h"
+#include "server/artifact_store.h"
 #include "server/auth.h"
 #include "server/coordinator.h"
 #include "server/metrics.h"
@@ -75,6 +77,11 @@ const char kUsage[] =
     "  --heartbeat-ms N         heartbeat interval asked of workers (default 1000)\n"
     "  --restart-backoff-ms N   a run whose trainer failed waits N ms before its first restart,\n"
     "                           doubling for each further one, at most 60 s (default 1000)\n"
+    "  --artifact-dir DIR       the artifact store: checkpoints workers upload, so that a run\n"
+    "                           resumes on a host without them and `keel fetch` can download\n"
+    "                           them (default <state-dir>/artifacts)\n"
+    "  --artifact-keep K        checkpoints kept per run in the artifact store: the newest K,\n"
+    "                           and always the one the run resumes from (default 3)\n"
     "Slurm (docs/deploy.md): grow the fleet with keel-worker batch jobs while runs wait\n"
     "  --slurm-sbatch SCRIPT    submit SCRIPT (deploy/slurm/keel-worker.sbatch) with sbatch when\n"
     "                           runs have been queued for 3 s, none of our jobs is pending and\n"
@@ -107,8 +114,9 @@ bool ReadPem(const std::string& path, std::string* out) {
 
 int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7070", state_dir = "keeld-state", metrics_listen = "127.0.0.1:9464";
-  std::string user_tokens_file, worker_token_file, tls_cert, tls_key, tls_ca, store_url;
+  std::string user_tokens_file, worker_token_file, tls_cert, tls_key, tls_ca, store_url, artifact_dir;
   bool standby = false;
+  int64_t artifact_keep = keel::kDefaultArtifactKeep;
   keel::CoordinatorOptions options;
   int64_t metrics_retention_ms = 600000;
   int64_t metrics_retention_s = metrics_retention_ms / 1000;
@@ -134,6 +142,8 @@ int main(int argc, char** argv) {
   app.add_option("--slurm-max-jobs", slurm_options.max_jobs)->check(keel::IntFlag(1, 10000));
   app.add_option("--slurm-job-name", slurm_options.job_name);
   app.add_option("--slurm-server", slurm_server);
+  app.add_option("--artifact-dir", artifact_dir);
+  app.add_option("--artifact-keep", artifact_keep)->check(keel::IntFlag(1, 1000000));
   const keel::FlagsOutcome flags = keel::ParseFlags(app, "keeld", kUsage, argc, argv);
   if (!flags.proceed) return flags.exit_code;
   metrics_retention_ms = metrics_retention_s * 1000;
@@ -197,6 +207,11 @@ int main(int argc, char** argv) {
   keel::KeeldMetrics metrics;
   std::atomic<bool>& stop = *keel::StopOnSignals();
   const std::string store_name = postgres ? keel::RedactStoreUrl(store_location.target) : "sqlite:" + store_location.target;
+  if (artifact_dir.empty()) artifact_dir = state_dir + "/artifacts";
+  std::unique_ptr<keel::ArtifactStore> artifacts;
+  s = keel::ArtifactStore::Open(artifact_dir, static_cast<int>(artifact_keep), &artifacts);
+  if (!s.ok()) return Fail(s.message());
+  options.artifacts = artifacts.get();
 
   // The store, then the coordinator loaded from it: at once for an active
   // keeld (before it listens, so a bad store changes nothing), or once the
@@ -305,9 +320,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "keeld: took over after %.1f s as standby: the lock is this keeld's, state loaded\n",
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - waited_from).count());
   }
-  std::fprintf(stderr, "keeld: listening on %s (port %d%s), state in %s, store %s (schema version %d), metrics on %s\n",
+  std::fprintf(stderr,
+               "keeld: listening on %s (port %d%s), state in %s, store %s (schema version %d), artifacts in %s "
+               "(keep %d a run), metrics on %s\n",
                listen.c_str(), port, tls_cert.empty() ? "" : ", TLS", state_dir.c_str(), store_name.c_str(),
-               keel::kStoreSchemaVersion, metrics_listen.c_str());
+               keel::kStoreSchemaVersion, artifact_dir.c_str(), artifacts->keep(), metrics_listen.c_str());
   std::unique_ptr<keel::SlurmFleet> fleet_jobs;
   if (slurm) {
     if (slurm_server.empty()) {

@@ -2,7 +2,11 @@
 #include "server/service.h"
 
 #include <chrono>
+#include <cstdio>
 #include <mutex>
+
+#include "proto/status_grpc.h"
+#include "worker/run/checkpoint_transfer.h"
 
 namespace keel {
 namespace {
@@ -40,6 +44,30 @@ grpc::Status Unary(grpc::ServerContext* ctx, const ServingGate& gate, const Auth
                         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return status;
+}
+
+// The worker's id from the "keel-worker-id" metadata (its Register answer).
+grpc::Status WorkerId(const grpc::ServerContext& ctx, std::string* id) {
+  auto it = ctx.client_metadata().find("keel-worker-id");
+  if (it == ctx.client_metadata().end()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "keel-worker-id metadata: missing (Register first)");
+  }
+  id->assign(it->second.data(), it->second.size());
+  return grpc::Status::OK;
+}
+
+// Streams a stored checkpoint (DownloadCheckpoint, FetchCheckpoint).
+grpc::Status SendArtifact(Coordinator* c, const v1::DownloadCheckpointRequest& req,
+                          grpc::ServerWriter<v1::CheckpointChunk>* writer) {
+  v1::CheckpointHeader header;
+  std::string dir;
+  grpc::Status found = c->FindArtifact(req.run_id(), req.step(), &header, &dir);
+  if (!found.ok()) return found;
+  Status sent = SendCheckpoint(dir, header, [writer](const v1::CheckpointChunk& chunk) { return writer->Write(chunk); });
+  if (!sent.ok()) {
+    return ToGrpcStatus(sent.WithPrefix("run " + req.run_id() + " step " + std::to_string(header.step()) + ": "));
+  }
+  return grpc::Status::OK;
 }
 
 }  // namespace
@@ -150,6 +178,60 @@ grpc::Status UserService::Intervene(grpc::ServerContext* ctx, const v1::Interven
 grpc::Status UserService::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
                                       v1::ListWorkersResponse* out) {
   return Unary(ctx, *gate_, *auth_, Caller::kUser, metrics_, "ListWorkers", [&](Coordinator* c) { return c->ListWorkers(out); });
+}
+
+grpc::Status UserService::FetchCheckpoint(grpc::ServerContext* ctx, const v1::DownloadCheckpointRequest* req,
+                                          grpc::ServerWriter<v1::CheckpointChunk>* writer) {
+  KEEL_AUTHORIZE(ctx, Caller::kUser);
+  return SendArtifact(c_, *req, writer);
+}
+
+grpc::Status FleetService::DownloadCheckpoint(grpc::ServerContext* ctx, const v1::DownloadCheckpointRequest* req,
+                                              grpc::ServerWriter<v1::CheckpointChunk>* writer) {
+  KEEL_AUTHORIZE(ctx, Caller::kWorker);
+  return SendArtifact(c_, *req, writer);
+}
+
+grpc::Status FleetService::UploadCheckpoint(grpc::ServerContext* ctx, grpc::ServerReader<v1::CheckpointChunk>* reader,
+                                            v1::UploadCheckpointResponse* out) {
+  KEEL_AUTHORIZE(ctx, Caller::kWorker);
+  std::string worker_id;
+  grpc::Status s = WorkerId(*ctx, &worker_id);
+  if (!s.ok()) return s;
+  v1::CheckpointChunk chunk;
+  if (!reader->Read(&chunk)) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "upload: no header");
+  if (!chunk.has_header()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "upload: the first chunk has no header (allowed: header first)");
+  }
+  const v1::CheckpointHeader header = chunk.header();
+  s = c_->CheckUpload(worker_id, header);
+  if (!s.ok()) return s;
+  std::unique_ptr<ArtifactStore::Upload> upload;
+  Status st = c_->artifacts()->BeginUpload(header, &upload);
+  if (!st.ok()) return ToGrpcStatus(st);
+  // An identical checkpoint is stored already: answered now, without its
+  // bytes (the worker's writes then fail, and its Finish reads this answer).
+  if (!upload->already_stored()) {
+    while (reader->Read(&chunk)) {
+      st = upload->Add(chunk);
+      if (!st.ok()) return ToGrpcStatus(st);  // the upload's directory goes with it
+    }
+    st = upload->Commit();
+    if (!st.ok()) return ToGrpcStatus(st);
+  }
+  bool recorded = false;
+  int64_t protect = 0;
+  s = c_->CheckpointUploaded(worker_id, header, &recorded, &protect);
+  // Retention applies whatever became of this one (it is the newest, or kept
+  // only while it is among the newest).
+  Status pruned = c_->artifacts()->Prune(header.run_id(), protect);
+  if (!pruned.ok()) std::fprintf(stderr, "keeld: run %s: %s\n", header.run_id().c_str(), pruned.message().c_str());
+  if (!s.ok()) return s;
+  out->set_step(header.step());
+  out->set_bytes(upload->bytes());
+  out->set_already_stored(upload->already_stored());
+  out->set_recorded(recorded);
+  return grpc::Status::OK;
 }
 
 grpc::Status FleetService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,

@@ -62,6 +62,8 @@ class UserService final : public v1::KeelService::Service {
   grpc::Status ListEvents(grpc::ServerContext* ctx, const v1::ListEventsRequest* req, v1::ListEventsResponse* out) override;
   grpc::Status Intervene(grpc::ServerContext* ctx, const v1::InterveneRequest* req, v1::InterveneResponse* out) override;
   grpc::Status ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest* req, v1::ListWorkersResponse* out) override;
+  grpc::Status FetchCheckpoint(grpc::ServerContext* ctx, const v1::DownloadCheckpointRequest* req,
+                               grpc::ServerWriter<v1::CheckpointChunk>* writer) override;
 
  private:
   // Streams the updates of run or sweep `id` once `found`, the look-up of `id`
@@ -85,6 +87,14 @@ class FleetService final : public v1::WorkerService::Service {
   // The worker names itself with the "keel-worker-id" metadata (its Register answer).
   grpc::Status Connect(grpc::ServerContext* ctx,
                        grpc::ServerReaderWriter<v1::WorkerCommand, v1::WorkerMessage>* stream) override;
+  // Receives a checkpoint into the artifact store (Coordinator::CheckUpload
+  // first, then the store's commit protocol), records it as the run's
+  // artifact_step and applies retention. The worker names itself with the
+  // "keel-worker-id" metadata.
+  grpc::Status UploadCheckpoint(grpc::ServerContext* ctx, grpc::ServerReader<v1::CheckpointChunk>* reader,
+                                v1::UploadCheckpointResponse* out) override;
+  grpc::Status DownloadCheckpoint(grpc::ServerContext* ctx, const v1::DownloadCheckpointRequest* req,
+                                  grpc::ServerWriter<v1::CheckpointChunk>* writer) override;
 
  private:
   ServingGate own_gate_;

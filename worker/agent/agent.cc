@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,8 @@
 #include "proto/keel.grpc.pb.h"
 #include "worker/io/file_util.h"
 #include "worker/io/json.h"
+#include "worker/run/checkpoint_dirs.h"
+#include "worker/run/checkpoint_transfer.h"
 #include "worker/run/run_dir.h"
 #include "proto/event_kinds.h"
 #include "worker/run/trainer_exit.h"
@@ -50,6 +53,24 @@ class CommandQueue {
   std::mutex mu_;  // guards commands_
   std::deque<v1::WorkerCommand> commands_;
 };
+
+bool IsDir(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The step of the newest checkpoint beside `checkpoint` (NewestCheckpointBeside)
+// that this host can read; -1 when there is none here.
+int64_t StepReadableBeside(const std::string& checkpoint) {
+  if (checkpoint.empty()) return -1;
+  const std::string newest = NewestCheckpointBeside(checkpoint);
+  const size_t slash = newest.rfind('/');
+  const std::string name = slash == std::string::npos ? newest : newest.substr(slash + 1);
+  if (!IsDir(newest) || name.size() != 13 || name.rfind("step_", 0) != 0) return -1;
+  return std::atoll(name.c_str() + 5);
+}
+
+constexpr int kDownloadTries = 3;
 
 }  // namespace
 
@@ -171,6 +192,8 @@ void Agent::PublishStats(bool connected) {
   stats_.trainers = static_cast<int>(runs_.size());
   stats_.connected = connected;
   stats_.unacknowledged = static_cast<int64_t>(pending_.size() + unacked_.size());
+  stats_.checkpoints_uploaded = uploader_->uploaded();
+  stats_.checkpoint_uploads_failed = uploader_->failed();
 }
 
 Agent::Agent(AgentOptions options) : options_(std::move(options)) {
@@ -187,9 +210,27 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
     gethostname(name, sizeof(name) - 1);
     options_.host = name;
   }
+  // Snapshots an earlier keel-worker left here were never uploaded: their
+  // runs have moved on (another attempt uploads its own).
+  std::vector<std::string> left;
+  if (ListDir(options_.work_dir + "/uploads", &left).ok()) {
+    for (const std::string& n : left) RemoveFlatDir(options_.work_dir + "/uploads/" + n);
+  }
+  uploader_.reset(new CheckpointUploader(options_.token, options_.verbose));
 }
 
-Agent::~Agent() = default;
+Agent::~Agent() {
+  for (auto& d : downloads_) EndDownload(d.second.get());
+}
+
+void Agent::EndDownload(Download* d) {
+  d->cancelled = true;
+  {
+    std::lock_guard<std::mutex> lock(d->mu);
+    if (d->context) d->context->TryCancel();
+  }
+  if (d->thread.joinable()) d->thread.join();
+}
 
 void Agent::Queue(v1::WorkerMessage message, int64_t attempt) {
   message.set_worker_id(worker_id_);
@@ -218,43 +259,69 @@ void Agent::HandleCommand(const v1::WorkerCommand& command) {
       if (existing->second->launch().attempt == a.attempt()) return;  // a re-sent assignment
       StopRun(a.run_id(), "keeld started attempt " + std::to_string(a.attempt()) + " of it");
     }
-    RunLaunch launch;
-    launch.attempt = a.attempt();
-    launch.lease_expires_unix_ms = NowMs() + TrainerLeaseMs();
-    launch.data_roots = options_.data_roots;
-    launch.run_id = a.run_id();
-    launch.trainer = options_.trainer;
-    launch.run_dir = options_.work_dir + "/runs/" + a.run_id();
-    launch.spec_yaml = a.spec().yaml();
-    launch.gpus.assign(a.device_indices().begin(), a.device_indices().end());
-    launch.fake_gpus = options_.fake_gpus;
-    launch.resume_checkpoint = a.resume_checkpoint();
-    launch.ranks = std::max(1, a.ranks());
-    launch.first_rank = a.first_rank();
-    launch.world = a.world();
-    if (launch.world > launch.ranks && launch.first_rank == 0) {
-      launch.advertise = options_.advertise;
-      if (launch.advertise.empty()) launch.advertise = LocalAddressToward(server());
-      if (launch.advertise.empty()) launch.advertise = options_.host;
+    auto downloading = downloads_.find(a.run_id());
+    if (downloading != downloads_.end()) {
+      if (downloading->second->assignment.attempt() == a.attempt()) return;  // a re-sent assignment
+      StopRun(a.run_id(), "keeld started attempt " + std::to_string(a.attempt()) + " of it");
     }
-    std::unique_ptr<RunSupervisor> s;
-    Status st = RunSupervisor::Start(launch, &s);
-    if (!st.ok()) {
-      v1::WorkerMessage m;
-      m.mutable_exit()->set_run_id(a.run_id());
-      m.mutable_exit()->set_exit_code(-1);
-      m.mutable_exit()->set_message("keel-worker could not start the trainer: " + st.message());
-      Queue(std::move(m), a.attempt());
-      return;
+    std::string resume = a.resume_checkpoint();
+    const int64_t artifact = a.resume_artifact_step();
+    if (artifact > 0 && StepReadableBeside(resume) < artifact) {
+      // keeld stored a newer checkpoint than this host can see: this run's
+      // own copy of it, or a download.
+      const std::string checkpoints = RunDir(options_.work_dir + "/runs/" + a.run_id()).checkpoints();
+      const std::string own = checkpoints + "/" + CheckpointDirName(artifact);
+      if (IsDir(own)) {
+        resume = own;
+      } else {
+        std::unique_ptr<Download> d(new Download);
+        d->assignment = a;
+        d->dest = own;
+        Download* raw = d.get();
+        Status made = MakeDirs(checkpoints);
+        if (!made.ok()) {
+          raw->result = made;
+          raw->done = true;
+        } else {
+          if (options_.verbose) {
+            std::fprintf(stderr, "keel-worker: run %s: downloading checkpoint step %lld from keeld\n",
+                         a.run_id().c_str(), static_cast<long long>(artifact));
+          }
+          raw->thread = std::thread([raw, channel = channel_, token = options_.token, worker = worker_id_,
+                                     verbose = options_.verbose] {
+            Status s = Status::Unavailable("not connected to keeld");
+            for (int attempt = 1; attempt <= kDownloadTries && !raw->cancelled.load() && channel; ++attempt) {
+              grpc::ClientContext* context = nullptr;
+              {
+                std::lock_guard<std::mutex> lock(raw->mu);
+                raw->context.reset(new grpc::ClientContext);
+                context = raw->context.get();
+                context->AddMetadata("authorization", "Bearer " + token);
+                context->AddMetadata("keel-worker-id", worker);
+              }
+              auto stub = v1::WorkerService::NewStub(channel);
+              s = DownloadCheckpointDir(stub.get(), context, raw->assignment.run_id(),
+                                        raw->assignment.resume_artifact_step(), raw->dest);
+              if (s.ok() || raw->cancelled.load()) break;
+              if (verbose) {
+                std::fprintf(stderr, "keel-worker: run %s: download of checkpoint step %lld, try %d of %d: %s\n",
+                             raw->assignment.run_id().c_str(),
+                             static_cast<long long>(raw->assignment.resume_artifact_step()), attempt, kDownloadTries,
+                             s.message().c_str());
+              }
+              for (int i = 0; i < 5 * attempt && !raw->cancelled.load(); ++i) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(100));
+              }
+            }
+            raw->result = s;
+            raw->done = true;
+          });
+        }
+        downloads_[a.run_id()] = std::move(d);
+        return;
+      }
     }
-    v1::WorkerMessage m;
-    m.mutable_started()->set_run_id(a.run_id());
-    m.mutable_started()->set_pid(s->pid());
-    Queue(std::move(m), a.attempt());
-    if (options_.verbose) std::fprintf(stderr, "keel-worker: started run %s (pid %d)\n", a.run_id().c_str(), s->pid());
-    runs_[a.run_id()] = std::move(s);
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    ++stats_.starts;
+    StartRun(a, resume);
   } else if (command.has_bootstrap()) {
     // A gang's rendezvous, relayed by keeld from rank 0's worker: where this
     // worker's ranks wait for it.
@@ -265,6 +332,13 @@ void Agent::HandleCommand(const v1::WorkerCommand& command) {
   } else if (command.has_cancel()) {
     auto it = runs_.find(command.cancel().run_id());
     if (it != runs_.end()) it->second->Signal(SIGTERM);  // checkpoint, then exit 130
+    auto downloading = downloads_.find(command.cancel().run_id());
+    if (downloading != downloads_.end()) {  // PollDownloads reports the exit
+      Download* d = downloading->second.get();
+      d->cancelled = true;
+      std::lock_guard<std::mutex> lock(d->mu);
+      if (d->context) d->context->TryCancel();
+    }
   } else if (command.has_switch_precision() || command.has_rollback()) {
     // Handed to the trainer as a command file; it reports what it did in events.jsonl.
     const std::string run_id =
@@ -287,7 +361,108 @@ void Agent::HandleCommand(const v1::WorkerCommand& command) {
   }
 }
 
+void Agent::StartRun(const v1::Assignment& a, const std::string& resume) {
+  RunLaunch launch;
+  launch.attempt = a.attempt();
+  launch.lease_expires_unix_ms = NowMs() + TrainerLeaseMs();
+  launch.data_roots = options_.data_roots;
+  launch.run_id = a.run_id();
+  launch.trainer = options_.trainer;
+  launch.run_dir = options_.work_dir + "/runs/" + a.run_id();
+  launch.spec_yaml = a.spec().yaml();
+  launch.gpus.assign(a.device_indices().begin(), a.device_indices().end());
+  launch.fake_gpus = options_.fake_gpus;
+  launch.resume_checkpoint = resume;
+  launch.ranks = std::max(1, a.ranks());
+  launch.first_rank = a.first_rank();
+  launch.world = a.world();
+  if (launch.world > launch.ranks && launch.first_rank == 0) {
+    launch.advertise = options_.advertise;
+    if (launch.advertise.empty()) launch.advertise = LocalAddressToward(server());
+    if (launch.advertise.empty()) launch.advertise = options_.host;
+  }
+  std::unique_ptr<RunSupervisor> s;
+  Status st = RunSupervisor::Start(launch, &s);
+  if (!st.ok()) {
+    v1::WorkerMessage m;
+    m.mutable_exit()->set_run_id(a.run_id());
+    m.mutable_exit()->set_exit_code(-1);
+    m.mutable_exit()->set_message("keel-worker could not start the trainer: " + st.message());
+    Queue(std::move(m), a.attempt());
+    return;
+  }
+  v1::WorkerMessage m;
+  m.mutable_started()->set_run_id(a.run_id());
+  m.mutable_started()->set_pid(s->pid());
+  Queue(std::move(m), a.attempt());
+  if (options_.verbose) std::fprintf(stderr, "keel-worker: started run %s (pid %d)\n", a.run_id().c_str(), s->pid());
+  runs_[a.run_id()] = std::move(s);
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  ++stats_.starts;
+}
+
+void Agent::PollDownloads() {
+  for (auto it = downloads_.begin(); it != downloads_.end();) {
+    Download* d = it->second.get();
+    if (!d->done.load()) {
+      ++it;
+      continue;
+    }
+    if (d->thread.joinable()) d->thread.join();
+    const v1::Assignment a = d->assignment;
+    const std::string what = "checkpoint step " + std::to_string(a.resume_artifact_step()) + " of run " + a.run_id();
+    v1::WorkerMessage m;
+    m.mutable_exit()->set_run_id(a.run_id());
+    if (d->cancelled.load()) {
+      m.mutable_exit()->set_exit_code(trainer_exit::kInterrupted);
+      m.mutable_exit()->set_message("cancelled while keel-worker was downloading " + what);
+      Queue(std::move(m), a.attempt());
+    } else if (!d->result.ok()) {
+      m.mutable_exit()->set_exit_code(trainer_exit::kFailed);
+      m.mutable_exit()->set_message("keel-worker could not download " + what + " from keeld (" +
+                                    std::to_string(kDownloadTries) + " tries): " + d->result.message());
+      if (options_.verbose) std::fprintf(stderr, "keel-worker: %s\n", m.exit().message().c_str());
+      Queue(std::move(m), a.attempt());
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.checkpoint_downloads_failed;
+    } else {
+      if (options_.verbose) std::fprintf(stderr, "keel-worker: run %s: downloaded and verified %s\n", a.run_id().c_str(), what.c_str());
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        ++stats_.checkpoints_downloaded;
+      }
+      StartRun(a, d->dest);
+    }
+    it = downloads_.erase(it);
+  }
+}
+
+void Agent::Acknowledged(const v1::WorkerMessage& message) {
+  if (!message.has_checkpoint()) return;
+  const v1::CheckpointNotice& notice = message.checkpoint();
+  auto it = snapshots_.find(notice.run_id());
+  if (it == snapshots_.end() || it->second.first != notice.step()) return;  // a newer one waits for its own ack
+  v1::CheckpointHeader header;
+  header.set_run_id(notice.run_id());
+  header.set_step(notice.step());
+  header.set_attempt(message.attempt());
+  header.set_notice_seq(message.seq());
+  uploader_->Add(it->second.second, header);
+  snapshots_.erase(it);
+}
+
 void Agent::StopRun(const std::string& run_id, const std::string& why) {
+  auto downloading = downloads_.find(run_id);
+  if (downloading != downloads_.end()) {
+    EndDownload(downloading->second.get());
+    downloads_.erase(downloading);
+  }
+  auto snapshot = snapshots_.find(run_id);
+  if (snapshot != snapshots_.end()) {
+    RemoveFlatDir(snapshot->second.second);
+    snapshots_.erase(snapshot);
+  }
+  uploader_->Forget(run_id);
   auto it = runs_.find(run_id);
   if (it != runs_.end()) {
     if (options_.verbose) std::fprintf(stderr, "keel-worker: stopping run %s (pid %d): %s\n", run_id.c_str(), it->second->pid(), why.c_str());
@@ -317,6 +492,7 @@ void Agent::RenewLeases(int64_t expires_unix_ms) {
 }
 
 void Agent::PollRuns() {
+  PollDownloads();
   for (auto it = runs_.begin(); it != runs_.end();) {
     const int64_t attempt = it->second->launch().attempt;
     RunProgress p;
@@ -352,6 +528,17 @@ void Agent::PollRuns() {
       }
     }
     for (v1::CheckpointNotice& c : p.checkpoints) {
+      // A snapshot now, uploaded once keeld acknowledged the notice.
+      const std::string snapshot = options_.work_dir + "/uploads/" + c.run_id() + "-" + CheckpointDirName(c.step());
+      Status taken = SnapshotCheckpoint(c.path(), snapshot);
+      if (taken.ok()) {
+        auto old = snapshots_.find(c.run_id());
+        if (old != snapshots_.end() && old->second.second != snapshot) RemoveFlatDir(old->second.second);
+        snapshots_[c.run_id()] = {c.step(), snapshot};
+      } else if (options_.verbose) {
+        std::fprintf(stderr, "keel-worker: run %s: no upload of checkpoint step %lld: %s\n", c.run_id().c_str(),
+                     static_cast<long long>(c.step()), taken.message().c_str());
+      }
       v1::WorkerMessage m;
       *m.mutable_checkpoint() = std::move(c);
       Queue(std::move(m), attempt);
@@ -400,6 +587,7 @@ bool Agent::Serve(const std::atomic<bool>* stop) {
   // (keeld must keep them assigned to us until that exit arrives).
   std::map<std::string, int64_t> live;
   for (const auto& run : runs_) live[run.first] = run.second->launch().attempt;
+  for (const auto& d : downloads_) live[d.first] = d.second->assignment.attempt();
   for (const auto* queue : {&unacked_, &pending_}) {
     for (const v1::WorkerMessage& m : *queue) {
       if (m.has_exit()) live[m.exit().run_id()] = m.attempt();
@@ -426,6 +614,8 @@ bool Agent::Serve(const std::atomic<bool>* stop) {
   }
   const bool first = worker_id_.empty();
   worker_id_ = response.worker_id();
+  channel_ = channel;
+  uploader_->SetConnection(channel, worker_id_);
   if (response.lease_ms() > 0) lease_ms_ = response.lease_ms();
   // Runs keeld gave to another attempt while this worker was away.
   for (const std::string& run_id : response.stop_run_ids()) {
@@ -461,6 +651,7 @@ bool Agent::Serve(const std::atomic<bool>* stop) {
         int64_t heartbeat_sent = 0;
         while (!unacked_.empty() && unacked_.front().seq() <= c.ack().seq()) {
           if (unacked_.front().has_heartbeat()) heartbeat_sent = unacked_.front().heartbeat().unix_ms();
+          Acknowledged(unacked_.front());
           unacked_.pop_front();
         }
         // keeld heard us at or after heartbeat_sent, so its lease on this worker

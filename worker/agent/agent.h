@@ -20,6 +20,14 @@
 // however often it is re-sent, to whichever keeld. When keeld orders a re-register (its lease on this worker ran
 // out), the agent registers again and stops, without a checkpoint, the trainers
 // of the runs keeld says were taken from it.
+//
+// Artifacts (artifact_client.h): each new checkpoint of a run is snapshotted
+// and, once keeld acknowledged its notice, uploaded to keeld's artifact store.
+// An assignment whose checkpoint (Assignment.resume_artifact_step) this host
+// has neither in the run's directory nor, newer, beside resume_checkpoint is
+// downloaded first, verified, into <work_dir>/runs/<run_id>/checkpoints/, on
+// a thread of its own (the stream keeps going); then its trainer starts. A
+// download that fails 3 times fails the attempt, with the reason.
 #ifndef KEEL_WORKER_AGENT_AGENT_H_
 #define KEEL_WORKER_AGENT_AGENT_H_
 
@@ -29,10 +37,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/base/status.h"
 #include "proto/keel.pb.h"
+#include "worker/agent/artifact_client.h"
 #include "worker/agent/run_supervisor.h"
 
 namespace keel {
@@ -69,6 +79,8 @@ struct AgentStats {
   std::map<std::string, int64_t> exits;      // by outcome: ok, failed, signal, interrupted, diverged
   bool connected = false;                    // stream to keeld open
   int64_t unacknowledged = 0;                // messages not yet acknowledged by keeld
+  int64_t checkpoints_uploaded = 0, checkpoint_uploads_failed = 0;
+  int64_t checkpoints_downloaded = 0, checkpoint_downloads_failed = 0;  // downloads failed for good
 };
 
 class Agent {
@@ -90,6 +102,13 @@ class Agent {
  private:
   bool Serve(const std::atomic<bool>* stop);  // one connection; false when keeld is unreachable
   void HandleCommand(const v1::WorkerCommand& command);
+  // Starts the assignment's trainer, resuming from `resume` ("": fresh).
+  void StartRun(const v1::Assignment& a, const std::string& resume);
+  // Starts the trainers whose checkpoint finished downloading; fails the
+  // attempts whose download failed.
+  void PollDownloads();
+  // A checkpoint notice keeld acknowledged: its snapshot goes to the uploader.
+  void Acknowledged(const v1::WorkerMessage& message);
   void PollRuns();
   void Queue(v1::WorkerMessage message, int64_t attempt = 0);
   // Kills a run's trainer (no checkpoint) and forgets its unsent messages.
@@ -104,6 +123,24 @@ class Agent {
   std::string worker_id_;
   std::atomic<int> connects_{0};
   std::map<std::string, std::unique_ptr<RunSupervisor>> runs_;  // by run id; agent thread only
+  // Assignments waiting for their checkpoint's download (agent thread only).
+  struct Download {
+    v1::Assignment assignment;
+    std::string dest;                      // the run's checkpoints/step_<8 digits>
+    std::unique_ptr<grpc::ClientContext> context;  // of the try in flight (cancel: TryCancel)
+    std::mutex mu;                         // guards context between the threads
+    std::atomic<bool> done{false}, cancelled{false};
+    Status result = Status::Ok();          // once done
+    std::thread thread;
+  };
+  std::map<std::string, std::unique_ptr<Download>> downloads_;  // by run id
+  // Ends a download (cancelled) and waits for its thread.
+  void EndDownload(Download* d);
+  // Snapshots of checkpoints whose notice keeld has not acknowledged yet, by
+  // run: (step, snapshot directory); the newest only.
+  std::map<std::string, std::pair<int64_t, std::string>> snapshots_;
+  std::unique_ptr<CheckpointUploader> uploader_;
+  std::shared_ptr<grpc::Channel> channel_;  // the current connection's
   std::map<std::string, int64_t> bootstrap_sent_;  // gangs: the attempt whose rank-0 id went to keeld (runs_ keys)
   std::deque<v1::WorkerMessage> pending_;                        // not yet written; agent thread only
   std::deque<v1::WorkerMessage> unacked_;                        // written, not yet acknowledged

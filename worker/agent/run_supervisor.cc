@@ -285,6 +285,10 @@ Status RunSupervisor::Poll(RunProgress* progress) {
   if (reaped_) return Status::Ok();
   int status = 0;
   pid_t done = waitpid(pid_, &status, WNOHANG);
+  // Checkpoints first: the trainer writes a step's metric line before that
+  // step's checkpoint, so every checkpoint found now has its line read below,
+  // and its notice (queued after the metrics) reaches keeld after the line.
+  KEEL_RETURN_IF_ERROR(FindNewCheckpoints(progress));
   // Read what the process wrote; after it exited, this is everything. The
   // events again when metrics.jsonl turned out rewritten: a rollback's event,
   // written before the rewrite, then goes before the new points (RunProgress).
@@ -294,7 +298,6 @@ Status RunSupervisor::Poll(RunProgress* progress) {
     KEEL_RETURN_IF_ERROR(ReadNewEvents(progress));
     progress->events_first = true;
   }
-  KEEL_RETURN_IF_ERROR(FindNewCheckpoints(progress));
   if (done == pid_) {
     reaped_ = true;
     progress->exited = true;
