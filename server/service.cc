@@ -182,18 +182,21 @@ grpc::Status UserService::ListWorkers(grpc::ServerContext* ctx, const v1::ListWo
 
 grpc::Status UserService::FetchCheckpoint(grpc::ServerContext* ctx, const v1::DownloadCheckpointRequest* req,
                                           grpc::ServerWriter<v1::CheckpointChunk>* writer) {
+  KEEL_ACTIVE(c);
   KEEL_AUTHORIZE(ctx, Caller::kUser);
-  return SendArtifact(c_, *req, writer);
+  return SendArtifact(c, *req, writer);
 }
 
 grpc::Status FleetService::DownloadCheckpoint(grpc::ServerContext* ctx, const v1::DownloadCheckpointRequest* req,
                                               grpc::ServerWriter<v1::CheckpointChunk>* writer) {
+  KEEL_ACTIVE(c);
   KEEL_AUTHORIZE(ctx, Caller::kWorker);
-  return SendArtifact(c_, *req, writer);
+  return SendArtifact(c, *req, writer);
 }
 
 grpc::Status FleetService::UploadCheckpoint(grpc::ServerContext* ctx, grpc::ServerReader<v1::CheckpointChunk>* reader,
                                             v1::UploadCheckpointResponse* out) {
+  KEEL_ACTIVE(c);
   KEEL_AUTHORIZE(ctx, Caller::kWorker);
   std::string worker_id;
   grpc::Status s = WorkerId(*ctx, &worker_id);
@@ -204,10 +207,10 @@ grpc::Status FleetService::UploadCheckpoint(grpc::ServerContext* ctx, grpc::Serv
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "upload: the first chunk has no header (allowed: header first)");
   }
   const v1::CheckpointHeader header = chunk.header();
-  s = c_->CheckUpload(worker_id, header);
+  s = c->CheckUpload(worker_id, header);
   if (!s.ok()) return s;
   std::unique_ptr<ArtifactStore::Upload> upload;
-  Status st = c_->artifacts()->BeginUpload(header, &upload);
+  Status st = c->artifacts()->BeginUpload(header, &upload);
   if (!st.ok()) return ToGrpcStatus(st);
   // An identical checkpoint is stored already: answered now, without its
   // bytes (the worker's writes then fail, and its Finish reads this answer).
@@ -221,10 +224,10 @@ grpc::Status FleetService::UploadCheckpoint(grpc::ServerContext* ctx, grpc::Serv
   }
   bool recorded = false;
   int64_t protect = 0;
-  s = c_->CheckpointUploaded(worker_id, header, &recorded, &protect);
+  s = c->CheckpointUploaded(worker_id, header, &recorded, &protect);
   // Retention applies whatever became of this one (it is the newest, or kept
   // only while it is among the newest).
-  Status pruned = c_->artifacts()->Prune(header.run_id(), protect);
+  Status pruned = c->artifacts()->Prune(header.run_id(), protect);
   if (!pruned.ok()) std::fprintf(stderr, "keeld: run %s: %s\n", header.run_id().c_str(), pruned.message().c_str());
   if (!s.ok()) return s;
   out->set_step(header.step());
