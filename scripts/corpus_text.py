@@ -18,8 +18,13 @@ import unicodedata
 # Cleaning.
 
 # Paragraphs shorter than this (after normalisation) are headings, labels and list items: they
-# are kept wherever they appear ("Parameters", "See also"); longer ones are kept once per corpus.
+# are kept up to MAX_SHORT_COPIES times in the corpus ("Parameters:", "See also"); longer ones
+# are kept once.
 MIN_DEDUP_CHARS = 40
+# API references repeat their labels ("Parameters:", "Returns:") tens of thousands of times, and
+# some generators leave navigation text on every page: past this many copies a short paragraph
+# is boilerplate.
+MAX_SHORT_COPIES = 20
 # A paragraph's letters (a-z, A-Z) over its non-space characters must reach this: English prose
 # sits near 0.8, code and tables of symbols or numbers well under 0.7.
 MIN_LETTER_SHARE = 0.7
@@ -112,7 +117,7 @@ def _letters(paragraphs):
 # ----------------------------------------------------------------------------------------------
 # The split and the corpus.
 
-VAL_PER_MILLE = 7  # documents whose key hashes to 0..6 of 0..999 go to validation (0.7%)
+VAL_PER_MILLE = 10  # documents whose key hashes to 0..9 of 0..999 go to validation (1%)
 
 
 def split_of(key):
@@ -134,8 +139,9 @@ class Corpus:
     document: every paragraph is cleaned (clean_paragraph); a document that is not English
     (is_english, on the cleaned paragraphs) is dropped; a document whose cleaned text was seen
     before is dropped (exact duplicate); paragraphs of MIN_DEDUP_CHARS or more seen before in
-    any document are dropped (the first occurrence is kept, wherever it went); a document left
-    with fewer than MIN_DOCUMENT_LETTERS letters is dropped. The text returned is the kept
+    any document are dropped (the first occurrence is kept, wherever it went), shorter ones
+    past their MAX_SHORT_COPIES-th copy too; a document left with fewer than
+    MIN_DOCUMENT_LETTERS letters is dropped. The text returned is the kept
     paragraphs, one a line, with a blank line between paragraphs and a newline at the end.
 
     The result depends only on the documents and their order: the same input gives the same
@@ -145,11 +151,12 @@ class Corpus:
     def __init__(self):
         self._seen_documents = set()
         self._seen_paragraphs = set()
+        self._short_copies = {}
         self.stats = {
             "documents_in": 0, "documents_not_english": 0, "documents_duplicate": 0,
             "documents_too_short": 0, "documents_kept": 0,
             "paragraphs_in": 0, "paragraphs_not_prose": 0, "paragraphs_duplicate": 0,
-            "paragraphs_kept": 0,
+            "paragraphs_short_repeated": 0, "paragraphs_kept": 0,
         }
 
     def add(self, key, paragraphs):
@@ -179,6 +186,12 @@ class Corpus:
                     st["paragraphs_duplicate"] += 1
                     continue
                 self._seen_paragraphs.add(d)
+            else:
+                n = self._short_copies.get(c, 0) + 1
+                self._short_copies[c] = n
+                if n > MAX_SHORT_COPIES:
+                    st["paragraphs_short_repeated"] += 1
+                    continue
             kept.append(c)
         if _letters(kept) < MIN_DOCUMENT_LETTERS:
             st["documents_too_short"] += 1

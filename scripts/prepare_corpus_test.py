@@ -62,6 +62,12 @@ class LicenceTest(unittest.TestCase):
         self.assertEqual(pc.licences(text), ["GPL-2", "GPL", "public-domain"])
         self.assertEqual(pc.licences("Nothing known here."), ["see copyright"])
 
+    def test_licence_text_after_license_is_not_a_name(self):
+        text = ("Files: *\nCopyright: 2001 PSF\nLicense: Redistribution and use in source and "
+                "binary forms, with or without\n modification, are permitted.\n\n"
+                "PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2\n")
+        self.assertEqual(pc.licences(text), ["PSF"])
+
 
 if __name__ == "__main__":
     unittest.main()
