@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kOutlierThreads) OutlierPass2Kernel(const floa
       line = item % cols;
       k0 = (item / cols) * 16;
     }
-    const int count = static_cast<int>(min<int64_t>(16, length - k0));
+    const int count = static_cast<int>(length - k0 < 16 ? length - k0 : 16);
     float v[16];
     unsigned int amax_b = 0;
 #pragma unroll
