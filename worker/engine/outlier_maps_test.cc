@@ -34,14 +34,15 @@ TEST(OutlierMapsTest, RunsOfEqualColourAreOneRectangle) {
   // 2 x 4 cells: row 0 is one colour (merged), row 1 has four distinct classes:
   // zero, the smallest (c0), NaN, the largest (c31).
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  const OperandOutliers o = Map(32, 64, {1, 1, 1, 1, 0, 0.01, nan, 100});
+  const OperandOutliers o = Map(32, 64, {2, 2, 2, 2, 0, 0.01, nan, 100});
   const std::string svg = BlockMapSvg(o, "h.0.mlp.fc.fwd_x, step 100");
   EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
   EXPECT_NE(svg.find("<title>h.0.mlp.fc.fwd_x, step 100</title>"), std::string::npos);
   // Cells: row 0 one rectangle of width 4, row 1 four, each in its class's path.
   EXPECT_EQ(Count(svg, "v1h-"), 5);
-  // 1 is the geometric middle of 0.01 and 100: level 15.5 rounds to 16.
-  EXPECT_NE(svg.find("<path class=\"c16\" d=\"M0 0h4v1h-4z\"/>"), std::string::npos) << svg;
+  // 2 lies at log(2 / 0.01) / log(100 / 0.01) = 0.575 of the log range: level
+  // 0.575 x 31 = 17.8, rounded to 18.
+  EXPECT_NE(svg.find("<path class=\"c18\" d=\"M0 0h4v1h-4z\"/>"), std::string::npos) << svg;
   EXPECT_NE(svg.find("<path class=\"z\" d=\"M0 1h1v1h-1z\"/>"), std::string::npos);
   EXPECT_NE(svg.find("<path class=\"c0\" d=\"M1 1h1v1h-1z\"/>"), std::string::npos);
   EXPECT_NE(svg.find("<path class=\"n\" d=\"M2 1h1v1h-1z\"/>"), std::string::npos);
