@@ -7,7 +7,9 @@
 //   - the proxy (L4, d512, batch 2048): steps/s in fp32 (the baseline) and mxfp8_e4m3.
 // Each case: 2 warm-up steps, then the mean of `--steps` timed steps (wall clock
 // around Trainer::Step, which ends with a device sync). Operand statistics on,
-// as in a real run; --no-stats measures without them. bench/speed runs this
+// as in a real run; --no-stats measures without them. Outlier analytics are off
+// in the timed cases; --analytics N times each case again with analytics on every
+// step and reports their cost amortized over N steps. bench/speed runs this
 // once per case and llm.c's train_gpt2cu at the same shape (docs/benchmarks.md).
 #include <chrono>
 #include <cstdint>
@@ -41,6 +43,13 @@ const char kUsage[] =
     "  --steps N            timed steps per GPT case (default 10; the proxy times 10 x N)\n"
     "  --only gpt|proxy     run only the GPT cases or only the proxy (default both)\n"
     "  --no-stats           operand statistics off (default on, as in a real run)\n"
+    "  --analytics N        also time each case with outlier analytics on every step and\n"
+    "                       report their cost per analytics step and amortized over a\n"
+    "                       period of N steps (analytics_every: N; the target is < 3%%\n"
+    "                       of the step at the default 100). 0: off (default); the plain\n"
+    "                       cases always run with analytics off\n"
+    "  --analytics-maps     with --analytics: also draw the block maps on every analytics\n"
+    "                       step (analytics.maps_every)\n"
     "  --profile            time every backend op over the timed steps (CUDA events; cuda\n"
     "                       backend only) and print the per-op breakdown of each case\n"
     "GPT cases:\n"
@@ -224,7 +233,36 @@ struct GptOptions {
   double peak_tflops_flag = 0;
   int steps = 10;
   bool profile = false;
+  int analytics = 0;           // --analytics: the period the cost is amortized over (0: off)
+  bool analytics_maps = false;
 };
+
+// The YAML lines of a case without analytics, and of its analytics twin
+// (analytics on every step, so that each timed step pays them).
+std::string AnalyticsOff() { return "analytics_every: 0\n"; }
+std::string AnalyticsOn(bool maps) {
+  return std::string("analytics_every: 1\n") + (maps ? "analytics: {maps_every: 1}\n" : "");
+}
+
+// The analytics twin of case `r`: its step time, and the overhead per analytics
+// step and amortized over `period` steps, printed under the case.
+struct AnalyticsCost {
+  double step_ms = 0, extra_ms = 0, amortized = 0;  // amortized: fraction of the plain step
+};
+Status MeasureAnalytics(const std::string& yaml, const Result& plain, int steps, int period, bool maps,
+                        AnalyticsCost* cost) {
+  Result on;
+  KEEL_RETURN_IF_ERROR(Measure(yaml + AnalyticsOn(maps), plain.label + " +analytics", steps, false, &on));
+  cost->step_ms = on.step_ms;
+  cost->extra_ms = on.step_ms - plain.step_ms;
+  cost->amortized = cost->extra_ms / (static_cast<double>(period) * plain.step_ms);
+  std::printf("  %-32s %9.2f ms/step with analytics%s on every step: +%.2f ms (+%.1f%%); every %d steps: "
+              "+%.3f%% of the step (target < 3%%)\n",
+              "", on.step_ms, maps ? " and maps" : "", cost->extra_ms, 100.0 * cost->extra_ms / plain.step_ms, period,
+              100.0 * cost->amortized);
+  std::fflush(stdout);
+  return Status::Ok();
+}
 
 int RunGpt(const std::string& common, const GptOptions& o) {
   // Random GPT-2 tokens: throughput does not depend on the text. 4 Mi tokens:
@@ -256,7 +294,7 @@ int RunGpt(const std::string& common, const GptOptions& o) {
         "optimizer: {type: adamw, lr: 6.0e-4, beta2: 0.95, weight_decay: 0.1, grad_clip: 1.0}\n"
         "precision: " + scheme + "\n";
     Result r;
-    s = Measure(yaml, std::string(g.name) + " " + scheme + " " + shape, o.steps, o.profile, &r);
+    s = Measure(yaml + AnalyticsOff(), std::string(g.name) + " " + scheme + " " + shape, o.steps, o.profile, &r);
     if (!s.ok()) return std::fprintf(stderr, "train_bench: %s: %s\n", scheme.c_str(), s.message().c_str()), 1;
     // llm.c's gpt2_estimate_mfu: 6 N for the weight matmuls, 6 L C T for attention.
     flops_per_token = 6.0 * r.params + 6.0 * g.layers * g.width * o.seq;
@@ -271,6 +309,11 @@ int RunGpt(const std::string& common, const GptOptions& o) {
                 r.device.c_str());
     std::fflush(stdout);
     results.push_back(r);
+    AnalyticsCost cost;
+    if (o.analytics > 0) {
+      s = MeasureAnalytics(yaml, r, o.steps, o.analytics, o.analytics_maps, &cost);
+      if (!s.ok()) return std::fprintf(stderr, "train_bench: %s +analytics: %s\n", scheme.c_str(), s.message().c_str()), 1;
+    }
     if (!o.json_path.empty()) {
       JsonWriter w;
       w.Add("model", g.name).Add("scheme", scheme).Add("batch", o.batch).Add("seq", o.seq).Add("steps", o.steps);
@@ -278,6 +321,10 @@ int RunGpt(const std::string& common, const GptOptions& o) {
       w.Add("mfu", ToJsonValue(mfu)).Add("loss", r.loss).Add("params", r.params);
       w.Add("flops_per_token", flops_per_token).Add("peak_tflops", ToJsonValue(peak));
       w.Add("peak_tflops_source", peak_source).Add("device", r.device);
+      if (o.analytics > 0) {
+        w.Add("analytics_every", o.analytics).Add("analytics_maps", o.analytics_maps);
+        w.Add("analytics_ms_per_step", cost.step_ms).Add("analytics_overhead", cost.amortized);
+      }
       json_lines += w.str() + "\n";
       // Rewritten after every case, so a later failure keeps the earlier cases.
       s = WriteFileAtomic(o.json_path, json_lines);
@@ -301,18 +348,23 @@ int RunGpt(const std::string& common, const GptOptions& o) {
   return 0;
 }
 
-int RunProxy(const std::string& common, int steps, bool profile) {
+int RunProxy(const std::string& common, int steps, bool profile, int analytics, bool analytics_maps) {
   std::printf("proxy: L4, d512, batch 2048, Adam lr 6e-4\n");
   std::vector<Result> results;
   for (const char* scheme : {"fp32", "mxfp8_e4m3"}) {
     std::string yaml = common + "model: {type: proxy, layers: 4, width: 512}\nbatch: 2048\nsteps: 1000000\n"
                                 "optimizer: {type: adam, lr: 6.0e-4}\nprecision: " + scheme + "\n";
     Result r;
-    Status s = Measure(yaml, std::string("proxy ") + scheme, steps * 10, profile, &r);
+    Status s = Measure(yaml + AnalyticsOff(), std::string("proxy ") + scheme, steps * 10, profile, &r);
     if (!s.ok()) return std::fprintf(stderr, "train_bench: %s: %s\n", scheme, s.message().c_str()), 1;
     std::printf("  %-28s %9.2f ms/step  %12.0f samples/s  (loss %.4f) [%s]\n", r.label.c_str(), r.step_ms,
                 r.items_per_s, r.loss, r.device.c_str());
     std::printf("  %-28s %.1f steps/s\n", r.label.c_str(), 1e3 / r.step_ms);
+    if (analytics > 0) {
+      AnalyticsCost cost;
+      s = MeasureAnalytics(yaml, r, steps * 10, analytics, analytics_maps, &cost);
+      if (!s.ok()) return std::fprintf(stderr, "train_bench: %s +analytics: %s\n", scheme, s.message().c_str()), 1;
+    }
     results.push_back(r);
   }
   std::printf("  mxfp8_e4m3 / fp32 steps/s: %.3f\n", results[0].step_ms / results[1].step_ms);
@@ -331,6 +383,8 @@ int Main(int argc, char** argv) {
   app.add_option("--only", only)->check(OneOf({"gpt", "proxy"}));
   app.add_flag("--no-stats", no_stats);
   app.add_flag("--profile", gpt.profile);
+  app.add_option("--analytics", gpt.analytics)->check(IntFlag(0, 1 << 30));
+  app.add_flag("--analytics-maps", gpt.analytics_maps);
   std::vector<std::string> model_names;
   for (const GptShape& g : kGptShapes) model_names.push_back(g.name);
   app.add_option("--model", model)->check(OneOf(model_names));
@@ -365,16 +419,23 @@ int Main(int argc, char** argv) {
     }
   }
   if (gpt.tokens_path.empty()) return FlagError("train_bench", "--tokens: '' is not allowed (a file path)");
+  if (gpt.analytics_maps && gpt.analytics == 0) {
+    return FlagError("train_bench", "--analytics-maps: not allowed without --analytics N (N >= 1)");
+  }
 
   const std::string common = "backend: " + backend + "\nrun_dir: /tmp/keel-train-bench\noperand_stats: " +
                              (no_stats ? "false" : "true") + "\n";
-  std::printf("train_bench: backend %s, %d timed steps after %d warm-up, operand stats %s\n", backend.c_str(),
-              gpt.steps, kWarmupSteps, no_stats ? "off" : "on");
+  std::printf("train_bench: backend %s, %d timed steps after %d warm-up, operand stats %s, outlier analytics %s\n",
+              backend.c_str(), gpt.steps, kWarmupSteps, no_stats ? "off" : "on",
+              gpt.analytics == 0 ? "off"
+                                 : ("off, then on every step (cost amortized over " + std::to_string(gpt.analytics) +
+                                    " steps, top_k 8" + (gpt.analytics_maps ? ", block maps" : ", no maps") + ")")
+                                       .c_str());
   if (only.empty() || only == "gpt") {
     const int code = RunGpt(common, gpt);
     if (code != 0) return code;
   }
-  if (only.empty() || only == "proxy") return RunProxy(common, gpt.steps, gpt.profile);
+  if (only.empty() || only == "proxy") return RunProxy(common, gpt.steps, gpt.profile, gpt.analytics, gpt.analytics_maps);
   return 0;
 }
 

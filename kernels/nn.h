@@ -26,6 +26,7 @@
 
 #include "kernels/base/numeric_types.h"
 #include "kernels/formats.h"
+#include "kernels/outliers.h"
 #include "kernels/quantize.h"
 #include "kernels/base/status.h"
 
@@ -150,6 +151,32 @@ class Backend {
   // returns them (slot-major, role-minor, n * 6 entries).
   virtual Status ResetOperandStats(int slots) = 0;
   virtual Status ReadOperandStats(std::vector<OperandStats>* stats) = 0;
+
+  // ---- Outlier analytics (kernels/outliers.h) ------------------------------------
+  // The three reductions of outliers.h on backend memory, with the reference's
+  // meaning (the CPU backend runs the *Ref functions; CUDA's counts and channel
+  // maxima are the same bits, its double sums agree within summation order).
+  // out (backend, channels floats): out[ch] = max(out[ch], max |x| over channel
+  // ch), NaN winning: the per-channel magnitude reduction, usable on any tensor.
+  virtual Status ChannelAbsMax(const float* x, int64_t rows, int64_t cols, int channel_axis, float* out) = 0;
+  // *sums (backend memory, one OutlierSums) += x's sums, NVFP4 blocks along nvfp4_axis.
+  virtual Status AddOutlierSums(const float* x, int64_t rows, int64_t cols, int nvfp4_axis,
+                                OutlierSums* sums) = 0;
+  // map (backend, grid.cells() doubles) += sum |x| per cell of grid.
+  virtual Status AddBlockAbsSums(const float* x, int64_t rows, int64_t cols, const MapGrid& grid,
+                                 double* map) = 0;
+
+  // A step's analytics: BeginOutlierAnalytics arms them for `slots` slots (the
+  // model's linear layers; maps: also the block maps). While armed, every
+  // LinearForward / LinearBackward whose q.analytics_slot >= 0 adds the
+  // reductions of each operand its GEMMs quantize (the roles of outliers.h,
+  // whatever their formats, fp32 included) to that slot before quantizing;
+  // a slot outside 0..slots-1 is an error. ReadOutlierAnalytics waits for the
+  // queued work, returns slots x kRoleCount results (slot-major, role-minor)
+  // and disarms. Buffers are allocated on a slot's first use and kept.
+  Status BeginOutlierAnalytics(int slots, bool maps);
+  Status ReadOutlierAnalytics(std::vector<OperandOutliers>* out);
+  bool outlier_analytics_armed() const { return outliers_armed_; }
 
   // ---- Layers ---------------------------------------------------------------------
   // y = (x - mean) * rstd * gamma + beta per row (cols features), population
@@ -313,6 +340,27 @@ class Backend {
   // The times since profiling was turned on or last taken (which resets them),
   // longest first; waits for the work queued so far.
   virtual Status TakeProfile(std::vector<OpTime>* out);
+
+ protected:
+  // The linear layers call this for each operand they quantize, before
+  // quantizing it (nothing unless armed and slot >= 0); op names the caller in
+  // errors. x: rows x cols as the role's GEMM reads it (outliers.h's table).
+  Status AnalyzeOperand(const char* op, Role role, const float* x, int64_t rows, int64_t cols, int slot);
+  // Frees the analytics buffers; a backend's destructor calls it while Free works.
+  void ReleaseOutlierAnalytics();
+
+ private:
+  // One slot and role's device buffers (null until first used) and shape.
+  struct OutlierBuffers {
+    OutlierSums* sums = nullptr;
+    float* channel_max = nullptr;
+    double* map = nullptr;
+    int64_t rows = 0, cols = 0, calls = 0;
+  };
+  bool outliers_armed_ = false;
+  bool outlier_maps_ = false;
+  int outlier_slots_ = 0;
+  std::vector<OutlierBuffers> outlier_buffers_;  // outlier_slots_ x kRoleCount, kept between steps
 };
 
 // RopeForward's tables for `positions` positions and head size hd (even), on the

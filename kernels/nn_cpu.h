@@ -30,6 +30,7 @@ class CpuBackend : public Backend {
  public:
   // threads >= 1 (MakeCpuBackend maps 0 to the hardware concurrency).
   explicit CpuBackend(int threads);
+  ~CpuBackend() override { ReleaseOutlierAnalytics(); }
 
   const char* name() const override { return "cpu"; }
   std::string Describe() const override;
@@ -61,6 +62,12 @@ class CpuBackend : public Backend {
                         const LinearQuant& q) override;
   Status ResetOperandStats(int slots) override;
   Status ReadOperandStats(std::vector<OperandStats>* stats) override;
+  // The reference reductions of outliers.h (ChannelAbsMaxRef, ...), serial.
+  Status ChannelAbsMax(const float* x, int64_t rows, int64_t cols, int channel_axis, float* out) override;
+  Status AddOutlierSums(const float* x, int64_t rows, int64_t cols, int nvfp4_axis,
+                        OutlierSums* sums) override;
+  Status AddBlockAbsSums(const float* x, int64_t rows, int64_t cols, const MapGrid& grid,
+                         double* map) override;
 
   Status LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
                           float* mean, float* rstd, int64_t rows, int64_t cols, float eps) override;

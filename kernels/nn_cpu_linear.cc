@@ -327,6 +327,8 @@ Status CpuBackend::LinearForward(const float* x, const float* w, const float* bi
                          "residual (y receives the product before the residual is added)");
   std::lock_guard<std::mutex> lock(linear_mutex_);
   KEEL_RETURN_IF_ERROR(ValidateLinearQuant(kOp, q, rows, stats_slots_));
+  KEEL_RETURN_IF_ERROR(AnalyzeOperand(kOp, Role::kFwdX, x, rows, in, q.analytics_slot));
+  KEEL_RETURN_IF_ERROR(AnalyzeOperand(kOp, Role::kFwdW, w, out, in, q.analytics_slot));
 
   RoleStats role_stats(q);
   const std::string prefix = kOp;
@@ -366,6 +368,12 @@ Status CpuBackend::LinearBackward(const float* x, const float* w, const float* d
   KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"w", w}, {"dy", dy}, {"dw", dw}}));
   std::lock_guard<std::mutex> lock(linear_mutex_);
   KEEL_RETURN_IF_ERROR(ValidateLinearQuant(kOp, q, rows, stats_slots_));
+  if (dx != nullptr) {  // the dgrad GEMM runs only when dx is wanted
+    KEEL_RETURN_IF_ERROR(AnalyzeOperand(kOp, Role::kDgradDy, dy, rows, out, q.analytics_slot));
+    KEEL_RETURN_IF_ERROR(AnalyzeOperand(kOp, Role::kDgradW, w, out, in, q.analytics_slot));
+  }
+  KEEL_RETURN_IF_ERROR(AnalyzeOperand(kOp, Role::kWgradDy, dy, rows, out, q.analytics_slot));
+  KEEL_RETURN_IF_ERROR(AnalyzeOperand(kOp, Role::kWgradX, x, rows, in, q.analytics_slot));
 
   RoleStats role_stats(q);
   const std::string prefix = kOp;
@@ -405,6 +413,43 @@ Status CpuBackend::LinearBackward(const float* x, const float* w, const float* d
     });
   }
   RecordStats(q, role_stats.stats);
+  return Status::Ok();
+}
+
+Status CpuBackend::ChannelAbsMax(const float* x, int64_t rows, int64_t cols, int channel_axis, float* out) {
+  static const char kOp[] = "ChannelAbsMax";
+  KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"rows", rows}, {"cols", cols}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"out", out}}));
+  if (channel_axis != 0 && channel_axis != 1)
+    return Status::Error(std::string(kOp) + ": channel_axis: " + std::to_string(channel_axis) +
+                         " is not allowed; use 1 (channels are columns) or 0 (channels are rows)");
+  ChannelAbsMaxRef(x, rows, cols, channel_axis, out);
+  return Status::Ok();
+}
+
+Status CpuBackend::AddOutlierSums(const float* x, int64_t rows, int64_t cols, int nvfp4_axis,
+                                  OutlierSums* sums) {
+  static const char kOp[] = "AddOutlierSums";
+  KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"rows", rows}, {"cols", cols}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"sums", sums}}));
+  if (nvfp4_axis != 0 && nvfp4_axis != 1)
+    return Status::Error(std::string(kOp) + ": nvfp4_axis: " + std::to_string(nvfp4_axis) +
+                         " is not allowed; use 1 (along rows) or 0 (down columns)");
+  AddOutlierSumsRef(x, rows, cols, nvfp4_axis, sums);
+  return Status::Ok();
+}
+
+Status CpuBackend::AddBlockAbsSums(const float* x, int64_t rows, int64_t cols, const MapGrid& grid,
+                                   double* map) {
+  static const char kOp[] = "AddBlockAbsSums";
+  KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"rows", rows}, {"cols", cols}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"map", map}}));
+  const MapGrid expected = MapGridFor(rows, cols);
+  if (grid.cell_rows != expected.cell_rows || grid.cell_cols != expected.cell_cols || grid.rows != expected.rows ||
+      grid.cols != expected.cols)
+    return Status::Error(std::string(kOp) + ": grid: " + std::to_string(grid.rows) + " x " +
+                         std::to_string(grid.cols) + " cells is not allowed; use MapGridFor(rows, cols)");
+  AddBlockAbsSumsRef(x, rows, cols, grid, map);
   return Status::Ok();
 }
 

@@ -243,7 +243,8 @@ CudaBackend::~CudaBackend() {
   if (side_stream_ != nullptr) cudaStreamSynchronize(side_stream_);
   stream_ = main_stream_;
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  Scratch* scratch[] = {&op_a_,    &op_b_,    &codes_,   &partials_, &quant_temp_,
+  ReleaseOutlierAnalytics();  // Free still works here
+  Scratch* scratch[] = {&outlier_scratch_, &op_a_,    &op_b_,    &codes_,   &partials_, &quant_temp_,
                         &attn_q_,  &attn_k_,  &attn_v_,  &attn_o_,  &attn_p_,   &attn_dp_, &attn_ds_,
                         &attn_dq_, &attn_dk_, &attn_dv_, &attn_s_,  &attn_delta_, &embed_, &reduce_desc_,
                         &align_in_};

@@ -338,6 +338,10 @@ class CudaBackend final : public Backend {
                         const LinearQuant& q) override;
   Status ResetOperandStats(int slots) override;
   Status ReadOperandStats(std::vector<OperandStats>* stats) override;
+  // Outlier analytics reductions (nn_cuda_outliers.cu).
+  Status ChannelAbsMax(const float* x, int64_t rows, int64_t cols, int channel_axis, float* out) override;
+  Status AddOutlierSums(const float* x, int64_t rows, int64_t cols, int nvfp4_axis, OutlierSums* sums) override;
+  Status AddBlockAbsSums(const float* x, int64_t rows, int64_t cols, const MapGrid& grid, double* map) override;
 
   bool DeviceMemoryInUse(int64_t* bytes) const override;
   Status SetProfiling(bool on) override;
@@ -536,6 +540,7 @@ class CudaBackend final : public Backend {
   Scratch attn_dq_, attn_dk_, attn_dv_;
   Scratch embed_;                      // embedding backward's sort
   Scratch reduce_desc_;                // the reductions' span descriptors
+  Scratch outlier_scratch_;            // AddOutlierSums' partials and tensor amax
 };
 
 }  // namespace nncuda

@@ -647,6 +647,8 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
                          "(as the CPU backend requires)");
   KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
   KEEL_RETURN_IF_ERROR(CheckStatsSlot("LinearForward", q.stats_slot));
+  KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearForward", Role::kFwdX, x, rows, in, q.analytics_slot));
+  KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearForward", Role::kFwdW, w, out, in, q.analytics_slot));
   const bool bf16 = q.role[static_cast<int>(Role::kFwdX)].quantized() && q.role[static_cast<int>(Role::kFwdW)].quantized();
   Operand qx, qw;
   KEEL_RETURN_IF_ERROR(PrepareOperand(x, rows, in, 1, Role::kFwdX, q, bf16, &op_a_, &qx));
@@ -693,6 +695,12 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
   }
   KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
   KEEL_RETURN_IF_ERROR(CheckStatsSlot("LinearBackward", q.stats_slot));
+  if (dx != nullptr) {  // the dgrad GEMM runs only when dx is wanted
+    KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kDgradDy, dy, rows, out, q.analytics_slot));
+    KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kDgradW, w, out, in, q.analytics_slot));
+  }
+  KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kWgradDy, dy, rows, out, q.analytics_slot));
+  KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kWgradX, x, rows, in, q.analytics_slot));
   const OperandFormat& f_ddy = q.role[static_cast<int>(Role::kDgradDy)];
   const OperandFormat& f_dw = q.role[static_cast<int>(Role::kDgradW)];
   const OperandFormat& f_wdy = q.role[static_cast<int>(Role::kWgradDy)];

@@ -882,6 +882,81 @@ TEST_F(NnCudaTest, LinearStatsWithNonFiniteInputs) {
   EXPECT_GT(nan_blocks, 0);
 }
 
+// Outlier analytics (outliers.h) through real linear layers on both backends:
+// channel maxima and every count bit for bit (max and integer sums do not
+// depend on order; the NVFP4 rounding is quant_core's on both sides); the double
+// power sums and map sums within 1e-12 relative (the same double terms summed in
+// another order: K terms of relative rounding 2^-53 each, K <= 10^5 here); the
+// kurtosis likewise. Shapes include a last NVFP4 block shorter than 16 (in = 100)
+// and a tensor with NaN and Inf elements; two micro-batches add up.
+TEST_F(NnCudaTest, OutlierAnalyticsMatchCpu) {
+  const int64_t rows = 80, in = 100, out = 48;
+  std::vector<float> xh = WithOutliers(rows * in, 71), dyh = WithOutliers(rows * out, 72, 0.01f);
+  for (int64_t r = 0; r < rows; ++r) xh[r * in + 13] *= 50.0f;  // a hot input channel
+  xh[7 * in + 99] = std::numeric_limits<float>::quiet_NaN();
+  dyh[3 * out + 5] = std::numeric_limits<float>::infinity();
+  Dual x = Floats(xh), w = Floats(Normal(out * in, 73, 0.1f)), dy = Floats(dyh);
+  Dual y = Zeros(rows * out), dx = Zeros(rows * in), dw = Zeros(out * in);
+  LinearQuant q = AllRoles(Quant(QuantFormat::kMxfp8E4M3));
+  q.analytics_slot = 1;
+  std::vector<OperandOutliers> got[2];
+  for (Backend* be : {cpu_.get(), gpu_.get()}) {
+    const bool g = be == gpu_.get();
+    auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+    ASSERT_OK(be->BeginOutlierAnalytics(2, true));
+    for (int micro = 0; micro < 2; ++micro) {
+      ASSERT_OK(be->LinearForward(p(x), p(w), nullptr, nullptr, p(y), rows, in, out, q));
+      ASSERT_OK(be->LinearBackward(p(x), p(w), p(dy), p(dx), p(dw), nullptr, rows, in, out, q));
+    }
+    ASSERT_OK(be->ReadOutlierAnalytics(&got[g ? 1 : 0]));
+  }
+  const std::vector<OperandOutliers>& c = got[0];
+  const std::vector<OperandOutliers>& g = got[1];
+  ASSERT_EQ(c.size(), g.size());
+  auto rel = [](double a, double b) { return std::fabs(a - b) / std::max(1e-300, std::max(std::fabs(a), std::fabs(b))); };
+  for (size_t i = 0; i < c.size(); ++i) {
+    const std::string role = "slot " + std::to_string(i / kRoleCount) + " " + RoleName(static_cast<Role>(i % kRoleCount));
+    EXPECT_EQ(c[i].calls, g[i].calls) << role;
+    if (c[i].calls == 0) continue;
+    EXPECT_EQ(c[i].sums.finite, g[i].sums.finite) << role;
+    EXPECT_EQ(c[i].sums.nonfinite, g[i].sums.nonfinite) << role;
+    EXPECT_EQ(c[i].sums.nonzero, g[i].sums.nonzero) << role;
+    EXPECT_EQ(c[i].sums.flushed, g[i].sums.flushed) << role;
+    EXPECT_LE(rel(c[i].sums.shift, g[i].sums.shift), 1e-12) << role;
+    EXPECT_LE(rel(c[i].sums.s2, g[i].sums.s2), 1e-12) << role;
+    EXPECT_LE(rel(c[i].sums.s4, g[i].sums.s4), 1e-12) << role;
+    EXPECT_LE(rel(Kurtosis(c[i].sums), Kurtosis(g[i].sums)), 1e-10) << role;
+    ExpectBits(role + " channel max", c[i].channel_max, g[i].channel_max);
+    ASSERT_EQ(c[i].map_mean.size(), g[i].map_mean.size()) << role;
+    for (size_t k = 0; k < c[i].map_mean.size(); ++k) {
+      if (std::isnan(c[i].map_mean[k])) {
+        EXPECT_TRUE(std::isnan(g[i].map_mean[k])) << role << " cell " << k;
+        continue;
+      }
+      EXPECT_LE(rel(c[i].map_mean[k], g[i].map_mean[k]), 1e-12) << role << " cell " << k;
+    }
+  }
+  const OperandOutliers& fx = g[kRoleCount + R(Role::kFwdX)];
+  EXPECT_EQ(fx.calls, 2);
+  EXPECT_TRUE(std::isnan(fx.channel_max[99]));  // the NaN channel is the hottest
+  EXPECT_EQ(Summarize(fx, 2).hot, (std::vector<int64_t>{99, 13}));
+  EXPECT_GT(g[kRoleCount + R(Role::kDgradDy)].sums.flushed, 0);  // small gradients flush beside the outliers
+}
+
+// The per-channel max on a large tensor (GPT-2's lm_head dlogits shape) equals
+// the reference bit for bit, both channel axes.
+TEST_F(NnCudaTest, ChannelAbsMaxMatchesCpuOnALargeTensor) {
+  const int64_t rows = 1024, cols = 50304;
+  Dual x = Floats(WithOutliers(rows * cols, 74));
+  for (int axis : {1, 0}) {
+    const int64_t channels = axis == 1 ? cols : rows;
+    Dual out = Zeros(channels);
+    ASSERT_OK(cpu_->ChannelAbsMax(x.c(), rows, cols, axis, out.c()));
+    ASSERT_OK(gpu_->ChannelAbsMax(x.g(), rows, cols, axis, out.g()));
+    ExpectBits("channel max axis " + std::to_string(axis), Cpu(out), Gpu(out));
+  }
+}
+
 // More counting quantizations before a read than the backend has counter pairs
 // (1024 at the start): the pairs fold early and grow, the count the wgrad
 // borrows from the dgrad's bf16 dy survives a fold between the two, a reset

@@ -1003,6 +1003,12 @@ void Coordinator::AcceptMetric(v1::Run* r, const v1::MetricPoint& point) {
   r->set_loss(point.loss());
   live.metric_json = point.json();
   live.parsed = false;  // parsed by Stats, once, if it is asked for
+  // Analytics come on few lines: the latest such line is kept apart, so that a
+  // later line without them does not hide them (a substring test, not a parse).
+  if (MetricLineHasAnalytics(point.json())) {
+    live.analytics_json = point.json();
+    live.analytics_parsed = false;
+  }
   progress_dirty_.insert(r->id());
   v1::WatchUpdate u;
   *u.mutable_metric() = point;
@@ -1348,7 +1354,14 @@ CoordinatorStats Coordinator::Stats(int64_t retention_ms) {
         p.rank_comm_exposed_seconds = line.rank_comm_exposed_seconds;
       }
       l.parsed = true;
+      if (!l.analytics_parsed && !l.analytics_json.empty()) {
+        MetricLine with;
+        l.outliers.clear();
+        if (ParseMetricLine(l.analytics_json, &with).ok()) l.outliers = std::move(with.outliers);
+        l.analytics_parsed = true;
+      }
       g = l.gauges;
+      g.outliers = l.outliers;
       g.interventions = l.interventions;
       g.ended_unix_ms = l.ended_unix_ms;
     }

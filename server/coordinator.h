@@ -44,6 +44,7 @@
 #include "server/artifact_store.h"
 #include "server/store.h"
 #include "server/sweep.h"
+#include "worker/run/step_metrics.h"
 
 namespace keel {
 
@@ -92,6 +93,9 @@ struct RunGauges {
   // Data-parallel runs, by rank: step time, time in collectives, and the part of
   // it the rank waited for (not overlapped with its backward).
   std::vector<double> rank_step_seconds, rank_comm_seconds, rank_comm_exposed_seconds;
+  // Outlier analytics from the run's latest metric line that had them (they
+  // come every analytics_every steps): per layer and role.
+  std::vector<OutlierValue> outliers;
   std::map<std::pair<std::string, std::string>, int64_t> interventions;  // (action, rule) -> count
   int64_t ended_unix_ms = 0;                  // 0 while not terminal
 };
@@ -277,6 +281,9 @@ class Coordinator {
     std::string metric_json;                        // its latest metrics.jsonl line
     bool parsed = false;                            // gauges below are from metric_json
     RunGauges gauges;                               // its metric values (has_metric ... saturated), parsed once per line
+    std::string analytics_json;                     // its latest line with outlier analytics
+    bool analytics_parsed = false;                  // outliers below are from analytics_json
+    std::vector<OutlierValue> outliers;
     std::map<std::pair<std::string, std::string>, int64_t> interventions;
     int64_t ended_unix_ms = 0;
     int64_t last_step = -1;                         // newest step received (-1: not known yet)

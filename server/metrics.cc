@@ -29,6 +29,19 @@ const std::vector<std::pair<std::string, std::string>>& RunGaugeNames() {
           {"keel_run_rank_comm_exposed_seconds",
            "The part of keel_run_rank_comm_seconds the rank waited for: not overlapped with its backward "
            "(label rank)"},
+          // Outlier analytics (docs/train.md, "Outlier analytics"), labels layer and role.
+          {"keel_run_operand_kurtosis",
+           "Kurtosis (Pearson, 3 for a Gaussian) of a linear layer's operand at the run's latest analytics step "
+           "(labels layer, role: fwd_x, fwd_w, dgrad_dy)"},
+          {"keel_run_operand_channel_peak_to_median",
+           "Largest channel max |x| over the median channel's, at the run's latest analytics step (labels layer, "
+           "role: fwd_x, fwd_w, dgrad_dy)"},
+          {"keel_run_operand_ftz_ratio",
+           "Fraction of an operand's nonzero elements NVFP4 rounds to zero, at the run's latest analytics step "
+           "(labels layer, role: all six)"},
+          {"keel_run_operand_hot_channel_overlap_ratio",
+           "Jaccard overlap of an operand's top-k channels with the previous analytics step's (labels layer, "
+           "role: fwd_x, fwd_w, dgrad_dy)"},
       };
   return *names;
 }
@@ -177,6 +190,27 @@ void KeeldMetrics::Update(const CoordinatorStats& st) {
         gauge.Set(value);
       }
     }
+    // Outlier analytics: per layer and role. Cardinality: the wgrad roles read
+    // the tensors of fwd_x and dgrad_dy (kurtosis, peak and hot set equal
+    // theirs) and dgrad_w fwd_w's, so only the flush rate, which depends on the
+    // blocking axis, is exported for those three: 3 x 3 + 6 = 15 series per
+    // quantized linear layer and run.
+    for (const OutlierValue& o : g.outliers) {
+      const bool tensor_role = o.role == "fwd_x" || o.role == "fwd_w" || o.role == "dgrad_dy";
+      for (const auto& metric : {std::make_pair("keel_run_operand_kurtosis", o.kurtosis),
+                                 std::make_pair("keel_run_operand_channel_peak_to_median", o.top1_over_median),
+                                 std::make_pair("keel_run_operand_ftz_ratio", o.ftz_rate),
+                                 std::make_pair("keel_run_operand_hot_channel_overlap_ratio", o.hot_overlap)}) {
+        const std::string name = metric.first;
+        if (!std::isfinite(metric.second) || (!tensor_role && name != "keel_run_operand_ftz_ratio")) continue;
+        Labels labels = id;
+        labels["layer"] = o.linear;
+        labels["role"] = o.role;
+        prometheus::Gauge& gauge = run_gauges_[name]->Add(labels);
+        series.outlier_gauges[std::make_tuple(name, o.linear, o.role)] = &gauge;
+        gauge.Set(metric.second);
+      }
+    }
     for (const auto& kv : g.interventions) {
       Labels labels = id;
       labels["action"] = kv.first.first;
@@ -196,6 +230,7 @@ void KeeldMetrics::Update(const CoordinatorStats& st) {
     if (!series.info.empty()) run_info_.Remove(&run_info_.Add(series.info));
     for (const auto& kv : series.gauges) run_gauges_[kv.first]->Remove(kv.second);
     for (const auto& kv : series.rank_gauges) run_gauges_[kv.first.first]->Remove(kv.second);
+    for (const auto& kv : series.outlier_gauges) run_gauges_[std::get<0>(kv.first)]->Remove(kv.second);
     for (const auto& kv : series.interventions) run_interventions_.Remove(kv.second);
     for (auto c = counted_.begin(); c != counted_.end();) {
       c = c->first.rfind("run/" + it->first + "/", 0) == 0 ? counted_.erase(c) : std::next(c);

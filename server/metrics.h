@@ -28,6 +28,11 @@
 //   keel_run_rank_comm_exposed_seconds{sweep,run,rank}
 //     (data-parallel runs: each rank's latest step time, time in collectives, and
 //     the part of that time not overlapped with its backward)                      gauges
+//   keel_run_operand_kurtosis{sweep,run,layer,role}, keel_run_operand_channel_peak_to_median{...},
+//   keel_run_operand_hot_channel_overlap_ratio{...} (roles fwd_x, fwd_w, dgrad_dy),
+//   keel_run_operand_ftz_ratio{...} (all six roles)
+//     (outlier analytics of the run's latest analytics step, per quantized linear
+//     layer: 15 series per layer and run; docs/service.md)                        gauges
 //   keel_run_interventions_total{sweep,run,action,rule}                           counter
 #ifndef KEEL_SERVER_METRICS_H_
 #define KEEL_SERVER_METRICS_H_
@@ -43,6 +48,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 
 #include "server/coordinator.h"
 
@@ -92,6 +98,7 @@ class KeeldMetrics {
     Labels info;
     std::map<std::string, prometheus::Gauge*> gauges;
     std::map<std::pair<std::string, int>, prometheus::Gauge*> rank_gauges;  // (metric, rank)
+    std::map<std::tuple<std::string, std::string, std::string>, prometheus::Gauge*> outlier_gauges;  // (metric, layer, role)
     std::map<std::pair<std::string, std::string>, prometheus::Counter*> interventions;
   };
   std::map<std::string, RunSeries> run_series_;

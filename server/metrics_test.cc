@@ -1,11 +1,14 @@
 // keeld's exporter: a data-parallel run's per-rank step and communication
 // times (and the exposed part of the latter) become one series per rank, and
-// go away with the run.
+// go away with the run; outlier analytics become per layer and role series,
+// all four scalars for fwd_x / fwd_w / dgrad_dy and the flush rate alone for
+// the other roles.
 #include "server/metrics.h"
 
 #include <gtest/gtest.h>
 #include <prometheus/metric_family.h>
 
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -72,6 +75,49 @@ TEST(KeeldMetricsTest, PerRankTimesAreOneSeriesPerRankAndLeaveWithTheRun) {
   stats.runs = {single};  // run-1 ended longer than the retention ago
   metrics.Update(stats);
   EXPECT_TRUE(RankSeries(metrics, "run-1").empty());
+}
+
+// "metric{layer,role}" -> value for the run's outlier series.
+std::map<std::string, double> OutlierSeries(KeeldMetrics& metrics, const std::string& run) {
+  std::map<std::string, double> out;
+  for (const prometheus::MetricFamily& f : metrics.registry()->Collect()) {
+    if (f.name.rfind("keel_run_operand_", 0) != 0) continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      std::map<std::string, std::string> labels;
+      for (const prometheus::ClientMetric::Label& l : m.label) labels[l.name] = l.value;
+      if (labels["run"] == run) out[f.name + "{" + labels["layer"] + "," + labels["role"] + "}"] = m.gauge.value;
+    }
+  }
+  return out;
+}
+
+TEST(KeeldMetricsTest, OutlierAnalyticsArePerLayerAndRoleAndLeaveWithTheRun) {
+  KeeldMetrics metrics;
+  CoordinatorStats stats;
+  RunGauges run;
+  run.run = "run-1";
+  run.sweep = "sweep-1";
+  run.has_metric = true;
+  const double nan = std::nan("");
+  run.outliers = {{"h.11.mlp", "fwd_x", 40, 120, 0.125, 0.75},
+                  {"h.11.mlp", "wgrad_x", 40, 120, 0.0625, 0.75},
+                  {"h.11.mlp", "dgrad_dy", 3, 2, 0, nan}};  // first analytics step: no overlap
+  stats.runs = {run};
+  metrics.Update(stats);
+  EXPECT_EQ(OutlierSeries(metrics, "run-1"),
+            (std::map<std::string, double>{
+                {"keel_run_operand_kurtosis{h.11.mlp,fwd_x}", 40},
+                {"keel_run_operand_channel_peak_to_median{h.11.mlp,fwd_x}", 120},
+                {"keel_run_operand_ftz_ratio{h.11.mlp,fwd_x}", 0.125},
+                {"keel_run_operand_hot_channel_overlap_ratio{h.11.mlp,fwd_x}", 0.75},
+                {"keel_run_operand_ftz_ratio{h.11.mlp,wgrad_x}", 0.0625},
+                {"keel_run_operand_kurtosis{h.11.mlp,dgrad_dy}", 3},
+                {"keel_run_operand_channel_peak_to_median{h.11.mlp,dgrad_dy}", 2},
+                {"keel_run_operand_ftz_ratio{h.11.mlp,dgrad_dy}", 0},
+            }));
+  stats.runs = {};  // the run ended longer than the retention ago
+  metrics.Update(stats);
+  EXPECT_TRUE(OutlierSeries(metrics, "run-1").empty());
 }
 
 }  // namespace

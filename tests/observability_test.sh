@@ -41,6 +41,7 @@ base:
   steps: 400
   threads: 1
   probe_every: 20
+  analytics_every: 20
   optimizer: {type: adam, lr: 0.003}
   schedule: {type: constant, spike_at: 200, spike_steps: 3, spike_factor: 300}
 axes:
@@ -61,6 +62,7 @@ base:
   batch: 32
   steps: 200
   threads: 1
+  analytics_every: 20
 resources: {cpu_slots: 2}
 YAML
 client/keel submit "$work/ranks.yaml" --watch > "$work/watch-ranks.log" 2>&1
@@ -69,6 +71,13 @@ client/keel runs
 fetch() { /usr/bin/python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())" "$1"; }
 fetch "http://127.0.0.1:$metrics_port/metrics" > "$work/metrics.txt"
 promtool check metrics < "$work/metrics.txt"
+# The Outliers dashboard's series: per layer and role (the proxy's blocks.0.fc1 and fc2).
+for name in keel_run_operand_kurtosis keel_run_operand_channel_peak_to_median keel_run_operand_ftz_ratio \
+    keel_run_operand_hot_channel_overlap_ratio; do
+  grep -q "^$name{.*layer=\"blocks.0.fc1\".*role=\"fwd_x\"" "$work/metrics.txt" || { echo "FAIL: no $name for blocks.0.fc1 fwd_x"; grep keel_run_operand "$work/metrics.txt"; exit 1; }
+done
+grep -q '^keel_run_operand_ftz_ratio{.*role="wgrad_x"' "$work/metrics.txt" || { echo "FAIL: no ftz ratio for wgrad_x"; exit 1; }
+if grep -q '^keel_run_operand_kurtosis{.*role="wgrad_x"' "$work/metrics.txt"; then echo "FAIL: kurtosis exported for wgrad_x (cardinality)"; exit 1; fi
 # The two-rank run's per-rank series, the exposed communication time among them.
 for name in keel_run_rank_step_seconds keel_run_rank_comm_seconds keel_run_rank_comm_exposed_seconds; do
   for rank in 0 1; do

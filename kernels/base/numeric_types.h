@@ -81,6 +81,11 @@ struct LinearQuant {
   // Statistics slot (0 .. stats_slots-1 of ResetOperandStats) whose six role
   // counters this call adds to; -1 records nothing.
   int stats_slot = -1;
+  // Outlier analytics slot (kernels/outliers.h; 0 .. slots-1 of
+  // Backend::BeginOutlierAnalytics) whose sums this call adds to while
+  // analytics are armed; -1 analyzes nothing. Models pass the layer's slot
+  // always: it is read only on the steps the trainer arms.
+  int analytics_slot = -1;
 };
 
 }  // namespace keel

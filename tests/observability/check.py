@@ -36,7 +36,7 @@ DS = {"type": "prometheus", "uid": "keel-prometheus"}
 provisioned = open(deploy + "/grafana/provisioning/datasources/keel.yml").read()
 check("uid: keel-prometheus" in provisioned and "type: prometheus" in provisioned, "provisioned datasource keel-prometheus")
 exprs = []
-for name in ("sweep-overview", "run-stability", "fleet"):
+for name in ("sweep-overview", "run-stability", "fleet", "outliers"):
     d = json.load(open("%s/grafana/dashboards/%s.json" % (deploy, name)))
     for p in d["panels"]:
         check(p.get("datasource") == DS, "%s: panel '%s' datasource" % (name, p["title"]))

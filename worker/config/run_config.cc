@@ -763,8 +763,8 @@ Status ParseSchedule(const Reader& r, const YAML::Node& s, ScheduleConfig* sc) {
 }
 
 // The top-level scalars: steps, batch, seq, grad_accum, seed, backend, threads,
-// run_dir, checkpoint_every, keep_checkpoints, probe_every, operand_stats, log_every,
-// check_every.
+// run_dir, checkpoint_every, keep_checkpoints, probe_every, operand_stats,
+// analytics_every, log_every, check_every.
 Status ParseRunFields(const Reader& r, const YAML::Node& root, RunConfig* c) {
   if (root["steps"]) KEEL_RETURN_IF_ERROR(r.Int(root["steps"], "steps", 1, int64_t(1) << 40, &c->steps));
   if (root["batch"]) KEEL_RETURN_IF_ERROR(r.Int(root["batch"], "batch", 1, 1 << 24, &c->batch));
@@ -786,6 +786,9 @@ Status ParseRunFields(const Reader& r, const YAML::Node& root, RunConfig* c) {
   }
   if (root["probe_every"]) KEEL_RETURN_IF_ERROR(r.Int(root["probe_every"], "probe_every", 0, 1 << 30, &c->probe_every));
   if (root["operand_stats"]) KEEL_RETURN_IF_ERROR(r.Bool(root["operand_stats"], "operand_stats", &c->operand_stats));
+  if (root["analytics_every"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(root["analytics_every"], "analytics_every", 0, 1 << 30, &c->analytics_every));
+  }
   if (root["log_every"]) KEEL_RETURN_IF_ERROR(r.Int(root["log_every"], "log_every", 1, 1 << 30, &c->log_every));
   if (root["check_every"]) KEEL_RETURN_IF_ERROR(r.Int(root["check_every"], "check_every", 0, 1 << 30, &c->check_every));
   return Status::Ok();
@@ -804,6 +807,13 @@ Status HostField(const Reader& r, const YAML::Node& node, const std::string& fie
                                          : "this machine that the other ranks reach, not a wildcard)"));
   }
   *out = v;
+  return Status::Ok();
+}
+
+Status ParseAnalytics(const Reader& r, const YAML::Node& a, AnalyticsConfig* ac) {
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(a, "analytics", {"top_k", "maps_every"}));
+  if (a["top_k"]) KEEL_RETURN_IF_ERROR(r.Int(a["top_k"], "analytics.top_k", 1, 1024, &ac->top_k));
+  if (a["maps_every"]) KEEL_RETURN_IF_ERROR(r.Int(a["maps_every"], "analytics.maps_every", 0, 1 << 30, &ac->maps_every));
   return Status::Ok();
 }
 
@@ -843,7 +853,8 @@ Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
       root, "",
       {"name", "model", "data", "precision", "optimizer", "schedule", "steps", "batch", "seq",
        "grad_accum", "seed", "backend", "threads", "run_dir", "checkpoint_every",
-       "keep_checkpoints", "probe_every", "operand_stats", "log_every", "check_every", "dist", "policy"}));
+       "keep_checkpoints", "probe_every", "operand_stats", "analytics_every", "analytics", "log_every",
+       "check_every", "dist", "policy"}));
   if (root["name"]) {
     KEEL_RETURN_IF_ERROR(r.String(root["name"], "name", &c.name));
     // The default run directory is runs/<name>: "..", "/" or a leading '.'
@@ -861,6 +872,7 @@ Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
   if (YAML::Node o = root["optimizer"]) KEEL_RETURN_IF_ERROR(ParseOptimizer(r, o, &c.optimizer));
   if (YAML::Node s = root["schedule"]) KEEL_RETURN_IF_ERROR(ParseSchedule(r, s, &c.schedule));
   if (YAML::Node d = root["dist"]) KEEL_RETURN_IF_ERROR(ParseDist(r, d, &c.dist));
+  if (YAML::Node a = root["analytics"]) KEEL_RETURN_IF_ERROR(ParseAnalytics(r, a, &c.analytics));
   KEEL_RETURN_IF_ERROR(ParseRunFields(r, root, &c));
   if (root["policy"]) KEEL_RETURN_IF_ERROR(ParsePolicy(r, root["policy"], &c.policy));
   ResolveDerivedFields(&c);
@@ -1002,6 +1014,19 @@ Status ValidateRunConfig(const RunConfig& c) {
   KEEL_RETURN_IF_ERROR(CheckTrainingStateFits(m));
   if (IsLanguageModel(m)) KEEL_RETURN_IF_ERROR(CheckLanguageModelShapes(c));
   if (c.probe_every < 0) return Status::InvalidField("probe_every", "must be >= 0");
+  if (c.analytics_every < 0) {
+    return Status::InvalidField("analytics_every", std::to_string(c.analytics_every) + " is not allowed (allowed: 0 (off) or a period >= 1)");
+  }
+  if (c.analytics.top_k < 1 || c.analytics.top_k > 1024) {
+    return Status::InvalidField("analytics.top_k", std::to_string(c.analytics.top_k) + " is not allowed (allowed: 1 .. 1024)");
+  }
+  if (c.analytics.maps_every < 0 ||
+      (c.analytics.maps_every > 0 && (c.analytics_every == 0 || c.analytics.maps_every % c.analytics_every != 0))) {
+    return Status::InvalidField(
+        "analytics.maps_every",
+        std::to_string(c.analytics.maps_every) + " is not allowed with analytics_every " + std::to_string(c.analytics_every) +
+            " (allowed: 0 (no maps) or a multiple of analytics_every, which must be > 0: maps are drawn on analytics steps)");
+  }
   // RHT rotates 16-token chunks of the wgrad operands, so a micro-batch's rows
   // (tokens) must come in multiples of 16.
   const int64_t rows = IsLanguageModel(m) ? static_cast<int64_t>(c.batch) * c.seq : c.batch;

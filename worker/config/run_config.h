@@ -93,6 +93,13 @@ struct DistConfig {
   std::string advertise_host;
 };
 
+// Outlier analytics (kernels/outliers.h; docs/train.md, "Outlier analytics"),
+// taken every RunConfig::analytics_every steps.
+struct AnalyticsConfig {
+  int top_k = 8;        // hot channels per operand (1 .. 1024)
+  int maps_every = 0;   // steps between block-map SVGs (0: none; a multiple of analytics_every)
+};
+
 struct RunConfig {
   std::string name = "run";
   ModelConfig model;
@@ -112,6 +119,8 @@ struct RunConfig {
   int keep_checkpoints = 3;     // newest kept (0: all)
   int probe_every = 0;          // gradient-bias probe period (0: off)
   bool operand_stats = true;    // per-operand saturation/NaN counters every step
+  int analytics_every = 100;    // outlier analytics period (0: off)
+  AnalyticsConfig analytics;
   int log_every = 1;            // terminal progress period
   int check_every = 100;        // ranks compare hashes of their weights and Adam moments (0: off)
   DistConfig dist;              // data-parallel ranks (ignored by a 1-rank run)

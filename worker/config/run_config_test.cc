@@ -516,11 +516,39 @@ void ExpectErrors(const std::vector<ErrorCase>& cases, const std::vector<std::st
 }
 
 const std::string kRootKeys =
-    "backend, batch, check_every, checkpoint_every, data, dist, grad_accum, keep_checkpoints, log_every, model, name, "
+    "analytics, analytics_every, backend, batch, check_every, checkpoint_every, data, dist, grad_accum, keep_checkpoints, "
+    "log_every, model, name, "
     "operand_stats, optimizer, policy, precision, probe_every, run_dir, schedule, seed, seq, steps, threads";
 const std::string kDetectors =
     "nonfinite, loss_zscore, loss_ratio, grad_norm_zscore, grad_norm_ratio, grad_bias, saturation, gamma_growth";
 const std::string kActions = "switch, rollback, scale_lr, skip_step, stop";
+
+TEST(RunConfigFieldsTest, OutlierAnalyticsFieldsLandAndAreChecked) {
+  RunConfig d = Parsed("");
+  EXPECT_EQ(d.analytics_every, 100);
+  EXPECT_EQ(d.analytics.top_k, 8);
+  EXPECT_EQ(d.analytics.maps_every, 0);
+  RunConfig c = Parsed("analytics_every: 50\nanalytics: {top_k: 4, maps_every: 500}\n");
+  EXPECT_EQ(c.analytics_every, 50);
+  EXPECT_EQ(c.analytics.top_k, 4);
+  EXPECT_EQ(c.analytics.maps_every, 500);
+  EXPECT_EQ(Parsed("analytics_every: 0\n").analytics_every, 0);
+  ExpectErrors({
+      {"analytics_every: -1\n", "r.yaml:1:18: analytics_every: -1 is out of range (allowed: 0 .. 1073741824)"},
+      {"analytics: {top_k: 0}\n", "r.yaml:1:20: analytics.top_k: 0 is out of range (allowed: 1 .. 1024)"},
+      {"analytics: {top_k: 1025}\n", "r.yaml:1:20: analytics.top_k: 1025 is out of range (allowed: 1 .. 1024)"},
+      {"analytics: {maps: true}\n", "r.yaml:1:13: analytics.maps: unknown key (allowed: maps_every, top_k)"},
+  });
+  for (const char* text : {"analytics_every: 20\nanalytics: {maps_every: 30}\n",
+                           "analytics_every: 0\nanalytics: {maps_every: 100}\n"}) {
+    Status s = Parse(text);
+    ASSERT_FALSE(s.ok()) << text;
+    EXPECT_NE(s.message().find("analytics.maps_every: "), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("is not allowed with analytics_every"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("(allowed: 0 (no maps) or a multiple of analytics_every"), std::string::npos)
+        << s.message();
+  }
+}
 
 TEST(RunConfigErrorTest, TopLevel) {
   ExpectErrors({

@@ -35,6 +35,7 @@ LinearQuant DecoderModel::Quant(const Pass& pass, int block, int which) const {
   const int slot = block < 0 ? slots_per_block_ * blocks_ : slots_per_block_ * block + which;
   q.seed = Mix(pass.quant_seed, slot);
   q.stats_slot = pass.stats ? slot : -1;
+  q.analytics_slot = slot;  // read only on the steps the trainer arms analytics
   return q;
 }
 

@@ -241,6 +241,7 @@ class GptModel : public Model {
     int slot = block < 0 ? 4 * blocks_ : 4 * block + which;
     q.seed = Mix(seed, slot);
     q.stats_slot = stats ? slot : -1;
+    q.analytics_slot = slot;  // read only on the steps the trainer arms analytics
     return q;
   }
 

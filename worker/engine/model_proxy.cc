@@ -130,6 +130,7 @@ class ProxyModel : public Model {
     LinearQuant q = scheme.LinearFor(block, blocks_);
     q.seed = Mix(seed, 2 * block + which);
     q.stats_slot = stats ? 2 * block + which : -1;
+    q.analytics_slot = 2 * block + which;  // read only on the steps the trainer arms analytics
     return q;
   }
 

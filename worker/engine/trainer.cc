@@ -15,6 +15,7 @@
 #include <map>
 #include <thread>
 
+#include "worker/engine/outlier_maps.h"
 #include "worker/run/checkpoint_dirs.h"
 #include "worker/run/run_dir.h"
 #include "worker/run/run_lease.h"
@@ -317,6 +318,7 @@ Status Trainer::Step(StepMetrics* m) {
   std::vector<Batch> batches;  // kept for the probe, which replays them
   KEEL_RETURN_IF_ERROR(ForwardBackward(probe ? &batches : nullptr, m));
   KEEL_RETURN_IF_ERROR(CollectOperandStats(m));
+  KEEL_RETURN_IF_ERROR(CollectOutlierAnalytics(m));
   GroupSums weight_squares;  // before the update: the update ratio's denominator
   KEEL_RETURN_IF_ERROR(MeasureGradients(m, &weight_squares));
   if (probe) KEEL_RETURN_IF_ERROR(RunProbe(batches, m));
@@ -358,6 +360,9 @@ Status Trainer::ForwardBackward(std::vector<Batch>* kept, StepMetrics* m) {
   const ReducePrecision precision = ReducePrecisionOf(config_.dist);
   KEEL_RETURN_IF_ERROR(backend_->Fill(grads_, model_->param_count(), 0.0f));
   if (stats) KEEL_RETURN_IF_ERROR(backend_->ResetOperandStats(static_cast<int>(model_->linear_names().size())));
+  if (AnalyticsStep()) {
+    KEEL_RETURN_IF_ERROR(backend_->BeginOutlierAnalytics(static_cast<int>(model_->linear_names().size()), MapsStep()));
+  }
   if (buckets_) buckets_->Begin(comm_.get(), grads_, precision);
   double loss_sum = 0;
   const int64_t micro_batches = static_cast<int64_t>(accum_) * ranks();  // the global step's
@@ -425,6 +430,38 @@ Status Trainer::CollectOperandStats(StepMetrics* m) {
     }
   }
   m->operands = OperandMetrics(counters, model_->linear_names());
+  return Status::Ok();
+}
+
+bool Trainer::AnalyticsStep() const { return leader() && EveryNth(step_ + 1, config_.analytics_every); }
+
+bool Trainer::MapsStep() const { return AnalyticsStep() && EveryNth(step_ + 1, config_.analytics.maps_every); }
+
+Status Trainer::CollectOutlierAnalytics(StepMetrics* m) {
+  if (!AnalyticsStep()) return Status::Ok();
+  std::vector<OperandOutliers> results;
+  KEEL_RETURN_IF_ERROR(backend_->ReadOutlierAnalytics(&results));
+  const std::vector<std::string>& names = model_->linear_names();
+  previous_hot_.resize(results.size());
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (results[i].calls == 0) continue;  // a role this layer's GEMMs did not run (no dgrad)
+    const OutlierSummary s = Summarize(results[i], config_.analytics.top_k);
+    OutlierMetric o;
+    o.linear = names[i / kRoleCount];
+    o.role = static_cast<Role>(i % kRoleCount);
+    o.kurtosis = s.kurtosis;
+    o.top1_over_median = s.top1_over_median;
+    o.ftz_rate = s.ftz_rate;
+    o.hot = s.hot;
+    o.has_overlap = !previous_hot_[i].empty();
+    if (o.has_overlap) o.hot_overlap = Jaccard(previous_hot_[i], s.hot);
+    previous_hot_[i] = s.hot;
+    m->outliers.push_back(std::move(o));
+  }
+  if (MapsStep()) {
+    int written = 0;
+    KEEL_RETURN_IF_ERROR(WriteBlockMaps(RunDir(config_.run_dir).analytics(step_ + 1), step_ + 1, names, results, &written));
+  }
   return Status::Ok();
 }
 

@@ -200,6 +200,13 @@ class Trainer {
   // Step's phases, in the order Step calls them; each fills its part of *m.
   Status ForwardBackward(std::vector<Batch>* kept, StepMetrics* m);
   Status CollectOperandStats(StepMetrics* m);
+  // Outlier analytics (kernels/outliers.h) on the steps config.analytics_every
+  // names, rank 0 only: armed before the micro-batches, read after them into
+  // m->outliers (with the hot-set overlap against the previous analytics step)
+  // and, every analytics.maps_every steps, the block maps under the run directory.
+  bool AnalyticsStep() const;
+  bool MapsStep() const;
+  Status CollectOutlierAnalytics(StepMetrics* m);
   Status MeasureGradients(StepMetrics* m, GroupSums* weight_squares);
   Status RunProbe(const std::vector<Batch>& batches, StepMetrics* m);
   Status CollectLayerNormGains(StepMetrics* m);
@@ -268,6 +275,9 @@ class Trainer {
   float* probe_grads_ = nullptr;
   float* previous_ = nullptr;  // weights before the update (update ratio)
   float* gains_ = nullptr;     // the layernorm gains side by side, read back in one copy
+  // The previous analytics step's hot channels, per slot and role (empty: none
+  // yet). Not in checkpoints: after a resume the first analytics step has no overlap.
+  std::vector<std::vector<int64_t>> previous_hot_;
   int64_t step_ = 0;
   FILE* metrics_file_ = nullptr;
   std::atomic<bool> stop_requested_{false};

@@ -16,6 +16,7 @@
 
 #include "worker/engine/fortunes_shards.h"
 #include "worker/io/crc32.h"
+#include "worker/io/file_util.h"
 #include "worker/io/safetensors.h"
 
 namespace keel {
@@ -290,6 +291,103 @@ TEST(TrainerTest, MetricsFileHoldsOneLinePerStepAcrossResumeAndRerun) {
     ASSERT_TRUE(t->Train(nullptr, false).ok());
   }
   EXPECT_EQ(MetricSteps(c.run_dir), (std::vector<int64_t>{1, 2, 3}));
+}
+
+// Outlier analytics every 2nd step over two micro-batches, block maps every
+// 4th: the metric lines carry them on those steps only, every layer with its
+// six roles, the hot-set overlap from the second analytics step on, the SVGs
+// under analytics/<step>/ for the three map roles; and the training itself is
+// the same bits as without analytics.
+TEST(TrainerTest, OutlierAnalyticsEveryNthStepWithMaps) {
+  RunConfig c = ProxyConfig(TempDir("proxy_analytics"), "mxfp8_e4m3");
+  c.steps = 6;
+  c.grad_accum = 2;
+  c.analytics_every = 2;
+  c.analytics.top_k = 3;
+  c.analytics.maps_every = 4;
+  std::vector<double> losses;
+  {
+    std::unique_ptr<Trainer> t;
+    ASSERT_TRUE(Trainer::Create(c, &t).ok());
+    ASSERT_TRUE(t->Train([&](const StepMetrics& m) { losses.push_back(m.loss); }, false).ok());
+  }
+  std::ifstream in(c.run_dir + "/metrics.jsonl");
+  std::vector<MetricLine> lines;
+  for (std::string text; std::getline(in, text);) {
+    MetricLine line;
+    ASSERT_TRUE(ParseMetricLine(text, &line).ok());
+    EXPECT_EQ(MetricLineHasAnalytics(text), line.step % 2 == 0) << text;
+    lines.push_back(line);
+  }
+  ASSERT_EQ(lines.size(), 6u);
+  for (const MetricLine& line : lines) {
+    EXPECT_EQ(line.has_analytics, line.step % 2 == 0) << "step " << line.step;
+    if (!line.has_analytics) continue;
+    ASSERT_EQ(line.outliers.size(), 4u * kRoleCount) << "2 blocks x fc1, fc2 x 6 roles";
+    EXPECT_EQ(line.outliers[0].linear, "blocks.0.fc1");
+    EXPECT_EQ(line.outliers[0].role, "fwd_x");
+    for (const OutlierValue& o : line.outliers) {
+      EXPECT_GT(o.kurtosis, 1.0) << o.linear << " " << o.role;  // Pearson kurtosis is >= 1
+      EXPECT_GE(o.top1_over_median, 1.0) << o.linear << " " << o.role;
+      EXPECT_GE(o.ftz_rate, 0.0);
+      EXPECT_LE(o.ftz_rate, 1.0);
+      if (line.step == 2) {
+        EXPECT_TRUE(std::isnan(o.hot_overlap)) << "no previous analytics step";
+      } else {
+        EXPECT_GE(o.hot_overlap, 0.0) << o.linear << " " << o.role;
+        EXPECT_LE(o.hot_overlap, 1.0) << o.linear << " " << o.role;
+      }
+    }
+  }
+  // Maps on step 4 only, for fwd_x, fwd_w and dgrad_dy.
+  auto exists = [](const std::string& path) { return std::ifstream(path).good(); };
+  const std::string maps = c.run_dir + "/analytics/00000004/";
+  for (const char* layer : {"blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2"}) {
+    for (const char* role : {"fwd_x", "fwd_w", "dgrad_dy"}) {
+      EXPECT_TRUE(exists(maps + layer + "." + role + ".svg")) << maps << layer << "." << role;
+    }
+    EXPECT_FALSE(exists(maps + layer + ".wgrad_x.svg"));
+  }
+  EXPECT_FALSE(exists(c.run_dir + "/analytics/00000002/blocks.0.fc1.fwd_x.svg"));
+  std::string svg;
+  ASSERT_TRUE(ReadFile(maps + "blocks.0.fc1.fwd_x.svg", &svg).ok());
+  EXPECT_EQ(svg.rfind("<svg ", 0), 0u);
+  EXPECT_NE(svg.find("blocks.0.fc1.fwd_x, step 4"), std::string::npos);
+  // The same run without analytics: the same losses, bit for bit.
+  RunConfig off = c;
+  off.run_dir = TempDir("proxy_analytics_off");
+  off.analytics_every = 0;
+  off.analytics.maps_every = 0;
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(off, &t).ok());
+  EXPECT_EQ(Losses(t.get(), 6), losses);
+}
+
+// Every linear layer of the GPT and the llama models reaches its analytics
+// slot, under its own name, with all six roles.
+TEST(TrainerTest, OutlierAnalyticsCoverEveryLanguageModelLayer) {
+  std::string dir = TempDir("lm_analytics");
+  ASSERT_NO_FATAL_FAILURE(PrepareFortunes(dir, "fortunes"));
+  for (const char* type : {"gpt", "llama"}) {
+    std::string yaml = std::string("model: {type: ") + type + ", layers: 2, width: 32, heads: 2, context: 32, vocab: 256}\n" +
+                       "data: {train: " + dir + "/fortunes_train.bin}\nbatch: 2\nseq: 32\nsteps: 2\nthreads: 2\n" +
+                       "analytics_every: 1\nrun_dir: " + dir + "/" + type + "\n";
+    RunConfig c;
+    Status s = ParseRunConfig(yaml, "test", {}, &c);
+    ASSERT_TRUE(s.ok()) << s.message();
+    std::unique_ptr<Trainer> t;
+    ASSERT_TRUE(Trainer::Create(c, &t).ok());
+    std::vector<StepMetrics> m;
+    Losses(t.get(), 2, &m);
+    ASSERT_EQ(m.size(), 2u);
+    const std::vector<std::string>& names = t->model()->linear_names();
+    ASSERT_EQ(m[1].outliers.size(), names.size() * kRoleCount) << type;
+    for (size_t i = 0; i < m[1].outliers.size(); ++i) {
+      EXPECT_EQ(m[1].outliers[i].linear, names[i / kRoleCount]) << type;
+      EXPECT_EQ(m[1].outliers[i].hot.size(), 8u) << type << " top_k 8 by default";
+      EXPECT_TRUE(m[1].outliers[i].has_overlap) << type;
+    }
+  }
 }
 
 TEST(TrainerTest, RequestStopCheckpointsAfterTheCurrentStep) {

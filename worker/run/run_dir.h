@@ -9,9 +9,13 @@
 //   <run_dir>/commands/       command files for the trainer (trainer.h ProcessCommands)
 //   <run_dir>/checkpoints/    step_<8 digits>/ (checkpoint_dirs.h)
 //   <run_dir>/ranks/bootstrap rank 0's address for the other ranks (kernels/comm/comm.h)
+//   <run_dir>/analytics/<step, 8 digits>/<linear>.<role>.svg  outlier block maps
+//                             (worker/engine/outlier_maps.h)
 #ifndef KEEL_WORKER_RUN_RUN_DIR_H_
 #define KEEL_WORKER_RUN_RUN_DIR_H_
 
+#include <cstdint>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -29,6 +33,11 @@ class RunDir {
   std::string commands() const { return root_ + "/commands"; }
   std::string checkpoints() const { return root_ + "/checkpoints"; }
   std::string bootstrap() const { return root_ + "/ranks/bootstrap"; }
+  std::string analytics(int64_t step) const {
+    char name[32];
+    std::snprintf(name, sizeof(name), "%08lld", static_cast<long long>(step));
+    return root_ + "/analytics/" + name;
+  }
 
  private:
   std::string root_;

@@ -40,6 +40,27 @@ std::string StepMetrics::ToJson() const {
     ops.Set(o.linear, layer);
   }
   w.Add("quant", ops);
+  if (!outliers.empty()) {
+    // Entries come layer by layer (slot order): one object per layer, in order.
+    JsonValue analytics = JsonValue::Object(), layer = JsonValue::Object();
+    for (size_t i = 0; i < outliers.size(); ++i) {
+      const OutlierMetric& o = outliers[i];
+      JsonValue v = JsonValue::Object();
+      v.Set("kurtosis", o.kurtosis);
+      v.Set("top1_over_median", o.top1_over_median);
+      v.Set("ftz_rate", o.ftz_rate);
+      if (o.has_overlap) v.Set("hot_overlap", o.hot_overlap);
+      JsonValue hot = JsonValue::Array();
+      for (int64_t c : o.hot) hot.Append(c);
+      v.Set("hot", hot);
+      layer.Set(RoleName(o.role), v);
+      if (i + 1 == outliers.size() || outliers[i + 1].linear != o.linear) {
+        analytics.Set(o.linear, layer);
+        layer = JsonValue::Object();
+      }
+    }
+    w.Add("analytics", analytics);
+  }
   if (probed) {
     JsonValue p = JsonValue::Object();
     p.Set("cosine", probe.cosine);
@@ -103,6 +124,21 @@ Status ParseMetricLine(const std::string& line, MetricLine* out) {
       }
     }
   }
+  if (const JsonValue* analytics = v.Find("analytics")) {
+    m.has_analytics = analytics->is_object();
+    for (const JsonValue::Member& layer : analytics->members()) {
+      for (const JsonValue::Member& role : layer.second.members()) {
+        OutlierValue o;
+        o.linear = layer.first;
+        o.role = role.first;
+        o.kurtosis = number(role.second.Find("kurtosis"));
+        o.top1_over_median = number(role.second.Find("top1_over_median"));
+        o.ftz_rate = number(role.second.Find("ftz_rate"));
+        o.hot_overlap = number(role.second.Find("hot_overlap"));
+        m.outliers.push_back(std::move(o));
+      }
+    }
+  }
   for (const auto& field : {std::make_pair("rank_step_ms", &m.rank_step_seconds),
                             std::make_pair("rank_comm_ms", &m.rank_comm_seconds),
                             std::make_pair("rank_comm_exposed_ms", &m.rank_comm_exposed_seconds)}) {
@@ -112,6 +148,12 @@ Status ParseMetricLine(const std::string& line, MetricLine* out) {
   }
   *out = m;
   return Status::Ok();
+}
+
+bool MetricLineHasAnalytics(const std::string& line) {
+  // The writer's key, exactly (ToJson: no space after the colon); a layer named
+  // "analytics" would give a false positive, which parses to no values.
+  return line.find("\"analytics\":{") != std::string::npos;
 }
 
 }  // namespace keel

@@ -21,6 +21,20 @@ struct OperandMetric {
   double nan_blocks = 0;
 };
 
+// Outlier analytics of one operand on an analytics step (kernels/outliers.h;
+// docs/train.md, "Outlier analytics"): Pearson kurtosis, the largest channel
+// max |x| over the median channel's, the fraction of nonzero elements NVFP4
+// flushes to zero, the top-k channels (hottest first) and their Jaccard overlap
+// with the previous analytics step's (absent on the first).
+struct OutlierMetric {
+  std::string linear;
+  Role role;
+  double kurtosis = 0, top1_over_median = 0, ftz_rate = 0;
+  bool has_overlap = false;
+  double hot_overlap = 0;
+  std::vector<int64_t> hot;
+};
+
 struct GroupValue {
   std::string name;  // a block ("0", "1", ...) or "embed" / "head" / "final"
   double value = 0;
@@ -67,6 +81,7 @@ struct StepMetrics {
   };
   std::vector<LnGamma> ln_gamma;
   std::vector<OperandMetric> operands;    // quantized roles only
+  std::vector<OutlierMetric> outliers;    // analytics steps only, layer by layer
   bool probed = false;
   ProbeValues probe;
   std::vector<ProbeLayer> probe_layers;
@@ -83,6 +98,13 @@ struct StepMetrics {
 // and keeld read, with one rule for every reader: a number that is missing or
 // not a number (null, a string other than "NaN"/"Infinity"/"-Infinity") reads
 // as NaN; the non-finite strings read as their values.
+// An operand's analytics scalars as a metric line holds them (hot_overlap NaN
+// when the line has none).
+struct OutlierValue {
+  std::string linear, role;
+  double kurtosis = 0, top1_over_median = 0, ftz_rate = 0, hot_overlap = 0;
+};
+
 struct MetricLine {
   int64_t step = 0;
   double loss = 0, lr = 0, tokens_per_s = 0, grad_norm = 0;
@@ -91,7 +113,13 @@ struct MetricLine {
   bool has_saturation = false;  // the line holds quantized operands
   double max_saturated = 0;     // the largest saturated fraction over them
   std::vector<double> rank_step_seconds, rank_comm_seconds, rank_comm_exposed_seconds;  // by rank; empty: one rank
+  bool has_analytics = false;           // the line is an analytics step's
+  std::vector<OutlierValue> outliers;   // its operands, in the line's order
 };
+
+// Whether a metric line's text holds outlier analytics, without parsing it:
+// keeld keeps the latest such line apart from the latest line.
+bool MetricLineHasAnalytics(const std::string& line);
 
 // Parses one line. Fails, naming what is wrong, when the line is not a JSON
 // object or has no integer "step" >= 1.

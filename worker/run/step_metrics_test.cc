@@ -89,5 +89,43 @@ TEST(MetricLineTest, RefusesLinesWithoutAStep) {
   EXPECT_EQ(line.step, 99);  // untouched
 }
 
+TEST(MetricLineTest, ReadsBackOutlierAnalytics) {
+  StepMetrics m;
+  m.step = 200;
+  OutlierMetric a{"h.0.attn", Role::kFwdX, 12.5, 40, 0.125, false, 0, {7, 3}};
+  OutlierMetric b{"h.0.attn", Role::kDgradDy, 3.0, 2, 0, true, 0.6, {1}};
+  OutlierMetric c{"lm_head", Role::kFwdW, std::numeric_limits<double>::quiet_NaN(),
+                  std::numeric_limits<double>::infinity(), 0.5, true, 1.0, {}};
+  m.outliers = {a, b, c};
+  const std::string json = m.ToJson();
+  EXPECT_TRUE(MetricLineHasAnalytics(json));
+  EXPECT_NE(json.find("\"analytics\":{\"h.0.attn\":{\"fwd_x\":{\"kurtosis\":12.5,\"top1_over_median\":40,"
+                      "\"ftz_rate\":0.125,\"hot\":[7,3]},\"dgrad_dy\":"),
+            std::string::npos)
+      << json;
+  MetricLine line;
+  ASSERT_TRUE(ParseMetricLine(json, &line).ok());
+  EXPECT_TRUE(line.has_analytics);
+  ASSERT_EQ(line.outliers.size(), 3u);
+  EXPECT_EQ(line.outliers[0].linear, "h.0.attn");
+  EXPECT_EQ(line.outliers[0].role, "fwd_x");
+  EXPECT_EQ(line.outliers[0].kurtosis, 12.5);
+  EXPECT_EQ(line.outliers[0].top1_over_median, 40);
+  EXPECT_EQ(line.outliers[0].ftz_rate, 0.125);
+  EXPECT_TRUE(std::isnan(line.outliers[0].hot_overlap));  // the first analytics step has none
+  EXPECT_EQ(line.outliers[1].role, "dgrad_dy");
+  EXPECT_EQ(line.outliers[1].hot_overlap, 0.6);
+  EXPECT_EQ(line.outliers[2].linear, "lm_head");
+  EXPECT_TRUE(std::isnan(line.outliers[2].kurtosis));
+  EXPECT_TRUE(std::isinf(line.outliers[2].top1_over_median));
+  // A step without analytics.
+  StepMetrics plain;
+  plain.step = 201;
+  EXPECT_FALSE(MetricLineHasAnalytics(plain.ToJson()));
+  ASSERT_TRUE(ParseMetricLine(plain.ToJson(), &line).ok());
+  EXPECT_FALSE(line.has_analytics);
+  EXPECT_TRUE(line.outliers.empty());
+}
+
 }  // namespace
 }  // namespace keel

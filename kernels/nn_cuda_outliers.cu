@@ -1,0 +1,345 @@
+// The CUDA backend's outlier analytics reductions (nn.h, "Outlier analytics";
+// kernels/outliers.h): per-channel max |x|, the power sums and NVFP4
+// flush-to-zero count, and the block map. The CPU reference is outliers.cc
+// (*Ref); nn_cuda_test.cc compares the two.
+//
+// Determinism without ordered atomics: maxima are integer atomicMax on the
+// magnitude bits (max does not depend on the order, and a NaN's bits beat
+// Inf's, as in the reference); counts are integers; every floating-point sum
+// goes through per-block partials that one thread adds in block order. The
+// sums are double, so they differ from the reference's serial order by a few
+// ulps of double only.
+#include <string>
+
+#include "kernels/nn_cuda_internal.h"
+#include "kernels/quant_core.h"
+
+namespace keel {
+namespace nncuda {
+
+namespace {
+
+constexpr int kOutlierThreads = 256;
+constexpr unsigned int kOutlierMaxBlocks = 1024;  // partials one thread adds up
+
+// Pass 1's partial of one block: the finite elements' sum and count, and the
+// largest magnitude's bits (NaN beats every number).
+struct Pass1Partial {
+  double sum;
+  unsigned long long finite;
+  unsigned int amax_bits;
+  unsigned int pad;
+};
+
+// Pass 2's partial of one block.
+struct Pass2Partial {
+  double s1, s2, s3, s4;
+  unsigned long long finite, nonfinite, nonzero, flushed;
+};
+
+__device__ __forceinline__ unsigned int AbsBits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
+
+__device__ __forceinline__ unsigned int WarpMaxBits(unsigned int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+// The block's sum of v (every thread passes one), valid in thread 0: the warps'
+// xor-butterfly sums, then thread 0 adds the warps in order. `shared` holds one
+// T per warp; the function ends with a barrier so it can be called again.
+template <typename T>
+__device__ T BlockSum(T v, T* shared) {
+  v = WarpSum(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  T total = T(0);
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += shared[w];
+  }
+  __syncthreads();
+  return total;
+}
+
+__device__ unsigned int BlockMaxBits(unsigned int v, unsigned int* shared) {
+  v = WarpMaxBits(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  unsigned int total = 0;
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total = max(total, shared[w]);
+  }
+  __syncthreads();
+  return total;
+}
+
+// ============================================================================
+// Kernels: per-channel max |x|
+// ============================================================================
+
+// Channels are columns: a 32 x 8 block covers 32 columns (coalesced) and a
+// stripe of rows; the 8 row lanes meet in shared memory, and one atomicMax per
+// column and block reaches out.
+__global__ void __launch_bounds__(256) ColumnAbsMaxKernel(const float* __restrict__ x, int64_t rows, int64_t cols,
+                                                          float* out) {
+  __shared__ unsigned int lanes[8][33];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  unsigned int m = 0;
+  if (c < cols) {
+    for (int64_t r = static_cast<int64_t>(blockIdx.y) * 8 + threadIdx.y; r < rows;
+         r += static_cast<int64_t>(gridDim.y) * 8) {
+      m = max(m, AbsBits(x[r * cols + c]));
+    }
+  }
+  lanes[threadIdx.y][threadIdx.x] = m;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    for (int y = 1; y < 8; ++y) m = max(m, lanes[y][threadIdx.x]);
+    atomicMax(reinterpret_cast<unsigned int*>(out) + c, m);
+  }
+}
+
+// Channels are rows: a warp per row.
+__global__ void __launch_bounds__(256) RowAbsMaxKernel(const float* __restrict__ x, int64_t rows, int64_t cols,
+                                                       float* out) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
+    unsigned int m = 0;
+    for (int64_t c = lane; c < cols; c += 32) m = max(m, AbsBits(x[r * cols + c]));
+    m = WarpMaxBits(m);
+    if (lane == 0) atomicMax(reinterpret_cast<unsigned int*>(out) + r, m);
+  }
+}
+
+// ============================================================================
+// Kernels: power sums and flush-to-zero
+// ============================================================================
+
+__global__ void __launch_bounds__(kOutlierThreads) OutlierPass1Kernel(const float* __restrict__ x, int64_t n,
+                                                                      Pass1Partial* partials) {
+  __shared__ double sum_shared[kOutlierThreads / 32];
+  __shared__ unsigned long long count_shared[kOutlierThreads / 32];
+  __shared__ unsigned int max_shared[kOutlierThreads / 32];
+  double sum = 0;
+  unsigned long long finite = 0;
+  unsigned int amax = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float v = x[i];
+    amax = max(amax, AbsBits(v));
+    if (isfinite(v)) {
+      sum += v;
+      ++finite;
+    }
+  }
+  sum = BlockSum(sum, sum_shared);
+  finite = BlockSum(finite, count_shared);
+  amax = BlockMaxBits(amax, max_shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = Pass1Partial{sum, finite, amax, 0};
+}
+
+// One thread: the tensor's amax (into *amax_out) and, on the slot's first
+// finite call, the shift.
+__global__ void OutlierFinish1Kernel(const Pass1Partial* partials, int blocks, OutlierSums* sums, float* amax_out) {
+  double sum = 0;
+  unsigned long long finite = 0;
+  unsigned int amax = 0;
+  for (int b = 0; b < blocks; ++b) {
+    sum += partials[b].sum;
+    finite += partials[b].finite;
+    amax = max(amax, partials[b].amax_bits);
+  }
+  *amax_out = __uint_as_float(amax);
+  if (sums->finite == 0 && finite > 0) sums->shift = sum / static_cast<double>(finite);
+}
+
+// One NVFP4 block of up to 16 elements per work item: its amax and scale, then
+// each element's power sums and whether it rounds to zero. Axis 1: item
+// (row, block), elements consecutive in the row; axis 0: item (block, column),
+// adjacent threads on adjacent columns.
+__global__ void __launch_bounds__(kOutlierThreads) OutlierPass2Kernel(const float* __restrict__ x, int64_t rows,
+                                                                      int64_t cols, int axis, const float* amax_t,
+                                                                      const OutlierSums* sums,
+                                                                      Pass2Partial* partials) {
+  __shared__ double d_shared[kOutlierThreads / 32];
+  __shared__ unsigned long long u_shared[kOutlierThreads / 32];
+  const double shift = sums->shift;
+  const qcore::Nvfp4TensorScale tensor = qcore::Nvfp4TensorScaleFromAmax(*amax_t);
+  const int64_t length = axis == 1 ? cols : rows;
+  const int64_t lines = axis == 1 ? rows : cols;
+  const int64_t per_line = (length + 15) / 16;
+  const int64_t items = lines * per_line;
+  double s1 = 0, s2 = 0, s3 = 0, s4 = 0;
+  unsigned long long finite = 0, nonfinite = 0, nonzero = 0, flushed = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; item < items; item += stride) {
+    int64_t line, k0;
+    if (axis == 1) {
+      line = item / per_line;
+      k0 = (item % per_line) * 16;
+    } else {
+      line = item % cols;
+      k0 = (item / cols) * 16;
+    }
+    const int count = static_cast<int>(length - k0 < 16 ? length - k0 : 16);
+    float v[16];
+    unsigned int amax_b = 0;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      v[k] = 0.0f;
+      if (k < count) v[k] = axis == 1 ? x[line * cols + k0 + k] : x[(k0 + k) * cols + line];
+      amax_b = max(amax_b, AbsBits(v[k]));
+    }
+    // The reference's NaN-propagating max: any NaN magnitude's bits exceed Inf's.
+    const qcore::Nvfp4BlockScale block = qcore::Nvfp4BlockScaleFromAmax(
+        amax_b > 0x7F800000u ? qcore::QuietNan() : __uint_as_float(amax_b), tensor);
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      if (k >= count) break;
+      if (!isfinite(v[k])) {
+        ++nonfinite;
+        continue;
+      }
+      const double d = static_cast<double>(v[k]) - shift;
+      const double d2 = d * d;
+      s1 += d;
+      s2 += d2;
+      s3 += d2 * d;
+      s4 += d2 * d2;
+      ++finite;
+      if (v[k] != 0.0f) {
+        ++nonzero;
+        if (qcore::Nvfp4Element(v[k], block, Rounding::kNearestEven, 0.0f).value == 0.0f) ++flushed;
+      }
+    }
+  }
+  s1 = BlockSum(s1, d_shared);
+  s2 = BlockSum(s2, d_shared);
+  s3 = BlockSum(s3, d_shared);
+  s4 = BlockSum(s4, d_shared);
+  finite = BlockSum(finite, u_shared);
+  nonfinite = BlockSum(nonfinite, u_shared);
+  nonzero = BlockSum(nonzero, u_shared);
+  flushed = BlockSum(flushed, u_shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = Pass2Partial{s1, s2, s3, s4, finite, nonfinite, nonzero, flushed};
+}
+
+// One thread: the partials in block order, added to the slot's sums.
+__global__ void OutlierFinish2Kernel(const Pass2Partial* partials, int blocks, OutlierSums* sums) {
+  Pass2Partial t{0, 0, 0, 0, 0, 0, 0, 0};
+  for (int b = 0; b < blocks; ++b) {
+    t.s1 += partials[b].s1;
+    t.s2 += partials[b].s2;
+    t.s3 += partials[b].s3;
+    t.s4 += partials[b].s4;
+    t.finite += partials[b].finite;
+    t.nonfinite += partials[b].nonfinite;
+    t.nonzero += partials[b].nonzero;
+    t.flushed += partials[b].flushed;
+  }
+  sums->s1 += t.s1;
+  sums->s2 += t.s2;
+  sums->s3 += t.s3;
+  sums->s4 += t.s4;
+  sums->finite += static_cast<int64_t>(t.finite);
+  sums->nonfinite += static_cast<int64_t>(t.nonfinite);
+  sums->nonzero += static_cast<int64_t>(t.nonzero);
+  sums->flushed += static_cast<int64_t>(t.flushed);
+}
+
+// ============================================================================
+// Kernels: block map
+// ============================================================================
+
+// One block per cell: sum |x| over the cell in double, in a fixed order.
+__global__ void __launch_bounds__(kOutlierThreads) BlockAbsSumsKernel(const float* __restrict__ x, int64_t rows,
+                                                                      int64_t cols, MapGrid grid, double* map) {
+  __shared__ double shared[kOutlierThreads / 32];
+  const int64_t cell = blockIdx.x;
+  const int64_t r0 = (cell / grid.cols) * grid.cell_rows, c0 = (cell % grid.cols) * grid.cell_cols;
+  const int64_t h = min(grid.cell_rows, rows - r0), w = min(grid.cell_cols, cols - c0);
+  double sum = 0;
+  for (int64_t e = threadIdx.x; e < h * w; e += blockDim.x) sum += fabsf(x[(r0 + e / w) * cols + c0 + e % w]);
+  sum = BlockSum(sum, shared);
+  if (threadIdx.x == 0) map[cell] += sum;
+}
+
+Status CheckShape(const char* op, int64_t rows, int64_t cols, const void* x, const void* out, const char* axis_name,
+                  int axis) {
+  if (rows < 1 || cols < 1)
+    return Status::Error(std::string(op) + ": rows x cols: " + std::to_string(rows) + " x " + std::to_string(cols) +
+                         " is not allowed; need both >= 1");
+  if (x == nullptr || out == nullptr) return Status::Error(std::string(op) + ": null pointer; pass backend memory");
+  if (axis != 0 && axis != 1)
+    return Status::Error(std::string(op) + ": " + axis_name + ": " + std::to_string(axis) +
+                         " is not allowed; use 1 or 0");
+  return Status::Ok();
+}
+
+}  // namespace
+
+// ============================================================================
+// Launchers
+// ============================================================================
+
+Status CudaBackend::ChannelAbsMax(const float* x, int64_t rows, int64_t cols, int channel_axis, float* out) {
+  NN_PROFILE("ChannelAbsMax");
+  KEEL_RETURN_IF_ERROR(CheckShape("ChannelAbsMax", rows, cols, x, out, "channel_axis", channel_axis));
+  if (channel_axis == 1) {
+    // Enough row stripes to fill the GPU, at least 8 rows each.
+    const int64_t column_blocks = CeilDiv(cols, 32);
+    const int64_t stripes = std::max<int64_t>(1, std::min<int64_t>(CeilDiv(rows, 8), 4 * sm_count_ / std::max<int64_t>(1, column_blocks) + 1));
+    ColumnAbsMaxKernel<<<dim3(static_cast<unsigned int>(column_blocks), static_cast<unsigned int>(std::min<int64_t>(stripes, 65535))),
+                         dim3(32, 8), 0, stream_>>>(x, rows, cols, out);
+  } else {
+    RowAbsMaxKernel<<<GridFor(rows, 8), 256, 0, stream_>>>(x, rows, cols, out);
+  }
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::AddOutlierSums(const float* x, int64_t rows, int64_t cols, int nvfp4_axis, OutlierSums* sums) {
+  NN_PROFILE("AddOutlierSums");
+  KEEL_RETURN_IF_ERROR(CheckShape("AddOutlierSums", rows, cols, x, sums, "nvfp4_axis", nvfp4_axis));
+  const int64_t n = rows * cols;
+  const unsigned int blocks1 = std::min(GridFor(n, kOutlierThreads), kOutlierMaxBlocks);
+  const int64_t items = (nvfp4_axis == 1 ? rows * CeilDiv(cols, 16) : cols * CeilDiv(rows, 16));
+  const unsigned int blocks2 = std::min(GridFor(items, kOutlierThreads), kOutlierMaxBlocks);
+  // Scratch: pass 1's partials | pass 2's partials | the tensor amax.
+  const size_t p2_offset = kOutlierMaxBlocks * sizeof(Pass1Partial);
+  const size_t amax_offset = p2_offset + kOutlierMaxBlocks * sizeof(Pass2Partial);
+  KEEL_RETURN_IF_ERROR(outlier_scratch_.Reserve(amax_offset + 16, stream_));
+  char* base = outlier_scratch_.get<char>();
+  Pass1Partial* p1 = reinterpret_cast<Pass1Partial*>(base);
+  Pass2Partial* p2 = reinterpret_cast<Pass2Partial*>(base + p2_offset);
+  float* amax = reinterpret_cast<float*>(base + amax_offset);
+  OutlierPass1Kernel<<<blocks1, kOutlierThreads, 0, stream_>>>(x, n, p1);
+  NN_LAUNCH_CHECK();
+  OutlierFinish1Kernel<<<1, 1, 0, stream_>>>(p1, static_cast<int>(blocks1), sums, amax);
+  NN_LAUNCH_CHECK();
+  OutlierPass2Kernel<<<blocks2, kOutlierThreads, 0, stream_>>>(x, rows, cols, nvfp4_axis, amax, sums, p2);
+  NN_LAUNCH_CHECK();
+  OutlierFinish2Kernel<<<1, 1, 0, stream_>>>(p2, static_cast<int>(blocks2), sums);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::AddBlockAbsSums(const float* x, int64_t rows, int64_t cols, const MapGrid& grid, double* map) {
+  NN_PROFILE("AddBlockAbsSums");
+  KEEL_RETURN_IF_ERROR(CheckShape("AddBlockAbsSums", rows, cols, x, map, "axis", 1));
+  const MapGrid expected = MapGridFor(rows, cols);
+  if (grid.cell_rows != expected.cell_rows || grid.cell_cols != expected.cell_cols || grid.rows != expected.rows ||
+      grid.cols != expected.cols)
+    return Status::Error("AddBlockAbsSums: grid: " + std::to_string(grid.rows) + " x " + std::to_string(grid.cols) +
+                         " cells is not allowed; use MapGridFor(rows, cols)");
+  BlockAbsSumsKernel<<<static_cast<unsigned int>(grid.cells()), kOutlierThreads, 0, stream_>>>(x, rows, cols, grid,
+                                                                                              map);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+}  // namespace nncuda
+}  // namespace keel
