@@ -32,15 +32,6 @@ bool Exists(const std::string& path) {
   return stat(path.c_str(), &st) == 0;
 }
 
-Status FsyncDir(const std::string& dir) {
-  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::Error("cannot open directory '" + dir + "': " + std::strerror(errno));
-  const int rc = fsync(fd);
-  close(fd);
-  if (rc != 0) return Status::Error("cannot fsync directory '" + dir + "': " + std::strerror(errno));
-  return Status::Ok();
-}
-
 std::string StepList(const std::vector<int64_t>& steps) {
   if (steps.empty()) return "none";
   std::string text;

@@ -132,7 +132,10 @@ Status WriteFileAtomic(const std::string& path, const std::vector<ByteSpan>& pie
     return s;
   }
   // Make the rename itself durable.
-  const std::string dir = DirName(path);
+  return FsyncDir(DirName(path));
+}
+
+Status FsyncDir(const std::string& dir) {
   int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd < 0) return PosixError("cannot open directory", dir, errno);
   FdCloser dir_closer(dir_fd);

@@ -37,6 +37,10 @@ Status FileSize(const std::string& path, int64_t* size);
 Status WriteFileAtomic(const std::string& path, const std::vector<ByteSpan>& pieces);
 Status WriteFileAtomic(const std::string& path, const std::string& contents);
 
+// fsyncs directory `dir`, so that the entries created, renamed or removed in
+// it last survive a crash.
+Status FsyncDir(const std::string& dir);
+
 // Creates `path` and any missing parents (like `mkdir -p`, mode 0777 & umask).
 // An existing directory is fine; an existing non-directory is an error.
 Status MakeDirs(const std::string& path);

@@ -49,15 +49,6 @@ Status WriteAll(int fd, const char* data, size_t size, const std::string& path) 
   return Status::Ok();
 }
 
-Status FsyncDir(const std::string& dir) {
-  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::Error("cannot open directory '" + dir + "': " + std::strerror(errno));
-  const int rc = fsync(fd);
-  close(fd);
-  if (rc != 0) return Status::Error("cannot fsync directory '" + dir + "': " + std::strerror(errno));
-  return Status::Ok();
-}
-
 // Reads up to `size` bytes (fewer only at the end of the file).
 Status ReadSome(int fd, char* data, size_t size, const std::string& path, size_t* got) {
   *got = 0;
