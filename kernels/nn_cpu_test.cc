@@ -1463,10 +1463,17 @@ TEST_F(NnCpuTest, GlaGradient) {
 // (1: one position a chunk; 64: the CUDA chunk, several chunks), with moderate
 // gates and with gates so negative (-30 |N|) that a chunk's cumulative sums fall
 // far below -88, where a form dividing by exp(B_s) would overflow.
-// Tolerance: both forms sum the same O(1) products in fp32 in different orders
-// (at most seq * dkh terms of size ~|q||k||v|), so they differ by a few hundred
-// ulps of the largest partial sums: 1e-5 relative to max(1, |value|) (observed:
-// below 2e-6).
+// Tolerance: both forms sum the same O(1) products in fp32 in different orders,
+// so they differ by a few hundred ulps of the largest partial sums; and the
+// chunked form's decay between positions s < t is exp(B_t - B_s), a difference of
+// two cumulative sums that carries an absolute error of about an ulp of |B|,
+// hence a relative error of ulp(|B|) in the decay (the sequential form
+// multiplies the exact per-position decays). With gates of -0.1 |N|, |B| < 10:
+// 1e-5 relative to max(1, |value|), and 5e-5 for dgk, a reverse cumulative sum
+// over the sequence whose terms cancel (observed: 2e-5 at chunk 64). With gates
+// of -30 |N|, |B| reaches ~1500 within a chunk of 64, whose ulp is 1.2e-4: 3e-4
+// (observed: 9e-5). A wrong term (a missing decay, an off-by-one in the causal
+// mask) is off by O(0.1).
 TEST_F(NnCpuTest, GlaChunkedMatchesSequential) {
   for (float gate_scale : {0.1f, 30.0f}) {
     for (int64_t chunk : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{64}}) {
@@ -1488,16 +1495,19 @@ TEST_F(NnCpuTest, GlaChunkedMatchesSequential) {
         }
       }
       const std::string what = "gates " + std::to_string(gate_scale) + ", chunk " + std::to_string(chunk);
+      double tolerance = 0.0;
       const auto expect_close = [&](const char* name, const std::vector<float>& want, const std::vector<float>& got) {
         double worst = 0.0;
         for (size_t i = 0; i < want.size(); ++i) {
           ASSERT_TRUE(std::isfinite(got[i])) << what << " " << name << "[" << i << "]";
           worst = std::max(worst, std::fabs(got[i] - want[i]) / std::max(1.0, std::fabs(static_cast<double>(want[i]))));
         }
-        EXPECT_LE(worst, 1e-5) << what << " " << name;
+        EXPECT_LE(worst, tolerance) << what << " " << name;
       };
+      tolerance = gate_scale > 1.0f ? 3e-4 : 1e-5;
       expect_close("out", seq_out, chunk_out);
       expect_close("dqkv", seq_dqkv, chunk_dqkv);
+      tolerance = gate_scale > 1.0f ? 3e-4 : 5e-5;
       expect_close("dgk", seq_dgk, chunk_dgk);
     }
   }

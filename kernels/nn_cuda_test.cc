@@ -1211,8 +1211,10 @@ TEST_F(NnCudaTest, GlaGatesMatchToLibmUlps) {
 // hundred fp32 ulps of the largest partial sums, normwise ~1e-6; dgk is a
 // reverse cumulative sum of q dq - k dk over the sequence, whose terms cancel,
 // so its normwise error can be a few times larger. Allowed: 2e-5 (out, dqkv) and
-// 5e-5 (dgk). A wrong term (a missing decay, an off-by-one in the causal mask,
-// a tile's part lost) is off by O(1e-1).
+// 5e-5 (dgk). With gates of -30 |N| the chunked decays exp(B_t - B_s) carry an
+// ulp of |B| ~ 1500 (1.2e-4) as relative error (GlaChunkedMatchesSequential in
+// nn_cpu_test sees 9e-5 on the host): 3e-4 there. A wrong term (a missing decay,
+// an off-by-one in the causal mask, a tile's part lost) is off by O(1e-1).
 TEST_F(NnCudaTest, GlaMatchesCpu) {
   struct Case {
     int64_t batch, seq, heads, dk, dv;
@@ -1237,9 +1239,10 @@ TEST_F(NnCudaTest, GlaMatchesCpu) {
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t c = 2 * k.dk + k.dv; c < ld; ++c) ASSERT_EQ(dqkv_gpu[r * ld + c], 7.0f) << r << ", " << c;
     }
-    ExpectNormwise("gla out", Cpu(out), Gpu(out), 2e-5);
-    ExpectNormwise("gla dqkv", Cpu(dqkv), dqkv_gpu, 2e-5);
-    ExpectNormwise("gla dgk", Cpu(dgk), Gpu(dgk), 5e-5);
+    const bool steep = k.gates > 1.0f;
+    ExpectNormwise("gla out", Cpu(out), Gpu(out), steep ? 3e-4 : 2e-5);
+    ExpectNormwise("gla dqkv", Cpu(dqkv), dqkv_gpu, steep ? 3e-4 : 2e-5);
+    ExpectNormwise("gla dgk", Cpu(dgk), Gpu(dgk), steep ? 3e-4 : 5e-5);
     // Deterministic: a second run gives the same bits.
     const std::vector<float> out1 = Gpu(out), dgk1 = Gpu(dgk);
     ASSERT_OK(gpu_->GlaForward(qkv.g(), ld, gk.g(), out.g(), k.batch, k.seq, k.heads, k.dk, k.dv));
