@@ -2,6 +2,8 @@
 
 RUN_CONFIGS = [
     "//examples:gpt2_124m.yaml",
+    "//examples:gla_124m.yaml",
+    "//examples:gla_fortunes_cpu.yaml",
     "//examples:gpt_fortunes_cpu.yaml",
     "//examples:llama_124m.yaml",
     "//examples:llama_fortunes_cpu.yaml",

@@ -264,6 +264,48 @@ class Backend {
                                    const float* dout, float* dqkv, int64_t batch, int64_t seq,
                                    int64_t heads, int64_t dim, bool bf16_operands) = 0;
 
+  // ---- Gated linear attention (GLA, the gla model; docs/train.md) --------------------
+  // y = scale * logsigmoid(x) = -scale * log(1 + exp(-x)), computed as
+  // min(x, 0) - log1p(exp(-|x|)) so that no exp overflows (y may alias x).
+  // Backward: dx = dy * scale * sigmoid(-x) = dy * scale / (1 + exp(x)) (written).
+  virtual Status LogSigmoidForward(const float* x, float* y, int64_t count, float scale) = 0;
+  virtual Status LogSigmoidBackward(const float* x, const float* dy, float* dx, int64_t count,
+                                    float scale) = 0;
+
+  // Swish gating: y[r, c] = x[r, c] * silu(g[r, c]), silu(a) = a / (1 + exp(-a)); x
+  // and y are rows x cols (row-major, cols apart), g's rows are g_ld >= cols floats
+  // apart (a column block of a wider matrix). Backward (both written):
+  // dx = dy * silu(g), dg = dy * x * silu'(g), silu'(a) = s (1 + a (1 - s)) with
+  // s = 1 / (1 + exp(-a)); dg's rows are g_ld apart and its other columns are
+  // not touched.
+  virtual Status SiluGateForward(const float* x, const float* g, int64_t g_ld, float* y,
+                                 int64_t rows, int64_t cols) = 0;
+  virtual Status SiluGateBackward(const float* x, const float* g, int64_t g_ld, const float* dy,
+                                  float* dx, float* dg, int64_t rows, int64_t cols) = 0;
+
+  // The gated recurrence of GLA. qkv holds batch*seq rows `ld` floats apart
+  // (row r at position t = r % seq); in each, q in columns [0, dk), k in
+  // [dk, 2 dk), v in [2 dk, 2 dk + dv); head h owns q, k columns
+  // [h dk/H, (h+1) dk/H) and v columns [h dv/H, (h+1) dv/H) (H = heads, dividing
+  // dk and dv). gk (batch*seq x dk, row-major) holds the log forget gates, <= 0.
+  // Per (batch, head), with the state S (dk/H x dv/H) zero before position 0:
+  //   S_t = diag(exp(gk_t)) S_{t-1} + k_t^T v_t,   o_t = (q_t / sqrt(dk/H)) S_t,
+  // out (batch*seq x dv, heads side by side) = o. Nothing is saved for the
+  // backward: it recomputes the states.
+  // The CPU runs the recurrence as written (in fp32, position by position); CUDA
+  // runs the equivalent chunked form (nn_cuda_gla.cu, gla_cpu.h), whose sums go
+  // in another order: the results agree to fp32 rounding, not bit for bit.
+  // CUDA accepts dk/H <= 128 (kGlaMaxKeyHead).
+  virtual Status GlaForward(const float* qkv, int64_t ld, const float* gk, float* out,
+                            int64_t batch, int64_t seq, int64_t heads, int64_t dk,
+                            int64_t dv) = 0;
+  // From dout (batch*seq x dv): dq, dk, dv written into columns [0, 2 dk + dv) of
+  // dqkv (rows ld apart; its other columns are not touched) and dgk (batch*seq x
+  // dk) written, the gradients of the forward above.
+  virtual Status GlaBackward(const float* qkv, int64_t ld, const float* gk, const float* dout,
+                             float* dqkv, float* dgk, int64_t batch, int64_t seq, int64_t heads,
+                             int64_t dk, int64_t dv) = 0;
+
   // Softmax cross-entropy over the first `vocab` of `padded_vocab` columns of
   // logits (rows x padded_vocab): losses[r] = logsumexp - logit[target[r]].
   // targets: rows int32 in backend memory; a target < 0 is ignored (loss 0).
@@ -370,6 +412,11 @@ class Backend {
 // device's libm. Llama uses theta 10000.
 void RopeTables(double theta, int64_t positions, int64_t hd, std::vector<float>* cos,
                 std::vector<float>* sin);
+
+// The largest key head size (dk / heads) the CUDA backend's GlaForward and
+// GlaBackward accept: a block keeps a chunk's q, k and cumulative gates of one
+// head in shared memory (nn_cuda_gla.cu).
+constexpr int64_t kGlaMaxKeyHead = 128;
 
 // Factories (nn_cpu.cc, nn_cuda_backend.cu; the CUDA one fails without CUDA or a GPU).
 Status MakeCpuBackend(int threads, std::unique_ptr<Backend>* out);

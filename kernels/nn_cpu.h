@@ -8,8 +8,9 @@
 // The methods are spread over one file per concern: nn_cpu.cc (memory,
 // elementwise, random numbers, optimizer, reductions), nn_cpu_linear.cc
 // (quantized operands, their statistics, the linear layer), nn_cpu_layers.cc
-// (layernorm, RMSNorm, RoPE, GELU, SwiGLU, embedding, cross-entropy) and
-// nn_cpu_attention.cc.
+// (layernorm, RMSNorm, RoPE, GELU, SwiGLU, embedding, cross-entropy),
+// nn_cpu_attention.cc and nn_cpu_gla.cc (logsigmoid, swish gating, the gated
+// recurrence of gla_cpu.h).
 //
 // Like the CUDA backend's single stream, the object expects one caller at a
 // time; the linear layer's scratch and the statistics sit behind linear_mutex_
@@ -97,6 +98,18 @@ class CpuBackend : public Backend {
   Status AttentionBackward(const float* qkv, const float* out, const float* stats,
                            const float* dout, float* dqkv, int64_t batch, int64_t seq,
                            int64_t heads, int64_t dim, bool bf16_operands) override;
+  Status LogSigmoidForward(const float* x, float* y, int64_t count, float scale) override;
+  Status LogSigmoidBackward(const float* x, const float* dy, float* dx, int64_t count,
+                            float scale) override;
+  Status SiluGateForward(const float* x, const float* g, int64_t g_ld, float* y, int64_t rows,
+                         int64_t cols) override;
+  Status SiluGateBackward(const float* x, const float* g, int64_t g_ld, const float* dy, float* dx,
+                          float* dg, int64_t rows, int64_t cols) override;
+  Status GlaForward(const float* qkv, int64_t ld, const float* gk, float* out, int64_t batch,
+                    int64_t seq, int64_t heads, int64_t dk, int64_t dv) override;
+  Status GlaBackward(const float* qkv, int64_t ld, const float* gk, const float* dout,
+                     float* dqkv, float* dgk, int64_t batch, int64_t seq, int64_t heads,
+                     int64_t dk, int64_t dv) override;
   Status CrossEntropyForward(const float* logits, const int32_t* targets, float* losses,
                              int64_t rows, int64_t padded_vocab, int64_t vocab) override;
   Status CrossEntropyBackward(const float* logits, const int32_t* targets, float* dlogits,

@@ -23,6 +23,7 @@
 
 #include "kernels/formats.h"
 #include "kernels/gemm_cpu.h"
+#include "kernels/gla_cpu.h"
 #include "kernels/nn.h"
 #include "kernels/nn_test_util.h"
 #include "kernels/philox.h"
@@ -1343,6 +1344,189 @@ TEST(FormatProfileTest, OrdersOpsAndNestsTheirParts) {
   // LinearForward: 4 calls and 5 ms per step, 62.5% of an 8 ms step; all ops 6 ms (75%).
   EXPECT_NE(table.find("4.0      5.000    62.5%"), std::string::npos) << table;
   EXPECT_NE(table.find("6.000    75.0%"), std::string::npos) << table;
+}
+
+// ---- Gated linear attention (GLA) -------------------------------------------------------
+
+TEST_F(NnCpuTest, LogSigmoidValuesGradientAndExtremes) {
+  const int64_t n = 12;
+  const float scale = 1.0f / 16.0f;
+  std::vector<float> x = Normal(n, 71, 3.0f), r = Normal(n, 72), y(n), dx(n, 7.0f);
+  auto loss = [&]() {
+    EXPECT_TRUE(backend_->LogSigmoidForward(x.data(), y.data(), n, scale).ok());
+    return WeightedSum(y, r);
+  };
+  ASSERT_OK(backend_->LogSigmoidBackward(x.data(), r.data(), dx.data(), n, scale));
+  ExpectGradient("logsigmoid dx", &x, loss, dx);
+  loss();
+  for (int64_t i = 0; i < n; ++i) {
+    const double expected = scale * -std::log1p(std::exp(-static_cast<double>(x[i])));
+    EXPECT_NEAR(y[i], expected, 4 * kU * std::fabs(expected) + 1e-12) << i;
+    EXPECT_LE(y[i], 0.0f);
+  }
+  // No overflow at either end: logsigmoid(-200) = -200, logsigmoid(200) = -exp(-200) ~ 0.
+  std::vector<float> big = {-200.0f, 200.0f, -88.0f, 89.0f}, out(4), grad(4);
+  const std::vector<float> ones(4, 1.0f);
+  ASSERT_OK(backend_->LogSigmoidForward(big.data(), out.data(), 4, 1.0f));
+  ASSERT_OK(backend_->LogSigmoidBackward(big.data(), ones.data(), grad.data(), 4, 1.0f));
+  EXPECT_EQ(out[0], -200.0f);
+  EXPECT_EQ(out[1], -0.0f);
+  EXPECT_NEAR(out[2], -88.0f, 1e-5);
+  EXPECT_EQ(grad[0], 1.0f);  // sigmoid(200)
+  EXPECT_EQ(grad[1], 0.0f);  // 1 / (1 + inf)
+  for (float v : out) EXPECT_TRUE(std::isfinite(v));
+}
+
+// g is a column block of a wider matrix (g_ld > cols): the backward writes dg
+// there and leaves the other columns alone.
+TEST_F(NnCpuTest, SiluGateGradientOnAColumnBlock) {
+  const int64_t rows = 3, cols = 5, g_ld = 9;
+  std::vector<float> x = Normal(rows * cols, 81), g = Normal(rows * g_ld, 82, 2.0f), r = Normal(rows * cols, 83);
+  std::vector<float> y(rows * cols), dx(rows * cols, 7.0f), dg(rows * g_ld, 7.0f);
+  auto loss = [&]() {
+    EXPECT_TRUE(backend_->SiluGateForward(x.data(), g.data(), g_ld, y.data(), rows, cols).ok());
+    return WeightedSum(y, r);
+  };
+  ASSERT_OK(backend_->SiluGateBackward(x.data(), g.data(), g_ld, r.data(), dx.data(), dg.data(), rows, cols));
+  ExpectGradient("silu gate dx", &x, loss, dx);
+  // The gradient through g's columns past cols is 0 (they are not read), and
+  // dg keeps its 7s there.
+  std::vector<float> dg_expected = dg;
+  for (int64_t rr = 0; rr < rows; ++rr) {
+    for (int64_t c = cols; c < g_ld; ++c) {
+      EXPECT_EQ(dg[rr * g_ld + c], 7.0f);
+      dg_expected[rr * g_ld + c] = 0.0f;
+    }
+  }
+  ExpectGradient("silu gate dg", &g, loss, dg_expected);
+  loss();
+  const double a = g[g_ld + 2];  // row 1, column 2
+  EXPECT_NEAR(y[cols + 2], x[cols + 2] * a / (1.0 + std::exp(-a)), 1e-6);
+}
+
+// The recurrence by hand for one head of size 1 x 1 and three positions.
+TEST_F(NnCpuTest, GlaForwardIsTheRecurrence) {
+  const int64_t ld = 3;
+  // q, k, v per position; gates log(0.5), log(0.25), 0.
+  std::vector<float> qkv = {2.0f, 1.0f, 3.0f, -1.0f, 2.0f, 1.0f, 0.5f, 4.0f, -2.0f};
+  std::vector<float> gk = {std::log(0.5f), std::log(0.25f), 0.0f}, out(3);
+  ASSERT_OK(backend_->GlaForward(qkv.data(), ld, gk.data(), out.data(), 1, 3, 1, 1, 1));
+  const double s0 = 1.0 * 3.0, s1 = 0.25 * s0 + 2.0 * 1.0, s2 = 1.0 * s1 + 4.0 * -2.0;
+  EXPECT_NEAR(out[0], 2.0 * s0, 1e-6);
+  EXPECT_NEAR(out[1], -1.0 * s1, 1e-6);
+  EXPECT_NEAR(out[2], 0.5 * s2, 1e-6);
+}
+
+// GLA's operands: q, k, v at the start of rows ld apart, and the log gates.
+struct GlaCase {
+  gla_cpu::Shape shape;
+  std::vector<float> qkv, gk;
+};
+
+GlaCase MakeGlaCase(int64_t batch, int64_t seq, int64_t heads, int64_t dk, int64_t dv, int64_t extra,
+                    float gate_scale, uint32_t seed) {
+  GlaCase c;
+  c.shape = gla_cpu::Shape{batch, seq, heads, dk, dv, 2 * dk + dv + extra};
+  c.qkv = Normal(batch * seq * c.shape.ld, seed);
+  c.gk = nn_test::LogGates(batch * seq * dk, seed + 1, gate_scale);
+  return c;
+}
+
+// Gradients of the sequential recurrence (the CPU backend's) against central
+// differences, through q, k, v and the gates, over two heads, with extra
+// columns in qkv's rows that the backward must leave alone.
+TEST_F(NnCpuTest, GlaGradient) {
+  GlaCase c = MakeGlaCase(2, 5, 2, 4, 6, 3, 0.3f, 91);
+  const gla_cpu::Shape& s = c.shape;
+  std::vector<float> r = Normal(s.batch * s.seq * s.dv, 93), out(s.batch * s.seq * s.dv);
+  auto loss = [&]() {
+    EXPECT_TRUE(backend_->GlaForward(c.qkv.data(), s.ld, c.gk.data(), out.data(), s.batch, s.seq, s.heads, s.dk, s.dv)
+                    .ok());
+    return WeightedSum(out, r);
+  };
+  std::vector<float> dqkv(c.qkv.size(), 7.0f), dgk(c.gk.size(), 7.0f);
+  ASSERT_OK(backend_->GlaBackward(c.qkv.data(), s.ld, c.gk.data(), r.data(), dqkv.data(), dgk.data(), s.batch, s.seq,
+                                  s.heads, s.dk, s.dv));
+  std::vector<float> dqkv_expected = dqkv;
+  for (int64_t row = 0; row < s.batch * s.seq; ++row) {
+    for (int64_t col = 2 * s.dk + s.dv; col < s.ld; ++col) {
+      EXPECT_EQ(dqkv[row * s.ld + col], 7.0f);
+      dqkv_expected[row * s.ld + col] = 0.0f;
+    }
+  }
+  ExpectGradient("gla dqkv", &c.qkv, loss, dqkv_expected);
+  ExpectGradient("gla dgk", &c.gk, loss, dgk);
+}
+
+// The chunked form (what the CUDA kernels compute) against the definition,
+// forward and backward, for chunk sizes that do and do not divide the sequence
+// (1: one position a chunk; 64: the CUDA chunk, several chunks), with moderate
+// gates and with gates so negative (-30 |N|) that a chunk's cumulative sums fall
+// far below -88, where a form dividing by exp(B_s) would overflow.
+// Tolerance: both forms sum the same O(1) products in fp32 in different orders,
+// so they differ by a few hundred ulps of the largest partial sums; and the
+// chunked form's decay between positions s < t is exp(B_t - B_s), a difference of
+// two cumulative sums that carries an absolute error of about an ulp of |B|,
+// hence a relative error of ulp(|B|) in the decay (the sequential form
+// multiplies the exact per-position decays). With gates of -0.1 |N|, |B| < 10:
+// 1e-5 relative to max(1, |value|), and 5e-5 for dgk, a reverse cumulative sum
+// over the sequence whose terms cancel (observed: 2e-5 at chunk 64). With gates
+// of -30 |N|, |B| reaches ~1500 within a chunk of 64, whose ulp is 1.2e-4: 3e-4
+// (observed: 9e-5). A wrong term (a missing decay, an off-by-one in the causal
+// mask) is off by O(0.1).
+TEST_F(NnCpuTest, GlaChunkedMatchesSequential) {
+  for (float gate_scale : {0.1f, 30.0f}) {
+    for (int64_t chunk : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{64}}) {
+      const int64_t seq = chunk == 64 ? 150 : 10;
+      GlaCase c = MakeGlaCase(2, seq, 2, 6, 10, 1, gate_scale, 101);
+      const gla_cpu::Shape& s = c.shape;
+      const std::vector<float> dout = Normal(s.batch * s.seq * s.dv, 103);
+      std::vector<float> seq_out(s.batch * s.seq * s.dv), chunk_out(seq_out.size());
+      std::vector<float> seq_dqkv(c.qkv.size(), 0.0f), chunk_dqkv(c.qkv.size(), 0.0f);
+      std::vector<float> seq_dgk(c.gk.size()), chunk_dgk(c.gk.size());
+      for (int64_t b = 0; b < s.batch; ++b) {
+        for (int64_t h = 0; h < s.heads; ++h) {
+          gla_cpu::ForwardSequential(c.qkv.data(), c.gk.data(), seq_out.data(), s, b, h);
+          gla_cpu::ForwardChunked(c.qkv.data(), c.gk.data(), chunk_out.data(), s, b, h, chunk);
+          gla_cpu::BackwardSequential(c.qkv.data(), c.gk.data(), dout.data(), seq_dqkv.data(), seq_dgk.data(), s, b,
+                                      h);
+          gla_cpu::BackwardChunked(c.qkv.data(), c.gk.data(), dout.data(), chunk_dqkv.data(), chunk_dgk.data(), s, b,
+                                   h, chunk);
+        }
+      }
+      const std::string what = "gates " + std::to_string(gate_scale) + ", chunk " + std::to_string(chunk);
+      double tolerance = 0.0;
+      const auto expect_close = [&](const char* name, const std::vector<float>& want, const std::vector<float>& got) {
+        double worst = 0.0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_TRUE(std::isfinite(got[i])) << what << " " << name << "[" << i << "]";
+          worst = std::max(worst, std::fabs(got[i] - want[i]) / std::max(1.0, std::fabs(static_cast<double>(want[i]))));
+        }
+        EXPECT_LE(worst, tolerance) << what << " " << name;
+      };
+      tolerance = gate_scale > 1.0f ? 3e-4 : 1e-5;
+      expect_close("out", seq_out, chunk_out);
+      expect_close("dqkv", seq_dqkv, chunk_dqkv);
+      tolerance = gate_scale > 1.0f ? 3e-4 : 5e-5;
+      expect_close("dgk", seq_dgk, chunk_dgk);
+    }
+  }
+}
+
+TEST_F(NnCpuTest, GlaShapeErrorsNameTheField) {
+  std::vector<float> buf(1000);
+  Status status = backend_->GlaForward(buf.data(), 20, buf.data(), buf.data(), 1, 4, 3, 4, 6);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("GlaForward: dk: 4 is not allowed; need a positive multiple of heads 3"),
+            std::string::npos)
+      << status.message();
+  status = backend_->GlaBackward(buf.data(), 9, buf.data(), buf.data(), buf.data(), buf.data(), 1, 4, 2, 4, 2);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("GlaBackward: ld: 9 is not allowed; need >= 2 dk + dv = 10"), std::string::npos)
+      << status.message();
+  status = backend_->SiluGateForward(buf.data(), buf.data(), 3, buf.data(), 2, 4);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("g_ld: 3"), std::string::npos) << status.message();
 }
 
 TEST_F(NnCpuTest, ShapeErrorsNameTheField) {

@@ -247,7 +247,7 @@ CudaBackend::~CudaBackend() {
   Scratch* scratch[] = {&outlier_scratch_, &op_a_,    &op_b_,    &codes_,   &partials_, &quant_temp_,
                         &attn_q_,  &attn_k_,  &attn_v_,  &attn_o_,  &attn_p_,   &attn_dp_, &attn_ds_,
                         &attn_dq_, &attn_dk_, &attn_dv_, &attn_s_,  &attn_delta_, &embed_, &reduce_desc_,
-                        &align_in_};
+                        &align_in_, &gla_parts_};
   for (Scratch* s : scratch) s->Release(stream_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   // Hand the pool's cached scratch back to the driver (Init keeps it cached while
@@ -286,7 +286,7 @@ Status CudaBackend::Init() {
   main_stream_ = stream_;
   for (Scratch* s : {&op_a_, &op_b_, &codes_, &partials_, &quant_temp_, &attn_q_, &attn_k_, &attn_v_, &attn_o_,
                      &attn_p_, &attn_dp_, &attn_ds_, &attn_dq_, &attn_dk_, &attn_dv_, &attn_s_, &attn_delta_,
-                     &embed_, &reduce_desc_, &align_in_})
+                     &embed_, &reduce_desc_, &align_in_, &gla_parts_})
     s->RefuseWhile(&on_side_);
   // Scratch comes from the device's default pool (cudaMallocAsync): keep what it
   // holds instead of returning it to the driver at every synchronisation.

@@ -376,6 +376,18 @@ class CudaBackend final : public Backend {
   Status AttentionBackward(const float* qkv, const float* out, const float* stats,
                            const float* dout, float* dqkv, int64_t batch, int64_t seq,
                            int64_t heads, int64_t dim, bool bf16_operands) override;
+  Status LogSigmoidForward(const float* x, float* y, int64_t count, float scale) override;
+  Status LogSigmoidBackward(const float* x, const float* dy, float* dx, int64_t count,
+                            float scale) override;
+  Status SiluGateForward(const float* x, const float* g, int64_t g_ld, float* y, int64_t rows,
+                         int64_t cols) override;
+  Status SiluGateBackward(const float* x, const float* g, int64_t g_ld, const float* dy, float* dx,
+                          float* dg, int64_t rows, int64_t cols) override;
+  Status GlaForward(const float* qkv, int64_t ld, const float* gk, float* out, int64_t batch,
+                    int64_t seq, int64_t heads, int64_t dk, int64_t dv) override;
+  Status GlaBackward(const float* qkv, int64_t ld, const float* gk, const float* dout,
+                     float* dqkv, float* dgk, int64_t batch, int64_t seq, int64_t heads,
+                     int64_t dk, int64_t dv) override;
   Status CrossEntropyForward(const float* logits, const int32_t* targets, float* losses,
                              int64_t rows, int64_t padded_vocab, int64_t vocab) override;
   Status CrossEntropyBackward(const float* logits, const int32_t* targets, float* dlogits,
@@ -539,6 +551,7 @@ class CudaBackend final : public Backend {
   Scratch attn_p_, attn_dp_, attn_ds_; // probabilities in bf16, dP, dS in bf16
   Scratch attn_dq_, attn_dk_, attn_dv_;
   Scratch embed_;                      // embedding backward's sort
+  Scratch gla_parts_;                  // GlaBackward: the value tiles' parts of dq and dk
   Scratch reduce_desc_;                // the reductions' span descriptors
   Scratch outlier_scratch_;            // AddOutlierSums' partials and tensor amax
 };

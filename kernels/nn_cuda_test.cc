@@ -1243,6 +1243,100 @@ TEST_F(NnCudaTest, AttentionMatchesCpu) {
   }
 }
 
+// ---- Gated linear attention (GLA) -------------------------------------------------------
+
+TEST_F(NnCudaTest, GlaGatesMatchToLibmUlps) {
+  const int64_t n = (1 << 16) + 3, rows = 300, cols = 257, g_ld = 3 * 257;
+  const float scale = 1.0f / 16.0f;
+  Dual x = Floats(Normal(n, 271, 6.0f)), dy = Floats(Normal(n, 272)), y = Zeros(n), dx = Zeros(n);
+  Dual xs = Floats(Normal(rows * cols, 273)), gs = Floats(Normal(rows * g_ld, 274, 3.0f)),
+       dys = Floats(Normal(rows * cols, 275)), ys = Zeros(rows * cols), dxs = Zeros(rows * cols),
+       dgs = Floats(std::vector<float>(rows * g_ld, 7.0f));
+  for (Backend* be : {cpu_.get(), gpu_.get()}) {
+    const bool g = be == gpu_.get();
+    auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+    ASSERT_OK(be->LogSigmoidForward(p(x), p(y), n, scale));
+    ASSERT_OK(be->LogSigmoidBackward(p(x), p(dy), p(dx), n, scale));
+    // g is the middle third of each row, as the gla model's g inside qkvg.
+    ASSERT_OK(be->SiluGateForward(p(xs), p(gs) + cols, g_ld, p(ys), rows, cols));
+    ASSERT_OK(be->SiluGateBackward(p(xs), p(gs) + cols, g_ld, p(dys), p(dxs), p(dgs) + cols, rows, cols));
+  }
+  // expf / log1pf differ by an ulp or two between CUDA and glibc: a few ulps of
+  // the result, and near silu'(a)'s cancellation (a ~ -1.28) an ulp of an O(1)
+  // term as an absolute error, as GeluAndSwigluMatchToLibmUlps allows.
+  ExpectElementwise("logsigmoid y", Cpu(y), Gpu(y), 2e-6, 1e-7);
+  ExpectElementwise("logsigmoid dx", Cpu(dx), Gpu(dx), 2e-6, 1e-7);
+  ExpectElementwise("silu gate y", Cpu(ys), Gpu(ys), 2e-6, 1e-6);
+  ExpectElementwise("silu gate dx", Cpu(dxs), Gpu(dxs), 2e-6, 1e-6);
+  // dg's other columns keep their 7s on both (ExpectElementwise compares them too).
+  const std::vector<float> dg_gpu = Gpu(dgs);
+  EXPECT_EQ(dg_gpu[0], 7.0f);
+  EXPECT_EQ(dg_gpu[2 * cols], 7.0f);
+  ExpectElementwise("silu gate dg", Cpu(dgs), dg_gpu, 2e-6, 1e-6);
+}
+
+// The CUDA chunked recurrence against the CPU's sequential definition: several
+// chunks with a short last one, value heads that fill one tile, two tiles (the
+// second partial) and the largest key head (kGlaMaxKeyHead), moderate gates and
+// gates so negative (-30 |N|) that a chunk's cumulative sums fall far below -88.
+// qkv's rows carry extra columns (the gla model's g) that the backward must not
+// touch. Tolerance: the two forms sum the same products in other orders (the
+// chunked one splits each sum into inter- and intra-chunk parts and, in the
+// backward, into value tiles), and expf differs by an ulp: errors of a few
+// hundred fp32 ulps of the largest partial sums, normwise ~1e-6; dgk is a
+// reverse cumulative sum of q dq - k dk over the sequence, whose terms cancel,
+// so its normwise error can be a few times larger. Allowed: 2e-5 (out, dqkv) and
+// 5e-5 (dgk). With gates of -30 |N| the chunked decays exp(B_t - B_s) carry an
+// ulp of |B| ~ 1500 (1.2e-4) as relative error (GlaChunkedMatchesSequential in
+// nn_cpu_test sees 9e-5 on the host): 3e-4 there. A wrong term (a missing decay,
+// an off-by-one in the causal mask, a tile's part lost) is off by O(1e-1).
+TEST_F(NnCudaTest, GlaMatchesCpu) {
+  struct Case {
+    int64_t batch, seq, heads, dk, dv;
+    float gates;
+  };
+  for (const Case& k : {Case{2, 200, 2, 32, 64, 0.1f}, Case{1, 64, 4, 384, 160, 0.05f}, Case{1, 130, 1, 128, 64, 0.1f},
+                        Case{2, 150, 2, 32, 64, 30.0f}}) {
+    SCOPED_TRACE("batch " + std::to_string(k.batch) + ", seq " + std::to_string(k.seq) + ", heads " +
+                 std::to_string(k.heads) + ", dk " + std::to_string(k.dk) + ", dv " + std::to_string(k.dv) +
+                 ", gates " + std::to_string(k.gates));
+    const int64_t rows = k.batch * k.seq, ld = 2 * k.dk + k.dv + 5;
+    Dual qkv = Floats(Normal(rows * ld, 281)), gk = Floats(nn_test::LogGates(rows * k.dk, 282, k.gates)),
+         out = Zeros(rows * k.dv), dout = Floats(Normal(rows * k.dv, 283)),
+         dqkv = Floats(std::vector<float>(rows * ld, 7.0f)), dgk = Zeros(rows * k.dk);
+    for (Backend* be : {cpu_.get(), gpu_.get()}) {
+      const bool g = be == gpu_.get();
+      auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+      ASSERT_OK(be->GlaForward(p(qkv), ld, p(gk), p(out), k.batch, k.seq, k.heads, k.dk, k.dv));
+      ASSERT_OK(be->GlaBackward(p(qkv), ld, p(gk), p(dout), p(dqkv), p(dgk), k.batch, k.seq, k.heads, k.dk, k.dv));
+    }
+    const std::vector<float> dqkv_gpu = Gpu(dqkv);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 2 * k.dk + k.dv; c < ld; ++c) ASSERT_EQ(dqkv_gpu[r * ld + c], 7.0f) << r << ", " << c;
+    }
+    const bool steep = k.gates > 1.0f;
+    ExpectNormwise("gla out", Cpu(out), Gpu(out), steep ? 3e-4 : 2e-5);
+    ExpectNormwise("gla dqkv", Cpu(dqkv), dqkv_gpu, steep ? 3e-4 : 2e-5);
+    ExpectNormwise("gla dgk", Cpu(dgk), Gpu(dgk), steep ? 3e-4 : 5e-5);
+    // Deterministic: a second run gives the same bits.
+    const std::vector<float> out1 = Gpu(out), dgk1 = Gpu(dgk);
+    ASSERT_OK(gpu_->GlaForward(qkv.g(), ld, gk.g(), out.g(), k.batch, k.seq, k.heads, k.dk, k.dv));
+    ASSERT_OK(gpu_->GlaBackward(qkv.g(), ld, gk.g(), dout.g(), dqkv.g(), dgk.g(), k.batch, k.seq, k.heads, k.dk,
+                                k.dv));
+    ExpectBits("gla out, second run", out1, Gpu(out));
+    ExpectBits("gla dqkv, second run", dqkv_gpu, Gpu(dqkv));
+    ExpectBits("gla dgk, second run", dgk1, Gpu(dgk));
+  }
+}
+
+TEST_F(NnCudaTest, GlaRefusesAKeyHeadAboveTheLimit) {
+  Dual buf = Zeros(4 * 1000);
+  const Status s = gpu_->GlaForward(buf.g(), 400, buf.g(), buf.g(), 1, 2, 1, 130, 64);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("GlaForward: dk / heads: 130 is not allowed; need <= 128"), std::string::npos)
+      << s.message();
+}
+
 TEST_F(NnCudaTest, CrossEntropyMatchesCpu) {
   struct Case {
     int64_t rows, padded, vocab;

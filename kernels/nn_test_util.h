@@ -33,6 +33,15 @@ inline std::vector<float> WithOutliers(int64_t n, uint32_t seed, float stddev = 
   return x;
 }
 
+// GLA's log forget gates: n draws of -scale * |N(0, 1)| from mt19937(seed), all
+// <= 0 (scale 0.1: decays around 0.9 per position; 30: every chunk's cumulative
+// gates far below -88, where exp(-B) overflows).
+inline std::vector<float> LogGates(int64_t n, uint32_t seed, float scale) {
+  std::vector<float> x = Normal(n, seed);
+  for (float& v : x) v = -scale * (v < 0.0f ? -v : v);
+  return x;
+}
+
 // A quantized operand: `format` with `rounding`.
 inline OperandFormat Quant(QuantFormat format, Rounding rounding = Rounding::kNearestEven) {
   OperandFormat f;

@@ -678,14 +678,16 @@ Status ParseModel(const Reader& r, const YAML::Node& m, ModelConfig* mc) {
                                    {"type", "layers", "width", "heads", "context", "vocab",
                                     "padded_vocab", "mlp", "mlp_hidden", "qk_layernorm", "bias",
                                     "ln_eps"}));
-  if (m["type"]) KEEL_RETURN_IF_ERROR(r.OneOf(m["type"], "model.type", {"proxy", "gpt", "llama"}, &mc->type));
-  if (mc->type == "llama") {
-    // The llama block is fixed: a key that would change it is an error, not ignored.
+  if (m["type"]) KEEL_RETURN_IF_ERROR(r.OneOf(m["type"], "model.type", {"proxy", "gpt", "llama", "gla"}, &mc->type));
+  if (IsDecoderModel(*mc)) {
+    // The llama and gla blocks are fixed: a key that would change them is an
+    // error, not ignored.
     for (const char* key : {"mlp", "qk_layernorm", "bias"}) {
       if (m[key]) {
         return r.Error(m[key], std::string("model.") + key,
-                       "'" + m[key].Scalar() + "' is not allowed with model.type llama (always SwiGLU, no biases, no QK-LayerNorm; "
-                       "allowed keys: type, layers, width, heads, context, vocab, padded_vocab, mlp_hidden, ln_eps)");
+                       "'" + m[key].Scalar() + "' is not allowed with model.type " + mc->type +
+                           " (always SwiGLU, no biases, no QK-LayerNorm; "
+                           "allowed keys: type, layers, width, heads, context, vocab, padded_vocab, mlp_hidden, ln_eps)");
       }
     }
   }
@@ -835,7 +837,7 @@ void ResolveDerivedFields(RunConfig* c) {
   if (c->run_dir.empty()) c->run_dir = "runs/" + c->name;
   if (c->seq == 0) c->seq = c->model.context;
   if (c->model.padded_vocab == 0) c->model.padded_vocab = (c->model.vocab + 127) / 128 * 128;
-  if (c->model.type == "llama") {  // what the llama block is (ParseModel refuses other values)
+  if (IsDecoderModel(c->model)) {  // what the llama and gla blocks are (ParseModel refuses other values)
     c->model.mlp = "swiglu";
     c->model.bias = false;
     c->model.qk_layernorm = false;
@@ -944,6 +946,22 @@ int64_t ModelParameterCount(const ModelConfig& m) {
     total = SatAdd(total, SatMul(layers, block));
     return SatAdd(total, d);
   }
+  if (m.type == "gla") {
+    // As model_gla.cc registers them: per block the two RMSNorm gains (2d), q, k,
+    // v and g (3d x d: q and k d/2 rows each), the gate's low rank pair (16 x d,
+    // then d/2 x 16 with a bias of d/2), the output norm's gain (d / heads, shared
+    // by the heads), o_proj (d x d), gate and up (2h x d), down (d x h); the token
+    // embedding (tied head) and the final gain.
+    const int64_t dk = d / 2, dvh = m.heads > 0 ? d / m.heads : d;
+    int64_t block = SatMul(2, d);
+    block = SatAdd(block, SatMul(SatMul(4, d), d));
+    block = SatAdd(block, SatAdd(SatMul(kGlaGateRank, d), SatMul(kGlaGateRank + 1, dk)));
+    block = SatAdd(block, dvh);
+    block = SatAdd(block, SatMul(SatMul(3, hidden), d));
+    int64_t total = SatMul(m.padded_vocab, d);
+    total = SatAdd(total, SatMul(layers, block));
+    return SatAdd(total, d);
+  }
   // gpt, as model_gpt.cc's Build registers them.
   const int64_t fc_out = m.mlp == "swiglu" ? SatMul(2, hidden) : hidden;
   const int64_t hd = m.heads > 0 ? d / m.heads : d;
@@ -983,7 +1001,8 @@ Status CheckTrainingStateFits(const ModelConfig& m) {
 
 // A language model's data and shapes: token shards, heads dividing the width,
 // seq within the context, a padded vocabulary no smaller than the vocabulary;
-// llama: an even head size (RoPE turns pairs of features).
+// llama: an even head size (RoPE turns pairs of features); gla: heads also
+// divide the key width d/2.
 Status CheckLanguageModelShapes(const RunConfig& c) {
   const ModelConfig& m = c.model;
   if (c.data.train.empty()) return Status::InvalidField("data.train", "missing (" + m.type + " needs token shards)");
@@ -995,6 +1014,11 @@ Status CheckLanguageModelShapes(const RunConfig& c) {
     return Status::InvalidField("model.heads", std::to_string(m.heads) + " with model.width " + std::to_string(m.width) +
                                                    " gives head size " + std::to_string(m.width / m.heads) +
                                                    " (allowed: an even head size, which RoPE needs)");
+  }
+  if (m.type == "gla" && (m.width % 2 != 0 || (m.width / 2) % m.heads != 0)) {
+    return Status::InvalidField("model.heads", std::to_string(m.heads) + " with model.width " + std::to_string(m.width) +
+                                                   " (allowed with model.type gla: an even width whose half, the key "
+                                                   "width, model.heads divides)");
   }
   if (c.seq > m.context) {
     return Status::InvalidField("seq", std::to_string(c.seq) + " is larger than model.context " +

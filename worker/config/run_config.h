@@ -21,27 +21,39 @@ class Node;
 namespace keel {
 
 struct ModelConfig {
-  std::string type = "proxy";  // proxy | gpt | llama
-  int layers = 4;              // proxy: depth L; gpt, llama: transformer blocks
-  int width = 512;             // proxy: d; gpt, llama: model width
-  // gpt and llama (the language models)
+  std::string type = "proxy";  // proxy | gpt | llama | gla
+  int layers = 4;              // proxy: depth L; gpt, llama, gla: transformer blocks
+  int width = 512;             // proxy: d; gpt, llama, gla: model width
+  // gpt, llama and gla (the language models). gla: heads divide the key width
+  // d/2 (key head d/2/heads) and d (value head d/heads).
   int heads = 12;
   int context = 1024;          // max sequence length (gpt: position embeddings)
   int vocab = 50257;
   int padded_vocab = 0;        // 0: vocab rounded up to a multiple of 128
   int mlp_hidden = 0;          // 0: 4 x width (gelu), 8/3 x width rounded up to 64 (swiglu)
-  float ln_eps = 1e-5f;        // layernorm eps (gpt), RMSNorm eps (llama)
-  // gpt only: llama is always SwiGLU without biases or QK-LayerNorm, and the
+  float ln_eps = 1e-5f;        // layernorm eps (gpt), RMSNorm eps (llama, gla)
+  // gpt only: llama and gla are always SwiGLU without biases or QK-LayerNorm, and the
   // parser refuses these keys for it (ParseRunConfig resolves them to what it is).
   std::string mlp = "gelu";    // gelu | swiglu
   bool qk_layernorm = false;
   bool bias = true;            // false: no biases in linears and layernorms
 };
 
+// The models built on the decoder skeleton (worker/engine/model_decoder.h):
+// RMSNorm, SwiGLU, no biases, a tied head; they differ in the sequence mixer
+// (llama: softmax attention with RoPE; gla: gated linear attention).
+inline bool IsDecoderModel(const ModelConfig& model) { return model.type == "llama" || model.type == "gla"; }
+
 // The models that read token shards and see batch x seq tokens a micro-batch.
 inline bool IsLanguageModel(const ModelConfig& model) {
-  return model.type == "gpt" || model.type == "llama";
+  return model.type == "gpt" || IsDecoderModel(model);
 }
+
+// gla: the rank of the forget gate's low-rank projection, gk_proj = Linear(16 ->
+// d/2) . Linear(d -> 16) (docs/train.md), and the divisor of its logsigmoid,
+// gk = logsigmoid(gk_proj(x)) / 16, which keeps the gates near 0 (slow decay).
+constexpr int64_t kGlaGateRank = 16;
+constexpr float kGlaGateNormalizer = 16.0f;
 
 struct DataConfig {
   std::string train;  // llm.c token shard path or glob (gpt)
@@ -137,7 +149,7 @@ std::string NameProblem(const std::string& name);
 
 // The model's parameter count (proxy: model_proxy.cc's blocks; gpt:
 // model_gpt.cc's embeddings, blocks and final layernorm; llama: model_llama.cc's,
-// the formula in docs/train.md), computed from the
+// gla: model_gla.cc's, the formulas in docs/train.md), computed from the
 // config alone, saturating at INT64_MAX instead of overflowing. Needs
 // padded_vocab and mlp_hidden resolved (ParseRunConfig does that).
 int64_t ModelParameterCount(const ModelConfig& model);
@@ -169,7 +181,7 @@ Status LoadRunConfig(const std::string& path, const std::vector<std::string>& ov
 std::string SchemeToYaml(const PrecisionScheme& scheme);
 Status ParseSchemeYaml(const std::string& yaml_text, PrecisionScheme* out);
 
-// Checks cross-field rules (gpt and llama need data.train, heads divide width, the
+// Checks cross-field rules (gpt, llama and gla need data.train, heads divide width, the
 // training state fits kMaxTrainingStateBytes, ...).
 Status ValidateRunConfig(const RunConfig& config);
 

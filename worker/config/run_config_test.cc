@@ -159,6 +159,13 @@ TEST(RunConfigFieldsTest, DerivedModelSizesFollowTheirRules) {
   EXPECT_EQ(llama.mlp_hidden, 320);  // 8 * 100 / 3 = 266 -> 320
   EXPECT_EQ(llama.padded_vocab, 384);
   EXPECT_EQ(Parsed("model: {type: llama, width: 96, heads: 12}\ndata: {train: t.bin}\n").model.mlp_hidden, 256);
+  // gla: the same fixed block.
+  const ModelConfig gla = Parsed("model: {type: gla, width: 96, heads: 12}\ndata: {train: t.bin}\n").model;
+  EXPECT_EQ(gla.type, "gla");
+  EXPECT_EQ(gla.mlp, "swiglu");
+  EXPECT_FALSE(gla.bias);
+  EXPECT_FALSE(gla.qk_layernorm);
+  EXPECT_EQ(gla.mlp_hidden, 256);
   EXPECT_EQ(Parsed("model: {type: llama, heads: 8, mlp_hidden: 100}\ndata: {train: t.bin}\n").model.mlp_hidden,
             100);
 }
@@ -608,7 +615,7 @@ TEST(RunConfigErrorTest, Model) {
   ExpectErrors({
       {"model: 5\n", "r.yaml:1:8: model: expected a mapping"},
       {"model:\n  type: proxy\n  depth: 3\n", "r.yaml:3:3: model.depth: unknown key (allowed: " + keys + ")"},
-      {"model:\n  type: rnn\n", "r.yaml:2:9: model.type: unknown value 'rnn' (allowed: proxy, gpt, llama)"},
+      {"model:\n  type: rnn\n", "r.yaml:2:9: model.type: unknown value 'rnn' (allowed: proxy, gpt, llama, gla)"},
       {"model:\n  layers: 0\n", "r.yaml:2:11: model.layers: 0 is out of range (allowed: 1 .. 1024)"},
       {"model: {width: 65537}\n", "r.yaml:1:16: model.width: 65537 is out of range (allowed: 1 .. 65536)"},
       {"model: {heads: 0}\n", "r.yaml:1:16: model.heads: 0 is out of range (allowed: 1 .. 1024)"},
@@ -636,6 +643,14 @@ TEST(RunConfigErrorTest, Model) {
       {"model: {qk_layernorm: false, type: llama}\n", "r.yaml:1:23: model.qk_layernorm: 'false'" + llama},
   });
   EXPECT_EQ(Parse("model: {mlp: gelu}\n", {"model.type=llama"}).message(), "r.yaml:1:14: model.mlp: 'gelu'" + llama);
+  // The gla block too.
+  const std::string gla = " is not allowed with model.type gla (always SwiGLU, no biases, no QK-LayerNorm; "
+                          "allowed keys: type, layers, width, heads, context, vocab, padded_vocab, mlp_hidden, "
+                          "ln_eps)";
+  ExpectErrors({
+      {"model: {type: gla, mlp: gelu}\n", "r.yaml:1:25: model.mlp: 'gelu'" + gla},
+      {"model:\n  type: gla\n  bias: false\n", "r.yaml:3:9: model.bias: 'false'" + gla},
+  });
 }
 
 TEST(RunConfigErrorTest, Data) {
@@ -938,6 +953,12 @@ TEST(RunConfigErrorTest, CrossFieldRulesPointAtTheirField) {
        "r.yaml:1:58: model.padded_vocab: 256 is smaller than model.vocab 300"},
       {"model: {type: llama, heads: 8, context: 8}\ndata: {train: t.bin}\nprecision: nvfp4_recipe\nbatch: 3\n",
        "r.yaml:4:8: batch: 24 tokens (batch x seq)" + rht},
+      {"model: {type: gla, heads: 8}\n", "r.yaml:1:1: data.train: missing (gla needs token shards)"},
+      {"model: {type: gla, width: 96, heads: 32}\ndata: {train: t.bin}\n",
+       "r.yaml:1:38: model.heads: 32 with model.width 96 (allowed with model.type gla: an even width whose half, the "
+       "key width, model.heads divides)"},
+      {"model: {type: gla, width: 100, heads: 8}\ndata: {train: t.bin}\n",
+       "r.yaml:1:39: model.heads: 8 does not divide model.width 100"},
       {"model: {type: proxy, width: 65536, layers: 1024}\n",
        "r.yaml:1:29: model.width: 65536 with model.layers 1024 (proxy) gives 35184573415424 parameters, a training "
        "state of 524291.0 GiB (16 bytes per parameter: fp32 weights, gradients, Adam m and v), more than the limit "
@@ -1116,6 +1137,19 @@ TEST(RunConfigModelSizeTest, ParameterCountsMatchTheModels) {
   const int64_t d = 768, h = 2048;
   EXPECT_EQ(ModelParameterCount(config.model), 50304 * d + 12 * (2 * d + 4 * d * d + 3 * h * d) + d);
   EXPECT_EQ(ModelParameterCount(config.model), 123587328);
+  // examples/gla_124m.yaml: V d + L (2d + 4d^2 + 16 d + 17 d/2 + d/H + 3 h d) + d with
+  // H 4 (the output norm's gain d/H = 192), the rest as llama's: 123,815,424.
+  std::ifstream gla_in("examples/gla_124m.yaml");
+  std::stringstream gla_text;
+  gla_text << gla_in.rdbuf();
+  ASSERT_FALSE(gla_text.str().empty()) << "examples/gla_124m.yaml not found";
+  s = ParseRunConfig(gla_text.str(), "examples/gla_124m.yaml", {"data.train=x.bin"}, &config);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(config.model.type, "gla");
+  EXPECT_EQ(config.model.mlp_hidden, 2048);
+  EXPECT_EQ(ModelParameterCount(config.model),
+            50304 * d + 12 * (2 * d + 4 * d * d + 16 * d + 17 * d / 2 + d / 4 + 3 * h * d) + d);
+  EXPECT_EQ(ModelParameterCount(config.model), 123815424);
 }
 
 TEST(RunConfigModelSizeTest, ModelsBeyondTheStateLimitAreRefusedWithTheEstimate) {
@@ -1147,7 +1181,8 @@ TEST(RunConfigModelSizeTest, ModelsBeyondTheStateLimitAreRefusedWithTheEstimate)
 }
 
 TEST(RunConfigModelSizeTest, EveryExampleRunConfigStillParses) {
-  for (const char* name : {"gpt2_124m", "gpt_fortunes_cpu", "llama_124m", "llama_fortunes_cpu", "proxy_cpu",
+  for (const char* name : {"gla_124m", "gla_fortunes_cpu", "gpt2_124m", "gpt_fortunes_cpu", "llama_124m",
+                           "llama_fortunes_cpu", "proxy_cpu",
                            "proxy_mxfp8_e4m3",
                            "proxy_mxfp8_e4m3_policy", "proxy_mxfp8_e4m3_policy_tuned",
                            "proxy_mxfp8_e4m3_policy_default"}) {

@@ -246,5 +246,12 @@ TEST(GradBucketsTest, LlamaReportsEachTensorOnceAfterItsLastWrite) {
              "data: {train: unused.bin}\nbatch: 2\nseq: 16\n");
 }
 
+// gla: the gate's bias and the output norm's gain too, and x's two paths
+// (qkvg and the gate) both finished before the block's input norm.
+TEST(GradBucketsTest, GlaReportsEachTensorOnceAfterItsLastWrite) {
+  CheckHooks("model: {type: gla, layers: 3, width: 32, heads: 2, context: 16, vocab: 256}\n"
+             "data: {train: unused.bin}\nbatch: 2\nseq: 16\n");
+}
+
 }  // namespace
 }  // namespace keel

@@ -10,6 +10,7 @@ namespace keel {
 std::unique_ptr<Model> NewProxyModel(const RunConfig& config, Backend* backend);
 std::unique_ptr<Model> NewGptModel(const RunConfig& config, Backend* backend);
 std::unique_ptr<Model> NewLlamaModel(const RunConfig& config, Backend* backend);
+std::unique_ptr<Model> NewGlaModel(const RunConfig& config, Backend* backend);
 
 Model::~Model() {
   for (void* p : allocations_) backend_->Free(p);
@@ -83,9 +84,11 @@ Status MakeModel(const RunConfig& config, Backend* backend, std::unique_ptr<Mode
     model = NewGptModel(config, backend);
   } else if (config.model.type == "llama") {
     model = NewLlamaModel(config, backend);
+  } else if (config.model.type == "gla") {
+    model = NewGlaModel(config, backend);
   } else {
     return Status::Error("model.type: unknown value '" + config.model.type +
-                         "' (allowed: proxy, gpt, llama)");
+                         "' (allowed: proxy, gpt, llama, gla)");
   }
   Status s = model->Build();
   if (!s.ok()) return s;

@@ -8,7 +8,9 @@
 //   - the llama model: a Llama-style decoder LM (RMSNorm, RoPE, causal softmax
 //     attention, SwiGLU, no biases, head tied to the token embedding), written
 //     as DecoderModel (model_decoder.h), whose sequence mixer is the one part a
-//     model of that family supplies (model_llama.cc: softmax attention).
+//     model of that family supplies (model_llama.cc: softmax attention);
+//   - the gla model: the same decoder with gated linear attention as the mixer
+//     (model_gla.cc).
 // Parameters live in one flat backend buffer (so the optimizer, clipping and
 // checkpoints see one array); ParamInfo says where each tensor sits.
 #ifndef KEEL_WORKER_ENGINE_MODEL_H_
@@ -38,7 +40,7 @@ struct ParamInfo {
   bool ln_gamma = false;       // a layernorm gain (gamma mean/std are logged)
 };
 
-// One micro-batch. gpt, llama: batch x seq tokens and next-token targets. proxy:
+// One micro-batch. gpt, llama, gla: batch x seq tokens and next-token targets. proxy:
 // data_seed draws x ~ N(0, I) and the target noise.
 struct Batch {
   std::vector<int32_t> inputs;
@@ -62,7 +64,7 @@ class Model {
   int blocks() const { return blocks_; }
   // Names of the quantized linear layers, in statistics-slot order.
   const std::vector<std::string>& linear_names() const { return linear_names_; }
-  // Samples (proxy) or tokens (gpt, llama) one micro-batch holds.
+  // Samples (proxy) or tokens (gpt, llama, gla) one micro-batch holds.
   virtual int64_t items_per_batch() const = 0;
 
   // Registers the parameters and allocates parameters and activations (MakeModel

@@ -25,7 +25,7 @@ DecoderModel::DecoderModel(const RunConfig& config, Backend* backend)
 }
 
 int DecoderModel::AddTensor(const std::string& name, std::vector<int64_t> shape, int block, Kind kind) {
-  AddParam(name, std::move(shape), block, kind != Kind::kGain, kind == Kind::kGain);
+  AddParam(name, std::move(shape), block, kind == Kind::kMatrix || kind == Kind::kOutput, kind == Kind::kGain);
   kinds_.push_back(kind);
   return static_cast<int>(params_.size()) - 1;
 }
@@ -96,6 +96,7 @@ Status DecoderModel::Init(uint64_t seed) {
       std::fill(dst, dst + p.count, 1.0f);
       continue;
     }
+    if (kinds_[i] == Kind::kBias) continue;  // zeros
     InitNormal(Mix(seed, i), kinds_[i] == Kind::kOutput ? output_std : 0.02f, dst, p.count);
     if (static_cast<int>(i) == embed_) {
       // Padded vocabulary rows never see a target; keep them zero.

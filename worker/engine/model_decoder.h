@@ -1,12 +1,13 @@
 // DecoderModel: the decoder LM skeleton that the llama model (model_llama.cc)
-// fills with causal softmax attention and that a gated-linear-attention model can
-// fill with its own mixer, so that the two differ in the sequence mixer alone:
+// fills with causal softmax attention and the gla model (model_gla.cc) with
+// gated linear attention, so that the two differ in the sequence mixer alone:
 //   token embedding (no learned positions)
 //   per block:  x <- x + Mixer(RMSNorm(x))
 //               x <- x + down(silu(gate(h)) * up(h)),  h = RMSNorm(x)
 //   final RMSNorm, LM head tied to the token embedding, softmax cross-entropy
 //   over the real vocabulary (padded columns never count).
-// No biases anywhere. RMSNorm: eps model.ln_eps, a learned gain, no centring
+// No biases in the skeleton (a mixer may register its own: gla's gate has one).
+// RMSNorm: eps model.ln_eps, a learned gain, no centring
 // (nn.h RmsNormForward). gate and up are one [2h, d] matrix (rows [0, h) gate,
 // [h, 2h) up) feeding nn.h's SwigluForward; h = model.mlp_hidden. Every matrix
 // multiply is a Backend linear layer, so every precision scheme applies to it;
@@ -28,8 +29,8 @@ class DecoderModel : public Model {
   int64_t items_per_batch() const override { return bt_; }
   Status Build() override;
   // Matrices N(0, 0.02), the residual outputs (kOutput: the mixer's output
-  // projection, the MLP's down) N(0, 0.02 / sqrt(2 layers)), gains 1, the
-  // embedding's padded vocabulary rows 0; tensor i from seed and i.
+  // projection, the MLP's down) N(0, 0.02 / sqrt(2 layers)), gains 1, biases 0,
+  // the embedding's padded vocabulary rows 0; tensor i from seed and i.
   Status Init(uint64_t seed) override;
   Status ForwardBackward(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed,
                          float grad_scale, bool stats, float* grads, double* loss,
@@ -46,7 +47,8 @@ class DecoderModel : public Model {
     uint64_t quant_seed = 0;
     bool stats = false;
   };
-  enum class Kind { kMatrix, kOutput, kGain };
+  // kBias: a linear layer's bias (no weight decay, not quantized, init 0).
+  enum class Kind { kMatrix, kOutput, kGain, kBias };
 
   // ---- The mixer: what a subclass supplies ------------------------------------------
   // Names of one block's mixer linear layers in their statistics-slot order
@@ -68,13 +70,16 @@ class DecoderModel : public Model {
                                const Pass& pass, float* grads, const GradientReady& ready) = 0;
 
   // ---- For the mixer ----------------------------------------------------------------
-  // Registers a tensor (matrices decay, gains are logged as layernorm gains);
+  // Registers a tensor (matrices decay, gains are logged as layernorm gains,
+  // biases neither);
   // returns its index in params_.
   int AddTensor(const std::string& name, std::vector<int64_t> shape, int block, Kind kind);
   // The linear layer `which` of block `block` (mixer layers first, then gate_up
   // and down); block -1 is the LM head.
   LinearQuant Quant(const Pass& pass, int block, int which) const;
   float* Grad(float* grads, int index) const { return grads + params_[index].offset; }
+  // A gain (Kind::kGain) as this pass uses it: the scheme's layernorm-format copy.
+  float* Gain(int index) const { return gains_ + params_[index].offset; }
 
   const ModelConfig m_;
   const int batch_, seq_;
@@ -90,7 +95,6 @@ class DecoderModel : public Model {
 
   // The scheme's copy of every gain (QuantizeDequantize by scheme.layernorm).
   Status QuantizeGains(const Pass& pass);
-  float* Gain(int index) const { return gains_ + params_[index].offset; }
   // The forward pass (GptModel's contract): *loss = the mean loss over the
   // *valid targets that count; training (grad_scale set, some target counts)
   // leaves dlogits in logits_.

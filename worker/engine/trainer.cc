@@ -150,7 +150,7 @@ Status Trainer::Create(const RunConfig& config, std::unique_ptr<Trainer>* out) {
   return Status::Ok();
 }
 
-// The token loaders of a gpt or llama run (data.train, and data.val when given).
+// The token loaders of a gpt, llama or gla run (data.train, and data.val when given).
 Status Trainer::OpenData() {
   const RunConfig& config = config_;
   Status opened = TokenLoader::Open(config.data.train, config.batch, config.seq, &train_loader_);
