@@ -17,8 +17,8 @@
 // top-k, Jaccard) are plain host math on what the backend returns.
 //
 // How a role sees its operand (OutlierViewOf): the tensor, its channel axis and
-// the axis of its NVFP4 blocks, those of the role's GEMM (docs/numerics.md,
-// "Operand roles and axes"):
+// the axis of its NVFP4 blocks, those of the role's GEMM
+// (docs/numerics.md, "Operand roles and axes"):
 //   role      tensor          channels                 NVFP4 1x16 blocks
 //   fwd_x     x  [rows, in]   columns (in)             along in
 //   fwd_w     w  [out, in]    columns (in)             along in

@@ -475,7 +475,7 @@ TEST(SweepTest, UnknownKeyInBaseListsAllowed) {
   SweepPlan plan;
   Status s = Expand("name: t\nbase:\n  steps: 10\n  bach: 3\n", &plan);
   ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.message().rfind("s.yaml:4:3: base.bach: unknown key (allowed: backend, batch,", 0), 0u)
+  EXPECT_EQ(s.message().rfind("s.yaml:4:3: base.bach: unknown key (allowed: analytics, analytics_every, backend, batch,", 0), 0u)
       << s.message();
 }
 
