@@ -138,7 +138,9 @@ for _ in $(seq 120); do
   sleep 0.25
 done
 [ "$(squeue --noheader --name=keel-worker-test -o '%i' | wc -l)" = 0 ] || fail "worker jobs still in squeue 30 s after the sweep"
-grep -l "idle for 4 s" "$D"/job-*.out > /dev/null || fail "no job output says its worker exited idle"
+for f in "$D"/job-*.out; do
+  grep -q "idle for 4 s" "$f" || fail "$(basename "$f"): its worker did not exit idle"
+done
 sleep 6
 after="$(grep -c "keeld: slurm: submitted job" "$D/keeld.log")"
 [ "$after" = "$submitted" ] || fail "keeld submitted more jobs with nothing queued ($submitted -> $after)"

@@ -192,6 +192,11 @@ void Agent::PublishStats(bool connected) {
   stats_.trainers = static_cast<int>(runs_.size());
   stats_.connected = connected;
   stats_.unacknowledged = static_cast<int64_t>(pending_.size() + unacked_.size());
+  int64_t work = 0;
+  for (const auto* queue : {&pending_, &unacked_}) {
+    for (const v1::WorkerMessage& m : *queue) work += m.has_heartbeat() ? 0 : 1;
+  }
+  stats_.unacknowledged_work = work;
   stats_.checkpoints_uploaded = uploader_->uploaded();
   stats_.checkpoint_uploads_failed = uploader_->failed();
 }

@@ -79,6 +79,7 @@ struct AgentStats {
   std::map<std::string, int64_t> exits;      // by outcome: ok, failed, signal, interrupted, diverged
   bool connected = false;                    // stream to keeld open
   int64_t unacknowledged = 0;                // messages not yet acknowledged by keeld
+  int64_t unacknowledged_work = 0;           // the same, heartbeats left out (there is nearly always one)
   int64_t checkpoints_uploaded = 0, checkpoint_uploads_failed = 0;
   int64_t checkpoints_downloaded = 0, checkpoint_downloads_failed = 0;  // downloads failed for good
 };

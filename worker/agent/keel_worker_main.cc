@@ -65,9 +65,9 @@ const char kUsage[] =
     "                       keel_worker_trainers, keel_worker_trainer_starts_total,\n"
     "                       keel_worker_trainer_exits_total{outcome}, keel_worker_connected,\n"
     "                       keel_worker_unacknowledged_messages, keel_worker_gpu_memory_{used,total}_bytes{gpu}\n"
-    "  --exit-when-idle-s N  exit (status 0) after N seconds holding no run and with every message\n"
-    "                       acknowledged, connected to keeld or not: how a Slurm job's worker gives\n"
-    "                       its allocation back (deploy/slurm/; default 0: never)\n"
+    "  --exit-when-idle-s N  exit (status 0) after N seconds holding no run, with every message but\n"
+    "                       heartbeats acknowledged, connected to keeld or not: how a Slurm job's\n"
+    "                       worker gives its allocation back (deploy/slurm/; default 0: never)\n"
     "Ctrl-C or SIGTERM stops the worker; its trainers are stopped with it.\n";
 
 int Fail(const std::string& message) { return keel::FlagError("keel-worker", message); }
@@ -218,9 +218,10 @@ int main(int argc, char** argv) {
       Clock::time_point idle_since = Clock::now();
       while (!stop.load()) {
         const keel::AgentStats st = agent.stats();
-        if (st.trainers > 0 || st.unacknowledged > 0) idle_since = Clock::now();
+        // Heartbeats do not count: one is nearly always on its way.
+        if (st.trainers > 0 || st.unacknowledged_work > 0) idle_since = Clock::now();
         if (Clock::now() - idle_since >= std::chrono::seconds(exit_when_idle_s)) {
-          std::fprintf(stderr, "keel-worker: idle for %d s (no run, nothing unacknowledged): exiting\n",
+          std::fprintf(stderr, "keel-worker: idle for %d s (no run, nothing but heartbeats unacknowledged): exiting\n",
                        exit_when_idle_s);
           stop = true;
           break;
