@@ -92,7 +92,11 @@ ln -s "$root/worker/agent/keel-worker" "$D/bin/keel-worker"
 ln -s "$root/worker/engine/keel-train" "$D/bin/keel-train"
 port="$(free_port)"
 export KEEL_SERVER="127.0.0.1:$port"
-KEEL_BIN="$D/bin" KEEL_WORKER_CPU_SLOTS=1 KEEL_WORKER_IDLE_S=4 KEEL_DATA_ROOT="$D/data" KEEL_WORK_DIR= \
+# TMPDIR reaches the jobs through sbatch (--export=ALL): their work dirs
+# ($TMPDIR/keel-worker-JOBID) are this test's, even when another copy of it
+# runs beside it with the same job ids.
+mkdir -p "$D/tmp"
+TMPDIR="$D/tmp" KEEL_BIN="$D/bin" KEEL_WORKER_CPU_SLOTS=1 KEEL_WORKER_IDLE_S=4 KEEL_DATA_ROOT="$D/data" KEEL_WORK_DIR= \
   "$keeld" --listen "$KEEL_SERVER" --state-dir "$D/keeld" --metrics-listen off \
   --slurm-sbatch "$script" --slurm-max-jobs 2 --slurm-job-name keel-worker-test \
   --slurm-sbatch-args "--cpus-per-task=1 --output=$D/job-%j.out" > "$D/keeld.log" 2>&1 &
