@@ -30,13 +30,13 @@ Status SnapshotCheckpoint(const std::string& from, const std::string& to) {
   return Status::Ok();
 }
 
-Status UploadCheckpointDir(v1::WorkerService::Stub* stub, const std::string& token, const std::string& worker_id,
-                           const std::string& dir, v1::CheckpointHeader header, v1::UploadCheckpointResponse* result) {
+Status UploadCheckpointDir(v1::WorkerService::Stub* stub, grpc::ClientContext* context, const std::string& token,
+                           const std::string& worker_id, const std::string& dir, v1::CheckpointHeader header,
+                           v1::UploadCheckpointResponse* result) {
   KEEL_RETURN_IF_ERROR(DescribeCheckpoint(dir, &header));
-  grpc::ClientContext context;
-  context.AddMetadata("authorization", "Bearer " + token);
-  context.AddMetadata("keel-worker-id", worker_id);
-  auto writer = stub->UploadCheckpoint(&context, result);
+  context->AddMetadata("authorization", "Bearer " + token);
+  context->AddMetadata("keel-worker-id", worker_id);
+  auto writer = stub->UploadCheckpoint(context, result);
   Status sent = SendCheckpoint(dir, header, [&](const v1::CheckpointChunk& c) { return writer->Write(c); });
   if (sent.ok()) writer->WritesDone();
   // keeld may answer before taking every byte (the checkpoint is stored
@@ -79,6 +79,7 @@ CheckpointUploader::~CheckpointUploader() {
     stop_ = true;
     for (auto& p : pending_) RemoveFlatDir(p.second.dir);
     pending_.clear();
+    if (active_ != nullptr) active_->TryCancel();
   }
   cv_.notify_all();
   thread_.join();
@@ -125,7 +126,23 @@ void CheckpointUploader::Loop() {
     auto stub = v1::WorkerService::NewStub(channel);
     v1::UploadCheckpointResponse result;
     const auto start = std::chrono::steady_clock::now();
-    Status s = UploadCheckpointDir(stub.get(), token_, worker_id, job.dir, job.header, &result);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(kUploadDeadlineS));
+    bool stopping = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping = stop_;
+      if (!stopping) active_ = &context;
+    }
+    if (stopping) {
+      RemoveFlatDir(job.dir);
+      return;
+    }
+    Status s = UploadCheckpointDir(stub.get(), &context, token_, worker_id, job.dir, job.header, &result);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      active_ = nullptr;
+    }
     RemoveFlatDir(job.dir);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (s.ok()) {

@@ -33,9 +33,15 @@ namespace keel {
 Status SnapshotCheckpoint(const std::string& from, const std::string& to);
 
 // Uploads checkpoint directory `dir` as run_id/step (UploadCheckpoint, one
-// stream, `worker_id` in the metadata). *result: keeld's answer.
-Status UploadCheckpointDir(v1::WorkerService::Stub* stub, const std::string& token, const std::string& worker_id,
-                           const std::string& dir, v1::CheckpointHeader header, v1::UploadCheckpointResponse* result);
+// stream, `worker_id` in the metadata). *result: keeld's answer. `context`
+// (fresh; its deadline, if any, set by the caller) lets another thread cancel it.
+Status UploadCheckpointDir(v1::WorkerService::Stub* stub, grpc::ClientContext* context, const std::string& token,
+                           const std::string& worker_id, const std::string& dir, v1::CheckpointHeader header,
+                           v1::UploadCheckpointResponse* result);
+
+// How long one checkpoint's upload may take before it is given up (the next
+// checkpoint is uploaded in its turn).
+constexpr int kUploadDeadlineS = 1800;
 
 // Downloads run_id/step (DownloadCheckpoint) into the new directory `dest`,
 // verified (checkpoint_transfer.h ReceiveCheckpoint). `context` lets another
@@ -49,7 +55,7 @@ Status DownloadCheckpointDir(v1::WorkerService::Stub* stub, grpc::ClientContext*
 class CheckpointUploader {
  public:
   CheckpointUploader(std::string token, bool verbose);
-  ~CheckpointUploader();  // gives up what is pending and joins the thread
+  ~CheckpointUploader();  // gives up what is pending, cancels the upload under way, joins the thread
 
   // The channel and worker id of the agent's current connection.
   void SetConnection(std::shared_ptr<grpc::Channel> channel, const std::string& worker_id);
@@ -73,6 +79,7 @@ class CheckpointUploader {
   std::condition_variable cv_;
   std::shared_ptr<grpc::Channel> channel_;
   std::string worker_id_;
+  grpc::ClientContext* active_ = nullptr;  // the upload under way (cancelled by the destructor)
   std::map<std::string, Job> pending_;  // by run id
   bool stop_ = false;
   std::atomic<int64_t> uploaded_{0}, failed_{0};
