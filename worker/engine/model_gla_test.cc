@@ -16,29 +16,15 @@
 #include "kernels/nn.h"
 #include "worker/config/run_config.h"
 #include "worker/engine/model.h"
+#include "worker/engine/model_test_util.h"
 
 namespace keel {
 namespace {
 
-struct Net {
-  RunConfig config;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Model> model;
-};
-
-void MakeNet(const std::string& model_yaml, const std::string& rest, Net* net) {
-  const Status parsed =
-      ParseRunConfig("model: " + model_yaml + "\ndata: {train: unused.bin}\n" + rest, "test", {}, &net->config);
-  ASSERT_TRUE(parsed.ok()) << parsed.message();
-  ASSERT_TRUE(MakeBackend("cpu", 2, &net->backend).ok());
-  const Status made = MakeModel(net->config, net->backend.get(), &net->model);
-  ASSERT_TRUE(made.ok()) << made.message();
-}
-
 TEST(GlaModelTest, ParametersAreTheDocumentedTensors) {
-  Net net;
+  TestNet net;
   ASSERT_NO_FATAL_FAILURE(
-      MakeNet("{type: gla, layers: 2, width: 64, heads: 2, context: 32, vocab: 100}", "batch: 2\nseq: 32\n", &net));
+      MakeTestNet("{type: gla, layers: 2, width: 64, heads: 2, context: 32, vocab: 100}", "batch: 2\nseq: 32\n", &net));
   const ModelConfig& m = net.config.model;
   EXPECT_EQ(m.padded_vocab, 128);
   EXPECT_EQ(m.mlp_hidden, 192);  // 8/3 x 64 = 170 -> 192
@@ -93,9 +79,9 @@ TEST(GlaModelTest, ParametersAreTheDocumentedTensors) {
 // The initial weights: gains 1, the gate's bias 0 (every gate starts at
 // logsigmoid(gk_proj(x)) / 16 with a small argument), matrices N(0, 0.02).
 TEST(GlaModelTest, InitZeroesTheGateBias) {
-  Net net;
+  TestNet net;
   ASSERT_NO_FATAL_FAILURE(
-      MakeNet("{type: gla, layers: 1, width: 32, heads: 2, context: 8, vocab: 64}", "batch: 1\nseq: 8\n", &net));
+      MakeTestNet("{type: gla, layers: 1, width: 32, heads: 2, context: 8, vocab: 64}", "batch: 1\nseq: 8\n", &net));
   ASSERT_TRUE(net.model->Init(7).ok());
   std::vector<float> w(net.model->param_count());
   ASSERT_TRUE(net.backend->Download(w.data(), net.model->params(), w.size() * sizeof(float)).ok());
@@ -125,9 +111,9 @@ TEST(GlaModelTest, InitZeroesTheGateBias) {
 // fp32 noise is ~4/3 of the plain one at s/2, ~1e-3 absolute. The check allows
 // 1e-2 relative with a floor of 2e-3, as model_llama_test (observed: 3.6e-3).
 TEST(GlaModelTest, WholeModelGradientMatchesFiniteDifferences) {
-  Net net;
+  TestNet net;
   ASSERT_NO_FATAL_FAILURE(
-      MakeNet("{type: gla, layers: 2, width: 16, heads: 2, context: 8, vocab: 40, ln_eps: 1.0e-5}",
+      MakeTestNet("{type: gla, layers: 2, width: 16, heads: 2, context: 8, vocab: 40, ln_eps: 1.0e-5}",
               "batch: 2\nseq: 8\nthreads: 2\n", &net));
   Model* model = net.model.get();
   Backend* b = net.backend.get();

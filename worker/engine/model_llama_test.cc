@@ -15,29 +15,15 @@
 #include "kernels/nn.h"
 #include "worker/config/run_config.h"
 #include "worker/engine/model.h"
+#include "worker/engine/model_test_util.h"
 
 namespace keel {
 namespace {
 
-struct Net {
-  RunConfig config;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Model> model;
-};
-
-void MakeNet(const std::string& model_yaml, const std::string& rest, Net* net) {
-  const Status parsed =
-      ParseRunConfig("model: " + model_yaml + "\ndata: {train: unused.bin}\n" + rest, "test", {}, &net->config);
-  ASSERT_TRUE(parsed.ok()) << parsed.message();
-  ASSERT_TRUE(MakeBackend("cpu", 2, &net->backend).ok());
-  const Status made = MakeModel(net->config, net->backend.get(), &net->model);
-  ASSERT_TRUE(made.ok()) << made.message();
-}
-
 TEST(LlamaModelTest, ParametersAreTheDocumentedTensors) {
-  Net net;
+  TestNet net;
   ASSERT_NO_FATAL_FAILURE(
-      MakeNet("{type: llama, layers: 2, width: 48, heads: 4, context: 32, vocab: 100}", "batch: 2\nseq: 32\n", &net));
+      MakeTestNet("{type: llama, layers: 2, width: 48, heads: 4, context: 32, vocab: 100}", "batch: 2\nseq: 32\n", &net));
   const ModelConfig& m = net.config.model;
   // The defaults: vocab padded to 128, SwiGLU hidden 8/3 x 48 = 128 (a multiple of 64).
   EXPECT_EQ(m.padded_vocab, 128);
@@ -92,9 +78,9 @@ TEST(LlamaModelTest, ParametersAreTheDocumentedTensors) {
 // ~1e-6. The check allows 1e-2 relative with a floor of 2e-3 (observed:
 // largest error 2.2e-3 relative; without RoPE's backward, errors of 10-80%).
 TEST(LlamaModelTest, WholeModelGradientMatchesFiniteDifferences) {
-  Net net;
+  TestNet net;
   ASSERT_NO_FATAL_FAILURE(
-      MakeNet("{type: llama, layers: 2, width: 16, heads: 2, context: 8, vocab: 40, ln_eps: 1.0e-5}",
+      MakeTestNet("{type: llama, layers: 2, width: 16, heads: 2, context: 8, vocab: 40, ln_eps: 1.0e-5}",
               "batch: 2\nseq: 8\nthreads: 2\n", &net));
   Model* model = net.model.get();
   Backend* b = net.backend.get();
