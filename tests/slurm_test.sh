@@ -46,7 +46,7 @@ SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
 SlurmUser=$(id -un)
-SlurmdUser=root
+SlurmdUser=$(id -un)
 AuthType=auth/munge
 AuthInfo=socket=$D/munge.sock
 CredType=cred/munge
