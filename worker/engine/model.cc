@@ -48,6 +48,33 @@ Status Model::Final(const GradientReady& ready, std::initializer_list<int> indic
   return Status::Ok();
 }
 
+Status Model::UploadTokens(const Batch& batch, const std::string& type, int64_t bt, int32_t* tokens,
+                           int32_t* targets, int64_t* valid) {
+  if (static_cast<int64_t>(batch.inputs.size()) != bt || static_cast<int64_t>(batch.targets.size()) != bt) {
+    return Status::Error(type + ": batch holds " + std::to_string(batch.inputs.size()) +
+                         " tokens, expected batch x seq = " + std::to_string(bt));
+  }
+  *valid = 0;
+  for (int32_t t : batch.targets) *valid += t >= 0;
+  KEEL_RETURN_IF_ERROR(backend_->Upload(tokens, batch.inputs.data(), bt * sizeof(int32_t)));
+  return backend_->Upload(targets, batch.targets.data(), bt * sizeof(int32_t));
+}
+
+Status Model::LanguageModelLoss(float* logits, const int32_t* targets, float* losses, int64_t bt,
+                                int64_t padded_vocab, int64_t vocab, const float* grad_scale, int64_t valid,
+                                double* loss) {
+  if (grad_scale != nullptr && valid > 0) {
+    const float scale = *grad_scale / static_cast<float>(valid);
+    KEEL_RETURN_IF_ERROR(backend_->CrossEntropyFused(logits, targets, losses, logits, bt, padded_vocab, vocab, scale));
+  } else {
+    KEEL_RETURN_IF_ERROR(backend_->CrossEntropyForward(logits, targets, losses, bt, padded_vocab, vocab));
+  }
+  std::vector<double> sums;
+  KEEL_RETURN_IF_ERROR(backend_->Sums({Span{losses, bt}}, &sums));
+  *loss = valid > 0 ? sums[0] / static_cast<double>(valid) : 0.0;
+  return Status::Ok();
+}
+
 Status Model::AllocateParams() {
   param_count_ = (param_count_ + 63) / 64 * 64;
   return Scratch(param_count_, &weights_);

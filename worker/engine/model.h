@@ -111,6 +111,17 @@ class Model {
   Status LinearPlusResidual(const float* x, const float* w, const float* bias, const float* residual, float* y,
                             int64_t rows, int64_t in, int64_t out, const LinearQuant& q);
   float* P(size_t index) const { return weights_ + params_[index].offset; }
+  // A language model's batch: refused ("TYPE: batch holds ...") unless it holds
+  // bt tokens and bt targets; both uploaded; *valid = the targets that count
+  // (>= 0).
+  Status UploadTokens(const Batch& batch, const std::string& type, int64_t bt, int32_t* tokens, int32_t* targets,
+                      int64_t* valid);
+  // *loss = the mean cross-entropy over the `valid` targets that count, of
+  // logits (bt x padded_vocab, the first `vocab` columns real; losses: bt
+  // scratch). Training (grad_scale set, valid > 0): the fused pass also leaves
+  // dlogits = grad_scale / valid * d(sum of losses)/d logits in `logits`.
+  Status LanguageModelLoss(float* logits, const int32_t* targets, float* losses, int64_t bt, int64_t padded_vocab,
+                           int64_t vocab, const float* grad_scale, int64_t valid, double* loss);
   // ready(i) for each i of `indices` that is a tensor (>= 0; an absent one is
   // -1), in order; nothing when ready is not set.
   static Status Final(const GradientReady& ready, std::initializer_list<int> indices);

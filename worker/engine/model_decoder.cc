@@ -118,14 +118,7 @@ Status DecoderModel::QuantizeGains(const Pass& pass) {
 
 Status DecoderModel::Forward(const Batch& batch, const Pass& pass, const float* grad_scale, double* loss,
                              int64_t* valid) {
-  if (static_cast<int64_t>(batch.inputs.size()) != bt_ || static_cast<int64_t>(batch.targets.size()) != bt_) {
-    return Status::Error(m_.type + ": batch holds " + std::to_string(batch.inputs.size()) +
-                         " tokens, expected batch x seq = " + std::to_string(bt_));
-  }
-  *valid = 0;
-  for (int32_t t : batch.targets) *valid += t >= 0;
-  KEEL_RETURN_IF_ERROR(backend_->Upload(tokens_, batch.inputs.data(), bt_ * sizeof(int32_t)));
-  KEEL_RETURN_IF_ERROR(backend_->Upload(targets_, batch.targets.data(), bt_ * sizeof(int32_t)));
+  KEEL_RETURN_IF_ERROR(UploadTokens(batch, m_.type, bt_, tokens_, targets_, valid));
   KEEL_RETURN_IF_ERROR(QuantizeGains(pass));
   KEEL_RETURN_IF_ERROR(backend_->EmbeddingForward(tokens_, P(embed_), nullptr, res_[0], batch_, seq_, d_));
   const int mlp = slots_per_block_ - 2;  // the MLP's first linear slot within a block
@@ -147,17 +140,7 @@ Status DecoderModel::Forward(const Batch& batch, const Pass& pass, const float* 
       backend_->RmsNormForward(res_[blocks_], Gain(norm_), final_norm_, final_rstd_, bt_, d_, m_.ln_eps));
   KEEL_RETURN_IF_ERROR(backend_->LinearForward(final_norm_, P(embed_), nullptr, nullptr, logits_, bt_, d_,
                                                m_.padded_vocab, Quant(pass, -1, 0)));
-  if (grad_scale != nullptr && *valid > 0) {
-    const float scale = *grad_scale / static_cast<float>(*valid);
-    KEEL_RETURN_IF_ERROR(backend_->CrossEntropyFused(logits_, targets_, losses_, logits_, bt_, m_.padded_vocab,
-                                                     m_.vocab, scale));
-  } else {
-    KEEL_RETURN_IF_ERROR(backend_->CrossEntropyForward(logits_, targets_, losses_, bt_, m_.padded_vocab, m_.vocab));
-  }
-  std::vector<double> sums;
-  KEEL_RETURN_IF_ERROR(backend_->Sums({Span{losses_, bt_}}, &sums));
-  *loss = *valid > 0 ? sums[0] / static_cast<double>(*valid) : 0.0;
-  return Status::Ok();
+  return LanguageModelLoss(logits_, targets_, losses_, bt_, m_.padded_vocab, m_.vocab, grad_scale, *valid, loss);
 }
 
 Status DecoderModel::ForwardBackward(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed,

@@ -286,15 +286,7 @@ class GptModel : public Model {
   // the logits themselves after it). Evaluation (null): logits_ keeps the logits.
   Status Forward(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed, bool stats,
                  const float* grad_scale, double* loss, int64_t* valid) {
-    if (static_cast<int64_t>(batch.inputs.size()) != bt_ ||
-        static_cast<int64_t>(batch.targets.size()) != bt_) {
-      return Status::Error("gpt: batch holds " + std::to_string(batch.inputs.size()) +
-                           " tokens, expected batch x seq = " + std::to_string(bt_));
-    }
-    *valid = 0;
-    for (int32_t t : batch.targets) *valid += t >= 0;
-    KEEL_RETURN_IF_ERROR(backend_->Upload(tokens_, batch.inputs.data(), bt_ * sizeof(int32_t)));
-    KEEL_RETURN_IF_ERROR(backend_->Upload(targets_, batch.targets.data(), bt_ * sizeof(int32_t)));
+    KEEL_RETURN_IF_ERROR(UploadTokens(batch, "gpt", bt_, tokens_, targets_, valid));
     KEEL_RETURN_IF_ERROR(QuantizeAffine(scheme, quant_seed));
     KEEL_RETURN_IF_ERROR(backend_->EmbeddingForward(tokens_, P(wte_), P(wpe_), res_[0], batch_, seq_, d_));
     for (int l = 0; l < blocks_; ++l) {
@@ -335,17 +327,7 @@ class GptModel : public Model {
                                                lnf_mean_, lnf_rstd_, bt_, d_, m_.ln_eps));
     KEEL_RETURN_IF_ERROR(backend_->LinearForward(lnf_, P(wte_), nullptr, nullptr, logits_, bt_, d_, m_.padded_vocab,
                                             Quant(scheme, -1, 0, quant_seed, stats)));
-    if (grad_scale != nullptr && *valid > 0) {
-      const float scale = *grad_scale / static_cast<float>(*valid);
-      KEEL_RETURN_IF_ERROR(backend_->CrossEntropyFused(logits_, targets_, losses_, logits_, bt_, m_.padded_vocab,
-                                                       m_.vocab, scale));
-    } else {
-      KEEL_RETURN_IF_ERROR(backend_->CrossEntropyForward(logits_, targets_, losses_, bt_, m_.padded_vocab, m_.vocab));
-    }
-    std::vector<double> sums;
-    KEEL_RETURN_IF_ERROR(backend_->Sums({Span{losses_, bt_}}, &sums));
-    *loss = *valid > 0 ? sums[0] / static_cast<double>(*valid) : 0.0;
-    return Status::Ok();
+    return LanguageModelLoss(logits_, targets_, losses_, bt_, m_.padded_vocab, m_.vocab, grad_scale, *valid, loss);
   }
 
   ModelConfig m_;
