@@ -128,35 +128,29 @@ TEST(TrainerParityTest, Proxy) {
   }
 }
 
-TEST(TrainerParityTest, Gpt) {
+// A language model of `type` (gpt, llama, gla) at one size, on the byte
+// shard KEEL_PARITY_SHARD (default data/fortunes_train.bin), in every scheme.
+void CompareLanguageModel(const std::string& type) {
   const char* env = std::getenv("KEEL_PARITY_SHARD");
   std::string shard = env ? env : "data/fortunes_train.bin";
   for (const auto& s : kSchemes) {
-    Compare(std::string("gpt ") + s.scheme,
-            "model: {type: gpt, layers: " + Layers(s.scheme) + ", width: 128, heads: 4, context: 64, vocab: 256}\n"
-            "data: {train: " + shard + "}\nbatch: 8\nseq: 64\nseed: 3\n"
-            "optimizer: {type: adamw, lr: 2.0e-3, beta2: 0.95, weight_decay: 0.1, grad_clip: 1.0}\n"
-            "precision: " + std::string(s.scheme) + "\n",
+    Compare(type + " " + s.scheme,
+            "model: {type: " + type + ", layers: " + Layers(s.scheme) +
+                ", width: 128, heads: 4, context: 64, vocab: 256}\n"
+                "data: {train: " + shard + "}\nbatch: 8\nseq: 64\nseed: 3\n"
+                "optimizer: {type: adamw, lr: 2.0e-3, beta2: 0.95, weight_decay: 0.1, grad_clip: 1.0}\n"
+                "precision: " + std::string(s.scheme) + "\n",
             s.lockstep, s.update, s.drift);
   }
 }
+
+TEST(TrainerParityTest, Gpt) { CompareLanguageModel("gpt"); }
 
 // The llama block (RMSNorm, RoPE, SwiGLU, no biases) at the GPT's size, data
 // and bounds: its new ops agree as the GPT's do (RoPE bit for bit; RMSNorm as
 // LayerNorm, to its double row sums' last bit), so every difference still comes
 // from the GEMMs' and attention's summation order and the roundings they flip.
-TEST(TrainerParityTest, Llama) {
-  const char* env = std::getenv("KEEL_PARITY_SHARD");
-  std::string shard = env ? env : "data/fortunes_train.bin";
-  for (const auto& s : kSchemes) {
-    Compare(std::string("llama ") + s.scheme,
-            "model: {type: llama, layers: " + Layers(s.scheme) + ", width: 128, heads: 4, context: 64, vocab: 256}\n"
-            "data: {train: " + shard + "}\nbatch: 8\nseq: 64\nseed: 3\n"
-            "optimizer: {type: adamw, lr: 2.0e-3, beta2: 0.95, weight_decay: 0.1, grad_clip: 1.0}\n"
-            "precision: " + std::string(s.scheme) + "\n",
-            s.lockstep, s.update, s.drift);
-  }
-}
+TEST(TrainerParityTest, Llama) { CompareLanguageModel("llama"); }
 
 // The gla block (the llama skeleton with gated linear attention) at the same
 // size, data and bounds: its new ops differ between the backends by summation
@@ -164,18 +158,7 @@ TEST(TrainerParityTest, Llama) {
 // agreeing to ~1e-6 normwise in nn_cuda_test's GlaMatchesCpu; logsigmoid and the
 // swish gate to libm ulps), smaller than what the GEMMs' order already gives, so
 // the GPT's bounds apply.
-TEST(TrainerParityTest, Gla) {
-  const char* env = std::getenv("KEEL_PARITY_SHARD");
-  std::string shard = env ? env : "data/fortunes_train.bin";
-  for (const auto& s : kSchemes) {
-    Compare(std::string("gla ") + s.scheme,
-            "model: {type: gla, layers: " + Layers(s.scheme) + ", width: 128, heads: 4, context: 64, vocab: 256}\n"
-            "data: {train: " + shard + "}\nbatch: 8\nseq: 64\nseed: 3\n"
-            "optimizer: {type: adamw, lr: 2.0e-3, beta2: 0.95, weight_decay: 0.1, grad_clip: 1.0}\n"
-            "precision: " + std::string(s.scheme) + "\n",
-            s.lockstep, s.update, s.drift);
-  }
-}
+TEST(TrainerParityTest, Gla) { CompareLanguageModel("gla"); }
 
 }  // namespace
 }  // namespace keel
