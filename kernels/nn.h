@@ -152,6 +152,23 @@ class Backend {
   virtual Status ResetOperandStats(int slots) = 0;
   virtual Status ReadOperandStats(std::vector<OperandStats>* stats) = 0;
 
+  // ---- Hot-Channel Patch (docs/hcp.md) ------------------------------------------------
+  // The GEMMs of a linear layer that HCP patches over a fixed channel set.
+  enum class HcpGemm { kFwd, kDgrad };
+  // scores (backend, K floats, written): HCP's score of each contraction index j
+  // of the GEMM: mean over the other axis of |A - Q_A(A)| in channel j plus the
+  // same for B, Q the quantize-dequantize of the GEMM's two roles in q (their
+  // formats, axes, rounding and RoleSeed(q.seed, role), as LinearForward /
+  // LinearBackward quantize them). kFwd: A = x (rows x in), B = w (out x in),
+  // K = in; kDgrad: A = dy (rows x out), B = w read down its columns, K = out
+  // (x is then dy). A role in fp32 has residual 0.
+  virtual Status HcpScores(HcpGemm gemm, const float* x, const float* w, int64_t rows, int64_t in, int64_t out,
+                           const LinearQuant& q, float* scores);
+  // index (backend, k int32, written): the indices of the k largest of
+  // scores[0..count), ascending by index; equal scores go to the lower index,
+  // a NaN score ranks above every number. 0 <= k <= count.
+  virtual Status HcpTopK(const float* scores, int64_t count, int32_t k, int32_t* index);
+
   // ---- Outlier analytics (kernels/outliers.h) ------------------------------------
   // The three reductions of outliers.h on backend memory, with the reference's
   // meaning (the CPU backend runs the *Ref functions; CUDA's counts and channel

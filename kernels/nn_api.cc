@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string>
 
 namespace keel {
 
@@ -36,6 +37,15 @@ void RopeTables(double theta, int64_t positions, int64_t hd, std::vector<float>*
       (*sin)[t * half + i] = static_cast<float>(std::sin(angle));
     }
   }
+}
+
+Status Backend::HcpScores(HcpGemm, const float*, const float*, int64_t, int64_t, int64_t, const LinearQuant&,
+                          float*) {
+  return Status::Error(std::string("HcpScores: not implemented by the ") + name() + " backend");
+}
+
+Status Backend::HcpTopK(const float*, int64_t, int32_t, int32_t*) {
+  return Status::Error(std::string("HcpTopK: not implemented by the ") + name() + " backend");
 }
 
 bool Backend::DeviceMemoryInUse(int64_t* bytes) const {

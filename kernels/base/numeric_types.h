@@ -71,6 +71,15 @@ const char* RoleName(Role role);  // "fwd_x", "fwd_w", "dgrad_dy", "dgrad_w", "w
 // The per-role seed the kernels use: a fixed 64-bit mix of (seed, role).
 uint64_t RoleSeed(uint64_t seed, Role role);
 
+// Hot-Channel Patch of one GEMM (docs/hcp.md): the contraction indices (hot
+// channels) whose quantization residuals the GEMM adds back as extra K
+// columns. index: backend memory, `count` distinct values in [0, K),
+// ascending; count 0: no patch.
+struct HotChannels {
+  const int32_t* index = nullptr;
+  int32_t count = 0;
+};
+
 // Formats of one linear layer's six roles plus what the kernels need to draw
 // stochastic-rounding bits and to record statistics.
 struct LinearQuant {
@@ -86,6 +95,13 @@ struct LinearQuant {
   // analytics are armed; -1 analyzes nothing. Models pass the layer's slot
   // always: it is read only on the steps the trainer arms.
   int analytics_slot = -1;
+  // Hot-Channel Patch (docs/hcp.md): the forward GEMM's hot input channels
+  // (K = in) and the dgrad GEMM's hot output channels (K = out). The wgrad
+  // GEMM (K = rows, tokens) patches its hcp_wgrad_rows highest-scoring rows,
+  // chosen afresh in each call (0: none).
+  HotChannels hcp_fwd;
+  HotChannels hcp_dgrad;
+  int32_t hcp_wgrad_rows = 0;
 };
 
 }  // namespace keel
