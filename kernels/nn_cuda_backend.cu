@@ -249,6 +249,11 @@ CudaBackend::~CudaBackend() {
                         &attn_dq_, &attn_dk_, &attn_dv_, &attn_s_,  &attn_delta_, &embed_, &reduce_desc_,
                         &align_in_, &gla_parts_};
   for (Scratch* s : scratch) s->Release(stream_);
+  for (auto* kept : {&kept_x_, &kept_w_}) {
+    for (auto& k : *kept) {
+      if (k != nullptr) k->values.Release(stream_);
+    }
+  }
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   // Hand the pool's cached scratch back to the driver (Init keeps it cached while
   // the backend lives), so that a later backend in this process starts from zero.

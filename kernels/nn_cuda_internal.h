@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -418,6 +419,22 @@ class CudaBackend final : public Backend {
   static constexpr int kSmallFloats = 32;
 
   // One GEMM operand after its role's quantization.
+  // The statistics pair of a BF16 operand that a later GEMM reuses, and its
+  // counts once a fold has read them (pair -1: nothing counted).
+  struct KeptStats {
+    int64_t pair = -1;
+    bool folded = false;
+    unsigned long long counts[2] = {0, 0};
+  };
+  // A forward operand kept for the backward (LinearQuant::keep_slot).
+  struct KeptOperand {
+    const float* source = nullptr;
+    int64_t rows = 0, cols = 0;
+    Rounding rounding = Rounding::kNearestEven;
+    bool valid = false;
+    Scratch values;  // bf16, row-major like the source
+    KeptStats stats;
+  };
   struct Operand {
     const void* data = nullptr;          // bf16 or fp32 values, row-major like the source
     const float* tensor_scale = nullptr; // device decode scale for alpha (NVFP4, FP8), or null
@@ -426,13 +443,13 @@ class CudaBackend final : public Backend {
   // when `bf16` else fp32, without the per-tensor decode scale (returned in
   // out->tensor_scale for alpha); kFp32 roles pass x through. Adds the role's
   // statistics when stats_slot >= 0.
-  // keep_count: remember the counters of this (BF16) operand for the wgrad
-  // that reuses the dgrad's bf16 dy (RecordKeptStats). column_sums (only for a BF16 role, else an
+  // keep: remember the counters of this (BF16) operand there, for a later GEMM
+  // that reuses it (RecordKeptStats). column_sums (only for a BF16 role, else an
   // error): also column_sums += the column sums of x, computed by the rounding
   // pass (QuantizeBf16WithColumnSums: ColumnSums' bits).
   Status PrepareOperand(const float* x, int64_t rows, int64_t cols, int axis, Role role,
                         const LinearQuant& q, bool bf16, Scratch* scratch, Operand* out,
-                        bool keep_count = false, float* column_sums = nullptr);
+                        KeptStats* keep = nullptr, float* column_sums = nullptr);
   // "op: stats_slot: N is not allowed ..." unless -1 <= slot < the slots ResetOperandStats made.
   Status CheckStatsSlot(const char* op, int slot) const;
   // Device counters of one per-tensor FP8 quantization (see OperandStats) added
@@ -457,8 +474,10 @@ class CudaBackend final : public Backend {
   // slot/role += `count` elements, `blocks` blocks and pair `index`'s counts
   // (per_tensor: any non-finite element counts as one NaN block).
   void RecordStats(int64_t count, int64_t blocks, bool per_tensor, int slot, Role role, int64_t index);
-  // The wgrad's dy role counted as the dgrad's dy that keep_count remembered.
-  void RecordKeptStats(int64_t count, int slot, Role role);
+  // A role counted as the reused operand that `kept` remembered.
+  void RecordKeptStats(const KeptStats& kept, int64_t count, int slot, Role role);
+  // Every KeptStats whose pair a fold must read (kept_dy_ and the kept operands').
+  std::vector<KeptStats*> AllKeptStats();
   // Waits for the queued work, folds every recorded pair into host_stats_ and
   // zeroes the pairs for reuse.
   Status FoldStats();
@@ -526,10 +545,17 @@ class CudaBackend final : public Backend {
   std::vector<StatsCall> stats_calls_;
   std::vector<OperandStats> host_stats_;
   int stats_slots_ = 0;
-  // keep_count's pair, and its counts when a fold has already read them.
-  int64_t kept_pair_ = -1;
-  bool kept_folded_ = false;
-  unsigned long long kept_counts_[2] = {0, 0};
+  KeptStats kept_dy_;  // the dgrad's bf16 dy that the wgrad reuses
+  std::vector<std::unique_ptr<KeptOperand>> kept_x_, kept_w_;  // by keep_slot
+  // The entry for keep_slot in *kept (grown on demand), or null when the two
+  // roles cannot share one rounding (see LinearQuant::keep_slot); an entry
+  // that cannot be kept is invalidated.
+  KeptOperand* KeepFor(std::vector<std::unique_ptr<KeptOperand>>* kept, const LinearQuant& q, Role forward,
+                       Role backward, bool gemms_bf16);
+  // The valid kept operand of `source` for q.keep_slot, or null; usable only
+  // when its statistics can be recorded (or none are wanted).
+  KeptOperand* KeptFor(std::vector<std::unique_ptr<KeptOperand>>* kept, const LinearQuant& q, const float* source,
+                       int64_t rows, int64_t cols, Role backward);
   void* host_pinned_ = nullptr;        // staging for reductions' descriptors and results
   size_t host_pinned_bytes_ = 0;
   // Dynamic shared memory (bytes) CrossEntropyFused's one-read kernel may use, set

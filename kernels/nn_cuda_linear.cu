@@ -418,17 +418,70 @@ void CudaBackend::RecordStats(int64_t count, int64_t blocks, bool per_tensor, in
   stats_calls_.push_back(StatsCall{slot, role, count, blocks, per_tensor, index});
 }
 
-void CudaBackend::RecordKeptStats(int64_t count, int slot, Role role) {
-  if (kept_pair_ < 0) return;  // nothing was kept: the dgrad's dy did not count
-  if (!kept_folded_) {
-    RecordStats(count, 1, true, slot, role, kept_pair_);
+void CudaBackend::RecordKeptStats(const KeptStats& kept, int64_t count, int slot, Role role) {
+  if (kept.pair < 0 && !kept.folded) return;  // nothing was kept: the first use did not count
+  if (!kept.folded) {
+    RecordStats(count, 1, true, slot, role, kept.pair);
     return;
   }
   OperandStats& s = host_stats_[static_cast<size_t>(slot) * kRoleCount + static_cast<int>(role)];
   s.elements += count;
-  s.saturated += static_cast<int64_t>(kept_counts_[0]);
+  s.saturated += static_cast<int64_t>(kept.counts[0]);
   s.blocks += 1;
-  s.nan_blocks += kept_counts_[1] > 0 ? 1 : 0;
+  s.nan_blocks += kept.counts[1] > 0 ? 1 : 0;
+}
+
+std::vector<CudaBackend::KeptStats*> CudaBackend::AllKeptStats() {
+  std::vector<KeptStats*> all{&kept_dy_};
+  for (auto* kept : {&kept_x_, &kept_w_}) {
+    for (auto& k : *kept) {
+      if (k != nullptr) all.push_back(&k->stats);
+    }
+  }
+  return all;
+}
+
+namespace {
+
+// Whether `a` and `b` round a tensor to the same BF16 bits: both BF16 with the
+// same deterministic rounding.
+bool SameBf16Rounding(const OperandFormat& a, const OperandFormat& b) {
+  return a.quantized() && b.quantized() && a.format == QuantFormat::kBf16 && b.format == QuantFormat::kBf16 &&
+         a.rounding == b.rounding && a.rounding != Rounding::kStochastic;
+}
+
+}  // namespace
+
+CudaBackend::KeptOperand* CudaBackend::KeepFor(std::vector<std::unique_ptr<KeptOperand>>* kept, const LinearQuant& q,
+                                                Role forward, Role backward, bool gemms_bf16) {
+  if (q.keep_slot < 0) return nullptr;
+  const size_t slot = static_cast<size_t>(q.keep_slot);
+  if (slot >= kept->size()) kept->resize(slot + 1);
+  std::unique_ptr<KeptOperand>& k = (*kept)[slot];
+  const bool keepable =
+      gemms_bf16 && SameBf16Rounding(q.role[static_cast<int>(forward)], q.role[static_cast<int>(backward)]);
+  if (!keepable) {
+    if (k != nullptr) k->valid = false;
+    return nullptr;
+  }
+  if (k == nullptr) {
+    k = std::make_unique<KeptOperand>();
+    k->values.RefuseWhile(&on_side_);  // like every scratch: not from side work
+  }
+  k->valid = false;  // until the rounding below is queued
+  return k.get();
+}
+
+CudaBackend::KeptOperand* CudaBackend::KeptFor(std::vector<std::unique_ptr<KeptOperand>>* kept, const LinearQuant& q,
+                                                const float* source, int64_t rows, int64_t cols, Role backward) {
+  if (q.keep_slot < 0 || static_cast<size_t>(q.keep_slot) >= kept->size()) return nullptr;
+  KeptOperand* k = (*kept)[static_cast<size_t>(q.keep_slot)].get();
+  if (k == nullptr || !k->valid || k->source != source || k->rows != rows || k->cols != cols) return nullptr;
+  const OperandFormat& f = q.role[static_cast<int>(backward)];
+  if (!f.quantized() || f.format != QuantFormat::kBf16 || f.rounding != k->rounding) return nullptr;
+  // Statistics wanted but the forward's pair is gone (a reset between): round again.
+  if (q.stats_slot >= 0 && k->stats.pair < 0 && !k->stats.folded) return nullptr;
+  return k;
 }
 
 Status CudaBackend::FoldStats() {
@@ -446,10 +499,11 @@ Status CudaBackend::FoldStats() {
     s.blocks += c.blocks;
     s.nan_blocks += c.per_tensor ? (nonfinite > 0 ? 1 : 0) : static_cast<int64_t>(nonfinite);
   }
-  if (kept_pair_ >= 0 && !kept_folded_) {
-    kept_counts_[0] = raw[2 * kept_pair_];
-    kept_counts_[1] = raw[2 * kept_pair_ + 1];
-    kept_folded_ = true;
+  for (KeptStats* k : AllKeptStats()) {
+    if (k->pair < 0 || k->folded) continue;
+    k->counts[0] = raw[2 * k->pair];
+    k->counts[1] = raw[2 * k->pair + 1];
+    k->folded = true;
   }
   if (!raw.empty())
     KEEL_CUDA_CHECK(cudaMemsetAsync(stats_pairs_, 0, raw.size() * sizeof(unsigned long long), stream_));
@@ -459,10 +513,11 @@ Status CudaBackend::FoldStats() {
 }
 
 Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, int axis, Role role,
-                                   const LinearQuant& q, bool bf16, Scratch* scratch, Operand* out, bool keep_count,
+                                   const LinearQuant& q, bool bf16, Scratch* scratch, Operand* out, KeptStats* keep,
                                    float* column_sums) {
   const OperandFormat& f = q.role[static_cast<int>(role)];
   out->tensor_scale = nullptr;
+  if (keep != nullptr) *keep = KeptStats();
   const bool mx_sums = column_sums != nullptr && axis == 1 && MxRowsCarryColumnSums(f, cols);
   if (column_sums != nullptr && !mx_sums && !(f.quantized() && f.format == QuantFormat::kBf16))
     return Status::Error(std::string("linear: role ") + RoleName(role) +
@@ -517,10 +572,7 @@ Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, i
     const bool bf16_stats = f.format == QuantFormat::kBf16;
     const int64_t blocks = bf16_stats ? 1 : IsMx(f.format) ? MxScaleCount(rows, cols, f.mx_block, axis) : count / 16;
     RecordStats(count, blocks, bf16_stats, q.stats_slot, role, pair);
-    if (keep_count) {
-      kept_pair_ = pair;
-      kept_folded_ = false;
-    }
+    if (keep != nullptr) keep->pair = pair;
   } else if (stats) {
     NN_PROFILE("operand stats");
     KEEL_RETURN_IF_ERROR(AddOperandStats(x, count, f, codes, tensor_scale, q.stats_slot, role));
@@ -651,8 +703,24 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
   KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearForward", Role::kFwdW, w, out, in, q.analytics_slot));
   const bool bf16 = q.role[static_cast<int>(Role::kFwdX)].quantized() && q.role[static_cast<int>(Role::kFwdW)].quantized();
   Operand qx, qw;
-  KEEL_RETURN_IF_ERROR(PrepareOperand(x, rows, in, 1, Role::kFwdX, q, bf16, &op_a_, &qx));
-  KEEL_RETURN_IF_ERROR(PrepareOperand(w, out, in, 1, Role::kFwdW, q, bf16, &op_b_, &qw));
+  // The backward's wgrad (for x) and dgrad (for w) may reuse these roundings.
+  auto quantized = [&q](Role r) { return q.role[static_cast<int>(r)].quantized(); };
+  KeptOperand* kx = KeepFor(&kept_x_, q, Role::kFwdX, Role::kWgradX,
+                            bf16 && quantized(Role::kWgradDy) && quantized(Role::kWgradX));
+  KeptOperand* kw = KeepFor(&kept_w_, q, Role::kFwdW, Role::kDgradW,
+                            bf16 && quantized(Role::kDgradDy) && quantized(Role::kDgradW));
+  KEEL_RETURN_IF_ERROR(PrepareOperand(x, rows, in, 1, Role::kFwdX, q, bf16, kx != nullptr ? &kx->values : &op_a_, &qx,
+                                      kx != nullptr ? &kx->stats : nullptr));
+  KEEL_RETURN_IF_ERROR(PrepareOperand(w, out, in, 1, Role::kFwdW, q, bf16, kw != nullptr ? &kw->values : &op_b_, &qw,
+                                      kw != nullptr ? &kw->stats : nullptr));
+  for (auto [k, source, k_rows, role] : {std::make_tuple(kx, x, rows, Role::kFwdX), std::make_tuple(kw, w, out, Role::kFwdW)}) {
+    if (k == nullptr) continue;
+    k->source = source;
+    k->rows = k_rows;
+    k->cols = in;
+    k->rounding = q.role[static_cast<int>(role)].rounding;
+    k->valid = true;
+  }
   GemmArgs g;
   // y^T (out x rows, column-major) = W (stored in x out) ^T . X^T (stored in x rows).
   g.bf16 = bf16;
@@ -727,8 +795,14 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     // dx^T (in x rows) = W^T (stored in x out) . dY^T (stored out x rows).
     Operand qw;
     KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 1, Role::kDgradDy, q, bf16_dgrad, &op_a_, &qdy,
-                                        /*keep_count=*/reuse_dy, dbias_with_dgrad));
-    KEEL_RETURN_IF_ERROR(PrepareOperand(w, out, in, 0, Role::kDgradW, q, bf16_dgrad, &op_b_, &qw));
+                                        reuse_dy ? &kept_dy_ : nullptr, dbias_with_dgrad));
+    if (KeptOperand* kw = bf16_dgrad ? KeptFor(&kept_w_, q, w, out, in, Role::kDgradW) : nullptr) {
+      qw.data = kw->values.get<void>();  // the forward's rounding of w: the same bits
+      if (q.stats_slot >= 0) RecordKeptStats(kw->stats, out * in, q.stats_slot, Role::kDgradW);
+      kw->valid = false;
+    } else {
+      KEEL_RETURN_IF_ERROR(PrepareOperand(w, out, in, 0, Role::kDgradW, q, bf16_dgrad, &op_b_, &qw));
+    }
     GemmArgs g;
     g.bf16 = bf16_dgrad;
     g.Shape(in, rows, out).A(qw.data, in).B(qdy.data, out).C(dx, in);
@@ -746,12 +820,18 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     if (reuse_dy) {
       qdy_w = qdy;
       // The same elements as the dgrad's dy: its counts.
-      if (q.stats_slot >= 0) RecordKeptStats(rows * out, q.stats_slot, Role::kWgradDy);
+      if (q.stats_slot >= 0) RecordKeptStats(kept_dy_, rows * out, q.stats_slot, Role::kWgradDy);
     } else {
       KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 0, Role::kWgradDy, q, bf16_wgrad, &op_a_, &qdy_w,
-                                          /*keep_count=*/false, dbias_with_wgrad));
+                                          /*keep=*/nullptr, dbias_with_wgrad));
     }
-    KEEL_RETURN_IF_ERROR(PrepareOperand(x, rows, in, 0, Role::kWgradX, q, bf16_wgrad, &op_b_, &qx));
+    if (KeptOperand* kx = bf16_wgrad ? KeptFor(&kept_x_, q, x, rows, in, Role::kWgradX) : nullptr) {
+      qx.data = kx->values.get<void>();  // the forward's rounding of x: the same bits
+      if (q.stats_slot >= 0) RecordKeptStats(kx->stats, rows * in, q.stats_slot, Role::kWgradX);
+      kx->valid = false;
+    } else {
+      KEEL_RETURN_IF_ERROR(PrepareOperand(x, rows, in, 0, Role::kWgradX, q, bf16_wgrad, &op_b_, &qx));
+    }
     GemmArgs g;
     g.bf16 = bf16_wgrad;
     g.trans_b = true;
@@ -778,8 +858,8 @@ Status CudaBackend::ResetOperandStats(int slots) {
   }
   stats_pairs_used_ = 0;
   stats_calls_.clear();
-  kept_pair_ = -1;
-  kept_folded_ = false;
+  // The pairs are zeroed: what kept operands counted is gone with them.
+  for (KeptStats* k : AllKeptStats()) *k = KeptStats();
   stats_slots_ = slots;
   host_stats_.assign(static_cast<size_t>(slots) * kRoleCount, OperandStats{});
   return Status::Ok();

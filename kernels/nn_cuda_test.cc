@@ -53,6 +53,12 @@ using nn_test::Normal;
 using nn_test::Quant;
 using nn_test::WithOutliers;
 
+#define EXPECT_OK(expr)                                         \
+  do {                                                          \
+    const Status status_ = (expr);                              \
+    EXPECT_TRUE(status_.ok()) << #expr << ": " << status_.message(); \
+  } while (0)
+
 #define ASSERT_OK(expr)                                         \
   do {                                                          \
     const Status status_ = (expr);                              \
@@ -1007,6 +1013,81 @@ TEST_F(NnCudaTest, LinearStatsSurviveManyCallsBetweenReads) {
   std::vector<OperandStats> again;
   ASSERT_OK(gpu_->ReadOperandStats(&again));
   ExpectStatsEqual("read twice", sg, again);
+}
+
+// LinearQuant::keep_slot: the backward reuses the forward's BF16 roundings of x
+// and w. The results and statistics are the bits of rounding again; the
+// profile shows the backward rounding only dy; a different x, a stochastic
+// role, or a statistics reset between the calls makes it round afresh.
+TEST_F(NnCudaTest, KeptForwardOperandsGiveTheBitsOfRoundingAgain) {
+  const int64_t rows = 64, in = 96, out = 48;
+  std::vector<float> xh = WithOutliers(rows * in, 81);
+  xh[5 * in + 3] = std::numeric_limits<float>::quiet_NaN();  // counted as a NaN block by fwd_x and wgrad_x
+  std::vector<float> x2h = xh;
+  x2h[7] = 3.0f;
+  Dual x = Floats(xh), x2 = Floats(x2h), w = Floats(Normal(out * in, 82, 0.1f));
+  Dual dy = Floats(WithOutliers(rows * out, 83));
+  Dual y = Zeros(rows * out), dx = Zeros(rows * in), dw = Zeros(out * in);
+  struct Result {
+    std::vector<float> y, dx, dw;
+    std::vector<OperandStats> stats;
+    int64_t backward_quantizations = 0;
+  };
+  // forward on x, backward on xb (x or x2), keep_slot as given; reset_between
+  // drops the statistics pairs between the two calls.
+  auto run = [&](const LinearQuant& base, int keep, const Dual& xb, bool reset_between) -> Result {
+    LinearQuant q = base;
+    q.stats_slot = 0;
+    q.keep_slot = keep;
+    Result r;
+    Set(dw, std::vector<float>(static_cast<size_t>(out * in), 0.0f));
+    EXPECT_OK(gpu_->ResetOperandStats(1));
+    EXPECT_OK(gpu_->SetProfiling(true));
+    EXPECT_OK(gpu_->LinearForward(x.g(), w.g(), nullptr, nullptr, y.g(), rows, in, out, q));
+    if (reset_between) EXPECT_OK(gpu_->ResetOperandStats(1));
+    EXPECT_OK(gpu_->LinearBackward(xb.g(), w.g(), dy.g(), dx.g(), dw.g(), nullptr, rows, in, out, q));
+    std::vector<OpTime> times;
+    EXPECT_OK(gpu_->TakeProfile(&times));
+    EXPECT_OK(gpu_->SetProfiling(false));
+    for (const OpTime& t : times) {
+      if (t.op == "LinearBackward > quantize") r.backward_quantizations = t.calls;
+    }
+    EXPECT_OK(gpu_->ReadOperandStats(&r.stats));
+    r.y = Gpu(y);
+    r.dx = Gpu(dx);
+    r.dw = Gpu(dw);
+    return r;
+  };
+  auto same = [&](const std::string& what, const Result& a, const Result& b) {
+    ExpectBits(what + " y", a.y, b.y);
+    ExpectBits(what + " dx", a.dx, b.dx);
+    ExpectBits(what + " dw", a.dw, b.dw);
+    ExpectStatsEqual(what, a.stats, b.stats);
+  };
+  for (Rounding rounding : {Rounding::kNearestEven, Rounding::kNearestAway}) {
+    const LinearQuant bf16 = AllRoles(Quant(QuantFormat::kBf16, rounding));
+    const std::string name = RoundingName(rounding);
+    const Result fresh = run(bf16, -1, x, false);
+    const Result kept = run(bf16, 3, x, false);
+    same(name + " kept", fresh, kept);
+    // Fresh: dy once (the wgrad reuses it), w and x; kept: dy only.
+    EXPECT_EQ(fresh.backward_quantizations, 3) << name;
+    EXPECT_EQ(kept.backward_quantizations, 1) << name;
+    EXPECT_EQ(kept.stats[R(Role::kWgradX)].nan_blocks, 1) << name;
+    EXPECT_EQ(kept.stats[R(Role::kDgradW)].elements, out * in) << name;
+    // Another x in the backward: rounded afresh, the bits of that x.
+    same(name + " other x", run(bf16, -1, x2, false), run(bf16, 3, x2, false));
+    EXPECT_EQ(run(bf16, 3, x2, false).backward_quantizations, 2) << name;  // dy and x; w is still kept
+    // A statistics reset between: the backward rounds again and counts.
+    const Result reset = run(bf16, 3, x, true);
+    EXPECT_EQ(reset.backward_quantizations, 3) << name;
+    ExpectStatsEqual(name + " reset", run(bf16, -1, x, true).stats, reset.stats);
+  }
+  // Stochastic BF16 draws other bits per role: nothing is kept.
+  const LinearQuant sr = AllRoles(Quant(QuantFormat::kBf16, Rounding::kStochastic));
+  const Result sr_kept = run(sr, 3, x, false);
+  same("stochastic", run(sr, -1, x, false), sr_kept);
+  EXPECT_EQ(sr_kept.backward_quantizations, 4);  // dgrad dy, w, wgrad dy, x
 }
 
 TEST_F(NnCudaTest, LinearRejectsWhatTheCpuRejects) {

@@ -99,6 +99,15 @@ struct LinearQuant {
   // (K = in) and the dgrad GEMM's hot output channels (K = out). The wgrad
   // GEMM (K = rows, tokens) patches its hcp_wgrad_rows highest-scoring rows,
   // chosen afresh in each call (0: none).
+  // Forward operands kept for the backward (the CUDA backend; the CPU ignores
+  // it). With keep_slot >= 0, LinearForward keeps its rounded x and w under
+  // that key when the forward role and the backward role that read the same
+  // tensor (fwd_x / wgrad_x, fwd_w / dgrad_w) are the same deterministic BF16
+  // rounding and both GEMMs run in BF16; LinearBackward with the same key,
+  // pointers and shape then uses them instead of rounding x and w again (the
+  // same bits, the same statistics). The caller promises that x and w are not
+  // written between the two calls; models pass one key per linear layer.
+  int keep_slot = -1;
   HotChannels hcp_fwd;
   HotChannels hcp_dgrad;
   int32_t hcp_wgrad_rows = 0;

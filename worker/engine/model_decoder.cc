@@ -36,6 +36,7 @@ LinearQuant DecoderModel::Quant(const Pass& pass, int block, int which) const {
   q.seed = Mix(pass.quant_seed, slot);
   q.stats_slot = pass.stats ? slot : -1;
   q.analytics_slot = slot;  // read only on the steps the trainer arms analytics
+  q.keep_slot = slot;       // each layer's x and w are untouched between its forward and backward
   return q;
 }
 

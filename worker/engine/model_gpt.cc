@@ -242,6 +242,7 @@ class GptModel : public Model {
     q.seed = Mix(seed, slot);
     q.stats_slot = stats ? slot : -1;
     q.analytics_slot = slot;  // read only on the steps the trainer arms analytics
+    q.keep_slot = slot;       // each layer's x and w are untouched between its forward and backward
     return q;
   }
 
