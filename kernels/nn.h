@@ -91,6 +91,14 @@ class Backend {
   virtual Status Upload(void* dst, const void* host_src, size_t bytes) = 0;
   virtual Status Download(void* host_dst, const void* src, size_t bytes) = 0;
   virtual Status CopyBytes(void* dst, const void* src, size_t bytes) = 0;  // backend to backend
+  // Several Downloads at once, with their results: the CUDA backend queues them
+  // all and waits once (the analytics read hundreds of small buffers).
+  struct DownloadItem {
+    void* host_dst = nullptr;
+    const void* src = nullptr;
+    size_t bytes = 0;
+  };
+  virtual Status DownloadMany(const std::vector<DownloadItem>& items);
   virtual Status Fill(float* x, int64_t count, float value) = 0;
   // Waits for all queued work; reports deferred errors.
   virtual Status Sync() = 0;

@@ -48,6 +48,11 @@ Status Backend::HcpTopK(const float*, int64_t, int32_t, int32_t*) {
   return Status::Error(std::string("HcpTopK: not implemented by the ") + name() + " backend");
 }
 
+Status Backend::DownloadMany(const std::vector<DownloadItem>& items) {
+  for (const DownloadItem& item : items) KEEL_RETURN_IF_ERROR(Download(item.host_dst, item.src, item.bytes));
+  return Status::Ok();
+}
+
 bool Backend::DeviceMemoryInUse(int64_t* bytes) const {
   *bytes = 0;
   return false;

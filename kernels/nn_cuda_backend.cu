@@ -262,6 +262,7 @@ CudaBackend::~CudaBackend() {
   if (small_ != nullptr) cudaFree(small_);
   if (stats_pairs_ != nullptr) cudaFree(stats_pairs_);
   if (host_pinned_ != nullptr) cudaFreeHost(host_pinned_);
+  if (many_pinned_ != nullptr) cudaFreeHost(many_pinned_);
   if (side_start_ != nullptr) cudaEventDestroy(side_start_);
   if (side_done_ != nullptr) cudaEventDestroy(side_done_);
   if (side_stream_ != nullptr) cudaStreamDestroy(side_stream_);
@@ -336,6 +337,39 @@ Status CudaBackend::Upload(void* dst, const void* host_src, size_t bytes) {
 Status CudaBackend::Download(void* host_dst, const void* src, size_t bytes) {
   NN_PROFILE("Download");
   return CopyAndWait(stream_, "Download: host_dst or src", host_dst, src, bytes, cudaMemcpyDeviceToHost);
+}
+
+Status CudaBackend::DownloadMany(const std::vector<DownloadItem>& items) {
+  NN_PROFILE("Download");
+  size_t total = 0;
+  for (const DownloadItem& item : items) {
+    if (item.bytes > 0 && (item.host_dst == nullptr || item.src == nullptr))
+      return Status::Error("DownloadMany: host_dst or src: null");
+    total += (item.bytes + 15) / 16 * 16;
+  }
+  if (total == 0) return Status::Ok();
+  if (total > many_pinned_bytes_) {
+    if (many_pinned_ != nullptr) KEEL_CUDA_CHECK(cudaFreeHost(many_pinned_));
+    many_pinned_ = nullptr;
+    many_pinned_bytes_ = 0;
+    KEEL_CUDA_CHECK(cudaHostAlloc(&many_pinned_, total * 2, cudaHostAllocDefault));
+    many_pinned_bytes_ = total * 2;
+  }
+  char* staging = static_cast<char*>(many_pinned_);
+  size_t offset = 0;
+  for (const DownloadItem& item : items) {
+    if (item.bytes == 0) continue;
+    KEEL_CUDA_CHECK(cudaMemcpyAsync(staging + offset, item.src, item.bytes, cudaMemcpyDeviceToHost, stream_));
+    offset += (item.bytes + 15) / 16 * 16;
+  }
+  KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  offset = 0;
+  for (const DownloadItem& item : items) {
+    if (item.bytes == 0) continue;
+    std::memcpy(item.host_dst, staging + offset, item.bytes);
+    offset += (item.bytes + 15) / 16 * 16;
+  }
+  return Status::Ok();
 }
 
 Status CudaBackend::CopyBytes(void* dst, const void* src, size_t bytes) {

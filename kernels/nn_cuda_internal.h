@@ -313,6 +313,7 @@ class CudaBackend final : public Backend {
   void Free(void* ptr) override;
   Status Upload(void* dst, const void* host_src, size_t bytes) override;
   Status Download(void* host_dst, const void* src, size_t bytes) override;
+  Status DownloadMany(const std::vector<DownloadItem>& items) override;
   Status CopyBytes(void* dst, const void* src, size_t bytes) override;
   Status Fill(float* x, int64_t count, float value) override;
   Status Sync() override;
@@ -557,6 +558,8 @@ class CudaBackend final : public Backend {
   KeptOperand* KeptFor(std::vector<std::unique_ptr<KeptOperand>>* kept, const LinearQuant& q, const float* source,
                        int64_t rows, int64_t cols, Role backward);
   void* host_pinned_ = nullptr;        // staging for reductions' descriptors and results
+  void* many_pinned_ = nullptr;        // DownloadMany's staging
+  size_t many_pinned_bytes_ = 0;
   size_t host_pinned_bytes_ = 0;
   // Dynamic shared memory (bytes) CrossEntropyFused's one-read kernel may use, set
   // on its first call: the device's opt-in limit less the kernel's static shared

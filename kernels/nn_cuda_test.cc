@@ -1090,6 +1090,30 @@ TEST_F(NnCudaTest, KeptForwardOperandsGiveTheBitsOfRoundingAgain) {
   EXPECT_EQ(sr_kept.backward_quantizations, 4);  // dgrad dy, w, wgrad dy, x
 }
 
+// DownloadMany gives what one Download per item gives, odd sizes and an empty
+// item included, and refuses a null pointer.
+TEST_F(NnCudaTest, DownloadManyEqualsDownloads) {
+  const std::vector<float> a = Normal(1001, 91, 1.0f), b = Normal(3, 92, 1.0f);
+  Dual da = Floats(a), db = Floats(b);
+  std::vector<float> ga(a.size()), gb(b.size());
+  double d = 0;
+  void* dd = nullptr;
+  ASSERT_OK(gpu_->Alloc(sizeof(double), &dd));
+  const double value = 2.5;
+  ASSERT_OK(gpu_->Upload(dd, &value, sizeof(value)));
+  ASSERT_OK(gpu_->DownloadMany({{ga.data(), da.g(), ga.size() * sizeof(float)},
+                                {nullptr, nullptr, 0},
+                                {gb.data(), db.g(), 2 * sizeof(float)},
+                                {&d, dd, sizeof(double)}}));
+  ExpectBits("first", a, ga);
+  EXPECT_EQ(gb[0], b[0]);
+  EXPECT_EQ(gb[1], b[1]);
+  EXPECT_EQ(gb[2], 0.0f);  // not part of the item
+  EXPECT_EQ(d, 2.5);
+  EXPECT_FALSE(gpu_->DownloadMany({{nullptr, da.g(), 4}}).ok());
+  gpu_->Free(dd);
+}
+
 TEST_F(NnCudaTest, LinearRejectsWhatTheCpuRejects) {
   const int64_t rows = 32, in = 32, out = 32;
   Dual x = Floats(Normal(rows * in, 71)), w = Floats(Normal(out * in, 72)), y = Zeros(rows * out);

@@ -94,6 +94,8 @@ Status Backend::ReadOutlierAnalytics(std::vector<OperandOutliers>* out) {
     return Status::Error("ReadOutlierAnalytics: not armed; call BeginOutlierAnalytics before the step");
   outliers_armed_ = false;
   out->assign(outlier_buffers_.size(), OperandOutliers());
+  // Every buffer in one DownloadMany (one wait), then the means.
+  std::vector<DownloadItem> items;
   for (size_t i = 0; i < outlier_buffers_.size(); ++i) {
     const OutlierBuffers& b = outlier_buffers_[i];
     OperandOutliers& o = (*out)[i];
@@ -102,18 +104,24 @@ Status Backend::ReadOutlierAnalytics(std::vector<OperandOutliers>* out) {
     o.calls = b.calls;
     o.rows = b.rows;
     o.cols = b.cols;
-    KEEL_RETURN_IF_ERROR(Download(&o.sums, b.sums, sizeof(OutlierSums)));
+    items.push_back({&o.sums, b.sums, sizeof(OutlierSums)});
     o.channel_max.resize(static_cast<size_t>(view.channel_axis == 1 ? b.cols : b.rows));
-    KEEL_RETURN_IF_ERROR(Download(o.channel_max.data(), b.channel_max, sizeof(float) * o.channel_max.size()));
+    items.push_back({o.channel_max.data(), b.channel_max, sizeof(float) * o.channel_max.size()});
     if (outlier_maps_ && b.map != nullptr) {
       o.grid = MapGridFor(b.rows, b.cols);
       o.map_mean.resize(static_cast<size_t>(o.grid.cells()));
-      KEEL_RETURN_IF_ERROR(Download(o.map_mean.data(), b.map, sizeof(double) * o.map_mean.size()));
-      for (int64_t r = 0; r < o.grid.rows; ++r) {
-        for (int64_t c = 0; c < o.grid.cols; ++c) {
-          const double elements = static_cast<double>(MapCellElements(o.grid, r, c, b.rows, b.cols) * b.calls);
-          o.map_mean[r * o.grid.cols + c] /= elements;
-        }
+      items.push_back({o.map_mean.data(), b.map, sizeof(double) * o.map_mean.size()});
+    }
+  }
+  KEEL_RETURN_IF_ERROR(DownloadMany(items));
+  for (size_t i = 0; i < outlier_buffers_.size(); ++i) {
+    const OutlierBuffers& b = outlier_buffers_[i];
+    OperandOutliers& o = (*out)[i];
+    if (b.calls == 0 || o.map_mean.empty()) continue;
+    for (int64_t r = 0; r < o.grid.rows; ++r) {
+      for (int64_t c = 0; c < o.grid.cols; ++c) {
+        const double elements = static_cast<double>(MapCellElements(o.grid, r, c, b.rows, b.cols) * b.calls);
+        o.map_mean[r * o.grid.cols + c] /= elements;
       }
     }
   }
