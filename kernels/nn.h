@@ -349,6 +349,18 @@ class Backend {
                                    float* dlogits, int64_t rows, int64_t padded_vocab,
                                    int64_t vocab, float scale) = 0;
 
+  // CrossEntropyFused with the gradient rounded to bf16 (nearest even) on the
+  // way out: the same losses, and dlogits (rows x padded_vocab bf16 bits, rows
+  // ld >= padded_vocab elements apart) = the bf16 rounding of CrossEntropyFused's
+  // dlogits, for a head that reads dy in bf16 (LinearQuant::dy_bf16). dlogits
+  // may alias logits only as (uint16_t*) logits with ld = 2 * padded_vocab
+  // (row r in the first half of logits' row r). The CUDA backend counts the
+  // non-finite gradients for the statistics of the LinearBackward that reads
+  // them (LinearQuant::stats_slot there).
+  virtual Status CrossEntropyFusedBf16(const float* logits, const int32_t* targets, float* losses,
+                                       uint16_t* dlogits, int64_t ld, int64_t rows, int64_t padded_vocab,
+                                       int64_t vocab, float scale);
+
   // ---- Optimizer --------------------------------------------------------------------
   // Adam(W) with bias correction at step t (1-based), on fp32 master weights:
   // g = grad * grad_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
@@ -442,6 +454,14 @@ void RopeTables(double theta, int64_t positions, int64_t hd, std::vector<float>*
 // GlaBackward accept: a block keeps a chunk's q, k and cumulative gates of one
 // head in shared memory (nn_cuda_gla.cu).
 constexpr int64_t kGlaMaxKeyHead = 128;
+
+// Whether a linear layer's backward can read dy already rounded to bf16
+// (LinearQuant::dy_bf16): all four backward roles quantized and both dy roles
+// BF16 with nearest-even rounding.
+bool TakesBf16Dy(const LinearQuant& q);
+// LinearBackward's check of q.dy_bf16 (every backend runs it): OK when it is
+// null, else an error naming what is not allowed (roles, dbias, dy_bf16_ld < out).
+Status CheckDyBf16(const char* op, const LinearQuant& q, int64_t out, const float* dbias);
 
 // Factories (nn_cpu.cc, nn_cuda_backend.cu; the CUDA one fails without CUDA or a GPU).
 Status MakeCpuBackend(int threads, std::unique_ptr<Backend>* out);

@@ -53,6 +53,35 @@ Status Backend::DownloadMany(const std::vector<DownloadItem>& items) {
   return Status::Ok();
 }
 
+Status Backend::CrossEntropyFusedBf16(const float*, const int32_t*, float*, uint16_t*, int64_t, int64_t, int64_t,
+                                      int64_t, float) {
+  return Status::Error(std::string("CrossEntropyFusedBf16: not implemented by the ") + name() + " backend");
+}
+
+bool TakesBf16Dy(const LinearQuant& q) {
+  for (Role r : {Role::kDgradDy, Role::kDgradW, Role::kWgradDy, Role::kWgradX}) {
+    if (!q.role[static_cast<int>(r)].quantized()) return false;
+  }
+  for (Role r : {Role::kDgradDy, Role::kWgradDy}) {
+    const OperandFormat& f = q.role[static_cast<int>(r)];
+    if (f.format != QuantFormat::kBf16 || f.rounding != Rounding::kNearestEven) return false;
+  }
+  return true;
+}
+
+Status CheckDyBf16(const char* op, const LinearQuant& q, int64_t out, const float* dbias) {
+  if (q.dy_bf16 == nullptr) return Status::Ok();
+  if (!TakesBf16Dy(q))
+    return Status::Error(std::string(op) + ": dy_bf16: given is not allowed with these roles; it needs all four "
+                         "backward roles quantized and dgrad_dy, wgrad_dy bf16 nearest_even");
+  if (dbias != nullptr)
+    return Status::Error(std::string(op) + ": dbias: not allowed with dy_bf16 (the bias gradient sums the fp32 dy)");
+  if (q.dy_bf16_ld < out)
+    return Status::Error(std::string(op) + ": dy_bf16_ld: " + std::to_string(q.dy_bf16_ld) +
+                         " is not allowed; need >= out (" + std::to_string(out) + ")");
+  return Status::Ok();
+}
+
 bool Backend::DeviceMemoryInUse(int64_t* bytes) const {
   *bytes = 0;
   return false;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/formats.h"
 #include "kernels/nn_cpu.h"
 #include "kernels/nn_cpu_internal.h"
 
@@ -477,6 +478,28 @@ Status CpuBackend::CrossEntropyFused(const float* logits, const int32_t* targets
   KEEL_RETURN_IF_ERROR(CheckCrossEntropy(kOp, logits, targets, rows, padded_vocab, vocab));
   KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"losses", losses}, {"dlogits", dlogits}}));
   CrossEntropyRows(pool_, logits, targets, losses, dlogits, rows, padded_vocab, vocab, scale);
+  return Status::Ok();
+}
+
+Status CpuBackend::CrossEntropyFusedBf16(const float* logits, const int32_t* targets, float* losses,
+                                         uint16_t* dlogits, int64_t ld, int64_t rows, int64_t padded_vocab,
+                                         int64_t vocab, float scale) {
+  static const char kOp[] = "CrossEntropyFusedBf16";
+  KEEL_RETURN_IF_ERROR(CheckCrossEntropy(kOp, logits, targets, rows, padded_vocab, vocab));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"losses", losses}, {"dlogits", dlogits}}));
+  if (ld < padded_vocab)
+    return Status::Error(std::string(kOp) + ": ld: " + std::to_string(ld) + " is not allowed; need >= padded_vocab (" +
+                         std::to_string(padded_vocab) + ")");
+  // Each row's gradient goes through a row of its own before it is rounded, so
+  // dlogits may hold row r in logits' row r (ld = 2 padded_vocab).
+  pool_.ParallelRange(rows, RowGrain(vocab), [&](int64_t begin, int64_t end) {
+    std::vector<float> d(static_cast<size_t>(padded_vocab));
+    for (int64_t r = begin; r < end; ++r) {
+      CrossEntropyRow(logits + r * padded_vocab, targets[r], padded_vocab, vocab, scale, losses + r, d.data());
+      uint16_t* out = dlogits + r * ld;
+      for (int64_t c = 0; c < padded_vocab; ++c) out[c] = FloatToBf16(d[c], Rounding::kNearestEven, 0.0f);
+    }
+  });
   return Status::Ok();
 }
 

@@ -15,7 +15,9 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
+#include "kernels/formats.h"
 #include "kernels/gemm_cpu.h"
 #include "kernels/nn_cpu.h"
 #include "kernels/nn_cpu_internal.h"
@@ -365,6 +367,17 @@ Status CpuBackend::LinearBackward(const float* x, const float* w, const float* d
                                   const LinearQuant& q) {
   static const char kOp[] = "LinearBackward";
   KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"rows", rows}, {"in", in}, {"out", out}}));
+  if (q.dy_bf16 != nullptr) {
+    // dy arrives rounded: its fp32 values, which the BF16 dy roles keep as they are.
+    KEEL_RETURN_IF_ERROR(CheckDyBf16(kOp, q, out, dbias));
+    std::vector<float> dy_values(static_cast<size_t>(rows * out));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < out; ++c) dy_values[r * out + c] = Bf16ToFloat(q.dy_bf16[r * q.dy_bf16_ld + c]);
+    }
+    LinearQuant plain = q;
+    plain.dy_bf16 = nullptr;
+    return LinearBackward(x, w, dy_values.data(), dx, dw, dbias, rows, in, out, plain);
+  }
   KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"w", w}, {"dy", dy}, {"dw", dw}}));
   std::lock_guard<std::mutex> lock(linear_mutex_);
   KEEL_RETURN_IF_ERROR(ValidateLinearQuant(kOp, q, rows, stats_slots_));

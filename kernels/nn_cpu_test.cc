@@ -703,6 +703,101 @@ TEST_F(NnCpuTest, CrossEntropyFusedMatchesForwardThenBackward) {
   EXPECT_NE(status.message().find("dlogits"), std::string::npos) << status.message();
 }
 
+// CrossEntropyFusedBf16: the losses of CrossEntropyFused and the bf16 rounding
+// (nearest even) of its dlogits, into a separate buffer with a wider ld or over
+// logits itself (row r in the first half of logits' row r).
+TEST_F(NnCpuTest, CrossEntropyFusedBf16IsTheRoundedFusedGradient) {
+  const int64_t rows = 8, padded = 12, vocab = 9;
+  const float scale = 0.375f;
+  std::vector<float> logits = Normal(rows * padded, 74, 3.0f);
+  logits[5 * padded + 4] = std::numeric_limits<float>::infinity();
+  const std::vector<int32_t> targets = {3, -1, 0, 8, -100, 4, 2, 1};
+  std::vector<float> losses(rows), dlogits(rows * padded);
+  ASSERT_OK(backend_->CrossEntropyFused(logits.data(), targets.data(), losses.data(), dlogits.data(), rows, padded,
+                                        vocab, scale));
+  const int64_t ld = padded + 4;
+  std::vector<uint16_t> out(rows * ld, 0xABCD);
+  std::vector<float> got_losses(rows, -1.0f);
+  ASSERT_OK(backend_->CrossEntropyFusedBf16(logits.data(), targets.data(), got_losses.data(), out.data(), ld, rows,
+                                            padded, vocab, scale));
+  EXPECT_EQ(0, std::memcmp(got_losses.data(), losses.data(), rows * sizeof(float)));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < padded; ++c) {
+      ASSERT_EQ(out[r * ld + c], FloatToBf16(dlogits[r * padded + c], Rounding::kNearestEven, 0.0f)) << r << "," << c;
+    }
+    for (int64_t c = padded; c < ld; ++c) ASSERT_EQ(out[r * ld + c], 0xABCD) << "past the row: untouched";
+  }
+  // Over logits.
+  std::vector<float> in_place = logits;
+  ASSERT_OK(backend_->CrossEntropyFusedBf16(in_place.data(), targets.data(), got_losses.data(),
+                                            reinterpret_cast<uint16_t*>(in_place.data()), 2 * padded, rows, padded,
+                                            vocab, scale));
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(in_place.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < padded; ++c) {
+      ASSERT_EQ(bits[r * 2 * padded + c], out[r * ld + c]) << r << "," << c;
+    }
+  }
+  const Status status = backend_->CrossEntropyFusedBf16(logits.data(), targets.data(), got_losses.data(), out.data(),
+                                                        padded - 1, rows, padded, vocab, scale);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("ld: 11 is not allowed"), std::string::npos) << status.message();
+}
+
+// LinearBackward with dy_bf16: the bits of LinearBackward on dy when both dy
+// roles round to bf16 nearest even (the statistics too); refused with other
+// roles or a dbias.
+TEST_F(NnCpuTest, LinearBackwardTakesDyInBf16) {
+  const int64_t rows = 16, in = 24, out = 20, ld = 23;
+  const std::vector<float> x = Normal(rows * in, 75, 1.0f), w = Normal(out * in, 76, 0.2f);
+  std::vector<float> dy = Normal(rows * out, 77, 0.5f);
+  dy[3] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<uint16_t> dy_bits(rows * ld, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < out; ++c) dy_bits[r * ld + c] = FloatToBf16(dy[r * out + c], Rounding::kNearestEven, 0.0f);
+  }
+  LinearQuant q;
+  for (OperandFormat& f : q.role) f = Quant(QuantFormat::kBf16);
+  q.role[static_cast<int>(Role::kWgradX)] = Quant(QuantFormat::kMxfp8E4M3);  // x in another format: still allowed
+  ASSERT_TRUE(TakesBf16Dy(q));
+  q.stats_slot = 0;
+  std::vector<OperandStats> plain_stats, bf16_stats;
+  std::vector<float> dx(rows * in), dw(out * in, 0.0f), dx2(rows * in), dw2(out * in, 0.0f);
+  ASSERT_OK(backend_->ResetOperandStats(1));
+  ASSERT_OK(backend_->LinearBackward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), nullptr, rows, in, out, q));
+  ASSERT_OK(backend_->ReadOperandStats(&plain_stats));
+  LinearQuant qb = q;
+  qb.dy_bf16 = dy_bits.data();
+  qb.dy_bf16_ld = ld;
+  ASSERT_OK(backend_->ResetOperandStats(1));
+  ASSERT_OK(backend_->LinearBackward(x.data(), w.data(), nullptr, dx2.data(), dw2.data(), nullptr, rows, in, out, qb));
+  ASSERT_OK(backend_->ReadOperandStats(&bf16_stats));
+  EXPECT_EQ(0, std::memcmp(dx.data(), dx2.data(), dx.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(dw.data(), dw2.data(), dw.size() * sizeof(float)));
+  ASSERT_EQ(plain_stats.size(), bf16_stats.size());
+  for (size_t i = 0; i < plain_stats.size(); ++i) {
+    EXPECT_EQ(plain_stats[i].elements, bf16_stats[i].elements) << i;
+    EXPECT_EQ(plain_stats[i].saturated, bf16_stats[i].saturated) << i;
+    EXPECT_EQ(plain_stats[i].blocks, bf16_stats[i].blocks) << i;
+    EXPECT_EQ(plain_stats[i].nan_blocks, bf16_stats[i].nan_blocks) << i;
+  }
+  EXPECT_EQ(bf16_stats[static_cast<int>(Role::kDgradDy)].nan_blocks, 1);
+  std::vector<float> dbias(out, 0.0f);
+  Status status = backend_->LinearBackward(x.data(), w.data(), nullptr, dx2.data(), dw2.data(), dbias.data(), rows, in,
+                                           out, qb);
+  EXPECT_NE(status.message().find("dbias: not allowed with dy_bf16"), std::string::npos) << status.message();
+  LinearQuant stochastic = qb;
+  stochastic.role[static_cast<int>(Role::kWgradDy)] = Quant(QuantFormat::kBf16, Rounding::kStochastic);
+  status = backend_->LinearBackward(x.data(), w.data(), nullptr, dx2.data(), dw2.data(), nullptr, rows, in, out,
+                                    stochastic);
+  EXPECT_NE(status.message().find("dy_bf16: given is not allowed"), std::string::npos) << status.message();
+  LinearQuant narrow = qb;
+  narrow.dy_bf16_ld = out - 1;
+  status = backend_->LinearBackward(x.data(), w.data(), nullptr, dx2.data(), dw2.data(), nullptr, rows, in, out,
+                                    narrow);
+  EXPECT_NE(status.message().find("dy_bf16_ld: 19 is not allowed"), std::string::npos) << status.message();
+}
+
 // ---- AdamW ----------------------------------------------------------------------------
 
 TEST_F(NnCpuTest, AdamWMatchesFormulaInDouble) {

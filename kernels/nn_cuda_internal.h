@@ -395,6 +395,8 @@ class CudaBackend final : public Backend {
   Status CrossEntropyBackward(const float* logits, const int32_t* targets, float* dlogits,
                               int64_t rows, int64_t padded_vocab, int64_t vocab,
                               float scale) override;
+  Status CrossEntropyFusedBf16(const float* logits, const int32_t* targets, float* losses, uint16_t* dlogits,
+                               int64_t ld, int64_t rows, int64_t padded_vocab, int64_t vocab, float scale) override;
   Status CrossEntropyFused(const float* logits, const int32_t* targets, float* losses,
                            float* dlogits, int64_t rows, int64_t padded_vocab, int64_t vocab,
                            float scale) override;
@@ -547,6 +549,16 @@ class CudaBackend final : public Backend {
   std::vector<OperandStats> host_stats_;
   int stats_slots_ = 0;
   KeptStats kept_dy_;  // the dgrad's bf16 dy that the wgrad reuses
+  // CrossEntropyFusedBf16's count of non-finite gradients, for the output it wrote.
+  KeptStats kept_ce_;
+  const uint16_t* kept_ce_out_ = nullptr;
+  // Statistics of a dy given in bf16 (LinearQuant::dy_bf16) for `role`: the
+  // cross-entropy's count when it wrote that dy, else a counting pass.
+  Status RecordBf16DyStats(const LinearQuant& q, int64_t rows, int64_t out, Role role);
+  // dst (rows x cols fp32, row-major) = the bf16 values of src (rows ld apart).
+  Status Bf16RowsToFloat(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, float* dst);
+  // Sets ce_shared_limit_ and opts the one-read cross-entropy kernels in to it.
+  Status CeSharedLimit();
   std::vector<std::unique_ptr<KeptOperand>> kept_x_, kept_w_;  // by keep_slot
   // The entry for keep_slot in *kept (grown on demand), or null when the two
   // roles cannot share one rounding (see LinearQuant::keep_slot); an entry

@@ -8,6 +8,7 @@
 // order; the embedding gradients add each position's row in position order, as
 // the CPU does (dwte after ranking equal tokens: integer work only), so they are
 // the CPU's bits. No float atomics anywhere.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -561,6 +562,71 @@ __global__ void __launch_bounds__(kCeThreads) CrossEntropyFusedKernel(const floa
   RowGradient(row, drow, padded, vocab, target, m, s, scale, vec);
 }
 
+// CrossEntropyFusedKernel with the gradient rounded to bf16 (nearest even, the
+// hardware conversion: Bf16Kernel's bits) into drow = dlogits + r * ld, and its
+// non-finite values counted into nonfinite. kShared: the row is read into
+// shared memory first, so drow may lie in the row's own first half (ld = 2
+// padded); without it drow must not alias logits (the launcher sees to it).
+template <bool kShared>
+__global__ void __launch_bounds__(kCeThreads) CrossEntropyFusedBf16Kernel(const float* logits,
+                                                                          const int32_t* __restrict__ targets,
+                                                                          float* __restrict__ losses,
+                                                                          uint16_t* dlogits, int64_t ld,
+                                                                          int64_t padded, int64_t vocab, float scale,
+                                                                          bool vec, unsigned long long* nonfinite) {
+  extern __shared__ float4 ce_row[];
+  const int64_t r = blockIdx.x;
+  const int32_t target = targets[r];
+  uint16_t* drow = dlogits + r * ld;
+  if (target < 0) {
+    if (threadIdx.x == 0) losses[r] = 0.0f;
+    for (int64_t c = threadIdx.x; c < padded; c += kCeThreads) drow[c] = 0;
+    return;
+  }
+  const float* row = logits + r * padded;
+  if constexpr (kShared) {
+    RowCopyToShared(row, ce_row, vocab, vec);
+    row = reinterpret_cast<const float*>(ce_row);
+  }
+  float m;
+  double s;
+  RowMaxSum(row, vocab, vec, &m, &s);
+  if (threadIdx.x == 0) losses[r] = RowLoss(row, target, vocab, m, s);
+  __syncthreads();  // every read of the row from global memory is done
+  const float inv_sum = static_cast<float>(1.0 / s);
+  auto grad = [&](float v, int64_t c) {
+    if (c >= vocab) return 0.0f;
+    const float p = expf(v - m) * inv_sum;
+    return scale * (p - (c == target ? 1.0f : 0.0f));
+  };
+  auto bits = [](float lo, float hi) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&pair);
+  };
+  unsigned long long count = 0;
+  auto nonfinite_of = [](uint32_t two) {
+    return ((two & 0x7F80u) == 0x7F80u ? 1 : 0) + ((two & 0x7F800000u) == 0x7F800000u ? 1 : 0);
+  };
+  if (vec) {  // 4 columns a thread at a time, as RowMaxSum read them
+    const int64_t real4 = CeilDiv(vocab, 4);
+    for (int64_t c4 = threadIdx.x; c4 < padded / 4; c4 += kCeThreads) {
+      const int64_t c = c4 * 4;
+      const float4 v = c4 < real4 ? reinterpret_cast<const float4*>(row)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const uint2 out = make_uint2(bits(grad(v.x, c), grad(v.y, c + 1)), bits(grad(v.z, c + 2), grad(v.w, c + 3)));
+      count += nonfinite_of(out.x) + nonfinite_of(out.y);
+      reinterpret_cast<uint2*>(drow)[c4] = out;
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < padded; c += kCeThreads) {
+      const uint16_t out = static_cast<uint16_t>(bits(grad(c < vocab ? row[c] : 0.0f, c), 0.0f) & 0xFFFFu);
+      count += nonfinite_of(out);
+      drow[c] = out;
+    }
+  }
+  count = WarpSum(count);
+  if ((threadIdx.x & 31) == 0 && count > 0) atomicAdd(nonfinite + 1, count);
+}
+
 Status CheckRowsCols(const char* what, int64_t rows, int64_t cols) {
   if (rows < 0 || cols < 1)
     return Status::Error(std::string(what) + ": shape: rows " + std::to_string(rows) + ", cols " +
@@ -739,6 +805,62 @@ Status CudaBackend::CrossEntropyBackward(const float* logits, const int32_t* tar
   return Status::Ok();
 }
 
+Status CudaBackend::CeSharedLimit() {
+  // Once per backend: the most dynamic shared memory a block may opt in to, less
+  // what the one-read kernels' reduction trees take statically.
+  int optin = 0;
+  KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+  cudaFuncAttributes fp32_kernel, bf16_kernel;
+  KEEL_CUDA_CHECK(cudaFuncGetAttributes(&fp32_kernel, CrossEntropyFusedKernel<true>));
+  KEEL_CUDA_CHECK(cudaFuncGetAttributes(&bf16_kernel, CrossEntropyFusedBf16Kernel<true>));
+  const int limit =
+      optin - static_cast<int>(std::max(fp32_kernel.sharedSizeBytes, bf16_kernel.sharedSizeBytes));
+  KEEL_CUDA_CHECK(
+      cudaFuncSetAttribute(CrossEntropyFusedKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
+  KEEL_CUDA_CHECK(
+      cudaFuncSetAttribute(CrossEntropyFusedBf16Kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
+  ce_shared_limit_ = limit;
+  return Status::Ok();
+}
+
+Status CudaBackend::CrossEntropyFusedBf16(const float* logits, const int32_t* targets, float* losses,
+                                          uint16_t* dlogits, int64_t ld, int64_t rows, int64_t padded_vocab,
+                                          int64_t vocab, float scale) {
+  NN_PROFILE("CrossEntropyFusedBf16");
+  static const char kOp[] = "CrossEntropyFusedBf16";
+  KEEL_RETURN_IF_ERROR(CheckCrossEntropyShape(kOp, rows, padded_vocab, vocab));
+  if (rows == 0) return Status::Ok();
+  if (logits == nullptr || targets == nullptr || losses == nullptr || dlogits == nullptr)
+    return Status::Error(std::string(kOp) + ": logits, targets, losses or dlogits: null");
+  const bool aliased = static_cast<const void*>(dlogits) == static_cast<const void*>(logits);
+  if (ld < padded_vocab || (aliased && ld != 2 * padded_vocab))
+    return Status::Error(std::string(kOp) + ": ld: " + std::to_string(ld) + " is not allowed; need >= padded_vocab (" +
+                         std::to_string(padded_vocab) + "), and 2 * padded_vocab when dlogits is logits");
+  const bool vec = padded_vocab % 4 == 0 && ld % 4 == 0 && Aligned(logits, 16) && Aligned(dlogits, 8);
+  if (ce_shared_limit_ < 0) KEEL_RETURN_IF_ERROR(CeSharedLimit());
+  unsigned long long* pair = nullptr;
+  int64_t index = 0;
+  KEEL_RETURN_IF_ERROR(NextStatsPair(&pair, &index));
+  kept_ce_ = KeptStats();
+  kept_ce_.pair = index;
+  kept_ce_out_ = dlogits;
+  const unsigned int blocks = static_cast<unsigned int>(rows);
+  const int64_t shared = CeSharedBytes(vocab, vec);
+  if (shared <= ce_shared_limit_) {
+    CrossEntropyFusedBf16Kernel<true><<<blocks, kCeThreads, static_cast<size_t>(shared), stream_>>>(
+        logits, targets, losses, dlogits, ld, padded_vocab, vocab, scale, vec, pair);
+  } else if (!aliased) {
+    CrossEntropyFusedBf16Kernel<false><<<blocks, kCeThreads, 0, stream_>>>(logits, targets, losses, dlogits, ld,
+                                                                            padded_vocab, vocab, scale, vec, pair);
+  } else {
+    return Status::Error(std::string(kOp) + ": vocab: " + std::to_string(vocab) +
+                         " is too large for a row in shared memory, which writing bf16 over logits needs; pass a "
+                         "separate dlogits");
+  }
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
 Status CudaBackend::CrossEntropyFused(const float* logits, const int32_t* targets, float* losses, float* dlogits,
                                       int64_t rows, int64_t padded_vocab, int64_t vocab, float scale) {
   NN_PROFILE("CrossEntropyFused");
@@ -760,18 +882,7 @@ Status CudaBackend::CrossEntropyFused(const float* logits, const int32_t* target
     NN_LAUNCH_CHECK();
     return Status::Ok();
   }
-  if (ce_shared_limit_ < 0) {
-    // Once per backend: the most dynamic shared memory a block may opt in to,
-    // less what the kernel's reduction tree takes statically.
-    int optin = 0;
-    KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
-    cudaFuncAttributes attributes;
-    KEEL_CUDA_CHECK(cudaFuncGetAttributes(&attributes, CrossEntropyFusedKernel<true>));
-    const int limit = optin - static_cast<int>(attributes.sharedSizeBytes);
-    KEEL_CUDA_CHECK(
-        cudaFuncSetAttribute(CrossEntropyFusedKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
-    ce_shared_limit_ = limit;
-  }
+  if (ce_shared_limit_ < 0) KEEL_RETURN_IF_ERROR(CeSharedLimit());
   const int64_t shared = CeSharedBytes(vocab, vec);
   if (shared <= ce_shared_limit_) {
     CrossEntropyFusedKernel<true><<<blocks, kCeThreads, static_cast<size_t>(shared), stream_>>>(

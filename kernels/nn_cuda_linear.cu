@@ -432,13 +432,57 @@ void CudaBackend::RecordKeptStats(const KeptStats& kept, int64_t count, int slot
 }
 
 std::vector<CudaBackend::KeptStats*> CudaBackend::AllKeptStats() {
-  std::vector<KeptStats*> all{&kept_dy_};
+  std::vector<KeptStats*> all{&kept_dy_, &kept_ce_};
   for (auto* kept : {&kept_x_, &kept_w_}) {
     for (auto& k : *kept) {
       if (k != nullptr) all.push_back(&k->stats);
     }
   }
   return all;
+}
+
+namespace {
+
+// Non-finite bf16 values of a rows x cols view (rows ld apart), into pair[1].
+__global__ void Bf16NonfiniteKernel(const uint16_t* __restrict__ src, int64_t ld, int64_t rows, int64_t cols,
+                                    unsigned long long* pair) {
+  unsigned long long count = 0;
+  const int64_t n = rows * cols, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    count += (src[(i / cols) * ld + i % cols] & 0x7F80u) == 0x7F80u ? 1 : 0;
+  }
+  count = WarpSum(count);
+  if ((threadIdx.x & 31) == 0 && count > 0) atomicAdd(pair + 1, count);
+}
+
+__global__ void Bf16RowsToFloatKernel(const uint16_t* __restrict__ src, int64_t ld, int64_t rows, int64_t cols,
+                                      float* __restrict__ dst) {
+  const int64_t n = rows * cols, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    dst[i] = __uint_as_float(static_cast<uint32_t>(src[(i / cols) * ld + i % cols]) << 16);
+  }
+}
+
+}  // namespace
+
+Status CudaBackend::RecordBf16DyStats(const LinearQuant& q, int64_t rows, int64_t out, Role role) {
+  if (kept_ce_out_ == q.dy_bf16 && (kept_ce_.pair >= 0 || kept_ce_.folded)) {
+    RecordKeptStats(kept_ce_, rows * out, q.stats_slot, role);
+    return Status::Ok();
+  }
+  unsigned long long* pair = nullptr;
+  int64_t index = 0;
+  KEEL_RETURN_IF_ERROR(NextStatsPair(&pair, &index));
+  Bf16NonfiniteKernel<<<GridFor(rows * out), kThreads, 0, stream_>>>(q.dy_bf16, q.dy_bf16_ld, rows, out, pair);
+  NN_LAUNCH_CHECK();
+  RecordStats(rows * out, 1, true, q.stats_slot, role, index);
+  return Status::Ok();
+}
+
+Status CudaBackend::Bf16RowsToFloat(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
+  Bf16RowsToFloatKernel<<<GridFor(rows * cols), kThreads, 0, stream_>>>(src, ld, rows, cols, dst);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
 }
 
 namespace {
@@ -758,17 +802,29 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
                                    float* dbias, int64_t rows, int64_t in, int64_t out, const LinearQuant& q) {
   NN_PROFILE("LinearBackward");
   KEEL_RETURN_IF_ERROR(CheckLinearShape("LinearBackward", rows, in, out));
-  if (x == nullptr || w == nullptr || dy == nullptr || dw == nullptr) {
+  // dy arrives rounded to bf16 (the head's, from CrossEntropyFusedBf16): dy itself is not read.
+  const bool bf16_dy = q.dy_bf16 != nullptr;
+  KEEL_RETURN_IF_ERROR(CheckDyBf16("LinearBackward", q, out, dbias));
+  if (x == nullptr || w == nullptr || (dy == nullptr && !bf16_dy) || dw == nullptr) {
     return Status::Error("LinearBackward: x, w, dy or dw: null");
   }
   KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
   KEEL_RETURN_IF_ERROR(CheckStatsSlot("LinearBackward", q.stats_slot));
+  const float* dy_seen = dy;  // what the analytics read
+  const bool analyze = outlier_analytics_armed() && q.analytics_slot >= 0;
+  if (bf16_dy && analyze) {  // dy's values in fp32, for this analytics step only
+    KEEL_RETURN_IF_ERROR(quant_temp_.Reserve(static_cast<size_t>(rows * out) * sizeof(float), stream_));
+    KEEL_RETURN_IF_ERROR(Bf16RowsToFloat(q.dy_bf16, q.dy_bf16_ld, rows, out, quant_temp_.get<float>()));
+    dy_seen = quant_temp_.get<float>();
+  }
   if (dx != nullptr) {  // the dgrad GEMM runs only when dx is wanted
-    KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kDgradDy, dy, rows, out, q.analytics_slot));
+    KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kDgradDy, dy_seen, rows, out, q.analytics_slot));
     KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kDgradW, w, out, in, q.analytics_slot));
   }
-  KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kWgradDy, dy, rows, out, q.analytics_slot));
+  KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kWgradDy, dy_seen, rows, out, q.analytics_slot));
   KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kWgradX, x, rows, in, q.analytics_slot));
+  if (bf16_dy && analyze) quant_temp_.Release(stream_);  // stream-ordered: after the analyses
+  const int64_t dy_ld = bf16_dy ? q.dy_bf16_ld : out;
   const OperandFormat& f_ddy = q.role[static_cast<int>(Role::kDgradDy)];
   const OperandFormat& f_dw = q.role[static_cast<int>(Role::kDgradW)];
   const OperandFormat& f_wdy = q.role[static_cast<int>(Role::kWgradDy)];
@@ -794,8 +850,13 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
   if (dx != nullptr) {
     // dx^T (in x rows) = W^T (stored in x out) . dY^T (stored out x rows).
     Operand qw;
-    KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 1, Role::kDgradDy, q, bf16_dgrad, &op_a_, &qdy,
-                                        reuse_dy ? &kept_dy_ : nullptr, dbias_with_dgrad));
+    if (bf16_dy) {
+      qdy.data = q.dy_bf16;
+      if (q.stats_slot >= 0) KEEL_RETURN_IF_ERROR(RecordBf16DyStats(q, rows, out, Role::kDgradDy));
+    } else {
+      KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 1, Role::kDgradDy, q, bf16_dgrad, &op_a_, &qdy,
+                                          reuse_dy ? &kept_dy_ : nullptr, dbias_with_dgrad));
+    }
     if (KeptOperand* kw = bf16_dgrad ? KeptFor(&kept_w_, q, w, out, in, Role::kDgradW) : nullptr) {
       qw.data = kw->values.get<void>();  // the forward's rounding of w: the same bits
       if (q.stats_slot >= 0) RecordKeptStats(kw->stats, out * in, q.stats_slot, Role::kDgradW);
@@ -805,7 +866,7 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     }
     GemmArgs g;
     g.bf16 = bf16_dgrad;
-    g.Shape(in, rows, out).A(qw.data, in).B(qdy.data, out).C(dx, in);
+    g.Shape(in, rows, out).A(qw.data, in).B(qdy.data, dy_ld).C(dx, in);
     KEEL_RETURN_IF_ERROR(Alpha(qdy, qw, 1, &g.alpha));
     NN_PROFILE("gemm");
     KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
@@ -817,7 +878,10 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
   {
     // dW^T (in x out) += X^T (stored in x rows) . dY (stored out x rows, transposed).
     Operand qdy_w, qx;
-    if (reuse_dy) {
+    if (bf16_dy) {
+      qdy_w.data = q.dy_bf16;
+      if (q.stats_slot >= 0) KEEL_RETURN_IF_ERROR(RecordBf16DyStats(q, rows, out, Role::kWgradDy));
+    } else if (reuse_dy) {
       qdy_w = qdy;
       // The same elements as the dgrad's dy: its counts.
       if (q.stats_slot >= 0) RecordKeptStats(kept_dy_, rows * out, q.stats_slot, Role::kWgradDy);
@@ -836,7 +900,7 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     g.bf16 = bf16_wgrad;
     g.trans_b = true;
     g.accumulate = true;
-    g.Shape(in, out, rows).A(qx.data, in).B(qdy_w.data, out).C(dw, in);
+    g.Shape(in, out, rows).A(qx.data, in).B(qdy_w.data, dy_ld).C(dw, in);
     KEEL_RETURN_IF_ERROR(Alpha(qdy_w, qx, 2, &g.alpha));
     NN_PROFILE("gemm");
     KEEL_RETURN_IF_ERROR(blas_.Gemm(g));

@@ -1114,6 +1114,103 @@ TEST_F(NnCudaTest, DownloadManyEqualsDownloads) {
   gpu_->Free(dd);
 }
 
+// CrossEntropyFusedBf16 on CUDA: CrossEntropyFused's losses and its gradient
+// rounded to bf16, bit for bit, over logits (the one-read kernel) and into a separate buffer with a vocabulary too
+// wide for shared memory; over logits with that vocabulary it is refused.
+// Then the head's backward reading that bf16 dy gives the bits and statistics
+// of the backward that rounds the fp32 dy, both with the cross-entropy's count
+// and with a dy uploaded from elsewhere (counted by a pass of its own).
+TEST_F(NnCudaTest, CrossEntropyBf16AndTheHeadBackwardMatchTheFp32Path) {
+  auto as_u16 = [](Backend* be, const void* p, int64_t count) {
+    std::vector<uint16_t> v(static_cast<size_t>(count));
+    EXPECT_OK(be->Download(v.data(), p, v.size() * sizeof(uint16_t)));
+    return v;
+  };
+  for (const int64_t padded : {int64_t{1008}, int64_t{60000}}) {
+    const int64_t rows = 48, vocab = padded - 5;
+    const float scale = 0.25f;
+    std::vector<float> lh = Normal(rows * padded, 95, 3.0f);
+    lh[7 * padded + 11] = std::numeric_limits<float>::quiet_NaN();  // one NaN row
+    std::vector<int32_t> th = Tokens(rows, static_cast<int32_t>(vocab), 96);
+    th[3] = -1;
+    Dual logits = Floats(lh), targets = Ints(th), losses = Zeros(rows), ref_losses = Zeros(rows);
+    Dual ref = Zeros(rows * padded);
+    const bool in_place = padded == 1008;
+    Dual sep = Zeros(rows * padded);  // rows x 2 padded bf16 when not in place
+    uint16_t* dg = reinterpret_cast<uint16_t*>(in_place ? logits.g() : sep.g());
+    const int64_t ld = 2 * padded;
+    // The reference: this backend's fp32 CrossEntropyFused, rounded on the host
+    // (the CPU's sums go in another order, so its last bits may differ).
+    ASSERT_OK(gpu_->CrossEntropyFused(logits.g(), targets.gi(), ref_losses.g(), ref.g(), rows, padded, vocab, scale));
+    ASSERT_OK(gpu_->CrossEntropyFusedBf16(logits.g(), targets.gi(), losses.g(), dg, ld, rows, padded, vocab, scale));
+    ExpectBits("ce bf16 losses", Gpu(ref_losses), Gpu(losses));
+    const std::vector<float> rf = Gpu(ref);
+    std::vector<uint16_t> bc(static_cast<size_t>(rows * ld));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < padded; ++c) bc[r * ld + c] = FloatToBf16(rf[r * padded + c], Rounding::kNearestEven, 0.0f);
+    }
+    const std::vector<uint16_t> bg = as_u16(gpu_.get(), dg, rows * ld);
+    int64_t differ = 0, nan_c = 0, nan_g = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < padded; ++c) {
+        const uint16_t a = bc[r * ld + c], b = bg[r * ld + c];
+        const bool na = (a & 0x7FFF) > 0x7F80, nb = (b & 0x7FFF) > 0x7F80;  // NaN payloads may differ
+        nan_c += na;
+        nan_g += nb;
+        differ += na != nb || (!na && a != b);
+      }
+    }
+    EXPECT_EQ(differ, 0) << "padded " << padded;
+    EXPECT_EQ(nan_c, nan_g);
+    EXPECT_GT(nan_g, 0);
+    if (!in_place) {
+      EXPECT_FALSE(gpu_->CrossEntropyFusedBf16(logits.g(), targets.gi(), losses.g(),
+                                               reinterpret_cast<uint16_t*>(logits.g()), ld, rows, padded, vocab, scale)
+                       .ok());
+      continue;
+    }
+    // The head's backward: fp32 dy (the bf16 values) against dy_bf16.
+    const int64_t in = 64;
+    std::vector<float> dyf(static_cast<size_t>(rows * padded));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < padded; ++c) dyf[r * padded + c] = Bf16ToFloat(bg[r * ld + c]);
+    }
+    Dual x = Floats(Normal(rows * in, 97, 1.0f)), w = Floats(Normal(padded * in, 98, 0.1f)), dy = Floats(dyf);
+    Dual dx = Zeros(rows * in), dw = Zeros(padded * in);
+    LinearQuant q = AllRoles(Quant(QuantFormat::kBf16));
+    q.stats_slot = 0;
+    auto backward = [&](const LinearQuant& qq, const float* dyp) {
+      Set(dw, std::vector<float>(static_cast<size_t>(padded * in), 0.0f));
+      std::vector<OperandStats> st;
+      EXPECT_OK(gpu_->LinearBackward(x.g(), w.g(), dyp, dx.g(), dw.g(), nullptr, rows, in, padded, qq));
+      EXPECT_OK(gpu_->ReadOperandStats(&st));
+      return std::make_tuple(Gpu(dx), Gpu(dw), st);
+    };
+    ASSERT_OK(gpu_->ResetOperandStats(1));
+    const auto [dx0, dw0, st0] = backward(q, dy.g());
+    LinearQuant qb = q;
+    qb.dy_bf16 = dg;
+    qb.dy_bf16_ld = ld;
+    // The cross-entropy's count: its pair went with the reset above, so run it again first.
+    ASSERT_OK(gpu_->ResetOperandStats(1));
+    Set(logits, lh);
+    ASSERT_OK(gpu_->CrossEntropyFusedBf16(logits.g(), targets.gi(), losses.g(), dg, ld, rows, padded, vocab, scale));
+    const auto [dx1, dw1, st1] = backward(qb, nullptr);
+    ExpectBits("head dx", dx0, dx1);
+    ExpectBits("head dw", dw0, dw1);
+    ExpectStatsEqual("head, cross-entropy's count", st0, st1);
+    // A bf16 dy uploaded from elsewhere: counted by its own pass.
+    Dual other = Zeros(rows * padded);
+    ASSERT_OK(gpu_->Upload(other.g(), bg.data(), bg.size() * sizeof(uint16_t)));
+    qb.dy_bf16 = reinterpret_cast<const uint16_t*>(other.g());
+    ASSERT_OK(gpu_->ResetOperandStats(1));
+    const auto [dx2, dw2, st2] = backward(qb, nullptr);
+    ExpectBits("head dx (uploaded)", dx0, dx2);
+    ExpectStatsEqual("head, counted", st0, st2);
+    EXPECT_EQ(st2[R(Role::kDgradDy)].nan_blocks, 1);
+  }
+}
+
 TEST_F(NnCudaTest, LinearRejectsWhatTheCpuRejects) {
   const int64_t rows = 32, in = 32, out = 32;
   Dual x = Floats(Normal(rows * in, 71)), w = Floats(Normal(out * in, 72)), y = Zeros(rows * out);

@@ -108,6 +108,14 @@ struct LinearQuant {
   // same bits, the same statistics). The caller promises that x and w are not
   // written between the two calls; models pass one key per linear layer.
   int keep_slot = -1;
+  // dy already rounded to bf16 (nearest even) by its producer
+  // (Backend::CrossEntropyFusedBf16): rows x out bf16 bits, rows dy_bf16_ld
+  // elements apart, in backend memory. LinearBackward then reads dy from here,
+  // not from its dy argument, and needs all four backward roles quantized, both
+  // dy roles BF16 nearest even (TakesBf16Dy) and dbias null; statistics and
+  // analytics see dy's values as a rounding of dy would have given them.
+  const uint16_t* dy_bf16 = nullptr;
+  int64_t dy_bf16_ld = 0;
   HotChannels hcp_fwd;
   HotChannels hcp_dgrad;
   int32_t hcp_wgrad_rows = 0;

@@ -62,10 +62,20 @@ Status Model::UploadTokens(const Batch& batch, const std::string& type, int64_t 
 
 Status Model::LanguageModelLoss(float* logits, const int32_t* targets, float* losses, int64_t bt,
                                 int64_t padded_vocab, int64_t vocab, const float* grad_scale, int64_t valid,
-                                double* loss) {
+                                const LinearQuant& head, double* loss) {
+  dlogits_bf16_ = nullptr;
   if (grad_scale != nullptr && valid > 0) {
     const float scale = *grad_scale / static_cast<float>(valid);
-    KEEL_RETURN_IF_ERROR(backend_->CrossEntropyFused(logits, targets, losses, logits, bt, padded_vocab, vocab, scale));
+    if (TakesBf16Dy(head)) {
+      uint16_t* d = reinterpret_cast<uint16_t*>(logits);
+      KEEL_RETURN_IF_ERROR(
+          backend_->CrossEntropyFusedBf16(logits, targets, losses, d, 2 * padded_vocab, bt, padded_vocab, vocab, scale));
+      dlogits_bf16_ = d;
+      dlogits_bf16_ld_ = 2 * padded_vocab;
+    } else {
+      KEEL_RETURN_IF_ERROR(
+          backend_->CrossEntropyFused(logits, targets, losses, logits, bt, padded_vocab, vocab, scale));
+    }
   } else {
     KEEL_RETURN_IF_ERROR(backend_->CrossEntropyForward(logits, targets, losses, bt, padded_vocab, vocab));
   }
@@ -73,6 +83,12 @@ Status Model::LanguageModelLoss(float* logits, const int32_t* targets, float* lo
   KEEL_RETURN_IF_ERROR(backend_->Sums({Span{losses, bt}}, &sums));
   *loss = valid > 0 ? sums[0] / static_cast<double>(valid) : 0.0;
   return Status::Ok();
+}
+
+LinearQuant Model::HeadBackward(LinearQuant q) const {
+  q.dy_bf16 = dlogits_bf16_;
+  q.dy_bf16_ld = dlogits_bf16_ld_;
+  return q;
 }
 
 Status Model::AllocateParams() {

@@ -120,14 +120,25 @@ class Model {
   // logits (bt x padded_vocab, the first `vocab` columns real; losses: bt
   // scratch). Training (grad_scale set, valid > 0): the fused pass also leaves
   // dlogits = grad_scale / valid * d(sum of losses)/d logits in `logits`.
+  // head: the head's LinearQuant. When its backward takes dy in bf16
+  // (TakesBf16Dy), dlogits are written rounded to bf16 over logits instead
+  // (row r in the first half of logits' row r), and HeadBackward points the
+  // head's backward at them: the same bits, half the bytes, no rounding pass.
   Status LanguageModelLoss(float* logits, const int32_t* targets, float* losses, int64_t bt, int64_t padded_vocab,
-                           int64_t vocab, const float* grad_scale, int64_t valid, double* loss);
+                           int64_t vocab, const float* grad_scale, int64_t valid, const LinearQuant& head,
+                           double* loss);
+  // The head's backward LinearQuant: q, with dy_bf16 set when the last
+  // LanguageModelLoss wrote dlogits in bf16.
+  LinearQuant HeadBackward(LinearQuant q) const;
   // ready(i) for each i of `indices` that is a tensor (>= 0; an absent one is
   // -1), in order; nothing when ready is not set.
   static Status Final(const GradientReady& ready, std::initializer_list<int> indices);
 
   Backend* backend_;
   std::vector<ParamInfo> params_;
+  // Where the last LanguageModelLoss left bf16 dlogits (null: fp32 in logits).
+  const uint16_t* dlogits_bf16_ = nullptr;
+  int64_t dlogits_bf16_ld_ = 0;
   int64_t param_count_ = 0;
   float* weights_ = nullptr;
   int blocks_ = 0;

@@ -141,7 +141,8 @@ Status DecoderModel::Forward(const Batch& batch, const Pass& pass, const float* 
       backend_->RmsNormForward(res_[blocks_], Gain(norm_), final_norm_, final_rstd_, bt_, d_, m_.ln_eps));
   KEEL_RETURN_IF_ERROR(backend_->LinearForward(final_norm_, P(embed_), nullptr, nullptr, logits_, bt_, d_,
                                                m_.padded_vocab, Quant(pass, -1, 0)));
-  return LanguageModelLoss(logits_, targets_, losses_, bt_, m_.padded_vocab, m_.vocab, grad_scale, *valid, loss);
+  return LanguageModelLoss(logits_, targets_, losses_, bt_, m_.padded_vocab, m_.vocab, grad_scale, *valid,
+                           Quant(pass, -1, 0), loss);
 }
 
 Status DecoderModel::ForwardBackward(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed,
@@ -154,7 +155,7 @@ Status DecoderModel::ForwardBackward(const Batch& batch, const PrecisionScheme& 
   // The tied head: logits_ holds dlogits. The embedding's gradient is final only
   // after the embedding's backward, at the end.
   KEEL_RETURN_IF_ERROR(backend_->LinearBackward(final_norm_, P(embed_), logits_, dnorm_, Grad(grads, embed_),
-                                                nullptr, bt_, d_, m_.padded_vocab, Quant(pass, -1, 0)));
+                                                nullptr, bt_, d_, m_.padded_vocab, HeadBackward(Quant(pass, -1, 0))));
   KEEL_RETURN_IF_ERROR(backend_->Fill(dres_, bt_ * d_, 0.0f));
   KEEL_RETURN_IF_ERROR(backend_->RmsNormBackward(res_[blocks_], Gain(norm_), final_rstd_, dnorm_, dres_,
                                                  Grad(grads, norm_), bt_, d_));

@@ -162,7 +162,7 @@ class GptModel : public Model {
     // forward's fused cross-entropy wrote them there. wte's gradient is final
     // only after the embedding's backward, at the end.
     KEEL_RETURN_IF_ERROR(backend_->LinearBackward(lnf_, P(wte_), logits_, dln_, G(wte_), nullptr, bt_, d_,
-                                             m_.padded_vocab, Quant(scheme, -1, 0, quant_seed, stats)));
+                                             m_.padded_vocab, HeadBackward(Quant(scheme, -1, 0, quant_seed, stats))));
     KEEL_RETURN_IF_ERROR(backend_->Fill(dres_, bt_ * d_, 0.0f));
     KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(res_[blocks_], Affine(lnf_w_), lnf_mean_, lnf_rstd_,
                                                 dln_, dres_, G(lnf_w_), G(lnf_b_), bt_, d_));
@@ -328,7 +328,8 @@ class GptModel : public Model {
                                                lnf_mean_, lnf_rstd_, bt_, d_, m_.ln_eps));
     KEEL_RETURN_IF_ERROR(backend_->LinearForward(lnf_, P(wte_), nullptr, nullptr, logits_, bt_, d_, m_.padded_vocab,
                                             Quant(scheme, -1, 0, quant_seed, stats)));
-    return LanguageModelLoss(logits_, targets_, losses_, bt_, m_.padded_vocab, m_.vocab, grad_scale, *valid, loss);
+    return LanguageModelLoss(logits_, targets_, losses_, bt_, m_.padded_vocab, m_.vocab, grad_scale, *valid,
+                             Quant(scheme, -1, 0, quant_seed, stats), loss);
   }
 
   ModelConfig m_;
