@@ -8,8 +8,12 @@
 // uninterrupted run's. `keel fetch` downloads the final checkpoint with the
 // worker's bytes. A checkpoint that arrives corrupt is retried, then fails
 // the attempt with a message naming it.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -24,6 +28,7 @@
 #include <vector>
 
 #include "proto/keel.grpc.pb.h"
+#include "kernels/base/host.h"
 #include "tests/cluster.h"
 
 namespace {
@@ -90,8 +95,50 @@ std::vector<int64_t> StepsOf(const std::string& metrics) {
 // checkpoint of step >= 200, kills wa (-9), waits for its trainer to stop and
 // removes its work dir. Returns the run; *step: the checkpoint keeld resumes
 // it from (read once keeld has requeued it, so no upload is still landing).
-std::string CheckpointOnAThenLoseA(Cluster* cluster, int64_t* step) {
-  keel_test::Process* a = cluster->AddWorker("wa");
+// keel-worker's /metrics at 127.0.0.1:port (one HTTP/1.0 GET), "" when it does not answer.
+std::string Scrape(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string body;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buf[4096];
+      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) body.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return body;
+}
+
+// The value of the sample line that starts with `series` in a scrape, or -1.
+double Sample(const std::string& scrape, const std::string& series) {
+  std::istringstream lines(scrape);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.compare(0, series.size() + 1, series + " ") == 0) return std::stod(line.substr(series.size() + 1));
+  }
+  return -1;
+}
+
+// Scrapes until `series` reaches at least `at_least` (the worker refreshes its
+// counters once a second); returns the last value seen.
+double WaitSample(int port, const std::string& series, double at_least) {
+  double v = -1;
+  for (int i = 0; i < 100 && v < at_least; ++i) {
+    v = Sample(Scrape(port), series);
+    if (v < at_least) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return v;
+}
+
+int g_wa_metrics_port = 0;  // wa's /metrics in the test that scrapes it
+
+std::string CheckpointOnAThenLoseA(Cluster* cluster, int64_t* step, const std::function<void()>& before_kill = nullptr) {
+  keel_test::Process* a = cluster->AddWorker("wa", before_kill ? std::vector<std::string>{"--metrics-listen", "127.0.0.1:" + std::to_string(g_wa_metrics_port)} : std::vector<std::string>{});
   keel::v1::SubmitSweepResponse submitted;
   grpc::Status s = cluster->Submit(Sweep(), &submitted);
   EXPECT_TRUE(s.ok()) << s.error_message();
@@ -100,6 +147,7 @@ std::string CheckpointOnAThenLoseA(Cluster* cluster, int64_t* step) {
   keel::v1::Run run = WaitRun(cluster, id, 60, [](const keel::v1::Run& r) { return r.artifact_step() >= 200; });
   EXPECT_GE(run.artifact_step(), 200) << run.DebugString();
   EXPECT_NE(run.state(), keel::v1::SUCCEEDED) << "the run ended before the kill: make it longer";
+  if (before_kill) before_kill();
   a->Kill(SIGKILL);
   // Its trainer stops too (SIGTERM when its worker dies) and writes a last
   // checkpoint into wa's dir, which nobody uploads any more.
@@ -116,14 +164,29 @@ std::string CheckpointOnAThenLoseA(Cluster* cluster, int64_t* step) {
 TEST(ArtifactsE2eTest, ARunResumesFromItsUploadedCheckpointOnAWorkerThatNeverSawIt) {
   Cluster cluster("e2e_artifacts_resume", {"--artifact-keep", "2"});
   int64_t step = 0;
-  const std::string id = CheckpointOnAThenLoseA(&cluster, &step);
+  // Each worker's upload and download counters on its real /metrics endpoint.
+  g_wa_metrics_port = keel::FreeLoopbackPort();
+  const int wb_port = keel::FreeLoopbackPort();
+  const std::string committed = "keel_worker_checkpoint_uploads_total{outcome=\"committed\"}";
+  const std::string downloaded = "keel_worker_checkpoint_downloads_total{outcome=\"ok\"}";
+  double wa_committed = -1, wa_downloaded = -1;
+  const std::string id = CheckpointOnAThenLoseA(&cluster, &step, [&] {
+    wa_committed = WaitSample(g_wa_metrics_port, committed, 1);  // keeld recorded one of step >= 200
+    wa_downloaded = Sample(Scrape(g_wa_metrics_port), downloaded);
+  });
   ASSERT_FALSE(id.empty());
   ASSERT_GE(step, 200);
   ASSERT_EQ(step % 100, 0);
-  cluster.AddWorker("wb");
+  EXPECT_GE(wa_committed, 1);
+  EXPECT_EQ(wa_downloaded, 0);  // a fresh run: nothing to download
+  cluster.AddWorker("wb", {"--metrics-listen", "127.0.0.1:" + std::to_string(wb_port)});
   keel::v1::Run run = WaitRun(&cluster, id, 120, [](const keel::v1::Run& r) { return r.state() == keel::v1::SUCCEEDED || r.state() == keel::v1::FAILED; });
   ASSERT_EQ(run.state(), keel::v1::SUCCEEDED) << run.message();
   EXPECT_EQ(run.restarts(), 1);
+
+  EXPECT_EQ(WaitSample(wb_port, downloaded, 1), 1);  // the one checkpoint it resumed from
+  EXPECT_GE(WaitSample(wb_port, committed, 1), 1);   // and its own, uploaded as it trained on
+  EXPECT_EQ(Sample(Scrape(wb_port), "keel_worker_checkpoint_uploads_total{outcome=\"failed\"}"), 0);
 
   // wb downloaded the checkpoint keeld recorded and trained from the step after it.
   const std::string wb_log = Read(cluster.dir() + "/wb.log");

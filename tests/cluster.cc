@@ -77,7 +77,10 @@ void Cluster::UseKeeldAt(const std::string& address) {
 
 Process* Cluster::AddWorker(const std::string& name, std::vector<std::string> extra) {
   std::vector<std::string> args = {"worker/agent/keel-worker", "--trainer", "worker/engine/keel-train",
-                                   "--work-dir", dir_ + "/" + name, "--metrics-listen", "off"};
+                                   "--work-dir", dir_ + "/" + name};
+  if (std::find(extra.begin(), extra.end(), "--metrics-listen") == extra.end()) {
+    args.insert(args.end(), {"--metrics-listen", "off"});
+  }
   if (std::find(extra.begin(), extra.end(), "--server") == extra.end()) args.insert(args.end(), {"--server", Address()});
   if (std::find(extra.begin(), extra.end(), "--cpu-slots") == extra.end()) {
     args.insert(args.end(), {"--cpu-slots", "1"});

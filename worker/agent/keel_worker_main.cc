@@ -64,7 +64,9 @@ const char kUsage[] =
     "  --metrics-listen ADDR  Prometheus /metrics (default 127.0.0.1:9465; 'off' disables):\n"
     "                       keel_worker_trainers, keel_worker_trainer_starts_total,\n"
     "                       keel_worker_trainer_exits_total{outcome}, keel_worker_connected,\n"
-    "                       keel_worker_unacknowledged_messages, keel_worker_gpu_memory_{used,total}_bytes{gpu}\n"
+    "                       keel_worker_unacknowledged_messages, keel_worker_gpu_memory_{used,total}_bytes{gpu},\n"
+    "                       keel_worker_checkpoint_uploads_total{outcome=committed|failed},\n"
+    "                       keel_worker_checkpoint_downloads_total{outcome=ok|failed}\n"
     "  --exit-when-idle-s N  exit (status 0) after N seconds holding no run, with every message but\n"
     "                       heartbeats acknowledged, connected to keeld or not: how a Slurm job's\n"
     "                       worker gives its allocation back (deploy/slurm/; default 0: never)\n"
@@ -185,6 +187,23 @@ int main(int argc, char** argv) {
                         .Register(*registry);
       auto& used = prometheus::BuildGauge().Name("keel_worker_gpu_memory_used_bytes").Help("GPU memory in use (NVML)").Register(*registry);
       auto& total = prometheus::BuildGauge().Name("keel_worker_gpu_memory_total_bytes").Help("GPU memory (NVML)").Register(*registry);
+      // Checkpoints through keeld's artifact store: uploads committed or failed,
+      // downloads verified or failed for good (after their retries).
+      auto& uploads = prometheus::BuildCounter()
+                          .Name("keel_worker_checkpoint_uploads_total")
+                          .Help("Checkpoint uploads to keeld's artifact store by outcome (committed, failed)")
+                          .Register(*registry);
+      auto& downloads = prometheus::BuildCounter()
+                            .Name("keel_worker_checkpoint_downloads_total")
+                            .Help("Checkpoint downloads from keeld's artifact store by outcome (ok, failed for good)")
+                            .Register(*registry);
+      // Each counter is brought up to the agent's total (they only grow).
+      std::map<std::string, double> counted;
+      auto bring_up = [&counted](prometheus::Counter& counter, const std::string& key, int64_t total) {
+        const double n = static_cast<double>(total);
+        if (n > counted[key]) counter.Increment(n - counted[key]);
+        counted[key] = std::max(counted[key], n);
+      };
       double started = 0;
       std::map<std::string, double> exited;
       while (!stop.load()) {
@@ -201,6 +220,10 @@ int main(int argc, char** argv) {
           if (n > exited[outcome]) counter.Increment(n - exited[outcome]);
           exited[outcome] = std::max(exited[outcome], n);
         }
+        bring_up(uploads.Add({{"outcome", "committed"}}), "uploads committed", st.checkpoints_uploaded);
+        bring_up(uploads.Add({{"outcome", "failed"}}), "uploads failed", st.checkpoint_uploads_failed);
+        bring_up(downloads.Add({{"outcome", "ok"}}), "downloads ok", st.checkpoints_downloaded);
+        bring_up(downloads.Add({{"outcome", "failed"}}), "downloads failed", st.checkpoint_downloads_failed);
         for (const keel::GpuMemory& g : keel::GpuMemoryInUse()) {
           used.Add({{"gpu", std::to_string(g.index)}}).Set(static_cast<double>(g.used_bytes));
           total.Add({{"gpu", std::to_string(g.index)}}).Set(static_cast<double>(g.total_bytes));
