@@ -818,6 +818,14 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
       if (e.kind() == event_kind::kRollback && !detail("to_step").empty()) {
         const int64_t to = std::atoll(detail("to_step").c_str());
         FlushMetrics();
+        // Points past `to` still buffered (the flush failed) belong to the abandoned trajectory too.
+        metric_buffer_.erase(std::remove_if(metric_buffer_.begin(), metric_buffer_.end(),
+                                            [&](const v1::MetricPoint& p) {
+                                              return p.run_id() == run.id() && p.step() > to;
+                                            }),
+                             metric_buffer_.end());
+        if (counters_.metric_points_unstored > 0)
+          counters_.metric_points_unstored = static_cast<int64_t>(metric_buffer_.size());
         store_->DeleteMetricsAfter(run.id(), to);
         run.set_step(to);
         live_[run.id()].last_step = to;  // the next point expected is to + 1
@@ -1267,13 +1275,23 @@ void Coordinator::Schedule() {
 void Coordinator::FlushMetrics() {
   if (metric_buffer_.empty()) return;
   Status s = store_->AppendMetrics(metric_buffer_);
-  if (s.ok()) {
-    counters_.metric_points += static_cast<int64_t>(metric_buffer_.size());
-  } else {
-    // Not acknowledged, so the worker sends them again after it reconnects.
-    std::fprintf(stderr, "keeld: storing %zu metric points failed: %s\n", metric_buffer_.size(), s.message().c_str());
+  if (!s.ok()) {
+    // Kept for the next flush, and not acknowledged meanwhile (MetricsStored):
+    // the store writes a batch whole or not at all, so nothing lands twice.
+    ++counters_.store_write_errors;
+    counters_.metric_points_unstored = static_cast<int64_t>(metric_buffer_.size());
+    std::fprintf(stderr, "keeld: storing %zu metric points failed (kept, retried at the next flush): %s\n",
+                 metric_buffer_.size(), s.message().c_str());
+    return;
   }
+  counters_.metric_points += static_cast<int64_t>(metric_buffer_.size());
+  counters_.metric_points_unstored = 0;
   metric_buffer_.clear();
+}
+
+bool Coordinator::MetricsStored() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_.metric_points_unstored == 0;
 }
 
 void Coordinator::SaveProgress() {

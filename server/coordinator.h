@@ -116,6 +116,10 @@ struct CoordinatorStats {
   std::map<std::string, int64_t> stale_messages;
   int64_t metric_gaps = 0;                       // runs of steps that never arrived, since start
   int64_t metric_points_missing = 0;             // steps in those gaps
+  // Failed writes of metric points to the store since start; the points stay
+  // buffered (and unacknowledged) until a write succeeds.
+  int64_t store_write_errors = 0;
+  int64_t metric_points_unstored = 0;            // buffered after a failed write, now
   int64_t queue_depth = 0;                       // runs QUEUED
   int64_t workers_total = 0;
   int64_t gpus_total = 0, gpus_busy = 0;         // over connected workers
@@ -183,6 +187,11 @@ class Coordinator {
   // been sent a Reregister order, and the caller ends the stream.
   bool HandleWorkerMessage(const std::string& worker_id, uint64_t stream_id, const v1::WorkerMessage& message);
 
+  // Whether every metric point received so far is in the store: false after a
+  // failed write until a later flush succeeds. The worker stream acknowledges
+  // messages only while it is true, so the worker keeps what the store lacks.
+  bool MetricsStored();
+
   // ---- Artifacts (docs/service.md, "Artifacts"; null options.artifacts: FAILED_PRECONDITION) ----
   ArtifactStore* artifacts() const { return options_.artifacts; }
   // Whether worker_id may upload the checkpoint `header` describes: the run
@@ -228,6 +237,8 @@ class Coordinator {
   void Publish(const v1::WatchUpdate& update, const std::string& run_id, const std::string& sweep_id);
   void Schedule();
   void SaveProgress();
+  // Writes the buffered points; on a store error they stay buffered for the
+  // next flush (nothing acknowledged is lost; MetricsStored says when).
   void FlushMetrics();
   // Sends the run back to the queue (restarts + 1, after a backoff) or, with
   // no restarts left or when `deterministic`, ends it FAILED.

@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -51,13 +52,18 @@ inline std::vector<v1::Assignment> Starts(const std::vector<v1::WorkerCommand>& 
 }
 
 struct Fixture {
-  explicit Fixture(const std::string& db, CoordinatorOptions opts = TestOptions()) : path(db), options(opts) {
+  // wrap: what the Coordinator gets instead of the SQLite store it is given
+  // (a fault-injecting layer over it, say); null: the store itself.
+  using StoreWrap = std::function<std::unique_ptr<Store>(std::unique_ptr<Store>)>;
+  explicit Fixture(const std::string& db, CoordinatorOptions opts = TestOptions(), StoreWrap wrap = nullptr)
+      : path(db), options(opts), wrap_store(std::move(wrap)) {
     options.now_ms = [this] { return now; };
     Open();
   }
   void Open() {
     std::unique_ptr<Store> store;
     ASSERT_TRUE(OpenSqliteStore(path, &store).ok());
+    if (wrap_store) store = wrap_store(std::move(store));
     ASSERT_TRUE(Coordinator::Open(std::move(store), options, &c).ok());
   }
   // keeld restarts: the Coordinator goes away and a new one opens the same
@@ -246,6 +252,7 @@ struct Fixture {
 
   std::string path;
   CoordinatorOptions options;
+  StoreWrap wrap_store;
   int64_t now = 1000000;
   std::unique_ptr<Coordinator> c;
   std::map<std::string, uint64_t> streams;  // worker -> its latest stream id

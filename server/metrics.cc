@@ -76,6 +76,11 @@ KeeldMetrics::KeeldMetrics()
                    "Runs of consecutive steps whose metric points never arrived (each also an event)", *registry_)),
       missing_(Family(prometheus::BuildCounter(), "keel_metric_points_missing_total", "Steps inside those gaps",
                       *registry_)),
+      store_errors_(Family(prometheus::BuildCounter(), "keel_store_write_errors_total",
+                           "Failed writes of metric points to the store (the points are kept and retried)",
+                           *registry_)),
+      unstored_(Family(prometheus::BuildGauge(), "keel_metric_points_unstored",
+                       "Metric points kept in memory after a failed store write, not yet acknowledged", *registry_)),
       rpc_(Family(prometheus::BuildHistogram(), "keel_rpc_duration_seconds",
                   "keeld's RPC latency by method and status code", *registry_)),
       store_(Family(prometheus::BuildHistogram(), "keel_store_write_duration_seconds",
@@ -142,6 +147,8 @@ void KeeldMetrics::Update(const CoordinatorStats& st) {
   }
   count(gaps_, {}, "gaps", static_cast<double>(st.metric_gaps));
   count(missing_, {}, "missing", static_cast<double>(st.metric_points_missing));
+  count(store_errors_, {}, "store_errors", static_cast<double>(st.store_write_errors));
+  GaugeFor(unstored_, {}).Set(static_cast<double>(st.metric_points_unstored));
 
   std::set<std::string> present;
   for (const RunGauges& g : st.runs) {

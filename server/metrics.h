@@ -18,6 +18,8 @@
 //   keel_interventions_total{action}      counter stability interventions reported
 //   keel_rpc_duration_seconds{method,code} histogram
 //   keel_store_write_duration_seconds     histogram one store transaction, to its synced commit
+//   keel_store_write_errors_total         counter failed writes of metric points (kept, retried)
+//   keel_metric_points_unstored           gauge   points kept after a failed write, unacknowledged
 // Per run ({sweep, run}):
 //   keel_run_info{sweep,run,precision,worker,state} 1
 //   keel_run_step, keel_run_loss, keel_run_grad_norm, keel_run_tokens_per_second,
@@ -85,6 +87,8 @@ class KeeldMetrics {
   prometheus::Family<prometheus::Counter>& stale_;
   prometheus::Family<prometheus::Counter>& gaps_;
   prometheus::Family<prometheus::Counter>& missing_;
+  prometheus::Family<prometheus::Counter>& store_errors_;
+  prometheus::Family<prometheus::Gauge>& unstored_;
   prometheus::Family<prometheus::Histogram>& rpc_;
   prometheus::Family<prometheus::Histogram>& store_;
   prometheus::Family<prometheus::Gauge>& run_info_;

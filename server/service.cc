@@ -281,7 +281,9 @@ grpc::Status FleetService::Connect(grpc::ServerContext* ctx,
     }
     // Messages are handled in stream order, so after a heartbeat everything
     // before it is stored: acknowledge up to there (once a heartbeat interval).
-    if (message.has_heartbeat() && message.seq() > 0) {
+    // Not while points sit unstored after a failed store write: the worker
+    // keeps them and sends them again if keeld goes away meanwhile.
+    if (message.has_heartbeat() && message.seq() > 0 && c_->MetricsStored()) {
       v1::WorkerCommand ack;
       ack.mutable_ack()->set_seq(message.seq());
       std::lock_guard<std::mutex> lock(*write_mu);
