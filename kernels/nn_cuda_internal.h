@@ -565,10 +565,12 @@ class CudaBackend final : public Backend {
   // that cannot be kept is invalidated.
   KeptOperand* KeepFor(std::vector<std::unique_ptr<KeptOperand>>* kept, const LinearQuant& q, Role forward,
                        Role backward, bool gemms_bf16);
-  // The valid kept operand of `source` for q.keep_slot, or null; usable only
-  // when its statistics can be recorded (or none are wanted).
-  KeptOperand* KeptFor(std::vector<std::unique_ptr<KeptOperand>>* kept, const LinearQuant& q, const float* source,
-                       int64_t rows, int64_t cols, Role backward);
+  // When q.keep_slot holds a valid kept rounding of `source` that `backward`
+  // may use (and whose statistics can be recorded, if wanted): points *out at
+  // it, records the role's statistics from the kept pair, uses the entry up
+  // and returns true. Else false, and the caller rounds afresh.
+  bool TakeKept(std::vector<std::unique_ptr<KeptOperand>>* kept, const LinearQuant& q, const float* source,
+                int64_t rows, int64_t cols, Role backward, Operand* out);
   void* host_pinned_ = nullptr;        // staging for reductions' descriptors and results
   void* many_pinned_ = nullptr;        // DownloadMany's staging
   size_t many_pinned_bytes_ = 0;

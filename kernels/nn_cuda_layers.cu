@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "kernels/nn_cuda_internal.h"
 
@@ -437,12 +438,40 @@ __device__ __forceinline__ float RowLoss(const float* row, int32_t target, int64
                         : NAN;
 }
 
+// Where a row's gradient goes: fp32 as computed, or bf16 rounded to nearest even
+// (the hardware conversion: Bf16Kernel's bits) with its non-finite values
+// added to *nonfinite.
+__device__ __forceinline__ void StoreGradient4(float* drow, int64_t c4, float4 g, unsigned long long*) {
+  reinterpret_cast<float4*>(drow)[c4] = g;
+}
+__device__ __forceinline__ uint32_t Bf16Pair(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+__device__ __forceinline__ unsigned long long NonfiniteBf16s(uint32_t two) {
+  return ((two & 0x7F80u) == 0x7F80u ? 1 : 0) + ((two & 0x7F800000u) == 0x7F800000u ? 1 : 0);
+}
+__device__ __forceinline__ void StoreGradient4(uint16_t* drow, int64_t c4, float4 g, unsigned long long* nonfinite) {
+  const uint2 out = make_uint2(Bf16Pair(g.x, g.y), Bf16Pair(g.z, g.w));
+  *nonfinite += NonfiniteBf16s(out.x) + NonfiniteBf16s(out.y);
+  reinterpret_cast<uint2*>(drow)[c4] = out;
+}
+__device__ __forceinline__ void StoreGradient(float* drow, int64_t c, float g, unsigned long long*) { drow[c] = g; }
+__device__ __forceinline__ void StoreGradient(uint16_t* drow, int64_t c, float g, unsigned long long* nonfinite) {
+  const uint16_t out = static_cast<uint16_t>(Bf16Pair(g, 0.0f) & 0xFFFFu);
+  *nonfinite += NonfiniteBf16s(out);
+  drow[c] = out;
+}
+
 // drow = scale * (softmax - onehot(target)) from the row's (m, s), 0 in the
-// padding; thread t writes the elements RowMaxSum read (plus, with vec, the
-// padding's float4s). drow may be row when row is global memory: each element is
-// read, then written, by one thread.
-__device__ __forceinline__ void RowGradient(const float* row, float* drow, int64_t padded, int64_t vocab,
-                                            int32_t target, float m, double s, float scale, bool vec) {
+// padding, stored as Out (StoreGradient); thread t writes the elements
+// RowMaxSum read (plus, with vec, the padding's float4s). drow may be row when
+// row is global memory and Out is float: each element is read, then written,
+// by one thread.
+template <typename Out>
+__device__ __forceinline__ void RowGradient(const float* row, Out* drow, int64_t padded, int64_t vocab,
+                                            int32_t target, float m, double s, float scale, bool vec,
+                                            unsigned long long* nonfinite) {
   const float inv_sum = static_cast<float>(1.0 / s);
   auto grad = [&](float v, int64_t c) {
     if (c >= vocab) return 0.0f;
@@ -454,16 +483,20 @@ __device__ __forceinline__ void RowGradient(const float* row, float* drow, int64
     for (int64_t c4 = threadIdx.x; c4 < padded / 4; c4 += kCeThreads) {
       const int64_t c = c4 * 4;
       const float4 v = c4 < real4 ? reinterpret_cast<const float4*>(row)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      reinterpret_cast<float4*>(drow)[c4] = make_float4(grad(v.x, c), grad(v.y, c + 1), grad(v.z, c + 2), grad(v.w, c + 3));
+      StoreGradient4(drow, c4, make_float4(grad(v.x, c), grad(v.y, c + 1), grad(v.z, c + 2), grad(v.w, c + 3)),
+                     nonfinite);
     }
   } else {
-    for (int64_t c = threadIdx.x; c < padded; c += kCeThreads) drow[c] = grad(c < vocab ? row[c] : 0.0f, c);
+    for (int64_t c = threadIdx.x; c < padded; c += kCeThreads) {
+      StoreGradient(drow, c, grad(c < vocab ? row[c] : 0.0f, c), nonfinite);
+    }
   }
 }
 
 // An ignored row's gradient.
-__device__ __forceinline__ void RowZero(float* drow, int64_t padded) {
-  for (int64_t c = threadIdx.x; c < padded; c += kCeThreads) drow[c] = 0.0f;
+template <typename Out>
+__device__ __forceinline__ void RowZero(Out* drow, int64_t padded) {
+  for (int64_t c = threadIdx.x; c < padded; c += kCeThreads) drow[c] = 0;
 }
 
 __global__ void __launch_bounds__(kCeThreads) CrossEntropyForwardKernel(const float* __restrict__ logits,
@@ -502,7 +535,8 @@ __global__ void __launch_bounds__(kCeThreads) CrossEntropyBackwardKernel(const f
   double s;
   RowMaxSum(row, vocab, vec, &m, &s);
   __syncthreads();  // every thread has read m and s from shared memory before anyone writes
-  RowGradient(row, drow, padded, vocab, target, m, s, scale, vec);
+  unsigned long long unused = 0;
+  RowGradient(row, drow, padded, vocab, target, m, s, scale, vec, &unused);
 }
 
 // The row's real columns into shared memory, thread t taking the elements
@@ -529,21 +563,26 @@ int64_t CeSharedBytes(int64_t vocab, bool vec) {
 }
 
 // CrossEntropyForwardKernel's loss and CrossEntropyBackwardKernel's gradient,
-// the same bits (same helpers, same vec, same per-thread order). kShared: the
-// row is read from global memory once, into dynamic shared memory
-// (CeSharedBytes), and both passes read it there; else both read global memory,
-// as the unfused kernels do. dlogits may alias logits: the target's logit is
-// read before the barrier that precedes the first write.
-template <bool kShared>
+// the same bits (same helpers, same vec, same per-thread order), the gradient
+// into drow = dlogits + r * ld as Out: fp32, or bf16 with its non-finite values
+// counted into nonfinite[1] (CrossEntropyFusedBf16). kShared: the row is read
+// from global memory once, into dynamic shared memory (CeSharedBytes), and
+// both passes read it there; else both read global memory, as the unfused
+// kernels do. An fp32 dlogits may alias logits (ld = padded): the target's
+// logit is read before the barrier that precedes the first write. A bf16 one
+// may lie in the row's own first half (ld = 2 padded) only with kShared: the
+// row is in shared memory before RowMaxSum's barriers (the launcher sees to it).
+template <bool kShared, typename Out>
 __global__ void __launch_bounds__(kCeThreads) CrossEntropyFusedKernel(const float* logits,
                                                                       const int32_t* __restrict__ targets,
-                                                                      float* __restrict__ losses, float* dlogits,
-                                                                      int64_t padded, int64_t vocab, float scale,
-                                                                      bool vec) {
+                                                                      float* __restrict__ losses, Out* dlogits,
+                                                                      int64_t ld, int64_t padded, int64_t vocab,
+                                                                      float scale, bool vec,
+                                                                      unsigned long long* nonfinite) {
   extern __shared__ float4 ce_row[];
   const int64_t r = blockIdx.x;
   const int32_t target = targets[r];
-  float* drow = dlogits + r * padded;
+  Out* drow = dlogits + r * ld;
   if (target < 0) {
     if (threadIdx.x == 0) losses[r] = 0.0f;
     RowZero(drow, padded);
@@ -559,72 +598,12 @@ __global__ void __launch_bounds__(kCeThreads) CrossEntropyFusedKernel(const floa
   RowMaxSum(row, vocab, vec, &m, &s);
   if (threadIdx.x == 0) losses[r] = RowLoss(row, target, vocab, m, s);
   if constexpr (!kShared) __syncthreads();  // row may be drow: thread 0 has read the target's logit
-  RowGradient(row, drow, padded, vocab, target, m, s, scale, vec);
-}
-
-// CrossEntropyFusedKernel with the gradient rounded to bf16 (nearest even, the
-// hardware conversion: Bf16Kernel's bits) into drow = dlogits + r * ld, and its
-// non-finite values counted into nonfinite. kShared: the row is read into
-// shared memory first, so drow may lie in the row's own first half (ld = 2
-// padded); without it drow must not alias logits (the launcher sees to it).
-template <bool kShared>
-__global__ void __launch_bounds__(kCeThreads) CrossEntropyFusedBf16Kernel(const float* logits,
-                                                                          const int32_t* __restrict__ targets,
-                                                                          float* __restrict__ losses,
-                                                                          uint16_t* dlogits, int64_t ld,
-                                                                          int64_t padded, int64_t vocab, float scale,
-                                                                          bool vec, unsigned long long* nonfinite) {
-  extern __shared__ float4 ce_row[];
-  const int64_t r = blockIdx.x;
-  const int32_t target = targets[r];
-  uint16_t* drow = dlogits + r * ld;
-  if (target < 0) {
-    if (threadIdx.x == 0) losses[r] = 0.0f;
-    for (int64_t c = threadIdx.x; c < padded; c += kCeThreads) drow[c] = 0;
-    return;
-  }
-  const float* row = logits + r * padded;
-  if constexpr (kShared) {
-    RowCopyToShared(row, ce_row, vocab, vec);
-    row = reinterpret_cast<const float*>(ce_row);
-  }
-  float m;
-  double s;
-  RowMaxSum(row, vocab, vec, &m, &s);
-  if (threadIdx.x == 0) losses[r] = RowLoss(row, target, vocab, m, s);
-  __syncthreads();  // every read of the row from global memory is done
-  const float inv_sum = static_cast<float>(1.0 / s);
-  auto grad = [&](float v, int64_t c) {
-    if (c >= vocab) return 0.0f;
-    const float p = expf(v - m) * inv_sum;
-    return scale * (p - (c == target ? 1.0f : 0.0f));
-  };
-  auto bits = [](float lo, float hi) {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&pair);
-  };
   unsigned long long count = 0;
-  auto nonfinite_of = [](uint32_t two) {
-    return ((two & 0x7F80u) == 0x7F80u ? 1 : 0) + ((two & 0x7F800000u) == 0x7F800000u ? 1 : 0);
-  };
-  if (vec) {  // 4 columns a thread at a time, as RowMaxSum read them
-    const int64_t real4 = CeilDiv(vocab, 4);
-    for (int64_t c4 = threadIdx.x; c4 < padded / 4; c4 += kCeThreads) {
-      const int64_t c = c4 * 4;
-      const float4 v = c4 < real4 ? reinterpret_cast<const float4*>(row)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      const uint2 out = make_uint2(bits(grad(v.x, c), grad(v.y, c + 1)), bits(grad(v.z, c + 2), grad(v.w, c + 3)));
-      count += nonfinite_of(out.x) + nonfinite_of(out.y);
-      reinterpret_cast<uint2*>(drow)[c4] = out;
-    }
-  } else {
-    for (int64_t c = threadIdx.x; c < padded; c += kCeThreads) {
-      const uint16_t out = static_cast<uint16_t>(bits(grad(c < vocab ? row[c] : 0.0f, c), 0.0f) & 0xFFFFu);
-      count += nonfinite_of(out);
-      drow[c] = out;
-    }
+  RowGradient(row, drow, padded, vocab, target, m, s, scale, vec, &count);
+  if constexpr (std::is_same<Out, uint16_t>::value) {
+    count = WarpSum(count);
+    if ((threadIdx.x & 31) == 0 && count > 0) atomicAdd(nonfinite + 1, count);
   }
-  count = WarpSum(count);
-  if ((threadIdx.x & 31) == 0 && count > 0) atomicAdd(nonfinite + 1, count);
 }
 
 Status CheckRowsCols(const char* what, int64_t rows, int64_t cols) {
@@ -811,14 +790,14 @@ Status CudaBackend::CeSharedLimit() {
   int optin = 0;
   KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
   cudaFuncAttributes fp32_kernel, bf16_kernel;
-  KEEL_CUDA_CHECK(cudaFuncGetAttributes(&fp32_kernel, CrossEntropyFusedKernel<true>));
-  KEEL_CUDA_CHECK(cudaFuncGetAttributes(&bf16_kernel, CrossEntropyFusedBf16Kernel<true>));
+  KEEL_CUDA_CHECK(cudaFuncGetAttributes(&fp32_kernel, CrossEntropyFusedKernel<true, float>));
+  KEEL_CUDA_CHECK(cudaFuncGetAttributes(&bf16_kernel, CrossEntropyFusedKernel<true, uint16_t>));
   const int limit =
       optin - static_cast<int>(std::max(fp32_kernel.sharedSizeBytes, bf16_kernel.sharedSizeBytes));
   KEEL_CUDA_CHECK(
-      cudaFuncSetAttribute(CrossEntropyFusedKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
+      cudaFuncSetAttribute(CrossEntropyFusedKernel<true, float>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
   KEEL_CUDA_CHECK(
-      cudaFuncSetAttribute(CrossEntropyFusedBf16Kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
+      cudaFuncSetAttribute(CrossEntropyFusedKernel<true, uint16_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
   ce_shared_limit_ = limit;
   return Status::Ok();
 }
@@ -847,11 +826,11 @@ Status CudaBackend::CrossEntropyFusedBf16(const float* logits, const int32_t* ta
   const unsigned int blocks = static_cast<unsigned int>(rows);
   const int64_t shared = CeSharedBytes(vocab, vec);
   if (shared <= ce_shared_limit_) {
-    CrossEntropyFusedBf16Kernel<true><<<blocks, kCeThreads, static_cast<size_t>(shared), stream_>>>(
+    CrossEntropyFusedKernel<true, uint16_t><<<blocks, kCeThreads, static_cast<size_t>(shared), stream_>>>(
         logits, targets, losses, dlogits, ld, padded_vocab, vocab, scale, vec, pair);
   } else if (!aliased) {
-    CrossEntropyFusedBf16Kernel<false><<<blocks, kCeThreads, 0, stream_>>>(logits, targets, losses, dlogits, ld,
-                                                                            padded_vocab, vocab, scale, vec, pair);
+    CrossEntropyFusedKernel<false, uint16_t><<<blocks, kCeThreads, 0, stream_>>>(
+        logits, targets, losses, dlogits, ld, padded_vocab, vocab, scale, vec, pair);
   } else {
     return Status::Error(std::string(kOp) + ": vocab: " + std::to_string(vocab) +
                          " is too large for a row in shared memory, which writing bf16 over logits needs; pass a "
@@ -885,11 +864,11 @@ Status CudaBackend::CrossEntropyFused(const float* logits, const int32_t* target
   if (ce_shared_limit_ < 0) KEEL_RETURN_IF_ERROR(CeSharedLimit());
   const int64_t shared = CeSharedBytes(vocab, vec);
   if (shared <= ce_shared_limit_) {
-    CrossEntropyFusedKernel<true><<<blocks, kCeThreads, static_cast<size_t>(shared), stream_>>>(
-        logits, targets, losses, dlogits, padded_vocab, vocab, scale, vec);
+    CrossEntropyFusedKernel<true, float><<<blocks, kCeThreads, static_cast<size_t>(shared), stream_>>>(
+        logits, targets, losses, dlogits, padded_vocab, padded_vocab, vocab, scale, vec, nullptr);
   } else {  // the row does not fit: read it from global memory twice
-    CrossEntropyFusedKernel<false><<<blocks, kCeThreads, 0, stream_>>>(logits, targets, losses, dlogits,
-                                                                       padded_vocab, vocab, scale, vec);
+    CrossEntropyFusedKernel<false, float><<<blocks, kCeThreads, 0, stream_>>>(
+        logits, targets, losses, dlogits, padded_vocab, padded_vocab, vocab, scale, vec, nullptr);
   }
   NN_LAUNCH_CHECK();
   return Status::Ok();

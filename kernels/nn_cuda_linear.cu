@@ -516,16 +516,20 @@ CudaBackend::KeptOperand* CudaBackend::KeepFor(std::vector<std::unique_ptr<KeptO
   return k.get();
 }
 
-CudaBackend::KeptOperand* CudaBackend::KeptFor(std::vector<std::unique_ptr<KeptOperand>>* kept, const LinearQuant& q,
-                                                const float* source, int64_t rows, int64_t cols, Role backward) {
-  if (q.keep_slot < 0 || static_cast<size_t>(q.keep_slot) >= kept->size()) return nullptr;
+bool CudaBackend::TakeKept(std::vector<std::unique_ptr<KeptOperand>>* kept, const LinearQuant& q, const float* source,
+                           int64_t rows, int64_t cols, Role backward, Operand* out) {
+  if (q.keep_slot < 0 || static_cast<size_t>(q.keep_slot) >= kept->size()) return false;
   KeptOperand* k = (*kept)[static_cast<size_t>(q.keep_slot)].get();
-  if (k == nullptr || !k->valid || k->source != source || k->rows != rows || k->cols != cols) return nullptr;
+  if (k == nullptr || !k->valid || k->source != source || k->rows != rows || k->cols != cols) return false;
   const OperandFormat& f = q.role[static_cast<int>(backward)];
-  if (!f.quantized() || f.format != QuantFormat::kBf16 || f.rounding != k->rounding) return nullptr;
+  if (!f.quantized() || f.format != QuantFormat::kBf16 || f.rounding != k->rounding) return false;
   // Statistics wanted but the forward's pair is gone (a reset between): round again.
-  if (q.stats_slot >= 0 && k->stats.pair < 0 && !k->stats.folded) return nullptr;
-  return k;
+  if (q.stats_slot >= 0 && k->stats.pair < 0 && !k->stats.folded) return false;
+  out->data = k->values.get<void>();
+  out->tensor_scale = nullptr;
+  if (q.stats_slot >= 0) RecordKeptStats(k->stats, rows * cols, q.stats_slot, backward);
+  k->valid = false;  // one backward per forward
+  return true;
 }
 
 Status CudaBackend::FoldStats() {
@@ -857,11 +861,8 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
       KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 1, Role::kDgradDy, q, bf16_dgrad, &op_a_, &qdy,
                                           reuse_dy ? &kept_dy_ : nullptr, dbias_with_dgrad));
     }
-    if (KeptOperand* kw = bf16_dgrad ? KeptFor(&kept_w_, q, w, out, in, Role::kDgradW) : nullptr) {
-      qw.data = kw->values.get<void>();  // the forward's rounding of w: the same bits
-      if (q.stats_slot >= 0) RecordKeptStats(kw->stats, out * in, q.stats_slot, Role::kDgradW);
-      kw->valid = false;
-    } else {
+    // The forward's rounding of w when it was kept (the same bits), else a fresh one.
+    if (!bf16_dgrad || !TakeKept(&kept_w_, q, w, out, in, Role::kDgradW, &qw)) {
       KEEL_RETURN_IF_ERROR(PrepareOperand(w, out, in, 0, Role::kDgradW, q, bf16_dgrad, &op_b_, &qw));
     }
     GemmArgs g;
@@ -889,11 +890,8 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
       KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 0, Role::kWgradDy, q, bf16_wgrad, &op_a_, &qdy_w,
                                           /*keep=*/nullptr, dbias_with_wgrad));
     }
-    if (KeptOperand* kx = bf16_wgrad ? KeptFor(&kept_x_, q, x, rows, in, Role::kWgradX) : nullptr) {
-      qx.data = kx->values.get<void>();  // the forward's rounding of x: the same bits
-      if (q.stats_slot >= 0) RecordKeptStats(kx->stats, rows * in, q.stats_slot, Role::kWgradX);
-      kx->valid = false;
-    } else {
+    // The forward's rounding of x when it was kept (the same bits), else a fresh one.
+    if (!bf16_wgrad || !TakeKept(&kept_x_, q, x, rows, in, Role::kWgradX, &qx)) {
       KEEL_RETURN_IF_ERROR(PrepareOperand(x, rows, in, 0, Role::kWgradX, q, bf16_wgrad, &op_b_, &qx));
     }
     GemmArgs g;
