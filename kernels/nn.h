@@ -210,6 +210,12 @@ class Backend {
   virtual Status LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
                                   float* mean, float* rstd, int64_t rows, int64_t cols,
                                   float eps) = 0;
+  // LayerNormForward with y rounded to bf16 (nearest even) on the way out
+  // (rows x cols bf16 bits; mean and rstd as LayerNormForward gives them), for
+  // a linear layer that reads x in bf16 (LinearQuant::x_bf16); the CUDA backend
+  // counts the non-finite values as GeluForwardBf16 does.
+  virtual Status LayerNormForwardBf16(const float* x, const float* gamma, const float* beta, uint16_t* y,
+                                      float* mean, float* rstd, int64_t rows, int64_t cols, float eps);
   // dx += ..., dgamma += ..., dbeta += ... (dbeta may be null).
   virtual Status LayerNormBackward(const float* x, const float* gamma, const float* mean,
                                    const float* rstd, const float* dy, float* dx, float* dgamma,
@@ -218,6 +224,11 @@ class Backend {
   // Exact GELU: y = x * 0.5 * (1 + erf(x / sqrt(2))) (y may alias x). Backward:
   // dx = dy * gelu'(x) (written).
   virtual Status GeluForward(const float* x, float* y, int64_t count) = 0;
+  // GeluForward with y rounded to bf16 (nearest even) on the way out: count
+  // bf16 bits, the rounding of GeluForward's values, for a linear layer that
+  // reads x in bf16 (LinearQuant::x_bf16). The CUDA backend counts the
+  // non-finite values for the statistics of the linear calls that read them.
+  virtual Status GeluForwardBf16(const float* x, uint16_t* y, int64_t count);
   virtual Status GeluBackward(const float* x, const float* dy, float* dx, int64_t count) = 0;
 
   // SwiGLU on x (rows x 2h: gate in columns [0, h), up in [h, 2h)):
@@ -459,6 +470,14 @@ constexpr int64_t kGlaMaxKeyHead = 128;
 // (LinearQuant::dy_bf16): all four backward roles quantized and both dy roles
 // BF16 with nearest-even rounding.
 bool TakesBf16Dy(const LinearQuant& q);
+// Whether a linear layer can read x already rounded to bf16
+// (LinearQuant::x_bf16): fwd_x and wgrad_x BF16 with nearest-even rounding and
+// fwd_w, wgrad_dy quantized (both GEMMs that read x run in BF16).
+bool TakesBf16X(const LinearQuant& q);
+// LinearForward's and LinearBackward's check of q.x_bf16 (every backend runs
+// it): OK when it is null, else an error naming what is not allowed (roles,
+// x_bf16_ld < in, a forward Hot-Channel Patch).
+Status CheckXBf16(const char* op, const LinearQuant& q, int64_t in);
 // LinearBackward's check of q.dy_bf16 (every backend runs it): OK when it is
 // null, else an error naming what is not allowed (roles, dbias, dy_bf16_ld < out).
 Status CheckDyBf16(const char* op, const LinearQuant& q, int64_t out, const float* dbias);

@@ -58,6 +58,40 @@ Status Backend::CrossEntropyFusedBf16(const float*, const int32_t*, float*, uint
   return Status::Error(std::string("CrossEntropyFusedBf16: not implemented by the ") + name() + " backend");
 }
 
+Status Backend::GeluForwardBf16(const float*, uint16_t*, int64_t) {
+  return Status::Error(std::string("GeluForwardBf16: not implemented by the ") + name() + " backend");
+}
+
+Status Backend::LayerNormForwardBf16(const float*, const float*, const float*, uint16_t*, float*, float*, int64_t,
+                                     int64_t, float) {
+  return Status::Error(std::string("LayerNormForwardBf16: not implemented by the ") + name() + " backend");
+}
+
+bool TakesBf16X(const LinearQuant& q) {
+  for (Role r : {Role::kFwdX, Role::kFwdW, Role::kWgradDy, Role::kWgradX}) {
+    if (!q.role[static_cast<int>(r)].quantized()) return false;
+  }
+  for (Role r : {Role::kFwdX, Role::kWgradX}) {
+    const OperandFormat& f = q.role[static_cast<int>(r)];
+    if (f.format != QuantFormat::kBf16 || f.rounding != Rounding::kNearestEven) return false;
+  }
+  return true;
+}
+
+Status CheckXBf16(const char* op, const LinearQuant& q, int64_t in) {
+  if (q.x_bf16 == nullptr) return Status::Ok();
+  if (!TakesBf16X(q))
+    return Status::Error(std::string(op) + ": x_bf16: given is not allowed with these roles; it needs fwd_x, fwd_w, "
+                         "wgrad_dy and wgrad_x quantized and fwd_x, wgrad_x bf16 nearest_even");
+  if (q.x_bf16_ld < in)
+    return Status::Error(std::string(op) + ": x_bf16_ld: " + std::to_string(q.x_bf16_ld) +
+                         " is not allowed; need >= in (" + std::to_string(in) + ")");
+  if (q.hcp_fwd.count > 0)
+    return Status::Error(std::string(op) + ": hcp_fwd: " + std::to_string(q.hcp_fwd.count) +
+                         " hot channels are not allowed with x_bf16 (the patch needs x's fp32 residual)");
+  return Status::Ok();
+}
+
 bool TakesBf16Dy(const LinearQuant& q) {
   for (Role r : {Role::kDgradDy, Role::kDgradW, Role::kWgradDy, Role::kWgradX}) {
     if (!q.role[static_cast<int>(r)].quantized()) return false;

@@ -72,6 +72,8 @@ class CpuBackend : public Backend {
 
   Status LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
                           float* mean, float* rstd, int64_t rows, int64_t cols, float eps) override;
+  Status LayerNormForwardBf16(const float* x, const float* gamma, const float* beta, uint16_t* y, float* mean,
+                              float* rstd, int64_t rows, int64_t cols, float eps) override;
   Status LayerNormBackward(const float* x, const float* gamma, const float* mean, const float* rstd,
                            const float* dy, float* dx, float* dgamma, float* dbeta, int64_t rows,
                            int64_t cols) override;
@@ -85,6 +87,7 @@ class CpuBackend : public Backend {
                       int64_t batch, int64_t seq, int64_t heads, int64_t hd,
                       int64_t ld) override;
   Status GeluForward(const float* x, float* y, int64_t count) override;
+  Status GeluForwardBf16(const float* x, uint16_t* y, int64_t count) override;
   Status GeluBackward(const float* x, const float* dy, float* dx, int64_t count) override;
   Status SwigluForward(const float* x, float* y, int64_t rows, int64_t h) override;
   Status SwigluBackward(const float* x, const float* dy, float* dx, int64_t rows,
@@ -132,6 +135,9 @@ class CpuBackend : public Backend {
               std::vector<double>* out) override;
 
  private:
+  // out = the nearest-even bf16 bits of count values (the bf16 producers).
+  void RoundToBf16(const float* values, int64_t count, uint16_t* out);
+  Status XBf16Values(const char* op, const LinearQuant& q, int64_t rows, int64_t in, std::vector<float>* values);
   // One GEMM operand after its role's rounding: the values the GEMM multiplies
   // (x itself for kFp32, else code times block scale in `storage`) and the
   // per-tensor decode scale that multiplies the product instead.

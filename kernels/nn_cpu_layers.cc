@@ -33,6 +33,25 @@ constexpr float kInvSqrt2Pi = 0.39894228040143267794f;  // 1 / sqrt(2 pi)
 
 // ---- LayerNorm ----------------------------------------------------------------------
 
+// Producers that hand a linear layer its x in bf16 (LinearQuant::x_bf16) round
+// the values they computed in fp32, as that layer's BF16 rounding would have.
+void CpuBackend::RoundToBf16(const float* values, int64_t count, uint16_t* out) {
+  pool_.ParallelRange(count, kElementGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = FloatToBf16(values[i], Rounding::kNearestEven, 0.0f);
+  });
+}
+
+Status CpuBackend::LayerNormForwardBf16(const float* x, const float* gamma, const float* beta, uint16_t* y,
+                                        float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
+  static const char kOp[] = "LayerNormForwardBf16";
+  KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"rows", rows}, {"cols", cols}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"y", y}}));
+  std::vector<float> values(static_cast<size_t>(rows * cols));
+  KEEL_RETURN_IF_ERROR(LayerNormForward(x, gamma, beta, values.data(), mean, rstd, rows, cols, eps));
+  RoundToBf16(values.data(), rows * cols, y);
+  return Status::Ok();
+}
+
 Status CpuBackend::LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
                                     float* mean, float* rstd, int64_t rows, int64_t cols,
                                     float eps) {
@@ -255,6 +274,16 @@ Status CpuBackend::GeluForward(const float* x, float* y, int64_t count) {
       y[i] = v * 0.5f * (1.0f + std::erf(v / kSqrt2));
     }
   });
+  return Status::Ok();
+}
+
+Status CpuBackend::GeluForwardBf16(const float* x, uint16_t* y, int64_t count) {
+  static const char kOp[] = "GeluForwardBf16";
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "count", count, 0));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"y", y}}, count));
+  std::vector<float> values(static_cast<size_t>(count));
+  KEEL_RETURN_IF_ERROR(GeluForward(x, values.data(), count));
+  RoundToBf16(values.data(), count, y);
   return Status::Ok();
 }
 

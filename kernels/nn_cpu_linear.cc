@@ -317,11 +317,30 @@ struct RoleStats {
 
 }  // namespace
 
+// The fp32 values of q.x_bf16 (rows x in), after CheckXBf16.
+Status CpuBackend::XBf16Values(const char* op, const LinearQuant& q, int64_t rows, int64_t in,
+                               std::vector<float>* values) {
+  KEEL_RETURN_IF_ERROR(CheckXBf16(op, q, in));
+  values->resize(static_cast<size_t>(rows * in));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < in; ++c) (*values)[r * in + c] = Bf16ToFloat(q.x_bf16[r * q.x_bf16_ld + c]);
+  }
+  return Status::Ok();
+}
+
 Status CpuBackend::LinearForward(const float* x, const float* w, const float* bias,
                                  const float* residual, float* y, int64_t rows, int64_t in,
                                  int64_t out, const LinearQuant& q) {
   static const char kOp[] = "LinearForward";
   KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"rows", rows}, {"in", in}, {"out", out}}));
+  if (q.x_bf16 != nullptr) {
+    // x arrives rounded: its fp32 values, which the BF16 x roles keep as they are.
+    std::vector<float> x_values;
+    KEEL_RETURN_IF_ERROR(XBf16Values(kOp, q, rows, in, &x_values));
+    LinearQuant plain = q;
+    plain.x_bf16 = nullptr;
+    return LinearForward(x_values.data(), w, bias, residual, y, rows, in, out, plain);
+  }
   KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"w", w}, {"y", y}}));
   if (residual == y)
     return Status::Error(std::string(kOp) +
@@ -377,6 +396,13 @@ Status CpuBackend::LinearBackward(const float* x, const float* w, const float* d
     LinearQuant plain = q;
     plain.dy_bf16 = nullptr;
     return LinearBackward(x, w, dy_values.data(), dx, dw, dbias, rows, in, out, plain);
+  }
+  if (q.x_bf16 != nullptr) {
+    std::vector<float> x_values;
+    KEEL_RETURN_IF_ERROR(XBf16Values(kOp, q, rows, in, &x_values));
+    LinearQuant plain = q;
+    plain.x_bf16 = nullptr;
+    return LinearBackward(x_values.data(), w, dy, dx, dw, dbias, rows, in, out, plain);
   }
   KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"w", w}, {"dy", dy}, {"dw", dw}}));
   std::lock_guard<std::mutex> lock(linear_mutex_);

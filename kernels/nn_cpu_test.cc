@@ -798,6 +798,106 @@ TEST_F(NnCpuTest, LinearBackwardTakesDyInBf16) {
   EXPECT_NE(status.message().find("dy_bf16_ld: 19 is not allowed"), std::string::npos) << status.message();
 }
 
+TEST_F(NnCpuTest, LinearTakesXInBf16) {
+  const int64_t rows = 16, in = 24, out = 20, ld = 27;
+  std::vector<float> x = Normal(rows * in, 85, 1.0f);
+  const std::vector<float> w = Normal(out * in, 86, 0.2f), dy = Normal(rows * out, 87, 0.5f);
+  x[5] = std::numeric_limits<float>::infinity();
+  std::vector<uint16_t> x_bits(rows * ld, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < in; ++c) x_bits[r * ld + c] = FloatToBf16(x[r * in + c], Rounding::kNearestEven, 0.0f);
+  }
+  LinearQuant q;
+  for (OperandFormat& f : q.role) f = Quant(QuantFormat::kBf16);
+  q.role[static_cast<int>(Role::kDgradDy)] = Quant(QuantFormat::kMxfp8E4M3);  // another format off x's path: allowed
+  ASSERT_TRUE(TakesBf16X(q));
+  q.stats_slot = 0;
+  // The same call with x in fp32 and with its producer's bf16 rounding: the
+  // same outputs and the same statistics (the infinity counted in both x roles).
+  std::vector<OperandStats> plain_stats, bf16_stats;
+  std::vector<float> y(rows * out), y2(rows * out), dx(rows * in), dw(out * in, 0.0f), dx2(rows * in),
+      dw2(out * in, 0.0f);
+  ASSERT_OK(backend_->ResetOperandStats(1));
+  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), nullptr, nullptr, y.data(), rows, in, out, q));
+  ASSERT_OK(backend_->LinearBackward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), nullptr, rows, in, out, q));
+  ASSERT_OK(backend_->ReadOperandStats(&plain_stats));
+  LinearQuant qb = q;
+  qb.x_bf16 = x_bits.data();
+  qb.x_bf16_ld = ld;
+  ASSERT_OK(backend_->ResetOperandStats(1));
+  ASSERT_OK(backend_->LinearForward(nullptr, w.data(), nullptr, nullptr, y2.data(), rows, in, out, qb));
+  ASSERT_OK(backend_->LinearBackward(nullptr, w.data(), dy.data(), dx2.data(), dw2.data(), nullptr, rows, in, out, qb));
+  ASSERT_OK(backend_->ReadOperandStats(&bf16_stats));
+  EXPECT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(dx.data(), dx2.data(), dx.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(dw.data(), dw2.data(), dw.size() * sizeof(float)));
+  ASSERT_EQ(plain_stats.size(), bf16_stats.size());
+  for (size_t i = 0; i < plain_stats.size(); ++i) {
+    EXPECT_EQ(plain_stats[i].elements, bf16_stats[i].elements) << i;
+    EXPECT_EQ(plain_stats[i].saturated, bf16_stats[i].saturated) << i;
+    EXPECT_EQ(plain_stats[i].blocks, bf16_stats[i].blocks) << i;
+    EXPECT_EQ(plain_stats[i].nan_blocks, bf16_stats[i].nan_blocks) << i;
+  }
+  EXPECT_EQ(bf16_stats[static_cast<int>(Role::kFwdX)].nan_blocks, 1);
+  EXPECT_EQ(bf16_stats[static_cast<int>(Role::kWgradX)].nan_blocks, 1);
+  // Refused, with nothing written: x roles that do not round to bf16 nearest
+  // even, an fp32 GEMM, a narrow ld, a forward Hot-Channel Patch.
+  auto refused = [&](const LinearQuant& bad, const std::string& want) {
+    std::vector<float> y3(rows * out, 7.0f), dw3(out * in, 7.0f);
+    Status status = backend_->LinearForward(nullptr, w.data(), nullptr, nullptr, y3.data(), rows, in, out, bad);
+    EXPECT_NE(status.message().find(want), std::string::npos) << status.message();
+    status = backend_->LinearBackward(nullptr, w.data(), dy.data(), nullptr, dw3.data(), nullptr, rows, in, out, bad);
+    EXPECT_NE(status.message().find(want), std::string::npos) << status.message();
+    EXPECT_EQ(y3, std::vector<float>(rows * out, 7.0f));
+    EXPECT_EQ(dw3, std::vector<float>(out * in, 7.0f));
+  };
+  LinearQuant away = qb;
+  away.role[static_cast<int>(Role::kWgradX)] = Quant(QuantFormat::kBf16, Rounding::kNearestAway);
+  refused(away, "x_bf16: given is not allowed with these roles");
+  LinearQuant mx = qb;
+  mx.role[static_cast<int>(Role::kFwdX)] = Quant(QuantFormat::kMxfp8E4M3);
+  refused(mx, "x_bf16: given is not allowed with these roles");
+  LinearQuant fp32_w = qb;
+  fp32_w.role[static_cast<int>(Role::kFwdW)] = OperandFormat{};
+  refused(fp32_w, "x_bf16: given is not allowed with these roles");
+  LinearQuant narrow = qb;
+  narrow.x_bf16_ld = in - 1;
+  refused(narrow, "x_bf16_ld: 23 is not allowed; need >= in (24)");
+  const std::vector<int32_t> hot = {1, 2};
+  LinearQuant patched = qb;
+  patched.hcp_fwd = HotChannels{hot.data(), 2};
+  refused(patched, "hcp_fwd: 2 hot channels are not allowed with x_bf16");
+}
+
+TEST_F(NnCpuTest, LayerNormAndGeluBf16AreTheRoundingsOfTheirFp32Outputs) {
+  const int64_t rows = 6, cols = 40;
+  std::vector<float> x = Normal(rows * cols, 88, 3.0f);
+  x[7] = std::numeric_limits<float>::quiet_NaN();  // row 0: every output NaN
+  x[100] = 1e30f;                                  // GELU(1e30) = 1e30, LN row 2: a large spread
+  const std::vector<float> gamma = Normal(cols, 89, 1.0f), beta = Normal(cols, 90, 0.1f);
+  std::vector<float> y(rows * cols), mean(rows), rstd(rows), mean2(rows), rstd2(rows);
+  std::vector<uint16_t> yb(rows * cols);
+  ASSERT_OK(backend_->LayerNormForward(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(), rows,
+                                       cols, 1e-5f));
+  ASSERT_OK(backend_->LayerNormForwardBf16(x.data(), gamma.data(), beta.data(), yb.data(), mean2.data(),
+                                           rstd2.data(), rows, cols, 1e-5f));
+  for (int64_t i = 0; i < rows * cols; ++i) ASSERT_EQ(yb[i], FloatToBf16(y[i], Rounding::kNearestEven, 0.0f)) << i;
+  EXPECT_EQ(0, std::memcmp(mean.data(), mean2.data(), rows * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(rstd.data(), rstd2.data(), rows * sizeof(float)));
+  const int64_t n = rows * cols;
+  std::vector<float> g(n);
+  std::vector<uint16_t> gb(n);
+  ASSERT_OK(backend_->GeluForward(x.data(), g.data(), n));
+  ASSERT_OK(backend_->GeluForwardBf16(x.data(), gb.data(), n));
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(gb[i], FloatToBf16(g[i], Rounding::kNearestEven, 0.0f)) << i;
+  EXPECT_EQ(gb[7] & 0x7F80u, 0x7F80u);  // the NaN stays NaN
+  Status status = backend_->GeluForwardBf16(x.data(), gb.data(), -1);
+  EXPECT_NE(status.message().find("count"), std::string::npos) << status.message();
+  status = backend_->LayerNormForwardBf16(x.data(), gamma.data(), beta.data(), nullptr, mean2.data(), rstd2.data(),
+                                          rows, cols, 1e-5f);
+  EXPECT_NE(status.message().find("y"), std::string::npos) << status.message();
+}
+
 // ---- AdamW ----------------------------------------------------------------------------
 
 TEST_F(NnCpuTest, AdamWMatchesFormulaInDouble) {

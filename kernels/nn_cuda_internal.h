@@ -352,6 +352,8 @@ class CudaBackend final : public Backend {
   Status LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
                           float* mean, float* rstd, int64_t rows, int64_t cols,
                           float eps) override;
+  Status LayerNormForwardBf16(const float* x, const float* gamma, const float* beta, uint16_t* y, float* mean,
+                              float* rstd, int64_t rows, int64_t cols, float eps) override;
   Status LayerNormBackward(const float* x, const float* gamma, const float* mean,
                            const float* rstd, const float* dy, float* dx, float* dgamma,
                            float* dbeta, int64_t rows, int64_t cols) override;
@@ -365,6 +367,7 @@ class CudaBackend final : public Backend {
                       int64_t batch, int64_t seq, int64_t heads, int64_t hd,
                       int64_t ld) override;
   Status GeluForward(const float* x, float* y, int64_t count) override;
+  Status GeluForwardBf16(const float* x, uint16_t* y, int64_t count) override;
   Status GeluBackward(const float* x, const float* dy, float* dx, int64_t count) override;
   Status SwigluForward(const float* x, float* y, int64_t rows, int64_t h) override;
   Status SwigluBackward(const float* x, const float* dy, float* dx, int64_t rows,
@@ -549,12 +552,23 @@ class CudaBackend final : public Backend {
   std::vector<OperandStats> host_stats_;
   int stats_slots_ = 0;
   KeptStats kept_dy_;  // the dgrad's bf16 dy that the wgrad reuses
-  // CrossEntropyFusedBf16's count of non-finite gradients, for the output it wrote.
-  KeptStats kept_ce_;
-  const uint16_t* kept_ce_out_ = nullptr;
-  // Statistics of a dy given in bf16 (LinearQuant::dy_bf16) for `role`: the
-  // cross-entropy's count when it wrote that dy, else a counting pass.
-  Status RecordBf16DyStats(const LinearQuant& q, int64_t rows, int64_t out, Role role);
+  // The non-finite counts of the producers of bf16 operands
+  // (CrossEntropyFusedBf16's dlogits, LayerNormForwardBf16's and
+  // GeluForwardBf16's y), one entry per output buffer, the newest write's.
+  struct ProducedBf16 {
+    const uint16_t* out = nullptr;
+    KeptStats stats;
+  };
+  std::vector<ProducedBf16> produced_;
+  // A fresh statistics pair for the producer about to write `out` (*pair: the
+  // counters its kernel adds to), recorded as out's entry.
+  Status NoteProduced(const uint16_t* out, unsigned long long** pair);
+  // Statistics for `role` of a bf16 operand given by its producer (rows x cols,
+  // rows ld apart): the producer's count when it wrote src, else a counting pass.
+  Status RecordBf16Stats(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, int slot, Role role);
+  // What the analytics read of x: x, or on an analytics step with x given in
+  // bf16 (LinearQuant::x_bf16) its values in x_seen_.
+  Status XSeen(const LinearQuant& q, const float* x, int64_t rows, int64_t in, const float** seen);
   // dst (rows x cols fp32, row-major) = the bf16 values of src (rows ld apart).
   Status Bf16RowsToFloat(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, float* dst);
   // Sets ce_shared_limit_ and opts the one-read cross-entropy kernels in to it.
@@ -587,6 +601,7 @@ class CudaBackend final : public Backend {
   Scratch adam_table_;                 // AdamWTensors' tensor table
   Scratch quant_temp_;                 // QuantizeDequantize with out == x
   Scratch align_in_;                   // a quantizer input that is not 16-byte aligned
+  Scratch x_seen_;                     // x given in bf16, as fp32 for an analytics step
   Scratch attn_q_, attn_k_, attn_v_, attn_o_;  // attention, per head [b, h, t, d] (attn_o_: dO)
   Scratch attn_delta_;                 // attention backward: D = dout . out per row
   // The GEMM path of attention (fp32, or a head size the fused kernels lack):

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "kernels/nn_cuda_internal.h"
+#include "kernels/quant_core.h"
 
 namespace keel {
 namespace nncuda {
@@ -24,20 +25,49 @@ namespace {
 // Kernels: LayerNorm
 // ============================================================================
 
+// Outputs of the layers that write either fp32 or the bf16 operand of the
+// linear layer they feed (LinearQuant::x_bf16): a bf16 output is the rounding a
+// BF16 nearest-even operand gets (qcore::Bf16Round), and `nonfinite` counts the
+// non-finite values rounded, as that rounding's statistics count them.
+__device__ __forceinline__ void StoreValue(float* p, float v, unsigned int&) { *p = v; }
+__device__ __forceinline__ void StoreValue(uint16_t* p, float v, unsigned int& nonfinite) {
+  *p = qcore::Bf16Round(v, Rounding::kNearestEven, 0.0f);
+  nonfinite += qcore::IsFinite(v) ? 0u : 1u;
+}
+// Four values at p (16-byte aligned for fp32, 8-byte for bf16).
+__device__ __forceinline__ void StoreValue4(float* p, float4 v, unsigned int&) { *reinterpret_cast<float4*>(p) = v; }
+__device__ __forceinline__ void StoreValue4(uint16_t* p, float4 v, unsigned int& nonfinite) {
+  auto bits = [&](float f) -> uint32_t {
+    nonfinite += qcore::IsFinite(f) ? 0u : 1u;
+    return qcore::Bf16Round(f, Rounding::kNearestEven, 0.0f);
+  };
+  const uint32_t lo = bits(v.x) | (bits(v.y) << 16), hi = bits(v.z) | (bits(v.w) << 16);
+  *reinterpret_cast<uint2*>(p) = make_uint2(lo, hi);
+}
+// Adds a warp's non-finite counts to pair[1] (pair null: nothing counted).
+__device__ __forceinline__ void AddNonfinite(unsigned int nonfinite, unsigned long long* pair) {
+  if (pair == nullptr) return;
+  const unsigned long long total = WarpSum(static_cast<unsigned long long>(nonfinite));
+  if ((threadIdx.x & 31) == 0 && total > 0) atomicAdd(pair + 1, total);
+}
+
 // One warp per row: mean, then the population variance around the rounded mean
 // (two passes, the row stays in L1; both sums in double, as the CPU reference
-// sums them), then y = (x - mean) * rstd * gamma + beta. kVec: cols % 4 == 0 and
+// sums them), then y = (x - mean) * rstd * gamma + beta, stored as Out
+// (StoreValue; nonfinite: the bf16 output's count). kVec: cols % 4 == 0 and
 // 16-byte aligned rows, loaded as float4.
-template <bool kVec>
+template <bool kVec, typename Out>
 __global__ void __launch_bounds__(256) LayerNormForwardKernel(const float* __restrict__ x, const float* __restrict__ gamma,
-                                                              const float* __restrict__ beta, float* __restrict__ y,
+                                                              const float* __restrict__ beta, Out* __restrict__ y,
                                                               float* __restrict__ mean, float* __restrict__ rstd,
-                                                              int64_t rows, int64_t cols, float eps) {
+                                                              int64_t rows, int64_t cols, float eps,
+                                                              unsigned long long* nonfinite_pair) {
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
-  if (row >= rows) return;
+  if (row >= rows) return;  // whole warps: rows are warp-uniform
   const float* xr = x + row * cols;
-  float* yr = y + row * cols;
+  Out* yr = y + row * cols;
+  unsigned int nonfinite = 0;
   double sum = 0.0;
   if constexpr (kVec) {
     for (int64_t c = lane; c < cols / 4; c += 32) {
@@ -86,19 +116,20 @@ __global__ void __launch_bounds__(256) LayerNormForwardKernel(const float* __res
         o.z = o.z + b.z;
         o.w = o.w + b.w;
       }
-      reinterpret_cast<float4*>(yr)[c] = o;
+      StoreValue4(yr + 4 * c, o, nonfinite);
     }
   } else {
     for (int64_t c = lane; c < cols; c += 32) {
       float o = (xr[c] - m) * s * gamma[c];
       if (beta != nullptr) o = o + beta[c];
-      yr[c] = o;
+      StoreValue(yr + c, o, nonfinite);
     }
   }
   if (lane == 0) {
     if (mean != nullptr) mean[row] = m;
     if (rstd != nullptr) rstd[row] = s;
   }
+  AddNonfinite(nonfinite, nonfinite_pair);
 }
 
 // dx += ((g - mean(g)) - xhat * mean(g * xhat)) * rstd with g = dy * gamma and
@@ -229,6 +260,28 @@ struct GeluOp {
 struct GeluGradOp {
   __device__ float operator()(float x, float dy) const { return dy * GeluGrad(x); }
 };
+
+// y = the bf16 rounding of GELU(x) (StoreValue), eight elements a step (two
+// float4 loads, one 16-byte store) when `vec` (x 16-byte and y 16-byte
+// aligned), then the tail one by one; non-finite values counted into pair[1].
+__global__ void __launch_bounds__(kThreads) GeluBf16Kernel(const float* __restrict__ x, uint16_t* __restrict__ y,
+                                                           int64_t n, bool vec, unsigned long long* pair) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  unsigned int nonfinite = 0;
+  int64_t done = 0;
+  if (vec) {
+    for (int64_t j = i; j < n / 8; j += stride) {
+      const float4 a = reinterpret_cast<const float4*>(x)[2 * j];
+      const float4 b = reinterpret_cast<const float4*>(x)[2 * j + 1];
+      StoreValue4(y + 8 * j, make_float4(Gelu(a.x), Gelu(a.y), Gelu(a.z), Gelu(a.w)), nonfinite);
+      StoreValue4(y + 8 * j + 4, make_float4(Gelu(b.x), Gelu(b.y), Gelu(b.z), Gelu(b.w)), nonfinite);
+    }
+    done = n / 8 * 8;
+  }
+  for (int64_t j = done + i; j < n; j += stride) StoreValue(y + j, Gelu(x[j]), nonfinite);
+  AddNonfinite(nonfinite, pair);
+}
 
 __device__ __forceinline__ float Sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
 
@@ -629,9 +682,34 @@ Status CudaBackend::LayerNormForward(const float* x, const float* gamma, const f
                    (beta == nullptr || Aligned(beta, 16));
   const unsigned int blocks = static_cast<unsigned int>(CeilDiv(rows, 8));  // 8 warps (rows) per block
   if (vec) {
-    LayerNormForwardKernel<true><<<blocks, 256, 0, stream_>>>(x, gamma, beta, y, mean, rstd, rows, cols, eps);
+    LayerNormForwardKernel<true, float>
+        <<<blocks, 256, 0, stream_>>>(x, gamma, beta, y, mean, rstd, rows, cols, eps, nullptr);
   } else {
-    LayerNormForwardKernel<false><<<blocks, 256, 0, stream_>>>(x, gamma, beta, y, mean, rstd, rows, cols, eps);
+    LayerNormForwardKernel<false, float>
+        <<<blocks, 256, 0, stream_>>>(x, gamma, beta, y, mean, rstd, rows, cols, eps, nullptr);
+  }
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::LayerNormForwardBf16(const float* x, const float* gamma, const float* beta, uint16_t* y,
+                                         float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
+  NN_PROFILE("LayerNormForwardBf16");
+  KEEL_RETURN_IF_ERROR(CheckRowsCols("LayerNormForwardBf16", rows, cols));
+  if (rows == 0) return Status::Ok();
+  if (x == nullptr || gamma == nullptr || y == nullptr)
+    return Status::Error("LayerNormForwardBf16: x, gamma or y: null");
+  const bool vec = cols % 4 == 0 && Aligned(x, 16) && Aligned(y, 8) && Aligned(gamma, 16) &&
+                   (beta == nullptr || Aligned(beta, 16));
+  unsigned long long* pair = nullptr;
+  KEEL_RETURN_IF_ERROR(NoteProduced(y, &pair));
+  const unsigned int blocks = static_cast<unsigned int>(CeilDiv(rows, 8));
+  if (vec) {
+    LayerNormForwardKernel<true, uint16_t>
+        <<<blocks, 256, 0, stream_>>>(x, gamma, beta, y, mean, rstd, rows, cols, eps, pair);
+  } else {
+    LayerNormForwardKernel<false, uint16_t>
+        <<<blocks, 256, 0, stream_>>>(x, gamma, beta, y, mean, rstd, rows, cols, eps, pair);
   }
   NN_LAUNCH_CHECK();
   return Status::Ok();
@@ -673,6 +751,19 @@ Status CudaBackend::GeluForward(const float* x, float* y, int64_t count) {
   if (count < 0) return Status::Error("GeluForward: count: " + std::to_string(count) + " is negative");
   if (count == 0) return Status::Ok();
   return LaunchMap<1>(y, x, nullptr, count, GeluOp{}, stream_);
+}
+
+Status CudaBackend::GeluForwardBf16(const float* x, uint16_t* y, int64_t count) {
+  NN_PROFILE("GeluForwardBf16");
+  if (count < 0) return Status::Error("GeluForwardBf16: count: " + std::to_string(count) + " is negative");
+  if (count == 0) return Status::Ok();
+  if (x == nullptr || y == nullptr) return Status::Error("GeluForwardBf16: x or y: null");
+  unsigned long long* pair = nullptr;
+  KEEL_RETURN_IF_ERROR(NoteProduced(y, &pair));
+  const bool vec = Aligned(x, 16) && Aligned(y, 16);
+  GeluBf16Kernel<<<GridFor(vec ? count / 8 + 1 : count), kThreads, 0, stream_>>>(x, y, count, vec, pair);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
 }
 
 Status CudaBackend::GeluBackward(const float* x, const float* dy, float* dx, int64_t count) {
@@ -818,11 +909,7 @@ Status CudaBackend::CrossEntropyFusedBf16(const float* logits, const int32_t* ta
   const bool vec = padded_vocab % 4 == 0 && ld % 4 == 0 && Aligned(logits, 16) && Aligned(dlogits, 8);
   if (ce_shared_limit_ < 0) KEEL_RETURN_IF_ERROR(CeSharedLimit());
   unsigned long long* pair = nullptr;
-  int64_t index = 0;
-  KEEL_RETURN_IF_ERROR(NextStatsPair(&pair, &index));
-  kept_ce_ = KeptStats();
-  kept_ce_.pair = index;
-  kept_ce_out_ = dlogits;
+  KEEL_RETURN_IF_ERROR(NoteProduced(dlogits, &pair));
   const unsigned int blocks = static_cast<unsigned int>(rows);
   const int64_t shared = CeSharedBytes(vocab, vec);
   if (shared <= ce_shared_limit_) {

@@ -432,7 +432,8 @@ void CudaBackend::RecordKeptStats(const KeptStats& kept, int64_t count, int slot
 }
 
 std::vector<CudaBackend::KeptStats*> CudaBackend::AllKeptStats() {
-  std::vector<KeptStats*> all{&kept_dy_, &kept_ce_};
+  std::vector<KeptStats*> all{&kept_dy_};
+  for (ProducedBf16& p : produced_) all.push_back(&p.stats);
   for (auto* kept : {&kept_x_, &kept_w_}) {
     for (auto& k : *kept) {
       if (k != nullptr) all.push_back(&k->stats);
@@ -465,17 +466,39 @@ __global__ void Bf16RowsToFloatKernel(const uint16_t* __restrict__ src, int64_t 
 
 }  // namespace
 
-Status CudaBackend::RecordBf16DyStats(const LinearQuant& q, int64_t rows, int64_t out, Role role) {
-  if (kept_ce_out_ == q.dy_bf16 && (kept_ce_.pair >= 0 || kept_ce_.folded)) {
-    RecordKeptStats(kept_ce_, rows * out, q.stats_slot, role);
-    return Status::Ok();
+Status CudaBackend::NoteProduced(const uint16_t* out, unsigned long long** pair) {
+  int64_t index = 0;
+  KEEL_RETURN_IF_ERROR(NextStatsPair(pair, &index));
+  auto it = std::find_if(produced_.begin(), produced_.end(), [out](const ProducedBf16& p) { return p.out == out; });
+  if (it == produced_.end()) it = produced_.insert(produced_.end(), ProducedBf16{out, KeptStats()});
+  it->stats = KeptStats();
+  it->stats.pair = index;
+  return Status::Ok();
+}
+
+Status CudaBackend::RecordBf16Stats(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, int slot,
+                                    Role role) {
+  for (const ProducedBf16& p : produced_) {
+    if (p.out == src && (p.stats.pair >= 0 || p.stats.folded)) {
+      RecordKeptStats(p.stats, rows * cols, slot, role);
+      return Status::Ok();
+    }
   }
   unsigned long long* pair = nullptr;
   int64_t index = 0;
   KEEL_RETURN_IF_ERROR(NextStatsPair(&pair, &index));
-  Bf16NonfiniteKernel<<<GridFor(rows * out), kThreads, 0, stream_>>>(q.dy_bf16, q.dy_bf16_ld, rows, out, pair);
+  Bf16NonfiniteKernel<<<GridFor(rows * cols), kThreads, 0, stream_>>>(src, ld, rows, cols, pair);
   NN_LAUNCH_CHECK();
-  RecordStats(rows * out, 1, true, q.stats_slot, role, index);
+  RecordStats(rows * cols, 1, true, slot, role, index);
+  return Status::Ok();
+}
+
+Status CudaBackend::XSeen(const LinearQuant& q, const float* x, int64_t rows, int64_t in, const float** seen) {
+  *seen = x;
+  if (q.x_bf16 == nullptr || !outlier_analytics_armed() || q.analytics_slot < 0) return Status::Ok();
+  KEEL_RETURN_IF_ERROR(x_seen_.Reserve(static_cast<size_t>(rows * in) * sizeof(float), stream_));
+  KEEL_RETURN_IF_ERROR(Bf16RowsToFloat(q.x_bf16, q.x_bf16_ld, rows, in, x_seen_.get<float>()));
+  *seen = x_seen_.get<float>();
   return Status::Ok();
 }
 
@@ -741,24 +764,37 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
                                   float* y, int64_t rows, int64_t in, int64_t out, const LinearQuant& q) {
   NN_PROFILE("LinearForward");
   KEEL_RETURN_IF_ERROR(CheckLinearShape("LinearForward", rows, in, out));
-  if (x == nullptr || w == nullptr || y == nullptr) return Status::Error("LinearForward: x, w or y: null");
+  // x arrives rounded to bf16 by its producer: x itself is not read.
+  const bool bf16_x = q.x_bf16 != nullptr;
+  KEEL_RETURN_IF_ERROR(CheckXBf16("LinearForward", q, in));
+  if ((x == nullptr && !bf16_x) || w == nullptr || y == nullptr) return Status::Error("LinearForward: x, w or y: null");
   if (residual == y)
     return Status::Error("LinearForward: residual: the same buffer as y is not allowed; pass a separate residual "
                          "(as the CPU backend requires)");
   KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
   KEEL_RETURN_IF_ERROR(CheckStatsSlot("LinearForward", q.stats_slot));
-  KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearForward", Role::kFwdX, x, rows, in, q.analytics_slot));
+  const float* x_seen = nullptr;
+  KEEL_RETURN_IF_ERROR(XSeen(q, x, rows, in, &x_seen));
+  KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearForward", Role::kFwdX, x_seen, rows, in, q.analytics_slot));
+  if (x_seen != x) x_seen_.Release(stream_);  // stream-ordered: after the analysis
   KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearForward", Role::kFwdW, w, out, in, q.analytics_slot));
   const bool bf16 = q.role[static_cast<int>(Role::kFwdX)].quantized() && q.role[static_cast<int>(Role::kFwdW)].quantized();
   Operand qx, qw;
   // The backward's wgrad (for x) and dgrad (for w) may reuse these roundings.
   auto quantized = [&q](Role r) { return q.role[static_cast<int>(r)].quantized(); };
+  // (x given in bf16 needs no copy kept: the backward reads it again.)
   KeptOperand* kx = KeepFor(&kept_x_, q, Role::kFwdX, Role::kWgradX,
-                            bf16 && quantized(Role::kWgradDy) && quantized(Role::kWgradX));
+                            !bf16_x && bf16 && quantized(Role::kWgradDy) && quantized(Role::kWgradX));
   KeptOperand* kw = KeepFor(&kept_w_, q, Role::kFwdW, Role::kDgradW,
                             bf16 && quantized(Role::kDgradDy) && quantized(Role::kDgradW));
-  KEEL_RETURN_IF_ERROR(PrepareOperand(x, rows, in, 1, Role::kFwdX, q, bf16, kx != nullptr ? &kx->values : &op_a_, &qx,
-                                      kx != nullptr ? &kx->stats : nullptr));
+  if (bf16_x) {
+    qx.data = q.x_bf16;
+    if (q.stats_slot >= 0)
+      KEEL_RETURN_IF_ERROR(RecordBf16Stats(q.x_bf16, q.x_bf16_ld, rows, in, q.stats_slot, Role::kFwdX));
+  } else {
+    KEEL_RETURN_IF_ERROR(PrepareOperand(x, rows, in, 1, Role::kFwdX, q, bf16, kx != nullptr ? &kx->values : &op_a_,
+                                        &qx, kx != nullptr ? &kx->stats : nullptr));
+  }
   KEEL_RETURN_IF_ERROR(PrepareOperand(w, out, in, 1, Role::kFwdW, q, bf16, kw != nullptr ? &kw->values : &op_b_, &qw,
                                       kw != nullptr ? &kw->stats : nullptr));
   for (auto [k, source, k_rows, role] : {std::make_tuple(kx, x, rows, Role::kFwdX), std::make_tuple(kw, w, out, Role::kFwdW)}) {
@@ -773,7 +809,7 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
   // y^T (out x rows, column-major) = W (stored in x out) ^T . X^T (stored in x rows).
   g.bf16 = bf16;
   g.trans_a = true;
-  g.Shape(out, rows, in).A(qw.data, in).B(qx.data, in).C(y, out);
+  g.Shape(out, rows, in).A(qw.data, in).B(qx.data, bf16_x ? q.x_bf16_ld : in).C(y, out);
   KEEL_RETURN_IF_ERROR(Alpha(qx, qw, 0, &g.alpha));
   // The residual is the GEMM's C with beta = 1 (D = y): it is read in the
   // epilogue instead of by a separate Add, and alpha (the decode scales) does
@@ -809,7 +845,10 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
   // dy arrives rounded to bf16 (the head's, from CrossEntropyFusedBf16): dy itself is not read.
   const bool bf16_dy = q.dy_bf16 != nullptr;
   KEEL_RETURN_IF_ERROR(CheckDyBf16("LinearBackward", q, out, dbias));
-  if (x == nullptr || w == nullptr || (dy == nullptr && !bf16_dy) || dw == nullptr) {
+  // x arrives rounded to bf16 by its producer (as the forward read it): x itself is not read.
+  const bool bf16_x = q.x_bf16 != nullptr;
+  KEEL_RETURN_IF_ERROR(CheckXBf16("LinearBackward", q, in));
+  if ((x == nullptr && !bf16_x) || w == nullptr || (dy == nullptr && !bf16_dy) || dw == nullptr) {
     return Status::Error("LinearBackward: x, w, dy or dw: null");
   }
   KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
@@ -826,7 +865,10 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kDgradW, w, out, in, q.analytics_slot));
   }
   KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kWgradDy, dy_seen, rows, out, q.analytics_slot));
-  KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kWgradX, x, rows, in, q.analytics_slot));
+  const float* x_seen = nullptr;
+  KEEL_RETURN_IF_ERROR(XSeen(q, x, rows, in, &x_seen));
+  KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kWgradX, x_seen, rows, in, q.analytics_slot));
+  if (x_seen != x) x_seen_.Release(stream_);
   if (bf16_dy && analyze) quant_temp_.Release(stream_);  // stream-ordered: after the analyses
   const int64_t dy_ld = bf16_dy ? q.dy_bf16_ld : out;
   const OperandFormat& f_ddy = q.role[static_cast<int>(Role::kDgradDy)];
@@ -856,7 +898,8 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     Operand qw;
     if (bf16_dy) {
       qdy.data = q.dy_bf16;
-      if (q.stats_slot >= 0) KEEL_RETURN_IF_ERROR(RecordBf16DyStats(q, rows, out, Role::kDgradDy));
+      if (q.stats_slot >= 0)
+        KEEL_RETURN_IF_ERROR(RecordBf16Stats(q.dy_bf16, q.dy_bf16_ld, rows, out, q.stats_slot, Role::kDgradDy));
     } else {
       KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 1, Role::kDgradDy, q, bf16_dgrad, &op_a_, &qdy,
                                           reuse_dy ? &kept_dy_ : nullptr, dbias_with_dgrad));
@@ -881,7 +924,8 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     Operand qdy_w, qx;
     if (bf16_dy) {
       qdy_w.data = q.dy_bf16;
-      if (q.stats_slot >= 0) KEEL_RETURN_IF_ERROR(RecordBf16DyStats(q, rows, out, Role::kWgradDy));
+      if (q.stats_slot >= 0)
+        KEEL_RETURN_IF_ERROR(RecordBf16Stats(q.dy_bf16, q.dy_bf16_ld, rows, out, q.stats_slot, Role::kWgradDy));
     } else if (reuse_dy) {
       qdy_w = qdy;
       // The same elements as the dgrad's dy: its counts.
@@ -890,15 +934,20 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
       KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 0, Role::kWgradDy, q, bf16_wgrad, &op_a_, &qdy_w,
                                           /*keep=*/nullptr, dbias_with_wgrad));
     }
-    // The forward's rounding of x when it was kept (the same bits), else a fresh one.
-    if (!bf16_wgrad || !TakeKept(&kept_x_, q, x, rows, in, Role::kWgradX, &qx)) {
+    // x as its producer rounded it, or the forward's rounding of x when it was
+    // kept (the same bits), else a fresh one.
+    if (bf16_x) {
+      qx.data = q.x_bf16;
+      if (q.stats_slot >= 0)
+        KEEL_RETURN_IF_ERROR(RecordBf16Stats(q.x_bf16, q.x_bf16_ld, rows, in, q.stats_slot, Role::kWgradX));
+    } else if (!bf16_wgrad || !TakeKept(&kept_x_, q, x, rows, in, Role::kWgradX, &qx)) {
       KEEL_RETURN_IF_ERROR(PrepareOperand(x, rows, in, 0, Role::kWgradX, q, bf16_wgrad, &op_b_, &qx));
     }
     GemmArgs g;
     g.bf16 = bf16_wgrad;
     g.trans_b = true;
     g.accumulate = true;
-    g.Shape(in, out, rows).A(qx.data, in).B(qdy_w.data, dy_ld).C(dw, in);
+    g.Shape(in, out, rows).A(qx.data, bf16_x ? q.x_bf16_ld : in).B(qdy_w.data, dy_ld).C(dw, in);
     KEEL_RETURN_IF_ERROR(Alpha(qdy_w, qx, 2, &g.alpha));
     NN_PROFILE("gemm");
     KEEL_RETURN_IF_ERROR(blas_.Gemm(g));

@@ -1211,6 +1211,88 @@ TEST_F(NnCudaTest, CrossEntropyBf16AndTheHeadBackwardMatchTheFp32Path) {
   }
 }
 
+// LayerNormForwardBf16 and GeluForwardBf16 write the bf16 rounding of their
+// fp32 outputs, count its non-finite values, and a linear layer reading x from
+// them (LinearQuant::x_bf16) gives the bits and statistics of the fp32 path.
+TEST_F(NnCudaTest, ProducersWriteTheBf16XTheLinearReads) {
+  auto as_u16 = [this](const void* p, int64_t count) {
+    std::vector<uint16_t> v(static_cast<size_t>(count));
+    EXPECT_OK(gpu_->Download(v.data(), p, v.size() * sizeof(uint16_t)));
+    return v;
+  };
+  auto rounded = [](const std::vector<float>& f) {
+    std::vector<uint16_t> b(f.size());
+    for (size_t i = 0; i < f.size(); ++i) b[i] = FloatToBf16(f[i], Rounding::kNearestEven, 0.0f);
+    return b;
+  };
+  const int64_t rows = 96, in = 256, out = 192;
+  for (const int64_t cols : {in, in - 3}) {  // float4 rows and the scalar path
+    std::vector<float> xh = Normal(rows * cols, 101, 2.0f);
+    xh[cols * 5 + 2] = std::numeric_limits<float>::quiet_NaN();
+    Dual x = Floats(xh), gamma = Floats(Normal(cols, 102, 1.0f)), beta = Floats(Normal(cols, 103, 0.1f));
+    Dual y = Zeros(rows * cols), yb = Zeros(rows * cols), mean = Zeros(rows), rstd = Zeros(rows), mean2 = Zeros(rows),
+         rstd2 = Zeros(rows);
+    ASSERT_OK(gpu_->LayerNormForward(x.g(), gamma.g(), beta.g(), y.g(), mean.g(), rstd.g(), rows, cols, 1e-5f));
+    ASSERT_OK(gpu_->LayerNormForwardBf16(x.g(), gamma.g(), beta.g(), reinterpret_cast<uint16_t*>(yb.g()), mean2.g(),
+                                         rstd2.g(), rows, cols, 1e-5f));
+    EXPECT_EQ(rounded(Gpu(y)), as_u16(yb.g(), rows * cols)) << "layernorm, cols " << cols;
+    ExpectBits("layernorm mean", Gpu(mean), Gpu(mean2));
+    ExpectBits("layernorm rstd", Gpu(rstd), Gpu(rstd2));
+    const int64_t n = rows * cols;
+    Dual g = Zeros(n), gb = Zeros(n);
+    ASSERT_OK(gpu_->GeluForward(x.g(), g.g(), n));
+    ASSERT_OK(gpu_->GeluForwardBf16(x.g(), reinterpret_cast<uint16_t*>(gb.g()), n));
+    EXPECT_EQ(rounded(Gpu(g)), as_u16(gb.g(), n)) << "gelu, n " << n;
+  }
+  // A linear layer on GELU's output, x in fp32 against x_bf16 from the producer.
+  std::vector<float> pre = Normal(rows * in, 104, 1.5f);
+  pre[in * 7 + 9] = std::numeric_limits<float>::infinity();  // GELU(inf) = inf: one non-finite x
+  Dual xp = Floats(pre), act = Zeros(rows * in), act_b = Zeros(rows * in);
+  Dual w = Floats(Normal(out * in, 105, 0.1f)), b = Floats(Normal(out, 106, 0.1f)), dy = Floats(Normal(rows * out, 107));
+  Dual y = Zeros(rows * out), dx = Zeros(rows * in), dw = Zeros(out * in), db = Zeros(out);
+  uint16_t* act_bits = reinterpret_cast<uint16_t*>(act_b.g());
+  ASSERT_OK(gpu_->GeluForward(xp.g(), act.g(), rows * in));
+  LinearQuant q = AllRoles(Quant(QuantFormat::kBf16));
+  q.stats_slot = 0;
+  q.keep_slot = 0;
+  auto pass = [&](const LinearQuant& qq, const float* xx) {
+    Set(dw, std::vector<float>(static_cast<size_t>(out * in), 0.0f));
+    Set(db, std::vector<float>(static_cast<size_t>(out), 0.0f));
+    std::vector<OperandStats> st;
+    EXPECT_OK(gpu_->LinearForward(xx, w.g(), b.g(), nullptr, y.g(), rows, in, out, qq));
+    EXPECT_OK(gpu_->LinearBackward(xx, w.g(), dy.g(), dx.g(), dw.g(), db.g(), rows, in, out, qq));
+    EXPECT_OK(gpu_->ReadOperandStats(&st));
+    return std::make_tuple(Gpu(y), Gpu(dx), Gpu(dw), Gpu(db), st);
+  };
+  ASSERT_OK(gpu_->ResetOperandStats(1));
+  const auto [y0, dx0, dw0, db0, st0] = pass(q, act.g());
+  LinearQuant qb = q;
+  qb.x_bf16 = act_bits;
+  qb.x_bf16_ld = in;
+  ASSERT_OK(gpu_->ResetOperandStats(1));
+  ASSERT_OK(gpu_->GeluForwardBf16(xp.g(), act_bits, rows * in));  // counted by the producer
+  const auto [y1, dx1, dw1, db1, st1] = pass(qb, nullptr);
+  ExpectBits("x_bf16 y", y0, y1);
+  ExpectBits("x_bf16 dx", dx0, dx1);
+  ExpectBits("x_bf16 dw", dw0, dw1);
+  ExpectBits("x_bf16 dbias", db0, db1);
+  ExpectStatsEqual("x_bf16, the producer's count", st0, st1);
+  EXPECT_EQ(st1[R(Role::kFwdX)].nan_blocks, 1);
+  EXPECT_EQ(st1[R(Role::kWgradX)].nan_blocks, 1);
+  // The producer's pair went with a reset: counted by a pass of its own.
+  ASSERT_OK(gpu_->ResetOperandStats(1));
+  const auto [y2, dx2, dw2, db2, st2] = pass(qb, nullptr);
+  ExpectBits("x_bf16 y (counted)", y0, y2);
+  ExpectStatsEqual("x_bf16, counted", st0, st2);
+  // What the CPU refuses, refused.
+  LinearQuant mx = qb;
+  mx.role[R(Role::kFwdX)] = Quant(QuantFormat::kMxfp8E4M3);
+  EXPECT_FALSE(gpu_->LinearForward(nullptr, w.g(), b.g(), nullptr, y.g(), rows, in, out, mx).ok());
+  LinearQuant narrow = qb;
+  narrow.x_bf16_ld = in - 1;
+  EXPECT_FALSE(gpu_->LinearBackward(nullptr, w.g(), dy.g(), dx.g(), dw.g(), db.g(), rows, in, out, narrow).ok());
+}
+
 TEST_F(NnCudaTest, LinearRejectsWhatTheCpuRejects) {
   const int64_t rows = 32, in = 32, out = 32;
   Dual x = Floats(Normal(rows * in, 71)), w = Floats(Normal(out * in, 72)), y = Zeros(rows * out);

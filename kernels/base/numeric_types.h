@@ -116,6 +116,16 @@ struct LinearQuant {
   // analytics see dy's values as a rounding of dy would have given them.
   const uint16_t* dy_bf16 = nullptr;
   int64_t dy_bf16_ld = 0;
+  // x already rounded to bf16 (nearest even) by its producer
+  // (Backend::LayerNormForwardBf16, Backend::GeluForwardBf16): rows x in bf16
+  // bits, rows x_bf16_ld elements apart, in backend memory. LinearForward and
+  // LinearBackward then read x from here for fwd_x and wgrad_x, not from their
+  // x argument, and need those two roles BF16 nearest even with fwd_w and
+  // wgrad_dy quantized (TakesBf16X: both GEMMs that read x run in BF16) and no
+  // Hot-Channel Patch of the forward; statistics and analytics see x's values
+  // as the rounding would have given them. Nothing else in the call changes.
+  const uint16_t* x_bf16 = nullptr;
+  int64_t x_bf16_ld = 0;
   HotChannels hcp_fwd;
   HotChannels hcp_dgrad;
   int32_t hcp_wgrad_rows = 0;

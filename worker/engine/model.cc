@@ -91,6 +91,24 @@ LinearQuant Model::HeadBackward(LinearQuant q) const {
   return q;
 }
 
+LinearQuant Model::XInBf16(LinearQuant q, const float* buffer, int64_t ld) {
+  if (!TakesBf16X(q) || q.hcp_fwd.count > 0) return q;
+  q.x_bf16 = reinterpret_cast<const uint16_t*>(buffer);
+  q.x_bf16_ld = ld;
+  return q;
+}
+
+Status Model::LayerNormFor(const LinearQuant& q, const float* x, const float* gamma, const float* beta, float* y,
+                           float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
+  if (q.x_bf16 == nullptr) return backend_->LayerNormForward(x, gamma, beta, y, mean, rstd, rows, cols, eps);
+  return backend_->LayerNormForwardBf16(x, gamma, beta, reinterpret_cast<uint16_t*>(y), mean, rstd, rows, cols, eps);
+}
+
+Status Model::GeluFor(const LinearQuant& q, const float* x, float* y, int64_t count) {
+  if (q.x_bf16 == nullptr) return backend_->GeluForward(x, y, count);
+  return backend_->GeluForwardBf16(x, reinterpret_cast<uint16_t*>(y), count);
+}
+
 Status Model::AllocateParams() {
   param_count_ = (param_count_ + 63) / 64 * 64;
   return Scratch(param_count_, &weights_);

@@ -130,6 +130,16 @@ class Model {
   // The head's backward LinearQuant: q, with dy_bf16 set when the last
   // LanguageModelLoss wrote dlogits in bf16.
   LinearQuant HeadBackward(LinearQuant q) const;
+  // Activations in bf16 where the scheme allows it. XInBf16: q reading its x
+  // from `buffer` as bf16 rows (ld apart) when the layer takes x in bf16
+  // (TakesBf16X), else q unchanged; a layer's forward and backward both call it
+  // on the same buffer. The producers then write into that buffer what q reads:
+  // bf16 (the rounding the layer's x roles would apply, so the same bits, half
+  // the bytes and no rounding pass) when q.x_bf16 is set, else fp32.
+  static LinearQuant XInBf16(LinearQuant q, const float* buffer, int64_t ld);
+  Status LayerNormFor(const LinearQuant& q, const float* x, const float* gamma, const float* beta, float* y,
+                      float* mean, float* rstd, int64_t rows, int64_t cols, float eps);
+  Status GeluFor(const LinearQuant& q, const float* x, float* y, int64_t count);
   // ready(i) for each i of `indices` that is a tensor (>= 0; an absent one is
   // -1), in order; nothing when ready is not set.
   static Status Final(const GradientReady& ready, std::initializer_list<int> indices);

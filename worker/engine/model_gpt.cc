@@ -173,7 +173,7 @@ class GptModel : public Model {
       // MLP.
       KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.act, P(q.fcproj_w), dres_, dact_, G(q.fcproj_w),
                                                G(q.fcproj_b), bt_, hidden_, d_,
-                                               Quant(scheme, l, 3, quant_seed, stats)));
+                                               FcProjQuant(scheme, l, quant_seed, stats, a)));
       KEEL_RETURN_IF_ERROR(Final(ready, {q.fcproj_w, q.fcproj_b}));
       if (m_.mlp == "swiglu") {
         KEEL_RETURN_IF_ERROR(backend_->SwigluBackward(a.fc, dact_, dfc_, bt_, hidden_));
@@ -181,7 +181,8 @@ class GptModel : public Model {
         KEEL_RETURN_IF_ERROR(backend_->GeluBackward(a.fc, dact_, dfc_, bt_ * hidden_));
       }
       KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.ln2, P(q.fc_w), dfc_, dln_, G(q.fc_w), G(q.fc_b),
-                                               bt_, d_, fc_out_, Quant(scheme, l, 2, quant_seed, stats)));
+                                               bt_, d_, fc_out_,
+                                               XInBf16(Quant(scheme, l, 2, quant_seed, stats), a.ln2, d_)));
       KEEL_RETURN_IF_ERROR(Final(ready, {q.fc_w, q.fc_b}));
       KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(a.mid, Affine(q.ln2_w), a.ln2_mean, a.ln2_rstd,
                                                   dln_, dres_, G(q.ln2_w), G(q.ln2_b), bt_, d_));
@@ -202,7 +203,7 @@ class GptModel : public Model {
       }
       KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.ln1, P(q.attn_w), dqkv_, dln_, G(q.attn_w),
                                                G(q.attn_b), bt_, d_, 3 * d_,
-                                               Quant(scheme, l, 0, quant_seed, stats)));
+                                               XInBf16(Quant(scheme, l, 0, quant_seed, stats), a.ln1, d_)));
       KEEL_RETURN_IF_ERROR(Final(ready, {q.attn_w, q.attn_b}));
       KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(res_[l], Affine(q.ln1_w), a.ln1_mean, a.ln1_rstd,
                                                   dln_, dres_, G(q.ln1_w), G(q.ln1_b), bt_, d_));
@@ -233,6 +234,14 @@ class GptModel : public Model {
   bool AttentionBf16(const PrecisionScheme& scheme, int block) const {
     (void)block;
     return scheme.attention_bf16;
+  }
+
+  // The MLP's output projection reads act in bf16 when act is GELU's (SwiGLU
+  // writes fp32).
+  LinearQuant FcProjQuant(const PrecisionScheme& scheme, int block, uint64_t seed, bool stats,
+                          const BlockActs& a) const {
+    const LinearQuant q = Quant(scheme, block, 3, seed, stats);
+    return m_.mlp == "swiglu" ? q : XInBf16(q, a.act, hidden_);
   }
 
   LinearQuant Quant(const PrecisionScheme& scheme, int block, int which, uint64_t seed,
@@ -293,10 +302,13 @@ class GptModel : public Model {
     for (int l = 0; l < blocks_; ++l) {
       const BlockParams& q = bp_[l];
       BlockActs& a = acts_[l];
-      KEEL_RETURN_IF_ERROR(backend_->LayerNormForward(res_[l], Affine(q.ln1_w), Affine(q.ln1_b), a.ln1,
-                                                 a.ln1_mean, a.ln1_rstd, bt_, d_, m_.ln_eps));
+      // ln1, ln2 and act are written in bf16 when the linear layer they feed
+      // reads them so (XInBf16).
+      const LinearQuant attn_q = XInBf16(Quant(scheme, l, 0, quant_seed, stats), a.ln1, d_);
+      KEEL_RETURN_IF_ERROR(LayerNormFor(attn_q, res_[l], Affine(q.ln1_w), Affine(q.ln1_b), a.ln1, a.ln1_mean,
+                                        a.ln1_rstd, bt_, d_, m_.ln_eps));
       KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.ln1, P(q.attn_w), q.attn_b < 0 ? nullptr : P(q.attn_b),
-                                              nullptr, a.qkv, bt_, d_, 3 * d_, Quant(scheme, l, 0, quant_seed, stats)));
+                                              nullptr, a.qkv, bt_, d_, 3 * d_, attn_q));
       const float* qkv_used = a.qkv;
       if (m_.qk_layernorm) {
         KEEL_RETURN_IF_ERROR(backend_->CopyBytes(a.qkv_normed, a.qkv, bt_ * 3 * d_ * sizeof(float)));
@@ -310,19 +322,20 @@ class GptModel : public Model {
       // (its backward needs att, the weight and dmid).
       KEEL_RETURN_IF_ERROR(LinearPlusResidual(a.att, P(q.proj_w), q.proj_b < 0 ? nullptr : P(q.proj_b), res_[l],
                                               a.mid, bt_, d_, d_, Quant(scheme, l, 1, quant_seed, stats)));
-      KEEL_RETURN_IF_ERROR(backend_->LayerNormForward(a.mid, Affine(q.ln2_w), Affine(q.ln2_b), a.ln2,
-                                                 a.ln2_mean, a.ln2_rstd, bt_, d_, m_.ln_eps));
+      const LinearQuant fc_q = XInBf16(Quant(scheme, l, 2, quant_seed, stats), a.ln2, d_);
+      KEEL_RETURN_IF_ERROR(LayerNormFor(fc_q, a.mid, Affine(q.ln2_w), Affine(q.ln2_b), a.ln2, a.ln2_mean,
+                                        a.ln2_rstd, bt_, d_, m_.ln_eps));
       KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.ln2, P(q.fc_w), q.fc_b < 0 ? nullptr : P(q.fc_b), nullptr,
-                                              a.fc, bt_, d_, fc_out_, Quant(scheme, l, 2, quant_seed, stats)));
+                                              a.fc, bt_, d_, fc_out_, fc_q));
+      const LinearQuant fcproj_q = FcProjQuant(scheme, l, quant_seed, stats, a);
       if (m_.mlp == "swiglu") {
         KEEL_RETURN_IF_ERROR(backend_->SwigluForward(a.fc, a.act, bt_, hidden_));
       } else {
-        KEEL_RETURN_IF_ERROR(backend_->GeluForward(a.fc, a.act, bt_ * hidden_));
+        KEEL_RETURN_IF_ERROR(GeluFor(fcproj_q, a.fc, a.act, bt_ * hidden_));
       }
       // res[l + 1] = mid + fcproj(act), the same way.
       KEEL_RETURN_IF_ERROR(LinearPlusResidual(a.act, P(q.fcproj_w), q.fcproj_b < 0 ? nullptr : P(q.fcproj_b),
-                                              a.mid, res_[l + 1], bt_, hidden_, d_,
-                                              Quant(scheme, l, 3, quant_seed, stats)));
+                                              a.mid, res_[l + 1], bt_, hidden_, d_, fcproj_q));
     }
     KEEL_RETURN_IF_ERROR(backend_->LayerNormForward(res_[blocks_], Affine(lnf_w_), Affine(lnf_b_), lnf_,
                                                lnf_mean_, lnf_rstd_, bt_, d_, m_.ln_eps));
