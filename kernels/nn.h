@@ -230,6 +230,15 @@ class Backend {
   // non-finite values for the statistics of the linear calls that read them.
   virtual Status GeluForwardBf16(const float* x, uint16_t* y, int64_t count);
   virtual Status GeluBackward(const float* x, const float* dy, float* dx, int64_t count) = 0;
+  // GeluBackward with dx rounded to bf16 (nearest even) on the way out, for the
+  // linear layer before GELU when its backward reads dy in bf16
+  // (LinearQuant::dy_bf16): x, dy rows x cols fp32; dx rows x cols bf16 bits.
+  // column_sums (cols floats, may be null) += the column sums of the unrounded
+  // dx, summed exactly as that backend's LinearBackward sums dbias (the same
+  // bits), so that layer's backward takes no dbias. The CUDA backend counts the
+  // non-finite values for the statistics, as GeluForwardBf16 does.
+  virtual Status GeluBackwardBf16(const float* x, const float* dy, uint16_t* dx, int64_t rows, int64_t cols,
+                                  float* column_sums);
 
   // SwiGLU on x (rows x 2h: gate in columns [0, h), up in [h, 2h)):
   // y (rows x h) = silu(gate) * up, silu(a) = a / (1 + exp(-a)). Backward writes dx (rows x 2h).

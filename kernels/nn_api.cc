@@ -62,6 +62,10 @@ Status Backend::GeluForwardBf16(const float*, uint16_t*, int64_t) {
   return Status::Error(std::string("GeluForwardBf16: not implemented by the ") + name() + " backend");
 }
 
+Status Backend::GeluBackwardBf16(const float*, const float*, uint16_t*, int64_t, int64_t, float*) {
+  return Status::Error(std::string("GeluBackwardBf16: not implemented by the ") + name() + " backend");
+}
+
 Status Backend::LayerNormForwardBf16(const float*, const float*, const float*, uint16_t*, float*, float*, int64_t,
                                      int64_t, float) {
   return Status::Error(std::string("LayerNormForwardBf16: not implemented by the ") + name() + " backend");

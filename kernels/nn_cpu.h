@@ -88,6 +88,8 @@ class CpuBackend : public Backend {
                       int64_t ld) override;
   Status GeluForward(const float* x, float* y, int64_t count) override;
   Status GeluForwardBf16(const float* x, uint16_t* y, int64_t count) override;
+  Status GeluBackwardBf16(const float* x, const float* dy, uint16_t* dx, int64_t rows, int64_t cols,
+                          float* column_sums) override;
   Status GeluBackward(const float* x, const float* dy, float* dx, int64_t count) override;
   Status SwigluForward(const float* x, float* y, int64_t rows, int64_t h) override;
   Status SwigluBackward(const float* x, const float* dy, float* dx, int64_t rows,
@@ -137,6 +139,8 @@ class CpuBackend : public Backend {
  private:
   // out = the nearest-even bf16 bits of count values (the bf16 producers).
   void RoundToBf16(const float* values, int64_t count, uint16_t* out);
+  // out[c] += the sum of column c of m (rows x cols), each in row order: dbias's sums.
+  void AddColumnSums(const float* m, int64_t rows, int64_t cols, float* out);
   Status XBf16Values(const char* op, const LinearQuant& q, int64_t rows, int64_t in, std::vector<float>* values);
   // One GEMM operand after its role's rounding: the values the GEMM multiplies
   // (x itself for kFp32, else code times block scale in `storage`) and the

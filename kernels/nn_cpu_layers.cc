@@ -305,6 +305,19 @@ Status CpuBackend::GeluBackward(const float* x, const float* dy, float* dx, int6
 
 // ---- SwiGLU ---------------------------------------------------------------------------
 
+Status CpuBackend::GeluBackwardBf16(const float* x, const float* dy, uint16_t* dx, int64_t rows, int64_t cols,
+                                    float* column_sums) {
+  static const char kOp[] = "GeluBackwardBf16";
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "rows", rows, 0));
+  KEEL_RETURN_IF_ERROR(CheckMin(kOp, "cols", cols, 0));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"dx", dx}}, rows * cols));
+  std::vector<float> values(static_cast<size_t>(rows * cols));
+  KEEL_RETURN_IF_ERROR(GeluBackward(x, dy, values.data(), rows * cols));
+  if (column_sums != nullptr) AddColumnSums(values.data(), rows, cols, column_sums);
+  RoundToBf16(values.data(), rows * cols, dx);
+  return Status::Ok();
+}
+
 Status CpuBackend::SwigluForward(const float* x, float* y, int64_t rows, int64_t h) {
   static const char kOp[] = "SwigluForward";
   KEEL_RETURN_IF_ERROR(CheckPositive(kOp, {{"rows", rows}, {"h", h}}));

@@ -317,6 +317,17 @@ struct RoleStats {
 
 }  // namespace
 
+void CpuBackend::AddColumnSums(const float* m, int64_t rows, int64_t cols, float* out) {
+  pool_.ParallelRange(cols, 64, [&](int64_t begin, int64_t end) {
+    std::vector<float> sums(end - begin, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = m + r * cols + begin;
+      for (int64_t o = 0; o < end - begin; ++o) sums[o] += row[o];
+    }
+    for (int64_t o = begin; o < end; ++o) out[o] += sums[o - begin];
+  });
+}
+
 // The fp32 values of q.x_bf16 (rows x in), after CheckXBf16.
 Status CpuBackend::XBf16Values(const char* op, const LinearQuant& q, int64_t rows, int64_t in,
                                std::vector<float>* values) {
@@ -440,17 +451,7 @@ Status CpuBackend::LinearBackward(const float* x, const float* w, const float* d
   GemmCpu(&pool_, GemmShape{out, in, rows}, true, false,
           operand_c_.decode_scale * operand_d_.decode_scale, operand_c_.data, out, operand_d_.data,
           in, true, dw, in);
-  if (dbias != nullptr) {
-    // Column sums of the unquantized dy, each in row order, added once to dbias.
-    pool_.ParallelRange(out, 64, [&](int64_t begin, int64_t end) {
-      std::vector<float> sums(end - begin, 0.0f);
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* row = dy + r * out + begin;
-        for (int64_t o = 0; o < end - begin; ++o) sums[o] += row[o];
-      }
-      for (int64_t o = begin; o < end; ++o) dbias[o] += sums[o - begin];
-    });
-  }
+  if (dbias != nullptr) AddColumnSums(dy, rows, out, dbias);
   RecordStats(q, role_stats.stats);
   return Status::Ok();
 }

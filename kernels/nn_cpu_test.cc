@@ -898,6 +898,47 @@ TEST_F(NnCpuTest, LayerNormAndGeluBf16AreTheRoundingsOfTheirFp32Outputs) {
   EXPECT_NE(status.message().find("y"), std::string::npos) << status.message();
 }
 
+// GELU's backward writing the dy of the linear layer before it in bf16 and
+// summing that layer's bias gradient: the layer's backward then gives the bits
+// of the fp32 path (dx, dw, dbias, statistics).
+TEST_F(NnCpuTest, GeluBackwardBf16GivesTheLinearsDyAndDbias) {
+  const int64_t rows = 16, in = 24, out = 40;
+  const std::vector<float> x = Normal(rows * in, 91, 1.0f), w = Normal(out * in, 92, 0.2f);
+  std::vector<float> pre = Normal(rows * out, 93, 1.5f);
+  const std::vector<float> dact = Normal(rows * out, 94, 0.5f);
+  pre[9] = std::numeric_limits<float>::quiet_NaN();
+  LinearQuant q;
+  for (OperandFormat& f : q.role) f = Quant(QuantFormat::kBf16);
+  q.stats_slot = 0;
+  ASSERT_TRUE(TakesBf16Dy(q));
+  std::vector<float> dy(rows * out), dx(rows * in), dw(out * in, 0.0f), db(out, 0.5f);
+  std::vector<OperandStats> plain_stats, bf16_stats;
+  ASSERT_OK(backend_->ResetOperandStats(1));
+  ASSERT_OK(backend_->GeluBackward(pre.data(), dact.data(), dy.data(), rows * out));
+  ASSERT_OK(backend_->LinearBackward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), rows, in, out, q));
+  ASSERT_OK(backend_->ReadOperandStats(&plain_stats));
+  std::vector<uint16_t> dy_bits(rows * out);
+  std::vector<float> dx2(rows * in), dw2(out * in, 0.0f), db2(out, 0.5f);
+  ASSERT_OK(backend_->ResetOperandStats(1));
+  ASSERT_OK(backend_->GeluBackwardBf16(pre.data(), dact.data(), dy_bits.data(), rows, out, db2.data()));
+  for (int64_t i = 0; i < rows * out; ++i) ASSERT_EQ(dy_bits[i], FloatToBf16(dy[i], Rounding::kNearestEven, 0.0f)) << i;
+  LinearQuant qb = q;
+  qb.dy_bf16 = dy_bits.data();
+  qb.dy_bf16_ld = out;
+  ASSERT_OK(backend_->LinearBackward(x.data(), w.data(), nullptr, dx2.data(), dw2.data(), nullptr, rows, in, out, qb));
+  ASSERT_OK(backend_->ReadOperandStats(&bf16_stats));
+  EXPECT_EQ(0, std::memcmp(dx.data(), dx2.data(), dx.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(dw.data(), dw2.data(), dw.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(db.data(), db2.data(), db.size() * sizeof(float)));  // += onto 0.5, like dbias
+  ASSERT_EQ(plain_stats.size(), bf16_stats.size());
+  for (size_t i = 0; i < plain_stats.size(); ++i) EXPECT_EQ(plain_stats[i].nan_blocks, bf16_stats[i].nan_blocks) << i;
+  EXPECT_EQ(bf16_stats[static_cast<int>(Role::kDgradDy)].nan_blocks, 1);
+  // Without column sums; bad shapes refused.
+  ASSERT_OK(backend_->GeluBackwardBf16(pre.data(), dact.data(), dy_bits.data(), rows, out, nullptr));
+  Status status = backend_->GeluBackwardBf16(pre.data(), dact.data(), dy_bits.data(), -1, out, nullptr);
+  EXPECT_NE(status.message().find("rows"), std::string::npos) << status.message();
+}
+
 // ---- AdamW ----------------------------------------------------------------------------
 
 TEST_F(NnCpuTest, AdamWMatchesFormulaInDouble) {

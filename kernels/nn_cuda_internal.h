@@ -84,6 +84,20 @@ __device__ __forceinline__ T WarpSum(T v) {
   return v;
 }
 
+// ---- GELU -------------------------------------------------------------------------------
+
+constexpr float kSqrt2 = 1.41421356237309504880f;
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;  // 1 / sqrt(2 pi)
+
+__device__ __forceinline__ float Gelu(float x) { return x * 0.5f * (1.0f + erff(x / kSqrt2)); }
+
+// gelu'(x) = Phi(x) + x phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2)), phi the normal density.
+__device__ __forceinline__ float GeluGrad(float x) {
+  const float cdf = 0.5f * (1.0f + erff(x / kSqrt2));
+  const float pdf = expf(-0.5f * x * x) * kInvSqrt2Pi;
+  return cdf + x * pdf;
+}
+
 // ---- Elementwise maps ------------------------------------------------------------------
 
 // out[j] = op(a[j], b[j]) for j < n, grid-stride, four elements at a time through
@@ -368,6 +382,8 @@ class CudaBackend final : public Backend {
                       int64_t ld) override;
   Status GeluForward(const float* x, float* y, int64_t count) override;
   Status GeluForwardBf16(const float* x, uint16_t* y, int64_t count) override;
+  Status GeluBackwardBf16(const float* x, const float* dy, uint16_t* dx, int64_t rows, int64_t cols,
+                          float* column_sums) override;
   Status GeluBackward(const float* x, const float* dy, float* dx, int64_t count) override;
   Status SwigluForward(const float* x, float* y, int64_t rows, int64_t h) override;
   Status SwigluBackward(const float* x, const float* dy, float* dx, int64_t rows,

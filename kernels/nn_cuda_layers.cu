@@ -241,17 +241,7 @@ __global__ void __launch_bounds__(256) LayerNormParamPartialsKernel(const float*
 // Kernels: GELU, SwiGLU
 // ============================================================================
 
-constexpr float kSqrt2 = 1.41421356237309504880f;
-constexpr float kInvSqrt2Pi = 0.39894228040143267794f;  // 1 / sqrt(2 pi)
-
-__device__ __forceinline__ float Gelu(float x) { return x * 0.5f * (1.0f + erff(x / kSqrt2)); }
-
-// gelu'(x) = Phi(x) + x phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2)), phi the normal density.
-__device__ __forceinline__ float GeluGrad(float x) {
-  const float cdf = 0.5f * (1.0f + erff(x / kSqrt2));
-  const float pdf = expf(-0.5f * x * x) * kInvSqrt2Pi;
-  return cdf + x * pdf;
-}
+// Gelu and GeluGrad: nn_cuda_internal.h (GeluBackwardBf16 in nn_cuda_linear.cu uses GeluGrad too).
 
 // GELU and its backward, for MapKernel (nn_cuda_internal.h).
 struct GeluOp {

@@ -137,7 +137,19 @@ __global__ void __launch_bounds__(256) ColumnFinalizeKernel(const float* __restr
   if (threadIdx.y == 0 && col < cols) out[col] += total;
 }
 
-// BF16 rounding of m (rows x cols, fp32) fused with pass 1 of the column sums:
+// The values Bf16ColumnPartialsKernel rounds and sums: element i of a matrix,
+// or of GELU's backward (dy * gelu'(x), GeluGradOp's product, computed here).
+struct MatrixValues {
+  const float* m;
+  __device__ __forceinline__ float operator()(int64_t i) const { return m[i]; }
+};
+struct GeluGradValues {
+  const float* x;
+  const float* dy;
+  __device__ __forceinline__ float operator()(int64_t i) const { return dy[i] * GeluGrad(x[i]); }
+};
+
+// BF16 rounding of m (rows x cols, fp32; element i is values(i)) fused with pass 1 of the column sums:
 // the blocks, threads, rows and order of ColumnPartialsKernel, so `partial` gets
 // its bits (the sums are of the unrounded m, as dbias needs), while each element
 // is rounded as Bf16Kernel (quantize_cuda_fp8.cu) rounds it: the same
@@ -146,9 +158,9 @@ __global__ void __launch_bounds__(256) ColumnFinalizeKernel(const float* __restr
 // (may be null): [1] += the NaN/Inf elements, as Bf16Kernel counts them.
 // One 4-byte load and one 2-byte store per element, a warp covering 32
 // consecutive columns of a row: coalesced, and dy is read once instead of twice.
-template <Rounding R>
+template <Rounding R, typename Values>
 __global__ void __launch_bounds__(256)
-    Bf16ColumnPartialsKernel(const float* __restrict__ m, int64_t rows, int64_t cols, int64_t rows_per_chunk,
+    Bf16ColumnPartialsKernel(const Values values, int64_t rows, int64_t cols, int64_t rows_per_chunk,
                              uint64_t seed, void* __restrict__ out, bool out_bf16, float* __restrict__ partial,
                              unsigned long long* counts) {
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
@@ -165,7 +177,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
         const int64_t rk = r + 8 * k;
-        v[k] = rk < r1 ? m[rk * cols + col] : 0.0f;
+        v[k] = rk < r1 ? values(rk * cols + col) : 0.0f;
       }
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
@@ -679,15 +691,15 @@ Status CudaBackend::QuantizeBf16WithColumnSums(const float* x, int64_t rows, int
   switch (f.rounding) {
     case Rounding::kNearestEven:
       Bf16ColumnPartialsKernel<Rounding::kNearestEven><<<grid, dim3(32, 8), 0, stream_>>>(
-          x, rows, cols, rows_per_chunk, seed, out, out_bf16, partial, counts);
+          MatrixValues{x}, rows, cols, rows_per_chunk, seed, out, out_bf16, partial, counts);
       break;
     case Rounding::kNearestAway:
       Bf16ColumnPartialsKernel<Rounding::kNearestAway><<<grid, dim3(32, 8), 0, stream_>>>(
-          x, rows, cols, rows_per_chunk, seed, out, out_bf16, partial, counts);
+          MatrixValues{x}, rows, cols, rows_per_chunk, seed, out, out_bf16, partial, counts);
       break;
     case Rounding::kStochastic:
       Bf16ColumnPartialsKernel<Rounding::kStochastic><<<grid, dim3(32, 8), 0, stream_>>>(
-          x, rows, cols, rows_per_chunk, seed, out, out_bf16, partial, counts);
+          MatrixValues{x}, rows, cols, rows_per_chunk, seed, out, out_bf16, partial, counts);
       break;
     default:
       return Status::Error("QuantizeBf16WithColumnSums: rounding: " + std::to_string(static_cast<int>(f.rounding)) +
@@ -695,6 +707,29 @@ Status CudaBackend::QuantizeBf16WithColumnSums(const float* x, int64_t rows, int
   }
   NN_LAUNCH_CHECK();
   return FinalizeColumnPartials(partial, chunks, cols, column_sums, stream_);
+}
+
+Status CudaBackend::GeluBackwardBf16(const float* x, const float* dy, uint16_t* dx, int64_t rows, int64_t cols,
+                                     float* column_sums) {
+  NN_PROFILE("GeluBackwardBf16");
+  if (rows < 0 || cols < 0)
+    return Status::Error("GeluBackwardBf16: rows " + std::to_string(rows) + ", cols " + std::to_string(cols) +
+                         " is not allowed; need both >= 0");
+  if (rows == 0 || cols == 0) return Status::Ok();
+  if (x == nullptr || dy == nullptr || dx == nullptr) return Status::Error("GeluBackwardBf16: x, dy or dx: null");
+  unsigned long long* pair = nullptr;
+  KEEL_RETURN_IF_ERROR(NoteProduced(dx, &pair));
+  // LinearBackward's dbias pass for a BF16 dy (QuantizeBf16WithColumnSums),
+  // reading GELU's backward instead of a stored dy: the same rounding, the same
+  // partials in the same order.
+  ColumnSplit split;
+  KEEL_RETURN_IF_ERROR(SplitColumnSums(rows, cols, 1, &split));
+  const dim3 grid(static_cast<unsigned int>(CeilDiv(cols, 32)), static_cast<unsigned int>(split.chunks));
+  Bf16ColumnPartialsKernel<Rounding::kNearestEven><<<grid, dim3(32, 8), 0, stream_>>>(
+      GeluGradValues{x, dy}, rows, cols, split.rows_per_chunk, 0, dx, true, split.partial, pair);
+  NN_LAUNCH_CHECK();
+  if (column_sums == nullptr) return Status::Ok();
+  return FinalizeColumnPartials(split.partial, split.chunks, cols, column_sums, stream_);
 }
 
 Status CudaBackend::QuantizeMxWithColumnSums(const float* x, int64_t rows, int64_t cols, const OperandFormat& f,

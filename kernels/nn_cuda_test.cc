@@ -1293,6 +1293,50 @@ TEST_F(NnCudaTest, ProducersWriteTheBf16XTheLinearReads) {
   EXPECT_FALSE(gpu_->LinearBackward(nullptr, w.g(), dy.g(), dx.g(), dw.g(), db.g(), rows, in, out, narrow).ok());
 }
 
+// GeluBackwardBf16 writes the rounding of GeluBackward's dx and sums the bias
+// gradient as LinearBackward does: the layer's backward reading it gives the
+// bits of the fp32 path.
+TEST_F(NnCudaTest, GeluBackwardBf16GivesTheLinearsDyAndDbias) {
+  const int64_t rows = 1000, in = 96, out = 200;  // rows: several column chunks
+  std::vector<float> pre = Normal(rows * out, 111, 1.5f);
+  pre[out * 3 + 4] = std::numeric_limits<float>::quiet_NaN();
+  Dual xp = Floats(pre), dact = Floats(Normal(rows * out, 112, 0.5f)), dy = Zeros(rows * out), dyb = Zeros(rows * out);
+  Dual x = Floats(Normal(rows * in, 113)), w = Floats(Normal(out * in, 114, 0.1f));
+  Dual dx = Zeros(rows * in), dw = Zeros(out * in), db = Zeros(out);
+  LinearQuant q = AllRoles(Quant(QuantFormat::kBf16));
+  q.stats_slot = 0;
+  auto backward = [&](const LinearQuant& qq, const float* dyp, bool with_bias) {
+    std::vector<OperandStats> st;
+    EXPECT_OK(gpu_->LinearBackward(x.g(), w.g(), dyp, dx.g(), dw.g(), with_bias ? db.g() : nullptr, rows, in, out, qq));
+    EXPECT_OK(gpu_->ReadOperandStats(&st));
+    return std::make_tuple(Gpu(dx), Gpu(dw), Gpu(db), st);
+  };
+  Set(db, std::vector<float>(static_cast<size_t>(out), 0.5f));
+  ASSERT_OK(gpu_->ResetOperandStats(1));
+  ASSERT_OK(gpu_->GeluBackward(xp.g(), dact.g(), dy.g(), rows * out));
+  const auto [dx0, dw0, db0, st0] = backward(q, dy.g(), true);
+  uint16_t* bits = reinterpret_cast<uint16_t*>(dyb.g());
+  Set(dw, std::vector<float>(static_cast<size_t>(out * in), 0.0f));
+  Set(db, std::vector<float>(static_cast<size_t>(out), 0.5f));
+  ASSERT_OK(gpu_->ResetOperandStats(1));
+  ASSERT_OK(gpu_->GeluBackwardBf16(xp.g(), dact.g(), bits, rows, out, db.g()));
+  std::vector<uint16_t> got(static_cast<size_t>(rows * out));
+  ASSERT_OK(gpu_->Download(got.data(), bits, got.size() * sizeof(uint16_t)));
+  const std::vector<float> dyf = Gpu(dy);
+  int64_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) differ += got[i] != FloatToBf16(dyf[i], Rounding::kNearestEven, 0.0f);
+  EXPECT_EQ(differ, 0);
+  LinearQuant qb = q;
+  qb.dy_bf16 = bits;
+  qb.dy_bf16_ld = out;
+  const auto [dx1, dw1, db1, st1] = backward(qb, nullptr, false);
+  ExpectBits("gelu bf16 dx", dx0, dx1);
+  ExpectBits("gelu bf16 dw", dw0, dw1);
+  ExpectBits("gelu bf16 dbias", db0, db1);
+  ExpectStatsEqual("gelu bf16, the producer's count", st0, st1);
+  EXPECT_EQ(st1[R(Role::kDgradDy)].nan_blocks, 1);
+}
+
 TEST_F(NnCudaTest, LinearRejectsWhatTheCpuRejects) {
   const int64_t rows = 32, in = 32, out = 32;
   Dual x = Floats(Normal(rows * in, 71)), w = Floats(Normal(out * in, 72)), y = Zeros(rows * out);

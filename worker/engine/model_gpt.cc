@@ -175,14 +175,22 @@ class GptModel : public Model {
                                                G(q.fcproj_b), bt_, hidden_, d_,
                                                FcProjQuant(scheme, l, quant_seed, stats, a)));
       KEEL_RETURN_IF_ERROR(Final(ready, {q.fcproj_w, q.fcproj_b}));
+      LinearQuant fc_q = XInBf16(Quant(scheme, l, 2, quant_seed, stats), a.ln2, d_);
       if (m_.mlp == "swiglu") {
         KEEL_RETURN_IF_ERROR(backend_->SwigluBackward(a.fc, dact_, dfc_, bt_, hidden_));
+      } else if (TakesBf16Dy(fc_q)) {
+        // GELU's backward writes fc's dy rounded to bf16 (into dfc_) and sums
+        // its bias gradient, both as fc's backward would have: the same bits.
+        KEEL_RETURN_IF_ERROR(backend_->GeluBackwardBf16(a.fc, dact_, reinterpret_cast<uint16_t*>(dfc_), bt_, hidden_,
+                                                        G(q.fc_b)));
+        fc_q.dy_bf16 = reinterpret_cast<const uint16_t*>(dfc_);
+        fc_q.dy_bf16_ld = hidden_;
       } else {
         KEEL_RETURN_IF_ERROR(backend_->GeluBackward(a.fc, dact_, dfc_, bt_ * hidden_));
       }
-      KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.ln2, P(q.fc_w), dfc_, dln_, G(q.fc_w), G(q.fc_b),
-                                               bt_, d_, fc_out_,
-                                               XInBf16(Quant(scheme, l, 2, quant_seed, stats), a.ln2, d_)));
+      KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.ln2, P(q.fc_w), fc_q.dy_bf16 ? nullptr : dfc_, dln_,
+                                               G(q.fc_w), fc_q.dy_bf16 ? nullptr : G(q.fc_b), bt_, d_, fc_out_,
+                                               fc_q));
       KEEL_RETURN_IF_ERROR(Final(ready, {q.fc_w, q.fc_b}));
       KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(a.mid, Affine(q.ln2_w), a.ln2_mean, a.ln2_rstd,
                                                   dln_, dres_, G(q.ln2_w), G(q.ln2_b), bt_, d_));
