@@ -2,7 +2,10 @@
 // resume on a host that never saw it and users can fetch them (keel fetch),
 // without a shared filesystem. docs/service.md, "Artifacts".
 //
-// Layout under the root (keeld --artifact-dir, default <state-dir>/artifacts):
+// Two places hold them (keeld --artifact-store):
+//
+// dir (OpenDir; the default): files under a root directory (keeld
+// --artifact-dir, default <state-dir>/artifacts):
 //   <root>/<run id>/step_<8 digits>/<the checkpoint's files> + MANIFEST
 //   <root>/<run id>/.incoming-<n>/   an upload in progress (removed at Open)
 //   <root>/<run id>/.removed-<n>/    a checkpoint being deleted (removed at Open)
@@ -15,16 +18,27 @@
 // when its directory has a MANIFEST, and an interrupted upload leaves only an
 // .incoming directory, which nobody lists.
 //
-// Retention: Prune keeps the newest `keep` checkpoints of a run and the one
-// keeld resumes it from (Run.artifact_step), whatever its age.
+// db (OpenInStore): keeld's store, the database that also holds its runs
+// (Store's artifact methods; tables artifacts and artifact_chunks), so that a
+// standby keeld on another host that takes over from the active one serves
+// the checkpoints uploaded to it. An upload is a row that nobody lists, its
+// verified chunks stored as they arrive; the commit makes it the run's
+// checkpoint of that step (replacing one stored before) in one transaction.
+// Uploads that were cut off are deleted at open.
 //
-// Run ids and steps are checked before they become paths (checkpoint_transfer.h
-// CheckRunIdForPath, CheckCheckpointStep): nothing outside the root is named.
-// Thread-safe: one mutex (mu_) orders commits and deletions.
+// Both verify every chunk and file the same way (CheckpointReceiver), answer
+// Steps, Find and Send the same way, and apply the same retention: Prune keeps
+// the newest `keep` checkpoints of a run and the one keeld resumes it from
+// (Run.artifact_step), whatever its age.
+//
+// Run ids and steps are checked before they become paths or rows
+// (checkpoint_transfer.h CheckRunIdForPath, CheckCheckpointStep).
+// Thread-safe: one mutex (mu_) orders commits, listings and deletions.
 #ifndef KEEL_SERVER_ARTIFACT_STORE_H_
 #define KEEL_SERVER_ARTIFACT_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,6 +46,7 @@
 
 #include "kernels/base/status.h"
 #include "proto/keel.pb.h"
+#include "server/store.h"
 #include "worker/run/checkpoint_transfer.h"
 
 namespace keel {
@@ -40,9 +55,25 @@ constexpr int kDefaultArtifactKeep = 3;
 
 class ArtifactStore {
  public:
-  // Creates `root` if missing and removes what interrupted uploads and
-  // deletions left. keep >= 1.
-  static Status Open(const std::string& root, int keep, std::unique_ptr<ArtifactStore>* out);
+  // Files under `root`: creates it if missing and removes what interrupted
+  // uploads and deletions left. keep >= 1.
+  static Status OpenDir(const std::string& root, int keep, std::unique_ptr<ArtifactStore>* out);
+  // Rows of `store` (which must outlive the artifact store): deletes the
+  // uploads that were cut off. keep >= 1.
+  static Status OpenInStore(Store* store, int keep, std::unique_ptr<ArtifactStore>* out);
+  virtual ~ArtifactStore() = default;
+
+  // Where the checkpoints are, for keeld's startup line: "DIR" or "the store's database".
+  virtual std::string Where() const = 0;
+  int keep() const { return keep_; }
+
+  // A checkpoint's bytes on their way in: the backend's place for them
+  // (a CheckpointSink) that becomes the checkpoint at Commit. Destroyed
+  // without Commit: nothing of it stays.
+  class Staging : public CheckpointSink {
+   public:
+    virtual Status Commit() = 0;  // called with the store's mu_ held
+  };
 
   // One checkpoint being received. Destroyed without Commit: nothing of it stays.
   class Upload {
@@ -62,8 +93,8 @@ class ArtifactStore {
     friend class ArtifactStore;
     ArtifactStore* store_ = nullptr;
     v1::CheckpointHeader header_;
-    std::string incoming_;  // its .incoming directory ("" when already stored)
-    std::unique_ptr<CheckpointReceiver> receiver_;
+    std::unique_ptr<Staging> staging_;             // null when already stored
+    std::unique_ptr<CheckpointReceiver> receiver_;  // writes into staging_ (destroyed first)
     int64_t received_ = 0;  // bytes, once receiver_ is gone
     bool already_stored_ = false;
     bool committed_ = false;
@@ -75,9 +106,12 @@ class ArtifactStore {
   // The complete checkpoints of `run_id`, ascending (empty: none, or an
   // unknown run).
   Status Steps(const std::string& run_id, std::vector<int64_t>* steps);
-  // A complete checkpoint: its manifest and directory. step 0: the newest.
-  // NOT_FOUND names the run, the step and the steps there are.
-  Status Find(const std::string& run_id, int64_t step, v1::CheckpointHeader* header, std::string* dir);
+  // A complete checkpoint's manifest. step 0: the newest. NOT_FOUND names the
+  // run, the step and the steps there are.
+  Status Find(const std::string& run_id, int64_t step, v1::CheckpointHeader* header);
+  // Streams the checkpoint `header` (from Find) describes: the header, then
+  // its files' bytes (checkpoint_transfer.h SendCheckpoint).
+  Status Send(const v1::CheckpointHeader& header, const std::function<bool(const v1::CheckpointChunk&)>& write);
   // Deletes all but the newest keep() checkpoints of `run_id` and `protect`
   // (a step; 0: none).
   Status Prune(const std::string& run_id, int64_t protect);
@@ -85,21 +119,27 @@ class ArtifactStore {
   // the run rolled back to `step`); *newest: the newest left (0: none).
   Status DropAfter(const std::string& run_id, int64_t step, int64_t* newest);
 
-  const std::string& root() const { return root_; }
-  int keep() const { return keep_; }
+ protected:
+  explicit ArtifactStore(int keep) : keep_(keep) {}
+
+  // What a backend provides; each *Locked one is called with mu_ held.
+  // The complete checkpoints of a (checked) run id, ascending by step.
+  virtual Status ListLocked(const std::string& run_id, std::vector<int64_t>* steps) = 0;
+  // The stored manifest of a complete checkpoint.
+  virtual Status ManifestLocked(const std::string& run_id, int64_t step, v1::CheckpointHeader* header) = 0;
+  // Deletes a complete checkpoint (best effort: a failure leaves it listed).
+  virtual void RemoveLocked(const std::string& run_id, int64_t step) = 0;
+  // Where a new checkpoint's verified bytes go until its commit.
+  virtual Status StageLocked(const v1::CheckpointHeader& header, std::unique_ptr<Staging>* out) = 0;
+  // Send's work, without mu_ (a long stream must not hold up uploads): a
+  // checkpoint deleted meanwhile ends it with an error.
+  virtual Status SendUnlocked(const v1::CheckpointHeader& header,
+                              const std::function<bool(const v1::CheckpointChunk&)>& write) = 0;
+
+  std::mutex mu_;  // orders commits, listings and deletions
 
  private:
-  ArtifactStore() = default;
-  std::string RunDirOf(const std::string& run_id) const { return root_ + "/" + run_id; }
-  // Renames a checkpoint directory away (.removed-<n>) and deletes it. mu_ held.
-  void RemoveLocked(const std::string& run_id, int64_t step);
-  Status StepsLocked(const std::string& run_id, std::vector<int64_t>* steps);
-  std::string Unique(const std::string& prefix);
-
-  std::string root_;
-  int keep_ = kDefaultArtifactKeep;
-  std::mutex mu_;  // guards counter_ and orders commits, listings and deletions
-  uint64_t counter_ = 0;
+  const int keep_;
 };
 
 }  // namespace keel

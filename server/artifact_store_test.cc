@@ -1,13 +1,17 @@
-// The artifact store and the checkpoint transfer it receives: the commit
-// protocol (complete only with its MANIFEST; an interrupted upload leaves
-// nothing), retention, checksum mismatches refused, bad run ids, steps and
-// file names refused before they become paths, and a transfer's round trip.
+// The artifact store and the checkpoint transfer it receives, in both of its
+// places (files under a directory; rows of keeld's store, here a real SQLite
+// file): the commit protocol (complete only once committed; an interrupted
+// upload leaves nothing), retention, checksum mismatches refused, bad run ids,
+// steps and file names refused before they become paths or rows, reading a
+// checkpoint back byte for byte, and a transfer's round trip.
 #include "server/artifact_store.h"
 
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -84,11 +88,100 @@ std::string Read(const std::string& path) {
   return text;
 }
 
-TEST(ArtifactStoreTest, ACheckpointIsCompleteOnlyOnceCommittedWithItsManifest) {
-  const std::string dir = TempDir("artifact_commit");
-  std::unique_ptr<ArtifactStore> store;
-  ASSERT_TRUE(ArtifactStore::Open(dir + "/store", 3, &store).ok());
-  const std::string ckpt = MakeCheckpoint(dir + "/ckpt", 1);
+// Every file of a stored checkpoint as Send streams it (name -> bytes); the
+// chunks must come in order and match their CRC-32s (ReceiveCheckpoint checks).
+std::map<std::string, std::string> ReadBack(ArtifactStore* store, const std::string& run, int64_t step,
+                                            const std::string& scratch) {
+  std::map<std::string, std::string> files;
+  v1::CheckpointHeader h;
+  Status s = store->Find(run, step, &h);
+  EXPECT_TRUE(s.ok()) << s.message();
+  if (!s.ok()) return files;
+  std::vector<v1::CheckpointChunk> chunks;
+  s = store->Send(h, [&](const v1::CheckpointChunk& c) {
+    chunks.push_back(c);
+    return true;
+  });
+  EXPECT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(std::system(("rm -rf '" + scratch + "'").c_str()), 0);
+  size_t next = 0;
+  v1::CheckpointHeader got;
+  s = ReceiveCheckpoint(
+      [&](v1::CheckpointChunk* c) {
+        if (next == chunks.size()) return false;
+        *c = chunks[next++];
+        return true;
+      },
+      run, h.step(), scratch, &got);
+  EXPECT_TRUE(s.ok()) << s.message();
+  for (const v1::CheckpointFile& f : got.files()) files[f.name()] = Read(scratch + "/" + f.name());
+  return files;
+}
+
+// One row count of a SQLite file, read with a connection of its own.
+int64_t CountRows(const std::string& path, const std::string& table) {
+  sqlite3* db = nullptr;
+  int64_t n = -1;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+    sqlite3_stmt* q = nullptr;
+    const std::string sql = "SELECT COUNT(*) FROM " + table;
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &q, nullptr) == SQLITE_OK && sqlite3_step(q) == SQLITE_ROW) {
+      n = sqlite3_column_int64(q, 0);
+    }
+    sqlite3_finalize(q);
+  }
+  sqlite3_close(db);
+  return n;
+}
+
+enum class Where { kDir, kDb };
+
+// The store under test: files under <dir>/store, or rows of <dir>/keeld.db.
+class ArtifactStoreTest : public ::testing::TestWithParam<Where> {
+ protected:
+  bool InDir() const { return GetParam() == Where::kDir; }
+  void Open(const std::string& name, int keep) {
+    dir_ = TempDir(name + (InDir() ? "_dir" : "_db"));
+    keep_ = keep;
+    Reopen();
+  }
+  // Closes the store and opens it again, as a restarted keeld does.
+  void Reopen() {
+    store_.reset();
+    db_.reset();
+    Status s;
+    if (InDir()) {
+      s = ArtifactStore::OpenDir(dir_ + "/store", keep_, &store_);
+    } else {
+      s = OpenSqliteStore(DbPath(), &db_);
+      if (s.ok()) s = ArtifactStore::OpenInStore(db_.get(), keep_, &store_);
+    }
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
+  std::string DbPath() const { return dir_ + "/keeld.db"; }
+  // What is left of uploads, complete or not: directory entries of a run, or rows.
+  int64_t Leftovers(const std::string& run) {
+    if (!InDir()) return CountRows(DbPath(), "artifacts") + CountRows(DbPath(), "artifact_chunks");
+    std::vector<std::string> names;
+    if (!ListDir(dir_ + "/store/" + run, &names).ok()) return 0;
+    return static_cast<int64_t>(names.size());
+  }
+
+  std::string dir_;
+  int keep_ = 3;
+  std::unique_ptr<Store> db_;
+  std::unique_ptr<ArtifactStore> store_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Places, ArtifactStoreTest, ::testing::Values(Where::kDir, Where::kDb),
+                         [](const ::testing::TestParamInfo<Where>& info) {
+                           return info.param == Where::kDir ? std::string("Dir") : std::string("Db");
+                         });
+
+TEST_P(ArtifactStoreTest, ACheckpointIsCompleteOnlyOnceCommittedAndReadsBackByteForByte) {
+  Open("artifact_commit", 3);
+  ArtifactStore* store = store_.get();
+  const std::string ckpt = MakeCheckpoint(dir_ + "/ckpt", 1);
   std::unique_ptr<ArtifactStore::Upload> upload;
   ASSERT_TRUE(store->BeginUpload(Describe(ckpt, "run-1", 30), &upload).ok());
   int chunks = 0;
@@ -101,65 +194,81 @@ TEST(ArtifactStoreTest, ACheckpointIsCompleteOnlyOnceCommittedWithItsManifest) {
               }).ok());
   EXPECT_EQ(chunks, 1 + 3 + 1);  // the header, model in 3 chunks, optimizer in 1
   // Every byte is there, but nothing is listed before the commit.
-  EXPECT_TRUE(Steps(store.get(), "run-1").empty());
-  EXPECT_FALSE(Exists(dir + "/store/run-1/step_00000030"));
+  EXPECT_TRUE(Steps(store, "run-1").empty());
+  v1::CheckpointHeader h;
+  EXPECT_EQ(store->Find("run-1", 30, &h).code(), StatusCode::kNotFound);
+  if (InDir()) EXPECT_FALSE(Exists(dir_ + "/store/run-1/step_00000030"));
   ASSERT_TRUE(upload->Commit().ok());
-  EXPECT_EQ(Steps(store.get(), "run-1"), std::vector<int64_t>({30}));
-  const std::string stored = dir + "/store/run-1/step_00000030";
-  EXPECT_EQ(Read(stored + "/model.safetensors"), Read(ckpt + "/model.safetensors"));
-  EXPECT_EQ(Read(stored + "/optimizer.safetensors"), Read(ckpt + "/optimizer.safetensors"));
-  const std::string manifest = Read(stored + "/MANIFEST");
-  EXPECT_EQ(manifest.rfind("keel-checkpoint 1\nrun run-1\nstep 30\nfile ", 0), 0u) << manifest;
-  std::vector<std::string> names;
-  ASSERT_TRUE(ListDir(dir + "/store/run-1", &names).ok());
-  EXPECT_EQ(names, std::vector<std::string>({"step_00000030"}));  // no .incoming left
-  // A directory without its MANIFEST is not a checkpoint.
-  ASSERT_TRUE(MakeDirs(dir + "/store/run-1/step_00000040").ok());
-  EXPECT_EQ(Steps(store.get(), "run-1"), std::vector<int64_t>({30}));
+  upload.reset();
+  EXPECT_EQ(Steps(store, "run-1"), std::vector<int64_t>({30}));
+  std::map<std::string, std::string> back = ReadBack(store, "run-1", 30, dir_ + "/back");
+  EXPECT_EQ(back.size(), 2u);
+  EXPECT_EQ(back["model.safetensors"], Read(ckpt + "/model.safetensors"));
+  EXPECT_EQ(back["optimizer.safetensors"], Read(ckpt + "/optimizer.safetensors"));
+  // It survives a restart.
+  Reopen();
+  store = store_.get();
+  EXPECT_EQ(Steps(store, "run-1"), std::vector<int64_t>({30}));
+  EXPECT_EQ(ReadBack(store, "run-1", 0, dir_ + "/back2"), back);
+  if (InDir()) {
+    const std::string stored = dir_ + "/store/run-1/step_00000030";
+    EXPECT_EQ(Read(stored + "/model.safetensors"), Read(ckpt + "/model.safetensors"));
+    const std::string manifest = Read(stored + "/MANIFEST");
+    EXPECT_EQ(manifest.rfind("keel-checkpoint 1\nrun run-1\nstep 30\nfile ", 0), 0u) << manifest;
+    std::vector<std::string> names;
+    ASSERT_TRUE(ListDir(dir_ + "/store/run-1", &names).ok());
+    EXPECT_EQ(names, std::vector<std::string>({"step_00000030"}));  // no .incoming left
+    // A directory without its MANIFEST is not a checkpoint.
+    ASSERT_TRUE(MakeDirs(dir_ + "/store/run-1/step_00000040").ok());
+    EXPECT_EQ(Steps(store, "run-1"), std::vector<int64_t>({30}));
+  } else {
+    EXPECT_EQ(CountRows(DbPath(), "artifacts"), 1);
+    EXPECT_EQ(CountRows(DbPath(), "artifact_chunks"), 4);  // the chunks as they came
+  }
 }
 
-TEST(ArtifactStoreTest, AnInterruptedUploadLeavesNothingThatLooksComplete) {
-  const std::string dir = TempDir("artifact_interrupted");
-  std::unique_ptr<ArtifactStore> store;
-  ASSERT_TRUE(ArtifactStore::Open(dir + "/store", 3, &store).ok());
-  const std::string ckpt = MakeCheckpoint(dir + "/ckpt", 2);
+TEST_P(ArtifactStoreTest, AnInterruptedUploadLeavesNothingThatLooksComplete) {
+  Open("artifact_interrupted", 3);
+  const std::string ckpt = MakeCheckpoint(dir_ + "/ckpt", 2);
   {
     std::unique_ptr<ArtifactStore::Upload> upload;
-    ASSERT_TRUE(store->BeginUpload(Describe(ckpt, "run-1", 10), &upload).ok());
+    ASSERT_TRUE(store_->BeginUpload(Describe(ckpt, "run-1", 10), &upload).ok());
     int sent = 0;
     // The stream breaks after two chunks of data.
     EXPECT_FALSE(SendCheckpoint(ckpt, upload->header(), [&](const v1::CheckpointChunk& c) {
                    if (!c.has_header()) {
-                  EXPECT_TRUE(upload->Add(c).ok());
-                }
+                     EXPECT_TRUE(upload->Add(c).ok());
+                   }
                    return ++sent <= 2;
                  }).ok());
     Status committed = upload->Commit();  // what a handler must not do, refused anyway
     EXPECT_EQ(committed.code(), StatusCode::kDataLoss) << committed.message();
     EXPECT_NE(committed.message().find("bytes arrived (incomplete)"), std::string::npos) << committed.message();
   }
-  EXPECT_TRUE(Steps(store.get(), "run-1").empty());
-  std::vector<std::string> names;
-  ASSERT_TRUE(ListDir(dir + "/store/run-1", &names).ok());
-  EXPECT_TRUE(names.empty()) << names[0];
-  // A keeld killed mid-upload leaves its .incoming directory: Open removes it.
-  ASSERT_TRUE(MakeDirs(dir + "/store/run-1/.incoming-99-1").ok());
-  ASSERT_TRUE(WriteFileAtomic(dir + "/store/run-1/.incoming-99-1/model.safetensors", "part").ok());
-  store.reset();
-  ASSERT_TRUE(ArtifactStore::Open(dir + "/store", 3, &store).ok());
-  ASSERT_TRUE(ListDir(dir + "/store/run-1", &names).ok());
-  EXPECT_TRUE(names.empty());
+  EXPECT_TRUE(Steps(store_.get(), "run-1").empty());
+  EXPECT_EQ(Leftovers("run-1"), 0);
+  // A keeld killed mid-upload leaves its partial upload: opening removes it.
+  if (InDir()) {
+    ASSERT_TRUE(MakeDirs(dir_ + "/store/run-1/.incoming-99-1").ok());
+    ASSERT_TRUE(WriteFileAtomic(dir_ + "/store/run-1/.incoming-99-1/model.safetensors", "part").ok());
+  } else {
+    int64_t id = 0;
+    ASSERT_TRUE(db_->BeginArtifact("run-1", 10, "keel-checkpoint 1\n", &id).ok());
+    ASSERT_TRUE(db_->AppendArtifactChunk(id, 0, 0, "part").ok());
+  }
+  EXPECT_GT(Leftovers("run-1"), 0);
+  EXPECT_TRUE(Steps(store_.get(), "run-1").empty());
+  Reopen();
+  EXPECT_EQ(Leftovers("run-1"), 0);
 }
 
-TEST(ArtifactStoreTest, ChecksumMismatchesAreRefusedAndStoreNothing) {
-  const std::string dir = TempDir("artifact_crc");
-  std::unique_ptr<ArtifactStore> store;
-  ASSERT_TRUE(ArtifactStore::Open(dir + "/store", 3, &store).ok());
-  const std::string ckpt = MakeCheckpoint(dir + "/ckpt", 3);
+TEST_P(ArtifactStoreTest, ChecksumMismatchesAreRefusedAndStoreNothing) {
+  Open("artifact_crc", 3);
+  const std::string ckpt = MakeCheckpoint(dir_ + "/ckpt", 3);
   // A chunk whose bytes changed in flight: its CRC no longer matches.
   {
     std::unique_ptr<ArtifactStore::Upload> upload;
-    ASSERT_TRUE(store->BeginUpload(Describe(ckpt, "run-1", 10), &upload).ok());
+    ASSERT_TRUE(store_->BeginUpload(Describe(ckpt, "run-1", 10), &upload).ok());
     Status refused = Status::Ok();
     SendCheckpoint(ckpt, upload->header(), [&](const v1::CheckpointChunk& c) {
       if (c.has_header()) return true;
@@ -179,7 +288,7 @@ TEST(ArtifactStoreTest, ChecksumMismatchesAreRefusedAndStoreNothing) {
     v1::CheckpointHeader h = Describe(ckpt, "run-1", 10);
     h.mutable_files(1)->set_crc32(h.files(1).crc32() ^ 1);
     std::unique_ptr<ArtifactStore::Upload> upload;
-    ASSERT_TRUE(store->BeginUpload(h, &upload).ok());
+    ASSERT_TRUE(store_->BeginUpload(h, &upload).ok());
     v1::CheckpointHeader truth = Describe(ckpt, "run-1", 10);
     SendCheckpoint(ckpt, truth, [&](const v1::CheckpointChunk& c) { return c.has_header() || upload->Add(c).ok(); });
     Status committed = upload->Commit();
@@ -187,14 +296,13 @@ TEST(ArtifactStoreTest, ChecksumMismatchesAreRefusedAndStoreNothing) {
     EXPECT_NE(committed.message().find("file 'optimizer.safetensors': CRC-32"), std::string::npos) << committed.message();
     EXPECT_NE(committed.message().find("(corrupt)"), std::string::npos);
   }
-  EXPECT_TRUE(Steps(store.get(), "run-1").empty());
+  EXPECT_TRUE(Steps(store_.get(), "run-1").empty());
+  EXPECT_EQ(Leftovers("run-1"), 0);
 }
 
-TEST(ArtifactStoreTest, BadRunIdsStepsAndFileNamesAreRefusedBeforeTheyBecomePaths) {
-  const std::string dir = TempDir("artifact_names");
-  std::unique_ptr<ArtifactStore> store;
-  ASSERT_TRUE(ArtifactStore::Open(dir + "/store", 3, &store).ok());
-  const std::string ckpt = MakeCheckpoint(dir + "/ckpt", 4);
+TEST_P(ArtifactStoreTest, BadRunIdsStepsAndFileNamesAreRefusedBeforeTheyBecomePathsOrRows) {
+  Open("artifact_names", 3);
+  const std::string ckpt = MakeCheckpoint(dir_ + "/ckpt", 4);
   struct Case {
     std::string run;
     int64_t step;
@@ -220,98 +328,135 @@ TEST(ArtifactStoreTest, BadRunIdsStepsAndFileNamesAreRefusedBeforeTheyBecomePath
     h.set_step(c.step);
     if (!c.file.empty()) h.mutable_files(0)->set_name(c.file);
     std::unique_ptr<ArtifactStore::Upload> upload;
-    Status s = store->BeginUpload(h, &upload);
+    Status s = store_->BeginUpload(h, &upload);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.run << " " << c.step << " " << c.file;
     EXPECT_NE(s.message().find(c.expect), std::string::npos) << s.message();
   }
   v1::CheckpointHeader h;
-  std::string found;
-  EXPECT_EQ(store->Find("../state", 0, &h, &found).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Find("../state", 0, &h).code(), StatusCode::kInvalidArgument);
   std::vector<int64_t> steps;
-  EXPECT_EQ(store->Steps("..", &steps).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Steps("..", &steps).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Prune("../x", 0).code(), StatusCode::kInvalidArgument);
   // Nothing was created anywhere.
-  std::vector<std::string> names;
-  ASSERT_TRUE(ListDir(dir + "/store", &names).ok());
-  EXPECT_TRUE(names.empty());
-  ASSERT_TRUE(ListDir(dir, &names).ok());
-  EXPECT_EQ(names, std::vector<std::string>({"ckpt", "store"}));
+  if (InDir()) {
+    std::vector<std::string> names;
+    ASSERT_TRUE(ListDir(dir_ + "/store", &names).ok());
+    EXPECT_TRUE(names.empty());
+    ASSERT_TRUE(ListDir(dir_, &names).ok());
+    EXPECT_EQ(names, std::vector<std::string>({"ckpt", "store"}));
+  } else {
+    EXPECT_EQ(Leftovers(""), 0);
+  }
   // Bad keep.
-  EXPECT_EQ(ArtifactStore::Open(dir + "/other", 0, &store).message(),
+  std::unique_ptr<ArtifactStore> other;
+  EXPECT_EQ(ArtifactStore::OpenDir(dir_ + "/other", 0, &other).message(),
+            "--artifact-keep: 0 is not allowed (allowed: >= 1)");
+  std::unique_ptr<Store> db;
+  ASSERT_TRUE(OpenSqliteStore(dir_ + "/other.db", &db).ok());
+  EXPECT_EQ(ArtifactStore::OpenInStore(db.get(), 0, &other).message(),
             "--artifact-keep: 0 is not allowed (allowed: >= 1)");
 }
 
-TEST(ArtifactStoreTest, RetentionKeepsTheNewestAndTheOneTheRunResumesFrom) {
-  const std::string dir = TempDir("artifact_retention");
-  std::unique_ptr<ArtifactStore> store;
-  ASSERT_TRUE(ArtifactStore::Open(dir + "/store", 2, &store).ok());
-  const std::string ckpt = MakeCheckpoint(dir + "/ckpt", 5);
+TEST_P(ArtifactStoreTest, RetentionKeepsTheNewestAndTheOneTheRunResumesFrom) {
+  Open("artifact_retention", 2);
+  ArtifactStore* store = store_.get();
+  const std::string ckpt = MakeCheckpoint(dir_ + "/ckpt", 5);
   for (int64_t step : {10, 20, 30, 40}) {
-    Status s = Upload(store.get(), ckpt, "run-1", step);
+    Status s = Upload(store, ckpt, "run-1", step);
     ASSERT_TRUE(s.ok()) << s.message();
     ASSERT_TRUE(store->Prune("run-1", /*protect=*/10).ok());
   }
-  EXPECT_EQ(Steps(store.get(), "run-1"), std::vector<int64_t>({10, 30, 40}));
+  EXPECT_EQ(Steps(store, "run-1"), std::vector<int64_t>({10, 30, 40}));
   ASSERT_TRUE(store->Prune("run-1", 0).ok());
-  EXPECT_EQ(Steps(store.get(), "run-1"), std::vector<int64_t>({30, 40}));
+  EXPECT_EQ(Steps(store, "run-1"), std::vector<int64_t>({30, 40}));
   // Another run's checkpoints are its own.
-  ASSERT_TRUE(Upload(store.get(), ckpt, "run-2", 5).ok());
+  ASSERT_TRUE(Upload(store, ckpt, "run-2", 5).ok());
   ASSERT_TRUE(store->Prune("run-2", 0).ok());
-  EXPECT_EQ(Steps(store.get(), "run-1"), std::vector<int64_t>({30, 40}));
-  EXPECT_EQ(Steps(store.get(), "run-2"), std::vector<int64_t>({5}));
+  EXPECT_EQ(Steps(store, "run-1"), std::vector<int64_t>({30, 40}));
+  EXPECT_EQ(Steps(store, "run-2"), std::vector<int64_t>({5}));
   // A rollback to 35 abandons 40.
   int64_t newest = -1;
   ASSERT_TRUE(store->DropAfter("run-1", 35, &newest).ok());
   EXPECT_EQ(newest, 30);
-  EXPECT_EQ(Steps(store.get(), "run-1"), std::vector<int64_t>({30}));
-  std::vector<std::string> names;
-  ASSERT_TRUE(ListDir(dir + "/store/run-1", &names).ok());
-  EXPECT_EQ(names, std::vector<std::string>({"step_00000030"}));  // no .removed left
+  EXPECT_EQ(Steps(store, "run-1"), std::vector<int64_t>({30}));
+  if (InDir()) {
+    std::vector<std::string> names;
+    ASSERT_TRUE(ListDir(dir_ + "/store/run-1", &names).ok());
+    EXPECT_EQ(names, std::vector<std::string>({"step_00000030"}));  // no .removed left
+  } else {
+    // Two checkpoints (run-1 step 30, run-2 step 5) of 4 chunks each: the
+    // deleted ones took their chunks with them.
+    EXPECT_EQ(CountRows(DbPath(), "artifacts"), 2);
+    EXPECT_EQ(CountRows(DbPath(), "artifact_chunks"), 8);
+  }
 }
 
-TEST(ArtifactStoreTest, UploadingTheSameCheckpointAgainIsHarmlessAndANewOneOfTheStepReplacesIt) {
-  const std::string dir = TempDir("artifact_idempotent");
-  std::unique_ptr<ArtifactStore> store;
-  ASSERT_TRUE(ArtifactStore::Open(dir + "/store", 3, &store).ok());
-  const std::string ckpt = MakeCheckpoint(dir + "/ckpt", 6);
+TEST_P(ArtifactStoreTest, UploadingTheSameCheckpointAgainIsHarmlessAndANewOneOfTheStepReplacesIt) {
+  Open("artifact_idempotent", 3);
+  ArtifactStore* store = store_.get();
+  const std::string ckpt = MakeCheckpoint(dir_ + "/ckpt", 6);
   bool already = true;
-  ASSERT_TRUE(Upload(store.get(), ckpt, "run-1", 20, &already).ok());
+  ASSERT_TRUE(Upload(store, ckpt, "run-1", 20, &already).ok());
   EXPECT_FALSE(already);
-  ASSERT_TRUE(Upload(store.get(), ckpt, "run-1", 20, &already).ok());
+  ASSERT_TRUE(Upload(store, ckpt, "run-1", 20, &already).ok());
   EXPECT_TRUE(already);
-  EXPECT_EQ(Steps(store.get(), "run-1"), std::vector<int64_t>({20}));
+  EXPECT_EQ(Steps(store, "run-1"), std::vector<int64_t>({20}));
   // Step 20 again after a rollback: other weights, which replace the old ones.
-  const std::string other = MakeCheckpoint(dir + "/other", 7);
-  ASSERT_TRUE(Upload(store.get(), other, "run-1", 20, &already).ok());
+  const std::string other = MakeCheckpoint(dir_ + "/other", 7);
+  ASSERT_TRUE(Upload(store, other, "run-1", 20, &already).ok());
   EXPECT_FALSE(already);
-  EXPECT_EQ(Read(dir + "/store/run-1/step_00000020/model.safetensors"), Read(other + "/model.safetensors"));
-  std::vector<std::string> names;
-  ASSERT_TRUE(ListDir(dir + "/store/run-1", &names).ok());
-  EXPECT_EQ(names, std::vector<std::string>({"step_00000020"}));
+  EXPECT_EQ(Steps(store, "run-1"), std::vector<int64_t>({20}));
+  EXPECT_EQ(ReadBack(store, "run-1", 20, dir_ + "/back")["model.safetensors"], Read(other + "/model.safetensors"));
+  if (InDir()) {
+    EXPECT_EQ(Read(dir_ + "/store/run-1/step_00000020/model.safetensors"), Read(other + "/model.safetensors"));
+    std::vector<std::string> names;
+    ASSERT_TRUE(ListDir(dir_ + "/store/run-1", &names).ok());
+    EXPECT_EQ(names, std::vector<std::string>({"step_00000020"}));
+  } else {
+    EXPECT_EQ(CountRows(DbPath(), "artifacts"), 1);
+    EXPECT_EQ(CountRows(DbPath(), "artifact_chunks"), 4);
+  }
 }
 
-TEST(ArtifactStoreTest, FindNamesTheRunTheStepAndWhatExists) {
-  const std::string dir = TempDir("artifact_find");
-  std::unique_ptr<ArtifactStore> store;
-  ASSERT_TRUE(ArtifactStore::Open(dir + "/store", 3, &store).ok());
+TEST_P(ArtifactStoreTest, FindNamesTheRunTheStepAndWhatExists) {
+  Open("artifact_find", 3);
+  ArtifactStore* store = store_.get();
   v1::CheckpointHeader h;
-  std::string found;
-  Status s = store->Find("run-9", 0, &h, &found);
+  Status s = store->Find("run-9", 0, &h);
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_EQ(s.message(), "run run-9: no checkpoint in the artifact store (steps stored: none)");
-  const std::string ckpt = MakeCheckpoint(dir + "/ckpt", 8);
-  ASSERT_TRUE(Upload(store.get(), ckpt, "run-9", 10).ok());
-  ASSERT_TRUE(Upload(store.get(), ckpt, "run-9", 20).ok());
-  s = store->Find("run-9", 15, &h, &found);
+  const std::string ckpt = MakeCheckpoint(dir_ + "/ckpt", 8);
+  ASSERT_TRUE(Upload(store, ckpt, "run-9", 10).ok());
+  ASSERT_TRUE(Upload(store, ckpt, "run-9", 20).ok());
+  s = store->Find("run-9", 15, &h);
   EXPECT_EQ(s.message(), "run run-9: no checkpoint of step 15 in the artifact store (steps stored: 10, 20)");
-  ASSERT_TRUE(store->Find("run-9", 0, &h, &found).ok());
+  ASSERT_TRUE(store->Find("run-9", 0, &h).ok());
   EXPECT_EQ(h.step(), 20);
-  EXPECT_EQ(found, dir + "/store/run-9/step_00000020");
+  EXPECT_EQ(h.run_id(), "run-9");
   EXPECT_EQ(h.files_size(), 2);
-  // A manifest that was tampered with is refused, naming it.
-  ASSERT_TRUE(WriteFileAtomic(found + "/MANIFEST", "keel-checkpoint 1\nrun run-9\nstep 20\nfile zz 1 x\n").ok());
-  s = store->Find("run-9", 20, &h, &found);
-  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
-  EXPECT_NE(s.message().find("MANIFEST:4: 'file zz 1 x' is not a file line"), std::string::npos) << s.message();
+  if (InDir()) {
+    // A manifest that was tampered with is refused, naming it.
+    const std::string found = dir_ + "/store/run-9/step_00000020";
+    ASSERT_TRUE(WriteFileAtomic(found + "/MANIFEST", "keel-checkpoint 1\nrun run-9\nstep 20\nfile zz 1 x\n").ok());
+    s = store->Find("run-9", 20, &h);
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+    EXPECT_NE(s.message().find("MANIFEST:4: 'file zz 1 x' is not a file line"), std::string::npos) << s.message();
+  } else {
+    // A chunk that went missing from the database ends the stream with an
+    // error naming the checkpoint, the file and the byte.
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open(DbPath().c_str(), &raw), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(raw, "DELETE FROM artifact_chunks WHERE byte_offset = 1048576 AND artifact_id = "
+                                "(SELECT id FROM artifacts WHERE step = 20)",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(raw);
+    s = store->Send(h, [](const v1::CheckpointChunk&) { return true; });
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.message();
+    EXPECT_NE(s.message().find("run run-9 step 20 in the store, file 'model.safetensors': no stored bytes at byte 1048576"),
+              std::string::npos)
+        << s.message();
+  }
 }
 
 TEST(CheckpointTransferTest, ARoundTripIsByteExactAndACorruptTransferLeavesNothing) {

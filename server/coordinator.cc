@@ -975,8 +975,7 @@ grpc::Status Coordinator::CheckpointUploaded(const std::string& worker_id, const
   return grpc::Status::OK;
 }
 
-grpc::Status Coordinator::FindArtifact(const std::string& run_id, int64_t step, v1::CheckpointHeader* header,
-                                       std::string* dir) {
+grpc::Status Coordinator::FindArtifact(const std::string& run_id, int64_t step, v1::CheckpointHeader* header) {
   if (!options_.artifacts) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "keeld has no artifact store");
   }
@@ -988,7 +987,7 @@ grpc::Status Coordinator::FindArtifact(const std::string& run_id, int64_t step, 
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "step: " + std::to_string(step) + " is not allowed (allowed: 0 for the newest, or a step)");
   }
-  return FromStatus(options_.artifacts->Find(run_id, step, header, dir));
+  return FromStatus(options_.artifacts->Find(run_id, step, header));
 }
 
 void Coordinator::AcceptMetric(v1::Run* r, const v1::MetricPoint& point) {

@@ -206,8 +206,9 @@ class Coordinator {
   grpc::Status CheckpointUploaded(const std::string& worker_id, const v1::CheckpointHeader& header, bool* recorded,
                                   int64_t* protect);
   // A stored checkpoint of a run keeld knows (step 0: the newest): its
-  // manifest and directory. NOT_FOUND names the run, the step and what exists.
-  grpc::Status FindArtifact(const std::string& run_id, int64_t step, v1::CheckpointHeader* header, std::string* dir);
+  // manifest (artifacts()->Send streams it). NOT_FOUND names the run, the
+  // step and what exists.
+  grpc::Status FindArtifact(const std::string& run_id, int64_t step, v1::CheckpointHeader* header);
 
   // Lease expiry, run progress saving and scheduling; keeld calls it every ~100 ms.
   void Tick();

@@ -37,7 +37,7 @@ v1::CheckpointHeader Header(const std::string& run, int64_t attempt, int64_t ste
 
 TEST(CoordinatorArtifactsTest, OnlyTheCurrentAttemptsNewerCheckpointBecomesTheArtifactStep) {
   std::unique_ptr<ArtifactStore> store;
-  ASSERT_TRUE(ArtifactStore::Open(ArtifactDir("hooks"), 2, &store).ok());
+  ASSERT_TRUE(ArtifactStore::OpenDir(ArtifactDir("hooks"), 2, &store).ok());
   CoordinatorOptions options = TestOptions();
   options.artifacts = store.get();
   Fixture f(DbPath("artifact_hooks"), options);
@@ -92,11 +92,10 @@ TEST(CoordinatorArtifactsTest, OnlyTheCurrentAttemptsNewerCheckpointBecomesTheAr
   // Nothing was written into the store by these hooks (the worker's upload
   // does that): FindArtifact says what it looked for.
   v1::CheckpointHeader found;
-  std::string dir;
-  s = f.c->FindArtifact(run, 200, &found, &dir);
+  s = f.c->FindArtifact(run, 200, &found);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_NE(s.error_message().find(run), std::string::npos) << s.error_message();
-  EXPECT_EQ(f.c->FindArtifact("run-404", 0, &found, &dir).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(f.c->FindArtifact("run-404", 0, &found).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
 TEST(CoordinatorArtifactsTest, WithoutAnArtifactStoreTheHooksRefuse) {
@@ -105,8 +104,7 @@ TEST(CoordinatorArtifactsTest, WithoutAnArtifactStoreTheHooksRefuse) {
   const auto [worker, run] = f.OneRunOnAWorker(&sent, 1);
   EXPECT_EQ(f.c->CheckUpload(worker, Header(run, 1, 100)).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   v1::CheckpointHeader found;
-  std::string dir;
-  grpc::Status s = f.c->FindArtifact(run, 0, &found, &dir);
+  grpc::Status s = f.c->FindArtifact(run, 0, &found);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(s.error_message().find("no artifact store"), std::string::npos) << s.error_message();
 }

@@ -51,6 +51,13 @@ class FlakyStore : public Store {
   Status UpsertWorker(const v1::Worker& worker) override { return inner_->UpsertWorker(worker); }
   Status ListWorkers(std::vector<v1::Worker>* out) override { return inner_->ListWorkers(out); }
   Status GetWorker(const std::string& id, v1::Worker* out) override { return inner_->GetWorker(id, out); }
+  Status BeginArtifact(const std::string& run_id, int64_t step, const std::string& manifest, int64_t* id) override { return inner_->BeginArtifact(run_id, step, manifest, id); }
+  Status AppendArtifactChunk(int64_t id, int file, int64_t offset, const std::string& data) override { return inner_->AppendArtifactChunk(id, file, offset, data); }
+  Status CommitArtifact(int64_t id) override { return inner_->CommitArtifact(id); }
+  Status DeleteArtifact(int64_t id) override { return inner_->DeleteArtifact(id); }
+  Status DeleteUncommittedArtifacts() override { return inner_->DeleteUncommittedArtifacts(); }
+  Status ListArtifacts(const std::string& run_id, std::vector<StoredArtifact>* out) override { return inner_->ListArtifacts(run_id, out); }
+  Status ReadArtifactChunk(int64_t id, int file, int64_t offset, std::string* data) override { return inner_->ReadArtifactChunk(id, file, offset, data); }
   Status Counts(int64_t* sweeps, int64_t* runs, int64_t* metric_points) override { return inner_->Counts(sweeps, runs, metric_points); }
   void SetWriteObserver(std::function<void(double)> observer) override { inner_->SetWriteObserver(std::move(observer)); }
   Status CheckOwnership() override { return inner_->CheckOwnership(); }

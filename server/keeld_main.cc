@@ -3,7 +3,7 @@
 //         [--user-tokens-file F] [--worker-token-file F]
 //         [--tls-cert F --tls-key F [--tls-client-ca F]] [--lease-ms N] [--heartbeat-ms N]
 //         [--standby]
-//         [--artifact-dir DIR] [--artifact-keep K]
+//         [--artifact-store dir|db] [--artifact-dir DIR] [--artifact-keep K]
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -77,9 +77,12 @@ const char kUsage[] =
     "  --heartbeat-ms N         heartbeat interval asked of workers (default 1000)\n"
     "  --restart-backoff-ms N   a run whose trainer failed waits N ms before its first restart,\n"
     "                           doubling for each further one, at most 60 s (default 1000)\n"
-    "  --artifact-dir DIR       the artifact store: checkpoints workers upload, so that a run\n"
+    "  --artifact-store WHERE   the artifact store: checkpoints workers upload, so that a run\n"
     "                           resumes on a host without them and `keel fetch` can download\n"
-    "                           them (default <state-dir>/artifacts)\n"
+    "                           them. 'dir' (default): files under --artifact-dir; 'db': rows of\n"
+    "                           the --store database, so that a --standby keeld on another host\n"
+    "                           serves them after it takes over (give both keelds 'db')\n"
+    "  --artifact-dir DIR       where 'dir' keeps them (default <state-dir>/artifacts)\n"
     "  --artifact-keep K        checkpoints kept per run in the artifact store: the newest K,\n"
     "                           and always the one the run resumes from (default 3)\n"
     "Slurm (docs/deploy.md): grow the fleet with keel-worker batch jobs while runs wait\n"
@@ -115,6 +118,7 @@ bool ReadPem(const std::string& path, std::string* out) {
 int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7070", state_dir = "keeld-state", metrics_listen = "127.0.0.1:9464";
   std::string user_tokens_file, worker_token_file, tls_cert, tls_key, tls_ca, store_url, artifact_dir;
+  std::string artifact_store = "dir";
   bool standby = false;
   int64_t artifact_keep = keel::kDefaultArtifactKeep;
   keel::CoordinatorOptions options;
@@ -142,12 +146,21 @@ int main(int argc, char** argv) {
   app.add_option("--slurm-max-jobs", slurm_options.max_jobs)->check(keel::IntFlag(1, 10000));
   app.add_option("--slurm-job-name", slurm_options.job_name);
   app.add_option("--slurm-server", slurm_server);
+  app.add_option("--artifact-store", artifact_store);
   app.add_option("--artifact-dir", artifact_dir);
   app.add_option("--artifact-keep", artifact_keep)->check(keel::IntFlag(1, 1000000));
   const keel::FlagsOutcome flags = keel::ParseFlags(app, "keeld", kUsage, argc, argv);
   if (!flags.proceed) return flags.exit_code;
   metrics_retention_ms = metrics_retention_s * 1000;
   if (tls_cert.empty() != tls_key.empty()) return Fail("--tls-cert and --tls-key go together");
+  if (artifact_store != "dir" && artifact_store != "db") {
+    return Fail("--artifact-store: '" + artifact_store + "' is not allowed (allowed: dir, db)");
+  }
+  const bool artifacts_in_db = artifact_store == "db";
+  if (artifacts_in_db && app.count("--artifact-dir")) {
+    return Fail("--artifact-dir: given with --artifact-store db, which keeps checkpoints in the store's database; "
+                "give one or the other");
+  }
   const bool slurm = !slurm_options.script.empty();
   if (!slurm && (app.count("--slurm-sbatch-args") || app.count("--slurm-max-jobs") || app.count("--slurm-job-name") ||
                  app.count("--slurm-server"))) {
@@ -209,9 +222,11 @@ int main(int argc, char** argv) {
   const std::string store_name = postgres ? keel::RedactStoreUrl(store_location.target) : "sqlite:" + store_location.target;
   if (artifact_dir.empty()) artifact_dir = state_dir + "/artifacts";
   std::unique_ptr<keel::ArtifactStore> artifacts;
-  s = keel::ArtifactStore::Open(artifact_dir, static_cast<int>(artifact_keep), &artifacts);
-  if (!s.ok()) return Fail(s.message());
-  options.artifacts = artifacts.get();
+  if (!artifacts_in_db) {
+    s = keel::ArtifactStore::OpenDir(artifact_dir, static_cast<int>(artifact_keep), &artifacts);
+    if (!s.ok()) return Fail(s.message());
+    options.artifacts = artifacts.get();
+  }
 
   // The store, then the coordinator loaded from it: at once for an active
   // keeld (before it listens, so a bad store changes nothing), or once the
@@ -252,6 +267,11 @@ int main(int argc, char** argv) {
     if (!st.ok()) return store_given ? keel::Status::Error("--store: " + st.message()) : st;
     store->SetWriteObserver([&metrics](double seconds) { metrics.ObserveStoreWrite(seconds); });
     store_raw = store.get();
+    if (artifacts_in_db) {
+      // In the store: opened once the store is this keeld's (a standby's too).
+      KEEL_RETURN_IF_ERROR(keel::ArtifactStore::OpenInStore(store.get(), static_cast<int>(artifact_keep), &artifacts));
+      options.artifacts = artifacts.get();
+    }
     return keel::Coordinator::Open(std::move(store), options, &coordinator);
   };
   if (!standby) {
@@ -324,7 +344,7 @@ int main(int argc, char** argv) {
                "keeld: listening on %s (port %d%s), state in %s, store %s (schema version %d), artifacts in %s "
                "(keep %d a run), metrics on %s\n",
                listen.c_str(), port, tls_cert.empty() ? "" : ", TLS", state_dir.c_str(), store_name.c_str(),
-               keel::kStoreSchemaVersion, artifact_dir.c_str(), artifacts->keep(), metrics_listen.c_str());
+               keel::kStoreSchemaVersion, artifacts->Where().c_str(), artifacts->keep(), metrics_listen.c_str());
   std::unique_ptr<keel::SlurmFleet> fleet_jobs;
   if (slurm) {
     if (slurm_server.empty()) {

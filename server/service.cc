@@ -60,10 +60,9 @@ grpc::Status WorkerId(const grpc::ServerContext& ctx, std::string* id) {
 grpc::Status SendArtifact(Coordinator* c, const v1::DownloadCheckpointRequest& req,
                           grpc::ServerWriter<v1::CheckpointChunk>* writer) {
   v1::CheckpointHeader header;
-  std::string dir;
-  grpc::Status found = c->FindArtifact(req.run_id(), req.step(), &header, &dir);
+  grpc::Status found = c->FindArtifact(req.run_id(), req.step(), &header);
   if (!found.ok()) return found;
-  Status sent = SendCheckpoint(dir, header, [writer](const v1::CheckpointChunk& chunk) { return writer->Write(chunk); });
+  Status sent = c->artifacts()->Send(header, [writer](const v1::CheckpointChunk& chunk) { return writer->Write(chunk); });
   if (!sent.ok()) {
     return ToGrpcStatus(sent.WithPrefix("run " + req.run_id() + " step " + std::to_string(header.step()) + ": "));
   }

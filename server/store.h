@@ -143,6 +143,39 @@ class Store {
   virtual Status ListWorkers(std::vector<v1::Worker>* out) = 0;
   virtual Status GetWorker(const std::string& id, v1::Worker* out) = 0;
 
+  // ---- Artifacts ---------------------------------------------------------------------
+  // Checkpoints workers upload, kept in the database when keeld runs with
+  // --artifact-store db (artifact_store.h), so that a keeld on another host
+  // (a standby taking over) serves them. An artifact is one checkpoint of one
+  // run and step: its MANIFEST text (checkpoint_transfer.h FormatManifest) and
+  // its files' bytes as the chunks that arrived. It is an upload, listed by
+  // nobody, until CommitArtifact.
+
+  struct StoredArtifact {
+    int64_t id = 0;
+    int64_t step = 0;
+    std::string manifest;
+  };
+  // Starts an upload of run_id's checkpoint at `step`; *id names it. The run
+  // need not be stored (the artifact store checks uploads against keeld's runs).
+  virtual Status BeginArtifact(const std::string& run_id, int64_t step, const std::string& manifest,
+                               int64_t* id) = 0;
+  // Stores the bytes of file `file` (its index in the manifest) at `offset`.
+  virtual Status AppendArtifactChunk(int64_t id, int file, int64_t offset, const std::string& data) = 0;
+  // Makes upload `id` its run's checkpoint of its step, in one transaction
+  // with deleting the one stored for that step before (if any). NotFound when
+  // `id` names no upload.
+  virtual Status CommitArtifact(int64_t id) = 0;
+  // Deletes an upload or a committed artifact, with its chunks (none: OK).
+  virtual Status DeleteArtifact(int64_t id) = 0;
+  // Deletes every upload never committed (keeld's start: they were cut off).
+  virtual Status DeleteUncommittedArtifacts() = 0;
+  // The committed artifacts of run_id, ascending by step.
+  virtual Status ListArtifacts(const std::string& run_id, std::vector<StoredArtifact>* out) = 0;
+  // The chunk of file `file` of artifact `id` stored at `offset`: NotFound
+  // when there is none (the reader asks for the offsets that were stored).
+  virtual Status ReadArtifactChunk(int64_t id, int file, int64_t offset, std::string* data) = 0;
+
   // ---- Export ----------------------------------------------------------------------
 
   // Totals for the Prometheus exporter; any pointer may be null.
@@ -173,7 +206,9 @@ class Store {
 //    whose key is already stored is not stored again. PostgreSQL also gets
 //    `keeld_epoch`, one row counting the times a keeld took the database's
 //    lock (the fencing rule: OpenPostgresStore).
-constexpr int kStoreSchemaVersion = 3;
+// 4: artifacts and artifact_chunks: uploaded checkpoints kept in the
+//    database (keeld --artifact-store db).
+constexpr int kStoreSchemaVersion = 4;
 
 // Opens the SQLite store at `path`, creating the file and its schema when
 // missing, and upgrading an older schema in place (one transaction). The

@@ -820,6 +820,85 @@ class PostgresStore : public Store {
     return InTransaction(db_.get(), false, [] { return Status::Ok(); });
   }
 
+  Status BeginArtifact(const std::string& run_id, int64_t step, const std::string& manifest, int64_t* id) override {
+    KEEL_RETURN_IF_ERROR(RequireId(run_id, "BeginArtifact: run"));
+    std::lock_guard<std::mutex> lock(mu_);
+    return WriteTransaction([&]() -> Status {
+      Result r;
+      KEEL_RETURN_IF_ERROR(db_->Exec("INSERT INTO artifacts(run_id, step, manifest, committed) "
+                                     "VALUES($1, $2, $3, FALSE) RETURNING id",
+                                     Params().Text(run_id).Int(step).Text(manifest), &r));
+      if (r.rows() != 1) return Status::Error("store: BeginArtifact returned no id");
+      *id = r.Int(0, 0);
+      return Status::Ok();
+    });
+  }
+
+  Status AppendArtifactChunk(int64_t id, int file, int64_t offset, const std::string& data) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return WriteTransaction([&]() -> Status {
+      Result r;
+      KEEL_RETURN_IF_ERROR(
+          db_->Exec("SELECT 1 FROM artifacts WHERE id = $1 AND NOT committed", Params().Int(id), &r));
+      if (r.rows() == 0) return NotFoundError("artifact upload", std::to_string(id));
+      return db_->Exec("INSERT INTO artifact_chunks(artifact_id, file, byte_offset, data) VALUES($1, $2, $3, $4)",
+                       Params().Int(id).Int(file).Int(offset).Bytes(data));
+    });
+  }
+
+  Status CommitArtifact(int64_t id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return WriteTransaction([&]() -> Status {
+      Result r;
+      KEEL_RETURN_IF_ERROR(db_->Exec("SELECT run_id, step FROM artifacts WHERE id = $1 AND NOT committed FOR UPDATE",
+                                     Params().Int(id), &r));
+      if (r.rows() == 0) return NotFoundError("artifact upload", std::to_string(id));
+      // The checkpoint stored for this step before, with its chunks (ON DELETE CASCADE).
+      KEEL_RETURN_IF_ERROR(db_->Exec("DELETE FROM artifacts WHERE run_id = $1 AND step = $2 AND committed",
+                                     Params().Text(r.Text(0, 0)).Int(r.Int(0, 1))));
+      return db_->Exec("UPDATE artifacts SET committed = TRUE WHERE id = $1", Params().Int(id));
+    });
+  }
+
+  Status DeleteArtifact(int64_t id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return WriteTransaction([&]() { return db_->Exec("DELETE FROM artifacts WHERE id = $1", Params().Int(id)); });
+  }
+
+  Status DeleteUncommittedArtifacts() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return WriteTransaction([&]() { return db_->Exec("DELETE FROM artifacts WHERE NOT committed"); });
+  }
+
+  Status ListArtifacts(const std::string& run_id, std::vector<StoredArtifact>* out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    out->clear();
+    return InTransaction(db_.get(), false, [&]() -> Status {
+      Result r;
+      KEEL_RETURN_IF_ERROR(db_->Exec("SELECT id, step, manifest FROM artifacts WHERE run_id = $1 AND committed "
+                                     "ORDER BY step",
+                                     Params().Text(run_id), &r));
+      for (int i = 0; i < r.rows(); ++i) out->push_back({r.Int(i, 0), r.Int(i, 1), r.Text(i, 2)});
+      return Status::Ok();
+    });
+  }
+
+  Status ReadArtifactChunk(int64_t id, int file, int64_t offset, std::string* data) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return InTransaction(db_.get(), false, [&]() -> Status {
+      Result r;
+      KEEL_RETURN_IF_ERROR(db_->Exec("SELECT data FROM artifact_chunks WHERE artifact_id = $1 AND file = $2 AND "
+                                     "byte_offset = $3",
+                                     Params().Int(id).Int(file).Int(offset), &r));
+      if (r.rows() == 0) {
+        return NotFoundError("chunk of artifact " + std::to_string(id) + " file " + std::to_string(file) + " at byte",
+                             std::to_string(offset));
+      }
+      *data = r.Text(0, 0);
+      return Status::Ok();
+    });
+  }
+
   Status Counts(int64_t* sweeps, int64_t* runs, int64_t* metric_points) override {
     std::lock_guard<std::mutex> lock(mu_);
     return InTransaction(db_.get(), false, [&]() -> Status {
@@ -999,13 +1078,36 @@ Status MigrateV2ToV3(Connection* db) {
   return db->Exec("INSERT INTO keeld_epoch(epoch) VALUES (0)");
 }
 
+// Version 4: uploaded checkpoints in the database (keeld --artifact-store db),
+// as in store_sqlite.cc: an artifact is an upload until committed; its chunks
+// (file index, byte offset, at most 1 MiB each) go with it.
+Status MigrateV3ToV4(Connection* db) {
+  return db->ExecScript(R"sql(
+CREATE TABLE artifacts (
+  id BIGSERIAL PRIMARY KEY,
+  run_id TEXT NOT NULL,
+  step BIGINT NOT NULL,
+  manifest TEXT NOT NULL,
+  committed BOOLEAN NOT NULL
+);
+CREATE INDEX artifacts_by_run ON artifacts(run_id, committed, step);
+CREATE TABLE artifact_chunks (
+  artifact_id BIGINT NOT NULL REFERENCES artifacts(id) ON DELETE CASCADE,
+  file BIGINT NOT NULL,
+  byte_offset BIGINT NOT NULL,
+  data BYTEA NOT NULL,
+  PRIMARY KEY (artifact_id, file, byte_offset)
+);
+)sql");
+}
+
 // The schema's history, as in store_sqlite.cc: step i takes a database from
 // version to_version - 1 to to_version.
 struct Migration {
   int64_t to_version;
   Status (*apply)(Connection* db);
 };
-constexpr Migration kMigrations[] = {{1, CreateV1}, {2, MigrateV1ToV2}, {3, MigrateV2ToV3}};
+constexpr Migration kMigrations[] = {{1, CreateV1}, {2, MigrateV1ToV2}, {3, MigrateV2ToV3}, {4, MigrateV3ToV4}};
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kStoreSchemaVersion,
               "one migration step per schema version");
 

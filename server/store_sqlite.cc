@@ -150,6 +150,11 @@ class Stmt {
                         : std::string(reinterpret_cast<const char*>(p),
                                       static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
   }
+  std::string Blob(int col) const {
+    const void* p = sqlite3_column_blob(stmt_, col);
+    return p == nullptr ? std::string()
+                        : std::string(static_cast<const char*>(p), static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
+  }
   // Parses the blob in `col` into `msg`.
   Status Parse(int col, google::protobuf::Message* msg) const {
     const void* p = sqlite3_column_blob(stmt_, col);
@@ -564,6 +569,91 @@ class SqliteStore : public Store {
     return InTransaction(db_, false, [&]() { return GetById("workers", "worker", id, out); });
   }
 
+  Status BeginArtifact(const std::string& run_id, int64_t step, const std::string& manifest, int64_t* id) override {
+    KEEL_RETURN_IF_ERROR(RequireId(run_id, "BeginArtifact: run"));
+    std::lock_guard<std::mutex> lock(mu_);
+    return WriteTransaction([&]() -> Status {
+      Stmt q(db_, "INSERT INTO artifacts(run_id, step, manifest, committed) VALUES(?,?,?,0)");
+      q.Bind(1, run_id).Bind(2, step).Bind(3, manifest);
+      KEEL_RETURN_IF_ERROR(q.Run());
+      *id = sqlite3_last_insert_rowid(db_);
+      return Status::Ok();
+    });
+  }
+
+  Status AppendArtifactChunk(int64_t id, int file, int64_t offset, const std::string& data) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return WriteTransaction([&]() -> Status {
+      KEEL_RETURN_IF_ERROR(RequireArtifact(id, false));
+      Stmt q(db_, "INSERT INTO artifact_chunks(artifact_id, file, byte_offset, data) VALUES(?,?,?,?)");
+      q.Bind(1, id).Bind(2, static_cast<int64_t>(file)).Bind(3, offset).BindBlob(4, data);
+      return q.Run();
+    });
+  }
+
+  Status CommitArtifact(int64_t id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return WriteTransaction([&]() -> Status {
+      Stmt q(db_, "SELECT run_id, step FROM artifacts WHERE id = ? AND committed = 0");
+      q.Bind(1, id);
+      bool row;
+      KEEL_RETURN_IF_ERROR(q.Step(&row));
+      if (!row) return NotFoundError("artifact upload", std::to_string(id));
+      // The checkpoint stored for this step before, with its chunks (ON DELETE CASCADE).
+      Stmt old(db_, "DELETE FROM artifacts WHERE run_id = ? AND step = ? AND committed = 1");
+      old.Bind(1, q.Text(0)).Bind(2, q.Int(1));
+      KEEL_RETURN_IF_ERROR(old.Run());
+      Stmt set(db_, "UPDATE artifacts SET committed = 1 WHERE id = ?");
+      set.Bind(1, id);
+      return set.Run();
+    });
+  }
+
+  Status DeleteArtifact(int64_t id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return WriteTransaction([&]() -> Status {
+      Stmt q(db_, "DELETE FROM artifacts WHERE id = ?");
+      q.Bind(1, id);
+      return q.Run();
+    });
+  }
+
+  Status DeleteUncommittedArtifacts() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return WriteTransaction([&]() { return Exec(db_, "DELETE FROM artifacts WHERE committed = 0"); });
+  }
+
+  Status ListArtifacts(const std::string& run_id, std::vector<StoredArtifact>* out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    out->clear();
+    return InTransaction(db_, false, [&]() -> Status {
+      Stmt q(db_, "SELECT id, step, manifest FROM artifacts WHERE run_id = ? AND committed = 1 ORDER BY step");
+      q.Bind(1, run_id);
+      for (;;) {
+        bool row;
+        KEEL_RETURN_IF_ERROR(q.Step(&row));
+        if (!row) return Status::Ok();
+        out->push_back({q.Int(0), q.Int(1), q.Text(2)});
+      }
+    });
+  }
+
+  Status ReadArtifactChunk(int64_t id, int file, int64_t offset, std::string* data) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return InTransaction(db_, false, [&]() -> Status {
+      Stmt q(db_, "SELECT data FROM artifact_chunks WHERE artifact_id = ? AND file = ? AND byte_offset = ?");
+      q.Bind(1, id).Bind(2, static_cast<int64_t>(file)).Bind(3, offset);
+      bool row;
+      KEEL_RETURN_IF_ERROR(q.Step(&row));
+      if (!row) {
+        return NotFoundError("chunk of artifact " + std::to_string(id) + " file " + std::to_string(file) + " at byte",
+                             std::to_string(offset));
+      }
+      *data = q.Blob(0);
+      return Status::Ok();
+    });
+  }
+
   Status Counts(int64_t* sweeps, int64_t* runs, int64_t* metric_points) override {
     std::lock_guard<std::mutex> lock(mu_);
     return InTransaction(db_, false, [&]() -> Status {
@@ -595,6 +685,14 @@ class SqliteStore : public Store {
 
   // Helpers below run with mu_ held, inside a transaction. `table` is always
   // one of the literal table names above, never user input.
+  // NotFound unless `id` names an artifact (committed or not, as asked).
+  Status RequireArtifact(int64_t id, bool committed) {
+    Stmt q(db_, "SELECT 1 FROM artifacts WHERE id = ? AND committed = ?");
+    q.Bind(1, id).Bind(2, static_cast<int64_t>(committed ? 1 : 0));
+    bool row;
+    KEEL_RETURN_IF_ERROR(q.Step(&row));
+    return row ? Status::Ok() : NotFoundError(committed ? "artifact" : "artifact upload", std::to_string(id));
+  }
   Status Exists(const std::string& table, const std::string& id, bool* exists) {
     const std::string sql = "SELECT 1 FROM " + table + " WHERE id = ?";
     Stmt q(db_, sql.c_str());
@@ -759,13 +857,37 @@ Status MigrateV2ToV3(sqlite3* db) {
   return Exec(db, "CREATE UNIQUE INDEX events_by_key ON events(key)");
 }
 
+// Version 4: uploaded checkpoints in the database (keeld --artifact-store db).
+// An artifact row is an upload until `committed` is 1; its chunks are the
+// bytes as they arrived, keyed by file index and byte offset (each at most a
+// transfer chunk, 1 MiB), and go with it (ON DELETE CASCADE).
+Status MigrateV3ToV4(sqlite3* db) {
+  return Exec(db, R"sql(
+CREATE TABLE artifacts (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  run_id TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  manifest TEXT NOT NULL,
+  committed INTEGER NOT NULL
+);
+CREATE INDEX artifacts_by_run ON artifacts(run_id, committed, step);
+CREATE TABLE artifact_chunks (
+  artifact_id INTEGER NOT NULL REFERENCES artifacts(id) ON DELETE CASCADE,
+  file INTEGER NOT NULL,
+  byte_offset INTEGER NOT NULL,
+  data BLOB NOT NULL,
+  PRIMARY KEY (artifact_id, file, byte_offset)
+);
+)sql");
+}
+
 // The schema's history: step i takes a store from version to_version - 1 to
 // to_version. A new file runs them all; kStoreSchemaVersion is the last one's.
 struct Migration {
   int64_t to_version;
   Status (*apply)(sqlite3* db);
 };
-constexpr Migration kMigrations[] = {{1, CreateV1}, {2, MigrateV1ToV2}, {3, MigrateV2ToV3}};
+constexpr Migration kMigrations[] = {{1, CreateV1}, {2, MigrateV1ToV2}, {3, MigrateV2ToV3}, {4, MigrateV3ToV4}};
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kStoreSchemaVersion,
               "one migration step per schema version");
 

@@ -1090,6 +1090,96 @@ TEST_P(StoreTest, UpgradesAVersionOneStoreInPlace) {
   std::vector<v1::Run> runs;
   ASSERT_OK(store->ListRuns("", &runs));
   EXPECT_EQ(RunIds(runs), (std::vector<std::string>{"r", "r2"}));
+  // The upgraded store keeps artifacts (version 4).
+  int64_t id = 0;
+  ASSERT_OK(store->BeginArtifact("r", 10, "m", &id));
+  ASSERT_OK(store->AppendArtifactChunk(id, 0, 0, "bytes"));
+  ASSERT_OK(store->CommitArtifact(id));
+  std::vector<Store::StoredArtifact> listed;
+  ASSERT_OK(store->ListArtifacts("r", &listed));
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].step, 10);
+}
+
+// Uploaded checkpoints as rows (keeld --artifact-store db): an upload is
+// listed by nobody until committed; a commit replaces the step's checkpoint in
+// one transaction; chunks read back at the offsets they were stored at; a
+// deleted artifact takes its chunks along; uploads that were cut off go at
+// DeleteUncommittedArtifacts; everything survives a reopen.
+TEST_P(StoreTest, ArtifactsAreListedOnlyOnceCommittedAndReplaceTheirStep) {
+  auto store = Open(Location());
+  ASSERT_TRUE(store);
+  const std::string big(1 << 20, 'x');  // a full transfer chunk
+  int64_t first = 0, second = 0, cut = 0;
+  ASSERT_OK(store->BeginArtifact("r1", 100, "manifest A", &first));
+  ASSERT_OK(store->AppendArtifactChunk(first, 0, 0, big));
+  ASSERT_OK(store->AppendArtifactChunk(first, 0, 1 << 20, std::string("\0\1\2\377", 4)));
+  ASSERT_OK(store->AppendArtifactChunk(first, 1, 0, "opt"));
+  std::vector<Store::StoredArtifact> listed;
+  ASSERT_OK(store->ListArtifacts("r1", &listed));
+  EXPECT_TRUE(listed.empty());
+  ASSERT_OK(store->CommitArtifact(first));
+  EXPECT_TRUE(IsNotFound(store->CommitArtifact(first)));  // not an upload any more
+  EXPECT_TRUE(IsNotFound(store->AppendArtifactChunk(first, 1, 3, "late")));
+  ASSERT_OK(store->ListArtifacts("r1", &listed));
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].id, first);
+  EXPECT_EQ(listed[0].step, 100);
+  EXPECT_EQ(listed[0].manifest, "manifest A");
+  std::string data;
+  ASSERT_OK(store->ReadArtifactChunk(first, 0, 0, &data));
+  EXPECT_EQ(data, big);
+  ASSERT_OK(store->ReadArtifactChunk(first, 0, 1 << 20, &data));
+  EXPECT_EQ(data, std::string("\0\1\2\377", 4));  // bytes, not text
+  Status s = store->ReadArtifactChunk(first, 0, 7, &data);
+  EXPECT_TRUE(IsNotFound(s)) << s.message();
+  EXPECT_NE(s.message().find("chunk of artifact " + std::to_string(first) + " file 0 at byte '7' not found"),
+            std::string::npos)
+      << s.message();
+
+  // A second checkpoint of step 100 replaces the first at its commit, not before.
+  ASSERT_OK(store->BeginArtifact("r1", 100, "manifest B", &second));
+  ASSERT_OK(store->AppendArtifactChunk(second, 0, 0, "new"));
+  ASSERT_OK(store->ListArtifacts("r1", &listed));
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].manifest, "manifest A");
+  ASSERT_OK(store->CommitArtifact(second));
+  ASSERT_OK(store->ListArtifacts("r1", &listed));
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].id, second);
+  EXPECT_EQ(listed[0].manifest, "manifest B");
+  EXPECT_TRUE(IsNotFound(store->ReadArtifactChunk(first, 0, 0, &data)));
+  EXPECT_EQ(RawQueryText(Location(), "SELECT COUNT(*) FROM artifact_chunks"), "1");
+
+  // Steps list in order, per run; an upload cut off is deleted with its chunks.
+  int64_t id = 0;
+  ASSERT_OK(store->BeginArtifact("r1", 50, "manifest 50", &id));
+  ASSERT_OK(store->CommitArtifact(id));
+  ASSERT_OK(store->BeginArtifact("r2", 10, "other run", &id));
+  ASSERT_OK(store->CommitArtifact(id));
+  ASSERT_OK(store->BeginArtifact("r1", 200, "cut off", &cut));
+  ASSERT_OK(store->AppendArtifactChunk(cut, 0, 0, "part"));
+  store.reset();
+  store = Open(Location());
+  ASSERT_TRUE(store);
+  ASSERT_OK(store->ListArtifacts("r1", &listed));
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].step, 50);
+  EXPECT_EQ(listed[1].step, 100);
+  ASSERT_OK(store->ReadArtifactChunk(second, 0, 0, &data));
+  EXPECT_EQ(data, "new");
+  EXPECT_EQ(RawQueryText(Location(), "SELECT COUNT(*) FROM artifacts"), "4");
+  ASSERT_OK(store->DeleteUncommittedArtifacts());
+  EXPECT_EQ(RawQueryText(Location(), "SELECT COUNT(*) FROM artifacts"), "3");
+  EXPECT_TRUE(IsNotFound(store->ReadArtifactChunk(cut, 0, 0, &data)));
+  ASSERT_OK(store->DeleteArtifact(second));
+  ASSERT_OK(store->DeleteArtifact(second));  // gone already: fine
+  ASSERT_OK(store->ListArtifacts("r1", &listed));
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].step, 50);
+  EXPECT_EQ(RawQueryText(Location(), "SELECT COUNT(*) FROM artifact_chunks"), "0");
+  ASSERT_OK(store->ListArtifacts("r2", &listed));
+  EXPECT_EQ(listed.size(), 1u);
 }
 
 TEST_P(StoreTest, AFailedUpgradeLeavesTheVersionOneStoreAsItWas) {

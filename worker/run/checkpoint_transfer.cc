@@ -141,42 +141,114 @@ Status DescribeCheckpoint(const std::string& dir, v1::CheckpointHeader* header) 
   return CheckCheckpointHeader(*header).WithPrefix("checkpoint '" + dir + "': ");
 }
 
+namespace {
+
+// The files of a checkpoint directory, read in order (one open at a time).
+class DirSource : public CheckpointSource {
+ public:
+  DirSource(std::string dir, const v1::CheckpointHeader& header) : dir_(std::move(dir)), header_(header) {}
+  ~DirSource() override {
+    if (fd_ >= 0) close(fd_);
+  }
+  Status Read(int index, int64_t offset, std::string* data) override {
+    const v1::CheckpointFile& f = header_.files(index);
+    const std::string path = dir_ + "/" + f.name();
+    if (index != index_) {
+      if (fd_ >= 0) close(fd_);
+      index_ = index;
+      fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd_ < 0) return Status::DataLoss("cannot open '" + path + "': " + std::strerror(errno));
+    }
+    if (fd_ < 0) return Status::DataLoss("'" + path + "' could not be opened");
+    data->resize(static_cast<size_t>(std::min<int64_t>(kChunkBytes, f.size() - offset)));
+    size_t got = 0;
+    Status s = ReadSome(fd_, &(*data)[0], data->size(), path, &got);
+    data->resize(got);
+    return s;
+  }
+
+ private:
+  const std::string dir_;
+  const v1::CheckpointHeader& header_;
+  int index_ = -1;
+  int fd_ = -1;
+};
+
+// The files of a checkpoint directory, written as they come: each created
+// (it must not exist), fsynced when complete, the directory fsynced at the end.
+class DirSink : public CheckpointSink {
+ public:
+  DirSink(std::string dir, const v1::CheckpointHeader& header) : dir_(std::move(dir)), header_(header) {}
+  ~DirSink() override {
+    if (fd_ >= 0) close(fd_);
+  }
+  Status BeginFile(int index) override {
+    const std::string path = Path(index);
+    fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd_ < 0) return Status::Error("cannot create '" + path + "': " + std::strerror(errno));
+    return Status::Ok();
+  }
+  Status Write(int index, int64_t, const std::string& data) override {
+    return WriteAll(fd_, data.data(), data.size(), Path(index));
+  }
+  Status EndFile(int index) override {
+    const int rc = fsync(fd_);
+    close(fd_);
+    fd_ = -1;
+    if (rc != 0) return Status::Error("'" + Path(index) + "': fsync failed: " + std::strerror(errno));
+    return Status::Ok();
+  }
+  Status Finish() override { return FsyncDir(dir_); }
+
+ private:
+  std::string Path(int index) const { return dir_ + "/" + header_.files(index).name(); }
+  const std::string dir_;
+  const v1::CheckpointHeader header_;
+  int fd_ = -1;
+};
+
+}  // namespace
+
+std::unique_ptr<CheckpointSink> DirectorySink(const std::string& dir, const v1::CheckpointHeader& header) {
+  return std::make_unique<DirSink>(dir, header);
+}
+
 Status SendCheckpoint(const std::string& dir, const v1::CheckpointHeader& header,
+                      const std::function<bool(const v1::CheckpointChunk&)>& write) {
+  DirSource source(dir, header);
+  return SendCheckpoint(&source, "checkpoint '" + dir + "'", header, write);
+}
+
+Status SendCheckpoint(CheckpointSource* source, const std::string& where, const v1::CheckpointHeader& header,
                       const std::function<bool(const v1::CheckpointChunk&)>& write) {
   v1::CheckpointChunk first;
   *first.mutable_header() = header;
   if (!write(first)) return Status::Unavailable("the stream broke before the header was sent");
-  std::vector<char> buffer(static_cast<size_t>(kChunkBytes));
-  for (const v1::CheckpointFile& f : header.files()) {
-    const std::string path = dir + "/" + f.name();
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Status::DataLoss("cannot open '" + path + "': " + std::strerror(errno));
+  std::string data;
+  for (int i = 0; i < header.files_size(); ++i) {
+    const v1::CheckpointFile& f = header.files(i);
+    const std::string at = where + ", file '" + f.name() + "'";
     uint32_t crc = 0;
     int64_t offset = 0;
-    Status s = Status::Ok();
-    while (s.ok() && offset < f.size()) {
-      size_t got = 0;
-      const size_t want = static_cast<size_t>(std::min<int64_t>(kChunkBytes, f.size() - offset));
-      s = ReadSome(fd, buffer.data(), want, path, &got);
-      if (!s.ok()) break;
-      if (got < want) {
-        s = Status::DataLoss("'" + path + "' ended at byte " + std::to_string(offset + static_cast<int64_t>(got)) +
-                             " of " + std::to_string(f.size()) + " (changed while being sent)");
-        break;
+    while (offset < f.size()) {
+      KEEL_RETURN_IF_ERROR(source->Read(i, offset, &data).WithPrefix(at + ": "));
+      if (data.empty() || static_cast<int64_t>(data.size()) > std::min<int64_t>(kChunkBytes, f.size() - offset)) {
+        return Status::DataLoss(at + ": " + std::to_string(data.size()) + " bytes read at byte " +
+                                std::to_string(offset) + " of " + std::to_string(f.size()) +
+                                " (changed while being sent)");
       }
       v1::CheckpointChunk chunk;
       chunk.set_file(f.name());
       chunk.set_offset(offset);
-      chunk.set_data(buffer.data(), got);
-      chunk.set_crc32(Crc32(0, buffer.data(), got));
-      crc = Crc32(crc, buffer.data(), got);
-      offset += static_cast<int64_t>(got);
-      if (!write(chunk)) s = Status::Unavailable("the stream broke at '" + f.name() + "' byte " + std::to_string(offset));
+      chunk.set_crc32(Crc32(0, data.data(), data.size()));
+      crc = Crc32(crc, data.data(), data.size());
+      offset += static_cast<int64_t>(data.size());
+      chunk.set_data(std::move(data));
+      data.clear();
+      if (!write(chunk)) return Status::Unavailable("the stream broke at '" + f.name() + "' byte " + std::to_string(offset));
     }
-    close(fd);
-    KEEL_RETURN_IF_ERROR(s);
     if (crc != f.crc32()) {
-      return Status::DataLoss("'" + path + "': CRC-32 " + Hex(crc) + " of its bytes does not match " + Hex(f.crc32()) +
+      return Status::DataLoss(at + ": CRC-32 " + Hex(crc) + " of its bytes does not match " + Hex(f.crc32()) +
                               " (corrupt, or changed while being sent)");
     }
   }
@@ -186,18 +258,27 @@ Status SendCheckpoint(const std::string& dir, const v1::CheckpointHeader& header
 Status CheckpointReceiver::Start(const v1::CheckpointHeader& header, const std::string& dir,
                                  std::unique_ptr<CheckpointReceiver>* out) {
   KEEL_RETURN_IF_ERROR(CheckCheckpointHeader(header));
+  std::unique_ptr<CheckpointSink> sink = DirectorySink(dir, header);
+  std::unique_ptr<CheckpointReceiver> r;
+  KEEL_RETURN_IF_ERROR(Start(header, sink.get(), &r));
+  r->own_sink_ = std::move(sink);
+  *out = std::move(r);
+  return Status::Ok();
+}
+
+Status CheckpointReceiver::Start(const v1::CheckpointHeader& header, CheckpointSink* sink,
+                                 std::unique_ptr<CheckpointReceiver>* out) {
+  KEEL_RETURN_IF_ERROR(CheckCheckpointHeader(header));
   std::unique_ptr<CheckpointReceiver> r(new CheckpointReceiver);
   r->header_ = header;
-  r->dir_ = dir;
+  r->sink_ = sink;
   for (const v1::CheckpointFile& f : header.files()) r->total_ += f.size();
   KEEL_RETURN_IF_ERROR(r->OpenCurrent());
   *out = std::move(r);
   return Status::Ok();
 }
 
-CheckpointReceiver::~CheckpointReceiver() {
-  if (fd_ >= 0) close(fd_);
-}
+CheckpointReceiver::~CheckpointReceiver() = default;
 
 Status CheckpointReceiver::Fail(Status status) {
   if (failed_.ok()) failed_ = status;
@@ -205,12 +286,9 @@ Status CheckpointReceiver::Fail(Status status) {
 }
 
 Status CheckpointReceiver::OpenCurrent() {
-  const std::string path = dir_ + "/" + header_.files(current_).name();
-  fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd_ < 0) return Status::Error("cannot create '" + path + "': " + std::strerror(errno));
   written_ = 0;
   crc_ = 0;
-  return Status::Ok();
+  return sink_->BeginFile(current_);
 }
 
 Status CheckpointReceiver::CloseCurrent() {
@@ -225,10 +303,7 @@ Status CheckpointReceiver::CloseCurrent() {
     return Status::DataLoss(where + ": CRC-32 " + Hex(crc_) + " of the bytes received does not match " +
                             Hex(f.crc32()) + " (corrupt)");
   }
-  const int rc = fsync(fd_);
-  close(fd_);
-  fd_ = -1;
-  if (rc != 0) return Status::Error(where + ": fsync failed: " + std::strerror(errno));
+  KEEL_RETURN_IF_ERROR(sink_->EndFile(current_).WithPrefix(where + ": "));
   ++current_;
   if (current_ < header_.files_size()) return OpenCurrent();
   return Status::Ok();
@@ -265,7 +340,7 @@ Status CheckpointReceiver::Add(const v1::CheckpointChunk& chunk) {
     return Fail(Status::InvalidArgument(at + ": " + std::to_string(chunk.data().size()) +
                                         " bytes run past the file's size " + std::to_string(f.size())));
   }
-  Status s = WriteAll(fd_, chunk.data().data(), chunk.data().size(), dir_ + "/" + f.name());
+  Status s = sink_->Write(current_, written_, chunk.data());
   if (!s.ok()) return Fail(s);
   written_ += static_cast<int64_t>(chunk.data().size());
   bytes_ += static_cast<int64_t>(chunk.data().size());
@@ -279,7 +354,7 @@ Status CheckpointReceiver::Finish() {
     Status s = CloseCurrent();
     if (!s.ok()) return Fail(s);
   }
-  return Fail(FsyncDir(dir_));
+  return Fail(sink_->Finish());
 }
 
 Status ReceiveCheckpoint(const std::function<bool(v1::CheckpointChunk*)>& read, const std::string& expect_run,

@@ -9,7 +9,9 @@
 // comes, checks every chunk's CRC and offset, and at the end of each file its
 // size and CRC against the header; a file is fsynced before the next begins.
 // Nothing here decides where a verified checkpoint goes: the caller receives
-// into a temporary directory and commits it (renames it) once Finish is OK.
+// into a temporary directory and commits it (renames it) once Finish is OK,
+// or gives the receiver a CheckpointSink of its own (keeld's artifact store in
+// its database); a sender reads from a directory or from a CheckpointSource.
 #ifndef KEEL_WORKER_RUN_CHECKPOINT_TRANSFER_H_
 #define KEEL_WORKER_RUN_CHECKPOINT_TRANSFER_H_
 
@@ -45,11 +47,46 @@ Status CheckCheckpointHeader(const v1::CheckpointHeader& header);
 // name CheckCheckpointFileName refuses, is an error naming it.
 Status DescribeCheckpoint(const std::string& dir, v1::CheckpointHeader* header);
 
+// Where a checkpoint's bytes come from when it is sent: files in a directory
+// (SendCheckpoint's `dir`), or rows of keeld's database.
+class CheckpointSource {
+ public:
+  virtual ~CheckpointSource() = default;
+  // The bytes of file `index` (of the header being sent) from `offset` on,
+  // at most kChunkBytes and at least one (offset < the file's size): each
+  // call continues where the previous one ended. Fewer bytes than remain are
+  // fine; none is a DataLoss error naming the file and the offset.
+  virtual Status Read(int index, int64_t offset, std::string* data) = 0;
+};
+
 // Sends `header` (one chunk), then the files of `dir` it lists. A file whose
 // bytes no longer match the header (the trainer replaced or pruned it) is a
 // DataLoss error; `write` returning false (the stream broke) is an error too.
 Status SendCheckpoint(const std::string& dir, const v1::CheckpointHeader& header,
                       const std::function<bool(const v1::CheckpointChunk&)>& write);
+// The same from `source`; errors read "<where>, file '<name>': ...".
+Status SendCheckpoint(CheckpointSource* source, const std::string& where, const v1::CheckpointHeader& header,
+                      const std::function<bool(const v1::CheckpointChunk&)>& write);
+
+// Where a CheckpointReceiver puts the bytes it has verified: files in a
+// directory (the default), or elsewhere (keeld's artifact store in its
+// database). Calls come in this order: for each file of the header, BeginFile,
+// Write for its bytes in order (each chunk after its CRC-32 and offset were
+// checked), EndFile once its size and CRC-32 match the header; then Finish.
+class CheckpointSink {
+ public:
+  virtual ~CheckpointSink() = default;
+  virtual Status BeginFile(int index) = 0;
+  virtual Status Write(int index, int64_t offset, const std::string& data) = 0;
+  virtual Status EndFile(int index) = 0;
+  // Every file complete and verified: make them durable.
+  virtual Status Finish() = 0;
+};
+
+// The files of a checkpoint directory `dir` (which must exist; the files must
+// not), each fsynced when complete and the directory at Finish: the sink of
+// CheckpointReceiver::Start(header, dir).
+std::unique_ptr<CheckpointSink> DirectorySink(const std::string& dir, const v1::CheckpointHeader& header);
 
 // Writes one transfer's files into a directory, verifying as they come.
 class CheckpointReceiver {
@@ -57,6 +94,9 @@ class CheckpointReceiver {
   // `header` is checked (CheckCheckpointHeader); `dir` must exist, and the
   // files must not.
   static Status Start(const v1::CheckpointHeader& header, const std::string& dir,
+                      std::unique_ptr<CheckpointReceiver>* out);
+  // The same into `sink`, which must outlive the receiver.
+  static Status Start(const v1::CheckpointHeader& header, CheckpointSink* sink,
                       std::unique_ptr<CheckpointReceiver>* out);
   ~CheckpointReceiver();
   // One chunk after the header. Errors: a second header, a file not in the
@@ -73,13 +113,13 @@ class CheckpointReceiver {
  private:
   CheckpointReceiver() = default;
   Status OpenCurrent();
-  Status CloseCurrent();  // verifies size and CRC, fsyncs, moves to the next file
+  Status CloseCurrent();  // verifies size and CRC, ends the file, moves to the next one
   Status Fail(Status status);
 
   v1::CheckpointHeader header_;
-  std::string dir_;
+  std::unique_ptr<CheckpointSink> own_sink_;  // the directory's, for Start(header, dir)
+  CheckpointSink* sink_ = nullptr;
   int current_ = 0;        // index of the file being written
-  int fd_ = -1;            // open on files[current_], or -1
   int64_t written_ = 0;    // bytes of files[current_] so far
   uint32_t crc_ = 0;       // their CRC-32
   int64_t bytes_ = 0, total_ = 0;
