@@ -252,6 +252,107 @@ TEST(ArtifactsE2eTest, ARunResumesFromItsUploadedCheckpointOnAWorkerThatNeverSaw
   EXPECT_NE(out.find("--step: '-3' is not allowed (allowed: a step, 1 .. 99999999)"), std::string::npos) << out;
 }
 
+// keeld --artifact-store db on PostgreSQL, with a standby on "another host"
+// (its own state directory, no shared files): keeld A records a checkpoint
+// uploaded by worker wa; then A's host and wa's host are both lost (keeld A
+// and wa killed with -9, their directories deleted). The standby B takes over
+// and serves that checkpoint from the database: `keel fetch` gets wa's bytes,
+// and worker wb, which never saw the run, downloads it from B and finishes
+// the run from the step after it.
+TEST(ArtifactsE2eTest, InTheDatabaseTheCheckpointsOutliveTheActiveKeeldsHostAndTheStandbyServesThem) {
+  std::vector<std::string> store;
+  auto pg = keel_test::StartPostgres("e2e_artifacts_db", &store);
+  ASSERT_TRUE(pg);
+  std::vector<std::string> keeld_args = store;
+  keeld_args.insert(keeld_args.end(), {"--artifact-store", "db", "--artifact-keep", "2"});
+  Cluster cluster("e2e_artifacts_db", keeld_args);  // keeld A, state in <dir>/state
+  const std::string a = cluster.Address();
+  const std::string b = "127.0.0.1:" + std::to_string(keel::FreeLoopbackPort());
+  const std::string b_log = cluster.dir() + "/keeld-b.log";
+  keel_test::Process standby({"server/keeld", "--listen", b, "--state-dir", cluster.dir() + "/host-b/state",
+                              "--metrics-listen", "off", "--lease-ms", "1500", "--heartbeat-ms", "200", "--standby",
+                              store[0], store[1], "--artifact-store", "db", "--artifact-keep", "2"},
+                             b_log);
+  for (int i = 0; i < 400 && Read(b_log).find("waiting for it") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_NE(Read(b_log).find("waiting for it"), std::string::npos) << Read(b_log);
+  EXPECT_NE(Read(cluster.dir() + "/keeld.log").find("artifacts in the store's database (keep 2 a run)"),
+            std::string::npos)
+      << Read(cluster.dir() + "/keeld.log");
+
+  keel_test::Process* wa = cluster.AddWorker("wa", {"--server", a + "," + b});
+  keel::v1::SubmitSweepResponse submitted;
+  grpc::Status s = cluster.Submit(Sweep(), &submitted);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const std::string id = submitted.runs(0).id();
+  keel::v1::Run run = WaitRun(&cluster, id, 60, [](const keel::v1::Run& r) { return r.artifact_step() >= 200; });
+  ASSERT_GE(run.artifact_step(), 200) << run.DebugString();
+  ASSERT_NE(run.state(), keel::v1::SUCCEEDED) << "the run ended before the kill: make it longer";
+  // wa's host is lost (no upload lands after this), then keeld A's, each with
+  // its files. Before A goes, keel fetch takes the checkpoint A recorded.
+  wa->Kill(SIGKILL);
+  for (int i = 0; i < 200 && !cluster.Trainers(id).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(cluster.Trainers(id).empty());
+  const int64_t step = GetRun(&cluster, id).artifact_step();
+  ASSERT_GE(step, 200);
+  std::string out;
+  const std::string from_a = cluster.dir() + "/from-a";
+  ASSERT_EQ(RunTool("client/keel --server " + a + " --token " + kUserToken + " fetch " + id + " -o " + from_a,
+                    cluster.dir(), &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("fetched run " + id + " step " + std::to_string(step) + " into "), std::string::npos) << out;
+  cluster.KillKeeld();
+  ASSERT_EQ(std::system(("rm -rf '" + cluster.dir() + "/wa' '" + cluster.dir() + "/state'").c_str()), 0);
+
+  // B takes over and answers from the database: the same checkpoint, byte for byte.
+  cluster.UseKeeldAt(b);
+  for (int i = 0; i < 200 && Read(b_log).find("took over after") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_NE(Read(b_log).find("took over after"), std::string::npos) << Read(b_log);
+  EXPECT_NE(Read(b_log).find("artifacts in the store's database"), std::string::npos) << Read(b_log);
+  EXPECT_EQ(GetRun(&cluster, id).artifact_step(), step);
+  const std::string keel = "client/keel --server " + b + " --token " + kUserToken;
+  const std::string fetched = cluster.dir() + "/fetched";
+  ASSERT_EQ(RunTool(keel + " fetch " + id + " --step " + std::to_string(step) + " -o " + fetched, cluster.dir(), &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("fetched run " + id + " step " + std::to_string(step) + " into " + fetched + ": 2 files, "),
+            std::string::npos)
+      << out;
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    const std::string mine = Read(fetched + "/" + file);
+    EXPECT_FALSE(mine.empty()) << file;
+    EXPECT_EQ(mine, Read(from_a + "/" + file)) << file;
+  }
+
+  // wb, on a third host, resumes the run from B's copy and finishes it.
+  cluster.AddWorker("wb", {"--server", a + "," + b});
+  run = WaitRun(&cluster, id, 120, [](const keel::v1::Run& r) {
+    return r.state() == keel::v1::SUCCEEDED || r.state() == keel::v1::FAILED;
+  });
+  ASSERT_EQ(run.state(), keel::v1::SUCCEEDED) << run.message();
+  EXPECT_EQ(run.restarts(), 1);
+  const std::string wb_log = Read(cluster.dir() + "/wb.log");
+  EXPECT_NE(wb_log.find("run " + id + ": downloaded and verified checkpoint step " + std::to_string(step) + " of run " + id),
+            std::string::npos)
+      << wb_log;
+  const std::vector<int64_t> trained = StepsOf(Read(cluster.dir() + "/wb/runs/" + id + "/metrics.jsonl"));
+  ASSERT_FALSE(trained.empty());
+  EXPECT_EQ(trained.front(), step + 1);
+  EXPECT_EQ(trained.back(), 3000);
+  // wb's own uploads land in the database too: B records its last one.
+  run = WaitRun(&cluster, id, 30, [](const keel::v1::Run& r) { return r.artifact_step() == 3000; });
+  EXPECT_EQ(run.artifact_step(), 3000);
+  ASSERT_EQ(RunTool(keel + " fetch " + id + " -o " + cluster.dir() + "/last", cluster.dir(), &out), 0) << out;
+  EXPECT_EQ(Read(cluster.dir() + "/last/model.safetensors"),
+            Read(cluster.dir() + "/wb/runs/" + id + "/checkpoints/step_00003000/model.safetensors"));
+  // Nothing of it is on B's disk: its state directory holds no artifacts.
+  EXPECT_EQ(RunTool("test -e '" + cluster.dir() + "/host-b/state/artifacts'", cluster.dir(), &out), 1);
+}
+
 TEST(ArtifactsE2eTest, ACheckpointThatArrivesCorruptIsRetriedThenFailsTheAttemptNamingIt) {
   Cluster cluster("e2e_artifacts_corrupt", {"--restart-backoff-ms", "100"});
   int64_t step = 0;

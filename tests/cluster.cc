@@ -190,4 +190,17 @@ std::string SmallSweep(int steps, const std::string& axes) {
          "  steps: " + std::to_string(steps) + "\n" + axes;
 }
 
+std::unique_ptr<keel::TempPostgres> StartPostgres(const std::string& db, std::vector<std::string>* store_args) {
+  std::unique_ptr<keel::TempPostgres> pg;
+  keel::Status s = keel::TempPostgres::Start(&pg);
+  EXPECT_TRUE(s.ok()) << "this test needs a PostgreSQL server: " << s.message();
+  if (!s.ok()) return nullptr;
+  std::string url;
+  s = pg->CreateDatabase(db, &url);
+  EXPECT_TRUE(s.ok()) << s.message();
+  if (!s.ok()) return nullptr;
+  *store_args = {"--store", url};
+  return pg;
+}
+
 }  // namespace keel_test

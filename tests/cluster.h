@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "proto/keel.grpc.pb.h"
+#include "server/temp_postgres.h"
 
 namespace keel_test {
 
@@ -107,6 +108,11 @@ class Cluster {
 
 // A small proxy sweep: width 16, one layer, a checkpoint every 10 steps.
 std::string SmallSweep(int steps, const std::string& axes);
+
+// A PostgreSQL server (Debian's, started by the test) with a new database
+// `db`; *store_args is keeld's --store for it. Null, with a test failure, when
+// it cannot start.
+std::unique_ptr<keel::TempPostgres> StartPostgres(const std::string& db, std::vector<std::string>* store_args);
 
 }  // namespace keel_test
 

@@ -39,6 +39,7 @@ using keel_test::Cluster;
 using keel_test::kUserToken;
 using keel_test::kWorkerToken;
 using keel_test::SmallSweep;
+using keel_test::StartPostgres;
 
 // The "loss" member of a metric line, as printed (the whole "loss":... text).
 std::string LossText(const std::string& json) {
@@ -71,21 +72,6 @@ void ExpectEndsAsUninterrupted(Cluster* cluster, const keel::v1::Run& run, int64
   ASSERT_EQ(points.size(), static_cast<size_t>(steps)) << run.id();  // every step stored once
   EXPECT_EQ(points.back().step(), steps);
   EXPECT_EQ(LossOf(points.back()), DirectLoss(cluster, run, flags)) << run.id();
-}
-
-// A PostgreSQL server with a new database for one test; *store_args is
-// keeld's --store for it.
-std::unique_ptr<keel::TempPostgres> StartPostgres(const std::string& db, std::vector<std::string>* store_args) {
-  std::unique_ptr<keel::TempPostgres> pg;
-  keel::Status s = keel::TempPostgres::Start(&pg);
-  EXPECT_TRUE(s.ok()) << "this test needs a PostgreSQL server: " << s.message();
-  if (!s.ok()) return nullptr;
-  std::string url;
-  s = pg->CreateDatabase(db, &url);
-  EXPECT_TRUE(s.ok()) << s.message();
-  if (!s.ok()) return nullptr;
-  *store_args = {"--store", url};
-  return pg;
 }
 
 // A 4-run sweep on two workers, checked through the API and the CLI.
