@@ -241,17 +241,11 @@ void Coordinator::Publish(const v1::WatchUpdate& update, const std::string& run_
   }
 }
 
-// Stores a run's new state with an event, then tells its watchers.
+// Stores a run's new state with an event (one transaction: both or neither;
+// on an error nothing changes here either), then tells its watchers.
 Status Coordinator::SaveRun(v1::Run* run, const std::string& event_kind, const std::string& message) {
   run->set_updated_unix_ms(Now());
-  if (Terminal(run->state())) live_[run->id()].ended_unix_ms = Now();
-  KEEL_RETURN_IF_ERROR(store_->UpdateRun(*run));
-  runs_[run->id()] = *run;
-  if (!Active(run->state())) bootstrap_ids_.erase(run->id());
-  progress_dirty_.erase(run->id());
-  v1::WatchUpdate update;
-  *update.mutable_run() = *run;
-  Publish(update, run->id(), run->sweep_id());
+  std::vector<v1::Event> events;
   if (!event_kind.empty()) {
     v1::Event e;
     e.set_run_id(run->id());
@@ -260,7 +254,17 @@ Status Coordinator::SaveRun(v1::Run* run, const std::string& event_kind, const s
     e.set_kind(event_kind);
     e.set_message(message);
     (*e.mutable_details())["state"] = v1::RunState_Name(run->state());
-    KEEL_RETURN_IF_ERROR(store_->AppendEvent(e));
+    events.push_back(std::move(e));
+  }
+  KEEL_RETURN_IF_ERROR(store_->UpdateRunsWithEvents({*run}, events));
+  if (Terminal(run->state())) live_[run->id()].ended_unix_ms = Now();
+  runs_[run->id()] = *run;
+  if (!Active(run->state())) bootstrap_ids_.erase(run->id());
+  progress_dirty_.erase(run->id());
+  v1::WatchUpdate update;
+  *update.mutable_run() = *run;
+  Publish(update, run->id(), run->sweep_id());
+  for (const v1::Event& e : events) {
     v1::WatchUpdate event_update;
     *event_update.mutable_event() = e;
     Publish(event_update, run->id(), run->sweep_id());
@@ -272,8 +276,20 @@ Status Coordinator::SaveRuns(std::vector<v1::Run>* runs, const std::string& even
   if (runs->empty()) return Status::Ok();
   const int64_t now = Now();
   for (v1::Run& run : *runs) run.set_updated_unix_ms(now);
-  KEEL_RETURN_IF_ERROR(store_->UpdateRuns(*runs));
   std::vector<v1::Event> events;
+  if (!event_kind.empty()) {
+    for (const v1::Run& run : *runs) {
+      v1::Event e;
+      e.set_run_id(run.id());
+      e.set_step(run.step());
+      e.set_unix_ms(now);
+      e.set_kind(event_kind);
+      e.set_message(message);
+      (*e.mutable_details())["state"] = v1::RunState_Name(run.state());
+      events.push_back(std::move(e));
+    }
+  }
+  KEEL_RETURN_IF_ERROR(store_->UpdateRunsWithEvents(*runs, events));
   for (const v1::Run& run : *runs) {
     if (Terminal(run.state())) live_[run.id()].ended_unix_ms = now;
     runs_[run.id()] = run;
@@ -281,18 +297,7 @@ Status Coordinator::SaveRuns(std::vector<v1::Run>* runs, const std::string& even
     v1::WatchUpdate update;
     *update.mutable_run() = run;
     Publish(update, run.id(), run.sweep_id());
-    if (event_kind.empty()) continue;
-    v1::Event e;
-    e.set_run_id(run.id());
-    e.set_step(run.step());
-    e.set_unix_ms(now);
-    e.set_kind(event_kind);
-    e.set_message(message);
-    (*e.mutable_details())["state"] = v1::RunState_Name(run.state());
-    events.push_back(std::move(e));
   }
-  if (events.empty()) return Status::Ok();
-  KEEL_RETURN_IF_ERROR(store_->AppendEvents(events));
   for (const v1::Event& e : events) {
     v1::WatchUpdate event_update;
     *event_update.mutable_event() = e;
@@ -758,7 +763,7 @@ void Coordinator::DropWorkerStream(WorkerState* worker, const std::string& why) 
   store_->UpsertWorker(worker->record);
 }
 
-bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t stream_id, const v1::WorkerMessage& m) {
+Coordinator::MessageResult Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t stream_id, const v1::WorkerMessage& m) {
   std::lock_guard<std::mutex> lock(mu_);
   auto w = workers_.find(worker_id);
   if (w == workers_.end() || w->second.stream_id != stream_id || !w->second.send) {
@@ -766,10 +771,19 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
     // its runs went back to the queue): nothing on it is applied, not even a
     // heartbeat, until the worker registers again and learns what to stop.
     ++counters_.stale_messages["lease"];
-    return false;
+    return MessageResult::kNotTheWorkers;
   }
   w->second.lease_expires_ms = Now() + options_.lease_ms;
   if (!m.has_metric()) FlushMetrics();  // everything before this message is stored first
+  // The first store write of this message that failed. The message is then
+  // not acknowledged: the stream ends, and the worker re-sends it with
+  // everything after it when it reconnects. Each write below is all or nothing
+  // and leaves keeld's view unchanged when it fails, so the re-send applies
+  // the message whole.
+  Status stored = Status::Ok();
+  auto note = [&stored](const Status& s) {
+    if (!s.ok() && stored.ok()) stored = s;
+  };
   // The run a message is about, when the message comes from the run's current
   // attempt on this worker and the run is still active. A message of another
   // attempt (fencing) is refused and counted; a duplicate of the current
@@ -791,7 +805,7 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
     if (r != nullptr && r->state() != v1::RUNNING) {
       v1::Run run = *r;
       run.set_state(v1::RUNNING);
-      SaveRun(&run, event_kind::kState, "trainer started on " + worker_id + " (pid " + std::to_string(m.started().pid()) + ")");
+      note(SaveRun(&run, event_kind::kState, "trainer started on " + worker_id + " (pid " + std::to_string(m.started().pid()) + ")"));
     }
   } else if (m.has_metric()) {
     if (v1::Run* r = run_of(m.metric().run_id())) AcceptMetric(r, m.metric());
@@ -799,14 +813,14 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
     if (v1::Run* r = run_of(m.checkpoint().run_id())) {
       v1::Run run = *r;
       run.set_checkpoint(m.checkpoint().path());
-      SaveRun(&run, "", "");
+      note(SaveRun(&run, "", ""));
     }
   } else if (m.has_event()) {
     v1::Event e = m.event();
     // Attempt 0: a note of the worker's own (a command it could not hand on),
     // about no attempt; stored, and changes nothing.
     v1::Run* r = m.attempt() == 0 ? nullptr : run_of(e.run_id());
-    if (m.attempt() != 0 && !r) return true;
+    if (m.attempt() != 0 && !r) return MessageResult::kApplied;
     if (r) {
       // The trainer acted on an intervention: the run's precision and, after a
       // rollback, its trajectory (points past the restored step are gone).
@@ -826,7 +840,7 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
                              metric_buffer_.end());
         if (counters_.metric_points_unstored > 0)
           counters_.metric_points_unstored = static_cast<int64_t>(metric_buffer_.size());
-        store_->DeleteMetricsAfter(run.id(), to);
+        note(store_->DeleteMetricsAfter(run.id(), to));
         run.set_step(to);
         live_[run.id()].last_step = to;  // the next point expected is to + 1
         live_[run.id()].rollback_seq = m.seq();
@@ -841,15 +855,15 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
       if (event_kind::ChangesTrajectory(e.kind()) && !detail("precision").empty()) {
         run.set_precision(detail("precision"));
       }
-      SaveRun(&run, "", "");
+      note(SaveRun(&run, "", ""));
     }
     if (event_kind::IsIntervention(e.kind())) {
       ++counters_.interventions[e.kind()];
       auto rule = e.details().find("rule");
       ++live_[e.run_id()].interventions[{e.kind(), rule == e.details().end() ? "manual" : rule->second}];
     }
-    if (runs_.count(e.run_id())) {
-      store_->AppendEvent(e);
+    if (runs_.count(e.run_id()) && stored.ok()) {
+      note(store_->AppendEvent(e));
       v1::WatchUpdate u;
       *u.mutable_event() = e;
       Publish(u, e.run_id(), runs_[e.run_id()].sweep_id());
@@ -868,7 +882,7 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
     v1::Run* gang = run_of(m.exit().run_id());
     const bool other_part = gang != nullptr && gang->parts_size() > 0 && gang->worker_id() != worker_id;
     if (other_part && m.exit().signal() == 0 && trainer_exit::EndedAsRun(m.exit().exit_code())) {
-      return true;  // a part without rank 0 ended as the gang does: rank 0's exit tells how
+      return MessageResult::kApplied;  // a part without rank 0 ended as the gang does: rank 0's exit tells how
     }
     if (v1::Run* r = gang) {
       v1::Run run = *r;
@@ -882,7 +896,7 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
         run.set_cancel_requested(false);
         run.set_state(v1::CANCELLED);
         run.set_message("cancelled by the user");
-        SaveRun(&run, event_kind::kState, "cancelled by the user (" + how + ")");
+        note(SaveRun(&run, event_kind::kState, "cancelled by the user (" + how + ")"));
       } else if (code == 0 && m.exit().signal() == 0) {
         // Every step up to the last must have arrived; a missing tail is a gap too.
         Live& live = live_[run.id()];
@@ -891,12 +905,12 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
         }
         run.set_state(v1::SUCCEEDED);
         run.set_message("");
-        SaveRun(&run, event_kind::kState, "finished");
+        note(SaveRun(&run, event_kind::kState, "finished"));
       } else if (code == trainer_exit::kDiverged) {
         // The run's own policy stopped it: restarting would diverge again.
         run.set_state(v1::DIVERGED);
         run.set_message("stopped as diverged by its stability policy");
-        SaveRun(&run, event_kind::kState, "stopped as diverged by its stability policy");
+        note(SaveRun(&run, event_kind::kState, "stopped as diverged by its stability policy"));
         ApplySweepRules(run.sweep_id());
       } else {
         // A configuration error, or the same failure at the same step as the
@@ -915,13 +929,19 @@ bool Coordinator::HandleWorkerMessage(const std::string& worker_id, uint64_t str
                                                     options_.max_restart_backoff_ms);
           run.set_not_before_unix_ms(Now() + backoff);
         }
-        RequeueOrFail(&run, why, code == trainer_exit::kBadConfig || repeated);
+        note(RequeueOrFail(&run, why, code == trainer_exit::kBadConfig || repeated));
       }
       FinishSweepIfDone(run.sweep_id());
       Schedule();  // its slot is free
     }
   }
-  return true;
+  if (!stored.ok()) {
+    ++counters_.store_write_errors;
+    std::fprintf(stderr, "keeld: storing worker %s's message %lld failed (not acknowledged; the worker re-sends it): %s\n",
+                 worker_id.c_str(), static_cast<long long>(m.seq()), stored.message().c_str());
+    return MessageResult::kNotStored;
+  }
+  return MessageResult::kApplied;
 }
 
 namespace {
@@ -1060,7 +1080,7 @@ void Coordinator::CancelOnWorkers(const v1::Run& run, const std::string& except_
   for (const std::string& w : holders) SendToWorker(w, c);
 }
 
-void Coordinator::RequeueOrFail(v1::Run* run, const std::string& why, bool deterministic) {
+Status Coordinator::RequeueOrFail(v1::Run* run, const std::string& why, bool deterministic) {
   run->clear_device_indices();
   run->clear_parts();
   if (!deterministic && run->restarts() < run->max_restarts()) {
@@ -1068,17 +1088,19 @@ void Coordinator::RequeueOrFail(v1::Run* run, const std::string& why, bool deter
     run->set_state(v1::QUEUED);
     run->set_worker_id("");
     run->set_message(why);
-    ++counters_.restarts;
     const int64_t wait = run->not_before_unix_ms() - Now();
-    SaveRun(run, event_kind::kRestart,
-            why + "; restart " + std::to_string(run->restarts()) + " of " + std::to_string(run->max_restarts()) +
-                (run->checkpoint().empty() ? " from the beginning" : " from " + run->checkpoint()) +
-                (wait > 0 ? " in " + std::to_string(wait) + " ms" : ""));
+    KEEL_RETURN_IF_ERROR(SaveRun(
+        run, event_kind::kRestart,
+        why + "; restart " + std::to_string(run->restarts()) + " of " + std::to_string(run->max_restarts()) +
+            (run->checkpoint().empty() ? " from the beginning" : " from " + run->checkpoint()) +
+            (wait > 0 ? " in " + std::to_string(wait) + " ms" : "")));
+    ++counters_.restarts;
+    return Status::Ok();
   } else {
     run->set_state(v1::FAILED);
     run->set_message(why);
-    SaveRun(run, event_kind::kState,
-            deterministic ? why : why + "; no restarts left (max_restarts " + std::to_string(run->max_restarts()) + ")");
+    return SaveRun(run, event_kind::kState,
+                   deterministic ? why : why + "; no restarts left (max_restarts " + std::to_string(run->max_restarts()) + ")");
   }
 }
 
@@ -1098,7 +1120,11 @@ void Coordinator::ReleaseWorkerRuns(const std::string& worker_id, const std::set
       run.clear_device_indices();
       SaveRun(&run, event_kind::kState, "cancelled by the user (" + why + ")");
     } else {
-      RequeueOrFail(&run, why);
+      Status saved = RequeueOrFail(&run, why);
+      if (!saved.ok()) {
+        ++counters_.store_write_errors;
+        std::fprintf(stderr, "keeld: run %s: storing its release failed: %s\n", run.id().c_str(), saved.message().c_str());
+      }
     }
     FinishSweepIfDone(run.sweep_id());
   }

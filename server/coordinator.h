@@ -181,11 +181,22 @@ class Coordinator {
   grpc::Status AttachWorker(const std::string& worker_id, std::function<bool(const v1::WorkerCommand&)> send,
                             std::function<void()> close, uint64_t* stream_id);
   void DetachWorker(const std::string& worker_id, uint64_t stream_id);
-  // Applies one message from the worker's stream `stream_id`. Returns false
-  // when that stream is no longer the worker's (its lease ran out, or a newer
-  // stream replaced it): the message was refused and counted, the worker has
-  // been sent a Reregister order, and the caller ends the stream.
-  bool HandleWorkerMessage(const std::string& worker_id, uint64_t stream_id, const v1::WorkerMessage& message);
+  // What became of a worker's message (HandleWorkerMessage).
+  enum class MessageResult {
+    // Applied, or ignored as a re-send or a stale attempt's.
+    kApplied,
+    // The stream is no longer the worker's (its lease ran out, or a newer
+    // stream replaced it): the message was refused and counted; the caller
+    // sends a Reregister order and ends the stream.
+    kNotTheWorkers,
+    // A store write it needed failed (logged, counted in store_write_errors):
+    // nothing of it changed. The caller acknowledges nothing more on this
+    // stream and ends it; the worker reconnects and re-sends the message with
+    // everything after it.
+    kNotStored,
+  };
+  // Applies one message from the worker's stream `stream_id`.
+  MessageResult HandleWorkerMessage(const std::string& worker_id, uint64_t stream_id, const v1::WorkerMessage& message);
 
   // Whether every metric point received so far is in the store: false after a
   // failed write until a later flush succeeds. The worker stream acknowledges
@@ -243,7 +254,7 @@ class Coordinator {
   void FlushMetrics();
   // Sends the run back to the queue (restarts + 1, after a backoff) or, with
   // no restarts left or when `deterministic`, ends it FAILED.
-  void RequeueOrFail(v1::Run* run, const std::string& why, bool deterministic = false);
+  Status RequeueOrFail(v1::Run* run, const std::string& why, bool deterministic = false);
   // The command to the worker's stream, when it has one; false when not sent.
   bool SendToWorker(const std::string& worker_id, const v1::WorkerCommand& command);
   // A cancel to every worker holding the run (a gang: every part's, rank 0's

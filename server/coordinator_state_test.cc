@@ -673,7 +673,8 @@ TEST(CoordinatorStateTest, MessagesAndRequestsForAFinishedRunAreRefusedAndChange
   EXPECT_TRUE(f.Send(w, Fixture::Exit("run-404", 0)));
   v1::Run missing;
   EXPECT_EQ(f.c->GetRun("run-404", &missing).error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_FALSE(f.c->HandleWorkerMessage("worker-404", 1, Fixture::Exit(id, 1)));
+  EXPECT_EQ(f.c->HandleWorkerMessage("worker-404", 1, Fixture::Exit(id, 1)),
+            Coordinator::MessageResult::kNotTheWorkers);
   uint64_t stream = 0;
   EXPECT_EQ(f.c->AttachWorker(
                      "worker-404", [](const v1::WorkerCommand&) { return true; }, [] {}, &stream)

@@ -170,7 +170,11 @@ struct Fixture {
     streams[id] = stream;
   }
   // A message on the worker's latest stream, from `attempt` of its run.
+  // True when applied (Coordinator::MessageResult::kApplied).
   bool Send(const std::string& worker, v1::WorkerMessage m, int64_t attempt = 1) {
+    return SendFor(worker, std::move(m), attempt) == Coordinator::MessageResult::kApplied;
+  }
+  Coordinator::MessageResult SendFor(const std::string& worker, v1::WorkerMessage m, int64_t attempt = 1) {
     m.set_attempt(attempt);
     return c->HandleWorkerMessage(worker, streams[worker], m);
   }

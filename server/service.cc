@@ -267,7 +267,15 @@ grpc::Status FleetService::Connect(grpc::ServerContext* ctx,
   v1::WorkerMessage message;
   grpc::Status result = grpc::Status::OK;
   while (stream->Read(&message)) {
-    if (!c_->HandleWorkerMessage(worker_id, stream_id, message)) {
+    const Coordinator::MessageResult handled = c_->HandleWorkerMessage(worker_id, stream_id, message);
+    if (handled == Coordinator::MessageResult::kNotStored) {
+      // Unacknowledged: the worker keeps it, and re-sends it once reconnected.
+      result = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            "keeld could not store message " + std::to_string(message.seq()) +
+                                " (its store failed a write); reconnect and send it again");
+      break;
+    }
+    if (handled == Coordinator::MessageResult::kNotTheWorkers) {
       // This stream no longer counts as the worker's: say so and end it.
       v1::WorkerCommand order;
       order.mutable_reregister()->set_reason("this stream is no longer the worker's (lease expired): register again");

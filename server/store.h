@@ -81,6 +81,10 @@ class Store {
   virtual Status UpdateRun(const v1::Run& run) = 0;
   // UpdateRun for each run, in one transaction: all or nothing.
   virtual Status UpdateRuns(const std::vector<v1::Run>& runs) = 0;
+  // UpdateRuns(runs) and AppendEvents(events) in one transaction: all or
+  // nothing (keeld stores a run's new state together with the event that
+  // tells of it).
+  virtual Status UpdateRunsWithEvents(const std::vector<v1::Run>& runs, const std::vector<v1::Event>& events) = 0;
 
   // ---- Metrics -----------------------------------------------------------------
 

@@ -545,38 +545,14 @@ class PostgresStore : public Store {
 
   Status UpdateRun(const v1::Run& run) override { return UpdateRuns({run}); }
 
-  Status UpdateRuns(const std::vector<v1::Run>& runs) override {
+  Status UpdateRuns(const std::vector<v1::Run>& runs) override { return UpdateRunsWithEvents(runs, {}); }
+
+  Status UpdateRunsWithEvents(const std::vector<v1::Run>& runs, const std::vector<v1::Event>& events) override {
     for (const v1::Run& run : runs) KEEL_RETURN_IF_ERROR(RequireId(run.id(), "UpdateRun: run"));
-    // A run given twice ends as its last copy, as with one UPDATE after another.
-    std::map<std::string, size_t> last;
-    for (size_t i = 0; i < runs.size(); ++i) last[runs[i].id()] = i;
-    std::vector<size_t> order;
-    for (size_t i = 0; i < runs.size(); ++i) {
-      if (last[runs[i].id()] == i) order.push_back(i);
-    }
     std::lock_guard<std::mutex> lock(mu_);
     return WriteTransaction([&]() -> Status {
-      std::string blob;
-      for (size_t first = 0; first < order.size(); first += kRowsPerStatement) {
-        const size_t n = std::min(kRowsPerStatement, order.size() - first);
-        Params params;
-        for (size_t i = first; i < first + n; ++i) {
-          const v1::Run& run = runs[order[i]];
-          KEEL_RETURN_IF_ERROR(Serialize(run, &blob));
-          params.Text(run.id()).Text(run.sweep_id()).Int(run.state()).Bytes(blob);
-        }
-        // Only rows whose id and sweep_id both match change; fewer rows than
-        // runs means a run is missing or names another sweep.
-        Result r;
-        KEEL_RETURN_IF_ERROR(db_->Exec(
-            "UPDATE runs SET state = v.state, proto = v.proto FROM (VALUES " +
-                Placeholders(n, {"text", "text", "bigint", "bytea"}) +
-                ") AS v(id, sweep_id, state, proto) WHERE runs.id = v.id AND runs.sweep_id = v.sweep_id "
-                "RETURNING runs.id",
-            params, &r));
-        if (static_cast<size_t>(r.rows()) != n) return ExplainUpdateRunsFailure(runs);
-      }
-      return Status::Ok();
+      KEEL_RETURN_IF_ERROR(UpdateRunsIn(runs));
+      return AppendEventsIn(events);
     });
   }
 
@@ -706,38 +682,7 @@ class PostgresStore : public Store {
 
   Status AppendEvent(const v1::Event& event) override { return AppendEvents({event}); }
 
-  Status AppendEvents(const std::vector<v1::Event>& events) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return WriteTransaction([&]() -> Status {
-      std::string blob;
-      for (size_t first = 0; first < events.size(); first += kRowsPerStatement) {
-        const size_t n = std::min(kRowsPerStatement, events.size() - first);
-        Params params;
-        for (size_t i = first; i < first + n; ++i) {
-          KEEL_RETURN_IF_ERROR(Serialize(events[i], &blob));
-          params.Int(static_cast<int64_t>(i)).TextOrNull(events[i].run_id()).TextOrNull(events[i].key()).Bytes(blob);
-        }
-        const std::string values =
-            "(VALUES " + Placeholders(n, {"bigint", "text", "text", "bytea"}) + ") AS v(ord, run_id, key, proto)";
-        // The first event (in batch order) whose run does not exist.
-        Result missing;
-        KEEL_RETURN_IF_ERROR(db_->Exec("SELECT v.run_id FROM " + values +
-                                           " WHERE v.run_id IS NOT NULL AND NOT EXISTS "
-                                           "(SELECT 1 FROM runs WHERE runs.id = v.run_id) ORDER BY v.ord LIMIT 1",
-                                       params, &missing));
-        if (missing.rows() > 0) return NotFoundError("run", missing.Text(0, 0));
-        // Each event filed under its run's sweep; inserted in batch order, so
-        // their seq is the order given. A keyed event already stored (a
-        // worker's re-send) is skipped.
-        KEEL_RETURN_IF_ERROR(db_->Exec("INSERT INTO events(run_id, sweep_id, key, proto) "
-                                       "SELECT v.run_id, runs.sweep_id, v.key, v.proto FROM " +
-                                           values + " LEFT JOIN runs ON runs.id = v.run_id ORDER BY v.ord "
-                                           "ON CONFLICT (key) DO NOTHING",
-                                       params));
-      }
-      return Status::Ok();
-    });
-  }
+  Status AppendEvents(const std::vector<v1::Event>& events) override { return UpdateRunsWithEvents({}, events); }
 
   Status ListEvents(const std::string& run_id, const std::string& sweep_id, std::vector<v1::Event>* out) override {
     PageRequest all;
@@ -915,6 +860,68 @@ class PostgresStore : public Store {
   }
 
  private:
+  // UpdateRuns' and AppendEvents' statements, with mu_ held inside a write transaction.
+  Status UpdateRunsIn(const std::vector<v1::Run>& runs) {
+    // A run given twice ends as its last copy, as with one UPDATE after another.
+    std::map<std::string, size_t> last;
+    for (size_t i = 0; i < runs.size(); ++i) last[runs[i].id()] = i;
+    std::vector<size_t> order;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (last[runs[i].id()] == i) order.push_back(i);
+    }
+    std::string blob;
+    for (size_t first = 0; first < order.size(); first += kRowsPerStatement) {
+      const size_t n = std::min(kRowsPerStatement, order.size() - first);
+      Params params;
+      for (size_t i = first; i < first + n; ++i) {
+        const v1::Run& run = runs[order[i]];
+        KEEL_RETURN_IF_ERROR(Serialize(run, &blob));
+        params.Text(run.id()).Text(run.sweep_id()).Int(run.state()).Bytes(blob);
+      }
+      // Only rows whose id and sweep_id both match change; fewer rows than
+      // runs means a run is missing or names another sweep.
+      Result r;
+      KEEL_RETURN_IF_ERROR(db_->Exec(
+          "UPDATE runs SET state = v.state, proto = v.proto FROM (VALUES " +
+              Placeholders(n, {"text", "text", "bigint", "bytea"}) +
+              ") AS v(id, sweep_id, state, proto) WHERE runs.id = v.id AND runs.sweep_id = v.sweep_id "
+              "RETURNING runs.id",
+          params, &r));
+      if (static_cast<size_t>(r.rows()) != n) return ExplainUpdateRunsFailure(runs);
+    }
+    return Status::Ok();
+  }
+
+  Status AppendEventsIn(const std::vector<v1::Event>& events) {
+    std::string blob;
+    for (size_t first = 0; first < events.size(); first += kRowsPerStatement) {
+      const size_t n = std::min(kRowsPerStatement, events.size() - first);
+      Params params;
+      for (size_t i = first; i < first + n; ++i) {
+        KEEL_RETURN_IF_ERROR(Serialize(events[i], &blob));
+        params.Int(static_cast<int64_t>(i)).TextOrNull(events[i].run_id()).TextOrNull(events[i].key()).Bytes(blob);
+      }
+      const std::string values =
+          "(VALUES " + Placeholders(n, {"bigint", "text", "text", "bytea"}) + ") AS v(ord, run_id, key, proto)";
+      // The first event (in batch order) whose run does not exist.
+      Result missing;
+      KEEL_RETURN_IF_ERROR(db_->Exec("SELECT v.run_id FROM " + values +
+                                         " WHERE v.run_id IS NOT NULL AND NOT EXISTS "
+                                         "(SELECT 1 FROM runs WHERE runs.id = v.run_id) ORDER BY v.ord LIMIT 1",
+                                     params, &missing));
+      if (missing.rows() > 0) return NotFoundError("run", missing.Text(0, 0));
+      // Each event filed under its run's sweep; inserted in batch order, so
+      // their seq is the order given. A keyed event already stored (a
+      // worker's re-send) is skipped.
+      KEEL_RETURN_IF_ERROR(db_->Exec("INSERT INTO events(run_id, sweep_id, key, proto) "
+                                     "SELECT v.run_id, runs.sweep_id, v.key, v.proto FROM " +
+                                         values + " LEFT JOIN runs ON runs.id = v.run_id ORDER BY v.ord "
+                                         "ON CONFLICT (key) DO NOTHING",
+                                     params));
+    }
+    return Status::Ok();
+  }
+
   // Every record of `table`, in the order they were first stored (takes mu_).
   template <typename Msg>
   Status ListTable(const std::string& table, std::vector<Msg>* out) {

@@ -322,30 +322,14 @@ class SqliteStore : public Store {
 
   Status UpdateRun(const v1::Run& run) override { return UpdateRuns({run}); }
 
-  Status UpdateRuns(const std::vector<v1::Run>& runs) override {
+  Status UpdateRuns(const std::vector<v1::Run>& runs) override { return UpdateRunsWithEvents(runs, {}); }
+
+  Status UpdateRunsWithEvents(const std::vector<v1::Run>& runs, const std::vector<v1::Event>& events) override {
     for (const v1::Run& run : runs) KEEL_RETURN_IF_ERROR(RequireId(run.id(), "UpdateRun: run"));
     std::lock_guard<std::mutex> lock(mu_);
     return WriteTransaction([&]() -> Status {
-      Stmt sweep_of(db_, "SELECT sweep_id FROM runs WHERE id = ?");
-      Stmt update(db_, "UPDATE runs SET state = ?, proto = ? WHERE id = ?");
-      std::string blob;
-      for (const v1::Run& run : runs) {
-        sweep_of.Reset();
-        sweep_of.Bind(1, run.id());
-        bool row;
-        KEEL_RETURN_IF_ERROR(sweep_of.Step(&row));
-        if (!row) return NotFoundError("run", run.id());
-        if (sweep_of.Text(0) != run.sweep_id()) {
-          return Status::Error("UpdateRun: run '" + run.id() + "' has sweep_id '" +
-                               run.sweep_id() + "' but belongs to sweep '" + sweep_of.Text(0) +
-                               "'; a run's sweep_id never changes");
-        }
-        KEEL_RETURN_IF_ERROR(Serialize(run, &blob));
-        update.Reset();
-        update.Bind(1, static_cast<int64_t>(run.state())).BindBlob(2, blob).Bind(3, run.id());
-        KEEL_RETURN_IF_ERROR(update.Run());
-      }
-      return Status::Ok();
+      KEEL_RETURN_IF_ERROR(UpdateRunsIn(runs));
+      return AppendEventsIn(events);
     });
   }
 
@@ -483,31 +467,7 @@ class SqliteStore : public Store {
 
   Status AppendEvent(const v1::Event& event) override { return AppendEvents({event}); }
 
-  Status AppendEvents(const std::vector<v1::Event>& events) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return WriteTransaction([&]() -> Status {
-      Stmt sweep_of(db_, "SELECT sweep_id FROM runs WHERE id = ?");
-      // A keyed event already stored (a worker's re-send) is skipped.
-      Stmt ins(db_, "INSERT INTO events(run_id, sweep_id, key, proto) VALUES(?,?,?,?) ON CONFLICT(key) DO NOTHING");
-      std::string blob;
-      for (const v1::Event& event : events) {
-        std::string sweep_id;
-        if (!event.run_id().empty()) {
-          sweep_of.Reset();
-          sweep_of.Bind(1, event.run_id());
-          bool row;
-          KEEL_RETURN_IF_ERROR(sweep_of.Step(&row));
-          if (!row) return NotFoundError("run", event.run_id());
-          sweep_id = sweep_of.Text(0);
-        }
-        KEEL_RETURN_IF_ERROR(Serialize(event, &blob));
-        ins.Reset();
-        ins.BindOrNull(1, event.run_id()).BindOrNull(2, sweep_id).BindOrNull(3, event.key()).BindBlob(4, blob);
-        KEEL_RETURN_IF_ERROR(ins.Run());
-      }
-      return Status::Ok();
-    });
-  }
+  Status AppendEvents(const std::vector<v1::Event>& events) override { return UpdateRunsWithEvents({}, events); }
 
   Status ListEvents(const std::string& run_id, const std::string& sweep_id,
                     std::vector<v1::Event>* out) override {
@@ -671,6 +631,54 @@ class SqliteStore : public Store {
   }
 
  private:
+  // UpdateRuns' and AppendEvents' statements, with mu_ held inside a write transaction.
+  Status UpdateRunsIn(const std::vector<v1::Run>& runs) {
+
+    Stmt sweep_of(db_, "SELECT sweep_id FROM runs WHERE id = ?");
+    Stmt update(db_, "UPDATE runs SET state = ?, proto = ? WHERE id = ?");
+    std::string blob;
+    for (const v1::Run& run : runs) {
+      sweep_of.Reset();
+      sweep_of.Bind(1, run.id());
+      bool row;
+      KEEL_RETURN_IF_ERROR(sweep_of.Step(&row));
+      if (!row) return NotFoundError("run", run.id());
+      if (sweep_of.Text(0) != run.sweep_id()) {
+        return Status::Error("UpdateRun: run '" + run.id() + "' has sweep_id '" +
+                             run.sweep_id() + "' but belongs to sweep '" + sweep_of.Text(0) +
+                             "'; a run's sweep_id never changes");
+      }
+      KEEL_RETURN_IF_ERROR(Serialize(run, &blob));
+      update.Reset();
+      update.Bind(1, static_cast<int64_t>(run.state())).BindBlob(2, blob).Bind(3, run.id());
+      KEEL_RETURN_IF_ERROR(update.Run());
+    }
+    return Status::Ok();
+  }
+
+  Status AppendEventsIn(const std::vector<v1::Event>& events) {
+    Stmt sweep_of(db_, "SELECT sweep_id FROM runs WHERE id = ?");
+    // A keyed event already stored (a worker's re-send) is skipped.
+    Stmt ins(db_, "INSERT INTO events(run_id, sweep_id, key, proto) VALUES(?,?,?,?) ON CONFLICT(key) DO NOTHING");
+    std::string blob;
+    for (const v1::Event& event : events) {
+      std::string sweep_id;
+      if (!event.run_id().empty()) {
+        sweep_of.Reset();
+        sweep_of.Bind(1, event.run_id());
+        bool row;
+        KEEL_RETURN_IF_ERROR(sweep_of.Step(&row));
+        if (!row) return NotFoundError("run", event.run_id());
+        sweep_id = sweep_of.Text(0);
+      }
+      KEEL_RETURN_IF_ERROR(Serialize(event, &blob));
+      ins.Reset();
+      ins.BindOrNull(1, event.run_id()).BindOrNull(2, sweep_id).BindOrNull(3, event.key()).BindBlob(4, blob);
+      KEEL_RETURN_IF_ERROR(ins.Run());
+    }
+    return Status::Ok();
+  }
+
   // Every record of `table`, in the order they were first stored (takes mu_).
   template <typename Msg>
   Status ListTable(const std::string& table, std::vector<Msg>* out) {
