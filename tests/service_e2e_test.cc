@@ -171,6 +171,24 @@ TEST(ServiceE2eTest, BadStoreUrlIsRefusedNamingTheFlagAndChangesNothing) {
   std::ifstream in(dir + "/keeld.err");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("keeld: --store: store '" + missing + "': cannot connect"), std::string::npos) << text;
+  // A bad --artifact-store, or --artifact-dir with the database's: refused, naming the flag.
+  const std::vector<std::pair<std::string, std::string>> artifact_cases = {
+      {"--artifact-store s3", "keeld: --artifact-store: 's3' is not allowed (allowed: dir, db)"},
+      {"--artifact-store db --artifact-dir " + dir + "/a",
+       "keeld: --artifact-dir: given with --artifact-store db, which keeps checkpoints in the store's database"},
+  };
+  for (const auto& c : artifact_cases) {
+    const int refused = std::system(("server/keeld --listen 127.0.0.1:0 --metrics-listen off --state-dir " + dir +
+                                     "/state-artifacts " + c.first + " 2>" + dir + "/keeld.err")
+                                        .c_str());
+    ASSERT_TRUE(WIFEXITED(refused));
+    EXPECT_EQ(WEXITSTATUS(refused), 2) << c.first;
+    std::ifstream err(dir + "/keeld.err");
+    std::string said((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+    EXPECT_NE(said.find(c.second), std::string::npos) << said;
+    struct stat st;
+    EXPECT_NE(stat((dir + "/state-artifacts").c_str(), &st), 0) << "keeld created its state dir for " << c.first;
+  }
 }
 
 TEST(ServiceE2eTest, WorkerKilledMidRunResumesElsewhereWithTheSameFinalLoss) {
