@@ -216,6 +216,15 @@ class Backend {
   // counts the non-finite values as GeluForwardBf16 does.
   virtual Status LayerNormForwardBf16(const float* x, const float* gamma, const float* beta, uint16_t* y,
                                       float* mean, float* rstd, int64_t rows, int64_t cols, float eps);
+  // A transformer's residual add and the LayerNorm after it in one call:
+  // sum = y + residual (rows x cols; sum may alias y, not residual), then
+  // LayerNormForward(sum, ...) into out, or LayerNormForwardBf16(sum, ...) into
+  // out_bf16 (exactly one of the two is given). The same bits as Add followed
+  // by the LayerNorm, which is what this default does; the CUDA backend fuses
+  // them into one pass over the rows.
+  virtual Status AddLayerNormForward(const float* y, const float* residual, float* sum, const float* gamma,
+                                     const float* beta, float* out, uint16_t* out_bf16, float* mean, float* rstd,
+                                     int64_t rows, int64_t cols, float eps);
   // dx += ..., dgamma += ..., dbeta += ... (dbeta may be null).
   virtual Status LayerNormBackward(const float* x, const float* gamma, const float* mean,
                                    const float* rstd, const float* dy, float* dx, float* dgamma,

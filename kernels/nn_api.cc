@@ -71,6 +71,24 @@ Status Backend::LayerNormForwardBf16(const float*, const float*, const float*, u
   return Status::Error(std::string("LayerNormForwardBf16: not implemented by the ") + name() + " backend");
 }
 
+Status Backend::AddLayerNormForward(const float* y, const float* residual, float* sum, const float* gamma,
+                                    const float* beta, float* out, uint16_t* out_bf16, float* mean, float* rstd,
+                                    int64_t rows, int64_t cols, float eps) {
+  if ((out == nullptr) == (out_bf16 == nullptr)) {
+    return Status::Error("AddLayerNormForward: out and out_bf16: give exactly one");
+  }
+  if (residual == nullptr || sum == nullptr || residual == sum) {
+    return Status::Error("AddLayerNormForward: residual or sum: null, or sum aliases residual");
+  }
+  if (rows < 0 || cols < 1) {
+    return Status::Error("AddLayerNormForward: shape: rows " + std::to_string(rows) + ", cols " +
+                         std::to_string(cols) + " is not allowed; need rows >= 0, cols >= 1");
+  }
+  KEEL_RETURN_IF_ERROR(Add(y, residual, sum, rows * cols));
+  if (out != nullptr) return LayerNormForward(sum, gamma, beta, out, mean, rstd, rows, cols, eps);
+  return LayerNormForwardBf16(sum, gamma, beta, out_bf16, mean, rstd, rows, cols, eps);
+}
+
 bool TakesBf16X(const LinearQuant& q) {
   for (Role r : {Role::kFwdX, Role::kFwdW, Role::kWgradDy, Role::kWgradX}) {
     if (!q.role[static_cast<int>(r)].quantized()) return false;

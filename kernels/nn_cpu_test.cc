@@ -898,6 +898,46 @@ TEST_F(NnCpuTest, LayerNormAndGeluBf16AreTheRoundingsOfTheirFp32Outputs) {
   EXPECT_NE(status.message().find("y"), std::string::npos) << status.message();
 }
 
+// AddLayerNormForward: the bits of Add and then the LayerNorm, with the sum in
+// place over y or apart, fp32 or bf16 out; what it refuses.
+TEST_F(NnCpuTest, AddLayerNormIsAddThenLayerNorm) {
+  const int64_t rows = 5, cols = 24, n = rows * cols;
+  const std::vector<float> yh = Normal(n, 91, 2.0f), res = Normal(n, 92, 3.0f);
+  const std::vector<float> gamma = Normal(cols, 93, 1.0f), beta = Normal(cols, 94, 0.1f);
+  std::vector<float> sum(n), ref(n), mean(rows), rstd(rows);
+  std::vector<uint16_t> refb(n);
+  ASSERT_OK(backend_->Add(yh.data(), res.data(), sum.data(), n));
+  ASSERT_OK(backend_->LayerNormForward(sum.data(), gamma.data(), beta.data(), ref.data(), mean.data(), rstd.data(),
+                                       rows, cols, 1e-5f));
+  ASSERT_OK(backend_->LayerNormForwardBf16(sum.data(), gamma.data(), beta.data(), refb.data(), mean.data(),
+                                           rstd.data(), rows, cols, 1e-5f));
+  for (const bool bf16 : {false, true}) {
+    std::vector<float> y = yh, out(n), m(rows), r(rows);
+    std::vector<uint16_t> outb(n);
+    ASSERT_OK(backend_->AddLayerNormForward(y.data(), res.data(), y.data(), gamma.data(), beta.data(),
+                                            bf16 ? nullptr : out.data(), bf16 ? outb.data() : nullptr, m.data(),
+                                            r.data(), rows, cols, 1e-5f));
+    EXPECT_EQ(0, std::memcmp(y.data(), sum.data(), n * sizeof(float)));
+    if (bf16) {
+      EXPECT_EQ(outb, refb);
+    } else {
+      EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), n * sizeof(float)));
+    }
+    EXPECT_EQ(0, std::memcmp(m.data(), mean.data(), rows * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(r.data(), rstd.data(), rows * sizeof(float)));
+  }
+  std::vector<float> y = yh, out(n), m(rows), r(rows);
+  std::vector<uint16_t> outb(n);
+  Status s = backend_->AddLayerNormForward(y.data(), res.data(), y.data(), gamma.data(), beta.data(), out.data(),
+                                           outb.data(), m.data(), r.data(), rows, cols, 1e-5f);
+  EXPECT_NE(s.message().find("give exactly one"), std::string::npos) << s.message();
+  std::vector<float> r2 = res;
+  s = backend_->AddLayerNormForward(y.data(), r2.data(), r2.data(), gamma.data(), beta.data(), out.data(), nullptr,
+                                    m.data(), r.data(), rows, cols, 1e-5f);
+  EXPECT_NE(s.message().find("sum aliases residual"), std::string::npos) << s.message();
+  EXPECT_EQ(y, yh);  // refused calls change nothing
+}
+
 // GELU's backward writing the dy of the linear layer before it in bf16 and
 // summing that layer's bias gradient: the layer's backward then gives the bits
 // of the fp32 path (dx, dw, dbias, statistics).

@@ -368,6 +368,9 @@ class CudaBackend final : public Backend {
                           float eps) override;
   Status LayerNormForwardBf16(const float* x, const float* gamma, const float* beta, uint16_t* y, float* mean,
                               float* rstd, int64_t rows, int64_t cols, float eps) override;
+  Status AddLayerNormForward(const float* y, const float* residual, float* sum, const float* gamma,
+                             const float* beta, float* out, uint16_t* out_bf16, float* mean, float* rstd,
+                             int64_t rows, int64_t cols, float eps) override;
   Status LayerNormBackward(const float* x, const float* gamma, const float* mean,
                            const float* rstd, const float* dy, float* dx, float* dgamma,
                            float* dbeta, int64_t rows, int64_t cols) override;

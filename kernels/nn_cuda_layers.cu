@@ -55,21 +55,48 @@ __device__ __forceinline__ void AddNonfinite(unsigned int nonfinite, unsigned lo
 // (two passes, the row stays in L1; both sums in double, as the CPU reference
 // sums them), then y = (x - mean) * rstd * gamma + beta, stored as Out
 // (StoreValue; nonfinite: the bf16 output's count). kVec: cols % 4 == 0 and
-// 16-byte aligned rows, loaded as float4.
+// 16-byte aligned rows, loaded as float4. With `residual` (AddLayerNormForward),
+// the row normalized is x + residual, written to `added` in the first pass
+// (which may be x itself: each lane reads its elements before it writes them,
+// and the later passes read back only what the same lane wrote).
 template <bool kVec, typename Out>
-__global__ void __launch_bounds__(256) LayerNormForwardKernel(const float* __restrict__ x, const float* __restrict__ gamma,
+__global__ void __launch_bounds__(256) LayerNormForwardKernel(const float* x, const float* __restrict__ gamma,
                                                               const float* __restrict__ beta, Out* __restrict__ y,
                                                               float* __restrict__ mean, float* __restrict__ rstd,
                                                               int64_t rows, int64_t cols, float eps,
-                                                              unsigned long long* nonfinite_pair) {
+                                                              unsigned long long* nonfinite_pair,
+                                                              const float* __restrict__ residual = nullptr,
+                                                              float* added = nullptr) {
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;  // whole warps: rows are warp-uniform
-  const float* xr = x + row * cols;
+  const float* xr = (residual != nullptr ? added : x) + row * cols;  // what passes 2 and 3 read
   Out* yr = y + row * cols;
   unsigned int nonfinite = 0;
   double sum = 0.0;
-  if constexpr (kVec) {
+  if (residual != nullptr) {
+    const float* ar = x + row * cols;
+    const float* rr = residual + row * cols;
+    float* sr = added + row * cols;
+    if constexpr (kVec) {
+      for (int64_t c = lane; c < cols / 4; c += 32) {
+        const float4 a = reinterpret_cast<const float4*>(ar)[c];
+        const float4 r = reinterpret_cast<const float4*>(rr)[c];
+        const float4 v = make_float4(a.x + r.x, a.y + r.y, a.z + r.z, a.w + r.w);
+        reinterpret_cast<float4*>(sr)[c] = v;
+        sum += v.x;
+        sum += v.y;
+        sum += v.z;
+        sum += v.w;
+      }
+    } else {
+      for (int64_t c = lane; c < cols; c += 32) {
+        const float v = ar[c] + rr[c];
+        sr[c] = v;
+        sum += v;
+      }
+    }
+  } else if constexpr (kVec) {
     for (int64_t c = lane; c < cols / 4; c += 32) {
       const float4 v = reinterpret_cast<const float4*>(xr)[c];
       sum += v.x;
@@ -700,6 +727,44 @@ Status CudaBackend::LayerNormForwardBf16(const float* x, const float* gamma, con
   } else {
     LayerNormForwardKernel<false, uint16_t>
         <<<blocks, 256, 0, stream_>>>(x, gamma, beta, y, mean, rstd, rows, cols, eps, pair);
+  }
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::AddLayerNormForward(const float* y, const float* residual, float* sum, const float* gamma,
+                                        const float* beta, float* out, uint16_t* out_bf16, float* mean, float* rstd,
+                                        int64_t rows, int64_t cols, float eps) {
+  NN_PROFILE("AddLayerNormForward");
+  KEEL_RETURN_IF_ERROR(CheckRowsCols("AddLayerNormForward", rows, cols));
+  if ((out == nullptr) == (out_bf16 == nullptr)) {
+    return Status::Error("AddLayerNormForward: out and out_bf16: give exactly one");
+  }
+  if (y == nullptr || residual == nullptr || sum == nullptr || gamma == nullptr || residual == sum)
+    return Status::Error("AddLayerNormForward: y, residual, sum or gamma: null, or sum aliases residual");
+  if (rows == 0) return Status::Ok();
+  const bool vec = cols % 4 == 0 && Aligned(y, 16) && Aligned(residual, 16) && Aligned(sum, 16) &&
+                   Aligned(gamma, 16) && (beta == nullptr || Aligned(beta, 16)) &&
+                   (out == nullptr ? Aligned(out_bf16, 8) : Aligned(out, 16));
+  const unsigned int blocks = static_cast<unsigned int>(CeilDiv(rows, 8));
+  if (out != nullptr) {
+    if (vec) {
+      LayerNormForwardKernel<true, float>
+          <<<blocks, 256, 0, stream_>>>(y, gamma, beta, out, mean, rstd, rows, cols, eps, nullptr, residual, sum);
+    } else {
+      LayerNormForwardKernel<false, float>
+          <<<blocks, 256, 0, stream_>>>(y, gamma, beta, out, mean, rstd, rows, cols, eps, nullptr, residual, sum);
+    }
+  } else {
+    unsigned long long* pair = nullptr;
+    KEEL_RETURN_IF_ERROR(NoteProduced(out_bf16, &pair));
+    if (vec) {
+      LayerNormForwardKernel<true, uint16_t>
+          <<<blocks, 256, 0, stream_>>>(y, gamma, beta, out_bf16, mean, rstd, rows, cols, eps, pair, residual, sum);
+    } else {
+      LayerNormForwardKernel<false, uint16_t>
+          <<<blocks, 256, 0, stream_>>>(y, gamma, beta, out_bf16, mean, rstd, rows, cols, eps, pair, residual, sum);
+    }
   }
   NN_LAUNCH_CHECK();
   return Status::Ok();

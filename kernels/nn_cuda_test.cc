@@ -1396,6 +1396,80 @@ TEST_F(NnCudaTest, LayerNormMatchesCpu) {
   }
 }
 
+// AddLayerNormForward (the residual add fused into the LayerNorm after it)
+// gives the bits of Add followed by LayerNormForward / LayerNormForwardBf16 on
+// the GPU: the sum (written in place over y, or elsewhere), y or its bf16
+// rounding, mean and rstd, and the bf16 output's non-finite count for the
+// linear layer that reads it; the float4 and the scalar path.
+TEST_F(NnCudaTest, AddLayerNormGivesTheBitsOfAddThenLayerNorm) {
+  auto as_u16 = [this](const void* p, int64_t count) {
+    std::vector<uint16_t> v(static_cast<size_t>(count));
+    EXPECT_OK(gpu_->Download(v.data(), p, v.size() * sizeof(uint16_t)));
+    return v;
+  };
+  const int64_t rows = 77;
+  for (const int64_t cols : {int64_t{768}, int64_t{765}}) {
+    SCOPED_TRACE("cols " + std::to_string(cols));
+    const int64_t n = rows * cols;
+    std::vector<float> yh = Normal(n, 111, 2.0f), rh = Normal(n, 112, 3.0f);
+    yh[cols * 3 + 1] = std::numeric_limits<float>::infinity();  // one non-finite row
+    Dual gamma = Floats(Normal(cols, 113)), beta = Floats(Normal(cols, 114, 0.1f)), res = Floats(rh);
+    // The reference: Add, then each LayerNorm.
+    Dual ref_sum = Floats(yh), ref_y = Zeros(n), ref_yb = Zeros(n), ref_mean = Zeros(rows), ref_rstd = Zeros(rows);
+    ASSERT_OK(gpu_->Add(ref_sum.g(), res.g(), ref_sum.g(), n));
+    ASSERT_OK(gpu_->LayerNormForward(ref_sum.g(), gamma.g(), beta.g(), ref_y.g(), ref_mean.g(), ref_rstd.g(), rows,
+                                     cols, 1e-5f));
+    ASSERT_OK(gpu_->LayerNormForwardBf16(ref_sum.g(), gamma.g(), beta.g(), reinterpret_cast<uint16_t*>(ref_yb.g()),
+                                         ref_mean.g(), ref_rstd.g(), rows, cols, 1e-5f));
+    for (const bool in_place : {true, false}) {
+      for (const bool bf16 : {false, true}) {
+        SCOPED_TRACE(std::string(in_place ? "sum over y" : "sum apart") + (bf16 ? ", bf16" : ", fp32"));
+        Dual y = Floats(yh), sum = Zeros(n), out = Zeros(n), mean = Zeros(rows), rstd = Zeros(rows);
+        float* s = in_place ? y.g() : sum.g();
+        ASSERT_OK(gpu_->AddLayerNormForward(y.g(), res.g(), s, gamma.g(), beta.g(), bf16 ? nullptr : out.g(),
+                                            bf16 ? reinterpret_cast<uint16_t*>(out.g()) : nullptr, mean.g(), rstd.g(),
+                                            rows, cols, 1e-5f));
+        ExpectBits("sum", Gpu(ref_sum), in_place ? Gpu(y) : Gpu(sum));
+        if (bf16) {
+          EXPECT_EQ(as_u16(ref_yb.g(), n), as_u16(out.g(), n));
+        } else {
+          ExpectBits("y", Gpu(ref_y), Gpu(out));
+        }
+        ExpectBits("mean", Gpu(ref_mean), Gpu(mean));
+        ExpectBits("rstd", Gpu(ref_rstd), Gpu(rstd));
+      }
+    }
+    // The bf16 output's non-finite count reaches the statistics of the linear
+    // layer that reads it, as LayerNormForwardBf16's does.
+    const int64_t out_cols = 64;
+    Dual w = Floats(Normal(out_cols * cols, 115, 0.1f)), lin = Zeros(rows * out_cols);
+    Dual y = Floats(yh), xb = Zeros(n), mean = Zeros(rows), rstd = Zeros(rows);
+    LinearQuant q = AllRoles(Quant(QuantFormat::kBf16));
+    q.stats_slot = 0;
+    q.x_bf16 = reinterpret_cast<const uint16_t*>(xb.g());
+    q.x_bf16_ld = cols;
+    std::vector<OperandStats> fused, apart;
+    ASSERT_OK(gpu_->ResetOperandStats(1));
+    ASSERT_OK(gpu_->LayerNormForwardBf16(ref_sum.g(), gamma.g(), beta.g(), reinterpret_cast<uint16_t*>(xb.g()),
+                                         mean.g(), rstd.g(), rows, cols, 1e-5f));
+    ASSERT_OK(gpu_->LinearForward(nullptr, w.g(), nullptr, nullptr, lin.g(), rows, cols, out_cols, q));
+    ASSERT_OK(gpu_->ReadOperandStats(&apart));
+    ASSERT_OK(gpu_->ResetOperandStats(1));
+    ASSERT_OK(gpu_->AddLayerNormForward(y.g(), res.g(), y.g(), gamma.g(), beta.g(), nullptr,
+                                        reinterpret_cast<uint16_t*>(xb.g()), mean.g(), rstd.g(), rows, cols, 1e-5f));
+    ASSERT_OK(gpu_->LinearForward(nullptr, w.g(), nullptr, nullptr, lin.g(), rows, cols, out_cols, q));
+    ASSERT_OK(gpu_->ReadOperandStats(&fused));
+    ExpectStatsEqual("the producer's count", apart, fused);
+    EXPECT_GT(fused[R(Role::kFwdX)].nan_blocks, 0);  // the row with the Inf
+  }
+  // Refusals: both outputs or neither, a sum over the residual.
+  Dual a = Zeros(8), b = Zeros(8), g = Zeros(4), o = Zeros(8), m = Zeros(2), r = Zeros(2);
+  EXPECT_FALSE(gpu_->AddLayerNormForward(a.g(), b.g(), a.g(), g.g(), nullptr, nullptr, nullptr, m.g(), r.g(), 2, 4,
+                                         1e-5f).ok());
+  EXPECT_FALSE(gpu_->AddLayerNormForward(a.g(), b.g(), b.g(), g.g(), nullptr, o.g(), nullptr, m.g(), r.g(), 2, 4,
+                                         1e-5f).ok());
+}
+
 TEST_F(NnCudaTest, GeluAndSwigluMatchToLibmUlps) {
   const int64_t n = (1 << 18) + 1, rows = 300, h = 257;
   Dual x = Floats(Normal(n, 91, 3.0f)), dy = Floats(Normal(n, 92)), y = Zeros(n), dx = Zeros(n);

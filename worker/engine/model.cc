@@ -104,6 +104,26 @@ Status Model::LayerNormFor(const LinearQuant& q, const float* x, const float* ga
   return backend_->LayerNormForwardBf16(x, gamma, beta, reinterpret_cast<uint16_t*>(y), mean, rstd, rows, cols, eps);
 }
 
+Status Model::LinearThenResidual(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                                 int64_t rows, int64_t in, int64_t out, const LinearQuant& q, const float** pending) {
+  *pending = nullptr;
+  if (bias == nullptr) return LinearPlusResidual(x, w, bias, residual, y, rows, in, out, q);
+  KEEL_RETURN_IF_ERROR(backend_->LinearForward(x, w, bias, nullptr, y, rows, in, out, q));
+  *pending = residual;
+  return Status::Ok();
+}
+
+Status Model::LayerNormAfter(const LinearQuant& q, float* x, const float* pending, const float* gamma,
+                             const float* beta, float* y, float* mean, float* rstd, int64_t rows, int64_t cols,
+                             float eps) {
+  if (pending == nullptr) return LayerNormFor(q, x, gamma, beta, y, mean, rstd, rows, cols, eps);
+  if (q.x_bf16 == nullptr) {
+    return backend_->AddLayerNormForward(x, pending, x, gamma, beta, y, nullptr, mean, rstd, rows, cols, eps);
+  }
+  return backend_->AddLayerNormForward(x, pending, x, gamma, beta, nullptr, reinterpret_cast<uint16_t*>(y), mean,
+                                       rstd, rows, cols, eps);
+}
+
 Status Model::GeluFor(const LinearQuant& q, const float* x, float* y, int64_t count) {
   if (q.x_bf16 == nullptr) return backend_->GeluForward(x, y, count);
   return backend_->GeluForwardBf16(x, reinterpret_cast<uint16_t*>(y), count);

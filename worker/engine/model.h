@@ -139,6 +139,17 @@ class Model {
   static LinearQuant XInBf16(LinearQuant q, const float* buffer, int64_t ld);
   Status LayerNormFor(const LinearQuant& q, const float* x, const float* gamma, const float* beta, float* y,
                       float* mean, float* rstd, int64_t rows, int64_t cols, float eps);
+  // A residual block's output y = linear(x) + residual when a LayerNorm reads
+  // it next: without a bias, LinearPlusResidual (the residual in the GEMM) and
+  // *pending = null; with one, y = linear(x) alone and *pending = residual,
+  // which that LayerNorm adds in its own pass (LayerNormAfter): the bits of a
+  // separate Add, without writing y and reading it back once more.
+  Status LinearThenResidual(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                            int64_t rows, int64_t in, int64_t out, const LinearQuant& q, const float** pending);
+  // LayerNormFor(q, x, ...) when pending is null, else x = x + pending and the
+  // LayerNorm of that in one pass (Backend::AddLayerNormForward).
+  Status LayerNormAfter(const LinearQuant& q, float* x, const float* pending, const float* gamma,
+                        const float* beta, float* y, float* mean, float* rstd, int64_t rows, int64_t cols, float eps);
   Status GeluFor(const LinearQuant& q, const float* x, float* y, int64_t count);
   // ready(i) for each i of `indices` that is a tensor (>= 0; an absent one is
   // -1), in order; nothing when ready is not set.

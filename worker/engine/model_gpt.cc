@@ -307,14 +307,16 @@ class GptModel : public Model {
     KEEL_RETURN_IF_ERROR(UploadTokens(batch, "gpt", bt_, tokens_, targets_, valid));
     KEEL_RETURN_IF_ERROR(QuantizeAffine(scheme, quant_seed));
     KEEL_RETURN_IF_ERROR(backend_->EmbeddingForward(tokens_, P(wte_), P(wpe_), res_[0], batch_, seq_, d_));
+    // The residual the next LayerNorm adds to its input first (LinearThenResidual).
+    const float* pending = nullptr;
     for (int l = 0; l < blocks_; ++l) {
       const BlockParams& q = bp_[l];
       BlockActs& a = acts_[l];
       // ln1, ln2 and act are written in bf16 when the linear layer they feed
       // reads them so (XInBf16).
       const LinearQuant attn_q = XInBf16(Quant(scheme, l, 0, quant_seed, stats), a.ln1, d_);
-      KEEL_RETURN_IF_ERROR(LayerNormFor(attn_q, res_[l], Affine(q.ln1_w), Affine(q.ln1_b), a.ln1, a.ln1_mean,
-                                        a.ln1_rstd, bt_, d_, m_.ln_eps));
+      KEEL_RETURN_IF_ERROR(LayerNormAfter(attn_q, res_[l], pending, Affine(q.ln1_w), Affine(q.ln1_b), a.ln1,
+                                          a.ln1_mean, a.ln1_rstd, bt_, d_, m_.ln_eps));
       KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.ln1, P(q.attn_w), q.attn_b < 0 ? nullptr : P(q.attn_b),
                                               nullptr, a.qkv, bt_, d_, 3 * d_, attn_q));
       const float* qkv_used = a.qkv;
@@ -326,13 +328,14 @@ class GptModel : public Model {
       }
       KEEL_RETURN_IF_ERROR(backend_->AttentionForward(qkv_used, a.att, a.att_stats, batch_, seq_, m_.heads, d_,
                                                  AttentionBf16(scheme, l)));
-      // mid = res + proj(att). Nothing reads the projection without the residual
-      // (its backward needs att, the weight and dmid).
-      KEEL_RETURN_IF_ERROR(LinearPlusResidual(a.att, P(q.proj_w), q.proj_b < 0 ? nullptr : P(q.proj_b), res_[l],
-                                              a.mid, bt_, d_, d_, Quant(scheme, l, 1, quant_seed, stats)));
+      // mid = res + proj(att), the add done by ln2 when proj has a bias.
+      // Nothing reads the projection without the residual (its backward needs
+      // att, the weight and dmid).
+      KEEL_RETURN_IF_ERROR(LinearThenResidual(a.att, P(q.proj_w), q.proj_b < 0 ? nullptr : P(q.proj_b), res_[l],
+                                              a.mid, bt_, d_, d_, Quant(scheme, l, 1, quant_seed, stats), &pending));
       const LinearQuant fc_q = XInBf16(Quant(scheme, l, 2, quant_seed, stats), a.ln2, d_);
-      KEEL_RETURN_IF_ERROR(LayerNormFor(fc_q, a.mid, Affine(q.ln2_w), Affine(q.ln2_b), a.ln2, a.ln2_mean,
-                                        a.ln2_rstd, bt_, d_, m_.ln_eps));
+      KEEL_RETURN_IF_ERROR(LayerNormAfter(fc_q, a.mid, pending, Affine(q.ln2_w), Affine(q.ln2_b), a.ln2,
+                                          a.ln2_mean, a.ln2_rstd, bt_, d_, m_.ln_eps));
       KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.ln2, P(q.fc_w), q.fc_b < 0 ? nullptr : P(q.fc_b), nullptr,
                                               a.fc, bt_, d_, fc_out_, fc_q));
       const LinearQuant fcproj_q = FcProjQuant(scheme, l, quant_seed, stats, a);
@@ -341,12 +344,13 @@ class GptModel : public Model {
       } else {
         KEEL_RETURN_IF_ERROR(GeluFor(fcproj_q, a.fc, a.act, bt_ * hidden_));
       }
-      // res[l + 1] = mid + fcproj(act), the same way.
-      KEEL_RETURN_IF_ERROR(LinearPlusResidual(a.act, P(q.fcproj_w), q.fcproj_b < 0 ? nullptr : P(q.fcproj_b),
-                                              a.mid, res_[l + 1], bt_, hidden_, d_, fcproj_q));
+      // res[l + 1] = mid + fcproj(act), the same way (the add done by the
+      // next block's ln1, or by ln_f).
+      KEEL_RETURN_IF_ERROR(LinearThenResidual(a.act, P(q.fcproj_w), q.fcproj_b < 0 ? nullptr : P(q.fcproj_b),
+                                              a.mid, res_[l + 1], bt_, hidden_, d_, fcproj_q, &pending));
     }
-    KEEL_RETURN_IF_ERROR(backend_->LayerNormForward(res_[blocks_], Affine(lnf_w_), Affine(lnf_b_), lnf_,
-                                               lnf_mean_, lnf_rstd_, bt_, d_, m_.ln_eps));
+    KEEL_RETURN_IF_ERROR(LayerNormAfter(LinearQuant(), res_[blocks_], pending, Affine(lnf_w_), Affine(lnf_b_), lnf_,
+                                        lnf_mean_, lnf_rstd_, bt_, d_, m_.ln_eps));
     KEEL_RETURN_IF_ERROR(backend_->LinearForward(lnf_, P(wte_), nullptr, nullptr, logits_, bt_, d_, m_.padded_vocab,
                                             Quant(scheme, -1, 0, quant_seed, stats)));
     return LanguageModelLoss(logits_, targets_, losses_, bt_, m_.padded_vocab, m_.vocab, grad_scale, *valid,
