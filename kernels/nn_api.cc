@@ -111,6 +111,9 @@ Status CheckXBf16(const char* op, const LinearQuant& q, int64_t in) {
   if (q.hcp_fwd.count > 0)
     return Status::Error(std::string(op) + ": hcp_fwd: " + std::to_string(q.hcp_fwd.count) +
                          " hot channels are not allowed with x_bf16 (the patch needs x's fp32 residual)");
+  if (q.hcp_wgrad_rows > 0)
+    return Status::Error(std::string(op) + ": hcp_wgrad_rows: " + std::to_string(q.hcp_wgrad_rows) +
+                         " is not allowed with x_bf16 (the patch needs x's fp32 residual)");
   return Status::Ok();
 }
 
@@ -135,6 +138,9 @@ Status CheckDyBf16(const char* op, const LinearQuant& q, int64_t out, const floa
   if (q.dy_bf16_ld < out)
     return Status::Error(std::string(op) + ": dy_bf16_ld: " + std::to_string(q.dy_bf16_ld) +
                          " is not allowed; need >= out (" + std::to_string(out) + ")");
+  if (q.hcp_dgrad.count > 0 || q.hcp_wgrad_rows > 0)
+    return Status::Error(std::string(op) + ": hcp_dgrad / hcp_wgrad_rows: not allowed with dy_bf16 (the patch needs "
+                         "dy's fp32 residual)");
   return Status::Ok();
 }
 

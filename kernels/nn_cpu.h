@@ -63,6 +63,10 @@ class CpuBackend : public Backend {
                         const LinearQuant& q) override;
   Status ResetOperandStats(int slots) override;
   Status ReadOperandStats(std::vector<OperandStats>* stats) override;
+  // Hot-Channel Patch (nn_cpu_hcp.cc; docs/hcp.md): fp32 patch columns.
+  Status HcpScores(HcpGemm gemm, const float* x, const float* w, int64_t rows, int64_t in, int64_t out,
+                   const LinearQuant& q, float* scores) override;
+  Status HcpTopK(const float* scores, int64_t count, int32_t k, int32_t* index) override;
   // The reference reductions of outliers.h (ChannelAbsMaxRef, ...), serial.
   Status ChannelAbsMax(const float* x, int64_t rows, int64_t cols, int channel_axis, float* out) override;
   Status AddOutlierSums(const float* x, int64_t rows, int64_t cols, int nvfp4_axis,
@@ -154,6 +158,25 @@ class CpuBackend : public Backend {
                         const LinearQuant& q, Operand* operand, OperandStats* stats);
   // Adds the six roles' counters of one call to slot q.stats_slot (no-op for -1).
   void RecordStats(const LinearQuant& q, const OperandStats* role_stats);
+  // Hot-Channel Patch helpers (nn_cpu_hcp.cc), called with linear_mutex_ held.
+  // One operand of a patched GEMM as the patch reads it: element (i, j), i
+  // along the GEMM's output axis (n of them) and j along its contraction, of
+  // the unquantized tensor at x[i * si + j * sj] and of its quantized values at
+  // q->data[same index] (times q->decode_scale: Q(x) as the GEMM sees it).
+  struct HcpSide {
+    const float* x;
+    const Operand* q;
+    int64_t n, si, sj;
+    float At(int64_t i, int64_t j) const { return x[i * si + j * sj]; }
+    float Q(int64_t i, int64_t j) const { return q->decode_scale * q->data[i * si + j * sj]; }
+  };
+  void HcpScoresOf(const HcpSide& a, const HcpSide& b, int64_t k_count, float* scores);
+  void AddHcpPatch(const HcpSide& a, const HcpSide& b, const int32_t* hot, int32_t k, float* c, int64_t ldc);
+  static Status CheckHotChannels(const char* op, const char* field, const HotChannels& hot, int64_t k_count);
+  // dw += the wgrad GEMM's patch over its q.hcp_wgrad_rows best-scoring tokens
+  // (operand_c_ and operand_d_ hold that GEMM's quantized operands).
+  Status AddWgradHcpPatch(const float* x, const float* dy, int64_t rows, int64_t in, int64_t out,
+                          const LinearQuant& q, float* dw);
 
   ThreadPool pool_;
 

@@ -359,6 +359,7 @@ Status CpuBackend::LinearForward(const float* x, const float* w, const float* bi
                          "residual (y receives the product before the residual is added)");
   std::lock_guard<std::mutex> lock(linear_mutex_);
   KEEL_RETURN_IF_ERROR(ValidateLinearQuant(kOp, q, rows, stats_slots_));
+  KEEL_RETURN_IF_ERROR(CheckHotChannels(kOp, "hcp_fwd", q.hcp_fwd, in));
   KEEL_RETURN_IF_ERROR(AnalyzeOperand(kOp, Role::kFwdX, x, rows, in, q.analytics_slot));
   KEEL_RETURN_IF_ERROR(AnalyzeOperand(kOp, Role::kFwdW, w, out, in, q.analytics_slot));
 
@@ -372,6 +373,9 @@ Status CpuBackend::LinearForward(const float* x, const float* w, const float* bi
   // y = alpha * x_q . w_q^T: B is w stored out x in, i.e. op(B) = w^T.
   GemmCpu(&pool_, GemmShape{rows, out, in}, false, true, alpha, operand_a_.data, in,
           operand_b_.data, in, false, y, out);
+  // The hot input channels' residual products (docs/hcp.md), before bias and residual.
+  AddHcpPatch(HcpSide{x, &operand_a_, rows, in, 1}, HcpSide{w, &operand_b_, out, in, 1}, q.hcp_fwd.index,
+              q.hcp_fwd.count, y, out);
   // Then (y + bias) + residual, each a separate fp32 addition: the bits of adding
   // the bias and then calling Add with the residual.
   if (bias != nullptr || residual != nullptr) {
@@ -418,6 +422,11 @@ Status CpuBackend::LinearBackward(const float* x, const float* w, const float* d
   KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"x", x}, {"w", w}, {"dy", dy}, {"dw", dw}}));
   std::lock_guard<std::mutex> lock(linear_mutex_);
   KEEL_RETURN_IF_ERROR(ValidateLinearQuant(kOp, q, rows, stats_slots_));
+  KEEL_RETURN_IF_ERROR(CheckHotChannels(kOp, "hcp_dgrad", q.hcp_dgrad, out));
+  if (q.hcp_wgrad_rows < 0 || q.hcp_wgrad_rows > rows) {
+    return Status::Error(std::string(kOp) + ": hcp_wgrad_rows: " + std::to_string(q.hcp_wgrad_rows) +
+                         " is not allowed; need 0.." + std::to_string(rows) + " (the wgrad GEMM's tokens)");
+  }
   if (dx != nullptr) {  // the dgrad GEMM runs only when dx is wanted
     KEEL_RETURN_IF_ERROR(AnalyzeOperand(kOp, Role::kDgradDy, dy, rows, out, q.analytics_slot));
     KEEL_RETURN_IF_ERROR(AnalyzeOperand(kOp, Role::kDgradW, w, out, in, q.analytics_slot));
@@ -446,11 +455,15 @@ Status CpuBackend::LinearBackward(const float* x, const float* w, const float* d
     GemmCpu(&pool_, GemmShape{rows, in, out}, false, false,
             operand_a_.decode_scale * operand_b_.decode_scale, operand_a_.data, out,
             operand_b_.data, in, false, dx, in);
+    // The hot output channels' patch: A = dy along out, B = w read down its columns.
+    AddHcpPatch(HcpSide{dy, &operand_a_, rows, out, 1}, HcpSide{w, &operand_b_, in, 1, in}, q.hcp_dgrad.index,
+                q.hcp_dgrad.count, dx, in);
   }
   // dw (out x in) += dy_q^T . x_q: A is dy stored rows x out, i.e. op(A) = dy^T.
   GemmCpu(&pool_, GemmShape{out, in, rows}, true, false,
           operand_c_.decode_scale * operand_d_.decode_scale, operand_c_.data, out, operand_d_.data,
           in, true, dw, in);
+  KEEL_RETURN_IF_ERROR(AddWgradHcpPatch(x, dy, rows, in, out, q, dw));
   if (dbias != nullptr) AddColumnSums(dy, rows, out, dbias);
   RecordStats(q, role_stats.stats);
   return Status::Ok();

@@ -107,6 +107,11 @@ class NnCpuTest : public ::testing::Test {
     Status status_ = (expr);                        \
     ASSERT_TRUE(status_.ok()) << status_.message(); \
   } while (0)
+#define EXPECT_OK(expr)                             \
+  do {                                              \
+    Status status_ = (expr);                        \
+    EXPECT_TRUE(status_.ok()) << status_.message(); \
+  } while (0)
 
 TEST_F(NnCpuTest, LinearFp32Gradients) {
   const int64_t rows = 5, in = 7, out = 6;
@@ -1832,6 +1837,242 @@ TEST_F(NnCpuTest, ShapeErrorsNameTheField) {
   EXPECT_FALSE(MakeCpuBackend(-1, &backend).ok());
   ASSERT_OK(MakeCpuBackend(0, &backend));  // hardware concurrency
   EXPECT_EQ(backend->name(), std::string("cpu"));
+}
+
+
+// ---- Hot-Channel Patch (docs/hcp.md) -------------------------------------------
+
+// Every role NVFP4; with_rht: the recipe's RHT on the two wgrad roles.
+LinearQuant Nvfp4Roles(bool with_rht) {
+  LinearQuant q;
+  for (OperandFormat& f : q.role) f = nn_test::Quant(QuantFormat::kNvfp4);
+  if (with_rht) {
+    q.role[static_cast<int>(Role::kWgradDy)].rht = true;
+    q.role[static_cast<int>(Role::kWgradX)].rht = true;
+  }
+  q.seed = 77;
+  return q;
+}
+
+// ||got - want|| / ||want||.
+double RelError(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(num / den);
+}
+
+std::vector<int32_t> AllIndices(int64_t n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(i);
+  return v;
+}
+
+// The three GEMMs of one NVFP4 linear layer with outliers, unpatched, patched
+// on every channel (k = K: the fp32 layer's results up to fp32 rounding, far
+// closer than NVFP4 alone), and with count 0 (the unpatched bits).
+TEST_F(NnCpuTest, HcpWithEveryChannelGivesTheFp32LayerAndWithNoneThePlainOne) {
+  const int64_t rows = 32, in = 64, out = 48;
+  const std::vector<float> x = nn_test::WithOutliers(rows * in, 11), w = nn_test::WithOutliers(out * in, 12, 0.1f),
+                           dy = nn_test::WithOutliers(rows * out, 13);
+  const std::vector<int32_t> all_in = AllIndices(in), all_out = AllIndices(out);
+  for (const bool rht : {false, true}) {
+    SCOPED_TRACE(rht ? "rht on the wgrad roles" : "no rht");
+    struct Result {
+      std::vector<float> y, dx, dw;
+    };
+    auto run = [&](const LinearQuant& q) {
+      Result r{std::vector<float>(rows * out), std::vector<float>(rows * in), std::vector<float>(out * in, 0.0f)};
+      EXPECT_OK(backend_->LinearForward(x.data(), w.data(), nullptr, nullptr, r.y.data(), rows, in, out, q));
+      EXPECT_OK(backend_->LinearBackward(x.data(), w.data(), dy.data(), r.dx.data(), r.dw.data(), nullptr, rows, in,
+                                         out, q));
+      return r;
+    };
+    const Result fp32 = run(LinearQuant());
+    const LinearQuant plain_q = Nvfp4Roles(rht);
+    const Result plain = run(plain_q);
+    LinearQuant none = plain_q;
+    none.hcp_fwd = HotChannels{all_in.data(), 0};
+    none.hcp_dgrad = HotChannels{all_out.data(), 0};
+    const Result zero = run(none);
+    EXPECT_EQ(0, std::memcmp(zero.y.data(), plain.y.data(), plain.y.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(zero.dx.data(), plain.dx.data(), plain.dx.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(zero.dw.data(), plain.dw.data(), plain.dw.size() * sizeof(float)));
+    LinearQuant every = plain_q;
+    every.hcp_fwd = HotChannels{all_in.data(), static_cast<int32_t>(in)};
+    every.hcp_dgrad = HotChannels{all_out.data(), static_cast<int32_t>(out)};
+    every.hcp_wgrad_rows = static_cast<int32_t>(rows);
+    const Result full = run(every);
+    const double e_y = RelError(full.y, fp32.y), e_dx = RelError(full.dx, fp32.dx), e_dw = RelError(full.dw, fp32.dw);
+    std::printf("k = K: relative error to fp32 y %.2e dx %.2e dw %.2e; NVFP4 alone y %.2e dx %.2e dw %.2e\n", e_y,
+                e_dx, e_dw, RelError(plain.y, fp32.y), RelError(plain.dx, fp32.dx), RelError(plain.dw, fp32.dw));
+    EXPECT_LT(e_y, 1e-5);
+    EXPECT_LT(e_dx, 1e-5);
+    EXPECT_LT(e_dw, 1e-5);
+    EXPECT_GT(RelError(plain.y, fp32.y), 1e-2);  // NVFP4 alone is far off: the patch did the work
+  }
+}
+
+// Intermediate k: the patched result minus the unpatched one is the formula's
+// patch, sum over hot j of dA(., j) B(., j)^T + Q(A)(., j) dB(., j)^T, computed
+// here in double from QuantizeDequantize's Q; and the scores are the mean
+// absolute residuals of the formula, the top k as nn.h orders them.
+TEST_F(NnCpuTest, HcpWithSomeChannelsAddsTheFormulasPatchAndScoresRankTheResiduals) {
+  const int64_t rows = 32, in = 64, out = 48;
+  const std::vector<float> x = nn_test::WithOutliers(rows * in, 21), w = nn_test::WithOutliers(out * in, 22, 0.1f),
+                           dy = nn_test::WithOutliers(rows * out, 23);
+  const LinearQuant q = Nvfp4Roles(false);
+  auto qdq = [&](const std::vector<float>& t, int64_t r, int64_t c, int axis, Role role) {
+    std::vector<float> out_values(t.size());
+    EXPECT_OK(backend_->QuantizeDequantize(t.data(), r, c, axis, q.role[static_cast<int>(role)],
+                                           RoleSeed(q.seed, role), out_values.data()));
+    return out_values;
+  };
+  // Q of each role, as the layer's GEMMs quantize them.
+  const std::vector<float> qx = qdq(x, rows, in, 1, Role::kFwdX), qw_f = qdq(w, out, in, 1, Role::kFwdW),
+                           qdy = qdq(dy, rows, out, 1, Role::kDgradDy), qw_d = qdq(w, out, in, 0, Role::kDgradW);
+  // Scores: the formula, and HcpTopK's choice of 5.
+  std::vector<float> scores_f(in), scores_d(out);
+  ASSERT_OK(backend_->HcpScores(Backend::HcpGemm::kFwd, x.data(), w.data(), rows, in, out, q, scores_f.data()));
+  ASSERT_OK(backend_->HcpScores(Backend::HcpGemm::kDgrad, dy.data(), w.data(), rows, in, out, q, scores_d.data()));
+  for (int64_t j = 0; j < in; ++j) {
+    double sa = 0, sb = 0;
+    for (int64_t r = 0; r < rows; ++r) sa += std::fabs(x[r * in + j] - qx[r * in + j]);
+    for (int64_t o = 0; o < out; ++o) sb += std::fabs(w[o * in + j] - qw_f[o * in + j]);
+    EXPECT_NEAR(scores_f[j], sa / rows + sb / out, 1e-5 * (sa / rows + sb / out) + 1e-7) << "fwd channel " << j;
+  }
+  for (int64_t j = 0; j < out; ++j) {
+    double sa = 0, sb = 0;
+    for (int64_t r = 0; r < rows; ++r) sa += std::fabs(dy[r * out + j] - qdy[r * out + j]);
+    for (int64_t i = 0; i < in; ++i) sb += std::fabs(w[j * in + i] - qw_d[j * in + i]);
+    EXPECT_NEAR(scores_d[j], sa / rows + sb / in, 1e-5 * (sa / rows + sb / in) + 1e-7) << "dgrad channel " << j;
+  }
+  std::vector<int32_t> hot_f(5), hot_d(5);
+  ASSERT_OK(backend_->HcpTopK(scores_f.data(), in, 5, hot_f.data()));
+  ASSERT_OK(backend_->HcpTopK(scores_d.data(), out, 5, hot_d.data()));
+  for (const std::vector<int32_t>* hot : {&hot_f, &hot_d}) {
+    const std::vector<float>& sc = hot == &hot_f ? scores_f : scores_d;
+    EXPECT_TRUE(std::is_sorted(hot->begin(), hot->end()));
+    float lowest_kept = INFINITY;
+    for (int32_t j : *hot) lowest_kept = std::min(lowest_kept, sc[j]);
+    int above = 0;
+    for (float v : sc) above += v > lowest_kept;
+    EXPECT_LE(above, 4);  // nothing outside the set scores higher than what it kept
+  }
+
+  // The patched GEMMs against the formula.
+  std::vector<float> y0(rows * out), y1(rows * out), dx0(rows * in), dx1(rows * in);
+  std::vector<float> dw0(out * in, 0.0f), dw1(out * in, 0.0f);
+  LinearQuant patched = q;
+  patched.hcp_fwd = HotChannels{hot_f.data(), 5};
+  patched.hcp_dgrad = HotChannels{hot_d.data(), 5};
+  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), nullptr, nullptr, y0.data(), rows, in, out, q));
+  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), nullptr, nullptr, y1.data(), rows, in, out, patched));
+  ASSERT_OK(backend_->LinearBackward(x.data(), w.data(), dy.data(), dx0.data(), dw0.data(), nullptr, rows, in, out, q));
+  ASSERT_OK(
+      backend_->LinearBackward(x.data(), w.data(), dy.data(), dx1.data(), dw1.data(), nullptr, rows, in, out, patched));
+  double worst_y = 0, worst_dx = 0, scale = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t o = 0; o < out; ++o) {
+      double patch = 0;
+      for (int32_t j : hot_f) {
+        patch += (static_cast<double>(x[r * in + j]) - qx[r * in + j]) * w[o * in + j] +
+                 static_cast<double>(qx[r * in + j]) * (w[o * in + j] - qw_f[o * in + j]);
+      }
+      worst_y = std::max(worst_y, std::fabs((static_cast<double>(y1[r * out + o]) - y0[r * out + o]) - patch));
+      scale = std::max(scale, std::fabs(static_cast<double>(y0[r * out + o])));
+    }
+    for (int64_t i = 0; i < in; ++i) {
+      double patch = 0;
+      for (int32_t j : hot_d) {
+        patch += (static_cast<double>(dy[r * out + j]) - qdy[r * out + j]) * w[j * in + i] +
+                 static_cast<double>(qdy[r * out + j]) * (w[j * in + i] - qw_d[j * in + i]);
+      }
+      worst_dx = std::max(worst_dx, std::fabs((static_cast<double>(dx1[r * in + i]) - dx0[r * in + i]) - patch));
+    }
+  }
+  EXPECT_LT(worst_y, 1e-5 * scale) << "forward patch";
+  EXPECT_LT(worst_dx, 1e-5 * scale) << "dgrad patch";
+  EXPECT_GT(RelError(y1, y0), 1e-3);  // the patch is not nothing
+  // No wgrad rows asked: dw is the unpatched one, bit for bit.
+  EXPECT_EQ(0, std::memcmp(dw0.data(), dw1.data(), dw0.size() * sizeof(float)));
+
+  // The wgrad's rows, chosen per call: the k tokens of highest score, and the
+  // formula's patch over them.
+  LinearQuant wrows = q;
+  wrows.hcp_wgrad_rows = 6;
+  std::vector<float> dw2(out * in, 0.0f);
+  ASSERT_OK(backend_->LinearBackward(x.data(), w.data(), dy.data(), nullptr, dw2.data(), nullptr, rows, in, out, wrows));
+  const std::vector<float> qdy_w = qdq(dy, rows, out, 0, Role::kWgradDy), qx_w = qdq(x, rows, in, 0, Role::kWgradX);
+  std::vector<float> token_scores(rows);
+  for (int64_t t = 0; t < rows; ++t) {
+    double sa = 0, sb = 0;
+    for (int64_t o = 0; o < out; ++o) sa += std::fabs(dy[t * out + o] - qdy_w[t * out + o]);
+    for (int64_t i = 0; i < in; ++i) sb += std::fabs(x[t * in + i] - qx_w[t * in + i]);
+    token_scores[t] = static_cast<float>(sa / out + sb / in);
+  }
+  std::vector<int32_t> hot_t(6);
+  ASSERT_OK(backend_->HcpTopK(token_scores.data(), rows, 6, hot_t.data()));
+  double worst_dw = 0, dw_scale = 0;
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t i = 0; i < in; ++i) {
+      double patch = 0;
+      for (int32_t t : hot_t) {
+        patch += (static_cast<double>(dy[t * out + o]) - qdy_w[t * out + o]) * x[t * in + i] +
+                 static_cast<double>(qdy_w[t * out + o]) * (x[t * in + i] - qx_w[t * in + i]);
+      }
+      worst_dw = std::max(worst_dw, std::fabs((static_cast<double>(dw2[o * in + i]) - dw0[o * in + i]) - patch));
+      dw_scale = std::max(dw_scale, std::fabs(static_cast<double>(dw0[o * in + i])));
+    }
+  }
+  EXPECT_LT(worst_dw, 1e-5 * dw_scale) << "wgrad patch";
+}
+
+TEST_F(NnCpuTest, HcpTopKOrdersTiesByIndexAndNanFirst) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> scores = {0.5f, 2.0f, nan, 2.0f, 1.0f, 3.0f, 2.0f};
+  std::vector<int32_t> top(4);
+  ASSERT_OK(backend_->HcpTopK(scores.data(), 7, 4, top.data()));
+  // NaN (2), then 3.0 (5), then the two lowest-indexed 2.0s (1, 3); ascending.
+  EXPECT_EQ(top, (std::vector<int32_t>{1, 2, 3, 5}));
+  ASSERT_OK(backend_->HcpTopK(scores.data(), 7, 0, top.data()));
+  Status s = backend_->HcpTopK(scores.data(), 7, 8, top.data());
+  EXPECT_NE(s.message().find("k: 8 of count 7 is not allowed"), std::string::npos) << s.message();
+}
+
+TEST_F(NnCpuTest, HcpBadHotSetsAreRefusedNamingTheFieldAndChangeNothing) {
+  const int64_t rows = 16, in = 32, out = 16;
+  const std::vector<float> x = Normal(rows * in, 31), w = Normal(out * in, 32), dy = Normal(rows * out, 33);
+  std::vector<float> y(rows * out, 7.0f), dx(rows * in, 7.0f), dw(out * in, 7.0f);
+  const LinearQuant q = Nvfp4Roles(false);
+  auto refused = [&](const LinearQuant& bad, bool forward, const std::string& expect) {
+    Status s = forward ? backend_->LinearForward(x.data(), w.data(), nullptr, nullptr, y.data(), rows, in, out, bad)
+                       : backend_->LinearBackward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), nullptr, rows,
+                                                  in, out, bad);
+    EXPECT_FALSE(s.ok()) << expect;
+    EXPECT_NE(s.message().find(expect), std::string::npos) << s.message();
+  };
+  const std::vector<int32_t> unordered = {4, 2}, outside = {1, 32}, fine = {1, 2};
+  LinearQuant bad = q;
+  bad.hcp_fwd = HotChannels{unordered.data(), 2};
+  refused(bad, true, "hcp_fwd.index[1]: 2 is not allowed; need ascending, distinct indices in 0..31");
+  bad.hcp_fwd = HotChannels{outside.data(), 2};
+  refused(bad, true, "hcp_fwd.index[1]: 32 is not allowed");
+  bad.hcp_fwd = HotChannels{fine.data(), 33};
+  refused(bad, true, "hcp_fwd.count: 33 is not allowed; need 0..32");
+  bad.hcp_fwd = HotChannels{nullptr, 2};
+  refused(bad, true, "hcp_fwd.index: null is not allowed with count 2");
+  bad = q;
+  bad.hcp_dgrad = HotChannels{outside.data(), 2};
+  refused(bad, false, "hcp_dgrad.index[1]: 32 is not allowed; need ascending, distinct indices in 0..15");
+  bad = q;
+  bad.hcp_wgrad_rows = 17;
+  refused(bad, false, "hcp_wgrad_rows: 17 is not allowed; need 0..16");
+  for (float v : y) ASSERT_EQ(v, 7.0f);
+  for (float v : dx) ASSERT_EQ(v, 7.0f);
+  for (float v : dw) ASSERT_EQ(v, 7.0f);
 }
 
 }  // namespace

@@ -795,6 +795,18 @@ Status CudaBackend::CheckStatsSlot(const char* op, int slot) const {
                        " (ResetOperandStats made " + std::to_string(stats_slots_) + " slots)");
 }
 
+namespace {
+
+// The Hot-Channel Patch (docs/hcp.md) has a CPU reference only so far: a call
+// that asks for it is refused rather than computed without it.
+Status RefuseHcp(const char* op, const LinearQuant& q) {
+  if (q.hcp_fwd.count == 0 && q.hcp_dgrad.count == 0 && q.hcp_wgrad_rows == 0) return Status::Ok();
+  return Status::Error(std::string(op) + ": hcp_fwd / hcp_dgrad / hcp_wgrad_rows: the Hot-Channel Patch is not "
+                       "implemented by the cuda backend yet (docs/hcp.md); the cpu backend has it");
+}
+
+}  // namespace
+
 Status CudaBackend::LinearForward(const float* x, const float* w, const float* bias, const float* residual,
                                   float* y, int64_t rows, int64_t in, int64_t out, const LinearQuant& q) {
   NN_PROFILE("LinearForward");
@@ -808,6 +820,7 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
                          "(as the CPU backend requires)");
   KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
   KEEL_RETURN_IF_ERROR(CheckStatsSlot("LinearForward", q.stats_slot));
+  KEEL_RETURN_IF_ERROR(RefuseHcp("LinearForward", q));
   const float* x_seen = nullptr;
   KEEL_RETURN_IF_ERROR(XSeen(q, x, rows, in, &x_seen));
   KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearForward", Role::kFwdX, x_seen, rows, in, q.analytics_slot));
@@ -886,6 +899,7 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
   if ((x == nullptr && !bf16_x) || w == nullptr || (dy == nullptr && !bf16_dy) || dw == nullptr) {
     return Status::Error("LinearBackward: x, w, dy or dw: null");
   }
+  KEEL_RETURN_IF_ERROR(RefuseHcp("LinearBackward", q));
   KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
   KEEL_RETURN_IF_ERROR(CheckStatsSlot("LinearBackward", q.stats_slot));
   const float* dy_seen = dy;  // what the analytics read

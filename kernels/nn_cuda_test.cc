@@ -1357,6 +1357,18 @@ TEST_F(NnCudaTest, LinearRejectsWhatTheCpuRejects) {
   one_rht.role[R(Role::kWgradX)].rht = true;
   Dual dw = Zeros(out * in), dy = Floats(Normal(rows * out, 73));
   EXPECT_FALSE(gpu_->LinearBackward(x.g(), w.g(), dy.g(), nullptr, dw.g(), nullptr, rows, in, out, one_rht).ok());
+  // The Hot-Channel Patch has a CPU reference only: asked of CUDA, it is
+  // refused, never computed without the patch.
+  LinearQuant hcp = AllRoles(Quant(QuantFormat::kNvfp4));
+  hcp.hcp_wgrad_rows = 4;
+  Status refused = gpu_->LinearBackward(x.g(), w.g(), dy.g(), nullptr, dw.g(), nullptr, rows, in, out, hcp);
+  EXPECT_NE(refused.message().find("the Hot-Channel Patch is not implemented by the cuda backend yet"),
+            std::string::npos)
+      << refused.message();
+  hcp.hcp_wgrad_rows = 0;
+  hcp.hcp_fwd.count = 2;  // refused before the index is read
+  refused = gpu_->LinearForward(x.g(), w.g(), nullptr, nullptr, y.g(), rows, in, out, hcp);
+  EXPECT_NE(refused.message().find("hcp_fwd / hcp_dgrad / hcp_wgrad_rows"), std::string::npos) << refused.message();
 }
 
 // ============================================================================
