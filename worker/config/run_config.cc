@@ -129,7 +129,7 @@ const std::set<std::string> kRoleKeys = {"fwd_x", "fwd_w", "dgrad_dy", "dgrad_w"
 // The keys of a precision mapping: its options and the six roles.
 std::set<std::string> PrecisionKeys() {
   std::set<std::string> keys = {"preset", "rounding", "grad_rounding", "layernorm", "forward_only",
-                                "bf16_first_blocks", "bf16_last_blocks", "bf16_head", "attention",
+                                "bf16_first_blocks", "bf16_last_blocks", "bf16_head", "attention", "post_qk_bf16",
                                 "mx_block", "bump_exponent", "nvfp4_weight_16x16",
                                 "nvfp4_rht_wgrad", "nvfp4_sr_grads", "name"};
   keys.insert(kRoleKeys.begin(), kRoleKeys.end());
@@ -191,7 +191,7 @@ Status ParseRoundings(const Reader& r, const YAML::Node& node, PrecisionScheme* 
 }
 
 // precision.layernorm, forward_only, bf16_first_blocks, bf16_last_blocks,
-// bf16_head and attention.
+// bf16_head, attention and post_qk_bf16.
 Status ParseSchemeOptions(const Reader& r, const YAML::Node& node, PrecisionScheme* s) {
   const std::string f = "precision";
   if (node["layernorm"]) {
@@ -210,6 +210,9 @@ Status ParseSchemeOptions(const Reader& r, const YAML::Node& node, PrecisionSche
         r.Int(node["bf16_last_blocks"], f + ".bf16_last_blocks", 0, 1 << 20, &s->bf16_last_blocks));
   }
   if (node["bf16_head"]) KEEL_RETURN_IF_ERROR(r.Bool(node["bf16_head"], f + ".bf16_head", &s->bf16_head));
+  if (node["post_qk_bf16"]) {
+    KEEL_RETURN_IF_ERROR(r.Bool(node["post_qk_bf16"], f + ".post_qk_bf16", &s->post_qk_bf16));
+  }
   if (node["attention"]) {
     std::string text;
     KEEL_RETURN_IF_ERROR(r.OneOf(node["attention"], f + ".attention", {"bf16", "fp32"}, &text));
@@ -1058,6 +1061,12 @@ Status ValidateRunConfig(const RunConfig& c) {
     return Status::InvalidField("batch", std::to_string(rows) + (IsLanguageModel(m) ? " tokens (batch x seq)" : " samples") +
                          " per micro-batch is not allowed with RHT on the wgrad operands (a multiple of 16)");
   }
+  if (c.precision.post_qk_bf16 && m.type != "llama" && m.type != "gla") {
+    return Status::InvalidField("precision.post_qk_bf16",
+                                "true is not allowed with model.type " + m.type +
+                                    " (allowed with llama, whose W_v it keeps in BF16, and gla, whose gk_proj and "
+                                    "o_proj it keeps in BF16)");
+  }
   return ValidateScheme(c.precision);
 }
 
@@ -1129,6 +1138,7 @@ std::string SchemeToYaml(const PrecisionScheme& s) {
   e << YAML::Key << "bf16_last_blocks" << YAML::Value << s.bf16_last_blocks;
   e << YAML::Key << "bf16_head" << YAML::Value << s.bf16_head;
   e << YAML::Key << "attention_bf16" << YAML::Value << s.attention_bf16;
+  e << YAML::Key << "post_qk_bf16" << YAML::Value << s.post_qk_bf16;
   e << YAML::EndMap;
   return e.c_str();
 }
@@ -1157,6 +1167,8 @@ Status ParseSchemeYaml(const std::string& yaml_text, PrecisionScheme* out) {
     s.bf16_last_blocks = n["bf16_last_blocks"].as<int>();
     s.bf16_head = n["bf16_head"].as<bool>();
     s.attention_bf16 = n["attention_bf16"].as<bool>();
+    // Absent from schemes stored before it existed: off.
+    if (n["post_qk_bf16"]) s.post_qk_bf16 = n["post_qk_bf16"].as<bool>();
     KEEL_RETURN_IF_ERROR(ValidateScheme(s));
     *out = s;
     return Status::Ok();

@@ -280,6 +280,18 @@ TEST(RunConfigPrecisionTest, EveryOptionLands) {
     EXPECT_TRUE(o.bump_exponent);  // every role is MX here
   }
   EXPECT_FALSE(Parsed("precision: {attention: fp32}\n").precision.attention_bf16);
+  // CHON's post-QK protection, for the attention models; stored and read back.
+  for (const char* type : {"llama", "gla"}) {
+    s = Parsed(std::string("model: {type: ") + type + ", heads: 8}\ndata: {train: t.bin}\n" +
+               "precision: {preset: nvfp4_recipe, post_qk_bf16: true}\n")
+            .precision;
+    EXPECT_TRUE(s.post_qk_bf16) << type;
+    EXPECT_EQ(s.name, "custom");
+    PrecisionScheme back;
+    ASSERT_TRUE(ParseSchemeYaml(SchemeToYaml(s), &back).ok());
+    EXPECT_TRUE(back.post_qk_bf16);
+  }
+  EXPECT_FALSE(Parsed("precision: nvfp4_recipe\n").precision.post_qk_bf16);
   // Without a name, changing anything makes it "custom".
   EXPECT_EQ(Parsed("precision: {preset: bf16, bf16_head: false}\n").precision.name, "custom");
   // bump_exponent touches MX operands only.
@@ -713,7 +725,7 @@ TEST(RunConfigErrorTest, Precision) {
   const std::string keys =
       "attention, bf16_first_blocks, bf16_head, bf16_last_blocks, bump_exponent, dgrad_dy, dgrad_w, forward_only, "
       "fwd_w, fwd_x, grad_rounding, layernorm, mx_block, name, nvfp4_rht_wgrad, nvfp4_sr_grads, "
-      "nvfp4_weight_16x16, preset, rounding, wgrad_dy, wgrad_x";
+      "nvfp4_weight_16x16, post_qk_bf16, preset, rounding, wgrad_dy, wgrad_x";
   const std::string roundings = "(allowed: nearest_even, nearest_away, stochastic)";
   ExpectErrors({
       {"precision: fp8\n", "r.yaml:1:12: precision: unknown value 'fp8' (allowed: " + PresetNames() + ")"},
@@ -953,6 +965,13 @@ TEST(RunConfigErrorTest, CrossFieldRulesPointAtTheirField) {
        "r.yaml:1:58: model.padded_vocab: 256 is smaller than model.vocab 300"},
       {"model: {type: llama, heads: 8, context: 8}\ndata: {train: t.bin}\nprecision: nvfp4_recipe\nbatch: 3\n",
        "r.yaml:4:8: batch: 24 tokens (batch x seq)" + rht},
+      {"precision: {preset: nvfp4, post_qk_bf16: true}\n",
+       "r.yaml:1:42: precision.post_qk_bf16: true is not allowed with model.type proxy (allowed with llama, whose W_v "
+       "it keeps in BF16, and gla, whose gk_proj and o_proj it keeps in BF16)"},
+      {"model: {type: gpt, heads: 8}\ndata: {train: t.bin}\nprecision: {preset: nvfp4, post_qk_bf16: true}\n",
+       "r.yaml:3:42: precision.post_qk_bf16: true is not allowed with model.type gpt (allowed with llama, whose W_v "
+       "it keeps in BF16, and gla, whose gk_proj and o_proj it keeps in BF16)"},
+      {"precision: {post_qk_bf16: 2}\n", "r.yaml:1:27: precision.post_qk_bf16: '2' is not a boolean (allowed: true, false)"},
       {"model: {type: gla, heads: 8}\n", "r.yaml:1:1: data.train: missing (gla needs token shards)"},
       {"model: {type: gla, width: 96, heads: 32}\ndata: {train: t.bin}\n",
        "r.yaml:1:38: model.heads: 32 with model.width 96 (allowed with model.type gla: an even width whose half, the "

@@ -341,6 +341,7 @@ std::string DescribeScheme(const PrecisionScheme& s) {
   if (s.bf16_first_blocks) out << " bf16_first_blocks=" << s.bf16_first_blocks;
   if (s.bf16_last_blocks) out << " bf16_last_blocks=" << s.bf16_last_blocks;
   if (s.bf16_head) out << " bf16_head";
+  if (s.post_qk_bf16) out << " post_qk_bf16";
   return out.str();
 }
 

@@ -35,6 +35,11 @@ struct PrecisionScheme {
   // Attention's two batched products (q.k and probs.v): bf16 operands with fp32
   // accumulation, or fp32 throughout.
   bool attention_bf16 = true;
+  // CHON's post-QK protection (docs/numerics.md, "Post-QK protection"): the
+  // linear layers after the query-key product kept in BF16 (every role), by
+  // model: softmax attention (llama) its W_v, the v part of attn.qkv; gated
+  // linear attention (gla) its gk_proj (both) and o_proj. Other models refuse it.
+  bool post_qk_bf16 = false;
 
   // The formats a linear layer of block `block` (of `blocks`; -1 for the head)
   // uses under this scheme: forward_only and the BF16 layers applied.

@@ -42,6 +42,7 @@ void SchemeToProto(const PrecisionScheme& s, v1::PrecisionScheme* out) {
   out->set_bf16_last_blocks(s.bf16_last_blocks);
   out->set_bf16_head(s.bf16_head);
   out->set_attention_bf16(s.attention_bf16);
+  out->set_post_qk_bf16(s.post_qk_bf16);
 }
 
 Status SchemeFromProto(const v1::PrecisionScheme& in, PrecisionScheme* out) {
@@ -58,6 +59,7 @@ Status SchemeFromProto(const v1::PrecisionScheme& in, PrecisionScheme* out) {
   s.bf16_last_blocks = in.bf16_last_blocks();
   s.bf16_head = in.bf16_head();
   s.attention_bf16 = in.attention_bf16();
+  s.post_qk_bf16 = in.post_qk_bf16();
   KEEL_RETURN_IF_ERROR(ValidateScheme(s));
   *out = s;
   return Status::Ok();

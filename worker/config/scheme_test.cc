@@ -236,6 +236,15 @@ TEST(SchemeProtoTest, EveryPresetRoundTripsThroughTheWireForm) {
     ASSERT_TRUE(SchemeFromProto(wire, &back).ok()) << p.name;
     EXPECT_EQ(SchemeToYaml(back), SchemeToYaml(s)) << p.name;
   }
+  // post_qk_bf16 travels too.
+  PrecisionScheme chon = Preset("nvfp4_recipe"), chon_back;
+  chon.post_qk_bf16 = true;
+  v1::PrecisionScheme chon_wire;
+  SchemeToProto(chon, &chon_wire);
+  EXPECT_TRUE(chon_wire.post_qk_bf16());
+  ASSERT_TRUE(SchemeFromProto(chon_wire, &chon_back).ok());
+  EXPECT_TRUE(chon_back.post_qk_bf16);
+  EXPECT_NE(DescribeScheme(chon_back).find("post_qk_bf16"), std::string::npos) << DescribeScheme(chon_back);
   v1::PrecisionScheme bad;
   SchemeToProto(Preset("mxfp4"), &bad);
   bad.mutable_dgrad_w()->set_format("mxfp9");

@@ -40,6 +40,8 @@ class GlaModel : public DecoderModel {
   std::vector<std::string> MixerLinears() const override {
     return {"attn.qkvg", "attn.gk_proj.0", "attn.gk_proj.1", "attn.o_proj"};
   }
+  // CHON's post-QK layers of GLA: the gate projection (both halves) and o_proj.
+  bool PostQkLinear(int which) const override { return which == kGkDown || which == kGkUp || which == kOProj; }
 
   void AddMixerParams(int block, const std::string& prefix) override {
     Mixer m;

@@ -192,5 +192,50 @@ TEST(GlaModelTest, WholeModelGradientMatchesFiniteDifferences) {
   std::printf("largest relative error of a directional derivative: %.2e\n", worst);
 }
 
+
+// post_qk_bf16 keeps GLA's gate projection (both halves) and o_proj in BF16 in
+// every role and leaves attn.qkvg and the MLP in the scheme's format: under
+// nvfp4 their statistics slots count one BF16 block per call where NVFP4
+// counts one per 16 elements.
+TEST(GlaModelTest, PostQkProtectionKeepsTheGateProjectionAndOProjInBf16) {
+  TestNet net;
+  ASSERT_NO_FATAL_FAILURE(
+      MakeTestNet("{type: gla, layers: 1, width: 64, heads: 2, context: 16, vocab: 40, ln_eps: 1.0e-5}",
+                  "batch: 2\nseq: 16\nthreads: 2\n", &net));
+  Model* model = net.model.get();
+  Backend* b = net.backend.get();
+  ASSERT_TRUE(model->Init(5).ok());
+  Batch batch;
+  for (int i = 0; i < 32; ++i) {
+    batch.inputs.push_back((i * 7) % 40);
+    batch.targets.push_back((i * 11 + 3) % 40);
+  }
+  const std::vector<std::string>& names = model->linear_names();
+  auto stats_of = [&](bool post_qk) {
+    PrecisionScheme s;
+    EXPECT_TRUE(SchemeFromPreset("nvfp4", &s).ok());
+    s.post_qk_bf16 = post_qk;
+    std::vector<float> grads(model->param_count(), 0.0f);
+    EXPECT_TRUE(b->ResetOperandStats(static_cast<int>(names.size())).ok());
+    double loss = 0.0;
+    EXPECT_TRUE(model->ForwardBackward(batch, s, 3, 1.0f, true, grads.data(), &loss, nullptr).ok());
+    std::vector<OperandStats> st;
+    EXPECT_TRUE(b->ReadOperandStats(&st).ok());
+    return st;
+  };
+  const std::vector<OperandStats> plain = stats_of(false), chon = stats_of(true);
+  const int fwd_w = static_cast<int>(Role::kFwdW);
+  for (size_t slot = 0; slot < names.size(); ++slot) {
+    const OperandStats& p = plain[slot * kRoleCount + fwd_w];
+    const OperandStats& c = chon[slot * kRoleCount + fwd_w];
+    const bool post_qk = names[slot].find("gk_proj") != std::string::npos ||
+                         names[slot].find("o_proj") != std::string::npos;
+    SCOPED_TRACE(names[slot]);
+    EXPECT_EQ(p.blocks, p.elements / 16);  // NVFP4 without the protection
+    EXPECT_EQ(c.blocks, post_qk ? 1 : p.blocks);
+    EXPECT_EQ(c.elements, p.elements);
+  }
+}
+
 }  // namespace
 }  // namespace keel

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -146,6 +147,83 @@ TEST(LlamaModelTest, WholeModelGradientMatchesFiniteDifferences) {
     }
   }
   std::printf("largest relative error of a directional derivative: %.2e\n", worst);
+}
+
+
+// A llama net of 2 blocks (width 32, 2 heads), weights and a batch drawn from rng.
+void MakePostQkNet(TestNet* net, Batch* batch) {
+  ASSERT_NO_FATAL_FAILURE(
+      MakeTestNet("{type: llama, layers: 2, width: 32, heads: 2, context: 16, vocab: 40, ln_eps: 1.0e-5}",
+                  "batch: 2\nseq: 16\nthreads: 2\n", net));
+  Model* model = net->model.get();
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> weights(model->param_count(), 0.0f);
+  for (const ParamInfo& p : model->param_info()) {
+    float* w = weights.data() + p.offset;
+    const float stddev = p.shape.size() == 1 ? 0.2f : 1.0f / std::sqrt(static_cast<float>(p.shape[1]));
+    for (int64_t i = 0; i < p.count; ++i) w[i] = (p.shape.size() == 1 ? 1.0f : 0.0f) + stddev * normal(rng);
+  }
+  ASSERT_TRUE(net->backend->Upload(model->params(), weights.data(), weights.size() * sizeof(float)).ok());
+  std::uniform_int_distribution<int32_t> token(0, 39);
+  for (int i = 0; i < 32; ++i) {
+    batch->inputs.push_back(token(rng));
+    batch->targets.push_back(token(rng));
+  }
+}
+
+// post_qk_bf16 runs attn.qkv's v rows as a BF16 GEMM of their own. Under the
+// bf16 scheme every role is BF16 already, so the forward and the qkv weight's
+// gradient are the same bits (each output column and each weight row is its
+// own sum) and the rest agree to fp32 rounding (dx adds the two GEMMs' parts).
+// Under nvfp4 the statistics show the v rows left NVFP4: the weight role of
+// attn.qkv counts 2d x d / 16 NVFP4 blocks plus one BF16 call instead of
+// 3d x d / 16 blocks.
+TEST(LlamaModelTest, PostQkProtectionKeepsWvInBf16) {
+  TestNet net;
+  Batch batch;
+  ASSERT_NO_FATAL_FAILURE(MakePostQkNet(&net, &batch));
+  Model* model = net.model.get();
+  Backend* b = net.backend.get();
+  const int64_t count = model->param_count();
+  auto run = [&](const std::string& preset, bool post_qk, std::vector<float>* grads, std::vector<OperandStats>* st) {
+    PrecisionScheme s;
+    EXPECT_TRUE(SchemeFromPreset(preset, &s).ok());
+    s.post_qk_bf16 = post_qk;
+    grads->assign(count, 0.0f);
+    EXPECT_TRUE(b->ResetOperandStats(static_cast<int>(model->linear_names().size())).ok());
+    double loss = 0.0;
+    EXPECT_TRUE(model->ForwardBackward(batch, s, 3, 1.0f, true, grads->data(), &loss, nullptr).ok());
+    EXPECT_TRUE(b->ReadOperandStats(st).ok());
+    return loss;
+  };
+  std::vector<float> g0, g1;
+  std::vector<OperandStats> st0, st1;
+  const double l0 = run("bf16", false, &g0, &st0), l1 = run("bf16", true, &g1, &st1);
+  EXPECT_EQ(l0, l1);
+  double num = 0, den = 0;
+  for (const ParamInfo& p : model->param_info()) {
+    if (p.name.find("attn.qkv.weight") != std::string::npos) {
+      EXPECT_EQ(0, std::memcmp(g0.data() + p.offset, g1.data() + p.offset, p.count * sizeof(float))) << p.name;
+    }
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    num += (static_cast<double>(g1[i]) - g0[i]) * (static_cast<double>(g1[i]) - g0[i]);
+    den += static_cast<double>(g0[i]) * g0[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-6);
+
+  const int64_t d = 32;
+  const double n0 = run("nvfp4", false, &g0, &st0), n1 = run("nvfp4", true, &g1, &st1);
+  EXPECT_NE(n0, n1);
+  const int fwd_w = static_cast<int>(Role::kFwdW), slots_per_block = 4;
+  for (int block = 0; block < 2; ++block) {
+    const OperandStats& plain = st0[(block * slots_per_block + 0) * kRoleCount + fwd_w];
+    const OperandStats& protected_v = st1[(block * slots_per_block + 0) * kRoleCount + fwd_w];
+    EXPECT_EQ(plain.blocks, 3 * d * d / 16) << "block " << block;
+    EXPECT_EQ(protected_v.blocks, 2 * d * d / 16 + 1) << "block " << block;
+    EXPECT_EQ(protected_v.elements, 3 * d * d) << "block " << block;
+  }
 }
 
 }  // namespace
