@@ -67,6 +67,10 @@ std::vector<DetectorInfo> BuildDetectors() {
       {"gamma_growth", false,
        {IntParam("window", 2, 1 << 20, &DetectorConfig::window),
         FloatParam("max_rate", 0.0, 1e6, &DetectorConfig::max_rate)}},
+      {"loss_drift", false,
+       {IntParam("window", 2, 1 << 20, &DetectorConfig::window),
+        IntParam("min_samples", 2, 1 << 20, &DetectorConfig::min_samples),
+        FloatParam("ratio", 1.0, 1e6, &DetectorConfig::ratio)}},
   };
 }
 
@@ -97,6 +101,10 @@ DetectorConfig DefaultDetectorConfig(const std::string& name) {
   DetectorConfig c;
   const DetectorInfo* info = FindDetector(name);
   c.enabled = info != nullptr && info->on_by_default;
+  if (name == "loss_drift") {
+    c.window = 256;
+    c.min_samples = 512;
+  }
   return c;
 }
 
@@ -114,6 +122,35 @@ void DetectorSet::Reset() {
   grad_norm_ = Series();
   bias_run_ = 0;
   gamma_.clear();
+  drift_values_.clear();
+  drift_has_best_ = false;
+  drift_seen_ = 0;
+}
+
+void DetectorSet::Drift(double loss, std::vector<Firing>* out) {
+  const DetectorConfig& c = configs_.at("loss_drift");
+  if (!c.enabled || !std::isfinite(loss)) return;
+  drift_values_.push_back(loss);
+  ++drift_seen_;
+  while (drift_values_.size() > static_cast<size_t>(c.window)) drift_values_.pop_front();
+  if (drift_values_.size() < static_cast<size_t>(c.window)) return;
+  // The median: a few spiking steps (the spike rules' business) do not move it.
+  std::vector<double> sorted(drift_values_.begin(), drift_values_.end());
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  if (drift_seen_ >= c.min_samples && drift_has_best_ && drift_best_ > 0 && median > c.ratio * drift_best_) {
+    out->push_back({"loss_drift", "the median loss of the last " + std::to_string(c.window) + " steps, " + Num(median) +
+                                      ", is " + Num(median / drift_best_) + "x the lowest since the last reset, " +
+                                      Num(drift_best_) + " (threshold " + Num(c.ratio) + ")",
+                    {{"median", median}, {"best", drift_best_}, {"ratio", median / drift_best_}}});
+    // Re-arm: the next firing needs a full history of its own.
+    drift_values_.clear();
+    drift_has_best_ = false;
+    drift_seen_ = 0;
+    return;
+  }
+  if (!drift_has_best_ || median < drift_best_) drift_best_ = median;
+  drift_has_best_ = true;
 }
 
 void DetectorSet::Spike(const std::string& zscore, const std::string& ratio, const std::string& what,
@@ -170,6 +207,7 @@ std::vector<Firing> DetectorSet::Observe(const StepMetrics& m) {
   }
   Spike("loss_zscore", "loss_ratio", "loss", m.loss, &loss_, &out);
   Spike("grad_norm_zscore", "grad_norm_ratio", "grad_norm", m.grad_norm, &grad_norm_, &out);
+  Drift(m.loss, &out);
 
   const DetectorConfig& bias = configs_.at("grad_bias");
   if (bias.enabled && m.probed) {

@@ -24,6 +24,11 @@
 //   gamma_growth      the largest per-layer change of LN gamma mean over the last
 //                     `window` steps, per step, above max_rate: window 200,
 //                     max_rate 0.0005.                                              off
+//   loss_drift        a slow rise, not a spike: the median loss of the last
+//                     `window` steps above `ratio` x the lowest such median since
+//                     the start or the last reset, once `min_samples` steps are
+//                     seen; then it re-arms (forgets its history): window 256,
+//                     min_samples 512, ratio 2.                                     off
 // Statistics are over the steps before the current one (the current value never
 // dilutes its own spike), and non-finite values are kept out of them.
 #ifndef KEEL_WORKER_STABILITY_DETECTORS_H_
@@ -125,6 +130,13 @@ class DetectorSet {
   std::map<std::string, DetectorConfig> configs_;
   Series loss_, grad_norm_;
   int bias_run_ = 0;  // consecutive probes over a grad_bias threshold
+  // loss_drift: the last `window` finite losses, the lowest median of a full
+  // window since the last reset, and the steps seen since then.
+  std::deque<double> drift_values_;
+  double drift_best_ = 0;
+  bool drift_has_best_ = false;
+  int64_t drift_seen_ = 0;
+  void Drift(double loss, std::vector<Firing>* out);
   std::deque<std::pair<int64_t, std::map<std::string, double>>> gamma_;  // (step, LN gamma means)
 };
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "worker/config/run_config.h"
@@ -48,6 +49,46 @@ TEST(DetectorsTest, DefaultsAreDocumented) {
   EXPECT_EQ(DefaultDetectorConfig("loss_ratio").steps, 4);
   EXPECT_FALSE(DefaultDetectorConfig("grad_bias").enabled);
   EXPECT_FALSE(DefaultDetectorConfig("saturation").enabled);
+  EXPECT_FALSE(DefaultDetectorConfig("loss_drift").enabled);
+  EXPECT_EQ(DefaultDetectorConfig("loss_drift").window, 256);
+  EXPECT_EQ(DefaultDetectorConfig("loss_drift").min_samples, 512);
+  EXPECT_EQ(DefaultDetectorConfig("loss_drift").ratio, 2.0);
+}
+
+// loss_drift: a run that descends and then holds is left alone, and so is one
+// with a few spiking steps (the median ignores them); a slow rise to 2x the
+// lowest windowed median fires once, then re-arms and needs a full history
+// again (a reset does the same).
+TEST(DetectorsTest, LossDriftFiresOnASlowRiseNotOnDescentOrSpikes) {
+  DetectorConfig c = DefaultDetectorConfig("loss_drift");
+  c.enabled = true;
+  c.window = 50;
+  c.min_samples = 100;
+  DetectorSet d({{"loss_drift", c}});
+  int64_t step = 0;
+  auto feed = [&](int n, const std::function<double(int)>& loss) {
+    std::vector<int64_t> fired;
+    for (int i = 0; i < n; ++i) {
+      ++step;
+      if (Has(d.Observe(Step(step, loss(i))), "loss_drift")) fired.push_back(step);
+    }
+    return fired;
+  };
+  // Descent from 1.0 to 0.1, then a plateau with noise and three spikes of 50x.
+  EXPECT_TRUE(feed(300, [](int i) { return 0.1 + 0.9 * std::exp(-i / 40.0); }).empty());
+  EXPECT_TRUE(feed(300, [](int i) { return (i % 97 == 5 ? 5.0 : 0.1) * (1 + Noise(i)); }).empty());
+  // A slow drift: from 0.1 to 0.4 over 600 steps. It fires once the median of
+  // the last 50 passes 0.2, not before, and only once until the history refills.
+  std::vector<int64_t> fired = feed(600, [](int i) { return 0.1 * (1 + 3.0 * i / 600.0); });
+  ASSERT_FALSE(fired.empty());
+  EXPECT_GT(fired[0], 600 + 200);  // 0.2 is a third of the way: after ~200 steps plus half a window
+  EXPECT_LT(fired[0], 600 + 300);
+  for (size_t k = 1; k < fired.size(); ++k) EXPECT_GE(fired[k] - fired[k - 1], c.min_samples);
+  // Disabled, or after a reset with too little history, nothing fires.
+  d.Reset();
+  EXPECT_TRUE(feed(99, [](int i) { return 0.1 * (1 + i); }).empty());
+  DetectorSet off({});
+  for (int i = 0; i < 1000; ++i) EXPECT_FALSE(Has(off.Observe(Step(i, 0.1 * (1 + i))), "loss_drift"));
 }
 
 TEST(DetectorsTest, NonFiniteFiresOnNanOrInf) {

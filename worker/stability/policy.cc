@@ -56,6 +56,7 @@ const std::vector<PolicyPresetInfo>& PolicyPresets() {
       {"default",
        "any run, nothing to tune: on a blow-up (non-finite, 30-sigma loss or grad-norm spike, loss 10x its "
        "mean) roll back and move one rung up the ladder derived from the run's scheme (ending at fp32); "
+       "on a slow drift (the median loss of 256 steps at 2x its best) move one rung up without a rollback; "
        "past fp32 halve the learning rate once, then stop as diverged"},
   };
   return *presets;
@@ -103,11 +104,28 @@ Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps) 
   next.scheme = "next";
   rule.actions = {rollback, next};
   rule.cooldown = min_samples;
-  p.rules = {rule};
+  // A slow drift after a rescue (docs/reproductions/policy-grid.md, session 27):
+  // the loss settles several times above its best level with no spike the rule
+  // above sees. One rung up from where the run is: a rollback would land inside
+  // the drift. The window is 256 steps on a 9000-step run, in proportion on a
+  // shorter one, and the median keeps single spikes out.
+  const int drift_window = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(16, run_steps / 36)));
+  DetectorConfig& drift = p.detectors["loss_drift"];
+  drift.enabled = true;
+  drift.window = drift_window;
+  drift.min_samples = 2 * drift_window;
+  drift.ratio = 2;
+  PolicyRule drift_rule;
+  drift_rule.name = "drift";
+  drift_rule.when = {"loss_drift"};
+  drift_rule.actions = {next};
+  drift_rule.cooldown = drift_window;
+  p.rules = {rule, drift_rule};
   // Each firing moves up a rung, falls back on the learning rate or stops;
-  // probation can bring the run down once per rung, and one climb back follows.
+  // probation can bring the run down once per rung, and one climb back follows;
+  // a drift can take a rung too.
   const int rungs = static_cast<int>(ladder.size());
-  p.max_interventions = 2 * std::max(0, rungs - 1) + p.lr_fallbacks + 1;
+  p.max_interventions = 3 * std::max(0, rungs - 1) + p.lr_fallbacks + 1;
   return p;
 }
 

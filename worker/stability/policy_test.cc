@@ -225,14 +225,14 @@ TEST(PolicyEngineTest, ProbationLeavesASchemeChosenByHandAlone) {
   EXPECT_EQ(engine.ProbationReturn(200, "mxfp6_e2m3"), "mxfp4");
 }
 
-TEST(DefaultPolicyTest, OneRuleThatClimbsTheLadderWithDistancesFromTheRunLength) {
+TEST(DefaultPolicyTest, TwoRulesThatClimbTheLadderWithDistancesFromTheRunLength) {
   const std::vector<std::string> ladder = {"mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"};
   Policy p = DefaultPolicy(ladder, 9000);
   EXPECT_EQ(p.preset, "default");
   EXPECT_EQ(p.ladder, ladder);
   EXPECT_EQ(p.snapshot_every, 100);
   EXPECT_EQ(p.snapshot_keep, 12);
-  ASSERT_EQ(p.rules.size(), 1u);
+  ASSERT_EQ(p.rules.size(), 2u);
   const PolicyRule& r = p.rules[0];
   EXPECT_EQ(r.name, "blow-up");
   EXPECT_EQ(r.when, (std::vector<std::string>{"nonfinite", "grad_norm_zscore", "loss_zscore", "loss_ratio"}));
@@ -248,8 +248,21 @@ TEST(DefaultPolicyTest, OneRuleThatClimbsTheLadderWithDistancesFromTheRunLength)
   EXPECT_EQ(p.detectors.at("loss_zscore").window, 128);
   EXPECT_FALSE(p.detectors.at("grad_norm_ratio").enabled);
   EXPECT_TRUE(p.detectors.at("nonfinite").enabled);
-  // 5 climbs, 5 probation returns and a climb back each, 1 LR fallback, 1 stop.
-  EXPECT_EQ(p.max_interventions, 12);
+  // The drift rule: one rung up, no rollback (it would land in the drift).
+  const PolicyRule& drift = p.rules[1];
+  EXPECT_EQ(drift.name, "drift");
+  EXPECT_EQ(drift.when, (std::vector<std::string>{"loss_drift"}));
+  ASSERT_EQ(drift.actions.size(), 1u);
+  EXPECT_EQ(drift.actions[0].kind, Kind::kSwitch);
+  EXPECT_EQ(drift.actions[0].scheme, "next");
+  EXPECT_TRUE(ValidateRule(drift, "policy.rules[1]").ok());
+  EXPECT_TRUE(p.detectors.at("loss_drift").enabled);
+  EXPECT_EQ(p.detectors.at("loss_drift").window, 250);  // 9000 / 36
+  EXPECT_EQ(p.detectors.at("loss_drift").min_samples, 500);
+  EXPECT_EQ(p.detectors.at("loss_drift").ratio, 2);
+  EXPECT_EQ(drift.cooldown, 250);
+  // 5 climbs by either rule or by drift, 5 probation returns, 1 LR fallback, 1 stop.
+  EXPECT_EQ(p.max_interventions, 17);
   // A short run: the same proportions, and the statistics armed in time to see
   // a replay diverge again.
   Policy short_run = DefaultPolicy(ladder, 300);
@@ -257,6 +270,7 @@ TEST(DefaultPolicyTest, OneRuleThatClimbsTheLadderWithDistancesFromTheRunLength)
   EXPECT_EQ(short_run.rules[0].actions[0].steps, 15);
   EXPECT_EQ(short_run.detectors.at("loss_zscore").min_samples, 8);
   EXPECT_LT(short_run.detectors.at("loss_zscore").min_samples, short_run.rules[0].actions[0].steps);
+  EXPECT_EQ(short_run.detectors.at("loss_drift").window, 16);
   EXPECT_EQ(PolicyPresetNames(), "default");
 }
 
