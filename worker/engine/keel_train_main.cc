@@ -130,7 +130,7 @@ std::string Join(const std::vector<std::string>& parts, const char* separator) {
   return out;
 }
 
-// `keel-train presets --policies`: each named policy, its rule as a run of
+// `keel-train presets --policies`: each named policy, its rules as a run of
 // `steps` steps gets it, and the ladder it climbs from every scheme preset.
 void PrintPolicyPresets(int64_t steps) {
   for (const PolicyPresetInfo& info : PolicyPresets()) {
@@ -142,7 +142,10 @@ void PrintPolicyPresets(int64_t steps) {
       for (const std::string& name : rule.when) {
         const DetectorConfig& c = p.detectors.at(name);
         char text[128];
-        if (name.find("zscore") != std::string::npos) {
+        if (name == "loss_drift") {
+          std::snprintf(text, sizeof(text), "%s (the median of %d steps > %gx its lowest, after %d steps)",
+                        name.c_str(), c.window, c.ratio, c.min_samples);
+        } else if (name.find("zscore") != std::string::npos) {
           std::snprintf(text, sizeof(text), "%s (z > %g over %d steps)", name.c_str(), c.z, c.window);
         } else if (name.find("ratio") != std::string::npos) {
           std::snprintf(text, sizeof(text), "%s (> %gx the mean for > %d steps)", name.c_str(), c.ratio, c.steps);
