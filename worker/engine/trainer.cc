@@ -1045,6 +1045,11 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
   const std::string root = RunDir(config_.run_dir).checkpoints();
   const std::string final_dir = root + "/" + CheckpointDirName(step_);
   *out_dir = final_dir;
+  if (detectors_) {  // every rank: the detectors run on each
+    detector_snapshots_.erase(detector_snapshots_.upper_bound(step_), detector_snapshots_.end());
+    detector_snapshots_.insert_or_assign(step_, *detectors_);
+    while (detector_snapshots_.size() > 64) detector_snapshots_.erase(detector_snapshots_.begin());
+  }
   const float* adam_m = adam_m_;
   const float* adam_v = adam_v_;
   if (shard_) {
@@ -1319,7 +1324,19 @@ Status Trainer::ApplyCheckpoint(const std::string& dir, const Status& read, bool
   step_ = c.step;
   lr_scale_ = c.lr_scale;
   if (engine_ && restore_policy) policy_steps_ = engine_->Restore(policy_state);
-  if (detectors_) detectors_->Reset();  // the stream starts again from here
+  if (detectors_) {
+    // A rollback within this process: the detectors as they were at this
+    // step, so that a replay that diverges again in its first steps is seen
+    // (their statistics describe the healthy run up to here). A resume from
+    // disk: the stream starts again from here.
+    const auto kept = detector_snapshots_.find(step_);
+    if (kept != detector_snapshots_.end()) {
+      *detectors_ = kept->second;
+    } else {
+      detectors_->Reset();
+    }
+    detector_snapshots_.erase(detector_snapshots_.upper_bound(step_), detector_snapshots_.end());
+  }
   return Status::Ok();
 }
 

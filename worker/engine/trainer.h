@@ -283,6 +283,10 @@ class Trainer {
   std::atomic<bool> stop_requested_{false};
   bool stopped_ = false;  // Train's loop ended on the ranks' stop vote (stopped())
   std::unique_ptr<DetectorSet> detectors_;       // null without a policy
+  // The detectors as they were at each checkpoint this process wrote (the
+  // last 64): a rollback restores the statistics of the step it returns to,
+  // so that the replay is judged from its first step.
+  std::map<int64_t, DetectorSet> detector_snapshots_;
   std::unique_ptr<PolicyEngine> engine_;         // reads config_.policy
   std::vector<PolicyEngine::Decision> pending_;  // decided in Step, applied by ApplyPolicy
   double lr_scale_ = 1.0;                        // scale_lr actions, kept in checkpoints

@@ -566,6 +566,35 @@ TEST(TrainerTest, PolicyEscalationSurvivesACheckpointAndResume) {
   EXPECT_NE(m.back().scheme, "mxfp4");
 }
 
+// A rollback restores the detectors' statistics of the step it returns to, so
+// a replay that diverges again is judged from its first step. Here the
+// rollback (5 steps) is shorter than the statistics' min_samples (10): with
+// the statistics started afresh, the replay's fault (the schedule's, at the
+// same step) would pass unseen; restored, it is seen at once, and the rule
+// escalates (cooldown 100 does not hold it back in the replay).
+TEST(TrainerTest, ARollbackJudgesTheReplayWithTheStatisticsOfTheStepItReturnsTo) {
+  const std::string dir = TempDir("policy_replay_seen");
+  RunConfig c;
+  Status s = ParseRunConfig(FaultyRunYaml(dir, "[{rollback: 5}, {switch: next}]", kLadderLines), "test", {}, &c);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  std::vector<int64_t> steps;
+  ASSERT_TRUE(t->Train([&](const StepMetrics& m) { steps.push_back(m.step); }, false).ok());
+  const std::string all = ReadAll(c.run_dir + "/events.jsonl");
+  // The first firing, then the replay's, escalated before the run passed it.
+  const size_t first = all.find("\"kind\":\"rollback\"");
+  ASSERT_NE(first, std::string::npos) << all;
+  const size_t escalated = all.find("\"kind\":\"escalate\"");
+  ASSERT_NE(escalated, std::string::npos) << all;
+  const std::string line = all.substr(all.rfind('\n', escalated) + 1,
+                                      all.find('\n', escalated) - all.rfind('\n', escalated) - 1);
+  EXPECT_NE(line.find("where it last fired: escalating to bf16 instead of replaying"), std::string::npos) << line;
+  EXPECT_NE(all.find("switched precision from mxfp4 to mxfp8_e4m3"), std::string::npos) << all;
+  EXPECT_NE(all.find("switched precision from mxfp8_e4m3 to bf16"), std::string::npos) << all;
+  EXPECT_EQ(t->scheme().name, "bf16");
+}
+
 // Rewrites optimizer.safetensors of `dir` with `edit` applied to its metadata
 // (WriteSafetensors recomputes the data's CRC, not the policy state's).
 void EditOptimizerMeta(const std::string& dir, const std::function<void(std::map<std::string, std::string>*)>& edit) {

@@ -190,7 +190,11 @@ std::vector<PolicyEngine::Decision> PolicyEngine::Decide(int64_t tick, int64_t s
     if (!match) continue;
     const auto found = state_.rules.find(rule.name);
     const PolicyState::Rule* last = found == state_.rules.end() ? nullptr : &found->second;
-    if (last && tick - last->tick < rule.cooldown) continue;
+    // The cooldown holds back a rule only once the run is past the step where
+    // it last fired: in a replay (a rollback went back before that step) the
+    // steps that made it fire are gone, and a firing there is a new divergence
+    // of the replay, which escalates at once (no blind steps after a rescue).
+    if (last && tick - last->tick < rule.cooldown && step > last->step) continue;
     if (rule.max > 0 && last && last->times >= rule.max) continue;
     if (last && step <= last->step) {
       const std::string again = "rule " + rule.name + " fired again at step " + std::to_string(step);

@@ -197,7 +197,9 @@ class PolicyEngine {
     std::string probation_over;
   };
   // The rules that act on this step's firings, in rule order. `tick` counts the
-  // steps taken (it keeps increasing across rollbacks); cooldowns are in ticks.
+  // steps taken (it keeps increasing across rollbacks); cooldowns are in ticks
+  // and hold a rule back only once the run is past the step where it last
+  // fired (in a replay, a firing is a new divergence and escalates at once).
   // `step` is the step number just taken (a rollback moves it back); `scheme`
   // the scheme that ran it.
   //

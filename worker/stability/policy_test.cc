@@ -180,16 +180,27 @@ TEST(PolicyEngineTest, WithoutALadderAReplayGoesStraightToTheLearningRate) {
   EXPECT_EQ(d[0].actions[2].factor, 0.5);
 }
 
-TEST(PolicyEngineTest, CooldownsStillHoldAndEveryFiringCounts) {
-  Policy p = WithRules({"mxfp4", "bf16"}, {Rule("spike", {Action(Kind::kRollback, "", 20), Action(Kind::kSwitch, "next")},
-                                                /*cooldown=*/10)});
-  p.max_interventions = 2;
+TEST(PolicyEngineTest, CooldownsHoldPastTheFiringStepButNotInAReplay) {
+  // A rule without a rollback: the run goes on past the firing, and the
+  // cooldown holds the next firings back for 10 ticks.
+  Policy p = WithRules({"mxfp4", "mxfp6_e2m3", "bf16"}, {Rule("drift", {Action(Kind::kSwitch, "next")}, /*cooldown=*/10)});
   PolicyEngine engine(p, "mxfp4");
   ASSERT_EQ(engine.Decide(100, 100, "mxfp4", kSpike).size(), 1u);
-  EXPECT_TRUE(engine.Decide(105, 85, "bf16", kSpike).empty());  // cooldown 10 ticks
-  ASSERT_EQ(engine.Decide(110, 90, "bf16", kSpike).size(), 1u);
-  EXPECT_TRUE(engine.exhausted());
-  EXPECT_TRUE(engine.Decide(200, 200, "bf16", kSpike).empty());
+  EXPECT_TRUE(engine.Decide(105, 105, "mxfp6_e2m3", kSpike).empty());  // cooldown 10 ticks
+  ASSERT_EQ(engine.Decide(110, 110, "mxfp6_e2m3", kSpike).size(), 1u);
+  // With a rollback: the replay's steps are new, and a firing there (step 85,
+  // before 100) is a new divergence of the replay: it escalates at once,
+  // cooldown or not, and every firing counts.
+  Policy q = WithRules({"mxfp4", "bf16"}, {Rule("spike", {Action(Kind::kRollback, "", 20), Action(Kind::kSwitch, "next")},
+                                                /*cooldown=*/10)});
+  q.max_interventions = 2;
+  PolicyEngine replay(q, "mxfp4");
+  ASSERT_EQ(replay.Decide(100, 100, "mxfp4", kSpike).size(), 1u);
+  const auto again = replay.Decide(105, 85, "bf16", kSpike);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_NE(again[0].escalation.find("before passing step 100"), std::string::npos) << again[0].escalation;
+  EXPECT_TRUE(replay.exhausted());
+  EXPECT_TRUE(replay.Decide(200, 200, "bf16", kSpike).empty());
 }
 
 TEST(PolicyEngineTest, ProbationGoesBackDownOneRungAfterHealthyStepsThenStaysUpOnceItDiverges) {
