@@ -335,8 +335,9 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
   EXPECT_EQ(c.policy.ladder,
             (std::vector<std::string>{"mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"}));
   EXPECT_EQ(c.policy.snapshot_every, 100);
-  ASSERT_EQ(c.policy.rules.size(), 1u);
+  ASSERT_EQ(c.policy.rules.size(), 2u);  // blow-up and drift
   EXPECT_EQ(c.policy.rules[0].actions[0].steps, 500);
+  EXPECT_EQ(c.policy.rules[1].name, "drift");
   EXPECT_EQ(c.policy.probation_after, 0);
   EXPECT_EQ(c.policy.yaml, "default");
   // The mapping form, with probation; the scheme after --set.
@@ -369,7 +370,8 @@ TEST(RunConfigPolicyTest, EveryDetectorParameterLands) {
                        "    grad_bias: {min_cosine: 0.25, max_abs_zeta: 0.75, max_rel_error: 0.5, consecutive: 3,"
                        " scope: any_layer}\n"
                        "    saturation: {max_fraction: 0.125, roles: [fwd_x, wgrad_dy]}\n"
-                       "    gamma_growth: {window: 90, max_rate: 0.25}\n")
+                       "    gamma_growth: {window: 90, max_rate: 0.25}\n"
+                       "    loss_drift: {window: 40, min_samples: 80, ratio: 3}\n")
                        .policy;
   const auto& d = p.detectors;
   EXPECT_FALSE(d.at("nonfinite").enabled);
@@ -400,6 +402,10 @@ TEST(RunConfigPolicyTest, EveryDetectorParameterLands) {
   EXPECT_TRUE(d.at("gamma_growth").enabled);
   EXPECT_EQ(d.at("gamma_growth").window, 90);
   EXPECT_EQ(d.at("gamma_growth").max_rate, 0.25);
+  EXPECT_TRUE(d.at("loss_drift").enabled);  // configuring an off-by-default detector turns it on
+  EXPECT_EQ(d.at("loss_drift").window, 40);
+  EXPECT_EQ(d.at("loss_drift").min_samples, 80);
+  EXPECT_EQ(d.at("loss_drift").ratio, 3);
   // The YAML above sets every parameter of detectors.h's table: a parameter
   // added there must be added here.
   for (const DetectorInfo& info : Detectors()) {
@@ -539,7 +545,7 @@ const std::string kRootKeys =
     "log_every, model, name, "
     "operand_stats, optimizer, policy, precision, probe_every, run_dir, schedule, seed, seq, steps, threads";
 const std::string kDetectors =
-    "nonfinite, loss_zscore, loss_ratio, grad_norm_zscore, grad_norm_ratio, grad_bias, saturation, gamma_growth";
+    "nonfinite, loss_zscore, loss_ratio, grad_norm_zscore, grad_norm_ratio, grad_bias, saturation, gamma_growth, loss_drift";
 const std::string kActions = "switch, rollback, scale_lr, skip_step, stop";
 
 TEST(RunConfigFieldsTest, OutlierAnalyticsFieldsLandAndAreChecked) {
