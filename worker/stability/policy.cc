@@ -77,9 +77,10 @@ Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps) 
   // (examples/proxy_mxfp8_e4m3_policy_tuned.yaml, 9000 steps) snapshotted every
   // 100 steps and rolled back 500; a short run keeps the same proportions.
   const int snapshot = static_cast<int>(std::min<int64_t>(100, std::max<int64_t>(1, run_steps / 90)));
-  // The statistics restart after a rollback (DetectorSet::Reset): min_samples
-  // stays under half the rollback so that a replay that diverges again is seen
-  // before it passes the step where the rule fired.
+  // A rollback restores the statistics of the step it returns to; after a
+  // restart from disk they start afresh (DetectorSet::Reset), and min_samples
+  // stays under half the rollback so that even then a replay that diverges
+  // again is seen before it passes the step where the rule fired.
   const int min_samples = std::min(64, std::max(8, 2 * snapshot));
   for (const char* name : {"loss_zscore", "grad_norm_zscore", "loss_ratio"}) {
     DetectorConfig& c = p.detectors[name];

@@ -21,7 +21,8 @@
 //           - scale_lr: 0.5             # multiply the learning rate from now on
 //           - skip_step                 # do not apply this step's update
 //           - stop                      # end the run as diverged (keel-train exit 3)
-//         cooldown: 200                 # steps before this rule may fire again (default 100)
+//         cooldown: 200                 # steps before this rule may fire again, once the run is
+//                                       # past the step where it fired (default 100)
 //         max: 3                        # times this rule may fire (0, default: no limit)
 //     probation: {after: 300}           # optional: after 300 healthy steps in a scheme the
 //                                       # policy moved up to, back down one rung (once it
