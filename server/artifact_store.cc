@@ -166,7 +166,6 @@ class DirArtifactStore : public ArtifactStore {
 
   const std::string root_;
   uint64_t counter_ = 0;  // guarded by mu_
-
 };
 
 // ---- db: rows of keeld's store ---------------------------------------------------

@@ -241,34 +241,11 @@ void Coordinator::Publish(const v1::WatchUpdate& update, const std::string& run_
   }
 }
 
-// Stores a run's new state with an event (one transaction: both or neither;
-// on an error nothing changes here either), then tells its watchers.
+// Stores a run's new state with an event (SaveRuns for one run).
 Status Coordinator::SaveRun(v1::Run* run, const std::string& event_kind, const std::string& message) {
-  run->set_updated_unix_ms(Now());
-  std::vector<v1::Event> events;
-  if (!event_kind.empty()) {
-    v1::Event e;
-    e.set_run_id(run->id());
-    e.set_step(run->step());
-    e.set_unix_ms(Now());
-    e.set_kind(event_kind);
-    e.set_message(message);
-    (*e.mutable_details())["state"] = v1::RunState_Name(run->state());
-    events.push_back(std::move(e));
-  }
-  KEEL_RETURN_IF_ERROR(store_->UpdateRunsWithEvents({*run}, events));
-  if (Terminal(run->state())) live_[run->id()].ended_unix_ms = Now();
-  runs_[run->id()] = *run;
-  if (!Active(run->state())) bootstrap_ids_.erase(run->id());
-  progress_dirty_.erase(run->id());
-  v1::WatchUpdate update;
-  *update.mutable_run() = *run;
-  Publish(update, run->id(), run->sweep_id());
-  for (const v1::Event& e : events) {
-    v1::WatchUpdate event_update;
-    *event_update.mutable_event() = e;
-    Publish(event_update, run->id(), run->sweep_id());
-  }
+  std::vector<v1::Run> one = {*run};
+  KEEL_RETURN_IF_ERROR(SaveRuns(&one, event_kind, message));
+  *run = one[0];
   return Status::Ok();
 }
 
@@ -293,6 +270,7 @@ Status Coordinator::SaveRuns(std::vector<v1::Run>* runs, const std::string& even
   for (const v1::Run& run : *runs) {
     if (Terminal(run.state())) live_[run.id()].ended_unix_ms = now;
     runs_[run.id()] = run;
+    if (!Active(run.state())) bootstrap_ids_.erase(run.id());
     progress_dirty_.erase(run.id());
     v1::WatchUpdate update;
     *update.mutable_run() = run;

@@ -544,7 +544,7 @@ class SqliteStore : public Store {
   Status AppendArtifactChunk(int64_t id, int file, int64_t offset, const std::string& data) override {
     std::lock_guard<std::mutex> lock(mu_);
     return WriteTransaction([&]() -> Status {
-      KEEL_RETURN_IF_ERROR(RequireArtifact(id, false));
+      KEEL_RETURN_IF_ERROR(RequireUpload(id));
       Stmt q(db_, "INSERT INTO artifact_chunks(artifact_id, file, byte_offset, data) VALUES(?,?,?,?)");
       q.Bind(1, id).Bind(2, static_cast<int64_t>(file)).Bind(3, offset).BindBlob(4, data);
       return q.Run();
@@ -693,13 +693,13 @@ class SqliteStore : public Store {
 
   // Helpers below run with mu_ held, inside a transaction. `table` is always
   // one of the literal table names above, never user input.
-  // NotFound unless `id` names an artifact (committed or not, as asked).
-  Status RequireArtifact(int64_t id, bool committed) {
-    Stmt q(db_, "SELECT 1 FROM artifacts WHERE id = ? AND committed = ?");
-    q.Bind(1, id).Bind(2, static_cast<int64_t>(committed ? 1 : 0));
+  // NotFound unless `id` names an upload not yet committed.
+  Status RequireUpload(int64_t id) {
+    Stmt q(db_, "SELECT 1 FROM artifacts WHERE id = ? AND committed = 0");
+    q.Bind(1, id);
     bool row;
     KEEL_RETURN_IF_ERROR(q.Step(&row));
-    return row ? Status::Ok() : NotFoundError(committed ? "artifact" : "artifact upload", std::to_string(id));
+    return row ? Status::Ok() : NotFoundError("artifact upload", std::to_string(id));
   }
   Status Exists(const std::string& table, const std::string& id, bool* exists) {
     const std::string sql = "SELECT 1 FROM " + table + " WHERE id = ?";

@@ -120,10 +120,11 @@ const std::vector<PresetDef>& PresetDefs() {
 
 }  // namespace
 
-LinearQuant PrecisionScheme::LinearFor(int block, int blocks) const {
+LinearQuant PrecisionScheme::LinearFor(int block, int blocks, bool post_qk) const {
   LinearQuant q;
   bool keep_bf16 = block < 0 ? bf16_head
-                             : (block < bf16_first_blocks || block >= blocks - bf16_last_blocks);
+                             : (block < bf16_first_blocks || block >= blocks - bf16_last_blocks ||
+                                (post_qk && post_qk_bf16));
   for (int r = 0; r < kRoleCount; ++r) {
     if (keep_bf16) {
       q.role[r] = Bf16();

@@ -42,8 +42,9 @@ struct PrecisionScheme {
   bool post_qk_bf16 = false;
 
   // The formats a linear layer of block `block` (of `blocks`; -1 for the head)
-  // uses under this scheme: forward_only and the BF16 layers applied.
-  LinearQuant LinearFor(int block, int blocks) const;
+  // uses under this scheme: forward_only and the BF16 layers applied. post_qk:
+  // the layer follows the query-key product, and post_qk_bf16 keeps it BF16 too.
+  LinearQuant LinearFor(int block, int blocks, bool post_qk = false) const;
   // True when any role or the layernorm is quantized below fp32.
   bool AnyQuantized() const;
 };

@@ -30,19 +30,8 @@ int DecoderModel::AddTensor(const std::string& name, std::vector<int64_t> shape,
   return static_cast<int>(params_.size()) - 1;
 }
 
-LinearQuant DecoderModel::AllBf16(LinearQuant q) {
-  for (OperandFormat& f : q.role) {
-    f = OperandFormat();
-    f.kind = OperandFormat::Kind::kQuant;
-    f.format = QuantFormat::kBf16;
-    f.rounding = Rounding::kNearestEven;
-  }
-  return q;
-}
-
-LinearQuant DecoderModel::Quant(const Pass& pass, int block, int which) const {
-  LinearQuant q = pass.scheme->LinearFor(block, blocks_);
-  if (pass.scheme->post_qk_bf16 && block >= 0 && PostQkLinear(which)) q = AllBf16(q);
+LinearQuant DecoderModel::QuantAs(const Pass& pass, int block, int which, bool post_qk) const {
+  LinearQuant q = pass.scheme->LinearFor(block, blocks_, post_qk);
   const int slot = block < 0 ? slots_per_block_ * blocks_ : slots_per_block_ * block + which;
   q.seed = Mix(pass.quant_seed, slot);
   q.stats_slot = pass.stats ? slot : -1;

@@ -76,13 +76,16 @@ class DecoderModel : public Model {
   int AddTensor(const std::string& name, std::vector<int64_t> shape, int block, Kind kind);
   // The linear layer `which` of block `block` (mixer layers first, then gate_up
   // and down); block -1 is the LM head. A mixer layer that PostQkLinear names
-  // is BF16 in every role when the scheme has post_qk_bf16.
-  LinearQuant Quant(const Pass& pass, int block, int which) const;
+  // is BF16 in every role when the scheme has post_qk_bf16
+  // (PrecisionScheme::LinearFor's post_qk).
+  LinearQuant Quant(const Pass& pass, int block, int which) const {
+    return QuantAs(pass, block, which, block >= 0 && PostQkLinear(which));
+  }
+  // Quant with post_qk given (a part of a layer that is post-QK on its own).
+  LinearQuant QuantAs(const Pass& pass, int block, int which, bool post_qk) const;
   // Whether mixer layer `which` follows the query-key product (CHON's post-QK
   // protection keeps it in BF16): none by default.
   virtual bool PostQkLinear(int which) const { return false; }
-  // q with every role BF16 (nearest even), its seed and slots kept.
-  static LinearQuant AllBf16(LinearQuant q);
   float* Grad(float* grads, int index) const { return grads + params_[index].offset; }
   // A gain (Kind::kGain) as this pass uses it: the scheme's layernorm-format copy.
   float* Gain(int index) const { return gains_ + params_[index].offset; }

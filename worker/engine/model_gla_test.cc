@@ -192,7 +192,6 @@ TEST(GlaModelTest, WholeModelGradientMatchesFiniteDifferences) {
   std::printf("largest relative error of a directional derivative: %.2e\n", worst);
 }
 
-
 // post_qk_bf16 keeps GLA's gate projection (both halves) and o_proj in BF16 in
 // every role and leaves attn.qkvg and the MLP in the scheme's format: under
 // nvfp4 their statistics slots count one BF16 block per call where NVFP4

@@ -51,7 +51,7 @@ class LlamaModel : public DecoderModel {
   Status MixerForward(int block, const float* x, const float* residual, float* out, const Pass& pass) override {
     const Attention& a = attn_[block];
     if (pass.scheme->post_qk_bf16) {
-      KEEL_RETURN_IF_ERROR(QkvForwardVInBf16(x, a, Quant(pass, block, 0)));
+      KEEL_RETURN_IF_ERROR(QkvForwardVInBf16(x, a, Quant(pass, block, 0), VQuant(pass, block)));
     } else {
       KEEL_RETURN_IF_ERROR(backend_->LinearForward(x, P(a.qkv), nullptr, nullptr, a.qkv_act, bt_, d_, 3 * d_,
                                                    Quant(pass, block, 0)));
@@ -77,7 +77,8 @@ class LlamaModel : public DecoderModel {
     KEEL_RETURN_IF_ERROR(
         backend_->RopeBackward(dqkv_, dqkv_, rope_cos_, rope_sin_, batch_, seq_, 2 * m_.heads, hd_, 3 * d_));
     if (pass.scheme->post_qk_bf16) {
-      KEEL_RETURN_IF_ERROR(QkvBackwardVInBf16(x, a, dx, Grad(grads, a.qkv), Quant(pass, block, 0)));
+      KEEL_RETURN_IF_ERROR(
+          QkvBackwardVInBf16(x, a, dx, Grad(grads, a.qkv), Quant(pass, block, 0), VQuant(pass, block)));
     } else {
       KEEL_RETURN_IF_ERROR(backend_->LinearBackward(x, P(a.qkv), dqkv_, dx, Grad(grads, a.qkv), nullptr, bt_, d_,
                                                     3 * d_, Quant(pass, block, 0)));
@@ -96,11 +97,11 @@ class LlamaModel : public DecoderModel {
 
   // CHON's post-QK protection for softmax attention: W_v in BF16. attn.qkv's
   // weight holds q, k, v as rows 0..d, d..2d, 2d..3d, so its v rows run as a
-  // GEMM of their own with every role BF16 (AllBf16), beside the q, k GEMM in
-  // the scheme's formats, both into qkv_act's columns. The v GEMM keeps its
+  // GEMM of their own, post-QK (every role BF16), beside the q, k GEMM in the
+  // scheme's formats, both into qkv_act's columns. The v GEMM keeps its
   // operand statistics in attn.qkv's slot and runs no outlier analytics.
-  LinearQuant VQuant(const LinearQuant& qkv) const {
-    LinearQuant v = AllBf16(qkv);
+  LinearQuant VQuant(const Pass& pass, int block) const {
+    LinearQuant v = QuantAs(pass, block, 0, /*post_qk=*/true);
     v.analytics_slot = -1;
     v.keep_slot = -1;
     return v;
@@ -111,23 +112,24 @@ class LlamaModel : public DecoderModel {
     KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &v_tmp_));
     return Scratch(bt_ * d_, &dx_v_);
   }
-  Status QkvForwardVInBf16(const float* x, const Attention& a, const LinearQuant& qkv) {
+  Status QkvForwardVInBf16(const float* x, const Attention& a, const LinearQuant& qkv, const LinearQuant& v) {
     KEEL_RETURN_IF_ERROR(SplitScratch());
     KEEL_RETURN_IF_ERROR(backend_->LinearForward(x, P(a.qkv), nullptr, nullptr, qk_tmp_, bt_, d_, 2 * d_, qkv));
     KEEL_RETURN_IF_ERROR(
-        backend_->LinearForward(x, P(a.qkv) + 2 * d_ * d_, nullptr, nullptr, v_tmp_, bt_, d_, d_, VQuant(qkv)));
+        backend_->LinearForward(x, P(a.qkv) + 2 * d_ * d_, nullptr, nullptr, v_tmp_, bt_, d_, d_, v));
     KEEL_RETURN_IF_ERROR(backend_->Copy2D(qk_tmp_, 2 * d_, a.qkv_act, 3 * d_, bt_, 2 * d_));
     return backend_->Copy2D(v_tmp_, d_, a.qkv_act + 2 * d_, 3 * d_, bt_, d_);
   }
   // Its backward from dqkv_: dx = the q, k GEMM's plus the v GEMM's; each
   // adds its rows of the weight's gradient.
-  Status QkvBackwardVInBf16(const float* x, const Attention& a, float* dx, float* dw, const LinearQuant& qkv) {
+  Status QkvBackwardVInBf16(const float* x, const Attention& a, float* dx, float* dw, const LinearQuant& qkv,
+                            const LinearQuant& v) {
     KEEL_RETURN_IF_ERROR(SplitScratch());
     KEEL_RETURN_IF_ERROR(backend_->Copy2D(dqkv_, 3 * d_, qk_tmp_, 2 * d_, bt_, 2 * d_));
     KEEL_RETURN_IF_ERROR(backend_->Copy2D(dqkv_ + 2 * d_, 3 * d_, v_tmp_, d_, bt_, d_));
     KEEL_RETURN_IF_ERROR(backend_->LinearBackward(x, P(a.qkv), qk_tmp_, dx, dw, nullptr, bt_, d_, 2 * d_, qkv));
     KEEL_RETURN_IF_ERROR(backend_->LinearBackward(x, P(a.qkv) + 2 * d_ * d_, v_tmp_, dx_v_, dw + 2 * d_ * d_,
-                                                  nullptr, bt_, d_, d_, VQuant(qkv)));
+                                                  nullptr, bt_, d_, d_, v));
     return backend_->Add(dx, dx_v_, dx, bt_ * d_);
   }
 

@@ -149,7 +149,6 @@ TEST(LlamaModelTest, WholeModelGradientMatchesFiniteDifferences) {
   std::printf("largest relative error of a directional derivative: %.2e\n", worst);
 }
 
-
 // A llama net of 2 blocks (width 32, 2 heads), weights and a batch drawn from rng.
 void MakePostQkNet(TestNet* net, Batch* batch) {
   ASSERT_NO_FATAL_FAILURE(

@@ -1045,8 +1045,7 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
   const std::string root = RunDir(config_.run_dir).checkpoints();
   const std::string final_dir = root + "/" + CheckpointDirName(step_);
   *out_dir = final_dir;
-  if (detectors_) {  // every rank: the detectors run on each
-    detector_snapshots_.erase(detector_snapshots_.upper_bound(step_), detector_snapshots_.end());
+  if (detectors_) {  // every rank: the detectors run on each (a rollback drops the later ones)
     detector_snapshots_.insert_or_assign(step_, *detectors_);
     while (detector_snapshots_.size() > 64) detector_snapshots_.erase(detector_snapshots_.begin());
   }
