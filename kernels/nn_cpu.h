@@ -172,6 +172,9 @@ class CpuBackend : public Backend {
   };
   void HcpScoresOf(const HcpSide& a, const HcpSide& b, int64_t k_count, float* scores);
   void AddHcpPatch(const HcpSide& a, const HcpSide& b, const int32_t* hot, int32_t k, float* c, int64_t ldc);
+  // The set a GEMM patches: hot.index, or with choose_into the hot.count best
+  // scores of a and b (over k_count indices), chosen now and written there.
+  const int32_t* HotSet(const HcpSide& a, const HcpSide& b, int64_t k_count, const HotChannels& hot);
   static Status CheckHotChannels(const char* op, const char* field, const HotChannels& hot, int64_t k_count);
   // dw += the wgrad GEMM's patch over its q.hcp_wgrad_rows best-scoring tokens
   // (operand_c_ and operand_d_ hold that GEMM's quantized operands).

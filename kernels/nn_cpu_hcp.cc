@@ -83,7 +83,7 @@ Status CpuBackend::CheckHotChannels(const char* op, const char* field, const Hot
     return Status::Error(std::string(op) + ": " + field + ".count: " + std::to_string(hot.count) +
                          " is not allowed; need 0.." + std::to_string(k_count) + " (the GEMM's contraction)");
   }
-  if (hot.count == 0) return Status::Ok();
+  if (hot.count == 0 || hot.choose_into != nullptr) return Status::Ok();
   if (hot.index == nullptr) {
     return Status::Error(std::string(op) + ": " + field + ".index: null is not allowed with count " +
                          std::to_string(hot.count));
@@ -97,6 +97,15 @@ Status CpuBackend::CheckHotChannels(const char* op, const char* field, const Hot
     }
   }
   return Status::Ok();
+}
+
+const int32_t* CpuBackend::HotSet(const HcpSide& a, const HcpSide& b, int64_t k_count, const HotChannels& hot) {
+  if (hot.choose_into == nullptr || hot.count == 0) return hot.index;
+  std::vector<float> scores(static_cast<size_t>(k_count));
+  HcpScoresOf(a, b, k_count, scores.data());
+  const std::vector<int32_t> top = TopK(scores.data(), k_count, hot.count);
+  std::copy(top.begin(), top.end(), hot.choose_into);
+  return hot.choose_into;
 }
 
 Status CpuBackend::HcpScores(HcpGemm gemm, const float* x, const float* w, int64_t rows, int64_t in, int64_t out,

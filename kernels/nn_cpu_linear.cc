@@ -374,8 +374,10 @@ Status CpuBackend::LinearForward(const float* x, const float* w, const float* bi
   GemmCpu(&pool_, GemmShape{rows, out, in}, false, true, alpha, operand_a_.data, in,
           operand_b_.data, in, false, y, out);
   // The hot input channels' residual products (docs/hcp.md), before bias and residual.
-  AddHcpPatch(HcpSide{x, &operand_a_, rows, in, 1}, HcpSide{w, &operand_b_, out, in, 1}, q.hcp_fwd.index,
-              q.hcp_fwd.count, y, out);
+  {
+    const HcpSide a{x, &operand_a_, rows, in, 1}, b{w, &operand_b_, out, in, 1};
+    AddHcpPatch(a, b, HotSet(a, b, in, q.hcp_fwd), q.hcp_fwd.count, y, out);
+  }
   // Then (y + bias) + residual, each a separate fp32 addition: the bits of adding
   // the bias and then calling Add with the residual.
   if (bias != nullptr || residual != nullptr) {
@@ -456,8 +458,8 @@ Status CpuBackend::LinearBackward(const float* x, const float* w, const float* d
             operand_a_.decode_scale * operand_b_.decode_scale, operand_a_.data, out,
             operand_b_.data, in, false, dx, in);
     // The hot output channels' patch: A = dy along out, B = w read down its columns.
-    AddHcpPatch(HcpSide{dy, &operand_a_, rows, out, 1}, HcpSide{w, &operand_b_, in, 1, in}, q.hcp_dgrad.index,
-                q.hcp_dgrad.count, dx, in);
+    const HcpSide a{dy, &operand_a_, rows, out, 1}, b{w, &operand_b_, in, 1, in};
+    AddHcpPatch(a, b, HotSet(a, b, out, q.hcp_dgrad), q.hcp_dgrad.count, dx, in);
   }
   // dw (out x in) += dy_q^T . x_q: A is dy stored rows x out, i.e. op(A) = dy^T.
   GemmCpu(&pool_, GemmShape{out, in, rows}, true, false,

@@ -1973,6 +1973,19 @@ TEST_F(NnCpuTest, HcpWithSomeChannelsAddsTheFormulasPatchAndScoresRankTheResidua
   ASSERT_OK(backend_->LinearBackward(x.data(), w.data(), dy.data(), dx0.data(), dw0.data(), nullptr, rows, in, out, q));
   ASSERT_OK(
       backend_->LinearBackward(x.data(), w.data(), dy.data(), dx1.data(), dw1.data(), nullptr, rows, in, out, patched));
+  // choose_into: the calls choose the same sets themselves and patch with them.
+  std::vector<int32_t> into_f(5, -1), into_d(5, -1);
+  LinearQuant choosing = q;
+  choosing.hcp_fwd = HotChannels{nullptr, 5, into_f.data()};
+  choosing.hcp_dgrad = HotChannels{nullptr, 5, into_d.data()};
+  std::vector<float> y_c(rows * out), dx_c(rows * in), dw_c(out * in, 0.0f);
+  ASSERT_OK(backend_->LinearForward(x.data(), w.data(), nullptr, nullptr, y_c.data(), rows, in, out, choosing));
+  ASSERT_OK(backend_->LinearBackward(x.data(), w.data(), dy.data(), dx_c.data(), dw_c.data(), nullptr, rows, in, out,
+                                     choosing));
+  EXPECT_EQ(into_f, hot_f);
+  EXPECT_EQ(into_d, hot_d);
+  EXPECT_EQ(0, std::memcmp(y_c.data(), y1.data(), y1.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(dx_c.data(), dx1.data(), dx1.size() * sizeof(float)));
   double worst_y = 0, worst_dx = 0, scale = 0;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t o = 0; o < out; ++o) {

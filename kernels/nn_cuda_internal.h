@@ -160,6 +160,22 @@ class Scratch {
   const bool* refuse_ = nullptr;
 };
 
+// One side of a GEMM with the Hot-Channel Patch (nn_cuda_hcp.cu, docs/hcp.md),
+// as the GEMM contracts it: A(i, j) for i < n and contraction index j is
+// src[i * si + j * sj] (with rht: output j % 16 of the RHT of j's chunk of 16),
+// and Q(A)(i, j) is q[i * qi + j * qj] (bf16 when q_bf16, else fp32) times
+// *scale (null: 1), the GEMM's quantized operand.
+struct HcpSide {
+  const float* src;
+  int64_t si, sj;
+  const void* q;
+  const float* scale;
+  bool q_bf16;
+  int64_t qi, qj;
+  bool rht;
+  int64_t n;
+};
+
 // ---- cuBLASLt ------------------------------------------------------------------------
 
 // One (strided-batched) GEMM in cuBLASLt's column-major terms:
@@ -423,6 +439,10 @@ class CudaBackend final : public Backend {
                            float* dlogits, int64_t rows, int64_t padded_vocab, int64_t vocab,
                            float scale) override;
 
+  Status HcpScores(HcpGemm gemm, const float* x, const float* w, int64_t rows, int64_t in, int64_t out,
+                   const LinearQuant& q, float* scores) override;
+  Status HcpTopK(const float* scores, int64_t count, int32_t k, int32_t* index) override;
+
   Status AdamWTensors(const std::vector<AdamWTensor>& tensors, float lr, float beta1, float beta2, float eps,
                       int step, float grad_scale) override;
   Status AdamW(float* param, const float* grad, float* m, float* v, int64_t count, float lr,
@@ -506,6 +526,25 @@ class CudaBackend final : public Backend {
   // Waits for the queued work, folds every recorded pair into host_stats_ and
   // zeroes the pairs for reuse.
   Status FoldStats();
+  // ---- Hot-Channel Patch (nn_cuda_hcp.cu) ----
+  // mean (k_count doubles) = (add: +=) mean over i of |A - Q(A)| per j.
+  Status HcpSideMeans(const HcpSide& s, int64_t k_count, bool add, double* mean);
+  // scores (k_count floats) = both sides' means, summed.
+  Status HcpScoresOf(const HcpSide& a, const HcpSide& b, int64_t k_count, float* scores);
+  // index (k) = the k best of scores[0..count), ascending (nn.h HcpTopK).
+  Status TopKOnDevice(const float* scores, int64_t count, int32_t k, int32_t* index);
+  // *index = the set the GEMM patches: hot.index, or with choose_into the
+  // hot.count best scores of a and b, chosen now and written there.
+  Status HotSet(const HcpSide& a, const HcpSide& b, int64_t k_count, const HotChannels& hot, const int32_t** index);
+  // c (a.n x b.n, ldc) += [dA_H | Q(A)_H] . [B_H | dB_H]^T: bf16 patch columns,
+  // a BF16 GEMM with fp32 accumulation, alpha 1 and beta 1.
+  Status AddHcpPatch(const HcpSide& a, const HcpSide& b, const int32_t* index, int32_t k, float* c, int64_t ldc);
+  // "op: field.count ..." / "field.index: null ..." as the CPU backend words them
+  // (the indices themselves live in device memory and are not read back).
+  static Status CheckHcp(const char* op, const char* field, const HotChannels& hot, int64_t k_count);
+  // The wgrad GEMM's patch: its hcp_wgrad_rows best tokens, chosen now.
+  Status AddWgradHcpPatch(const HcpSide& a, const HcpSide& b, int64_t rows, int32_t k, float* dw, int64_t in);
+
   // alpha = product of the two decode scales (null ones count as 1) in slot `gemm`.
   Status Alpha(const Operand& a, const Operand& b, int gemm, const float** alpha);
   // out (+)= column sums of m (rows x cols, row-major), in a fixed order.
@@ -619,6 +658,10 @@ class CudaBackend final : public Backend {
   Scratch partials_;                   // column-sum and reduction partials
   Scratch adam_table_;                 // AdamWTensors' tensor table
   Scratch quant_temp_;                 // QuantizeDequantize with out == x
+  Scratch hcp_partials_, hcp_means_;   // HCP scores: per-chunk sums, per-index means
+  Scratch hcp_scores_, hcp_sort_;      // HCP choice: scores, sort keys and cub's temporary
+  Scratch hcp_index_;                  // the wgrad's chosen tokens
+  Scratch hcp_cols_;                   // the patch columns of both sides, bf16
   Scratch align_in_;                   // a quantizer input that is not 16-byte aligned
   Scratch x_seen_;                     // x given in bf16, as fp32 for an analytics step
   Scratch attn_q_, attn_k_, attn_v_, attn_o_;  // attention, per head [b, h, t, d] (attn_o_: dO)

@@ -795,18 +795,6 @@ Status CudaBackend::CheckStatsSlot(const char* op, int slot) const {
                        " (ResetOperandStats made " + std::to_string(stats_slots_) + " slots)");
 }
 
-namespace {
-
-// The Hot-Channel Patch (docs/hcp.md) has a CPU reference only so far: a call
-// that asks for it is refused rather than computed without it.
-Status RefuseHcp(const char* op, const LinearQuant& q) {
-  if (q.hcp_fwd.count == 0 && q.hcp_dgrad.count == 0 && q.hcp_wgrad_rows == 0) return Status::Ok();
-  return Status::Error(std::string(op) + ": hcp_fwd / hcp_dgrad / hcp_wgrad_rows: the Hot-Channel Patch is not "
-                       "implemented by the cuda backend yet (docs/hcp.md); the cpu backend has it");
-}
-
-}  // namespace
-
 Status CudaBackend::LinearForward(const float* x, const float* w, const float* bias, const float* residual,
                                   float* y, int64_t rows, int64_t in, int64_t out, const LinearQuant& q) {
   NN_PROFILE("LinearForward");
@@ -820,7 +808,7 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
                          "(as the CPU backend requires)");
   KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
   KEEL_RETURN_IF_ERROR(CheckStatsSlot("LinearForward", q.stats_slot));
-  KEEL_RETURN_IF_ERROR(RefuseHcp("LinearForward", q));
+  KEEL_RETURN_IF_ERROR(CheckHcp("LinearForward", "hcp_fwd", q.hcp_fwd, in));
   const float* x_seen = nullptr;
   KEEL_RETURN_IF_ERROR(XSeen(q, x, rows, in, &x_seen));
   KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearForward", Role::kFwdX, x_seen, rows, in, q.analytics_slot));
@@ -883,6 +871,13 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
     AddBiasKernel<<<GridFor(rows * out), kThreads, 0, stream_>>>(y, bias, rows, out);
     NN_LAUNCH_CHECK();
   }
+  if (q.hcp_fwd.count > 0) {  // the hot input channels' residual products (docs/hcp.md)
+    const HcpSide a{x, in, 1, qx.data, qx.tensor_scale, bf16, in, 1, false, rows};
+    const HcpSide b{w, in, 1, qw.data, qw.tensor_scale, bf16, in, 1, false, out};
+    const int32_t* index = nullptr;
+    KEEL_RETURN_IF_ERROR(HotSet(a, b, in, q.hcp_fwd, &index));
+    KEEL_RETURN_IF_ERROR(AddHcpPatch(a, b, index, q.hcp_fwd.count, y, out));
+  }
   return Status::Ok();
 }
 
@@ -899,7 +894,11 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
   if ((x == nullptr && !bf16_x) || w == nullptr || (dy == nullptr && !bf16_dy) || dw == nullptr) {
     return Status::Error("LinearBackward: x, w, dy or dw: null");
   }
-  KEEL_RETURN_IF_ERROR(RefuseHcp("LinearBackward", q));
+  KEEL_RETURN_IF_ERROR(CheckHcp("LinearBackward", "hcp_dgrad", q.hcp_dgrad, out));
+  if (q.hcp_wgrad_rows < 0 || q.hcp_wgrad_rows > rows) {
+    return Status::Error("LinearBackward: hcp_wgrad_rows: " + std::to_string(q.hcp_wgrad_rows) +
+                         " is not allowed; need 0.." + std::to_string(rows) + " (the wgrad GEMM's tokens)");
+  }
   KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
   KEEL_RETURN_IF_ERROR(CheckStatsSlot("LinearBackward", q.stats_slot));
   const float* dy_seen = dy;  // what the analytics read
@@ -963,6 +962,13 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     KEEL_RETURN_IF_ERROR(Alpha(qdy, qw, 1, &g.alpha));
     NN_PROFILE("gemm");
     KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
+    if (q.hcp_dgrad.count > 0) {  // the hot output channels: A = dy along out, B = w down its columns
+      const HcpSide a{dy, out, 1, qdy.data, qdy.tensor_scale, bf16_dgrad, out, 1, false, rows};
+      const HcpSide b{w, 1, in, qw.data, qw.tensor_scale, bf16_dgrad, 1, in, false, in};
+      const int32_t* index = nullptr;
+      KEEL_RETURN_IF_ERROR(HotSet(a, b, out, q.hcp_dgrad, &index));
+      KEEL_RETURN_IF_ERROR(AddHcpPatch(a, b, index, q.hcp_dgrad.count, dx, in));
+    }
   }
   if (dbias != nullptr && dbias_with_dgrad == nullptr && dbias_with_wgrad == nullptr) {
     NN_PROFILE("dbias");
@@ -1000,6 +1006,13 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     KEEL_RETURN_IF_ERROR(Alpha(qdy_w, qx, 2, &g.alpha));
     NN_PROFILE("gemm");
     KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
+    if (q.hcp_wgrad_rows > 0) {
+      // A = dy^T, B = x^T over the tokens, rotated when the wgrad roles take the RHT.
+      const bool rht = f_wdy.quantized() && f_wdy.rht;
+      const HcpSide a{dy, 1, out, qdy_w.data, qdy_w.tensor_scale, bf16_wgrad, 1, out, rht, out};
+      const HcpSide b{x, 1, in, qx.data, qx.tensor_scale, bf16_wgrad, 1, in, rht, in};
+      KEEL_RETURN_IF_ERROR(AddWgradHcpPatch(a, b, rows, q.hcp_wgrad_rows, dw, in));
+    }
   }
   return Status::Ok();
 }

@@ -1357,18 +1357,165 @@ TEST_F(NnCudaTest, LinearRejectsWhatTheCpuRejects) {
   one_rht.role[R(Role::kWgradX)].rht = true;
   Dual dw = Zeros(out * in), dy = Floats(Normal(rows * out, 73));
   EXPECT_FALSE(gpu_->LinearBackward(x.g(), w.g(), dy.g(), nullptr, dw.g(), nullptr, rows, in, out, one_rht).ok());
-  // The Hot-Channel Patch has a CPU reference only: asked of CUDA, it is
-  // refused, never computed without the patch.
+  // Bad Hot-Channel Patch requests are refused as the CPU refuses them, and
+  // change nothing.
   LinearQuant hcp = AllRoles(Quant(QuantFormat::kNvfp4));
-  hcp.hcp_wgrad_rows = 4;
+  hcp.hcp_wgrad_rows = 33;
   Status refused = gpu_->LinearBackward(x.g(), w.g(), dy.g(), nullptr, dw.g(), nullptr, rows, in, out, hcp);
-  EXPECT_NE(refused.message().find("the Hot-Channel Patch is not implemented by the cuda backend yet"),
-            std::string::npos)
+  EXPECT_NE(refused.message().find("hcp_wgrad_rows: 33 is not allowed; need 0..32"), std::string::npos)
       << refused.message();
   hcp.hcp_wgrad_rows = 0;
-  hcp.hcp_fwd.count = 2;  // refused before the index is read
+  hcp.hcp_fwd.count = 2;  // no index, nothing to choose into
   refused = gpu_->LinearForward(x.g(), w.g(), nullptr, nullptr, y.g(), rows, in, out, hcp);
-  EXPECT_NE(refused.message().find("hcp_fwd / hcp_dgrad / hcp_wgrad_rows"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("hcp_fwd.index: null is not allowed with count 2"), std::string::npos)
+      << refused.message();
+  hcp.hcp_fwd.count = 33;
+  refused = gpu_->LinearForward(x.g(), w.g(), nullptr, nullptr, y.g(), rows, in, out, hcp);
+  EXPECT_NE(refused.message().find("hcp_fwd.count: 33 is not allowed; need 0..32"), std::string::npos)
+      << refused.message();
+  for (float v : Gpu(dw)) ASSERT_EQ(v, 0.0f);
+}
+
+// ---- Hot-Channel Patch (docs/hcp.md) ------------------------------------------------------
+
+double RelError(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// One NVFP4 layer's three GEMMs on CUDA, with and without the RHT on the wgrad
+// roles: the patch on every channel (k = K) gives the fp32 layer up to the
+// BF16 patch columns; count 0 gives the unpatched bits; the scores agree with
+// the CPU's; the chosen sets (choose_into) are the CPU's; and patched minus
+// unpatched is the CPU's patch up to the BF16 columns.
+TEST_F(NnCudaTest, HcpMatchesTheCpuReference) {
+  const int64_t rows = 64, in = 128, out = 96;
+  const std::vector<float> xs = nn_test::WithOutliers(rows * in, 11), ws = nn_test::WithOutliers(out * in, 12, 0.1f),
+                           dys = nn_test::WithOutliers(rows * out, 13);
+  Dual x = Floats(xs), w = Floats(ws), dy = Floats(dys);
+  std::vector<int32_t> all(std::max(in, out));
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int32_t>(i);
+  Dual every = Ints(all);
+  Dual chosen = Ints(std::vector<int32_t>(16, -1));  // fwd 0..4, dgrad 8..12
+  Dual y = Zeros(rows * out), dx = Zeros(rows * in), dw = Zeros(out * in);
+  struct Result {
+    std::vector<float> y, dx, dw;
+  };
+  // The layer on one backend; hot sets from `index` (backend memory) or chosen.
+  auto run = [&](bool on_gpu, const LinearQuant& q) {
+    Backend* b = on_gpu ? gpu_.get() : cpu_.get();
+    auto p = [on_gpu](const Dual& d) { return on_gpu ? d.g() : d.c(); };
+    Set(dw, std::vector<float>(out * in, 0.0f));
+    EXPECT_OK(b->LinearForward(p(x), p(w), nullptr, nullptr, p(y), rows, in, out, q));
+    EXPECT_OK(b->LinearBackward(p(x), p(w), p(dy), p(dx), p(dw), nullptr, rows, in, out, q));
+    return on_gpu ? Result{Gpu(y), Gpu(dx), Gpu(dw)} : Result{Cpu(y), Cpu(dx), Cpu(dw)};
+  };
+  for (const bool rht : {false, true}) {
+    SCOPED_TRACE(rht ? "rht on the wgrad roles" : "no rht");
+    LinearQuant plain = AllRoles(Quant(QuantFormat::kNvfp4));
+    plain.role[R(Role::kWgradDy)].rht = rht;
+    plain.role[R(Role::kWgradX)].rht = rht;
+    const Result fp32 = run(false, LinearQuant());
+    const Result g_plain = run(true, plain);
+
+    LinearQuant none = plain;  // count 0: the plain bits
+    none.hcp_fwd = HotChannels{every.gi(), 0};
+    none.hcp_dgrad = HotChannels{every.gi(), 0};
+    const Result g_none = run(true, none);
+    ExpectBits("k = 0 y", g_plain.y, g_none.y);
+    ExpectBits("k = 0 dx", g_plain.dx, g_none.dx);
+    ExpectBits("k = 0 dw", g_plain.dw, g_none.dw);
+
+    LinearQuant full = plain;  // k = K: the fp32 layer, up to the bf16 patch columns
+    full.hcp_fwd = HotChannels{every.gi(), static_cast<int32_t>(in)};
+    full.hcp_dgrad = HotChannels{every.gi(), static_cast<int32_t>(out)};
+    full.hcp_wgrad_rows = static_cast<int32_t>(rows);
+    const Result g_full = run(true, full);
+    const double e_y = RelError(g_full.y, fp32.y), e_dx = RelError(g_full.dx, fp32.dx),
+                 e_dw = RelError(g_full.dw, fp32.dw);
+    std::printf("  k = K: relative error to fp32 y %.2e dx %.2e dw %.2e; NVFP4 alone y %.2e dx %.2e dw %.2e\n", e_y,
+                e_dx, e_dw, RelError(g_plain.y, fp32.y), RelError(g_plain.dx, fp32.dx), RelError(g_plain.dw, fp32.dw));
+    // bf16 columns: about 2^-9 of each residual product, against NVFP4's 1e-1.
+    EXPECT_LT(e_y, 3e-3);
+    EXPECT_LT(e_dx, 3e-3);
+    EXPECT_LT(e_dw, 3e-3);
+    EXPECT_GT(RelError(g_plain.y, fp32.y), 3e-2);
+
+    // Scores against the CPU's.
+    for (const Backend::HcpGemm gemm : {Backend::HcpGemm::kFwd, Backend::HcpGemm::kDgrad}) {
+      const int64_t k_count = gemm == Backend::HcpGemm::kFwd ? in : out;
+      Dual scores = Zeros(k_count);
+      const Dual& a = gemm == Backend::HcpGemm::kFwd ? x : dy;
+      ASSERT_OK(cpu_->HcpScores(gemm, a.c(), w.c(), rows, in, out, plain, scores.c()));
+      ASSERT_OK(gpu_->HcpScores(gemm, a.g(), w.g(), rows, in, out, plain, scores.g()));
+      ExpectElementwise(gemm == Backend::HcpGemm::kFwd ? "fwd scores" : "dgrad scores", Cpu(scores), Gpu(scores),
+                        1e-5, 1e-9);
+    }
+
+    // Some channels, chosen by the call itself on both backends.
+    LinearQuant some = plain;
+    some.hcp_fwd = HotChannels{nullptr, 5, chosen.gi()};
+    some.hcp_dgrad = HotChannels{nullptr, 5, chosen.gi() + 8};
+    some.hcp_wgrad_rows = 6;
+    LinearQuant some_cpu = some;
+    some_cpu.hcp_fwd.choose_into = chosen.ci();
+    some_cpu.hcp_dgrad.choose_into = chosen.ci() + 8;
+    const Result g_some = run(true, some), c_some = run(false, some_cpu);
+    const Result c_plain = run(false, plain);
+    std::vector<int32_t> g_set(16), c_set(16);
+    ASSERT_OK(gpu_->Download(g_set.data(), chosen.gi(), 16 * sizeof(int32_t)));
+    ASSERT_OK(cpu_->Download(c_set.data(), chosen.ci(), 16 * sizeof(int32_t)));
+    EXPECT_EQ(g_set, c_set) << "the hot sets CUDA chose";
+    // The patch itself (patched minus plain) on each backend.
+    for (auto [what, gp, g0, cp, c0] :
+         {std::make_tuple("fwd patch", &g_some.y, &g_plain.y, &c_some.y, &c_plain.y),
+          std::make_tuple("dgrad patch", &g_some.dx, &g_plain.dx, &c_some.dx, &c_plain.dx),
+          std::make_tuple("wgrad patch", &g_some.dw, &g_plain.dw, &c_some.dw, &c_plain.dw)}) {
+      std::vector<float> g_patch(gp->size()), c_patch(cp->size());
+      for (size_t i = 0; i < g_patch.size(); ++i) {
+        g_patch[i] = (*gp)[i] - (*g0)[i];
+        c_patch[i] = (*cp)[i] - (*c0)[i];
+      }
+      ExpectNormwise(what, c_patch, g_patch, 2e-2);
+      EXPECT_GT(RelError(c_patch, std::vector<float>(c_patch.size(), 0.0f)), 0.0) << what << " is not nothing";
+    }
+    // The set it chose, passed as index, gives the same bits again.
+    LinearQuant given = plain;
+    given.hcp_fwd = HotChannels{chosen.gi(), 5};
+    given.hcp_dgrad = HotChannels{chosen.gi() + 8, 5};
+    given.hcp_wgrad_rows = 6;
+    const Result g_given = run(true, given);
+    ExpectBits("chosen then given y", g_some.y, g_given.y);
+    ExpectBits("chosen then given dx", g_some.dx, g_given.dx);
+    ExpectBits("chosen then given dw", g_some.dw, g_given.dw);
+  }
+}
+
+TEST_F(NnCudaTest, HcpTopKOrdersTiesByIndexAndNanFirst) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Dual scores = Floats({0.5f, 2.0f, nan, 2.0f, 1.0f, 3.0f, 2.0f});
+  Dual top = Ints({-1, -1, -1, -1});
+  ASSERT_OK(gpu_->HcpTopK(scores.g(), 7, 4, top.gi()));
+  std::vector<int32_t> got(4);
+  ASSERT_OK(gpu_->Download(got.data(), top.gi(), 4 * sizeof(int32_t)));
+  EXPECT_EQ(got, (std::vector<int32_t>{1, 2, 3, 5}));
+  // A larger set with many equal scores: the CPU's choice.
+  std::vector<float> many(5000);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<float>((i * 7919) % 13);
+  Dual m = Floats(many);
+  Dual idx = Ints(std::vector<int32_t>(700, -1));
+  ASSERT_OK(cpu_->HcpTopK(m.c(), 5000, 700, idx.ci()));
+  ASSERT_OK(gpu_->HcpTopK(m.g(), 5000, 700, idx.gi()));
+  std::vector<int32_t> c(700), g(700);
+  ASSERT_OK(cpu_->Download(c.data(), idx.ci(), 700 * sizeof(int32_t)));
+  ASSERT_OK(gpu_->Download(g.data(), idx.gi(), 700 * sizeof(int32_t)));
+  EXPECT_EQ(c, g);
+  const Status s = gpu_->HcpTopK(scores.g(), 7, 8, top.gi());
+  EXPECT_NE(s.message().find("k: 8 of count 7 is not allowed"), std::string::npos) << s.message();
 }
 
 // ============================================================================

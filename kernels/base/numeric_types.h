@@ -75,9 +75,14 @@ uint64_t RoleSeed(uint64_t seed, Role role);
 // channels) whose quantization residuals the GEMM adds back as extra K
 // columns. index: backend memory, `count` distinct values in [0, K),
 // ascending; count 0: no patch.
+// choose_into (backend memory, count int32, or null): the call first chooses
+// the set from the operands it has (the `count` highest HcpScores of this GEMM,
+// in HcpTopK's order), writes it there and patches with it; index is then not
+// read. The models choose this way every R steps and pass index in between.
 struct HotChannels {
   const int32_t* index = nullptr;
   int32_t count = 0;
+  int32_t* choose_into = nullptr;
 };
 
 // Formats of one linear layer's six roles plus what the kernels need to draw
