@@ -129,7 +129,7 @@ const std::set<std::string> kRoleKeys = {"fwd_x", "fwd_w", "dgrad_dy", "dgrad_w"
 // The keys of a precision mapping: its options and the six roles.
 std::set<std::string> PrecisionKeys() {
   std::set<std::string> keys = {"preset", "rounding", "grad_rounding", "layernorm", "forward_only",
-                                "bf16_first_blocks", "bf16_last_blocks", "bf16_head", "attention", "post_qk_bf16",
+                                "bf16_first_blocks", "bf16_last_blocks", "bf16_head", "attention", "post_qk_bf16", "hcp",
                                 "mx_block", "bump_exponent", "nvfp4_weight_16x16",
                                 "nvfp4_rht_wgrad", "nvfp4_sr_grads", "name"};
   keys.insert(kRoleKeys.begin(), kRoleKeys.end());
@@ -190,8 +190,31 @@ Status ParseRoundings(const Reader& r, const YAML::Node& node, PrecisionScheme* 
   return Status::Ok();
 }
 
+// precision.hcp: the Hot-Channel Patch, {channels, every, dgrad, wgrad_rows}
+// (docs/hcp.md); a key left out keeps the preset's value, `hcp: off` drops it.
+Status ParseHcp(const Reader& r, const YAML::Node& node, PrecisionScheme* s) {
+  const std::string f = "precision.hcp";
+  if (!node["hcp"]) return Status::Ok();
+  const YAML::Node h = node["hcp"];
+  if (h.IsScalar() && h.Scalar() == "off") {
+    s->hcp_channels = 0;
+    s->hcp_dgrad = false;
+    s->hcp_wgrad_rows = 0;
+    return Status::Ok();
+  }
+  if (!h.IsMap()) return r.Error(h, f, "expected a mapping {channels, every, dgrad, wgrad_rows} or off");
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(h, f, {"channels", "every", "dgrad", "wgrad_rows"}));
+  if (h["channels"]) KEEL_RETURN_IF_ERROR(r.Int(h["channels"], f + ".channels", 0, kMaxHcpChannels, &s->hcp_channels));
+  if (h["every"]) KEEL_RETURN_IF_ERROR(r.Int(h["every"], f + ".every", 1, 1 << 30, &s->hcp_every));
+  if (h["dgrad"]) KEEL_RETURN_IF_ERROR(r.Bool(h["dgrad"], f + ".dgrad", &s->hcp_dgrad));
+  if (h["wgrad_rows"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(h["wgrad_rows"], f + ".wgrad_rows", 0, kMaxHcpChannels, &s->hcp_wgrad_rows));
+  }
+  return Status::Ok();
+}
+
 // precision.layernorm, forward_only, bf16_first_blocks, bf16_last_blocks,
-// bf16_head, attention and post_qk_bf16.
+// bf16_head, attention, post_qk_bf16 and hcp.
 Status ParseSchemeOptions(const Reader& r, const YAML::Node& node, PrecisionScheme* s) {
   const std::string f = "precision";
   if (node["layernorm"]) {
@@ -218,7 +241,7 @@ Status ParseSchemeOptions(const Reader& r, const YAML::Node& node, PrecisionSche
     KEEL_RETURN_IF_ERROR(r.OneOf(node["attention"], f + ".attention", {"bf16", "fp32"}, &text));
     s->attention_bf16 = text == "bf16";
   }
-  return Status::Ok();
+  return ParseHcp(r, node, s);
 }
 
 // precision.mx_block and precision.bump_exponent, for the MX operands.
@@ -652,7 +675,8 @@ Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
 // scheme and length are known; what the config set besides the name stays.
 void ResolvePolicyPreset(RunConfig* c) {
   if (c->policy.preset != "default") return;
-  Policy resolved = DefaultPolicy(RescueLadder(c->precision), c->steps);
+  Policy resolved =
+      DefaultPolicy(RescueLadder(c->precision, c->model.type == "llama" || c->model.type == "gla"), c->steps);
   resolved.probation_after = c->policy.probation_after;
   resolved.sweep_rules = c->policy.sweep_rules;
   resolved.yaml = c->policy.yaml;
@@ -1067,6 +1091,32 @@ Status ValidateRunConfig(const RunConfig& c) {
                                     " (allowed with llama, whose W_v it keeps in BF16, and gla, whose gk_proj and "
                                     "o_proj it keeps in BF16)");
   }
+  // A preset the policy may switch to must run on this model too.
+  if (m.type != "llama" && m.type != "gla") {
+    std::vector<std::pair<std::string, std::string>> targets;  // field, preset
+    for (const std::string& rung : c.policy.ladder) targets.push_back({"policy.ladder", rung});
+    for (const PolicyRule& rule : c.policy.rules) {
+      for (const PolicyAction& a : rule.actions) {
+        if (a.kind == PolicyAction::Kind::kSwitch && a.scheme != "next") {
+          targets.push_back({"policy.rules." + rule.name, a.scheme});
+        }
+      }
+    }
+    for (const auto& [field, preset] : targets) {
+      PrecisionScheme s;
+      if (SchemeFromPreset(preset, &s).ok() && s.post_qk_bf16) {
+        return Status::InvalidField(field, "'" + preset + "' is not allowed with model.type " + m.type +
+                                               " (it sets post_qk_bf16, which needs llama or gla; nvfp4_hcp is the "
+                                               "same without it)");
+      }
+    }
+  }
+  if (c.precision.hcp_wgrad_rows > rows) {
+    return Status::InvalidField("precision.hcp.wgrad_rows",
+                                std::to_string(c.precision.hcp_wgrad_rows) + " is not allowed with " +
+                                    std::to_string(rows) + " rows per micro-batch (allowed: 0 .. " +
+                                    std::to_string(rows) + ")");
+  }
   return ValidateScheme(c.precision);
 }
 
@@ -1139,6 +1189,10 @@ std::string SchemeToYaml(const PrecisionScheme& s) {
   e << YAML::Key << "bf16_head" << YAML::Value << s.bf16_head;
   e << YAML::Key << "attention_bf16" << YAML::Value << s.attention_bf16;
   e << YAML::Key << "post_qk_bf16" << YAML::Value << s.post_qk_bf16;
+  e << YAML::Key << "hcp_channels" << YAML::Value << s.hcp_channels;
+  e << YAML::Key << "hcp_every" << YAML::Value << s.hcp_every;
+  e << YAML::Key << "hcp_dgrad" << YAML::Value << s.hcp_dgrad;
+  e << YAML::Key << "hcp_wgrad_rows" << YAML::Value << s.hcp_wgrad_rows;
   e << YAML::EndMap;
   return e.c_str();
 }
@@ -1169,6 +1223,10 @@ Status ParseSchemeYaml(const std::string& yaml_text, PrecisionScheme* out) {
     s.attention_bf16 = n["attention_bf16"].as<bool>();
     // Absent from schemes stored before it existed: off.
     if (n["post_qk_bf16"]) s.post_qk_bf16 = n["post_qk_bf16"].as<bool>();
+    if (n["hcp_channels"]) s.hcp_channels = n["hcp_channels"].as<int>();
+    if (n["hcp_every"]) s.hcp_every = n["hcp_every"].as<int>();
+    if (n["hcp_dgrad"]) s.hcp_dgrad = n["hcp_dgrad"].as<bool>();
+    if (n["hcp_wgrad_rows"]) s.hcp_wgrad_rows = n["hcp_wgrad_rows"].as<int>();
     KEEL_RETURN_IF_ERROR(ValidateScheme(s));
     *out = s;
     return Status::Ok();

@@ -220,9 +220,11 @@ TEST(RunConfigPrecisionTest, APresetNameOrAPresetMapping) {
   for (const PresetInfo& p : Presets()) {
     PrecisionScheme want;
     ASSERT_TRUE(SchemeFromPreset(p.name, &want).ok());
-    EXPECT_EQ(SchemeToYaml(Parsed("precision: " + p.name + "\n").precision), SchemeToYaml(want)) << p.name;
+    // Post-QK protection (chon) needs an attention model.
+    const std::string model = want.post_qk_bf16 ? "model: {type: llama, heads: 8}\ndata: {train: t.bin}\n" : "";
+    EXPECT_EQ(SchemeToYaml(Parsed(model + "precision: " + p.name + "\n").precision), SchemeToYaml(want)) << p.name;
     // A mapping with only the preset is the preset, name included.
-    EXPECT_EQ(SchemeToYaml(Parsed("precision: {preset: " + p.name + "}\n").precision), SchemeToYaml(want))
+    EXPECT_EQ(SchemeToYaml(Parsed(model + "precision: {preset: " + p.name + "}\n").precision), SchemeToYaml(want))
         << p.name;
   }
 }
@@ -292,6 +294,20 @@ TEST(RunConfigPrecisionTest, EveryOptionLands) {
     EXPECT_TRUE(back.post_qk_bf16);
   }
   EXPECT_FALSE(Parsed("precision: nvfp4_recipe\n").precision.post_qk_bf16);
+  // The Hot-Channel Patch: a key left out keeps the preset's, off drops it.
+  s = Parsed("precision: {preset: nvfp4_hcp, hcp: {channels: 8, wgrad_rows: 16}}\n").precision;
+  EXPECT_EQ(s.hcp_channels, 8);
+  EXPECT_EQ(s.hcp_every, 100);
+  EXPECT_TRUE(s.hcp_dgrad);
+  EXPECT_EQ(s.hcp_wgrad_rows, 16);
+  s = Parsed("precision: {preset: nvfp4, hcp: {channels: 4, every: 7, dgrad: false}}\n").precision;
+  EXPECT_EQ(s.hcp_channels, 4);
+  EXPECT_EQ(s.hcp_every, 7);
+  EXPECT_FALSE(s.hcp_dgrad);
+  s = Parsed("precision: {preset: nvfp4_hcp, hcp: off}\n").precision;
+  EXPECT_EQ(s.hcp_channels, 0);
+  EXPECT_FALSE(s.hcp_dgrad);
+  EXPECT_EQ(Parsed("model: {type: gla, heads: 8}\ndata: {train: t.bin}\nprecision: chon\n").precision.name, "chon");
   // Without a name, changing anything makes it "custom".
   EXPECT_EQ(Parsed("precision: {preset: bf16, bf16_head: false}\n").precision.name, "custom");
   // bump_exponent touches MX operands only.
@@ -730,7 +746,7 @@ TEST(RunConfigErrorTest, Schedule) {
 TEST(RunConfigErrorTest, Precision) {
   const std::string keys =
       "attention, bf16_first_blocks, bf16_head, bf16_last_blocks, bump_exponent, dgrad_dy, dgrad_w, forward_only, "
-      "fwd_w, fwd_x, grad_rounding, layernorm, mx_block, name, nvfp4_rht_wgrad, nvfp4_sr_grads, "
+      "fwd_w, fwd_x, grad_rounding, hcp, layernorm, mx_block, name, nvfp4_rht_wgrad, nvfp4_sr_grads, "
       "nvfp4_weight_16x16, post_qk_bf16, preset, rounding, wgrad_dy, wgrad_x";
   const std::string roundings = "(allowed: nearest_even, nearest_away, stochastic)";
   ExpectErrors({
@@ -978,6 +994,20 @@ TEST(RunConfigErrorTest, CrossFieldRulesPointAtTheirField) {
        "r.yaml:3:42: precision.post_qk_bf16: true is not allowed with model.type gpt (allowed with llama, whose W_v "
        "it keeps in BF16, and gla, whose gk_proj and o_proj it keeps in BF16)"},
       {"precision: {post_qk_bf16: 2}\n", "r.yaml:1:27: precision.post_qk_bf16: '2' is not a boolean (allowed: true, false)"},
+      {"precision: {preset: nvfp4_hcp, hcp: {k: 3}}\n",
+       "r.yaml:1:38: precision.hcp.k: unknown key (allowed: channels, dgrad, every, wgrad_rows)"},
+      {"precision: {preset: nvfp4_hcp, hcp: {channels: -2}}\n",
+       "r.yaml:1:48: precision.hcp.channels: -2 is out of range (allowed: 0 .. 4096)"},
+      {"precision: {preset: nvfp4_hcp, hcp: {every: 0}}\n",
+       "r.yaml:1:45: precision.hcp.every: 0 is out of range (allowed: 1 .. 1073741824)"},
+      {"precision: {preset: nvfp4_hcp, hcp: 3}\n",
+       "r.yaml:1:37: precision.hcp: expected a mapping {channels, every, dgrad, wgrad_rows} or off"},
+      {"precision: {preset: nvfp4, hcp: {wgrad_rows: 80}}\nbatch: 64\n",
+       "r.yaml:1:46: precision.hcp.wgrad_rows: 80 is not allowed with 64 rows per micro-batch (allowed: 0 .. 64)"},
+      {"model: {type: gpt, heads: 8}\ndata: {train: t.bin}\nprecision: nvfp4\npolicy: {ladder: [nvfp4, chon, fp32], "
+       "rules: [{when: [loss_zscore], do: [{switch: next}, {rollback: 10}]}]}\n",
+       "r.yaml:4:18: policy.ladder: 'chon' is not allowed with model.type gpt (it sets post_qk_bf16, which needs "
+       "llama or gla; nvfp4_hcp is the same without it)"},
       {"model: {type: gla, heads: 8}\n", "r.yaml:1:1: data.train: missing (gla needs token shards)"},
       {"model: {type: gla, width: 96, heads: 32}\ndata: {train: t.bin}\n",
        "r.yaml:1:38: model.heads: 32 with model.width 96 (allowed with model.type gla: an even width whose half, the "

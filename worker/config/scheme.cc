@@ -39,6 +39,36 @@ void SetBackward(PrecisionScheme* s, const OperandFormat& grads_and_acts, const 
   s->roles[static_cast<int>(Role::kWgradX)] = grads_and_acts;
 }
 
+// The NVFP4 training recipe: 16x16 weight tiles, the RHT on the wgrad operands,
+// stochastic rounding of the gradients, the first and last block and the head
+// in BF16, layernorm affine BF16.
+void Nvfp4Recipe(PrecisionScheme* s) {
+  OperandFormat act = Quant(QuantFormat::kNvfp4, Rounding::kNearestEven);
+  OperandFormat weight = act;
+  weight.tile_16x16 = true;
+  OperandFormat grad = Quant(QuantFormat::kNvfp4, Rounding::kStochastic);
+  SetForward(s, act, weight);
+  s->roles[static_cast<int>(Role::kDgradDy)] = grad;
+  s->roles[static_cast<int>(Role::kDgradW)] = weight;
+  OperandFormat wgrad_dy = grad, wgrad_x = act;
+  wgrad_dy.rht = true;
+  wgrad_x.rht = true;
+  s->roles[static_cast<int>(Role::kWgradDy)] = wgrad_dy;
+  s->roles[static_cast<int>(Role::kWgradX)] = wgrad_x;
+  s->layernorm = Bf16();
+  s->bf16_first_blocks = 1;
+  s->bf16_last_blocks = 1;
+  s->bf16_head = true;
+}
+
+// The recipe with the Hot-Channel Patch of the forward and dgrad GEMMs.
+void Nvfp4Hcp(PrecisionScheme* s) {
+  Nvfp4Recipe(s);
+  s->hcp_channels = 32;
+  s->hcp_every = 100;
+  s->hcp_dgrad = true;
+}
+
 struct PresetDef {
   PresetInfo info;
   void (*build)(PrecisionScheme*);
@@ -84,23 +114,15 @@ const std::vector<PresetDef>& PresetDefs() {
       {{"nvfp4_recipe",
         "NVFP4 recipe: 16x16 weights, RHT on wgrad operands, SR on gradients, first and last "
         "block and the head in bf16, layernorm affine bf16"},
+       [](PrecisionScheme* s) { Nvfp4Recipe(s); }},
+      {{"nvfp4_hcp",
+        "nvfp4_recipe plus the Hot-Channel Patch: 32 hot channels of every forward and dgrad GEMM, "
+        "re-chosen every 100 steps"},
+       [](PrecisionScheme* s) { Nvfp4Hcp(s); }},
+      {{"chon", "CHON: nvfp4_hcp plus post-QK protection (post_qk_bf16; llama and gla models)"},
        [](PrecisionScheme* s) {
-         OperandFormat act = Quant(QuantFormat::kNvfp4, Rounding::kNearestEven);
-         OperandFormat weight = act;
-         weight.tile_16x16 = true;
-         OperandFormat grad = Quant(QuantFormat::kNvfp4, Rounding::kStochastic);
-         SetForward(s, act, weight);
-         s->roles[static_cast<int>(Role::kDgradDy)] = grad;
-         s->roles[static_cast<int>(Role::kDgradW)] = weight;
-         OperandFormat wgrad_dy = grad, wgrad_x = act;
-         wgrad_dy.rht = true;
-         wgrad_x.rht = true;
-         s->roles[static_cast<int>(Role::kWgradDy)] = wgrad_dy;
-         s->roles[static_cast<int>(Role::kWgradX)] = wgrad_x;
-         s->layernorm = Bf16();
-         s->bf16_first_blocks = 1;
-         s->bf16_last_blocks = 1;
-         s->bf16_head = true;
+         Nvfp4Hcp(s);
+         s->post_qk_bf16 = true;
        }},
       {{"mx_w_e4m3_a_bf16", "MXFP8 E4M3 weights (fwd_w, dgrad_w); bf16 activations and gradients"},
        [](PrecisionScheme* s) {
@@ -179,6 +201,23 @@ Status ValidateScheme(const PrecisionScheme& s) {
   if (s.layernorm.rht || s.layernorm.tile_16x16) {
     return Status::InvalidField("precision.layernorm", "rht and 16x16 tiles are not allowed on layernorm");
   }
+  if (s.hcp_channels < 0 || s.hcp_channels > kMaxHcpChannels) {
+    return Status::InvalidField("precision.hcp.channels", std::to_string(s.hcp_channels) +
+                                                              " is not allowed (0 .. " +
+                                                              std::to_string(kMaxHcpChannels) + "; 0: no patch)");
+  }
+  if (s.hcp_every < 1) {
+    return Status::InvalidField("precision.hcp.every",
+                                std::to_string(s.hcp_every) + " is not allowed (>= 1 steps between choices)");
+  }
+  if (s.hcp_wgrad_rows < 0 || s.hcp_wgrad_rows > kMaxHcpChannels) {
+    return Status::InvalidField("precision.hcp.wgrad_rows", std::to_string(s.hcp_wgrad_rows) +
+                                                                " is not allowed (0 .. " +
+                                                                std::to_string(kMaxHcpChannels) + ")");
+  }
+  if (s.hcp_dgrad && s.hcp_channels == 0) {
+    return Status::InvalidField("precision.hcp.dgrad", "true is not allowed with channels 0 (nothing to patch)");
+  }
   if (s.bf16_first_blocks < 0) {
     return Status::InvalidField("precision.bf16_first_blocks", "" + std::to_string(s.bf16_first_blocks) +
                          " is not allowed (>= 0)");
@@ -250,7 +289,7 @@ const std::vector<std::string>& CommonRungs() {
 
 }  // namespace
 
-std::vector<std::string> RescueLadder(const PrecisionScheme& start) {
+std::vector<std::string> RescueLadder(const PrecisionScheme& start, bool post_qk_model) {
   // The narrowest element over what the scheme rounds (forward_only's
   // backward roles run on unquantized operands), and its shape.
   int narrowest = ElementBits(start.layernorm);
@@ -277,6 +316,12 @@ std::vector<std::string> RescueLadder(const PrecisionScheme& start) {
     // already do much of what its extra mantissa bits would.
     if (nvfp4 && !mxfp4) {
       if (!wgrad_x.rht && start.name != "nvfp4_recipe") ladder.push_back("nvfp4_recipe");
+      // Then CHON's patch (and post-QK protection where the model has it),
+      // unless the start has them already.
+      const char* chon = post_qk_model ? "chon" : "nvfp4_hcp";
+      if (start.name != chon && !(start.hcp_channels > 0 && (start.post_qk_bf16 || !post_qk_model))) {
+        ladder.push_back(chon);
+      }
       first_above = "mxfp8_e4m3";
     } else {
       first_above = "mxfp6_e2m3";
@@ -343,6 +388,10 @@ std::string DescribeScheme(const PrecisionScheme& s) {
   if (s.bf16_last_blocks) out << " bf16_last_blocks=" << s.bf16_last_blocks;
   if (s.bf16_head) out << " bf16_head";
   if (s.post_qk_bf16) out << " post_qk_bf16";
+  if (s.hcp_channels > 0) {
+    out << " hcp=" << s.hcp_channels << (s.hcp_dgrad ? "/fwd+dgrad" : "/fwd") << "/every" << s.hcp_every;
+  }
+  if (s.hcp_wgrad_rows > 0) out << " hcp_wgrad_rows=" << s.hcp_wgrad_rows;
   return out.str();
 }
 

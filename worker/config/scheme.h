@@ -17,6 +17,9 @@
 
 namespace keel {
 
+// The most hot channels (or wgrad tokens) a Hot-Channel Patch may take.
+constexpr int kMaxHcpChannels = 4096;
+
 struct PrecisionScheme {
   std::string name = "fp32";          // the preset it came from, or "custom"
   // Format of each linear-layer operand role, indexed by Role.
@@ -40,6 +43,16 @@ struct PrecisionScheme {
   // model: softmax attention (llama) its W_v, the v part of attn.qkv; gated
   // linear attention (gla) its gk_proj (both) and o_proj. Other models refuse it.
   bool post_qk_bf16 = false;
+  // CHON's Hot-Channel Patch (docs/hcp.md) on every linear layer with a role
+  // below BF16: the forward GEMM's hcp_channels hot input channels (and, with
+  // hcp_dgrad, the dgrad GEMM's hot output channels), chosen afresh every
+  // hcp_every steps and held in between (and in checkpoints); hcp_wgrad_rows
+  // tokens of each wgrad GEMM, chosen in each call. A layer whose contraction
+  // is narrower than hcp_channels patches all of it. 0 channels: no patch.
+  int hcp_channels = 0;
+  int hcp_every = 100;
+  bool hcp_dgrad = false;
+  int hcp_wgrad_rows = 0;
 
   // The formats a linear layer of block `block` (of `blocks`; -1 for the head)
   // uses under this scheme: forward_only and the BF16 layers applied. post_qk:
@@ -55,8 +68,8 @@ struct PrecisionScheme {
 Status ValidateScheme(const PrecisionScheme& scheme);
 
 // Named presets: fp32, bf16, mxfp8_e4m3, mxfp8_e5m2, mxfp8_e4m3_bwd_e5m2,
-// mxfp6_e2m3, mxfp6_e3m2, mxfp4, nvfp4, nvfp4_recipe, mx_w_e4m3_a_bf16,
-// mxfp8_e4m3_fwd_only.
+// mxfp6_e2m3, mxfp6_e3m2, mxfp4, nvfp4, nvfp4_recipe, nvfp4_hcp, chon,
+// mx_w_e4m3_a_bf16, mxfp8_e4m3_fwd_only.
 struct PresetInfo {
   std::string name;
   std::string summary;  // one line for `keel-train presets`
@@ -71,12 +84,15 @@ Status SchemeFromPreset(const std::string& name, PrecisionScheme* out);
 // operand format (forward_only's backward roles count as fp32):
 //   4-bit MX (mxfp4)   -> mxfp6_e2m3 -> mxfp8_e4m3 -> mx_w_e4m3_a_bf16 -> bf16 -> fp32
 //   4-bit NVFP4        -> nvfp4_recipe (unless it already rotates its wgrad
-//                         operands) -> mxfp8_e4m3 -> ...
+//                         operands) -> chon (post_qk_model; else nvfp4_hcp),
+//                         unless the start patches already -> mxfp8_e4m3 -> ...
 //   6-bit              -> mxfp8_e4m3 -> ...
 //   8-bit              -> mx_w_e4m3_a_bf16 -> ...
 //   8-bit weights only, the rest bf16 or wider ("mixed") -> bf16 -> fp32
 //   bf16               -> fp32
-std::vector<std::string> RescueLadder(const PrecisionScheme& start);
+// post_qk_model: the run's model takes post_qk_bf16 (llama, gla), so that
+// the chon rung can run on it.
+std::vector<std::string> RescueLadder(const PrecisionScheme& start, bool post_qk_model = true);
 
 // Operand formats as written in configs: "fp32", "bf16", or a QuantFormat name
 // (mxfp8_e4m3 ... nvfp4, fp8_e4m3, fp8_e5m2).

@@ -43,6 +43,13 @@ void SchemeToProto(const PrecisionScheme& s, v1::PrecisionScheme* out) {
   out->set_bf16_head(s.bf16_head);
   out->set_attention_bf16(s.attention_bf16);
   out->set_post_qk_bf16(s.post_qk_bf16);
+  if (s.hcp_channels > 0 || s.hcp_wgrad_rows > 0) {
+    v1::HcpOptions* h = out->mutable_hcp();
+    h->set_channels(s.hcp_channels);
+    h->set_every(s.hcp_every);
+    h->set_dgrad(s.hcp_dgrad);
+    h->set_wgrad_rows(s.hcp_wgrad_rows);
+  }
 }
 
 Status SchemeFromProto(const v1::PrecisionScheme& in, PrecisionScheme* out) {
@@ -60,6 +67,12 @@ Status SchemeFromProto(const v1::PrecisionScheme& in, PrecisionScheme* out) {
   s.bf16_head = in.bf16_head();
   s.attention_bf16 = in.attention_bf16();
   s.post_qk_bf16 = in.post_qk_bf16();
+  if (in.has_hcp()) {
+    s.hcp_channels = in.hcp().channels();
+    s.hcp_every = in.hcp().every();
+    s.hcp_dgrad = in.hcp().dgrad();
+    s.hcp_wgrad_rows = in.hcp().wgrad_rows();
+  }
   KEEL_RETURN_IF_ERROR(ValidateScheme(s));
   *out = s;
   return Status::Ok();

@@ -25,7 +25,7 @@ PrecisionScheme Preset(const std::string& name) {
 
 TEST(SchemeTest, EveryIssuePresetExistsAndValidates) {
   for (const char* name : {"fp32", "bf16", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp8_e4m3_bwd_e5m2",
-                           "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "nvfp4", "nvfp4_recipe",
+                           "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "nvfp4", "nvfp4_recipe", "nvfp4_hcp", "chon",
                            "mx_w_e4m3_a_bf16", "mxfp8_e4m3_fwd_only"}) {
     PrecisionScheme s;
     ASSERT_TRUE(SchemeFromPreset(name, &s).ok()) << name;
@@ -191,8 +191,10 @@ TEST(RescueLadderTest, EveryPresetsLadderClimbsToFp32) {
       {"mxfp6_e2m3", with({"mxfp6_e2m3"}, mx_tail)},
       {"mxfp6_e3m2", with({"mxfp6_e3m2"}, mx_tail)},
       {"mxfp4", with({"mxfp4", "mxfp6_e2m3"}, mx_tail)},
-      {"nvfp4", with({"nvfp4", "nvfp4_recipe"}, mx_tail)},
-      {"nvfp4_recipe", with({"nvfp4_recipe"}, mx_tail)},
+      {"nvfp4", with({"nvfp4", "nvfp4_recipe", "chon"}, mx_tail)},
+      {"nvfp4_recipe", with({"nvfp4_recipe", "chon"}, mx_tail)},
+      {"nvfp4_hcp", with({"nvfp4_hcp", "chon"}, mx_tail)},
+      {"chon", with({"chon"}, mx_tail)},
       {"mx_w_e4m3_a_bf16", {"mx_w_e4m3_a_bf16", "bf16", "fp32"}},
       {"mxfp8_e4m3_fwd_only", {"mxfp8_e4m3_fwd_only", "mx_w_e4m3_a_bf16", "bf16", "fp32"}},
   };
@@ -221,10 +223,66 @@ TEST(RescueLadderTest, ACustomSchemeClimbsFromItsNarrowestFormat) {
   // An 8-bit activation: below the mixed rung.
   s.roles[static_cast<int>(Role::kFwdX)] = Preset("mxfp8_e5m2").roles[0];
   EXPECT_EQ(RescueLadder(s), (std::vector<std::string>{"custom", "mx_w_e4m3_a_bf16", "bf16", "fp32"}));
-  // NVFP4 with rotated wgrad operands skips the recipe rung.
+  // NVFP4 with rotated wgrad operands skips the recipe rung; CHON comes next.
   PrecisionScheme n = Preset("nvfp4_recipe");
   n.name = "custom";
-  EXPECT_EQ(RescueLadder(n)[1], "mxfp8_e4m3");
+  EXPECT_EQ(RescueLadder(n)[1], "chon");
+  EXPECT_EQ(RescueLadder(n)[2], "mxfp8_e4m3");
+}
+
+// A model without post-QK protection (gpt, proxy) climbs through nvfp4_hcp
+// instead of chon; a start that patches already skips the rung.
+TEST(RescueLadderTest, TheChonRungFollowsTheModel) {
+  using Ladder = std::vector<std::string>;
+  EXPECT_EQ(RescueLadder(Preset("nvfp4"), false),
+            (Ladder{"nvfp4", "nvfp4_recipe", "nvfp4_hcp", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"}));
+  EXPECT_EQ(RescueLadder(Preset("nvfp4_hcp"), false),
+            (Ladder{"nvfp4_hcp", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"}));
+  PrecisionScheme patched = Preset("nvfp4");
+  patched.name = "custom";
+  patched.hcp_channels = 16;
+  EXPECT_EQ(RescueLadder(patched, true)[2], "chon");  // patches, but has no post-QK protection
+  patched.post_qk_bf16 = true;
+  EXPECT_EQ(RescueLadder(patched, true)[2], "mxfp8_e4m3");
+}
+
+TEST(SchemeTest, HcpPresetsAndTheirChecks) {
+  const PrecisionScheme hcp = Preset("nvfp4_hcp"), chon = Preset("chon"), recipe = Preset("nvfp4_recipe");
+  EXPECT_EQ(hcp.hcp_channels, 32);
+  EXPECT_EQ(hcp.hcp_every, 100);
+  EXPECT_TRUE(hcp.hcp_dgrad);
+  EXPECT_EQ(hcp.hcp_wgrad_rows, 0);
+  EXPECT_FALSE(hcp.post_qk_bf16);
+  EXPECT_TRUE(chon.post_qk_bf16);
+  EXPECT_EQ(chon.hcp_channels, 32);
+  // The recipe underneath, role for role.
+  for (int r = 0; r < kRoleCount; ++r) {
+    EXPECT_EQ(OperandFormatName(hcp.roles[r]), OperandFormatName(recipe.roles[r]));
+    EXPECT_EQ(hcp.roles[r].rht, recipe.roles[r].rht);
+    EXPECT_EQ(hcp.roles[r].rounding, recipe.roles[r].rounding);
+  }
+  EXPECT_NE(DescribeScheme(hcp).find("hcp=32/fwd+dgrad/every100"), std::string::npos) << DescribeScheme(hcp);
+  struct Bad {
+    void (*mutate)(PrecisionScheme*);
+    std::string message;
+  };
+  const std::vector<Bad> bad = {
+      {[](PrecisionScheme* s) { s->hcp_channels = -1; },
+       "precision.hcp.channels: -1 is not allowed (0 .. 4096; 0: no patch)"},
+      {[](PrecisionScheme* s) { s->hcp_every = 0; }, "precision.hcp.every: 0 is not allowed (>= 1 steps between choices)"},
+      {[](PrecisionScheme* s) { s->hcp_wgrad_rows = 5000; }, "precision.hcp.wgrad_rows: 5000 is not allowed (0 .. 4096)"},
+      {[](PrecisionScheme* s) {
+         s->hcp_channels = 0;
+         s->hcp_dgrad = true;
+       },
+       "precision.hcp.dgrad: true is not allowed with channels 0 (nothing to patch)"},
+  };
+  for (const Bad& b : bad) {
+    PrecisionScheme s = hcp;
+    b.mutate(&s);
+    const Status st = ValidateScheme(s);
+    EXPECT_EQ(st.message(), b.message);
+  }
 }
 
 TEST(SchemeProtoTest, EveryPresetRoundTripsThroughTheWireForm) {
@@ -245,6 +303,23 @@ TEST(SchemeProtoTest, EveryPresetRoundTripsThroughTheWireForm) {
   ASSERT_TRUE(SchemeFromProto(chon_wire, &chon_back).ok());
   EXPECT_TRUE(chon_back.post_qk_bf16);
   EXPECT_NE(DescribeScheme(chon_back).find("post_qk_bf16"), std::string::npos) << DescribeScheme(chon_back);
+  // And the Hot-Channel Patch, every field.
+  PrecisionScheme hcp = Preset("chon"), hcp_back;
+  hcp.hcp_channels = 7;
+  hcp.hcp_every = 9;
+  hcp.hcp_dgrad = false;
+  hcp.hcp_wgrad_rows = 48;
+  v1::PrecisionScheme hcp_wire;
+  SchemeToProto(hcp, &hcp_wire);
+  ASSERT_TRUE(SchemeFromProto(hcp_wire, &hcp_back).ok());
+  EXPECT_EQ(hcp_back.hcp_channels, 7);
+  EXPECT_EQ(hcp_back.hcp_every, 9);
+  EXPECT_FALSE(hcp_back.hcp_dgrad);
+  EXPECT_EQ(hcp_back.hcp_wgrad_rows, 48);
+  EXPECT_EQ(SchemeToYaml(hcp_back), SchemeToYaml(hcp));
+  PrecisionScheme from_yaml;
+  ASSERT_TRUE(ParseSchemeYaml(SchemeToYaml(hcp), &from_yaml).ok());
+  EXPECT_EQ(DescribeScheme(from_yaml), DescribeScheme(hcp));
   v1::PrecisionScheme bad;
   SchemeToProto(Preset("mxfp4"), &bad);
   bad.mutable_dgrad_w()->set_format("mxfp9");

@@ -1,7 +1,9 @@
 // Model base class: the flat parameter buffer, scratch, initialisers, factory.
 #include "worker/engine/model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <sstream>
 
 #include "kernels/philox.h"
 
@@ -66,7 +68,7 @@ Status Model::LanguageModelLoss(float* logits, const int32_t* targets, float* lo
   dlogits_bf16_ = nullptr;
   if (grad_scale != nullptr && valid > 0) {
     const float scale = *grad_scale / static_cast<float>(valid);
-    if (TakesBf16Dy(head)) {
+    if (TakesBf16Dy(head) && head.hcp_dgrad.count == 0 && head.hcp_wgrad_rows == 0) {
       uint16_t* d = reinterpret_cast<uint16_t*>(logits);
       KEEL_RETURN_IF_ERROR(
           backend_->CrossEntropyFusedBf16(logits, targets, losses, d, 2 * padded_vocab, bt, padded_vocab, vocab, scale));
@@ -92,10 +94,175 @@ LinearQuant Model::HeadBackward(LinearQuant q) const {
 }
 
 LinearQuant Model::XInBf16(LinearQuant q, const float* buffer, int64_t ld) {
-  if (!TakesBf16X(q) || q.hcp_fwd.count > 0) return q;
+  // The patch needs x in fp32 (its residual): no bf16 x with it.
+  if (!TakesBf16X(q) || q.hcp_fwd.count > 0 || q.hcp_wgrad_rows > 0) return q;
   q.x_bf16 = reinterpret_cast<const uint16_t*>(buffer);
   q.x_bf16_ld = ld;
   return q;
+}
+
+// ---- Hot-Channel Patch state -------------------------------------------------------
+
+namespace {
+
+// The scheme the hot sets were chosen under, as one line.
+std::string HcpSchemeKey(const PrecisionScheme& scheme) { return scheme.name + " " + DescribeScheme(scheme); }
+
+bool HasRoleBelowBf16(const LinearQuant& q) {
+  for (const OperandFormat& f : q.role) {
+    if (f.quantized() && f.format != QuantFormat::kBf16) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+void Model::LinearShape(int slot, int64_t* in, int64_t* out) const {
+  const std::string weight = linear_names_[static_cast<size_t>(slot)] + ".weight";
+  const ParamInfo* found = nullptr;
+  for (const ParamInfo& p : params_) {
+    if (p.name == weight) found = &p;
+  }
+  if (found == nullptr) {  // lm_head: the tied embedding, the first matrix outside the blocks
+    for (const ParamInfo& p : params_) {
+      if (p.block < 0 && p.shape.size() == 2) {
+        found = &p;
+        break;
+      }
+    }
+  }
+  *out = found != nullptr ? found->shape[0] : 0;
+  *in = found != nullptr ? found->shape[1] : 0;
+}
+
+Status Model::BeginHcpStep(const PrecisionScheme& scheme, bool choose) {
+  hcp_in_step_ = true;
+  hcp_choosing_ = false;
+  if (scheme.hcp_channels == 0) return Status::Ok();
+  const std::string key = HcpSchemeKey(scheme);
+  if (!hot_held_ || hot_scheme_ != key) choose = true;
+  if (!choose) return Status::Ok();
+  const int64_t layers = static_cast<int64_t>(linear_names_.size());
+  if (hot_index_ == nullptr || hot_channels_ != scheme.hcp_channels) {
+    // Every layer's two sets at this scheme's channel count.
+    void* p = nullptr;
+    const int64_t ints = layers * 2 * scheme.hcp_channels;
+    KEEL_RETURN_IF_ERROR(ScratchBytes(static_cast<size_t>(ints) * sizeof(int32_t), &p));
+    hot_index_ = static_cast<int32_t*>(p);
+    hot_capacity_ = ints;
+    hot_channels_ = scheme.hcp_channels;
+  }
+  hot_fwd_.assign(static_cast<size_t>(layers), 0);
+  hot_dgrad_.assign(static_cast<size_t>(layers), 0);
+  hot_held_ = false;
+  hot_scheme_ = key;
+  hcp_choosing_ = true;
+  return Status::Ok();
+}
+
+void Model::EndHcpStep() {
+  if (hcp_choosing_) hot_held_ = true;
+  hcp_in_step_ = false;
+}
+
+LinearQuant Model::WithHcp(LinearQuant q, const PrecisionScheme& scheme, int slot) const {
+  if ((scheme.hcp_channels == 0 && scheme.hcp_wgrad_rows == 0) || !HasRoleBelowBf16(q)) return q;
+  q.hcp_wgrad_rows = scheme.hcp_wgrad_rows;
+  if (scheme.hcp_channels == 0) return q;
+  const bool choosing = hcp_in_step_ && hcp_choosing_;
+  // Sets exist for this scheme: being chosen now, or held from a step that chose under it.
+  if (!choosing && (!hot_held_ || hot_scheme_ != HcpSchemeKey(scheme))) return q;
+  if (hot_index_ == nullptr || hot_channels_ != scheme.hcp_channels) return q;
+  int64_t in = 0, out = 0;
+  LinearShape(slot, &in, &out);
+  const int32_t k = static_cast<int32_t>(std::min<int64_t>(scheme.hcp_channels, std::min(in, out)));
+  if (k <= 0) return q;
+  int32_t* fwd = hot_index_ + static_cast<int64_t>(slot) * 2 * hot_channels_;
+  int32_t* dgrad = fwd + hot_channels_;
+  if (choosing) {
+    hot_fwd_[static_cast<size_t>(slot)] = k;
+    hot_dgrad_[static_cast<size_t>(slot)] = scheme.hcp_dgrad ? k : 0;
+    q.hcp_fwd = HotChannels{nullptr, k, fwd};
+    if (scheme.hcp_dgrad) q.hcp_dgrad = HotChannels{nullptr, k, dgrad};
+  } else {
+    q.hcp_fwd = HotChannels{fwd, hot_fwd_[static_cast<size_t>(slot)]};
+    q.hcp_dgrad = HotChannels{dgrad, hot_dgrad_[static_cast<size_t>(slot)]};
+  }
+  return q;
+}
+
+// Text: "scheme KEY\n" then one line per layer with sets, "SLOT FWD_COUNT
+// DGRAD_COUNT i i i ..." (the forward's indices, then the dgrad's).
+Status Model::HotSetsToText(std::string* out) const {
+  out->clear();
+  if (!hot_held_ || hot_index_ == nullptr) return Status::Ok();
+  std::vector<int32_t> all(static_cast<size_t>(hot_capacity_));
+  KEEL_RETURN_IF_ERROR(backend_->Download(all.data(), hot_index_, all.size() * sizeof(int32_t)));
+  std::string text = "scheme " + hot_scheme_ + "\n";
+  for (size_t slot = 0; slot < hot_fwd_.size(); ++slot) {
+    if (hot_fwd_[slot] == 0 && hot_dgrad_[slot] == 0) continue;
+    text += std::to_string(slot) + " " + std::to_string(hot_fwd_[slot]) + " " + std::to_string(hot_dgrad_[slot]);
+    const int32_t* fwd = all.data() + slot * 2 * static_cast<size_t>(hot_channels_);
+    for (int32_t h = 0; h < hot_fwd_[slot]; ++h) text += " " + std::to_string(fwd[h]);
+    for (int32_t h = 0; h < hot_dgrad_[slot]; ++h) text += " " + std::to_string(fwd[hot_channels_ + h]);
+    text += "\n";
+  }
+  *out = text;
+  return Status::Ok();
+}
+
+Status Model::HotSetsFromText(const std::string& text, const PrecisionScheme& scheme) {
+  hot_held_ = false;
+  if (text.empty()) return Status::Ok();
+  const std::string key = HcpSchemeKey(scheme);
+  std::istringstream in(text);
+  std::string line;
+  std::getline(in, line);
+  if (line != "scheme " + key) {
+    // Chosen under another scheme than the one resumed: chosen again.
+    return Status::Ok();
+  }
+  const int64_t layers = static_cast<int64_t>(linear_names_.size());
+  const int channels = scheme.hcp_channels;
+  std::vector<int32_t> all(static_cast<size_t>(layers * 2 * channels), 0);
+  std::vector<int32_t> fwd_counts(static_cast<size_t>(layers), 0), dgrad_counts(static_cast<size_t>(layers), 0);
+  while (std::getline(in, line)) {
+    std::istringstream l(line);
+    int64_t slot = -1, nf = -1, nd = -1;
+    l >> slot >> nf >> nd;
+    int64_t k_in = 0, k_out = 0;
+    if (slot >= 0 && slot < layers) LinearShape(static_cast<int>(slot), &k_in, &k_out);
+    if (!l || slot < 0 || slot >= layers || nf < 0 || nf > channels || nd < 0 || nd > channels) {
+      return Status::Error("checkpoint hot sets: line '" + line + "' is not allowed (need SLOT < " +
+                           std::to_string(layers) + ", counts <= " + std::to_string(channels) + ")");
+    }
+    int32_t* set = all.data() + slot * 2 * channels;
+    for (int64_t h = 0; h < nf + nd; ++h) {
+      int64_t v = -1;
+      l >> v;
+      const int64_t limit = h < nf ? k_in : k_out;
+      if (!l || v < 0 || v >= limit) {
+        return Status::Error("checkpoint hot sets: layer " + std::to_string(slot) + " index " + std::to_string(h) +
+                             " is not allowed (need an index below " + std::to_string(limit) + ")");
+      }
+      set[h < nf ? h : channels + (h - nf)] = static_cast<int32_t>(v);
+    }
+    fwd_counts[static_cast<size_t>(slot)] = static_cast<int32_t>(nf);
+    dgrad_counts[static_cast<size_t>(slot)] = static_cast<int32_t>(nd);
+  }
+  if (hot_index_ == nullptr || hot_channels_ != channels) {
+    void* p = nullptr;
+    KEEL_RETURN_IF_ERROR(ScratchBytes(all.size() * sizeof(int32_t), &p));
+    hot_index_ = static_cast<int32_t*>(p);
+    hot_capacity_ = static_cast<int64_t>(all.size());
+    hot_channels_ = channels;
+  }
+  KEEL_RETURN_IF_ERROR(backend_->Upload(hot_index_, all.data(), all.size() * sizeof(int32_t)));
+  hot_fwd_ = fwd_counts;
+  hot_dgrad_ = dgrad_counts;
+  hot_scheme_ = key;
+  hot_held_ = true;
+  return Status::Ok();
 }
 
 Status Model::LayerNormFor(const LinearQuant& q, const float* x, const float* gamma, const float* beta, float* y,

@@ -88,6 +88,33 @@ class Model {
   virtual Status Evaluate(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed,
                           double* loss) = 0;
 
+  // ---- Hot-Channel Patch state (docs/hcp.md) ----
+  // The hot sets of the patched linear layers are model state: chosen by the
+  // GEMMs themselves (HotChannels::choose_into) in a step that chooses, held
+  // in between, saved in checkpoints. The trainer brackets each training
+  // step's ForwardBackward calls with BeginHcpStep / EndHcpStep:
+  //   - choose: the step re-chooses (the run's first step, then every
+  //     scheme.hcp_every steps). It also chooses when no sets are held, or
+  //     when `scheme` differs from the one they were chosen under (a switch).
+  //     Every micro-batch of a choosing step chooses; the last one's sets
+  //     are held.
+  // Outside a bracket (evaluation, the probe) the held sets are used and
+  // nothing is chosen; with none held, nothing is patched.
+  Status BeginHcpStep(const PrecisionScheme& scheme, bool choose);
+  void EndHcpStep();
+  // Whether the current (or last) bracket chose: the trainer then broadcasts
+  // rank 0's sets (HotSetBuffer) so that every rank holds the same.
+  bool hcp_choosing() const { return hcp_choosing_; }
+  // The device buffer of every patched layer's sets, and its length in int32s
+  // (null, 0 before the first patched step).
+  int32_t* hot_set_buffer() const { return hot_index_; }
+  int64_t hot_set_ints() const { return hot_capacity_; }
+  // The held sets as checkpoint text ("" when none are held), and back. The
+  // text names the scheme they were chosen under; FromText refuses text whose
+  // layers or counts do not fit this model, naming what does not.
+  Status HotSetsToText(std::string* out) const;
+  Status HotSetsFromText(const std::string& text, const PrecisionScheme& scheme);
+
  protected:
   explicit Model(Backend* backend) : backend_(backend) {}
   // Registers a parameter tensor (call in order, before AllocateParams).
@@ -137,6 +164,11 @@ class Model {
   // bf16 (the rounding the layer's x roles would apply, so the same bits, half
   // the bytes and no rounding pass) when q.x_bf16 is set, else fp32.
   static LinearQuant XInBf16(LinearQuant q, const float* buffer, int64_t ld);
+  // q with the Hot-Channel Patch of `scheme` for linear layer `slot`
+  // (linear_names() order): none when the scheme patches nothing or the layer
+  // has no role below BF16; else the layer's held sets, or (in a choosing
+  // step) choose_into them. Every model's LinearQuant helper calls it.
+  LinearQuant WithHcp(LinearQuant q, const PrecisionScheme& scheme, int slot) const;
   Status LayerNormFor(const LinearQuant& q, const float* x, const float* gamma, const float* beta, float* y,
                       float* mean, float* rstd, int64_t rows, int64_t cols, float eps);
   // A residual block's output y = linear(x) + residual when a LayerNorm reads
@@ -165,6 +197,22 @@ class Model {
   int blocks_ = 0;
   std::vector<std::string> linear_names_;
   std::vector<void*> allocations_;
+
+ private:
+  // The contraction widths of linear layer `slot`'s forward (in) and dgrad
+  // (out) GEMMs, from its weight tensor (NAME.weight, or the tied embedding
+  // for lm_head).
+  void LinearShape(int slot, int64_t* in, int64_t* out) const;
+  // Hot sets: per layer, hcp_channels_ int32s for the forward and as many for
+  // the dgrad, in one device buffer (layer-major), with the counts used.
+  int32_t* hot_index_ = nullptr;
+  int64_t hot_capacity_ = 0;
+  int hot_channels_ = 0;                 // per set, as allocated
+  // Counts per layer (0: not patched), set by the GEMMs that choose.
+  mutable std::vector<int32_t> hot_fwd_, hot_dgrad_;
+  bool hot_held_ = false;
+  std::string hot_scheme_;               // DescribeScheme of what they were chosen under
+  bool hcp_in_step_ = false, hcp_choosing_ = false;
 };
 
 // Builds the model config.model describes, sized for config.batch x config.seq.

@@ -37,7 +37,7 @@ LinearQuant DecoderModel::QuantAs(const Pass& pass, int block, int which, bool p
   q.stats_slot = pass.stats ? slot : -1;
   q.analytics_slot = slot;  // read only on the steps the trainer arms analytics
   q.keep_slot = slot;       // each layer's x and w are untouched between its forward and backward
-  return q;
+  return WithHcp(q, *pass.scheme, slot);
 }
 
 Status DecoderModel::Build() {

@@ -260,7 +260,7 @@ class GptModel : public Model {
     q.stats_slot = stats ? slot : -1;
     q.analytics_slot = slot;  // read only on the steps the trainer arms analytics
     q.keep_slot = slot;       // each layer's x and w are untouched between its forward and backward
-    return q;
+    return WithHcp(q, scheme, slot);
   }
 
   Status QuantizeAffine(const PrecisionScheme& scheme, uint64_t seed) {

@@ -131,7 +131,7 @@ class ProxyModel : public Model {
     q.seed = Mix(seed, 2 * block + which);
     q.stats_slot = stats ? 2 * block + which : -1;
     q.analytics_slot = 2 * block + which;  // read only on the steps the trainer arms analytics
-    return q;
+    return WithHcp(q, scheme, 2 * block + which);
   }
 
   // x ~ N(0, I) into res_[0]; target = teacher(x) + 0.005 N(0, 1). The teacher

@@ -34,6 +34,9 @@ constexpr char kCheckpointFormat[] = "keel-checkpoint-1";
 // without a policy: the state then starts empty.
 constexpr char kPolicyStateKey[] = "policy_state";
 constexpr char kPolicyStateCrcKey[] = "policy_state.crc32";
+// The Hot-Channel Patch's held sets (Model::HotSetsToText), with their own CRC.
+constexpr char kHotSetsKey[] = "hcp.hot_sets";
+constexpr char kHotSetsCrcKey[] = "hcp.hot_sets.crc32";
 
 std::string Crc32Hex(const std::string& text) {
   char hex[9];
@@ -364,6 +367,10 @@ Status Trainer::ForwardBackward(std::vector<Batch>* kept, StepMetrics* m) {
     KEEL_RETURN_IF_ERROR(backend_->BeginOutlierAnalytics(static_cast<int>(model_->linear_names().size()), MapsStep()));
   }
   if (buckets_) buckets_->Begin(comm_.get(), grads_, precision);
+  // The Hot-Channel Patch's sets: chosen at the run's first step and every
+  // hcp_every steps (docs/hcp.md).
+  KEEL_RETURN_IF_ERROR(
+      model_->BeginHcpStep(scheme_, scheme_.hcp_channels > 0 && step_ % std::max(1, scheme_.hcp_every) == 0));
   double loss_sum = 0;
   const int64_t micro_batches = static_cast<int64_t>(accum_) * ranks();  // the global step's
   const int64_t mine = static_cast<int64_t>(rank()) * accum_;             // this rank's first
@@ -381,6 +388,13 @@ Status Trainer::ForwardBackward(std::vector<Batch>* kept, StepMetrics* m) {
                                                  stats, grads_, &loss, ready));
     loss_sum += loss;
     if (kept) kept->push_back(std::move(batch));
+  }
+  model_->EndHcpStep();
+  if (ranks() > 1 && model_->hcp_choosing()) {
+    // Each rank chose from its own micro-batches: all hold rank 0's from here
+    // on, which is what checkpoints keep.
+    KEEL_RETURN_IF_ERROR(comm_->Broadcast(model_->hot_set_buffer(),
+                                          static_cast<size_t>(model_->hot_set_ints()) * sizeof(int32_t), 0));
   }
   if (ranks() > 1) {
     if (buckets_) {
@@ -1074,6 +1088,12 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
     optimizer_tensors.push_back(TensorRef{"v." + p.name, p.shape, v.data() + p.offset});
   }
   std::map<std::string, std::string> meta = CheckpointMeta();
+  std::string hot_sets;
+  KEEL_RETURN_IF_ERROR(model_->HotSetsToText(&hot_sets));
+  if (!hot_sets.empty()) {
+    meta[kHotSetsKey] = hot_sets;
+    meta[kHotSetsCrcKey] = Crc32Hex(hot_sets);
+  }
   const std::string tmp_dir = final_dir + ".tmp";
   KEEL_RETURN_IF_ERROR(MakeDirs(tmp_dir));
   KEEL_RETURN_IF_ERROR(WriteSafetensors(tmp_dir + "/model.safetensors", model_tensors, {{"format", kCheckpointFormat}, {"step", meta["step"]}}));
@@ -1173,16 +1193,18 @@ struct Trainer::LoadedCheckpoint {
   int64_t micro_batches = 1;  // the global batch, in micro-batches per step
   TokenLoader::Position position;
   std::string policy_state;  // PolicyStateToJson's text, verified; "" when the checkpoint has none
+  std::string hot_sets;      // Model::HotSetsToText's text, verified; "" when the checkpoint has none
 };
 
 namespace {
 
 // A checkpoint's scalars as rank 0 sends them to the other ranks.
 std::string ScalarsJson(const std::string& scheme_yaml, int64_t step, double lr_scale, int64_t micro_batches,
-                        const TokenLoader::Position& p, const std::string& policy_state) {
+                        const TokenLoader::Position& p, const std::string& policy_state,
+                        const std::string& hot_sets) {
   JsonWriter w;
   w.Add("scheme", scheme_yaml).Add("step", step).Add("lr_scale", lr_scale).Add("micro_batches", micro_batches);
-  w.Add("policy_state", policy_state);
+  w.Add("policy_state", policy_state).Add("hot_sets", hot_sets);
   w.Add("shard", static_cast<int64_t>(p.shard)).Add("offset", static_cast<int64_t>(p.offset));
   w.Add("epoch", static_cast<int64_t>(p.epoch));
   return w.str();
@@ -1270,7 +1292,9 @@ Status Trainer::ApplyCheckpoint(const std::string& dir, const Status& read, bool
   LoadedCheckpoint& c = *loaded;
   KEEL_RETURN_IF_ERROR(ShareLeaderStatus(read));
   std::string scalars =
-      leader() ? ScalarsJson(c.scheme_yaml, c.step, c.lr_scale, c.micro_batches, c.position, c.policy_state) : "";
+      leader() ? ScalarsJson(c.scheme_yaml, c.step, c.lr_scale, c.micro_batches, c.position, c.policy_state,
+                             c.hot_sets)
+               : "";
   KEEL_RETURN_IF_ERROR(FromLeader(&scalars));
   JsonValue v;
   KEEL_RETURN_IF_ERROR(ParseJson(scalars, &v));
@@ -1282,6 +1306,7 @@ Status Trainer::ApplyCheckpoint(const std::string& dir, const Status& read, bool
   c.position.offset = v.Find("offset")->int_value();
   c.position.epoch = v.Find("epoch")->int_value();
   c.policy_state = v.Find("policy_state")->string_value();
+  c.hot_sets = v.Find("hot_sets")->string_value();
   PolicyState policy_state;  // empty for a checkpoint without one
   if (!c.policy_state.empty()) {
     KEEL_RETURN_IF_ERROR(ParsePolicyState(c.policy_state, "checkpoint " + dir + "/optimizer.safetensors: " +
@@ -1320,6 +1345,8 @@ Status Trainer::ApplyCheckpoint(const std::string& dir, const Status& read, bool
   }
   accum_ = accum;
   scheme_ = c.scheme;
+  // The hot sets held at that step (none: the next step chooses them).
+  KEEL_RETURN_IF_ERROR(model_->HotSetsFromText(c.hot_sets, c.scheme).WithPrefix("checkpoint " + dir + ": "));
   step_ = c.step;
   lr_scale_ = c.lr_scale;
   if (engine_ && restore_policy) policy_steps_ = engine_->Restore(policy_state);
@@ -1414,6 +1441,20 @@ Status Trainer::ReadCheckpoint(const std::string& dir, LoadedCheckpoint* out) co
     PolicyState parsed;
     KEEL_RETURN_IF_ERROR(ParsePolicyState(state, where, &parsed));
     out->policy_state = state;
+  }
+  out->hot_sets.clear();
+  const std::string hot_where = "checkpoint " + dir + "/optimizer.safetensors: " + kHotSetsKey;
+  const bool has_sets = meta.count(kHotSetsKey) > 0, has_sets_crc = meta.count(kHotSetsCrcKey) > 0;
+  if (has_sets != has_sets_crc) {
+    return Status::DataLoss(hot_where + (has_sets ? ": " + std::string(kHotSetsCrcKey) + " is missing"
+                                                  : " is missing beside its " + std::string(kHotSetsCrcKey)));
+  }
+  if (has_sets) {
+    if (meta[kHotSetsCrcKey] != Crc32Hex(meta[kHotSetsKey])) {
+      return Status::DataLoss(hot_where + ": CRC-32 " + Crc32Hex(meta[kHotSetsKey]) + " does not match " +
+                              kHotSetsCrcKey + " " + meta[kHotSetsCrcKey] + " (corrupt)");
+    }
+    out->hot_sets = meta[kHotSetsKey];
   }
   return Status::Ok();
 }
