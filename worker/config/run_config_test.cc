@@ -387,7 +387,8 @@ TEST(RunConfigPolicyTest, EveryDetectorParameterLands) {
                        " scope: any_layer}\n"
                        "    saturation: {max_fraction: 0.125, roles: [fwd_x, wgrad_dy]}\n"
                        "    gamma_growth: {window: 90, max_rate: 0.25}\n"
-                       "    loss_drift: {window: 40, min_samples: 80, ratio: 3}\n")
+                       "    loss_drift: {window: 40, min_samples: 80, ratio: 3}\n"
+                       "    hot_channel_growth: {window: 5, min_samples: 3, ratio: 6}\n")
                        .policy;
   const auto& d = p.detectors;
   EXPECT_FALSE(d.at("nonfinite").enabled);
@@ -422,6 +423,10 @@ TEST(RunConfigPolicyTest, EveryDetectorParameterLands) {
   EXPECT_EQ(d.at("loss_drift").window, 40);
   EXPECT_EQ(d.at("loss_drift").min_samples, 80);
   EXPECT_EQ(d.at("loss_drift").ratio, 3);
+  EXPECT_TRUE(d.at("hot_channel_growth").enabled);
+  EXPECT_EQ(d.at("hot_channel_growth").window, 5);
+  EXPECT_EQ(d.at("hot_channel_growth").min_samples, 3);
+  EXPECT_EQ(d.at("hot_channel_growth").ratio, 6);
   // The YAML above sets every parameter of detectors.h's table: a parameter
   // added there must be added here.
   for (const DetectorInfo& info : Detectors()) {
@@ -561,7 +566,8 @@ const std::string kRootKeys =
     "log_every, model, name, "
     "operand_stats, optimizer, policy, precision, probe_every, run_dir, schedule, seed, seq, steps, threads";
 const std::string kDetectors =
-    "nonfinite, loss_zscore, loss_ratio, grad_norm_zscore, grad_norm_ratio, grad_bias, saturation, gamma_growth, loss_drift";
+    "nonfinite, loss_zscore, loss_ratio, grad_norm_zscore, grad_norm_ratio, grad_bias, saturation, gamma_growth, "
+    "loss_drift, hot_channel_growth";
 const std::string kActions = "switch, rollback, scale_lr, skip_step, stop";
 
 TEST(RunConfigFieldsTest, OutlierAnalyticsFieldsLandAndAreChecked) {

@@ -890,5 +890,36 @@ TEST(TrainerTest, HcpHotSetsAreModelStateAndResumeIsBitExact) {
   EXPECT_NE(unpatched, expected);
 }
 
+// CHON's detector in a policy: an NVFP4 llama with outlier analytics every
+// other step; a rule on hot_channel_growth (at a ratio any change trips)
+// switches the run to chon, and the run goes on patched. The event names the
+// detector, and the metrics lines the new scheme.
+TEST(TrainerTest, HotChannelGrowthCanSwitchARunToChon) {
+  std::string dir = TempDir("hcp_detector");
+  ASSERT_NO_FATAL_FAILURE(PrepareFortunes(dir, "t"));
+  RunConfig c;
+  Status s = ParseRunConfig(
+      "model: {type: llama, layers: 3, width: 64, heads: 4, context: 32, vocab: 256}\n"
+      "data: {train: " + dir + "/t_train.bin}\nbatch: 4\nseq: 32\nsteps: 16\nthreads: 2\n"
+      "optimizer: {type: adamw, lr: 0.003}\nprecision: nvfp4\nanalytics_every: 2\n"
+      "policy:\n  detectors: {hot_channel_growth: {window: 4, min_samples: 1, ratio: 1.000001}}\n"
+      "  rules:\n    - {name: outliers, when: [hot_channel_growth], do: [{switch: chon}], max: 1}\n"
+      "run_dir: " + dir + "/run\n",
+      "test", {}, &c);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  std::vector<StepMetrics> m;
+  s = t->Train([&](const StepMetrics& x) { m.push_back(x); }, false);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_EQ(m.size(), 16u);
+  EXPECT_EQ(m.front().scheme, "nvfp4");
+  EXPECT_EQ(m.back().scheme, "chon");
+  const std::string events = ReadAll(c.run_dir + "/events.jsonl");
+  EXPECT_NE(events.find("hot_channel_growth"), std::string::npos) << events;
+  EXPECT_NE(events.find("chon"), std::string::npos) << events;
+  for (const StepMetrics& x : m) EXPECT_TRUE(std::isfinite(x.loss)) << x.step;
+}
+
 }  // namespace
 }  // namespace keel

@@ -71,6 +71,10 @@ std::vector<DetectorInfo> BuildDetectors() {
        {IntParam("window", 2, 1 << 20, &DetectorConfig::window),
         IntParam("min_samples", 2, 1 << 20, &DetectorConfig::min_samples),
         FloatParam("ratio", 1.0, 1e6, &DetectorConfig::ratio)}},
+      {"hot_channel_growth", false,
+       {IntParam("window", 1, 1 << 20, &DetectorConfig::window),
+        IntParam("min_samples", 1, 1 << 20, &DetectorConfig::min_samples),
+        FloatParam("ratio", 1.0, 1e6, &DetectorConfig::ratio)}},
   };
 }
 
@@ -105,6 +109,11 @@ DetectorConfig DefaultDetectorConfig(const std::string& name) {
     c.window = 256;
     c.min_samples = 512;
   }
+  if (name == "hot_channel_growth") {
+    c.window = 8;
+    c.min_samples = 4;
+    c.ratio = 4.0;
+  }
   return c;
 }
 
@@ -125,6 +134,7 @@ void DetectorSet::Reset() {
   drift_values_.clear();
   drift_has_best_ = false;
   drift_seen_ = 0;
+  hot_.clear();
 }
 
 void DetectorSet::Drift(double loss, std::vector<Firing>* out) {
@@ -199,6 +209,37 @@ void DetectorSet::Spike(const std::string& zscore, const std::string& ratio, con
   while (s->values.size() > window) s->values.pop_front();
 }
 
+void DetectorSet::HotChannelGrowth(const StepMetrics& m, std::vector<Firing>* out) {
+  const DetectorConfig& c = configs_.at("hot_channel_growth");
+  if (!c.enabled || m.outliers.empty()) return;
+  double worst_growth = 0, worst_value = 0, worst_base = 0;
+  std::string worst;
+  int seen = 0;
+  for (const OutlierMetric& o : m.outliers) {
+    const std::string key = o.linear + " " + RoleName(o.role);
+    std::deque<double>& history = hot_[key];
+    const double v = o.top1_over_median;
+    if (static_cast<int>(history.size()) >= c.min_samples && std::isfinite(v)) {
+      const double base = *std::min_element(history.begin(), history.end());
+      if (base > 0 && v > c.ratio * base && v / base > worst_growth) {
+        worst_growth = v / base;
+        worst_value = v;
+        worst_base = base;
+        worst = key;
+        seen = static_cast<int>(history.size());
+      }
+    }
+    if (std::isfinite(v)) history.push_back(v);
+    while (static_cast<int>(history.size()) > c.window) history.pop_front();
+  }
+  if (worst.empty()) return;
+  out->push_back({"hot_channel_growth", worst + ": top-1 channel " + Num(worst_value) + "x the median channel, " +
+                                            Num(worst_growth) + "x its lowest " + Num(worst_base) + "x over the last " +
+                                            std::to_string(seen) + " analytics steps (threshold " + Num(c.ratio) +
+                                            "x)",
+                  {{"top1_over_median", worst_value}, {"baseline", worst_base}, {"growth", worst_growth}}});
+}
+
 std::vector<Firing> DetectorSet::Observe(const StepMetrics& m) {
   std::vector<Firing> out;
   if (On("nonfinite") && (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm))) {
@@ -208,6 +249,7 @@ std::vector<Firing> DetectorSet::Observe(const StepMetrics& m) {
   Spike("loss_zscore", "loss_ratio", "loss", m.loss, &loss_, &out);
   Spike("grad_norm_zscore", "grad_norm_ratio", "grad_norm", m.grad_norm, &grad_norm_, &out);
   Drift(m.loss, &out);
+  HotChannelGrowth(m, &out);
 
   const DetectorConfig& bias = configs_.at("grad_bias");
   if (bias.enabled && m.probed) {

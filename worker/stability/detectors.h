@@ -29,6 +29,12 @@
 //                     the start or the last reset, once `min_samples` steps are
 //                     seen; then it re-arms (forgets its history): window 256,
 //                     min_samples 512, ratio 2.                                     off
+//   hot_channel_growth CHON's outlier warning, on outlier-analytics steps
+//                     (analytics_every): some layer's operand has its top-1
+//                     channel magnitude over the median channel above `ratio` x
+//                     the lowest such value of its previous `window` analytics
+//                     steps, once `min_samples` of them are seen: window 8,
+//                     min_samples 4, ratio 4.                                       off
 // Statistics are over the steps before the current one (the current value never
 // dilutes its own spike), and non-finite values are kept out of them.
 #ifndef KEEL_WORKER_STABILITY_DETECTORS_H_
@@ -137,6 +143,10 @@ class DetectorSet {
   bool drift_has_best_ = false;
   int64_t drift_seen_ = 0;
   void Drift(double loss, std::vector<Firing>* out);
+  // hot_channel_growth: per "linear role", the previous analytics steps'
+  // top-1-over-median values (at most `window`).
+  std::map<std::string, std::deque<double>> hot_;
+  void HotChannelGrowth(const StepMetrics& m, std::vector<Firing>* out);
   std::deque<std::pair<int64_t, std::map<std::string, double>>> gamma_;  // (step, LN gamma means)
 };
 

@@ -91,6 +91,51 @@ TEST(DetectorsTest, LossDriftFiresOnASlowRiseNotOnDescentOrSpikes) {
   for (int i = 0; i < 1000; ++i) EXPECT_FALSE(Has(off.Observe(Step(i, 0.1 * (1 + i))), "loss_drift"));
 }
 
+// hot_channel_growth: a layer whose top-1 channel holds steady (transient
+// spikes below the ratio) is left alone; one whose top-1 grows past 4x its
+// lowest value of the last 8 analytics steps fires, naming the layer and role.
+// Steps without analytics change nothing; off by default; a reset forgets.
+TEST(DetectorsTest, HotChannelGrowthFiresWhenATopChannelGrows) {
+  EXPECT_FALSE(DefaultDetectorConfig("hot_channel_growth").enabled);
+  EXPECT_EQ(DefaultDetectorConfig("hot_channel_growth").window, 8);
+  EXPECT_EQ(DefaultDetectorConfig("hot_channel_growth").min_samples, 4);
+  EXPECT_EQ(DefaultDetectorConfig("hot_channel_growth").ratio, 4.0);
+  DetectorConfig c = DefaultDetectorConfig("hot_channel_growth");
+  c.enabled = true;
+  DetectorSet d({{"hot_channel_growth", c}});
+  auto analytics = [](int64_t step, double steady, double growing) {
+    StepMetrics m = Step(step, 1.0);
+    OutlierMetric a, b;
+    a.linear = "layers.0.attn.qkv";
+    a.role = Role::kFwdX;
+    a.top1_over_median = steady;
+    b.linear = "layers.3.attn.o_proj";
+    b.role = Role::kFwdX;
+    b.top1_over_median = growing;
+    m.outliers = {a, b};
+    return m;
+  };
+  int64_t step = 0;
+  // Steady layers with a transient 3x spike: nothing.
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_FALSE(Has(d.Observe(analytics(step += 10, 20.0 * (i == 6 ? 3.0 : 1.0), 30.0)), "hot_channel_growth")) << i;
+    EXPECT_FALSE(Has(d.Observe(Step(++step, 1.0)), "hot_channel_growth"));  // no analytics on this step
+  }
+  // o_proj's top channel grows: 30 -> 100 (3.3x, not yet) -> 130 (4.3x: fires).
+  EXPECT_FALSE(Has(d.Observe(analytics(step += 10, 20.0, 100.0)), "hot_channel_growth"));
+  const std::vector<Firing> f = d.Observe(analytics(step += 10, 20.0, 130.0));
+  ASSERT_TRUE(Has(f, "hot_channel_growth"));
+  EXPECT_NE(f[0].message.find("layers.3.attn.o_proj fwd_x: top-1 channel 130x the median channel"), std::string::npos)
+      << f[0].message;
+  EXPECT_EQ(f[0].values.at("baseline"), 30.0);
+  EXPECT_NEAR(f[0].values.at("growth"), 130.0 / 30.0, 1e-12);
+  // After a reset, fewer than min_samples analytics steps: nothing.
+  d.Reset();
+  for (int i = 0; i < 4; ++i) EXPECT_FALSE(Has(d.Observe(analytics(step += 10, 1.0, 1000.0 * (i + 1))), "hot_channel_growth"));
+  DetectorSet off({});
+  for (int i = 0; i < 10; ++i) EXPECT_FALSE(Has(off.Observe(analytics(step += 10, 1.0, 10.0 * (1 << i))), "hot_channel_growth"));
+}
+
 TEST(DetectorsTest, NonFiniteFiresOnNanOrInf) {
   DetectorSet d({});
   EXPECT_TRUE(d.Observe(Step(1, 1.0)).empty());
