@@ -627,10 +627,13 @@ Status ParsePolicyPreset(const Reader& r, const YAML::Node& node, Policy* p) {
                                   ", or a mapping of detectors, ladder, rules, ...)");
     }
     p->preset = node.Scalar();
+    p->rewarm_steps = -1;  // the preset's
     return Status::Ok();
   }
-  KEEL_RETURN_IF_ERROR(r.CheckKeys(node, f, {"preset", "probation", "sweep_rules"}));
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(node, f, {"preset", "probation", "sweep_rules", "rewarm"}));
   KEEL_RETURN_IF_ERROR(r.OneOf(node["preset"], f + ".preset", presets, &p->preset));
+  p->rewarm_steps = -1;  // the preset's, unless given
+  if (node["rewarm"]) KEEL_RETURN_IF_ERROR(r.Int(node["rewarm"], f + ".rewarm", 0, 1 << 30, &p->rewarm_steps));
   if (YAML::Node probation = node["probation"]) KEEL_RETURN_IF_ERROR(ParseProbation(r, probation, p));
   if (YAML::Node sweep_rules = node["sweep_rules"]) KEEL_RETURN_IF_ERROR(ParseSweepRules(r, sweep_rules, &p->sweep_rules));
   return Status::Ok();
@@ -648,13 +651,14 @@ Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
     KEEL_RETURN_IF_ERROR(ParsePolicyPreset(r, node, &p));
   } else {
     KEEL_RETURN_IF_ERROR(r.CheckKeys(
-        node, f, {"detectors", "ladder", "snapshots", "max_interventions", "rules", "sweep_rules", "probation"}));
+        node, f, {"detectors", "ladder", "snapshots", "max_interventions", "rules", "sweep_rules", "probation", "rewarm"}));
     if (YAML::Node d = node["detectors"]) KEEL_RETURN_IF_ERROR(ParseDetectors(r, d, &p.detectors));
     if (YAML::Node ladder = node["ladder"]) KEEL_RETURN_IF_ERROR(ParseLadder(r, ladder, &p.ladder));
     if (YAML::Node snap = node["snapshots"]) KEEL_RETURN_IF_ERROR(ParseSnapshots(r, snap, &p));
     if (node["max_interventions"]) {
       KEEL_RETURN_IF_ERROR(r.Int(node["max_interventions"], f + ".max_interventions", 0, 1 << 20, &p.max_interventions));
     }
+    if (node["rewarm"]) KEEL_RETURN_IF_ERROR(r.Int(node["rewarm"], f + ".rewarm", 0, 1 << 30, &p.rewarm_steps));
     if (YAML::Node rules = node["rules"]) KEEL_RETURN_IF_ERROR(ParseRules(r, rules, &p));
     if (YAML::Node sweep_rules = node["sweep_rules"]) KEEL_RETURN_IF_ERROR(ParseSweepRules(r, sweep_rules, &p.sweep_rules));
     if (YAML::Node probation = node["probation"]) {
@@ -678,6 +682,7 @@ void ResolvePolicyPreset(RunConfig* c) {
   Policy resolved =
       DefaultPolicy(RescueLadder(c->precision, c->model.type == "llama" || c->model.type == "gla"), c->steps);
   resolved.probation_after = c->policy.probation_after;
+  if (c->policy.rewarm_steps >= 0) resolved.rewarm_steps = c->policy.rewarm_steps;  // -1: the preset's
   resolved.sweep_rules = c->policy.sweep_rules;
   resolved.yaml = c->policy.yaml;
   c->policy = resolved;

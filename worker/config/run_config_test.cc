@@ -355,6 +355,7 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
   EXPECT_EQ(c.policy.rules[0].actions[0].steps, 500);
   EXPECT_EQ(c.policy.rules[1].name, "drift");
   EXPECT_EQ(c.policy.probation_after, 0);
+  EXPECT_EQ(c.policy.rewarm_steps, 200);
   EXPECT_EQ(c.policy.yaml, "default");
   // The mapping form, with probation; the scheme after --set.
   c = Parsed("precision: mxfp4\nsteps: 300\npolicy: {preset: default, probation: {after: 40}}\n",
@@ -364,6 +365,10 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
   EXPECT_EQ(c.policy.ladder.back(), "fp32");
   EXPECT_EQ(c.policy.probation_after, 40);
   EXPECT_EQ(c.policy.snapshot_every, 3);
+  EXPECT_EQ(c.policy.rewarm_steps, 6);  // 2 S
+  // rewarm given beside the preset: that, 0 included (off).
+  EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, rewarm: 50}\n").policy.rewarm_steps, 50);
+  EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, rewarm: 0}\n").policy.rewarm_steps, 0);
   // --set policy=default on a run without one.
   c = Parsed("precision: bf16\n", {"policy=default"});
   EXPECT_EQ(c.policy.ladder, (std::vector<std::string>{"bf16", "fp32"}));
@@ -372,6 +377,10 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
              "    - {when: nonfinite, do: [{rollback: 5}, {switch: next}]}\n");
   EXPECT_EQ(c.policy.probation_after, 7);
   EXPECT_EQ(c.policy.preset, "");
+  EXPECT_EQ(c.policy.rewarm_steps, 0);  // a policy written out re-warms only when told
+  c = Parsed("policy:\n  ladder: [mxfp4, bf16]\n  rewarm: 25\n  rules:\n"
+             "    - {when: nonfinite, do: [{rollback: 5}, {switch: next}]}\n");
+  EXPECT_EQ(c.policy.rewarm_steps, 25);
 }
 
 TEST(RunConfigPolicyTest, EveryDetectorParameterLands) {
@@ -800,7 +809,7 @@ TEST(RunConfigErrorTest, Precision) {
 }
 
 TEST(RunConfigErrorTest, PolicySectionsAndDetectors) {
-  const std::string policy_keys = "detectors, ladder, max_interventions, probation, rules, snapshots, sweep_rules";
+  const std::string policy_keys = "detectors, ladder, max_interventions, probation, rewarm, rules, snapshots, sweep_rules";
   const std::string roles = "fwd_x, fwd_w, dgrad_dy, dgrad_w, wgrad_dy, wgrad_x";
   ExpectErrors({
       {"policy: [a]\n", "r.yaml:1:9: policy: expected a mapping"},
@@ -888,7 +897,7 @@ TEST(RunConfigErrorTest, PolicyPresetsProbationAndReplays) {
        "r.yaml:1:9: policy: unknown policy 'safest' (allowed: default, or a mapping of detectors, ladder, rules, ...)"},
       {"policy: {preset: safest}\n", "r.yaml:1:18: policy.preset: unknown value 'safest' (allowed: default)"},
       {"policy: {preset: default, rules: []}\n",
-       "r.yaml:1:27: policy.rules: unknown key (allowed: preset, probation, sweep_rules)"},
+       "r.yaml:1:27: policy.rules: unknown key (allowed: preset, probation, rewarm, sweep_rules)"},
       {"policy: {preset: default, probation: {after: 0}}\n",
        "r.yaml:1:46: policy.probation.after: 0 is out of range (allowed: 1 .. 1099511627776)"},
       {"policy: {preset: default, probation: {after: -5}}\n",

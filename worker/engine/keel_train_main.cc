@@ -162,8 +162,10 @@ void PrintPolicyPresets(int64_t steps) {
       std::printf("    rule %s: when %s\n      do %s; cooldown %lld\n", rule.name.c_str(), Join(when, ", ").c_str(),
                   Join(actions, ", ").c_str(), static_cast<long long>(rule.cooldown));
     }
-    std::printf("    snapshots every %d (%d kept); past the ladder's top: scale_lr %g (%d time), then stop\n",
-                p.snapshot_every, p.snapshot_keep, p.lr_fallback_factor, p.lr_fallbacks);
+    std::printf("    snapshots every %d (%d kept); after each switch the learning rate re-warms over %lld steps;\n"
+                "    past the ladder's top: scale_lr %g (%d time), then stop\n",
+                p.snapshot_every, p.snapshot_keep, static_cast<long long>(p.rewarm_steps), p.lr_fallback_factor,
+                p.lr_fallbacks);
     std::printf("  ladders (from the run's scheme):\n");
     for (const PresetInfo& preset : Presets()) {
       PrecisionScheme s;

@@ -206,7 +206,12 @@ void Trainer::StartPolicy() {
 }
 
 double Trainer::LearningRate(int64_t step) const {
-  return ScheduledLearningRate(config_.schedule, config_.optimizer.lr * lr_scale_, config_.steps, step);
+  double lr = ScheduledLearningRate(config_.schedule, config_.optimizer.lr * lr_scale_, config_.steps, step);
+  const int64_t rewarm = config_.policy.rewarm_steps;
+  if (rewarm > 0 && rewarm_start_ >= 0 && step >= rewarm_start_ && step - rewarm_start_ < rewarm) {
+    lr *= static_cast<double>(step - rewarm_start_ + 1) / static_cast<double>(rewarm);
+  }
+  return lr;
 }
 
 Status Trainer::SwitchScheme(const PrecisionScheme& scheme) {
@@ -753,6 +758,15 @@ Status Trainer::SwitchAndRecord(const PrecisionScheme& scheme, const std::string
   return RecordEvent(event_kind::kSwitchPrecision, "switched precision from " + from + " to " + scheme.name + suffix, details);
 }
 
+Status Trainer::PolicySwitch(const PrecisionScheme& scheme, const std::string& suffix,
+                             std::vector<std::pair<std::string, std::string>> details) {
+  if (config_.policy.rewarm_steps > 0) {
+    rewarm_start_ = step_;  // the next step is the re-warm's first
+    details.push_back({"rewarm_steps", std::to_string(config_.policy.rewarm_steps)});
+  }
+  return SwitchAndRecord(scheme, suffix, std::move(details));
+}
+
 Status Trainer::RollbackAndRecord(int64_t steps, const std::string& suffix,
                                   std::vector<std::pair<std::string, std::string>> details) {
   const int64_t before = step_;
@@ -804,7 +818,7 @@ Status Trainer::ApplyProbation() {
   PrecisionScheme scheme;
   KEEL_RETURN_IF_ERROR(SchemeForRung(target, &scheme));
   const std::string after = std::to_string(config_.policy.probation_after);
-  return SwitchAndRecord(scheme, ": probation: " + after + " healthy steps in " + scheme_.name +
+  return PolicySwitch(scheme, ": probation: " + after + " healthy steps in " + scheme_.name +
                                      " since the policy moved there (policy.probation.after " + after + ")",
                          {{"probation_after", after}});
 }
@@ -833,7 +847,7 @@ Status Trainer::ApplyAction(const PolicyAction& a, const DecisionEvidence& evide
     }
     PrecisionScheme scheme;
     KEEL_RETURN_IF_ERROR(SchemeForRung(target, &scheme));
-    return SwitchAndRecord(scheme, ": " + cause, details);
+    return PolicySwitch(scheme, ": " + cause, details);
   }
   if (a.kind == PolicyAction::Kind::kRollback) {
     // A policy rollback rewinds weights, moments, data and step, not the
@@ -842,11 +856,14 @@ Status Trainer::ApplyAction(const PolicyAction& a, const DecisionEvidence& evide
     // back the scheme that diverged, and the rung above it would be a replay).
     const PrecisionScheme running = scheme_;
     const double lr_scale = lr_scale_;
+    const int64_t rewarm_start = rewarm_start_;
     details.push_back({"precision", running.name});
     Status s = RollbackAndRecord(a.steps, ": " + cause, details);
     if (!s.ok()) return RecordEvent("rollback_failed", s.message() + "; " + cause, evidence.details);
     scheme_ = running;
     lr_scale_ = lr_scale;
+    // A re-warm under way stays the policy's, from no later than here.
+    rewarm_start_ = rewarm_start >= 0 ? std::min(rewarm_start, step_) : -1;
     return Status::Ok();
   }
   if (a.kind == PolicyAction::Kind::kScaleLr) {
@@ -1119,6 +1136,7 @@ std::map<std::string, std::string> Trainer::CheckpointMeta() const {
   meta["seed"] = std::to_string(config_.seed);
   meta["scheme"] = SchemeToYaml(scheme_);
   meta["lr_scale"] = JsonNumber(lr_scale_);
+  meta["rewarm_start"] = std::to_string(rewarm_start_);
   // The global batch in micro-batches per step, which a resume with another
   // rank count keeps; and the rank count, for the reader.
   meta["micro_batches"] = std::to_string(static_cast<int64_t>(accum_) * ranks());
@@ -1190,6 +1208,7 @@ struct Trainer::LoadedCheckpoint {
   std::string scheme_yaml;
   int64_t step = 0;
   double lr_scale = 1.0;
+  int64_t rewarm_start = -1;
   int64_t micro_batches = 1;  // the global batch, in micro-batches per step
   TokenLoader::Position position;
   std::string policy_state;  // PolicyStateToJson's text, verified; "" when the checkpoint has none
@@ -1201,10 +1220,10 @@ namespace {
 // A checkpoint's scalars as rank 0 sends them to the other ranks.
 std::string ScalarsJson(const std::string& scheme_yaml, int64_t step, double lr_scale, int64_t micro_batches,
                         const TokenLoader::Position& p, const std::string& policy_state,
-                        const std::string& hot_sets) {
+                        const std::string& hot_sets, int64_t rewarm_start) {
   JsonWriter w;
   w.Add("scheme", scheme_yaml).Add("step", step).Add("lr_scale", lr_scale).Add("micro_batches", micro_batches);
-  w.Add("policy_state", policy_state).Add("hot_sets", hot_sets);
+  w.Add("policy_state", policy_state).Add("hot_sets", hot_sets).Add("rewarm_start", rewarm_start);
   w.Add("shard", static_cast<int64_t>(p.shard)).Add("offset", static_cast<int64_t>(p.offset));
   w.Add("epoch", static_cast<int64_t>(p.epoch));
   return w.str();
@@ -1293,7 +1312,7 @@ Status Trainer::ApplyCheckpoint(const std::string& dir, const Status& read, bool
   KEEL_RETURN_IF_ERROR(ShareLeaderStatus(read));
   std::string scalars =
       leader() ? ScalarsJson(c.scheme_yaml, c.step, c.lr_scale, c.micro_batches, c.position, c.policy_state,
-                             c.hot_sets)
+                             c.hot_sets, c.rewarm_start)
                : "";
   KEEL_RETURN_IF_ERROR(FromLeader(&scalars));
   JsonValue v;
@@ -1307,6 +1326,7 @@ Status Trainer::ApplyCheckpoint(const std::string& dir, const Status& read, bool
   c.position.epoch = v.Find("epoch")->int_value();
   c.policy_state = v.Find("policy_state")->string_value();
   c.hot_sets = v.Find("hot_sets")->string_value();
+  c.rewarm_start = v.Find("rewarm_start")->int_value();
   PolicyState policy_state;  // empty for a checkpoint without one
   if (!c.policy_state.empty()) {
     KEEL_RETURN_IF_ERROR(ParsePolicyState(c.policy_state, "checkpoint " + dir + "/optimizer.safetensors: " +
@@ -1349,6 +1369,7 @@ Status Trainer::ApplyCheckpoint(const std::string& dir, const Status& read, bool
   KEEL_RETURN_IF_ERROR(model_->HotSetsFromText(c.hot_sets, c.scheme).WithPrefix("checkpoint " + dir + ": "));
   step_ = c.step;
   lr_scale_ = c.lr_scale;
+  rewarm_start_ = c.rewarm_start;
   if (engine_ && restore_policy) policy_steps_ = engine_->Restore(policy_state);
   if (detectors_) {
     // A rollback within this process: the detectors as they were at this
@@ -1423,6 +1444,7 @@ Status Trainer::ReadCheckpoint(const std::string& dir, LoadedCheckpoint* out) co
   out->position.offset = std::atoll(meta["data.offset"].c_str());
   out->position.epoch = std::atoll(meta["data.epoch"].c_str());
   out->lr_scale = meta.count("lr_scale") ? std::atof(meta["lr_scale"].c_str()) : 1.0;
+  out->rewarm_start = meta.count("rewarm_start") ? std::atoll(meta["rewarm_start"].c_str()) : -1;
   // The policy's state, verified whether or not this run has a policy: a
   // checkpoint with a corrupt part is not one to resume.
   out->policy_state.clear();

@@ -126,6 +126,10 @@ class Trainer {
   // or "rolled back from step S to T", then `suffix`; `details` get from and
   // precision, or from_step, to_step and checkpoint. A failed Rollback records
   // nothing and returns its error.
+  // A switch the policy makes (a rule's, probation's): SwitchAndRecord, and
+  // the learning rate's re-warm (policy.rewarm_steps) from the next step.
+  Status PolicySwitch(const PrecisionScheme& scheme, const std::string& suffix,
+                      std::vector<std::pair<std::string, std::string>> details);
   Status SwitchAndRecord(const PrecisionScheme& scheme, const std::string& suffix,
                          std::vector<std::pair<std::string, std::string>> details);
   Status RollbackAndRecord(int64_t steps, const std::string& suffix,
@@ -290,6 +294,9 @@ class Trainer {
   std::unique_ptr<PolicyEngine> engine_;         // reads config_.policy
   std::vector<PolicyEngine::Decision> pending_;  // decided in Step, applied by ApplyPolicy
   double lr_scale_ = 1.0;                        // scale_lr actions, kept in checkpoints
+  // The step of the policy's last switch, from which the learning rate re-warms
+  // over policy.rewarm_steps (-1: none); kept in checkpoints.
+  int64_t rewarm_start_ = -1;
   int64_t policy_steps_ = 0;                     // steps taken (rollbacks do not rewind it)
   bool diverged_ = false;
   std::string lease_path_;          // "" : no lease

@@ -696,6 +696,64 @@ TEST(TrainerTest, ProbationReturnsToTheCheaperSchemeAfterHealthySteps) {
   EXPECT_EQ(all.find("\"kind\":\"escalate\""), std::string::npos) << all;
 }
 
+// policy.rewarm: after the policy's switch the learning rate restarts from
+// 1/N of the schedule's value and ramps back over N steps (the same run
+// without rewarm gives the schedule's values); a resume in the middle of the
+// ramp continues it bit for bit (rewarm_start is in the checkpoint).
+TEST(TrainerTest, PolicyRewarmRampsTheLearningRateAfterASwitchAndSurvivesAResume) {
+  auto config = [](const std::string& dir, const std::string& rewarm) {
+    RunConfig c;
+    Status s = ParseRunConfig(
+        FaultyRunYaml(dir, "[{rollback: 10}, {switch: next}]", std::string(kLadderLines) + rewarm), "test", {}, &c);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return c;
+  };
+  const RunConfig c = config(TempDir("policy_rewarm"), "  rewarm: 8\n");
+  const RunConfig plain_c = config(TempDir("policy_rewarm_plain"), "");
+  // Steps as Train takes them: each followed by the policy's actions.
+  auto steps = [](Trainer* t, int n, std::vector<StepMetrics>* m) {
+    for (int i = 0; i < n; ++i) {
+      StepMetrics x;
+      ASSERT_TRUE(t->Step(&x).ok());
+      ASSERT_TRUE(t->ApplyPolicy().ok());
+      m->push_back(x);
+    }
+  };
+  auto run = [&](const RunConfig& rc, int n) {
+    std::unique_ptr<Trainer> t;
+    EXPECT_TRUE(Trainer::Create(rc, &t).ok());
+    std::vector<StepMetrics> m;
+    steps(t.get(), n, &m);
+    return m;
+  };
+  const std::vector<StepMetrics> m = run(c, 50), plain = run(plain_c, 50);
+  size_t k = 0;  // the first step in the rescue scheme
+  while (k < m.size() && m[k].scheme != "mxfp8_e4m3") ++k;
+  ASSERT_LT(k + 10, m.size()) << "the policy did not switch";
+  ASSERT_EQ(plain[k].scheme, "mxfp8_e4m3");  // the same run up to here, and the same switch
+  for (size_t i = 0; i < 10; ++i) {
+    const double want = i < 8 ? static_cast<double>(i + 1) / 8.0 : 1.0;
+    EXPECT_NEAR(m[k + i].lr / plain[k + i].lr, want, 1e-6) << "step " << m[k + i].step;
+  }
+  for (size_t i = 0; i < k; ++i) EXPECT_EQ(m[i].lr, plain[i].lr) << "before the switch, step " << m[i].step;
+  // Stopped 3 steps into the ramp and resumed: the same steps.
+  std::unique_ptr<Trainer> part, resumed;
+  ASSERT_TRUE(Trainer::Create(c, &part).ok());
+  std::vector<StepMetrics> first;
+  steps(part.get(), static_cast<int>(k + 3), &first);
+  std::string dir;
+  ASSERT_TRUE(part->SaveCheckpoint(&dir).ok());
+  part.reset();
+  ASSERT_TRUE(Trainer::Create(c, &resumed).ok());
+  ASSERT_TRUE(resumed->Resume(dir).ok());
+  std::vector<StepMetrics> rest;
+  steps(resumed.get(), 8, &rest);
+  for (size_t i = 0; i < rest.size(); ++i) {
+    EXPECT_EQ(rest[i].lr, m[k + 3 + i].lr) << i;
+    EXPECT_EQ(rest[i].loss, m[k + 3 + i].loss) << i;
+  }
+}
+
 TEST(TrainerTest, SchemeSwitchMidRunKeepsTraining) {
   std::unique_ptr<Trainer> t;
   ASSERT_TRUE(Trainer::Create(ProxyConfig(TempDir("proxy_switch"), "fp32"), &t).ok());

@@ -127,6 +127,10 @@ Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps) 
   // a drift can take a rung too.
   const int rungs = static_cast<int>(ladder.size());
   p.max_interventions = 3 * std::max(0, rungs - 1) + p.lr_fallbacks + 1;
+  // The next rung replaying from the snapshot blew up within a few steps of
+  // the switch in the policy grid (docs/reproductions/policy-grid.md): each
+  // switch restarts the learning rate's warm-up.
+  p.rewarm_steps = 2 * snapshot;
   return p;
 }
 

@@ -109,6 +109,11 @@ struct Policy {
   // lr_fallback_factor, at most lr_fallbacks times, then stop as diverged.
   double lr_fallback_factor = 0.5;
   int lr_fallbacks = 1;
+  // rewarm: N: after every switch the policy makes (a rule's or probation's),
+  // the learning rate starts again from 1/N of its value and ramps linearly
+  // back to it over N steps (a new warm-up: Adam's moments were shaped by the
+  // old scheme's rounding). 0: off.
+  int64_t rewarm_steps = 0;
   std::string yaml;        // the section as given, for checkpoints and events
 
   bool active() const { return !rules.empty(); }
@@ -130,7 +135,8 @@ std::string PolicyPresetNames();  // comma-separated, for error messages
 // statistics; the distances scale with the run's length (S = run_steps / 90
 // clamped to 1 .. 100: the tuned 9000-step run's 100): snapshots every S steps (12 kept), rollback 5 S, the
 // statistics' min_samples 2 S clamped to 8 .. 64 (window twice that), cooldown
-// min_samples. max_interventions is the longest escalation the ladder allows,
+// min_samples, and a re-warm of the learning rate over 2 S steps after each
+// switch. max_interventions is the longest escalation the ladder allows,
 // so the policy never goes quiet before its stop. docs/train.md has the table.
 Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps);
 

@@ -274,6 +274,7 @@ TEST(DefaultPolicyTest, TwoRulesThatClimbTheLadderWithDistancesFromTheRunLength)
   EXPECT_EQ(drift.cooldown, 250);
   // 5 climbs by either rule or by drift, 5 probation returns, 1 LR fallback, 1 stop.
   EXPECT_EQ(p.max_interventions, 17);
+  EXPECT_EQ(p.rewarm_steps, 200);  // 2 S: each switch re-warms the learning rate
   // A short run: the same proportions, and the statistics armed in time to see
   // a replay diverge again.
   Policy short_run = DefaultPolicy(ladder, 300);
