@@ -1854,15 +1854,7 @@ LinearQuant Nvfp4Roles(bool with_rht) {
   return q;
 }
 
-// ||got - want|| / ||want||.
-double RelError(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    num += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
-    den += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(num / den);
-}
+using nn_test::RelError;
 
 std::vector<int32_t> AllIndices(int64_t n) {
   std::vector<int32_t> v(static_cast<size_t>(n));

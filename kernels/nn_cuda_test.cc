@@ -1378,14 +1378,7 @@ TEST_F(NnCudaTest, LinearRejectsWhatTheCpuRejects) {
 
 // ---- Hot-Channel Patch (docs/hcp.md) ------------------------------------------------------
 
-double RelError(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    num += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
-    den += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(num / den);
-}
+using nn_test::RelError;
 
 // One NVFP4 layer's three GEMMs on CUDA, with and without the RHT on the wgrad
 // roles: the patch on every channel (k = K) gives the fp32 layer up to the

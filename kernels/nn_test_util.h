@@ -3,6 +3,7 @@
 #ifndef KEEL_KERNELS_NN_TEST_UTIL_H_
 #define KEEL_KERNELS_NN_TEST_UTIL_H_
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -31,6 +32,16 @@ inline std::vector<float> WithOutliers(int64_t n, uint32_t seed, float stddev = 
     if (uniform(rng) < 0.03f) v *= 20.0f * (1.0f + uniform(rng));
   }
   return x;
+}
+
+// |got - want| / |want| in the 2-norm (double sums).
+inline double RelError(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(num / den);
 }
 
 // GLA's log forget gates: n draws of -scale * |N(0, 1)| from mt19937(seed), all

@@ -1415,6 +1415,30 @@ Status Trainer::CheckRanksAgree() {
 
 // Reads and verifies a checkpoint directory (CRCs, format, matching steps,
 // model type, every tensor's presence and shape, the scheme); changes nothing.
+namespace {
+
+// *value = meta[key] when it is there with meta[crc_key] its CRC-32, "" when
+// neither is; DataLoss (naming `where` and the key) when one is missing or
+// the CRC does not match. Metadata lies outside keel.crc32 (the data's).
+Status VerifiedMeta(std::map<std::string, std::string>& meta, const char* key, const char* crc_key,
+                    const std::string& where, std::string* value) {
+  value->clear();
+  const bool has = meta.count(key) > 0, has_crc = meta.count(crc_key) > 0;
+  if (has != has_crc) {
+    return Status::DataLoss(where + key + (has ? ": " + std::string(crc_key) + " is missing"
+                                               : " is missing beside its " + std::string(crc_key)));
+  }
+  if (!has) return Status::Ok();
+  if (meta[crc_key] != Crc32Hex(meta[key])) {
+    return Status::DataLoss(where + key + ": CRC-32 " + Crc32Hex(meta[key]) + " does not match " + crc_key + " " +
+                            meta[crc_key] + " (corrupt)");
+  }
+  *value = meta[key];
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status Trainer::ReadCheckpoint(const std::string& dir, LoadedCheckpoint* out) const {
   std::vector<Tensor> weights, optimizer;
   std::map<std::string, std::string> wmeta, meta;
@@ -1445,39 +1469,15 @@ Status Trainer::ReadCheckpoint(const std::string& dir, LoadedCheckpoint* out) co
   out->position.epoch = std::atoll(meta["data.epoch"].c_str());
   out->lr_scale = meta.count("lr_scale") ? std::atof(meta["lr_scale"].c_str()) : 1.0;
   out->rewarm_start = meta.count("rewarm_start") ? std::atoll(meta["rewarm_start"].c_str()) : -1;
-  // The policy's state, verified whether or not this run has a policy: a
-  // checkpoint with a corrupt part is not one to resume.
-  out->policy_state.clear();
-  const std::string where = "checkpoint " + dir + "/optimizer.safetensors: " + kPolicyStateKey;
-  const bool has_state = meta.count(kPolicyStateKey) > 0, has_crc = meta.count(kPolicyStateCrcKey) > 0;
-  if (has_state != has_crc) {
-    return Status::DataLoss(where + (has_state ? ": " + std::string(kPolicyStateCrcKey) + " is missing"
-                                               : " is missing beside its " + std::string(kPolicyStateCrcKey)));
-  }
-  if (has_state) {
-    const std::string& state = meta[kPolicyStateKey];
-    if (meta[kPolicyStateCrcKey] != Crc32Hex(state)) {
-      return Status::DataLoss(where + ": CRC-32 " + Crc32Hex(state) + " does not match " + kPolicyStateCrcKey + " " +
-                              meta[kPolicyStateCrcKey] + " (corrupt)");
-    }
+  // The policy's state and the hot sets, verified whether or not this run
+  // uses them: a checkpoint with a corrupt part is not one to resume.
+  const std::string where = "checkpoint " + dir + "/optimizer.safetensors: ";
+  KEEL_RETURN_IF_ERROR(VerifiedMeta(meta, kPolicyStateKey, kPolicyStateCrcKey, where, &out->policy_state));
+  if (!out->policy_state.empty()) {
     PolicyState parsed;
-    KEEL_RETURN_IF_ERROR(ParsePolicyState(state, where, &parsed));
-    out->policy_state = state;
+    KEEL_RETURN_IF_ERROR(ParsePolicyState(out->policy_state, where + kPolicyStateKey, &parsed));
   }
-  out->hot_sets.clear();
-  const std::string hot_where = "checkpoint " + dir + "/optimizer.safetensors: " + kHotSetsKey;
-  const bool has_sets = meta.count(kHotSetsKey) > 0, has_sets_crc = meta.count(kHotSetsCrcKey) > 0;
-  if (has_sets != has_sets_crc) {
-    return Status::DataLoss(hot_where + (has_sets ? ": " + std::string(kHotSetsCrcKey) + " is missing"
-                                                  : " is missing beside its " + std::string(kHotSetsCrcKey)));
-  }
-  if (has_sets) {
-    if (meta[kHotSetsCrcKey] != Crc32Hex(meta[kHotSetsKey])) {
-      return Status::DataLoss(hot_where + ": CRC-32 " + Crc32Hex(meta[kHotSetsKey]) + " does not match " +
-                              kHotSetsCrcKey + " " + meta[kHotSetsCrcKey] + " (corrupt)");
-    }
-    out->hot_sets = meta[kHotSetsKey];
-  }
+  KEEL_RETURN_IF_ERROR(VerifiedMeta(meta, kHotSetsKey, kHotSetsCrcKey, where, &out->hot_sets));
   return Status::Ok();
 }
 

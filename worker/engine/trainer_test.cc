@@ -896,6 +896,20 @@ TEST(TrainerTest, GptResumeRestoresDataPosition) {
   EXPECT_EQ(Losses(resumed.get(), 3), std::vector<double>(expected.begin() + 3, expected.end()));
 }
 
+// A 3-block llama on the fortunes byte shards under `dir` (the NVFP4 recipe keeps
+// the first and last block in BF16: the middle one is NVFP4), with `rest`
+// (precision and anything else) appended to its YAML.
+RunConfig SmallLlama(const std::string& dir, const std::string& rest) {
+  RunConfig c;
+  Status s = ParseRunConfig(
+      "model: {type: llama, layers: 3, width: 64, heads: 4, context: 32, vocab: 256}\n"
+      "data: {train: " + dir + "/t_train.bin}\nbatch: 4\nseq: 32\nthreads: 2\n"
+      "optimizer: {type: adamw, lr: 0.003}\nrun_dir: " + dir + "/run\n" + rest,
+      "test", {}, &c);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return c;
+}
+
 // CHON on a llama (3 blocks: the recipe keeps the first and last in BF16, so
 // the middle one is NVFP4 and patched). The hot sets are chosen at steps 0, 3,
 // 6, held in between and kept in checkpoints: a run resumed at step 4, inside
@@ -904,16 +918,7 @@ TEST(TrainerTest, GptResumeRestoresDataPosition) {
 TEST(TrainerTest, HcpHotSetsAreModelStateAndResumeIsBitExact) {
   std::string dir = TempDir("hcp_resume");
   ASSERT_NO_FATAL_FAILURE(PrepareFortunes(dir, "t"));
-  auto config = [&](const std::string& precision) {
-    RunConfig c;
-    Status s = ParseRunConfig(
-        "model: {type: llama, layers: 3, width: 64, heads: 4, context: 32, vocab: 256}\n"
-        "data: {train: " + dir + "/t_train.bin}\nbatch: 4\nseq: 32\nthreads: 2\n"
-        "optimizer: {type: adamw, lr: 0.003}\nprecision: " + precision + "\nrun_dir: " + dir + "/run\n",
-        "test", {}, &c);
-    EXPECT_TRUE(s.ok()) << s.message();
-    return c;
-  };
+  auto config = [&](const std::string& precision) { return SmallLlama(dir, "precision: " + precision + "\n"); };
   const RunConfig c = config("{preset: chon, hcp: {channels: 8, every: 3, wgrad_rows: 16}}");
   std::unique_ptr<Trainer> whole, part, resumed, plain;
   ASSERT_TRUE(Trainer::Create(c, &whole).ok());
@@ -955,20 +960,14 @@ TEST(TrainerTest, HcpHotSetsAreModelStateAndResumeIsBitExact) {
 TEST(TrainerTest, HotChannelGrowthCanSwitchARunToChon) {
   std::string dir = TempDir("hcp_detector");
   ASSERT_NO_FATAL_FAILURE(PrepareFortunes(dir, "t"));
-  RunConfig c;
-  Status s = ParseRunConfig(
-      "model: {type: llama, layers: 3, width: 64, heads: 4, context: 32, vocab: 256}\n"
-      "data: {train: " + dir + "/t_train.bin}\nbatch: 4\nseq: 32\nsteps: 16\nthreads: 2\n"
-      "optimizer: {type: adamw, lr: 0.003}\nprecision: nvfp4\nanalytics_every: 2\n"
-      "policy:\n  detectors: {hot_channel_growth: {window: 4, min_samples: 1, ratio: 1.000001}}\n"
-      "  rules:\n    - {name: outliers, when: [hot_channel_growth], do: [{switch: chon}], max: 1}\n"
-      "run_dir: " + dir + "/run\n",
-      "test", {}, &c);
-  ASSERT_TRUE(s.ok()) << s.message();
+  const RunConfig c = SmallLlama(
+      dir, "steps: 16\nprecision: nvfp4\nanalytics_every: 2\n"
+           "policy:\n  detectors: {hot_channel_growth: {window: 4, min_samples: 1, ratio: 1.000001}}\n"
+           "  rules:\n    - {name: outliers, when: [hot_channel_growth], do: [{switch: chon}], max: 1}\n");
   std::unique_ptr<Trainer> t;
   ASSERT_TRUE(Trainer::Create(c, &t).ok());
   std::vector<StepMetrics> m;
-  s = t->Train([&](const StepMetrics& x) { m.push_back(x); }, false);
+  const Status s = t->Train([&](const StepMetrics& x) { m.push_back(x); }, false);
   ASSERT_TRUE(s.ok()) << s.message();
   ASSERT_EQ(m.size(), 16u);
   EXPECT_EQ(m.front().scheme, "nvfp4");
