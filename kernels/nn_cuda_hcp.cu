@@ -151,25 +151,37 @@ __global__ void TopKIndicesKernel(const unsigned long long* __restrict__ sorted,
   index[rank] = mine;
 }
 
-// The patch columns of one side, bf16, rows of `width` = 2 * half: A side
-// (first) [A - Q | Q], B side [A | A - Q] over the hot j; columns k .. half - 1
-// of each half are zero.
+// The patch columns of one side in bf16: the A side (first) [A - Q | Q], the B
+// side [A | A - Q] over the hot j, column h of the first half of row i at
+// dst[i * si + h * sh] and of the second at dst[i * si + (half + h) * sh];
+// columns k .. half - 1 of each half are zero. folded: every value divided by
+// the side's decode scale, for a GEMM whose alpha carries it (Q / scale is the
+// quantized value itself, exact).
 __global__ void PatchColumnsKernel(const SideArgs s, const int32_t* __restrict__ hot, int32_t k, int32_t half,
-                                   bool first, uint16_t* __restrict__ cols) {
+                                   bool first, bool folded, uint16_t* __restrict__ dst, int64_t si, int64_t sh) {
   const int64_t count = s.n * half;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const float scale = s.scale != nullptr ? *s.scale : 1.0f;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < count; e += stride) {
     const int64_t i = e / half;
     const int32_t h = static_cast<int32_t>(e - i * half);
     float left = 0.0f, right = 0.0f;
     if (h < k) {
       const int64_t j = hot[h];
-      const float a = AValue(s, i, j), q = QValue(s, i, j);
-      left = first ? a - q : a;
-      right = first ? q : a - q;
+      const int64_t at = i * s.qi + j * s.qj;
+      const float raw = s.q_bf16 ? qcuda::Bf16Float(static_cast<const uint16_t*>(s.q)[at])
+                                 : static_cast<const float*>(s.q)[at];
+      const float a = AValue(s, i, j), q = raw * scale;
+      if (folded) {
+        left = first ? (a - q) / scale : a / scale;
+        right = first ? raw : (a - q) / scale;
+      } else {
+        left = first ? a - q : a;
+        right = first ? q : a - q;
+      }
     }
-    cols[i * 2 * half + h] = static_cast<uint16_t>(qcuda::ToBf16(left));
-    cols[i * 2 * half + half + h] = static_cast<uint16_t>(qcuda::ToBf16(right));
+    dst[i * si + h * sh] = static_cast<uint16_t>(qcuda::ToBf16(left));
+    dst[i * si + (half + h) * sh] = static_cast<uint16_t>(qcuda::ToBf16(right));
   }
 }
 
@@ -245,9 +257,9 @@ Status CudaBackend::AddHcpPatch(const HcpSide& a, const HcpSide& b, const int32_
   KEEL_RETURN_IF_ERROR(hcp_cols_.Reserve(a_bytes + static_cast<size_t>(b.n * width) * sizeof(uint16_t), stream_));
   auto* pa = hcp_cols_.get<uint16_t>();
   auto* pb = reinterpret_cast<uint16_t*>(hcp_cols_.get<char>() + a_bytes);
-  PatchColumnsKernel<<<GridFor(a.n * half), kThreads, 0, stream_>>>(a, index, k, half, true, pa);
+  PatchColumnsKernel<<<GridFor(a.n * half), kThreads, 0, stream_>>>(a, index, k, half, true, false, pa, width, 1);
   NN_LAUNCH_CHECK();
-  PatchColumnsKernel<<<GridFor(b.n * half), kThreads, 0, stream_>>>(b, index, k, half, false, pb);
+  PatchColumnsKernel<<<GridFor(b.n * half), kThreads, 0, stream_>>>(b, index, k, half, false, false, pb, width, 1);
   NN_LAUNCH_CHECK();
   // c^T (b.n x a.n, column-major, ldc) += PB (stored width x b.n) ^T . PA (stored width x a.n).
   GemmArgs g;
@@ -259,13 +271,62 @@ Status CudaBackend::AddHcpPatch(const HcpSide& a, const HcpSide& b, const int32_
   return blas_.Gemm(g);
 }
 
-Status CudaBackend::AddWgradHcpPatch(const HcpSide& a, const HcpSide& b, int64_t rows, int32_t k, float* dw,
-                                     int64_t in) {
+// One bf16 operand of a folded GEMM (FoldHcpPatch): rows x cols stored row-major
+// ld apart; widen: the contraction runs along its columns (the patch is 2 x half
+// columns more), else along its rows (2 x half rows more).
+struct FoldOperand {
+  const void* data;
+  int64_t rows, cols, ld;
+  bool widen;
+};
+
+Status CudaBackend::FoldOperandWithPatch(const FoldOperand& op, const HcpSide& side, bool first, const int32_t* index,
+                                         int32_t k, int32_t half, Scratch* buffer, const void** out, int64_t* out_ld) {
+  const int64_t width = 2 * static_cast<int64_t>(half);
+  const int64_t out_cols = op.widen ? op.cols + width : op.cols;
+  const int64_t out_rows = op.widen ? op.rows : op.rows + width;
+  KEEL_RETURN_IF_ERROR(buffer->Reserve(static_cast<size_t>(out_rows * out_cols) * sizeof(uint16_t), stream_));
+  auto* wide = buffer->get<uint16_t>();
+  KEEL_CUDA_CHECK(cudaMemcpy2DAsync(wide, out_cols * sizeof(uint16_t), op.data, op.ld * sizeof(uint16_t),
+                                    op.cols * sizeof(uint16_t), op.rows, cudaMemcpyDeviceToDevice, stream_));
+  // Patch element (i, h): i runs over the operand's other axis (side.n of it).
+  uint16_t* dst = op.widen ? wide + op.cols : wide + op.rows * op.cols;
+  const int64_t si = op.widen ? out_cols : 1, sh = op.widen ? 1 : op.cols;
+  PatchColumnsKernel<<<GridFor(side.n * half), kThreads, 0, stream_>>>(side, index, k, half, first, true, dst, si, sh);
+  NN_LAUNCH_CHECK();
+  *out = wide;
+  *out_ld = out_cols;
+  return Status::Ok();
+}
+
+Status CudaBackend::FoldHcpPatch(int gemm, const HcpSide& a, const HcpSide& b, const int32_t* index, int32_t k,
+                                 GemmArgs* g) {
   if (k == 0) return Status::Ok();
-  KEEL_RETURN_IF_ERROR(hcp_index_.Reserve(static_cast<size_t>(k) * sizeof(int32_t), stream_));
-  const int32_t* index = nullptr;
-  KEEL_RETURN_IF_ERROR(HotSet(a, b, rows, HotChannels{nullptr, k, hcp_index_.get<int32_t>()}, &index));
-  return AddHcpPatch(a, b, index, k, dw, in);
+  NN_PROFILE("hcp_fold");
+  const int32_t half = static_cast<int32_t>(CeilDiv(k, 4) * 4);
+  // The GEMM's A holds side b's operand and its B side a's (cuBLASLt's
+  // column-major view of the row-major layer; nn_cuda_linear.cu).
+  FoldOperand op_a{}, op_b{};
+  if (gemm == 0) {         // forward: w (out x in) and x (rows x in), both along in
+    op_a = FoldOperand{g->a, b.n, g->k, g->lda, true};
+    op_b = FoldOperand{g->b, a.n, g->k, g->ldb, true};
+  } else if (gemm == 1) {  // dgrad: w (out x in) down its rows, dy (rows x out) along out
+    op_a = FoldOperand{g->a, g->k, g->m, g->lda, false};
+    op_b = FoldOperand{g->b, a.n, g->k, g->ldb, true};
+  } else {                 // wgrad: x (rows x in) and dy (rows x out), both down the tokens
+    op_a = FoldOperand{g->a, g->k, g->m, g->lda, false};
+    op_b = FoldOperand{g->b, g->k, g->n, g->ldb, false};
+  }
+  const void *wide_a = nullptr, *wide_b = nullptr;
+  int64_t lda = 0, ldb = 0;
+  KEEL_RETURN_IF_ERROR(FoldOperandWithPatch(op_a, b, false, index, k, half, &hcp_wide_a_, &wide_a, &lda));
+  KEEL_RETURN_IF_ERROR(FoldOperandWithPatch(op_b, a, true, index, k, half, &hcp_wide_b_, &wide_b, &ldb));
+  g->a = wide_a;
+  g->lda = lda;
+  g->b = wide_b;
+  g->ldb = ldb;
+  g->k += 2 * static_cast<int64_t>(half);
+  return Status::Ok();
 }
 
 Status CudaBackend::CheckHcp(const char* op, const char* field, const HotChannels& hot, int64_t k_count) {

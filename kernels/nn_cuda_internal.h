@@ -165,6 +165,8 @@ class Scratch {
 // src[i * si + j * sj] (with rht: output j % 16 of the RHT of j's chunk of 16),
 // and Q(A)(i, j) is q[i * qi + j * qj] (bf16 when q_bf16, else fp32) times
 // *scale (null: 1), the GEMM's quantized operand.
+struct FoldOperand;  // nn_cuda_hcp.cu
+
 struct HcpSide {
   const float* src;
   int64_t si, sj;
@@ -542,8 +544,15 @@ class CudaBackend final : public Backend {
   // "op: field.count ..." / "field.index: null ..." as the CPU backend words them
   // (the indices themselves live in device memory and are not read back).
   static Status CheckHcp(const char* op, const char* field, const HotChannels& hot, int64_t k_count);
-  // The wgrad GEMM's patch: its hcp_wgrad_rows best tokens, chosen now.
-  Status AddWgradHcpPatch(const HcpSide& a, const HcpSide& b, int64_t rows, int32_t k, float* dw, int64_t in);
+  // The patch folded into a BF16 GEMM (gemm 0 forward, 1 dgrad, 2 wgrad: the
+  // shapes LinearForward / LinearBackward give *g): its operands copied into
+  // buffers that have the 2 x round_up(k, 4) patch columns after their own
+  // contraction (columns or rows), each divided by its side's decode scale so
+  // that the GEMM's alpha restores it; K grows by as much. One GEMM, no second
+  // pass over the output (docs/hcp.md, "The CUDA implementation").
+  Status FoldHcpPatch(int gemm, const HcpSide& a, const HcpSide& b, const int32_t* index, int32_t k, GemmArgs* g);
+  Status FoldOperandWithPatch(const FoldOperand& op, const HcpSide& side, bool first, const int32_t* index,
+                              int32_t k, int32_t half, Scratch* buffer, const void** out, int64_t* out_ld);
 
   // alpha = product of the two decode scales (null ones count as 1) in slot `gemm`.
   Status Alpha(const Operand& a, const Operand& b, int gemm, const float** alpha);
@@ -662,6 +671,7 @@ class CudaBackend final : public Backend {
   Scratch hcp_scores_, hcp_sort_;      // HCP choice: scores, sort keys and cub's temporary
   Scratch hcp_index_;                  // the wgrad's chosen tokens
   Scratch hcp_cols_;                   // the patch columns of both sides, bf16
+  Scratch hcp_wide_a_, hcp_wide_b_;    // a folded patch's widened GEMM operands, bf16
   Scratch align_in_;                   // a quantizer input that is not 16-byte aligned
   Scratch x_seen_;                     // x given in bf16, as fp32 for an analytics step
   Scratch attn_q_, attn_k_, attn_v_, attn_o_;  // attention, per head [b, h, t, d] (attn_o_: dO)

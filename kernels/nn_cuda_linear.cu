@@ -847,6 +847,15 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
   g.trans_a = true;
   g.Shape(out, rows, in).A(qw.data, in).B(qx.data, bf16_x ? q.x_bf16_ld : in).C(y, out);
   KEEL_RETURN_IF_ERROR(Alpha(qx, qw, 0, &g.alpha));
+  // The hot input channels' residual products (docs/hcp.md): folded into this
+  // GEMM when it is BF16, else a second GEMM after it.
+  const HcpSide hcp_a{x, in, 1, qx.data, qx.tensor_scale, bf16, in, 1, false, rows};
+  const HcpSide hcp_b{w, in, 1, qw.data, qw.tensor_scale, bf16, in, 1, false, out};
+  const int32_t* hot = nullptr;
+  if (q.hcp_fwd.count > 0) {
+    KEEL_RETURN_IF_ERROR(HotSet(hcp_a, hcp_b, in, q.hcp_fwd, &hot));
+    if (bf16) KEEL_RETURN_IF_ERROR(FoldHcpPatch(0, hcp_a, hcp_b, hot, q.hcp_fwd.count, &g));
+  }
   // The residual is the GEMM's C with beta = 1 (D = y): it is read in the
   // epilogue instead of by a separate Add, and alpha (the decode scales) does
   // not touch it.
@@ -871,13 +880,7 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
     AddBiasKernel<<<GridFor(rows * out), kThreads, 0, stream_>>>(y, bias, rows, out);
     NN_LAUNCH_CHECK();
   }
-  if (q.hcp_fwd.count > 0) {  // the hot input channels' residual products (docs/hcp.md)
-    const HcpSide a{x, in, 1, qx.data, qx.tensor_scale, bf16, in, 1, false, rows};
-    const HcpSide b{w, in, 1, qw.data, qw.tensor_scale, bf16, in, 1, false, out};
-    const int32_t* index = nullptr;
-    KEEL_RETURN_IF_ERROR(HotSet(a, b, in, q.hcp_fwd, &index));
-    KEEL_RETURN_IF_ERROR(AddHcpPatch(a, b, index, q.hcp_fwd.count, y, out));
-  }
+  if (q.hcp_fwd.count > 0 && !bf16) KEEL_RETURN_IF_ERROR(AddHcpPatch(hcp_a, hcp_b, hot, q.hcp_fwd.count, y, out));
   return Status::Ok();
 }
 
@@ -960,14 +963,19 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     g.bf16 = bf16_dgrad;
     g.Shape(in, rows, out).A(qw.data, in).B(qdy.data, dy_ld).C(dx, in);
     KEEL_RETURN_IF_ERROR(Alpha(qdy, qw, 1, &g.alpha));
+    // The hot output channels (A = dy along out, B = w down its columns):
+    // folded into a BF16 GEMM, else a second GEMM after it.
+    const HcpSide hcp_a{dy, out, 1, qdy.data, qdy.tensor_scale, bf16_dgrad, out, 1, false, rows};
+    const HcpSide hcp_b{w, 1, in, qw.data, qw.tensor_scale, bf16_dgrad, 1, in, false, in};
+    const int32_t* hot = nullptr;
+    if (q.hcp_dgrad.count > 0) {
+      KEEL_RETURN_IF_ERROR(HotSet(hcp_a, hcp_b, out, q.hcp_dgrad, &hot));
+      if (bf16_dgrad) KEEL_RETURN_IF_ERROR(FoldHcpPatch(1, hcp_a, hcp_b, hot, q.hcp_dgrad.count, &g));
+    }
     NN_PROFILE("gemm");
     KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
-    if (q.hcp_dgrad.count > 0) {  // the hot output channels: A = dy along out, B = w down its columns
-      const HcpSide a{dy, out, 1, qdy.data, qdy.tensor_scale, bf16_dgrad, out, 1, false, rows};
-      const HcpSide b{w, 1, in, qw.data, qw.tensor_scale, bf16_dgrad, 1, in, false, in};
-      const int32_t* index = nullptr;
-      KEEL_RETURN_IF_ERROR(HotSet(a, b, out, q.hcp_dgrad, &index));
-      KEEL_RETURN_IF_ERROR(AddHcpPatch(a, b, index, q.hcp_dgrad.count, dx, in));
+    if (q.hcp_dgrad.count > 0 && !bf16_dgrad) {
+      KEEL_RETURN_IF_ERROR(AddHcpPatch(hcp_a, hcp_b, hot, q.hcp_dgrad.count, dx, in));
     }
   }
   if (dbias != nullptr && dbias_with_dgrad == nullptr && dbias_with_wgrad == nullptr) {
@@ -1004,14 +1012,23 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     g.accumulate = true;
     g.Shape(in, out, rows).A(qx.data, bf16_x ? q.x_bf16_ld : in).B(qdy_w.data, dy_ld).C(dw, in);
     KEEL_RETURN_IF_ERROR(Alpha(qdy_w, qx, 2, &g.alpha));
+    // The wgrad's best tokens (A = dy^T, B = x^T over the tokens, rotated when
+    // the wgrad roles take the RHT), chosen now: folded into a BF16 GEMM, else
+    // a second GEMM after it.
+    const bool rht = f_wdy.quantized() && f_wdy.rht;
+    const HcpSide hcp_a{dy, 1, out, qdy_w.data, qdy_w.tensor_scale, bf16_wgrad, 1, out, rht, out};
+    const HcpSide hcp_b{x, 1, in, qx.data, qx.tensor_scale, bf16_wgrad, 1, in, rht, in};
+    const int32_t* hot = nullptr;
+    if (q.hcp_wgrad_rows > 0) {
+      KEEL_RETURN_IF_ERROR(hcp_index_.Reserve(static_cast<size_t>(q.hcp_wgrad_rows) * sizeof(int32_t), stream_));
+      KEEL_RETURN_IF_ERROR(
+          HotSet(hcp_a, hcp_b, rows, HotChannels{nullptr, q.hcp_wgrad_rows, hcp_index_.get<int32_t>()}, &hot));
+      if (bf16_wgrad) KEEL_RETURN_IF_ERROR(FoldHcpPatch(2, hcp_a, hcp_b, hot, q.hcp_wgrad_rows, &g));
+    }
     NN_PROFILE("gemm");
     KEEL_RETURN_IF_ERROR(blas_.Gemm(g));
-    if (q.hcp_wgrad_rows > 0) {
-      // A = dy^T, B = x^T over the tokens, rotated when the wgrad roles take the RHT.
-      const bool rht = f_wdy.quantized() && f_wdy.rht;
-      const HcpSide a{dy, 1, out, qdy_w.data, qdy_w.tensor_scale, bf16_wgrad, 1, out, rht, out};
-      const HcpSide b{x, 1, in, qx.data, qx.tensor_scale, bf16_wgrad, 1, in, rht, in};
-      KEEL_RETURN_IF_ERROR(AddWgradHcpPatch(a, b, rows, q.hcp_wgrad_rows, dw, in));
+    if (q.hcp_wgrad_rows > 0 && !bf16_wgrad) {
+      KEEL_RETURN_IF_ERROR(AddHcpPatch(hcp_a, hcp_b, hot, q.hcp_wgrad_rows, dw, in));
     }
   }
   return Status::Ok();
