@@ -211,56 +211,72 @@ Status Model::HotSetsToText(std::string* out) const {
   return Status::Ok();
 }
 
-Status Model::HotSetsFromText(const std::string& text, const PrecisionScheme& scheme) {
-  hot_held_ = false;
+Status Model::ParseHotSets(const std::string& text, const PrecisionScheme& scheme, ParsedHotSets* out) const {
+  *out = ParsedHotSets();
   if (text.empty()) return Status::Ok();
-  const std::string key = HcpSchemeKey(scheme);
   std::istringstream in(text);
   std::string line;
   std::getline(in, line);
-  if (line != "scheme " + key) {
-    // Chosen under another scheme than the one resumed: chosen again.
-    return Status::Ok();
-  }
+  if (line != "scheme " + HcpSchemeKey(scheme)) return Status::Ok();  // another scheme's: chosen again
   const int64_t layers = static_cast<int64_t>(linear_names_.size());
   const int channels = scheme.hcp_channels;
-  std::vector<int32_t> all(static_cast<size_t>(layers * 2 * channels), 0);
-  std::vector<int32_t> fwd_counts(static_cast<size_t>(layers), 0), dgrad_counts(static_cast<size_t>(layers), 0);
+  out->index.assign(static_cast<size_t>(layers * 2 * channels), 0);
+  out->fwd.assign(static_cast<size_t>(layers), 0);
+  out->dgrad.assign(static_cast<size_t>(layers), 0);
   while (std::getline(in, line)) {
     std::istringstream l(line);
     int64_t slot = -1, nf = -1, nd = -1;
     l >> slot >> nf >> nd;
-    int64_t k_in = 0, k_out = 0;
-    if (slot >= 0 && slot < layers) LinearShape(static_cast<int>(slot), &k_in, &k_out);
     if (!l || slot < 0 || slot >= layers || nf < 0 || nf > channels || nd < 0 || nd > channels) {
-      return Status::Error("checkpoint hot sets: line '" + line + "' is not allowed (need SLOT < " +
-                           std::to_string(layers) + ", counts <= " + std::to_string(channels) + ")");
+      return Status::Error("hot sets: line '" + line + "' is not allowed (need SLOT < " + std::to_string(layers) +
+                           " and counts <= " + std::to_string(channels) + ")");
     }
-    int32_t* set = all.data() + slot * 2 * channels;
+    int64_t k_in = 0, k_out = 0;
+    LinearShape(static_cast<int>(slot), &k_in, &k_out);
+    int32_t* set = out->index.data() + slot * 2 * channels;
+    int64_t previous = -1;
     for (int64_t h = 0; h < nf + nd; ++h) {
       int64_t v = -1;
       l >> v;
       const int64_t limit = h < nf ? k_in : k_out;
-      if (!l || v < 0 || v >= limit) {
-        return Status::Error("checkpoint hot sets: layer " + std::to_string(slot) + " index " + std::to_string(h) +
-                             " is not allowed (need an index below " + std::to_string(limit) + ")");
+      if (h == nf) previous = -1;  // the dgrad set starts
+      if (!l || v <= previous || v >= limit) {
+        return Status::Error("hot sets: layer " + std::to_string(slot) + " (" + linear_names_[slot] + ") " +
+                             (h < nf ? "forward" : "dgrad") + " index " + std::to_string(h < nf ? h : h - nf) + ": " +
+                             (l ? std::to_string(v) : std::string("missing")) +
+                             " is not allowed (need ascending indices below " + std::to_string(limit) + ")");
       }
+      previous = v;
       set[h < nf ? h : channels + (h - nf)] = static_cast<int32_t>(v);
     }
-    fwd_counts[static_cast<size_t>(slot)] = static_cast<int32_t>(nf);
-    dgrad_counts[static_cast<size_t>(slot)] = static_cast<int32_t>(nd);
+    out->fwd[static_cast<size_t>(slot)] = static_cast<int32_t>(nf);
+    out->dgrad[static_cast<size_t>(slot)] = static_cast<int32_t>(nd);
   }
-  if (hot_index_ == nullptr || hot_channels_ != channels) {
+  out->held = true;
+  return Status::Ok();
+}
+
+Status Model::CheckHotSetsText(const std::string& text, const PrecisionScheme& scheme) const {
+  ParsedHotSets parsed;
+  return ParseHotSets(text, scheme, &parsed);
+}
+
+Status Model::HotSetsFromText(const std::string& text, const PrecisionScheme& scheme) {
+  ParsedHotSets parsed;
+  KEEL_RETURN_IF_ERROR(ParseHotSets(text, scheme, &parsed));
+  hot_held_ = false;
+  if (!parsed.held) return Status::Ok();
+  if (hot_index_ == nullptr || hot_channels_ != scheme.hcp_channels) {
     void* p = nullptr;
-    KEEL_RETURN_IF_ERROR(ScratchBytes(all.size() * sizeof(int32_t), &p));
+    KEEL_RETURN_IF_ERROR(ScratchBytes(parsed.index.size() * sizeof(int32_t), &p));
     hot_index_ = static_cast<int32_t*>(p);
-    hot_capacity_ = static_cast<int64_t>(all.size());
-    hot_channels_ = channels;
+    hot_capacity_ = static_cast<int64_t>(parsed.index.size());
+    hot_channels_ = scheme.hcp_channels;
   }
-  KEEL_RETURN_IF_ERROR(backend_->Upload(hot_index_, all.data(), all.size() * sizeof(int32_t)));
-  hot_fwd_ = fwd_counts;
-  hot_dgrad_ = dgrad_counts;
-  hot_scheme_ = key;
+  KEEL_RETURN_IF_ERROR(backend_->Upload(hot_index_, parsed.index.data(), parsed.index.size() * sizeof(int32_t)));
+  hot_fwd_ = parsed.fwd;
+  hot_dgrad_ = parsed.dgrad;
+  hot_scheme_ = HcpSchemeKey(scheme);
   hot_held_ = true;
   return Status::Ok();
 }

@@ -110,9 +110,12 @@ class Model {
   int32_t* hot_set_buffer() const { return hot_index_; }
   int64_t hot_set_ints() const { return hot_capacity_; }
   // The held sets as checkpoint text ("" when none are held), and back. The
-  // text names the scheme they were chosen under; FromText refuses text whose
-  // layers or counts do not fit this model, naming what does not.
+  // text names the scheme they were chosen under (sets of another scheme are
+  // dropped: chosen again). CheckHotSetsText refuses text whose layers, counts
+  // or indices do not fit this model, naming what does not, and changes
+  // nothing; HotSetsFromText checks the same before it changes anything.
   Status HotSetsToText(std::string* out) const;
+  Status CheckHotSetsText(const std::string& text, const PrecisionScheme& scheme) const;
   Status HotSetsFromText(const std::string& text, const PrecisionScheme& scheme);
 
  protected:
@@ -203,6 +206,12 @@ class Model {
   // (out) GEMMs, from its weight tensor (NAME.weight, or the tied embedding
   // for lm_head).
   void LinearShape(int slot, int64_t* in, int64_t* out) const;
+  // The parsed sets of HotSetsToText's text (held false: another scheme's).
+  struct ParsedHotSets {
+    bool held = false;
+    std::vector<int32_t> index, fwd, dgrad;  // index: layers x 2 x channels
+  };
+  Status ParseHotSets(const std::string& text, const PrecisionScheme& scheme, ParsedHotSets* out) const;
   // Hot sets: per layer, hcp_channels_ int32s for the forward and as many for
   // the dgrad, in one device buffer (layer-major), with the counts used.
   int32_t* hot_index_ = nullptr;

@@ -1478,6 +1478,12 @@ Status Trainer::ReadCheckpoint(const std::string& dir, LoadedCheckpoint* out) co
     KEEL_RETURN_IF_ERROR(ParsePolicyState(out->policy_state, where + kPolicyStateKey, &parsed));
   }
   KEEL_RETURN_IF_ERROR(VerifiedMeta(meta, kHotSetsKey, kHotSetsCrcKey, where, &out->hot_sets));
+  if (!out->hot_sets.empty()) {
+    // Refused here, before anything is applied: the sets must fit this model.
+    PrecisionScheme scheme;
+    KEEL_RETURN_IF_ERROR(ParseSchemeYaml(meta["scheme"], &scheme).WithPrefix(where + "scheme: "));
+    KEEL_RETURN_IF_ERROR(model_->CheckHotSetsText(out->hot_sets, scheme).WithPrefix(where + kHotSetsKey + ": "));
+  }
   return Status::Ok();
 }
 

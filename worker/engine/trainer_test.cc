@@ -946,6 +946,26 @@ TEST(TrainerTest, HcpHotSetsAreModelStateAndResumeIsBitExact) {
   Status s = resumed->Resume(ckpt);
   ASSERT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(Losses(resumed.get(), 4), std::vector<double>(expected.begin() + 4, expected.end()));
+  // Sets that do not fit the model (an index past its layer's width), under a
+  // CRC that matches: refused naming them, before anything is applied.
+  EditOptimizerMeta(ckpt, [](std::map<std::string, std::string>* m) {
+    std::string sets = (*m)["hcp.hot_sets"];
+    const size_t first = sets.find("\n4 8 8 ") + 7;
+    sets.replace(first, sets.find(' ', first) - first, "9999");
+    (*m)["hcp.hot_sets"] = sets;
+    char hex[9];
+    std::snprintf(hex, sizeof(hex), "%08x", Crc32(0, sets.data(), sets.size()));
+    (*m)["hcp.hot_sets.crc32"] = hex;
+  });
+  std::unique_ptr<Trainer> refused;
+  ASSERT_TRUE(Trainer::Create(c, &refused).ok());
+  s = refused->Resume(ckpt);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("hcp.hot_sets: hot sets: layer 4 (layers.1.attn.qkv) forward index 0: 9999 is not "
+                             "allowed (need ascending indices below 64)"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(refused->step(), 0);  // nothing applied
   // The same run without the patch (post-QK protection alone) is another run.
   ASSERT_TRUE(Trainer::Create(config("{preset: chon, hcp: off}"), &plain).ok());
   const std::vector<double> unpatched = Losses(plain.get(), 8);
