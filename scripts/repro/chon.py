@@ -48,9 +48,9 @@ The report (OUT/summary.md, OUT/plots/*.svg, OUT/runs.json):
   to BF16's, and throughput; CHON's reduction of the NVFP4 recipe's gap (the issue's target: at
   least 30% for gla);
 - the outlier dynamics of each run from its analytics lines (analytics_every): per layer, the
-  forward input's top-1 channel over the median channel, its kurtosis and the overlap of its hot
-  set with the previous analytics step's, early (the first fifth of training) against late (the
-  last fifth);
+  forward input's top-1 channel over the median channel, its kurtosis, the overlap of its hot
+  set with the previous analytics step's and its NVFP4 flush-to-zero rate, early (the first
+  fifth of training) against late (the last fifth);
 - plots: validation loss, and per model the top-1/median and hot-set overlap of every layer.
 
 Environment: KEEL_TRAIN (default dist/bin/keel-train); LD_LIBRARY_PATH gets dist/lib first when
@@ -235,6 +235,10 @@ def pct(x):
     return "-" if x is None or not is_finite(x) else f"{100 * x:+.2f}%"
 
 
+def pct_plain(x):
+    return "-" if x is None or not is_finite(x) else f"{100 * x:.2f}%"
+
+
 def gaps(runs, model):
     """{scheme: relative gap of its final validation loss to bf16's}."""
     base = runs.get((model, "bf16"), {}).get("final_val", math.nan)
@@ -246,8 +250,9 @@ def gaps(runs, model):
 
 
 def outlier_phases(analytics, role="fwd_x"):
-    """Per linear, the mean top1_over_median, kurtosis and hot_overlap of `role` over the first and
-    the last fifth of the analytics steps: {linear: {"early": (top1, kurt, overlap), "late": ...}}."""
+    """Per linear, the mean top1_over_median, kurtosis, hot_overlap and ftz_rate of `role` over the
+    first and the last fifth of the analytics steps:
+    {linear: {"early": (top1, kurt, overlap, ftz), "late": ...}}."""
     if not analytics:
         return {}
     n = len(analytics)
@@ -262,7 +267,7 @@ def outlier_phases(analytics, role="fwd_x"):
     for linear in linears:
         row = {}
         for name, part in phases.items():
-            vals = {"top1_over_median": [], "kurtosis": [], "hot_overlap": []}
+            vals = {"top1_over_median": [], "kurtosis": [], "hot_overlap": [], "ftz_rate": []}
             for _, a in part:
                 r = a.get(linear, {}).get(role, {})
                 for key in vals:
@@ -318,12 +323,13 @@ def write_report(work, out):
             if not phases:
                 continue
             lines += [f"### {model} {s}: outliers of the forward inputs (fwd_x), early and late", "",
-                      "| layer | top-1/median early | late | kurtosis early | late | hot-set overlap early | late |",
-                      "|---|---|---|---|---|---|---|"]
+                      "| layer | top-1/median early | late | kurtosis early | late | hot-set overlap early | late | "
+                      "NVFP4 flush-to-zero early | late |",
+                      "|---|---|---|---|---|---|---|---|---|"]
             for linear, row in phases.items():
                 e, l = row["early"], row["late"]
                 lines.append(f"| {linear} | {fmt(e[0], 1)} | {fmt(l[0], 1)} | {fmt(e[1], 1)} | {fmt(l[1], 1)} | "
-                             f"{fmt(e[2], 2)} | {fmt(l[2], 2)} |")
+                             f"{fmt(e[2], 2)} | {fmt(l[2], 2)} | {pct_plain(e[3])} | {pct_plain(l[3])} |")
             lines.append("")
         plot_model(out, model, {s: runs[(model, s)] for s in schemes})
         lines += [f"Plots: `plots/{model}-val.svg`, `plots/{model}-outliers.svg`.", ""]

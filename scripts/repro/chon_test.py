@@ -31,7 +31,7 @@ def lines(final_val, top1_early, top1_late, steps=100, tps=1000.0):
         if s % 10 == 0:
             m["analytics"] = {"layers.0.attn.qkv": {"fwd_x": {
                 "top1_over_median": top1_early if s <= 50 else top1_late, "kurtosis": 3.0,
-                "hot_overlap": 0.2 if s <= 50 else 0.9}}}
+                "hot_overlap": 0.2 if s <= 50 else 0.9, "ftz_rate": 0.01 if s <= 50 else 0.03}}}
         if s % 50 == 0:
             m["val_loss"] = final_val + (0.5 if s < steps else 0.0)
         out.append(m)
@@ -62,7 +62,7 @@ class ChonReportTest(unittest.TestCase):
             self.assertIn("| chon | 100 | 0.0M | yes | 2.0200 | +1.00% |", text)
             self.assertIn("| bf16 | 100 | 0.0M | no | 1.9000 | +0.00% |", text)  # sa: not finished
             # top-1/median 10 early, 40 late; overlap 0.2 early, 0.9 late.
-            self.assertIn("| layers.0.attn.qkv | 10.0 | 40.0 | 3.0 | 3.0 | 0.20 | 0.90 |", text)
+            self.assertIn("| layers.0.attn.qkv | 10.0 | 40.0 | 3.0 | 3.0 | 0.20 | 0.90 | 1.00% | 3.00% |", text)
             for plot in ("gla-val.svg", "gla-outliers.svg", "sa-val.svg"):
                 self.assertTrue(read(os.path.join(out, "plots", plot)).startswith("<svg"), plot)
 
