@@ -499,6 +499,12 @@ Status CheckXBf16(const char* op, const LinearQuant& q, int64_t in);
 // LinearBackward's check of q.dy_bf16 (every backend runs it): OK when it is
 // null, else an error naming what is not allowed (roles, dbias, dy_bf16_ld < out).
 Status CheckDyBf16(const char* op, const LinearQuant& q, int64_t out, const float* dbias);
+// The Hot-Channel Patch checks every backend runs without reading backend
+// memory: a GEMM's hot set has count 0..k_count and, when count > 0, an index
+// or a choose_into; hcp_wgrad_rows is 0..rows. Errors name the field, the
+// value and what is allowed. (The CPU also checks the indices themselves.)
+Status CheckHotChannelCounts(const char* op, const char* field, const HotChannels& hot, int64_t k_count);
+Status CheckHcpWgradRows(const char* op, const LinearQuant& q, int64_t rows);
 
 // Factories (nn_cpu.cc, nn_cuda_backend.cu; the CUDA one fails without CUDA or a GPU).
 Status MakeCpuBackend(int threads, std::unique_ptr<Backend>* out);

@@ -144,6 +144,24 @@ Status CheckDyBf16(const char* op, const LinearQuant& q, int64_t out, const floa
   return Status::Ok();
 }
 
+Status CheckHotChannelCounts(const char* op, const char* field, const HotChannels& hot, int64_t k_count) {
+  if (hot.count < 0 || hot.count > k_count) {
+    return Status::Error(std::string(op) + ": " + field + ".count: " + std::to_string(hot.count) +
+                         " is not allowed; need 0.." + std::to_string(k_count) + " (the GEMM's contraction)");
+  }
+  if (hot.count > 0 && hot.index == nullptr && hot.choose_into == nullptr) {
+    return Status::Error(std::string(op) + ": " + field + ".index: null is not allowed with count " +
+                         std::to_string(hot.count));
+  }
+  return Status::Ok();
+}
+
+Status CheckHcpWgradRows(const char* op, const LinearQuant& q, int64_t rows) {
+  if (q.hcp_wgrad_rows >= 0 && q.hcp_wgrad_rows <= rows) return Status::Ok();
+  return Status::Error(std::string(op) + ": hcp_wgrad_rows: " + std::to_string(q.hcp_wgrad_rows) +
+                       " is not allowed; need 0.." + std::to_string(rows) + " (the wgrad GEMM's tokens)");
+}
+
 bool Backend::DeviceMemoryInUse(int64_t* bytes) const {
   *bytes = 0;
   return false;

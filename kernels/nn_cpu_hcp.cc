@@ -76,18 +76,12 @@ std::vector<int32_t> TopK(const float* scores, int64_t count, int32_t k) {
 
 }  // namespace
 
-// The hot set of one GEMM (K contraction indices): count in [0, K], and when
-// count > 0 indices in [0, K), ascending and distinct (CPU memory is host memory).
+// The hot set of one GEMM (K contraction indices): the counts every backend
+// checks, and when count > 0 indices in [0, K), ascending and distinct (CPU
+// memory is host memory).
 Status CpuBackend::CheckHotChannels(const char* op, const char* field, const HotChannels& hot, int64_t k_count) {
-  if (hot.count < 0 || hot.count > k_count) {
-    return Status::Error(std::string(op) + ": " + field + ".count: " + std::to_string(hot.count) +
-                         " is not allowed; need 0.." + std::to_string(k_count) + " (the GEMM's contraction)");
-  }
+  KEEL_RETURN_IF_ERROR(CheckHotChannelCounts(op, field, hot, k_count));
   if (hot.count == 0 || hot.choose_into != nullptr) return Status::Ok();
-  if (hot.index == nullptr) {
-    return Status::Error(std::string(op) + ": " + field + ".index: null is not allowed with count " +
-                         std::to_string(hot.count));
-  }
   for (int32_t h = 0; h < hot.count; ++h) {
     const int32_t v = hot.index[h];
     if (v < 0 || v >= k_count || (h > 0 && v <= hot.index[h - 1])) {

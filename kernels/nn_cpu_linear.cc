@@ -425,10 +425,7 @@ Status CpuBackend::LinearBackward(const float* x, const float* w, const float* d
   std::lock_guard<std::mutex> lock(linear_mutex_);
   KEEL_RETURN_IF_ERROR(ValidateLinearQuant(kOp, q, rows, stats_slots_));
   KEEL_RETURN_IF_ERROR(CheckHotChannels(kOp, "hcp_dgrad", q.hcp_dgrad, out));
-  if (q.hcp_wgrad_rows < 0 || q.hcp_wgrad_rows > rows) {
-    return Status::Error(std::string(kOp) + ": hcp_wgrad_rows: " + std::to_string(q.hcp_wgrad_rows) +
-                         " is not allowed; need 0.." + std::to_string(rows) + " (the wgrad GEMM's tokens)");
-  }
+  KEEL_RETURN_IF_ERROR(CheckHcpWgradRows(kOp, q, rows));
   if (dx != nullptr) {  // the dgrad GEMM runs only when dx is wanted
     KEEL_RETURN_IF_ERROR(AnalyzeOperand(kOp, Role::kDgradDy, dy, rows, out, q.analytics_slot));
     KEEL_RETURN_IF_ERROR(AnalyzeOperand(kOp, Role::kDgradW, w, out, in, q.analytics_slot));

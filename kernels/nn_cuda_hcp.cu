@@ -329,18 +329,6 @@ Status CudaBackend::FoldHcpPatch(int gemm, const HcpSide& a, const HcpSide& b, c
   return Status::Ok();
 }
 
-Status CudaBackend::CheckHcp(const char* op, const char* field, const HotChannels& hot, int64_t k_count) {
-  if (hot.count < 0 || hot.count > k_count) {
-    return Status::Error(std::string(op) + ": " + field + ".count: " + std::to_string(hot.count) +
-                         " is not allowed; need 0.." + std::to_string(k_count) + " (the GEMM's contraction)");
-  }
-  if (hot.count > 0 && hot.index == nullptr && hot.choose_into == nullptr) {
-    return Status::Error(std::string(op) + ": " + field + ".index: null is not allowed with count " +
-                         std::to_string(hot.count));
-  }
-  return Status::Ok();
-}
-
 Status CudaBackend::HcpScores(HcpGemm gemm, const float* x, const float* w, int64_t rows, int64_t in, int64_t out,
                               const LinearQuant& q, float* scores) {
   NN_PROFILE("HcpScores");

@@ -541,9 +541,6 @@ class CudaBackend final : public Backend {
   // c (a.n x b.n, ldc) += [dA_H | Q(A)_H] . [B_H | dB_H]^T: bf16 patch columns,
   // a BF16 GEMM with fp32 accumulation, alpha 1 and beta 1.
   Status AddHcpPatch(const HcpSide& a, const HcpSide& b, const int32_t* index, int32_t k, float* c, int64_t ldc);
-  // "op: field.count ..." / "field.index: null ..." as the CPU backend words them
-  // (the indices themselves live in device memory and are not read back).
-  static Status CheckHcp(const char* op, const char* field, const HotChannels& hot, int64_t k_count);
   // The patch folded into a BF16 GEMM (gemm 0 forward, 1 dgrad, 2 wgrad: the
   // shapes LinearForward / LinearBackward give *g): its operands copied into
   // buffers that have the 2 x round_up(k, 4) patch columns after their own

@@ -808,7 +808,7 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
                          "(as the CPU backend requires)");
   KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
   KEEL_RETURN_IF_ERROR(CheckStatsSlot("LinearForward", q.stats_slot));
-  KEEL_RETURN_IF_ERROR(CheckHcp("LinearForward", "hcp_fwd", q.hcp_fwd, in));
+  KEEL_RETURN_IF_ERROR(CheckHotChannelCounts("LinearForward", "hcp_fwd", q.hcp_fwd, in));
   const float* x_seen = nullptr;
   KEEL_RETURN_IF_ERROR(XSeen(q, x, rows, in, &x_seen));
   KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearForward", Role::kFwdX, x_seen, rows, in, q.analytics_slot));
@@ -897,11 +897,8 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
   if ((x == nullptr && !bf16_x) || w == nullptr || (dy == nullptr && !bf16_dy) || dw == nullptr) {
     return Status::Error("LinearBackward: x, w, dy or dw: null");
   }
-  KEEL_RETURN_IF_ERROR(CheckHcp("LinearBackward", "hcp_dgrad", q.hcp_dgrad, out));
-  if (q.hcp_wgrad_rows < 0 || q.hcp_wgrad_rows > rows) {
-    return Status::Error("LinearBackward: hcp_wgrad_rows: " + std::to_string(q.hcp_wgrad_rows) +
-                         " is not allowed; need 0.." + std::to_string(rows) + " (the wgrad GEMM's tokens)");
-  }
+  KEEL_RETURN_IF_ERROR(CheckHotChannelCounts("LinearBackward", "hcp_dgrad", q.hcp_dgrad, out));
+  KEEL_RETURN_IF_ERROR(CheckHcpWgradRows("LinearBackward", q, rows));
   KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
   KEEL_RETURN_IF_ERROR(CheckStatsSlot("LinearBackward", q.stats_slot));
   const float* dy_seen = dy;  // what the analytics read
