@@ -154,6 +154,13 @@ Status Model::BeginHcpStep(const PrecisionScheme& scheme, bool choose) {
   }
   hot_fwd_.assign(static_cast<size_t>(layers), 0);
   hot_dgrad_.assign(static_cast<size_t>(layers), 0);
+  // Each layer's set size, once per choice: its contraction may be narrower.
+  hot_k_.assign(static_cast<size_t>(layers), 0);
+  for (int64_t slot = 0; slot < layers; ++slot) {
+    int64_t in = 0, out = 0;
+    LinearShape(static_cast<int>(slot), &in, &out);
+    hot_k_[static_cast<size_t>(slot)] = static_cast<int32_t>(std::min<int64_t>(scheme.hcp_channels, std::min(in, out)));
+  }
   hot_held_ = false;
   hot_scheme_ = key;
   hcp_choosing_ = true;
@@ -170,16 +177,17 @@ LinearQuant Model::WithHcp(LinearQuant q, const PrecisionScheme& scheme, int slo
   q.hcp_wgrad_rows = scheme.hcp_wgrad_rows;
   if (scheme.hcp_channels == 0) return q;
   const bool choosing = hcp_in_step_ && hcp_choosing_;
-  // Sets exist for this scheme: being chosen now, or held from a step that chose under it.
-  if (!choosing && (!hot_held_ || hot_scheme_ != HcpSchemeKey(scheme))) return q;
-  if (hot_index_ == nullptr || hot_channels_ != scheme.hcp_channels) return q;
-  int64_t in = 0, out = 0;
-  LinearShape(slot, &in, &out);
-  const int32_t k = static_cast<int32_t>(std::min<int64_t>(scheme.hcp_channels, std::min(in, out)));
-  if (k <= 0) return q;
+  // Sets exist for this scheme: being chosen now, or held from a step that chose
+  // under it. Inside a training step BeginHcpStep has compared them with the
+  // step's scheme (the one ForwardBackward passes) once; outside one
+  // (evaluation) they are compared here.
+  const bool usable = choosing || (hot_held_ && (hcp_in_step_ || hot_scheme_ == HcpSchemeKey(scheme)));
+  if (!usable || hot_index_ == nullptr || hot_channels_ != scheme.hcp_channels) return q;
   int32_t* fwd = hot_index_ + static_cast<int64_t>(slot) * 2 * hot_channels_;
   int32_t* dgrad = fwd + hot_channels_;
   if (choosing) {
+    const int32_t k = hot_k_[static_cast<size_t>(slot)];
+    if (k <= 0) return q;
     hot_fwd_[static_cast<size_t>(slot)] = k;
     hot_dgrad_[static_cast<size_t>(slot)] = scheme.hcp_dgrad ? k : 0;
     q.hcp_fwd = HotChannels{nullptr, k, fwd};

@@ -100,10 +100,11 @@ class Model {
   //     are held.
   // Outside a bracket (evaluation, the probe) the held sets are used and
   // nothing is chosen; with none held, nothing is patched.
+  // Every ForwardBackward inside a bracket is passed BeginHcpStep's scheme.
   Status BeginHcpStep(const PrecisionScheme& scheme, bool choose);
   void EndHcpStep();
   // Whether the current (or last) bracket chose: the trainer then broadcasts
-  // rank 0's sets (HotSetBuffer) so that every rank holds the same.
+  // rank 0's sets (hot_set_buffer) so that every rank holds the same.
   bool hcp_choosing() const { return hcp_choosing_; }
   // The device buffer of every patched layer's sets, and its length in int32s
   // (null, 0 before the first patched step).
@@ -219,6 +220,7 @@ class Model {
   int hot_channels_ = 0;                 // per set, as allocated
   // Counts per layer (0: not patched), set by the GEMMs that choose.
   mutable std::vector<int32_t> hot_fwd_, hot_dgrad_;
+  std::vector<int32_t> hot_k_;           // a choosing step's set size per layer (LinearShape)
   bool hot_held_ = false;
   std::string hot_scheme_;               // DescribeScheme of what they were chosen under
   bool hcp_in_step_ = false, hcp_choosing_ = false;
