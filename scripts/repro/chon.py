@@ -154,18 +154,10 @@ def train(args):
             for scheme in schemes:
                 run_id = f"{m}-{scheme}"
                 trainer.launch(run_id, run_argv(m, scheme, args.size))
-                while trainer.running:
-                    if args.deadline_s and time.monotonic() - start > args.deadline_s:
-                        log(f"deadline {args.deadline_s:.0f} s: stopping {run_id} (it continues next time)")
-                        trainer.stop()
-                        return 143
-                    job = trainer.running[0]
-                    rc = job[2].poll()
-                    if rc is not None:
-                        trainer.running.remove(job)
-                        trainer._finish(job, rc)
-                    else:
-                        time.sleep(trainer.POLL_SECONDS)
+                if not trainer.wait(start + args.deadline_s if args.deadline_s else None):
+                    log(f"deadline {args.deadline_s:.0f} s: stopping {run_id} (it continues next time)")
+                    trainer.stop()
+                    return 143
     except mx_instability.Interrupted:
         trainer.stop()
         return 143

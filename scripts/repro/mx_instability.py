@@ -272,20 +272,26 @@ class Trainer:
             open(os.path.join(run_dir, "DONE"), "w").close()
         log(f"{run_id}: rc {rc}, {int(time.monotonic() - start)} s")
 
-    def _reap_one(self):
+    def _reap_one(self, deadline=None):
+        """Waits for one run to end; False (none ended) once time.monotonic() passes deadline."""
         while True:
             for job in self.running:
                 rc = job[2].poll()
                 if rc is not None:
                     self.running.remove(job)
                     self._finish(job, rc)
-                    return
+                    return True
+            if deadline is not None and time.monotonic() > deadline:
+                return False
             time.sleep(self.POLL_SECONDS)
 
-    def wait(self):
-        """Waits for every started run."""
+    def wait(self, deadline=None):
+        """Waits for every started run: True when they all ended, False when time.monotonic()
+        passed `deadline` first (they keep running)."""
         while self.running:
-            self._reap_one()
+            if not self._reap_one(deadline):
+                return False
+        return True
 
     def stop(self):
         """SIGTERM to every running keel-train (each finishes its step and writes a checkpoint),
