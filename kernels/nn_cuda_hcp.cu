@@ -28,16 +28,15 @@ namespace nncuda {
 
 namespace {
 
-using SideArgs = HcpSide;
 
-__device__ __forceinline__ float QValue(const SideArgs& s, int64_t i, int64_t j) {
+__device__ __forceinline__ float QValue(const HcpSide& s, int64_t i, int64_t j) {
   const int64_t at = i * s.qi + j * s.qj;
   const float v = s.q_bf16 ? qcuda::Bf16Float(static_cast<const uint16_t*>(s.q)[at]) : static_cast<const float*>(s.q)[at];
   return s.scale != nullptr ? v * *s.scale : v;
 }
 
 // A(i, j): the source, or with the RHT output j % 16 of j's chunk of 16.
-__device__ __forceinline__ float AValue(const SideArgs& s, int64_t i, int64_t j) {
+__device__ __forceinline__ float AValue(const HcpSide& s, int64_t i, int64_t j) {
   if (!s.rht) return s.src[i * s.si + j * s.sj];
   float chunk[16];
   const int64_t j0 = j & ~int64_t{15};
@@ -49,7 +48,7 @@ __device__ __forceinline__ float AValue(const SideArgs& s, int64_t i, int64_t j)
 // Column mode (j contiguous in memory, no RHT): block (x, y) sums |A - Q| of
 // indices 32x .. 32x + 31 over i in chunk y (thread (c, r) every 8th i from r,
 // then the 8 sums in order) into partial[y * k_count + j].
-__global__ void __launch_bounds__(256) ScoreColumnsKernel(const SideArgs s, int64_t k_count, int64_t per_chunk,
+__global__ void __launch_bounds__(256) ScoreColumnsKernel(const HcpSide s, int64_t k_count, int64_t per_chunk,
                                                           double* __restrict__ partial) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const int64_t i0 = static_cast<int64_t>(blockIdx.y) * per_chunk;
@@ -83,7 +82,7 @@ __global__ void FinishColumnsKernel(const double* __restrict__ partial, int64_t 
 // Row mode (i contiguous, or the RHT): block b takes indices 16b .. 16b + 15
 // (one RHT chunk), thread t every 256th i from t with 16 sums, reduced over
 // the warp by shuffles and over the 8 warps in order; mean[j] (+)= sum / n.
-__global__ void __launch_bounds__(256) ScoreRowsKernel(const SideArgs s, int64_t k_count, bool add,
+__global__ void __launch_bounds__(256) ScoreRowsKernel(const HcpSide s, int64_t k_count, bool add,
                                                        double* __restrict__ mean) {
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * 16;
   double acc[16];
@@ -157,7 +156,7 @@ __global__ void TopKIndicesKernel(const unsigned long long* __restrict__ sorted,
 // columns k .. half - 1 of each half are zero. folded: every value divided by
 // the side's decode scale, for a GEMM whose alpha carries it (Q / scale is the
 // quantized value itself, exact).
-__global__ void PatchColumnsKernel(const SideArgs s, const int32_t* __restrict__ hot, int32_t k, int32_t half,
+__global__ void PatchColumnsKernel(const HcpSide s, const int32_t* __restrict__ hot, int32_t k, int32_t half,
                                    bool first, bool folded, uint16_t* __restrict__ dst, int64_t si, int64_t sh) {
   const int64_t count = s.n * half;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -188,19 +187,18 @@ __global__ void PatchColumnsKernel(const SideArgs s, const int32_t* __restrict__
 }  // namespace
 
 Status CudaBackend::HcpSideMeans(const HcpSide& s, int64_t k_count, bool add, double* mean) {
-  const SideArgs& a = s;
   if (s.sj == 1 && !s.rht) {
     const int64_t chunks = std::min<int64_t>(64, CeilDiv(s.n, 256));
     const int64_t per_chunk = CeilDiv(s.n, chunks);
     KEEL_RETURN_IF_ERROR(hcp_partials_.Reserve(static_cast<size_t>(chunks * k_count) * sizeof(double), stream_));
     double* partial = hcp_partials_.get<double>();
     ScoreColumnsKernel<<<dim3(static_cast<unsigned int>(CeilDiv(k_count, 32)), static_cast<unsigned int>(chunks)),
-                         dim3(32, 8), 0, stream_>>>(a, k_count, per_chunk, partial);
+                         dim3(32, 8), 0, stream_>>>(s, k_count, per_chunk, partial);
     NN_LAUNCH_CHECK();
     FinishColumnsKernel<<<static_cast<unsigned int>(CeilDiv(k_count, 256)), 256, 0, stream_>>>(partial, chunks,
                                                                                               k_count, s.n, add, mean);
   } else {
-    ScoreRowsKernel<<<static_cast<unsigned int>(CeilDiv(k_count, 16)), 256, 0, stream_>>>(a, k_count, add, mean);
+    ScoreRowsKernel<<<static_cast<unsigned int>(CeilDiv(k_count, 16)), 256, 0, stream_>>>(s, k_count, add, mean);
   }
   NN_LAUNCH_CHECK();
   return Status::Ok();
