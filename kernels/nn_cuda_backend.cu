@@ -247,7 +247,7 @@ CudaBackend::~CudaBackend() {
   Scratch* scratch[] = {&outlier_scratch_, &op_a_,    &op_b_,    &codes_,   &partials_, &quant_temp_,
                         &attn_q_,  &attn_k_,  &attn_v_,  &attn_o_,  &attn_p_,   &attn_dp_, &attn_ds_,
                         &attn_dq_, &attn_dk_, &attn_dv_, &attn_s_,  &attn_delta_, &embed_, &reduce_desc_,
-                        &align_in_, &gla_parts_};
+                        &align_in_, &gla_parts_, &gla_a_};
   for (Scratch* s : scratch) s->Release(stream_);
   for (auto* kept : {&kept_x_, &kept_w_}) {
     for (auto& k : *kept) {
@@ -292,7 +292,7 @@ Status CudaBackend::Init() {
   main_stream_ = stream_;
   for (Scratch* s : {&op_a_, &op_b_, &codes_, &partials_, &quant_temp_, &attn_q_, &attn_k_, &attn_v_, &attn_o_,
                      &attn_p_, &attn_dp_, &attn_ds_, &attn_dq_, &attn_dk_, &attn_dv_, &attn_s_, &attn_delta_,
-                     &embed_, &reduce_desc_, &align_in_, &gla_parts_})
+                     &embed_, &reduce_desc_, &align_in_, &gla_parts_, &gla_a_})
     s->RefuseWhile(&on_side_);
   // Scratch comes from the device's default pool (cudaMallocAsync): keep what it
   // holds instead of returning it to the driver at every synchronisation.

@@ -4,25 +4,36 @@
 // formulas this file implements; ChunkedMatchesSequential in nn_cpu_test.cc
 // proves them against the definition).
 //
-// The recurrence, fp32 on CUDA cores (no tensor cores): one block per (batch,
-// head, tile of kTile value columns) walks its head's sequence a chunk of kChunk
-// positions at a time, with the state's kTile columns in shared memory. The
-// columns of S evolve independently (the gates scale S's rows), so the tiles
-// need nothing from each other in the forward. A chunk's q, k and cumulative log
-// gates (relative to the chunk's start, so every exp() argument is <= 0 and
-// nothing overflows), its v tile and the intra-chunk matrix A (kChunk x kChunk)
-// sit in shared memory too: about 166 KB at a key head size of 128
-// (kGlaMaxKeyHead).
+// The recurrence, fp32 on CUDA cores (no tensor cores), in two kinds of kernel:
+//   - GlaIntraKernel, one block per (chunk, head, batch): the intra-chunk terms,
+//     which need nothing from other chunks: A (kChunk x kChunk: q, k and the
+//     decays exp(B_t - B_u)) to global memory, and in the backward the full dP
+//     over all value columns and the intra parts of dq, dk and dv. Every chunk
+//     of the sequence runs at once, and each term is computed once per chunk
+//     (the state kernels' value tiles used to recompute A and the intra sums
+//     each).
+//   - the state kernels, one block per (batch, head, tile of kTile value
+//     columns), walk the chunks in order with the state's tile in shared
+//     memory and add the inter-chunk terms. Their decays are one exp per
+//     (position, feature) (StateDecays), not one per (position, feature,
+//     column). The columns of S evolve independently (the gates scale S's
+//     rows), so the tiles need nothing from each other.
+// Every exp() argument is <= 0: the cumulative log gates are relative to the
+// chunk's start, so nothing overflows.
 //
 // The backward saves nothing from the forward:
+//   GlaIntraKernel writes A, intra_q, intra_k and dv's intra part;
 //   pass 1 (GlaDqKernel) recomputes the states chunk by chunk and writes each
-//     tile's part of dq (dq sums over all value columns);
-//   pass 2 (GlaDkDvKernel) goes over the chunks in reverse with dS and writes
-//     dv (complete within a tile) and each tile's part of dk;
-//   pass 3 (GlaFinishKernel) adds the tiles' parts in tile order into dq and dk
-//     and forms dgk as the reverse cumulative sum of q dq - k dk.
-// Its scratch is the parts: 2 x tiles x batch*seq x dk floats (tiles = ceil(dv/H
-// / kTile)); every sum runs in a fixed order, so results are deterministic.
+//     tile's part of dq's state term (dq sums over all value columns);
+//   pass 2 (GlaDkDvKernel) goes over the chunks in reverse with dS, adds dv's
+//     state term (complete within a tile) and writes each tile's part of dk's;
+//   pass 3 (GlaFinishKernel) adds the intra parts and the tiles' parts in tile
+//     order into dq and dk and forms dgk as the reverse cumulative sum of
+//     q dq - k dk.
+// Its scratch is the parts, 2 x tiles x batch*seq x dk floats (tiles =
+// ceil(dv/H / kTile)), the intra parts (2 x batch*seq x dk) and A (batch x heads
+// x chunks x kChunk^2); every sum runs in a fixed order, so results are
+// deterministic.
 #include <string>
 
 #include "kernels/nn_cuda_internal.h"
@@ -98,12 +109,17 @@ struct GlaArgs {
 struct Smem {
   int p;  // dkh + 1
   float *cum, *q, *k, *v, *dout, *a, *dp, *st;
+  float* ends;  // StateDecays: B_end[i], then exp(B_end[i]) (2 dkh floats)
 };
 
+// Floats of a block's shared memory: q, k, cum; the v (and dout) tile; A (and
+// dP) of kChunk x kChunk; the state's tile; the chunk's end decays. The chunk
+// kernel (GlaIntraKernel) uses no state but carves the same arrays.
 __host__ __device__ inline int64_t SmemFloats(int dkh, bool backward) {
   const int64_t p = dkh + 1;
   const int64_t copies = backward ? 2 : 1;
-  return 3 * kChunk * p + copies * kChunk * kPadTile + copies * kChunk * kChunk + int64_t{dkh} * kPadTile;
+  return 3 * kChunk * p + copies * kChunk * kPadTile + copies * kChunk * kChunk + int64_t{dkh} * kPadTile +
+         2 * int64_t{dkh};
 }
 
 __device__ Smem Carve(float* base, int dkh, bool backward) {
@@ -125,13 +141,20 @@ __device__ Smem Carve(float* base, int dkh, bool backward) {
   s.dp = backward ? at : nullptr;
   at += backward ? kChunk * kChunk : 0;
   s.st = at;
+  at += dkh * kPadTile;
+  s.ends = at;
   return s;
 }
 
-// Loads chunk [c0, c0 + n) of head h of batch b: q, k and gk (made cumulative
-// along the chunk), the v tile of columns j0 .. j0 + kTile (0 from column jn
-// on) and, when s.dout is set, dout's tile likewise. Ends synchronised.
-__device__ void LoadChunk(const GlaArgs& g, int64_t b, int h, int64_t c0, int n, int j0, int jn, const Smem& s) {
+// Positions in the chunk starting at c0: kChunk, or what is left of seq.
+__device__ __forceinline__ int ChunkLength(int64_t seq, int64_t c0) {
+  return seq - c0 < kChunk ? static_cast<int>(seq - c0) : kChunk;
+}
+
+// Loads chunk [c0, c0 + n) of head h of batch b: q, k and gk, made cumulative
+// along the chunk (B_t = gk_c0 + ... + gk_t, relative to the chunk's start, so
+// that every exp() argument below is <= 0). Ends synchronised.
+__device__ void LoadQkCum(const GlaArgs& g, int64_t b, int h, int64_t c0, int n, const Smem& s) {
   const int dkh = g.dkh;
   for (int idx = threadIdx.x; idx < n * dkh; idx += blockDim.x) {
     const int t = idx / dkh, i = idx - t * dkh;
@@ -140,15 +163,7 @@ __device__ void LoadChunk(const GlaArgs& g, int64_t b, int h, int64_t c0, int n,
     s.k[t * s.p + i] = g.qkv[row * g.ld + g.dk + h * dkh + i];
     s.cum[t * s.p + i] = g.gk[row * g.dk + h * dkh + i];
   }
-  for (int idx = threadIdx.x; idx < n * kTile; idx += blockDim.x) {
-    const int t = idx / kTile, jj = idx - t * kTile;
-    const int64_t row = b * g.seq + c0 + t;
-    const int64_t col = int64_t{h} * g.dvh + j0 + jj;
-    s.v[t * kPadTile + jj] = jj < jn ? g.qkv[row * g.ld + 2 * g.dk + col] : 0.0f;
-    if (s.dout != nullptr) s.dout[t * kPadTile + jj] = jj < jn ? g.dout[row * g.dv + col] : 0.0f;
-  }
   __syncthreads();
-  // B_t = gk_c0 + ... + gk_t, a thread per feature, in position order.
   for (int i = threadIdx.x; i < dkh; i += blockDim.x) {
     float run = 0.0f;
     for (int t = 0; t < n; ++t) {
@@ -159,45 +174,52 @@ __device__ void LoadChunk(const GlaArgs& g, int64_t b, int h, int64_t c0, int n,
   __syncthreads();
 }
 
-// A_tu = sum_i q_t[i] k_u[i] exp(B_t[i] - B_u[i]) for u <= t < n (into s.a) and,
-// when s.dp is set, dP_tu = sum over the tile of dout_t v_u (into s.dp). Ends
-// synchronised.
-__device__ void IntraChunk(int n, int dkh, bool with_a, const Smem& s) {
-  for (int idx = threadIdx.x; idx < n * n; idx += blockDim.x) {
-    const int t = idx / n, u = idx - t * n;
-    if (u > t) continue;
-    if (with_a) {
-      float acc = 0.0f;
-      for (int i = 0; i < dkh; ++i) {
-        acc += s.q[t * s.p + i] * s.k[u * s.p + i] * expf(s.cum[t * s.p + i] - s.cum[u * s.p + i]);
-      }
-      s.a[t * kChunk + u] = acc;
-    }
-    if (s.dp != nullptr) {
-      float acc = 0.0f;
-      for (int jj = 0; jj < kTile; ++jj) acc += s.dout[t * kPadTile + jj] * s.v[u * kPadTile + jj];
-      s.dp[t * kChunk + u] = acc;
-    }
+// Loads the v tile of columns j0 .. j0 + kTile of chunk [c0, c0 + n) (0 from
+// column jn on) and, when s.dout is set, dout's tile likewise. Ends synchronised.
+__device__ void LoadTile(const GlaArgs& g, int64_t b, int h, int64_t c0, int n, int j0, int jn, const Smem& s) {
+  for (int idx = threadIdx.x; idx < n * kTile; idx += blockDim.x) {
+    const int t = idx / kTile, jj = idx - t * kTile;
+    const int64_t row = b * g.seq + c0 + t;
+    const int64_t col = int64_t{h} * g.dvh + j0 + jj;
+    s.v[t * kPadTile + jj] = jj < jn ? g.qkv[row * g.ld + 2 * g.dk + col] : 0.0f;
+    if (s.dout != nullptr) s.dout[t * kPadTile + jj] = jj < jn ? g.dout[row * g.dv + col] : 0.0f;
+  }
+  __syncthreads();
+}
+
+// The decays the state terms use, in place (after LoadQkCum; ends
+// synchronised): s.ends = B_end[i], then exp(B_end[i]); q_t <- q_t * exp(B_t);
+// k_u <- k_u * exp(B_end - B_u); cum_u <- exp(B_end - B_u). One exp per
+// (position, feature), where the sums below would take one per (position,
+// feature, column).
+__device__ void StateDecays(int n, int dkh, const Smem& s) {
+  for (int i = threadIdx.x; i < dkh; i += blockDim.x) {
+    const float end = s.cum[(n - 1) * s.p + i];
+    s.ends[i] = end;
+    s.ends[dkh + i] = expf(end);
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < n * dkh; idx += blockDim.x) {
+    const int t = idx / dkh, i = idx - t * dkh;
+    const float c = s.cum[t * s.p + i];
+    const float f = expf(s.ends[i] - c);
+    s.q[t * s.p + i] *= expf(c);
+    s.k[t * s.p + i] *= f;
+    s.cum[t * s.p + i] = f;
   }
   __syncthreads();
 }
 
 // S <- diag(exp(B_end)) S + sum_u diag(exp(B_end - B_u)) k_u^T v_u over the
-// tile. Ends synchronised.
-__device__ void AdvanceState(int n, int dkh, const Smem& s) {
+// tile, with StateDecays' k (k_u exp(B_end - B_u)) and exp(B_end). Ends synchronised.
+__device__ void AdvanceState(int n, int dkh, const float* exp_end, const Smem& s) {
   for (int idx = threadIdx.x; idx < dkh * kTile; idx += blockDim.x) {
     const int i = idx / kTile, jj = idx - i * kTile;
-    const float end = s.cum[(n - 1) * s.p + i];
-    float acc = expf(end) * s.st[i * kPadTile + jj];
-    for (int u = 0; u < n; ++u) acc += s.k[u * s.p + i] * expf(end - s.cum[u * s.p + i]) * s.v[u * kPadTile + jj];
+    float acc = exp_end[i] * s.st[i * kPadTile + jj];
+    for (int u = 0; u < n; ++u) acc += s.k[u * s.p + i] * s.v[u * kPadTile + jj];
     s.st[i * kPadTile + jj] = acc;
   }
   __syncthreads();
-}
-
-// Positions in the chunk starting at c0: kChunk, or what is left of seq.
-__device__ __forceinline__ int ChunkLength(int64_t seq, int64_t c0) {
-  return seq - c0 < kChunk ? static_cast<int>(seq - c0) : kChunk;
 }
 
 __device__ void ZeroState(int dkh, const Smem& s) {
@@ -205,33 +227,122 @@ __device__ void ZeroState(int dkh, const Smem& s) {
   __syncthreads();
 }
 
-// Block (tile, h, b): out's columns j0 .. j0 + jn of head h.
-__global__ void __launch_bounds__(kGlaThreads) GlaForwardKernel(GlaArgs g, float* __restrict__ out) {
+// Where chunk c of head h of batch b keeps its A (kChunk x kChunk, row t, column u).
+__device__ __forceinline__ float* ChunkA(float* a, int64_t b, int h, int64_t c, int heads, int64_t chunks) {
+  return a + ((b * heads + h) * chunks + c) * (kChunk * kChunk);
+}
+
+// The intra-chunk terms, once per (chunk, head, batch): the chunks are
+// independent, so every chunk of the sequence runs at once.
+//   A_tu = sum_i q_t[i] k_u[i] exp(B_t[i] - B_u[i]) for u <= t (0 above), to a_out;
+// and in the backward (g.dout set), with dP_tu = sum over all value columns of
+// do_t v_u:
+//   dq_t  (intra) = scale sum_{u<=t} dP_tu k_u exp(B_t - B_u)   -> intra_q (rows x dk)
+//   dk_u  (intra) = scale sum_{t>=u} dP_tu q_t exp(B_t - B_u)   -> intra_k
+//   dv_u  (intra) = scale sum_{t>=u} A_tu do_t                  -> dqkv's v columns (=)
+// The state terms are the tile kernels' (they add to dv, and GlaFinishKernel
+// adds the intra parts of dq and dk to the tiles').
+__global__ void __launch_bounds__(kGlaThreads) GlaIntraKernel(GlaArgs g, float* __restrict__ a_out,
+                                                              float* __restrict__ intra_q, float* __restrict__ intra_k,
+                                                              float* __restrict__ dqkv) {
+  extern __shared__ float smem[];
+  const int64_t b = blockIdx.z, c = blockIdx.x, c0 = c * kChunk;
+  const int h = blockIdx.y, dkh = g.dkh;
+  const bool backward = g.dout != nullptr;
+  const Smem s = Carve(smem, dkh, backward);
+  const int n = ChunkLength(g.seq, c0);
+  LoadQkCum(g, b, h, c0, n, s);
+  float* a_global = ChunkA(a_out, b, h, c, static_cast<int>(gridDim.y), gridDim.x);
+  for (int idx = threadIdx.x; idx < kChunk * kChunk; idx += blockDim.x) {
+    const int t = idx / kChunk, u = idx - t * kChunk;
+    float acc = 0.0f;
+    if (t < n && u <= t) {
+      for (int i = 0; i < dkh; ++i) {
+        acc += s.q[t * s.p + i] * s.k[u * s.p + i] * expf(s.cum[t * s.p + i] - s.cum[u * s.p + i]);
+      }
+    }
+    s.a[idx] = acc;
+    a_global[idx] = acc;
+  }
+  if (!backward) return;
+  for (int idx = threadIdx.x; idx < kChunk * kChunk; idx += blockDim.x) s.dp[idx] = 0.0f;
+  __syncthreads();
+  // dP over the value tiles, in tile order.
+  for (int j0 = 0; j0 < g.dvh; j0 += kTile) {
+    LoadTile(g, b, h, c0, n, j0, min(kTile, g.dvh - j0), s);
+    for (int idx = threadIdx.x; idx < n * n; idx += blockDim.x) {
+      const int t = idx / n, u = idx - t * n;
+      if (u > t) continue;
+      float acc = 0.0f;
+      for (int jj = 0; jj < kTile; ++jj) acc += s.dout[t * kPadTile + jj] * s.v[u * kPadTile + jj];
+      s.dp[t * kChunk + u] += acc;
+    }
+    __syncthreads();  // the next tile's load overwrites v and dout
+  }
+  for (int idx = threadIdx.x; idx < n * dkh; idx += blockDim.x) {
+    const int t = idx / dkh, i = idx - t * dkh;
+    const float bt = s.cum[t * s.p + i];
+    float acc = 0.0f;
+    for (int u = 0; u <= t; ++u) acc += s.dp[t * kChunk + u] * s.k[u * s.p + i] * expf(bt - s.cum[u * s.p + i]);
+    intra_q[(b * g.seq + c0 + t) * g.dk + int64_t{h} * dkh + i] = acc * g.scale;
+  }
+  for (int idx = threadIdx.x; idx < n * dkh; idx += blockDim.x) {
+    const int u = idx / dkh, i = idx - u * dkh;
+    const float bu = s.cum[u * s.p + i];
+    float acc = 0.0f;
+    for (int t = u; t < n; ++t) acc += s.dp[t * kChunk + u] * s.q[t * s.p + i] * expf(s.cum[t * s.p + i] - bu);
+    intra_k[(b * g.seq + c0 + u) * g.dk + int64_t{h} * dkh + i] = acc * g.scale;
+  }
+  for (int j0 = 0; j0 < g.dvh; j0 += kTile) {
+    const int jn = min(kTile, g.dvh - j0);
+    LoadTile(g, b, h, c0, n, j0, jn, s);
+    for (int idx = threadIdx.x; idx < n * kTile; idx += blockDim.x) {
+      const int u = idx / kTile, jj = idx - u * kTile;
+      if (jj >= jn) continue;
+      float acc = 0.0f;
+      for (int t = u; t < n; ++t) acc += s.a[t * kChunk + u] * s.dout[t * kPadTile + jj];
+      dqkv[(b * g.seq + c0 + u) * g.ld + 2 * g.dk + int64_t{h} * g.dvh + j0 + jj] = acc * g.scale;
+    }
+    __syncthreads();
+  }
+}
+
+// Block (tile, h, b): out's columns j0 .. j0 + jn of head h, the chunks in
+// order with the state's tile in shared memory:
+//   o_t = scale [ (q_t * exp(B_t)) S_in + sum_{u<=t} A_tu v_u ]
+// with A from GlaIntraKernel.
+__global__ void __launch_bounds__(kGlaThreads) GlaForwardKernel(GlaArgs g, const float* __restrict__ a_in,
+                                                                float* __restrict__ out) {
   extern __shared__ float smem[];
   const int64_t b = blockIdx.z;
   const int h = blockIdx.y, j0 = blockIdx.x * kTile, jn = min(kTile, g.dvh - j0), dkh = g.dkh;
+  const int64_t chunks = CeilDiv(g.seq, kChunk);
   const Smem s = Carve(smem, dkh, false);
+  float* a = s.a;
   ZeroState(dkh, s);
-  for (int64_t c0 = 0; c0 < g.seq; c0 += kChunk) {
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t c0 = c * kChunk;
     const int n = ChunkLength(g.seq, c0);
-    LoadChunk(g, b, h, c0, n, j0, jn, s);
-    IntraChunk(n, dkh, true, s);
-    // o_t = scale [ (q_t * exp(B_t)) S_in + sum_{u<=t} A_tu v_u ]: a warp per t.
+    LoadQkCum(g, b, h, c0, n, s);
+    StateDecays(n, dkh, s);
+    const float* a_chunk = ChunkA(const_cast<float*>(a_in), b, h, c, static_cast<int>(gridDim.y), chunks);
+    for (int idx = threadIdx.x; idx < n * kChunk; idx += blockDim.x) a[idx] = a_chunk[idx];
+    LoadTile(g, b, h, c0, n, j0, jn, s);  // synchronises, after A's copy too
     for (int idx = threadIdx.x; idx < n * kTile; idx += blockDim.x) {
       const int t = idx / kTile, jj = idx - t * kTile;
       if (jj >= jn) continue;
       float acc = 0.0f;
-      for (int i = 0; i < dkh; ++i) acc += s.q[t * s.p + i] * expf(s.cum[t * s.p + i]) * s.st[i * kPadTile + jj];
-      for (int u = 0; u <= t; ++u) acc += s.a[t * kChunk + u] * s.v[u * kPadTile + jj];
+      for (int i = 0; i < dkh; ++i) acc += s.q[t * s.p + i] * s.st[i * kPadTile + jj];
+      for (int u = 0; u <= t; ++u) acc += a[t * kChunk + u] * s.v[u * kPadTile + jj];
       out[(b * g.seq + c0 + t) * g.dv + int64_t{h} * g.dvh + j0 + jj] = acc * g.scale;
     }
     __syncthreads();  // the outputs read S_in before it advances
-    AdvanceState(n, dkh, s);
+    AdvanceState(n, dkh, s.ends + dkh, s);
   }
 }
 
-// Pass 1 of the backward: this tile's part of dq,
-//   dq_t = scale [ exp(B_t) * (S_in do_t) + sum_{u<=t} dP_tu k_u * exp(B_t - B_u) ],
+// Pass 1 of the backward: this tile's part of dq's state term,
+//   dq_t = scale exp(B_t) * (S_in do_t),
 // into part (tile-major, batch*seq x dk).
 __global__ void __launch_bounds__(kGlaThreads) GlaDqKernel(GlaArgs g, float* __restrict__ part) {
   extern __shared__ float smem[];
@@ -243,28 +354,30 @@ __global__ void __launch_bounds__(kGlaThreads) GlaDqKernel(GlaArgs g, float* __r
   ZeroState(dkh, s);
   for (int64_t c0 = 0; c0 < g.seq; c0 += kChunk) {
     const int n = ChunkLength(g.seq, c0);
-    LoadChunk(g, b, h, c0, n, j0, jn, s);
-    IntraChunk(n, dkh, false, s);
+    LoadQkCum(g, b, h, c0, n, s);
+    // q is not needed here: with 1 in its place StateDecays leaves exp(B_t) there.
+    for (int idx = threadIdx.x; idx < n * dkh; idx += blockDim.x) {
+      const int t = idx / dkh, i = idx - t * dkh;
+      s.q[t * s.p + i] = 1.0f;
+    }
+    StateDecays(n, dkh, s);  // synchronises before it reads q
+    LoadTile(g, b, h, c0, n, j0, jn, s);
     for (int idx = threadIdx.x; idx < n * dkh; idx += blockDim.x) {
       const int t = idx / dkh, i = idx - t * dkh;
       float acc = 0.0f;
       for (int jj = 0; jj < kTile; ++jj) acc += s.st[i * kPadTile + jj] * s.dout[t * kPadTile + jj];
-      acc = expf(s.cum[t * s.p + i]) * acc;
-      for (int u = 0; u <= t; ++u) {
-        acc += s.dp[t * kChunk + u] * s.k[u * s.p + i] * expf(s.cum[t * s.p + i] - s.cum[u * s.p + i]);
-      }
-      my_part[(b * g.seq + c0 + t) * g.dk + int64_t{h} * dkh + i] = acc * g.scale;
+      my_part[(b * g.seq + c0 + t) * g.dk + int64_t{h} * dkh + i] = s.q[t * s.p + i] * acc * g.scale;
     }
     __syncthreads();
-    AdvanceState(n, dkh, s);
+    AdvanceState(n, dkh, s.ends + dkh, s);
   }
 }
 
 // Pass 2: the chunks in reverse with dS (this tile's columns of the gradient of
-// the state after the chunk):
-//   dk_u = exp(B_end - B_u) * (dS v_u) + scale sum_{t>=u} dP_tu q_t * exp(B_t - B_u)   (this tile's part)
-//   dv_u = (k_u * exp(B_end - B_u)) dS + scale sum_{t>=u} A_tu do_t                      (complete)
-//   dS  <- diag(exp(B_end)) dS + scale sum_t (q_t * exp(B_t))^T do_t
+// the state after the chunk), the state terms only:
+//   dk_u  = exp(B_end - B_u) * (dS v_u)                    (this tile's part)
+//   dv_u += (k_u * exp(B_end - B_u)) dS                     (complete: onto GlaIntraKernel's)
+//   dS   <- diag(exp(B_end)) dS + scale sum_t (q_t * exp(B_t))^T do_t
 __global__ void __launch_bounds__(kGlaThreads) GlaDkDvKernel(GlaArgs g, float* __restrict__ part,
                                                              float* __restrict__ dqkv) {
   extern __shared__ float smem[];
@@ -278,48 +391,39 @@ __global__ void __launch_bounds__(kGlaThreads) GlaDkDvKernel(GlaArgs g, float* _
   for (int64_t c = chunks - 1; c >= 0; --c) {
     const int64_t c0 = c * kChunk;
     const int n = ChunkLength(g.seq, c0);
-    LoadChunk(g, b, h, c0, n, j0, jn, s);
-    IntraChunk(n, dkh, true, s);
+    LoadQkCum(g, b, h, c0, n, s);
+    StateDecays(n, dkh, s);  // q_t exp(B_t), k_u exp(B_end - B_u), cum_u = exp(B_end - B_u)
+    LoadTile(g, b, h, c0, n, j0, jn, s);
     for (int idx = threadIdx.x; idx < n * dkh; idx += blockDim.x) {
       const int u = idx / dkh, i = idx - u * dkh;
-      const float bu = s.cum[u * s.p + i];
       float acc = 0.0f;
       for (int jj = 0; jj < kTile; ++jj) acc += s.st[i * kPadTile + jj] * s.v[u * kPadTile + jj];
-      acc = expf(s.cum[(n - 1) * s.p + i] - bu) * acc;
-      for (int t = u; t < n; ++t) {
-        acc += g.scale * s.dp[t * kChunk + u] * s.q[t * s.p + i] * expf(s.cum[t * s.p + i] - bu);
-      }
-      my_part[(b * g.seq + c0 + u) * g.dk + int64_t{h} * dkh + i] = acc;
+      my_part[(b * g.seq + c0 + u) * g.dk + int64_t{h} * dkh + i] = s.cum[u * s.p + i] * acc;
     }
     for (int idx = threadIdx.x; idx < n * kTile; idx += blockDim.x) {
       const int u = idx / kTile, jj = idx - u * kTile;
       if (jj >= jn) continue;
       float acc = 0.0f;
-      for (int i = 0; i < dkh; ++i) {
-        acc += s.k[u * s.p + i] * expf(s.cum[(n - 1) * s.p + i] - s.cum[u * s.p + i]) * s.st[i * kPadTile + jj];
-      }
-      for (int t = u; t < n; ++t) acc += g.scale * s.a[t * kChunk + u] * s.dout[t * kPadTile + jj];
-      dqkv[(b * g.seq + c0 + u) * g.ld + 2 * g.dk + int64_t{h} * g.dvh + j0 + jj] = acc;
+      for (int i = 0; i < dkh; ++i) acc += s.k[u * s.p + i] * s.st[i * kPadTile + jj];
+      dqkv[(b * g.seq + c0 + u) * g.ld + 2 * g.dk + int64_t{h} * g.dvh + j0 + jj] += acc;
     }
     __syncthreads();  // dk and dv read dS before it moves
     for (int idx = threadIdx.x; idx < dkh * kTile; idx += blockDim.x) {
       const int i = idx / kTile, jj = idx - i * kTile;
-      float acc = expf(s.cum[(n - 1) * s.p + i]) * s.st[i * kPadTile + jj];
-      for (int t = 0; t < n; ++t) {
-        acc += g.scale * s.q[t * s.p + i] * expf(s.cum[t * s.p + i]) * s.dout[t * kPadTile + jj];
-      }
+      float acc = s.ends[dkh + i] * s.st[i * kPadTile + jj];
+      for (int t = 0; t < n; ++t) acc += g.scale * s.q[t * s.p + i] * s.dout[t * kPadTile + jj];
       s.st[i * kPadTile + jj] = acc;
     }
     __syncthreads();
   }
 }
 
-// Pass 3, a thread per (batch, key column): dq and dk as the sums of the tiles'
-// parts in tile order, and dgk_t = sum_{u>=t} (q_u dq_u - k_u dk_u), walking the
-// sequence backwards.
-__global__ void GlaFinishKernel(GlaArgs g, int64_t batch, int tiles, const float* __restrict__ part_q,
-                                const float* __restrict__ part_k, float* __restrict__ dqkv,
-                                float* __restrict__ dgk) {
+// Pass 3, a thread per (batch, key column): dq and dk as the intra-chunk parts
+// plus the tiles' state parts in tile order, and dgk_t = sum_{u>=t} (q_u dq_u -
+// k_u dk_u), walking the sequence backwards.
+__global__ void GlaFinishKernel(GlaArgs g, int64_t batch, int tiles, const float* __restrict__ intra_q,
+                                const float* __restrict__ intra_k, const float* __restrict__ part_q,
+                                const float* __restrict__ part_k, float* __restrict__ dqkv, float* __restrict__ dgk) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= batch * g.dk) return;
   const int64_t b = idx / g.dk, c = idx - b * g.dk;
@@ -327,7 +431,7 @@ __global__ void GlaFinishKernel(GlaArgs g, int64_t batch, int tiles, const float
   float run = 0.0f;
   for (int64_t t = g.seq - 1; t >= 0; --t) {
     const int64_t row = b * g.seq + t;
-    float dq = 0.0f, dk = 0.0f;
+    float dq = intra_q[row * g.dk + c], dk = intra_k[row * g.dk + c];
     for (int tile = 0; tile < tiles; ++tile) {
       dq += part_q[(tile * rows + row) * g.dk + c];
       dk += part_k[(tile * rows + row) * g.dk + c];
@@ -430,11 +534,20 @@ Status CudaBackend::GlaForward(const float* qkv, int64_t ld, const float* gk, fl
   if (batch == 0) return Status::Ok();
   if (qkv == nullptr || gk == nullptr || out == nullptr) return Status::Error("GlaForward: qkv, gk or out: null");
   const GlaArgs g = MakeArgs(qkv, ld, gk, nullptr, seq, heads, dk, dv);
+  const int64_t chunks = CeilDiv(seq, kChunk);
+  KEEL_RETURN_IF_ERROR(
+      gla_a_.Reserve(static_cast<size_t>(batch * heads * chunks) * kChunk * kChunk * sizeof(float), stream_));
   const size_t smem = static_cast<size_t>(SmemFloats(g.dkh, false)) * sizeof(float);
+  KEEL_RETURN_IF_ERROR(AllowSmem(GlaIntraKernel, static_cast<size_t>(SmemFloats(g.dkh, true)) * sizeof(float)));
   KEEL_RETURN_IF_ERROR(AllowSmem(GlaForwardKernel, smem));
+  // Every chunk's A at once, then the state's walk over the chunks.
+  GlaIntraKernel<<<dim3(static_cast<unsigned int>(chunks), static_cast<unsigned int>(heads),
+                        static_cast<unsigned int>(batch)),
+                   kGlaThreads, smem, stream_>>>(g, gla_a_.get<float>(), nullptr, nullptr, nullptr);
+  NN_LAUNCH_CHECK();
   const dim3 grid(static_cast<unsigned int>(CeilDiv(g.dvh, kTile)), static_cast<unsigned int>(heads),
                   static_cast<unsigned int>(batch));
-  GlaForwardKernel<<<grid, kGlaThreads, smem, stream_>>>(g, out);
+  GlaForwardKernel<<<grid, kGlaThreads, smem, stream_>>>(g, gla_a_.get<float>(), out);
   NN_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -449,19 +562,33 @@ Status CudaBackend::GlaBackward(const float* qkv, int64_t ld, const float* gk, c
   const GlaArgs g = MakeArgs(qkv, ld, gk, dout, seq, heads, dk, dv);
   const int tiles = static_cast<int>(CeilDiv(g.dvh, kTile));
   const int64_t part_floats = static_cast<int64_t>(tiles) * batch * seq * dk;
-  KEEL_RETURN_IF_ERROR(gla_parts_.Reserve(2 * static_cast<size_t>(part_floats) * sizeof(float), stream_));
+  const int64_t intra_floats = batch * seq * dk;
+  KEEL_RETURN_IF_ERROR(
+      gla_parts_.Reserve(2 * static_cast<size_t>(part_floats + intra_floats) * sizeof(float), stream_));
   float* part_q = gla_parts_.get<float>();
   float* part_k = part_q + part_floats;
+  float* intra_q = part_k + part_floats;
+  float* intra_k = intra_q + intra_floats;
+  const int64_t chunks = CeilDiv(seq, kChunk);
+  KEEL_RETURN_IF_ERROR(
+      gla_a_.Reserve(static_cast<size_t>(batch * heads * chunks) * kChunk * kChunk * sizeof(float), stream_));
   const size_t smem = static_cast<size_t>(SmemFloats(g.dkh, true)) * sizeof(float);
+  KEEL_RETURN_IF_ERROR(AllowSmem(GlaIntraKernel, smem));
   KEEL_RETURN_IF_ERROR(AllowSmem(GlaDqKernel, smem));
   KEEL_RETURN_IF_ERROR(AllowSmem(GlaDkDvKernel, smem));
+  // The intra-chunk terms of every chunk at once (dv's first, written), then
+  // the state's walks over the chunks (dv's second, added), then the sums.
+  GlaIntraKernel<<<dim3(static_cast<unsigned int>(chunks), static_cast<unsigned int>(heads),
+                        static_cast<unsigned int>(batch)),
+                   kGlaThreads, smem, stream_>>>(g, gla_a_.get<float>(), intra_q, intra_k, dqkv);
+  NN_LAUNCH_CHECK();
   const dim3 grid(static_cast<unsigned int>(tiles), static_cast<unsigned int>(heads), static_cast<unsigned int>(batch));
   GlaDqKernel<<<grid, kGlaThreads, smem, stream_>>>(g, part_q);
   NN_LAUNCH_CHECK();
   GlaDkDvKernel<<<grid, kGlaThreads, smem, stream_>>>(g, part_k, dqkv);
   NN_LAUNCH_CHECK();
   GlaFinishKernel<<<static_cast<unsigned int>(CeilDiv(batch * dk, kThreads)), kThreads, 0, stream_>>>(
-      g, batch, tiles, part_q, part_k, dqkv, dgk);
+      g, batch, tiles, intra_q, intra_k, part_q, part_k, dqkv, dgk);
   NN_LAUNCH_CHECK();
   return Status::Ok();
 }

@@ -678,7 +678,8 @@ class CudaBackend final : public Backend {
   Scratch attn_p_, attn_dp_, attn_ds_; // probabilities in bf16, dP, dS in bf16
   Scratch attn_dq_, attn_dk_, attn_dv_;
   Scratch embed_;                      // embedding backward's sort
-  Scratch gla_parts_;                  // GlaBackward: the value tiles' parts of dq and dk
+  Scratch gla_parts_;                  // GlaBackward: the value tiles' parts of dq and dk, and their intra parts
+  Scratch gla_a_;                      // GLA: every chunk's intra-chunk matrix A
   Scratch reduce_desc_;                // the reductions' span descriptors
   Scratch outlier_scratch_;            // AddOutlierSums' partials and tensor amax
 };
