@@ -27,9 +27,10 @@
 //     tile's part of dq's state term (dq sums over all value columns);
 //   pass 2 (GlaDkDvKernel) goes over the chunks in reverse with dS, adds dv's
 //     state term (complete within a tile) and writes each tile's part of dk's;
-//   pass 3 (GlaFinishKernel) adds the intra parts and the tiles' parts in tile
-//     order into dq and dk and forms dgk as the reverse cumulative sum of
-//     q dq - k dk.
+//   pass 3 (GlaFinishKernel, every row at once) adds the intra parts and the
+//     tiles' parts in tile order into dq and dk and writes each row's
+//     q dq - k dk;
+//   pass 4 (GlaGateScanKernel) makes dgk their reverse cumulative sum.
 // Its scratch is the parts, 2 x tiles x batch*seq x dk floats (tiles =
 // ceil(dv/H / kTile)), the intra parts (2 x batch*seq x dk) and A (batch x heads
 // x chunks x kChunk^2); every sum runs in a fixed order, so results are
@@ -112,17 +113,19 @@ struct Smem {
   float* ends;  // StateDecays: B_end[i], then exp(B_end[i]) (2 dkh floats)
 };
 
-// Floats of a block's shared memory: q, k, cum; the v (and dout) tile; A (and
-// dP) of kChunk x kChunk; the state's tile; the chunk's end decays. The chunk
-// kernel (GlaIntraKernel) uses no state but carves the same arrays.
-__host__ __device__ inline int64_t SmemFloats(int dkh, bool backward) {
+// Floats of a block's shared memory: q, k, cum; the v (and dout) tile; the
+// state's tile; the chunk's end decays; then, when `chunk_matrices`, A (and dP)
+// of kChunk x kChunk. The backward's state kernels carve no A or dP (that is
+// what lets two of their blocks share a multiprocessor); GlaIntraKernel uses no
+// state but carves the same arrays.
+__host__ __device__ inline int64_t SmemFloats(int dkh, bool backward, bool chunk_matrices) {
   const int64_t p = dkh + 1;
   const int64_t copies = backward ? 2 : 1;
-  return 3 * kChunk * p + copies * kChunk * kPadTile + copies * kChunk * kChunk + int64_t{dkh} * kPadTile +
-         2 * int64_t{dkh};
+  return 3 * kChunk * p + copies * kChunk * kPadTile + int64_t{dkh} * kPadTile + 2 * int64_t{dkh} +
+         (chunk_matrices ? copies * kChunk * kChunk : 0);
 }
 
-__device__ Smem Carve(float* base, int dkh, bool backward) {
+__device__ Smem Carve(float* base, int dkh, bool backward, bool chunk_matrices) {
   Smem s;
   s.p = dkh + 1;
   float* at = base;
@@ -134,16 +137,97 @@ __device__ Smem Carve(float* base, int dkh, bool backward) {
   at += kChunk * s.p;
   s.v = at;
   at += kChunk * kPadTile;
-  s.a = at;
-  at += kChunk * kChunk;
   s.dout = backward ? at : nullptr;
   at += backward ? kChunk * kPadTile : 0;
-  s.dp = backward ? at : nullptr;
-  at += backward ? kChunk * kChunk : 0;
   s.st = at;
   at += dkh * kPadTile;
   s.ends = at;
+  at += 2 * dkh;
+  s.a = chunk_matrices ? at : nullptr;
+  at += chunk_matrices ? kChunk * kChunk : 0;
+  s.dp = chunk_matrices && backward ? at : nullptr;
   return s;
+}
+
+// The sums below give each thread kRows outputs that share one operand, read
+// once from shared memory for all of them (the other operand is the same
+// address across the warp: a broadcast). Each output still sums its terms in
+// the order the one-output loops did, so the bits are theirs.
+constexpr int kRows = 8;     // rows of a chunk (positions) per thread
+constexpr int kFeatures = 4;  // rows of the state (key features) per thread
+
+// out(t, jj) = init(t, jj) + sum_{i < len} x[t][i] y[i][jj] for the columns
+// jj < jn of a tile and positions t < n, a thread per (kRows positions, column);
+// x rows are px apart, y rows kPadTile apart. `init(t, jj)` gives the start
+// and `store(t, jj, acc)` takes each result.
+template <typename Init, typename Store>
+__device__ __forceinline__ void RowsTimesTile(int n, int jn, int len, const float* x, int px, const float* y,
+                                              Init init, Store store) {
+  for (int idx = threadIdx.x; idx < CeilDiv(n, kRows) * kTile; idx += blockDim.x) {
+    const int t0 = idx / kTile * kRows, jj = idx - idx / kTile * kTile;
+    if (jj >= jn) continue;
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] = init(min(t0 + r, n - 1), jj);
+    for (int i = 0; i < len; ++i) {
+      const float yv = y[i * kPadTile + jj];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[r] += x[min(t0 + r, n - 1) * px + i] * yv;
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (t0 + r < n) store(t0 + r, jj, acc[r]);
+    }
+  }
+}
+
+// out(t, i) = sum_{jj < kTile} m[i][jj] y[t][jj] for positions t < n and rows
+// i < count of m (the state's features, or a tile's positions), a thread per
+// (kRows positions, row of m); m and y rows kPadTile apart. `store(t, i, acc)`
+// takes each result.
+template <typename Store>
+__device__ __forceinline__ void TileDotRows(int n, int count, const float* m, const float* y, Store store) {
+  for (int idx = threadIdx.x; idx < CeilDiv(n, kRows) * count; idx += blockDim.x) {
+    const int t0 = idx / count * kRows, i = idx - idx / count * count;
+    float acc[kRows] = {};
+#pragma unroll 4
+    for (int jj = 0; jj < kTile; ++jj) {
+      const float mv = m[i * kPadTile + jj];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[r] += mv * y[min(t0 + r, n - 1) * kPadTile + jj];
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (t0 + r < n) store(t0 + r, i, acc[r]);
+    }
+  }
+}
+
+// st[i][jj] <- decay[i] st[i][jj] + sum_{u < n} (mul x[u][i]) y[u][jj] over the
+// tile's kTile columns and features i < dkh, a thread per (kFeatures features,
+// column); x rows are px apart, y rows kPadTile apart. mul = 1 multiplies
+// nothing away: (1 * x) is x. Ends synchronised.
+__device__ __forceinline__ void UpdateState(int n, int dkh, const float* decay, const float* x, int px,
+                                            const float* y, float mul, float* st) {
+  for (int idx = threadIdx.x; idx < CeilDiv(dkh, kFeatures) * kTile; idx += blockDim.x) {
+    const int i0 = idx / kTile * kFeatures, jj = idx - idx / kTile * kTile;
+    float acc[kFeatures];
+#pragma unroll
+    for (int r = 0; r < kFeatures; ++r) {
+      const int i = min(i0 + r, dkh - 1);
+      acc[r] = decay[i] * st[i * kPadTile + jj];
+    }
+    for (int u = 0; u < n; ++u) {
+      const float yv = y[u * kPadTile + jj];
+#pragma unroll
+      for (int r = 0; r < kFeatures; ++r) acc[r] += mul * x[u * px + min(i0 + r, dkh - 1)] * yv;
+    }
+#pragma unroll
+    for (int r = 0; r < kFeatures; ++r) {
+      if (i0 + r < dkh) st[(i0 + r) * kPadTile + jj] = acc[r];
+    }
+  }
+  __syncthreads();
 }
 
 // Positions in the chunk starting at c0: kChunk, or what is left of seq.
@@ -213,13 +297,7 @@ __device__ void StateDecays(int n, int dkh, const Smem& s) {
 // S <- diag(exp(B_end)) S + sum_u diag(exp(B_end - B_u)) k_u^T v_u over the
 // tile, with StateDecays' k (k_u exp(B_end - B_u)) and exp(B_end). Ends synchronised.
 __device__ void AdvanceState(int n, int dkh, const float* exp_end, const Smem& s) {
-  for (int idx = threadIdx.x; idx < dkh * kTile; idx += blockDim.x) {
-    const int i = idx / kTile, jj = idx - i * kTile;
-    float acc = exp_end[i] * s.st[i * kPadTile + jj];
-    for (int u = 0; u < n; ++u) acc += s.k[u * s.p + i] * s.v[u * kPadTile + jj];
-    s.st[i * kPadTile + jj] = acc;
-  }
-  __syncthreads();
+  UpdateState(n, dkh, exp_end, s.k, s.p, s.v, 1.0f, s.st);
 }
 
 __device__ void ZeroState(int dkh, const Smem& s) {
@@ -249,7 +327,7 @@ __global__ void __launch_bounds__(kGlaThreads) GlaIntraKernel(GlaArgs g, float* 
   const int64_t b = blockIdx.z, c = blockIdx.x, c0 = c * kChunk;
   const int h = blockIdx.y, dkh = g.dkh;
   const bool backward = g.dout != nullptr;
-  const Smem s = Carve(smem, dkh, backward);
+  const Smem s = Carve(smem, dkh, backward, true);
   const int n = ChunkLength(g.seq, c0);
   LoadQkCum(g, b, h, c0, n, s);
   float* a_global = ChunkA(a_out, b, h, c, static_cast<int>(gridDim.y), gridDim.x);
@@ -270,13 +348,9 @@ __global__ void __launch_bounds__(kGlaThreads) GlaIntraKernel(GlaArgs g, float* 
   // dP over the value tiles, in tile order.
   for (int j0 = 0; j0 < g.dvh; j0 += kTile) {
     LoadTile(g, b, h, c0, n, j0, min(kTile, g.dvh - j0), s);
-    for (int idx = threadIdx.x; idx < n * n; idx += blockDim.x) {
-      const int t = idx / n, u = idx - t * n;
-      if (u > t) continue;
-      float acc = 0.0f;
-      for (int jj = 0; jj < kTile; ++jj) acc += s.dout[t * kPadTile + jj] * s.v[u * kPadTile + jj];
-      s.dp[t * kChunk + u] += acc;
-    }
+    TileDotRows(n, n, s.v, s.dout, [&](int t, int u, float acc) {
+      if (u <= t) s.dp[t * kChunk + u] += acc;
+    });
     __syncthreads();  // the next tile's load overwrites v and dout
   }
   for (int idx = threadIdx.x; idx < n * dkh; idx += blockDim.x) {
@@ -296,12 +370,22 @@ __global__ void __launch_bounds__(kGlaThreads) GlaIntraKernel(GlaArgs g, float* 
   for (int j0 = 0; j0 < g.dvh; j0 += kTile) {
     const int jn = min(kTile, g.dvh - j0);
     LoadTile(g, b, h, c0, n, j0, jn, s);
-    for (int idx = threadIdx.x; idx < n * kTile; idx += blockDim.x) {
-      const int u = idx / kTile, jj = idx - u * kTile;
+    // A thread per (kRows positions u, column).
+    for (int idx = threadIdx.x; idx < CeilDiv(n, kRows) * kTile; idx += blockDim.x) {
+      const int u0 = idx / kTile * kRows, jj = idx - idx / kTile * kTile;
       if (jj >= jn) continue;
-      float acc = 0.0f;
-      for (int t = u; t < n; ++t) acc += s.a[t * kChunk + u] * s.dout[t * kPadTile + jj];
-      dqkv[(b * g.seq + c0 + u) * g.ld + 2 * g.dk + int64_t{h} * g.dvh + j0 + jj] = acc * g.scale;
+      float acc[kRows] = {};
+      for (int t = u0; t < n; ++t) {
+        const float dv = s.dout[t * kPadTile + jj];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          if (t >= u0 + r) acc[r] += s.a[t * kChunk + u0 + r] * dv;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (u0 + r < n) dqkv[(b * g.seq + c0 + u0 + r) * g.ld + 2 * g.dk + int64_t{h} * g.dvh + j0 + jj] = acc[r] * g.scale;
+      }
     }
     __syncthreads();
   }
@@ -317,7 +401,7 @@ __global__ void __launch_bounds__(kGlaThreads) GlaForwardKernel(GlaArgs g, const
   const int64_t b = blockIdx.z;
   const int h = blockIdx.y, j0 = blockIdx.x * kTile, jn = min(kTile, g.dvh - j0), dkh = g.dkh;
   const int64_t chunks = CeilDiv(g.seq, kChunk);
-  const Smem s = Carve(smem, dkh, false);
+  const Smem s = Carve(smem, dkh, false, true);
   float* a = s.a;
   ZeroState(dkh, s);
   for (int64_t c = 0; c < chunks; ++c) {
@@ -328,13 +412,27 @@ __global__ void __launch_bounds__(kGlaThreads) GlaForwardKernel(GlaArgs g, const
     const float* a_chunk = ChunkA(const_cast<float*>(a_in), b, h, c, static_cast<int>(gridDim.y), chunks);
     for (int idx = threadIdx.x; idx < n * kChunk; idx += blockDim.x) a[idx] = a_chunk[idx];
     LoadTile(g, b, h, c0, n, j0, jn, s);  // synchronises, after A's copy too
-    for (int idx = threadIdx.x; idx < n * kTile; idx += blockDim.x) {
-      const int t = idx / kTile, jj = idx - t * kTile;
+    // A thread per (kRows positions, column): the state term, then the intra one.
+    for (int idx = threadIdx.x; idx < CeilDiv(n, kRows) * kTile; idx += blockDim.x) {
+      const int t0 = idx / kTile * kRows, jj = idx - idx / kTile * kTile;
       if (jj >= jn) continue;
-      float acc = 0.0f;
-      for (int i = 0; i < dkh; ++i) acc += s.q[t * s.p + i] * s.st[i * kPadTile + jj];
-      for (int u = 0; u <= t; ++u) acc += a[t * kChunk + u] * s.v[u * kPadTile + jj];
-      out[(b * g.seq + c0 + t) * g.dv + int64_t{h} * g.dvh + j0 + jj] = acc * g.scale;
+      float acc[kRows] = {};
+      for (int i = 0; i < dkh; ++i) {
+        const float sv = s.st[i * kPadTile + jj];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r] += s.q[min(t0 + r, n - 1) * s.p + i] * sv;
+      }
+      for (int u = 0; u < min(t0 + kRows, n); ++u) {
+        const float vv = s.v[u * kPadTile + jj];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          if (u <= t0 + r) acc[r] += a[min(t0 + r, n - 1) * kChunk + u] * vv;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (t0 + r < n) out[(b * g.seq + c0 + t0 + r) * g.dv + int64_t{h} * g.dvh + j0 + jj] = acc[r] * g.scale;
+      }
     }
     __syncthreads();  // the outputs read S_in before it advances
     AdvanceState(n, dkh, s.ends + dkh, s);
@@ -350,7 +448,7 @@ __global__ void __launch_bounds__(kGlaThreads) GlaDqKernel(GlaArgs g, float* __r
   const int h = blockIdx.y, j0 = blockIdx.x * kTile, jn = min(kTile, g.dvh - j0), dkh = g.dkh;
   const int64_t rows = static_cast<int64_t>(gridDim.z) * g.seq;
   float* my_part = part + static_cast<int64_t>(blockIdx.x) * rows * g.dk;
-  const Smem s = Carve(smem, dkh, true);
+  const Smem s = Carve(smem, dkh, true, false);
   ZeroState(dkh, s);
   for (int64_t c0 = 0; c0 < g.seq; c0 += kChunk) {
     const int n = ChunkLength(g.seq, c0);
@@ -362,12 +460,9 @@ __global__ void __launch_bounds__(kGlaThreads) GlaDqKernel(GlaArgs g, float* __r
     }
     StateDecays(n, dkh, s);  // synchronises before it reads q
     LoadTile(g, b, h, c0, n, j0, jn, s);
-    for (int idx = threadIdx.x; idx < n * dkh; idx += blockDim.x) {
-      const int t = idx / dkh, i = idx - t * dkh;
-      float acc = 0.0f;
-      for (int jj = 0; jj < kTile; ++jj) acc += s.st[i * kPadTile + jj] * s.dout[t * kPadTile + jj];
+    TileDotRows(n, dkh, s.st, s.dout, [&](int t, int i, float acc) {
       my_part[(b * g.seq + c0 + t) * g.dk + int64_t{h} * dkh + i] = s.q[t * s.p + i] * acc * g.scale;
-    }
+    });
     __syncthreads();
     AdvanceState(n, dkh, s.ends + dkh, s);
   }
@@ -385,7 +480,7 @@ __global__ void __launch_bounds__(kGlaThreads) GlaDkDvKernel(GlaArgs g, float* _
   const int h = blockIdx.y, j0 = blockIdx.x * kTile, jn = min(kTile, g.dvh - j0), dkh = g.dkh;
   const int64_t rows = static_cast<int64_t>(gridDim.z) * g.seq;
   float* my_part = part + static_cast<int64_t>(blockIdx.x) * rows * g.dk;
-  const Smem s = Carve(smem, dkh, true);
+  const Smem s = Carve(smem, dkh, true, false);
   ZeroState(dkh, s);
   const int64_t chunks = CeilDiv(g.seq, kChunk);
   for (int64_t c = chunks - 1; c >= 0; --c) {
@@ -394,52 +489,63 @@ __global__ void __launch_bounds__(kGlaThreads) GlaDkDvKernel(GlaArgs g, float* _
     LoadQkCum(g, b, h, c0, n, s);
     StateDecays(n, dkh, s);  // q_t exp(B_t), k_u exp(B_end - B_u), cum_u = exp(B_end - B_u)
     LoadTile(g, b, h, c0, n, j0, jn, s);
-    for (int idx = threadIdx.x; idx < n * dkh; idx += blockDim.x) {
-      const int u = idx / dkh, i = idx - u * dkh;
-      float acc = 0.0f;
-      for (int jj = 0; jj < kTile; ++jj) acc += s.st[i * kPadTile + jj] * s.v[u * kPadTile + jj];
+    TileDotRows(n, dkh, s.st, s.v, [&](int u, int i, float acc) {
       my_part[(b * g.seq + c0 + u) * g.dk + int64_t{h} * dkh + i] = s.cum[u * s.p + i] * acc;
-    }
-    for (int idx = threadIdx.x; idx < n * kTile; idx += blockDim.x) {
-      const int u = idx / kTile, jj = idx - u * kTile;
-      if (jj >= jn) continue;
-      float acc = 0.0f;
-      for (int i = 0; i < dkh; ++i) acc += s.k[u * s.p + i] * s.st[i * kPadTile + jj];
-      dqkv[(b * g.seq + c0 + u) * g.ld + 2 * g.dk + int64_t{h} * g.dvh + j0 + jj] += acc;
-    }
+    });
+    RowsTimesTile(
+        n, jn, dkh, s.k, s.p, s.st, [](int, int) { return 0.0f; },
+        [&](int u, int jj, float acc) {
+          dqkv[(b * g.seq + c0 + u) * g.ld + 2 * g.dk + int64_t{h} * g.dvh + j0 + jj] += acc;
+        });
     __syncthreads();  // dk and dv read dS before it moves
-    for (int idx = threadIdx.x; idx < dkh * kTile; idx += blockDim.x) {
-      const int i = idx / kTile, jj = idx - i * kTile;
-      float acc = s.ends[dkh + i] * s.st[i * kPadTile + jj];
-      for (int t = 0; t < n; ++t) acc += g.scale * s.q[t * s.p + i] * s.dout[t * kPadTile + jj];
-      s.st[i * kPadTile + jj] = acc;
-    }
-    __syncthreads();
+    UpdateState(n, dkh, s.ends + dkh, s.q, s.p, s.dout, g.scale, s.st);
   }
 }
 
-// Pass 3, a thread per (batch, key column): dq and dk as the intra-chunk parts
-// plus the tiles' state parts in tile order, and dgk_t = sum_{u>=t} (q_u dq_u -
-// k_u dk_u), walking the sequence backwards.
+// Pass 3, a thread per (row, key column): dq and dk as the intra-chunk parts
+// plus the tiles' state parts in tile order, and each row's term of dgk,
+// q dq - k dk, into dgk (GlaGateScanKernel sums them).
 __global__ void GlaFinishKernel(GlaArgs g, int64_t batch, int tiles, const float* __restrict__ intra_q,
                                 const float* __restrict__ intra_k, const float* __restrict__ part_q,
                                 const float* __restrict__ part_k, float* __restrict__ dqkv, float* __restrict__ dgk) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= batch * g.dk) return;
-  const int64_t b = idx / g.dk, c = idx - b * g.dk;
   const int64_t rows = batch * g.seq;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= rows * g.dk) return;
+  const int64_t row = idx / g.dk, c = idx - row * g.dk;
+  float dq = intra_q[idx], dk = intra_k[idx];
+  for (int tile = 0; tile < tiles; ++tile) {
+    dq += part_q[tile * rows * g.dk + idx];
+    dk += part_k[tile * rows * g.dk + idx];
+  }
+  dqkv[row * g.ld + c] = dq;
+  dqkv[row * g.ld + g.dk + c] = dk;
+  dgk[idx] = g.qkv[row * g.ld + c] * dq - g.qkv[row * g.ld + g.dk + c] * dk;
+}
+
+// Pass 4, a thread per (batch, key column): dgk_t = sum_{u>=t} of the terms,
+// in place, walking the sequence backwards (the loads of a group of positions
+// are issued before its sums).
+__global__ void GlaGateScanKernel(int64_t batch, int64_t seq, int64_t dk, float* __restrict__ dgk) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= batch * dk) return;
+  const int64_t b = idx / dk, c = idx - b * dk;
+  float* col = dgk + b * seq * dk + c;
+  constexpr int kGroup = 8;
   float run = 0.0f;
-  for (int64_t t = g.seq - 1; t >= 0; --t) {
-    const int64_t row = b * g.seq + t;
-    float dq = intra_q[row * g.dk + c], dk = intra_k[row * g.dk + c];
-    for (int tile = 0; tile < tiles; ++tile) {
-      dq += part_q[(tile * rows + row) * g.dk + c];
-      dk += part_k[(tile * rows + row) * g.dk + c];
+  int64_t t = seq - 1;
+  for (; t >= kGroup - 1; t -= kGroup) {
+    float w[kGroup];
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) w[j] = col[(t - j) * dk];
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      run += w[j];
+      col[(t - j) * dk] = run;
     }
-    dqkv[row * g.ld + c] = dq;
-    dqkv[row * g.ld + g.dk + c] = dk;
-    run += g.qkv[row * g.ld + c] * dq - g.qkv[row * g.ld + g.dk + c] * dk;
-    dgk[row * g.dk + c] = run;
+  }
+  for (; t >= 0; --t) {
+    run += col[t * dk];
+    col[t * dk] = run;
   }
 }
 
@@ -537,8 +643,9 @@ Status CudaBackend::GlaForward(const float* qkv, int64_t ld, const float* gk, fl
   const int64_t chunks = CeilDiv(seq, kChunk);
   KEEL_RETURN_IF_ERROR(
       gla_a_.Reserve(static_cast<size_t>(batch * heads * chunks) * kChunk * kChunk * sizeof(float), stream_));
-  const size_t smem = static_cast<size_t>(SmemFloats(g.dkh, false)) * sizeof(float);
-  KEEL_RETURN_IF_ERROR(AllowSmem(GlaIntraKernel, static_cast<size_t>(SmemFloats(g.dkh, true)) * sizeof(float)));
+  const size_t smem = static_cast<size_t>(SmemFloats(g.dkh, false, true)) * sizeof(float);
+  KEEL_RETURN_IF_ERROR(
+      AllowSmem(GlaIntraKernel, static_cast<size_t>(SmemFloats(g.dkh, true, true)) * sizeof(float)));
   KEEL_RETURN_IF_ERROR(AllowSmem(GlaForwardKernel, smem));
   // Every chunk's A at once, then the state's walk over the chunks.
   GlaIntraKernel<<<dim3(static_cast<unsigned int>(chunks), static_cast<unsigned int>(heads),
@@ -572,10 +679,11 @@ Status CudaBackend::GlaBackward(const float* qkv, int64_t ld, const float* gk, c
   const int64_t chunks = CeilDiv(seq, kChunk);
   KEEL_RETURN_IF_ERROR(
       gla_a_.Reserve(static_cast<size_t>(batch * heads * chunks) * kChunk * kChunk * sizeof(float), stream_));
-  const size_t smem = static_cast<size_t>(SmemFloats(g.dkh, true)) * sizeof(float);
+  const size_t smem = static_cast<size_t>(SmemFloats(g.dkh, true, true)) * sizeof(float);
+  const size_t state_smem = static_cast<size_t>(SmemFloats(g.dkh, true, false)) * sizeof(float);
   KEEL_RETURN_IF_ERROR(AllowSmem(GlaIntraKernel, smem));
-  KEEL_RETURN_IF_ERROR(AllowSmem(GlaDqKernel, smem));
-  KEEL_RETURN_IF_ERROR(AllowSmem(GlaDkDvKernel, smem));
+  KEEL_RETURN_IF_ERROR(AllowSmem(GlaDqKernel, state_smem));
+  KEEL_RETURN_IF_ERROR(AllowSmem(GlaDkDvKernel, state_smem));
   // The intra-chunk terms of every chunk at once (dv's first, written), then
   // the state's walks over the chunks (dv's second, added), then the sums.
   GlaIntraKernel<<<dim3(static_cast<unsigned int>(chunks), static_cast<unsigned int>(heads),
@@ -583,12 +691,15 @@ Status CudaBackend::GlaBackward(const float* qkv, int64_t ld, const float* gk, c
                    kGlaThreads, smem, stream_>>>(g, gla_a_.get<float>(), intra_q, intra_k, dqkv);
   NN_LAUNCH_CHECK();
   const dim3 grid(static_cast<unsigned int>(tiles), static_cast<unsigned int>(heads), static_cast<unsigned int>(batch));
-  GlaDqKernel<<<grid, kGlaThreads, smem, stream_>>>(g, part_q);
+  GlaDqKernel<<<grid, kGlaThreads, state_smem, stream_>>>(g, part_q);
   NN_LAUNCH_CHECK();
-  GlaDkDvKernel<<<grid, kGlaThreads, smem, stream_>>>(g, part_k, dqkv);
+  GlaDkDvKernel<<<grid, kGlaThreads, state_smem, stream_>>>(g, part_k, dqkv);
   NN_LAUNCH_CHECK();
-  GlaFinishKernel<<<static_cast<unsigned int>(CeilDiv(batch * dk, kThreads)), kThreads, 0, stream_>>>(
+  GlaFinishKernel<<<static_cast<unsigned int>(CeilDiv(batch * seq * dk, kThreads)), kThreads, 0, stream_>>>(
       g, batch, tiles, intra_q, intra_k, part_q, part_k, dqkv, dgk);
+  NN_LAUNCH_CHECK();
+  GlaGateScanKernel<<<static_cast<unsigned int>(CeilDiv(batch * dk, kThreads)), kThreads, 0, stream_>>>(
+      batch, seq, dk, dgk);
   NN_LAUNCH_CHECK();
   return Status::Ok();
 }
