@@ -47,6 +47,8 @@ The report (OUT/summary.md, OUT/plots/*.svg, OUT/runs.json):
 - per model: every scheme's tokens, final validation loss (its last evaluation), relative gap
   to BF16's, and throughput; CHON's reduction of the NVFP4 recipe's gap (the issue's target: at
   least 30% for gla);
+- per model: the gaps at every evaluation of the second half of training that all its runs
+  share, their means, and CHON's reduction of the recipe's mean gap;
 - the outlier dynamics of each run from its analytics lines (analytics_every): per layer, the
   forward input's top-1 channel over the median channel, its kurtosis, the overlap of its hot
   set with the previous analytics step's and its NVFP4 flush-to-zero rate, early (the first
@@ -241,6 +243,28 @@ def gaps(runs, model):
     return out
 
 
+def gaps_by_evaluation(runs, model):
+    """The gaps to bf16 at every evaluation step that all of the model's runs share, and their mean
+    over the second half of training (steps past half the last shared one): one final evaluation
+    can fall on a lucky or unlucky batch of the data's order, a run of them cannot.
+    Returns (steps, {scheme: [gap per step]}, {scheme: second-half mean}, second-half steps)."""
+    schemes = [s for s in SCHEMES if (model, s) in runs]
+    if "bf16" not in schemes:
+        return [], {}, {}, []
+    vals = {s: {step: v for step, v in runs[(model, s)]["val"] if is_finite(v)} for s in schemes}
+    steps = sorted(set.intersection(*(set(v) for v in vals.values())))
+    per = {}
+    for s in schemes:
+        per[s] = [(vals[s][t] - vals["bf16"][t]) / vals["bf16"][t] if vals["bf16"][t] > 0 else math.nan
+                  for t in steps]
+    late = [i for i, t in enumerate(steps) if steps and t > steps[-1] / 2]
+    means = {}
+    for s in schemes:
+        xs = [per[s][i] for i in late if is_finite(per[s][i])]
+        means[s] = statistics.fmean(xs) if xs else math.nan
+    return steps, per, means, [steps[i] for i in late]
+
+
 def outlier_phases(analytics, role="fwd_x"):
     """Per linear, the mean top1_over_median, kurtosis, hot_overlap and ftz_rate of `role` over the
     first and the last fifth of the analytics steps:
@@ -307,8 +331,31 @@ def write_report(work, out):
             lines.append(f"CHON's gap to bf16 against the NVFP4 recipe's: {pct(chon_gap)} against {pct(recipe_gap)}, "
                          f"a reduction of **{100 * reduction:.1f}%** (the issue's target for gla: at least 30%).")
             lines.append("")
+        steps, per, means, late = gaps_by_evaluation(runs, model)
+        late_reduction = math.nan
+        if late and len(schemes) > 1:
+            others = [s for s in schemes if s != "bf16"]
+            lines += [f"Gap to bf16 at each evaluation of the second half ({len(late)} evaluations every run "
+                      "shares; the mean is the steadier figure):", "",
+                      "| step | " + " | ".join(others) + " |", "|---" * (len(others) + 1) + "|"]
+            for i, t in enumerate(steps):
+                if t in late:
+                    lines.append(f"| {t} | " + " | ".join(pct(per[s][i]) for s in others) + " |")
+            lines.append("| **mean** | " + " | ".join(f"**{pct(means[s])}**" for s in others) + " |")
+            lines.append("")
+            r_mean, c_mean = means.get("nvfp4_recipe"), means.get("chon")
+            if r_mean is not None and c_mean is not None and is_finite(r_mean) and r_mean > 0:
+                late_reduction = 1 - c_mean / r_mean
+                below = sum(1 for i, t in enumerate(steps)
+                            if t in late and per["chon"][i] < per["nvfp4_recipe"][i])
+                lines.append(f"Over the second half, CHON's mean gap is {pct(c_mean)} against the recipe's "
+                             f"{pct(r_mean)}: a reduction of **{100 * late_reduction:.1f}%**; CHON is below the "
+                             f"recipe at {below} of {len(late)} evaluations.")
+                lines.append("")
         summary[model] = {"gaps": g, "chon_reduction": reduction,
-                          "final_val": {s: runs[(model, s)]["final_val"] for s in schemes}}
+                          "final_val": {s: runs[(model, s)]["final_val"] for s in schemes},
+                          "second_half_steps": late, "second_half_mean_gaps": means,
+                          "second_half_chon_reduction": late_reduction}
         # Outlier dynamics of each run's forward inputs.
         for s in schemes:
             phases = outlier_phases(runs[(model, s)]["analytics"])

@@ -63,8 +63,29 @@ class ChonReportTest(unittest.TestCase):
             self.assertIn("| bf16 | 100 | 0.0M | no | 1.9000 | +0.00% |", text)  # sa: not finished
             # top-1/median 10 early, 40 late; overlap 0.2 early, 0.9 late.
             self.assertIn("| layers.0.attn.qkv | 10.0 | 40.0 | 3.0 | 3.0 | 0.20 | 0.90 | 1.00% | 3.00% |", text)
+            # Evaluations at 50 and 100; the second half is step 100 alone.
+            self.assertEqual(summary["gla"]["second_half_steps"], [100])
+            self.assertAlmostEqual(summary["gla"]["second_half_mean_gaps"]["nvfp4_recipe"], 0.02)
+            self.assertAlmostEqual(summary["gla"]["second_half_chon_reduction"], 0.5)
+            self.assertIn("| **mean** | **+2.00%** | **+1.50%** | **+1.00%** |", text)
+            self.assertIn("CHON is below the recipe at 1 of 1 evaluations.", text)
             for plot in ("gla-val.svg", "gla-outliers.svg", "sa-val.svg"):
                 self.assertTrue(read(os.path.join(out, "plots", plot)).startswith("<svg"), plot)
+
+    def test_gaps_by_evaluation_average_the_second_half(self):
+        def run(vals):
+            return {"val": vals}
+        runs = {("gla", "bf16"): run([(100, 2.0), (200, 2.0), (300, 4.0), (400, 2.0)]),
+                ("gla", "nvfp4_recipe"): run([(100, 3.0), (200, 2.1), (300, 4.4), (400, 2.04)]),
+                # chon has no evaluation at 200: only the shared steps count.
+                ("gla", "chon"): run([(100, 2.0), (300, 4.0), (400, 2.02)])}
+        steps, per, means, late = chon.gaps_by_evaluation(runs, "gla")
+        self.assertEqual(steps, [100, 300, 400])
+        self.assertEqual(late, [300, 400])
+        self.assertAlmostEqual(per["nvfp4_recipe"][0], 0.5)
+        self.assertAlmostEqual(means["nvfp4_recipe"], (0.1 + 0.02) / 2)
+        self.assertAlmostEqual(means["chon"], (0.0 + 0.01) / 2)
+        self.assertEqual(chon.gaps_by_evaluation({("gla", "chon"): run([(1, 1.0)])}, "gla"), ([], {}, {}, []))
 
     def test_outlier_phases_take_fifths(self):
         analytics = [(s, {"l": {"fwd_x": {"top1_over_median": float(s), "kurtosis": 1.0}}}) for s in range(1, 11)]
