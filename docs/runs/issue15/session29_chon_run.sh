@@ -3,6 +3,7 @@
 # scheme per GPU (scripts/reproduce-chon, one WORK per scheme so that the four programs share no
 # file), each stopping at DEADLINE seconds and continuing from its checkpoint next call. Then the
 # report over whatever exists, and every run's metrics (no checkpoints) copied to $OUT.
+# (The call ran with that folder named "work"; it is "runs" here, as the repository test wants.)
 #   bash session29_chon_run.sh DEADLINE [tokenize]
 set -u
 deadline=$1
@@ -29,10 +30,10 @@ for s in bf16 nvfp4_recipe chon nvfp4_hcp; do
 done
 scripts/reproduce-chon report --work /tmp/chon --out $OUT/chon > $OUT/report.log 2>&1; echo "report rc=$?"
 for r in /tmp/chon/*-*; do
-  mkdir -p $OUT/work/$(basename $r)
-  cp $r/run.yaml $r/DONE $r/command.txt $OUT/work/$(basename $r)/ 2>/dev/null
-  xz -c $r/metrics.jsonl > $OUT/work/$(basename $r)/metrics.jsonl.xz
+  mkdir -p $OUT/runs/$(basename $r)
+  cp $r/run.yaml $r/DONE $r/command.txt $OUT/runs/$(basename $r)/ 2>/dev/null
+  xz -c $r/metrics.jsonl > $OUT/runs/$(basename $r)/metrics.jsonl.xz
   echo "$(basename $r): $(tail -1 $r/metrics.jsonl | cut -c1-120) $(ls $r/DONE 2>/dev/null)"
 done
-cp /tmp/chon/base.yaml $OUT/work/
+cp /tmp/chon/base.yaml $OUT/runs/
 du -sh $OUT
