@@ -48,7 +48,9 @@ The report (OUT/summary.md, OUT/plots/*.svg, OUT/runs.json):
   to BF16's, and throughput; CHON's reduction of the NVFP4 recipe's gap (the issue's target: at
   least 30% for gla);
 - per model: the gaps at every evaluation of the second half of training that all its runs
-  share, their means, and CHON's reduction of the recipe's mean gap;
+  share, their means, and CHON's reduction of the recipe's mean gap (with unfinished runs, the
+  report says so and gives no reduction of the final gaps);
+- OUT/curves.json: every run's validation losses and its training loss every 100 steps;
 - the outlier dynamics of each run from its analytics lines (analytics_every): per layer, the
   forward input's top-1 channel over the median channel, its kurtosis, the overlap of its hot
   set with the previous analytics step's and its NVFP4 flush-to-zero rate, early (the first
@@ -191,7 +193,9 @@ def read_run(run_dir):
         if isinstance(m.get("analytics"), dict):
             analytics.append((m["step"], m["analytics"]))
     done = os.path.exists(os.path.join(run_dir, "DONE"))
+    train = [(m["step"], metric_number(m.get("loss"))) for m in ms if m["step"] % 100 == 0]
     return {
+        "train_every_100": train,
         "steps": steps[-1] if steps else 0,
         "done": done,
         "val": val,
@@ -324,9 +328,16 @@ def write_report(work, out):
                          f"{fmt(r['final_val'])} | {pct(g.get(s))} | {fmt(r['final_train'])} | "
                          f"{r['tokens_per_s']:,.0f} | {pct(rel)} |")
         lines.append("")
+        finished = all(runs[(model, s)]["done"] for s in schemes)
+        if not finished:
+            lines.append("**Not every run has finished**, so the final losses above are from different steps and "
+                         "their gaps are not comparisons; CHON's reduction is not given. The table of evaluations "
+                         "below uses only the steps every run has reached.")
+            lines.append("")
         recipe_gap, chon_gap = g.get("nvfp4_recipe"), g.get("chon")
         reduction = math.nan
-        if recipe_gap is not None and chon_gap is not None and is_finite(recipe_gap) and recipe_gap > 0:
+        if (finished and recipe_gap is not None and chon_gap is not None and is_finite(recipe_gap)
+                and recipe_gap > 0):
             reduction = 1 - chon_gap / recipe_gap
             lines.append(f"CHON's gap to bf16 against the NVFP4 recipe's: {pct(chon_gap)} against {pct(recipe_gap)}, "
                          f"a reduction of **{100 * reduction:.1f}%** (the issue's target for gla: at least 30%).")
@@ -352,7 +363,7 @@ def write_report(work, out):
                              f"{pct(r_mean)}: a reduction of **{100 * late_reduction:.1f}%**; CHON is below the "
                              f"recipe at {below} of {len(late)} evaluations.")
                 lines.append("")
-        summary[model] = {"gaps": g, "chon_reduction": reduction,
+        summary[model] = {"gaps": g, "chon_reduction": reduction, "finished": finished,
                           "final_val": {s: runs[(model, s)]["final_val"] for s in schemes},
                           "second_half_steps": late, "second_half_mean_gaps": means,
                           "second_half_chon_reduction": late_reduction}
@@ -376,6 +387,10 @@ def write_report(work, out):
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(out, "runs.json"), "w") as f:
         json.dump(summary, f, indent=1, sort_keys=True, default=lambda x: None)
+    # Every run's curves, small enough to carry back from a GPU machine where metrics.jsonl is not.
+    curves = {f"{m}-{s}": {"val": r["val"], "train_every_100": r["train_every_100"]} for (m, s), r in runs.items()}
+    with open(os.path.join(out, "curves.json"), "w") as f:
+        json.dump(curves, f, sort_keys=True, default=lambda x: None)
     log(f"report: {out}/summary.md ({len(runs)} runs)")
 
 

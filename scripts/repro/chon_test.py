@@ -58,6 +58,13 @@ class ChonReportTest(unittest.TestCase):
             self.assertAlmostEqual(summary["gla"]["chon_reduction"], 0.5)
             self.assertEqual(summary["sa"]["gaps"], {"bf16": 0.0})
             text = read(os.path.join(out, "summary.md"))
+            self.assertTrue(summary["gla"]["finished"])
+            self.assertFalse(summary["sa"]["finished"])
+            self.assertIn("**Not every run has finished**", text.split("## gla")[0])
+            self.assertNotIn("**Not every run has finished**", text.split("## gla")[1])
+            curves = json.loads(read(os.path.join(out, "curves.json")))
+            self.assertEqual(curves["gla-bf16"]["val"], [[50, 2.5], [100, 2.0]])
+            self.assertEqual([s for s, _ in curves["gla-chon"]["train_every_100"]], [100])
             self.assertIn("a reduction of **50.0%**", text)
             self.assertIn("| chon | 100 | 0.0M | yes | 2.0200 | +1.00% |", text)
             self.assertIn("| bf16 | 100 | 0.0M | no | 1.9000 | +0.00% |", text)  # sa: not finished
