@@ -156,19 +156,16 @@ __device__ Smem Carve(float* base, int dkh, bool backward, bool chunk_matrices) 
 constexpr int kRows = 8;     // rows of a chunk (positions) per thread
 constexpr int kFeatures = 4;  // rows of the state (key features) per thread
 
-// out(t, jj) = init(t, jj) + sum_{i < len} x[t][i] y[i][jj] for the columns
-// jj < jn of a tile and positions t < n, a thread per (kRows positions, column);
-// x rows are px apart, y rows kPadTile apart. `init(t, jj)` gives the start
-// and `store(t, jj, acc)` takes each result.
-template <typename Init, typename Store>
+// out(t, jj) = sum_{i < len} x[t][i] y[i][jj] for the columns jj < jn of a
+// tile and positions t < n, a thread per (kRows positions, column); x rows are
+// px apart, y rows kPadTile apart. `store(t, jj, acc)` takes each result.
+template <typename Store>
 __device__ __forceinline__ void RowsTimesTile(int n, int jn, int len, const float* x, int px, const float* y,
-                                              Init init, Store store) {
+                                              Store store) {
   for (int idx = threadIdx.x; idx < CeilDiv(n, kRows) * kTile; idx += blockDim.x) {
     const int t0 = idx / kTile * kRows, jj = idx - idx / kTile * kTile;
     if (jj >= jn) continue;
-    float acc[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) acc[r] = init(min(t0 + r, n - 1), jj);
+    float acc[kRows] = {};
     for (int i = 0; i < len; ++i) {
       const float yv = y[i * kPadTile + jj];
 #pragma unroll
@@ -492,11 +489,9 @@ __global__ void __launch_bounds__(kGlaThreads) GlaDkDvKernel(GlaArgs g, float* _
     TileDotRows(n, dkh, s.st, s.v, [&](int u, int i, float acc) {
       my_part[(b * g.seq + c0 + u) * g.dk + int64_t{h} * dkh + i] = s.cum[u * s.p + i] * acc;
     });
-    RowsTimesTile(
-        n, jn, dkh, s.k, s.p, s.st, [](int, int) { return 0.0f; },
-        [&](int u, int jj, float acc) {
-          dqkv[(b * g.seq + c0 + u) * g.ld + 2 * g.dk + int64_t{h} * g.dvh + j0 + jj] += acc;
-        });
+    RowsTimesTile(n, jn, dkh, s.k, s.p, s.st, [&](int u, int jj, float acc) {
+      dqkv[(b * g.seq + c0 + u) * g.ld + 2 * g.dk + int64_t{h} * g.dvh + j0 + jj] += acc;
+    });
     __syncthreads();  // dk and dv read dS before it moves
     UpdateState(n, dkh, s.ends + dkh, s.q, s.p, s.dout, g.scale, s.st);
   }
