@@ -1,0 +1,207 @@
+"""Tests of scripts/policy-grid's own arithmetic, on synthetic runs (the whole path through keeld
+and keel-worker is policy_grid_e2e_test.sh): the blow-up rule, a run directory's summary
+(replays, events, the language model's ratio), the pairing of policy runs with their unprotected
+twins and references (caught, warning, rescued, false alarms, extra compute), the report's lines,
+and the sweep files `gen` writes."""
+import contextlib
+import importlib.machinery
+import importlib.util
+import io
+import json
+import math
+import os
+import sys
+import tempfile
+import unittest
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_loader = importlib.machinery.SourceFileLoader("policy_grid", os.path.join(_HERE, "policy-grid"))
+_spec = importlib.util.spec_from_loader("policy_grid", _loader)
+pg = importlib.util.module_from_spec(_spec)
+_loader.exec_module(pg)
+
+
+def summary(variant, fmt, seed, **kw):
+    """A run's summary as `run` writes it, for a (layers 4, width 256, lr 1e-3) grid of 1000 steps."""
+    start = kw.pop("start_scheme", fmt)
+    s = {"id": f"{variant}-{fmt}-{seed}", "state": "SUCCEEDED", "variant": variant, "layers": 4, "width": 256,
+         "lr": 1e-3, "seed": seed, "format": fmt, "steps": 1000, "restarts": 0, "message": "", "rows": 1000,
+         "last_step": 1000, "final_loss": 1.0, "language_model": False, "blowup_step": None, "wall_s": 100.0,
+         "step_ms_median": 10.0, "start_scheme": start, "final_scheme": start, "rows_per_scheme": {start: 1000},
+         "events": [], "first_action_step": None, "_source": "grid"}
+    s.update(kw)
+    return s
+
+
+def grid(reference="fp32"):
+    """Three seeds of mxfp8_e4m3: seed 1 blows up at 500 unprotected and the policy catches it at 480
+    (a rollback replays 20 steps, 520 steps run in the reference scheme) and finishes at 1.0; seed 2
+    never blows up but the policy acts at 300 (a false alarm); seed 3 is healthy and untouched."""
+    ref = [summary("fp32", reference, seed, final_loss=0.95, step_ms_median=20.0) for seed in (1, 2, 3)]
+    return ref + [
+        summary("plain", "mxfp8_e4m3", 1, blowup_step=500, final_loss=None),
+        summary("default", "mxfp8_e4m3", 1, first_action_step=480, rows=1020,
+                rows_per_scheme={"mxfp8_e4m3": 500, reference: 520}, final_scheme=reference,
+                events=[{"step": 480, "kind": "rollback", "message": ""},
+                        {"step": 480, "kind": "switch_precision", "message": ""}]),
+        summary("plain", "mxfp8_e4m3", 2, final_loss=0.97),
+        summary("default", "mxfp8_e4m3", 2, first_action_step=300, final_loss=0.96,
+                events=[{"step": 300, "kind": "scale_lr", "message": ""}]),
+        summary("plain", "mxfp8_e4m3", 3, final_loss=0.97),
+        summary("default", "mxfp8_e4m3", 3, final_loss=0.97),
+    ]
+
+
+def report_text(runs):
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "grid-runs.jsonl")
+        with open(path, "w") as f:
+            for r in runs:
+                f.write(json.dumps({k: v for k, v in r.items() if k != "_source"}) + "\n")
+        out = os.path.join(d, "report.md")
+        with contextlib.redirect_stdout(io.StringIO()):
+            pg.report(type("Args", (), {"runs": [path], "series": [], "o": out})())
+        with open(out) as f:
+            return f.read()
+
+
+class BlowupTest(unittest.TestCase):
+    def test_warmup_is_ignored_then_ratio_or_non_finite_counts(self):
+        rows = [{"step": s, "loss": 10.0 / s} for s in range(1, 101)]  # 10, 5, 3.3, ... 0.1
+        rows[2]["loss"] = 1e9        # step 3: within the warm-up (5% of 100 steps)
+        rows[1]["loss"] = math.nan   # step 2: likewise
+        self.assertIsNone(pg.blowup_step(rows, 100))
+        spiked = [dict(r) for r in rows]
+        spiked[59]["loss"] = 10.0 * (10.0 / 59) + 0.01  # step 60: just above 10x the lowest so far
+        self.assertEqual(pg.blowup_step(spiked, 100), 60)
+        self.assertIsNone(pg.blowup_step(spiked[:59] + [dict(spiked[59], loss=9.9 * 10.0 / 59)], 100))
+        nan = [dict(r) for r in rows]
+        nan[79]["loss"] = math.inf
+        self.assertEqual(pg.blowup_step(nan, 100), 80)
+        # A language model's ratio is 1.5: a rise to 1.6x the lowest blows up.
+        lm = [{"step": s, "loss": 3.0} for s in range(1, 101)]
+        lm[49]["loss"] = 4.9
+        self.assertEqual(pg.blowup_step(lm, 100, pg.LM_BLOWUP_RATIO), 50)
+        self.assertIsNone(pg.blowup_step(lm, 100))
+
+
+class SummarizeTest(unittest.TestCase):
+    def test_replays_events_and_the_language_models_ratio(self):
+        with tempfile.TemporaryDirectory() as d:
+            rows = [{"step": s, "loss": 3.0, "scheme": "mxfp8_e4m3", "step_ms": 10.0, "unix_ms": 1000 * s}
+                    for s in range(1, 41)]
+            rows[29]["loss"] = 5.0  # step 30: 1.67x, a language model's blow-up
+            # A rollback from step 30 to 25, then steps 26..40 again in bf16.
+            rows += [{"step": s, "loss": 3.0, "scheme": "bf16", "step_ms": 20.0, "unix_ms": 1000 * (s + 15)}
+                     for s in range(26, 41)]
+            with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+                for r in rows:
+                    f.write(json.dumps(r) + "\n")
+            with open(os.path.join(d, "run.yaml"), "w") as f:
+                f.write("model: {type: gpt, layers: 2}\n")
+            with open(os.path.join(d, "events.jsonl"), "w") as f:
+                f.write(json.dumps({"step": 25, "kind": "rollback", "message": "to step 25 from step 30 (spike)"}) + "\n")
+                f.write(json.dumps({"step": 25, "kind": "switch_precision", "message": "mxfp8_e4m3 -> bf16"}) + "\n")
+            run = {"id": "run-7", "state": "SUCCEEDED", "steps": 40,
+                   "axes": {"model.layers": "2", "model.width": "64", "optimizer.lr": "0.001", "seed": "1",
+                            "precision": "mxfp8_e4m3", "policy": "default"}}
+            s, series = pg.summarize(run, d)
+        self.assertEqual(s["variant"], "default")
+        self.assertTrue(s["language_model"])
+        self.assertEqual(s["rows"], 55)
+        self.assertEqual(s["rows_per_scheme"], {"mxfp8_e4m3": 40, "bf16": 15})
+        # The kept timeline has the replayed steps, so the spike at 30 is gone.
+        self.assertIsNone(s["blowup_step"])
+        self.assertEqual(s["first_action_step"], 30)  # the rollback's firing step, from its message
+        self.assertEqual((s["start_scheme"], s["final_scheme"]), ("mxfp8_e4m3", "bf16"))
+        self.assertEqual(s["last_step"], 40)
+        self.assertEqual(len(series[1]), 40)
+
+
+class AnalyseTest(unittest.TestCase):
+    def test_caught_rescued_false_alarm_and_extra_compute(self):
+        rows = {r["seed"]: r for r in pg.analyse(grid())}
+        self.assertEqual(sorted(rows), [1, 2, 3])
+        one, two, three = rows[1], rows[2], rows[3]
+        self.assertTrue(one["blew"] and one["caught"] and one["rescued"])
+        self.assertEqual(one["warning"], 20)
+        self.assertEqual((one["level"], one["level_from"]), (0.95, "fp32"))
+        # 20 replayed steps, and 520 in a scheme that costs 2x: (20 + 520 x (2 - 1)) / 1000.
+        self.assertAlmostEqual(one["extra"], 0.54)
+        self.assertTrue(two["false_alarm"] and not two["blew"])
+        self.assertEqual(two["extra"], 0.0)
+        self.assertFalse(three["acted"] or three["false_alarm"] or three["blew"])
+
+    def test_a_run_above_the_rescue_factor_is_not_rescued(self):
+        runs = grid()
+        for r in runs:
+            if r["variant"] == "default" and r["seed"] == 1:
+                r["final_loss"] = 1.1 * 0.95 * 1.01
+        one = [r for r in pg.analyse(runs) if r["seed"] == 1][0]
+        self.assertTrue(one["caught"])
+        self.assertFalse(one["rescued"])
+
+    def test_the_report_counts_and_names_the_reference(self):
+        text = report_text(grid())
+        self.assertIn("- configurations x seeds with a policy run and its unprotected twin: 3", text)
+        self.assertIn("- blew up unprotected: 1/3 (33%)", text)
+        self.assertIn("- caught (the policy acted at or before the blow-up): 1/1 (100%)", text)
+        self.assertIn("**1/1 (100%)** (target >= 95%)", text)
+        self.assertIn("**1/3 (33%)** of all runs (target <= 5%)", text)
+        self.assertIn("mean **18.0%**, median 0.0%, max 54.0%", text)
+        self.assertIn("median 20 steps", text)
+        self.assertIn("| mxfp8_e4m3 | 4 | 256 | 0.001 | 1 | 500, - | 480, 1, fp32 (SUCCEEDED) | 0.95 (fp32) | rescued |",
+                      text)
+        self.assertIn("false alarm", text)
+        # A language model's grid: its reference is bf16, and the report says so.
+        lm = report_text(grid(reference="bf16"))
+        self.assertIn("| 0.95 (bf16) | rescued |", lm)
+
+
+class GenTest(unittest.TestCase):
+    def gen(self, *argv):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "sweep.yaml")
+            saved = sys.argv
+            sys.argv = ["policy-grid", "gen", *argv, "-o", out]
+            try:
+                with contextlib.redirect_stdout(io.StringIO()) as said:
+                    pg.main()
+            finally:
+                sys.argv = saved
+            with open(out) as f:
+                return f.read(), said.getvalue()
+
+    def test_the_language_model_grid(self):
+        text, said = self.gen("--name", "lm", "--model", "gpt", "--layers", "8", "--widths", "512", "--lrs",
+                              "2e-3,4e-3", "--seeds", "1,2", "--train", "t.bin", "--val", "v.bin")
+        self.assertIn("model: {type: gpt, layers: 8, width: 512, heads: 8, context: 1024", text)
+        self.assertIn("precision: [mxfp8_e4m3, mxfp8_e4m3, mxfp4, mxfp4, bf16]", text)
+        self.assertIn("policy: [{}, default, {}, default, {}]", text)
+        self.assertIn("steps: 3000", text)
+        self.assertIn("batch: 16", text)
+        self.assertIn("backend: cuda", text)
+        self.assertIn("resources: {gpus: 0.25}", text)
+        self.assertTrue(said.endswith("sweep.yaml: 20 runs\n"), said)  # 2 lrs x 2 seeds x 5 runs
+
+    def test_cpu_backend_and_sizes(self):
+        text, _ = self.gen("--name", "tiny", "--model", "gpt", "--layers", "2", "--widths", "64", "--lrs", "1e-3",
+                           "--seeds", "1", "--steps", "4", "--batch", "2", "--seq", "64", "--backend", "cpu",
+                           "--train", "t.bin", "--val", "v.bin")
+        self.assertIn("backend: cpu", text)
+        self.assertIn("batch: 2", text)
+        self.assertIn("seq: 64", text)
+        self.assertNotIn("resources:", text)
+        proxy, _ = self.gen("--name", "p", "--layers", "3", "--widths", "256", "--lrs", "1e-3", "--seeds", "1",
+                            "--probation", "500")
+        self.assertIn("batch: 2048", proxy)
+        self.assertIn("policy: [{}, default, {preset: default, probation: {after: 500}}", proxy)
+
+    def test_the_language_model_needs_its_shards(self):
+        with self.assertRaises(SystemExit) as e, contextlib.redirect_stderr(io.StringIO()):
+            self.gen("--name", "lm", "--model", "gpt", "--widths", "512")
+        self.assertIn("needs --train and --val", str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
