@@ -52,6 +52,11 @@ def grid(reference="fp32"):
     ]
 
 
+def has_all(test, text, *lines):
+    for line in lines:
+        test.assertIn(line, text)
+
+
 def report_text(runs):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "grid-runs.jsonl")
@@ -142,17 +147,16 @@ class AnalyseTest(unittest.TestCase):
         self.assertFalse(one["rescued"])
 
     def test_the_report_counts_and_names_the_reference(self):
-        text = report_text(grid())
-        self.assertIn("- configurations x seeds with a policy run and its unprotected twin: 3", text)
-        self.assertIn("- blew up unprotected: 1/3 (33%)", text)
-        self.assertIn("- caught (the policy acted at or before the blow-up): 1/1 (100%)", text)
-        self.assertIn("**1/1 (100%)** (target >= 95%)", text)
-        self.assertIn("**1/3 (33%)** of all runs (target <= 5%)", text)
-        self.assertIn("mean **18.0%**, median 0.0%, max 54.0%", text)
-        self.assertIn("median 20 steps", text)
-        self.assertIn("| mxfp8_e4m3 | 4 | 256 | 0.001 | 1 | 500, - | 480, 1, fp32 (SUCCEEDED) | 0.95 (fp32) | rescued |",
-                      text)
-        self.assertIn("false alarm", text)
+        has_all(self, report_text(grid()),
+                "- configurations x seeds with a policy run and its unprotected twin: 3",
+                "- blew up unprotected: 1/3 (33%)",
+                "- caught (the policy acted at or before the blow-up): 1/1 (100%)",
+                "**1/1 (100%)** (target >= 95%)",
+                "**1/3 (33%)** of all runs (target <= 5%)",
+                "mean **18.0%**, median 0.0%, max 54.0%",
+                "median 20 steps",
+                "| mxfp8_e4m3 | 4 | 256 | 0.001 | 1 | 500, - | 480, 1, fp32 (SUCCEEDED) | 0.95 (fp32) | rescued |",
+                "false alarm")
         # A language model's grid: its reference is bf16, and the report says so.
         lm = report_text(grid(reference="bf16"))
         self.assertIn("| 0.95 (bf16) | rescued |", lm)
@@ -175,22 +179,16 @@ class GenTest(unittest.TestCase):
     def test_the_language_model_grid(self):
         text, said = self.gen("--name", "lm", "--model", "gpt", "--layers", "8", "--widths", "512", "--lrs",
                               "2e-3,4e-3", "--seeds", "1,2", "--train", "t.bin", "--val", "v.bin")
-        self.assertIn("model: {type: gpt, layers: 8, width: 512, heads: 8, context: 1024", text)
-        self.assertIn("precision: [mxfp8_e4m3, mxfp8_e4m3, mxfp4, mxfp4, bf16]", text)
-        self.assertIn("policy: [{}, default, {}, default, {}]", text)
-        self.assertIn("steps: 3000", text)
-        self.assertIn("batch: 16", text)
-        self.assertIn("backend: cuda", text)
-        self.assertIn("resources: {gpus: 0.25}", text)
+        has_all(self, text, "model: {type: gpt, layers: 8, width: 512, heads: 8, context: 1024",
+                "precision: [mxfp8_e4m3, mxfp8_e4m3, mxfp4, mxfp4, bf16]", "policy: [{}, default, {}, default, {}]",
+                "steps: 3000", "batch: 16", "backend: cuda", "resources: {gpus: 0.25}")
         self.assertTrue(said.endswith("sweep.yaml: 20 runs\n"), said)  # 2 lrs x 2 seeds x 5 runs
 
     def test_cpu_backend_and_sizes(self):
         text, _ = self.gen("--name", "tiny", "--model", "gpt", "--layers", "2", "--widths", "64", "--lrs", "1e-3",
                            "--seeds", "1", "--steps", "4", "--batch", "2", "--seq", "64", "--backend", "cpu",
                            "--train", "t.bin", "--val", "v.bin")
-        self.assertIn("backend: cpu", text)
-        self.assertIn("batch: 2", text)
-        self.assertIn("seq: 64", text)
+        has_all(self, text, "backend: cpu", "batch: 2", "seq: 64")
         self.assertNotIn("resources:", text)
         proxy, _ = self.gen("--name", "p", "--layers", "3", "--widths", "256", "--lrs", "1e-3", "--seeds", "1",
                             "--probation", "500")
