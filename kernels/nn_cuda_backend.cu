@@ -239,16 +239,21 @@ void Scratch::Release(cudaStream_t stream) {
 // Set-up, memory
 // ============================================================================
 
+std::vector<Scratch*> CudaBackend::MainStreamScratch() {
+  return {&op_a_,          &op_b_,       &codes_,      &partials_,   &adam_table_, &quant_temp_, &hcp_partials_,
+          &hcp_means_,     &hcp_scores_, &hcp_sort_,   &hcp_index_,  &hcp_cols_,   &hcp_wide_a_, &hcp_wide_b_,
+          &align_in_,      &x_seen_,     &attn_q_,     &attn_k_,     &attn_v_,     &attn_o_,     &attn_delta_,
+          &attn_s_,        &attn_p_,     &attn_dp_,    &attn_ds_,    &attn_dq_,    &attn_dk_,    &attn_dv_,
+          &embed_,         &gla_parts_,  &gla_a_,      &reduce_desc_};
+}
+
 CudaBackend::~CudaBackend() {
   if (side_stream_ != nullptr) cudaStreamSynchronize(side_stream_);
   stream_ = main_stream_;
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   ReleaseOutlierAnalytics();  // Free still works here
-  Scratch* scratch[] = {&outlier_scratch_, &op_a_,    &op_b_,    &codes_,   &partials_, &quant_temp_,
-                        &attn_q_,  &attn_k_,  &attn_v_,  &attn_o_,  &attn_p_,   &attn_dp_, &attn_ds_,
-                        &attn_dq_, &attn_dk_, &attn_dv_, &attn_s_,  &attn_delta_, &embed_, &reduce_desc_,
-                        &align_in_, &gla_parts_, &gla_a_};
-  for (Scratch* s : scratch) s->Release(stream_);
+  outlier_scratch_.Release(stream_);
+  for (Scratch* s : MainStreamScratch()) s->Release(stream_);
   for (auto* kept : {&kept_x_, &kept_w_}) {
     for (auto& k : *kept) {
       if (k != nullptr) k->values.Release(stream_);
@@ -290,10 +295,7 @@ Status CudaBackend::Init() {
                  "GEMMs";
   KEEL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   main_stream_ = stream_;
-  for (Scratch* s : {&op_a_, &op_b_, &codes_, &partials_, &quant_temp_, &attn_q_, &attn_k_, &attn_v_, &attn_o_,
-                     &attn_p_, &attn_dp_, &attn_ds_, &attn_dq_, &attn_dk_, &attn_dv_, &attn_s_, &attn_delta_,
-                     &embed_, &reduce_desc_, &align_in_, &gla_parts_, &gla_a_})
-    s->RefuseWhile(&on_side_);
+  for (Scratch* s : MainStreamScratch()) s->RefuseWhile(&on_side_);
   // Scratch comes from the device's default pool (cudaMallocAsync): keep what it
   // holds instead of returning it to the driver at every synchronisation.
   cudaMemPool_t pool;

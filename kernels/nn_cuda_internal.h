@@ -682,6 +682,10 @@ class CudaBackend final : public Backend {
   Scratch gla_a_;                      // GLA: every chunk's intra-chunk matrix A
   Scratch reduce_desc_;                // the reductions' span descriptors
   Scratch outlier_scratch_;            // AddOutlierSums' partials and tensor amax
+  // Every scratch above but outlier_scratch_: the main stream's, refused to side
+  // work (Init) and released with the backend (with outlier_scratch_). One list,
+  // so that a new scratch gets both.
+  std::vector<Scratch*> MainStreamScratch();
 };
 
 }  // namespace nncuda
