@@ -343,12 +343,11 @@ Status CudaBackend::HcpScores(HcpGemm gemm, const float* x, const float* w, int6
   Operand qa, qb;
   KEEL_RETURN_IF_ERROR(PrepareOperand(x, rows, a_cols, 1, ra, quiet, bf16, &op_a_, &qa).WithPrefix("HcpScores: "));
   KEEL_RETURN_IF_ERROR(PrepareOperand(w, out, in, fwd ? 1 : 0, rb, quiet, bf16, &op_b_, &qb).WithPrefix("HcpScores: "));
-  if (fwd) {
-    return HcpScoresOf(HcpSide{x, in, 1, qa.data, qa.tensor_scale, bf16, in, 1, false, rows},
-                       HcpSide{w, in, 1, qb.data, qb.tensor_scale, bf16, in, 1, false, out}, in, scores);
-  }
-  return HcpScoresOf(HcpSide{x, out, 1, qa.data, qa.tensor_scale, bf16, out, 1, false, rows},
-                     HcpSide{w, 1, in, qb.data, qb.tensor_scale, bf16, 1, in, false, in}, out, scores);
+  // The sides LinearForward and LinearBackward's dgrad patch.
+  const HcpSide a = HcpAlongRows(x, rows, a_cols, qa.data, qa.tensor_scale, bf16);
+  const HcpSide b = fwd ? HcpAlongRows(w, out, in, qb.data, qb.tensor_scale, bf16)
+                        : HcpDownColumns(w, in, qb.data, qb.tensor_scale, bf16, false);
+  return HcpScoresOf(a, b, a_cols, scores);
 }
 
 Status CudaBackend::HcpTopK(const float* scores, int64_t count, int32_t k, int32_t* index) {

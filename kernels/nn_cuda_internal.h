@@ -178,6 +178,19 @@ struct HcpSide {
   int64_t n;
 };
 
+// The two shapes a linear layer's GEMMs contract their operands in, for a
+// source (rows x cols, row-major) and its quantized operand q laid out alike:
+// along each row (j a column: the forward's x and w, the dgrad's dy), or down
+// each column (j a row: the dgrad's w, the wgrad's dy and x, rotated when rht).
+inline HcpSide HcpAlongRows(const float* src, int64_t rows, int64_t cols, const void* q, const float* scale,
+                            bool q_bf16) {
+  return HcpSide{src, cols, 1, q, scale, q_bf16, cols, 1, false, rows};
+}
+inline HcpSide HcpDownColumns(const float* src, int64_t cols, const void* q, const float* scale, bool q_bf16,
+                              bool rht) {
+  return HcpSide{src, 1, cols, q, scale, q_bf16, 1, cols, rht, cols};
+}
+
 // ---- cuBLASLt ------------------------------------------------------------------------
 
 // One (strided-batched) GEMM in cuBLASLt's column-major terms:

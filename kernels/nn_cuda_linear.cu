@@ -849,8 +849,8 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
   KEEL_RETURN_IF_ERROR(Alpha(qx, qw, 0, &g.alpha));
   // The hot input channels' residual products (docs/hcp.md): folded into this
   // GEMM when it is BF16, else a second GEMM after it.
-  const HcpSide hcp_a{x, in, 1, qx.data, qx.tensor_scale, bf16, in, 1, false, rows};
-  const HcpSide hcp_b{w, in, 1, qw.data, qw.tensor_scale, bf16, in, 1, false, out};
+  const HcpSide hcp_a = HcpAlongRows(x, rows, in, qx.data, qx.tensor_scale, bf16);
+  const HcpSide hcp_b = HcpAlongRows(w, out, in, qw.data, qw.tensor_scale, bf16);
   const int32_t* hot = nullptr;
   if (q.hcp_fwd.count > 0) {
     KEEL_RETURN_IF_ERROR(HotSet(hcp_a, hcp_b, in, q.hcp_fwd, &hot));
@@ -962,8 +962,8 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     KEEL_RETURN_IF_ERROR(Alpha(qdy, qw, 1, &g.alpha));
     // The hot output channels (A = dy along out, B = w down its columns):
     // folded into a BF16 GEMM, else a second GEMM after it.
-    const HcpSide hcp_a{dy, out, 1, qdy.data, qdy.tensor_scale, bf16_dgrad, out, 1, false, rows};
-    const HcpSide hcp_b{w, 1, in, qw.data, qw.tensor_scale, bf16_dgrad, 1, in, false, in};
+    const HcpSide hcp_a = HcpAlongRows(dy, rows, out, qdy.data, qdy.tensor_scale, bf16_dgrad);
+    const HcpSide hcp_b = HcpDownColumns(w, in, qw.data, qw.tensor_scale, bf16_dgrad, false);
     const int32_t* hot = nullptr;
     if (q.hcp_dgrad.count > 0) {
       KEEL_RETURN_IF_ERROR(HotSet(hcp_a, hcp_b, out, q.hcp_dgrad, &hot));
@@ -1013,8 +1013,8 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     // the wgrad roles take the RHT), chosen now: folded into a BF16 GEMM, else
     // a second GEMM after it.
     const bool rht = f_wdy.quantized() && f_wdy.rht;
-    const HcpSide hcp_a{dy, 1, out, qdy_w.data, qdy_w.tensor_scale, bf16_wgrad, 1, out, rht, out};
-    const HcpSide hcp_b{x, 1, in, qx.data, qx.tensor_scale, bf16_wgrad, 1, in, rht, in};
+    const HcpSide hcp_a = HcpDownColumns(dy, out, qdy_w.data, qdy_w.tensor_scale, bf16_wgrad, rht);
+    const HcpSide hcp_b = HcpDownColumns(x, in, qx.data, qx.tensor_scale, bf16_wgrad, rht);
     const int32_t* hot = nullptr;
     if (q.hcp_wgrad_rows > 0) {
       KEEL_RETURN_IF_ERROR(hcp_index_.Reserve(static_cast<size_t>(q.hcp_wgrad_rows) * sizeof(int32_t), stream_));
