@@ -143,15 +143,7 @@ Status Model::BeginHcpStep(const PrecisionScheme& scheme, bool choose) {
   if (!hot_held_ || hot_scheme_ != key) choose = true;
   if (!choose) return Status::Ok();
   const int64_t layers = static_cast<int64_t>(linear_names_.size());
-  if (hot_index_ == nullptr || hot_channels_ != scheme.hcp_channels) {
-    // Every layer's two sets at this scheme's channel count.
-    void* p = nullptr;
-    const int64_t ints = layers * 2 * scheme.hcp_channels;
-    KEEL_RETURN_IF_ERROR(ScratchBytes(static_cast<size_t>(ints) * sizeof(int32_t), &p));
-    hot_index_ = static_cast<int32_t*>(p);
-    hot_capacity_ = ints;
-    hot_channels_ = scheme.hcp_channels;
-  }
+  KEEL_RETURN_IF_ERROR(HotIndexFor(scheme.hcp_channels));
   hot_fwd_.assign(static_cast<size_t>(layers), 0);
   hot_dgrad_.assign(static_cast<size_t>(layers), 0);
   // Each layer's set size, once per choice: its contraction may be narrower.
@@ -164,6 +156,18 @@ Status Model::BeginHcpStep(const PrecisionScheme& scheme, bool choose) {
   hot_held_ = false;
   hot_scheme_ = key;
   hcp_choosing_ = true;
+  return Status::Ok();
+}
+
+Status Model::HotIndexFor(int channels) {
+  if (hot_index_ != nullptr && hot_channels_ == channels) return Status::Ok();
+  // Every layer's two sets at this channel count.
+  const int64_t ints = static_cast<int64_t>(linear_names_.size()) * 2 * channels;
+  void* p = nullptr;
+  KEEL_RETURN_IF_ERROR(ScratchBytes(static_cast<size_t>(ints) * sizeof(int32_t), &p));
+  hot_index_ = static_cast<int32_t*>(p);
+  hot_capacity_ = ints;
+  hot_channels_ = channels;
   return Status::Ok();
 }
 
@@ -274,13 +278,7 @@ Status Model::HotSetsFromText(const std::string& text, const PrecisionScheme& sc
   KEEL_RETURN_IF_ERROR(ParseHotSets(text, scheme, &parsed));
   hot_held_ = false;
   if (!parsed.held) return Status::Ok();
-  if (hot_index_ == nullptr || hot_channels_ != scheme.hcp_channels) {
-    void* p = nullptr;
-    KEEL_RETURN_IF_ERROR(ScratchBytes(parsed.index.size() * sizeof(int32_t), &p));
-    hot_index_ = static_cast<int32_t*>(p);
-    hot_capacity_ = static_cast<int64_t>(parsed.index.size());
-    hot_channels_ = scheme.hcp_channels;
-  }
+  KEEL_RETURN_IF_ERROR(HotIndexFor(scheme.hcp_channels));  // parsed.index has its size
   KEEL_RETURN_IF_ERROR(backend_->Upload(hot_index_, parsed.index.data(), parsed.index.size() * sizeof(int32_t)));
   hot_fwd_ = parsed.fwd;
   hot_dgrad_ = parsed.dgrad;

@@ -213,6 +213,8 @@ class Model {
     std::vector<int32_t> index, fwd, dgrad;  // index: layers x 2 x channels
   };
   Status ParseHotSets(const std::string& text, const PrecisionScheme& scheme, ParsedHotSets* out) const;
+  // hot_index_ sized for `channels` per set (allocated when it is not yet).
+  Status HotIndexFor(int channels);
   // Hot sets: per layer, hcp_channels_ int32s for the forward and as many for
   // the dgrad, in one device buffer (layer-major), with the counts used.
   int32_t* hot_index_ = nullptr;
