@@ -114,11 +114,11 @@ const std::vector<PresetDef>& PresetDefs() {
       {{"nvfp4_recipe",
         "NVFP4 recipe: 16x16 weights, RHT on wgrad operands, SR on gradients, first and last "
         "block and the head in bf16, layernorm affine bf16"},
-       [](PrecisionScheme* s) { Nvfp4Recipe(s); }},
+       Nvfp4Recipe},
       {{"nvfp4_hcp",
         "nvfp4_recipe plus the Hot-Channel Patch: 32 hot channels of every forward and dgrad GEMM, "
         "re-chosen every 100 steps"},
-       [](PrecisionScheme* s) { Nvfp4Hcp(s); }},
+       Nvfp4Hcp},
       {{"chon", "CHON: nvfp4_hcp plus post-QK protection (post_qk_bf16; llama and gla models)"},
        [](PrecisionScheme* s) {
          Nvfp4Hcp(s);
