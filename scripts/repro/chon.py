@@ -11,7 +11,6 @@ import math
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 
@@ -269,6 +268,16 @@ def gaps_by_evaluation(runs, model):
     return steps, per, means, [steps[i] for i in late]
 
 
+def linears_of(analytics):
+    """The linear layers named in a run's analytics lines, in the order they first appear."""
+    linears = []
+    for _, a in analytics:
+        for linear in a:
+            if linear not in linears:
+                linears.append(linear)
+    return linears
+
+
 def outlier_phases(analytics, role="fwd_x"):
     """Per linear, the mean top1_over_median, kurtosis, hot_overlap and ftz_rate of `role` over the
     first and the last fifth of the analytics steps:
@@ -278,13 +287,8 @@ def outlier_phases(analytics, role="fwd_x"):
     n = len(analytics)
     k = max(1, n // 5)
     phases = {"early": analytics[:k], "late": analytics[-k:]}
-    linears = []
-    for _, a in analytics:
-        for linear in a:
-            if linear not in linears:
-                linears.append(linear)
     out = {}
-    for linear in linears:
+    for linear in linears_of(analytics):
         row = {}
         for name, part in phases.items():
             vals = {"top1_over_median": [], "kurtosis": [], "hot_overlap": [], "ftz_rate": []}
@@ -402,13 +406,8 @@ def plot_model(out, model, runs):
     # The bf16 run's outliers (else the first run's), per layer.
     scheme = "bf16" if "bf16" in runs else next(iter(runs))
     analytics = runs[scheme]["analytics"]
-    linears = []
-    for _, a in analytics:
-        for linear in a:
-            if linear not in linears:
-                linears.append(linear)
     top1, overlap = [], []
-    for linear in linears:
+    for linear in linears_of(analytics):
         xs = [step for step, _ in analytics]
         t = [metric_number(a.get(linear, {}).get("fwd_x", {}).get("top1_over_median")) for _, a in analytics]
         o = [metric_number(a.get(linear, {}).get("fwd_x", {}).get("hot_overlap")) for _, a in analytics]
