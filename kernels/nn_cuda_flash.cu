@@ -1,7 +1,7 @@
 // Fused causal attention for bf16 operands (see nn_cuda_flash.h for the
-// numbers). A block is 4 warps. The forward gives each warp 32 query rows (two
-// 16-row MMA tiles, so every K and V fragment read from shared memory feeds two
-// products): 128 rows a block. The backward gives each warp 16 rows of a 64-row
+// numbers). A block is 4 warps. The forward gives each warp kFwdTiles 16-row
+// MMA tiles of query rows (with two, every K and V fragment read from shared
+// memory feeds two products). The backward gives each warp 16 rows of a 64-row
 // tile (query rows in the dQ kernel, key rows in the dK/dV kernel). The other
 // side streams through shared memory 64 rows at a time.
 //
@@ -37,7 +37,10 @@ using bf16 = __nv_bfloat16;
 constexpr int kTile = 64;         // rows of a streamed tile; rows of a backward block
 constexpr int kWarps = 4;
 constexpr int kBlockThreads = 32 * kWarps;
-constexpr int kFwdTiles = 2;      // 16-row MMA tiles per warp in the forward
+// 16-row MMA tiles per warp in the forward. One: 125 registers, four blocks per SM
+// (two tiles took 235 registers and held two blocks, 8 warps, per SM; ncu found
+// that forward latency-bound at 33% issue utilization).
+constexpr int kFwdTiles = 1;
 constexpr int kFwdRows = 16 * kFwdTiles * kWarps;  // query rows of a forward block
 constexpr int kPad = 8;           // bf16 of padding per shared row: conflict-free fragment loads
 constexpr float kLog2e = 1.4426950408889634f;
