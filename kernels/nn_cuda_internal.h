@@ -648,8 +648,13 @@ class CudaBackend final : public Backend {
   Status XSeen(const LinearQuant& q, const float* x, int64_t rows, int64_t in, const float** seen);
   // dst (rows x cols fp32, row-major) = the bf16 values of src (rows ld apart).
   Status Bf16RowsToFloat(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, float* dst);
-  // Sets ce_shared_limit_ and opts the one-read cross-entropy kernels in to it.
+  // Sets ce_shared_limit_ and ce_sm_shared_ and opts the one-read cross-entropy
+  // kernels in to the limit.
   Status CeSharedLimit();
+  // The columns of each row the fused cross-entropy kernels copy into shared
+  // memory (after CeSharedLimit): half the row when two blocks then share an SM,
+  // else the whole row when it fits, else 0 (no copy).
+  int64_t CeSplit(int64_t vocab, int64_t padded, bool vec) const;
   std::vector<std::unique_ptr<KeptOperand>> kept_x_, kept_w_;  // by keep_slot
   // The entry for keep_slot in *kept (grown on demand), or null when the two
   // roles cannot share one rounding (see LinearQuant::keep_slot); an entry
@@ -670,6 +675,9 @@ class CudaBackend final : public Backend {
   // on its first call: the device's opt-in limit less the kernel's static shared
   // memory; -1 before.
   int64_t ce_shared_limit_ = -1;
+  // An SM's shared memory (bytes) and what two of those kernels' blocks take of
+  // it besides their rows: static shared memory and the driver's reserve.
+  int64_t ce_sm_shared_ = 0, ce_block_overhead_ = 0;
 
   // Scratch, grown on demand and kept.
   Scratch op_a_, op_b_;                // quantized GEMM operands

@@ -456,8 +456,23 @@ constexpr int kCeThreads = 512;
 // float4 t, t + kCeThreads, ... of the ceil(vocab / 4) that hold real columns
 // (the padding after them adds nothing, so it is not read); else columns t,
 // t + kCeThreads, ... . The reduction order, and so the bits, depend on vec, the
-// thread count and nothing else; row may be global or shared memory.
-__device__ __forceinline__ void RowMaxSum(const float* row, int64_t vocab, bool vec, float* max_out,
+// thread count and nothing else; where each element is read from (CeRow) does
+// not change them.
+// A row of logits: its columns [0, split) from `shared` (the fused kernel's copy
+// in shared memory), the rest from `global`. split = 0: all from global memory.
+// In vec mode split is a multiple of 4.
+struct CeRow {
+  const float* global;
+  const float* shared;
+  int64_t split;
+  __device__ float4 Get4(int64_t c4) const {
+    const float* from = c4 * 4 < split ? shared : global;
+    return reinterpret_cast<const float4*>(from)[c4];
+  }
+  __device__ float Get(int64_t c) const { return c < split ? shared[c] : global[c]; }
+};
+
+__device__ __forceinline__ void RowMaxSum(const CeRow& row, int64_t vocab, bool vec, float* max_out,
                                           double* sum_out) {
   __shared__ float ms[kCeThreads];
   __shared__ double ss[kCeThreads];
@@ -472,8 +487,11 @@ __device__ __forceinline__ void RowMaxSum(const float* row, int64_t vocab, bool 
     }
   };
   if (vec) {
+    // Unrolled so that several loads are in flight when the row is in global
+    // memory (the sums still go in the same order).
+#pragma unroll 4
     for (int64_t c4 = threadIdx.x; c4 < CeilDiv(vocab, 4); c4 += kCeThreads) {
-      const float4 v = reinterpret_cast<const float4*>(row)[c4];
+      const float4 v = row.Get4(c4);
       const int64_t c = c4 * 4;
       add(v.x);
       if (c + 1 < vocab) add(v.y);
@@ -481,7 +499,7 @@ __device__ __forceinline__ void RowMaxSum(const float* row, int64_t vocab, bool 
       if (c + 3 < vocab) add(v.w);
     }
   } else {
-    for (int64_t c = threadIdx.x; c < vocab; c += kCeThreads) add(row[c]);
+    for (int64_t c = threadIdx.x; c < vocab; c += kCeThreads) add(row.Get(c));
   }
   ms[threadIdx.x] = m;
   ss[threadIdx.x] = s;
@@ -503,8 +521,8 @@ __device__ __forceinline__ void RowMaxSum(const float* row, int64_t vocab, bool 
 
 // logsumexp - logit[target], formed in double and rounded once (as the CPU does);
 // NaN for a target the host did not check (>= vocab).
-__device__ __forceinline__ float RowLoss(const float* row, int32_t target, int64_t vocab, float m, double s) {
-  return target < vocab ? static_cast<float>(static_cast<double>(m) + log(s) - static_cast<double>(row[target]))
+__device__ __forceinline__ float RowLoss(const CeRow& row, int32_t target, int64_t vocab, float m, double s) {
+  return target < vocab ? static_cast<float>(static_cast<double>(m) + log(s) - static_cast<double>(row.Get(target)))
                         : NAN;
 }
 
@@ -539,7 +557,7 @@ __device__ __forceinline__ void StoreGradient(uint16_t* drow, int64_t c, float g
 // row is global memory and Out is float: each element is read, then written,
 // by one thread.
 template <typename Out>
-__device__ __forceinline__ void RowGradient(const float* row, Out* drow, int64_t padded, int64_t vocab,
+__device__ __forceinline__ void RowGradient(const CeRow& row, Out* drow, int64_t padded, int64_t vocab,
                                             int32_t target, float m, double s, float scale, bool vec,
                                             unsigned long long* nonfinite) {
   const float inv_sum = static_cast<float>(1.0 / s);
@@ -552,13 +570,13 @@ __device__ __forceinline__ void RowGradient(const float* row, Out* drow, int64_t
     const int64_t real4 = CeilDiv(vocab, 4);
     for (int64_t c4 = threadIdx.x; c4 < padded / 4; c4 += kCeThreads) {
       const int64_t c = c4 * 4;
-      const float4 v = c4 < real4 ? reinterpret_cast<const float4*>(row)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float4 v = c4 < real4 ? row.Get4(c4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       StoreGradient4(drow, c4, make_float4(grad(v.x, c), grad(v.y, c + 1), grad(v.z, c + 2), grad(v.w, c + 3)),
                      nonfinite);
     }
   } else {
     for (int64_t c = threadIdx.x; c < padded; c += kCeThreads) {
-      StoreGradient(drow, c, grad(c < vocab ? row[c] : 0.0f, c), nonfinite);
+      StoreGradient(drow, c, grad(c < vocab ? row.Get(c) : 0.0f, c), nonfinite);
     }
   }
 }
@@ -579,7 +597,7 @@ __global__ void __launch_bounds__(kCeThreads) CrossEntropyForwardKernel(const fl
     if (threadIdx.x == 0) losses[r] = 0.0f;
     return;
   }
-  const float* row = logits + r * padded;
+  const CeRow row{logits + r * padded, nullptr, 0};
   float m;
   double s;
   RowMaxSum(row, vocab, vec, &m, &s);
@@ -600,7 +618,7 @@ __global__ void __launch_bounds__(kCeThreads) CrossEntropyBackwardKernel(const f
     RowZero(drow, padded);
     return;
   }
-  const float* row = logits + r * padded;
+  const CeRow row{logits + r * padded, nullptr, 0};
   float m;
   double s;
   RowMaxSum(row, vocab, vec, &m, &s);
@@ -609,45 +627,55 @@ __global__ void __launch_bounds__(kCeThreads) CrossEntropyBackwardKernel(const f
   RowGradient(row, drow, padded, vocab, target, m, s, scale, vec, &unused);
 }
 
-// The row's real columns into shared memory, thread t taking the elements
-// RowMaxSum will give it (so it reads back its own stores: no barrier needed for
-// that). Eight loads in flight per thread before their stores: one block fills
-// an SM's shared memory, so nothing else hides this load's latency.
-__device__ __forceinline__ void RowCopyToShared(const float* row, float4* shared, int64_t vocab,
-                                                bool vec) {
+// Columns [0, split) of the row into shared memory, thread t taking the
+// elements RowMaxSum will give it (so it reads back its own stores: no barrier
+// needed for that). Eight loads in flight per thread before their stores.
+__device__ __forceinline__ void RowCopyToShared(const float* row, float4* shared, int64_t split, bool vec) {
   if (vec) {
-    const int64_t real4 = CeilDiv(vocab, 4);
 #pragma unroll 8
-    for (int64_t c4 = threadIdx.x; c4 < real4; c4 += kCeThreads) shared[c4] = reinterpret_cast<const float4*>(row)[c4];
+    for (int64_t c4 = threadIdx.x; c4 < split / 4; c4 += kCeThreads) shared[c4] = reinterpret_cast<const float4*>(row)[c4];
   } else {
     float* shared1 = reinterpret_cast<float*>(shared);
 #pragma unroll 8
-    for (int64_t c = threadIdx.x; c < vocab; c += kCeThreads) shared1[c] = row[c];
+    for (int64_t c = threadIdx.x; c < split; c += kCeThreads) shared1[c] = row[c];
   }
 }
 
-// Shared memory the fused kernel's row copy takes: vec, the float4s holding real
-// columns; else the real columns.
-int64_t CeSharedBytes(int64_t vocab, bool vec) {
-  return (vec ? CeilDiv(vocab, 4) * 4 : vocab) * static_cast<int64_t>(sizeof(float));
+// The columns a whole-row copy holds: vec, the float4s holding real columns;
+// else the real columns.
+int64_t CeRowColumns(int64_t vocab, bool vec) { return vec ? CeilDiv(vocab, 4) * 4 : vocab; }
+
+// The columns a half-row copy holds: half the row's real columns, and at least
+// the first padded / 2, the fp32 columns whose bytes a bf16 gradient written
+// over the row (ld = 2 padded) covers; so that part is read from shared memory
+// before it is overwritten and the rest, read from global memory, never is.
+int64_t CeHalfColumns(int64_t vocab, int64_t padded, bool vec) {
+  const int64_t full = CeRowColumns(vocab, vec);
+  int64_t half = std::max(CeilDiv(full, 2), CeilDiv(padded, 2));
+  if (vec) half = CeilDiv(half, 4) * 4;
+  return std::min(half, full);
 }
 
 // CrossEntropyForwardKernel's loss and CrossEntropyBackwardKernel's gradient,
 // the same bits (same helpers, same vec, same per-thread order), the gradient
 // into drow = dlogits + r * ld as Out: fp32, or bf16 with its non-finite values
-// counted into nonfinite[1] (CrossEntropyFusedBf16). kShared: the row is read
-// from global memory once, into dynamic shared memory (CeSharedBytes), and
-// both passes read it there; else both read global memory, as the unfused
-// kernels do. An fp32 dlogits may alias logits (ld = padded): the target's
+// counted into nonfinite[1] (CrossEntropyFusedBf16). kShared: columns [0,
+// split) of the row are read from global memory once, into dynamic shared
+// memory, and both passes read them there (the rest from global memory twice,
+// the second time mostly from L2); else both read global memory, as the unfused
+// kernels do. With split at half the row (CeHalfColumns) two blocks share an SM,
+// so one's copy overlaps the other's arithmetic; with the whole row one block
+// fills the SM. An fp32 dlogits may alias logits (ld = padded): the target's
 // logit is read before the barrier that precedes the first write. A bf16 one
-// may lie in the row's own first half (ld = 2 padded) only with kShared: the
-// row is in shared memory before RowMaxSum's barriers (the launcher sees to it).
+// may lie in the row's own first half (ld = 2 padded) only with kShared and
+// split >= padded / 2: the part it overwrites is in shared memory before
+// RowMaxSum's barriers (the launchers see to it).
 template <bool kShared, typename Out>
 __global__ void __launch_bounds__(kCeThreads) CrossEntropyFusedKernel(const float* logits,
                                                                       const int32_t* __restrict__ targets,
                                                                       float* __restrict__ losses, Out* dlogits,
                                                                       int64_t ld, int64_t padded, int64_t vocab,
-                                                                      float scale, bool vec,
+                                                                      int64_t split, float scale, bool vec,
                                                                       unsigned long long* nonfinite) {
   extern __shared__ float4 ce_row[];
   const int64_t r = blockIdx.x;
@@ -658,16 +686,18 @@ __global__ void __launch_bounds__(kCeThreads) CrossEntropyFusedKernel(const floa
     RowZero(drow, padded);
     return;
   }
-  const float* row = logits + r * padded;
+  CeRow row{logits + r * padded, nullptr, 0};
   if constexpr (kShared) {
-    RowCopyToShared(row, ce_row, vocab, vec);
-    row = reinterpret_cast<const float*>(ce_row);
+    RowCopyToShared(row.global, ce_row, split, vec);
+    row.shared = reinterpret_cast<const float*>(ce_row);
+    row.split = split;
   }
   float m;
   double s;
   RowMaxSum(row, vocab, vec, &m, &s);
   if (threadIdx.x == 0) losses[r] = RowLoss(row, target, vocab, m, s);
-  if constexpr (!kShared) __syncthreads();  // row may be drow: thread 0 has read the target's logit
+  // row may be drow where it is read from global memory: thread 0 has read the target's logit.
+  if (!kShared || row.split < vocab) __syncthreads();
   unsigned long long count = 0;
   RowGradient(row, drow, padded, vocab, target, m, s, scale, vec, &count);
   if constexpr (std::is_same<Out, uint16_t>::value) {
@@ -945,7 +975,22 @@ Status CudaBackend::CeSharedLimit() {
   KEEL_CUDA_CHECK(
       cudaFuncSetAttribute(CrossEntropyFusedKernel<true, uint16_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
   ce_shared_limit_ = limit;
+  int per_sm = 0, reserved = 0;
+  KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device_));
+  KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device_));
+  ce_sm_shared_ = per_sm;
+  ce_block_overhead_ =
+      static_cast<int64_t>(std::max(fp32_kernel.sharedSizeBytes, bf16_kernel.sharedSizeBytes)) + reserved;
   return Status::Ok();
+}
+
+int64_t CudaBackend::CeSplit(int64_t vocab, int64_t padded, bool vec) const {
+  const int64_t full = CeRowColumns(vocab, vec), half = CeHalfColumns(vocab, padded, vec);
+  const int64_t bytes = static_cast<int64_t>(sizeof(float));
+  if (half < full && half * bytes <= ce_shared_limit_ && 2 * (half * bytes + ce_block_overhead_) <= ce_sm_shared_) {
+    return half;
+  }
+  return full * bytes <= ce_shared_limit_ ? full : 0;
 }
 
 Status CudaBackend::CrossEntropyFusedBf16(const float* logits, const int32_t* targets, float* losses,
@@ -966,13 +1011,14 @@ Status CudaBackend::CrossEntropyFusedBf16(const float* logits, const int32_t* ta
   unsigned long long* pair = nullptr;
   KEEL_RETURN_IF_ERROR(NoteProduced(dlogits, &pair));
   const unsigned int blocks = static_cast<unsigned int>(rows);
-  const int64_t shared = CeSharedBytes(vocab, vec);
-  if (shared <= ce_shared_limit_) {
-    CrossEntropyFusedKernel<true, uint16_t><<<blocks, kCeThreads, static_cast<size_t>(shared), stream_>>>(
-        logits, targets, losses, dlogits, ld, padded_vocab, vocab, scale, vec, pair);
+  const int64_t split = CeSplit(vocab, padded_vocab, vec);
+  if (split > 0) {
+    CrossEntropyFusedKernel<true, uint16_t>
+        <<<blocks, kCeThreads, static_cast<size_t>(split) * sizeof(float), stream_>>>(
+            logits, targets, losses, dlogits, ld, padded_vocab, vocab, split, scale, vec, pair);
   } else if (!aliased) {
     CrossEntropyFusedKernel<false, uint16_t><<<blocks, kCeThreads, 0, stream_>>>(
-        logits, targets, losses, dlogits, ld, padded_vocab, vocab, scale, vec, pair);
+        logits, targets, losses, dlogits, ld, padded_vocab, vocab, 0, scale, vec, pair);
   } else {
     return Status::Error(std::string(kOp) + ": vocab: " + std::to_string(vocab) +
                          " is too large for a row in shared memory, which writing bf16 over logits needs; pass a "
@@ -1004,13 +1050,13 @@ Status CudaBackend::CrossEntropyFused(const float* logits, const int32_t* target
     return Status::Ok();
   }
   if (ce_shared_limit_ < 0) KEEL_RETURN_IF_ERROR(CeSharedLimit());
-  const int64_t shared = CeSharedBytes(vocab, vec);
-  if (shared <= ce_shared_limit_) {
-    CrossEntropyFusedKernel<true, float><<<blocks, kCeThreads, static_cast<size_t>(shared), stream_>>>(
-        logits, targets, losses, dlogits, padded_vocab, padded_vocab, vocab, scale, vec, nullptr);
-  } else {  // the row does not fit: read it from global memory twice
+  const int64_t split = CeSplit(vocab, padded_vocab, vec);
+  if (split > 0) {
+    CrossEntropyFusedKernel<true, float><<<blocks, kCeThreads, static_cast<size_t>(split) * sizeof(float), stream_>>>(
+        logits, targets, losses, dlogits, padded_vocab, padded_vocab, vocab, split, scale, vec, nullptr);
+  } else {  // no part of the row fits: read it from global memory twice
     CrossEntropyFusedKernel<false, float><<<blocks, kCeThreads, 0, stream_>>>(
-        logits, targets, losses, dlogits, padded_vocab, padded_vocab, vocab, scale, vec, nullptr);
+        logits, targets, losses, dlogits, padded_vocab, padded_vocab, vocab, 0, scale, vec, nullptr);
   }
   NN_LAUNCH_CHECK();
   return Status::Ok();
