@@ -93,9 +93,13 @@ LinearQuant Model::HeadBackward(LinearQuant q) const {
   return q;
 }
 
-LinearQuant Model::XInBf16(LinearQuant q, const float* buffer, int64_t ld) {
+bool Model::XBf16(const LinearQuant& q) {
   // The patch needs x in fp32 (its residual): no bf16 x with it.
-  if (!TakesBf16X(q) || q.hcp_fwd.count > 0 || q.hcp_wgrad_rows > 0) return q;
+  return TakesBf16X(q) && q.hcp_fwd.count == 0 && q.hcp_wgrad_rows == 0;
+}
+
+LinearQuant Model::XInBf16(LinearQuant q, const float* buffer, int64_t ld) {
+  if (!XBf16(q)) return q;
   q.x_bf16 = reinterpret_cast<const uint16_t*>(buffer);
   q.x_bf16_ld = ld;
   return q;
@@ -321,6 +325,24 @@ Status Model::GeluFor(const LinearQuant& q, const float* x, float* y, int64_t co
 Status Model::AllocateParams() {
   param_count_ = (param_count_ + 63) / 64 * 64;
   return Scratch(param_count_, &weights_);
+}
+
+Status Model::GrowActivation(const LinearQuant& q, int64_t count, float** buffer, size_t* bytes) {
+  const size_t need = static_cast<size_t>(count) * (XBf16(q) ? sizeof(uint16_t) : sizeof(float));
+  if (*buffer != nullptr && *bytes >= need) return Status::Ok();
+  if (*buffer != nullptr) {
+    allocations_.erase(std::find(allocations_.begin(), allocations_.end(), static_cast<void*>(*buffer)));
+    backend_->Free(*buffer);
+    scheme_sized_bytes_ -= static_cast<int64_t>(*bytes);
+    *buffer = nullptr;
+    *bytes = 0;
+  }
+  void* p = nullptr;
+  KEEL_RETURN_IF_ERROR(ScratchBytes(need, &p));
+  *buffer = static_cast<float*>(p);
+  *bytes = need;
+  scheme_sized_bytes_ += static_cast<int64_t>(need);
+  return Status::Ok();
 }
 
 Status Model::ScratchBytes(size_t bytes, void** out) {

@@ -60,6 +60,9 @@ class Model {
 
   const std::vector<ParamInfo>& param_info() const { return params_; }
   int64_t param_count() const { return param_count_; }
+  // Bytes held now by the activations whose size follows the step's scheme
+  // (GrowActivation): bf16 ones take half an fp32 one's.
+  int64_t scheme_sized_bytes() const { return scheme_sized_bytes_; }
   float* params() const { return weights_; }  // backend memory
   int blocks() const { return blocks_; }
   // Names of the quantized linear layers, in statistics-slot order.
@@ -168,6 +171,13 @@ class Model {
   // bf16 (the rounding the layer's x roles would apply, so the same bits, half
   // the bytes and no rounding pass) when q.x_bf16 is set, else fp32.
   static LinearQuant XInBf16(LinearQuant q, const float* buffer, int64_t ld);
+  // Whether XInBf16 gives q its x in bf16.
+  static bool XBf16(const LinearQuant& q);
+  // Makes *buffer hold `count` elements of what XInBf16(q, ...) reads (bf16 or
+  // fp32), reallocating it (contents not kept) when it is smaller; *bytes is
+  // its size. Such a buffer grows when a later step's scheme needs fp32, and
+  // never shrinks.
+  Status GrowActivation(const LinearQuant& q, int64_t count, float** buffer, size_t* bytes);
   // q with the Hot-Channel Patch of `scheme` for linear layer `slot`
   // (linear_names() order): none when the scheme patches nothing or the layer
   // has no role below BF16; else the layer's held sets, or (in a choosing
@@ -201,6 +211,7 @@ class Model {
   int blocks_ = 0;
   std::vector<std::string> linear_names_;
   std::vector<void*> allocations_;
+  int64_t scheme_sized_bytes_ = 0;
 
  private:
   // The contraction widths of linear layer `slot`'s forward (in) and dgrad

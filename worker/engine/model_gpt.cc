@@ -22,9 +22,13 @@ struct BlockParams {
 
 // One block's saved activations.
 struct BlockActs {
-  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *qkv_normed = nullptr, *q_raw = nullptr,
+  float *ln1_mean, *ln1_rstd, *qkv, *qkv_normed = nullptr, *q_raw = nullptr,
       *k_raw = nullptr, *q_mean = nullptr, *q_rstd = nullptr, *k_mean = nullptr,
-      *k_rstd = nullptr, *att_stats, *att, *mid, *ln2, *ln2_mean, *ln2_rstd, *fc, *act;
+      *k_rstd = nullptr, *att_stats, *att, *mid, *ln2_mean, *ln2_rstd, *fc;
+  // The inputs of qkv, fc and the MLP's projection: bf16 or fp32 as the layer
+  // reads them (XInBf16), so sized by the step's scheme (GrowActivation).
+  float *ln1 = nullptr, *ln2 = nullptr, *act = nullptr;
+  size_t ln1_bytes = 0, ln2_bytes = 0, act_bytes = 0;
 };
 
 class GptModel : public Model {
@@ -85,7 +89,6 @@ class GptModel : public Model {
     for (float*& r : res_) KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &r));
     acts_.resize(blocks_);
     for (BlockActs& a : acts_) {
-      KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.ln1));
       KEEL_RETURN_IF_ERROR(Scratch(bt_, &a.ln1_mean));
       KEEL_RETURN_IF_ERROR(Scratch(bt_, &a.ln1_rstd));
       KEEL_RETURN_IF_ERROR(Scratch(bt_ * 3 * d_, &a.qkv));
@@ -101,11 +104,9 @@ class GptModel : public Model {
       KEEL_RETURN_IF_ERROR(Scratch(static_cast<int64_t>(batch_) * heads * seq_ * 2, &a.att_stats));
       KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.att));
       KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.mid));
-      KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.ln2));
       KEEL_RETURN_IF_ERROR(Scratch(bt_, &a.ln2_mean));
       KEEL_RETURN_IF_ERROR(Scratch(bt_, &a.ln2_rstd));
       KEEL_RETURN_IF_ERROR(Scratch(bt_ * fc_out_, &a.fc));
-      KEEL_RETURN_IF_ERROR(Scratch(bt_ * hidden_, &a.act));
     }
     KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &lnf_));
     KEEL_RETURN_IF_ERROR(Scratch(bt_, &lnf_mean_));
@@ -313,8 +314,10 @@ class GptModel : public Model {
       const BlockParams& q = bp_[l];
       BlockActs& a = acts_[l];
       // ln1, ln2 and act are written in bf16 when the linear layer they feed
-      // reads them so (XInBf16).
-      const LinearQuant attn_q = XInBf16(Quant(scheme, l, 0, quant_seed, stats), a.ln1, d_);
+      // reads them so (XInBf16), into buffers of that size.
+      const LinearQuant attn_plain = Quant(scheme, l, 0, quant_seed, stats);
+      KEEL_RETURN_IF_ERROR(GrowActivation(attn_plain, bt_ * d_, &a.ln1, &a.ln1_bytes));
+      const LinearQuant attn_q = XInBf16(attn_plain, a.ln1, d_);
       KEEL_RETURN_IF_ERROR(LayerNormAfter(attn_q, res_[l], pending, Affine(q.ln1_w), Affine(q.ln1_b), a.ln1,
                                           a.ln1_mean, a.ln1_rstd, bt_, d_, m_.ln_eps));
       KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.ln1, P(q.attn_w), q.attn_b < 0 ? nullptr : P(q.attn_b),
@@ -333,11 +336,16 @@ class GptModel : public Model {
       // att, the weight and dmid).
       KEEL_RETURN_IF_ERROR(LinearThenResidual(a.att, P(q.proj_w), q.proj_b < 0 ? nullptr : P(q.proj_b), res_[l],
                                               a.mid, bt_, d_, d_, Quant(scheme, l, 1, quant_seed, stats), &pending));
-      const LinearQuant fc_q = XInBf16(Quant(scheme, l, 2, quant_seed, stats), a.ln2, d_);
+      const LinearQuant fc_plain = Quant(scheme, l, 2, quant_seed, stats);
+      KEEL_RETURN_IF_ERROR(GrowActivation(fc_plain, bt_ * d_, &a.ln2, &a.ln2_bytes));
+      const LinearQuant fc_q = XInBf16(fc_plain, a.ln2, d_);
       KEEL_RETURN_IF_ERROR(LayerNormAfter(fc_q, a.mid, pending, Affine(q.ln2_w), Affine(q.ln2_b), a.ln2,
                                           a.ln2_mean, a.ln2_rstd, bt_, d_, m_.ln_eps));
       KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.ln2, P(q.fc_w), q.fc_b < 0 ? nullptr : P(q.fc_b), nullptr,
                                               a.fc, bt_, d_, fc_out_, fc_q));
+      // SwiGLU writes act in fp32: an fp32-sized buffer (LinearQuant() takes no bf16 x).
+      KEEL_RETURN_IF_ERROR(GrowActivation(m_.mlp == "swiglu" ? LinearQuant() : Quant(scheme, l, 3, quant_seed, stats),
+                                          bt_ * hidden_, &a.act, &a.act_bytes));
       const LinearQuant fcproj_q = FcProjQuant(scheme, l, quant_seed, stats, a);
       if (m_.mlp == "swiglu") {
         KEEL_RETURN_IF_ERROR(backend_->SwigluForward(a.fc, a.act, bt_, hidden_));

@@ -1,0 +1,105 @@
+// The gpt model on the CPU backend: the activations whose width follows the
+// step's scheme (ln1, ln2 and act: bf16 when the layer they feed reads them in
+// bf16, else fp32) take half the bytes under bf16, grow when a later step needs
+// fp32, and give the bits of a model that ran in that scheme from the start.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/nn.h"
+#include "worker/config/run_config.h"
+#include "worker/engine/model.h"
+#include "worker/engine/model_test_util.h"
+
+namespace keel {
+namespace {
+
+constexpr int kLayers = 2, kWidth = 64, kSeq = 16, kBatch = 2, kVocab = 256;
+
+void MakeGpt(TestNet* net) {
+  MakeTestNet("{type: gpt, layers: " + std::to_string(kLayers) + ", width: " + std::to_string(kWidth) +
+                  ", heads: 2, context: " + std::to_string(kSeq) + ", vocab: " + std::to_string(kVocab) + "}",
+              "batch: " + std::to_string(kBatch) + "\nseq: " + std::to_string(kSeq) + "\n", net);
+}
+
+// The same random weights into every model (seeded), and one batch.
+void Init(TestNet* net, Batch* batch) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> w(static_cast<size_t>(net->model->param_count()), 0.0f);
+  for (const ParamInfo& p : net->model->param_info()) {
+    for (int64_t i = 0; i < p.count; ++i) {
+      w[static_cast<size_t>(p.offset + i)] = p.shape.size() == 1 ? 1.0f + 0.1f * normal(rng) : 0.05f * normal(rng);
+    }
+  }
+  ASSERT_TRUE(net->backend->Upload(net->model->params(), w.data(), w.size() * sizeof(float)).ok());
+  std::uniform_int_distribution<int32_t> token(0, kVocab - 1);
+  batch->inputs.clear();
+  batch->targets.clear();
+  for (int i = 0; i < kBatch * kSeq; ++i) {
+    batch->inputs.push_back(token(rng));
+    batch->targets.push_back(token(rng));
+  }
+}
+
+PrecisionScheme Preset(const std::string& name) {
+  PrecisionScheme s;
+  EXPECT_TRUE(SchemeFromPreset(name, &s).ok()) << name;
+  return s;
+}
+
+struct StepResult {
+  double loss = 0.0;
+  std::vector<float> grads;
+};
+
+StepResult Step(TestNet* net, const Batch& batch, const PrecisionScheme& scheme) {
+  StepResult r;
+  r.grads.assign(static_cast<size_t>(net->model->param_count()), 0.0f);
+  EXPECT_TRUE(net->model->ForwardBackward(batch, scheme, 5, 1.0f, false, r.grads.data(), &r.loss, nullptr).ok());
+  return r;
+}
+
+TEST(GptModelTest, SchemeSizedActivationsAreHalfInBf16GrowForFp32AndKeepTheBits) {
+  const PrecisionScheme bf16 = Preset("bf16"), fp32 = Preset("fp32");
+  // The three buffers of a layer: ln1 and ln2 (rows x width) and act (rows x 4 width).
+  const int64_t rows = kBatch * kSeq, per_layer = rows * kWidth * (1 + 1 + 4);
+
+  TestNet a;
+  Batch batch;
+  ASSERT_NO_FATAL_FAILURE(MakeGpt(&a));
+  ASSERT_NO_FATAL_FAILURE(Init(&a, &batch));
+  EXPECT_EQ(a.model->scheme_sized_bytes(), 0);  // nothing before the first forward
+  const StepResult a_bf16 = Step(&a, batch, bf16);
+  EXPECT_EQ(a.model->scheme_sized_bytes(), kLayers * per_layer * 2);  // bf16: 2 bytes an element
+  double a_fp32_eval = 0.0;
+  ASSERT_TRUE(a.model->Evaluate(batch, fp32, 5, &a_fp32_eval).ok());
+  EXPECT_EQ(a.model->scheme_sized_bytes(), kLayers * per_layer * 4);  // grown for fp32
+  const StepResult a_bf16_again = Step(&a, batch, bf16);
+  EXPECT_EQ(a.model->scheme_sized_bytes(), kLayers * per_layer * 4);  // never shrinks
+
+  // Fresh models with the same weights, each in one scheme from the start.
+  TestNet b, c;
+  Batch b_batch, c_batch;
+  ASSERT_NO_FATAL_FAILURE(MakeGpt(&b));
+  ASSERT_NO_FATAL_FAILURE(Init(&b, &b_batch));
+  ASSERT_NO_FATAL_FAILURE(MakeGpt(&c));
+  ASSERT_NO_FATAL_FAILURE(Init(&c, &c_batch));
+  double b_fp32_eval = 0.0;
+  ASSERT_TRUE(b.model->Evaluate(b_batch, fp32, 5, &b_fp32_eval).ok());
+  const StepResult c_bf16 = Step(&c, c_batch, bf16);
+
+  ASSERT_TRUE(std::isfinite(a_bf16.loss));
+  EXPECT_EQ(a_fp32_eval, b_fp32_eval);
+  EXPECT_EQ(a_bf16.loss, c_bf16.loss);
+  EXPECT_EQ(a_bf16_again.loss, c_bf16.loss);
+  EXPECT_EQ(a_bf16.grads, c_bf16.grads);
+  EXPECT_EQ(a_bf16_again.grads, c_bf16.grads);  // in the grown (fp32-sized) buffers
+  EXPECT_NE(a_fp32_eval, a_bf16.loss);          // the two schemes do differ
+}
+
+}  // namespace
+}  // namespace keel
