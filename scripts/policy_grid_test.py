@@ -103,7 +103,7 @@ class SummarizeTest(unittest.TestCase):
                 for r in rows:
                     f.write(json.dumps(r) + "\n")
             with open(os.path.join(d, "run.yaml"), "w") as f:
-                f.write("model: {type: gpt, layers: 2}\n")
+                f.write("model: {type: gpt, layers: 2, vocab: 64, padded_vocab: 128}\n")
             with open(os.path.join(d, "events.jsonl"), "w") as f:
                 f.write(json.dumps({"step": 25, "kind": "rollback", "message": "to step 25 from step 30 (spike)"}) + "\n")
                 f.write(json.dumps({"step": 25, "kind": "switch_precision", "message": "mxfp8_e4m3 -> bf16"}) + "\n")
@@ -121,6 +121,10 @@ class SummarizeTest(unittest.TestCase):
         self.assertEqual((s["start_scheme"], s["final_scheme"]), ("mxfp8_e4m3", "bf16"))
         self.assertEqual(s["last_step"], 40)
         self.assertEqual(len(series[1]), 40)
+        # What the paired rule needs: the vocabulary (not padded_vocab) and 10-step means of the
+        # kept timeline (steps 21..30 were replayed at 3.0, so the spike is gone there too).
+        self.assertEqual(s["vocab"], 64)
+        self.assertEqual(s["loss_windows"], [[10, 3.0], [20, 3.0], [30, 3.0], [40, 3.0]])
 
 
 class AnalyseTest(unittest.TestCase):
@@ -160,6 +164,86 @@ class AnalyseTest(unittest.TestCase):
         # A language model's grid: its reference is bf16, and the report says so.
         lm = report_text(grid(reference="bf16"))
         self.assertIn("| 0.95 (bf16) | rescued |", lm)
+
+
+def lm_run(variant, fmt, seed, losses, **kw):
+    """A language model's summary whose 10-step windows have the given mean losses (steps 1000)."""
+    windows = [[10 * (i + 1), x] for i, x in enumerate(losses)]
+    return summary(variant, fmt, seed, language_model=True, vocab=50257, loss_windows=windows, steps=10 * len(losses),
+                   last_step=10 * len(losses), **kw)
+
+
+class PairedBlowupTest(unittest.TestCase):
+    # The reference's loss follows the text: 3 nats, then 7 in a harder part of the corpus from
+    # step 500 on (2.3x its lowest, which the own-lowest rule calls a blow-up), then 3 again.
+    TEXT = [3.0] * 50 + [7.0] * 20 + [3.0] * 30
+
+    def test_a_run_that_follows_its_reference_through_harder_text_did_not_blow_up(self):
+        run = [x * 1.2 for x in self.TEXT]
+        self.assertIsNone(pg.paired_blowup_step([[10 * (i + 1), x] for i, x in enumerate(run)], 1000,
+                                                [[10 * (i + 1), x] for i, x in enumerate(self.TEXT)], 50257))
+        # Its own lowest would have it blown up at step 510.
+        rows = [{"step": s, "loss": run[(s - 1) // 10]} for s in range(1, 1001)]
+        self.assertEqual(pg.blowup_step(rows, 1000, pg.LM_BLOWUP_RATIO), 501)
+
+    def test_above_the_ratio_of_its_reference_non_finite_or_above_ln_vocab(self):
+        ref = [[10 * (i + 1), x] for i, x in enumerate(self.TEXT)]
+        run = [x for x in self.TEXT]
+        run[80] = 3.0 * 1.51  # steps 801..810: above 1.5x the reference's 3.0
+        self.assertEqual(pg.paired_blowup_step([[10 * (i + 1), x] for i, x in enumerate(run)], 1000, ref), 810)
+        run[80] = 3.0 * 1.49
+        self.assertIsNone(pg.paired_blowup_step([[10 * (i + 1), x] for i, x in enumerate(run)], 1000, ref))
+        run[30] = None  # steps 301..310: a non-finite loss in the window
+        self.assertEqual(pg.paired_blowup_step([[10 * (i + 1), x] for i, x in enumerate(run)], 1000, ref), 310)
+        # Alone (the reference itself): only non-finite or above ln(50257) = 10.8 counts.
+        alone = [3.0] * 40 + [10.0] * 10 + [10.9] + [3.0] * 49
+        self.assertEqual(pg.paired_blowup_step([[10 * (i + 1), x] for i, x in enumerate(alone)], 1000, None, 50257),
+                         510)
+        self.assertIsNone(pg.paired_blowup_step([[10 * (i + 1), x] for i, x in enumerate(alone)], 1000, None, None))
+        # Within the warm-up (the first 5%: steps 1..50) nothing counts.
+        early = [None if i < 5 else 3.0 for i in range(100)]
+        self.assertIsNone(pg.paired_blowup_step([[10 * (i + 1), x] for i, x in enumerate(early)], 1000, ref))
+
+    def test_pair_language_models_judges_each_run_against_its_own_seeds_reference(self):
+        text = [3.0] * 50 + [5.0] * 20 + [3.0] * 30
+        runs = [
+            lm_run("fp32", "bf16", 1, text, blowup_step=501),
+            lm_run("fp32", "bf16", 2, [x * 1.4 for x in text], blowup_step=501),
+            # Seed 1 diverges from step 801 (2x its reference); seed 2's run is 1.2x seed 2's
+            # reference (which is 1.4x seed 1's): healthy, although 1.68x seed 1's.
+            lm_run("plain", "mxfp4", 1, text[:80] + [6.0] * 20, blowup_step=501),
+            lm_run("plain", "mxfp4", 2, [x * 1.68 for x in text], blowup_step=501),
+            # A summary from before the windows existed keeps its own verdict.
+            summary("plain", "mxfp8_e4m3", 1, language_model=True, blowup_step=501),
+            summary("plain", "mxfp8_e4m3", 3),  # the proxy: untouched
+        ]
+        judged = pg.pair_language_models(runs)
+        by = {(r["variant"], r["format"], r["seed"]): r for r in judged}
+        self.assertEqual((by[("fp32", "bf16", 1)]["blowup_step"], by[("fp32", "bf16", 1)]["blowup_rule"]), (None, "alone"))
+        self.assertIsNone(by[("fp32", "bf16", 2)]["blowup_step"])
+        self.assertEqual((by[("plain", "mxfp4", 1)]["blowup_step"], by[("plain", "mxfp4", 1)]["blowup_rule"]),
+                         (810, "paired"))
+        self.assertIsNone(by[("plain", "mxfp4", 2)]["blowup_step"])
+        self.assertEqual((by[("plain", "mxfp8_e4m3", 1)]["blowup_step"], by[("plain", "mxfp8_e4m3", 1)]["blowup_rule"]),
+                         (501, "own-lowest"))
+        self.assertNotIn("blowup_rule", by[("plain", "mxfp8_e4m3", 3)])
+        self.assertEqual(runs[2]["blowup_step"], 501)  # the inputs are not changed
+
+    def test_the_report_uses_the_paired_rule_and_says_so(self):
+        runs = [
+            lm_run("fp32", "bf16", 1, self.TEXT, final_loss=3.0),
+            lm_run("plain", "mxfp4", 1, self.TEXT[:80] + [6.0] * 20, final_loss=6.0, blowup_step=501),
+            lm_run("default", "mxfp4", 1, self.TEXT, final_loss=3.1, first_action_step=805, blowup_step=501),
+            lm_run("plain", "mxfp4", 2, self.TEXT, final_loss=3.0, blowup_step=501),
+            lm_run("default", "mxfp4", 2, self.TEXT, final_loss=3.0, blowup_step=501),
+            lm_run("fp32", "bf16", 2, self.TEXT, final_loss=3.0, blowup_step=501),
+        ]
+        text = report_text(runs)
+        has_all(self, text, "- blew up unprotected: 1/2 (50%)",
+                "- caught (the policy acted at or before the blow-up): 1/1 (100%)",
+                "**0/2 (0%)** of all runs (target <= 5%)",
+                "- language models' blow-up rule: alone 2, paired 4 runs",
+                "| mxfp4 | 4 | 256 | 0.001 | 1 | 810, 6 | 805, 3.1, mxfp4 (SUCCEEDED) | 3 (bf16) | rescued |")
 
 
 class GenTest(unittest.TestCase):
