@@ -742,7 +742,8 @@ Status ParseModel(const Reader& r, const YAML::Node& m, ModelConfig* mc) {
 }
 
 Status ParseData(const Reader& r, const YAML::Node& d, DataConfig* dc) {
-  KEEL_RETURN_IF_ERROR(r.CheckKeys(d, "data", {"train", "val", "val_batches", "eval_every"}));
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(d, "data", {"train", "val", "val_batches", "eval_every", "shuffle"}));
+  if (d["shuffle"]) KEEL_RETURN_IF_ERROR(r.Bool(d["shuffle"], "data.shuffle", &dc->shuffle));
   if (d["train"]) KEEL_RETURN_IF_ERROR(r.String(d["train"], "data.train", &dc->train));
   if (d["val"]) KEEL_RETURN_IF_ERROR(r.String(d["val"], "data.val", &dc->val));
   if (d["val_batches"]) {

@@ -60,6 +60,9 @@ struct DataConfig {
   std::string val;    // optional
   int val_batches = 4;
   int eval_every = 0;  // steps between val evaluations (0: never)
+  // The training batches in a shuffled order drawn from the run's seed
+  // (TokenLoader::Shuffle) instead of llm.c's in-order walk; val stays in order.
+  bool shuffle = false;
 };
 
 struct OptimizerConfig {

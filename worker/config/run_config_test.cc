@@ -177,6 +177,7 @@ TEST(RunConfigFieldsTest, EveryDataOptimizerAndScheduleFieldLands) {
       "  val: a/val.bin\n"
       "  val_batches: 9\n"
       "  eval_every: 25\n"
+      "  shuffle: true\n"
       "optimizer:\n"
       "  type: adamw\n"
       "  lr: 0.25\n"
@@ -197,6 +198,8 @@ TEST(RunConfigFieldsTest, EveryDataOptimizerAndScheduleFieldLands) {
   EXPECT_EQ(c.data.val, "a/val.bin");
   EXPECT_EQ(c.data.val_batches, 9);
   EXPECT_EQ(c.data.eval_every, 25);
+  EXPECT_TRUE(c.data.shuffle);
+  EXPECT_FALSE(RunConfig().data.shuffle);  // llm.c's order unless asked
   EXPECT_EQ(c.optimizer.type, "adamw");
   EXPECT_EQ(c.optimizer.lr, 0.25f);
   EXPECT_EQ(c.optimizer.beta1, 0.5f);
@@ -705,7 +708,8 @@ TEST(RunConfigErrorTest, Model) {
 TEST(RunConfigErrorTest, Data) {
   ExpectErrors({
       {"data: [a]\n", "r.yaml:1:7: data: expected a mapping"},
-      {"data:\n  test: x\n", "r.yaml:2:3: data.test: unknown key (allowed: eval_every, train, val, val_batches)"},
+      {"data:\n  test: x\n", "r.yaml:2:3: data.test: unknown key (allowed: eval_every, shuffle, train, val, val_batches)"},
+      {"data: {shuffle: often}\n", "r.yaml:1:17: data.shuffle: 'often' is not a boolean (allowed: true, false)"},
       {"data:\n  train: [a]\n", "r.yaml:2:10: data.train: expected a string"},
       {"data:\n  val: {}\n", "r.yaml:2:8: data.val: expected a string"},
       {"data: {val_batches: 0}\n", "r.yaml:1:21: data.val_batches: 0 is out of range (allowed: 1 .. 1048576)"},

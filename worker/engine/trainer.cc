@@ -167,6 +167,7 @@ Status Trainer::OpenData() {
                          " is outside model.vocab " + std::to_string(config.model.vocab) +
                          " (allowed: 0 .. vocab-1)");
   }
+  if (config.data.shuffle) train_loader_->Shuffle(config.seed);
   if (!config.data.val.empty()) {
     KEEL_RETURN_IF_ERROR(TokenLoader::Open(config.data.val, config.batch, config.seq, &val_loader_));
   }

@@ -875,25 +875,33 @@ TEST(TrainerTest, GlaLearnsEnglishFromByteShards) {
   ExpectDecoderLearnsEnglish("{type: gla, layers: 2, width: 64, heads: 2, context: 64, vocab: 256}", "gla_text", 7);
 }
 
+// In llm.c's order and in the shuffled one (data.shuffle): a run resumed from a
+// checkpoint at step 3 reads the same batches as one that never stopped. The
+// shuffled run reads other batches than the in-order one from the first step.
 TEST(TrainerTest, GptResumeRestoresDataPosition) {
   std::string dir = TempDir("gpt_resume");
   ASSERT_NO_FATAL_FAILURE(PrepareFortunes(dir, "t"));
-  RunConfig c;
-  Status s = ParseRunConfig(
-      "model: {type: gpt, layers: 1, width: 32, heads: 2, context: 32, vocab: 256}\n"
-      "data: {train: " + dir + "/t_train.bin}\nbatch: 4\nseq: 32\nthreads: 2\nprecision: mxfp8_e4m3\n"
-      "run_dir: " + dir + "/run\n", "test", {}, &c);
-  ASSERT_TRUE(s.ok()) << s.message();
-  std::unique_ptr<Trainer> whole, part, resumed;
-  ASSERT_TRUE(Trainer::Create(c, &whole).ok());
-  std::vector<double> expected = Losses(whole.get(), 6);
-  ASSERT_TRUE(Trainer::Create(c, &part).ok());
-  Losses(part.get(), 3);
-  std::string ckpt;
-  ASSERT_TRUE(part->SaveCheckpoint(&ckpt).ok());
-  ASSERT_TRUE(Trainer::Create(c, &resumed).ok());
-  ASSERT_TRUE(resumed->Resume(ckpt).ok());
-  EXPECT_EQ(Losses(resumed.get(), 3), std::vector<double>(expected.begin() + 3, expected.end()));
+  std::vector<std::vector<double>> runs;
+  for (const char* shuffle : {"false", "true"}) {
+    RunConfig c;
+    Status s = ParseRunConfig(
+        "model: {type: gpt, layers: 1, width: 32, heads: 2, context: 32, vocab: 256}\n"
+        "data: {train: " + dir + "/t_train.bin, shuffle: " + shuffle + "}\nbatch: 4\nseq: 32\nthreads: 2\n"
+        "precision: mxfp8_e4m3\nrun_dir: " + dir + "/run\n", "test", {}, &c);
+    ASSERT_TRUE(s.ok()) << s.message();
+    std::unique_ptr<Trainer> whole, part, resumed;
+    ASSERT_TRUE(Trainer::Create(c, &whole).ok());
+    std::vector<double> expected = Losses(whole.get(), 6);
+    ASSERT_TRUE(Trainer::Create(c, &part).ok());
+    Losses(part.get(), 3);
+    std::string ckpt;
+    ASSERT_TRUE(part->SaveCheckpoint(&ckpt).ok());
+    ASSERT_TRUE(Trainer::Create(c, &resumed).ok());
+    ASSERT_TRUE(resumed->Resume(ckpt).ok());
+    EXPECT_EQ(Losses(resumed.get(), 3), std::vector<double>(expected.begin() + 3, expected.end())) << shuffle;
+    runs.push_back(expected);
+  }
+  EXPECT_NE(runs[0][0], runs[1][0]);  // the same initial weights, other batches
 }
 
 // A 3-block llama on the fortunes byte shards under `dir` (the NVFP4 recipe keeps

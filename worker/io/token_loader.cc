@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
+#include <utility>
 
 #include "worker/io/token_shard.h"
 
@@ -58,27 +60,116 @@ Status TokenLoader::Open(const std::string& pattern, int64_t batch, int64_t seq,
   return Status::Ok();
 }
 
+namespace {
+
+// SplitMix64: a 64-bit generator whose stream is fixed by its seed on every
+// machine (std::mt19937 is too, but std's distributions are not).
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, n), n >= 1, without modulo bias (rejection of the short tail).
+  uint64_t Below(uint64_t n) {
+    const uint64_t limit = UINT64_MAX - UINT64_MAX % n;
+    uint64_t x;
+    do {
+      x = Next();
+    } while (x >= limit);
+    return x % n;
+  }
+
+ private:
+  uint64_t state_;
+};
+
+// 0, 1, ..., n-1 in the Fisher-Yates order drawn from `seed`.
+void Permutation(int64_t n, uint64_t seed, std::vector<int64_t>* out) {
+  out->resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) (*out)[static_cast<size_t>(i)] = i;
+  SplitMix64 rng(seed);
+  for (int64_t i = n - 1; i > 0; --i) {
+    const int64_t j = static_cast<int64_t>(rng.Below(static_cast<uint64_t>(i) + 1));
+    std::swap((*out)[static_cast<size_t>(i)], (*out)[static_cast<size_t>(j)]);
+  }
+}
+
+// The seeds of an epoch's shard order and of a shard's sample order.
+uint64_t StreamSeed(uint64_t seed, int64_t epoch, int64_t shard) {
+  SplitMix64 mix(seed ^ 0x5EED0F0DA7A0ull);
+  uint64_t s = mix.Next() ^ static_cast<uint64_t>(epoch) * 0xD1B54A32D192ED03ull;
+  s = SplitMix64(s).Next() ^ static_cast<uint64_t>(shard + 1) * 0x8CB92BA72F3D8DD7ull;
+  return SplitMix64(s).Next();
+}
+
+}  // namespace
+
+void TokenLoader::Shuffle(uint64_t seed) {
+  shuffle_ = true;
+  seed_ = seed;
+  order_epoch_ = samples_epoch_ = samples_shard_ = -1;
+}
+
+int64_t TokenLoader::ShardAt(int64_t epoch, int64_t k) {
+  if (!shuffle_) return k;
+  if (order_epoch_ != epoch) {
+    Permutation(num_shards(), StreamSeed(seed_, epoch, -1), &shard_order_);
+    order_epoch_ = epoch;
+  }
+  return shard_order_[static_cast<size_t>(k)];
+}
+
 Status TokenLoader::Seek(const Position& position) {
   if (position.shard < 0 || position.shard >= num_shards()) {
     return Status::Error("token loader: seek shard " + std::to_string(position.shard) +
                          " is outside [0, " + std::to_string(num_shards()) + ")");
   }
-  const int64_t count = counts_[static_cast<size_t>(position.shard)];
-  if (position.offset < 0 || position.offset > count) {
-    return Status::Error("token loader: seek offset " + std::to_string(position.offset) +
-                         " is outside [0, " + std::to_string(count) + "], the token count of "
-                         "shard " + std::to_string(position.shard) + " (" +
-                         paths_[static_cast<size_t>(position.shard)] + ")");
-  }
   if (position.epoch < 0) {
     return Status::Error("token loader: seek epoch " + std::to_string(position.epoch) +
                          " must be >= 0");
+  }
+  const int64_t shard = ShardAt(position.epoch, position.shard);
+  const int64_t count = counts_[static_cast<size_t>(shard)];
+  if (position.offset < 0 || position.offset > count) {
+    return Status::Error("token loader: seek offset " + std::to_string(position.offset) +
+                         " is outside [0, " + std::to_string(count) + "], the token count of "
+                         "shard " + std::to_string(shard) + " (" +
+                         paths_[static_cast<size_t>(shard)] + ")");
+  }
+  if (shuffle_ && position.offset % seq_ != 0) {
+    return Status::Error("token loader: seek offset " + std::to_string(position.offset) +
+                         " is not a multiple of seq " + std::to_string(seq_) +
+                         " (in shuffled order the offset counts whole samples; was the position "
+                         "saved by a run without data.shuffle?)");
   }
   position_ = position;
   return Status::Ok();
 }
 
+Status TokenLoader::Load(int64_t index) {
+  if (index == loaded_shard_) return Status::Ok();
+  const std::string& path = paths_[static_cast<size_t>(index)];
+  Status s = ReadTokenShard(path, &tokens_);
+  if (!s.ok()) {
+    loaded_shard_ = -1;
+    return s;
+  }
+  if (static_cast<int64_t>(tokens_.size()) != counts_[static_cast<size_t>(index)]) {
+    loaded_shard_ = -1;
+    return Status::Error("token loader: shard " + path + " now has " + std::to_string(tokens_.size()) +
+                         " tokens, but had " + std::to_string(counts_[static_cast<size_t>(index)]) +
+                         " when opened");
+  }
+  loaded_shard_ = index;
+  return Status::Ok();
+}
+
 Status TokenLoader::Next(std::vector<int32_t>* inputs, std::vector<int32_t>* targets) {
+  if (shuffle_) return NextShuffled(inputs, targets);
   const int64_t n = batch_ * seq_;
   Position next = position_;
   if (next.offset + n + 1 > counts_[static_cast<size_t>(next.shard)]) {
@@ -88,22 +179,7 @@ Status TokenLoader::Next(std::vector<int32_t>* inputs, std::vector<int32_t>* tar
       ++next.epoch;
     }
   }
-  if (next.shard != loaded_shard_) {
-    const std::string& path = paths_[static_cast<size_t>(next.shard)];
-    Status s = ReadTokenShard(path, &tokens_);
-    if (!s.ok()) {
-      loaded_shard_ = -1;
-      return s;
-    }
-    if (static_cast<int64_t>(tokens_.size()) != counts_[static_cast<size_t>(next.shard)]) {
-      loaded_shard_ = -1;
-      return Status::Error("token loader: shard " + path + " now has " +
-                           std::to_string(tokens_.size()) + " tokens, but had " +
-                           std::to_string(counts_[static_cast<size_t>(next.shard)]) +
-                           " when opened");
-    }
-    loaded_shard_ = next.shard;
-  }
+  KEEL_RETURN_IF_ERROR(Load(next.shard));
   inputs->resize(static_cast<size_t>(n));
   targets->resize(static_cast<size_t>(n));
   const uint16_t* window = tokens_.data() + next.offset;
@@ -112,6 +188,38 @@ Status TokenLoader::Next(std::vector<int32_t>* inputs, std::vector<int32_t>* tar
     (*targets)[static_cast<size_t>(i)] = window[i + 1];
   }
   next.offset += n;
+  position_ = next;
+  return Status::Ok();
+}
+
+Status TokenLoader::NextShuffled(std::vector<int32_t>* inputs, std::vector<int32_t>* targets) {
+  Position next = position_;
+  int64_t shard = ShardAt(next.epoch, next.shard);
+  if (next.offset / seq_ + batch_ > (counts_[static_cast<size_t>(shard)] - 1) / seq_) {
+    next.offset = 0;
+    if (++next.shard == num_shards()) {
+      next.shard = 0;
+      ++next.epoch;
+    }
+    shard = ShardAt(next.epoch, next.shard);
+  }
+  KEEL_RETURN_IF_ERROR(Load(shard));
+  if (samples_epoch_ != next.epoch || samples_shard_ != shard) {
+    Permutation((counts_[static_cast<size_t>(shard)] - 1) / seq_, StreamSeed(seed_, next.epoch, shard), &samples_);
+    samples_epoch_ = next.epoch;
+    samples_shard_ = shard;
+  }
+  inputs->resize(static_cast<size_t>(batch_ * seq_));
+  targets->resize(static_cast<size_t>(batch_ * seq_));
+  const int64_t first = next.offset / seq_;
+  for (int64_t b = 0; b < batch_; ++b) {
+    const uint16_t* window = tokens_.data() + samples_[static_cast<size_t>(first + b)] * seq_;
+    for (int64_t i = 0; i < seq_; ++i) {
+      (*inputs)[static_cast<size_t>(b * seq_ + i)] = window[i];
+      (*targets)[static_cast<size_t>(b * seq_ + i)] = window[i + 1];
+    }
+  }
+  next.offset += batch_ * seq_;
   position_ = next;
   return Status::Ok();
 }

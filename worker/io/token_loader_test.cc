@@ -1,8 +1,10 @@
 // Tests of TokenLoader: exact windows, shard order and crossing, wrap-around
-// with the epoch, Seek, and the refusals of Open and Seek.
+// with the epoch, Seek, the refusals of Open and Seek, and the shuffled order.
 #include "worker/io/token_loader.h"
 
+#include <algorithm>
 #include <numeric>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -249,6 +251,105 @@ TEST(TokenLoaderTest, MaxTokenIsTheLargestIdInAnyShard) {
   ASSERT_NE(loader, nullptr);
   EXPECT_EQ(loader->max_token(), 60000);
   EXPECT_EQ(loader->total_tokens(), 100);
+}
+
+// The shuffled order's batches from an iota shard set: each row is one sample,
+// so row b's first input token names the sample (value - shard's first token
+// = start offset, a multiple of seq).
+std::vector<std::vector<int32_t>> ShuffledRows(TokenLoader* loader, int batches) {
+  std::vector<std::vector<int32_t>> rows;
+  std::vector<int32_t> in, tg;
+  const int64_t seq = loader->seq();
+  for (int i = 0; i < batches; ++i) {
+    Status s = loader->Next(&in, &tg);
+    EXPECT_TRUE(s.ok()) << s.message();
+    for (int64_t b = 0; b < loader->batch(); ++b) {
+      rows.emplace_back(in.begin() + b * seq, in.begin() + (b + 1) * seq);
+      // Each row is a window of consecutive tokens, its targets one further.
+      for (int64_t t = 0; t < seq; ++t) {
+        EXPECT_EQ(in[static_cast<size_t>(b * seq + t)], rows.back()[0] + t);
+        EXPECT_EQ(tg[static_cast<size_t>(b * seq + t)], rows.back()[0] + t + 1);
+      }
+    }
+  }
+  return rows;
+}
+
+TEST(TokenLoaderTest, ShuffledOrderReadsEverySampleOnceAnEpochInAnotherOrder) {
+  // One shard of 4 * 8 * 4 + 1 tokens: 32 samples of seq 4, 8 batches of 4.
+  std::unique_ptr<TokenLoader> loader = OneShardLoader(0, 129, 4, 4);
+  loader->Shuffle(7);
+  EXPECT_TRUE(loader->shuffled());
+  std::vector<std::vector<int32_t>> rows = ShuffledRows(loader.get(), 8);
+  std::set<int32_t> starts;
+  std::vector<int32_t> order;
+  for (const auto& row : rows) {
+    EXPECT_EQ(row[0] % 4, 0);
+    starts.insert(row[0]);
+    order.push_back(row[0]);
+  }
+  EXPECT_EQ(starts.size(), 32u);                        // all 32 samples, none twice
+  EXPECT_FALSE(std::is_sorted(order.begin(), order.end()));  // not llm.c's order
+  EXPECT_EQ(loader->position().epoch, 0);
+  // The next epoch reads them all again, in another order.
+  std::vector<std::vector<int32_t>> second = ShuffledRows(loader.get(), 8);
+  EXPECT_EQ(loader->position().epoch, 1);
+  std::vector<int32_t> order2;
+  for (const auto& row : second) order2.push_back(row[0]);
+  EXPECT_NE(order, order2);
+  std::sort(order2.begin(), order2.end());
+  EXPECT_EQ(std::set<int32_t>(order2.begin(), order2.end()), starts);
+}
+
+TEST(TokenLoaderTest, ShuffledOrderIsFixedByTheSeed) {
+  const std::string dir = WriteShards({{"a.bin", 0, 401}, {"b.bin", 1000, 401}, {"c.bin", 2000, 401}});
+  auto first = MustOpen(dir + "/*.bin", 5, 8);
+  auto same = MustOpen(dir + "/*.bin", 5, 8);
+  auto other = MustOpen(dir + "/*.bin", 5, 8);
+  first->Shuffle(42);
+  same->Shuffle(42);
+  other->Shuffle(43);
+  // 3 shards x 50 samples of 8 = 30 batches of 5 an epoch: read two epochs.
+  std::vector<std::vector<int32_t>> a = ShuffledRows(first.get(), 60);
+  EXPECT_EQ(a, ShuffledRows(same.get(), 60));
+  EXPECT_NE(a, ShuffledRows(other.get(), 60));
+  // Each shard's 10 batches come together: the shard changes only every 10 batches.
+  int changes = 0;
+  for (size_t i = 5; i < a.size(); i += 5) changes += (a[i][0] / 1000 != a[i - 5][0] / 1000);
+  EXPECT_LE(changes, 5);
+}
+
+TEST(TokenLoaderTest, ShuffledSeekThenNextContinuesLikeAnUninterruptedLoader) {
+  const std::string dir = WriteShards({{"a.bin", 0, 161}, {"b.bin", 1000, 161}});
+  auto uninterrupted = MustOpen(dir + "/*.bin", 2, 8);
+  uninterrupted->Shuffle(3);
+  std::vector<int32_t> in, tg;
+  for (int i = 0; i < 23; ++i) ASSERT_TRUE(uninterrupted->Next(&in, &tg).ok());  // into epoch 1
+  const Position saved = uninterrupted->position();
+  EXPECT_EQ(saved.epoch, 1);
+  // A fresh loader, shuffled with the same seed, sought to the saved position,
+  // gives the same batches, as a trainer resuming from a checkpoint.
+  auto resumed = MustOpen(dir + "/*.bin", 2, 8);
+  resumed->Shuffle(3);
+  ASSERT_TRUE(resumed->Seek(saved).ok());
+  EXPECT_EQ(ShuffledRows(resumed.get(), 20), ShuffledRows(uninterrupted.get(), 20));
+  // The samples do not depend on the batch size: 4 batches of 2 = 2 batches of 4.
+  auto twos = MustOpen(dir + "/*.bin", 2, 8);
+  auto fours = MustOpen(dir + "/*.bin", 4, 8);
+  twos->Shuffle(5);
+  fours->Shuffle(5);
+  EXPECT_EQ(ShuffledRows(twos.get(), 4), ShuffledRows(fours.get(), 2));
+}
+
+TEST(TokenLoaderTest, ShuffledSeekRefusesAnOffsetBetweenSamples) {
+  std::unique_ptr<TokenLoader> loader = OneShardLoader(0, 129, 4, 4);
+  loader->Shuffle(1);
+  Position p;
+  p.offset = 6;  // llm.c's order could save this (batch 3 x seq 2); samples of 4 cannot
+  Status s = loader->Seek(p);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(HasAll(s.message(), {"seek offset 6", "not a multiple of seq 4", "data.shuffle"})) << s.message();
+  EXPECT_EQ(loader->position(), Position());
 }
 
 }  // namespace
