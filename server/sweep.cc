@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "kernels/base/splitmix64.h"
 #include "server/scheduler.h"
 #include "worker/io/yaml_strict.h"
 #include "worker/config/run_config.h"
@@ -215,22 +216,6 @@ struct Factor {
   bool random = false;
   YAML::Node random_params;
   uint64_t random_seed = 0;
-};
-
-// splitmix64 (Steele, Lea, Flood 2014): the documented generator of random axes.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  double Uniform01() { return static_cast<double>(Next() >> 11) * (1.0 / 9007199254740992.0); }
-
- private:
-  uint64_t state_;
 };
 
 std::string NumberText(double v) {

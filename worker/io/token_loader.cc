@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "kernels/base/splitmix64.h"
 #include "worker/io/token_shard.h"
 
 namespace keel {
@@ -61,31 +62,6 @@ Status TokenLoader::Open(const std::string& pattern, int64_t batch, int64_t seq,
 }
 
 namespace {
-
-// SplitMix64: a 64-bit generator whose stream is fixed by its seed on every
-// machine (std::mt19937 is too, but std's distributions are not).
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, n), n >= 1, without modulo bias (rejection of the short tail).
-  uint64_t Below(uint64_t n) {
-    const uint64_t limit = UINT64_MAX - UINT64_MAX % n;
-    uint64_t x;
-    do {
-      x = Next();
-    } while (x >= limit);
-    return x % n;
-  }
-
- private:
-  uint64_t state_;
-};
 
 // 0, 1, ..., n-1 in the Fisher-Yates order drawn from `seed`.
 void Permutation(int64_t n, uint64_t seed, std::vector<int64_t>* out) {
