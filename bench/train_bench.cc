@@ -51,7 +51,8 @@ const char kUsage[] =
     "  --analytics-maps     with --analytics: also draw the block maps on every analytics\n"
     "                       step (analytics.maps_every)\n"
     "  --profile            time every backend op over the timed steps (CUDA events; cuda\n"
-    "                       backend only) and print the per-op breakdown of each case\n"
+    "                       backend only) and print the per-op breakdown of each case (with\n"
+    "                       --analytics, of its analytics-on run too)\n"
     "GPT cases:\n"
     "  --model NAME         gpt2-124m (12 layers, width 768, 12 heads) or gpt2-350m (24 layers,\n"
     "                       width 1024, 16 heads); both: context 1024, vocab 50257 padded to\n"
@@ -249,10 +250,10 @@ std::string AnalyticsOn(bool maps) {
 struct AnalyticsCost {
   double step_ms = 0, extra_ms = 0, amortized = 0;  // amortized: fraction of the plain step
 };
-Status MeasureAnalytics(const std::string& yaml, const Result& plain, int steps, int period, bool maps,
+Status MeasureAnalytics(const std::string& yaml, const Result& plain, int steps, int period, bool maps, bool profile,
                         AnalyticsCost* cost) {
   Result on;
-  KEEL_RETURN_IF_ERROR(Measure(yaml + AnalyticsOn(maps), plain.label + " +analytics", steps, false, &on));
+  KEEL_RETURN_IF_ERROR(Measure(yaml + AnalyticsOn(maps), plain.label + " +analytics", steps, profile, &on));
   cost->step_ms = on.step_ms;
   cost->extra_ms = on.step_ms - plain.step_ms;
   cost->amortized = cost->extra_ms / (static_cast<double>(period) * plain.step_ms);
@@ -311,7 +312,7 @@ int RunGpt(const std::string& common, const GptOptions& o) {
     results.push_back(r);
     AnalyticsCost cost;
     if (o.analytics > 0) {
-      s = MeasureAnalytics(yaml, r, o.steps, o.analytics, o.analytics_maps, &cost);
+      s = MeasureAnalytics(yaml, r, o.steps, o.analytics, o.analytics_maps, o.profile, &cost);
       if (!s.ok()) return std::fprintf(stderr, "train_bench: %s +analytics: %s\n", scheme.c_str(), s.message().c_str()), 1;
     }
     if (!o.json_path.empty()) {
@@ -362,7 +363,7 @@ int RunProxy(const std::string& common, int steps, bool profile, int analytics, 
     std::printf("  %-28s %.1f steps/s\n", r.label.c_str(), 1e3 / r.step_ms);
     if (analytics > 0) {
       AnalyticsCost cost;
-      s = MeasureAnalytics(yaml, r, steps * 10, analytics, analytics_maps, &cost);
+      s = MeasureAnalytics(yaml, r, steps * 10, analytics, analytics_maps, profile, &cost);
       if (!s.ok()) return std::fprintf(stderr, "train_bench: %s +analytics: %s\n", scheme, s.message().c_str()), 1;
     }
     results.push_back(r);
