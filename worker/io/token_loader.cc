@@ -144,34 +144,17 @@ Status TokenLoader::Load(int64_t index) {
   return Status::Ok();
 }
 
+// Both orders walk the same way: a shard has room for the next batch when its
+// last row's seq+1 tokens end inside it (in shuffled order the offset is a
+// multiple of seq, so that is the same as `batch` more samples); otherwise the
+// next shard of the epoch's order, and after the last one the next epoch. Row b
+// then starts at offset + b*seq (llm.c's order) or at the start of the
+// (offset/seq + b)-th sample of the shard's permutation (shuffled).
 Status TokenLoader::Next(std::vector<int32_t>* inputs, std::vector<int32_t>* targets) {
-  if (shuffle_) return NextShuffled(inputs, targets);
   const int64_t n = batch_ * seq_;
   Position next = position_;
-  if (next.offset + n + 1 > counts_[static_cast<size_t>(next.shard)]) {
-    next.offset = 0;
-    if (++next.shard == num_shards()) {
-      next.shard = 0;
-      ++next.epoch;
-    }
-  }
-  KEEL_RETURN_IF_ERROR(Load(next.shard));
-  inputs->resize(static_cast<size_t>(n));
-  targets->resize(static_cast<size_t>(n));
-  const uint16_t* window = tokens_.data() + next.offset;
-  for (int64_t i = 0; i < n; ++i) {
-    (*inputs)[static_cast<size_t>(i)] = window[i];
-    (*targets)[static_cast<size_t>(i)] = window[i + 1];
-  }
-  next.offset += n;
-  position_ = next;
-  return Status::Ok();
-}
-
-Status TokenLoader::NextShuffled(std::vector<int32_t>* inputs, std::vector<int32_t>* targets) {
-  Position next = position_;
   int64_t shard = ShardAt(next.epoch, next.shard);
-  if (next.offset / seq_ + batch_ > (counts_[static_cast<size_t>(shard)] - 1) / seq_) {
+  if (next.offset + n + 1 > counts_[static_cast<size_t>(shard)]) {
     next.offset = 0;
     if (++next.shard == num_shards()) {
       next.shard = 0;
@@ -180,22 +163,23 @@ Status TokenLoader::NextShuffled(std::vector<int32_t>* inputs, std::vector<int32
     shard = ShardAt(next.epoch, next.shard);
   }
   KEEL_RETURN_IF_ERROR(Load(shard));
-  if (samples_epoch_ != next.epoch || samples_shard_ != shard) {
+  if (shuffle_ && (samples_epoch_ != next.epoch || samples_shard_ != shard)) {
     Permutation((counts_[static_cast<size_t>(shard)] - 1) / seq_, StreamSeed(seed_, next.epoch, shard), &samples_);
     samples_epoch_ = next.epoch;
     samples_shard_ = shard;
   }
-  inputs->resize(static_cast<size_t>(batch_ * seq_));
-  targets->resize(static_cast<size_t>(batch_ * seq_));
-  const int64_t first = next.offset / seq_;
+  inputs->resize(static_cast<size_t>(n));
+  targets->resize(static_cast<size_t>(n));
   for (int64_t b = 0; b < batch_; ++b) {
-    const uint16_t* window = tokens_.data() + samples_[static_cast<size_t>(first + b)] * seq_;
+    const int64_t start =
+        shuffle_ ? samples_[static_cast<size_t>(next.offset / seq_ + b)] * seq_ : next.offset + b * seq_;
+    const uint16_t* window = tokens_.data() + start;
     for (int64_t i = 0; i < seq_; ++i) {
       (*inputs)[static_cast<size_t>(b * seq_ + i)] = window[i];
       (*targets)[static_cast<size_t>(b * seq_ + i)] = window[i + 1];
     }
   }
-  next.offset += batch_ * seq_;
+  next.offset += n;
   position_ = next;
   return Status::Ok();
 }

@@ -98,7 +98,6 @@ class TokenLoader {
   Status Load(int64_t index);
   // The shard that position (epoch, k) reads: k itself in llm.c's order.
   int64_t ShardAt(int64_t epoch, int64_t k);
-  Status NextShuffled(std::vector<int32_t>* inputs, std::vector<int32_t>* targets);
 
   Position position_;
   int64_t loaded_shard_ = -1;     // index of the shard in tokens_, -1 for none
