@@ -458,17 +458,35 @@ class Backend {
   void ReleaseOutlierAnalytics();
 
  private:
+  // The analytics buffers are carved from arenas, a few large allocations
+  // zeroed when made, so that BeginOutlierAnalytics zeroes all of them with one
+  // Fill per arena and ReadOutlierAnalytics downloads them with one copy per
+  // arena: two or three of each per analysed operand before, which at the
+  // proxy's size cost more than the analyses themselves.
+  struct OutlierArena {
+    char* base = nullptr;
+    size_t bytes = 0, used = 0;
+  };
+  // Where a buffer lies: arena index and byte offset.
+  struct Carved {
+    int arena = -1;
+    size_t offset = 0;
+  };
+  // `bytes` of zeros from the arenas (a new arena when none has room).
+  Status CarveOutlierBuffer(size_t bytes, void** out, Carved* where);
   // One slot and role's device buffers (null until first used) and shape.
   struct OutlierBuffers {
     OutlierSums* sums = nullptr;
     float* channel_max = nullptr;
     double* map = nullptr;
+    Carved sums_at, channel_at, map_at;
     int64_t rows = 0, cols = 0, calls = 0;
   };
   bool outliers_armed_ = false;
   bool outlier_maps_ = false;
   int outlier_slots_ = 0;
   std::vector<OutlierBuffers> outlier_buffers_;  // outlier_slots_ x kRoleCount, kept between steps
+  std::vector<OutlierArena> outlier_arenas_;     // kept between steps; a shape change leaves its old buffers unused
 };
 
 // RopeForward's tables for `positions` positions and head size hd (even), on the

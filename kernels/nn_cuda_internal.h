@@ -702,7 +702,8 @@ class CudaBackend final : public Backend {
   Scratch gla_parts_;                  // GlaBackward: the value tiles' parts of dq and dk, and their intra parts
   Scratch gla_a_;                      // GLA: every chunk's intra-chunk matrix A
   Scratch reduce_desc_;                // the reductions' span descriptors
-  Scratch outlier_scratch_;            // AddOutlierSums' partials and tensor amax
+  Scratch outlier_scratch_;            // AddOutlierSums' partials, tensor amax and block counter
+  unsigned int* outlier_counter_ = nullptr;  // the counter last zeroed (a new scratch needs zeroing)
   // Every scratch above but outlier_scratch_: the main stream's, refused to side
   // work (Init) and released with the backend (with outlier_scratch_). One list,
   // so that a new scratch gets both.

@@ -75,6 +75,23 @@ __device__ unsigned int BlockMaxBits(unsigned int v, unsigned int* shared) {
   return total;
 }
 
+// True in every thread of the block that finishes last among the grid's
+// blocks; by then every block's partial is visible to it. Thread 0 must have
+// written its block's partial before the call. That block sets *counter back
+// to 0 for the next launch (launches on a stream do not overlap).
+__device__ bool LastBlockDone(unsigned int* counter) {
+  __shared__ bool last;
+  __threadfence();  // this block's partial reaches the device before the count does
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    if (last) atomicExch(counter, 0u);
+  }
+  __syncthreads();
+  if (last) __threadfence();  // and is read after it (the partials load through L2: __ldcg)
+  return last;
+}
+
 // ============================================================================
 // Kernels: per-channel max |x|
 // ============================================================================
@@ -118,8 +135,74 @@ __global__ void __launch_bounds__(256) RowAbsMaxKernel(const float* __restrict__
 // Kernels: power sums and flush-to-zero
 // ============================================================================
 
+// The finishes run in one block of kFinishThreads (the last of the pass's
+// blocks): thread t adds the partials t, t + kFinishThreads, ... in order, then
+// BlockSum adds the threads in its fixed order. The same order every run (so the same bits), and no
+// thread walks all the partials alone (a lone thread's chain of dependent
+// global loads took ~0.3 ms per tensor).
+constexpr int kFinishThreads = 256;
+static_assert(kFinishThreads == kOutlierThreads, "the finishes run in a pass's last block");
+
+// The tensor's amax (into *amax_out) and, on the slot's first finite call, the shift.
+__device__ void Finish1(const Pass1Partial* partials, int blocks, OutlierSums* sums, float* amax_out) {
+  __shared__ double sum_shared[kFinishThreads / 32];
+  __shared__ unsigned long long count_shared[kFinishThreads / 32];
+  __shared__ unsigned int max_shared[kFinishThreads / 32];
+  double sum = 0;
+  unsigned long long finite = 0;
+  unsigned int amax = 0;
+  for (int b = threadIdx.x; b < blocks; b += kFinishThreads) {
+    sum += __ldcg(&partials[b].sum);
+    finite += __ldcg(&partials[b].finite);
+    amax = max(amax, __ldcg(&partials[b].amax_bits));
+  }
+  sum = BlockSum(sum, sum_shared);
+  finite = BlockSum(finite, count_shared);
+  amax = BlockMaxBits(amax, max_shared);
+  if (threadIdx.x != 0) return;
+  *amax_out = __uint_as_float(amax);
+  if (sums->finite == 0 && finite > 0) sums->shift = sum / static_cast<double>(finite);
+}
+
+// The partials (in the finishing order above), added to the slot's sums.
+__device__ void Finish2(const Pass2Partial* partials, int blocks, OutlierSums* sums) {
+  __shared__ double d_shared[kFinishThreads / 32];
+  __shared__ unsigned long long u_shared[kFinishThreads / 32];
+  Pass2Partial t{0, 0, 0, 0, 0, 0, 0, 0};
+  for (int b = threadIdx.x; b < blocks; b += kFinishThreads) {
+    t.s1 += __ldcg(&partials[b].s1);
+    t.s2 += __ldcg(&partials[b].s2);
+    t.s3 += __ldcg(&partials[b].s3);
+    t.s4 += __ldcg(&partials[b].s4);
+    t.finite += __ldcg(&partials[b].finite);
+    t.nonfinite += __ldcg(&partials[b].nonfinite);
+    t.nonzero += __ldcg(&partials[b].nonzero);
+    t.flushed += __ldcg(&partials[b].flushed);
+  }
+  t.s1 = BlockSum(t.s1, d_shared);
+  t.s2 = BlockSum(t.s2, d_shared);
+  t.s3 = BlockSum(t.s3, d_shared);
+  t.s4 = BlockSum(t.s4, d_shared);
+  t.finite = BlockSum(t.finite, u_shared);
+  t.nonfinite = BlockSum(t.nonfinite, u_shared);
+  t.nonzero = BlockSum(t.nonzero, u_shared);
+  t.flushed = BlockSum(t.flushed, u_shared);
+  if (threadIdx.x != 0) return;
+  sums->s1 += t.s1;
+  sums->s2 += t.s2;
+  sums->s3 += t.s3;
+  sums->s4 += t.s4;
+  sums->finite += static_cast<int64_t>(t.finite);
+  sums->nonfinite += static_cast<int64_t>(t.nonfinite);
+  sums->nonzero += static_cast<int64_t>(t.nonzero);
+  sums->flushed += static_cast<int64_t>(t.flushed);
+}
+
+// The finish (the tensor's amax and, on the slot's first finite call, the
+// shift) runs in the block that finishes last (LastBlockDone).
 __global__ void __launch_bounds__(kOutlierThreads) OutlierPass1Kernel(const float* __restrict__ x, int64_t n,
-                                                                      Pass1Partial* partials) {
+                                                                      Pass1Partial* partials, unsigned int* counter,
+                                                                      OutlierSums* sums, float* amax_out) {
   __shared__ double sum_shared[kOutlierThreads / 32];
   __shared__ unsigned long long count_shared[kOutlierThreads / 32];
   __shared__ unsigned int max_shared[kOutlierThreads / 32];
@@ -139,35 +222,7 @@ __global__ void __launch_bounds__(kOutlierThreads) OutlierPass1Kernel(const floa
   finite = BlockSum(finite, count_shared);
   amax = BlockMaxBits(amax, max_shared);
   if (threadIdx.x == 0) partials[blockIdx.x] = Pass1Partial{sum, finite, amax, 0};
-}
-
-// The finishing kernels run as one block of kFinishThreads: thread t adds the
-// partials t, t + kFinishThreads, ... in order, then BlockSum adds the threads
-// in its fixed order. The same order every run (so the same bits), and no
-// thread walks all the partials alone (a lone thread's chain of dependent
-// global loads took ~0.3 ms per tensor).
-constexpr int kFinishThreads = 256;
-
-// The tensor's amax (into *amax_out) and, on the slot's first finite call, the shift.
-__global__ void __launch_bounds__(kFinishThreads) OutlierFinish1Kernel(const Pass1Partial* partials, int blocks,
-                                                                       OutlierSums* sums, float* amax_out) {
-  __shared__ double sum_shared[kFinishThreads / 32];
-  __shared__ unsigned long long count_shared[kFinishThreads / 32];
-  __shared__ unsigned int max_shared[kFinishThreads / 32];
-  double sum = 0;
-  unsigned long long finite = 0;
-  unsigned int amax = 0;
-  for (int b = threadIdx.x; b < blocks; b += kFinishThreads) {
-    sum += partials[b].sum;
-    finite += partials[b].finite;
-    amax = max(amax, partials[b].amax_bits);
-  }
-  sum = BlockSum(sum, sum_shared);
-  finite = BlockSum(finite, count_shared);
-  amax = BlockMaxBits(amax, max_shared);
-  if (threadIdx.x != 0) return;
-  *amax_out = __uint_as_float(amax);
-  if (sums->finite == 0 && finite > 0) sums->shift = sum / static_cast<double>(finite);
+  if (LastBlockDone(counter)) Finish1(partials, static_cast<int>(gridDim.x), sums, amax_out);
 }
 
 // One NVFP4 block of up to 16 elements per work item: its amax and scale, then
@@ -176,8 +231,8 @@ __global__ void __launch_bounds__(kFinishThreads) OutlierFinish1Kernel(const Pas
 // adjacent threads on adjacent columns.
 __global__ void __launch_bounds__(kOutlierThreads) OutlierPass2Kernel(const float* __restrict__ x, int64_t rows,
                                                                       int64_t cols, int axis, const float* amax_t,
-                                                                      const OutlierSums* sums,
-                                                                      Pass2Partial* partials) {
+                                                                      OutlierSums* sums, Pass2Partial* partials,
+                                                                      unsigned int* counter) {
   __shared__ double d_shared[kOutlierThreads / 32];
   __shared__ unsigned long long u_shared[kOutlierThreads / 32];
   const double shift = sums->shift;
@@ -239,41 +294,7 @@ __global__ void __launch_bounds__(kOutlierThreads) OutlierPass2Kernel(const floa
   nonzero = BlockSum(nonzero, u_shared);
   flushed = BlockSum(flushed, u_shared);
   if (threadIdx.x == 0) partials[blockIdx.x] = Pass2Partial{s1, s2, s3, s4, finite, nonfinite, nonzero, flushed};
-}
-
-// The partials (in the finishing order above), added to the slot's sums.
-__global__ void __launch_bounds__(kFinishThreads) OutlierFinish2Kernel(const Pass2Partial* partials, int blocks,
-                                                                       OutlierSums* sums) {
-  __shared__ double d_shared[kFinishThreads / 32];
-  __shared__ unsigned long long u_shared[kFinishThreads / 32];
-  Pass2Partial t{0, 0, 0, 0, 0, 0, 0, 0};
-  for (int b = threadIdx.x; b < blocks; b += kFinishThreads) {
-    t.s1 += partials[b].s1;
-    t.s2 += partials[b].s2;
-    t.s3 += partials[b].s3;
-    t.s4 += partials[b].s4;
-    t.finite += partials[b].finite;
-    t.nonfinite += partials[b].nonfinite;
-    t.nonzero += partials[b].nonzero;
-    t.flushed += partials[b].flushed;
-  }
-  t.s1 = BlockSum(t.s1, d_shared);
-  t.s2 = BlockSum(t.s2, d_shared);
-  t.s3 = BlockSum(t.s3, d_shared);
-  t.s4 = BlockSum(t.s4, d_shared);
-  t.finite = BlockSum(t.finite, u_shared);
-  t.nonfinite = BlockSum(t.nonfinite, u_shared);
-  t.nonzero = BlockSum(t.nonzero, u_shared);
-  t.flushed = BlockSum(t.flushed, u_shared);
-  if (threadIdx.x != 0) return;
-  sums->s1 += t.s1;
-  sums->s2 += t.s2;
-  sums->s3 += t.s3;
-  sums->s4 += t.s4;
-  sums->finite += static_cast<int64_t>(t.finite);
-  sums->nonfinite += static_cast<int64_t>(t.nonfinite);
-  sums->nonzero += static_cast<int64_t>(t.nonzero);
-  sums->flushed += static_cast<int64_t>(t.flushed);
+  if (LastBlockDone(counter)) Finish2(partials, static_cast<int>(gridDim.x), sums);
 }
 
 // ============================================================================
@@ -344,21 +365,25 @@ Status CudaBackend::AddOutlierSums(const float* x, int64_t rows, int64_t cols, i
   const unsigned int blocks1 = std::min(GridFor(n, kOutlierThreads), kOutlierMaxBlocks);
   const int64_t items = (nvfp4_axis == 1 ? rows * CeilDiv(cols, 16) : cols * CeilDiv(rows, 16));
   const unsigned int blocks2 = std::min(GridFor(items, kOutlierThreads), kOutlierMaxBlocks);
-  // Scratch: pass 1's partials | pass 2's partials | the tensor amax.
+  // Scratch: pass 1's partials | pass 2's partials | the tensor amax | the
+  // passes' block counter (LastBlockDone), zeroed whenever the scratch is new.
   const size_t p2_offset = kOutlierMaxBlocks * sizeof(Pass1Partial);
   const size_t amax_offset = p2_offset + kOutlierMaxBlocks * sizeof(Pass2Partial);
-  KEEL_RETURN_IF_ERROR(outlier_scratch_.Reserve(amax_offset + 16, stream_));
+  const size_t counter_offset = amax_offset + 16;
+  KEEL_RETURN_IF_ERROR(outlier_scratch_.Reserve(counter_offset + 16, stream_));
   char* base = outlier_scratch_.get<char>();
+  unsigned int* counter = reinterpret_cast<unsigned int*>(base + counter_offset);
+  if (outlier_counter_ != counter) {
+    KEEL_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned int), stream_));
+    outlier_counter_ = counter;
+  }
   Pass1Partial* p1 = reinterpret_cast<Pass1Partial*>(base);
   Pass2Partial* p2 = reinterpret_cast<Pass2Partial*>(base + p2_offset);
   float* amax = reinterpret_cast<float*>(base + amax_offset);
-  OutlierPass1Kernel<<<blocks1, kOutlierThreads, 0, stream_>>>(x, n, p1);
+  // Two launches: each pass's last block runs its finish.
+  OutlierPass1Kernel<<<blocks1, kOutlierThreads, 0, stream_>>>(x, n, p1, counter, sums, amax);
   NN_LAUNCH_CHECK();
-  OutlierFinish1Kernel<<<1, kFinishThreads, 0, stream_>>>(p1, static_cast<int>(blocks1), sums, amax);
-  NN_LAUNCH_CHECK();
-  OutlierPass2Kernel<<<blocks2, kOutlierThreads, 0, stream_>>>(x, rows, cols, nvfp4_axis, amax, sums, p2);
-  NN_LAUNCH_CHECK();
-  OutlierFinish2Kernel<<<1, kFinishThreads, 0, stream_>>>(p2, static_cast<int>(blocks2), sums);
+  OutlierPass2Kernel<<<blocks2, kOutlierThreads, 0, stream_>>>(x, rows, cols, nvfp4_axis, amax, sums, p2, counter);
   NN_LAUNCH_CHECK();
   return Status::Ok();
 }

@@ -2,6 +2,8 @@
 // per-slot, per-role buffers in backend memory, filled by the backend's three
 // reductions while armed and read back once per analytics step. Shared by every
 // backend; only the reductions themselves are backend code.
+#include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "kernels/nn.h"
@@ -16,7 +18,45 @@ Status Zero(Backend* backend, void* p, size_t bytes) {
   return bytes == 0 ? Status::Ok() : backend->Fill(static_cast<float*>(p), static_cast<int64_t>(bytes / 4), 0.0f);
 }
 
+// Arenas hold at least this much; a buffer never straddles two. Offsets are
+// multiples of kOutlierAlign, enough for doubles and vector loads.
+constexpr size_t kOutlierArenaBytes = size_t{4} << 20;
+constexpr size_t kOutlierAlign = 256;
+
 }  // namespace
+
+Status Backend::CarveOutlierBuffer(size_t bytes, void** out, Carved* where) {
+  const size_t need = (bytes + kOutlierAlign - 1) / kOutlierAlign * kOutlierAlign;
+  int index = -1;
+  for (size_t i = 0; i < outlier_arenas_.size(); ++i) {
+    if (outlier_arenas_[i].bytes - outlier_arenas_[i].used >= need) {
+      index = static_cast<int>(i);
+      break;
+    }
+  }
+  if (index < 0) {
+    OutlierArena a;
+    a.bytes = std::max(kOutlierArenaBytes, need);
+    void* p = nullptr;
+    KEEL_RETURN_IF_ERROR(Alloc(a.bytes, &p));
+    a.base = static_cast<char*>(p);
+    // Zero once: what is carved later is zero until used, and
+    // BeginOutlierAnalytics zeroes only the carved part.
+    Status zeroed = Zero(this, a.base, a.bytes);
+    if (!zeroed.ok()) {
+      Free(a.base);
+      return zeroed;
+    }
+    outlier_arenas_.push_back(a);
+    index = static_cast<int>(outlier_arenas_.size()) - 1;
+  }
+  OutlierArena& a = outlier_arenas_[static_cast<size_t>(index)];
+  where->arena = index;
+  where->offset = a.used;
+  *out = a.base + a.used;
+  a.used += need;
+  return Status::Ok();
+}
 
 Status Backend::BeginOutlierAnalytics(int slots, bool maps) {
   if (slots < 0 || slots > (1 << 20))
@@ -27,16 +67,9 @@ Status Backend::BeginOutlierAnalytics(int slots, bool maps) {
     outlier_slots_ = slots;
     outlier_buffers_.assign(static_cast<size_t>(slots) * kRoleCount, OutlierBuffers());
   }
-  // Buffers already allocated are zeroed now; new ones are zeroed when allocated.
-  for (size_t i = 0; i < outlier_buffers_.size(); ++i) {
-    OutlierBuffers& b = outlier_buffers_[i];
-    b.calls = 0;
-    if (b.sums == nullptr) continue;
-    KEEL_RETURN_IF_ERROR(Zero(this, b.sums, sizeof(OutlierSums)));
-    const OutlierView view = OutlierViewOf(static_cast<Role>(i % kRoleCount));
-    KEEL_RETURN_IF_ERROR(Zero(this, b.channel_max, sizeof(float) * (view.channel_axis == 1 ? b.cols : b.rows)));
-    if (b.map != nullptr) KEEL_RETURN_IF_ERROR(Zero(this, b.map, sizeof(double) * MapGridFor(b.rows, b.cols).cells()));
-  }
+  // Every buffer carved so far is zeroed now (one Fill per arena); new ones are zero when carved.
+  for (OutlierBuffers& b : outlier_buffers_) b.calls = 0;
+  for (const OutlierArena& a : outlier_arenas_) KEEL_RETURN_IF_ERROR(Zero(this, a.base, a.used));
   outlier_maps_ = maps;
   outliers_armed_ = true;
   return Status::Ok();
@@ -53,33 +86,28 @@ Status Backend::AnalyzeOperand(const char* op, Role role, const float* x, int64_
   const bool map = outlier_maps_ && view.map;
   const MapGrid grid = MapGridFor(rows, cols);
   if (b.sums != nullptr && (b.rows != rows || b.cols != cols)) {
-    // Another shape in this slot than before (a model rebuilt): new buffers.
+    // Another shape in this slot than before (a model rebuilt): new buffers (the
+    // old ones stay in their arena, unused, until ReleaseOutlierAnalytics).
     if (b.calls > 0)
       return Status::Error(std::string(op) + ": analytics_slot: " + std::to_string(slot) + " " + RoleName(role) +
                            " was " + std::to_string(b.rows) + " x " + std::to_string(b.cols) + " earlier in this step, now " +
                            std::to_string(rows) + " x " + std::to_string(cols) + "; one slot is one layer");
-    Free(b.sums);
-    Free(b.channel_max);
-    Free(b.map);
     b = OutlierBuffers();
   }
   if (b.sums == nullptr) {
     const int64_t channels = view.channel_axis == 1 ? cols : rows;
     void* p = nullptr;
-    KEEL_RETURN_IF_ERROR(Alloc(sizeof(OutlierSums), &p));
+    KEEL_RETURN_IF_ERROR(CarveOutlierBuffer(sizeof(OutlierSums), &p, &b.sums_at));
     b.sums = static_cast<OutlierSums*>(p);
-    KEEL_RETURN_IF_ERROR(Alloc(sizeof(float) * channels, &p));
+    KEEL_RETURN_IF_ERROR(CarveOutlierBuffer(sizeof(float) * static_cast<size_t>(channels), &p, &b.channel_at));
     b.channel_max = static_cast<float*>(p);
     b.rows = rows;
     b.cols = cols;
-    KEEL_RETURN_IF_ERROR(Zero(this, b.sums, sizeof(OutlierSums)));
-    KEEL_RETURN_IF_ERROR(Zero(this, b.channel_max, sizeof(float) * channels));
   }
   if (map && b.map == nullptr) {
     void* p = nullptr;
-    KEEL_RETURN_IF_ERROR(Alloc(sizeof(double) * grid.cells(), &p));
+    KEEL_RETURN_IF_ERROR(CarveOutlierBuffer(sizeof(double) * static_cast<size_t>(grid.cells()), &p, &b.map_at));
     b.map = static_cast<double*>(p);
-    KEEL_RETURN_IF_ERROR(Zero(this, b.map, sizeof(double) * grid.cells()));
   }
   KEEL_RETURN_IF_ERROR(AddOutlierSums(x, rows, cols, view.nvfp4_axis, b.sums));
   KEEL_RETURN_IF_ERROR(ChannelAbsMax(x, rows, cols, view.channel_axis, b.channel_max));
@@ -94,8 +122,18 @@ Status Backend::ReadOutlierAnalytics(std::vector<OperandOutliers>* out) {
     return Status::Error("ReadOutlierAnalytics: not armed; call BeginOutlierAnalytics before the step");
   outliers_armed_ = false;
   out->assign(outlier_buffers_.size(), OperandOutliers());
-  // Every buffer in one DownloadMany (one wait), then the means.
+  // Every arena's carved bytes in one DownloadMany (one wait, one copy per
+  // arena), then each buffer from its place, and the means.
+  std::vector<std::vector<char>> host(outlier_arenas_.size());
   std::vector<DownloadItem> items;
+  for (size_t a = 0; a < outlier_arenas_.size(); ++a) {
+    host[a].resize(outlier_arenas_[a].used);
+    items.push_back({host[a].data(), outlier_arenas_[a].base, outlier_arenas_[a].used});
+  }
+  KEEL_RETURN_IF_ERROR(DownloadMany(items));
+  auto copy = [&host](void* dst, const Carved& at, size_t bytes) {
+    std::memcpy(dst, host[static_cast<size_t>(at.arena)].data() + at.offset, bytes);
+  };
   for (size_t i = 0; i < outlier_buffers_.size(); ++i) {
     const OutlierBuffers& b = outlier_buffers_[i];
     OperandOutliers& o = (*out)[i];
@@ -104,20 +142,13 @@ Status Backend::ReadOutlierAnalytics(std::vector<OperandOutliers>* out) {
     o.calls = b.calls;
     o.rows = b.rows;
     o.cols = b.cols;
-    items.push_back({&o.sums, b.sums, sizeof(OutlierSums)});
+    copy(&o.sums, b.sums_at, sizeof(OutlierSums));
     o.channel_max.resize(static_cast<size_t>(view.channel_axis == 1 ? b.cols : b.rows));
-    items.push_back({o.channel_max.data(), b.channel_max, sizeof(float) * o.channel_max.size()});
-    if (outlier_maps_ && b.map != nullptr) {
-      o.grid = MapGridFor(b.rows, b.cols);
-      o.map_mean.resize(static_cast<size_t>(o.grid.cells()));
-      items.push_back({o.map_mean.data(), b.map, sizeof(double) * o.map_mean.size()});
-    }
-  }
-  KEEL_RETURN_IF_ERROR(DownloadMany(items));
-  for (size_t i = 0; i < outlier_buffers_.size(); ++i) {
-    const OutlierBuffers& b = outlier_buffers_[i];
-    OperandOutliers& o = (*out)[i];
-    if (b.calls == 0 || o.map_mean.empty()) continue;
+    copy(o.channel_max.data(), b.channel_at, sizeof(float) * o.channel_max.size());
+    if (!outlier_maps_ || b.map == nullptr) continue;
+    o.grid = MapGridFor(b.rows, b.cols);
+    o.map_mean.resize(static_cast<size_t>(o.grid.cells()));
+    copy(o.map_mean.data(), b.map_at, sizeof(double) * o.map_mean.size());
     for (int64_t r = 0; r < o.grid.rows; ++r) {
       for (int64_t c = 0; c < o.grid.cols; ++c) {
         const double elements = static_cast<double>(MapCellElements(o.grid, r, c, b.rows, b.cols) * b.calls);
@@ -129,12 +160,8 @@ Status Backend::ReadOutlierAnalytics(std::vector<OperandOutliers>* out) {
 }
 
 void Backend::ReleaseOutlierAnalytics() {
-  for (OutlierBuffers& b : outlier_buffers_) {
-    Free(b.sums);
-    Free(b.channel_max);
-    Free(b.map);
-    b = OutlierBuffers();
-  }
+  for (OutlierArena& a : outlier_arenas_) Free(a.base);
+  outlier_arenas_.clear();
   outlier_buffers_.clear();
   outlier_slots_ = 0;
   outliers_armed_ = false;

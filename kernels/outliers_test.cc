@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/nn.h"
+#include "kernels/nn_cpu.h"
 #include "kernels/quantize.h"
 
 namespace keel {
@@ -264,6 +265,71 @@ TEST(BackendOutliers, ASecondStepStartsFromZero) {
   EXPECT_EQ(second[0].channel_max[3], 2.0f);
   EXPECT_EQ(second[0].calls, 1);
   EXPECT_EQ(second[0].sums.finite, 256);
+}
+
+// The CPU backend, counting the backend calls the analytics bookkeeping makes.
+class CountingCpu : public CpuBackend {
+ public:
+  CountingCpu() : CpuBackend(2) {}
+  Status Alloc(size_t bytes, void** ptr) override {
+    ++allocs;
+    return CpuBackend::Alloc(bytes, ptr);
+  }
+  Status Fill(float* x, int64_t count, float value) override {
+    ++fills;
+    return CpuBackend::Fill(x, count, value);
+  }
+  Status DownloadMany(const std::vector<DownloadItem>& items) override {
+    ++downloads;
+    copies += static_cast<int>(items.size());
+    return CpuBackend::DownloadMany(items);
+  }
+  int allocs = 0, fills = 0, downloads = 0, copies = 0;
+};
+
+// Many layers' buffers share one arena: an analytics step zeroes them with one
+// Fill and reads them back with one copy, however many operands it analysed (it
+// had two or three of each per operand), and the results are still each
+// layer's own.
+TEST(BackendOutliers, OneFillAndOneCopyPerStepForAllOperands) {
+  CountingCpu b;
+  const int64_t rows = 16, in = 32, out = 16;
+  const int layers = 12;
+  std::vector<float> w(static_cast<size_t>(out * in), 0.5f), y(static_cast<size_t>(rows * out));
+  std::vector<std::vector<float>> xs;
+  for (int l = 0; l < layers; ++l) {
+    xs.emplace_back(static_cast<size_t>(rows * in), 1.0f);
+    xs.back()[static_cast<size_t>(l)] = 10.0f + l;  // layer l's hot channel is l
+  }
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(b.BeginOutlierAnalytics(layers, false).ok());
+    for (int l = 0; l < layers; ++l) {
+      LinearQuant q;
+      q.analytics_slot = l;
+      ASSERT_TRUE(b.LinearForward(xs[static_cast<size_t>(l)].data(), w.data(), nullptr, nullptr, y.data(), rows, in,
+                                  out, q).ok());
+    }
+    const int allocs = b.allocs, fills = b.fills;
+    std::vector<OperandOutliers> result;
+    ASSERT_TRUE(b.ReadOutlierAnalytics(&result).ok());
+    EXPECT_EQ(b.downloads, step + 1);
+    EXPECT_EQ(b.copies, step + 1);  // one arena: one copy
+    for (int l = 0; l < layers; ++l) {
+      const OperandOutliers& fx = result[static_cast<size_t>(l) * kRoleCount + static_cast<int>(Role::kFwdX)];
+      ASSERT_EQ(fx.calls, 1) << l;
+      // Layer 0's max is 1 in the second step: the arena was zeroed in between.
+      EXPECT_EQ(fx.channel_max[static_cast<size_t>(l)], step == 1 && l == 0 ? 1.0f : 10.0f + l) << l;
+      EXPECT_EQ(fx.sums.finite, rows * in) << l;
+    }
+    if (step == 0) {
+      EXPECT_EQ(allocs, 1);  // the arena, zeroed when made
+      EXPECT_EQ(fills, 1);
+    }
+    xs[0][0] = 1.0f;  // the second step sees layer 0 without its hot channel
+  }
+  // The second step allocated nothing and zeroed everything with one Fill.
+  EXPECT_EQ(b.allocs, 1);
+  EXPECT_EQ(b.fills, 2);
 }
 
 }  // namespace
