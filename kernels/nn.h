@@ -401,8 +401,11 @@ class Backend {
   // AdamW on every tensor, the other arguments shared: the same bits as one
   // AdamW call per tensor, in any order (tensors must not overlap). The default
   // makes those calls; the CUDA backend updates all tensors in one launch.
+  // delta_squares (null: not wanted) gets one entry per tensor: the sum over
+  // its elements of (p before - p after)^2 in double, in a fixed order (the
+  // update ratio's numerator, without a copy of the weights).
   virtual Status AdamWTensors(const std::vector<AdamWTensor>& tensors, float lr, float beta1, float beta2,
-                              float eps, int step, float grad_scale);
+                              float eps, int step, float grad_scale, std::vector<double>* delta_squares);
 
   // ---- Reductions (return to the host, in double) -------------------------------
   // out[i] = sum of squares of spans[i]; sums() = sum of a; dots: sum a_i * b_i.

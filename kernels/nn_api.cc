@@ -16,10 +16,27 @@ Status Backend::SetProfiling(bool on) {
 }
 
 Status Backend::AdamWTensors(const std::vector<AdamWTensor>& tensors, float lr, float beta1, float beta2,
-                             float eps, int step, float grad_scale) {
-  for (const AdamWTensor& t : tensors) {
+                             float eps, int step, float grad_scale, std::vector<double>* delta_squares) {
+  if (delta_squares != nullptr) delta_squares->assign(tensors.size(), 0.0);
+  std::vector<float> before, after;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const AdamWTensor& t = tensors[i];
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(t.count, 0)) * sizeof(float);
+    if (delta_squares != nullptr && bytes > 0) {
+      before.resize(static_cast<size_t>(t.count));
+      KEEL_RETURN_IF_ERROR(Download(before.data(), t.param, bytes));
+    }
     KEEL_RETURN_IF_ERROR(AdamW(t.param, t.grad, t.m, t.v, t.count, lr, beta1, beta2, eps, t.weight_decay, step,
                                grad_scale));
+    if (delta_squares == nullptr || bytes == 0) continue;
+    after.resize(static_cast<size_t>(t.count));
+    KEEL_RETURN_IF_ERROR(Download(after.data(), t.param, bytes));
+    double sum = 0.0;
+    for (int64_t j = 0; j < t.count; ++j) {
+      const double d = static_cast<double>(before[static_cast<size_t>(j)] - after[static_cast<size_t>(j)]);
+      sum += d * d;
+    }
+    (*delta_squares)[i] = sum;
   }
   return Status::Ok();
 }

@@ -1021,6 +1021,40 @@ TEST_F(NnCpuTest, AdamWMatchesFormulaInDouble) {
                    .ok());
 }
 
+// AdamWTensors gives the bits of one AdamW call per tensor and, asked for them,
+// each tensor's sum of squared deltas (an empty tensor's is 0).
+TEST_F(NnCpuTest, AdamWTensorsGivesEachTensorsSquaredDeltas) {
+  const std::vector<int64_t> sizes = {5, 0, 9};
+  std::vector<std::vector<float>> p, q, g, m1, v1, m2, v2;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = std::max<int64_t>(1, sizes[i]);
+    p.push_back(Normal(n, 90 + static_cast<int>(i)));
+    q.push_back(p.back());
+    g.push_back(Normal(n, 95 + static_cast<int>(i)));
+    for (auto* list : {&m1, &v1, &m2, &v2}) list->emplace_back(static_cast<size_t>(n), 0.0f);
+  }
+  std::vector<AdamWTensor> tensors;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_OK(backend_->AdamW(p[i].data(), g[i].data(), m1[i].data(), v1[i].data(), sizes[i], 1e-2f, 0.9f, 0.95f,
+                              1e-8f, 0.1f, 1, 1.0f));
+    tensors.push_back(AdamWTensor{q[i].data(), g[i].data(), m2[i].data(), v2[i].data(), sizes[i], 0.1f});
+  }
+  const std::vector<std::vector<float>> before = q;
+  std::vector<double> delta;
+  ASSERT_OK(backend_->AdamWTensors(tensors, 1e-2f, 0.9f, 0.95f, 1e-8f, 1, 1.0f, &delta));
+  ASSERT_EQ(delta.size(), sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_EQ(p[i], q[i]) << i;  // the same bits as one AdamW call
+    double want = 0.0;
+    for (int64_t j = 0; j < sizes[i]; ++j) {
+      const double d = static_cast<double>(before[i][static_cast<size_t>(j)] - q[i][static_cast<size_t>(j)]);
+      want += d * d;
+    }
+    EXPECT_EQ(delta[i], want) << i;
+    if (sizes[i] > 0) EXPECT_GT(delta[i], 0.0) << i;
+  }
+}
+
 // ---- RandomNormal ---------------------------------------------------------------------
 
 TEST_F(NnCpuTest, RandomNormalFormulaAndMoments) {

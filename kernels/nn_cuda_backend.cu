@@ -86,9 +86,10 @@ AdamArgs MakeAdamArgs(float lr, float beta1, float beta2, float eps, float weigh
 
 // Element i of one tensor, in nn.h's order of operations (AdamWKernel and
 // AdamWTensorsKernel, so both give the same bits).
-__device__ __forceinline__ void AdamWElement(float* __restrict__ param, const float* __restrict__ grad,
-                                             float* __restrict__ m, float* __restrict__ v, int64_t i,
-                                             float weight_decay, const AdamArgs& a) {
+// Returns p before - p after (fp32), the update ratio's element.
+__device__ __forceinline__ float AdamWElement(float* __restrict__ param, const float* __restrict__ grad,
+                                              float* __restrict__ m, float* __restrict__ v, int64_t i,
+                                              float weight_decay, const AdamArgs& a) {
   const float g = grad[i] * a.grad_scale;
   const float mi = a.beta1 * m[i] + (1.0f - a.beta1) * g;
   const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * (g * g);
@@ -97,7 +98,9 @@ __device__ __forceinline__ void AdamWElement(float* __restrict__ param, const fl
   const float m_hat = mi / a.bias1;
   const float v_hat = vi / a.bias2;
   const float p = param[i];
-  param[i] = p - a.lr * (m_hat / (sqrtf(v_hat) + a.eps) + weight_decay * p);
+  const float updated = p - a.lr * (m_hat / (sqrtf(v_hat) + a.eps) + weight_decay * p);
+  param[i] = updated;
+  return p - updated;
 }
 
 // One element per thread iteration.
@@ -123,9 +126,10 @@ struct AdamTensorEntry {
 constexpr int64_t kAdamChunk = 4096;
 
 // One block per chunk of one tensor; the tensor found by binary search over the
-// first blocks.
+// first blocks. With partials, partials[block] is the chunk's sum of squared
+// deltas in double: each thread's strided elements in order, then a fixed tree.
 __global__ void __launch_bounds__(kThreads) AdamWTensorsKernel(const AdamTensorEntry* __restrict__ table,
-                                                               int tensors, AdamArgs a) {
+                                                               int tensors, AdamArgs a, double* partials) {
   const int64_t block = blockIdx.x;
   int lo = 0, hi = tensors - 1;  // the last i with first_block <= block
   while (lo < hi) {
@@ -135,9 +139,20 @@ __global__ void __launch_bounds__(kThreads) AdamWTensorsKernel(const AdamTensorE
   const AdamTensorEntry t = table[lo];
   const int64_t begin = (block - t.first_block) * kAdamChunk;
   const int64_t end = min(t.count, begin + kAdamChunk);
+  double acc = 0.0;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    AdamWElement(t.param, t.grad, t.m, t.v, i, t.weight_decay, a);
+    const double d = AdamWElement(t.param, t.grad, t.m, t.v, i, t.weight_decay, a);
+    if (partials != nullptr) acc += d * d;
   }
+  if (partials == nullptr) return;
+  __shared__ double sums[kThreads];
+  sums[threadIdx.x] = acc;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[block] = sums[0];
 }
 
 // ---- Reductions ----
@@ -599,10 +614,11 @@ Status CudaBackend::AdamW(float* param, const float* grad, float* m, float* v, i
 }
 
 Status CudaBackend::AdamWTensors(const std::vector<AdamWTensor>& tensors, float lr, float beta1, float beta2,
-                                 float eps, int step, float grad_scale) {
+                                 float eps, int step, float grad_scale, std::vector<double>* delta_squares) {
   NN_PROFILE("AdamW");
   if (step < 1) return Status::Error("AdamW: step: " + std::to_string(step) + " is not allowed; need >= 1 (1-based)");
   std::vector<AdamTensorEntry> table;
+  std::vector<int> entry_of(tensors.size(), -1);  // the table row of tensor i (-1: empty)
   int64_t blocks = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const AdamWTensor& t = tensors[i];
@@ -610,21 +626,39 @@ Status CudaBackend::AdamWTensors(const std::vector<AdamWTensor>& tensors, float 
     if (t.count == 0) continue;
     if (t.param == nullptr || t.grad == nullptr || t.m == nullptr || t.v == nullptr)
       return Status::Error("AdamW: tensor " + std::to_string(i) + ": param, grad, m or v: null");
+    entry_of[i] = static_cast<int>(table.size());
     table.push_back(AdamTensorEntry{t.param, t.grad, t.m, t.v, t.count, t.weight_decay, blocks});
     blocks += CeilDiv(t.count, kAdamChunk);
   }
+  if (delta_squares != nullptr) delta_squares->assign(tensors.size(), 0.0);
   if (table.empty()) return Status::Ok();
   if (blocks > (int64_t{1} << 31) - 1) return Status::Error("AdamW: " + std::to_string(blocks) + " chunks: too many");
   // weight_decay is per tensor (the table's).
   const AdamArgs a = MakeAdamArgs(lr, beta1, beta2, eps, 0.0f, step, grad_scale);
+  // Scratch: the table | the chunks' partials (with delta_squares).
   const size_t bytes = table.size() * sizeof(AdamTensorEntry);
-  KEEL_RETURN_IF_ERROR(adam_table_.Reserve(bytes, stream_));
+  const size_t partial_offset = (bytes + 15) / 16 * 16;
+  const size_t partial_bytes = delta_squares != nullptr ? static_cast<size_t>(blocks) * sizeof(double) : 0;
+  KEEL_RETURN_IF_ERROR(adam_table_.Reserve(partial_offset + partial_bytes, stream_));
   // Pageable source: the copy is staged before cudaMemcpyAsync returns, so
   // `table` may go out of scope.
   KEEL_CUDA_CHECK(cudaMemcpyAsync(adam_table_.get<void>(), table.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  double* partials = delta_squares != nullptr ? reinterpret_cast<double*>(adam_table_.get<char>() + partial_offset)
+                                              : nullptr;
   AdamWTensorsKernel<<<static_cast<unsigned int>(blocks), kThreads, 0, stream_>>>(
-      adam_table_.get<AdamTensorEntry>(), static_cast<int>(table.size()), a);
+      adam_table_.get<AdamTensorEntry>(), static_cast<int>(table.size()), a, partials);
   NN_LAUNCH_CHECK();
+  if (delta_squares == nullptr) return Status::Ok();
+  // Each tensor's chunks in order, on the host.
+  std::vector<double> host(static_cast<size_t>(blocks));
+  KEEL_RETURN_IF_ERROR(Download(host.data(), partials, partial_bytes));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (entry_of[i] < 0) continue;
+    const AdamTensorEntry& e = table[static_cast<size_t>(entry_of[i])];
+    double sum = 0.0;
+    for (int64_t c = 0; c < CeilDiv(e.count, kAdamChunk); ++c) sum += host[static_cast<size_t>(e.first_block + c)];
+    (*delta_squares)[i] = sum;
+  }
   return Status::Ok();
 }
 

@@ -459,7 +459,7 @@ class CudaBackend final : public Backend {
   Status HcpTopK(const float* scores, int64_t count, int32_t k, int32_t* index) override;
 
   Status AdamWTensors(const std::vector<AdamWTensor>& tensors, float lr, float beta1, float beta2, float eps,
-                      int step, float grad_scale) override;
+                      int step, float grad_scale, std::vector<double>* delta_squares) override;
   Status AdamW(float* param, const float* grad, float* m, float* v, int64_t count, float lr,
                float beta1, float beta2, float eps, float weight_decay, int step,
                float grad_scale) override;
@@ -683,7 +683,7 @@ class CudaBackend final : public Backend {
   Scratch op_a_, op_b_;                // quantized GEMM operands
   Scratch codes_;                      // per-tensor FP8 codes, for its statistics
   Scratch partials_;                   // column-sum and reduction partials
-  Scratch adam_table_;                 // AdamWTensors' tensor table
+  Scratch adam_table_;                 // AdamWTensors' tensor table and per-chunk delta partials
   Scratch quant_temp_;                 // QuantizeDequantize with out == x
   Scratch hcp_partials_, hcp_means_;   // HCP scores: per-chunk sums, per-index means
   Scratch hcp_scores_, hcp_sort_;      // HCP choice: scores, sort keys and cub's temporary

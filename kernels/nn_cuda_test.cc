@@ -417,7 +417,8 @@ TEST_F(NnCudaTest, AdamWMatchesBitForBit) {
 
 // The optimizer's one-launch form: tensors of sizes around its 4096-element
 // chunks, each with its own decay, give the bits of one AdamW call per tensor
-// (on the GPU and on the CPU).
+// (on the GPU and on the CPU). Asked for them, both give each tensor's sum of
+// squared deltas (the update ratio's numerator) to double rounding.
 TEST_F(NnCudaTest, AdamWTensorsMatchesOneCallPerTensor) {
   const std::vector<int64_t> sizes = {1, 0, 4095, 4096, 4097, 100003, 3};
   std::vector<Dual> p1, p2, g, m1, m2, v1, v2;
@@ -428,19 +429,45 @@ TEST_F(NnCudaTest, AdamWTensorsMatchesOneCallPerTensor) {
     for (auto* list : {&m1, &m2}) list->push_back(Floats(Normal(n, 50 + i, 1e-3f)));
     for (auto* list : {&v1, &v2}) list->push_back(Floats(std::vector<float>(n, 1e-5f)));
   }
+  std::vector<double> cpu_delta, gpu_delta;
+  std::vector<std::vector<float>> params_before;
   for (int step = 1; step <= 3; ++step) {
     for (Backend* be : {cpu_.get(), gpu_.get()}) {
       const bool on_gpu = be == gpu_.get();
       auto f = [&](const Dual& d) { return on_gpu ? d.g() : d.c(); };
       std::vector<AdamWTensor> tensors;
+      if (on_gpu && step == 3) {
+        params_before.clear();
+        for (const Dual& d : p2) params_before.push_back(Gpu(d));
+      }
       for (size_t i = 0; i < sizes.size(); ++i) {
         const float wd = i % 2 == 0 ? 0.1f : 0.0f;
         ASSERT_OK(be->AdamW(f(p1[i]), f(g[i]), f(m1[i]), f(v1[i]), sizes[i], 6e-4f, 0.9f, 0.95f, 1e-8f, wd,
                             step * 5, 0.5f));
         tensors.push_back(AdamWTensor{f(p2[i]), f(g[i]), f(m2[i]), f(v2[i]), sizes[i], wd});
       }
-      ASSERT_OK(be->AdamWTensors(tensors, 6e-4f, 0.9f, 0.95f, 1e-8f, step * 5, 0.5f));
+      std::vector<double>* delta = step < 3 ? nullptr : on_gpu ? &gpu_delta : &cpu_delta;
+      ASSERT_OK(be->AdamWTensors(tensors, 6e-4f, 0.9f, 0.95f, 1e-8f, step * 5, 0.5f, delta));
     }
+  }
+  ASSERT_EQ(gpu_delta.size(), sizes.size());
+  ASSERT_EQ(cpu_delta.size(), sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const std::vector<float> after = Gpu(p2[i]);
+    double want = 0.0;
+    for (int64_t j = 0; j < sizes[i]; ++j) {
+      const double d = static_cast<double>(params_before[i][static_cast<size_t>(j)] - after[static_cast<size_t>(j)]);
+      want += d * d;
+    }
+    SCOPED_TRACE("delta of tensor " + std::to_string(i));
+    if (sizes[i] == 0) {
+      EXPECT_EQ(gpu_delta[i], 0.0);
+      EXPECT_EQ(cpu_delta[i], 0.0);
+      continue;
+    }
+    EXPECT_GT(want, 0.0);
+    EXPECT_NEAR(gpu_delta[i], want, 1e-12 * want);
+    EXPECT_NEAR(cpu_delta[i], want, 1e-12 * want);
   }
   for (size_t i = 0; i < sizes.size(); ++i) {
     SCOPED_TRACE("tensor " + std::to_string(i) + " of " + std::to_string(sizes[i]));
@@ -453,7 +480,7 @@ TEST_F(NnCudaTest, AdamWTensorsMatchesOneCallPerTensor) {
   std::vector<AdamWTensor> bad = {AdamWTensor{p2[0].g(), g[0].g(), m2[0].g(), v2[0].g(), 1, 0.0f},
                                   AdamWTensor{nullptr, g[1].g(), m2[1].g(), v2[1].g(), 5, 0.0f}};
   const std::vector<float> before = Gpu(p2[0]);
-  const Status s = gpu_->AdamWTensors(bad, 6e-4f, 0.9f, 0.95f, 1e-8f, 9, 0.5f);
+  const Status s = gpu_->AdamWTensors(bad, 6e-4f, 0.9f, 0.95f, 1e-8f, 9, 0.5f, nullptr);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("tensor 1"), std::string::npos) << s.message();
   ExpectBits("untouched after a refused call", before, Gpu(p2[0]));

@@ -175,10 +175,11 @@ Status Trainer::OpenData() {
 }
 
 // The optimizer's buffers beside the model's weights: gradients, Adam m and v,
-// the weights before an update, and the probe's gradients when it runs.
+// and the probe's gradients when it runs. (The weights before an update,
+// previous_, only under ZeRO-1: SetCommunicator.)
 Status Trainer::AllocateState() {
   const size_t bytes = static_cast<size_t>(model_->param_count()) * sizeof(float);
-  for (float** p : {&grads_, &adam_m_, &adam_v_, &previous_}) {
+  for (float** p : {&grads_, &adam_m_, &adam_v_}) {
     void* mem = nullptr;
     KEEL_RETURN_IF_ERROR(backend_->Alloc(bytes, &mem));
     *p = static_cast<float*>(mem);
@@ -247,9 +248,11 @@ Status Trainer::SetCommunicator(std::unique_ptr<Communicator> comm) {
     backend_->Free(*p);
     *p = nullptr;
   }
+  // previous_: the weights before an update (the update ratio's, since each
+  // rank updates only its shard) and the whole moments on their way to a checkpoint.
   const std::vector<std::pair<float**, int64_t>> buffers = {
       {&grads_, n * shard_per_}, {&adam_m_, shard_per_}, {&adam_v_, shard_per_},
-      {&shard_grads_, shard_per_}, {&gather_, n * shard_per_}};
+      {&shard_grads_, shard_per_}, {&gather_, n * shard_per_}, {&previous_, count}};
   for (const auto& b : buffers) {
     void* mem = nullptr;
     KEEL_RETURN_IF_ERROR(backend_->Alloc(static_cast<size_t>(b.second) * sizeof(float), &mem));
@@ -544,13 +547,17 @@ bool Trainer::RunStabilityController(const StepMetrics& m) {
 }
 
 // Adam(W) on every tensor; global-norm clipping folds into the gradient scale.
-// previous_ keeps the weights before the update (for the update ratio).
+// The update ratio's numerator, per tensor, comes out of the update itself
+// (delta_squares_); under ZeRO-1, previous_ keeps the weights before it.
 Status Trainer::OptimizerStep(bool skip_update, StepMetrics* m) {
   Backend& b = *backend_;
   const OptimizerConfig& o = config_.optimizer;
   const float grad_scale = ClipScale(m->grad_norm, o.grad_clip);
-  KEEL_RETURN_IF_ERROR(b.CopyBytes(previous_, model_->params(),
-                                   static_cast<size_t>(model_->param_count()) * sizeof(float)));
+  if (shard_) {
+    KEEL_RETURN_IF_ERROR(b.CopyBytes(previous_, model_->params(),
+                                     static_cast<size_t>(model_->param_count()) * sizeof(float)));
+  }
+  delta_squares_.assign(model_->param_info().size(), 0.0);
   m->skipped = skip_update;
   if (skip_update) return Status::Ok();  // weights and Adam moments stay as they were
   std::vector<AdamWTensor> tensors;
@@ -568,8 +575,9 @@ Status Trainer::OptimizerStep(bool skip_update, StepMetrics* m) {
     const float* g = shard_ ? shard_grads_ + local : grads_ + lo;
     tensors.push_back(AdamWTensor{model_->params() + lo, g, adam_m_ + local, adam_v_ + local, count, wd});
   }
+  // Unsharded, the tensors are param_info()'s, one for one.
   KEEL_RETURN_IF_ERROR(b.AdamWTensors(tensors, static_cast<float>(m->lr), o.beta1, o.beta2, o.eps,
-                                      static_cast<int>(step_ + 1), grad_scale));
+                                      static_cast<int>(step_ + 1), grad_scale, shard_ ? nullptr : &delta_squares_));
   // ZeRO-1: every rank updated its shard; all of them gather the whole.
   if (shard_) {
     KEEL_RETURN_IF_ERROR(backend_->Sync());  // the updates' kernels are not the gather's time
@@ -581,11 +589,13 @@ Status Trainer::OptimizerStep(bool skip_update, StepMetrics* m) {
 
 // The update ratio |w_new - w_old| / |w_old|, global and per group.
 Status Trainer::MeasureUpdate(const GroupSums& weight_squares, StepMetrics* m) {
-  KEEL_RETURN_IF_ERROR(backend_->Axpy(-1.0f, model_->params(), previous_, model_->param_count()));
-  std::vector<Span> spans;  // previous_ now holds w_old - w_new
-  for (const ParamInfo& p : model_->param_info()) spans.push_back(Span{previous_ + p.offset, p.count});
-  std::vector<double> squares;
-  KEEL_RETURN_IF_ERROR(backend_->SumSquares(spans, &squares));
+  std::vector<double> squares = delta_squares_;  // per tensor, from OptimizerStep
+  if (shard_) {
+    KEEL_RETURN_IF_ERROR(backend_->Axpy(-1.0f, model_->params(), previous_, model_->param_count()));
+    std::vector<Span> spans;  // previous_ now holds w_old - w_new
+    for (const ParamInfo& p : model_->param_info()) spans.push_back(Span{previous_ + p.offset, p.count});
+    KEEL_RETURN_IF_ERROR(backend_->SumSquares(spans, &squares));
+  }
   const GroupSums delta_squares = SumByGroup(param_groups_, squares);
   m->update_ratio = SafeRatio(std::sqrt(delta_squares.total), std::sqrt(weight_squares.total));
   m->update_ratios = GroupRatios(delta_squares, weight_squares);

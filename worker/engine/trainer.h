@@ -277,7 +277,8 @@ class Trainer {
   float* adam_m_ = nullptr;
   float* adam_v_ = nullptr;
   float* probe_grads_ = nullptr;
-  float* previous_ = nullptr;  // weights before the update (update ratio)
+  float* previous_ = nullptr;  // ZeRO-1 only: weights before the update (update ratio)
+  std::vector<double> delta_squares_;  // per parameter tensor: sum of (w_old - w_new)^2 of the last update
   float* gains_ = nullptr;     // the layernorm gains side by side, read back in one copy
   // The previous analytics step's hot channels, per slot and role (empty: none
   // yet). Not in checkpoints: after a resume the first analytics step has no overlap.

@@ -98,6 +98,31 @@ TEST(TrainerTest, SameSeedSameCurveOtherSeedOtherCurve) {
   EXPECT_NE(la, lo);
 }
 
+// The update ratio, |w_new - w_old| / |w_old| over all weights, from the
+// optimizer's own sums of squared deltas: the same figure as the weights read
+// back before and after the step give.
+TEST(TrainerTest, UpdateRatioIsTheRelativeChangeOfTheWeights) {
+  RunConfig c = ProxyConfig(TempDir("update_ratio"), "fp32");
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  Losses(t.get(), 2);
+  const int64_t n = t->model()->param_count();
+  std::vector<float> before(static_cast<size_t>(n)), after(static_cast<size_t>(n));
+  ASSERT_TRUE(t->backend()->Download(before.data(), t->model()->params(), before.size() * sizeof(float)).ok());
+  StepMetrics m;
+  ASSERT_TRUE(t->Step(&m).ok());
+  ASSERT_TRUE(t->backend()->Download(after.data(), t->model()->params(), after.size() * sizeof(float)).ok());
+  double delta = 0.0, weights = 0.0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    const double d = static_cast<double>(before[i] - after[i]);
+    delta += d * d;
+    weights += static_cast<double>(before[i]) * before[i];
+  }
+  ASSERT_GT(delta, 0.0);
+  EXPECT_NEAR(m.update_ratio, std::sqrt(delta) / std::sqrt(weights), 1e-9 * m.update_ratio);
+  EXPECT_FALSE(m.update_ratios.empty());
+}
+
 TEST(TrainerTest, ResumeIsBitExactAndRestoresTheScheme) {
   RunConfig c = ProxyConfig(TempDir("proxy_resume"), "fp32");
   std::unique_ptr<Trainer> whole, first, resumed;
