@@ -197,6 +197,63 @@ __global__ void __launch_bounds__(256)
   if (threadIdx.y == 0 && col < cols) partial[blockIdx.y * cols + col] = total;
 }
 
+// GELU's backward (dy * gelu'(x), GeluGradValues' product) rounded to BF16
+// (nearest even) fused with pass 1 of the column sums, four columns per thread:
+// Bf16ColumnPartialsKernel's results, bit for bit, with 16-byte loads and 8-byte
+// stores. A block covers 128 columns and a chunk of rows; thread (t, r) owns
+// columns 4t .. 4t + 3 and adds its rows r, r + 8, ... in order, then the 8 row
+// threads' sums are added in order (SumOverRowThreads): per column the additions
+// of ColumnPartialsKernel. Requires cols % 4 == 0 and 16-byte aligned x and dy.
+__global__ void __launch_bounds__(256)
+    GeluGradBf16ColumnPartials4Kernel(const float* __restrict__ x, const float* __restrict__ dy, int64_t rows,
+                                      int64_t cols, int64_t rows_per_chunk, uint16_t* __restrict__ out,
+                                      float* __restrict__ partial, unsigned long long* counts) {
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 128 + 4 * threadIdx.x;
+  const bool active = col < cols;  // cols % 4 == 0: a thread's four columns are all in or all out
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = min(rows, r0 + rows_per_chunk);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  unsigned int nonfinite = 0;
+  if (active) {
+    constexpr int kBatch = 2;
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8 * kBatch) {
+      float4 xv[kBatch], gv[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int64_t rk = r + 8 * k;
+        const bool in = rk < r1;
+        xv[k] = in ? *reinterpret_cast<const float4*>(x + rk * cols + col) : make_float4(0, 0, 0, 0);
+        gv[k] = in ? *reinterpret_cast<const float4*>(dy + rk * cols + col) : make_float4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int64_t rk = r + 8 * k;
+        if (rk >= r1) break;
+        const float xs[4] = {xv[k].x, xv[k].y, xv[k].z, xv[k].w};
+        const float gs[4] = {gv[k].x, gv[k].y, gv[k].z, gv[k].w};
+        float q[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float v = gs[j] * GeluGrad(xs[j]);  // GeluGradValues' product
+          acc[j] += v;
+          q[j] = qcore::Bf16Value(qcore::Bf16Round(v, Rounding::kNearestEven, 0.0f));
+          nonfinite += qcore::IsFinite(v) ? 0u : 1u;
+        }
+        *reinterpret_cast<uint2*>(out + rk * cols + col) =
+            make_uint2(qcuda::ToBf16x2(q[0], q[1]), qcuda::ToBf16x2(q[2], q[3]));
+      }
+    }
+  }
+  // blockDim.x is 32, so threadIdx.x is the lane AddCounts expects; every lane calls it.
+  if (counts != nullptr) AddCounts(0u, nonfinite, counts);
+  float total[4];
+  SumOverRowThreads<4>(acc, total);
+  if (threadIdx.y == 0 && active) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) partial[blockIdx.y * cols + col + j] = total[j];
+  }
+}
+
 // MX quantization along rows (blocks of 32 columns; cols % 32 == 0) with nearest
 // rounding (even or away), fused with pass 1 of the column sums. A block covers
 // 128 columns and a chunk of rows; thread (t, r) owns columns 4t .. 4t + 3 of the
@@ -724,9 +781,18 @@ Status CudaBackend::GeluBackwardBf16(const float* x, const float* dy, uint16_t* 
   // partials in the same order.
   ColumnSplit split;
   KEEL_RETURN_IF_ERROR(SplitColumnSums(rows, cols, 1, &split));
-  const dim3 grid(static_cast<unsigned int>(CeilDiv(cols, 32)), static_cast<unsigned int>(split.chunks));
-  Bf16ColumnPartialsKernel<Rounding::kNearestEven><<<grid, dim3(32, 8), 0, stream_>>>(
-      GeluGradValues{x, dy}, rows, cols, split.rows_per_chunk, 0, dx, true, split.partial, pair);
+  const bool by4 = cols % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(dy) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(dx) % 8 == 0;
+  if (by4) {
+    // Four columns per thread, the same bits (GeluGradBf16ColumnPartials4Kernel).
+    const dim3 grid(static_cast<unsigned int>(CeilDiv(cols, 128)), static_cast<unsigned int>(split.chunks));
+    GeluGradBf16ColumnPartials4Kernel<<<grid, dim3(32, 8), 0, stream_>>>(x, dy, rows, cols, split.rows_per_chunk, dx,
+                                                                         split.partial, pair);
+  } else {
+    const dim3 grid(static_cast<unsigned int>(CeilDiv(cols, 32)), static_cast<unsigned int>(split.chunks));
+    Bf16ColumnPartialsKernel<Rounding::kNearestEven><<<grid, dim3(32, 8), 0, stream_>>>(
+        GeluGradValues{x, dy}, rows, cols, split.rows_per_chunk, 0, dx, true, split.partial, pair);
+  }
   NN_LAUNCH_CHECK();
   if (column_sums == nullptr) return Status::Ok();
   return FinalizeColumnPartials(split.partial, split.chunks, cols, column_sums, stream_);

@@ -1323,8 +1323,11 @@ TEST_F(NnCudaTest, ProducersWriteTheBf16XTheLinearReads) {
 // GeluBackwardBf16 writes the rounding of GeluBackward's dx and sums the bias
 // gradient as LinearBackward does: the layer's backward reading it gives the
 // bits of the fp32 path.
+// Widths 200 (four columns a thread, GeluGradBf16ColumnPartials4Kernel) and 198 (one).
 TEST_F(NnCudaTest, GeluBackwardBf16GivesTheLinearsDyAndDbias) {
-  const int64_t rows = 1000, in = 96, out = 200;  // rows: several column chunks
+ for (const int64_t out : {int64_t{200}, int64_t{198}}) {
+  SCOPED_TRACE("width " + std::to_string(out));
+  const int64_t rows = 1000, in = 96;  // rows: several column chunks
   std::vector<float> pre = Normal(rows * out, 111, 1.5f);
   pre[out * 3 + 4] = std::numeric_limits<float>::quiet_NaN();
   Dual xp = Floats(pre), dact = Floats(Normal(rows * out, 112, 0.5f)), dy = Zeros(rows * out), dyb = Zeros(rows * out);
@@ -1362,6 +1365,7 @@ TEST_F(NnCudaTest, GeluBackwardBf16GivesTheLinearsDyAndDbias) {
   ExpectBits("gelu bf16 dbias", db0, db1);
   ExpectStatsEqual("gelu bf16, the producer's count", st0, st1);
   EXPECT_EQ(st1[R(Role::kDgradDy)].nan_blocks, 1);
+ }
 }
 
 TEST_F(NnCudaTest, LinearRejectsWhatTheCpuRejects) {
