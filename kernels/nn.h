@@ -52,11 +52,14 @@ struct OpTime {
   std::string op;      // a Backend method, or "Method > part" for a timed part of one
   int64_t calls = 0;
   double ms = 0.0;     // total over the calls
+  double host_ms = 0.0;  // host wall time inside the op (launches, checks, waits), total over the calls
 };
 
 // A table of `times` (from TakeProfile) per step over `steps` steps: each op,
 // longest first, with its parts under it; the share of `step_ms` (the measured
-// wall time of a step) when it is > 0, and the ops' total against it.
+// wall time of a step) when it is > 0, and the ops' total against it; each op's
+// host time, and with `step_ms` the host time spent outside every op (the
+// caller's own work between ops: where a launch-bound step's GPU waits).
 std::string FormatProfile(const std::vector<OpTime>& times, int64_t steps, double step_ms);
 
 // A span of backend floats, for the batched reductions.

@@ -193,24 +193,25 @@ std::string FormatProfile(const std::vector<OpTime>& times, int64_t steps, doubl
   const double n = static_cast<double>(std::max<int64_t>(steps, 1));
   const std::string kPart = " > ";
   std::vector<const OpTime*> ops;
-  double total_ms = 0.0;
+  double total_ms = 0.0, total_host_ms = 0.0;
   for (const OpTime& t : times) {
     if (t.op.find(kPart) != std::string::npos) continue;
     ops.push_back(&t);
     total_ms += t.ms;
+    total_host_ms += t.host_ms;
   }
   auto longest = [](const OpTime* a, const OpTime* b) { return a->ms > b->ms; };
   std::sort(ops.begin(), ops.end(), longest);
   char line[256];
   std::string out;
-  std::snprintf(line, sizeof(line), "  %-44s %11s %10s %8s\n", "op (device time; parts under their op)",
-                "calls/step", "ms/step", step_ms > 0 ? "% step" : "% ops");
+  std::snprintf(line, sizeof(line), "  %-44s %11s %10s %8s %10s\n", "op (device time; parts under their op)",
+                "calls/step", "ms/step", step_ms > 0 ? "% step" : "% ops", "host ms");
   out += line;
   const double whole = step_ms > 0 ? step_ms : total_ms / n;
   auto row = [&](const std::string& name, const OpTime& t) {
     const double per_step = t.ms / n;
-    std::snprintf(line, sizeof(line), "  %-44s %11.1f %10.3f %7.1f%%\n", name.c_str(), t.calls / n, per_step,
-                  whole > 0 ? 100.0 * per_step / whole : 0.0);
+    std::snprintf(line, sizeof(line), "  %-44s %11.1f %10.3f %7.1f%% %10.3f\n", name.c_str(), t.calls / n, per_step,
+                  whole > 0 ? 100.0 * per_step / whole : 0.0, t.host_ms / n);
     out += line;
   };
   for (const OpTime* op : ops) {
@@ -225,11 +226,16 @@ std::string FormatProfile(const std::vector<OpTime>& times, int64_t steps, doubl
     std::sort(parts.begin(), parts.end(), longest);
     for (const OpTime* part : parts) row("  > " + part->op.substr(op->op.size() + kPart.size()), *part);
   }
-  std::snprintf(line, sizeof(line), "  %-44s %11s %10.3f %7.1f%%\n", "all ops", "", total_ms / n,
-                whole > 0 ? 100.0 * total_ms / n / whole : 0.0);
+  std::snprintf(line, sizeof(line), "  %-44s %11s %10.3f %7.1f%% %10.3f\n", "all ops", "", total_ms / n,
+                whole > 0 ? 100.0 * total_ms / n / whole : 0.0, total_host_ms / n);
   out += line;
   if (step_ms > 0) {
     std::snprintf(line, sizeof(line), "  %-44s %11s %10.3f\n", "step (wall clock)", "", step_ms);
+    out += line;
+    // The caller's own host work between the ops (and the profiler's): while it
+    // runs, no new work reaches the GPU.
+    std::snprintf(line, sizeof(line), "  %-44s %11s %10s %8s %10.3f\n", "host outside the ops (wall - ops' host)", "",
+                  "", "", step_ms - total_host_ms / n);
     out += line;
   }
   return out;

@@ -1645,10 +1645,10 @@ TEST_F(NnCpuTest, ProfilingIsRefusedWithoutATimer) {
 
 // Ops longest first, each op's parts under it, per step over `steps`.
 TEST(FormatProfileTest, OrdersOpsAndNestsTheirParts) {
-  const std::vector<OpTime> times = {{"Add", 20, 2.0},
-                                     {"LinearForward > gemm", 8, 6.0},
-                                     {"LinearForward", 8, 10.0},
-                                     {"LinearForward > quantize", 16, 3.0}};
+  const std::vector<OpTime> times = {{"Add", 20, 2.0, 1.0},
+                                     {"LinearForward > gemm", 8, 6.0, 0.5},
+                                     {"LinearForward", 8, 10.0, 3.0},
+                                     {"LinearForward > quantize", 16, 3.0, 1.5}};
   const std::string table = FormatProfile(times, 2, 8.0);
   const size_t linear = table.find("LinearForward"), gemm = table.find("> gemm"),
                quantize = table.find("> quantize"), add = table.find("Add");
@@ -1656,9 +1656,15 @@ TEST(FormatProfileTest, OrdersOpsAndNestsTheirParts) {
   EXPECT_LT(linear, gemm) << table;
   EXPECT_LT(gemm, quantize) << table;
   EXPECT_LT(quantize, add) << table;
-  // LinearForward: 4 calls and 5 ms per step, 62.5% of an 8 ms step; all ops 6 ms (75%).
-  EXPECT_NE(table.find("4.0      5.000    62.5%"), std::string::npos) << table;
-  EXPECT_NE(table.find("6.000    75.0%"), std::string::npos) << table;
+  // LinearForward: 4 calls and 5 ms per step, 62.5% of an 8 ms step, 1.5 ms of
+  // host time; all ops 6 ms (75%) and 2 ms of host time (the parts' host time is
+  // inside their op's), so 6 ms of the step's wall clock is host work outside them.
+  EXPECT_NE(table.find("4.0      5.000    62.5%      1.500"), std::string::npos) << table;
+  EXPECT_NE(table.find("6.000    75.0%      2.000"), std::string::npos) << table;
+  const size_t outside = table.find("host outside the ops");
+  ASSERT_NE(outside, std::string::npos) << table;
+  const std::string outside_line = table.substr(outside, table.find('\n', outside) - outside);
+  EXPECT_EQ(outside_line.substr(outside_line.size() - 6), " 6.000") << table;
 }
 
 // ---- Gated linear attention (GLA) -------------------------------------------------------

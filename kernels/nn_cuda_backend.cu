@@ -469,6 +469,7 @@ cudaEvent_t OpTimer::NewEvent() {
 
 void OpTimer::Push(const char* name, cudaStream_t stream) {
   Region r;
+  r.host_start = std::chrono::steady_clock::now();
   r.name = open_.empty() ? std::string(name) : open_.back().name + " > " + name;
   r.start = NewEvent();
   if (r.start != nullptr) cudaEventRecord(r.start, stream);
@@ -481,6 +482,7 @@ void OpTimer::Pop(cudaStream_t stream) {
   open_.pop_back();
   r.end = NewEvent();
   if (r.end != nullptr) cudaEventRecord(r.end, stream);
+  r.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - r.host_start).count();
   finished_.push_back(std::move(r));
   // A long stretch without Sync: wait here rather than hold thousands of events.
   if (finished_.size() >= 8192 && open_.empty()) {
@@ -501,6 +503,7 @@ void OpTimer::Fold() {
     t.op = r.name;
     ++t.calls;
     t.ms += ms;
+    t.host_ms += r.host_ms;
     for (cudaEvent_t e : {r.start, r.end}) {
       if (e != nullptr) free_.push_back(e);
     }

@@ -11,6 +11,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -307,6 +308,8 @@ class OpTimer {
   struct Region {
     std::string name;
     cudaEvent_t start = nullptr, end = nullptr;
+    std::chrono::steady_clock::time_point host_start;
+    double host_ms = 0.0;
   };
   cudaEvent_t NewEvent();
 
