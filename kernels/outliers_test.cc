@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -130,6 +131,46 @@ TEST(ChannelAbsMax, ColumnsAndRowsAndNanWins) {
   ChannelAbsMaxRef(y.data(), 2, 3, 1, columns.data());
   EXPECT_EQ(columns[0], 7.0f);
   EXPECT_EQ(columns[1], 5.0f);
+}
+
+// The summaries against the definitions written as plainly as possible (a full
+// sort, NaN above every number, ties by index) on random channel sets with
+// ties, zeros and NaNs, every size from 1 to 300 and k from 0 past the size.
+TEST(OutlierSummary, TopChannelsAndMedianMatchAFullSort) {
+  std::mt19937 rng(7);
+  for (int n = 1; n <= 300; ++n) {
+    std::vector<float> m(static_cast<size_t>(n));
+    for (float& v : m) {
+      const unsigned r = rng() % 16;
+      v = r == 0 ? kNan : r == 1 ? 0.0f : static_cast<float>(rng() % 40) * 0.25f;  // many ties
+    }
+    if (n % 7 == 0) std::fill(m.begin(), m.end(), kNan);
+    std::vector<int64_t> order(m.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+    auto hotter = [&](int64_t a, int64_t b) {
+      const bool na = std::isnan(m[a]), nb = std::isnan(m[b]);
+      if (na != nb) return na;
+      if (!na && m[a] != m[b]) return m[a] > m[b];
+      return a < b;
+    };
+    std::sort(order.begin(), order.end(), hotter);
+    for (int k : {0, 1, 3, 8, n - 1, n, n + 5}) {
+      if (k < 0) continue;
+      const std::vector<int64_t> want(order.begin(), order.begin() + std::min(k, n));
+      EXPECT_EQ(TopChannels(m, k), want) << "n " << n << " k " << k;
+    }
+    // Ascending with NaN last: the hottest-first order reversed, then the lower median.
+    const float top = m[order.front()];
+    const float median = m[order[order.size() - 1 - (order.size() - 1) / 2]];
+    const double got = TopOverMedian(m);
+    if (std::isnan(top) || std::isnan(median) || (median == 0 && top == 0)) {
+      EXPECT_TRUE(std::isnan(got)) << "n " << n << " got " << got;
+    } else if (median == 0) {
+      EXPECT_TRUE(std::isinf(got)) << "n " << n;
+    } else {
+      EXPECT_DOUBLE_EQ(got, static_cast<double>(top) / static_cast<double>(median)) << "n " << n;
+    }
+  }
 }
 
 TEST(OutlierSummary, TopChannelsMedianAndJaccard) {
