@@ -680,7 +680,7 @@ Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
 void ResolvePolicyPreset(RunConfig* c) {
   if (c->policy.preset != "default") return;
   Policy resolved =
-      DefaultPolicy(RescueLadder(c->precision, c->model.type == "llama" || c->model.type == "gla"), c->steps);
+      DefaultPolicy(RescueLadder(c->precision, IsDecoderModel(c->model)), c->steps, IsLanguageModel(c->model));
   resolved.probation_after = c->policy.probation_after;
   if (c->policy.rewarm_steps >= 0) resolved.rewarm_steps = c->policy.rewarm_steps;  // -1: the preset's
   resolved.sweep_rules = c->policy.sweep_rules;

@@ -360,6 +360,13 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
   EXPECT_EQ(c.policy.probation_after, 0);
   EXPECT_EQ(c.policy.rewarm_steps, 200);
   EXPECT_EQ(c.policy.yaml, "default");
+  EXPECT_EQ(c.policy.detectors.at("loss_drift").ratio, 2);  // the proxy's
+  // A language model's drift rule fires at 1.1x its lowest median (policy.h).
+  for (const char* type : {"gpt", "llama", "gla"}) {
+    const RunConfig lm = Parsed(std::string("model: {type: ") + type +
+                                ", heads: 4}\ndata: {train: t.bin}\nprecision: mxfp4\nsteps: 3000\npolicy: default\n");
+    EXPECT_EQ(lm.policy.detectors.at("loss_drift").ratio, 1.1) << type;
+  }
   // The mapping form, with probation; the scheme after --set.
   c = Parsed("precision: mxfp4\nsteps: 300\npolicy: {preset: default, probation: {after: 40}}\n",
              {"precision=nvfp4"});

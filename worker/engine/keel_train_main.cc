@@ -135,7 +135,8 @@ std::string Join(const std::vector<std::string>& parts, const char* separator) {
 void PrintPolicyPresets(int64_t steps) {
   for (const PolicyPresetInfo& info : PolicyPresets()) {
     std::printf("%s\n  %s\n", info.name.c_str(), info.summary.c_str());
-    const Policy p = DefaultPolicy(RescueLadder(PrecisionScheme()), steps);
+    const Policy p = DefaultPolicy(RescueLadder(PrecisionScheme()), steps, /*language_model=*/false);
+    const Policy lm = DefaultPolicy(RescueLadder(PrecisionScheme()), steps, /*language_model=*/true);
     std::printf("  for a run of %lld steps (distances scale with the run's length):\n", static_cast<long long>(steps));
     for (const PolicyRule& rule : p.rules) {
       std::vector<std::string> when, actions;
@@ -166,6 +167,8 @@ void PrintPolicyPresets(int64_t steps) {
                 "    past the ladder's top: scale_lr %g (%d time), then stop\n",
                 p.snapshot_every, p.snapshot_keep, static_cast<long long>(p.rewarm_steps), p.lr_fallback_factor,
                 p.lr_fallbacks);
+    std::printf("    a language model (gpt, llama, gla): loss_drift at > %gx its lowest instead\n",
+                lm.detectors.at("loss_drift").ratio);
     std::printf("  ladders (from the run's scheme):\n");
     for (const PresetInfo& preset : Presets()) {
       PrecisionScheme s;

@@ -137,8 +137,13 @@ std::string PolicyPresetNames();  // comma-separated, for error messages
 // statistics' min_samples 2 S clamped to 8 .. 64 (window twice that), cooldown
 // min_samples, and a re-warm of the learning rate over 2 S steps after each
 // switch. max_interventions is the longest escalation the ladder allows,
-// so the policy never goes quiet before its stop. docs/train.md has the table.
-Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps);
+// so the policy never goes quiet before its stop. A second rule, "drift",
+// moves up a rung when the median loss of a window settles above a ratio of
+// its lowest: 2x, or 1.1x for a language model (`language_model`: the run
+// reads token shards, IsLanguageModel), whose loss lies between its healthy
+// level and ln(vocab) and so cannot double from anywhere above ln(vocab) / 2.
+// docs/train.md has the table.
+Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps, bool language_model);
 
 // What a PolicyEngine has learnt during a run: what escalates a rule that fires
 // again instead of replaying it, what the learning-rate fallback has spent,

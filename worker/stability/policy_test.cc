@@ -238,7 +238,7 @@ TEST(PolicyEngineTest, ProbationLeavesASchemeChosenByHandAlone) {
 
 TEST(DefaultPolicyTest, TwoRulesThatClimbTheLadderWithDistancesFromTheRunLength) {
   const std::vector<std::string> ladder = {"mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"};
-  Policy p = DefaultPolicy(ladder, 9000);
+  Policy p = DefaultPolicy(ladder, 9000, false);
   EXPECT_EQ(p.preset, "default");
   EXPECT_EQ(p.ladder, ladder);
   EXPECT_EQ(p.snapshot_every, 100);
@@ -277,7 +277,7 @@ TEST(DefaultPolicyTest, TwoRulesThatClimbTheLadderWithDistancesFromTheRunLength)
   EXPECT_EQ(p.rewarm_steps, 200);  // 2 S: each switch re-warms the learning rate
   // A short run: the same proportions, and the statistics armed in time to see
   // a replay diverge again.
-  Policy short_run = DefaultPolicy(ladder, 300);
+  Policy short_run = DefaultPolicy(ladder, 300, false);
   EXPECT_EQ(short_run.snapshot_every, 3);
   EXPECT_EQ(short_run.rules[0].actions[0].steps, 15);
   EXPECT_EQ(short_run.detectors.at("loss_zscore").min_samples, 8);
@@ -286,11 +286,39 @@ TEST(DefaultPolicyTest, TwoRulesThatClimbTheLadderWithDistancesFromTheRunLength)
   EXPECT_EQ(PolicyPresetNames(), "default");
 }
 
+// A language model's loss lies below ln(vocab): its drift rule fires at 1.1x
+// the lowest median, and everything else is the proxy's.
+TEST(DefaultPolicyTest, ALanguageModelsDriftRuleFiresAtATenthAboveItsLowest) {
+  const std::vector<std::string> ladder = {"mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"};
+  const Policy proxy = DefaultPolicy(ladder, 3000, false);
+  const Policy lm = DefaultPolicy(ladder, 3000, true);
+  EXPECT_EQ(proxy.detectors.at("loss_drift").ratio, 2);
+  EXPECT_EQ(lm.detectors.at("loss_drift").ratio, 1.1);
+  EXPECT_EQ(lm.detectors.at("loss_drift").window, proxy.detectors.at("loss_drift").window);
+  EXPECT_EQ(lm.rules.size(), proxy.rules.size());
+  EXPECT_EQ(lm.detectors.at("loss_zscore").z, proxy.detectors.at("loss_zscore").z);
+  // A GPT run's loss plateaus at 6.0 and creeps up to 6.9 (1.15x): the drift
+  // rule fires, where the proxy's 2x would not.
+  DetectorSet lm_detectors(lm.detectors), proxy_detectors(proxy.detectors);
+  const int window = lm.detectors.at("loss_drift").window;
+  bool lm_fired = false, proxy_fired = false;
+  for (int step = 1; step <= 6 * window; ++step) {
+    StepMetrics m;
+    m.step = step;
+    m.loss = step <= 3 * window ? 6.0 : 6.0 + 0.9 * (step - 3 * window) / (3.0 * window);
+    m.grad_norm = 1.0;
+    for (const Firing& f : lm_detectors.Observe(m)) lm_fired |= f.detector == "loss_drift";
+    for (const Firing& f : proxy_detectors.Observe(m)) proxy_fired |= f.detector == "loss_drift";
+  }
+  EXPECT_TRUE(lm_fired);
+  EXPECT_FALSE(proxy_fired);
+}
+
 // The default policy over a whole escalation: every firing is a replay that
 // diverges again, and the run ends stopped, having climbed every rung once.
 TEST(DefaultPolicyTest, RepeatedDivergenceClimbsEveryRungThenFallsBackThenStops) {
   const std::vector<std::string> ladder = {"mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"};
-  Policy p = DefaultPolicy(ladder, 300);
+  Policy p = DefaultPolicy(ladder, 300, false);
   PolicyEngine engine(p, "mxfp4");
   std::string scheme = "mxfp4";
   std::vector<std::string> climbed;
