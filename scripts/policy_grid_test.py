@@ -57,7 +57,7 @@ def has_all(test, text, *lines):
         test.assertIn(line, text)
 
 
-def report_text(runs):
+def report_text(runs, lm_rule="paired"):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "grid-runs.jsonl")
         with open(path, "w") as f:
@@ -65,7 +65,7 @@ def report_text(runs):
                 f.write(json.dumps({k: v for k, v in r.items() if k != "_source"}) + "\n")
         out = os.path.join(d, "report.md")
         with contextlib.redirect_stdout(io.StringIO()):
-            pg.report(type("Args", (), {"runs": [path], "series": [], "o": out})())
+            pg.report(type("Args", (), {"runs": [path], "series": [], "o": out, "lm_rule": lm_rule})())
         with open(out) as f:
             return f.read()
 
@@ -244,6 +244,49 @@ class PairedBlowupTest(unittest.TestCase):
                 "**0/2 (0%)** of all runs (target <= 5%)",
                 "- language models' blow-up rule: alone 2, paired 4 runs",
                 "| mxfp4 | 4 | 256 | 0.001 | 1 | 810, 6 | 805, 3.1, mxfp4 (SUCCEEDED) | 3 (bf16) | rescued |")
+
+
+class OwnBlowupTest(unittest.TestCase):
+    # Shuffled batches: a healthy run's loss falls smoothly; one that merely trains worse than bf16
+    # falls too; one that diverges rises above its own lowest.
+    HEALTHY = [6.0 - 0.02 * i for i in range(100)]  # 6.0 .. 4.02
+
+    def test_a_rise_to_its_ratio_of_the_lowest_earlier_window_non_finite_or_above_ln_vocab(self):
+        windows = lambda xs: [[10 * (i + 1), x] for i, x in enumerate(xs)]
+        self.assertIsNone(pg.own_blowup_step(windows(self.HEALTHY), 1000, 50257))
+        worse = [x * 1.5 for x in self.HEALTHY]  # 1.5x bf16 all along, never above its own lowest
+        self.assertIsNone(pg.own_blowup_step(windows(worse), 1000, 50257))
+        rising = self.HEALTHY[:40] + [5.2 + 0.05 * i for i in range(60)]  # lowest 5.2 at step 410, then up to 8.15
+        # 1.2 x 5.2 = 6.24: the first window at or above it is 5.2 + 0.05 * 21 = 6.25, steps 611..620.
+        self.assertEqual(pg.own_blowup_step(windows(rising), 1000, 50257), 620)
+        self.assertIsNone(pg.own_blowup_step(windows(rising), 1000, 50257, ratio=2.0))
+        spike = list(self.HEALTHY)
+        spike[70] = None
+        self.assertEqual(pg.own_blowup_step(windows(spike), 1000, 50257), 710)
+        spike[70] = 11.0  # above ln(50257) = 10.83
+        self.assertEqual(pg.own_blowup_step(windows(spike), 1000, 50257, ratio=100.0), 710)
+        # Within the warm-up (steps 1..50) nothing counts, nor sets the lowest.
+        early = [1.0] * 5 + self.HEALTHY[5:]
+        self.assertIsNone(pg.own_blowup_step(windows(early), 1000, 50257))
+
+    def test_the_report_with_lm_rule_own_judges_runs_by_their_own_history_and_says_so(self):
+        healthy = OwnBlowupTest.HEALTHY
+        runs = [
+            lm_run("fp32", "bf16", 1, healthy, final_loss=4.0),
+            # Trains 1.6x worse than bf16 all along: the paired rule calls it a blow-up, own does not.
+            lm_run("plain", "mxfp8_e4m3", 1, [x * 1.6 for x in healthy], final_loss=6.4),
+            lm_run("default", "mxfp8_e4m3", 1, [x * 1.6 for x in healthy], final_loss=6.4),
+            # Diverges from step 410.
+            lm_run("plain", "mxfp4", 1, healthy[:40] + [5.2 + 0.05 * i for i in range(60)], final_loss=8.0),
+            lm_run("default", "mxfp4", 1, healthy, final_loss=4.1, first_action_step=505),
+        ]
+        own = report_text(runs, "own")
+        has_all(self, own, "- blew up unprotected: 1/2 (50%)",
+                "- language models' blow-up rule: own 5 runs",
+                "own: 10-step windows at 1.2x the lowest earlier one",
+                "| mxfp4 | 4 | 256 | 0.001 | 1 | 620, 8 | 505, 4.1, mxfp4 (SUCCEEDED) | 4 (bf16) | rescued |")
+        paired = report_text(runs)
+        has_all(self, paired, "- blew up unprotected: 2/2 (100%)")
 
 
 class GenTest(unittest.TestCase):
