@@ -327,6 +327,22 @@ Status Model::AllocateParams() {
   return Scratch(param_count_, &weights_);
 }
 
+Status Model::AllocateParamCopies(const std::function<bool(size_t index)>& copied) {
+  param_copy_at_.assign(params_.size(), -1);
+  int64_t total = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!copied(i)) continue;
+    param_copy_at_[i] = total;
+    total += (params_[i].count + 63) / 64 * 64;
+  }
+  return Scratch(std::max<int64_t>(total, 64), &param_copies_);
+}
+
+float* Model::ParamCopy(int index) const {
+  if (index < 0 || static_cast<size_t>(index) >= param_copy_at_.size() || param_copy_at_[index] < 0) return nullptr;
+  return param_copies_ + param_copy_at_[index];
+}
+
 Status Model::GrowActivation(const LinearQuant& q, int64_t count, float** buffer, size_t* bytes) {
   const size_t need = static_cast<size_t>(count) * (XBf16(q) ? sizeof(uint16_t) : sizeof(float));
   if (*buffer != nullptr && *bytes >= need) return Status::Ok();

@@ -83,7 +83,7 @@ Status DecoderModel::Build() {
   KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &dnorm_));
   KEEL_RETURN_IF_ERROR(Scratch(bt_ * 2 * hidden_, &dgate_up_));
   KEEL_RETURN_IF_ERROR(Scratch(bt_ * hidden_, &dact_));
-  KEEL_RETURN_IF_ERROR(Scratch(param_count_, &gains_));
+  KEEL_RETURN_IF_ERROR(AllocateParamCopies([this](size_t i) { return kinds_[i] == Kind::kGain; }));
   return BuildMixer();
 }
 

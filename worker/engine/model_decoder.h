@@ -88,7 +88,7 @@ class DecoderModel : public Model {
   virtual bool PostQkLinear(int which) const { return false; }
   float* Grad(float* grads, int index) const { return grads + params_[index].offset; }
   // A gain (Kind::kGain) as this pass uses it: the scheme's layernorm-format copy.
-  float* Gain(int index) const { return gains_ + params_[index].offset; }
+  float* Gain(int index) const { return ParamCopy(index); }  // the gain as this pass rounded it
 
   const ModelConfig m_;
   const int batch_, seq_;
@@ -119,7 +119,6 @@ class DecoderModel : public Model {
   float *final_norm_ = nullptr, *final_rstd_ = nullptr, *logits_ = nullptr, *losses_ = nullptr;
   int32_t *tokens_ = nullptr, *targets_ = nullptr;
   float *dres_ = nullptr, *dnorm_ = nullptr, *dgate_up_ = nullptr, *dact_ = nullptr;
-  float* gains_ = nullptr;  // quantized gain copies, at the parameters' offsets
 };
 
 }  // namespace keel

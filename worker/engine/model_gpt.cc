@@ -125,7 +125,12 @@ class GptModel : public Model {
       KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &dhead_in_));
       KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &dhead_out_));
     }
-    KEEL_RETURN_IF_ERROR(Scratch(param_count_, &affine_));  // quantized layernorm affine copies
+    // The layernorms' affine parameters, rounded to the scheme's layernorm format every pass.
+    KEEL_RETURN_IF_ERROR(AllocateParamCopies([this](size_t i) {
+      const ParamInfo& p = params_[i];
+      return p.shape.size() == 1 &&
+             (p.name.find("ln_") != std::string::npos || p.name.find("_ln.") != std::string::npos);
+    }));
     return Status::Ok();
   }
 
@@ -236,9 +241,7 @@ class GptModel : public Model {
   }
 
   // The (possibly quantized) copy of a layernorm affine parameter; null stays null.
-  float* Affine(int index) const {
-    return index < 0 ? nullptr : affine_ + params_[index].offset;
-  }
+  float* Affine(int index) const { return ParamCopy(index); }
 
   bool AttentionBf16(const PrecisionScheme& scheme, int block) const {
     (void)block;
@@ -266,12 +269,10 @@ class GptModel : public Model {
 
   Status QuantizeAffine(const PrecisionScheme& scheme, uint64_t seed) {
     for (size_t i = 0; i < params_.size(); ++i) {
-      const ParamInfo& p = params_[i];
-      if (p.shape.size() != 1) continue;
-      bool layernorm = p.name.find("ln_") != std::string::npos || p.name.find("_ln.") != std::string::npos;
-      if (!layernorm) continue;
-      KEEL_RETURN_IF_ERROR(backend_->QuantizeDequantize(P(i), 1, p.count, 1, scheme.layernorm,
-                                                   Mix(seed, 1000003ull + i), Affine(static_cast<int>(i))));
+      float* copy = Affine(static_cast<int>(i));
+      if (copy == nullptr) continue;  // not a layernorm affine parameter
+      KEEL_RETURN_IF_ERROR(backend_->QuantizeDequantize(P(i), 1, params_[i].count, 1, scheme.layernorm,
+                                                   Mix(seed, 1000003ull + i), copy));
     }
     return Status::Ok();
   }
@@ -375,7 +376,6 @@ class GptModel : public Model {
   float *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_;
   int32_t *tokens_, *targets_;
   float *dres_, *dln_, *dqkv_, *datt_, *dfc_, *dact_, *dhead_in_ = nullptr, *dhead_out_ = nullptr;
-  float* affine_ = nullptr;
 };
 
 }  // namespace

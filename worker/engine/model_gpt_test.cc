@@ -1,7 +1,8 @@
 // The gpt model on the CPU backend: the activations whose width follows the
 // step's scheme (ln1, ln2 and act: bf16 when the layer they feed reads them in
 // bf16, else fp32) take half the bytes under bf16, grow when a later step needs
-// fp32, and give the bits of a model that ran in that scheme from the start.
+// fp32, and give the bits of a model that ran in that scheme from the start;
+// and no buffer but the weights is the size of every parameter.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -99,6 +100,22 @@ TEST(GptModelTest, SchemeSizedActivationsAreHalfInBf16GrowForFp32AndKeepTheBits)
   EXPECT_EQ(a_bf16.grads, c_bf16.grads);
   EXPECT_EQ(a_bf16_again.grads, c_bf16.grads);  // in the grown (fp32-sized) buffers
   EXPECT_NE(a_fp32_eval, a_bf16.loss);          // the two schemes do differ
+}
+
+// The layernorms' rounded affine copies take their own few floats, not a
+// buffer the size of every parameter: the weights are the one allocation that
+// large (the update's copies live in the trainer).
+TEST(GptModelTest, OnlyTheWeightsTakeABufferTheSizeOfEveryParameter) {
+  for (const char* extra : {"", ", qk_layernorm: true"}) {
+    std::vector<size_t> sizes;
+    int64_t params = 0;
+    ASSERT_NO_FATAL_FAILURE(ModelAllocations("{type: gpt, layers: 2, width: 64, heads: 2, context: 16, vocab: 256" +
+                                                 std::string(extra) + "}",
+                                             "batch: 2\nseq: 16\n", &sizes, &params));
+    int large = 0;
+    for (size_t s : sizes) large += s >= static_cast<size_t>(params) * sizeof(float);
+    EXPECT_EQ(large, 1) << extra;
+  }
 }
 
 }  // namespace

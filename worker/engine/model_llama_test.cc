@@ -225,5 +225,20 @@ TEST(LlamaModelTest, PostQkProtectionKeepsWvInBf16) {
   }
 }
 
+// The rounded copies of the RMSNorm gains take their own few floats, not a
+// buffer the size of every parameter (llama and gla share this code).
+TEST(DecoderModelTest, OnlyTheWeightsTakeABufferTheSizeOfEveryParameter) {
+  for (const char* type : {"llama", "gla"}) {
+    std::vector<size_t> sizes;
+    int64_t params = 0;
+    ASSERT_NO_FATAL_FAILURE(ModelAllocations(std::string("{type: ") + type +
+                                                 ", layers: 2, width: 64, heads: 2, context: 16, vocab: 256}",
+                                             "batch: 2\nseq: 16\n", &sizes, &params));
+    int large = 0;
+    for (size_t s : sizes) large += s >= static_cast<size_t>(params) * sizeof(float);
+    EXPECT_EQ(large, 1) << type;
+  }
+}
+
 }  // namespace
 }  // namespace keel

@@ -7,8 +7,10 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/nn.h"
+#include "kernels/nn_cpu.h"
 #include "worker/config/run_config.h"
 #include "worker/engine/model.h"
 
@@ -30,6 +32,31 @@ inline void MakeTestNet(const std::string& model_yaml, const std::string& rest, 
   ASSERT_TRUE(MakeBackend("cpu", 2, &net->backend).ok());
   const Status made = MakeModel(net->config, net->backend.get(), &net->model);
   ASSERT_TRUE(made.ok()) << made.message();
+}
+
+// The sizes of every buffer a model allocates, of `model_yaml` (as MakeTestNet)
+// on a CPU backend that records them; *param_count: the model's.
+inline void ModelAllocations(const std::string& model_yaml, const std::string& rest, std::vector<size_t>* sizes,
+                             int64_t* param_count) {
+  class Recording : public CpuBackend {
+   public:
+    explicit Recording(std::vector<size_t>* sizes) : CpuBackend(1), sizes_(sizes) {}
+    Status Alloc(size_t bytes, void** ptr) override {
+      sizes_->push_back(bytes);
+      return CpuBackend::Alloc(bytes, ptr);
+    }
+
+   private:
+    std::vector<size_t>* sizes_;
+  };
+  RunConfig config;
+  const Status parsed = ParseRunConfig("model: " + model_yaml + "\ndata: {train: unused.bin}\n" + rest, "test", {}, &config);
+  ASSERT_TRUE(parsed.ok()) << parsed.message();
+  Recording backend(sizes);
+  std::unique_ptr<Model> model;
+  const Status made = MakeModel(config, &backend, &model);
+  ASSERT_TRUE(made.ok()) << made.message();
+  *param_count = model->param_count();
 }
 
 }  // namespace keel
