@@ -115,7 +115,8 @@ Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps, 
   // from 5.4 nats up (GPT-2's vocabulary): there 1.1x. In session 31's GPT
   // slices (policy-grid.md) no bf16 or healthy MXFP8 run's median rose 1.05x
   // above its lowest; the MXFP4 runs that diverged at lr 2e-3 passed 1.1x
-  // 60-780 steps before the paired blow-up rule saw them.
+  // about when they blew up, where the rule above acted 60-630 steps later
+  // or not at all.
   const int drift_window = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(16, run_steps / 36)));
   DetectorConfig& drift = p.detectors["loss_drift"];
   drift.enabled = true;
