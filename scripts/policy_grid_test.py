@@ -308,7 +308,8 @@ class GenTest(unittest.TestCase):
                               "2e-3,4e-3", "--seeds", "1,2", "--train", "t.bin", "--val", "v.bin")
         has_all(self, text, "model: {type: gpt, layers: 8, width: 512, heads: 8, context: 1024",
                 "precision: [mxfp8_e4m3, mxfp8_e4m3, mxfp4, mxfp4, bf16]", "policy: [{}, default, {}, default, {}]",
-                "steps: 3000", "batch: 16", "backend: cuda", "resources: {gpus: 0.25}", "shuffle: true}")
+                "steps: 3000", "batch: 16", "backend: cuda", "resources: {gpus: 0.25}", "shuffle: true}",
+                "probe_every: 100")
         self.assertTrue(said.endswith("sweep.yaml: 20 runs\n"), said)  # 2 lrs x 2 seeds x 5 runs
 
     def test_cpu_backend_and_sizes(self):
