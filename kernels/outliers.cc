@@ -150,7 +150,7 @@ bool Hotter(float a, float b) {
 }  // namespace
 
 // Both run on the host for every analysed operand of an analytics step (a
-// GPT-2 124M step has 288), so neither sorts all channels: a full sort with
+// GPT-2 124M step has 294), so neither sorts all channels: a full sort with
 // the NaN-aware comparison took about 0.1 ms per 2048 channels, most of an
 // analytics step's cost at the proxy (docs/benchmarks.md, "Outlier analytics
 // cost").
