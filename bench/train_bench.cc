@@ -71,7 +71,9 @@ const char kUsage[] =
     "  --json FILE          also write one JSON object per GPT case, one per line: model,\n"
     "                       scheme, batch, seq, steps, ms_per_step, tokens_per_s, peak_mib,\n"
     "                       mfu, loss, params, flops_per_token, peak_tflops, peak_tflops_source,\n"
-    "                       device (peak_mib, mfu and peak_tflops are null where unknown)\n"
+    "                       device (peak_mib, mfu and peak_tflops are null where unknown);\n"
+    "                       with --analytics also analytics_every, analytics_maps,\n"
+    "                       analytics_ms_per_step, analytics_overhead, analytics_peak_mib\n"
     "  --peak-tflops X      the GPU's dense BF16 peak in TFLOP/s for MFU (default: the figure\n"
     "                       llm.c's llmc/mfu.h gives the device; MFU is n/a for other devices)\n"
     "  --help               this text\n"
@@ -250,6 +252,7 @@ std::string AnalyticsOn(bool maps) {
 // step and amortized over `period` steps, printed under the case.
 struct AnalyticsCost {
   double step_ms = 0, extra_ms = 0, amortized = 0;  // amortized: fraction of the plain step
+  std::optional<double> peak_mib;  // device memory after the analytics-on run's steps
 };
 Status MeasureAnalytics(const std::string& yaml, const Result& plain, int steps, int period, bool maps, bool profile,
                         AnalyticsCost* cost) {
@@ -258,10 +261,11 @@ Status MeasureAnalytics(const std::string& yaml, const Result& plain, int steps,
   cost->step_ms = on.step_ms;
   cost->extra_ms = on.step_ms - plain.step_ms;
   cost->amortized = cost->extra_ms / (static_cast<double>(period) * plain.step_ms);
+  cost->peak_mib = on.peak_mib;
   std::printf("  %-32s %9.2f ms/step with analytics%s on every step: +%.2f ms (+%.1f%%); every %d steps: "
-              "+%.3f%% of the step (target < 3%%)\n",
+              "+%.3f%% of the step (target < 3%%); peak %s MiB (without: %s)\n",
               "", on.step_ms, maps ? " and maps" : "", cost->extra_ms, 100.0 * cost->extra_ms / plain.step_ms, period,
-              100.0 * cost->amortized);
+              100.0 * cost->amortized, Show(on.peak_mib, "%.0f").c_str(), Show(plain.peak_mib, "%.0f").c_str());
   std::fflush(stdout);
   return Status::Ok();
 }
@@ -326,6 +330,7 @@ int RunGpt(const std::string& common, const GptOptions& o) {
       if (o.analytics > 0) {
         w.Add("analytics_every", o.analytics).Add("analytics_maps", o.analytics_maps);
         w.Add("analytics_ms_per_step", cost.step_ms).Add("analytics_overhead", cost.amortized);
+        w.Add("analytics_peak_mib", ToJsonValue(cost.peak_mib));
       }
       json_lines += w.str() + "\n";
       // Rewritten after every case, so a later failure keeps the earlier cases.
