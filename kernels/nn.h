@@ -473,19 +473,13 @@ class Backend {
     char* base = nullptr;
     size_t bytes = 0, used = 0;
   };
-  // Where a buffer lies: arena index and byte offset.
-  struct Carved {
-    int arena = -1;
-    size_t offset = 0;
-  };
   // `bytes` of zeros from the arenas (a new arena when none has room).
-  Status CarveOutlierBuffer(size_t bytes, void** out, Carved* where);
-  // One slot and role's device buffers (null until first used) and shape.
+  Status CarveOutlierBuffer(size_t bytes, void** out);
+  // One slot and role's device buffers (carved; null until first used) and shape.
   struct OutlierBuffers {
     OutlierSums* sums = nullptr;
     float* channel_max = nullptr;
     double* map = nullptr;
-    Carved sums_at, channel_at, map_at;
     int64_t rows = 0, cols = 0, calls = 0;
   };
   bool outliers_armed_ = false;

@@ -75,6 +75,39 @@ __device__ unsigned int BlockMaxBits(unsigned int v, unsigned int* shared) {
   return total;
 }
 
+// A block's shared room for reducing a pass's partial (one slot per warp),
+// declared once per kernel and used again by the finish in its last block
+// (every BlockSum ends with a barrier).
+struct Pass1Shared {
+  double sum[kOutlierThreads / 32];
+  unsigned long long finite[kOutlierThreads / 32];
+  unsigned int amax[kOutlierThreads / 32];
+};
+struct Pass2Shared {
+  double d[kOutlierThreads / 32];
+  unsigned long long u[kOutlierThreads / 32];
+};
+
+// The block's total of every thread's partial, valid in thread 0.
+__device__ Pass1Partial BlockReduce(Pass1Partial p, Pass1Shared* shared) {
+  p.sum = BlockSum(p.sum, shared->sum);
+  p.finite = BlockSum(p.finite, shared->finite);
+  p.amax_bits = BlockMaxBits(p.amax_bits, shared->amax);
+  return p;
+}
+
+__device__ Pass2Partial BlockReduce(Pass2Partial p, Pass2Shared* shared) {
+  p.s1 = BlockSum(p.s1, shared->d);
+  p.s2 = BlockSum(p.s2, shared->d);
+  p.s3 = BlockSum(p.s3, shared->d);
+  p.s4 = BlockSum(p.s4, shared->d);
+  p.finite = BlockSum(p.finite, shared->u);
+  p.nonfinite = BlockSum(p.nonfinite, shared->u);
+  p.nonzero = BlockSum(p.nonzero, shared->u);
+  p.flushed = BlockSum(p.flushed, shared->u);
+  return p;
+}
+
 // True in every thread of the block that finishes last among the grid's
 // blocks; by then every block's partial is visible to it. Thread 0 must have
 // written its block's partial before the call. That block sets *counter back
@@ -144,30 +177,22 @@ constexpr int kFinishThreads = 256;
 static_assert(kFinishThreads == kOutlierThreads, "the finishes run in a pass's last block");
 
 // The tensor's amax (into *amax_out) and, on the slot's first finite call, the shift.
-__device__ void Finish1(const Pass1Partial* partials, int blocks, OutlierSums* sums, float* amax_out) {
-  __shared__ double sum_shared[kFinishThreads / 32];
-  __shared__ unsigned long long count_shared[kFinishThreads / 32];
-  __shared__ unsigned int max_shared[kFinishThreads / 32];
-  double sum = 0;
-  unsigned long long finite = 0;
-  unsigned int amax = 0;
+__device__ void Finish1(const Pass1Partial* partials, int blocks, OutlierSums* sums, float* amax_out,
+                        Pass1Shared* shared) {
+  Pass1Partial t{0, 0, 0, 0};
   for (int b = threadIdx.x; b < blocks; b += kFinishThreads) {
-    sum += __ldcg(&partials[b].sum);
-    finite += __ldcg(&partials[b].finite);
-    amax = max(amax, __ldcg(&partials[b].amax_bits));
+    t.sum += __ldcg(&partials[b].sum);
+    t.finite += __ldcg(&partials[b].finite);
+    t.amax_bits = max(t.amax_bits, __ldcg(&partials[b].amax_bits));
   }
-  sum = BlockSum(sum, sum_shared);
-  finite = BlockSum(finite, count_shared);
-  amax = BlockMaxBits(amax, max_shared);
+  t = BlockReduce(t, shared);
   if (threadIdx.x != 0) return;
-  *amax_out = __uint_as_float(amax);
-  if (sums->finite == 0 && finite > 0) sums->shift = sum / static_cast<double>(finite);
+  *amax_out = __uint_as_float(t.amax_bits);
+  if (sums->finite == 0 && t.finite > 0) sums->shift = t.sum / static_cast<double>(t.finite);
 }
 
 // The partials (in the finishing order above), added to the slot's sums.
-__device__ void Finish2(const Pass2Partial* partials, int blocks, OutlierSums* sums) {
-  __shared__ double d_shared[kFinishThreads / 32];
-  __shared__ unsigned long long u_shared[kFinishThreads / 32];
+__device__ void Finish2(const Pass2Partial* partials, int blocks, OutlierSums* sums, Pass2Shared* shared) {
   Pass2Partial t{0, 0, 0, 0, 0, 0, 0, 0};
   for (int b = threadIdx.x; b < blocks; b += kFinishThreads) {
     t.s1 += __ldcg(&partials[b].s1);
@@ -179,14 +204,7 @@ __device__ void Finish2(const Pass2Partial* partials, int blocks, OutlierSums* s
     t.nonzero += __ldcg(&partials[b].nonzero);
     t.flushed += __ldcg(&partials[b].flushed);
   }
-  t.s1 = BlockSum(t.s1, d_shared);
-  t.s2 = BlockSum(t.s2, d_shared);
-  t.s3 = BlockSum(t.s3, d_shared);
-  t.s4 = BlockSum(t.s4, d_shared);
-  t.finite = BlockSum(t.finite, u_shared);
-  t.nonfinite = BlockSum(t.nonfinite, u_shared);
-  t.nonzero = BlockSum(t.nonzero, u_shared);
-  t.flushed = BlockSum(t.flushed, u_shared);
+  t = BlockReduce(t, shared);
   if (threadIdx.x != 0) return;
   sums->s1 += t.s1;
   sums->s2 += t.s2;
@@ -203,26 +221,20 @@ __device__ void Finish2(const Pass2Partial* partials, int blocks, OutlierSums* s
 __global__ void __launch_bounds__(kOutlierThreads) OutlierPass1Kernel(const float* __restrict__ x, int64_t n,
                                                                       Pass1Partial* partials, unsigned int* counter,
                                                                       OutlierSums* sums, float* amax_out) {
-  __shared__ double sum_shared[kOutlierThreads / 32];
-  __shared__ unsigned long long count_shared[kOutlierThreads / 32];
-  __shared__ unsigned int max_shared[kOutlierThreads / 32];
-  double sum = 0;
-  unsigned long long finite = 0;
-  unsigned int amax = 0;
+  __shared__ Pass1Shared shared;
+  Pass1Partial t{0, 0, 0, 0};
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float v = x[i];
-    amax = max(amax, AbsBits(v));
+    t.amax_bits = max(t.amax_bits, AbsBits(v));
     if (isfinite(v)) {
-      sum += v;
-      ++finite;
+      t.sum += v;
+      ++t.finite;
     }
   }
-  sum = BlockSum(sum, sum_shared);
-  finite = BlockSum(finite, count_shared);
-  amax = BlockMaxBits(amax, max_shared);
-  if (threadIdx.x == 0) partials[blockIdx.x] = Pass1Partial{sum, finite, amax, 0};
-  if (LastBlockDone(counter)) Finish1(partials, static_cast<int>(gridDim.x), sums, amax_out);
+  t = BlockReduce(t, &shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = t;
+  if (LastBlockDone(counter)) Finish1(partials, static_cast<int>(gridDim.x), sums, amax_out, &shared);
 }
 
 // One NVFP4 block of up to 16 elements per work item: its amax and scale, then
@@ -233,8 +245,7 @@ __global__ void __launch_bounds__(kOutlierThreads) OutlierPass2Kernel(const floa
                                                                       int64_t cols, int axis, const float* amax_t,
                                                                       OutlierSums* sums, Pass2Partial* partials,
                                                                       unsigned int* counter) {
-  __shared__ double d_shared[kOutlierThreads / 32];
-  __shared__ unsigned long long u_shared[kOutlierThreads / 32];
+  __shared__ Pass2Shared shared;
   const double shift = sums->shift;
   const qcore::Nvfp4TensorScale tensor = qcore::Nvfp4TensorScaleFromAmax(*amax_t);
   const int64_t length = axis == 1 ? cols : rows;
@@ -285,16 +296,10 @@ __global__ void __launch_bounds__(kOutlierThreads) OutlierPass2Kernel(const floa
       }
     }
   }
-  s1 = BlockSum(s1, d_shared);
-  s2 = BlockSum(s2, d_shared);
-  s3 = BlockSum(s3, d_shared);
-  s4 = BlockSum(s4, d_shared);
-  finite = BlockSum(finite, u_shared);
-  nonfinite = BlockSum(nonfinite, u_shared);
-  nonzero = BlockSum(nonzero, u_shared);
-  flushed = BlockSum(flushed, u_shared);
-  if (threadIdx.x == 0) partials[blockIdx.x] = Pass2Partial{s1, s2, s3, s4, finite, nonfinite, nonzero, flushed};
-  if (LastBlockDone(counter)) Finish2(partials, static_cast<int>(gridDim.x), sums);
+  const Pass2Partial t =
+      BlockReduce(Pass2Partial{s1, s2, s3, s4, finite, nonfinite, nonzero, flushed}, &shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = t;
+  if (LastBlockDone(counter)) Finish2(partials, static_cast<int>(gridDim.x), sums, &shared);
 }
 
 // ============================================================================

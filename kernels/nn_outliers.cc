@@ -25,7 +25,7 @@ constexpr size_t kOutlierAlign = 256;
 
 }  // namespace
 
-Status Backend::CarveOutlierBuffer(size_t bytes, void** out, Carved* where) {
+Status Backend::CarveOutlierBuffer(size_t bytes, void** out) {
   const size_t need = (bytes + kOutlierAlign - 1) / kOutlierAlign * kOutlierAlign;
   int index = -1;
   for (size_t i = 0; i < outlier_arenas_.size(); ++i) {
@@ -51,8 +51,6 @@ Status Backend::CarveOutlierBuffer(size_t bytes, void** out, Carved* where) {
     index = static_cast<int>(outlier_arenas_.size()) - 1;
   }
   OutlierArena& a = outlier_arenas_[static_cast<size_t>(index)];
-  where->arena = index;
-  where->offset = a.used;
   *out = a.base + a.used;
   a.used += need;
   return Status::Ok();
@@ -97,16 +95,16 @@ Status Backend::AnalyzeOperand(const char* op, Role role, const float* x, int64_
   if (b.sums == nullptr) {
     const int64_t channels = view.channel_axis == 1 ? cols : rows;
     void* p = nullptr;
-    KEEL_RETURN_IF_ERROR(CarveOutlierBuffer(sizeof(OutlierSums), &p, &b.sums_at));
+    KEEL_RETURN_IF_ERROR(CarveOutlierBuffer(sizeof(OutlierSums), &p));
     b.sums = static_cast<OutlierSums*>(p);
-    KEEL_RETURN_IF_ERROR(CarveOutlierBuffer(sizeof(float) * static_cast<size_t>(channels), &p, &b.channel_at));
+    KEEL_RETURN_IF_ERROR(CarveOutlierBuffer(sizeof(float) * static_cast<size_t>(channels), &p));
     b.channel_max = static_cast<float*>(p);
     b.rows = rows;
     b.cols = cols;
   }
   if (map && b.map == nullptr) {
     void* p = nullptr;
-    KEEL_RETURN_IF_ERROR(CarveOutlierBuffer(sizeof(double) * static_cast<size_t>(grid.cells()), &p, &b.map_at));
+    KEEL_RETURN_IF_ERROR(CarveOutlierBuffer(sizeof(double) * static_cast<size_t>(grid.cells()), &p));
     b.map = static_cast<double*>(p);
   }
   KEEL_RETURN_IF_ERROR(AddOutlierSums(x, rows, cols, view.nvfp4_axis, b.sums));
@@ -131,8 +129,16 @@ Status Backend::ReadOutlierAnalytics(std::vector<OperandOutliers>* out) {
     items.push_back({host[a].data(), outlier_arenas_[a].base, outlier_arenas_[a].used});
   }
   KEEL_RETURN_IF_ERROR(DownloadMany(items));
-  auto copy = [&host](void* dst, const Carved& at, size_t bytes) {
-    std::memcpy(dst, host[static_cast<size_t>(at.arena)].data() + at.offset, bytes);
+  // A carved buffer's bytes, from the host copy of the arena that holds it.
+  auto copy = [this, &host](void* dst, const void* carved, size_t bytes) {
+    const char* p = static_cast<const char*>(carved);
+    for (size_t a = 0; a < outlier_arenas_.size(); ++a) {
+      const OutlierArena& arena = outlier_arenas_[a];
+      if (p >= arena.base && p < arena.base + arena.used) {
+        std::memcpy(dst, host[a].data() + (p - arena.base), bytes);
+        return;
+      }
+    }
   };
   for (size_t i = 0; i < outlier_buffers_.size(); ++i) {
     const OutlierBuffers& b = outlier_buffers_[i];
@@ -142,13 +148,13 @@ Status Backend::ReadOutlierAnalytics(std::vector<OperandOutliers>* out) {
     o.calls = b.calls;
     o.rows = b.rows;
     o.cols = b.cols;
-    copy(&o.sums, b.sums_at, sizeof(OutlierSums));
+    copy(&o.sums, b.sums, sizeof(OutlierSums));
     o.channel_max.resize(static_cast<size_t>(view.channel_axis == 1 ? b.cols : b.rows));
-    copy(o.channel_max.data(), b.channel_at, sizeof(float) * o.channel_max.size());
+    copy(o.channel_max.data(), b.channel_max, sizeof(float) * o.channel_max.size());
     if (!outlier_maps_ || b.map == nullptr) continue;
     o.grid = MapGridFor(b.rows, b.cols);
     o.map_mean.resize(static_cast<size_t>(o.grid.cells()));
-    copy(o.map_mean.data(), b.map_at, sizeof(double) * o.map_mean.size());
+    copy(o.map_mean.data(), b.map, sizeof(double) * o.map_mean.size());
     for (int64_t r = 0; r < o.grid.rows; ++r) {
       for (int64_t c = 0; c < o.grid.cols; ++c) {
         const double elements = static_cast<double>(MapCellElements(o.grid, r, c, b.rows, b.cols) * b.calls);
