@@ -34,10 +34,10 @@ inline void MakeTestNet(const std::string& model_yaml, const std::string& rest, 
   ASSERT_TRUE(made.ok()) << made.message();
 }
 
-// The sizes of every buffer a model allocates, of `model_yaml` (as MakeTestNet)
-// on a CPU backend that records them; *param_count: the model's.
-inline void ModelAllocations(const std::string& model_yaml, const std::string& rest, std::vector<size_t>* sizes,
-                             int64_t* param_count) {
+// How many of the buffers a model of `model_yaml` (as MakeTestNet) allocates
+// are the size of all its parameters or larger, on a CPU backend that records
+// every allocation.
+inline void ParamSizedAllocations(const std::string& model_yaml, const std::string& rest, int* count) {
   class Recording : public CpuBackend {
    public:
     explicit Recording(std::vector<size_t>* sizes) : CpuBackend(1), sizes_(sizes) {}
@@ -52,11 +52,13 @@ inline void ModelAllocations(const std::string& model_yaml, const std::string& r
   RunConfig config;
   const Status parsed = ParseRunConfig("model: " + model_yaml + "\ndata: {train: unused.bin}\n" + rest, "test", {}, &config);
   ASSERT_TRUE(parsed.ok()) << parsed.message();
-  Recording backend(sizes);
+  std::vector<size_t> sizes;
+  Recording backend(&sizes);
   std::unique_ptr<Model> model;
   const Status made = MakeModel(config, &backend, &model);
   ASSERT_TRUE(made.ok()) << made.message();
-  *param_count = model->param_count();
+  *count = 0;
+  for (size_t s : sizes) *count += s >= static_cast<size_t>(model->param_count()) * sizeof(float);
 }
 
 }  // namespace keel
