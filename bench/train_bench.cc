@@ -50,6 +50,8 @@ const char kUsage[] =
     "                       cases always run with analytics off\n"
     "  --analytics-maps     with --analytics: also draw the block maps on every analytics\n"
     "                       step (analytics.maps_every)\n"
+    "  --head-chunk-mib N   GPT cases: the most fp32 logits a BF16 head holds at once, in MiB\n"
+    "                       (Model::HeadAndLoss; 0: the default, 1024)\n"
     "  --profile            time every backend op over the timed steps (CUDA events, and on\n"
     "                       the host; cuda backend only) and print the per-op breakdown of\n"
     "                       each case, with the host time outside every op (with\n"
@@ -163,13 +165,15 @@ struct Result {
 
 // profile: time every backend op over the timed steps (Backend::SetProfiling)
 // and print the breakdown; the events add a little to the step time.
-Status Measure(const std::string& yaml, const std::string& label, int steps, bool profile, Result* out) {
+Status Measure(const std::string& yaml, const std::string& label, int steps, bool profile, int64_t head_chunk_floats,
+               Result* out) {
   RunConfig c;
   Status s = ParseRunConfig(yaml, label, {}, &c);
   if (!s.ok()) return s;
   std::unique_ptr<Trainer> t;
   s = Trainer::Create(c, &t);
   if (!s.ok()) return s;
+  if (head_chunk_floats > 0) t->model()->SetHeadChunkFloats(head_chunk_floats);
   StepMetrics m;
   for (int i = 0; i < kWarmupSteps; ++i) {
     s = t->Step(&m);
@@ -239,6 +243,7 @@ struct GptOptions {
   bool profile = false;
   int analytics = 0;           // --analytics: the period the cost is amortized over (0: off)
   bool analytics_maps = false;
+  int64_t head_chunk_mib = 0;  // --head-chunk-mib: the head's fp32 logits at once (0: the model's default)
 };
 
 // The YAML lines of a case without analytics, and of its analytics twin
@@ -255,9 +260,10 @@ struct AnalyticsCost {
   std::optional<double> peak_mib;  // device memory after the analytics-on run's steps
 };
 Status MeasureAnalytics(const std::string& yaml, const Result& plain, int steps, int period, bool maps, bool profile,
-                        AnalyticsCost* cost) {
+                        int64_t head_chunk_floats, AnalyticsCost* cost) {
   Result on;
-  KEEL_RETURN_IF_ERROR(Measure(yaml + AnalyticsOn(maps), plain.label + " +analytics", steps, profile, &on));
+  KEEL_RETURN_IF_ERROR(
+      Measure(yaml + AnalyticsOn(maps), plain.label + " +analytics", steps, profile, head_chunk_floats, &on));
   cost->step_ms = on.step_ms;
   cost->extra_ms = on.step_ms - plain.step_ms;
   cost->amortized = cost->extra_ms / (static_cast<double>(period) * plain.step_ms);
@@ -300,7 +306,8 @@ int RunGpt(const std::string& common, const GptOptions& o) {
         "optimizer: {type: adamw, lr: 6.0e-4, beta2: 0.95, weight_decay: 0.1, grad_clip: 1.0}\n"
         "precision: " + scheme + "\n";
     Result r;
-    s = Measure(yaml + AnalyticsOff(), std::string(g.name) + " " + scheme + " " + shape, o.steps, o.profile, &r);
+    s = Measure(yaml + AnalyticsOff(), std::string(g.name) + " " + scheme + " " + shape, o.steps, o.profile,
+                o.head_chunk_mib << 18, &r);
     if (!s.ok()) return std::fprintf(stderr, "train_bench: %s: %s\n", scheme.c_str(), s.message().c_str()), 1;
     // llm.c's gpt2_estimate_mfu: 6 N for the weight matmuls, 6 L C T for attention.
     flops_per_token = 6.0 * r.params + 6.0 * g.layers * g.width * o.seq;
@@ -317,7 +324,7 @@ int RunGpt(const std::string& common, const GptOptions& o) {
     results.push_back(r);
     AnalyticsCost cost;
     if (o.analytics > 0) {
-      s = MeasureAnalytics(yaml, r, o.steps, o.analytics, o.analytics_maps, o.profile, &cost);
+      s = MeasureAnalytics(yaml, r, o.steps, o.analytics, o.analytics_maps, o.profile, o.head_chunk_mib << 18, &cost);
       if (!s.ok()) return std::fprintf(stderr, "train_bench: %s +analytics: %s\n", scheme.c_str(), s.message().c_str()), 1;
     }
     if (!o.json_path.empty()) {
@@ -362,14 +369,14 @@ int RunProxy(const std::string& common, int steps, bool profile, int analytics, 
     std::string yaml = common + "model: {type: proxy, layers: 4, width: 512}\nbatch: 2048\nsteps: 1000000\n"
                                 "optimizer: {type: adam, lr: 6.0e-4}\nprecision: " + scheme + "\n";
     Result r;
-    Status s = Measure(yaml + AnalyticsOff(), std::string("proxy ") + scheme, steps * 10, profile, &r);
+    Status s = Measure(yaml + AnalyticsOff(), std::string("proxy ") + scheme, steps * 10, profile, 0, &r);
     if (!s.ok()) return std::fprintf(stderr, "train_bench: %s: %s\n", scheme, s.message().c_str()), 1;
     std::printf("  %-28s %9.2f ms/step  %12.0f samples/s  (loss %.4f) [%s]\n", r.label.c_str(), r.step_ms,
                 r.items_per_s, r.loss, r.device.c_str());
     std::printf("  %-28s %.1f steps/s\n", r.label.c_str(), 1e3 / r.step_ms);
     if (analytics > 0) {
       AnalyticsCost cost;
-      s = MeasureAnalytics(yaml, r, steps * 10, analytics, analytics_maps, profile, &cost);
+      s = MeasureAnalytics(yaml, r, steps * 10, analytics, analytics_maps, profile, 0, &cost);
       if (!s.ok()) return std::fprintf(stderr, "train_bench: %s +analytics: %s\n", scheme, s.message().c_str()), 1;
     }
     results.push_back(r);
@@ -392,6 +399,7 @@ int Main(int argc, char** argv) {
   app.add_flag("--profile", gpt.profile);
   app.add_option("--analytics", gpt.analytics)->check(IntFlag(0, 1 << 30));
   app.add_flag("--analytics-maps", gpt.analytics_maps);
+  app.add_option("--head-chunk-mib", gpt.head_chunk_mib)->check(IntFlag(0, 1 << 20));
   std::vector<std::string> model_names;
   for (const GptShape& g : kGptShapes) model_names.push_back(g.name);
   app.add_option("--model", model)->check(OneOf(model_names));
@@ -438,6 +446,9 @@ int Main(int argc, char** argv) {
                                  : ("off, then on every step (cost amortized over " + std::to_string(gpt.analytics) +
                                     " steps, top_k 8" + (gpt.analytics_maps ? ", block maps" : ", no maps") + ")")
                                        .c_str());
+  if (gpt.head_chunk_mib > 0)
+    std::printf("GPT cases: a BF16 head holds at most %lld MiB of fp32 logits at once (--head-chunk-mib)\n",
+                static_cast<long long>(gpt.head_chunk_mib));
   if (only.empty() || only == "gpt") {
     const int code = RunGpt(common, gpt);
     if (code != 0) return code;

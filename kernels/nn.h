@@ -389,9 +389,15 @@ class Backend {
   // (row r in the first half of logits' row r). The CUDA backend counts the
   // non-finite gradients for the statistics of the LinearBackward that reads
   // them (LinearQuant::stats_slot there).
+  // row0 >= 0: logits, targets and losses hold this call's rows; dlogits is the
+  // whole pass's buffer, this call's row r at dlogits + (row0 + r) * ld. A pass
+  // in row chunks (the head's, Model::HeadAndLoss) calls it with row0 = 0 first,
+  // then the later chunks; the CUDA backend counts every chunk's non-finite
+  // gradients into the statistics of dlogits that the first call opened.
+  // Aliasing logits needs row0 = 0.
   virtual Status CrossEntropyFusedBf16(const float* logits, const int32_t* targets, float* losses,
                                        uint16_t* dlogits, int64_t ld, int64_t rows, int64_t padded_vocab,
-                                       int64_t vocab, float scale);
+                                       int64_t vocab, float scale, int64_t row0);
 
   // ---- Optimizer --------------------------------------------------------------------
   // Adam(W) with bias correction at step t (1-based), on fp32 master weights:

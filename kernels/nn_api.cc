@@ -71,7 +71,7 @@ Status Backend::DownloadMany(const std::vector<DownloadItem>& items) {
 }
 
 Status Backend::CrossEntropyFusedBf16(const float*, const int32_t*, float*, uint16_t*, int64_t, int64_t, int64_t,
-                                      int64_t, float) {
+                                      int64_t, float, int64_t) {
   return Status::Error(std::string("CrossEntropyFusedBf16: not implemented by the ") + name() + " backend");
 }
 

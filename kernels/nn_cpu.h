@@ -125,8 +125,8 @@ class CpuBackend : public Backend {
                               int64_t rows, int64_t padded_vocab, int64_t vocab,
                               float scale) override;
   Status CrossEntropyFusedBf16(const float* logits, const int32_t* targets, float* losses, uint16_t* dlogits,
-                               int64_t ld, int64_t rows, int64_t padded_vocab, int64_t vocab,
-                               float scale) override;
+                               int64_t ld, int64_t rows, int64_t padded_vocab, int64_t vocab, float scale,
+                               int64_t row0) override;
   Status CrossEntropyFused(const float* logits, const int32_t* targets, float* losses,
                            float* dlogits, int64_t rows, int64_t padded_vocab, int64_t vocab,
                            float scale) override;

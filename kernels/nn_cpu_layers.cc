@@ -525,13 +525,17 @@ Status CpuBackend::CrossEntropyFused(const float* logits, const int32_t* targets
 
 Status CpuBackend::CrossEntropyFusedBf16(const float* logits, const int32_t* targets, float* losses,
                                          uint16_t* dlogits, int64_t ld, int64_t rows, int64_t padded_vocab,
-                                         int64_t vocab, float scale) {
+                                         int64_t vocab, float scale, int64_t row0) {
   static const char kOp[] = "CrossEntropyFusedBf16";
   KEEL_RETURN_IF_ERROR(CheckCrossEntropy(kOp, logits, targets, rows, padded_vocab, vocab));
   KEEL_RETURN_IF_ERROR(CheckPtrs(kOp, {{"losses", losses}, {"dlogits", dlogits}}));
   if (ld < padded_vocab)
     return Status::Error(std::string(kOp) + ": ld: " + std::to_string(ld) + " is not allowed; need >= padded_vocab (" +
                          std::to_string(padded_vocab) + ")");
+  if (row0 < 0 || (row0 > 0 && static_cast<const void*>(dlogits) == static_cast<const void*>(logits)))
+    return Status::Error(std::string(kOp) + ": row0: " + std::to_string(row0) +
+                         " is not allowed; need >= 0, and 0 when dlogits is logits");
+  dlogits += row0 * ld;
   // Each row's gradient goes through a row of its own before it is rounded, so
   // dlogits may hold row r in logits' row r (ld = 2 padded_vocab).
   pool_.ParallelRange(rows, RowGrain(vocab), [&](int64_t begin, int64_t end) {

@@ -710,7 +710,8 @@ TEST_F(NnCpuTest, CrossEntropyFusedMatchesForwardThenBackward) {
 
 // CrossEntropyFusedBf16: the losses of CrossEntropyFused and the bf16 rounding
 // (nearest even) of its dlogits, into a separate buffer with a wider ld or over
-// logits itself (row r in the first half of logits' row r).
+// logits itself (row r in the first half of logits' row r), and in row chunks
+// (row0) into one buffer.
 TEST_F(NnCpuTest, CrossEntropyFusedBf16IsTheRoundedFusedGradient) {
   const int64_t rows = 8, padded = 12, vocab = 9;
   const float scale = 0.375f;
@@ -724,7 +725,7 @@ TEST_F(NnCpuTest, CrossEntropyFusedBf16IsTheRoundedFusedGradient) {
   std::vector<uint16_t> out(rows * ld, 0xABCD);
   std::vector<float> got_losses(rows, -1.0f);
   ASSERT_OK(backend_->CrossEntropyFusedBf16(logits.data(), targets.data(), got_losses.data(), out.data(), ld, rows,
-                                            padded, vocab, scale));
+                                            padded, vocab, scale, 0));
   EXPECT_EQ(0, std::memcmp(got_losses.data(), losses.data(), rows * sizeof(float)));
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < padded; ++c) {
@@ -736,7 +737,7 @@ TEST_F(NnCpuTest, CrossEntropyFusedBf16IsTheRoundedFusedGradient) {
   std::vector<float> in_place = logits;
   ASSERT_OK(backend_->CrossEntropyFusedBf16(in_place.data(), targets.data(), got_losses.data(),
                                             reinterpret_cast<uint16_t*>(in_place.data()), 2 * padded, rows, padded,
-                                            vocab, scale));
+                                            vocab, scale, 0));
   const uint16_t* bits = reinterpret_cast<const uint16_t*>(in_place.data());
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < padded; ++c) {
@@ -744,9 +745,25 @@ TEST_F(NnCpuTest, CrossEntropyFusedBf16IsTheRoundedFusedGradient) {
     }
   }
   const Status status = backend_->CrossEntropyFusedBf16(logits.data(), targets.data(), got_losses.data(), out.data(),
-                                                        padded - 1, rows, padded, vocab, scale);
+                                                        padded - 1, rows, padded, vocab, scale, 0);
   EXPECT_FALSE(status.ok());
   EXPECT_NE(status.message().find("ld: 11 is not allowed"), std::string::npos) << status.message();
+  // In row chunks (row0): each call's rows of logits, targets and losses, into the
+  // whole buffer at its rows; the same bits as one call.
+  std::vector<uint16_t> chunked(rows * ld, 0xABCD);
+  std::vector<float> chunk_losses(rows, -1.0f);
+  for (int64_t r0 = 0; r0 < rows; r0 += 2) {
+    const int64_t n = std::min<int64_t>(2, rows - r0);
+    ASSERT_OK(backend_->CrossEntropyFusedBf16(logits.data() + r0 * padded, targets.data() + r0,
+                                              chunk_losses.data() + r0, chunked.data(), ld, n, padded, vocab, scale,
+                                              r0));
+  }
+  EXPECT_EQ(chunked, out);
+  EXPECT_EQ(0, std::memcmp(chunk_losses.data(), losses.data(), rows * sizeof(float)));
+  const Status aliased = backend_->CrossEntropyFusedBf16(in_place.data() + padded, targets.data(), got_losses.data(),
+                                                         reinterpret_cast<uint16_t*>(in_place.data() + padded),
+                                                         2 * padded, 1, padded, vocab, scale, 1);
+  EXPECT_NE(aliased.message().find("row0: 1 is not allowed"), std::string::npos) << aliased.message();
 }
 
 // LinearBackward with dy_bf16: the bits of LinearBackward on dy when both dy

@@ -452,7 +452,8 @@ class CudaBackend final : public Backend {
                               int64_t rows, int64_t padded_vocab, int64_t vocab,
                               float scale) override;
   Status CrossEntropyFusedBf16(const float* logits, const int32_t* targets, float* losses, uint16_t* dlogits,
-                               int64_t ld, int64_t rows, int64_t padded_vocab, int64_t vocab, float scale) override;
+                               int64_t ld, int64_t rows, int64_t padded_vocab, int64_t vocab, float scale,
+                               int64_t row0) override;
   Status CrossEntropyFused(const float* logits, const int32_t* targets, float* losses,
                            float* dlogits, int64_t rows, int64_t padded_vocab, int64_t vocab,
                            float scale) override;
@@ -643,6 +644,12 @@ class CudaBackend final : public Backend {
   // A fresh statistics pair for the producer about to write `out` (*pair: the
   // counters its kernel adds to), recorded as out's entry.
   Status NoteProduced(const uint16_t* out, unsigned long long** pair);
+  // The counters of out's entry, for a later chunk of the same output
+  // (CrossEntropyFusedBf16 with row0 > 0). When out has no entry, or its pair
+  // was folded in between (a wait when every pair was counting), *pair is a
+  // scratch pair nothing reads and out's entry goes: its reader then counts the
+  // whole tensor itself (RecordBf16Stats).
+  Status ContinueProduced(const uint16_t* out, unsigned long long** pair);
   // Statistics for `role` of a bf16 operand given by its producer (rows x cols,
   // rows ld apart): the producer's count when it wrote src, else a counting pass.
   Status RecordBf16Stats(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, int slot, Role role);

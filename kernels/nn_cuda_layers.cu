@@ -995,7 +995,7 @@ int64_t CudaBackend::CeSplit(int64_t vocab, int64_t padded, bool vec) const {
 
 Status CudaBackend::CrossEntropyFusedBf16(const float* logits, const int32_t* targets, float* losses,
                                           uint16_t* dlogits, int64_t ld, int64_t rows, int64_t padded_vocab,
-                                          int64_t vocab, float scale) {
+                                          int64_t vocab, float scale, int64_t row0) {
   NN_PROFILE("CrossEntropyFusedBf16");
   static const char kOp[] = "CrossEntropyFusedBf16";
   KEEL_RETURN_IF_ERROR(CheckCrossEntropyShape(kOp, rows, padded_vocab, vocab));
@@ -1006,10 +1006,18 @@ Status CudaBackend::CrossEntropyFusedBf16(const float* logits, const int32_t* ta
   if (ld < padded_vocab || (aliased && ld != 2 * padded_vocab))
     return Status::Error(std::string(kOp) + ": ld: " + std::to_string(ld) + " is not allowed; need >= padded_vocab (" +
                          std::to_string(padded_vocab) + "), and 2 * padded_vocab when dlogits is logits");
+  if (row0 < 0 || (row0 > 0 && aliased))
+    return Status::Error(std::string(kOp) + ": row0: " + std::to_string(row0) +
+                         " is not allowed; need >= 0, and 0 when dlogits is logits");
+  unsigned long long* pair = nullptr;
+  if (row0 == 0) {
+    KEEL_RETURN_IF_ERROR(NoteProduced(dlogits, &pair));
+  } else {
+    KEEL_RETURN_IF_ERROR(ContinueProduced(dlogits, &pair));
+  }
+  dlogits += row0 * ld;
   const bool vec = padded_vocab % 4 == 0 && ld % 4 == 0 && Aligned(logits, 16) && Aligned(dlogits, 8);
   if (ce_shared_limit_ < 0) KEEL_RETURN_IF_ERROR(CeSharedLimit());
-  unsigned long long* pair = nullptr;
-  KEEL_RETURN_IF_ERROR(NoteProduced(dlogits, &pair));
   const unsigned int blocks = static_cast<unsigned int>(rows);
   const int64_t split = CeSplit(vocab, padded_vocab, vec);
   if (split > 0) {

@@ -545,6 +545,17 @@ Status CudaBackend::NoteProduced(const uint16_t* out, unsigned long long** pair)
   return Status::Ok();
 }
 
+Status CudaBackend::ContinueProduced(const uint16_t* out, unsigned long long** pair) {
+  auto it = std::find_if(produced_.begin(), produced_.end(), [out](const ProducedBf16& p) { return p.out == out; });
+  if (it != produced_.end() && it->stats.pair >= 0 && !it->stats.folded) {
+    *pair = stats_pairs_ + 2 * it->stats.pair;
+    return Status::Ok();
+  }
+  if (it != produced_.end()) produced_.erase(it);
+  int64_t index = 0;
+  return NextStatsPair(pair, &index);  // counted into, never read
+}
+
 Status CudaBackend::RecordBf16Stats(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, int slot,
                                     Role role) {
   for (const ProducedBf16& p : produced_) {

@@ -1146,7 +1146,8 @@ TEST_F(NnCudaTest, DownloadManyEqualsDownloads) {
 // wide for shared memory; over logits with that vocabulary it is refused.
 // Then the head's backward reading that bf16 dy gives the bits and statistics
 // of the backward that rounds the fp32 dy, both with the cross-entropy's count
-// and with a dy uploaded from elsewhere (counted by a pass of its own).
+// and with a dy uploaded from elsewhere (counted by a pass of its own); and
+// the same in row chunks (row0) into a separate buffer.
 TEST_F(NnCudaTest, CrossEntropyBf16AndTheHeadBackwardMatchTheFp32Path) {
   auto as_u16 = [](Backend* be, const void* p, int64_t count) {
     std::vector<uint16_t> v(static_cast<size_t>(count));
@@ -1169,7 +1170,7 @@ TEST_F(NnCudaTest, CrossEntropyBf16AndTheHeadBackwardMatchTheFp32Path) {
     // The reference: this backend's fp32 CrossEntropyFused, rounded on the host
     // (the CPU's sums go in another order, so its last bits may differ).
     ASSERT_OK(gpu_->CrossEntropyFused(logits.g(), targets.gi(), ref_losses.g(), ref.g(), rows, padded, vocab, scale));
-    ASSERT_OK(gpu_->CrossEntropyFusedBf16(logits.g(), targets.gi(), losses.g(), dg, ld, rows, padded, vocab, scale));
+    ASSERT_OK(gpu_->CrossEntropyFusedBf16(logits.g(), targets.gi(), losses.g(), dg, ld, rows, padded, vocab, scale, 0));
     ExpectBits("ce bf16 losses", Gpu(ref_losses), Gpu(losses));
     const std::vector<float> rf = Gpu(ref);
     std::vector<uint16_t> bc(static_cast<size_t>(rows * ld));
@@ -1192,7 +1193,8 @@ TEST_F(NnCudaTest, CrossEntropyBf16AndTheHeadBackwardMatchTheFp32Path) {
     EXPECT_GT(nan_g, 0);
     if (!in_place) {
       EXPECT_FALSE(gpu_->CrossEntropyFusedBf16(logits.g(), targets.gi(), losses.g(),
-                                               reinterpret_cast<uint16_t*>(logits.g()), ld, rows, padded, vocab, scale)
+                                               reinterpret_cast<uint16_t*>(logits.g()), ld, rows, padded, vocab, scale,
+                                               0)
                        .ok());
       continue;
     }
@@ -1221,7 +1223,7 @@ TEST_F(NnCudaTest, CrossEntropyBf16AndTheHeadBackwardMatchTheFp32Path) {
     // The cross-entropy's count: its pair went with the reset above, so run it again first.
     ASSERT_OK(gpu_->ResetOperandStats(1));
     Set(logits, lh);
-    ASSERT_OK(gpu_->CrossEntropyFusedBf16(logits.g(), targets.gi(), losses.g(), dg, ld, rows, padded, vocab, scale));
+    ASSERT_OK(gpu_->CrossEntropyFusedBf16(logits.g(), targets.gi(), losses.g(), dg, ld, rows, padded, vocab, scale, 0));
     const auto [dx1, dw1, st1] = backward(qb, nullptr);
     ExpectBits("head dx", dx0, dx1);
     ExpectBits("head dw", dw0, dw1);
@@ -1235,6 +1237,49 @@ TEST_F(NnCudaTest, CrossEntropyBf16AndTheHeadBackwardMatchTheFp32Path) {
     ExpectBits("head dx (uploaded)", dx0, dx2);
     ExpectStatsEqual("head, counted", st0, st2);
     EXPECT_EQ(st2[R(Role::kDgradDy)].nan_blocks, 1);
+    // In row chunks (row0, as Model::HeadAndLoss runs it): the chunks' rows of
+    // logits into one separate dlogits (ld = padded), the same bits, and the
+    // chunks' non-finite counts in the statistics of the first call.
+    Dual whole = Zeros(rows * padded);  // rows x 2 padded bf16: room for ld = padded
+    uint16_t* dw16 = reinterpret_cast<uint16_t*>(whole.g());
+    ASSERT_OK(gpu_->ResetOperandStats(1));
+    Set(logits, lh);
+    const int64_t chunk = 5;  // the NaN row (7) is in the second chunk: only a merged count sees it
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const int64_t n = std::min(chunk, rows - r0);
+      ASSERT_OK(gpu_->CrossEntropyFusedBf16(logits.g() + r0 * padded, targets.gi() + r0, losses.g() + r0, dw16, padded,
+                                            n, padded, vocab, scale, r0));
+    }
+    ExpectBits("ce bf16 losses (chunks)", Gpu(ref_losses), Gpu(losses));
+    const std::vector<uint16_t> bch = as_u16(gpu_.get(), dw16, rows * padded);
+    int64_t chunk_differ = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < padded; ++c) {
+        const uint16_t a = bg[r * ld + c], b = bch[r * padded + c];
+        chunk_differ += ((a & 0x7FFF) > 0x7F80) != ((b & 0x7FFF) > 0x7F80) || ((a & 0x7FFF) <= 0x7F80 && a != b);
+      }
+    }
+    EXPECT_EQ(chunk_differ, 0) << "padded " << padded;
+    LinearQuant qc = q;
+    qc.dy_bf16 = dw16;
+    qc.dy_bf16_ld = padded;
+    const auto [dx3, dw3, st3] = backward(qc, nullptr);
+    ExpectBits("head dx (chunks)", dx0, dx3);
+    ExpectBits("head dw (chunks)", dw0, dw3);
+    ExpectStatsEqual("head, the chunks' count", st0, st3);
+    // A later chunk without a first call on that buffer: its count is dropped,
+    // and the reader counts the whole tensor itself (the same statistics).
+    ASSERT_OK(gpu_->ResetOperandStats(1));
+    Set(logits, lh);
+    Dual lone = Zeros(rows * padded);
+    uint16_t* lone16 = reinterpret_cast<uint16_t*>(lone.g());
+    ASSERT_OK(gpu_->Upload(lone16, bch.data(), bch.size() * sizeof(uint16_t)));
+    ASSERT_OK(gpu_->CrossEntropyFusedBf16(logits.g() + chunk * padded, targets.gi() + chunk, losses.g() + chunk,
+                                          lone16, padded, rows - chunk, padded, vocab, scale, chunk));
+    qc.dy_bf16 = lone16;
+    const auto [dx4, dw4, st4] = backward(qc, nullptr);
+    ExpectBits("head dx (lone chunk)", dx0, dx4);
+    ExpectStatsEqual("head, counted after a lone chunk", st0, st4);
   }
 }
 

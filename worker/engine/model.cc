@@ -62,6 +62,13 @@ Status Model::UploadTokens(const Batch& batch, const std::string& type, int64_t 
   return backend_->Upload(targets, batch.targets.data(), bt * sizeof(int32_t));
 }
 
+Status Model::MeanLoss(const float* losses, int64_t bt, int64_t valid, double* loss) {
+  std::vector<double> sums;
+  KEEL_RETURN_IF_ERROR(backend_->Sums({Span{losses, bt}}, &sums));
+  *loss = valid > 0 ? sums[0] / static_cast<double>(valid) : 0.0;
+  return Status::Ok();
+}
+
 Status Model::LanguageModelLoss(float* logits, const int32_t* targets, float* losses, int64_t bt,
                                 int64_t padded_vocab, int64_t vocab, const float* grad_scale, int64_t valid,
                                 const LinearQuant& head, double* loss) {
@@ -71,7 +78,7 @@ Status Model::LanguageModelLoss(float* logits, const int32_t* targets, float* lo
     if (TakesBf16Dy(head) && head.hcp_dgrad.count == 0 && head.hcp_wgrad_rows == 0) {
       uint16_t* d = reinterpret_cast<uint16_t*>(logits);
       KEEL_RETURN_IF_ERROR(
-          backend_->CrossEntropyFusedBf16(logits, targets, losses, d, 2 * padded_vocab, bt, padded_vocab, vocab, scale));
+          backend_->CrossEntropyFusedBf16(logits, targets, losses, d, 2 * padded_vocab, bt, padded_vocab, vocab, scale, 0));
       dlogits_bf16_ = d;
       dlogits_bf16_ld_ = 2 * padded_vocab;
     } else {
@@ -81,10 +88,64 @@ Status Model::LanguageModelLoss(float* logits, const int32_t* targets, float* lo
   } else {
     KEEL_RETURN_IF_ERROR(backend_->CrossEntropyForward(logits, targets, losses, bt, padded_vocab, vocab));
   }
-  std::vector<double> sums;
-  KEEL_RETURN_IF_ERROR(backend_->Sums({Span{losses, bt}}, &sums));
-  *loss = valid > 0 ? sums[0] / static_cast<double>(valid) : 0.0;
-  return Status::Ok();
+  return MeanLoss(losses, bt, valid, loss);
+}
+
+namespace {
+
+// Whether the head's pass gives each row the same bits in chunks of rows as in
+// one piece: BF16 nearest-even in all six roles (a row's rounding is its own;
+// per-tensor scales, stochastic seeds by element and the patch are not).
+bool HeadInChunks(const LinearQuant& q) {
+  for (const OperandFormat& f : q.role) {
+    if (!f.quantized() || f.format != QuantFormat::kBf16 || f.rounding != Rounding::kNearestEven) return false;
+  }
+  return q.hcp_fwd.count == 0 && q.hcp_dgrad.count == 0 && q.hcp_wgrad_rows == 0;
+}
+
+}  // namespace
+
+Status Model::HeadAndLoss(const float* x, const float* w, const int32_t* targets, float* losses, int64_t bt,
+                          int64_t d, int64_t padded_vocab, int64_t vocab, const LinearQuant& head,
+                          const float* grad_scale, int64_t valid, double* loss) {
+  const bool training = grad_scale != nullptr && valid > 0;
+  int64_t rows = 0;  // the chunk: the largest divisor of bt whose logits fit, 0 for one piece
+  if (HeadInChunks(head)) {
+    for (int64_t c = std::min<int64_t>(bt, std::max<int64_t>(1, head_chunk_floats_ / padded_vocab)); c >= 1; --c) {
+      if (bt % c == 0) {
+        rows = c;
+        break;
+      }
+    }
+    if (rows < 64 && rows < bt) rows = 0;  // too many launches: one piece
+  }
+  if (rows == 0) {
+    KEEL_RETURN_IF_ERROR(GrowScratch(static_cast<size_t>(bt * padded_vocab) * sizeof(float), &head_buf_, &head_bytes_));
+    float* logits = static_cast<float*>(head_buf_);
+    KEEL_RETURN_IF_ERROR(backend_->LinearForward(x, w, nullptr, nullptr, logits, bt, d, padded_vocab, head));
+    return LanguageModelLoss(logits, targets, losses, bt, padded_vocab, vocab, grad_scale, valid, head, loss);
+  }
+  const size_t chunk_bytes = static_cast<size_t>(rows * padded_vocab) * sizeof(float);
+  const size_t dlogits_bytes = training ? static_cast<size_t>(bt * padded_vocab) * sizeof(uint16_t) : 0;
+  KEEL_RETURN_IF_ERROR(GrowScratch(chunk_bytes + dlogits_bytes, &head_buf_, &head_bytes_));
+  float* logits = static_cast<float*>(head_buf_);
+  uint16_t* dlogits = reinterpret_cast<uint16_t*>(static_cast<char*>(head_buf_) + chunk_bytes);
+  const float scale = training ? *grad_scale / static_cast<float>(valid) : 0.0f;
+  dlogits_bf16_ = nullptr;
+  for (int64_t r0 = 0; r0 < bt; r0 += rows) {
+    KEEL_RETURN_IF_ERROR(backend_->LinearForward(x + r0 * d, w, nullptr, nullptr, logits, rows, d, padded_vocab, head));
+    if (training) {
+      KEEL_RETURN_IF_ERROR(backend_->CrossEntropyFusedBf16(logits, targets + r0, losses + r0, dlogits, padded_vocab,
+                                                           rows, padded_vocab, vocab, scale, r0));
+    } else {
+      KEEL_RETURN_IF_ERROR(backend_->CrossEntropyForward(logits, targets + r0, losses + r0, rows, padded_vocab, vocab));
+    }
+  }
+  if (training) {
+    dlogits_bf16_ = dlogits;
+    dlogits_bf16_ld_ = padded_vocab;
+  }
+  return MeanLoss(losses, bt, valid, loss);
 }
 
 LinearQuant Model::HeadBackward(LinearQuant q) const {
@@ -343,21 +404,26 @@ float* Model::ParamCopy(int index) const {
   return param_copies_ + param_copy_at_[index];
 }
 
-Status Model::GrowActivation(const LinearQuant& q, int64_t count, float** buffer, size_t* bytes) {
-  const size_t need = static_cast<size_t>(count) * (XBf16(q) ? sizeof(uint16_t) : sizeof(float));
+Status Model::GrowScratch(size_t need, void** buffer, size_t* bytes) {
   if (*buffer != nullptr && *bytes >= need) return Status::Ok();
   if (*buffer != nullptr) {
-    allocations_.erase(std::find(allocations_.begin(), allocations_.end(), static_cast<void*>(*buffer)));
+    allocations_.erase(std::find(allocations_.begin(), allocations_.end(), *buffer));
     backend_->Free(*buffer);
-    scheme_sized_bytes_ -= static_cast<int64_t>(*bytes);
     *buffer = nullptr;
     *bytes = 0;
   }
-  void* p = nullptr;
-  KEEL_RETURN_IF_ERROR(ScratchBytes(need, &p));
-  *buffer = static_cast<float*>(p);
+  KEEL_RETURN_IF_ERROR(ScratchBytes(need, buffer));
   *bytes = need;
-  scheme_sized_bytes_ += static_cast<int64_t>(need);
+  return Status::Ok();
+}
+
+Status Model::GrowActivation(const LinearQuant& q, int64_t count, float** buffer, size_t* bytes) {
+  const size_t need = static_cast<size_t>(count) * (XBf16(q) ? sizeof(uint16_t) : sizeof(float));
+  const size_t before = *bytes;
+  void* p = *buffer;
+  KEEL_RETURN_IF_ERROR(GrowScratch(need, &p, bytes));
+  *buffer = static_cast<float*>(p);
+  scheme_sized_bytes_ += static_cast<int64_t>(*bytes) - static_cast<int64_t>(before);
   return Status::Ok();
 }
 

@@ -63,6 +63,16 @@ class Model {
   // Bytes held now by the activations whose size follows the step's scheme
   // (GrowActivation): bf16 ones take half an fp32 one's.
   int64_t scheme_sized_bytes() const { return scheme_sized_bytes_; }
+  // Bytes held now by a language model's head buffers (HeadAndLoss): fp32
+  // logits of every row, or of one chunk of rows plus every row's bf16 dlogits.
+  int64_t head_bytes() const { return static_cast<int64_t>(head_bytes_); }
+  // The most fp32 logits HeadAndLoss holds at once when it runs in chunks
+  // (default kHeadChunkFloats); for tests and benchmarks.
+  void SetHeadChunkFloats(int64_t floats) { head_chunk_floats_ = floats; }
+  // 1 GiB of fp32 logits: 4 chunks at GPT-2 124M B16 (+0.5% step time, 754 MiB
+  // less peak on an H200); 256 MiB saved 1,374 MiB for +3.0%, as each chunk
+  // rounds the whole head weight to bf16 again (docs/benchmarks.md, session 32).
+  static constexpr int64_t kHeadChunkFloats = int64_t{256} << 20;
   float* params() const { return weights_; }  // backend memory
   int blocks() const { return blocks_; }
   // Names of the quantized linear layers, in statistics-slot order.
@@ -168,6 +178,25 @@ class Model {
   Status LanguageModelLoss(float* logits, const int32_t* targets, float* losses, int64_t bt, int64_t padded_vocab,
                            int64_t vocab, const float* grad_scale, int64_t valid, const LinearQuant& head,
                            double* loss);
+  // *loss = the sum of the bt per-row losses over `valid` (0 when none counts).
+  Status MeanLoss(const float* losses, int64_t bt, int64_t valid, double* loss);
+  // A language model's head and loss: logits = x w^T (bt x padded_vocab; x the
+  // final norm's d-wide output, w the tied embedding) and LanguageModelLoss.
+  // When the head is BF16 in all six roles with nearest-even rounding and has
+  // no Hot-Channel Patch, it runs in chunks of rows (the largest divisor of bt
+  // whose fp32 logits fit head_chunk_floats_, unless that is under 64 rows):
+  // one chunk's fp32 logits at a time and, when training, every row's bf16
+  // dlogits in a buffer of their own (CrossEntropyFusedBf16 with row0), which
+  // HeadBackward points the head's backward at. A row's logits, loss and
+  // gradient are those of the one-piece pass. Otherwise in one piece: every
+  // row's fp32 logits, dlogits over them. The buffers grow with the pass's
+  // need and never shrink (head_bytes()).
+  Status HeadAndLoss(const float* x, const float* w, const int32_t* targets, float* losses, int64_t bt, int64_t d,
+                     int64_t padded_vocab, int64_t vocab, const LinearQuant& head, const float* grad_scale,
+                     int64_t valid, double* loss);
+  // The head backward's fp32 dy: the one-piece pass's dlogits (not read when
+  // HeadBackward gives the backward its dy in bf16).
+  float* head_dy() const { return static_cast<float*>(head_buf_); }
   // The head's backward LinearQuant: q, with dy_bf16 set when the last
   // LanguageModelLoss wrote dlogits in bf16.
   LinearQuant HeadBackward(LinearQuant q) const;
@@ -185,6 +214,9 @@ class Model {
   // its size. Such a buffer grows when a later step's scheme needs fp32, and
   // never shrinks.
   Status GrowActivation(const LinearQuant& q, int64_t count, float** buffer, size_t* bytes);
+  // Makes *buffer (model scratch) hold `need` bytes, reallocating it (contents
+  // not kept) when it is smaller; *bytes is its size.
+  Status GrowScratch(size_t need, void** buffer, size_t* bytes);
   // q with the Hot-Channel Patch of `scheme` for linear layer `slot`
   // (linear_names() order): none when the scheme patches nothing or the layer
   // has no role below BF16; else the layer's held sets, or (in a choosing
@@ -220,6 +252,9 @@ class Model {
   std::vector<void*> allocations_;
   int64_t scheme_sized_bytes_ = 0;
   float* param_copies_ = nullptr;
+  void* head_buf_ = nullptr;
+  size_t head_bytes_ = 0;
+  int64_t head_chunk_floats_ = kHeadChunkFloats;
   std::vector<int64_t> param_copy_at_;  // per parameter: its copy's offset in param_copies_, or -1
 
  private:

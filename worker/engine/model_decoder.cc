@@ -75,7 +75,6 @@ Status DecoderModel::Build() {
   }
   KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &final_norm_));
   KEEL_RETURN_IF_ERROR(Scratch(bt_, &final_rstd_));
-  KEEL_RETURN_IF_ERROR(Scratch(bt_ * m_.padded_vocab, &logits_));
   KEEL_RETURN_IF_ERROR(Scratch(bt_, &losses_));
   KEEL_RETURN_IF_ERROR(Scratch(bt_, &tokens_));
   KEEL_RETURN_IF_ERROR(Scratch(bt_, &targets_));
@@ -139,10 +138,8 @@ Status DecoderModel::Forward(const Batch& batch, const Pass& pass, const float* 
   }
   KEEL_RETURN_IF_ERROR(
       backend_->RmsNormForward(res_[blocks_], Gain(norm_), final_norm_, final_rstd_, bt_, d_, m_.ln_eps));
-  KEEL_RETURN_IF_ERROR(backend_->LinearForward(final_norm_, P(embed_), nullptr, nullptr, logits_, bt_, d_,
-                                               m_.padded_vocab, Quant(pass, -1, 0)));
-  return LanguageModelLoss(logits_, targets_, losses_, bt_, m_.padded_vocab, m_.vocab, grad_scale, *valid,
-                           Quant(pass, -1, 0), loss);
+  return HeadAndLoss(final_norm_, P(embed_), targets_, losses_, bt_, d_, m_.padded_vocab, m_.vocab, Quant(pass, -1, 0),
+                     grad_scale, *valid, loss);
 }
 
 Status DecoderModel::ForwardBackward(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed,
@@ -152,9 +149,9 @@ Status DecoderModel::ForwardBackward(const Batch& batch, const PrecisionScheme& 
   int64_t valid = 0;
   KEEL_RETURN_IF_ERROR(Forward(batch, pass, &grad_scale, loss, &valid));
   if (valid == 0) return Status::Ok();
-  // The tied head: logits_ holds dlogits. The embedding's gradient is final only
-  // after the embedding's backward, at the end.
-  KEEL_RETURN_IF_ERROR(backend_->LinearBackward(final_norm_, P(embed_), logits_, dnorm_, Grad(grads, embed_),
+  // The tied head, from the dlogits HeadAndLoss left. The embedding's gradient
+  // is final only after the embedding's backward, at the end.
+  KEEL_RETURN_IF_ERROR(backend_->LinearBackward(final_norm_, P(embed_), head_dy(), dnorm_, Grad(grads, embed_),
                                                 nullptr, bt_, d_, m_.padded_vocab, HeadBackward(Quant(pass, -1, 0))));
   KEEL_RETURN_IF_ERROR(backend_->Fill(dres_, bt_ * d_, 0.0f));
   KEEL_RETURN_IF_ERROR(backend_->RmsNormBackward(res_[blocks_], Gain(norm_), final_rstd_, dnorm_, dres_,

@@ -106,7 +106,7 @@ class DecoderModel : public Model {
   Status QuantizeGains(const Pass& pass);
   // The forward pass (GptModel's contract): *loss = the mean loss over the
   // *valid targets that count; training (grad_scale set, some target counts)
-  // leaves dlogits in logits_.
+  // leaves dlogits for the head's backward (HeadAndLoss).
   Status Forward(const Batch& batch, const Pass& pass, const float* grad_scale, double* loss,
                  int64_t* valid);
 
@@ -116,7 +116,7 @@ class DecoderModel : public Model {
   std::vector<BlockParams> bp_;
   std::vector<BlockActs> acts_;
   std::vector<float*> res_;  // the residual stream before each block and after the last
-  float *final_norm_ = nullptr, *final_rstd_ = nullptr, *logits_ = nullptr, *losses_ = nullptr;
+  float *final_norm_ = nullptr, *final_rstd_ = nullptr, *losses_ = nullptr;
   int32_t *tokens_ = nullptr, *targets_ = nullptr;
   float *dres_ = nullptr, *dnorm_ = nullptr, *dgate_up_ = nullptr, *dact_ = nullptr;
 };

@@ -111,7 +111,6 @@ class GptModel : public Model {
     KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &lnf_));
     KEEL_RETURN_IF_ERROR(Scratch(bt_, &lnf_mean_));
     KEEL_RETURN_IF_ERROR(Scratch(bt_, &lnf_rstd_));
-    KEEL_RETURN_IF_ERROR(Scratch(bt_ * m_.padded_vocab, &logits_));
     KEEL_RETURN_IF_ERROR(Scratch(bt_, &losses_));
     KEEL_RETURN_IF_ERROR(Scratch(bt_, &tokens_));
     KEEL_RETURN_IF_ERROR(Scratch(bt_, &targets_));
@@ -164,10 +163,10 @@ class GptModel : public Model {
     KEEL_RETURN_IF_ERROR(Forward(batch, scheme, quant_seed, stats, &grad_scale, loss, &valid));
     if (valid == 0) return Status::Ok();
     auto G = [&](int index) { return index < 0 ? nullptr : grads + params_[index].offset; };
-    // Head (tied to wte) and final layernorm. logits_ holds dlogits: the
-    // forward's fused cross-entropy wrote them there. wte's gradient is final
-    // only after the embedding's backward, at the end.
-    KEEL_RETURN_IF_ERROR(backend_->LinearBackward(lnf_, P(wte_), logits_, dln_, G(wte_), nullptr, bt_, d_,
+    // Head (tied to wte) and final layernorm. The forward's fused cross-entropy
+    // left dlogits (HeadAndLoss). wte's gradient is final only after the
+    // embedding's backward, at the end.
+    KEEL_RETURN_IF_ERROR(backend_->LinearBackward(lnf_, P(wte_), head_dy(), dln_, G(wte_), nullptr, bt_, d_,
                                              m_.padded_vocab, HeadBackward(Quant(scheme, -1, 0, quant_seed, stats))));
     KEEL_RETURN_IF_ERROR(backend_->Fill(dres_, bt_ * d_, 0.0f));
     KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(res_[blocks_], Affine(lnf_w_), lnf_mean_, lnf_rstd_,
@@ -301,9 +300,9 @@ class GptModel : public Model {
 
   // The forward pass: *loss = the mean loss over the *valid targets that count.
   // Training (grad_scale not null, and some target counts): the cross-entropy
-  // also leaves dlogits = grad_scale / valid * d(sum of losses)/d logits over
-  // logits_ for the backward, in the same pass (CrossEntropyFused; nothing reads
-  // the logits themselves after it). Evaluation (null): logits_ keeps the logits.
+  // also leaves dlogits = grad_scale / valid * d(sum of losses)/d logits for the
+  // backward, in the same pass (HeadAndLoss; nothing reads the logits
+  // themselves after it).
   Status Forward(const Batch& batch, const PrecisionScheme& scheme, uint64_t quant_seed, bool stats,
                  const float* grad_scale, double* loss, int64_t* valid) {
     KEEL_RETURN_IF_ERROR(UploadTokens(batch, "gpt", bt_, tokens_, targets_, valid));
@@ -360,10 +359,8 @@ class GptModel : public Model {
     }
     KEEL_RETURN_IF_ERROR(LayerNormAfter(LinearQuant(), res_[blocks_], pending, Affine(lnf_w_), Affine(lnf_b_), lnf_,
                                         lnf_mean_, lnf_rstd_, bt_, d_, m_.ln_eps));
-    KEEL_RETURN_IF_ERROR(backend_->LinearForward(lnf_, P(wte_), nullptr, nullptr, logits_, bt_, d_, m_.padded_vocab,
-                                            Quant(scheme, -1, 0, quant_seed, stats)));
-    return LanguageModelLoss(logits_, targets_, losses_, bt_, m_.padded_vocab, m_.vocab, grad_scale, *valid,
-                             Quant(scheme, -1, 0, quant_seed, stats), loss);
+    return HeadAndLoss(lnf_, P(wte_), targets_, losses_, bt_, d_, m_.padded_vocab, m_.vocab,
+                       Quant(scheme, -1, 0, quant_seed, stats), grad_scale, *valid, loss);
   }
 
   ModelConfig m_;
@@ -373,7 +370,7 @@ class GptModel : public Model {
   std::vector<BlockParams> bp_;
   std::vector<BlockActs> acts_;
   std::vector<float*> res_;
-  float *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_;
+  float *lnf_, *lnf_mean_, *lnf_rstd_, *losses_;
   int32_t *tokens_, *targets_;
   float *dres_, *dln_, *dqkv_, *datt_, *dfc_, *dact_, *dhead_in_ = nullptr, *dhead_out_ = nullptr;
 };

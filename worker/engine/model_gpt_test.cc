@@ -102,6 +102,54 @@ TEST(GptModelTest, SchemeSizedActivationsAreHalfInBf16GrowForFp32AndKeepTheBits)
   EXPECT_NE(a_fp32_eval, a_bf16.loss);          // the two schemes do differ
 }
 
+// The head and loss in chunks of rows (a BF16 head): every row's logits, loss
+// and bf16 gradient are the one-chunk pass's, so the loss and the whole
+// gradient keep their bits; the head holds one chunk's fp32 logits plus every
+// row's bf16 dlogits. An fp32 head runs in one piece.
+TEST(GptModelTest, TheHeadInChunksKeepsTheBitsAndHoldsOneChunksLogits) {
+  constexpr int kRows = 8 * kSeq;  // 128 rows: two chunks of 64
+  const int64_t padded = 256;
+  auto make = [&](TestNet* net, Batch* batch) {
+    MakeTestNet("{type: gpt, layers: 2, width: 64, heads: 2, context: 16, vocab: 256}",
+                "batch: 8\nseq: 16\n", net);
+    std::mt19937 rng(12);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> w(static_cast<size_t>(net->model->param_count()), 0.0f);
+    for (const ParamInfo& p : net->model->param_info()) {
+      for (int64_t i = 0; i < p.count; ++i) {
+        w[static_cast<size_t>(p.offset + i)] = p.shape.size() == 1 ? 1.0f + 0.1f * normal(rng) : 0.05f * normal(rng);
+      }
+    }
+    ASSERT_TRUE(net->backend->Upload(net->model->params(), w.data(), w.size() * sizeof(float)).ok());
+    std::uniform_int_distribution<int32_t> token(0, 255);
+    for (int i = 0; i < kRows; ++i) {
+      batch->inputs.push_back(token(rng));
+      batch->targets.push_back(i % 9 == 4 ? -1 : token(rng));  // some targets that do not count
+    }
+  };
+  TestNet whole, chunked;
+  Batch batch, same;
+  ASSERT_NO_FATAL_FAILURE(make(&whole, &batch));
+  ASSERT_NO_FATAL_FAILURE(make(&chunked, &same));
+  chunked.model->SetHeadChunkFloats(64 * padded);
+  const PrecisionScheme bf16 = Preset("bf16");
+  const StepResult a = Step(&whole, batch, bf16), b = Step(&chunked, same, bf16);
+  ASSERT_TRUE(std::isfinite(a.loss));
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(a.grads, b.grads);
+  EXPECT_EQ(whole.model->head_bytes(), kRows * padded * (4 + 2));            // one chunk of every row
+  EXPECT_EQ(chunked.model->head_bytes(), 64 * padded * 4 + kRows * padded * 2);  // one chunk of 64 rows
+  double ea = 0.0, eb = 0.0;
+  ASSERT_TRUE(whole.model->Evaluate(batch, bf16, 5, &ea).ok());
+  ASSERT_TRUE(chunked.model->Evaluate(same, bf16, 5, &eb).ok());
+  EXPECT_EQ(ea, eb);
+  // fp32: one piece, every row's fp32 logits (dlogits over them); the buffer grows.
+  const StepResult c = Step(&chunked, same, Preset("fp32"));
+  EXPECT_TRUE(std::isfinite(c.loss));
+  EXPECT_NE(c.loss, b.loss);
+  EXPECT_EQ(chunked.model->head_bytes(), kRows * padded * 4);
+}
+
 // The layernorms' rounded affine copies take their own few floats, not a
 // buffer the size of every parameter: the weights are the one allocation that
 // large (the update's copies live in the trainer).

@@ -225,6 +225,50 @@ TEST(LlamaModelTest, PostQkProtectionKeepsWvInBf16) {
   }
 }
 
+// The decoder's head in chunks of rows (a BF16 head, Model::HeadAndLoss): the
+// loss and gradient of the one-chunk pass, bit for bit (llama and gla share it).
+TEST(DecoderModelTest, TheHeadInChunksKeepsTheBits) {
+  for (const char* type : {"llama", "gla"}) {
+    auto run = [&](int64_t chunk_floats, std::vector<float>* grads) {
+      TestNet net;
+      [&] {
+        ASSERT_NO_FATAL_FAILURE(MakeTestNet(std::string("{type: ") + type +
+                                                ", layers: 2, width: 64, heads: 2, context: 16, vocab: 256}",
+                                            "batch: 8\nseq: 16\n", &net));
+      }();
+      if (net.model == nullptr) return 0.0;
+      std::mt19937 rng(13);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<float> w(static_cast<size_t>(net.model->param_count()), 0.0f);
+      for (const ParamInfo& p : net.model->param_info()) {
+        for (int64_t i = 0; i < p.count; ++i) {
+          w[static_cast<size_t>(p.offset + i)] = p.shape.size() == 1 ? 1.0f + 0.1f * normal(rng) : 0.05f * normal(rng);
+        }
+      }
+      EXPECT_TRUE(net.backend->Upload(net.model->params(), w.data(), w.size() * sizeof(float)).ok());
+      Batch batch;
+      std::uniform_int_distribution<int32_t> token(0, 255);
+      for (int i = 0; i < 128; ++i) {
+        batch.inputs.push_back(token(rng));
+        batch.targets.push_back(token(rng));
+      }
+      net.model->SetHeadChunkFloats(chunk_floats);
+      PrecisionScheme bf16;
+      EXPECT_TRUE(SchemeFromPreset("bf16", &bf16).ok());
+      grads->assign(static_cast<size_t>(net.model->param_count()), 0.0f);
+      double loss = 0.0;
+      EXPECT_TRUE(net.model->ForwardBackward(batch, bf16, 3, 1.0f, false, grads->data(), &loss, nullptr).ok());
+      EXPECT_EQ(net.model->head_bytes(), chunk_floats * 4 + 128 * 256 * 2) << type;
+      return loss;
+    };
+    std::vector<float> g_whole, g_chunks;
+    const double whole = run(128 * 256, &g_whole), chunks = run(64 * 256, &g_chunks);
+    EXPECT_TRUE(std::isfinite(whole)) << type;
+    EXPECT_EQ(whole, chunks) << type;
+    EXPECT_EQ(g_whole, g_chunks) << type;
+  }
+}
+
 // The rounded copies of the RMSNorm gains take their own few floats, not a
 // buffer the size of every parameter (llama and gla share this code).
 TEST(DecoderModelTest, OnlyTheWeightsTakeABufferTheSizeOfEveryParameter) {
