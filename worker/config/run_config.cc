@@ -425,13 +425,30 @@ Status ParseDetectors(const Reader& r, const YAML::Node& d, std::map<std::string
   return Status::Ok();
 }
 
+// A scheme a policy moves to: a preset, or a preset followed by "+bf16_head"
+// (kBf16HeadRung: that preset with the head in BF16), or "next" where
+// `next_allowed`.
+Status ParseRungName(const Reader& r, const YAML::Node& node, const std::string& field, bool next_allowed,
+                     std::string* out) {
+  std::string v;
+  KEEL_RETURN_IF_ERROR(r.String(node, field, &v));
+  PrecisionScheme no_own, s;
+  no_own.name.clear();  // a config's rung names a preset, never the run's own scheme
+  if ((next_allowed && v == "next") || (!v.empty() && SchemeForRung(v, no_own, &s).ok())) {
+    *out = v;
+    return Status::Ok();
+  }
+  return r.Error(node, field,
+                 "unknown value '" + v + "' (allowed: " + PresetNames() + (next_allowed ? ", next" : "") +
+                     "; a preset may be followed by " + kBf16HeadRung + ")");
+}
+
 Status ParseLadder(const Reader& r, const YAML::Node& ladder, std::vector<std::string>* out) {
   const std::string f = "policy.ladder";
   if (!ladder.IsSequence()) return r.Error(ladder, f, "expected a list of scheme presets");
-  const std::vector<std::string> preset_names = PresetNameList();
   for (const YAML::Node& rung : ladder) {
     std::string name;
-    KEEL_RETURN_IF_ERROR(r.OneOf(rung, f, preset_names, &name));
+    KEEL_RETURN_IF_ERROR(ParseRungName(r, rung, f, false, &name));
     if (std::find(out->begin(), out->end(), name) != out->end()) {
       return r.Error(rung, f, "'" + name + "' appears twice: the ladder would loop");
     }
@@ -480,9 +497,7 @@ Status ParseSwitchAction(const Reader& r, const YAML::Node& an, const YAML::Node
                          const Policy& p, PolicyAction* a) {
   a->kind = PolicyAction::Kind::kSwitch;
   if (!arg) return r.Error(an, h, "missing the scheme (a preset name or next)");
-  std::vector<std::string> allowed = PresetNameList();
-  allowed.push_back("next");
-  KEEL_RETURN_IF_ERROR(r.OneOf(arg, h, allowed, &a->scheme));
+  KEEL_RETURN_IF_ERROR(ParseRungName(r, arg, h, true, &a->scheme));
   if (a->scheme == "next" && p.ladder.empty()) return r.Error(arg, h, "'next' needs policy.ladder");
   return Status::Ok();
 }
@@ -677,10 +692,14 @@ Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
 
 // A named policy (`policy: default`) becomes its rules once the run's starting
 // scheme and length are known; what the config set besides the name stays.
-void ResolvePolicyPreset(RunConfig* c) {
+// probe_set: the config gave probe_every. A language model's default policy
+// reads the gradient-bias probe, so a run that did not say probes every
+// DefaultProbeEvery steps.
+void ResolvePolicyPreset(RunConfig* c, bool probe_set) {
   if (c->policy.preset != "default") return;
-  Policy resolved =
-      DefaultPolicy(RescueLadder(c->precision, IsDecoderModel(c->model)), c->steps, IsLanguageModel(c->model));
+  const bool lm = IsLanguageModel(c->model);
+  Policy resolved = DefaultPolicy(RescueLadder(c->precision, IsDecoderModel(c->model), lm), c->steps, lm);
+  if (lm && !probe_set) c->probe_every = DefaultProbeEvery(c->steps);
   resolved.probation_after = c->policy.probation_after;
   if (c->policy.rewarm_steps >= 0) resolved.rewarm_steps = c->policy.rewarm_steps;  // -1: the preset's
   resolved.sweep_rules = c->policy.sweep_rules;
@@ -911,7 +930,7 @@ Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
   KEEL_RETURN_IF_ERROR(ParseRunFields(r, root, &c));
   if (root["policy"]) KEEL_RETURN_IF_ERROR(ParsePolicy(r, root["policy"], &c.policy));
   ResolveDerivedFields(&c);
-  ResolvePolicyPreset(&c);
+  ResolvePolicyPreset(&c, static_cast<bool>(root["probe_every"]));
   Status st = ValidateRunConfig(c);
   if (!st.ok()) return Status::InvalidArgument(r.Where(FieldNode(root, st.field())) + st.message());
   *out = c;
@@ -1110,7 +1129,7 @@ Status ValidateRunConfig(const RunConfig& c) {
     }
     for (const auto& [field, preset] : targets) {
       PrecisionScheme s;
-      if (SchemeFromPreset(preset, &s).ok() && s.post_qk_bf16) {
+      if (SchemeForRung(preset, c.precision, &s).ok() && s.post_qk_bf16) {
         return Status::InvalidField(field, "'" + preset + "' is not allowed with model.type " + m.type +
                                                " (it sets post_qk_bf16, which needs llama or gla; nvfp4_hcp is the "
                                                "same without it)");

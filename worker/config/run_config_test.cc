@@ -361,11 +361,30 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
   EXPECT_EQ(c.policy.rewarm_steps, 200);
   EXPECT_EQ(c.policy.yaml, "default");
   EXPECT_EQ(c.policy.detectors.at("loss_drift").ratio, 2);  // the proxy's
-  // A language model's drift rule fires at 1.1x its lowest median (policy.h).
+  EXPECT_EQ(c.probe_every, 0);  // the proxy's default policy reads no probe
+  // A language model's drift rule fires at 1.1x its lowest median, its bias
+  // rule reads the probe, which it turns on, and its ladder keeps the head in
+  // BF16 above the start (policy.h, scheme.h).
   for (const char* type : {"gpt", "llama", "gla"}) {
-    const RunConfig lm = Parsed(std::string("model: {type: ") + type +
-                                ", heads: 4}\ndata: {train: t.bin}\nprecision: mxfp4\nsteps: 3000\npolicy: default\n");
+    const std::string lm_yaml =
+        std::string("model: {type: ") + type + ", heads: 4}\ndata: {train: t.bin}\nprecision: mxfp4\nsteps: 3000\n";
+    const RunConfig lm = Parsed(lm_yaml + "policy: default\n");
     EXPECT_EQ(lm.policy.detectors.at("loss_drift").ratio, 1.1) << type;
+    EXPECT_TRUE(lm.policy.detectors.at("grad_bias").enabled) << type;
+    ASSERT_EQ(lm.policy.rules.size(), 3u) << type;
+    EXPECT_EQ(lm.policy.rules[2].name, "bias") << type;
+    EXPECT_EQ(lm.probe_every, 100) << type;
+    EXPECT_EQ(lm.policy.ladder,
+              (std::vector<std::string>{"mxfp4", "mxfp4+bf16_head", "mxfp6_e2m3+bf16_head", "mxfp8_e4m3+bf16_head",
+                                        "mx_w_e4m3_a_bf16+bf16_head", "bf16", "fp32"}))
+        << type;
+    // The run's own probe cadence stays, 0 (off) included; a short run probes
+    // often enough for three probes in a row.
+    EXPECT_EQ(Parsed(lm_yaml + "probe_every: 0\npolicy: default\n").probe_every, 0) << type;
+    EXPECT_EQ(Parsed(lm_yaml + "probe_every: 7\npolicy: default\n").probe_every, 7) << type;
+    EXPECT_EQ(Parsed(lm_yaml + "policy: default\n", {"steps=300"}).probe_every, 10) << type;
+    // Without the default policy nothing probes unless told.
+    EXPECT_EQ(Parsed(lm_yaml).probe_every, 0) << type;
   }
   // The mapping form, with probation; the scheme after --set.
   c = Parsed("precision: mxfp4\nsteps: 300\npolicy: {preset: default, probation: {after: 40}}\n",
@@ -382,6 +401,12 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
   // --set policy=default on a run without one.
   c = Parsed("precision: bf16\n", {"policy=default"});
   EXPECT_EQ(c.policy.ladder, (std::vector<std::string>{"bf16", "fp32"}));
+  // A written-out ladder and switch may keep the head in BF16.
+  c = Parsed("policy:\n  ladder: [mxfp8_e4m3, mxfp8_e4m3+bf16_head, bf16]\n  rules:\n"
+             "    - {when: nonfinite, do: [{rollback: 5}, {switch: next}]}\n"
+             "    - {when: loss_ratio, do: [{rollback: 5}, {switch: mxfp4+bf16_head}]}\n");
+  EXPECT_EQ(c.policy.ladder, (std::vector<std::string>{"mxfp8_e4m3", "mxfp8_e4m3+bf16_head", "bf16"}));
+  EXPECT_EQ(c.policy.rules[1].actions[1].scheme, "mxfp4+bf16_head");
   // probation on a policy written out.
   c = Parsed("policy:\n  ladder: [mxfp4, bf16]\n  probation: {after: 7}\n  rules:\n"
              "    - {when: nonfinite, do: [{rollback: 5}, {switch: next}]}\n");
@@ -847,7 +872,14 @@ TEST(RunConfigErrorTest, PolicySectionsAndDetectors) {
        "r.yaml:3:33: policy.detectors.saturation.roles: unknown value 'bwd' (allowed: " + roles + ")"},
       {"policy:\n  ladder: bf16\n", "r.yaml:2:11: policy.ladder: expected a list of scheme presets"},
       {"policy:\n  ladder: [mxfp4, fp8]\n",
-       "r.yaml:2:19: policy.ladder: unknown value 'fp8' (allowed: " + PresetNames() + ")"},
+       "r.yaml:2:19: policy.ladder: unknown value 'fp8' (allowed: " + PresetNames() +
+           "; a preset may be followed by +bf16_head)"},
+      {"policy:\n  ladder: [mxfp4, mxfp4+fp8]\n",
+       "r.yaml:2:19: policy.ladder: unknown value 'mxfp4+fp8' (allowed: " + PresetNames() +
+           "; a preset may be followed by +bf16_head)"},
+      {"policy:\n  ladder: [mxfp4, fp8+bf16_head]\n",
+       "r.yaml:2:19: policy.ladder: unknown value 'fp8+bf16_head' (allowed: " + PresetNames() +
+           "; a preset may be followed by +bf16_head)"},
       {"policy:\n  ladder: [mxfp4, bf16, mxfp4]\n",
        "r.yaml:2:25: policy.ladder: 'mxfp4' appears twice: the ladder would loop"},
       {"policy:\n  snapshots: 5\n", "r.yaml:2:14: policy.snapshots: expected a mapping"},
@@ -941,7 +973,8 @@ TEST(RunConfigErrorTest, PolicyActions) {
       {head + "switch" + tail, "r.yaml:3:30: policy.rules[0].do.switch: missing the scheme (a preset name or next)"},
       {head + "{switch: null}" + tail, "r.yaml:3:39: policy.rules[0].do.switch: expected a string"},
       {head + "{switch: fp8}" + tail,
-       "r.yaml:3:39: policy.rules[0].do.switch: unknown value 'fp8' (allowed: " + PresetNames() + ", next)"},
+       "r.yaml:3:39: policy.rules[0].do.switch: unknown value 'fp8' (allowed: " + PresetNames() +
+           ", next; a preset may be followed by +bf16_head)"},
       {head + "{switch: next}" + tail, "r.yaml:3:39: policy.rules[0].do.switch: 'next' needs policy.ladder"},
       {head + "rollback" + tail, "r.yaml:3:30: policy.rules[0].do.rollback.steps: missing (steps to roll back, >= 1)"},
       {head + "{rollback: {}}" + tail,

@@ -289,10 +289,11 @@ const std::vector<std::string>& CommonRungs() {
 
 }  // namespace
 
-std::vector<std::string> RescueLadder(const PrecisionScheme& start, bool post_qk_model) {
+std::vector<std::string> RescueLadder(const PrecisionScheme& start, bool post_qk_model, bool language_model) {
   // The narrowest element over what the scheme rounds (forward_only's
   // backward roles run on unquantized operands), and its shape.
   int narrowest = ElementBits(start.layernorm);
+  int narrowest_role = 32;  // what the head's GEMM rounds to, unless bf16_head
   bool mxfp4 = start.layernorm.quantized() && start.layernorm.format == QuantFormat::kMxfp4;
   bool nvfp4 = start.layernorm.quantized() && start.layernorm.format == QuantFormat::kNvfp4;
   bool only_weights_narrow = true;  // every 8-bit (or narrower) role is a weight role
@@ -301,6 +302,7 @@ std::vector<std::string> RescueLadder(const PrecisionScheme& start, bool post_qk
     const OperandFormat& f = start.roles[r];
     const int bits = ElementBits(f);
     narrowest = std::min(narrowest, bits);
+    narrowest_role = std::min(narrowest_role, bits);
     if (bits <= 8 && !IsWeightRole(r)) only_weights_narrow = false;
     mxfp4 |= f.quantized() && f.format == QuantFormat::kMxfp4;
     nvfp4 |= f.quantized() && f.format == QuantFormat::kNvfp4;
@@ -339,7 +341,40 @@ std::vector<std::string> RescueLadder(const PrecisionScheme& start, bool post_qk
       if (std::find(ladder.begin(), ladder.end(), *it) == ladder.end()) ladder.push_back(*it);
     }
   }
-  return ladder;
+  if (!language_model) return ladder;
+  // The head first (where the start rounds it), then every rung that would
+  // round it again keeps it BF16.
+  std::vector<std::string> with_head = {start.name};
+  if (!start.bf16_head && narrowest_role <= 8) with_head.push_back(start.name + kBf16HeadRung);
+  for (size_t i = 1; i < ladder.size(); ++i) {
+    PrecisionScheme rung;
+    SchemeFromPreset(ladder[i], &rung);  // the rungs above the start are presets
+    bool head_narrow = false;
+    for (int r = 0; r < kRoleCount; ++r) head_narrow |= ElementBits(rung.roles[r]) <= 8;
+    with_head.push_back(head_narrow && !rung.bf16_head ? ladder[i] + kBf16HeadRung : ladder[i]);
+  }
+  return with_head;
+}
+
+Status SchemeForRung(const std::string& rung, const PrecisionScheme& own, PrecisionScheme* out,
+                     const std::string& field) {
+  const size_t suffix = std::char_traits<char>::length(kBf16HeadRung);
+  const bool head = rung.size() > suffix && rung.compare(rung.size() - suffix, suffix, kBf16HeadRung) == 0;
+  const std::string base = head ? rung.substr(0, rung.size() - suffix) : rung;
+  PrecisionScheme s;
+  if (base == own.name) {
+    s = own;
+  } else if (!SchemeFromPreset(base, &s).ok()) {
+    return Status::InvalidField(field, "unknown scheme '" + rung + "' (allowed: a preset, " + PresetNames() +
+                                           ", the run's own scheme '" + own.name + "', either followed by " +
+                                           kBf16HeadRung + ")");
+  }
+  if (head) {
+    s.bf16_head = true;
+    s.name = rung;
+  }
+  *out = s;
+  return Status::Ok();
 }
 
 Status ParseOperandFormat(const std::string& field, const std::string& text, OperandFormat* out) {

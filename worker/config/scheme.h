@@ -92,7 +92,22 @@ Status SchemeFromPreset(const std::string& name, PrecisionScheme* out);
 //   bf16               -> fp32
 // post_qk_model: the run's model takes post_qk_bf16 (llama, gla), so that
 // the chon rung can run on it.
-std::vector<std::string> RescueLadder(const PrecisionScheme& start, bool post_qk_model = true);
+// language_model (gpt, llama, gla): when the start rounds its head (the tied
+// embedding's logits GEMM) to 8 bits or fewer, the first rung above it is the
+// start with the head in BF16 ("<start>+bf16_head"); and every rung above the
+// start that would round the head keeps it in BF16 ("mxfp8_e4m3+bf16_head").
+// Session 32's GPT runs (docs/reproductions/policy-grid.md): the MX head alone
+// biased the gradient and stalled the loss at 1.2-1.9x bf16's.
+std::vector<std::string> RescueLadder(const PrecisionScheme& start, bool post_qk_model = true,
+                                      bool language_model = false);
+
+// A rung's name: a preset, or the run's own scheme by its name, optionally
+// followed by kBf16HeadRung ("mxfp4+bf16_head": that scheme with bf16_head).
+constexpr char kBf16HeadRung[] = "+bf16_head";
+// The scheme a rung names; `own` is the run's starting scheme (a rung named
+// like it is it, custom or not). An unknown name is refused, naming `field`.
+Status SchemeForRung(const std::string& rung, const PrecisionScheme& own, PrecisionScheme* out,
+                     const std::string& field = "policy.ladder");
 
 // Operand formats as written in configs: "fp32", "bf16", or a QuantFormat name
 // (mxfp8_e4m3 ... nvfp4, fp8_e4m3, fp8_e5m2).

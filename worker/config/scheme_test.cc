@@ -230,6 +230,70 @@ TEST(RescueLadderTest, ACustomSchemeClimbsFromItsNarrowestFormat) {
   EXPECT_EQ(RescueLadder(n)[2], "mxfp8_e4m3");
 }
 
+// A language model's ladder: the start with its head in BF16 first, where the
+// start rounds the head to 8 bits or fewer, and no rung above the start rounds
+// the head again. Session 32's GPT runs: the MX head alone stalled the loss.
+TEST(RescueLadderTest, ALanguageModelKeepsItsHeadInBf16AboveTheStart) {
+  using Ladder = std::vector<std::string>;
+  EXPECT_EQ(RescueLadder(Preset("mxfp8_e4m3"), false, true),
+            (Ladder{"mxfp8_e4m3", "mxfp8_e4m3+bf16_head", "mx_w_e4m3_a_bf16+bf16_head", "bf16", "fp32"}));
+  EXPECT_EQ(RescueLadder(Preset("mxfp4"), false, true),
+            (Ladder{"mxfp4", "mxfp4+bf16_head", "mxfp6_e2m3+bf16_head", "mxfp8_e4m3+bf16_head",
+                    "mx_w_e4m3_a_bf16+bf16_head", "bf16", "fp32"}));
+  // nvfp4_recipe and chon keep the head in BF16 already: no suffix, no extra rung.
+  EXPECT_EQ(RescueLadder(Preset("nvfp4"), true, true),
+            (Ladder{"nvfp4", "nvfp4+bf16_head", "nvfp4_recipe", "chon", "mxfp8_e4m3+bf16_head",
+                    "mx_w_e4m3_a_bf16+bf16_head", "bf16", "fp32"}));
+  EXPECT_EQ(RescueLadder(Preset("nvfp4_recipe"), true, true),
+            (Ladder{"nvfp4_recipe", "chon", "mxfp8_e4m3+bf16_head", "mx_w_e4m3_a_bf16+bf16_head", "bf16", "fp32"}));
+  EXPECT_EQ(RescueLadder(Preset("bf16"), false, true), (Ladder{"bf16", "fp32"}));
+  EXPECT_EQ(RescueLadder(Preset("fp32"), false, true), (Ladder{"fp32"}));
+  // A start whose head is BF16 already climbs as before, the head kept.
+  PrecisionScheme head = Preset("mxfp8_e4m3");
+  head.name = "custom";
+  head.bf16_head = true;
+  EXPECT_EQ(RescueLadder(head, false, true),
+            (Ladder{"custom", "mx_w_e4m3_a_bf16+bf16_head", "bf16", "fp32"}));
+  // Every rung is a scheme, its head BF16 where the name says so.
+  for (const PresetInfo& p : Presets()) {
+    const PrecisionScheme start = Preset(p.name);
+    for (const std::string& rung : RescueLadder(start, true, true)) {
+      PrecisionScheme s;
+      ASSERT_TRUE(SchemeForRung(rung, start, &s).ok()) << p.name << ": " << rung;
+      EXPECT_EQ(s.name, rung);
+      if (rung.find("+bf16_head") != std::string::npos) EXPECT_TRUE(s.bf16_head) << rung;
+    }
+  }
+}
+
+TEST(SchemeForRungTest, APresetTheRunsOwnSchemeOrEitherWithABf16Head) {
+  PrecisionScheme own = Preset("mxfp4");
+  own.name = "custom";
+  own.bf16_first_blocks = 2;
+  PrecisionScheme s;
+  ASSERT_TRUE(SchemeForRung("custom", own, &s).ok());
+  EXPECT_EQ(s.bf16_first_blocks, 2);
+  EXPECT_FALSE(s.bf16_head);
+  ASSERT_TRUE(SchemeForRung("custom+bf16_head", own, &s).ok());
+  EXPECT_EQ(s.name, "custom+bf16_head");
+  EXPECT_EQ(s.bf16_first_blocks, 2);  // the run's own scheme, its head now BF16
+  EXPECT_TRUE(s.bf16_head);
+  ASSERT_TRUE(SchemeForRung("mxfp8_e4m3+bf16_head", own, &s).ok());
+  PrecisionScheme want = Preset("mxfp8_e4m3");
+  want.bf16_head = true;
+  want.name = "mxfp8_e4m3+bf16_head";
+  EXPECT_EQ(DescribeScheme(s), DescribeScheme(want));
+  EXPECT_TRUE(ValidateScheme(s).ok());
+  ASSERT_TRUE(SchemeForRung("bf16", own, &s).ok());
+  EXPECT_EQ(DescribeScheme(s), DescribeScheme(Preset("bf16")));
+  for (const char* bad : {"fp8", "+bf16_head", "mxfp4+bf16", "mxfp4+bf16_head+bf16_head"}) {
+    const Status st = SchemeForRung(bad, own, &s, "policy.ladder");
+    EXPECT_FALSE(st.ok()) << bad;
+    EXPECT_EQ(st.field(), "policy.ladder") << bad;
+    EXPECT_NE(st.message().find(std::string("unknown scheme '") + bad + "'"), std::string::npos) << st.message();
+  }
+}
+
 // A model without post-QK protection (gpt, proxy) climbs through nvfp4_hcp
 // instead of chon; a start that patches already skips the rung.
 TEST(RescueLadderTest, TheChonRungFollowsTheModel) {

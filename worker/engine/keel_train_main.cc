@@ -168,13 +168,19 @@ void PrintPolicyPresets(int64_t steps) {
                 "    past the ladder's top: scale_lr %g (%d time), then stop\n",
                 p.snapshot_every, p.snapshot_keep, static_cast<long long>(p.rewarm_steps), p.lr_fallback_factor,
                 p.lr_fallbacks);
-    std::printf("    a language model (gpt, llama, gla): loss_drift at > %gx its lowest instead\n",
-                lm.detectors.at("loss_drift").ratio);
-    std::printf("  ladders (from the run's scheme):\n");
+    const DetectorConfig& bias = lm.detectors.at("grad_bias");
+    std::printf("    a language model (gpt, llama, gla): loss_drift at > %gx its lowest instead, and\n"
+                "    rule bias: when grad_bias (|zeta| > %g on %d probes in a row; probe_every %d unless\n"
+                "      the run sets it) do switch next; cooldown %lld\n",
+                lm.detectors.at("loss_drift").ratio, bias.max_abs_zeta, bias.consecutive, DefaultProbeEvery(steps),
+                static_cast<long long>(lm.rules.back().cooldown));
+    std::printf("  ladders (from the run's scheme; a language model's rungs above it keep the head in BF16):\n");
     for (const PresetInfo& preset : Presets()) {
       PrecisionScheme s;
       SchemeFromPreset(preset.name, &s);
-      std::printf("    %-22s %s\n", preset.name.c_str(), Join(RescueLadder(s), " -> ").c_str());
+      const std::vector<std::string> ladder = RescueLadder(s), lm_ladder = RescueLadder(s, true, true);
+      std::printf("    %-22s %s\n", preset.name.c_str(), Join(ladder, " -> ").c_str());
+      if (lm_ladder != ladder) std::printf("    %-22s %s\n", "  language model", Join(lm_ladder, " -> ").c_str());
     }
   }
 }

@@ -764,6 +764,7 @@ Status Trainer::SwitchAndRecord(const PrecisionScheme& scheme, const std::string
                                 std::vector<std::pair<std::string, std::string>> details) {
   const std::string from = scheme_.name;
   KEEL_RETURN_IF_ERROR(SwitchScheme(scheme));
+  if (detectors_) detectors_->SchemeSwitched();
   details.push_back({"from", from});
   details.push_back({"precision", scheme.name});
   return RecordEvent(event_kind::kSwitchPrecision, "switched precision from " + from + " to " + scheme.name + suffix, details);
@@ -834,13 +835,10 @@ Status Trainer::ApplyProbation() {
                          {{"probation_after", after}});
 }
 
-// A ladder rung by name: the run's own starting scheme (it may be custom) or a preset.
+// A ladder rung by name: the run's own starting scheme (it may be custom) or a
+// preset, either with "+bf16_head" (keel::SchemeForRung).
 Status Trainer::SchemeForRung(const std::string& name, PrecisionScheme* out) const {
-  if (name == config_.precision.name) {
-    *out = config_.precision;
-    return Status::Ok();
-  }
-  return SchemeFromPreset(name, out);
+  return keel::SchemeForRung(name, config_.precision, out);
 }
 
 // One action of a decision, and its event (skip_step's update was already

@@ -1031,5 +1031,44 @@ TEST(TrainerTest, HotChannelGrowthCanSwitchARunToChon) {
   for (const StepMetrics& x : m) EXPECT_TRUE(std::isfinite(x.loss)) << x.step;
 }
 
+// policy: default on a language model: the probe it turns on (probe_every was
+// not given) measures the MXFP4 run's gradient bias, the bias rule fires after
+// three biased probes in a row and moves the run to the same scheme with its
+// head in BF16, the first rung of a language model's ladder; the count then
+// starts afresh in the new scheme.
+TEST(TrainerTest, ALanguageModelsDefaultPolicyMovesABiasedRunsHeadToBf16First) {
+  std::string dir = TempDir("bias_head");
+  ASSERT_NO_FATAL_FAILURE(PrepareFortunes(dir, "t"));
+  const RunConfig c = SmallLlama(dir, "steps: 12\nprecision: mxfp4\npolicy: default\n");
+  ASSERT_EQ(c.probe_every, 1);  // DefaultProbeEvery(12)
+  ASSERT_EQ(c.policy.ladder.at(1), "mxfp4+bf16_head");
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  std::vector<StepMetrics> m;
+  const Status s = t->Train([&](const StepMetrics& x) { m.push_back(x); }, false);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_EQ(m.size(), 12u);
+  // On the build machine: zeta -0.29, -0.18, -0.18 with the MX head; then
+  // -0.007 and the like with the BF16 head, one probe aside (-0.46 at step 7).
+  int biased_after = 0;
+  for (const StepMetrics& x : m) {
+    ASSERT_TRUE(x.probed) << x.step;
+    if (x.step <= 3) {
+      EXPECT_EQ(x.scheme, "mxfp4") << x.step;
+      EXPECT_GT(std::fabs(x.probe.zeta), 0.1) << x.step;
+    } else {
+      EXPECT_EQ(x.scheme, "mxfp4+bf16_head") << x.step;  // one rung, and it stayed there
+      biased_after += std::fabs(x.probe.zeta) > 0.1;
+    }
+  }
+  EXPECT_LE(biased_after, 2);
+  EXPECT_TRUE(t->scheme().bf16_head);
+  EXPECT_EQ(t->scheme().roles[static_cast<int>(Role::kFwdX)].format, QuantFormat::kMxfp4);  // the rest stays MXFP4
+  const std::string events = ReadAll(c.run_dir + "/events.jsonl");
+  EXPECT_NE(events.find("switched precision from mxfp4 to mxfp4+bf16_head: rule bias"), std::string::npos) << events;
+  EXPECT_NE(events.find("gradient bias (overall)"), std::string::npos) << events;
+  EXPECT_EQ(events.find("\"kind\":\"rollback\""), std::string::npos) << events;  // the bias rule does not roll back
+}
+
 }  // namespace
 }  // namespace keel

@@ -123,6 +123,10 @@ class DetectorSet {
   std::vector<Firing> Observe(const StepMetrics& m);
   // Forgets the history (after a rollback the stream restarts from there).
   void Reset();
+  // The run moved to another scheme: grad_bias counts its probes in a row
+  // afresh (the old scheme's probes say nothing of the new one's bias); the
+  // loss and grad-norm statistics carry on.
+  void SchemeSwitched() { bias_run_ = 0; }
 
  private:
   struct Series {

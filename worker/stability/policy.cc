@@ -129,6 +129,23 @@ Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps, 
   drift_rule.actions = {next};
   drift_rule.cooldown = drift_window;
   p.rules = {rule, drift_rule};
+  if (language_model) {
+    // Multiplicative gradient bias, the MX instability's cause (the MX paper;
+    // the probe's zeta). In session 32's GPT runs (docs/reproductions/policy-grid.md)
+    // every MXFP8 and MXFP4 run whose head was MX had |zeta| 0.12-1.1 from its
+    // first probes on and trained to 1.2-1.9x bf16's loss; with the head in
+    // BF16 |zeta| fell to 0.01-0.07 and the loss followed bf16's.
+    DetectorConfig& bias = p.detectors["grad_bias"];
+    bias.enabled = true;
+    bias.max_abs_zeta = 0.1;
+    bias.consecutive = 3;
+    PolicyRule bias_rule;
+    bias_rule.name = "bias";
+    bias_rule.when = {"grad_bias"};
+    bias_rule.actions = {next};
+    bias_rule.cooldown = min_samples;
+    p.rules.push_back(bias_rule);
+  }
   // Each firing moves up a rung, falls back on the learning rate or stops;
   // probation can bring the run down once per rung, and one climb back follows;
   // a drift can take a rung too.
@@ -139,6 +156,10 @@ Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps, 
   // switch restarts the learning rate's warm-up.
   p.rewarm_steps = 2 * snapshot;
   return p;
+}
+
+int DefaultProbeEvery(int64_t run_steps) {
+  return static_cast<int>(std::min<int64_t>(100, std::max<int64_t>(1, run_steps / 30)));
 }
 
 std::string PolicyEngine::NextRung(const std::string& scheme) const {

@@ -295,7 +295,7 @@ TEST(DefaultPolicyTest, ALanguageModelsDriftRuleFiresAtATenthAboveItsLowest) {
   EXPECT_EQ(proxy.detectors.at("loss_drift").ratio, 2);
   EXPECT_EQ(lm.detectors.at("loss_drift").ratio, 1.1);
   EXPECT_EQ(lm.detectors.at("loss_drift").window, proxy.detectors.at("loss_drift").window);
-  EXPECT_EQ(lm.rules.size(), proxy.rules.size());
+  EXPECT_EQ(lm.rules.size(), proxy.rules.size() + 1);  // and the bias rule (below)
   EXPECT_EQ(lm.detectors.at("loss_zscore").z, proxy.detectors.at("loss_zscore").z);
   // A GPT run's loss plateaus at 6.0 and creeps up to 6.9 (1.15x): the drift
   // rule fires, where the proxy's 2x would not.
@@ -312,6 +312,65 @@ TEST(DefaultPolicyTest, ALanguageModelsDriftRuleFiresAtATenthAboveItsLowest) {
   }
   EXPECT_TRUE(lm_fired);
   EXPECT_FALSE(proxy_fired);
+}
+
+// A language model's third rule: the gradient-bias probe's |zeta| above 0.1
+// on three probes in a row moves one rung up, without a rollback. The proxy's
+// default policy has no such rule and leaves the detector off.
+TEST(DefaultPolicyTest, ALanguageModelsBiasRuleClimbsOnThreeBiasedProbesInARow) {
+  const std::vector<std::string> ladder = {"mxfp8_e4m3", "mxfp8_e4m3+bf16_head", "mx_w_e4m3_a_bf16+bf16_head",
+                                           "bf16", "fp32"};
+  const Policy proxy = DefaultPolicy(ladder, 3000, false);
+  const Policy lm = DefaultPolicy(ladder, 3000, true);
+  EXPECT_FALSE(proxy.detectors.at("grad_bias").enabled);
+  for (const PolicyRule& r : proxy.rules) EXPECT_NE(r.name, "bias");
+  const PolicyRule& bias = lm.rules.back();
+  EXPECT_EQ(bias.name, "bias");
+  EXPECT_EQ(bias.when, (std::vector<std::string>{"grad_bias"}));
+  ASSERT_EQ(bias.actions.size(), 1u);
+  EXPECT_EQ(bias.actions[0].kind, Kind::kSwitch);
+  EXPECT_EQ(bias.actions[0].scheme, "next");
+  EXPECT_TRUE(ValidateRule(bias, "policy.rules[2]").ok());
+  EXPECT_EQ(DefaultProbeEvery(9000), 100);
+  EXPECT_EQ(DefaultProbeEvery(3000), 100);
+  EXPECT_EQ(DefaultProbeEvery(300), 10);
+  EXPECT_EQ(DefaultProbeEvery(10), 1);
+  // Session 32's GPT probes (zeta): mxfp8_e4m3 with an MX head, seed 1 at lr
+  // 2e-3, fires on the third; one probe under 0.1 restarts the count.
+  DetectorSet d(lm.detectors);
+  auto probe = [&](int step, double zeta) {
+    StepMetrics m;
+    m.step = step;
+    m.loss = 6.0;
+    m.grad_norm = 1.0;
+    m.probed = true;
+    m.probe.zeta = zeta;
+    m.probe.cosine = 0.95;
+    bool fired = false;
+    for (const Firing& f : d.Observe(m)) fired |= f.detector == "grad_bias";
+    return fired;
+  };
+  EXPECT_FALSE(probe(100, -0.14));
+  EXPECT_FALSE(probe(200, -0.18));
+  EXPECT_TRUE(probe(300, -0.16));
+  EXPECT_FALSE(probe(400, -0.08));  // the count restarts
+  EXPECT_FALSE(probe(500, -0.17));
+  EXPECT_FALSE(probe(600, -0.24));
+  EXPECT_TRUE(probe(700, -0.23));
+  // A switch starts the count afresh: the new scheme's own probes decide.
+  d.SchemeSwitched();
+  EXPECT_FALSE(probe(800, -0.3));
+  EXPECT_FALSE(probe(900, -0.3));
+  EXPECT_TRUE(probe(1000, -0.3));
+  // The engine: the firing climbs one rung, here to the BF16 head.
+  PolicyEngine engine(lm, "mxfp8_e4m3");
+  const std::vector<PolicyEngine::Decision> ds =
+      engine.Decide(300, 300, "mxfp8_e4m3", {{"grad_bias", "gradient bias", {}}});
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].rule->name, "bias");
+  ASSERT_EQ(ds[0].actions.size(), 1u);
+  EXPECT_EQ(ds[0].actions[0].kind, Kind::kSwitch);
+  EXPECT_EQ(ds[0].actions[0].scheme, "mxfp8_e4m3+bf16_head");
 }
 
 // The default policy over a whole escalation: every firing is a replay that
