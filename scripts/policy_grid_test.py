@@ -329,5 +329,15 @@ class GenTest(unittest.TestCase):
         self.assertIn("needs --train and --val", str(e.exception))
 
 
+class WarningSignalTest(unittest.TestCase):
+    def test_the_bias_rule_signal_needs_its_probes_in_a_row(self):
+        # Probes every other step (None between): the count carries over the steps without one,
+        # and one probe at or under the threshold restarts it.
+        zetas = [-0.2, None, -0.15, None, 0.1, None, -0.3, None, 0.2, None, -0.11, None, -0.5]
+        fired = pg.probe_run_signal(zetas, 0.1, 3)
+        self.assertEqual([i for i, f in enumerate(fired) if f], [10, 12])
+        self.assertEqual(pg.probe_run_signal([float("nan"), -0.2, -0.2], 0.1, 2), [False, False, True])
+
+
 if __name__ == "__main__":
     unittest.main()
