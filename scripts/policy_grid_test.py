@@ -150,6 +150,24 @@ class AnalyseTest(unittest.TestCase):
         self.assertTrue(one["caught"])
         self.assertFalse(one["rescued"])
 
+    def test_a_stalled_twin_is_a_false_alarm_that_may_recover(self):
+        # Seed 2's unprotected run ends at 1.2 (above 1.1 x 0.95 = 1.045) without blowing up; its
+        # policy run acted and ends at 0.96: a false alarm, on a stalled twin, recovered. Seed 3 stalls
+        # too and is left alone.
+        runs = grid()
+        for r in runs:
+            if r["variant"] == "plain" and r["seed"] in (2, 3):
+                r["final_loss"] = 1.2
+        rows = {r["seed"]: r for r in pg.analyse(runs)}
+        self.assertTrue(rows[2]["false_alarm"] and rows[2]["stalled"] and rows[2]["recovered"])
+        self.assertTrue(rows[3]["stalled"] and not rows[3]["acted"] and not rows[3]["recovered"])
+        self.assertFalse(rows[1]["stalled"])  # it blew up: not a stall
+        has_all(self, report_text(runs),
+                "- stalled unprotected (never blew up, but ended above 1.1x the healthy level): 2/3 (67%); the "
+                "policy acted on 1 of them (counted above as false alarms) and brought 1/2 (50%) within 1.1x",
+                "false alarm on a stalled twin, recovered", "stalled, untouched")
+        self.assertNotIn("stalled unprotected", report_text(grid()))
+
     def test_the_report_counts_and_names_the_reference(self):
         has_all(self, report_text(grid()),
                 "- configurations x seeds with a policy run and its unprotected twin: 3",
