@@ -9,7 +9,9 @@
 // around Trainer::Step, which ends with a device sync). Operand statistics on,
 // as in a real run; --no-stats measures without them. Outlier analytics are off
 // in the timed cases; --analytics N times each case again with analytics on every
-// step and reports their cost amortized over N steps. bench/speed runs this
+// step and reports their cost amortized over N steps; --probe N does the same
+// for the gradient-bias probe (probe_every, which a language model's
+// `policy: default` turns on every 100 steps). bench/speed runs this
 // once per case and llm.c's train_gpt2cu at the same shape (docs/benchmarks.md).
 #include <chrono>
 #include <cstdint>
@@ -50,6 +52,10 @@ const char kUsage[] =
     "                       cases always run with analytics off\n"
     "  --analytics-maps     with --analytics: also draw the block maps on every analytics\n"
     "                       step (analytics.maps_every)\n"
+    "  --probe N            also time each case with the gradient-bias probe on every step\n"
+    "                       (its fp32 recomputation of the gradient) and report its cost\n"
+    "                       amortized over N steps (probe_every: N; a language model's\n"
+    "                       policy: default probes every 100). 0: off (default)\n"
     "  --head-chunk-mib N   GPT cases: the most fp32 logits a BF16 head holds at once, in MiB\n"
     "                       (Model::HeadAndLoss; 0: the default, 1024)\n"
     "  --profile            time every backend op over the timed steps (CUDA events, and on\n"
@@ -75,7 +81,9 @@ const char kUsage[] =
     "                       mfu, loss, params, flops_per_token, peak_tflops, peak_tflops_source,\n"
     "                       device (peak_mib, mfu and peak_tflops are null where unknown);\n"
     "                       with --analytics also analytics_every, analytics_maps,\n"
-    "                       analytics_ms_per_step, analytics_overhead, analytics_peak_mib\n"
+    "                       analytics_ms_per_step, analytics_overhead, analytics_peak_mib;\n"
+    "                       with --probe also probe_every, probe_ms_per_step,\n"
+    "                       probe_overhead, probe_peak_mib\n"
     "  --peak-tflops X      the GPU's dense BF16 peak in TFLOP/s for MFU (default: the figure\n"
     "                       llm.c's llmc/mfu.h gives the device; MFU is n/a for other devices)\n"
     "  --help               this text\n"
@@ -243,6 +251,7 @@ struct GptOptions {
   bool profile = false;
   int analytics = 0;           // --analytics: the period the cost is amortized over (0: off)
   bool analytics_maps = false;
+  int probe = 0;               // --probe: the period the probe's cost is amortized over (0: off)
   int64_t head_chunk_mib = 0;  // --head-chunk-mib: the head's fp32 logits at once (0: the model's default)
 };
 
@@ -253,27 +262,44 @@ std::string AnalyticsOn(bool maps) {
   return std::string("analytics_every: 1\n") + (maps ? "analytics: {maps_every: 1}\n" : "");
 }
 
-// The analytics twin of case `r`: its step time, and the overhead per analytics
-// step and amortized over `period` steps, printed under the case.
-struct AnalyticsCost {
+// The probe's twin: probe_every 1, so that each timed step pays it.
+std::string ProbeOn() { return AnalyticsOff() + "probe_every: 1\n"; }
+
+// A twin of case `r` with something on every step (`extra`: its YAML lines;
+// `what`: its name in the line): its step time, and the overhead per step and
+// amortized over `period` steps, printed under the case (`target`: the
+// overhead's target, or empty).
+struct TwinCost {
   double step_ms = 0, extra_ms = 0, amortized = 0;  // amortized: fraction of the plain step
-  std::optional<double> peak_mib;  // device memory after the analytics-on run's steps
+  std::optional<double> peak_mib;  // device memory after the twin's steps
 };
-Status MeasureAnalytics(const std::string& yaml, const Result& plain, int steps, int period, bool maps, bool profile,
-                        int64_t head_chunk_floats, AnalyticsCost* cost) {
+Status MeasureTwin(const std::string& yaml, const std::string& extra, const std::string& what, const char* target,
+                   const Result& plain, int steps, int period, bool profile, int64_t head_chunk_floats,
+                   TwinCost* cost) {
   Result on;
-  KEEL_RETURN_IF_ERROR(
-      Measure(yaml + AnalyticsOn(maps), plain.label + " +analytics", steps, profile, head_chunk_floats, &on));
+  KEEL_RETURN_IF_ERROR(Measure(yaml + extra, plain.label + " +" + what, steps, profile, head_chunk_floats, &on));
   cost->step_ms = on.step_ms;
   cost->extra_ms = on.step_ms - plain.step_ms;
   cost->amortized = cost->extra_ms / (static_cast<double>(period) * plain.step_ms);
   cost->peak_mib = on.peak_mib;
-  std::printf("  %-32s %9.2f ms/step with analytics%s on every step: +%.2f ms (+%.1f%%); every %d steps: "
-              "+%.3f%% of the step (target < 3%%); peak %s MiB (without: %s)\n",
-              "", on.step_ms, maps ? " and maps" : "", cost->extra_ms, 100.0 * cost->extra_ms / plain.step_ms, period,
-              100.0 * cost->amortized, Show(on.peak_mib, "%.0f").c_str(), Show(plain.peak_mib, "%.0f").c_str());
+  std::printf("  %-32s %9.2f ms/step with %s on every step: +%.2f ms (+%.1f%%); every %d steps: "
+              "+%.3f%% of the step%s; peak %s MiB (without: %s)\n",
+              "", on.step_ms, what.c_str(), cost->extra_ms, 100.0 * cost->extra_ms / plain.step_ms, period,
+              100.0 * cost->amortized, target, Show(on.peak_mib, "%.0f").c_str(), Show(plain.peak_mib, "%.0f").c_str());
   std::fflush(stdout);
   return Status::Ok();
+}
+
+Status MeasureAnalytics(const std::string& yaml, const Result& plain, int steps, int period, bool maps, bool profile,
+                        int64_t head_chunk_floats, TwinCost* cost) {
+  return MeasureTwin(yaml, AnalyticsOn(maps), maps ? "analytics and maps" : "analytics", " (target < 3%)", plain,
+                     steps, period, profile, head_chunk_floats, cost);
+}
+
+Status MeasureProbe(const std::string& yaml, const Result& plain, int steps, int period, bool profile,
+                    int64_t head_chunk_floats, TwinCost* cost) {
+  return MeasureTwin(yaml, ProbeOn(), "the gradient-bias probe", "", plain, steps, period, profile, head_chunk_floats,
+                     cost);
 }
 
 int RunGpt(const std::string& common, const GptOptions& o) {
@@ -322,10 +348,14 @@ int RunGpt(const std::string& common, const GptOptions& o) {
                 r.device.c_str());
     std::fflush(stdout);
     results.push_back(r);
-    AnalyticsCost cost;
+    TwinCost cost, probe;
     if (o.analytics > 0) {
       s = MeasureAnalytics(yaml, r, o.steps, o.analytics, o.analytics_maps, o.profile, o.head_chunk_mib << 18, &cost);
       if (!s.ok()) return std::fprintf(stderr, "train_bench: %s +analytics: %s\n", scheme.c_str(), s.message().c_str()), 1;
+    }
+    if (o.probe > 0) {
+      s = MeasureProbe(yaml, r, o.steps, o.probe, o.profile, o.head_chunk_mib << 18, &probe);
+      if (!s.ok()) return std::fprintf(stderr, "train_bench: %s +probe: %s\n", scheme.c_str(), s.message().c_str()), 1;
     }
     if (!o.json_path.empty()) {
       JsonWriter w;
@@ -338,6 +368,10 @@ int RunGpt(const std::string& common, const GptOptions& o) {
         w.Add("analytics_every", o.analytics).Add("analytics_maps", o.analytics_maps);
         w.Add("analytics_ms_per_step", cost.step_ms).Add("analytics_overhead", cost.amortized);
         w.Add("analytics_peak_mib", ToJsonValue(cost.peak_mib));
+      }
+      if (o.probe > 0) {
+        w.Add("probe_every", o.probe).Add("probe_ms_per_step", probe.step_ms).Add("probe_overhead", probe.amortized);
+        w.Add("probe_peak_mib", ToJsonValue(probe.peak_mib));
       }
       json_lines += w.str() + "\n";
       // Rewritten after every case, so a later failure keeps the earlier cases.
@@ -362,7 +396,7 @@ int RunGpt(const std::string& common, const GptOptions& o) {
   return 0;
 }
 
-int RunProxy(const std::string& common, int steps, bool profile, int analytics, bool analytics_maps) {
+int RunProxy(const std::string& common, int steps, bool profile, int analytics, bool analytics_maps, int probe) {
   std::printf("proxy: L4, d512, batch 2048, Adam lr 6e-4\n");
   std::vector<Result> results;
   for (const char* scheme : {"fp32", "mxfp8_e4m3"}) {
@@ -375,9 +409,14 @@ int RunProxy(const std::string& common, int steps, bool profile, int analytics, 
                 r.items_per_s, r.loss, r.device.c_str());
     std::printf("  %-28s %.1f steps/s\n", r.label.c_str(), 1e3 / r.step_ms);
     if (analytics > 0) {
-      AnalyticsCost cost;
+      TwinCost cost;
       s = MeasureAnalytics(yaml, r, steps * 10, analytics, analytics_maps, profile, 0, &cost);
       if (!s.ok()) return std::fprintf(stderr, "train_bench: %s +analytics: %s\n", scheme, s.message().c_str()), 1;
+    }
+    if (probe > 0) {
+      TwinCost cost;
+      s = MeasureProbe(yaml, r, steps * 10, probe, profile, 0, &cost);
+      if (!s.ok()) return std::fprintf(stderr, "train_bench: %s +probe: %s\n", scheme, s.message().c_str()), 1;
     }
     results.push_back(r);
   }
@@ -399,6 +438,7 @@ int Main(int argc, char** argv) {
   app.add_flag("--profile", gpt.profile);
   app.add_option("--analytics", gpt.analytics)->check(IntFlag(0, 1 << 30));
   app.add_flag("--analytics-maps", gpt.analytics_maps);
+  app.add_option("--probe", gpt.probe)->check(IntFlag(0, 1 << 30));
   app.add_option("--head-chunk-mib", gpt.head_chunk_mib)->check(IntFlag(0, 1 << 20));
   std::vector<std::string> model_names;
   for (const GptShape& g : kGptShapes) model_names.push_back(g.name);
@@ -446,6 +486,8 @@ int Main(int argc, char** argv) {
                                  : ("off, then on every step (cost amortized over " + std::to_string(gpt.analytics) +
                                     " steps, top_k 8" + (gpt.analytics_maps ? ", block maps" : ", no maps") + ")")
                                        .c_str());
+  if (gpt.probe > 0)
+    std::printf("then with the gradient-bias probe on every step (cost amortized over %d steps)\n", gpt.probe);
   if (gpt.head_chunk_mib > 0)
     std::printf("GPT cases: a BF16 head holds at most %lld MiB of fp32 logits at once (--head-chunk-mib)\n",
                 static_cast<long long>(gpt.head_chunk_mib));
@@ -453,7 +495,8 @@ int Main(int argc, char** argv) {
     const int code = RunGpt(common, gpt);
     if (code != 0) return code;
   }
-  if (only.empty() || only == "proxy") return RunProxy(common, gpt.steps, gpt.profile, gpt.analytics, gpt.analytics_maps);
+  if (only.empty() || only == "proxy")
+    return RunProxy(common, gpt.steps, gpt.profile, gpt.analytics, gpt.analytics_maps, gpt.probe);
   return 0;
 }
 

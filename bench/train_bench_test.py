@@ -22,7 +22,7 @@ class TrainBenchTest(unittest.TestCase):
         cls.result = subprocess.run(
             [TRAIN_BENCH, "--backend", "cpu", "--model", "gpt2-124m", "--batch", "1", "--seq", "64", "--schemes",
              "bf16", "--steps", "1", "--only", "gpt", "--tokens", cls.tokens, "--json", cls.json_path,
-             "--peak-tflops", "0.5"], capture_output=True, text=True, timeout=600)
+             "--peak-tflops", "0.5", "--probe", "50"], capture_output=True, text=True, timeout=600)
 
     def test_runs_one_case_and_writes_its_json_line(self):
         self.assertEqual(self.result.returncode, 0, self.result.stderr)
@@ -42,6 +42,21 @@ class TrainBenchTest(unittest.TestCase):
         self.assertIsNone(case["peak_mib"])  # the CPU backend has no device memory
         self.assertTrue(case["device"].startswith("cpu"))
         self.assertGreater(case["loss"], 9.0)  # ln(50257) = 10.8 at random init
+
+    def test_probe_twin_prints_and_writes_its_cost(self):
+        # --probe 50: the case again with probe_every 1, its extra time amortized over 50 steps.
+        self.assertIn("then with the gradient-bias probe on every step (cost amortized over 50 steps)", self.result.stdout)
+        self.assertRegex(self.result.stdout, r"[\d.]+ ms/step with the gradient-bias probe on every step: "
+                                             r"\+-?[\d.]+ ms \(\+-?[\d.]+%\); every 50 steps: \+-?[\d.]+% of the step; "
+                                             r"peak n/a MiB \(without: n/a\)")
+        with open(self.json_path) as f:
+            case = json.loads(f.read().splitlines()[0])
+        self.assertEqual(case["probe_every"], 50)
+        self.assertAlmostEqual(case["probe_overhead"],
+                               (case["probe_ms_per_step"] - case["ms_per_step"]) / (50 * case["ms_per_step"]), places=9)
+        self.assertGreater(case["probe_ms_per_step"], case["ms_per_step"])  # the fp32 recomputation costs time
+        self.assertIsNone(case["probe_peak_mib"])
+        self.assertNotIn("analytics_every", case)
 
     def test_prints_the_case_with_na_memory(self):
         self.assertRegex(self.result.stdout, r"gpt2-124m bf16 B1xT64 +[\d.]+ ms/step +\d+ tok/s  peak +n/a MiB  MFU +[\d.]+%")
@@ -72,7 +87,8 @@ class TrainBenchTest(unittest.TestCase):
         run = subprocess.run([TRAIN_BENCH, "--help"], capture_output=True, text=True, timeout=60)
         self.assertEqual(run.returncode, 0)
         for flag in ["--backend", "--steps", "--only", "--no-stats", "--model", "--batch", "--seq", "--schemes",
-                     "--tokens", "--json", "--peak-tflops"]:
+                     "--tokens", "--json", "--peak-tflops", "--analytics", "--analytics-maps", "--probe",
+                     "--head-chunk-mib", "--profile"]:
             self.assertIn("  " + flag + " ", run.stdout)
 
 
