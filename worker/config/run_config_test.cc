@@ -383,8 +383,12 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
     EXPECT_EQ(Parsed(lm_yaml + "probe_every: 0\npolicy: default\n").probe_every, 0) << type;
     EXPECT_EQ(Parsed(lm_yaml + "probe_every: 7\npolicy: default\n").probe_every, 7) << type;
     EXPECT_EQ(Parsed(lm_yaml + "policy: default\n", {"steps=300"}).probe_every, 10) << type;
-    // Without the default policy nothing probes unless told.
+    // Without the default policy nothing probes unless told; nor does a bf16
+    // or fp32 run under it (its gradient is not measurably biased).
     EXPECT_EQ(Parsed(lm_yaml).probe_every, 0) << type;
+    EXPECT_EQ(Parsed(lm_yaml + "policy: default\n", {"precision=bf16"}).probe_every, 0) << type;
+    EXPECT_EQ(Parsed(lm_yaml + "policy: default\n", {"precision=fp32"}).probe_every, 0) << type;
+    EXPECT_EQ(Parsed(lm_yaml + "policy: default\n", {"precision=nvfp4_recipe"}).probe_every, 100) << type;
   }
   // The mapping form, with probation; the scheme after --set.
   c = Parsed("precision: mxfp4\nsteps: 300\npolicy: {preset: default, probation: {after: 40}}\n",
