@@ -170,8 +170,8 @@ void PrintPolicyPresets(int64_t steps) {
                 p.lr_fallbacks);
     const DetectorConfig& bias = lm.detectors.at("grad_bias");
     std::printf("    a language model (gpt, llama, gla): loss_drift at > %gx its lowest instead, and\n"
-                "    rule bias: when grad_bias (|zeta| > %g on %d probes in a row; probe_every %d unless\n"
-                "      the run sets it) do switch next; cooldown %lld\n",
+                "    rule bias: when grad_bias (|zeta| > %g on %d probes in a row; probe_every %d for a\n"
+                "      scheme below bf16 unless the run sets it) do switch next; cooldown %lld\n",
                 lm.detectors.at("loss_drift").ratio, bias.max_abs_zeta, bias.consecutive, DefaultProbeEvery(steps),
                 static_cast<long long>(lm.rules.back().cooldown));
     std::printf("  ladders (from the run's scheme; a language model's rungs above it keep the head in BF16):\n");

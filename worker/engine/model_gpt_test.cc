@@ -26,17 +26,22 @@ void MakeGpt(TestNet* net) {
               "batch: " + std::to_string(kBatch) + "\nseq: " + std::to_string(kSeq) + "\n", net);
 }
 
-// The same random weights into every model (seeded), and one batch.
-void Init(TestNet* net, Batch* batch) {
-  std::mt19937 rng(11);
+// Random weights from rng into the model: gains near 1, the rest small.
+void RandomWeights(TestNet* net, std::mt19937* rng) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> w(static_cast<size_t>(net->model->param_count()), 0.0f);
   for (const ParamInfo& p : net->model->param_info()) {
     for (int64_t i = 0; i < p.count; ++i) {
-      w[static_cast<size_t>(p.offset + i)] = p.shape.size() == 1 ? 1.0f + 0.1f * normal(rng) : 0.05f * normal(rng);
+      w[static_cast<size_t>(p.offset + i)] = p.shape.size() == 1 ? 1.0f + 0.1f * normal(*rng) : 0.05f * normal(*rng);
     }
   }
   ASSERT_TRUE(net->backend->Upload(net->model->params(), w.data(), w.size() * sizeof(float)).ok());
+}
+
+// The same random weights into every model (seeded), and one batch.
+void Init(TestNet* net, Batch* batch) {
+  std::mt19937 rng(11);
+  RandomWeights(net, &rng);
   std::uniform_int_distribution<int32_t> token(0, kVocab - 1);
   batch->inputs.clear();
   batch->targets.clear();
@@ -113,14 +118,7 @@ TEST(GptModelTest, TheHeadInChunksKeepsTheBitsAndHoldsOneChunksLogits) {
     MakeTestNet("{type: gpt, layers: 2, width: 64, heads: 2, context: 16, vocab: 256}",
                 "batch: 8\nseq: 16\n", net);
     std::mt19937 rng(12);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> w(static_cast<size_t>(net->model->param_count()), 0.0f);
-    for (const ParamInfo& p : net->model->param_info()) {
-      for (int64_t i = 0; i < p.count; ++i) {
-        w[static_cast<size_t>(p.offset + i)] = p.shape.size() == 1 ? 1.0f + 0.1f * normal(rng) : 0.05f * normal(rng);
-      }
-    }
-    ASSERT_TRUE(net->backend->Upload(net->model->params(), w.data(), w.size() * sizeof(float)).ok());
+    RandomWeights(net, &rng);
     std::uniform_int_distribution<int32_t> token(0, 255);
     for (int i = 0; i < kRows; ++i) {
       batch->inputs.push_back(token(rng));
