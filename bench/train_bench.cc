@@ -56,6 +56,9 @@ const char kUsage[] =
     "                       (its fp32 recomputation of the gradient) and report its cost\n"
     "                       amortized over N steps (probe_every: N; a language model's\n"
     "                       policy: default probes every 100). 0: off (default)\n"
+    "  --probe-reference fp32|bf16\n"
+    "                       with --probe: the probe's reference gradient (probe_reference;\n"
+    "                       default fp32)\n"
     "  --head-chunk-mib N   GPT cases: the most fp32 logits a BF16 head holds at once, in MiB\n"
     "                       (Model::HeadAndLoss; 0: the default, 1024)\n"
     "  --profile            time every backend op over the timed steps (CUDA events, and on\n"
@@ -252,6 +255,7 @@ struct GptOptions {
   int analytics = 0;           // --analytics: the period the cost is amortized over (0: off)
   bool analytics_maps = false;
   int probe = 0;               // --probe: the period the probe's cost is amortized over (0: off)
+  std::string probe_reference = "fp32";  // --probe-reference
   int64_t head_chunk_mib = 0;  // --head-chunk-mib: the head's fp32 logits at once (0: the model's default)
 };
 
@@ -263,7 +267,9 @@ std::string AnalyticsOn(bool maps) {
 }
 
 // The probe's twin: probe_every 1, so that each timed step pays it.
-std::string ProbeOn() { return AnalyticsOff() + "probe_every: 1\n"; }
+std::string ProbeOn(const std::string& reference) {
+  return AnalyticsOff() + "probe_every: 1\nprobe_reference: " + reference + "\n";
+}
 
 // A twin of case `r` with something on every step (`extra`: its YAML lines;
 // `what`: its name in the line): its step time, and the overhead per step and
@@ -296,10 +302,10 @@ Status MeasureAnalytics(const std::string& yaml, const Result& plain, int steps,
                      steps, period, profile, head_chunk_floats, cost);
 }
 
-Status MeasureProbe(const std::string& yaml, const Result& plain, int steps, int period, bool profile,
-                    int64_t head_chunk_floats, TwinCost* cost) {
-  return MeasureTwin(yaml, ProbeOn(), "the gradient-bias probe", "", plain, steps, period, profile, head_chunk_floats,
-                     cost);
+Status MeasureProbe(const std::string& yaml, const Result& plain, int steps, int period, const std::string& reference,
+                    bool profile, int64_t head_chunk_floats, TwinCost* cost) {
+  return MeasureTwin(yaml, ProbeOn(reference), "the gradient-bias probe (" + reference + " reference)", "", plain,
+                     steps, period, profile, head_chunk_floats, cost);
 }
 
 int RunGpt(const std::string& common, const GptOptions& o) {
@@ -354,7 +360,7 @@ int RunGpt(const std::string& common, const GptOptions& o) {
       if (!s.ok()) return std::fprintf(stderr, "train_bench: %s +analytics: %s\n", scheme.c_str(), s.message().c_str()), 1;
     }
     if (o.probe > 0) {
-      s = MeasureProbe(yaml, r, o.steps, o.probe, o.profile, o.head_chunk_mib << 18, &probe);
+      s = MeasureProbe(yaml, r, o.steps, o.probe, o.probe_reference, o.profile, o.head_chunk_mib << 18, &probe);
       if (!s.ok()) return std::fprintf(stderr, "train_bench: %s +probe: %s\n", scheme.c_str(), s.message().c_str()), 1;
     }
     if (!o.json_path.empty()) {
@@ -370,7 +376,8 @@ int RunGpt(const std::string& common, const GptOptions& o) {
         w.Add("analytics_peak_mib", ToJsonValue(cost.peak_mib));
       }
       if (o.probe > 0) {
-        w.Add("probe_every", o.probe).Add("probe_ms_per_step", probe.step_ms).Add("probe_overhead", probe.amortized);
+        w.Add("probe_every", o.probe).Add("probe_reference", o.probe_reference);
+        w.Add("probe_ms_per_step", probe.step_ms).Add("probe_overhead", probe.amortized);
         w.Add("probe_peak_mib", ToJsonValue(probe.peak_mib));
       }
       json_lines += w.str() + "\n";
@@ -396,7 +403,8 @@ int RunGpt(const std::string& common, const GptOptions& o) {
   return 0;
 }
 
-int RunProxy(const std::string& common, int steps, bool profile, int analytics, bool analytics_maps, int probe) {
+int RunProxy(const std::string& common, int steps, bool profile, int analytics, bool analytics_maps, int probe,
+             const std::string& probe_reference) {
   std::printf("proxy: L4, d512, batch 2048, Adam lr 6e-4\n");
   std::vector<Result> results;
   for (const char* scheme : {"fp32", "mxfp8_e4m3"}) {
@@ -415,7 +423,7 @@ int RunProxy(const std::string& common, int steps, bool profile, int analytics, 
     }
     if (probe > 0) {
       TwinCost cost;
-      s = MeasureProbe(yaml, r, steps * 10, probe, profile, 0, &cost);
+      s = MeasureProbe(yaml, r, steps * 10, probe, probe_reference, profile, 0, &cost);
       if (!s.ok()) return std::fprintf(stderr, "train_bench: %s +probe: %s\n", scheme, s.message().c_str()), 1;
     }
     results.push_back(r);
@@ -439,6 +447,7 @@ int Main(int argc, char** argv) {
   app.add_option("--analytics", gpt.analytics)->check(IntFlag(0, 1 << 30));
   app.add_flag("--analytics-maps", gpt.analytics_maps);
   app.add_option("--probe", gpt.probe)->check(IntFlag(0, 1 << 30));
+  app.add_option("--probe-reference", gpt.probe_reference)->check(OneOf({"fp32", "bf16"}));
   app.add_option("--head-chunk-mib", gpt.head_chunk_mib)->check(IntFlag(0, 1 << 20));
   std::vector<std::string> model_names;
   for (const GptShape& g : kGptShapes) model_names.push_back(g.name);
@@ -487,7 +496,8 @@ int Main(int argc, char** argv) {
                                     " steps, top_k 8" + (gpt.analytics_maps ? ", block maps" : ", no maps") + ")")
                                        .c_str());
   if (gpt.probe > 0)
-    std::printf("then with the gradient-bias probe on every step (cost amortized over %d steps)\n", gpt.probe);
+    std::printf("then with the gradient-bias probe on every step (%s reference; cost amortized over %d steps)\n",
+                gpt.probe_reference.c_str(), gpt.probe);
   if (gpt.head_chunk_mib > 0)
     std::printf("GPT cases: a BF16 head holds at most %lld MiB of fp32 logits at once (--head-chunk-mib)\n",
                 static_cast<long long>(gpt.head_chunk_mib));
@@ -496,7 +506,7 @@ int Main(int argc, char** argv) {
     if (code != 0) return code;
   }
   if (only.empty() || only == "proxy")
-    return RunProxy(common, gpt.steps, gpt.profile, gpt.analytics, gpt.analytics_maps, gpt.probe);
+    return RunProxy(common, gpt.steps, gpt.profile, gpt.analytics, gpt.analytics_maps, gpt.probe, gpt.probe_reference);
   return 0;
 }
 

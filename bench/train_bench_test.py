@@ -45,13 +45,14 @@ class TrainBenchTest(unittest.TestCase):
 
     def test_probe_twin_prints_and_writes_its_cost(self):
         # --probe 50: the case again with probe_every 1, its extra time amortized over 50 steps.
-        self.assertIn("then with the gradient-bias probe on every step (cost amortized over 50 steps)", self.result.stdout)
-        self.assertRegex(self.result.stdout, r"[\d.]+ ms/step with the gradient-bias probe on every step: "
+        self.assertIn("then with the gradient-bias probe on every step (fp32 reference; cost amortized over 50 steps)",
+                      self.result.stdout)
+        self.assertRegex(self.result.stdout, r"[\d.]+ ms/step with the gradient-bias probe \(fp32 reference\) on every step: "
                                              r"\+-?[\d.]+ ms \(\+-?[\d.]+%\); every 50 steps: \+-?[\d.]+% of the step; "
                                              r"peak n/a MiB \(without: n/a\)")
         with open(self.json_path) as f:
             case = json.loads(f.read().splitlines()[0])
-        self.assertEqual(case["probe_every"], 50)
+        self.assertEqual((case["probe_every"], case["probe_reference"]), (50, "fp32"))
         self.assertAlmostEqual(case["probe_overhead"],
                                (case["probe_ms_per_step"] - case["ms_per_step"]) / (50 * case["ms_per_step"]), places=9)
         # (Not compared with ms_per_step: one timed step on a shared CPU is too noisy to order them.)
@@ -79,6 +80,7 @@ class TrainBenchTest(unittest.TestCase):
             (["--model", "gpt2-xl"], "train_bench: --model: 'gpt2-xl' is not allowed (gpt2-124m, gpt2-350m)"),
             (["--seq", "1025"], "train_bench: --seq: '1025' is not allowed (1 .. 1024)"),
             (["--batch", "0"], "train_bench: --batch: '0' is not allowed (1 .. 65536)"),
+            (["--probe-reference", "fp16"], "train_bench: --probe-reference: 'fp16' is not allowed (fp32, bf16)"),
         ]:
             run = subprocess.run([TRAIN_BENCH] + args, capture_output=True, text=True, timeout=60)
             self.assertEqual(run.returncode, 2, args)
@@ -88,7 +90,7 @@ class TrainBenchTest(unittest.TestCase):
         run = subprocess.run([TRAIN_BENCH, "--help"], capture_output=True, text=True, timeout=60)
         self.assertEqual(run.returncode, 0)
         for flag in ["--backend", "--steps", "--only", "--no-stats", "--model", "--batch", "--seq", "--schemes",
-                     "--tokens", "--json", "--peak-tflops", "--analytics", "--analytics-maps", "--probe",
+                     "--tokens", "--json", "--peak-tflops", "--analytics", "--analytics-maps", "--probe", "--probe-reference",
                      "--head-chunk-mib", "--profile"]:
             self.assertIn("  " + flag + " ", run.stdout)
 

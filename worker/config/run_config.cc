@@ -840,6 +840,9 @@ Status ParseRunFields(const Reader& r, const YAML::Node& root, RunConfig* c) {
     KEEL_RETURN_IF_ERROR(r.Int(root["keep_checkpoints"], "keep_checkpoints", 0, 1 << 20, &c->keep_checkpoints));
   }
   if (root["probe_every"]) KEEL_RETURN_IF_ERROR(r.Int(root["probe_every"], "probe_every", 0, 1 << 30, &c->probe_every));
+  if (root["probe_reference"]) {
+    KEEL_RETURN_IF_ERROR(r.OneOf(root["probe_reference"], "probe_reference", {"fp32", "bf16"}, &c->probe_reference));
+  }
   if (root["operand_stats"]) KEEL_RETURN_IF_ERROR(r.Bool(root["operand_stats"], "operand_stats", &c->operand_stats));
   if (root["analytics_every"]) {
     KEEL_RETURN_IF_ERROR(r.Int(root["analytics_every"], "analytics_every", 0, 1 << 30, &c->analytics_every));
@@ -908,7 +911,7 @@ Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
       root, "",
       {"name", "model", "data", "precision", "optimizer", "schedule", "steps", "batch", "seq",
        "grad_accum", "seed", "backend", "threads", "run_dir", "checkpoint_every",
-       "keep_checkpoints", "probe_every", "operand_stats", "analytics_every", "analytics", "log_every",
+       "keep_checkpoints", "probe_every", "probe_reference", "operand_stats", "analytics_every", "analytics", "log_every",
        "check_every", "dist", "policy"}));
   if (root["name"]) {
     KEEL_RETURN_IF_ERROR(r.String(root["name"], "name", &c.name));

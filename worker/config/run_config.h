@@ -133,6 +133,7 @@ struct RunConfig {
   int checkpoint_every = 0;     // steps (0: only the final checkpoint)
   int keep_checkpoints = 3;     // newest kept (0: all)
   int probe_every = 0;          // gradient-bias probe period (0: off)
+  std::string probe_reference = "fp32";  // the probe's reference gradient: fp32 | bf16 operands
   bool operand_stats = true;    // per-operand saturation/NaN counters every step
   int analytics_every = 100;    // outlier analytics period (0: off)
   AnalyticsConfig analytics;

@@ -382,6 +382,8 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
     // often enough for three probes in a row.
     EXPECT_EQ(Parsed(lm_yaml + "probe_every: 0\npolicy: default\n").probe_every, 0) << type;
     EXPECT_EQ(Parsed(lm_yaml + "probe_every: 7\npolicy: default\n").probe_every, 7) << type;
+    EXPECT_EQ(Parsed(lm_yaml + "policy: default\n").probe_reference, "fp32") << type;
+    EXPECT_EQ(Parsed(lm_yaml + "probe_reference: bf16\npolicy: default\n").probe_reference, "bf16") << type;
     EXPECT_EQ(Parsed(lm_yaml + "policy: default\n", {"steps=300"}).probe_every, 10) << type;
     // Without the default policy nothing probes unless told; nor does a bf16
     // or fp32 run under it (its gradient is not measurably biased).
@@ -612,7 +614,7 @@ void ExpectErrors(const std::vector<ErrorCase>& cases, const std::vector<std::st
 const std::string kRootKeys =
     "analytics, analytics_every, backend, batch, check_every, checkpoint_every, data, dist, grad_accum, keep_checkpoints, "
     "log_every, model, name, "
-    "operand_stats, optimizer, policy, precision, probe_every, run_dir, schedule, seed, seq, steps, threads";
+    "operand_stats, optimizer, policy, precision, probe_every, probe_reference, run_dir, schedule, seed, seq, steps, threads";
 const std::string kDetectors =
     "nonfinite, loss_zscore, loss_ratio, grad_norm_zscore, grad_norm_ratio, grad_bias, saturation, gamma_growth, "
     "loss_drift, hot_channel_growth";
@@ -669,6 +671,7 @@ TEST(RunConfigErrorTest, TopLevel) {
       {"keep_checkpoints: 1048577\n",
        "r.yaml:1:19: keep_checkpoints: 1048577 is out of range (allowed: 0 .. 1048576)"},
       {"probe_every: -1\n", "r.yaml:1:14: probe_every: -1 is out of range (allowed: 0 .. 1073741824)"},
+      {"probe_reference: fp16\n", "r.yaml:1:18: probe_reference: unknown value 'fp16' (allowed: fp32, bf16)"},
       {"operand_stats: maybe\n", "r.yaml:1:16: operand_stats: 'maybe' is not a boolean (allowed: true, false)"},
       {"log_every: 0\n", "r.yaml:1:12: log_every: 0 is out of range (allowed: 1 .. 1073741824)"},
       {"check_every: -1\n", "r.yaml:1:14: check_every: -1 is out of range (allowed: 0 .. 1073741824)"},

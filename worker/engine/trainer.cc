@@ -610,17 +610,18 @@ Status Trainer::MaybeEvaluate(StepMetrics* m) {
   return Status::Ok();
 }
 
-// The gradient-bias probe: the same batches again with fp32 operands, compared
-// with the step's (quantized) gradient, overall and per group.
+// The gradient-bias probe: the same batches again with the reference's operands
+// (probe_reference: fp32, or bf16 at a bf16 step's cost), compared with the
+// step's (quantized) gradient, overall and per group.
 Status Trainer::RunProbe(const std::vector<Batch>& batches, StepMetrics* m) {
   Backend& b = *backend_;
-  PrecisionScheme fp32;
-  SchemeFromPreset("fp32", &fp32);
+  PrecisionScheme reference;
+  KEEL_RETURN_IF_ERROR(SchemeFromPreset(config_.probe_reference, &reference));
   KEEL_RETURN_IF_ERROR(b.Fill(probe_grads_, model_->param_count(), 0.0f));
   const float scale = 1.0f / static_cast<float>(static_cast<int64_t>(accum_) * ranks());
   for (size_t k = 0; k < batches.size(); ++k) {
     double loss = 0;
-    KEEL_RETURN_IF_ERROR(model_->ForwardBackward(batches[k], fp32, 0, scale, false, probe_grads_, &loss, nullptr));
+    KEEL_RETURN_IF_ERROR(model_->ForwardBackward(batches[k], reference, 0, scale, false, probe_grads_, &loss, nullptr));
   }
   // The reference gradient of the whole global batch, as the step's.
   if (ranks() > 1) KEEL_RETURN_IF_ERROR(comm_->AllReduceSum(probe_grads_, model_->param_count(), ReducePrecision::kF32));

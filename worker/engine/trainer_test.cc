@@ -816,6 +816,27 @@ TEST(TrainerTest, GradientBiasProbe) {
   ASSERT_TRUE(t->SwitchScheme(mx).ok());
   Losses(t.get(), 2, &m);
   ASSERT_TRUE(m[3].probed);
+  // probe_reference: bf16: the reference is the bf16 scheme's gradient. A bf16
+  // step against it is the same gradient; an MXFP4 one is biased about as
+  // against fp32 (bf16's own bias is far smaller).
+  RunConfig cb = c;
+  cb.run_dir = TempDir("proxy_probe_bf16");
+  cb.probe_reference = "bf16";
+  PrecisionScheme bf16;
+  ASSERT_TRUE(SchemeFromPreset("bf16", &bf16).ok());
+  cb.precision = bf16;
+  std::unique_ptr<Trainer> tb;
+  ASSERT_TRUE(Trainer::Create(cb, &tb).ok());
+  std::vector<StepMetrics> mb;
+  Losses(tb.get(), 2, &mb);
+  ASSERT_TRUE(mb[1].probed);
+  EXPECT_EQ(mb[1].probe.rel_error, 0.0);
+  EXPECT_EQ(mb[1].probe.zeta, 0.0);
+  ASSERT_TRUE(tb->SwitchScheme(mx).ok());
+  Losses(tb.get(), 2, &mb);
+  ASSERT_TRUE(mb[3].probed);
+  EXPECT_NEAR(mb[3].probe.zeta, m[3].probe.zeta, 0.02 + 0.2 * std::fabs(m[3].probe.zeta));
+  EXPECT_GT(mb[3].probe.rel_error, 1e-3);
   // MXFP4 gradients point the same way but are visibly off.
   EXPECT_GT(m[3].probe.cosine, 0.5);
   EXPECT_LT(m[3].probe.cosine, 0.99999);
