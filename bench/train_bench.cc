@@ -74,7 +74,8 @@ const char kUsage[] =
     "  --seq N              tokens per sequence, 1 .. 1024 (default 1024)\n"
     "  --schemes A,B,...    precision presets, one case each, in this order (default\n"
     "                       bf16,mxfp8_e4m3,mxfp4,nvfp4,nvfp4_recipe; `keel-train presets`\n"
-    "                       lists them); ratios are to the bf16 case when there is one.\n"
+    "                       lists them; a preset may be followed by +bf16_head, the head in\n"
+    "                       BF16); ratios are to the bf16 case when there is one.\n"
     "                       The proxy keeps fp32,mxfp8_e4m3\n"
     "  --tokens FILE        where the random token shard is written, in llm.c's .bin format\n"
     "                       (default /tmp/keel-train-bench-tokens.bin); bench/speed hands the\n"
@@ -477,9 +478,9 @@ int Main(int argc, char** argv) {
   if (gpt.schemes.empty()) return FlagError("train_bench", "--schemes: '' is not allowed (one or more of " + PresetNames() + ")");
   for (const std::string& scheme : gpt.schemes) {
     PrecisionScheme unused;
-    if (!SchemeFromPreset(scheme, &unused).ok()) {
+    if (!SchemeFromName(scheme, &unused).ok()) {
       return FlagError("train_bench", "--schemes: '" + scheme + "' is not allowed (comma-separated, each one of " +
-                                          PresetNames() + ")");
+                                          PresetNames() + ", each optionally followed by +bf16_head)");
     }
   }
   if (gpt.tokens_path.empty()) return FlagError("train_bench", "--tokens: '' is not allowed (a file path)");

@@ -297,13 +297,17 @@ bool ChangesThePreset(const YAML::Node& node) {
   return false;
 }
 
-// precision: either a preset name, or a mapping {preset, overrides...}.
+// precision: either a preset name (optionally followed by +bf16_head, as the
+// policies' ladders name that scheme with the head in BF16), or a mapping
+// {preset, overrides...}.
 Status ParsePrecision(const Reader& r, const YAML::Node& node, PrecisionScheme* out) {
   const std::string f = "precision";
   PrecisionScheme s;
   if (node.IsScalar()) {
-    Status st = SchemeFromPreset(node.Scalar(), &s);
-    if (!st.ok()) return r.Error(node, f, "unknown value '" + node.Scalar() + "' (allowed: " + PresetNames() + ")");
+    if (!SchemeFromName(node.Scalar(), &s, f).ok()) {
+      return r.Error(node, f, "unknown value '" + node.Scalar() + "' (allowed: " + PresetNames() +
+                                  "; a preset may be followed by " + kBf16HeadRung + ")");
+    }
     *out = s;
     return Status::Ok();
   }
@@ -432,9 +436,8 @@ Status ParseRungName(const Reader& r, const YAML::Node& node, const std::string&
                      std::string* out) {
   std::string v;
   KEEL_RETURN_IF_ERROR(r.String(node, field, &v));
-  PrecisionScheme no_own, s;
-  no_own.name.clear();  // a config's rung names a preset, never the run's own scheme
-  if ((next_allowed && v == "next") || (!v.empty() && SchemeForRung(v, no_own, &s).ok())) {
+  PrecisionScheme s;  // a config's rung names a preset, never the run's own scheme
+  if ((next_allowed && v == "next") || SchemeFromName(v, &s, field).ok()) {
     *out = v;
     return Status::Ok();
   }

@@ -407,6 +407,11 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
   // --set policy=default on a run without one.
   c = Parsed("precision: bf16\n", {"policy=default"});
   EXPECT_EQ(c.policy.ladder, (std::vector<std::string>{"bf16", "fp32"}));
+  // precision may name a rung with the head in BF16, as the ladders do.
+  c = Parsed("precision: mxfp4+bf16_head\n");
+  EXPECT_EQ(c.precision.name, "mxfp4+bf16_head");
+  EXPECT_TRUE(c.precision.bf16_head);
+  EXPECT_EQ(c.precision.roles[0].format, QuantFormat::kMxfp4);
   // A written-out ladder and switch may keep the head in BF16.
   c = Parsed("policy:\n  ladder: [mxfp8_e4m3, mxfp8_e4m3+bf16_head, bf16]\n  rules:\n"
              "    - {when: nonfinite, do: [{rollback: 5}, {switch: next}]}\n"
@@ -808,7 +813,10 @@ TEST(RunConfigErrorTest, Precision) {
       "nvfp4_weight_16x16, post_qk_bf16, preset, rounding, wgrad_dy, wgrad_x";
   const std::string roundings = "(allowed: nearest_even, nearest_away, stochastic)";
   ExpectErrors({
-      {"precision: fp8\n", "r.yaml:1:12: precision: unknown value 'fp8' (allowed: " + PresetNames() + ")"},
+      {"precision: fp8\n", "r.yaml:1:12: precision: unknown value 'fp8' (allowed: " + PresetNames() +
+                                "; a preset may be followed by +bf16_head)"},
+      {"precision: fp8+bf16_head\n", "r.yaml:1:12: precision: unknown value 'fp8+bf16_head' (allowed: " +
+                                          PresetNames() + "; a preset may be followed by +bf16_head)"},
       {"precision: [bf16]\n", "r.yaml:1:12: precision: expected a mapping"},
       {"precision:\n  preset: bf16\n  fmt: x\n", "r.yaml:3:3: precision.fmt: unknown key (allowed: " + keys + ")"},
       {"precision:\n  preset: fp8\n",

@@ -385,6 +385,12 @@ Status SchemeForRung(const std::string& rung, const PrecisionScheme& own, Precis
   return Status::Ok();
 }
 
+Status SchemeFromName(const std::string& name, PrecisionScheme* out, const std::string& field) {
+  PrecisionScheme no_own;
+  no_own.name.clear();  // no rung is named "" or "+bf16_head"
+  return SchemeForRung(name, no_own, out, field);
+}
+
 Status ParseOperandFormat(const std::string& field, const std::string& text, OperandFormat* out) {
   if (text == "fp32") {
     *out = Fp32();

@@ -112,6 +112,9 @@ constexpr char kBf16HeadRung[] = "+bf16_head";
 // like it is it, custom or not). An unknown name is refused, naming `field`.
 Status SchemeForRung(const std::string& rung, const PrecisionScheme& own, PrecisionScheme* out,
                      const std::string& field = "policy.ladder");
+// A scheme as a config or a flag names it: a preset, optionally followed by
+// kBf16HeadRung (SchemeForRung without a run's own scheme).
+Status SchemeFromName(const std::string& name, PrecisionScheme* out, const std::string& field = "precision");
 
 // Operand formats as written in configs: "fp32", "bf16", or a QuantFormat name
 // (mxfp8_e4m3 ... nvfp4, fp8_e4m3, fp8_e5m2).
