@@ -329,6 +329,14 @@ class GenTest(unittest.TestCase):
                 "steps: 3000", "batch: 16", "backend: cuda", "resources: {gpus: 0.25}", "shuffle: true}",
                 "probe_every: 100")
         self.assertTrue(said.endswith("sweep.yaml: 20 runs\n"), said)  # 2 lrs x 2 seeds x 5 runs
+        # The head kept in BF16, by the ladder's rung name; a made-up suffix is refused.
+        text, _ = self.gen("--name", "lm", "--model", "gpt", "--widths", "512", "--formats", "mxfp4+bf16_head",
+                           "--train", "t.bin", "--val", "v.bin")
+        has_all(self, text, "precision: [mxfp4+bf16_head, mxfp4+bf16_head, bf16]")
+        with self.assertRaises(SystemExit) as e, contextlib.redirect_stderr(io.StringIO()):
+            self.gen("--name", "lm", "--model", "gpt", "--widths", "512", "--formats", "mxfp4+fp8_head",
+                     "--train", "t.bin", "--val", "v.bin")
+        self.assertIn("unknown format 'mxfp4+fp8_head'", str(e.exception))
 
     def test_cpu_backend_and_sizes(self):
         text, _ = self.gen("--name", "tiny", "--model", "gpt", "--layers", "2", "--widths", "64", "--lrs", "1e-3",
