@@ -144,7 +144,8 @@ const std::vector<CommandSpec>& Commands() {
       {"intervene",
        "keel intervene RUN --precision NAME [--rollback-steps N] [--reason TEXT]",
        "switch a run's precision now (optionally rolling back)",
-       "Sends Intervene: the run switches to precision preset NAME, first rolling\n"
+       "Sends Intervene: the run switches to precision preset NAME (a preset may be\n"
+       "followed by +bf16_head: the language model's head in BF16), first rolling\n"
        "back N steps to a checkpoint when N > 0 (default 0). TEXT is recorded in\n"
        "the event. Prints the resulting event.\n",
        {"--precision", "--rollback-steps", "--reason"},

@@ -547,7 +547,7 @@ grpc::Status Coordinator::Intervene(const v1::InterveneRequest& request, v1::Int
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "precision: empty (a preset name, e.g. bf16)");
   }
   PrecisionScheme scheme;
-  Status s = SchemeFromPreset(request.precision(), &scheme);
+  Status s = SchemeFromName(request.precision(), &scheme);  // a preset, or one + "+bf16_head"
   if (!s.ok()) return ToGrpcStatus(s);
   if (request.rollback_steps() < 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,

@@ -49,7 +49,11 @@ TEST(CoordinatorTest, RefusesBadWorkersAndInterventionsWithoutChangingState) {
   intervene.set_precision("bf16");
   v1::InterveneResponse out;
   EXPECT_EQ(f.c->Intervene(intervene, &out).error_code(), grpc::StatusCode::FAILED_PRECONDITION);  // queued
+  intervene.set_precision("mxfp4+bf16_head");  // a name the policies' ladders use: valid, but the run is queued
+  EXPECT_EQ(f.c->Intervene(intervene, &out).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   intervene.set_precision("mxfp9");
+  EXPECT_EQ(f.c->Intervene(intervene, &out).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  intervene.set_precision("mxfp4+bf16");
   EXPECT_EQ(f.c->Intervene(intervene, &out).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   intervene.set_run_id("run-404");
   EXPECT_EQ(f.c->Intervene(intervene, &out).error_code(), grpc::StatusCode::NOT_FOUND);

@@ -923,7 +923,7 @@ Status Trainer::ApplyCommand(const std::string& name, const std::string& text) {
   }
   if (error.empty() && precision && !precision->string_value().empty()) {
     PrecisionScheme scheme;
-    Status s = SchemeFromPreset(precision->string_value(), &scheme);
+    Status s = SchemeFromName(precision->string_value(), &scheme);  // a preset, or one + "+bf16_head"
     if (s.ok()) s = SwitchAndRecord(scheme, why, {});
     if (!s.ok()) error = s.message();
   }

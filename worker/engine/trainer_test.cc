@@ -448,7 +448,8 @@ TEST(TrainerTest, CommandFilesSwitchPrecisionAndRollBack) {
   ASSERT_TRUE(t->Train([&](const StepMetrics& m) {
                  seen.push_back({m.step, m.scheme});
                  if (m.step == 3 && seen.size() == 3) {
-                   WriteCommand(c.run_dir, "0001", "{\"kind\": \"switch_precision\", \"precision\": \"mxfp8_e4m3\"}");
+                   WriteCommand(c.run_dir, "0001",
+                                "{\"kind\": \"switch_precision\", \"precision\": \"mxfp8_e4m3+bf16_head\"}");
                  }
                  if (m.step == 12 && seen.size() == 12) {
                    WriteCommand(c.run_dir, "0002", "{\"kind\": \"rollback\", \"steps\": 2, \"precision\": \"bf16\", \"reason\": \"test\"}");
@@ -457,7 +458,7 @@ TEST(TrainerTest, CommandFilesSwitchPrecisionAndRollBack) {
                }, false).ok());
   ASSERT_GE(seen.size(), 13u);
   EXPECT_EQ(seen[2].second, "fp32");
-  EXPECT_EQ(seen[3].second, "mxfp8_e4m3");  // step 4 ran in the new scheme
+  EXPECT_EQ(seen[3].second, "mxfp8_e4m3+bf16_head");  // step 4 ran in the new scheme (a rung's name works too)
   // After step 12 the run went back to the newest checkpoint at or before step 10.
   EXPECT_EQ(seen[12].first, 11);
   EXPECT_EQ(seen[12].second, "bf16");
