@@ -141,6 +141,16 @@ class AnalyseTest(unittest.TestCase):
         self.assertEqual(two["extra"], 0.0)
         self.assertFalse(three["acted"] or three["false_alarm"] or three["blew"])
 
+    def test_a_bf16_head_rung_never_run_whole_costs_its_base_schemes(self):
+        # Seed 1's policy run spends 520 steps in mxfp8_e4m3+bf16_head, which no run ran whole:
+        # charged at mxfp8_e4m3's cost (10 ms, the starting scheme's), so only the 20 replayed steps count.
+        runs = grid()
+        for r in runs:
+            if r["variant"] == "default" and r["seed"] == 1:
+                r["rows_per_scheme"] = {"mxfp8_e4m3": 500, "mxfp8_e4m3+bf16_head": 520}
+        one = [r for r in pg.analyse(runs) if r["seed"] == 1][0]
+        self.assertAlmostEqual(one["extra"], 0.02)
+
     def test_a_run_above_the_rescue_factor_is_not_rescued(self):
         runs = grid()
         for r in runs:
