@@ -4,6 +4,7 @@ and keel-worker is policy_grid_e2e_test.sh): the blow-up rule, a run directory's
 twins and references (caught, warning, rescued, false alarms, extra compute), the report's lines,
 and the sweep files `gen` writes."""
 import contextlib
+import gzip
 import importlib.machinery
 import importlib.util
 import io
@@ -366,6 +367,25 @@ class GenTest(unittest.TestCase):
 
 
 class WarningSignalTest(unittest.TestCase):
+    def test_the_lead_time_table_counts_stalled_false_alarms_apart(self):
+        # Two unprotected runs probed every 100 steps with abs(zeta) 0.3 throughout (the bias rule's
+        # signal fires at step 300): seed 1 blows up at 600 (warned 300 steps ahead), seed 2 never
+        # blows up but ends at 1.2 against its reference's 0.95 (a stalled false alarm).
+        runs = [summary("fp32", "fp32", seed, final_loss=0.95) for seed in (1, 2)] + [
+            summary("plain", "mxfp8_e4m3", 1, blowup_step=600, final_loss=None),
+            summary("plain", "mxfp8_e4m3", 2, final_loss=1.2)]
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "grid-series.csv.gz")
+            with gzip.open(path, "wt") as f:
+                f.write("run,step,loss,grad_norm,sat_max,update_ratio,probe_zeta,probe_cosine\n")
+                for seed in (1, 2):
+                    for step in range(1, 1001):
+                        zeta = "-0.3" if step % 100 == 0 else ""
+                        f.write(f"plain-mxfp8_e4m3-{seed},{step},1.0,1.0,0.0,0.001,{zeta},\n")
+            text = pg.warning_study(runs, [path])
+        row = [line for line in text.splitlines() if "bias rule" in line][0]
+        self.assertEqual(row.split(" | ")[1:], ["1/1", "300", "300 / 300", "1/2", "1 |"])
+
     def test_the_bias_rule_signal_needs_its_probes_in_a_row(self):
         # Probes every other step (None between): the count carries over the steps without one,
         # and one probe at or under the threshold restarts it.
