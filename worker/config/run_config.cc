@@ -695,15 +695,17 @@ Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
 
 // A named policy (`policy: default`) becomes its rules once the run's starting
 // scheme and length are known; what the config set besides the name stays.
-// probe_set: the config gave probe_every. A language model's default policy
-// reads the gradient-bias probe, so a run that did not say, and whose scheme
-// rounds something below bf16, probes every DefaultProbeEvery steps (a bf16
-// or fp32 run's gradient is not measurably biased: no probe, no cost).
+// probe_set: the config gave probe_every. The default policy's bias rule (a
+// language model whose start rounds its head to 8 bits or fewer) reads the
+// gradient-bias probe, so such a run that did not say probes every
+// DefaultProbeEvery steps; no other run pays for a probe.
 void ResolvePolicyPreset(RunConfig* c, bool probe_set) {
   if (c->policy.preset != "default") return;
   const bool lm = IsLanguageModel(c->model);
-  Policy resolved = DefaultPolicy(RescueLadder(c->precision, IsDecoderModel(c->model), lm), c->steps, lm);
-  if (lm && !probe_set && c->precision.AnyBelowBf16()) c->probe_every = DefaultProbeEvery(c->steps);
+  const std::vector<std::string> ladder = RescueLadder(c->precision, IsDecoderModel(c->model), lm);
+  const bool bias_rule = lm && ladder.size() > 1 && ladder[1] == ladder[0] + kBf16HeadRung;
+  Policy resolved = DefaultPolicy(ladder, c->steps, lm, bias_rule);
+  if (bias_rule && !probe_set) c->probe_every = DefaultProbeEvery(c->steps);
   resolved.probation_after = c->policy.probation_after;
   if (c->policy.rewarm_steps >= 0) resolved.rewarm_steps = c->policy.rewarm_steps;  // -1: the preset's
   resolved.sweep_rules = c->policy.sweep_rules;

@@ -385,12 +385,17 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
     EXPECT_EQ(Parsed(lm_yaml + "policy: default\n").probe_reference, "fp32") << type;
     EXPECT_EQ(Parsed(lm_yaml + "probe_reference: bf16\npolicy: default\n").probe_reference, "bf16") << type;
     EXPECT_EQ(Parsed(lm_yaml + "policy: default\n", {"steps=300"}).probe_every, 10) << type;
-    // Without the default policy nothing probes unless told; nor does a bf16
-    // or fp32 run under it (its gradient is not measurably biased).
+    // Without the default policy nothing probes unless told; nor does a run
+    // whose head is BF16 already (bf16, fp32, the NVFP4 recipe, a +bf16_head
+    // start): it has no bias rule, which the evidence supports only where the
+    // head can move to BF16.
     EXPECT_EQ(Parsed(lm_yaml).probe_every, 0) << type;
-    EXPECT_EQ(Parsed(lm_yaml + "policy: default\n", {"precision=bf16"}).probe_every, 0) << type;
-    EXPECT_EQ(Parsed(lm_yaml + "policy: default\n", {"precision=fp32"}).probe_every, 0) << type;
-    EXPECT_EQ(Parsed(lm_yaml + "policy: default\n", {"precision=nvfp4_recipe"}).probe_every, 100) << type;
+    for (const char* p : {"bf16", "fp32", "nvfp4_recipe", "mxfp4+bf16_head"}) {
+      const RunConfig other = Parsed(lm_yaml + "policy: default\n", {std::string("precision=") + p});
+      EXPECT_EQ(other.probe_every, 0) << type << " " << p;
+      EXPECT_EQ(other.policy.rules.size(), 2u) << type << " " << p;
+    }
+    EXPECT_EQ(Parsed(lm_yaml + "policy: default\n", {"precision=nvfp4"}).probe_every, 100) << type;
   }
   // The mapping form, with probation; the scheme after --set.
   c = Parsed("precision: mxfp4\nsteps: 300\npolicy: {preset: default, probation: {after: 40}}\n",

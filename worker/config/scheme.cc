@@ -166,14 +166,6 @@ bool PrecisionScheme::AnyQuantized() const {
   return layernorm.quantized();
 }
 
-bool PrecisionScheme::AnyBelowBf16() const {
-  auto narrow = [](const OperandFormat& f) { return f.quantized() && f.format != QuantFormat::kBf16; };
-  for (const OperandFormat& f : roles) {
-    if (narrow(f)) return true;
-  }
-  return narrow(layernorm);
-}
-
 Status ValidateScheme(const PrecisionScheme& s) {
   for (int r = 0; r < kRoleCount; ++r) {
     const OperandFormat& f = s.roles[r];

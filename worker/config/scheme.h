@@ -60,10 +60,6 @@ struct PrecisionScheme {
   LinearQuant LinearFor(int block, int blocks, bool post_qk = false) const;
   // True when any role or the layernorm is quantized below fp32.
   bool AnyQuantized() const;
-  // True when any role or the layernorm is rounded to 8 bits or fewer (MX,
-  // NVFP4, FP8): what the gradient-bias probe is for (a bf16 or fp32 scheme's
-  // gradient is not biased measurably).
-  bool AnyBelowBf16() const;
 };
 
 // Checks a scheme's internal consistency (RHT on both wgrad roles or neither,

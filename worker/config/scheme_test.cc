@@ -266,15 +266,6 @@ TEST(RescueLadderTest, ALanguageModelKeepsItsHeadInBf16AboveTheStart) {
   }
 }
 
-TEST(SchemeTest, AnyBelowBf16IsWhatTheProbeIsFor) {
-  for (const PresetInfo& p : Presets()) {
-    EXPECT_EQ(Preset(p.name).AnyBelowBf16(), p.name != "fp32" && p.name != "bf16") << p.name;
-  }
-  PrecisionScheme s = Preset("bf16");
-  s.layernorm = Preset("mxfp8_e4m3").roles[0];
-  EXPECT_TRUE(s.AnyBelowBf16());  // the layernorm affine counts too
-}
-
 TEST(SchemeForRungTest, APresetTheRunsOwnSchemeOrEitherWithABf16Head) {
   PrecisionScheme own = Preset("mxfp4");
   own.name = "custom";

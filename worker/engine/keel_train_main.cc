@@ -136,8 +136,8 @@ std::string Join(const std::vector<std::string>& parts, const char* separator) {
 void PrintPolicyPresets(int64_t steps) {
   for (const PolicyPresetInfo& info : PolicyPresets()) {
     std::printf("%s\n  %s\n", info.name.c_str(), info.summary.c_str());
-    const Policy p = DefaultPolicy(RescueLadder(PrecisionScheme()), steps, /*language_model=*/false);
-    const Policy lm = DefaultPolicy(RescueLadder(PrecisionScheme()), steps, /*language_model=*/true);
+    const Policy p = DefaultPolicy(RescueLadder(PrecisionScheme()), steps, /*language_model=*/false, /*bias_rule=*/false);
+    const Policy lm = DefaultPolicy(RescueLadder(PrecisionScheme()), steps, /*language_model=*/true, /*bias_rule=*/true);
     std::printf("  for a run of %lld steps (distances scale with the run's length):\n", static_cast<long long>(steps));
     for (const PolicyRule& rule : p.rules) {
       std::vector<std::string> when, actions;
@@ -170,8 +170,9 @@ void PrintPolicyPresets(int64_t steps) {
                 p.lr_fallbacks);
     const DetectorConfig& bias = lm.detectors.at("grad_bias");
     std::printf("    a language model (gpt, llama, gla): loss_drift at > %gx its lowest instead, and\n"
-                "    rule bias: when grad_bias (|zeta| > %g on %d probes in a row; probe_every %d for a\n"
-                "      scheme below bf16 unless the run sets it) do switch next; cooldown %lld\n",
+                "    rule bias, where the ladder's first rung moves the head to BF16: when grad_bias\n"
+                "      (|zeta| > %g on %d probes in a row; probe_every %d unless the run sets it) do\n"
+                "      switch next; cooldown %lld\n",
                 lm.detectors.at("loss_drift").ratio, bias.max_abs_zeta, bias.consecutive, DefaultProbeEvery(steps),
                 static_cast<long long>(lm.rules.back().cooldown));
     std::printf("  ladders (from the run's scheme; a language model's rungs above it keep the head in BF16):\n");

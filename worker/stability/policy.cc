@@ -69,7 +69,7 @@ std::string PolicyPresetNames() {
   return names;
 }
 
-Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps, bool language_model) {
+Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps, bool language_model, bool bias_rule) {
   Policy p;
   p.preset = "default";
   p.ladder = ladder;
@@ -129,7 +129,11 @@ Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps, 
   drift_rule.actions = {next};
   drift_rule.cooldown = drift_window;
   p.rules = {rule, drift_rule};
-  if (language_model) {
+  // Only where the caller says (bias_rule: a language model whose ladder's
+  // first rung moves the head to BF16), the remedy the evidence below supports;
+  // a start with its head in BF16 already (bf16, the NVFP4 recipe, CHON) gets
+  // neither the rule nor the probe.
+  if (bias_rule) {
     // Multiplicative gradient bias, the MX instability's cause (the MX paper;
     // the probe's zeta). In session 32's GPT runs (docs/reproductions/policy-grid.md)
     // every MXFP8 and MXFP4 run whose head was MX had |zeta| 0.12-1.1 from its

@@ -142,11 +142,12 @@ std::string PolicyPresetNames();  // comma-separated, for error messages
 // its lowest: 2x, or 1.1x for a language model (`language_model`: the run
 // reads token shards, IsLanguageModel), whose loss lies between its healthy
 // level and ln(vocab) and so cannot double from anywhere above ln(vocab) / 2.
-// A language model gets a third rule, "bias": the gradient-bias probe's |zeta|
-// above 0.1 on 3 probes in a row -> switch next (for an MX or NVFP4 start
-// whose head is quantized, the same scheme with the head in BF16; RescueLadder).
+// bias_rule (for a language model whose ladder's first rung is its start with
+// the head in BF16: RescueLadder, a start that rounds its head to 8 bits or
+// fewer) adds a third rule, "bias": the gradient-bias probe's |zeta| above 0.1
+// on 3 probes in a row -> switch next.
 // docs/train.md has the table.
-Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps, bool language_model);
+Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps, bool language_model, bool bias_rule);
 
 // The probe cadence a language model's `policy: default` sets when the run did
 // not give probe_every: every 100 steps, or steps / 30 (at least 1) on a run

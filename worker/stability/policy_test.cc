@@ -238,7 +238,7 @@ TEST(PolicyEngineTest, ProbationLeavesASchemeChosenByHandAlone) {
 
 TEST(DefaultPolicyTest, TwoRulesThatClimbTheLadderWithDistancesFromTheRunLength) {
   const std::vector<std::string> ladder = {"mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"};
-  Policy p = DefaultPolicy(ladder, 9000, false);
+  Policy p = DefaultPolicy(ladder, 9000, false, false);
   EXPECT_EQ(p.preset, "default");
   EXPECT_EQ(p.ladder, ladder);
   EXPECT_EQ(p.snapshot_every, 100);
@@ -277,7 +277,7 @@ TEST(DefaultPolicyTest, TwoRulesThatClimbTheLadderWithDistancesFromTheRunLength)
   EXPECT_EQ(p.rewarm_steps, 200);  // 2 S: each switch re-warms the learning rate
   // A short run: the same proportions, and the statistics armed in time to see
   // a replay diverge again.
-  Policy short_run = DefaultPolicy(ladder, 300, false);
+  Policy short_run = DefaultPolicy(ladder, 300, false, false);
   EXPECT_EQ(short_run.snapshot_every, 3);
   EXPECT_EQ(short_run.rules[0].actions[0].steps, 15);
   EXPECT_EQ(short_run.detectors.at("loss_zscore").min_samples, 8);
@@ -290,12 +290,12 @@ TEST(DefaultPolicyTest, TwoRulesThatClimbTheLadderWithDistancesFromTheRunLength)
 // the lowest median, and everything else is the proxy's.
 TEST(DefaultPolicyTest, ALanguageModelsDriftRuleFiresAtATenthAboveItsLowest) {
   const std::vector<std::string> ladder = {"mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"};
-  const Policy proxy = DefaultPolicy(ladder, 3000, false);
-  const Policy lm = DefaultPolicy(ladder, 3000, true);
+  const Policy proxy = DefaultPolicy(ladder, 3000, false, false);
+  const Policy lm = DefaultPolicy(ladder, 3000, true, false);
   EXPECT_EQ(proxy.detectors.at("loss_drift").ratio, 2);
   EXPECT_EQ(lm.detectors.at("loss_drift").ratio, 1.1);
   EXPECT_EQ(lm.detectors.at("loss_drift").window, proxy.detectors.at("loss_drift").window);
-  EXPECT_EQ(lm.rules.size(), proxy.rules.size() + 1);  // and the bias rule (below)
+  EXPECT_EQ(lm.rules.size(), proxy.rules.size());
   EXPECT_EQ(lm.detectors.at("loss_zscore").z, proxy.detectors.at("loss_zscore").z);
   // A GPT run's loss plateaus at 6.0 and creeps up to 6.9 (1.15x): the drift
   // rule fires, where the proxy's 2x would not.
@@ -320,10 +320,14 @@ TEST(DefaultPolicyTest, ALanguageModelsDriftRuleFiresAtATenthAboveItsLowest) {
 TEST(DefaultPolicyTest, ALanguageModelsBiasRuleClimbsOnThreeBiasedProbesInARow) {
   const std::vector<std::string> ladder = {"mxfp8_e4m3", "mxfp8_e4m3+bf16_head", "mx_w_e4m3_a_bf16+bf16_head",
                                            "bf16", "fp32"};
-  const Policy proxy = DefaultPolicy(ladder, 3000, false);
-  const Policy lm = DefaultPolicy(ladder, 3000, true);
+  const Policy proxy = DefaultPolicy(ladder, 3000, false, false);
+  const Policy lm = DefaultPolicy(ladder, 3000, true, true);
   EXPECT_FALSE(proxy.detectors.at("grad_bias").enabled);
   for (const PolicyRule& r : proxy.rules) EXPECT_NE(r.name, "bias");
+  // Without bias_rule (a language model whose head is BF16 already: no such rung), no rule and no detector.
+  const Policy recipe = DefaultPolicy({"nvfp4_recipe", "chon", "mxfp8_e4m3+bf16_head", "bf16", "fp32"}, 3000, true, false);
+  EXPECT_FALSE(recipe.detectors.at("grad_bias").enabled);
+  EXPECT_EQ(recipe.rules.size(), 2u);
   const PolicyRule& bias = lm.rules.back();
   EXPECT_EQ(bias.name, "bias");
   EXPECT_EQ(bias.when, (std::vector<std::string>{"grad_bias"}));
@@ -377,7 +381,7 @@ TEST(DefaultPolicyTest, ALanguageModelsBiasRuleClimbsOnThreeBiasedProbesInARow) 
 // diverges again, and the run ends stopped, having climbed every rung once.
 TEST(DefaultPolicyTest, RepeatedDivergenceClimbsEveryRungThenFallsBackThenStops) {
   const std::vector<std::string> ladder = {"mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"};
-  Policy p = DefaultPolicy(ladder, 300, false);
+  Policy p = DefaultPolicy(ladder, 300, false, false);
   PolicyEngine engine(p, "mxfp4");
   std::string scheme = "mxfp4";
   std::vector<std::string> climbed;
