@@ -379,6 +379,19 @@ int TrainCommand(int argc, char** argv) {
     s = trainer->SetCommunicator(std::move(comm));
     if (!s.ok()) return Fail(trainer_exit::kFailed, "rank " + std::to_string(rank) + ": " + s.message());
   }
+  if (!quiet && config.policy.active() && rank <= 0) {  // one line: a single process, or rank 0
+    // What the run's policy resolved to (policy: default derives its ladder, its rules and, for a
+    // language model, the probe from the run's scheme and length).
+    std::string rules;
+    for (const PolicyRule& r : config.policy.rules) rules += (rules.empty() ? "" : ", ") + r.name;
+    std::fprintf(stderr, "keel-train: policy%s: ladder %s; rules %s%s\n",
+                 config.policy.preset.empty() ? "" : (" " + config.policy.preset).c_str(),
+                 config.policy.ladder.empty() ? "(none)" : Join(config.policy.ladder, " -> ").c_str(), rules.c_str(),
+                 config.probe_every > 0 ? ("; the gradient-bias probe every " + std::to_string(config.probe_every) +
+                                           " steps (" + config.probe_reference + " reference)")
+                                              .c_str()
+                                        : "");
+  }
   if (switch_precision && resume.empty()) return Fail(trainer_exit::kBadConfig, "--switch-precision: needs --resume");
   if (resume_fallback && resume.empty()) return Fail(trainer_exit::kBadConfig, "--resume-fallback: needs --resume");
   if (lease_file.empty() != (attempt == 0)) return Fail(trainer_exit::kBadConfig, "--lease-file and --attempt go together");

@@ -97,7 +97,12 @@ rc=0; "$train" --config replay.yaml --quiet 2> refused.log || rc=$?
 [ "$rc" = 2 ] && grep -qF "policy.rules[0].do: [rollback] is a rollback alone" refused.log ||
   { echo "rollback alone: exit $rc"; cat refused.log; exit 1; }
 
-# 3. keel-train presets --policies lists the default policy and its ladders.
+# 3. Without --quiet, keel-train says what the policy resolved to before it trains.
+"$train" --config run.yaml --run-dir says --steps 2 2> says.log
+grep -qF "keel-train: policy default: ladder mxfp4 -> mxfp6_e2m3 -> mxfp8_e4m3 -> mx_w_e4m3_a_bf16 -> bf16 -> fp32; rules blow-up, drift" says.log \
+  || { echo "no policy line"; cat says.log; exit 1; }
+
+# 4. keel-train presets --policies lists the default policy and its ladders.
 "$train" presets --policies > policies.txt
 grep -q "^default" policies.txt
 grep -q "rule drift: when loss_drift (the median of 250 steps > 2x its lowest, after 500 steps)" policies.txt
