@@ -297,6 +297,25 @@ bool ChangesThePreset(const YAML::Node& node) {
   return false;
 }
 
+// A scheme named in a config (precision, a ladder's rung, a switch): a preset,
+// or a preset followed by "+bf16_head" (kBf16HeadRung: that preset with the
+// head in BF16), or "next" where `next_allowed`; *scheme (when given) is the
+// scheme it names (untouched for "next").
+Status ParseRungName(const Reader& r, const YAML::Node& node, const std::string& field, bool next_allowed,
+                     std::string* out, PrecisionScheme* scheme = nullptr) {
+  std::string v;
+  KEEL_RETURN_IF_ERROR(r.String(node, field, &v));
+  PrecisionScheme s;  // a config's rung names a preset, never the run's own scheme
+  if ((next_allowed && v == "next") || SchemeFromName(v, &s, field).ok()) {
+    *out = v;
+    if (scheme != nullptr && v != "next") *scheme = s;
+    return Status::Ok();
+  }
+  return r.Error(node, field,
+                 "unknown value '" + v + "' (allowed: " + PresetNames() + (next_allowed ? ", next" : "") +
+                     "; a preset may be followed by " + kBf16HeadRung + ")");
+}
+
 // precision: either a preset name (optionally followed by +bf16_head, as the
 // policies' ladders name that scheme with the head in BF16), or a mapping
 // {preset, overrides...}.
@@ -304,12 +323,8 @@ Status ParsePrecision(const Reader& r, const YAML::Node& node, PrecisionScheme* 
   const std::string f = "precision";
   PrecisionScheme s;
   if (node.IsScalar()) {
-    if (!SchemeFromName(node.Scalar(), &s, f).ok()) {
-      return r.Error(node, f, "unknown value '" + node.Scalar() + "' (allowed: " + PresetNames() +
-                                  "; a preset may be followed by " + kBf16HeadRung + ")");
-    }
-    *out = s;
-    return Status::Ok();
+    std::string name;
+    return ParseRungName(r, node, f, false, &name, out);
   }
   KEEL_RETURN_IF_ERROR(r.CheckKeys(node, f, PrecisionKeys()));
   if (node["preset"]) {
@@ -427,23 +442,6 @@ Status ParseDetectors(const Reader& r, const YAML::Node& d, std::map<std::string
     KEEL_RETURN_IF_ERROR(ParseDetector(r, it->second, name, &(*detectors)[name]));
   }
   return Status::Ok();
-}
-
-// A scheme a policy moves to: a preset, or a preset followed by "+bf16_head"
-// (kBf16HeadRung: that preset with the head in BF16), or "next" where
-// `next_allowed`.
-Status ParseRungName(const Reader& r, const YAML::Node& node, const std::string& field, bool next_allowed,
-                     std::string* out) {
-  std::string v;
-  KEEL_RETURN_IF_ERROR(r.String(node, field, &v));
-  PrecisionScheme s;  // a config's rung names a preset, never the run's own scheme
-  if ((next_allowed && v == "next") || SchemeFromName(v, &s, field).ok()) {
-    *out = v;
-    return Status::Ok();
-  }
-  return r.Error(node, field,
-                 "unknown value '" + v + "' (allowed: " + PresetNames() + (next_allowed ? ", next" : "") +
-                     "; a preset may be followed by " + kBf16HeadRung + ")");
 }
 
 Status ParseLadder(const Reader& r, const YAML::Node& ladder, std::vector<std::string>* out) {
@@ -702,9 +700,8 @@ Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
 void ResolvePolicyPreset(RunConfig* c, bool probe_set) {
   if (c->policy.preset != "default") return;
   const bool lm = IsLanguageModel(c->model);
-  const std::vector<std::string> ladder = RescueLadder(c->precision, IsDecoderModel(c->model), lm);
-  const bool bias_rule = lm && ladder.size() > 1 && ladder[1] == ladder[0] + kBf16HeadRung;
-  Policy resolved = DefaultPolicy(ladder, c->steps, lm, bias_rule);
+  const bool bias_rule = lm && RoundsHeadBelowBf16(c->precision);  // the ladder's first rung: the head to BF16
+  Policy resolved = DefaultPolicy(RescueLadder(c->precision, IsDecoderModel(c->model), lm), c->steps, lm, bias_rule);
   if (bias_rule && !probe_set) c->probe_every = DefaultProbeEvery(c->steps);
   resolved.probation_after = c->policy.probation_after;
   if (c->policy.rewarm_steps >= 0) resolved.rewarm_steps = c->policy.rewarm_steps;  // -1: the preset's

@@ -820,6 +820,8 @@ TEST(RunConfigErrorTest, Precision) {
   ExpectErrors({
       {"precision: fp8\n", "r.yaml:1:12: precision: unknown value 'fp8' (allowed: " + PresetNames() +
                                 "; a preset may be followed by +bf16_head)"},
+      {"precision: ''\n", "r.yaml:1:12: precision: unknown value '' (allowed: " + PresetNames() +
+                               "; a preset may be followed by +bf16_head)"},
       {"precision: fp8+bf16_head\n", "r.yaml:1:12: precision: unknown value 'fp8+bf16_head' (allowed: " +
                                           PresetNames() + "; a preset may be followed by +bf16_head)"},
       {"precision: [bf16]\n", "r.yaml:1:12: precision: expected a mapping"},

@@ -293,7 +293,6 @@ std::vector<std::string> RescueLadder(const PrecisionScheme& start, bool post_qk
   // The narrowest element over what the scheme rounds (forward_only's
   // backward roles run on unquantized operands), and its shape.
   int narrowest = ElementBits(start.layernorm);
-  int narrowest_role = 32;  // what the head's GEMM rounds to, unless bf16_head
   bool mxfp4 = start.layernorm.quantized() && start.layernorm.format == QuantFormat::kMxfp4;
   bool nvfp4 = start.layernorm.quantized() && start.layernorm.format == QuantFormat::kNvfp4;
   bool only_weights_narrow = true;  // every 8-bit (or narrower) role is a weight role
@@ -302,7 +301,6 @@ std::vector<std::string> RescueLadder(const PrecisionScheme& start, bool post_qk
     const OperandFormat& f = start.roles[r];
     const int bits = ElementBits(f);
     narrowest = std::min(narrowest, bits);
-    narrowest_role = std::min(narrowest_role, bits);
     if (bits <= 8 && !IsWeightRole(r)) only_weights_narrow = false;
     mxfp4 |= f.quantized() && f.format == QuantFormat::kMxfp4;
     nvfp4 |= f.quantized() && f.format == QuantFormat::kNvfp4;
@@ -345,15 +343,22 @@ std::vector<std::string> RescueLadder(const PrecisionScheme& start, bool post_qk
   // The head first (where the start rounds it), then every rung that would
   // round it again keeps it BF16.
   std::vector<std::string> with_head = {start.name};
-  if (!start.bf16_head && narrowest_role <= 8) with_head.push_back(start.name + kBf16HeadRung);
+  if (RoundsHeadBelowBf16(start)) with_head.push_back(start.name + kBf16HeadRung);
   for (size_t i = 1; i < ladder.size(); ++i) {
     PrecisionScheme rung;
     SchemeFromPreset(ladder[i], &rung);  // the rungs above the start are presets
-    bool head_narrow = false;
-    for (int r = 0; r < kRoleCount; ++r) head_narrow |= ElementBits(rung.roles[r]) <= 8;
-    with_head.push_back(head_narrow && !rung.bf16_head ? ladder[i] + kBf16HeadRung : ladder[i]);
+    with_head.push_back(RoundsHeadBelowBf16(rung) ? ladder[i] + kBf16HeadRung : ladder[i]);
   }
   return with_head;
+}
+
+bool RoundsHeadBelowBf16(const PrecisionScheme& s) {
+  if (s.bf16_head) return false;
+  for (int r = 0; r < kRoleCount; ++r) {
+    if (s.forward_only && r >= static_cast<int>(Role::kDgradDy)) continue;  // unquantized backward operands
+    if (ElementBits(s.roles[r]) <= 8) return true;
+  }
+  return false;
 }
 
 Status SchemeForRung(const std::string& rung, const PrecisionScheme& own, PrecisionScheme* out,
@@ -362,7 +367,7 @@ Status SchemeForRung(const std::string& rung, const PrecisionScheme& own, Precis
   const bool head = rung.size() > suffix && rung.compare(rung.size() - suffix, suffix, kBf16HeadRung) == 0;
   const std::string base = head ? rung.substr(0, rung.size() - suffix) : rung;
   PrecisionScheme s;
-  if (base == own.name) {
+  if (!own.name.empty() && base == own.name) {
     s = own;
   } else if (!SchemeFromPreset(base, &s).ok()) {
     return Status::InvalidField(field, "unknown scheme '" + rung + "' (allowed: a preset, " + PresetNames() +
@@ -379,7 +384,7 @@ Status SchemeForRung(const std::string& rung, const PrecisionScheme& own, Precis
 
 Status SchemeFromName(const std::string& name, PrecisionScheme* out, const std::string& field) {
   PrecisionScheme no_own;
-  no_own.name.clear();  // no rung is named "" or "+bf16_head"
+  no_own.name.clear();  // an unnamed own scheme: SchemeForRung never takes it
   return SchemeForRung(name, no_own, out, field);
 }
 

@@ -101,6 +101,12 @@ Status SchemeFromPreset(const std::string& name, PrecisionScheme* out);
 std::vector<std::string> RescueLadder(const PrecisionScheme& start, bool post_qk_model = true,
                                       bool language_model = false);
 
+// Whether a language model's head (the roles' formats, unless bf16_head; a
+// forward_only scheme's backward roles do not count) is rounded to 8 bits or
+// fewer: where RescueLadder puts the "+bf16_head" rung, and where policy:
+// default's bias rule applies.
+bool RoundsHeadBelowBf16(const PrecisionScheme& s);
+
 // A rung's name: a preset, or the run's own scheme by its name, optionally
 // followed by kBf16HeadRung ("mxfp4+bf16_head": that scheme with bf16_head).
 constexpr char kBf16HeadRung[] = "+bf16_head";

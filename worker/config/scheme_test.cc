@@ -266,6 +266,24 @@ TEST(RescueLadderTest, ALanguageModelKeepsItsHeadInBf16AboveTheStart) {
   }
 }
 
+// The test both the ladder's head rung and the bias rule use.
+TEST(SchemeTest, RoundsHeadBelowBf16) {
+  for (const char* p : {"mxfp4", "mxfp8_e4m3", "nvfp4", "mx_w_e4m3_a_bf16", "mxfp8_e4m3_fwd_only"}) {
+    EXPECT_TRUE(RoundsHeadBelowBf16(Preset(p))) << p;
+  }
+  for (const char* p : {"fp32", "bf16", "nvfp4_recipe", "nvfp4_hcp", "chon"}) EXPECT_FALSE(RoundsHeadBelowBf16(Preset(p))) << p;
+  PrecisionScheme s;
+  ASSERT_TRUE(SchemeFromName("mxfp4+bf16_head", &s).ok());
+  EXPECT_FALSE(RoundsHeadBelowBf16(s));
+  // forward_only: an 8-bit backward role alone does not count (it is not quantized).
+  s = Preset("bf16");
+  s.forward_only = true;
+  s.roles[static_cast<int>(Role::kWgradDy)] = Preset("mxfp8_e4m3").roles[0];
+  EXPECT_FALSE(RoundsHeadBelowBf16(s));
+  s.forward_only = false;
+  EXPECT_TRUE(RoundsHeadBelowBf16(s));
+}
+
 TEST(SchemeForRungTest, APresetTheRunsOwnSchemeOrEitherWithABf16Head) {
   PrecisionScheme own = Preset("mxfp4");
   own.name = "custom";
@@ -286,7 +304,7 @@ TEST(SchemeForRungTest, APresetTheRunsOwnSchemeOrEitherWithABf16Head) {
   EXPECT_TRUE(ValidateScheme(s).ok());
   ASSERT_TRUE(SchemeForRung("bf16", own, &s).ok());
   EXPECT_EQ(DescribeScheme(s), DescribeScheme(Preset("bf16")));
-  for (const char* bad : {"fp8", "+bf16_head", "mxfp4+bf16", "mxfp4+bf16_head+bf16_head"}) {
+  for (const char* bad : {"fp8", "", "+bf16_head", "mxfp4+bf16", "mxfp4+bf16_head+bf16_head"}) {
     const Status st = SchemeForRung(bad, own, &s, "policy.ladder");
     EXPECT_FALSE(st.ok()) << bad;
     EXPECT_EQ(st.field(), "policy.ladder") << bad;
