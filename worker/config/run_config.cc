@@ -693,16 +693,19 @@ Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
 
 // A named policy (`policy: default`) becomes its rules once the run's starting
 // scheme and length are known; what the config set besides the name stays.
-// probe_set: the config gave probe_every. The default policy's bias rule (a
-// language model whose start rounds its head to 8 bits or fewer) reads the
-// gradient-bias probe, so such a run that did not say probes every
-// DefaultProbeEvery steps; no other run pays for a probe.
-void ResolvePolicyPreset(RunConfig* c, bool probe_set) {
+// probe_set / reference_set: the config gave probe_every / probe_reference.
+// The default policy's bias rule (a language model whose start rounds its head
+// to 8 bits or fewer) reads the gradient-bias probe, so such a run that did not
+// say probes every DefaultProbeEvery steps against the bf16 scheme's gradient
+// (at GPT-2 124M an fp32 reference costs 5.9% of the run at that cadence, a bf16
+// one 0.8%; docs/train.md); no other run pays for a probe.
+void ResolvePolicyPreset(RunConfig* c, bool probe_set, bool reference_set) {
   if (c->policy.preset != "default") return;
   const bool lm = IsLanguageModel(c->model);
   const bool bias_rule = lm && RoundsHeadBelowBf16(c->precision);  // the ladder's first rung: the head to BF16
   Policy resolved = DefaultPolicy(RescueLadder(c->precision, IsDecoderModel(c->model), lm), c->steps, lm, bias_rule);
   if (bias_rule && !probe_set) c->probe_every = DefaultProbeEvery(c->steps);
+  if (bias_rule && !reference_set) c->probe_reference = "bf16";
   resolved.probation_after = c->policy.probation_after;
   if (c->policy.rewarm_steps >= 0) resolved.rewarm_steps = c->policy.rewarm_steps;  // -1: the preset's
   resolved.sweep_rules = c->policy.sweep_rules;
@@ -936,7 +939,7 @@ Status ParseNode(const Reader& r, const YAML::Node& root, RunConfig* out) {
   KEEL_RETURN_IF_ERROR(ParseRunFields(r, root, &c));
   if (root["policy"]) KEEL_RETURN_IF_ERROR(ParsePolicy(r, root["policy"], &c.policy));
   ResolveDerivedFields(&c);
-  ResolvePolicyPreset(&c, static_cast<bool>(root["probe_every"]));
+  ResolvePolicyPreset(&c, static_cast<bool>(root["probe_every"]), static_cast<bool>(root["probe_reference"]));
   Status st = ValidateRunConfig(c);
   if (!st.ok()) return Status::InvalidArgument(r.Where(FieldNode(root, st.field())) + st.message());
   *out = c;

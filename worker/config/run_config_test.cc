@@ -382,8 +382,12 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
     // often enough for three probes in a row.
     EXPECT_EQ(Parsed(lm_yaml + "probe_every: 0\npolicy: default\n").probe_every, 0) << type;
     EXPECT_EQ(Parsed(lm_yaml + "probe_every: 7\npolicy: default\n").probe_every, 7) << type;
-    EXPECT_EQ(Parsed(lm_yaml + "policy: default\n").probe_reference, "fp32") << type;
+    // Its probe's reference is the bf16 scheme's gradient unless the run names
+    // one; a run without the bias rule keeps fp32, the field's default.
+    EXPECT_EQ(lm.probe_reference, "bf16") << type;
+    EXPECT_EQ(Parsed(lm_yaml + "probe_reference: fp32\npolicy: default\n").probe_reference, "fp32") << type;
     EXPECT_EQ(Parsed(lm_yaml + "probe_reference: bf16\npolicy: default\n").probe_reference, "bf16") << type;
+    EXPECT_EQ(Parsed(lm_yaml).probe_reference, "fp32") << type;
     EXPECT_EQ(Parsed(lm_yaml + "policy: default\n", {"steps=300"}).probe_every, 10) << type;
     // Without the default policy nothing probes unless told; nor does a run
     // whose head is BF16 already (bf16, fp32, the NVFP4 recipe, a +bf16_head
@@ -393,6 +397,7 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
     for (const char* p : {"bf16", "fp32", "nvfp4_recipe", "mxfp4+bf16_head"}) {
       const RunConfig other = Parsed(lm_yaml + "policy: default\n", {std::string("precision=") + p});
       EXPECT_EQ(other.probe_every, 0) << type << " " << p;
+      EXPECT_EQ(other.probe_reference, "fp32") << type << " " << p;
       EXPECT_EQ(other.policy.rules.size(), 2u) << type << " " << p;
     }
     EXPECT_EQ(Parsed(lm_yaml + "policy: default\n", {"precision=nvfp4"}).probe_every, 100) << type;

@@ -171,7 +171,8 @@ void PrintPolicyPresets(int64_t steps) {
     const DetectorConfig& bias = lm.detectors.at("grad_bias");
     std::printf("    a language model (gpt, llama, gla): loss_drift at > %gx its lowest instead, and\n"
                 "    rule bias, where the ladder's first rung moves the head to BF16: when grad_bias\n"
-                "      (|zeta| > %g on %d probes in a row; probe_every %d unless the run sets it) do\n"
+                "      (|zeta| > %g on %d probes in a row; probe_every %d and probe_reference bf16\n"
+                "      unless the run sets them) do\n"
                 "      switch next; cooldown %lld\n",
                 lm.detectors.at("loss_drift").ratio, bias.max_abs_zeta, bias.consecutive, DefaultProbeEvery(steps),
                 static_cast<long long>(lm.rules.back().cooldown));

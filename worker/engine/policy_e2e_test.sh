@@ -108,7 +108,8 @@ grep -q "^default" policies.txt
 grep -q "rule drift: when loss_drift (the median of 250 steps > 2x its lowest, after 500 steps)" policies.txt
 grep -q "mxfp4 *mxfp4 -> mxfp6_e2m3 -> mxfp8_e4m3 -> mx_w_e4m3_a_bf16 -> bf16 -> fp32" policies.txt
 grep -q "rule bias, where the ladder's first rung moves the head to BF16: when grad_bias" policies.txt
-grep -q "(|zeta| > 0.1 on 3 probes in a row; probe_every 100 unless the run sets it) do" policies.txt
+grep -q "(|zeta| > 0.1 on 3 probes in a row; probe_every 100 and probe_reference bf16$" policies.txt
+grep -q "^ *unless the run sets them) do$" policies.txt
 grep -q "language model *mxfp4 -> mxfp4+bf16_head -> mxfp6_e2m3+bf16_head -> mxfp8_e4m3+bf16_head -> mx_w_e4m3_a_bf16+bf16_head -> bf16 -> fp32" policies.txt
 rc=0; "$train" presets --bogus 2> refused.log || rc=$?
 [ "$rc" = 2 ] && grep -qF "presets: unknown argument '--bogus' (allowed: --policies)" refused.log
