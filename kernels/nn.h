@@ -193,6 +193,17 @@ class Backend {
   // map (backend, grid.cells() doubles) += sum |x| per cell of grid.
   virtual Status AddBlockAbsSums(const float* x, int64_t rows, int64_t cols, const MapGrid& grid,
                                  double* map) = 0;
+  // The same three on a bf16 tensor whose rows lie ld >= cols elements apart,
+  // each element read as its exact fp32 value: the results of the fp32
+  // reductions on the widened tensor (CUDA: the same bits), without the
+  // widened copy (the head's gradient of the logits is 3 GiB in fp32 at GPT-2
+  // 124M, batch 16 x 1024).
+  virtual Status ChannelAbsMaxBf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols, int channel_axis,
+                                   float* out) = 0;
+  virtual Status AddOutlierSumsBf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols, int nvfp4_axis,
+                                    OutlierSums* sums) = 0;
+  virtual Status AddBlockAbsSumsBf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols,
+                                     const MapGrid& grid, double* map) = 0;
 
   // A step's analytics: BeginOutlierAnalytics arms them for `slots` slots (the
   // model's linear layers; maps: also the block maps). While armed, every
@@ -466,6 +477,10 @@ class Backend {
   // quantizing it (nothing unless armed and slot >= 0); op names the caller in
   // errors. x: rows x cols as the role's GEMM reads it (outliers.h's table).
   Status AnalyzeOperand(const char* op, Role role, const float* x, int64_t rows, int64_t cols, int slot);
+  // The same for an operand that arrives in bf16 (LinearQuant's x_bf16 or
+  // dy_bf16: rows ld elements apart), read in place.
+  Status AnalyzeOperandBf16(const char* op, Role role, const uint16_t* x, int64_t ld, int64_t rows, int64_t cols,
+                            int slot);
   // Frees the analytics buffers; a backend's destructor calls it while Free works.
   void ReleaseOutlierAnalytics();
 
@@ -488,6 +503,11 @@ class Backend {
     double* map = nullptr;
     int64_t rows = 0, cols = 0, calls = 0;
   };
+  // The buffers of (slot, role) for an operand of rows x cols, carved when new;
+  // null (and Ok) when nothing is to be analysed (not armed, slot < 0). *map:
+  // whether this role's block map is drawn.
+  Status OutlierBuffersFor(const char* op, Role role, int64_t rows, int64_t cols, int slot, OutlierBuffers** out,
+                           bool* map);
   bool outliers_armed_ = false;
   bool outlier_maps_ = false;
   int outlier_slots_ = 0;

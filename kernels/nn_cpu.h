@@ -73,6 +73,13 @@ class CpuBackend : public Backend {
                         OutlierSums* sums) override;
   Status AddBlockAbsSums(const float* x, int64_t rows, int64_t cols, const MapGrid& grid,
                          double* map) override;
+  // On a bf16 tensor: its values widened, then the fp32 reductions above.
+  Status ChannelAbsMaxBf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols, int channel_axis,
+                           float* out) override;
+  Status AddOutlierSumsBf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols, int nvfp4_axis,
+                            OutlierSums* sums) override;
+  Status AddBlockAbsSumsBf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols, const MapGrid& grid,
+                             double* map) override;
 
   Status LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
                           float* mean, float* rstd, int64_t rows, int64_t cols, float eps) override;

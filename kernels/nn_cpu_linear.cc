@@ -505,6 +505,46 @@ Status CpuBackend::AddBlockAbsSums(const float* x, int64_t rows, int64_t cols, c
   return Status::Ok();
 }
 
+namespace {
+
+// A bf16 tensor's values (rows ld apart) as packed fp32, for the reductions.
+Status WidenBf16(const char* op, const uint16_t* x, int64_t ld, int64_t rows, int64_t cols,
+                 std::vector<float>* out) {
+  KEEL_RETURN_IF_ERROR(CheckPositive(op, {{"rows", rows}, {"cols", cols}}));
+  KEEL_RETURN_IF_ERROR(CheckPtrs(op, {{"x", x}}));
+  if (ld < cols)
+    return Status::Error(std::string(op) + ": ld: " + std::to_string(ld) + " is not allowed; need >= cols (" +
+                         std::to_string(cols) + ")");
+  out->resize(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) (*out)[r * cols + c] = Bf16ToFloat(x[r * ld + c]);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CpuBackend::ChannelAbsMaxBf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols, int channel_axis,
+                                     float* out) {
+  std::vector<float> wide;
+  KEEL_RETURN_IF_ERROR(WidenBf16("ChannelAbsMaxBf16", x, ld, rows, cols, &wide));
+  return ChannelAbsMax(wide.data(), rows, cols, channel_axis, out);
+}
+
+Status CpuBackend::AddOutlierSumsBf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols, int nvfp4_axis,
+                                      OutlierSums* sums) {
+  std::vector<float> wide;
+  KEEL_RETURN_IF_ERROR(WidenBf16("AddOutlierSumsBf16", x, ld, rows, cols, &wide));
+  return AddOutlierSums(wide.data(), rows, cols, nvfp4_axis, sums);
+}
+
+Status CpuBackend::AddBlockAbsSumsBf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols,
+                                       const MapGrid& grid, double* map) {
+  std::vector<float> wide;
+  KEEL_RETURN_IF_ERROR(WidenBf16("AddBlockAbsSumsBf16", x, ld, rows, cols, &wide));
+  return AddBlockAbsSums(wide.data(), rows, cols, grid, map);
+}
+
 Status CpuBackend::QuantizeDequantize(const float* x, int64_t rows, int64_t cols, int axis,
                                       const OperandFormat& format, uint64_t seed, float* out) {
   static const char kOp[] = "QuantizeDequantize";

@@ -257,7 +257,7 @@ void Scratch::Release(cudaStream_t stream) {
 std::vector<Scratch*> CudaBackend::MainStreamScratch() {
   return {&op_a_,          &op_b_,       &codes_,      &partials_,   &adam_table_, &quant_temp_, &hcp_partials_,
           &hcp_means_,     &hcp_scores_, &hcp_sort_,   &hcp_index_,  &hcp_cols_,   &hcp_wide_a_, &hcp_wide_b_,
-          &align_in_,      &x_seen_,     &attn_q_,     &attn_k_,     &attn_v_,     &attn_o_,     &attn_delta_,
+          &align_in_,      &attn_q_,     &attn_k_,     &attn_v_,     &attn_o_,     &attn_delta_,
           &attn_s_,        &attn_p_,     &attn_dp_,    &attn_ds_,    &attn_dq_,    &attn_dk_,    &attn_dv_,
           &embed_,         &gla_parts_,  &gla_a_,      &reduce_desc_};
 }

@@ -392,6 +392,12 @@ class CudaBackend final : public Backend {
   Status ChannelAbsMax(const float* x, int64_t rows, int64_t cols, int channel_axis, float* out) override;
   Status AddOutlierSums(const float* x, int64_t rows, int64_t cols, int nvfp4_axis, OutlierSums* sums) override;
   Status AddBlockAbsSums(const float* x, int64_t rows, int64_t cols, const MapGrid& grid, double* map) override;
+  Status ChannelAbsMaxBf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols, int channel_axis,
+                           float* out) override;
+  Status AddOutlierSumsBf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols, int nvfp4_axis,
+                            OutlierSums* sums) override;
+  Status AddBlockAbsSumsBf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols, const MapGrid& grid,
+                             double* map) override;
 
   bool DeviceMemoryInUse(int64_t* bytes) const override;
   Status SetProfiling(bool on) override;
@@ -653,11 +659,9 @@ class CudaBackend final : public Backend {
   // Statistics for `role` of a bf16 operand given by its producer (rows x cols,
   // rows ld apart): the producer's count when it wrote src, else a counting pass.
   Status RecordBf16Stats(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, int slot, Role role);
-  // What the analytics read of x: x, or on an analytics step with x given in
-  // bf16 (LinearQuant::x_bf16) its values in x_seen_.
-  Status XSeen(const LinearQuant& q, const float* x, int64_t rows, int64_t in, const float** seen);
-  // dst (rows x cols fp32, row-major) = the bf16 values of src (rows ld apart).
-  Status Bf16RowsToFloat(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, float* dst);
+  // AddOutlierSums' two passes over x, an fp32 or bf16 reader (nn_cuda_outliers.cu).
+  template <typename Reader>
+  Status LaunchOutlierSums(Reader x, int64_t rows, int64_t cols, int nvfp4_axis, OutlierSums* sums);
   // Sets ce_shared_limit_ and ce_sm_shared_ and opts the one-read cross-entropy
   // kernels in to the limit.
   Status CeSharedLimit();
@@ -701,7 +705,6 @@ class CudaBackend final : public Backend {
   Scratch hcp_cols_;                   // the patch columns of both sides, bf16
   Scratch hcp_wide_a_, hcp_wide_b_;    // a folded patch's widened GEMM operands, bf16
   Scratch align_in_;                   // a quantizer input that is not 16-byte aligned
-  Scratch x_seen_;                     // x given in bf16, as fp32 for an analytics step
   Scratch attn_q_, attn_k_, attn_v_, attn_o_;  // attention, per head [b, h, t, d] (attn_o_: dO)
   Scratch attn_delta_;                 // attention backward: D = dout . out per row
   // The GEMM path of attention (fp32, or a head size the fused kernels lack):

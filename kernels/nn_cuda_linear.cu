@@ -525,14 +525,6 @@ __global__ void Bf16NonfiniteKernel(const uint16_t* __restrict__ src, int64_t ld
   if ((threadIdx.x & 31) == 0 && count > 0) atomicAdd(pair + 1, count);
 }
 
-__global__ void Bf16RowsToFloatKernel(const uint16_t* __restrict__ src, int64_t ld, int64_t rows, int64_t cols,
-                                      float* __restrict__ dst) {
-  const int64_t n = rows * cols, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    dst[i] = __uint_as_float(static_cast<uint32_t>(src[(i / cols) * ld + i % cols]) << 16);
-  }
-}
-
 }  // namespace
 
 Status CudaBackend::NoteProduced(const uint16_t* out, unsigned long long** pair) {
@@ -570,21 +562,6 @@ Status CudaBackend::RecordBf16Stats(const uint16_t* src, int64_t ld, int64_t row
   Bf16NonfiniteKernel<<<GridFor(rows * cols), kThreads, 0, stream_>>>(src, ld, rows, cols, pair);
   NN_LAUNCH_CHECK();
   RecordStats(rows * cols, 1, true, slot, role, index);
-  return Status::Ok();
-}
-
-Status CudaBackend::XSeen(const LinearQuant& q, const float* x, int64_t rows, int64_t in, const float** seen) {
-  *seen = x;
-  if (q.x_bf16 == nullptr || !outlier_analytics_armed() || q.analytics_slot < 0) return Status::Ok();
-  KEEL_RETURN_IF_ERROR(x_seen_.Reserve(static_cast<size_t>(rows * in) * sizeof(float), stream_));
-  KEEL_RETURN_IF_ERROR(Bf16RowsToFloat(q.x_bf16, q.x_bf16_ld, rows, in, x_seen_.get<float>()));
-  *seen = x_seen_.get<float>();
-  return Status::Ok();
-}
-
-Status CudaBackend::Bf16RowsToFloat(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
-  Bf16RowsToFloatKernel<<<GridFor(rows * cols), kThreads, 0, stream_>>>(src, ld, rows, cols, dst);
-  NN_LAUNCH_CHECK();
   return Status::Ok();
 }
 
@@ -886,10 +863,13 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
   KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
   KEEL_RETURN_IF_ERROR(CheckStatsSlot("LinearForward", q.stats_slot));
   KEEL_RETURN_IF_ERROR(CheckHotChannelCounts("LinearForward", "hcp_fwd", q.hcp_fwd, in));
-  const float* x_seen = nullptr;
-  KEEL_RETURN_IF_ERROR(XSeen(q, x, rows, in, &x_seen));
-  KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearForward", Role::kFwdX, x_seen, rows, in, q.analytics_slot));
-  if (x_seen != x) x_seen_.Release(stream_);  // stream-ordered: after the analysis
+  // x given in bf16 is analysed where it lies (no fp32 copy).
+  if (bf16_x) {
+    KEEL_RETURN_IF_ERROR(
+        AnalyzeOperandBf16("LinearForward", Role::kFwdX, q.x_bf16, q.x_bf16_ld, rows, in, q.analytics_slot));
+  } else {
+    KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearForward", Role::kFwdX, x, rows, in, q.analytics_slot));
+  }
   KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearForward", Role::kFwdW, w, out, in, q.analytics_slot));
   const bool bf16 = q.role[static_cast<int>(Role::kFwdX)].quantized() && q.role[static_cast<int>(Role::kFwdW)].quantized();
   Operand qx, qw;
@@ -978,23 +958,23 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
   KEEL_RETURN_IF_ERROR(CheckHcpWgradRows("LinearBackward", q, rows));
   KEEL_RETURN_IF_ERROR(CheckRht(q, rows));
   KEEL_RETURN_IF_ERROR(CheckStatsSlot("LinearBackward", q.stats_slot));
-  const float* dy_seen = dy;  // what the analytics read
-  const bool analyze = outlier_analytics_armed() && q.analytics_slot >= 0;
-  if (bf16_dy && analyze) {  // dy's values in fp32, for this analytics step only
-    KEEL_RETURN_IF_ERROR(quant_temp_.Reserve(static_cast<size_t>(rows * out) * sizeof(float), stream_));
-    KEEL_RETURN_IF_ERROR(Bf16RowsToFloat(q.dy_bf16, q.dy_bf16_ld, rows, out, quant_temp_.get<float>()));
-    dy_seen = quant_temp_.get<float>();
-  }
+  // dy or x given in bf16 is analysed where it lies (no fp32 copy: the head's
+  // dy would be bt x padded_vocab floats).
+  auto analyze_dy = [&](Role role) {
+    return bf16_dy ? AnalyzeOperandBf16("LinearBackward", role, q.dy_bf16, q.dy_bf16_ld, rows, out, q.analytics_slot)
+                   : AnalyzeOperand("LinearBackward", role, dy, rows, out, q.analytics_slot);
+  };
   if (dx != nullptr) {  // the dgrad GEMM runs only when dx is wanted
-    KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kDgradDy, dy_seen, rows, out, q.analytics_slot));
+    KEEL_RETURN_IF_ERROR(analyze_dy(Role::kDgradDy));
     KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kDgradW, w, out, in, q.analytics_slot));
   }
-  KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kWgradDy, dy_seen, rows, out, q.analytics_slot));
-  const float* x_seen = nullptr;
-  KEEL_RETURN_IF_ERROR(XSeen(q, x, rows, in, &x_seen));
-  KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kWgradX, x_seen, rows, in, q.analytics_slot));
-  if (x_seen != x) x_seen_.Release(stream_);
-  if (bf16_dy && analyze) quant_temp_.Release(stream_);  // stream-ordered: after the analyses
+  KEEL_RETURN_IF_ERROR(analyze_dy(Role::kWgradDy));
+  if (bf16_x) {
+    KEEL_RETURN_IF_ERROR(
+        AnalyzeOperandBf16("LinearBackward", Role::kWgradX, q.x_bf16, q.x_bf16_ld, rows, in, q.analytics_slot));
+  } else {
+    KEEL_RETURN_IF_ERROR(AnalyzeOperand("LinearBackward", Role::kWgradX, x, rows, in, q.analytics_slot));
+  }
   const int64_t dy_ld = bf16_dy ? q.dy_bf16_ld : out;
   const OperandFormat& f_ddy = q.role[static_cast<int>(Role::kDgradDy)];
   const OperandFormat& f_dw = q.role[static_cast<int>(Role::kDgradW)];

@@ -39,6 +39,27 @@ struct Pass2Partial {
 
 __device__ __forceinline__ unsigned int AbsBits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
 
+// The tensor a reduction reads, element (r, c) as fp32: fp32 rows `cols`
+// apart, or bf16 rows `ld` apart (each value exactly, widened). Flat(i) is
+// element i of the row-major rows x cols tensor: the kernels give every
+// element to the same thread whichever reader they use, so a bf16 tensor's
+// results are the bits of its widened copy's.
+struct F32Reader {
+  const float* __restrict__ p;
+  __device__ __forceinline__ float At(int64_t r, int64_t c, int64_t cols) const { return p[r * cols + c]; }
+  __device__ __forceinline__ float Flat(int64_t i, int64_t) const { return p[i]; }
+};
+struct Bf16Reader {
+  const uint16_t* __restrict__ p;
+  int64_t ld;
+  __device__ __forceinline__ float At(int64_t r, int64_t c, int64_t) const {
+    return __uint_as_float(static_cast<unsigned int>(p[r * ld + c]) << 16);
+  }
+  __device__ __forceinline__ float Flat(int64_t i, int64_t cols) const {
+    return ld == cols ? At(0, i, cols) : At(i / cols, i % cols, cols);
+  }
+};
+
 __device__ __forceinline__ unsigned int WarpMaxBits(unsigned int v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, o));
@@ -132,15 +153,15 @@ __device__ bool LastBlockDone(unsigned int* counter) {
 // Channels are columns: a 32 x 8 block covers 32 columns (coalesced) and a
 // stripe of rows; the 8 row lanes meet in shared memory, and one atomicMax per
 // column and block reaches out.
-__global__ void __launch_bounds__(256) ColumnAbsMaxKernel(const float* __restrict__ x, int64_t rows, int64_t cols,
-                                                          float* out) {
+template <typename Reader>
+__global__ void __launch_bounds__(256) ColumnAbsMaxKernel(Reader x, int64_t rows, int64_t cols, float* out) {
   __shared__ unsigned int lanes[8][33];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   unsigned int m = 0;
   if (c < cols) {
     for (int64_t r = static_cast<int64_t>(blockIdx.y) * 8 + threadIdx.y; r < rows;
          r += static_cast<int64_t>(gridDim.y) * 8) {
-      m = max(m, AbsBits(x[r * cols + c]));
+      m = max(m, AbsBits(x.At(r, c, cols)));
     }
   }
   lanes[threadIdx.y][threadIdx.x] = m;
@@ -152,13 +173,13 @@ __global__ void __launch_bounds__(256) ColumnAbsMaxKernel(const float* __restric
 }
 
 // Channels are rows: a warp per row.
-__global__ void __launch_bounds__(256) RowAbsMaxKernel(const float* __restrict__ x, int64_t rows, int64_t cols,
-                                                       float* out) {
+template <typename Reader>
+__global__ void __launch_bounds__(256) RowAbsMaxKernel(Reader x, int64_t rows, int64_t cols, float* out) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
     unsigned int m = 0;
-    for (int64_t c = lane; c < cols; c += 32) m = max(m, AbsBits(x[r * cols + c]));
+    for (int64_t c = lane; c < cols; c += 32) m = max(m, AbsBits(x.At(r, c, cols)));
     m = WarpMaxBits(m);
     if (lane == 0) atomicMax(reinterpret_cast<unsigned int*>(out) + r, m);
   }
@@ -218,14 +239,15 @@ __device__ void Finish2(const Pass2Partial* partials, int blocks, OutlierSums* s
 
 // The finish (the tensor's amax and, on the slot's first finite call, the
 // shift) runs in the block that finishes last (LastBlockDone).
-__global__ void __launch_bounds__(kOutlierThreads) OutlierPass1Kernel(const float* __restrict__ x, int64_t n,
+template <typename Reader>
+__global__ void __launch_bounds__(kOutlierThreads) OutlierPass1Kernel(Reader x, int64_t n, int64_t cols,
                                                                       Pass1Partial* partials, unsigned int* counter,
                                                                       OutlierSums* sums, float* amax_out) {
   __shared__ Pass1Shared shared;
   Pass1Partial t{0, 0, 0, 0};
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float v = x[i];
+    const float v = x.Flat(i, cols);
     t.amax_bits = max(t.amax_bits, AbsBits(v));
     if (isfinite(v)) {
       t.sum += v;
@@ -241,7 +263,8 @@ __global__ void __launch_bounds__(kOutlierThreads) OutlierPass1Kernel(const floa
 // each element's power sums and whether it rounds to zero. Axis 1: item
 // (row, block), elements consecutive in the row; axis 0: item (block, column),
 // adjacent threads on adjacent columns.
-__global__ void __launch_bounds__(kOutlierThreads) OutlierPass2Kernel(const float* __restrict__ x, int64_t rows,
+template <typename Reader>
+__global__ void __launch_bounds__(kOutlierThreads) OutlierPass2Kernel(Reader x, int64_t rows,
                                                                       int64_t cols, int axis, const float* amax_t,
                                                                       OutlierSums* sums, Pass2Partial* partials,
                                                                       unsigned int* counter) {
@@ -270,7 +293,7 @@ __global__ void __launch_bounds__(kOutlierThreads) OutlierPass2Kernel(const floa
 #pragma unroll
     for (int k = 0; k < 16; ++k) {
       v[k] = 0.0f;
-      if (k < count) v[k] = axis == 1 ? x[line * cols + k0 + k] : x[(k0 + k) * cols + line];
+      if (k < count) v[k] = axis == 1 ? x.At(line, k0 + k, cols) : x.At(k0 + k, line, cols);
       amax_b = max(amax_b, AbsBits(v[k]));
     }
     // The reference's NaN-propagating max: any NaN magnitude's bits exceed Inf's.
@@ -307,8 +330,9 @@ __global__ void __launch_bounds__(kOutlierThreads) OutlierPass2Kernel(const floa
 // ============================================================================
 
 // One block per cell: sum |x| over the cell in double, in a fixed order.
-__global__ void __launch_bounds__(kOutlierThreads) BlockAbsSumsKernel(const float* __restrict__ x, int64_t rows,
-                                                                      int64_t cols, MapGrid grid, double* map) {
+template <typename Reader>
+__global__ void __launch_bounds__(kOutlierThreads) BlockAbsSumsKernel(Reader x, int64_t rows, int64_t cols,
+                                                                      MapGrid grid, double* map) {
   __shared__ double shared[kOutlierThreads / 32];
   const int64_t cell = blockIdx.x;
   const int64_t r0 = (cell / grid.cols) * grid.cell_rows, c0 = (cell % grid.cols) * grid.cell_cols;
@@ -321,8 +345,7 @@ __global__ void __launch_bounds__(kOutlierThreads) BlockAbsSumsKernel(const floa
   double sum = 0;
   if (first < together) {
     for (int64_t i = first; i < h; i += together) {
-      const float* row = x + (r0 + i) * cols + c0;
-      for (int64_t j = lane; j < w; j += lanes) sum += fabsf(row[j]);
+      for (int64_t j = lane; j < w; j += lanes) sum += fabsf(x.At(r0 + i, c0 + j, cols));
     }
   }
   sum = BlockSum(sum, shared);
@@ -347,25 +370,61 @@ Status CheckShape(const char* op, int64_t rows, int64_t cols, const void* x, con
 // Launchers
 // ============================================================================
 
-Status CudaBackend::ChannelAbsMax(const float* x, int64_t rows, int64_t cols, int channel_axis, float* out) {
-  NN_PROFILE("ChannelAbsMax");
-  KEEL_RETURN_IF_ERROR(CheckShape("ChannelAbsMax", rows, cols, x, out, "channel_axis", channel_axis));
+namespace {
+
+// The launchers' bodies, for either reader (the checks are the callers').
+template <typename Reader>
+Status LaunchChannelAbsMax(Reader x, int64_t rows, int64_t cols, int channel_axis, float* out, int sm_count,
+                           cudaStream_t stream) {
   if (channel_axis == 1) {
     // Enough row stripes to fill the GPU, at least 8 rows each.
     const int64_t column_blocks = CeilDiv(cols, 32);
-    const int64_t stripes = std::max<int64_t>(1, std::min<int64_t>(CeilDiv(rows, 8), 4 * sm_count_ / std::max<int64_t>(1, column_blocks) + 1));
-    ColumnAbsMaxKernel<<<dim3(static_cast<unsigned int>(column_blocks), static_cast<unsigned int>(std::min<int64_t>(stripes, 65535))),
-                         dim3(32, 8), 0, stream_>>>(x, rows, cols, out);
+    const int64_t stripes =
+        std::max<int64_t>(1, std::min<int64_t>(CeilDiv(rows, 8), 4 * sm_count / std::max<int64_t>(1, column_blocks) + 1));
+    ColumnAbsMaxKernel<<<dim3(static_cast<unsigned int>(column_blocks),
+                              static_cast<unsigned int>(std::min<int64_t>(stripes, 65535))),
+                         dim3(32, 8), 0, stream>>>(x, rows, cols, out);
   } else {
-    RowAbsMaxKernel<<<GridFor(rows, 8), 256, 0, stream_>>>(x, rows, cols, out);
+    RowAbsMaxKernel<<<GridFor(rows, 8), 256, 0, stream>>>(x, rows, cols, out);
   }
   NN_LAUNCH_CHECK();
   return Status::Ok();
 }
 
-Status CudaBackend::AddOutlierSums(const float* x, int64_t rows, int64_t cols, int nvfp4_axis, OutlierSums* sums) {
-  NN_PROFILE("AddOutlierSums");
-  KEEL_RETURN_IF_ERROR(CheckShape("AddOutlierSums", rows, cols, x, sums, "nvfp4_axis", nvfp4_axis));
+Status CheckBf16Ld(const char* op, int64_t ld, int64_t cols) {
+  if (ld < cols)
+    return Status::Error(std::string(op) + ": ld: " + std::to_string(ld) + " is not allowed; need >= cols (" +
+                         std::to_string(cols) + ")");
+  return Status::Ok();
+}
+
+Status CheckGrid(const char* op, int64_t rows, int64_t cols, const MapGrid& grid) {
+  const MapGrid expected = MapGridFor(rows, cols);
+  if (grid.cell_rows != expected.cell_rows || grid.cell_cols != expected.cell_cols || grid.rows != expected.rows ||
+      grid.cols != expected.cols)
+    return Status::Error(std::string(op) + ": grid: " + std::to_string(grid.rows) + " x " + std::to_string(grid.cols) +
+                         " cells is not allowed; use MapGridFor(rows, cols)");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CudaBackend::ChannelAbsMax(const float* x, int64_t rows, int64_t cols, int channel_axis, float* out) {
+  NN_PROFILE("ChannelAbsMax");
+  KEEL_RETURN_IF_ERROR(CheckShape("ChannelAbsMax", rows, cols, x, out, "channel_axis", channel_axis));
+  return LaunchChannelAbsMax(F32Reader{x}, rows, cols, channel_axis, out, sm_count_, stream_);
+}
+
+Status CudaBackend::ChannelAbsMaxBf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols, int channel_axis,
+                                      float* out) {
+  NN_PROFILE("ChannelAbsMax");
+  KEEL_RETURN_IF_ERROR(CheckShape("ChannelAbsMaxBf16", rows, cols, x, out, "channel_axis", channel_axis));
+  KEEL_RETURN_IF_ERROR(CheckBf16Ld("ChannelAbsMaxBf16", ld, cols));
+  return LaunchChannelAbsMax(Bf16Reader{x, ld}, rows, cols, channel_axis, out, sm_count_, stream_);
+}
+
+template <typename Reader>
+Status CudaBackend::LaunchOutlierSums(Reader x, int64_t rows, int64_t cols, int nvfp4_axis, OutlierSums* sums) {
   const int64_t n = rows * cols;
   const unsigned int blocks1 = std::min(GridFor(n, kOutlierThreads), kOutlierMaxBlocks);
   const int64_t items = (nvfp4_axis == 1 ? rows * CeilDiv(cols, 16) : cols * CeilDiv(rows, 16));
@@ -386,23 +445,45 @@ Status CudaBackend::AddOutlierSums(const float* x, int64_t rows, int64_t cols, i
   Pass2Partial* p2 = reinterpret_cast<Pass2Partial*>(base + p2_offset);
   float* amax = reinterpret_cast<float*>(base + amax_offset);
   // Two launches: each pass's last block runs its finish.
-  OutlierPass1Kernel<<<blocks1, kOutlierThreads, 0, stream_>>>(x, n, p1, counter, sums, amax);
+  OutlierPass1Kernel<<<blocks1, kOutlierThreads, 0, stream_>>>(x, n, cols, p1, counter, sums, amax);
   NN_LAUNCH_CHECK();
   OutlierPass2Kernel<<<blocks2, kOutlierThreads, 0, stream_>>>(x, rows, cols, nvfp4_axis, amax, sums, p2, counter);
   NN_LAUNCH_CHECK();
   return Status::Ok();
 }
 
+Status CudaBackend::AddOutlierSums(const float* x, int64_t rows, int64_t cols, int nvfp4_axis, OutlierSums* sums) {
+  NN_PROFILE("AddOutlierSums");
+  KEEL_RETURN_IF_ERROR(CheckShape("AddOutlierSums", rows, cols, x, sums, "nvfp4_axis", nvfp4_axis));
+  return LaunchOutlierSums(F32Reader{x}, rows, cols, nvfp4_axis, sums);
+}
+
+Status CudaBackend::AddOutlierSumsBf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols, int nvfp4_axis,
+                                       OutlierSums* sums) {
+  NN_PROFILE("AddOutlierSums");
+  KEEL_RETURN_IF_ERROR(CheckShape("AddOutlierSumsBf16", rows, cols, x, sums, "nvfp4_axis", nvfp4_axis));
+  KEEL_RETURN_IF_ERROR(CheckBf16Ld("AddOutlierSumsBf16", ld, cols));
+  return LaunchOutlierSums(Bf16Reader{x, ld}, rows, cols, nvfp4_axis, sums);
+}
+
 Status CudaBackend::AddBlockAbsSums(const float* x, int64_t rows, int64_t cols, const MapGrid& grid, double* map) {
   NN_PROFILE("AddBlockAbsSums");
   KEEL_RETURN_IF_ERROR(CheckShape("AddBlockAbsSums", rows, cols, x, map, "axis", 1));
-  const MapGrid expected = MapGridFor(rows, cols);
-  if (grid.cell_rows != expected.cell_rows || grid.cell_cols != expected.cell_cols || grid.rows != expected.rows ||
-      grid.cols != expected.cols)
-    return Status::Error("AddBlockAbsSums: grid: " + std::to_string(grid.rows) + " x " + std::to_string(grid.cols) +
-                         " cells is not allowed; use MapGridFor(rows, cols)");
-  BlockAbsSumsKernel<<<static_cast<unsigned int>(grid.cells()), kOutlierThreads, 0, stream_>>>(x, rows, cols, grid,
-                                                                                              map);
+  KEEL_RETURN_IF_ERROR(CheckGrid("AddBlockAbsSums", rows, cols, grid));
+  BlockAbsSumsKernel<<<static_cast<unsigned int>(grid.cells()), kOutlierThreads, 0, stream_>>>(F32Reader{x}, rows,
+                                                                                              cols, grid, map);
+  NN_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CudaBackend::AddBlockAbsSumsBf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols,
+                                        const MapGrid& grid, double* map) {
+  NN_PROFILE("AddBlockAbsSums");
+  KEEL_RETURN_IF_ERROR(CheckShape("AddBlockAbsSumsBf16", rows, cols, x, map, "axis", 1));
+  KEEL_RETURN_IF_ERROR(CheckBf16Ld("AddBlockAbsSumsBf16", ld, cols));
+  KEEL_RETURN_IF_ERROR(CheckGrid("AddBlockAbsSumsBf16", rows, cols, grid));
+  BlockAbsSumsKernel<<<static_cast<unsigned int>(grid.cells()), kOutlierThreads, 0, stream_>>>(Bf16Reader{x, ld},
+                                                                                              rows, cols, grid, map);
   NN_LAUNCH_CHECK();
   return Status::Ok();
 }

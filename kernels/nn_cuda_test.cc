@@ -980,6 +980,139 @@ TEST_F(NnCudaTest, OutlierAnalyticsMatchCpu) {
   EXPECT_GT(g[kRoleCount + R(Role::kDgradDy)].sums.flushed, 0);  // small gradients flush beside the outliers
 }
 
+// The outlier reductions on a bf16 tensor read in place (rows ld apart) give
+// the bits of the fp32 reductions on its widened copy, at a small odd shape
+// (partial NVFP4 blocks, map cells of unequal size) and at the one-piece lm_head
+// dlogits layout (ld = 2 x padded); the CPU backend's agree to summation order;
+// an ld under cols is refused.
+TEST_F(NnCudaTest, OutlierReductionsReadBf16InPlaceWithTheWidenedBits) {
+  struct Shape {
+    int64_t rows, cols, ld;
+  };
+  for (const Shape sh : {Shape{300, 1000, 1000}, Shape{300, 1000, 1003}, Shape{1024, 50304, 2 * 50304}}) {
+    const std::string what = std::to_string(sh.rows) + " x " + std::to_string(sh.cols) + " ld " + std::to_string(sh.ld);
+    const bool large = sh.cols > 10000;
+    std::vector<float> v = WithOutliers(sh.rows * sh.cols, 91, 0.01f);
+    // A NaN makes the NVFP4 tensor amax (NaN-propagating, as the quantizer's)
+    // NaN, and then no element counts as flushed: the first shape checks the
+    // non-finite counts, the others the flushed ones.
+    const bool poisoned = sh.ld == sh.cols && sh.cols < 10000;
+    if (poisoned) {
+      v[7 * sh.cols + 3] = std::numeric_limits<float>::quiet_NaN();
+      v[11 * sh.cols + sh.cols - 1] = -std::numeric_limits<float>::infinity();
+    }
+    std::vector<uint16_t> bits(static_cast<size_t>(sh.rows * sh.ld), 0x7FC0u);  // NaN in the gaps: never read
+    std::vector<float> wide(v.size());
+    for (int64_t r = 0; r < sh.rows; ++r) {
+      for (int64_t c = 0; c < sh.cols; ++c) {
+        const uint16_t b = FloatToBf16(v[r * sh.cols + c], Rounding::kNearestEven, 0.0f);
+        bits[r * sh.ld + c] = b;
+        uint32_t u = static_cast<uint32_t>(b) << 16;
+        std::memcpy(&wide[r * sh.cols + c], &u, sizeof(u));
+      }
+    }
+    Dual bf = Make(bits.data(), bits.size() * sizeof(uint16_t)), fw = Floats(wide);
+    const uint16_t* bg = static_cast<const uint16_t*>(bf.gpu);
+    const uint16_t* bc = static_cast<const uint16_t*>(bf.cpu);
+    for (int axis : {1, 0}) {
+      const int64_t channels = axis == 1 ? sh.cols : sh.rows;
+      Dual from_wide = Zeros(channels), in_place = Zeros(channels), cpu_bf16 = Zeros(channels);
+      ASSERT_OK(gpu_->ChannelAbsMax(fw.g(), sh.rows, sh.cols, axis, from_wide.g()));
+      ASSERT_OK(gpu_->ChannelAbsMaxBf16(bg, sh.ld, sh.rows, sh.cols, axis, in_place.g()));
+      ExpectBits(what + " channel max axis " + std::to_string(axis), Gpu(from_wide), Gpu(in_place));
+      if (large) continue;
+      ASSERT_OK(cpu_->ChannelAbsMaxBf16(bc, sh.ld, sh.rows, sh.cols, axis, cpu_bf16.c()));
+      ExpectBits(what + " cpu channel max axis " + std::to_string(axis), Cpu(cpu_bf16), Gpu(in_place));
+    }
+    for (int axis : {1, 0}) {
+      const int64_t n = static_cast<int64_t>(sizeof(OutlierSums) / sizeof(float));
+      Dual a = Zeros(n), b = Zeros(n), c = Zeros(n);
+      ASSERT_OK(gpu_->AddOutlierSums(fw.g(), sh.rows, sh.cols, axis, reinterpret_cast<OutlierSums*>(a.g())));
+      ASSERT_OK(gpu_->AddOutlierSumsBf16(bg, sh.ld, sh.rows, sh.cols, axis, reinterpret_cast<OutlierSums*>(b.g())));
+      const std::vector<float> ga = Gpu(a), gb = Gpu(b);
+      EXPECT_EQ(std::memcmp(ga.data(), gb.data(), sizeof(OutlierSums)), 0) << what << " sums axis " << axis;
+      OutlierSums sa, sb;
+      std::memcpy(&sa, ga.data(), sizeof(sa));
+      std::memcpy(&sb, gb.data(), sizeof(sb));
+      EXPECT_EQ(sb.nonfinite, poisoned ? 2 : 0) << what;
+      if (poisoned) {
+        EXPECT_EQ(sb.flushed, 0) << what;
+      } else {
+        EXPECT_GT(sb.flushed, 0) << what;
+      }
+      if (large) continue;
+      ASSERT_OK(cpu_->AddOutlierSumsBf16(bc, sh.ld, sh.rows, sh.cols, axis, reinterpret_cast<OutlierSums*>(c.c())));
+      const std::vector<float> cc = Cpu(c);
+      OutlierSums sc;
+      std::memcpy(&sc, cc.data(), sizeof(sc));
+      EXPECT_EQ(sc.finite, sb.finite) << what;
+      EXPECT_EQ(sc.nonzero, sb.nonzero) << what;
+      EXPECT_EQ(sc.flushed, sb.flushed) << what;
+      EXPECT_NEAR(sc.s2, sb.s2, 1e-12 * std::fabs(sc.s2)) << what;
+      EXPECT_NEAR(sc.s4, sb.s4, 1e-12 * std::fabs(sc.s4)) << what;
+    }
+    const MapGrid grid = MapGridFor(sh.rows, sh.cols);
+    const int64_t map_floats = 2 * grid.cells();
+    Dual ma = Zeros(map_floats), mb = Zeros(map_floats);
+    ASSERT_OK(gpu_->AddBlockAbsSums(fw.g(), sh.rows, sh.cols, grid, reinterpret_cast<double*>(ma.g())));
+    ASSERT_OK(gpu_->AddBlockAbsSumsBf16(bg, sh.ld, sh.rows, sh.cols, grid, reinterpret_cast<double*>(mb.g())));
+    ExpectBits(what + " map (as float words)", Gpu(ma), Gpu(mb));
+  }
+  Dual tiny = Zeros(64), out = Zeros(64);
+  const Status refused = gpu_->ChannelAbsMaxBf16(static_cast<const uint16_t*>(tiny.gpu), 7, 4, 8, 1, out.g());
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("ld: 7 is not allowed; need >= cols (8)"), std::string::npos) << refused.message();
+}
+
+// A linear layer given x and dy in bf16 (x_bf16, dy_bf16, rows wider than the
+// operand) analyses them where they lie: the same analytics as the CPU
+// backend's, which widens them; no fp32 copy of either is made.
+TEST_F(NnCudaTest, OutlierAnalyticsOfBf16OperandsMatchCpu) {
+  const int64_t rows = 80, in = 100, out = 48, x_ld = 104, dy_ld = 50;
+  std::vector<float> xh = WithOutliers(rows * in, 61), dyh = WithOutliers(rows * out, 62, 0.01f);
+  for (int64_t r = 0; r < rows; ++r) xh[r * in + 13] *= 50.0f;
+  std::vector<uint16_t> xb(static_cast<size_t>(rows * x_ld), 0), dyb(static_cast<size_t>(rows * dy_ld), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < in; ++c) xb[r * x_ld + c] = FloatToBf16(xh[r * in + c], Rounding::kNearestEven, 0.0f);
+    for (int64_t c = 0; c < out; ++c) dyb[r * dy_ld + c] = FloatToBf16(dyh[r * out + c], Rounding::kNearestEven, 0.0f);
+  }
+  dyb[3 * dy_ld + 5] = 0x7F80u;  // +Inf
+  Dual x = Floats(xh), w = Floats(Normal(out * in, 63, 0.1f)), dy = Floats(dyh);
+  Dual x16 = Make(xb.data(), xb.size() * sizeof(uint16_t)), dy16 = Make(dyb.data(), dyb.size() * sizeof(uint16_t));
+  Dual y = Zeros(rows * out), dx = Zeros(rows * in), dw = Zeros(out * in);
+  std::vector<OperandOutliers> got[2];
+  for (Backend* be : {cpu_.get(), gpu_.get()}) {
+    const bool g = be == gpu_.get();
+    auto p = [&](const Dual& d) { return g ? d.g() : d.c(); };
+    LinearQuant q = AllRoles(Quant(QuantFormat::kBf16));
+    q.analytics_slot = 0;
+    q.x_bf16 = static_cast<const uint16_t*>(g ? x16.gpu : x16.cpu);
+    q.x_bf16_ld = x_ld;
+    q.dy_bf16 = static_cast<const uint16_t*>(g ? dy16.gpu : dy16.cpu);
+    q.dy_bf16_ld = dy_ld;
+    ASSERT_OK(be->BeginOutlierAnalytics(1, true));
+    ASSERT_OK(be->LinearForward(p(x), p(w), nullptr, nullptr, p(y), rows, in, out, q));
+    ASSERT_OK(be->LinearBackward(p(x), p(w), p(dy), p(dx), p(dw), nullptr, rows, in, out, q));
+    ASSERT_OK(be->ReadOutlierAnalytics(&got[g ? 1 : 0]));
+  }
+  auto rel = [](double a, double b) { return std::fabs(a - b) / std::max(1e-300, std::max(std::fabs(a), std::fabs(b))); };
+  for (const Role role : {Role::kFwdX, Role::kWgradX, Role::kDgradDy, Role::kWgradDy, Role::kFwdW}) {
+    const OperandOutliers& c = got[0][R(role)];
+    const OperandOutliers& g = got[1][R(role)];
+    const std::string name = RoleName(role);
+    ASSERT_EQ(c.calls, 1) << name;
+    ASSERT_EQ(g.calls, 1) << name;
+    EXPECT_EQ(c.sums.finite, g.sums.finite) << name;
+    EXPECT_EQ(c.sums.nonfinite, g.sums.nonfinite) << name;
+    EXPECT_EQ(c.sums.flushed, g.sums.flushed) << name;
+    EXPECT_LE(rel(c.sums.s2, g.sums.s2), 1e-12) << name;
+    EXPECT_LE(rel(c.sums.s4, g.sums.s4), 1e-12) << name;
+    ExpectBits(name + " channel max", c.channel_max, g.channel_max);
+  }
+  EXPECT_EQ(got[1][R(Role::kDgradDy)].sums.nonfinite, 1);  // the Inf in the bf16 dy, not in the fp32 one
+  EXPECT_EQ(got[1][R(Role::kFwdX)].channel_max[13], got[0][R(Role::kFwdX)].channel_max[13]);
+}
+
 // The per-channel max on a large tensor (GPT-2's lm_head dlogits shape) equals
 // the reference bit for bit, both channel axes.
 TEST_F(NnCudaTest, ChannelAbsMaxMatchesCpuOnALargeTensor) {

@@ -73,7 +73,10 @@ Status Backend::BeginOutlierAnalytics(int slots, bool maps) {
   return Status::Ok();
 }
 
-Status Backend::AnalyzeOperand(const char* op, Role role, const float* x, int64_t rows, int64_t cols, int slot) {
+Status Backend::OutlierBuffersFor(const char* op, Role role, int64_t rows, int64_t cols, int slot,
+                                  OutlierBuffers** out, bool* map) {
+  *out = nullptr;
+  *map = false;
   if (!outliers_armed_ || slot < 0) return Status::Ok();
   if (slot >= outlier_slots_)
     return Status::Error(std::string(op) + ": analytics_slot: " + std::to_string(slot) +
@@ -81,8 +84,6 @@ Status Backend::AnalyzeOperand(const char* op, Role role, const float* x, int64_
                          " (the slots of BeginOutlierAnalytics)");
   const OutlierView view = OutlierViewOf(role);
   OutlierBuffers& b = outlier_buffers_[static_cast<size_t>(slot) * kRoleCount + static_cast<int>(role)];
-  const bool map = outlier_maps_ && view.map;
-  const MapGrid grid = MapGridFor(rows, cols);
   if (b.sums != nullptr && (b.rows != rows || b.cols != cols)) {
     // Another shape in this slot than before (a model rebuilt): new buffers (the
     // old ones stay in their arena, unused, until ReleaseOutlierAnalytics).
@@ -102,15 +103,40 @@ Status Backend::AnalyzeOperand(const char* op, Role role, const float* x, int64_
     b.rows = rows;
     b.cols = cols;
   }
-  if (map && b.map == nullptr) {
+  *map = outlier_maps_ && view.map;
+  if (*map && b.map == nullptr) {
     void* p = nullptr;
-    KEEL_RETURN_IF_ERROR(CarveOutlierBuffer(sizeof(double) * static_cast<size_t>(grid.cells()), &p));
+    KEEL_RETURN_IF_ERROR(CarveOutlierBuffer(sizeof(double) * static_cast<size_t>(MapGridFor(rows, cols).cells()), &p));
     b.map = static_cast<double*>(p);
   }
-  KEEL_RETURN_IF_ERROR(AddOutlierSums(x, rows, cols, view.nvfp4_axis, b.sums));
-  KEEL_RETURN_IF_ERROR(ChannelAbsMax(x, rows, cols, view.channel_axis, b.channel_max));
-  if (map) KEEL_RETURN_IF_ERROR(AddBlockAbsSums(x, rows, cols, grid, b.map));
-  ++b.calls;
+  *out = &b;
+  return Status::Ok();
+}
+
+Status Backend::AnalyzeOperand(const char* op, Role role, const float* x, int64_t rows, int64_t cols, int slot) {
+  OutlierBuffers* b = nullptr;
+  bool map = false;
+  KEEL_RETURN_IF_ERROR(OutlierBuffersFor(op, role, rows, cols, slot, &b, &map));
+  if (b == nullptr) return Status::Ok();
+  const OutlierView view = OutlierViewOf(role);
+  KEEL_RETURN_IF_ERROR(AddOutlierSums(x, rows, cols, view.nvfp4_axis, b->sums));
+  KEEL_RETURN_IF_ERROR(ChannelAbsMax(x, rows, cols, view.channel_axis, b->channel_max));
+  if (map) KEEL_RETURN_IF_ERROR(AddBlockAbsSums(x, rows, cols, MapGridFor(rows, cols), b->map));
+  ++b->calls;
+  return Status::Ok();
+}
+
+Status Backend::AnalyzeOperandBf16(const char* op, Role role, const uint16_t* x, int64_t ld, int64_t rows,
+                                   int64_t cols, int slot) {
+  OutlierBuffers* b = nullptr;
+  bool map = false;
+  KEEL_RETURN_IF_ERROR(OutlierBuffersFor(op, role, rows, cols, slot, &b, &map));
+  if (b == nullptr) return Status::Ok();
+  const OutlierView view = OutlierViewOf(role);
+  KEEL_RETURN_IF_ERROR(AddOutlierSumsBf16(x, ld, rows, cols, view.nvfp4_axis, b->sums));
+  KEEL_RETURN_IF_ERROR(ChannelAbsMaxBf16(x, ld, rows, cols, view.channel_axis, b->channel_max));
+  if (map) KEEL_RETURN_IF_ERROR(AddBlockAbsSumsBf16(x, ld, rows, cols, MapGridFor(rows, cols), b->map));
+  ++b->calls;
   return Status::Ok();
 }
 

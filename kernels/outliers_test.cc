@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
@@ -306,6 +307,48 @@ TEST(BackendOutliers, ASecondStepStartsFromZero) {
   EXPECT_EQ(second[0].channel_max[3], 2.0f);
   EXPECT_EQ(second[0].calls, 1);
   EXPECT_EQ(second[0].sums.finite, 256);
+}
+
+// The bf16 reductions read each element's exact value from rows ld apart:
+// the fp32 reductions' results on the widened tensor, the gap between rows
+// never read; an ld under cols is refused naming it.
+TEST(BackendOutliers, Bf16ReductionsGiveTheWidenedTensorsResults) {
+  std::unique_ptr<Backend> b = Cpu();
+  const int64_t rows = 20, cols = 37, ld = 40;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> bits(static_cast<size_t>(rows * ld), 0x7FC0u);  // NaN in the gaps
+  std::vector<float> wide(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      float v = normal(rng) * (c == 11 ? 40.0f : 1.0f);
+      uint32_t u;
+      std::memcpy(&u, &v, sizeof(u));
+      bits[r * ld + c] = static_cast<uint16_t>(u >> 16);  // truncated: any bf16 value will do
+      u &= 0xFFFF0000u;
+      std::memcpy(&wide[r * cols + c], &u, sizeof(u));
+    }
+  }
+  for (int axis : {1, 0}) {
+    std::vector<float> a(static_cast<size_t>(axis == 1 ? cols : rows), 0.0f), c = a;
+    ASSERT_TRUE(b->ChannelAbsMax(wide.data(), rows, cols, axis, a.data()).ok());
+    ASSERT_TRUE(b->ChannelAbsMaxBf16(bits.data(), ld, rows, cols, axis, c.data()).ok());
+    EXPECT_EQ(a, c) << axis;
+    OutlierSums sa, sc;
+    ASSERT_TRUE(b->AddOutlierSums(wide.data(), rows, cols, axis, &sa).ok());
+    ASSERT_TRUE(b->AddOutlierSumsBf16(bits.data(), ld, rows, cols, axis, &sc).ok());
+    EXPECT_EQ(std::memcmp(&sa, &sc, sizeof(sa)), 0) << axis;
+    EXPECT_EQ(sc.nonfinite, 0) << axis;  // the NaN gaps were not read
+  }
+  const MapGrid grid = MapGridFor(rows, cols);
+  std::vector<double> ma(static_cast<size_t>(grid.cells()), 0.0), mc = ma;
+  ASSERT_TRUE(b->AddBlockAbsSums(wide.data(), rows, cols, grid, ma.data()).ok());
+  ASSERT_TRUE(b->AddBlockAbsSumsBf16(bits.data(), ld, rows, cols, grid, mc.data()).ok());
+  EXPECT_EQ(ma, mc);
+  std::vector<float> out(static_cast<size_t>(cols), 0.0f);
+  const Status s = b->ChannelAbsMaxBf16(bits.data(), cols - 1, rows, cols, 1, out.data());
+  EXPECT_NE(s.message().find("ChannelAbsMaxBf16: ld: 36 is not allowed; need >= cols (37)"), std::string::npos)
+      << s.message();
 }
 
 // The CPU backend, counting the backend calls the analytics bookkeeping makes.
