@@ -152,6 +152,20 @@ class AnalyseTest(unittest.TestCase):
         one = [r for r in pg.analyse(runs) if r["seed"] == 1][0]
         self.assertAlmostEqual(one["extra"], 0.02)
 
+    def test_the_time_outside_the_steps_is_wall_minus_steps_and_is_reported(self):
+        # Seed 2's policy run took 21 s for 1000 steps of 10 ms (11 s outside them: snapshots on disk),
+        # its twin 15 s (5 s outside): 6 s more, 60% of the twin's 10 s in steps.
+        runs = grid()
+        for r in runs:
+            if r["seed"] == 2 and r["variant"] in ("default", "plain"):
+                r["wall_s"] = 21.0 if r["variant"] == "default" else 15.0
+        two = [r for r in pg.analyse(runs) if r["seed"] == 2][0]
+        self.assertAlmostEqual(two["outside"], 11.0)
+        self.assertAlmostEqual(two["outside_twin"], 5.0)
+        self.assertAlmostEqual(two["outside_share"], 0.6)
+        has_all(self, report_text(runs), "- time outside the steps (wall time - steps x median step time",
+                "the difference is mean ")
+
     def test_a_run_above_the_rescue_factor_is_not_rescued(self):
         runs = grid()
         for r in runs:

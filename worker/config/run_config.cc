@@ -460,9 +460,12 @@ Status ParseLadder(const Reader& r, const YAML::Node& ladder, std::vector<std::s
 
 Status ParseSnapshots(const Reader& r, const YAML::Node& snap, Policy* p) {
   const std::string f = "policy.snapshots";
-  KEEL_RETURN_IF_ERROR(r.CheckKeys(snap, f, {"every", "keep"}));
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(snap, f, {"every", "keep", "memory_mib"}));
   if (snap["every"]) KEEL_RETURN_IF_ERROR(r.Int(snap["every"], f + ".every", 1, 1 << 30, &p->snapshot_every));
   if (snap["keep"]) KEEL_RETURN_IF_ERROR(r.Int(snap["keep"], f + ".keep", 1, 1 << 20, &p->snapshot_keep));
+  if (snap["memory_mib"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(snap["memory_mib"], f + ".memory_mib", 0, int64_t(1) << 30, &p->snapshot_memory_mib));
+  }
   return Status::Ok();
 }
 
@@ -646,12 +649,13 @@ Status ParsePolicyPreset(const Reader& r, const YAML::Node& node, Policy* p) {
     p->rewarm_steps = -1;  // the preset's
     return Status::Ok();
   }
-  KEEL_RETURN_IF_ERROR(r.CheckKeys(node, f, {"preset", "probation", "sweep_rules", "rewarm"}));
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(node, f, {"preset", "probation", "sweep_rules", "rewarm", "snapshots"}));
   KEEL_RETURN_IF_ERROR(r.OneOf(node["preset"], f + ".preset", presets, &p->preset));
   p->rewarm_steps = -1;  // the preset's, unless given
   if (node["rewarm"]) KEEL_RETURN_IF_ERROR(r.Int(node["rewarm"], f + ".rewarm", 0, 1 << 30, &p->rewarm_steps));
   if (YAML::Node probation = node["probation"]) KEEL_RETURN_IF_ERROR(ParseProbation(r, probation, p));
   if (YAML::Node sweep_rules = node["sweep_rules"]) KEEL_RETURN_IF_ERROR(ParseSweepRules(r, sweep_rules, &p->sweep_rules));
+  if (YAML::Node snap = node["snapshots"]) KEEL_RETURN_IF_ERROR(ParseSnapshots(r, snap, p));
   return Status::Ok();
 }
 
@@ -709,6 +713,9 @@ void ResolvePolicyPreset(RunConfig* c, bool probe_set, bool reference_set) {
   resolved.probation_after = c->policy.probation_after;
   if (c->policy.rewarm_steps >= 0) resolved.rewarm_steps = c->policy.rewarm_steps;  // -1: the preset's
   resolved.sweep_rules = c->policy.sweep_rules;
+  if (c->policy.snapshot_every > 0) resolved.snapshot_every = c->policy.snapshot_every;  // 0: the preset's
+  if (c->policy.snapshot_keep > 0) resolved.snapshot_keep = c->policy.snapshot_keep;
+  resolved.snapshot_memory_mib = c->policy.snapshot_memory_mib;
   resolved.yaml = c->policy.yaml;
   c->policy = resolved;
 }

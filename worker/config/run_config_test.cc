@@ -414,6 +414,15 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
   // rewarm given beside the preset: that, 0 included (off).
   EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, rewarm: 50}\n").policy.rewarm_steps, 50);
   EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, rewarm: 0}\n").policy.rewarm_steps, 0);
+  // snapshots beside the preset: what is given replaces the preset's; the
+  // memory budget defaults to kDefaultSnapshotMemoryMib.
+  EXPECT_EQ(c.policy.snapshot_memory_mib, kDefaultSnapshotMemoryMib);
+  EXPECT_EQ(c.policy.snapshot_keep, 12);
+  const Policy snap = Parsed("steps: 9000\npolicy: {preset: default, snapshots: {memory_mib: 0, keep: 7}}\n").policy;
+  EXPECT_EQ(snap.snapshot_memory_mib, 0);
+  EXPECT_EQ(snap.snapshot_keep, 7);
+  EXPECT_EQ(snap.snapshot_every, 100);  // the preset's
+  EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, snapshots: {every: 40}}\n").policy.snapshot_every, 40);
   // --set policy=default on a run without one.
   c = Parsed("precision: bf16\n", {"policy=default"});
   EXPECT_EQ(c.policy.ladder, (std::vector<std::string>{"bf16", "fp32"}));
@@ -519,7 +528,7 @@ TEST(RunConfigPolicyTest, EveryRuleActionAndSweepRuleFieldLands) {
   const Policy p = Parsed(
                        "policy:\n"
                        "  ladder: [mxfp4, mxfp8_e4m3, bf16]\n"
-                       "  snapshots: {every: 25, keep: 6}\n"
+                       "  snapshots: {every: 25, keep: 6, memory_mib: 512}\n"
                        "  max_interventions: 9\n"
                        "  rules:\n"
                        "    - name: spike\n"
@@ -538,6 +547,7 @@ TEST(RunConfigPolicyTest, EveryRuleActionAndSweepRuleFieldLands) {
   EXPECT_EQ(p.ladder, (std::vector<std::string>{"mxfp4", "mxfp8_e4m3", "bf16"}));
   EXPECT_EQ(p.snapshot_every, 25);
   EXPECT_EQ(p.snapshot_keep, 6);
+  EXPECT_EQ(p.snapshot_memory_mib, 512);
   EXPECT_EQ(p.max_interventions, 9);
   ASSERT_EQ(p.rules.size(), 2u);
   const PolicyRule& a = p.rules[0];
@@ -910,11 +920,13 @@ TEST(RunConfigErrorTest, PolicySectionsAndDetectors) {
       {"policy:\n  ladder: [mxfp4, bf16, mxfp4]\n",
        "r.yaml:2:25: policy.ladder: 'mxfp4' appears twice: the ladder would loop"},
       {"policy:\n  snapshots: 5\n", "r.yaml:2:14: policy.snapshots: expected a mapping"},
-      {"policy:\n  snapshots: {size: 1}\n", "r.yaml:2:15: policy.snapshots.size: unknown key (allowed: every, keep)"},
+      {"policy:\n  snapshots: {size: 1}\n", "r.yaml:2:15: policy.snapshots.size: unknown key (allowed: every, keep, memory_mib)"},
       {"policy:\n  snapshots: {every: 0}\n",
        "r.yaml:2:22: policy.snapshots.every: 0 is out of range (allowed: 1 .. 1073741824)"},
       {"policy:\n  snapshots: {keep: 0}\n",
        "r.yaml:2:21: policy.snapshots.keep: 0 is out of range (allowed: 1 .. 1048576)"},
+      {"policy:\n  snapshots: {memory_mib: -1}\n",
+       "r.yaml:2:27: policy.snapshots.memory_mib: -1 is out of range (allowed: 0 .. 1073741824)"},
       {"policy:\n  max_interventions: -1\n",
        "r.yaml:2:22: policy.max_interventions: -1 is out of range (allowed: 0 .. 1048576)"},
   });
@@ -967,7 +979,7 @@ TEST(RunConfigErrorTest, PolicyPresetsProbationAndReplays) {
        "r.yaml:1:9: policy: unknown policy 'safest' (allowed: default, or a mapping of detectors, ladder, rules, ...)"},
       {"policy: {preset: safest}\n", "r.yaml:1:18: policy.preset: unknown value 'safest' (allowed: default)"},
       {"policy: {preset: default, rules: []}\n",
-       "r.yaml:1:27: policy.rules: unknown key (allowed: preset, probation, rewarm, sweep_rules)"},
+       "r.yaml:1:27: policy.rules: unknown key (allowed: preset, probation, rewarm, snapshots, sweep_rules)"},
       {"policy: {preset: default, probation: {after: 0}}\n",
        "r.yaml:1:46: policy.probation.after: 0 is out of range (allowed: 1 .. 1099511627776)"},
       {"policy: {preset: default, probation: {after: -5}}\n",

@@ -385,13 +385,14 @@ int TrainCommand(int argc, char** argv) {
     // language model, the probe from the run's scheme and length).
     std::string rules;
     for (const PolicyRule& r : config.policy.rules) rules += (rules.empty() ? "" : ", ") + r.name;
-    std::fprintf(stderr, "keel-train: policy%s: ladder %s; rules %s%s\n",
+    std::fprintf(stderr, "keel-train: policy%s: ladder %s; rules %s%s; snapshots %s\n",
                  config.policy.preset.empty() ? "" : (" " + config.policy.preset).c_str(),
                  config.policy.ladder.empty() ? "(none)" : Join(config.policy.ladder, " -> ").c_str(), rules.c_str(),
                  config.probe_every > 0 ? ("; the gradient-bias probe every " + std::to_string(config.probe_every) +
                                            " steps (" + config.probe_reference + " reference)")
                                               .c_str()
-                                        : "");
+                                        : "",
+                 trainer->snapshot_placement().c_str());
   }
   if (switch_precision && resume.empty()) return Fail(trainer_exit::kBadConfig, "--switch-precision: needs --resume");
   if (resume_fallback && resume.empty()) return Fail(trainer_exit::kBadConfig, "--resume-fallback: needs --resume");

@@ -101,6 +101,8 @@ rc=0; "$train" --config replay.yaml --quiet 2> refused.log || rc=$?
 "$train" --config run.yaml --run-dir says --steps 2 2> says.log
 grep -qF "keel-train: policy default: ladder mxfp4 -> mxfp6_e2m3 -> mxfp8_e4m3 -> mx_w_e4m3_a_bf16 -> bf16 -> fp32; rules blow-up, drift" says.log \
   || { echo "no policy line"; cat says.log; exit 1; }
+grep -qE "; snapshots every 1 steps in memory \(12 kept, [0-9]+ MiB each\)$" says.log \
+  || { echo "no snapshot placement"; cat says.log; exit 1; }
 
 # 4. keel-train presets --policies lists the default policy and its ladders.
 "$train" presets --policies > policies.txt

@@ -309,6 +309,43 @@ TEST(RanksTest, SwitchAndRollbackApplyToEveryRankAtTheSameStep) {
   EXPECT_EQ(CountLines(RunDir(dir + "/two").events()), 2) << events;  // rollback, switch_precision
 }
 
+// The same rollback under a policy whose snapshots live in memory (rank 0
+// holds them; the others take its state by broadcast), with the optimizer
+// sharded (ZeRO-1: the moments gathered for each snapshot) and not: every rank
+// goes back to step 2's snapshot (no checkpoint is on disk), and the run is the
+// one-rank run's.
+TEST(RanksTest, ARollbackFromThePolicysMemorySnapshotsReachesEveryRank) {
+  const std::string dir = TempDir("proxy_memory_rollback");
+  auto command_after_5 = [](Trainer* t, const StepMetrics& m) {
+    if (t->rank() != 0 || m.step != 5 || m.scheme == "bf16") return;
+    const std::string commands = RunDir(t->config().run_dir).commands();
+    ASSERT_TRUE(MakeDirs(commands).ok());
+    ASSERT_TRUE(WriteFileAtomic(commands + "/0001.json",
+                                "{\"kind\": \"rollback\", \"steps\": 2, \"precision\": \"bf16\", \"reason\": \"test\"}")
+                    .ok());
+  };
+  const std::string policy = "policy:\n  snapshots: {every: 2, keep: 4}\n  rules:\n    - {when: nonfinite, do: [stop]}\n";
+  const std::vector<RankResult> single =
+      RunRanks(Config(ProxyYaml(dir + "/one") + policy, {"steps=10", "grad_accum=2"}), 1, "", nullptr, command_after_5);
+  ASSERT_TRUE(single[0].status.ok()) << single[0].status.message();
+  for (const char* shard : {"false", "true"}) {
+    const std::string run = dir + "/two_" + shard;
+    const std::vector<RankResult> ranks =
+        RunRanks(Config(ProxyYaml(run) + policy, {"steps=10", std::string("optimizer.shard=") + shard}), 2,
+                 dir + "/bootstrap_" + shard, nullptr, command_after_5);
+    ASSERT_TRUE(ranks[0].status.ok()) << ranks[0].status.message();
+    ASSERT_TRUE(ranks[1].status.ok()) << ranks[1].status.message();
+    ASSERT_EQ(ranks[0].metrics.size(), single[0].metrics.size()) << shard;
+    ASSERT_NO_FATAL_FAILURE(ExpectRanksAgree(ranks, single[0].metrics.size()));
+    EXPECT_EQ(ranks[1].metrics[5].step, 3) << shard;  // back to step 2's snapshot: the next step is 3
+    EXPECT_EQ(ranks[1].metrics.back().scheme, "bf16") << shard;
+    ExpectClose(LossesOf(ranks[0]), LossesOf(single[0]), std::string("memory snapshots, 2 ranks, shard ") + shard);
+    std::string events;
+    ASSERT_TRUE(ReadFile(RunDir(run).events(), &events).ok());
+    EXPECT_NE(events.find("\"checkpoint\":\"memory snapshot of step 2\""), std::string::npos) << events;
+  }
+}
+
 // 2 ranks x grad_accum 2 for 4 steps, then 1 rank (taking 4 micro-batches) for
 // 4, then 4 ranks (1 each) for 4: the global batch never changes, and the run
 // ends where an uninterrupted one-rank grad_accum 4 run does.

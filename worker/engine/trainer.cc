@@ -127,6 +127,20 @@ std::string FormatDuration(double seconds) {
 
 }  // namespace
 
+// A checkpoint as read back, or a policy snapshot in memory (rank 0's).
+struct Trainer::LoadedCheckpoint {
+  std::vector<float> weights, m, v;  // flat, in param_info order
+  PrecisionScheme scheme;
+  std::string scheme_yaml;
+  int64_t step = 0;
+  double lr_scale = 1.0;
+  int64_t rewarm_start = -1;
+  int64_t micro_batches = 1;  // the global batch, in micro-batches per step
+  TokenLoader::Position position;
+  std::string policy_state;  // PolicyStateToJson's text, verified; "" when the checkpoint has none
+  std::string hot_sets;      // Model::HotSetsToText's text, verified; "" when the checkpoint has none
+};
+
 Trainer::~Trainer() {
   if (metrics_file_) std::fclose(metrics_file_);
   comm_.reset();  // the NCCL communicator queues on backend_'s stream: it goes first
@@ -200,9 +214,48 @@ Status Trainer::AllocateState() {
 }
 
 void Trainer::StartPolicy() {
-  // Rollbacks need snapshots: the policy's ring, kept on disk as checkpoints.
-  if (config_.policy.snapshot_every > 0) config_.checkpoint_every = config_.policy.snapshot_every;
-  if (config_.policy.snapshot_keep > 0) config_.keep_checkpoints = config_.policy.snapshot_keep;
+  // Rollbacks need snapshots: the policy's ring. In host memory when
+  // snapshot_keep of them fit policy.snapshots.memory_mib, or at least enough
+  // for the longest rollback (fewer kept); else on disk, as the run's
+  // checkpoints. Each checkpoint on disk is written whole and fsynced: at a
+  // snapshot every 33 steps that cost GPT runs of 51M parameters 45% of their
+  // wall time in session 33's slice (docs/reproductions/policy-grid.md).
+  const Policy& p = config_.policy;
+  const double mib = 3.0 * sizeof(float) * static_cast<double>(model_->param_count()) / (1 << 20);
+  int64_t longest = 0;  // the longest rollback a rule may take
+  for (const PolicyRule& rule : p.rules) {
+    for (const PolicyAction& a : rule.actions) {
+      if (a.kind == PolicyAction::Kind::kRollback) longest = std::max(longest, a.steps);
+    }
+  }
+  char each[64];
+  std::snprintf(each, sizeof(each), "%.0f MiB each", mib);
+  if (p.snapshot_every > 0) {
+    // A rollback of R steps from any step needs the newest ceil(R / every) + 1.
+    const int64_t needed = (longest + p.snapshot_every - 1) / p.snapshot_every + 1;
+    const int64_t fit = mib > 0 ? static_cast<int64_t>(static_cast<double>(p.snapshot_memory_mib) / mib) : 0;
+    const int64_t want = p.snapshot_keep > 0 ? p.snapshot_keep : fit;  // keep 0: all that fit
+    if (fit >= needed && want >= 1) {
+      memory_snapshot_keep_ = static_cast<int>(std::min<int64_t>(want, fit));
+      snapshot_placement_ = "every " + std::to_string(p.snapshot_every) + " steps in memory (" +
+                            std::to_string(memory_snapshot_keep_) + " kept, " + each + ")";
+      if (memory_snapshot_keep_ < p.snapshot_keep) {
+        snapshot_placement_ += "; " + std::to_string(p.snapshot_keep) + " would pass policy.snapshots.memory_mib " +
+                               std::to_string(p.snapshot_memory_mib);
+      }
+    } else {
+      config_.checkpoint_every = p.snapshot_every;
+      if (p.snapshot_keep > 0) config_.keep_checkpoints = p.snapshot_keep;
+      snapshot_placement_ = "every " + std::to_string(p.snapshot_every) + " steps on disk, as checkpoints (" + each +
+                            (p.snapshot_memory_mib == 0 ? "; policy.snapshots.memory_mib 0"
+                                                        : "; the " + std::to_string(needed) +
+                                                              " a rollback needs pass policy.snapshots.memory_mib " +
+                                                              std::to_string(p.snapshot_memory_mib)) +
+                            ")";
+    }
+  } else {
+    snapshot_placement_ = "the run's checkpoints, on disk";
+  }
   detectors_.reset(new DetectorSet(config_.policy.detectors));
   engine_.reset(new PolicyEngine(config_.policy, config_.precision.name));
 }
@@ -729,20 +782,43 @@ Status Trainer::Rollback(int64_t steps, std::string* restored) {
   const int64_t target = step_ - steps;
   const std::string root = RunDir(config_.run_dir).checkpoints();
   std::string best;
+  LoadedCheckpoint* snapshot = nullptr;  // rank 0: the memory snapshot restored, if one is
   Status found = Status::Ok();
-  if (leader()) {  // rank 0's run directory holds the checkpoints
-    for (const auto& c : ListCheckpoints(root)) {
-      if (c.first <= target) best = c.second;  // ascending: the last one wins
+  if (leader()) {  // rank 0 holds the memory snapshots, and its run directory the checkpoints
+    for (const auto& s : memory_snapshots_) {
+      if (s->step <= target) snapshot = s.get();  // oldest first: the last one wins
+    }
+    if (snapshot) {
+      best = "memory snapshot of step " + std::to_string(snapshot->step);
+    } else {
+      for (const auto& c : ListCheckpoints(root)) {
+        if (c.first <= target) best = c.second;  // ascending: the last one wins
+      }
     }
     if (best.empty()) {
-      found = Status::Error("rollback: no checkpoint at or before step " + std::to_string(target) + " in " + root);
+      std::string held = "none";
+      if (!memory_snapshots_.empty()) {
+        held = "steps " + std::to_string(memory_snapshots_.front()->step) + " .. " +
+               std::to_string(memory_snapshots_.back()->step);
+      }
+      found = Status::Error("rollback: no snapshot or checkpoint at or before step " + std::to_string(target) +
+                            " (snapshots in memory: " + held + "; checkpoints in " + root + ")");
     }
   }
   KEEL_RETURN_IF_ERROR(ShareLeaderStatus(found));
   KEEL_RETURN_IF_ERROR(FromLeader(&best));
   // The policy keeps what it learnt: the snapshot's state is from before the
   // blow-up this rollback answers, and restoring it would replay the rescue.
-  KEEL_RETURN_IF_ERROR(ResumeCheckpoint(root + "/" + best, /*restore_policy=*/false));
+  const bool from_memory = best.rfind("memory snapshot", 0) == 0;
+  if (from_memory) {
+    LoadedCheckpoint unused;  // the other ranks take rank 0's state
+    KEEL_RETURN_IF_ERROR(ApplyCheckpoint("the " + best, Status::Ok(), /*restore_policy=*/false,
+                                         snapshot ? snapshot : &unused));
+  } else {
+    KEEL_RETURN_IF_ERROR(ResumeCheckpoint(root + "/" + best, /*restore_policy=*/false));
+  }
+  // The snapshots after the restored step are the abandoned trajectory's.
+  while (!memory_snapshots_.empty() && memory_snapshots_.back()->step > step_) memory_snapshots_.pop_back();
   if (leader()) {
     // The checkpoints after the restored one belong to the abandoned
     // trajectory: a restart resuming "latest" must not go back to one of them
@@ -757,7 +833,7 @@ Status Trainer::Rollback(int64_t steps, std::string* restored) {
     std::fclose(metrics_file_);
     metrics_file_ = nullptr;
   }
-  *restored = root + "/" + best;
+  *restored = from_memory ? best : root + "/" + best;
   return Status::Ok();
 }
 
@@ -1024,6 +1100,7 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
     }
     if (diverged_) break;
     KEEL_RETURN_IF_ERROR(MaybeCheckpoint());
+    KEEL_RETURN_IF_ERROR(MaybeSnapshot());
   }
   return FinishTraining(progress);
 }
@@ -1082,10 +1159,7 @@ Status Trainer::FinishTraining(bool progress) {
   return Status::Ok();
 }
 
-Status Trainer::SaveCheckpoint(std::string* out_dir) {
-  const std::string root = RunDir(config_.run_dir).checkpoints();
-  const std::string final_dir = root + "/" + CheckpointDirName(step_);
-  *out_dir = final_dir;
+Status Trainer::CaptureState(std::vector<float>* weights, std::vector<float>* m, std::vector<float>* v) {
   if (detectors_) {  // every rank: the detectors run on each (a rollback drops the later ones)
     detector_snapshots_.insert_or_assign(step_, *detectors_);
     while (detector_snapshots_.size() > 64) detector_snapshots_.erase(detector_snapshots_.begin());
@@ -1100,14 +1174,52 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
     adam_m = previous_;
     adam_v = grads_;
   }
-  if (!leader()) return Status::Ok();  // the ranks hold the same state: rank 0 writes it once
-  Backend& b = *backend_;
-  const std::vector<ParamInfo>& params = model_->param_info();
+  if (!leader()) return Status::Ok();  // the ranks hold the same state: rank 0 keeps it once
   const size_t count = static_cast<size_t>(model_->param_count());
-  std::vector<float> weights(count), m(count), v(count);
-  KEEL_RETURN_IF_ERROR(b.Download(weights.data(), model_->params(), count * sizeof(float)));
-  KEEL_RETURN_IF_ERROR(b.Download(m.data(), adam_m, count * sizeof(float)));
-  KEEL_RETURN_IF_ERROR(b.Download(v.data(), adam_v, count * sizeof(float)));
+  weights->resize(count);
+  m->resize(count);
+  v->resize(count);
+  KEEL_RETURN_IF_ERROR(backend_->Download(weights->data(), model_->params(), count * sizeof(float)));
+  KEEL_RETURN_IF_ERROR(backend_->Download(m->data(), adam_m, count * sizeof(float)));
+  return backend_->Download(v->data(), adam_v, count * sizeof(float));
+}
+
+Status Trainer::MaybeSnapshot() {
+  if (memory_snapshot_keep_ == 0 || !EveryNth(step_, config_.policy.snapshot_every) || step_ >= config_.steps) {
+    return Status::Ok();
+  }
+  // The oldest entry's buffers are reused once the ring is full.
+  std::unique_ptr<LoadedCheckpoint> s;
+  if (static_cast<int>(memory_snapshots_.size()) >= memory_snapshot_keep_) {
+    s = std::move(memory_snapshots_.front());
+    memory_snapshots_.pop_front();
+  } else {
+    s.reset(new LoadedCheckpoint);
+  }
+  KEEL_RETURN_IF_ERROR(CaptureState(&s->weights, &s->m, &s->v));
+  // What ApplyCheckpoint restores besides the tensors, as a checkpoint's
+  // metadata would give it (CheckpointMeta).
+  s->scheme = scheme_;
+  s->scheme_yaml = SchemeToYaml(scheme_);
+  s->step = step_;
+  s->lr_scale = lr_scale_;
+  s->rewarm_start = rewarm_start_;
+  s->micro_batches = static_cast<int64_t>(accum_) * ranks();
+  s->position = train_loader_ ? train_loader_->position() : TokenLoader::Position{};
+  s->policy_state = engine_ ? PolicyStateToJson(engine_->State(policy_steps_)) : "";
+  KEEL_RETURN_IF_ERROR(model_->HotSetsToText(&s->hot_sets));
+  memory_snapshots_.push_back(std::move(s));
+  return Status::Ok();
+}
+
+Status Trainer::SaveCheckpoint(std::string* out_dir) {
+  const std::string root = RunDir(config_.run_dir).checkpoints();
+  const std::string final_dir = root + "/" + CheckpointDirName(step_);
+  *out_dir = final_dir;
+  std::vector<float> weights, m, v;
+  KEEL_RETURN_IF_ERROR(CaptureState(&weights, &m, &v));
+  if (!leader()) return Status::Ok();  // the ranks hold the same state: rank 0 writes it once
+  const std::vector<ParamInfo>& params = model_->param_info();
   std::vector<TensorRef> model_tensors, optimizer_tensors;
   for (const ParamInfo& p : params) {
     model_tensors.push_back(TensorRef{p.name, p.shape, weights.data() + p.offset});
@@ -1212,18 +1324,6 @@ Status Trainer::AwaitLease() {
 }
 
 // A checkpoint's contents, verified against this trainer's model (ReadCheckpoint).
-struct Trainer::LoadedCheckpoint {
-  std::vector<float> weights, m, v;  // flat, in param_info order
-  PrecisionScheme scheme;
-  std::string scheme_yaml;
-  int64_t step = 0;
-  double lr_scale = 1.0;
-  int64_t rewarm_start = -1;
-  int64_t micro_batches = 1;  // the global batch, in micro-batches per step
-  TokenLoader::Position position;
-  std::string policy_state;  // PolicyStateToJson's text, verified; "" when the checkpoint has none
-  std::string hot_sets;      // Model::HotSetsToText's text, verified; "" when the checkpoint has none
-};
 
 namespace {
 

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -93,13 +94,14 @@ class Trainer {
   Status SwitchScheme(const PrecisionScheme& scheme);
   const PrecisionScheme& scheme() const { return scheme_; }
 
-  // Rolls back at least `steps` steps: resumes from the newest checkpoint of
-  // this run at or before step() - steps (weights, optimizer, data, scheme) and
-  // drops metrics.jsonl's later lines and the checkpoints after the restored
-  // one (the abandoned trajectory's, which a restart must not resume). The
-  // policy engine keeps its state (what it learnt from the blow-up that
-  // caused the rollback, and the steps taken): a snapshot's is older.
-  // *restored names the checkpoint.
+  // Rolls back at least `steps` steps: resumes from the newest policy snapshot
+  // in memory, else checkpoint of this run, at or before step() - steps
+  // (weights, optimizer, data, scheme) and drops metrics.jsonl's later lines
+  // and the snapshots and checkpoints after the restored one (the abandoned
+  // trajectory's, which a restart must not resume). The policy engine keeps
+  // its state (what it learnt from the blow-up that caused the rollback, and
+  // the steps taken): a snapshot's is older. *restored names the checkpoint
+  // directory, or "memory snapshot of step N".
   Status Rollback(int64_t steps, std::string* restored);
 
   // Commands from outside (keel-worker, for keeld's Intervene), read before each
@@ -118,6 +120,9 @@ class Trainer {
   // rule (policy.h), and probation's return one rung down after them. A
   // policy rollback keeps the running scheme and learning-rate scale.
   Status ApplyPolicy();
+  // Where the policy's snapshots live, for keel-train's policy line: "in memory
+  // (K kept, M MiB each)" or "on disk (...)"; empty without a policy.
+  const std::string& snapshot_placement() const { return snapshot_placement_; }
   // True once a policy's stop action ended the run (keel-train exits 3).
   bool diverged() const { return diverged_; }
   Status RecordEvent(const std::string& kind, const std::string& message,
@@ -226,6 +231,14 @@ class Trainer {
   void WriteMetricsLine(StepMetrics* m);
   void PrintProgress(const StepMetrics& m, std::chrono::steady_clock::time_point start, int64_t first) const;
   Status MaybeCheckpoint();
+  // The policy's snapshot of this step into the memory ring (StartPolicy chose
+  // memory), every policy.snapshot_every steps.
+  Status MaybeSnapshot();
+  // What a checkpoint or snapshot holds of the model: the detectors' state kept
+  // for a rollback to this step (every rank), then the weights and both Adam
+  // moments whole (ZeRO-1: gathered, every rank taking part) in host vectors on
+  // rank 0 (the others' stay as they are).
+  Status CaptureState(std::vector<float>* weights, std::vector<float>* m, std::vector<float>* v);
   Status FinishTraining(bool progress);
   // One action of a policy decision (ApplyPolicy), with its event.
   Status ApplyAction(const PolicyAction& action, const DecisionEvidence& evidence);
@@ -292,6 +305,13 @@ class Trainer {
   // last 64): a rollback restores the statistics of the step it returns to,
   // so that the replay is judged from its first step.
   std::map<int64_t, DetectorSet> detector_snapshots_;
+  // The policy's snapshots in host memory, oldest first (rank 0 holds the
+  // state; the others' entries stay empty), when StartPolicy found room for at
+  // least the longest rollback's: memory_snapshot_keep_ of them. 0: the
+  // snapshots are checkpoints on disk (checkpoint_every = snapshot_every).
+  std::deque<std::unique_ptr<LoadedCheckpoint>> memory_snapshots_;
+  int memory_snapshot_keep_ = 0;
+  std::string snapshot_placement_;
   std::unique_ptr<PolicyEngine> engine_;         // reads config_.policy
   std::vector<PolicyEngine::Decision> pending_;  // decided in Step, applied by ApplyPolicy
   double lr_scale_ = 1.0;                        // scale_lr actions, kept in checkpoints

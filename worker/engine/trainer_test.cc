@@ -18,6 +18,7 @@
 #include "worker/io/crc32.h"
 #include "worker/io/file_util.h"
 #include "worker/io/safetensors.h"
+#include "worker/run/checkpoint_dirs.h"
 
 namespace keel {
 namespace {
@@ -591,6 +592,73 @@ TEST(TrainerTest, PolicyEscalationSurvivesACheckpointAndResume) {
   }
   ASSERT_FALSE(m.empty());
   EXPECT_NE(m.back().scheme, "mxfp4");
+}
+
+// The policy's snapshots live in host memory when they fit
+// policy.snapshots.memory_mib: nothing is written to disk before the end, the
+// rollback's event names the memory snapshot, and the run is bit for bit the
+// one whose snapshots are checkpoints on disk (memory_mib: 0). A budget that
+// holds fewer than keep keeps fewer, down to what the longest rollback needs
+// (ceil(15 / 5) + 1 = 4 here); under that the snapshots go to disk.
+TEST(TrainerTest, PolicySnapshotsInMemoryRollBackLikeCheckpointsOnDisk) {
+  struct Outcome {
+    std::vector<StepMetrics> metrics;
+    std::string events, placement;
+    size_t most_checkpoints = 0;  // on disk at any step, before the final one is written
+  };
+  auto run = [](const std::string& name, const std::string& snapshots, const std::string& width, Outcome* out) {
+    const std::string dir = TempDir(name);
+    std::string yaml = FaultyRunYaml(dir, "[{rollback: 15}, {switch: next}]",
+                                     "  ladder: [mxfp4, mxfp8_e4m3, bf16]\n  snapshots: " + snapshots + "\n");
+    yaml.replace(yaml.find("width: 32"), 9, "width: " + width);
+    RunConfig c;
+    Status s = ParseRunConfig(yaml, "test", {}, &c);
+    ASSERT_TRUE(s.ok()) << s.message();
+    std::unique_ptr<Trainer> t;
+    ASSERT_TRUE(Trainer::Create(c, &t).ok());
+    out->placement = t->snapshot_placement();
+    const std::string root = c.run_dir + "/checkpoints";
+    ASSERT_TRUE(t->Train([&](const StepMetrics& m) {
+                   out->metrics.push_back(m);
+                   out->most_checkpoints = std::max(out->most_checkpoints, ListCheckpoints(root).size());
+                 }, false).ok());
+    out->events = ReadAll(c.run_dir + "/events.jsonl");
+  };
+  Outcome memory, disk;
+  ASSERT_NO_FATAL_FAILURE(run("snap_memory", "{every: 5, keep: 8}", "32", &memory));
+  ASSERT_NO_FATAL_FAILURE(run("snap_disk", "{every: 5, keep: 8, memory_mib: 0}", "32", &disk));
+  EXPECT_EQ(memory.placement.find("every 5 steps in memory (8 kept, "), 0u) << memory.placement;
+  EXPECT_EQ(disk.placement.find("every 5 steps on disk, as checkpoints ("), 0u) << disk.placement;
+  EXPECT_NE(disk.placement.find("policy.snapshots.memory_mib 0"), std::string::npos) << disk.placement;
+  // The rollback happened in both, from memory in one and from disk in the other.
+  EXPECT_NE(memory.events.find("\"checkpoint\":\"memory snapshot of step "), std::string::npos) << memory.events;
+  EXPECT_EQ(memory.events.find("checkpoints/step_"), std::string::npos) << memory.events;
+  EXPECT_NE(disk.events.find("checkpoints/step_"), std::string::npos) << disk.events;
+  EXPECT_EQ(memory.most_checkpoints, 0u);
+  EXPECT_GT(disk.most_checkpoints, 0u);
+  // The same trajectory, bit for bit: the steps (the replay's included), the
+  // losses, the gradient norms and the scheme of every step.
+  ASSERT_EQ(memory.metrics.size(), disk.metrics.size());
+  ASSERT_GT(memory.metrics.size(), 60u);  // replayed steps
+  for (size_t i = 0; i < memory.metrics.size(); ++i) {
+    EXPECT_EQ(memory.metrics[i].step, disk.metrics[i].step) << i;
+    EXPECT_EQ(memory.metrics[i].loss, disk.metrics[i].loss) << i;
+    EXPECT_EQ(memory.metrics[i].grad_norm, disk.metrics[i].grad_norm) << i;
+    EXPECT_EQ(memory.metrics[i].scheme, disk.metrics[i].scheme) << i;
+  }
+  // The budget: a wider proxy's snapshot is about 6 MiB (width 256: 12 bytes
+  // for each of its ~530k parameters, printed in the placement); 30 MiB hold 4
+  // or 5 of them, fewer than keep 8 but the 4 the rollback needs; 12 MiB fewer.
+  Outcome fewer, over;
+  ASSERT_NO_FATAL_FAILURE(run("snap_fewer", "{every: 5, keep: 8, memory_mib: 30}", "256", &fewer));
+  ASSERT_NO_FATAL_FAILURE(run("snap_over", "{every: 5, keep: 8, memory_mib: 12}", "256", &over));
+  EXPECT_EQ(fewer.placement.find("every 5 steps in memory ("), 0u) << fewer.placement;
+  EXPECT_NE(fewer.placement.find("; 8 would pass policy.snapshots.memory_mib 30"), std::string::npos) << fewer.placement;
+  EXPECT_NE(fewer.events.find("memory snapshot of step "), std::string::npos) << fewer.events;
+  EXPECT_EQ(over.placement.find("every 5 steps on disk, as checkpoints ("), 0u) << over.placement;
+  EXPECT_NE(over.placement.find("the 4 a rollback needs pass policy.snapshots.memory_mib 12"), std::string::npos)
+      << over.placement;
+  EXPECT_NE(over.events.find("checkpoints/step_"), std::string::npos) << over.events;
 }
 
 // A rollback restores the detectors' statistics of the step it returns to, so

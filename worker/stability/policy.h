@@ -9,7 +9,8 @@
 //       loss_zscore: {z: 6, window: 128, min_samples: 64}
 //       grad_bias: {enabled: true, max_abs_zeta: 0.9, consecutive: 2}
 //     ladder: [mxfp4, mxfp6_e2m3, mxfp8_e4m3, mx_w_e4m3_a_bf16, bf16]
-//     snapshots: {every: 100, keep: 8}   # on-disk checkpoint ring for rollbacks
+//     snapshots: {every: 100, keep: 8, memory_mib: 16384}  # the ring rollbacks return to:
+//                                       # in host memory if it fits memory_mib, else on disk
 //     max_interventions: 5              # per run (default 5)
 //     rules:
 //       - name: spike                   # default "rule<i>"
@@ -92,12 +93,22 @@ struct SweepRule {
   std::string switch_to;
 };
 
+// policy.snapshots.memory_mib's default: 16 GiB of host memory per run holds
+// the default policy's 12 snapshots (weights and both Adam moments, 12 bytes a
+// parameter) of a model up to 110M parameters, and the 6 a rollback needs up
+// to 220M; a larger model's go to disk.
+constexpr int64_t kDefaultSnapshotMemoryMib = 16384;
+
 struct Policy {
   std::string preset;  // "default" for `policy: default`; "" for a policy written out
   std::map<std::string, DetectorConfig> detectors;  // every detector, defaults filled in
   std::vector<std::string> ladder;
   int snapshot_every = 0;  // 0: the run's checkpoint_every
   int snapshot_keep = 0;   // 0: the run's keep_checkpoints
+  // Where the snapshots live (Trainer::StartPolicy): in host memory when
+  // snapshot_keep of them (or at least enough for the longest rollback) fit in
+  // this many MiB; else on disk, as checkpoints. 0: always on disk.
+  int64_t snapshot_memory_mib = kDefaultSnapshotMemoryMib;
   int max_interventions = 5;
   std::vector<PolicyRule> rules;
   std::vector<SweepRule> sweep_rules;
