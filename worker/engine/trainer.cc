@@ -785,15 +785,22 @@ Status Trainer::Rollback(int64_t steps, std::string* restored) {
   LoadedCheckpoint* snapshot = nullptr;  // rank 0: the memory snapshot restored, if one is
   Status found = Status::Ok();
   if (leader()) {  // rank 0 holds the memory snapshots, and its run directory the checkpoints
+    // The newest state at or before the target, in memory or on disk (a
+    // checkpoint_every checkpoint may lie between two snapshots).
     for (const auto& s : memory_snapshots_) {
       if (s->step <= target) snapshot = s.get();  // oldest first: the last one wins
     }
-    if (snapshot) {
+    int64_t disk_step = -1;
+    for (const auto& c : ListCheckpoints(root)) {
+      if (c.first <= target) {  // ascending: the last one wins
+        best = c.second;
+        disk_step = c.first;
+      }
+    }
+    if (snapshot && snapshot->step >= disk_step) {
       best = "memory snapshot of step " + std::to_string(snapshot->step);
     } else {
-      for (const auto& c : ListCheckpoints(root)) {
-        if (c.first <= target) best = c.second;  // ascending: the last one wins
-      }
+      snapshot = nullptr;
     }
     if (best.empty()) {
       std::string held = "none";
@@ -1188,9 +1195,14 @@ Status Trainer::MaybeSnapshot() {
   if (memory_snapshot_keep_ == 0 || !EveryNth(step_, config_.policy.snapshot_every) || step_ >= config_.steps) {
     return Status::Ok();
   }
-  // The oldest entry's buffers are reused once the ring is full.
+  // A step snapshotted before (the step a rollback returned to) is taken again,
+  // as a checkpoint directory is rewritten: the scheme may have changed since.
+  // Otherwise the oldest entry's buffers are reused once the ring is full.
   std::unique_ptr<LoadedCheckpoint> s;
-  if (static_cast<int>(memory_snapshots_.size()) >= memory_snapshot_keep_) {
+  if (!memory_snapshots_.empty() && memory_snapshots_.back()->step == step_) {
+    s = std::move(memory_snapshots_.back());
+    memory_snapshots_.pop_back();
+  } else if (static_cast<int>(memory_snapshots_.size()) >= memory_snapshot_keep_) {
     s = std::move(memory_snapshots_.front());
     memory_snapshots_.pop_front();
   } else {

@@ -661,6 +661,38 @@ TEST(TrainerTest, PolicySnapshotsInMemoryRollBackLikeCheckpointsOnDisk) {
   EXPECT_NE(over.events.find("checkpoints/step_"), std::string::npos) << over.events;
 }
 
+// A rollback returns to the newest state at or before its target, whether a
+// memory snapshot (every 5 here) or one of the run's checkpoints (every 7).
+TEST(TrainerTest, ARollbackTakesTheNewestSnapshotOrCheckpointAtOrBeforeItsTarget) {
+  const std::string dir = TempDir("snap_or_checkpoint");
+  RunConfig c;
+  Status s = ParseRunConfig(FaultyRunYaml(dir, "[stop]", "  snapshots: {every: 5, keep: 8}\n") +
+                                "checkpoint_every: 7\nkeep_checkpoints: 0\n",
+                            "test", {"steps=23", "schedule.spike_at=1000"}, &c);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  ASSERT_TRUE(t->Train(nullptr, false).ok());
+  ASSERT_EQ(t->step(), 23);
+  std::string restored;
+  // Target 22: snapshot 20, checkpoint 21.
+  ASSERT_TRUE(t->Rollback(1, &restored).ok());
+  EXPECT_EQ(t->step(), 21);
+  EXPECT_NE(restored.find("checkpoints/step_00000021"), std::string::npos) << restored;
+  // Target 16: snapshot 15, checkpoint 14.
+  ASSERT_TRUE(t->Rollback(5, &restored).ok());
+  EXPECT_EQ(t->step(), 15);
+  EXPECT_EQ(restored, "memory snapshot of step 15");
+  // Target 3: nothing at or before it; the error says what there is.
+  s = t->Rollback(12, &restored);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("rollback: no snapshot or checkpoint at or before step 3 (snapshots in memory: steps 5 .. 15; "
+                             "checkpoints in "),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(t->step(), 15);  // nothing changed
+}
+
 // A rollback restores the detectors' statistics of the step it returns to, so
 // a replay that diverges again is judged from its first step. Here the
 // rollback (5 steps) is shorter than the statistics' min_samples (10): with
