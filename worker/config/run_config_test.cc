@@ -415,8 +415,8 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
   EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, rewarm: 50}\n").policy.rewarm_steps, 50);
   EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, rewarm: 0}\n").policy.rewarm_steps, 0);
   // snapshots beside the preset: what is given replaces the preset's; the
-  // memory budget defaults to kDefaultSnapshotMemoryMib.
-  EXPECT_EQ(c.policy.snapshot_memory_mib, kDefaultSnapshotMemoryMib);
+  // memory budget is the host's share (-1) unless given.
+  EXPECT_EQ(c.policy.snapshot_memory_mib, -1);
   EXPECT_EQ(c.policy.snapshot_keep, 12);
   const Policy snap = Parsed("steps: 9000\npolicy: {preset: default, snapshots: {memory_mib: 0, keep: 7}}\n").policy;
   EXPECT_EQ(snap.snapshot_memory_mib, 0);

@@ -165,9 +165,10 @@ void PrintPolicyPresets(int64_t steps) {
                   Join(actions, ", ").c_str(), static_cast<long long>(rule.cooldown));
     }
     std::printf("    snapshots every %d (%d kept; in host memory when they fit policy.snapshots.memory_mib,\n"
-                "    default %lld, else on disk); after each switch the learning rate re-warms over %lld steps;\n"
-                "    past the ladder's top: scale_lr %g (%d time), then stop\n",
-                p.snapshot_every, p.snapshot_keep, static_cast<long long>(p.snapshot_memory_mib),
+                "    by default an eighth of the host's memory, at most %lld; else on disk); after each switch\n"
+                "    the learning rate re-warms over %lld steps; past the ladder's top: scale_lr %g (%d time),\n"
+                "    then stop\n",
+                p.snapshot_every, p.snapshot_keep, static_cast<long long>(kSnapshotMemoryCapMib),
                 static_cast<long long>(p.rewarm_steps), p.lr_fallback_factor, p.lr_fallbacks);
     const DetectorConfig& bias = lm.detectors.at("grad_bias");
     std::printf("    a language model (gpt, llama, gla): loss_drift at > %gx its lowest instead, and\n"

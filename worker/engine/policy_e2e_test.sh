@@ -108,6 +108,7 @@ grep -qE "; snapshots every 1 steps in memory \(12 kept, [0-9]+ MiB each\)$" say
 "$train" presets --policies > policies.txt
 grep -q "^default" policies.txt
 grep -q "snapshots every 100 (12 kept; in host memory when they fit policy.snapshots.memory_mib,$" policies.txt
+grep -q "by default an eighth of the host.s memory, at most 16384; else on disk); after each switch$" policies.txt
 grep -q "rule drift: when loss_drift (the median of 250 steps > 2x its lowest, after 500 steps)" policies.txt
 grep -q "mxfp4 *mxfp4 -> mxfp6_e2m3 -> mxfp8_e4m3 -> mx_w_e4m3_a_bf16 -> bf16 -> fp32" policies.txt
 grep -q "rule bias, where the ladder's first rung moves the head to BF16: when grad_bias" policies.txt

@@ -125,6 +125,29 @@ std::string FormatDuration(double seconds) {
   return text;
 }
 
+// The host's memory in MiB (0 when unknown).
+int64_t HostMemoryMib() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? (static_cast<int64_t>(pages) * page) >> 20 : 0;
+}
+
+// /proc/meminfo's MemAvailable in MiB (-1 when it cannot be read).
+int64_t HostAvailableMib() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  int64_t kib = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    long long v = 0;
+    if (std::sscanf(line, "MemAvailable: %lld kB", &v) == 1) {
+      kib = v;
+      break;
+    }
+  }
+  std::fclose(f);
+  return kib < 0 ? -1 : kib >> 10;
+}
+
 }  // namespace
 
 // A checkpoint as read back, or a policy snapshot in memory (rank 0's).
@@ -222,6 +245,12 @@ void Trainer::StartPolicy() {
   // wall time in session 33's slice (docs/reproductions/policy-grid.md).
   const Policy& p = config_.policy;
   const double mib = 3.0 * sizeof(float) * static_cast<double>(model_->param_count()) / (1 << 20);
+  snapshot_mib_ = mib;
+  const int64_t budget = p.snapshot_memory_mib >= 0 ? p.snapshot_memory_mib : DefaultSnapshotMemoryMib(HostMemoryMib());
+  std::string budget_name = "policy.snapshots.memory_mib " + std::to_string(budget);
+  if (p.snapshot_memory_mib < 0) {
+    budget_name += " (an eighth of this host's memory, at most " + std::to_string(kSnapshotMemoryCapMib) + ")";
+  }
   int64_t longest = 0;  // the longest rollback a rule may take
   for (const PolicyRule& rule : p.rules) {
     for (const PolicyAction& a : rule.actions) {
@@ -233,25 +262,23 @@ void Trainer::StartPolicy() {
   if (p.snapshot_every > 0) {
     // A rollback of R steps from any step needs the newest ceil(R / every) + 1.
     const int64_t needed = (longest + p.snapshot_every - 1) / p.snapshot_every + 1;
-    const int64_t fit = mib > 0 ? static_cast<int64_t>(static_cast<double>(p.snapshot_memory_mib) / mib) : 0;
+    snapshot_needed_ = needed;
+    const int64_t fit = mib > 0 ? static_cast<int64_t>(static_cast<double>(budget) / mib) : 0;
     const int64_t want = p.snapshot_keep > 0 ? p.snapshot_keep : fit;  // keep 0: all that fit
     if (fit >= needed && want >= 1) {
       memory_snapshot_keep_ = static_cast<int>(std::min<int64_t>(want, fit));
       snapshot_placement_ = "every " + std::to_string(p.snapshot_every) + " steps in memory (" +
                             std::to_string(memory_snapshot_keep_) + " kept, " + each + ")";
       if (memory_snapshot_keep_ < p.snapshot_keep) {
-        snapshot_placement_ += "; " + std::to_string(p.snapshot_keep) + " would pass policy.snapshots.memory_mib " +
-                               std::to_string(p.snapshot_memory_mib);
+        snapshot_placement_ += "; " + std::to_string(p.snapshot_keep) + " would pass " + budget_name;
       }
     } else {
       config_.checkpoint_every = p.snapshot_every;
       if (p.snapshot_keep > 0) config_.keep_checkpoints = p.snapshot_keep;
-      snapshot_placement_ = "every " + std::to_string(p.snapshot_every) + " steps on disk, as checkpoints (" + each +
-                            (p.snapshot_memory_mib == 0 ? "; policy.snapshots.memory_mib 0"
-                                                        : "; the " + std::to_string(needed) +
-                                                              " a rollback needs pass policy.snapshots.memory_mib " +
-                                                              std::to_string(p.snapshot_memory_mib)) +
-                            ")";
+      const std::string why = budget == 0 ? budget_name
+                                          : "the " + std::to_string(needed) + " a rollback needs pass " + budget_name;
+      snapshot_placement_ =
+          "every " + std::to_string(p.snapshot_every) + " steps on disk, as checkpoints (" + each + "; " + why + ")";
     }
   } else {
     snapshot_placement_ = "the run's checkpoints, on disk";
@@ -1202,7 +1229,10 @@ Status Trainer::MaybeSnapshot() {
   if (!memory_snapshots_.empty() && memory_snapshots_.back()->step == step_) {
     s = std::move(memory_snapshots_.back());
     memory_snapshots_.pop_back();
-  } else if (static_cast<int>(memory_snapshots_.size()) >= memory_snapshot_keep_) {
+  } else if (static_cast<int>(memory_snapshots_.size()) >= memory_snapshot_keep_ ||
+             (!memory_snapshots_.empty() && leader() && !HostHasRoomForSnapshot())) {
+    // (Only rank 0 holds the state, so only its host's room counts; every rank
+    // still captures, for ZeRO-1's gather.)
     s = std::move(memory_snapshots_.front());
     memory_snapshots_.pop_front();
   } else {
@@ -1222,6 +1252,24 @@ Status Trainer::MaybeSnapshot() {
   KEEL_RETURN_IF_ERROR(model_->HotSetsToText(&s->hot_sets));
   memory_snapshots_.push_back(std::move(s));
   return Status::Ok();
+}
+
+bool Trainer::HostHasRoomForSnapshot() {
+  // Runs that share a host each take their budget: a new entry is held back
+  // when it would leave the host less than 2 GiB or a tenth of its memory,
+  // whichever is more. The ring then stays at the size it has (its oldest
+  // entry is reused), said once.
+  const int64_t available = host_available_mib_ ? host_available_mib_() : HostAvailableMib();
+  if (available < 0) return true;  // unknown: the budget alone decides
+  const int64_t reserve = std::max<int64_t>(2048, HostMemoryMib() / 10);
+  if (static_cast<double>(available) - snapshot_mib_ >= static_cast<double>(reserve)) return true;
+  std::fprintf(stderr,
+               "keel-train: the host has %lld MiB available: the policy keeps %zu snapshots in memory instead of "
+               "%d (a rollback reaching further back uses the run's checkpoints; the longest needs %lld)\n",
+               static_cast<long long>(available), memory_snapshots_.size(), memory_snapshot_keep_,
+               static_cast<long long>(snapshot_needed_));
+  memory_snapshot_keep_ = static_cast<int>(memory_snapshots_.size());
+  return false;
 }
 
 Status Trainer::SaveCheckpoint(std::string* out_dir) {

@@ -123,6 +123,9 @@ class Trainer {
   // Where the policy's snapshots live, for keel-train's policy line: "in memory
   // (K kept, M MiB each)" or "on disk (...)"; empty without a policy.
   const std::string& snapshot_placement() const { return snapshot_placement_; }
+  // For tests: what MemAvailable says, in MiB, when the ring would grow
+  // (HostHasRoomForSnapshot); by default /proc/meminfo's.
+  void SetHostAvailableMib(std::function<int64_t()> probe) { host_available_mib_ = std::move(probe); }
   // True once a policy's stop action ended the run (keel-train exits 3).
   bool diverged() const { return diverged_; }
   Status RecordEvent(const std::string& kind, const std::string& message,
@@ -234,6 +237,9 @@ class Trainer {
   // The policy's snapshot of this step into the memory ring (StartPolicy chose
   // memory), every policy.snapshot_every steps.
   Status MaybeSnapshot();
+  // Whether the host has room for one more memory snapshot (see the .cc);
+  // when it has not, the ring stops growing.
+  bool HostHasRoomForSnapshot();
   // What a checkpoint or snapshot holds of the model: the detectors' state kept
   // for a rollback to this step (every rank), then the weights and both Adam
   // moments whole (ZeRO-1: gathered, every rank taking part) in host vectors on
@@ -311,7 +317,10 @@ class Trainer {
   // snapshots are checkpoints on disk (checkpoint_every = snapshot_every).
   std::deque<std::unique_ptr<LoadedCheckpoint>> memory_snapshots_;
   int memory_snapshot_keep_ = 0;
+  double snapshot_mib_ = 0;       // one snapshot's size
+  int64_t snapshot_needed_ = 0;   // how many the longest rollback needs
   std::string snapshot_placement_;
+  std::function<int64_t()> host_available_mib_;
   std::unique_ptr<PolicyEngine> engine_;         // reads config_.policy
   std::vector<PolicyEngine::Decision> pending_;  // decided in Step, applied by ApplyPolicy
   double lr_scale_ = 1.0;                        // scale_lr actions, kept in checkpoints

@@ -616,6 +616,7 @@ TEST(TrainerTest, PolicySnapshotsInMemoryRollBackLikeCheckpointsOnDisk) {
     ASSERT_TRUE(s.ok()) << s.message();
     std::unique_ptr<Trainer> t;
     ASSERT_TRUE(Trainer::Create(c, &t).ok());
+    t->SetHostAvailableMib([] { return int64_t{1} << 20; });  // plenty: the ring's size is the budget's
     out->placement = t->snapshot_placement();
     const std::string root = c.run_dir + "/checkpoints";
     ASSERT_TRUE(t->Train([&](const StepMetrics& m) {
@@ -672,6 +673,7 @@ TEST(TrainerTest, ARollbackTakesTheNewestSnapshotOrCheckpointAtOrBeforeItsTarget
   ASSERT_TRUE(s.ok()) << s.message();
   std::unique_ptr<Trainer> t;
   ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  t->SetHostAvailableMib([] { return int64_t{1} << 20; });
   ASSERT_TRUE(t->Train(nullptr, false).ok());
   ASSERT_EQ(t->step(), 23);
   std::string restored;
@@ -691,6 +693,33 @@ TEST(TrainerTest, ARollbackTakesTheNewestSnapshotOrCheckpointAtOrBeforeItsTarget
             std::string::npos)
       << s.message();
   EXPECT_EQ(t->step(), 15);  // nothing changed
+}
+
+// When the host runs short of memory (MemAvailable, here from a probe), the
+// ring of memory snapshots stops growing and reuses its oldest entry: it keeps
+// the newest ones it has, and a rollback further back than they reach finds
+// nothing in memory.
+TEST(TrainerTest, MemorySnapshotsStopGrowingWhenTheHostRunsShort) {
+  const std::string dir = TempDir("snap_host_short");
+  RunConfig c;
+  Status s = ParseRunConfig(FaultyRunYaml(dir, "[stop]", "  snapshots: {every: 5, keep: 8}\n"), "test",
+                            {"steps=23", "schedule.spike_at=1000"}, &c);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  int probes = 0;
+  t->SetHostAvailableMib([&probes] { return ++probes <= 1 ? int64_t{1} << 20 : int64_t{100}; });
+  ASSERT_TRUE(t->Train(nullptr, false).ok());
+  // Snapshots 5 (no probe: the first is always taken) and 10 (room); at 15 the
+  // host is short: the ring keeps 2 and reuses its oldest, so it holds 15 and 20.
+  EXPECT_EQ(probes, 2);
+  std::string restored;
+  ASSERT_TRUE(t->Rollback(4, &restored).ok());  // target 19
+  EXPECT_EQ(restored, "memory snapshot of step 15");
+  s = t->Rollback(3, &restored);  // target 12: 10 is gone, and no checkpoint is that old
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("(snapshots in memory: steps 15 .. 15; checkpoints in "), std::string::npos)
+      << s.message();
 }
 
 // A rollback restores the detectors' statistics of the step it returns to, so

@@ -162,6 +162,8 @@ Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps, 
   return p;
 }
 
+int64_t DefaultSnapshotMemoryMib(int64_t host_mib) { return std::min(kSnapshotMemoryCapMib, std::max<int64_t>(0, host_mib / 8)); }
+
 int DefaultProbeEvery(int64_t run_steps) {
   return static_cast<int>(std::min<int64_t>(100, std::max<int64_t>(1, run_steps / 30)));
 }

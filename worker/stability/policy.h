@@ -93,11 +93,13 @@ struct SweepRule {
   std::string switch_to;
 };
 
-// policy.snapshots.memory_mib's default: 16 GiB of host memory per run holds
-// the default policy's 12 snapshots (weights and both Adam moments, 12 bytes a
-// parameter) of a model up to 110M parameters, and the 6 a rollback needs up
-// to 220M; a larger model's go to disk.
-constexpr int64_t kDefaultSnapshotMemoryMib = 16384;
+// policy.snapshots.memory_mib's default (DefaultSnapshotMemoryMib): an eighth
+// of the host's memory, at most 16 GiB. 16 GiB hold the default policy's 12
+// snapshots (weights and both Adam moments, 12 bytes a parameter) of a model up
+// to 110M parameters, and the 6 a rollback needs up to 220M; a larger model's
+// go to disk.
+constexpr int64_t kSnapshotMemoryCapMib = 16384;
+int64_t DefaultSnapshotMemoryMib(int64_t host_mib);
 
 struct Policy {
   std::string preset;  // "default" for `policy: default`; "" for a policy written out
@@ -107,8 +109,9 @@ struct Policy {
   int snapshot_keep = 0;   // 0: the run's keep_checkpoints
   // Where the snapshots live (Trainer::StartPolicy): in host memory when
   // snapshot_keep of them (or at least enough for the longest rollback) fit in
-  // this many MiB; else on disk, as checkpoints. 0: always on disk.
-  int64_t snapshot_memory_mib = kDefaultSnapshotMemoryMib;
+  // this many MiB; else on disk, as checkpoints. 0: always on disk; -1 (not
+  // given): DefaultSnapshotMemoryMib of the host's memory.
+  int64_t snapshot_memory_mib = -1;
   int max_interventions = 5;
   std::vector<PolicyRule> rules;
   std::vector<SweepRule> sweep_rules;

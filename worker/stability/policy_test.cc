@@ -379,6 +379,14 @@ TEST(DefaultPolicyTest, ALanguageModelsBiasRuleClimbsOnThreeBiasedProbesInARow) 
 
 // The default policy over a whole escalation: every firing is a replay that
 // diverges again, and the run ends stopped, having climbed every rung once.
+TEST(DefaultPolicyTest, SnapshotMemoryIsAnEighthOfTheHostAtMost16GiB) {
+  EXPECT_EQ(DefaultSnapshotMemoryMib(24 * 1024), 3072);    // this build machine's 24 GiB
+  EXPECT_EQ(DefaultSnapshotMemoryMib(128 * 1024), 16384);  // the one-GPU H200 host
+  EXPECT_EQ(DefaultSnapshotMemoryMib(512 * 1024), 16384);  // capped
+  EXPECT_EQ(DefaultSnapshotMemoryMib(0), 0);               // unknown: on disk
+  EXPECT_EQ(DefaultSnapshotMemoryMib(-5), 0);
+}
+
 TEST(DefaultPolicyTest, RepeatedDivergenceClimbsEveryRungThenFallsBackThenStops) {
   const std::vector<std::string> ladder = {"mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"};
   Policy p = DefaultPolicy(ladder, 300, false, false);
