@@ -220,7 +220,9 @@ TEST(ServiceE2eTest, TwoRankRunSurvivesAKilledRank) {
   Cluster cluster("e2e_ranks");
   cluster.AddWorker("w1", {"--cpu-slots", "2"});
   keel::v1::SubmitSweepResponse submitted;
-  ASSERT_TRUE(cluster.Submit(SmallSweep(600, "resources: {cpu_slots: 2}\n"), &submitted).ok());
+  // 2,000 steps: long enough that the kill lands mid-run on a loaded machine (at
+  // 600 the run once ended before the poll saw its checkpoint and rank 1).
+  ASSERT_TRUE(cluster.Submit(SmallSweep(2000, "resources: {cpu_slots: 2}\n"), &submitted).ok());
   const std::string run_id = submitted.runs(0).id();
   bool killed = false;
   auto runs = cluster.WaitDone(submitted.sweep().id(), 180, [&](const std::vector<keel::v1::Run>& rs) {
@@ -234,7 +236,7 @@ TEST(ServiceE2eTest, TwoRankRunSurvivesAKilledRank) {
   });
   ASSERT_TRUE(killed);
   ASSERT_EQ(runs.size(), 1u);
-  ExpectEndsAsUninterrupted(&cluster, runs[0], 600, 1, "--nproc 2");  // rank 0 alone reports
+  ExpectEndsAsUninterrupted(&cluster, runs[0], 2000, 1, "--nproc 2");  // rank 0 alone reports
 }
 
 // Two runs of 4 ranks on two workers of 2 slots each: each is a gang over both
