@@ -11,12 +11,15 @@
 // in the timed cases; --analytics N times each case again with analytics on every
 // step and reports their cost amortized over N steps; --probe N does the same
 // for the gradient-bias probe (probe_every, which a language model's
-// `policy: default` turns on every 100 steps). bench/speed runs this
+// `policy: default` turns on every 100 steps); --snapshots N times the policy's
+// snapshots, in memory and on disk. bench/speed runs this
 // once per case and llm.c's train_gpt2cu at the same shape (docs/benchmarks.md).
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -59,6 +62,11 @@ const char kUsage[] =
     "  --probe-reference fp32|bf16\n"
     "                       with --probe: the probe's reference gradient (probe_reference;\n"
     "                       default fp32)\n"
+    "  --snapshots N        also time the policy's snapshots of each case: 3 into memory (the\n"
+    "                       first allocating the ring's entry, 2 reusing it) and 2 written as\n"
+    "                       checkpoints on disk (whole, fsynced; then removed), and report each\n"
+    "                       one's cost amortized over N steps (policy.snapshots.every; the\n"
+    "                       default policy's is 100, or steps / 90 on a shorter run). 0: off\n"
     "  --head-chunk-mib N   GPT cases: the most fp32 logits a BF16 head holds at once, in MiB\n"
     "                       (Model::HeadAndLoss; 0: the default, 1024)\n"
     "  --profile            time every backend op over the timed steps (CUDA events, and on\n"
@@ -87,7 +95,9 @@ const char kUsage[] =
     "                       with --analytics also analytics_every, analytics_maps,\n"
     "                       analytics_ms_per_step, analytics_overhead, analytics_peak_mib;\n"
     "                       with --probe also probe_every, probe_ms_per_step,\n"
-    "                       probe_overhead, probe_peak_mib\n"
+    "                       probe_overhead, probe_peak_mib; with --snapshots also\n"
+    "                       snapshot_every, snapshot_memory_ms, snapshot_alloc_ms,\n"
+    "                       snapshot_disk_ms, snapshot_memory_overhead, snapshot_disk_overhead\n"
     "  --peak-tflops X      the GPU's dense BF16 peak in TFLOP/s for MFU (default: the figure\n"
     "                       llm.c's llmc/mfu.h gives the device; MFU is n/a for other devices)\n"
     "  --help               this text\n"
@@ -258,6 +268,7 @@ struct GptOptions {
   int probe = 0;               // --probe: the period the probe's cost is amortized over (0: off)
   std::string probe_reference = "fp32";  // --probe-reference
   int64_t head_chunk_mib = 0;  // --head-chunk-mib: the head's fp32 logits at once (0: the model's default)
+  int snapshots = 0;           // --snapshots: the period the policy snapshots' cost is amortized over (0: off)
 };
 
 // The YAML lines of a case without analytics, and of its analytics twin
@@ -307,6 +318,53 @@ Status MeasureProbe(const std::string& yaml, const Result& plain, int steps, int
                     bool profile, int64_t head_chunk_floats, TwinCost* cost) {
   return MeasureTwin(yaml, ProbeOn(reference), "the gradient-bias probe (" + reference + " reference)", "", plain,
                      steps, period, profile, head_chunk_floats, cost);
+}
+
+// The policy's snapshots (--snapshots N): a case's trainer with a policy that
+// keeps 1 in memory takes 3 (the first allocating the ring's entry, the others
+// reusing it), then writes 2 checkpoints, what the snapshots were before
+// session 33 (whole, fsynced), each removed once timed. Each is timed alone
+// (all end with the state on the host); the cost is amortized over N steps of
+// the plain case.
+struct SnapshotCost {
+  double alloc_ms = 0, memory_ms = 0, disk_ms = 0;
+  double memory_overhead = 0, disk_overhead = 0;  // fractions of the plain step at every N steps
+};
+Status MeasureSnapshots(const std::string& yaml, const Result& plain, int period, SnapshotCost* cost) {
+  const std::string policy = "policy:\n  snapshots: {every: " + std::to_string(period) +
+                             ", keep: 1, memory_mib: 1048576}\n  rules:\n    - {when: nonfinite, do: [stop]}\n";
+  RunConfig c;
+  KEEL_RETURN_IF_ERROR(ParseRunConfig(yaml + AnalyticsOff() + policy, plain.label + " +snapshots", {}, &c));
+  std::unique_ptr<Trainer> t;
+  KEEL_RETURN_IF_ERROR(Trainer::Create(c, &t));
+  StepMetrics m;
+  for (int i = 0; i < kWarmupSteps; ++i) KEEL_RETURN_IF_ERROR(t->Step(&m));
+  auto timed = [](const std::function<Status()>& f, double* ms) {
+    const auto start = std::chrono::steady_clock::now();
+    const Status s = f();
+    *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    return s;
+  };
+  double ms[3], disk[2];
+  for (double& x : ms) KEEL_RETURN_IF_ERROR(timed([&] { return t->TakeSnapshot(); }, &x));
+  for (double& x : disk) {
+    std::string dir;
+    const Status saved = timed([&] { return t->SaveCheckpoint(&dir); }, &x);
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+    KEEL_RETURN_IF_ERROR(saved);
+  }
+  cost->alloc_ms = ms[0];
+  cost->memory_ms = (ms[1] + ms[2]) / 2;
+  cost->disk_ms = (disk[0] + disk[1]) / 2;
+  cost->memory_overhead = cost->memory_ms / (static_cast<double>(period) * plain.step_ms);
+  cost->disk_overhead = cost->disk_ms / (static_cast<double>(period) * plain.step_ms);
+  std::printf("  %-32s policy snapshots: in memory %.1f ms each (the ring's first entry, allocating: %.1f ms), "
+              "as a checkpoint on disk %.1f ms; every %d steps: memory +%.3f%%, disk +%.3f%% of the step (%s)\n",
+              "", cost->memory_ms, cost->alloc_ms, cost->disk_ms, period, 100.0 * cost->memory_overhead,
+              100.0 * cost->disk_overhead, t->snapshot_placement().c_str());
+  std::fflush(stdout);
+  return Status::Ok();
 }
 
 int RunGpt(const std::string& common, const GptOptions& o) {
@@ -364,6 +422,11 @@ int RunGpt(const std::string& common, const GptOptions& o) {
       s = MeasureProbe(yaml, r, o.steps, o.probe, o.probe_reference, o.profile, o.head_chunk_mib << 18, &probe);
       if (!s.ok()) return std::fprintf(stderr, "train_bench: %s +probe: %s\n", scheme.c_str(), s.message().c_str()), 1;
     }
+    SnapshotCost snap;
+    if (o.snapshots > 0) {
+      s = MeasureSnapshots(yaml, r, o.snapshots, &snap);
+      if (!s.ok()) return std::fprintf(stderr, "train_bench: %s +snapshots: %s\n", scheme.c_str(), s.message().c_str()), 1;
+    }
     if (!o.json_path.empty()) {
       JsonWriter w;
       w.Add("model", g.name).Add("scheme", scheme).Add("batch", o.batch).Add("seq", o.seq).Add("steps", o.steps);
@@ -380,6 +443,11 @@ int RunGpt(const std::string& common, const GptOptions& o) {
         w.Add("probe_every", o.probe).Add("probe_reference", o.probe_reference);
         w.Add("probe_ms_per_step", probe.step_ms).Add("probe_overhead", probe.amortized);
         w.Add("probe_peak_mib", ToJsonValue(probe.peak_mib));
+      }
+      if (o.snapshots > 0) {
+        w.Add("snapshot_every", o.snapshots).Add("snapshot_memory_ms", snap.memory_ms);
+        w.Add("snapshot_alloc_ms", snap.alloc_ms).Add("snapshot_disk_ms", snap.disk_ms);
+        w.Add("snapshot_memory_overhead", snap.memory_overhead).Add("snapshot_disk_overhead", snap.disk_overhead);
       }
       json_lines += w.str() + "\n";
       // Rewritten after every case, so a later failure keeps the earlier cases.
@@ -405,7 +473,7 @@ int RunGpt(const std::string& common, const GptOptions& o) {
 }
 
 int RunProxy(const std::string& common, int steps, bool profile, int analytics, bool analytics_maps, int probe,
-             const std::string& probe_reference) {
+             const std::string& probe_reference, int snapshots) {
   std::printf("proxy: L4, d512, batch 2048, Adam lr 6e-4\n");
   std::vector<Result> results;
   for (const char* scheme : {"fp32", "mxfp8_e4m3"}) {
@@ -426,6 +494,11 @@ int RunProxy(const std::string& common, int steps, bool profile, int analytics, 
       TwinCost cost;
       s = MeasureProbe(yaml, r, steps * 10, probe, probe_reference, profile, 0, &cost);
       if (!s.ok()) return std::fprintf(stderr, "train_bench: %s +probe: %s\n", scheme, s.message().c_str()), 1;
+    }
+    if (snapshots > 0) {
+      SnapshotCost cost;
+      s = MeasureSnapshots(yaml, r, snapshots, &cost);
+      if (!s.ok()) return std::fprintf(stderr, "train_bench: %s +snapshots: %s\n", scheme, s.message().c_str()), 1;
     }
     results.push_back(r);
   }
@@ -450,6 +523,7 @@ int Main(int argc, char** argv) {
   app.add_option("--probe", gpt.probe)->check(IntFlag(0, 1 << 30));
   app.add_option("--probe-reference", gpt.probe_reference)->check(OneOf({"fp32", "bf16"}));
   app.add_option("--head-chunk-mib", gpt.head_chunk_mib)->check(IntFlag(0, 1 << 20));
+  app.add_option("--snapshots", gpt.snapshots)->check(IntFlag(0, 1 << 30));
   std::vector<std::string> model_names;
   for (const GptShape& g : kGptShapes) model_names.push_back(g.name);
   app.add_option("--model", model)->check(OneOf(model_names));
@@ -499,6 +573,9 @@ int Main(int argc, char** argv) {
   if (gpt.probe > 0)
     std::printf("then with the gradient-bias probe on every step (%s reference; cost amortized over %d steps)\n",
                 gpt.probe_reference.c_str(), gpt.probe);
+  if (gpt.snapshots > 0)
+    std::printf("then the policy's snapshots, in memory and as checkpoints on disk (cost amortized over %d steps)\n",
+                gpt.snapshots);
   if (gpt.head_chunk_mib > 0)
     std::printf("GPT cases: a BF16 head holds at most %lld MiB of fp32 logits at once (--head-chunk-mib)\n",
                 static_cast<long long>(gpt.head_chunk_mib));
@@ -507,7 +584,8 @@ int Main(int argc, char** argv) {
     if (code != 0) return code;
   }
   if (only.empty() || only == "proxy")
-    return RunProxy(common, gpt.steps, gpt.profile, gpt.analytics, gpt.analytics_maps, gpt.probe, gpt.probe_reference);
+    return RunProxy(common, gpt.steps, gpt.profile, gpt.analytics, gpt.analytics_maps, gpt.probe, gpt.probe_reference,
+                    gpt.snapshots);
   return 0;
 }
 

@@ -22,7 +22,8 @@ class TrainBenchTest(unittest.TestCase):
         cls.result = subprocess.run(
             [TRAIN_BENCH, "--backend", "cpu", "--model", "gpt2-124m", "--batch", "1", "--seq", "64", "--schemes",
              "bf16", "--steps", "1", "--only", "gpt", "--tokens", cls.tokens, "--json", cls.json_path,
-             "--peak-tflops", "0.5", "--probe", "50"], capture_output=True, text=True, timeout=600)
+             "--peak-tflops", "0.5", "--probe", "50", "--snapshots", "40"], capture_output=True, text=True,
+            timeout=600)
 
     def test_runs_one_case_and_writes_its_json_line(self):
         self.assertEqual(self.result.returncode, 0, self.result.stderr)
@@ -42,6 +43,23 @@ class TrainBenchTest(unittest.TestCase):
         self.assertIsNone(case["peak_mib"])  # the CPU backend has no device memory
         self.assertTrue(case["device"].startswith("cpu"))
         self.assertGreater(case["loss"], 9.0)  # ln(50257) = 10.8 at random init
+
+    def test_snapshots_print_and_write_their_cost(self):
+        # --snapshots 40: 3 memory snapshots of the 124M model's state and 2 checkpoints, each
+        # amortized over 40 steps; a snapshot is 12 bytes a parameter: 1,425 MiB.
+        self.assertRegex(self.result.stdout, r"policy snapshots: in memory [\d.]+ ms each \(the ring's first entry, "
+                                             r"allocating: [\d.]+ ms\), as a checkpoint on disk [\d.]+ ms; every 40 "
+                                             r"steps: memory \+[\d.]+%, disk \+[\d.]+% of the step \(every 40 steps "
+                                             r"in memory \(1 kept, 1425 MiB each\)\)")
+        with open(self.json_path) as f:
+            case = json.loads(f.read().splitlines()[0])
+        self.assertEqual(case["snapshot_every"], 40)
+        for key in ("snapshot_memory_ms", "snapshot_alloc_ms", "snapshot_disk_ms"):
+            self.assertGreater(case[key], 0, key)
+        self.assertAlmostEqual(case["snapshot_memory_overhead"], case["snapshot_memory_ms"] / (40 * case["ms_per_step"]),
+                               places=9)
+        self.assertAlmostEqual(case["snapshot_disk_overhead"], case["snapshot_disk_ms"] / (40 * case["ms_per_step"]),
+                               places=9)
 
     def test_probe_twin_prints_and_writes_its_cost(self):
         # --probe 50: the case again with probe_every 1, its extra time amortized over 50 steps.

@@ -1222,6 +1222,14 @@ Status Trainer::MaybeSnapshot() {
   if (memory_snapshot_keep_ == 0 || !EveryNth(step_, config_.policy.snapshot_every) || step_ >= config_.steps) {
     return Status::Ok();
   }
+  return TakeSnapshot();
+}
+
+Status Trainer::TakeSnapshot() {
+  if (memory_snapshot_keep_ == 0) {
+    return Status::Error("TakeSnapshot: this run keeps no snapshots in memory (" +
+                         (snapshot_placement_.empty() ? std::string("no policy") : snapshot_placement_) + ")");
+  }
   // A step snapshotted before (the step a rollback returned to) is taken again,
   // as a checkpoint directory is rewritten: the scheme may have changed since.
   // Otherwise the oldest entry's buffers are reused once the ring is full.

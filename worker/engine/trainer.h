@@ -123,6 +123,10 @@ class Trainer {
   // Where the policy's snapshots live, for keel-train's policy line: "in memory
   // (K kept, M MiB each)" or "on disk (...)"; empty without a policy.
   const std::string& snapshot_placement() const { return snapshot_placement_; }
+  // The policy's snapshot of this step into its memory ring, as Train takes one
+  // every policy.snapshot_every steps (train_bench --snapshots times it). An
+  // error when the run's snapshots are on disk or it has no policy.
+  Status TakeSnapshot();
   // For tests: what MemAvailable says, in MiB, when the ring would grow
   // (HostHasRoomForSnapshot); by default /proc/meminfo's.
   void SetHostAvailableMib(std::function<int64_t()> probe) { host_available_mib_ = std::move(probe); }

@@ -637,6 +637,20 @@ TEST(TrainerTest, PolicySnapshotsInMemoryRollBackLikeCheckpointsOnDisk) {
   EXPECT_NE(disk.events.find("checkpoints/step_"), std::string::npos) << disk.events;
   EXPECT_EQ(memory.most_checkpoints, 0u);
   EXPECT_GT(disk.most_checkpoints, 0u);
+  // TakeSnapshot (train_bench --snapshots) needs the memory ring.
+  {
+    RunConfig c;
+    Status s = ParseRunConfig(FaultyRunYaml(TempDir("snap_take"), "[stop]", "  snapshots: {every: 5, memory_mib: 0}\n"),
+                              "test", {}, &c);
+    ASSERT_TRUE(s.ok()) << s.message();
+    std::unique_ptr<Trainer> t;
+    ASSERT_TRUE(Trainer::Create(c, &t).ok());
+    s = t->TakeSnapshot();
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("TakeSnapshot: this run keeps no snapshots in memory (every 5 steps on disk"),
+              std::string::npos)
+        << s.message();
+  }
   // The same trajectory, bit for bit: the steps (the replay's included), the
   // losses, the gradient norms and the scheme of every step.
   ASSERT_EQ(memory.metrics.size(), disk.metrics.size());
