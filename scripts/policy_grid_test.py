@@ -166,6 +166,23 @@ class AnalyseTest(unittest.TestCase):
         has_all(self, report_text(runs), "- time outside the steps (wall time - steps x median step time",
                 "the difference is mean ")
 
+    def test_coverage_counts_the_pairs_that_ended_in_the_issues_grid(self):
+        # grid(): depth 4, width 256, lr 1e-3, mxfp8_e4m3, seeds 1-3, every pair ended: 3 of 324. A cancelled
+        # policy run takes its pair out; a run at lr 2e-3 lies outside the grid.
+        runs = grid()
+        text = pg.coverage_text(runs)
+        has_all(self, text, "in the issue's grid: **3 of 324**", "cells (depth, width, lr) touched: 1 of 36; "
+                "with 3 seeds of every format: 0", "| depth | width | lr 3e-4 | lr 6e-4 | lr 1e-3 |",
+                "| 4 | 256 | - | - | E4M3 seeds 1,2,3 |", "| 8 | 512 | - | - | - |")
+        for r in runs:
+            if r["variant"] == "default" and r["seed"] == 3:
+                r["state"] = "CANCELLED"
+        extra = [summary("plain", "mxfp8_e4m3", 1, lr=2e-3), summary("default", "mxfp8_e4m3", 1, lr=2e-3),
+                 summary("fp32", "fp32", 1, lr=2e-3)]
+        text = pg.coverage_text(runs + extra)
+        has_all(self, text, "**2 of 324**", "| 4 | 256 | - | - | E4M3 seeds 1,2 |",
+                "pairs outside the grid (other depths, widths, learning rates or formats): 1")
+
     def test_a_run_above_the_rescue_factor_is_not_rescued(self):
         runs = grid()
         for r in runs:
