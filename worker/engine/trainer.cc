@@ -1247,17 +1247,7 @@ Status Trainer::TakeSnapshot() {
     s.reset(new LoadedCheckpoint);
   }
   KEEL_RETURN_IF_ERROR(CaptureState(&s->weights, &s->m, &s->v));
-  // What ApplyCheckpoint restores besides the tensors, as a checkpoint's
-  // metadata would give it (CheckpointMeta).
-  s->scheme = scheme_;
-  s->scheme_yaml = SchemeToYaml(scheme_);
-  s->step = step_;
-  s->lr_scale = lr_scale_;
-  s->rewarm_start = rewarm_start_;
-  s->micro_batches = static_cast<int64_t>(accum_) * ranks();
-  s->position = train_loader_ ? train_loader_->position() : TokenLoader::Position{};
-  s->policy_state = engine_ ? PolicyStateToJson(engine_->State(policy_steps_)) : "";
-  KEEL_RETURN_IF_ERROR(model_->HotSetsToText(&s->hot_sets));
+  KEEL_RETURN_IF_ERROR(StateScalars(s.get()));
   memory_snapshots_.push_back(std::move(s));
   return Status::Ok();
 }
@@ -1284,23 +1274,18 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
   const std::string root = RunDir(config_.run_dir).checkpoints();
   const std::string final_dir = root + "/" + CheckpointDirName(step_);
   *out_dir = final_dir;
-  std::vector<float> weights, m, v;
-  KEEL_RETURN_IF_ERROR(CaptureState(&weights, &m, &v));
+  LoadedCheckpoint c;
+  KEEL_RETURN_IF_ERROR(CaptureState(&c.weights, &c.m, &c.v));
   if (!leader()) return Status::Ok();  // the ranks hold the same state: rank 0 writes it once
+  KEEL_RETURN_IF_ERROR(StateScalars(&c));
   const std::vector<ParamInfo>& params = model_->param_info();
   std::vector<TensorRef> model_tensors, optimizer_tensors;
   for (const ParamInfo& p : params) {
-    model_tensors.push_back(TensorRef{p.name, p.shape, weights.data() + p.offset});
-    optimizer_tensors.push_back(TensorRef{"m." + p.name, p.shape, m.data() + p.offset});
-    optimizer_tensors.push_back(TensorRef{"v." + p.name, p.shape, v.data() + p.offset});
+    model_tensors.push_back(TensorRef{p.name, p.shape, c.weights.data() + p.offset});
+    optimizer_tensors.push_back(TensorRef{"m." + p.name, p.shape, c.m.data() + p.offset});
+    optimizer_tensors.push_back(TensorRef{"v." + p.name, p.shape, c.v.data() + p.offset});
   }
-  std::map<std::string, std::string> meta = CheckpointMeta();
-  std::string hot_sets;
-  KEEL_RETURN_IF_ERROR(model_->HotSetsToText(&hot_sets));
-  if (!hot_sets.empty()) {
-    meta[kHotSetsKey] = hot_sets;
-    meta[kHotSetsCrcKey] = Crc32Hex(hot_sets);
-  }
+  std::map<std::string, std::string> meta = CheckpointMeta(c);
   const std::string tmp_dir = final_dir + ".tmp";
   KEEL_RETURN_IF_ERROR(MakeDirs(tmp_dir));
   KEEL_RETURN_IF_ERROR(WriteSafetensors(tmp_dir + "/model.safetensors", model_tensors, {{"format", kCheckpointFormat}, {"step", meta["step"]}}));
@@ -1315,35 +1300,54 @@ Status Trainer::SaveCheckpoint(std::string* out_dir) {
   return Status::Ok();
 }
 
+// What a checkpoint or a memory snapshot holds besides the tensors, as
+// ApplyCheckpoint restores it: the scheme, step, learning-rate scale and
+// re-warm, the global batch, the data position, the policy's state (empty
+// without a policy) and the hot sets (empty without them).
+Status Trainer::StateScalars(LoadedCheckpoint* c) const {
+  c->scheme = scheme_;
+  c->scheme_yaml = SchemeToYaml(scheme_);
+  c->step = step_;
+  c->lr_scale = lr_scale_;
+  c->rewarm_start = rewarm_start_;
+  c->micro_batches = static_cast<int64_t>(accum_) * ranks();
+  c->position = train_loader_ ? train_loader_->position() : TokenLoader::Position{};
+  c->policy_state = engine_ ? PolicyStateToJson(engine_->State(policy_steps_)) : "";
+  return model_->HotSetsToText(&c->hot_sets);
+}
+
 // What optimizer.safetensors' metadata holds besides the tensors: format,
-// step, model, seed, scheme, lr_scale, the data position and, under a policy,
-// the policy's state.
-std::map<std::string, std::string> Trainer::CheckpointMeta() const {
+// model, seed and rank count, and `c`'s scalars (StateScalars): step, scheme,
+// lr_scale, the data position and, where they are, the policy's state and the
+// hot sets.
+std::map<std::string, std::string> Trainer::CheckpointMeta(const LoadedCheckpoint& c) const {
   std::map<std::string, std::string> meta;
   meta["format"] = kCheckpointFormat;
-  meta["step"] = std::to_string(step_);
+  meta["step"] = std::to_string(c.step);
   meta["model"] = config_.model.type;
   meta["seed"] = std::to_string(config_.seed);
-  meta["scheme"] = SchemeToYaml(scheme_);
-  meta["lr_scale"] = JsonNumber(lr_scale_);
-  meta["rewarm_start"] = std::to_string(rewarm_start_);
+  meta["scheme"] = c.scheme_yaml;
+  meta["lr_scale"] = JsonNumber(c.lr_scale);
+  meta["rewarm_start"] = std::to_string(c.rewarm_start);
   // The global batch in micro-batches per step, which a resume with another
   // rank count keeps; and the rank count, for the reader.
-  meta["micro_batches"] = std::to_string(static_cast<int64_t>(accum_) * ranks());
+  meta["micro_batches"] = std::to_string(c.micro_batches);
   meta["ranks"] = std::to_string(ranks());
-  if (engine_) {
+  if (!c.policy_state.empty()) {
     // What the policy has learnt (policy.h PolicyState), so that a restart
     // escalates where the run would have instead of replaying a rescued
     // blow-up. Metadata is outside keel.crc32 (the data's): it has its own.
-    const std::string state = PolicyStateToJson(engine_->State(policy_steps_));
-    meta[kPolicyStateKey] = state;
-    meta[kPolicyStateCrcKey] = Crc32Hex(state);
+    meta[kPolicyStateKey] = c.policy_state;
+    meta[kPolicyStateCrcKey] = Crc32Hex(c.policy_state);
   }
   if (train_loader_) {
-    TokenLoader::Position pos = train_loader_->position();
-    meta["data.shard"] = std::to_string(pos.shard);
-    meta["data.offset"] = std::to_string(pos.offset);
-    meta["data.epoch"] = std::to_string(pos.epoch);
+    meta["data.shard"] = std::to_string(c.position.shard);
+    meta["data.offset"] = std::to_string(c.position.offset);
+    meta["data.epoch"] = std::to_string(c.position.epoch);
+  }
+  if (!c.hot_sets.empty()) {
+    meta[kHotSetsKey] = c.hot_sets;
+    meta[kHotSetsCrcKey] = Crc32Hex(c.hot_sets);
   }
   return meta;
 }

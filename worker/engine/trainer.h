@@ -257,8 +257,9 @@ class Trainer {
   // A ladder rung's scheme: the run's starting one when the name is its name, else the preset.
   Status SchemeForRung(const std::string& name, PrecisionScheme* out) const;
   // Checkpoints: the metadata written, and reading one back verified.
-  std::map<std::string, std::string> CheckpointMeta() const;
   struct LoadedCheckpoint;
+  Status StateScalars(LoadedCheckpoint* c) const;
+  std::map<std::string, std::string> CheckpointMeta(const LoadedCheckpoint& c) const;
   Status ReadCheckpoint(const std::string& dir, LoadedCheckpoint* out) const;
   // Resume's collective part: `read` is rank 0's verdict on reading `dir` into
   // *loaded (rank 0 only); when it is ok every rank takes rank 0's state
