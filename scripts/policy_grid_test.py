@@ -9,6 +9,7 @@ import importlib.machinery
 import importlib.util
 import io
 import json
+import lzma
 import math
 import os
 import sys
@@ -36,15 +37,16 @@ def summary(variant, fmt, seed, **kw):
 
 def grid(reference="fp32"):
     """Three seeds of mxfp8_e4m3: seed 1 blows up at 500 unprotected and the policy catches it at 480
-    (a rollback replays 20 steps, 520 steps run in the reference scheme) and finishes at 1.0; seed 2
+    (a rollback to 460 abandons 20 steps, which metrics.jsonl no longer holds, and 540 steps run in
+    the reference scheme) and finishes at 1.0; seed 2
     never blows up but the policy acts at 300 (a false alarm); seed 3 is healthy and untouched."""
     ref = [summary("fp32", reference, seed, final_loss=0.95, step_ms_median=20.0) for seed in (1, 2, 3)]
     return ref + [
         summary("plain", "mxfp8_e4m3", 1, blowup_step=500, final_loss=None),
-        summary("default", "mxfp8_e4m3", 1, first_action_step=480, rows=1020,
-                rows_per_scheme={"mxfp8_e4m3": 500, reference: 520}, final_scheme=reference,
-                events=[{"step": 480, "kind": "rollback", "message": ""},
-                        {"step": 480, "kind": "switch_precision", "message": ""}]),
+        summary("default", "mxfp8_e4m3", 1, first_action_step=480,
+                rows_per_scheme={"mxfp8_e4m3": 460, reference: 540}, final_scheme=reference,
+                events=[{"step": 460, "kind": "rollback", "message": "rolled back from step 480 to 460: rule blow-up"},
+                        {"step": 460, "kind": "switch_precision", "message": ""}]),
         summary("plain", "mxfp8_e4m3", 2, final_loss=0.97),
         summary("default", "mxfp8_e4m3", 2, first_action_step=300, final_loss=0.96,
                 events=[{"step": 300, "kind": "scale_lr", "message": ""}]),
@@ -97,16 +99,19 @@ class SummarizeTest(unittest.TestCase):
             rows = [{"step": s, "loss": 3.0, "scheme": "mxfp8_e4m3", "step_ms": 10.0, "unix_ms": 1000 * s}
                     for s in range(1, 41)]
             rows[29]["loss"] = 5.0  # step 30: 1.67x, a language model's blow-up
-            # A rollback from step 30 to 25, then steps 26..40 again in bf16.
-            rows += [{"step": s, "loss": 3.0, "scheme": "bf16", "step_ms": 20.0, "unix_ms": 1000 * (s + 15)}
-                     for s in range(26, 41)]
+            # A rollback from step 30 to 25 drops the lines after 25, as the trainer does; then steps
+            # 26..40 again in bf16.
+            rows = rows[:25] + [{"step": s, "loss": 3.0, "scheme": "bf16", "step_ms": 20.0,
+                                 "unix_ms": 1000 * (s + 5)} for s in range(26, 41)]
             with open(os.path.join(d, "metrics.jsonl"), "w") as f:
                 for r in rows:
                     f.write(json.dumps(r) + "\n")
             with open(os.path.join(d, "run.yaml"), "w") as f:
                 f.write("model: {type: gpt, layers: 2, vocab: 64, padded_vocab: 128}\n")
             with open(os.path.join(d, "events.jsonl"), "w") as f:
-                f.write(json.dumps({"step": 25, "kind": "rollback", "message": "to step 25 from step 30 (spike)"}) + "\n")
+                f.write(json.dumps({"step": 25, "kind": "rollback",
+                                    "message": "rolled back from step 30 to 25: rule blow-up (spike)",
+                                    "details": {"from_step": "30", "to_step": "25", "checkpoint": "x"}}) + "\n")
                 f.write(json.dumps({"step": 25, "kind": "switch_precision", "message": "mxfp8_e4m3 -> bf16"}) + "\n")
             run = {"id": "run-7", "state": "SUCCEEDED", "steps": 40,
                    "axes": {"model.layers": "2", "model.width": "64", "optimizer.lr": "0.001", "seed": "1",
@@ -114,8 +119,10 @@ class SummarizeTest(unittest.TestCase):
             s, series = pg.summarize(run, d)
         self.assertEqual(s["variant"], "default")
         self.assertTrue(s["language_model"])
-        self.assertEqual(s["rows"], 55)
-        self.assertEqual(s["rows_per_scheme"], {"mxfp8_e4m3": 40, "bf16": 15})
+        self.assertEqual(s["rows"], 40)
+        self.assertEqual(s["rows_per_scheme"], {"mxfp8_e4m3": 25, "bf16": 15})
+        # The 5 abandoned steps are in no row: the rollback's event counts them.
+        self.assertEqual(s["replayed_steps"], 5)
         # The kept timeline has the replayed steps, so the spike at 30 is gone.
         self.assertIsNone(s["blowup_step"])
         self.assertEqual(s["first_action_step"], 30)  # the rollback's firing step, from its message
@@ -136,8 +143,9 @@ class AnalyseTest(unittest.TestCase):
         self.assertTrue(one["blew"] and one["caught"] and one["rescued"])
         self.assertEqual(one["warning"], 20)
         self.assertEqual((one["level"], one["level_from"]), (0.95, "fp32"))
-        # 20 replayed steps, and 520 in a scheme that costs 2x: (20 + 520 x (2 - 1)) / 1000.
-        self.assertAlmostEqual(one["extra"], 0.54)
+        # 20 replayed steps (from the rollback's message: the summary has no replayed_steps), and 540
+        # in a scheme that costs 2x: (20 + 540 x (2 - 1)) / 1000.
+        self.assertAlmostEqual(one["extra"], 0.56)
         self.assertTrue(two["false_alarm"] and not two["blew"])
         self.assertEqual(two["extra"], 0.0)
         self.assertFalse(three["acted"] or three["false_alarm"] or three["blew"])
@@ -217,7 +225,8 @@ class AnalyseTest(unittest.TestCase):
                 "- caught (the policy acted at or before the blow-up): 1/1 (100%)",
                 "**1/1 (100%)** (target >= 95%)",
                 "**1/3 (33%)** of all runs (target <= 5%)",
-                "mean **18.0%**, median 0.0%, max 54.0%",
+                "mean **18.7%**, median 0.0%, max 56.0%",
+                "  - of the 2 policy runs that acted: mean 28.0%, median 28.0%",
                 "median 20 steps",
                 "| mxfp8_e4m3 | 4 | 256 | 0.001 | 1 | 500, - | 480, 1, fp32 (SUCCEEDED) | 0.95 (fp32) | rescued |",
                 "false alarm")
@@ -405,17 +414,19 @@ class WarningSignalTest(unittest.TestCase):
         runs = [summary("fp32", "fp32", seed, final_loss=0.95) for seed in (1, 2)] + [
             summary("plain", "mxfp8_e4m3", 1, blowup_step=600, final_loss=None),
             summary("plain", "mxfp8_e4m3", 2, final_loss=1.2)]
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "grid-series.csv.gz")
-            with gzip.open(path, "wt") as f:
-                f.write("run,step,loss,grad_norm,sat_max,update_ratio,probe_zeta,probe_cosine\n")
-                for seed in (1, 2):
-                    for step in range(1, 1001):
-                        zeta = "-0.3" if step % 100 == 0 else ""
-                        f.write(f"plain-mxfp8_e4m3-{seed},{step},1.0,1.0,0.0,0.001,{zeta},\n")
-            text = pg.warning_study(runs, [path])
-        row = [line for line in text.splitlines() if "bias rule" in line][0]
-        self.assertEqual(row.split(" | ")[1:], ["1/1", "300", "300 / 300", "1/2", "1 |"])
+        # The series as `run` writes it (.csv.gz) and as docs/runs keeps it (.csv.xz) read the same.
+        for suffix, opener in ((".csv.gz", gzip.open), (".csv.xz", lzma.open)):
+            with self.subTest(suffix=suffix), tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "grid-series" + suffix)
+                with opener(path, "wt") as f:
+                    f.write("run,step,loss,grad_norm,sat_max,update_ratio,probe_zeta,probe_cosine\n")
+                    for seed in (1, 2):
+                        for step in range(1, 1001):
+                            zeta = "-0.3" if step % 100 == 0 else ""
+                            f.write(f"plain-mxfp8_e4m3-{seed},{step},1.0,1.0,0.0,0.001,{zeta},\n")
+                text = pg.warning_study(runs, [path])
+                row = [line for line in text.splitlines() if "bias rule" in line][0]
+                self.assertEqual(row.split(" | ")[1:], ["1/1", "300", "300 / 300", "1/2", "1 |"])
 
     def test_the_bias_rule_signal_needs_its_probes_in_a_row(self):
         # Probes every other step (None between): the count carries over the steps without one,
