@@ -121,6 +121,7 @@ class SummarizeTest(unittest.TestCase):
         self.assertTrue(s["language_model"])
         self.assertEqual(s["rows"], 40)
         self.assertEqual(s["rows_per_scheme"], {"mxfp8_e4m3": 25, "bf16": 15})
+        self.assertEqual(s["step_ms_by_scheme"], {"mxfp8_e4m3": 10.0, "bf16": 20.0})
         # The 5 abandoned steps are in no row: the rollback's event counts them.
         self.assertEqual(s["replayed_steps"], 5)
         # The kept timeline has the replayed steps, so the spike at 30 is gone.
@@ -159,6 +160,19 @@ class AnalyseTest(unittest.TestCase):
                 r["rows_per_scheme"] = {"mxfp8_e4m3": 500, "mxfp8_e4m3+bf16_head": 520}
         one = [r for r in pg.analyse(runs) if r["seed"] == 1][0]
         self.assertAlmostEqual(one["extra"], 0.02)
+
+    def test_a_runs_own_step_times_price_its_switch_before_the_cells_medians(self):
+        # The cell's runs say the reference scheme costs 2x (20 ms against 10), but seed 1's policy run
+        # took 12 ms a step in it against its own 10 in mxfp8_e4m3 (neighbours on its GPU left): its 540
+        # steps there cost 0.2 each, plus the 20 replayed: (20 + 540 x 0.2) / 1000.
+        runs = grid()
+        for r in runs:
+            if r["variant"] == "default" and r["seed"] == 1:
+                r["step_ms_by_scheme"] = {"mxfp8_e4m3": 10.0, "fp32": 12.0}
+        one = [r for r in pg.analyse(runs) if r["seed"] == 1][0]
+        self.assertAlmostEqual(one["extra"], 0.128)
+        # A summary without the per-scheme times (before session 34) keeps the cell's medians: 0.56.
+        self.assertAlmostEqual([r for r in pg.analyse(grid()) if r["seed"] == 1][0]["extra"], 0.56)
 
     def test_the_time_outside_the_steps_is_wall_minus_steps_and_is_reported(self):
         # Seed 2's policy run took 21 s for 1000 steps of 10 ms (11 s outside them: snapshots on disk),
