@@ -174,6 +174,24 @@ class AnalyseTest(unittest.TestCase):
         # A summary without the per-scheme times (before session 34) keeps the cell's medians: 0.56.
         self.assertAlmostEqual([r for r in pg.analyse(grid()) if r["seed"] == 1][0]["extra"], 0.56)
 
+    def test_the_rollback_variant_is_compared_with_the_default_pair_by_pair(self):
+        # Seed 1 again with policy: {preset: default, rollback: 200}: its rollback goes 200 steps back
+        # (from 480 to 280) where the default's went 20; both rescued.
+        runs = grid()
+        short = dict([r for r in runs if r["variant"] == "default" and r["seed"] == 1][0])
+        short.update(variant="rollback", id="rollback-1",
+                     events=[{"step": 280, "kind": "rollback", "message": "rolled back from step 480 to 280: x"},
+                             {"step": 280, "kind": "switch_precision", "message": ""}],
+                     rows_per_scheme={"mxfp8_e4m3": 280, "fp32": 720})
+        text = report_text(runs + [short])
+        has_all(self, text, "## Rollback distance: policy: default against `{preset: default, rollback: N}`",
+                "- without rollback: rescued 1/1 (100%), false alarms 0/1 (0%), steps above the starting scheme 540, "
+                "replayed steps 20, extra compute mean 56.0%",
+                "- with rollback: rescued 1/1 (100%), false alarms 0/1 (0%), steps above the starting scheme 720, "
+                "replayed steps 200, extra compute mean 92.0%",
+                "| mxfp8_e4m3 | 4 | 256 | 0.001 | 1 | rescued, 1, fp32, 540, 20 | rescued, 1, fp32, 720, 200 |")
+        self.assertNotIn("## Probation", text)
+
     def test_the_time_outside_the_steps_is_wall_minus_steps_and_is_reported(self):
         # Seed 2's policy run took 21 s for 1000 steps of 10 ms (11 s outside them: snapshots on disk),
         # its twin 15 s (5 s outside): 6 s more, 60% of the twin's 10 s in steps.
@@ -413,6 +431,11 @@ class GenTest(unittest.TestCase):
                             "--probation", "500")
         self.assertIn("batch: 2048", proxy)
         self.assertIn("policy: [{}, default, {preset: default, probation: {after: 500}}", proxy)
+        shorter, _ = self.gen("--name", "p", "--layers", "3", "--widths", "256", "--lrs", "1e-3", "--seeds", "1",
+                              "--rollback", "200")
+        self.assertIn("policy: [{}, default, {preset: default, rollback: 200}, {}, default", shorter)
+        self.assertEqual(pg.variant_of({"precision": "mxfp8_e4m3", "policy": "{preset: default, rollback: 200}"}),
+                         "rollback")
 
     def test_the_language_model_needs_its_shards(self):
         with self.assertRaises(SystemExit) as e, contextlib.redirect_stderr(io.StringIO()):

@@ -649,10 +649,12 @@ Status ParsePolicyPreset(const Reader& r, const YAML::Node& node, Policy* p) {
     p->rewarm_steps = -1;  // the preset's
     return Status::Ok();
   }
-  KEEL_RETURN_IF_ERROR(r.CheckKeys(node, f, {"preset", "probation", "sweep_rules", "rewarm", "snapshots"}));
+  KEEL_RETURN_IF_ERROR(
+      r.CheckKeys(node, f, {"preset", "probation", "rollback", "sweep_rules", "rewarm", "snapshots"}));
   KEEL_RETURN_IF_ERROR(r.OneOf(node["preset"], f + ".preset", presets, &p->preset));
   p->rewarm_steps = -1;  // the preset's, unless given
   if (node["rewarm"]) KEEL_RETURN_IF_ERROR(r.Int(node["rewarm"], f + ".rewarm", 0, 1 << 30, &p->rewarm_steps));
+  if (node["rollback"]) KEEL_RETURN_IF_ERROR(r.Int(node["rollback"], f + ".rollback", 1, 1 << 30, &p->rollback_steps));
   if (YAML::Node probation = node["probation"]) KEEL_RETURN_IF_ERROR(ParseProbation(r, probation, p));
   if (YAML::Node sweep_rules = node["sweep_rules"]) KEEL_RETURN_IF_ERROR(ParseSweepRules(r, sweep_rules, &p->sweep_rules));
   if (YAML::Node snap = node["snapshots"]) KEEL_RETURN_IF_ERROR(ParseSnapshots(r, snap, p));
@@ -715,6 +717,17 @@ void ResolvePolicyPreset(RunConfig* c, bool probe_set, bool reference_set) {
   resolved.sweep_rules = c->policy.sweep_rules;
   if (c->policy.snapshot_every > 0) resolved.snapshot_every = c->policy.snapshot_every;  // 0: the preset's
   if (c->policy.snapshot_keep > 0) resolved.snapshot_keep = c->policy.snapshot_keep;
+  if (c->policy.rollback_steps > 0) {  // 0: the preset's 5 S
+    resolved.rollback_steps = c->policy.rollback_steps;
+    for (PolicyRule& rule : resolved.rules) {
+      for (PolicyAction& a : rule.actions) {
+        if (a.kind == PolicyAction::Kind::kRollback) a.steps = c->policy.rollback_steps;
+      }
+    }
+    // Enough snapshots to reach that far back, unless the config chose how many.
+    const int64_t reach = (c->policy.rollback_steps + resolved.snapshot_every - 1) / resolved.snapshot_every + 1;
+    if (c->policy.snapshot_keep <= 0 && resolved.snapshot_keep < reach) resolved.snapshot_keep = static_cast<int>(reach);
+  }
   resolved.snapshot_memory_mib = c->policy.snapshot_memory_mib;
   resolved.yaml = c->policy.yaml;
   c->policy = resolved;

@@ -414,6 +414,25 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
   // rewarm given beside the preset: that, 0 included (off).
   EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, rewarm: 50}\n").policy.rewarm_steps, 50);
   EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, rewarm: 0}\n").policy.rewarm_steps, 0);
+  // rollback beside the preset: the blow-up rule's distance (5 S by default), and
+  // enough snapshots kept to reach it.
+  auto rollback_of = [](const RunConfig& rc) {
+    for (const PolicyRule& rule : rc.policy.rules) {
+      for (const PolicyAction& a : rule.actions) {
+        if (a.kind == PolicyAction::Kind::kRollback) return a.steps;
+      }
+    }
+    return int64_t{-1};
+  };
+  EXPECT_EQ(rollback_of(Parsed("steps: 9000\npolicy: default\n")), 500);
+  RunConfig short_rollback = Parsed("steps: 9000\npolicy: {preset: default, rollback: 200}\n");
+  EXPECT_EQ(rollback_of(short_rollback), 200);
+  EXPECT_EQ(short_rollback.policy.rollback_steps, 200);
+  EXPECT_EQ(short_rollback.policy.snapshot_keep, 12);
+  EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, rollback: 2000}\n").policy.snapshot_keep, 21);
+  EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, rollback: 2000, snapshots: {keep: 4}}\n")
+                .policy.snapshot_keep,
+            4);
   // snapshots beside the preset: what is given replaces the preset's; the
   // memory budget is the host's share (-1) unless given.
   EXPECT_EQ(c.policy.snapshot_memory_mib, -1);
@@ -979,7 +998,9 @@ TEST(RunConfigErrorTest, PolicyPresetsProbationAndReplays) {
        "r.yaml:1:9: policy: unknown policy 'safest' (allowed: default, or a mapping of detectors, ladder, rules, ...)"},
       {"policy: {preset: safest}\n", "r.yaml:1:18: policy.preset: unknown value 'safest' (allowed: default)"},
       {"policy: {preset: default, rules: []}\n",
-       "r.yaml:1:27: policy.rules: unknown key (allowed: preset, probation, rewarm, snapshots, sweep_rules)"},
+       "r.yaml:1:27: policy.rules: unknown key (allowed: preset, probation, rewarm, rollback, snapshots, sweep_rules)"},
+      {"policy: {preset: default, rollback: 0}\n",
+       "r.yaml:1:37: policy.rollback: 0 is out of range (allowed: 1 .. 1073741824)"},
       {"policy: {preset: default, probation: {after: 0}}\n",
        "r.yaml:1:46: policy.probation.after: 0 is out of range (allowed: 1 .. 1099511627776)"},
       {"policy: {preset: default, probation: {after: -5}}\n",

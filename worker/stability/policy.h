@@ -128,6 +128,9 @@ struct Policy {
   // back to it over N steps (a new warm-up: Adam's moments were shaped by the
   // old scheme's rounding). 0: off.
   int64_t rewarm_steps = 0;
+  // rollback: N beside `preset: default`: how far back its blow-up rule rolls
+  // back (at least N steps, to the newest snapshot there). 0: the preset's, 5 S.
+  int64_t rollback_steps = 0;
   std::string yaml;        // the section as given, for checkpoints and events
 
   bool active() const { return !rules.empty(); }
