@@ -436,6 +436,10 @@ class GenTest(unittest.TestCase):
         self.assertIn("policy: [{}, default, {preset: default, rollback: 200}, {}, default", shorter)
         self.assertEqual(pg.variant_of({"precision": "mxfp8_e4m3", "policy": "{preset: default, rollback: 200}"}),
                          "rollback")
+        self.assertEqual(pg.variant_of({"precision": "mxfp8_e4m3", "policy": "{preset: default, probation: {after: 5}}"}),
+                         "probation")
+        written_out = "{ladder: [mxfp8_e4m3, fp32], rules: [{when: nonfinite, do: [{rollback: 100}, {switch: next}]}]}"
+        self.assertEqual(pg.variant_of({"precision": "mxfp8_e4m3", "policy": written_out}), "default")
 
     def test_the_language_model_needs_its_shards(self):
         with self.assertRaises(SystemExit) as e, contextlib.redirect_stderr(io.StringIO()):
