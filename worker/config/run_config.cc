@@ -725,7 +725,7 @@ void ResolvePolicyPreset(RunConfig* c, bool probe_set, bool reference_set) {
       }
     }
     // Enough snapshots to reach that far back, unless the config chose how many.
-    const int64_t reach = (c->policy.rollback_steps + resolved.snapshot_every - 1) / resolved.snapshot_every + 1;
+    const int64_t reach = SnapshotsForRollback(c->policy.rollback_steps, resolved.snapshot_every);
     if (c->policy.snapshot_keep <= 0 && resolved.snapshot_keep < reach) resolved.snapshot_keep = static_cast<int>(reach);
   }
   resolved.snapshot_memory_mib = c->policy.snapshot_memory_mib;

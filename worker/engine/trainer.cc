@@ -251,17 +251,10 @@ void Trainer::StartPolicy() {
   if (p.snapshot_memory_mib < 0) {
     budget_name += " (an eighth of this host's memory, at most " + std::to_string(kSnapshotMemoryCapMib) + ")";
   }
-  int64_t longest = 0;  // the longest rollback a rule may take
-  for (const PolicyRule& rule : p.rules) {
-    for (const PolicyAction& a : rule.actions) {
-      if (a.kind == PolicyAction::Kind::kRollback) longest = std::max(longest, a.steps);
-    }
-  }
   char each[64];
   std::snprintf(each, sizeof(each), "%.0f MiB each", mib);
   if (p.snapshot_every > 0) {
-    // A rollback of R steps from any step needs the newest ceil(R / every) + 1.
-    const int64_t needed = (longest + p.snapshot_every - 1) / p.snapshot_every + 1;
+    const int64_t needed = SnapshotsForRollback(LongestRollback(p), p.snapshot_every);
     snapshot_needed_ = needed;
     const int64_t fit = mib > 0 ? static_cast<int64_t>(static_cast<double>(budget) / mib) : 0;
     const int64_t want = p.snapshot_keep > 0 ? p.snapshot_keep : fit;  // keep 0: all that fit
@@ -1394,8 +1387,6 @@ Status Trainer::AwaitLease() {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
-
-// A checkpoint's contents, verified against this trainer's model (ReadCheckpoint).
 
 namespace {
 

@@ -162,6 +162,18 @@ Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps, 
   return p;
 }
 
+int64_t LongestRollback(const Policy& p) {
+  int64_t longest = 0;
+  for (const PolicyRule& rule : p.rules) {
+    for (const PolicyAction& a : rule.actions) {
+      if (a.kind == PolicyAction::Kind::kRollback) longest = std::max(longest, a.steps);
+    }
+  }
+  return longest;
+}
+
+int64_t SnapshotsForRollback(int64_t rollback_steps, int64_t every) { return (rollback_steps + every - 1) / every + 1; }
+
 int64_t DefaultSnapshotMemoryMib(int64_t host_mib) { return std::min(kSnapshotMemoryCapMib, std::max<int64_t>(0, host_mib / 8)); }
 
 int DefaultProbeEvery(int64_t run_steps) {

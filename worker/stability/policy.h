@@ -171,6 +171,12 @@ Policy DefaultPolicy(const std::vector<std::string>& ladder, int64_t run_steps, 
 // shorter than 3000, so that the bias rule sees its probes before the end.
 int DefaultProbeEvery(int64_t run_steps);
 
+// The longest rollback any of the policy's rules takes, in steps (0: none).
+int64_t LongestRollback(const Policy& p);
+// How many snapshots, taken every `every` steps, a rollback of `rollback_steps`
+// from any step needs: the newest ceil(rollback_steps / every) + 1.
+int64_t SnapshotsForRollback(int64_t rollback_steps, int64_t every);
+
 // What a PolicyEngine has learnt during a run: what escalates a rule that fires
 // again instead of replaying it, what the learning-rate fallback has spent,
 // and probation's progress. Checkpoints carry it (trainer.h SaveCheckpoint) so
