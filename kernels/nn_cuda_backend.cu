@@ -8,6 +8,7 @@
 // path plus a scalar tail), otherwise one float at a time; all are grid-stride.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -255,7 +256,7 @@ void Scratch::Release(cudaStream_t stream) {
 // ============================================================================
 
 std::vector<Scratch*> CudaBackend::MainStreamScratch() {
-  return {&op_a_,          &op_b_,       &codes_,      &partials_,   &adam_table_, &quant_temp_, &hcp_partials_,
+  return {&op_a_,          &op_b_,       &op_dy_cols_, &codes_,      &partials_,   &adam_table_, &quant_temp_, &hcp_partials_,
           &hcp_means_,     &hcp_scores_, &hcp_sort_,   &hcp_index_,  &hcp_cols_,   &hcp_wide_a_, &hcp_wide_b_,
           &align_in_,      &attn_q_,     &attn_k_,     &attn_v_,     &attn_o_,     &attn_delta_,
           &attn_s_,        &attn_p_,     &attn_dp_,    &attn_ds_,    &attn_dq_,    &attn_dk_,    &attn_dv_,
@@ -310,6 +311,8 @@ Status CudaBackend::Init() {
                  "GEMMs";
   KEEL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   main_stream_ = stream_;
+  const char* one_pass = std::getenv("KEEL_CUDA_DY_ONE_PASS");
+  dy_one_pass_ = one_pass == nullptr || std::string(one_pass) != "0";
   for (Scratch* s : MainStreamScratch()) s->RefuseWhile(&on_side_);
   // Scratch comes from the device's default pool (cudaMallocAsync): keep what it
   // holds instead of returning it to the driver at every synchronisation.

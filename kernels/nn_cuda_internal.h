@@ -596,6 +596,21 @@ class CudaBackend final : public Backend {
   // rounding), else an error.
   Status QuantizeMxWithColumnSums(const float* x, int64_t rows, int64_t cols, const OperandFormat& format,
                                   void* out, bool out_bf16, unsigned long long* counts, float* column_sums);
+  // MX quantization of x (rows x cols, fp32) along rows with `along_rows` into
+  // out_rows and down columns with `down_columns` into out_cols, in one read,
+  // each with the bits and counts MxQuantizeCuda gives it, fused with x's column
+  // sums (when column_sums is not null) with ColumnSums' bits: for
+  // MxBothAxesInOnePass shapes and formats only, else an error.
+  Status QuantizeMxBothAxesWithColumnSums(const float* x, int64_t rows, int64_t cols, const OperandFormat& along_rows,
+                                          const OperandFormat& down_columns, void* out_rows, void* out_cols,
+                                          bool out_bf16, unsigned long long* counts_rows,
+                                          unsigned long long* counts_cols, float* column_sums);
+  // LinearBackward's dy for both of its GEMMs in one read
+  // (QuantizeMxBothAxesWithColumnSums): the dgrad's along rows into op_a_, the
+  // wgrad's down columns into op_dy_cols_, bf16, with both roles' statistics;
+  // column_sums as PrepareOperand's.
+  Status PrepareDyBothAxes(const float* dy, int64_t rows, int64_t cols, const LinearQuant& q, Operand* along_rows,
+                           Operand* down_columns, float* column_sums);
   // Attention: q, k, v of qkv (and dout when not null) into attn_q_, attn_k_,
   // attn_v_ (attn_o_) per head [b, h, t, d], bf16 or fp32.
   Status AttentionHeads(const float* qkv, const float* dout, int64_t batch, int64_t seq, int64_t heads,
@@ -695,6 +710,11 @@ class CudaBackend final : public Backend {
 
   // Scratch, grown on demand and kept.
   Scratch op_a_, op_b_;                // quantized GEMM operands
+  Scratch op_dy_cols_;                 // dy down its columns when both of its roles come from one read
+  // LinearBackward quantizes an MX dy for both GEMMs in one read where it can
+  // (PrepareDyBothAxes); KEEL_CUDA_DY_ONE_PASS=0 in the environment at Init turns
+  // that off, for A/B timings and the tests that compare the two paths.
+  bool dy_one_pass_ = true;
   Scratch codes_;                      // per-tensor FP8 codes, for its statistics
   Scratch partials_;                   // column-sum and reduction partials
   Scratch adam_table_;                 // AdamWTensors' tensor table and per-chunk delta partials

@@ -347,6 +347,170 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// MX quantization of m (rows x cols, fp32) along rows AND down columns (blocks
+// of 32 both ways) in one read, fused with pass 1 of the column sums: the two
+// roles of a linear backward's dy (the dgrad's along its rows, the wgrad's down
+// its columns) and dbias, where MxRowsColumnPartialsKernel and MxColsKernel read
+// dy once each. The layout is MxRowsColumnPartialsKernel's: a block covers 128
+// columns and a chunk of rows, thread (t, r) owns columns 4t .. 4t + 3 and rows
+// r, r + 8, r + 16, r + 24 of each group of 32 rows, in order, so `partial` gets
+// ColumnPartialsKernel's bits. Along rows, eight lanes hold one row's block of
+// 32 columns (MxRowsColumnPartialsKernel's scale and rounding, hence its bits in
+// out_rows and counts_rows). Down columns, a column's block of 32 rows is spread
+// over the 8 row threads: their per-column AbsBits maxima meet in shared memory,
+// and each element is rounded with its column's scale as MxColsKernel rounds it
+// (the hardware FP8 pair conversion from sm_89, else qcore::MxElementNearest;
+// NaN blocks as qcore::MxNanElement), hence its bits in out_cols and
+// counts_cols. Both outputs are row-major like m. Requires rows_per_chunk % 32
+// == 0 and rows % 32 == 0 (whole column blocks in every chunk), cols % 32 == 0,
+// 16-byte aligned rows, and nearest rounding; the launcher checks. partial may
+// be null (no dbias).
+template <ElemFormat F, Rounding R, bool kBump>
+__global__ void __launch_bounds__(256)
+    MxBothAxesColumnPartialsKernel(const float* __restrict__ m, int64_t rows, int64_t cols, int64_t rows_per_chunk,
+                                   void* __restrict__ out_rows, void* __restrict__ out_cols, bool out_bf16,
+                                   float* __restrict__ partial, unsigned long long* counts_rows,
+                                   unsigned long long* counts_cols) {
+  constexpr qcore::ElemConsts c = qcore::ConstsOf(F);
+  constexpr bool kHw = KEEL_HW_FP8 && qcuda::kHwFp8Format<F>;
+  __shared__ uint4 column_amax[8][32];  // [row thread][t]: the AbsBits maxima of t's four columns over its 4 rows
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 128 + 4 * threadIdx.x;
+  const bool active = col < cols;  // whole MX blocks: cols % 32 == 0
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = min(rows, r0 + rows_per_chunk);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  unsigned int sat_rows = 0, nan_rows = 0, sat_cols = 0, nan_cols = 0;
+  auto store4 = [&](void* out, int64_t i, const float q[4]) {
+    if (out_bf16) {
+      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(out) + i) =
+          make_uint2(qcuda::ToBf16x2(q[0], q[1]), qcuda::ToBf16x2(q[2], q[3]));
+    } else {
+      *reinterpret_cast<float4*>(static_cast<float*>(out) + i) = make_float4(q[0], q[1], q[2], q[3]);
+    }
+  };
+  // r1 - r0 is a multiple of 32: every thread of the block runs the same groups.
+  for (int64_t g = r0; g < r1; g += 32) {
+    float e[4][4];  // [k][j]: row g + threadIdx.y + 8k, column col + j
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 v = active ? *reinterpret_cast<const float4*>(m + (g + threadIdx.y + 8 * k) * cols + col)
+                              : make_float4(0, 0, 0, 0);
+      e[k][0] = v.x;
+      e[k][1] = v.y;
+      e[k][2] = v.z;
+      e[k][3] = v.w;
+    }
+    // The column sums, the thread's rows in order.
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[j] += e[k][j];
+    }
+    // Along rows.
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      uint32_t amax = max(max(qcore::AbsBits(e[k][0]), qcore::AbsBits(e[k][1])),
+                          max(qcore::AbsBits(e[k][2]), qcore::AbsBits(e[k][3])));
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) amax = max(amax, __shfl_xor_sync(qcuda::kFullMask, amax, o));
+      if (!active) continue;
+      const qcore::MxScale sc = qcore::MxScaleFromAmax(amax, c, kBump);
+      float q[4];
+      uint32_t code[4];
+      if (sc.nan) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          q[j] = qcore::QuietNan();
+          code[j] = c.nan_code;
+        }
+      } else if constexpr (kHw) {
+#pragma unroll
+        for (int j = 0; j < 4; j += 2) {
+          qcore::Rounded q0, q1;
+          qcore::MxFp8PairNearest<F, R>(e[k][j], e[k][j + 1], sc, sc, true, &q0, &q1);
+          q[j] = q0.value;
+          q[j + 1] = q1.value;
+          code[j] = q0.code;
+          code[j + 1] = q1.code;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const qcore::Rounded rj = qcore::MxElementNearest<F, R>(e[k][j], sc);
+          q[j] = rj.value;
+          code[j] = rj.code;
+        }
+      }
+      store4(out_rows, (g + threadIdx.y + 8 * k) * cols + col, q);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sat_rows += qcore::MxSaturated(e[k][j], code[j], sc, c) ? 1u : 0u;
+      nan_rows += sc.nan && (threadIdx.x & 7) == 0 ? 1u : 0u;
+    }
+    // Down columns: each column's maximum over the 32 rows, through shared memory.
+    uint32_t mine[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      mine[j] = max(max(qcore::AbsBits(e[0][j]), qcore::AbsBits(e[1][j])),
+                    max(qcore::AbsBits(e[2][j]), qcore::AbsBits(e[3][j])));
+    }
+    column_amax[threadIdx.y][threadIdx.x] = make_uint4(mine[0], mine[1], mine[2], mine[3]);
+    __syncthreads();
+    uint32_t amax[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int y = 0; y < 8; ++y) {
+      const uint4 a = column_amax[y][threadIdx.x];
+      amax[0] = max(amax[0], a.x);
+      amax[1] = max(amax[1], a.y);
+      amax[2] = max(amax[2], a.z);
+      amax[3] = max(amax[3], a.w);
+    }
+    __syncthreads();  // read before the next group writes
+    if (!active) continue;
+    qcore::MxScale sc[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sc[j] = qcore::MxScaleFromAmax(amax[j], c, kBump);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      float q[4];
+      uint32_t code[4];
+#pragma unroll
+      for (int j = 0; j < 4; j += 2) {
+        // Computed unconditionally, NaN blocks selected after (as MxColsKernel).
+        qcore::Rounded q0, q1;
+        if constexpr (kHw) {
+          qcore::MxFp8PairNearest<F, R>(e[k][j], e[k][j + 1], sc[j], sc[j + 1], true, &q0, &q1);
+        } else {
+          q0 = qcore::MxElementNearest<F, R>(e[k][j], sc[j]);
+          q1 = qcore::MxElementNearest<F, R>(e[k][j + 1], sc[j + 1]);
+        }
+        if (sc[j].nan) q0 = qcore::MxNanElement(c);
+        if (sc[j + 1].nan) q1 = qcore::MxNanElement(c);
+        q[j] = q0.value;
+        q[j + 1] = q1.value;
+        code[j] = q0.code;
+        code[j + 1] = q1.code;
+      }
+      store4(out_cols, (g + threadIdx.y + 8 * k) * cols + col, q);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sat_cols += qcore::MxSaturated(e[k][j], code[j], sc[j], c) ? 1u : 0u;
+    }
+    if (threadIdx.y == 0) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) nan_cols += sc[j].nan ? 1u : 0u;
+    }
+  }
+  // blockDim.x is 32, so threadIdx.x is the lane AddCounts expects; every lane calls it.
+  if (counts_rows != nullptr) AddCounts(sat_rows, nan_rows, counts_rows);
+  if (counts_cols != nullptr) AddCounts(sat_cols, nan_cols, counts_cols);
+  if (partial == nullptr) return;
+  float total[4];
+  SumOverRowThreads<4>(acc, total);
+  if (threadIdx.y == 0 && active) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) partial[blockIdx.y * cols + col + j] = total[j];
+  }
+}
+
 // ============================================================================
 // Host helpers
 // ============================================================================
@@ -356,6 +520,23 @@ __global__ void __launch_bounds__(256)
 bool MxRowsCarryColumnSums(const OperandFormat& f, int64_t cols) {
   return f.quantized() && IsMx(f.format) && f.mx_block == 32 && cols % 32 == 0 &&
          (f.rounding == Rounding::kNearestEven || f.rounding == Rounding::kNearestAway);
+}
+
+int64_t ColumnChunksOf(int64_t rows) { return std::min<int64_t>(128, CeilDiv(rows, 64)); }
+
+// Whether LinearBackward's dy can be quantized for both of its GEMMs in one read
+// (QuantizeMxBothAxesWithColumnSums): along rows a format that carries the column
+// sums, down columns the same format, rounding and exponent rule, and whole
+// 32-row blocks in every chunk of the column sums' split (rows % 32 == 0 and
+// rows_per_chunk % 32 == 0).
+bool MxBothAxesInOnePass(const OperandFormat& along_rows, const OperandFormat& down_columns, int64_t rows,
+                         int64_t cols) {
+  if (!MxRowsCarryColumnSums(along_rows, cols) || !down_columns.quantized()) return false;
+  if (down_columns.format != along_rows.format || down_columns.mx_block != 32 ||
+      down_columns.rounding != along_rows.rounding || down_columns.bump_exponent != along_rows.bump_exponent) {
+    return false;
+  }
+  return rows % 32 == 0 && CeilDiv(rows, ColumnChunksOf(rows)) % 32 == 0;
 }
 
 bool IsPerTensor(QuantFormat f) { return f == QuantFormat::kFp8E4M3 || f == QuantFormat::kFp8E5M2; }
@@ -400,7 +581,7 @@ Status CheckRht(const LinearQuant& q, int64_t rows) {
 
 }  // namespace
 
-int64_t ColumnChunks(int64_t rows) { return std::min<int64_t>(128, CeilDiv(rows, 64)); }
+int64_t ColumnChunks(int64_t rows) { return ColumnChunksOf(rows); }
 
 Status FinalizeColumnPartials(const float* partial, int64_t chunks, int64_t cols, float* out, cudaStream_t stream) {
   if (out == nullptr) return Status::Ok();
@@ -817,6 +998,83 @@ Status CudaBackend::QuantizeMxWithColumnSums(const float* x, int64_t rows, int64
   return FinalizeColumnPartials(partial, chunks, cols, column_sums, stream_);
 }
 
+Status CudaBackend::QuantizeMxBothAxesWithColumnSums(const float* x, int64_t rows, int64_t cols,
+                                                     const OperandFormat& along_rows, const OperandFormat& down_columns,
+                                                     void* out_rows, void* out_cols, bool out_bf16,
+                                                     unsigned long long* counts_rows, unsigned long long* counts_cols,
+                                                     float* column_sums) {
+  if (!MxBothAxesInOnePass(along_rows, down_columns, rows, cols))
+    return Status::Error("QuantizeMxBothAxesWithColumnSums: formats " + std::string(QuantFormatName(along_rows.format)) +
+                         " along rows and " + QuantFormatName(down_columns.format) + " down columns, shape " +
+                         std::to_string(rows) + " x " + std::to_string(cols) +
+                         " is not allowed; need one MX format, block 32 and nearest rounding both ways, cols a "
+                         "multiple of 32, rows a multiple of 32 whose column-sum chunks are too");
+  ColumnSplit split;
+  KEEL_RETURN_IF_ERROR(SplitColumnSums(rows, cols, 1, &split));
+  const int64_t chunks = split.chunks, rows_per_chunk = split.rows_per_chunk;
+  float* partial = column_sums != nullptr ? split.partial : nullptr;
+  const dim3 grid(static_cast<unsigned int>(CeilDiv(cols, 128)), static_cast<unsigned int>(chunks));
+  const MxOptions options = MxOptionsOf(along_rows, 1, 0);
+  KEEL_RETURN_IF_ERROR(qcuda::WithElem(options.elem, [&](auto fmt) {
+    return qcuda::WithBool(options.bump_exponent, [&](auto bump) {
+      constexpr ElemFormat F = decltype(fmt)::value;
+      constexpr bool kBump = decltype(bump)::value;
+      if (options.rounding == Rounding::kNearestAway) {
+        MxBothAxesColumnPartialsKernel<F, Rounding::kNearestAway, kBump><<<grid, dim3(32, 8), 0, stream_>>>(
+            x, rows, cols, rows_per_chunk, out_rows, out_cols, out_bf16, partial, counts_rows, counts_cols);
+      } else {
+        MxBothAxesColumnPartialsKernel<F, Rounding::kNearestEven, kBump><<<grid, dim3(32, 8), 0, stream_>>>(
+            x, rows, cols, rows_per_chunk, out_rows, out_cols, out_bf16, partial, counts_rows, counts_cols);
+      }
+      NN_LAUNCH_CHECK();
+      return Status::Ok();
+    });
+  }));
+  if (column_sums == nullptr) return Status::Ok();
+  return FinalizeColumnPartials(partial, chunks, cols, column_sums, stream_);
+}
+
+Status CudaBackend::PrepareDyBothAxes(const float* dy, int64_t rows, int64_t cols, const LinearQuant& q,
+                                      Operand* along_rows, Operand* down_columns, float* column_sums) {
+  const OperandFormat& f_rows = q.role[static_cast<int>(Role::kDgradDy)];
+  const OperandFormat& f_cols = q.role[static_cast<int>(Role::kWgradDy)];
+  const int64_t count = rows * cols;
+  // The kernel loads 16 bytes at a time: an unaligned view is copied first.
+  if (!Aligned(dy, 16)) {
+    KEEL_RETURN_IF_ERROR(align_in_.Reserve(static_cast<size_t>(count) * sizeof(float), stream_));
+    KEEL_CUDA_CHECK(
+        cudaMemcpyAsync(align_in_.get<float>(), dy, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    dy = align_in_.get<float>();
+  }
+  KEEL_RETURN_IF_ERROR(op_a_.Reserve(static_cast<size_t>(count) * 2, stream_));
+  KEEL_RETURN_IF_ERROR(op_dy_cols_.Reserve(static_cast<size_t>(count) * 2, stream_));
+  const bool stats = q.stats_slot >= 0;
+  unsigned long long *counts_rows = nullptr, *counts_cols = nullptr;
+  int64_t pair_rows = -1, pair_cols = -1;
+  if (stats) {
+    KEEL_RETURN_IF_ERROR(NextStatsPair(&counts_rows, &pair_rows));
+    KEEL_RETURN_IF_ERROR(NextStatsPair(&counts_cols, &pair_cols));
+    // The second call folded and regrew the pairs: the first one went with them.
+    if (pair_cols < pair_rows) KEEL_RETURN_IF_ERROR(NextStatsPair(&counts_rows, &pair_rows));
+  }
+  {
+    NN_PROFILE(column_sums != nullptr ? "quantize dy both ways + dbias" : "quantize dy both ways");
+    const Status s = QuantizeMxBothAxesWithColumnSums(dy, rows, cols, f_rows, f_cols, op_a_.get<void>(),
+                                                      op_dy_cols_.get<void>(), true, counts_rows, counts_cols,
+                                                      column_sums);
+    if (!s.ok()) return Status::Error("linear: roles dgrad_dy and wgrad_dy: " + s.message());
+  }
+  if (stats) {
+    RecordStats(count, MxScaleCount(rows, cols, 32, 1), false, q.stats_slot, Role::kDgradDy, pair_rows);
+    RecordStats(count, MxScaleCount(rows, cols, 32, 0), false, q.stats_slot, Role::kWgradDy, pair_cols);
+  }
+  along_rows->data = op_a_.get<void>();
+  along_rows->tensor_scale = nullptr;
+  down_columns->data = op_dy_cols_.get<void>();
+  down_columns->tensor_scale = nullptr;
+  return Status::Ok();
+}
+
 Status CudaBackend::SplitColumnSums(int64_t rows, int64_t cols, int sets, ColumnSplit* split) {
   split->chunks = ColumnChunks(rows);  // a fixed function of the shape
   split->rows_per_chunk = CeilDiv(rows, split->chunks);
@@ -997,7 +1255,15 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
       dbias != nullptr && dx != nullptr && (rounds_bf16(f_ddy) || MxRowsCarryColumnSums(f_ddy, out)) ? dbias : nullptr;
   float* dbias_with_wgrad =
       dbias != nullptr && dbias_with_dgrad == nullptr && !reuse_dy && rounds_bf16(f_wdy) ? dbias : nullptr;
-  Operand qdy;
+  // An MX dy of one kind for both GEMMs: both of its roundings (and dbias) from
+  // one read of dy, with the bits of the two passes. Not for a dy whose second
+  // bf16 copy would exceed 256 MiB (the head's, bt x padded_vocab): the peak
+  // matters more there than the read.
+  const bool dy_one_pass = dy_one_pass_ && dx != nullptr && !bf16_dy && bf16_dgrad && bf16_wgrad &&
+                           MxBothAxesInOnePass(f_ddy, f_wdy, rows, out) &&
+                           rows * out * 2 <= (int64_t{256} << 20);
+  Operand qdy, qdy_cols;
+  if (dy_one_pass) KEEL_RETURN_IF_ERROR(PrepareDyBothAxes(dy, rows, out, q, &qdy, &qdy_cols, dbias_with_dgrad));
   if (dx != nullptr) {
     // dx^T (in x rows) = W^T (stored in x out) . dY^T (stored out x rows).
     Operand qw;
@@ -1005,7 +1271,7 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
       qdy.data = q.dy_bf16;
       if (q.stats_slot >= 0)
         KEEL_RETURN_IF_ERROR(RecordBf16Stats(q.dy_bf16, q.dy_bf16_ld, rows, out, q.stats_slot, Role::kDgradDy));
-    } else {
+    } else if (!dy_one_pass) {
       KEEL_RETURN_IF_ERROR(PrepareOperand(dy, rows, out, 1, Role::kDgradDy, q, bf16_dgrad, &op_a_, &qdy,
                                           reuse_dy ? &kept_dy_ : nullptr, dbias_with_dgrad));
     }
@@ -1043,6 +1309,8 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
       qdy_w.data = q.dy_bf16;
       if (q.stats_slot >= 0)
         KEEL_RETURN_IF_ERROR(RecordBf16Stats(q.dy_bf16, q.dy_bf16_ld, rows, out, q.stats_slot, Role::kWgradDy));
+    } else if (dy_one_pass) {
+      qdy_w = qdy_cols;  // rounded and counted with the dgrad's
     } else if (reuse_dy) {
       qdy_w = qdy;
       // The same elements as the dgrad's dy: its counts.

@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -881,6 +882,103 @@ TEST_F(NnCudaDbiasTest, LinearFusedDbiasWithNonFiniteDy) {
     nonfinite += std::isfinite(g[o]) ? 0 : 1;
   }
   EXPECT_EQ(nonfinite, 5);
+}
+
+// LinearBackward's MX dy for both GEMMs in one read (the dgrad's along rows,
+// the wgrad's down columns, dbias with them) against the two passes it replaces
+// (a backend made with KEEL_CUDA_DY_ONE_PASS=0): dx, dw, dbias and the statistics
+// bit for bit, for every MX element format, both nearest roundings, the bump
+// rule, a NaN block and Inf blocks in dy, partial 128-column blocks (out 96), and
+// with and without dbias and dx. The profile shows which path ran: one pass
+// where MxBothAxesInOnePass allows it, two passes otherwise (rows 96: chunks of
+// 48 rows; a stochastic dgrad dy; mixed formats).
+TEST_F(NnCudaTest, LinearDyInOnePassGivesTheBitsOfTwoPasses) {
+  std::unique_ptr<Backend> two_pass;
+  ASSERT_EQ(setenv("KEEL_CUDA_DY_ONE_PASS", "0", 1), 0);
+  const Status made = MakeCudaBackend(&two_pass);
+  unsetenv("KEEL_CUDA_DY_ONE_PASS");
+  ASSERT_OK(made);
+  struct Case {
+    std::string name;
+    LinearQuant q;
+    bool one_pass;  // where the shape allows it
+  };
+  std::vector<Case> cases;
+  cases.push_back({"mxfp8_e4m3", AllRoles(Quant(QuantFormat::kMxfp8E4M3)), true});
+  cases.push_back({"mxfp8_e4m3 nearest_away", AllRoles(Quant(QuantFormat::kMxfp8E4M3, Rounding::kNearestAway)), true});
+  cases.push_back({"mxfp8_e5m2", AllRoles(Quant(QuantFormat::kMxfp8E5M2)), true});
+  cases.push_back({"mxfp6_e2m3", AllRoles(Quant(QuantFormat::kMxfp6E2M3)), true});
+  cases.push_back({"mxfp4 nearest_away", AllRoles(Quant(QuantFormat::kMxfp4, Rounding::kNearestAway)), true});
+  {
+    LinearQuant q = AllRoles(Quant(QuantFormat::kMxfp6E3M2, Rounding::kNearestAway));
+    for (OperandFormat& f : q.role) f.bump_exponent = true;
+    cases.push_back({"mxfp6_e3m2 nearest_away, bump exponent", q, true});
+  }
+  {
+    LinearQuant q = AllRoles(Quant(QuantFormat::kMxfp8E4M3));
+    q.role[R(Role::kWgradDy)] = Quant(QuantFormat::kMxfp8E5M2);
+    cases.push_back({"dgrad dy e4m3, wgrad dy e5m2 (two passes)", q, false});
+  }
+  {
+    LinearQuant q = AllRoles(Quant(QuantFormat::kMxfp8E4M3));
+    q.role[R(Role::kDgradDy)].rounding = Rounding::kStochastic;
+    cases.push_back({"stochastic dgrad dy (two passes)", q, false});
+  }
+  struct Shape {
+    int64_t rows, in, out;
+  };
+  for (const Shape& k : {Shape{512, 64, 768}, Shape{8192, 32, 96}, Shape{96, 32, 64}}) {
+    const int64_t rows = k.rows, in = k.in, out = k.out;
+    std::vector<float> dyh = WithOutliers(rows * out, 281, 1e-3f);
+    const float inf = std::numeric_limits<float>::infinity();
+    dyh[40 * out + 3] = std::numeric_limits<float>::quiet_NaN();  // a NaN block both ways
+    dyh[70 * out + 35] = inf;                                      // Inf blocks
+    dyh[71 * out + 36] = -inf;
+    dyh[5 * out + 60] = 3.0e38f;                                   // saturates the narrow formats
+    Dual x = Floats(WithOutliers(rows * in, 282)), w = Floats(Normal(out * in, 283, 0.05f)), dy = Floats(dyh);
+    const std::vector<float> dw0 = Normal(out * in, 284, 1e-3f), db0 = Normal(out, 285, 1e-3f);
+    // Whole 32-row blocks in every chunk of the column sums' split (64 rows a chunk, at most 128 chunks).
+    const int64_t chunks = std::min<int64_t>(128, (rows + 63) / 64);
+    const bool shape_allows = rows % 32 == 0 && ((rows + chunks - 1) / chunks) % 32 == 0;
+    for (const Case& c : cases) {
+      for (bool with_db : {true, false}) {
+        for (bool with_dx : {true, false}) {
+          const std::string what = c.name + ", rows " + std::to_string(rows) + ", out " + std::to_string(out) +
+                                   (with_db ? "" : ", no dbias") + (with_dx ? "" : ", no dx");
+          SCOPED_TRACE(what);
+          BackwardResult r[2];
+          std::vector<OpTime> profile;
+          for (int b = 0; b < 2; ++b) {
+            Backend* be = b == 0 ? gpu_.get() : two_pass.get();
+            Dual dx = Zeros(rows * in), dw = Floats(dw0), db = Floats(db0);
+            LinearQuant q = c.q;
+            q.seed = 0x0E5A;
+            q.stats_slot = 0;
+            ASSERT_OK(be->ResetOperandStats(1));
+            if (b == 0) ASSERT_OK(be->SetProfiling(true));
+            ASSERT_OK(be->LinearBackward(x.g(), w.g(), dy.g(), with_dx ? dx.g() : nullptr, dw.g(),
+                                         with_db ? db.g() : nullptr, rows, in, out, q));
+            if (b == 0) {
+              ASSERT_OK(be->TakeProfile(&profile));
+              ASSERT_OK(be->SetProfiling(false));
+            }
+            ASSERT_OK(be->Sync());
+            ASSERT_OK(be->ReadOperandStats(&r[b].stats));
+            r[b].dx = Get(be, dx.g(), dx.bytes);
+            r[b].dw = Get(be, dw.g(), dw.bytes);
+            r[b].db = Get(be, db.g(), db.bytes);
+          }
+          bool ran_one_pass = false;
+          for (const OpTime& t : profile) ran_one_pass |= t.op.find("quantize dy both ways") != std::string::npos;
+          EXPECT_EQ(ran_one_pass, c.one_pass && shape_allows && with_dx);
+          if (with_dx) ExpectBits("dx", r[1].dx, r[0].dx);
+          ExpectBits("dw", r[1].dw, r[0].dw);
+          ExpectBits("dbias", r[1].db, r[0].db);
+          ExpectStatsEqual(what, r[1].stats, r[0].stats);
+        }
+      }
+    }
+  }
 }
 
 TEST_F(NnCudaTest, LinearStatsWithNonFiniteInputs) {
