@@ -313,6 +313,8 @@ Status CudaBackend::Init() {
   main_stream_ = stream_;
   const char* one_pass = std::getenv("KEEL_CUDA_DY_ONE_PASS");
   dy_one_pass_ = one_pass == nullptr || std::string(one_pass) != "0";
+  const char* cols_tiles = std::getenv("KEEL_CUDA_MX_COLS_TILES");
+  mx_cols_in_tiles_ = cols_tiles == nullptr || std::string(cols_tiles) != "0";
   for (Scratch* s : MainStreamScratch()) s->RefuseWhile(&on_side_);
   // Scratch comes from the device's default pool (cudaMallocAsync): keep what it
   // holds instead of returning it to the driver at every synchronisation.

@@ -605,6 +605,13 @@ class CudaBackend final : public Backend {
                                           const OperandFormat& down_columns, void* out_rows, void* out_cols,
                                           bool out_bf16, unsigned long long* counts_rows,
                                           unsigned long long* counts_cols, float* column_sums);
+  // MX quantization of x (rows x cols, fp32) down columns into out with
+  // MxQuantizeCuda's bits and counts, by MxBothAxesColumnPartialsKernel's tiles
+  // (coalesced 16-byte loads) instead of MxColsKernel: for MxDownColumnsInTiles
+  // formats and shapes (block 32, nearest rounding, rows % 32 == 0, cols % 4 ==
+  // 0) and 16-byte aligned x, else an error. Quantize routes them here.
+  Status QuantizeMxDownColumnsInTiles(const float* x, int64_t rows, int64_t cols, const OperandFormat& format,
+                                      void* out, bool out_bf16, unsigned long long* counts);
   // LinearBackward's dy for both of its GEMMs in one read
   // (QuantizeMxBothAxesWithColumnSums): the dgrad's along rows into op_a_, the
   // wgrad's down columns into op_dy_cols_, bf16, with both roles' statistics;
@@ -715,6 +722,9 @@ class CudaBackend final : public Backend {
   // (PrepareDyBothAxes); KEEL_CUDA_DY_ONE_PASS=0 in the environment at Init turns
   // that off, for A/B timings and the tests that compare the two paths.
   bool dy_one_pass_ = true;
+  // Quantize sends MX down columns to QuantizeMxDownColumnsInTiles where it can;
+  // KEEL_CUDA_MX_COLS_TILES=0 at Init turns that off (MxColsKernel then).
+  bool mx_cols_in_tiles_ = true;
   Scratch codes_;                      // per-tensor FP8 codes, for its statistics
   Scratch partials_;                   // column-sum and reduction partials
   Scratch adam_table_;                 // AdamWTensors' tensor table and per-chunk delta partials

@@ -364,7 +364,9 @@ __global__ void __launch_bounds__(256)
 // counts_cols. Both outputs are row-major like m. Requires rows_per_chunk % 32
 // == 0 and rows % 32 == 0 (whole column blocks in every chunk), cols % 32 == 0,
 // 16-byte aligned rows, and nearest rounding; the launcher checks. partial may
-// be null (no dbias).
+// be null (no dbias). With out_rows null it quantizes down columns only
+// (QuantizeMxDownColumnsInTiles): then cols % 4 == 0 is enough, and the chunks
+// are any multiple of 32 rows.
 template <ElemFormat F, Rounding R, bool kBump>
 __global__ void __launch_bounds__(256)
     MxBothAxesColumnPartialsKernel(const float* __restrict__ m, int64_t rows, int64_t cols, int64_t rows_per_chunk,
@@ -406,9 +408,10 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[j] += e[k][j];
     }
-    // Along rows.
+    // Along rows (the same branch for the whole block).
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
+      if (out_rows == nullptr) break;
       uint32_t amax = max(max(qcore::AbsBits(e[k][0]), qcore::AbsBits(e[k][1])),
                           max(qcore::AbsBits(e[k][2]), qcore::AbsBits(e[k][3])));
 #pragma unroll
@@ -539,6 +542,12 @@ bool MxBothAxesInOnePass(const OperandFormat& along_rows, const OperandFormat& d
   return rows % 32 == 0 && CeilDiv(rows, ColumnChunksOf(rows)) % 32 == 0;
 }
 
+// Whether an MX quantization down columns can take QuantizeMxDownColumnsInTiles.
+bool MxDownColumnsInTiles(const OperandFormat& f, int axis, int64_t rows, int64_t cols) {
+  return axis == 0 && f.quantized() && IsMx(f.format) && f.mx_block == 32 && rows % 32 == 0 && cols % 4 == 0 &&
+         (f.rounding == Rounding::kNearestEven || f.rounding == Rounding::kNearestAway);
+}
+
 bool IsPerTensor(QuantFormat f) { return f == QuantFormat::kFp8E4M3 || f == QuantFormat::kFp8E5M2; }
 bool HasTensorScale(QuantFormat f) { return f == QuantFormat::kNvfp4 || IsPerTensor(f); }
 
@@ -611,6 +620,11 @@ Status CudaBackend::Quantize(const float* x, int64_t rows, int64_t cols, int axi
   }
   if (IsMx(f.format)) {
     o.counts = counts;
+    // Down columns in tiles where it can (the same bits and counts), else the quantizer's own kernels.
+    if (mx_cols_in_tiles_ && codes == nullptr && MxDownColumnsInTiles(f, axis, rows, cols) && Aligned(x, 16) &&
+        Aligned(out, out_bf16 ? 8 : 16)) {
+      return QuantizeMxDownColumnsInTiles(x, rows, cols, f, out, out_bf16, counts);
+    }
     return MxQuantizeCuda(x, DType::kF32, rows, cols, MxOptionsOf(f, axis, seed), o, stream_);
   }
   if (f.format == QuantFormat::kNvfp4) {
@@ -1032,6 +1046,38 @@ Status CudaBackend::QuantizeMxBothAxesWithColumnSums(const float* x, int64_t row
   }));
   if (column_sums == nullptr) return Status::Ok();
   return FinalizeColumnPartials(partial, chunks, cols, column_sums, stream_);
+}
+
+Status CudaBackend::QuantizeMxDownColumnsInTiles(const float* x, int64_t rows, int64_t cols, const OperandFormat& f,
+                                                 void* out, bool out_bf16, unsigned long long* counts) {
+  if (!MxDownColumnsInTiles(f, 0, rows, cols))
+    return Status::Error("QuantizeMxDownColumnsInTiles: format " + std::string(QuantFormatName(f.format)) +
+                         ", block " + std::to_string(f.mx_block) + ", shape " + std::to_string(rows) + " x " +
+                         std::to_string(cols) +
+                         " is not allowed; need an MX format, block 32, nearest rounding, rows a multiple of 32 "
+                         "and cols of 4");
+  NN_PROFILE("mx down columns in tiles");
+  // Chunks of whole 32-row blocks, about 64 rows each and at most 128 of them (the
+  // column sums' split, rounded up to blocks).
+  const int64_t rows_per_chunk = CeilDiv(CeilDiv(rows, ColumnChunksOf(rows)), 32) * 32;
+  const int64_t chunks = CeilDiv(rows, rows_per_chunk);
+  const dim3 grid(static_cast<unsigned int>(CeilDiv(cols, 128)), static_cast<unsigned int>(chunks));
+  const MxOptions options = MxOptionsOf(f, 0, 0);
+  return qcuda::WithElem(options.elem, [&](auto fmt) {
+    return qcuda::WithBool(options.bump_exponent, [&](auto bump) {
+      constexpr ElemFormat F = decltype(fmt)::value;
+      constexpr bool kBump = decltype(bump)::value;
+      if (options.rounding == Rounding::kNearestAway) {
+        MxBothAxesColumnPartialsKernel<F, Rounding::kNearestAway, kBump><<<grid, dim3(32, 8), 0, stream_>>>(
+            x, rows, cols, rows_per_chunk, nullptr, out, out_bf16, nullptr, nullptr, counts);
+      } else {
+        MxBothAxesColumnPartialsKernel<F, Rounding::kNearestEven, kBump><<<grid, dim3(32, 8), 0, stream_>>>(
+            x, rows, cols, rows_per_chunk, nullptr, out, out_bf16, nullptr, nullptr, counts);
+      }
+      NN_LAUNCH_CHECK();
+      return Status::Ok();
+    });
+  });
 }
 
 Status CudaBackend::PrepareDyBothAxes(const float* dy, int64_t rows, int64_t cols, const LinearQuant& q,

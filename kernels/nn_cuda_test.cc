@@ -884,20 +884,83 @@ TEST_F(NnCudaDbiasTest, LinearFusedDbiasWithNonFiniteDy) {
   EXPECT_EQ(nonfinite, 5);
 }
 
+// A CUDA backend with the MX tile kernels off (KEEL_CUDA_DY_ONE_PASS=0,
+// KEEL_CUDA_MX_COLS_TILES=0): the quantizer's own kernels, pass by pass.
+std::unique_ptr<Backend> BackendWithoutMxTiles() {
+  std::unique_ptr<Backend> b;
+  setenv("KEEL_CUDA_DY_ONE_PASS", "0", 1);
+  setenv("KEEL_CUDA_MX_COLS_TILES", "0", 1);
+  const Status s = MakeCudaBackend(&b);
+  unsetenv("KEEL_CUDA_DY_ONE_PASS");
+  unsetenv("KEEL_CUDA_MX_COLS_TILES");
+  EXPECT_TRUE(s.ok()) << s.message();
+  return b;
+}
+
+// Whether the profile of one call shows a part named `part`.
+bool Ran(const std::vector<OpTime>& profile, const std::string& part) {
+  for (const OpTime& t : profile) {
+    if (t.op.find(part) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// MX down columns by the tile kernel (QuantizeMxDownColumnsInTiles, which
+// Quantize picks for block 32, nearest rounding, rows % 32 == 0, cols % 4 == 0)
+// against MxColsKernel: the same bits, for every MX element format, both
+// roundings, the bump rule, NaN and Inf blocks, widths that are not a multiple
+// of 128 or 32, and many row chunks; other shapes and roundings keep MxColsKernel.
+TEST_F(NnCudaTest, MxDownColumnsInTilesGivesTheQuantizersBits) {
+  std::unique_ptr<Backend> reference = BackendWithoutMxTiles();
+  ASSERT_TRUE(reference != nullptr);
+  std::vector<std::pair<std::string, OperandFormat>> formats;
+  for (QuantFormat f : {QuantFormat::kMxfp8E4M3, QuantFormat::kMxfp8E5M2, QuantFormat::kMxfp6E3M2,
+                        QuantFormat::kMxfp6E2M3, QuantFormat::kMxfp4}) {
+    for (Rounding r : {Rounding::kNearestEven, Rounding::kNearestAway, Rounding::kStochastic}) {
+      formats.push_back({std::string(QuantFormatName(f)) + " " + RoundingName(r), Quant(f, r)});
+    }
+  }
+  OperandFormat bump = Quant(QuantFormat::kMxfp6E3M2, Rounding::kNearestAway);
+  bump.bump_exponent = true;
+  formats.push_back({"mxfp6_e3m2 nearest_away bump", bump});
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (const Shape& k : {Shape{32, 4}, Shape{64, 36}, Shape{96, 160}, Shape{8192, 768}, Shape{40, 64}}) {
+    std::vector<float> host = WithOutliers(k.rows * k.cols, 291);
+    host[(k.rows / 2) * k.cols + 1] = std::numeric_limits<float>::quiet_NaN();
+    host[3 * k.cols + k.cols - 1] = std::numeric_limits<float>::infinity();
+    host[k.cols] = 3.0e38f;
+    Dual x = Floats(host), out = Zeros(k.rows * k.cols);
+    for (const auto& f : formats) {
+      const std::string what = f.first + ", " + std::to_string(k.rows) + " x " + std::to_string(k.cols);
+      SCOPED_TRACE(what);
+      ASSERT_OK(gpu_->SetProfiling(true));
+      ASSERT_OK(gpu_->QuantizeDequantize(x.g(), k.rows, k.cols, 0, f.second, 7, out.g()));
+      std::vector<OpTime> profile;
+      ASSERT_OK(gpu_->TakeProfile(&profile));
+      ASSERT_OK(gpu_->SetProfiling(false));
+      const std::vector<float> tiles = Gpu(out);
+      ASSERT_OK(reference->QuantizeDequantize(x.g(), k.rows, k.cols, 0, f.second, 7, out.g()));
+      ASSERT_OK(reference->Sync());
+      ExpectBits("down columns", Get(reference.get(), out.g(), out.bytes), tiles);
+      EXPECT_EQ(Ran(profile, "mx down columns in tiles"), f.second.rounding != Rounding::kStochastic &&
+                                                             k.rows % 32 == 0);
+    }
+  }
+}
+
 // LinearBackward's MX dy for both GEMMs in one read (the dgrad's along rows,
 // the wgrad's down columns, dbias with them) against the two passes it replaces
-// (a backend made with KEEL_CUDA_DY_ONE_PASS=0): dx, dw, dbias and the statistics
+// (BackendWithoutMxTiles): dx, dw, dbias and the statistics
 // bit for bit, for every MX element format, both nearest roundings, the bump
 // rule, a NaN block and Inf blocks in dy, partial 128-column blocks (out 96), and
 // with and without dbias and dx. The profile shows which path ran: one pass
 // where MxBothAxesInOnePass allows it, two passes otherwise (rows 96: chunks of
 // 48 rows; a stochastic dgrad dy; mixed formats).
 TEST_F(NnCudaTest, LinearDyInOnePassGivesTheBitsOfTwoPasses) {
-  std::unique_ptr<Backend> two_pass;
-  ASSERT_EQ(setenv("KEEL_CUDA_DY_ONE_PASS", "0", 1), 0);
-  const Status made = MakeCudaBackend(&two_pass);
-  unsetenv("KEEL_CUDA_DY_ONE_PASS");
-  ASSERT_OK(made);
+  std::unique_ptr<Backend> two_pass = BackendWithoutMxTiles();
+  ASSERT_TRUE(two_pass != nullptr);
   struct Case {
     std::string name;
     LinearQuant q;
@@ -968,9 +1031,7 @@ TEST_F(NnCudaTest, LinearDyInOnePassGivesTheBitsOfTwoPasses) {
             r[b].dw = Get(be, dw.g(), dw.bytes);
             r[b].db = Get(be, db.g(), db.bytes);
           }
-          bool ran_one_pass = false;
-          for (const OpTime& t : profile) ran_one_pass |= t.op.find("quantize dy both ways") != std::string::npos;
-          EXPECT_EQ(ran_one_pass, c.one_pass && shape_allows && with_dx);
+          EXPECT_EQ(Ran(profile, "quantize dy both ways"), c.one_pass && shape_allows && with_dx);
           if (with_dx) ExpectBits("dx", r[1].dx, r[0].dx);
           ExpectBits("dw", r[1].dw, r[0].dw);
           ExpectBits("dbias", r[1].db, r[0].db);
