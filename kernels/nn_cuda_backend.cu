@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <utility>
 
 #include "kernels/nn_cuda_internal.h"
 #include "kernels/philox.h"
@@ -311,10 +312,26 @@ Status CudaBackend::Init() {
                  "GEMMs";
   KEEL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   main_stream_ = stream_;
-  const char* one_pass = std::getenv("KEEL_CUDA_DY_ONE_PASS");
-  dy_one_pass_ = one_pass == nullptr || std::string(one_pass) != "0";
-  const char* cols_tiles = std::getenv("KEEL_CUDA_MX_COLS_TILES");
-  mx_cols_in_tiles_ = cols_tiles == nullptr || std::string(cols_tiles) != "0";
+  if (const char* off = std::getenv("KEEL_CUDA_OFF")) {
+    const std::pair<const char*, bool*> fusions[] = {
+        {"dy_one_pass", &dy_one_pass_}, {"mx_cols_tiles", &mx_cols_in_tiles_}, {"ln_backward_fused", &ln_backward_fused_}};
+    std::string list = off;
+    for (size_t start = 0; start <= list.size();) {
+      const size_t end = std::min(list.find(',', start), list.size());
+      const std::string name = list.substr(start, end - start);
+      start = end + 1;
+      if (name.empty()) continue;
+      bool* flag = nullptr;
+      for (const auto& f : fusions) {
+        if (name == f.first) flag = f.second;
+      }
+      if (flag == nullptr) {
+        return Status::Error("backend: cuda: KEEL_CUDA_OFF: unknown '" + name +
+                             "' (allowed: a comma-separated list of dy_one_pass, mx_cols_tiles, ln_backward_fused)");
+      }
+      *flag = false;
+    }
+  }
   for (Scratch* s : MainStreamScratch()) s->RefuseWhile(&on_side_);
   // Scratch comes from the device's default pool (cudaMallocAsync): keep what it
   // holds instead of returning it to the driver at every synchronisation.

@@ -580,7 +580,9 @@ class CudaBackend final : public Backend {
   Status ColumnSums(const float* m, int64_t rows, int64_t cols, float* out);
   // The split every pass 1 over rows x cols uses, with room for `sets` partial
   // arrays in partials_ (the one split, so that fused and plain sums agree).
-  Status SplitColumnSums(int64_t rows, int64_t cols, int sets, ColumnSplit* split);
+  // rows_per_chunk > 0: chunks of that many rows instead (LayerNormBackward's
+  // fused kernel, whose blocks are chunks of 16 rows).
+  Status SplitColumnSums(int64_t rows, int64_t cols, int sets, ColumnSplit* split, int64_t rows_per_chunk = 0);
   // BF16 rounding of x (rows x cols, fp32) into out (bf16 when out_bf16, else
   // the rounded values in fp32) with the bits Quantize gives, counts as Quantize
   // adds them, in one pass that also adds x's column sums to column_sums with
@@ -718,13 +720,15 @@ class CudaBackend final : public Backend {
   // Scratch, grown on demand and kept.
   Scratch op_a_, op_b_;                // quantized GEMM operands
   Scratch op_dy_cols_;                 // dy down its columns when both of its roles come from one read
-  // LinearBackward quantizes an MX dy for both GEMMs in one read where it can
-  // (PrepareDyBothAxes); KEEL_CUDA_DY_ONE_PASS=0 in the environment at Init turns
-  // that off, for A/B timings and the tests that compare the two paths.
+  // Fusions that keep the bits of the kernels they replace, each on unless
+  // KEEL_CUDA_OFF (read at Init, a comma-separated list of these names) names it,
+  // for A/B timings and the tests that compare the two paths (kCudaFusions):
+  // dy_one_pass: LinearBackward quantizes an MX dy for both GEMMs in one read (PrepareDyBothAxes);
+  // mx_cols_tiles: Quantize sends MX down columns to QuantizeMxDownColumnsInTiles (else MxColsKernel);
+  // ln_backward_fused: LayerNormBackward computes dx and the dgamma / dbeta partials in one kernel.
   bool dy_one_pass_ = true;
-  // Quantize sends MX down columns to QuantizeMxDownColumnsInTiles where it can;
-  // KEEL_CUDA_MX_COLS_TILES=0 at Init turns that off (MxColsKernel then).
   bool mx_cols_in_tiles_ = true;
+  bool ln_backward_fused_ = true;
   Scratch codes_;                      // per-tensor FP8 codes, for its statistics
   Scratch partials_;                   // column-sum and reduction partials
   Scratch adam_table_;                 // AdamWTensors' tensor table and per-chunk delta partials

@@ -264,6 +264,102 @@ __global__ void __launch_bounds__(256) LayerNormParamPartialsKernel(const float*
   }
 }
 
+// LayerNormBackwardKernel<true>'s dx and LayerNormParamPartialsKernel's
+// partials in one kernel, with the bits of both (for the same split): block x
+// covers chunk x, kFusedLnRows rows (the split LayerNormBackward gives both
+// paths); warp w takes its rows r0 + w, r0 + w + 8, ..., in the order thread
+// (c, w) of LayerNormParamPartialsKernel adds them. Per row the warp computes dx
+// as LayerNormBackwardKernel<true> does (lane columns 4 lane + 128 i, the sums in
+// double, then x, dy and gamma read again) and each lane adds dy * xhat and dy to
+// its columns' accumulators; at the end the 8 warps' accumulators are added in
+// warp order through shared memory, as the partials kernel adds its 8 row
+// threads. x and dy are read from memory once for both (the second read of a row
+// comes from L1). kGroups = cols / 128 (1 .. 8); every pointer 16-byte aligned.
+constexpr int kFusedLnRows = 16;
+template <int kGroups>
+__global__ void __launch_bounds__(256)
+    LayerNormBackwardFusedKernel(const float* __restrict__ x, const float* __restrict__ gamma,
+                                 const float* __restrict__ mean, const float* __restrict__ rstd,
+                                 const float* __restrict__ dy, float* __restrict__ dx, int64_t rows,
+                                 float* __restrict__ partial_gamma, float* __restrict__ partial_beta) {
+  constexpr int kCols = 128 * kGroups;
+  __shared__ float sums[8][kCols];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kFusedLnRows;
+  const int64_t r1 = min(rows, r0 + kFusedLnRows);
+  float acc_g[kGroups][4], acc_b[kGroups][4];
+#pragma unroll
+  for (int i = 0; i < kGroups; ++i) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) acc_g[i][k] = acc_b[i][k] = 0.0f;
+  }
+  auto load4 = [](const float* p, float v[4]) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x;
+    v[1] = q.y;
+    v[2] = q.z;
+    v[3] = q.w;
+  };
+  for (int64_t row = r0 + warp; row < r1; row += 8) {
+    const float* xr = x + row * kCols;
+    const float* dyr = dy + row * kCols;
+    float* dxr = dx + row * kCols;
+    const float m = mean[row], s = rstd[row];
+    double sum_g = 0.0, sum_gx = 0.0;
+#pragma unroll
+    for (int i = 0; i < kGroups; ++i) {
+      const int c = 4 * lane + 128 * i;
+      float xv[4], dv[4], gv[4];
+      load4(xr + c, xv);
+      load4(dyr + c, dv);
+      load4(gamma + c, gv);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float g = dv[k] * gv[k];
+        const float xhat = (xv[k] - m) * s;
+        sum_g += g;
+        sum_gx += static_cast<double>(g) * xhat;
+      }
+    }
+    const float mean_g = static_cast<float>(WarpSum(sum_g) / static_cast<double>(kCols));
+    const float mean_gx = static_cast<float>(WarpSum(sum_gx) / static_cast<double>(kCols));
+#pragma unroll
+    for (int i = 0; i < kGroups; ++i) {
+      const int c = 4 * lane + 128 * i;
+      float xv[4], dv[4], gv[4], ov[4];
+      load4(xr + c, xv);
+      load4(dyr + c, dv);
+      load4(gamma + c, gv);
+      load4(dxr + c, ov);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float g = dv[k] * gv[k];
+        const float xhat = (xv[k] - m) * s;
+        ov[k] = ov[k] + ((g - mean_g) - xhat * mean_gx) * s;
+        acc_g[i][k] += dv[k] * xhat;
+        acc_b[i][k] += dv[k];
+      }
+      *reinterpret_cast<float4*>(dxr + c) = make_float4(ov[0], ov[1], ov[2], ov[3]);
+    }
+  }
+  // The 8 warps' partials of each column, added in warp order: dgamma's, then dbeta's.
+  for (int pass = 0; pass < 2; ++pass) {
+#pragma unroll
+    for (int i = 0; i < kGroups; ++i) {
+      const float* a = pass == 0 ? acc_g[i] : acc_b[i];
+      *reinterpret_cast<float4*>(&sums[warp][4 * lane + 128 * i]) = make_float4(a[0], a[1], a[2], a[3]);
+    }
+    __syncthreads();
+    float* out = (pass == 0 ? partial_gamma : partial_beta) + static_cast<int64_t>(blockIdx.x) * kCols;
+    for (int col = threadIdx.x; col < kCols; col += 256) {
+      float t = sums[0][col];
+      for (int w = 1; w < 8; ++w) t += sums[w][col];
+      out[col] = t;
+    }
+    __syncthreads();
+  }
+}
+
 // ============================================================================
 // Kernels: GELU, SwiGLU
 // ============================================================================
@@ -808,8 +904,35 @@ Status CudaBackend::LayerNormBackward(const float* x, const float* gamma, const 
   if (rows == 0) return Status::Ok();
   if (x == nullptr || gamma == nullptr || mean == nullptr || rstd == nullptr || dy == nullptr)
     return Status::Error("LayerNormBackward: x, gamma, mean, rstd or dy: null");
+  const bool vec = dx != nullptr && cols % 4 == 0 && Aligned(x, 16) && Aligned(gamma, 16) && Aligned(dy, 16) &&
+                   Aligned(dx, 16);
+  // Widths of whole 128-column groups up to 1024 (GPT-2 124M's 768, the proxy's
+  // 256-512): dx and the parameters' partials in one kernel, over chunks of 16
+  // rows; the two kernels below use the same chunks then, so either path gives
+  // the same bits.
+  const bool fusable = vec && (dgamma != nullptr || dbeta != nullptr) && cols % 128 == 0 && cols <= 1024;
+  if (fusable && ln_backward_fused_) {
+    NN_PROFILE("dx and parameters in one pass");
+    ColumnSplit split;
+    KEEL_RETURN_IF_ERROR(SplitColumnSums(rows, cols, 2, &split, kFusedLnRows));
+    float* pg = split.partial;
+    float* pb = pg + split.chunks * cols;
+    const unsigned int blocks = static_cast<unsigned int>(split.chunks);
+    switch (cols / 128) {
+      case 1: LayerNormBackwardFusedKernel<1><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, pg, pb); break;
+      case 2: LayerNormBackwardFusedKernel<2><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, pg, pb); break;
+      case 3: LayerNormBackwardFusedKernel<3><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, pg, pb); break;
+      case 4: LayerNormBackwardFusedKernel<4><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, pg, pb); break;
+      case 5: LayerNormBackwardFusedKernel<5><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, pg, pb); break;
+      case 6: LayerNormBackwardFusedKernel<6><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, pg, pb); break;
+      case 7: LayerNormBackwardFusedKernel<7><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, pg, pb); break;
+      default: LayerNormBackwardFusedKernel<8><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, pg, pb); break;
+    }
+    NN_LAUNCH_CHECK();
+    KEEL_RETURN_IF_ERROR(FinalizeColumnPartials(pg, split.chunks, cols, dgamma, stream_));
+    return FinalizeColumnPartials(pb, split.chunks, cols, dbeta, stream_);
+  }
   if (dx != nullptr) {
-    const bool vec = cols % 4 == 0 && Aligned(x, 16) && Aligned(gamma, 16) && Aligned(dy, 16) && Aligned(dx, 16);
     const unsigned int blocks = static_cast<unsigned int>(CeilDiv(rows, 8));
     if (vec) {
       LayerNormBackwardKernel<true><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, cols);
@@ -820,7 +943,7 @@ Status CudaBackend::LayerNormBackward(const float* x, const float* gamma, const 
   }
   if (dgamma == nullptr && dbeta == nullptr) return Status::Ok();
   ColumnSplit split;
-  KEEL_RETURN_IF_ERROR(SplitColumnSums(rows, cols, 2, &split));
+  KEEL_RETURN_IF_ERROR(SplitColumnSums(rows, cols, 2, &split, fusable ? kFusedLnRows : 0));
   const int64_t chunks = split.chunks, rows_per_chunk = split.rows_per_chunk;
   float* pg = split.partial;
   float* pb = pg + chunks * cols;

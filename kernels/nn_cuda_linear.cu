@@ -1121,9 +1121,10 @@ Status CudaBackend::PrepareDyBothAxes(const float* dy, int64_t rows, int64_t col
   return Status::Ok();
 }
 
-Status CudaBackend::SplitColumnSums(int64_t rows, int64_t cols, int sets, ColumnSplit* split) {
-  split->chunks = ColumnChunks(rows);  // a fixed function of the shape
-  split->rows_per_chunk = CeilDiv(rows, split->chunks);
+Status CudaBackend::SplitColumnSums(int64_t rows, int64_t cols, int sets, ColumnSplit* split,
+                                    int64_t rows_per_chunk) {
+  split->chunks = rows_per_chunk > 0 ? CeilDiv(rows, rows_per_chunk) : ColumnChunks(rows);  // a fixed function of the shape
+  split->rows_per_chunk = rows_per_chunk > 0 ? rows_per_chunk : CeilDiv(rows, split->chunks);
   KEEL_RETURN_IF_ERROR(
       partials_.Reserve(static_cast<size_t>(sets * split->chunks * cols) * sizeof(float), stream_));
   split->partial = partials_.get<float>();

@@ -884,18 +884,17 @@ TEST_F(NnCudaDbiasTest, LinearFusedDbiasWithNonFiniteDy) {
   EXPECT_EQ(nonfinite, 5);
 }
 
-// A CUDA backend with the MX tile kernels off (KEEL_CUDA_DY_ONE_PASS=0,
-// KEEL_CUDA_MX_COLS_TILES=0): the quantizer's own kernels, pass by pass.
-std::unique_ptr<Backend> BackendWithoutMxTiles() {
+// A CUDA backend with every fusion KEEL_CUDA_OFF names turned off: the kernels
+// they replace, pass by pass.
+std::unique_ptr<Backend> BackendWithout(const char* off) {
   std::unique_ptr<Backend> b;
-  setenv("KEEL_CUDA_DY_ONE_PASS", "0", 1);
-  setenv("KEEL_CUDA_MX_COLS_TILES", "0", 1);
+  setenv("KEEL_CUDA_OFF", off, 1);
   const Status s = MakeCudaBackend(&b);
-  unsetenv("KEEL_CUDA_DY_ONE_PASS");
-  unsetenv("KEEL_CUDA_MX_COLS_TILES");
+  unsetenv("KEEL_CUDA_OFF");
   EXPECT_TRUE(s.ok()) << s.message();
   return b;
 }
+std::unique_ptr<Backend> BackendWithoutMxTiles() { return BackendWithout("dy_one_pass,mx_cols_tiles"); }
 
 // Whether the profile of one call shows a part named `part`.
 bool Ran(const std::vector<OpTime>& profile, const std::string& part) {
@@ -903,6 +902,66 @@ bool Ran(const std::vector<OpTime>& profile, const std::string& part) {
     if (t.op.find(part) != std::string::npos) return true;
   }
   return false;
+}
+
+
+// LayerNormBackward's one kernel for dx and the dgamma / dbeta partials against
+// its two kernels (ln_backward_fused off), the same chunks of 16 rows: dx,
+// dgamma and dbeta bit for bit, with and without dx's "+=" input, for widths of
+// 128 .. 1024 columns and row counts that leave a partial chunk or idle warps,
+// with Inf and NaN in dy; a width that is not whole 128-column groups keeps the
+// two kernels (the profile shows which ran).
+TEST_F(NnCudaTest, LayerNormBackwardInOnePassGivesTheBitsOfTwoKernels) {
+  std::unique_ptr<Backend> two = BackendWithout("ln_backward_fused");
+  ASSERT_TRUE(two != nullptr);
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (const Shape& k : {Shape{16384, 768}, Shape{100, 128}, Shape{7, 1024}, Shape{2048, 384}, Shape{37, 800}}) {
+    const int64_t rows = k.rows, cols = k.cols;
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+    std::vector<float> dyh = WithOutliers(rows * cols, 301, 1e-2f);
+    dyh[cols + 5] = std::numeric_limits<float>::infinity();
+    if (rows > 3) dyh[3 * cols + 7] = std::numeric_limits<float>::quiet_NaN();
+    Dual x = Floats(WithOutliers(rows * cols, 302)), gamma = Floats(Normal(cols, 303)), dy = Floats(dyh);
+    std::vector<float> rstd_h = Normal(rows, 305, 0.3f);
+    for (float& v : rstd_h) v = 1.0f + std::fabs(v);  // a row's 1 / std: positive
+    Dual mean = Floats(Normal(rows, 304, 0.1f)), rstd = Floats(rstd_h);
+    const std::vector<float> dx0 = Normal(rows * cols, 306);
+    std::vector<float> r[2][3];
+    std::vector<OpTime> profile;
+    for (int b = 0; b < 2; ++b) {
+      Backend* be = b == 0 ? gpu_.get() : two.get();
+      Dual dx = Floats(dx0), dgamma = Floats(Normal(cols, 307)), dbeta = Floats(Normal(cols, 308));
+      if (b == 0) ASSERT_OK(be->SetProfiling(true));
+      ASSERT_OK(be->LayerNormBackward(x.g(), gamma.g(), mean.g(), rstd.g(), dy.g(), dx.g(), dgamma.g(), dbeta.g(), rows,
+                                      cols));
+      if (b == 0) {
+        ASSERT_OK(be->TakeProfile(&profile));
+        ASSERT_OK(be->SetProfiling(false));
+      }
+      ASSERT_OK(be->Sync());
+      r[b][0] = Get(be, dx.g(), dx.bytes);
+      r[b][1] = Get(be, dgamma.g(), dgamma.bytes);
+      r[b][2] = Get(be, dbeta.g(), dbeta.bytes);
+    }
+    EXPECT_EQ(Ran(profile, "dx and parameters in one pass"), cols % 128 == 0);
+    ExpectBits("dx", r[1][0], r[0][0]);
+    ExpectBits("dgamma", r[1][1], r[0][1]);
+    ExpectBits("dbeta", r[1][2], r[0][2]);
+  }
+}
+
+TEST_F(NnCudaTest, KeelCudaOffRefusesAnUnknownName) {
+  std::unique_ptr<Backend> b;
+  setenv("KEEL_CUDA_OFF", "dy_one_pass,no_such_fusion", 1);
+  const Status s = MakeCudaBackend(&b);
+  unsetenv("KEEL_CUDA_OFF");
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("KEEL_CUDA_OFF: unknown 'no_such_fusion' (allowed: a comma-separated list of "
+                             "dy_one_pass, mx_cols_tiles, ln_backward_fused)"),
+            std::string::npos)
+      << s.message();
 }
 
 // MX down columns by the tile kernel (QuantizeMxDownColumnsInTiles, which
