@@ -581,7 +581,7 @@ class CudaBackend final : public Backend {
   // The split every pass 1 over rows x cols uses, with room for `sets` partial
   // arrays in partials_ (the one split, so that fused and plain sums agree).
   // rows_per_chunk > 0: chunks of that many rows instead (LayerNormBackward's
-  // fused kernel, whose blocks are chunks of 16 rows).
+  // fused kernel, whose blocks are chunks of kFusedLnRows rows).
   Status SplitColumnSums(int64_t rows, int64_t cols, int sets, ColumnSplit* split, int64_t rows_per_chunk = 0);
   // BF16 rounding of x (rows x cols, fp32) into out (bf16 when out_bf16, else
   // the rounded values in fp32) with the bits Quantize gives, counts as Quantize

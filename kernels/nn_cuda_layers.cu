@@ -270,12 +270,16 @@ __global__ void __launch_bounds__(256) LayerNormParamPartialsKernel(const float*
 // paths); warp w takes its rows r0 + w, r0 + w + 8, ..., in the order thread
 // (c, w) of LayerNormParamPartialsKernel adds them. Per row the warp computes dx
 // as LayerNormBackwardKernel<true> does (lane columns 4 lane + 128 i, the sums in
-// double, then x, dy and gamma read again) and each lane adds dy * xhat and dy to
-// its columns' accumulators; at the end the 8 warps' accumulators are added in
-// warp order through shared memory, as the partials kernel adds its 8 row
-// threads. x and dy are read from memory once for both (the second read of a row
-// comes from L1). kGroups = cols / 128 (1 .. 8); every pointer 16-byte aligned.
-constexpr int kFusedLnRows = 16;
+// double, then x, dy and gamma read again, from L1) and each lane adds dy * xhat
+// and dy to its columns' accumulators, which live in the warp's rows of shared
+// memory (in registers, ptxas hoisted every load of the unrolled groups: 194
+// registers at 768 columns, or spills under a bound). At the end the 8 warps'
+// accumulators are added in warp order, as the partials kernel adds its 8 row
+// threads. x and dy are read from memory once for both. kGroups = cols / 128
+// (1 .. 6: the two accumulators of 8 warps fill the 48 KiB of static shared
+// memory at 768 columns); every pointer 16-byte aligned.
+constexpr int kFusedLnRows = 32;
+constexpr int kFusedLnMaxGroups = 6;
 template <int kGroups>
 __global__ void __launch_bounds__(256)
     LayerNormBackwardFusedKernel(const float* __restrict__ x, const float* __restrict__ gamma,
@@ -283,15 +287,14 @@ __global__ void __launch_bounds__(256)
                                  const float* __restrict__ dy, float* __restrict__ dx, int64_t rows,
                                  float* __restrict__ partial_gamma, float* __restrict__ partial_beta) {
   constexpr int kCols = 128 * kGroups;
-  __shared__ float sums[8][kCols];
+  __shared__ __align__(16) float acc_g[8][kCols];
+  __shared__ __align__(16) float acc_b[8][kCols];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kFusedLnRows;
   const int64_t r1 = min(rows, r0 + kFusedLnRows);
-  float acc_g[kGroups][4], acc_b[kGroups][4];
-#pragma unroll
-  for (int i = 0; i < kGroups; ++i) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) acc_g[i][k] = acc_b[i][k] = 0.0f;
+  for (int c = 4 * lane; c < kCols; c += 128) {
+    *reinterpret_cast<float4*>(&acc_g[warp][c]) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    *reinterpret_cast<float4*>(&acc_b[warp][c]) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   auto load4 = [](const float* p, float v[4]) {
     const float4 q = *reinterpret_cast<const float4*>(p);
@@ -306,7 +309,7 @@ __global__ void __launch_bounds__(256)
     float* dxr = dx + row * kCols;
     const float m = mean[row], s = rstd[row];
     double sum_g = 0.0, sum_gx = 0.0;
-#pragma unroll
+#pragma unroll 2
     for (int i = 0; i < kGroups; ++i) {
       const int c = 4 * lane + 128 * i;
       float xv[4], dv[4], gv[4];
@@ -323,40 +326,41 @@ __global__ void __launch_bounds__(256)
     }
     const float mean_g = static_cast<float>(WarpSum(sum_g) / static_cast<double>(kCols));
     const float mean_gx = static_cast<float>(WarpSum(sum_gx) / static_cast<double>(kCols));
-#pragma unroll
+#pragma unroll 2
     for (int i = 0; i < kGroups; ++i) {
       const int c = 4 * lane + 128 * i;
-      float xv[4], dv[4], gv[4], ov[4];
+      float xv[4], dv[4], gv[4], ov[4], ag[4], ab[4];
       load4(xr + c, xv);
       load4(dyr + c, dv);
       load4(gamma + c, gv);
       load4(dxr + c, ov);
+      load4(&acc_g[warp][c], ag);
+      load4(&acc_b[warp][c], ab);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const float g = dv[k] * gv[k];
         const float xhat = (xv[k] - m) * s;
         ov[k] = ov[k] + ((g - mean_g) - xhat * mean_gx) * s;
-        acc_g[i][k] += dv[k] * xhat;
-        acc_b[i][k] += dv[k];
+        ag[k] += dv[k] * xhat;
+        ab[k] += dv[k];
       }
       *reinterpret_cast<float4*>(dxr + c) = make_float4(ov[0], ov[1], ov[2], ov[3]);
+      *reinterpret_cast<float4*>(&acc_g[warp][c]) = make_float4(ag[0], ag[1], ag[2], ag[3]);
+      *reinterpret_cast<float4*>(&acc_b[warp][c]) = make_float4(ab[0], ab[1], ab[2], ab[3]);
     }
   }
-  // The 8 warps' partials of each column, added in warp order: dgamma's, then dbeta's.
-  for (int pass = 0; pass < 2; ++pass) {
-#pragma unroll
-    for (int i = 0; i < kGroups; ++i) {
-      const float* a = pass == 0 ? acc_g[i] : acc_b[i];
-      *reinterpret_cast<float4*>(&sums[warp][4 * lane + 128 * i]) = make_float4(a[0], a[1], a[2], a[3]);
+  __syncthreads();
+  // The 8 warps' partials of each column, added in warp order.
+  float* out_g = partial_gamma + static_cast<int64_t>(blockIdx.x) * kCols;
+  float* out_b = partial_beta + static_cast<int64_t>(blockIdx.x) * kCols;
+  for (int col = threadIdx.x; col < kCols; col += 256) {
+    float tg = acc_g[0][col], tb = acc_b[0][col];
+    for (int w = 1; w < 8; ++w) {
+      tg += acc_g[w][col];
+      tb += acc_b[w][col];
     }
-    __syncthreads();
-    float* out = (pass == 0 ? partial_gamma : partial_beta) + static_cast<int64_t>(blockIdx.x) * kCols;
-    for (int col = threadIdx.x; col < kCols; col += 256) {
-      float t = sums[0][col];
-      for (int w = 1; w < 8; ++w) t += sums[w][col];
-      out[col] = t;
-    }
-    __syncthreads();
+    out_g[col] = tg;
+    out_b[col] = tb;
   }
 }
 
@@ -906,11 +910,12 @@ Status CudaBackend::LayerNormBackward(const float* x, const float* gamma, const 
     return Status::Error("LayerNormBackward: x, gamma, mean, rstd or dy: null");
   const bool vec = dx != nullptr && cols % 4 == 0 && Aligned(x, 16) && Aligned(gamma, 16) && Aligned(dy, 16) &&
                    Aligned(dx, 16);
-  // Widths of whole 128-column groups up to 1024 (GPT-2 124M's 768, the proxy's
-  // 256-512): dx and the parameters' partials in one kernel, over chunks of 16
-  // rows; the two kernels below use the same chunks then, so either path gives
-  // the same bits.
-  const bool fusable = vec && (dgamma != nullptr || dbeta != nullptr) && cols % 128 == 0 && cols <= 1024;
+  // Widths of whole 128-column groups up to 768 (GPT-2 124M's, the proxy's
+  // 256-512): dx and the parameters' partials in one kernel, over chunks of
+  // kFusedLnRows rows; the two kernels below use the same chunks then, so either
+  // path gives the same bits.
+  const bool fusable =
+      vec && (dgamma != nullptr || dbeta != nullptr) && cols % 128 == 0 && cols <= 128 * kFusedLnMaxGroups;
   if (fusable && ln_backward_fused_) {
     NN_PROFILE("dx and parameters in one pass");
     ColumnSplit split;
@@ -924,9 +929,7 @@ Status CudaBackend::LayerNormBackward(const float* x, const float* gamma, const 
       case 3: LayerNormBackwardFusedKernel<3><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, pg, pb); break;
       case 4: LayerNormBackwardFusedKernel<4><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, pg, pb); break;
       case 5: LayerNormBackwardFusedKernel<5><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, pg, pb); break;
-      case 6: LayerNormBackwardFusedKernel<6><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, pg, pb); break;
-      case 7: LayerNormBackwardFusedKernel<7><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, pg, pb); break;
-      default: LayerNormBackwardFusedKernel<8><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, pg, pb); break;
+      default: LayerNormBackwardFusedKernel<6><<<blocks, 256, 0, stream_>>>(x, gamma, mean, rstd, dy, dx, rows, pg, pb); break;
     }
     NN_LAUNCH_CHECK();
     KEEL_RETURN_IF_ERROR(FinalizeColumnPartials(pg, split.chunks, cols, dgamma, stream_));
