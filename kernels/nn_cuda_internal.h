@@ -614,6 +614,9 @@ class CudaBackend final : public Backend {
   // 0) and 16-byte aligned x, else an error. Quantize routes them here.
   Status QuantizeMxDownColumnsInTiles(const float* x, int64_t rows, int64_t cols, const OperandFormat& format,
                                       void* out, bool out_bf16, unsigned long long* counts);
+  // *x itself when 16-byte aligned, else a copy of its `count` floats in align_in_
+  // (the quantizers load 16 bytes at a time).
+  Status Aligned16Input(const float** x, int64_t count);
   // LinearBackward's dy for both of its GEMMs in one read
   // (QuantizeMxBothAxesWithColumnSums): the dgrad's along rows into op_a_, the
   // wgrad's down columns into op_dy_cols_, bf16, with both roles' statistics;

@@ -254,6 +254,60 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// Four consecutive elements of one MX block along a row, rounded with the
+// block's scale as MxRowsKernel rounds them (nearest even or away): NaN for a
+// NaN block, the hardware FP8 pair conversion from sm_89, else
+// qcore::MxElementNearest.
+template <ElemFormat F, Rounding R>
+__device__ __forceinline__ void MxRoundRow4(const float e[4], const qcore::MxScale& sc, float q[4],
+                                            uint32_t code[4]) {
+  constexpr qcore::ElemConsts c = qcore::ConstsOf(F);
+  if (sc.nan) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      q[j] = qcore::QuietNan();
+      code[j] = c.nan_code;
+    }
+  } else if constexpr (KEEL_HW_FP8 && qcuda::kHwFp8Format<F>) {
+#pragma unroll
+    for (int j = 0; j < 4; j += 2) {
+      qcore::Rounded q0, q1;
+      qcore::MxFp8PairNearest<F, R>(e[j], e[j + 1], sc, sc, true, &q0, &q1);
+      q[j] = q0.value;
+      q[j + 1] = q1.value;
+      code[j] = q0.code;
+      code[j + 1] = q1.code;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const qcore::Rounded rj = qcore::MxElementNearest<F, R>(e[j], sc);
+      q[j] = rj.value;
+      code[j] = rj.code;
+    }
+  }
+}
+
+// The AbsBits maximum of one row's MX block of 32 columns, held four a lane by
+// 8 adjacent lanes (MxRowsKernel's maximum over the same elements); every lane
+// of the warp calls it.
+__device__ __forceinline__ uint32_t RowBlockAbsMax(const float e[4]) {
+  uint32_t amax = max(max(qcore::AbsBits(e[0]), qcore::AbsBits(e[1])), max(qcore::AbsBits(e[2]), qcore::AbsBits(e[3])));
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) amax = max(amax, __shfl_xor_sync(qcuda::kFullMask, amax, o));
+  return amax;
+}
+
+// q[0..3] at out + i: bf16 in one 8-byte store, or fp32 in one 16-byte store.
+__device__ __forceinline__ void StoreOut4(void* out, bool out_bf16, int64_t i, const float q[4]) {
+  if (out_bf16) {
+    *reinterpret_cast<uint2*>(static_cast<uint16_t*>(out) + i) =
+        make_uint2(qcuda::ToBf16x2(q[0], q[1]), qcuda::ToBf16x2(q[2], q[3]));
+  } else {
+    *reinterpret_cast<float4*>(static_cast<float*>(out) + i) = make_float4(q[0], q[1], q[2], q[3]);
+  }
+}
+
 // MX quantization along rows (blocks of 32 columns; cols % 32 == 0) with nearest
 // rounding (even or away), fused with pass 1 of the column sums. A block covers
 // 128 columns and a chunk of rows; thread (t, r) owns columns 4t .. 4t + 3 of the
@@ -272,7 +326,6 @@ __global__ void __launch_bounds__(256)
                                void* __restrict__ out, bool out_bf16, float* __restrict__ partial,
                                unsigned long long* counts) {
   constexpr qcore::ElemConsts c = qcore::ConstsOf(F);
-  constexpr bool kHw = KEEL_HW_FP8 && qcuda::kHwFp8Format<F>;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 128 + 4 * threadIdx.x;
   const bool active = col < cols;  // whole MX blocks: cols % 32 == 0
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
@@ -294,45 +347,13 @@ __global__ void __launch_bounds__(256)
       const float e[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[j] += e[j];
-      uint32_t amax = max(max(qcore::AbsBits(e[0]), qcore::AbsBits(e[1])),
-                          max(qcore::AbsBits(e[2]), qcore::AbsBits(e[3])));
-#pragma unroll
-      for (int o = 1; o < 8; o <<= 1) amax = max(amax, __shfl_xor_sync(qcuda::kFullMask, amax, o));
+      const uint32_t amax = RowBlockAbsMax(e);
       if (!active) continue;
       const qcore::MxScale sc = qcore::MxScaleFromAmax(amax, c, kBump);
       float q[4];
       uint32_t code[4];
-      if (sc.nan) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          q[j] = qcore::QuietNan();
-          code[j] = c.nan_code;
-        }
-      } else if constexpr (kHw) {
-#pragma unroll
-        for (int j = 0; j < 4; j += 2) {
-          qcore::Rounded q0, q1;
-          qcore::MxFp8PairNearest<F, R>(e[j], e[j + 1], sc, sc, true, &q0, &q1);
-          q[j] = q0.value;
-          q[j + 1] = q1.value;
-          code[j] = q0.code;
-          code[j + 1] = q1.code;
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const qcore::Rounded rj = qcore::MxElementNearest<F, R>(e[j], sc);
-          q[j] = rj.value;
-          code[j] = rj.code;
-        }
-      }
-      const int64_t i = rk * cols + col;
-      if (out_bf16) {
-        *reinterpret_cast<uint2*>(static_cast<uint16_t*>(out) + i) =
-            make_uint2(qcuda::ToBf16x2(q[0], q[1]), qcuda::ToBf16x2(q[2], q[3]));
-      } else {
-        *reinterpret_cast<float4*>(static_cast<float*>(out) + i) = make_float4(q[0], q[1], q[2], q[3]);
-      }
+      MxRoundRow4<F, R>(e, sc, q, code);
+      StoreOut4(out, out_bf16, rk * cols + col, q);
 #pragma unroll
       for (int j = 0; j < 4; ++j) saturated += qcore::MxSaturated(e[j], code[j], sc, c) ? 1u : 0u;
       nan_blocks += sc.nan && (threadIdx.x & 7) == 0 ? 1u : 0u;
@@ -382,14 +403,6 @@ __global__ void __launch_bounds__(256)
   const int64_t r1 = min(rows, r0 + rows_per_chunk);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   unsigned int sat_rows = 0, nan_rows = 0, sat_cols = 0, nan_cols = 0;
-  auto store4 = [&](void* out, int64_t i, const float q[4]) {
-    if (out_bf16) {
-      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(out) + i) =
-          make_uint2(qcuda::ToBf16x2(q[0], q[1]), qcuda::ToBf16x2(q[2], q[3]));
-    } else {
-      *reinterpret_cast<float4*>(static_cast<float*>(out) + i) = make_float4(q[0], q[1], q[2], q[3]);
-    }
-  };
   // r1 - r0 is a multiple of 32: every thread of the block runs the same groups.
   for (int64_t g = r0; g < r1; g += 32) {
     float e[4][4];  // [k][j]: row g + threadIdx.y + 8k, column col + j
@@ -412,39 +425,13 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       if (out_rows == nullptr) break;
-      uint32_t amax = max(max(qcore::AbsBits(e[k][0]), qcore::AbsBits(e[k][1])),
-                          max(qcore::AbsBits(e[k][2]), qcore::AbsBits(e[k][3])));
-#pragma unroll
-      for (int o = 1; o < 8; o <<= 1) amax = max(amax, __shfl_xor_sync(qcuda::kFullMask, amax, o));
+      const uint32_t amax = RowBlockAbsMax(e[k]);
       if (!active) continue;
       const qcore::MxScale sc = qcore::MxScaleFromAmax(amax, c, kBump);
       float q[4];
       uint32_t code[4];
-      if (sc.nan) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          q[j] = qcore::QuietNan();
-          code[j] = c.nan_code;
-        }
-      } else if constexpr (kHw) {
-#pragma unroll
-        for (int j = 0; j < 4; j += 2) {
-          qcore::Rounded q0, q1;
-          qcore::MxFp8PairNearest<F, R>(e[k][j], e[k][j + 1], sc, sc, true, &q0, &q1);
-          q[j] = q0.value;
-          q[j + 1] = q1.value;
-          code[j] = q0.code;
-          code[j + 1] = q1.code;
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const qcore::Rounded rj = qcore::MxElementNearest<F, R>(e[k][j], sc);
-          q[j] = rj.value;
-          code[j] = rj.code;
-        }
-      }
-      store4(out_rows, (g + threadIdx.y + 8 * k) * cols + col, q);
+      MxRoundRow4<F, R>(e[k], sc, q, code);
+      StoreOut4(out_rows, out_bf16, (g + threadIdx.y + 8 * k) * cols + col, q);
 #pragma unroll
       for (int j = 0; j < 4; ++j) sat_rows += qcore::MxSaturated(e[k][j], code[j], sc, c) ? 1u : 0u;
       nan_rows += sc.nan && (threadIdx.x & 7) == 0 ? 1u : 0u;
@@ -493,7 +480,7 @@ __global__ void __launch_bounds__(256)
         code[j] = q0.code;
         code[j + 1] = q1.code;
       }
-      store4(out_cols, (g + threadIdx.y + 8 * k) * cols + col, q);
+      StoreOut4(out_cols, out_bf16, (g + threadIdx.y + 8 * k) * cols + col, q);
 #pragma unroll
       for (int j = 0; j < 4; ++j) sat_cols += qcore::MxSaturated(e[k][j], code[j], sc[j], c) ? 1u : 0u;
     }
@@ -546,6 +533,28 @@ bool MxBothAxesInOnePass(const OperandFormat& along_rows, const OperandFormat& d
 bool MxDownColumnsInTiles(const OperandFormat& f, int axis, int64_t rows, int64_t cols) {
   return axis == 0 && f.quantized() && IsMx(f.format) && f.mx_block == 32 && rows % 32 == 0 && cols % 4 == 0 &&
          (f.rounding == Rounding::kNearestEven || f.rounding == Rounding::kNearestAway);
+}
+
+// MxBothAxesColumnPartialsKernel for `options`' element format, exponent rule and
+// (nearest) rounding, in blocks of 32 x 8 threads.
+Status LaunchMxBothAxes(const MxOptions& options, dim3 grid, cudaStream_t stream, const float* x, int64_t rows,
+                        int64_t cols, int64_t rows_per_chunk, void* out_rows, void* out_cols, bool out_bf16,
+                        float* partial, unsigned long long* counts_rows, unsigned long long* counts_cols) {
+  return qcuda::WithElem(options.elem, [&](auto fmt) {
+    return qcuda::WithBool(options.bump_exponent, [&](auto bump) {
+      constexpr ElemFormat F = decltype(fmt)::value;
+      constexpr bool kBump = decltype(bump)::value;
+      if (options.rounding == Rounding::kNearestAway) {
+        MxBothAxesColumnPartialsKernel<F, Rounding::kNearestAway, kBump><<<grid, dim3(32, 8), 0, stream>>>(
+            x, rows, cols, rows_per_chunk, out_rows, out_cols, out_bf16, partial, counts_rows, counts_cols);
+      } else {
+        MxBothAxesColumnPartialsKernel<F, Rounding::kNearestEven, kBump><<<grid, dim3(32, 8), 0, stream>>>(
+            x, rows, cols, rows_per_chunk, out_rows, out_cols, out_bf16, partial, counts_rows, counts_cols);
+      }
+      NN_LAUNCH_CHECK();
+      return Status::Ok();
+    });
+  });
 }
 
 bool IsPerTensor(QuantFormat f) { return f == QuantFormat::kFp8E4M3 || f == QuantFormat::kFp8E5M2; }
@@ -851,13 +860,7 @@ Status CudaBackend::PrepareOperand(const float* x, int64_t rows, int64_t cols, i
     return Status::Ok();
   }
   const int64_t count = rows * cols;
-  // The quantizers load 16 bytes at a time: an unaligned view is copied first.
-  if (!Aligned(x, 16)) {
-    KEEL_RETURN_IF_ERROR(align_in_.Reserve(static_cast<size_t>(count) * sizeof(float), stream_));
-    KEEL_CUDA_CHECK(
-        cudaMemcpyAsync(align_in_.get<float>(), x, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
-    x = align_in_.get<float>();
-  }
+  KEEL_RETURN_IF_ERROR(Aligned16Input(&x, count));  // the quantizers load 16 bytes at a time
   KEEL_RETURN_IF_ERROR(scratch->Reserve(static_cast<size_t>(count) * (bf16 ? 2 : 4), stream_));
   const bool stats = q.stats_slot >= 0;
   // BF16, MX and NVFP4 count their statistics while they quantize: no codes,
@@ -1028,22 +1031,8 @@ Status CudaBackend::QuantizeMxBothAxesWithColumnSums(const float* x, int64_t row
   const int64_t chunks = split.chunks, rows_per_chunk = split.rows_per_chunk;
   float* partial = column_sums != nullptr ? split.partial : nullptr;
   const dim3 grid(static_cast<unsigned int>(CeilDiv(cols, 128)), static_cast<unsigned int>(chunks));
-  const MxOptions options = MxOptionsOf(along_rows, 1, 0);
-  KEEL_RETURN_IF_ERROR(qcuda::WithElem(options.elem, [&](auto fmt) {
-    return qcuda::WithBool(options.bump_exponent, [&](auto bump) {
-      constexpr ElemFormat F = decltype(fmt)::value;
-      constexpr bool kBump = decltype(bump)::value;
-      if (options.rounding == Rounding::kNearestAway) {
-        MxBothAxesColumnPartialsKernel<F, Rounding::kNearestAway, kBump><<<grid, dim3(32, 8), 0, stream_>>>(
-            x, rows, cols, rows_per_chunk, out_rows, out_cols, out_bf16, partial, counts_rows, counts_cols);
-      } else {
-        MxBothAxesColumnPartialsKernel<F, Rounding::kNearestEven, kBump><<<grid, dim3(32, 8), 0, stream_>>>(
-            x, rows, cols, rows_per_chunk, out_rows, out_cols, out_bf16, partial, counts_rows, counts_cols);
-      }
-      NN_LAUNCH_CHECK();
-      return Status::Ok();
-    });
-  }));
+  KEEL_RETURN_IF_ERROR(LaunchMxBothAxes(MxOptionsOf(along_rows, 1, 0), grid, stream_, x, rows, cols, rows_per_chunk,
+                                        out_rows, out_cols, out_bf16, partial, counts_rows, counts_cols));
   if (column_sums == nullptr) return Status::Ok();
   return FinalizeColumnPartials(partial, chunks, cols, column_sums, stream_);
 }
@@ -1062,22 +1051,17 @@ Status CudaBackend::QuantizeMxDownColumnsInTiles(const float* x, int64_t rows, i
   const int64_t rows_per_chunk = CeilDiv(CeilDiv(rows, ColumnChunksOf(rows)), 32) * 32;
   const int64_t chunks = CeilDiv(rows, rows_per_chunk);
   const dim3 grid(static_cast<unsigned int>(CeilDiv(cols, 128)), static_cast<unsigned int>(chunks));
-  const MxOptions options = MxOptionsOf(f, 0, 0);
-  return qcuda::WithElem(options.elem, [&](auto fmt) {
-    return qcuda::WithBool(options.bump_exponent, [&](auto bump) {
-      constexpr ElemFormat F = decltype(fmt)::value;
-      constexpr bool kBump = decltype(bump)::value;
-      if (options.rounding == Rounding::kNearestAway) {
-        MxBothAxesColumnPartialsKernel<F, Rounding::kNearestAway, kBump><<<grid, dim3(32, 8), 0, stream_>>>(
-            x, rows, cols, rows_per_chunk, nullptr, out, out_bf16, nullptr, nullptr, counts);
-      } else {
-        MxBothAxesColumnPartialsKernel<F, Rounding::kNearestEven, kBump><<<grid, dim3(32, 8), 0, stream_>>>(
-            x, rows, cols, rows_per_chunk, nullptr, out, out_bf16, nullptr, nullptr, counts);
-      }
-      NN_LAUNCH_CHECK();
-      return Status::Ok();
-    });
-  });
+  return LaunchMxBothAxes(MxOptionsOf(f, 0, 0), grid, stream_, x, rows, cols, rows_per_chunk, nullptr, out, out_bf16,
+                          nullptr, nullptr, counts);
+}
+
+Status CudaBackend::Aligned16Input(const float** x, int64_t count) {
+  if (Aligned(*x, 16)) return Status::Ok();
+  const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+  KEEL_RETURN_IF_ERROR(align_in_.Reserve(bytes, stream_));
+  KEEL_CUDA_CHECK(cudaMemcpyAsync(align_in_.get<float>(), *x, bytes, cudaMemcpyDeviceToDevice, stream_));
+  *x = align_in_.get<float>();
+  return Status::Ok();
 }
 
 Status CudaBackend::PrepareDyBothAxes(const float* dy, int64_t rows, int64_t cols, const LinearQuant& q,
@@ -1085,13 +1069,7 @@ Status CudaBackend::PrepareDyBothAxes(const float* dy, int64_t rows, int64_t col
   const OperandFormat& f_rows = q.role[static_cast<int>(Role::kDgradDy)];
   const OperandFormat& f_cols = q.role[static_cast<int>(Role::kWgradDy)];
   const int64_t count = rows * cols;
-  // The kernel loads 16 bytes at a time: an unaligned view is copied first.
-  if (!Aligned(dy, 16)) {
-    KEEL_RETURN_IF_ERROR(align_in_.Reserve(static_cast<size_t>(count) * sizeof(float), stream_));
-    KEEL_CUDA_CHECK(
-        cudaMemcpyAsync(align_in_.get<float>(), dy, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
-    dy = align_in_.get<float>();
-  }
+  KEEL_RETURN_IF_ERROR(Aligned16Input(&dy, count));  // the kernel loads 16 bytes at a time
   KEEL_RETURN_IF_ERROR(op_a_.Reserve(static_cast<size_t>(count) * 2, stream_));
   KEEL_RETURN_IF_ERROR(op_dy_cols_.Reserve(static_cast<size_t>(count) * 2, stream_));
   const bool stats = q.stats_slot >= 0;
@@ -1449,11 +1427,7 @@ Status CudaBackend::QuantizeDequantize(const float* x, int64_t rows, int64_t col
     return Status::Error("QuantizeDequantize: rht: true is not allowed; the RHT applies only to the two wgrad "
                          "operands of LinearBackward");
   const float* src = x;
-  if (!Aligned(x, 16)) {
-    KEEL_RETURN_IF_ERROR(align_in_.Reserve(bytes, stream_));
-    KEEL_CUDA_CHECK(cudaMemcpyAsync(align_in_.get<float>(), x, bytes, cudaMemcpyDeviceToDevice, stream_));
-    src = align_in_.get<float>();
-  }
+  KEEL_RETURN_IF_ERROR(Aligned16Input(&src, count));
   // In place (or unaligned out): quantize into a temporary, then copy.
   float* dst = out;
   if (out == x || !Aligned(out, 16)) {
