@@ -797,7 +797,7 @@ Status Trainer::RecordEvent(const std::string& kind, const std::string& message,
   return Status::Ok();
 }
 
-Status Trainer::Rollback(int64_t steps, std::string* restored) {
+Status Trainer::Rollback(int64_t steps, std::string* restored, bool or_oldest) {
   if (steps <= 0) return Status::Error("rollback: steps " + std::to_string(steps) + " is not allowed (>= 1)");
   const int64_t target = step_ - steps;
   const std::string root = RunDir(config_.run_dir).checkpoints();
@@ -815,6 +815,16 @@ Status Trainer::Rollback(int64_t steps, std::string* restored) {
       if (c.first <= target) {  // ascending: the last one wins
         best = c.second;
         disk_step = c.first;
+      }
+    }
+    if (best.empty() && !snapshot && or_oldest) {
+      // Nothing that old: the oldest state kept, in memory or on disk.
+      const auto disk = ListCheckpoints(root);
+      if (!memory_snapshots_.empty()) snapshot = memory_snapshots_.front().get();
+      if (!disk.empty() && (!snapshot || disk.front().first < snapshot->step)) {
+        best = disk.front().second;
+        disk_step = disk.front().first;
+        snapshot = nullptr;
       }
     }
     if (snapshot && snapshot->step >= disk_step) {
@@ -884,15 +894,21 @@ Status Trainer::PolicySwitch(const PrecisionScheme& scheme, const std::string& s
 }
 
 Status Trainer::RollbackAndRecord(int64_t steps, const std::string& suffix,
-                                  std::vector<std::pair<std::string, std::string>> details) {
+                                  std::vector<std::pair<std::string, std::string>> details, bool or_oldest) {
   const int64_t before = step_;
   std::string restored;
-  KEEL_RETURN_IF_ERROR(Rollback(steps, &restored));
+  KEEL_RETURN_IF_ERROR(Rollback(steps, &restored, or_oldest));
   details.push_back({"from_step", std::to_string(before)});
   details.push_back({"to_step", std::to_string(step_)});
   details.push_back({"checkpoint", restored});
+  std::string shorter;
+  if (step_ > before - steps) {
+    shorter = " (the oldest state kept: nothing is kept at or before step " + std::to_string(before - steps) + ")";
+    details.push_back({"target_step", std::to_string(before - steps)});
+  }
   return RecordEvent(event_kind::kRollback,
-                     "rolled back from step " + std::to_string(before) + " to " + std::to_string(step_) + suffix,
+                     "rolled back from step " + std::to_string(before) + " to " + std::to_string(step_) + shorter +
+                         suffix,
                      details);
 }
 
@@ -971,7 +987,7 @@ Status Trainer::ApplyAction(const PolicyAction& a, const DecisionEvidence& evide
     const double lr_scale = lr_scale_;
     const int64_t rewarm_start = rewarm_start_;
     details.push_back({"precision", running.name});
-    Status s = RollbackAndRecord(a.steps, ": " + cause, details);
+    Status s = RollbackAndRecord(a.steps, ": " + cause, details, /*or_oldest=*/true);
     if (!s.ok()) return RecordEvent("rollback_failed", s.message() + "; " + cause, evidence.details);
     scheme_ = running;
     lr_scale_ = lr_scale;
@@ -1085,6 +1101,14 @@ Status Trainer::Train(const MetricsCallback& callback, bool progress) {
     std::fprintf(stderr, "keel-train: %s on %s, %lld parameters, scheme %s\n", config_.model.type.c_str(),
                  backend_->Describe().c_str(), static_cast<long long>(model_->param_count()),
                  scheme_.name.c_str());
+  }
+  // The policy's ring starts with the state the run starts from (step 0, or
+  // the step it resumed at), so that a rollback reaching back before the first
+  // periodic snapshot returns there instead of failing: a blow-up at step 538
+  // under a rollback of 500 found nothing at or before step 38, and its run
+  // switched on from the state that had blown up (session 35's grid).
+  if (memory_snapshot_keep_ > 0 && memory_snapshots_.empty() && step_ < config_.steps) {
+    KEEL_RETURN_IF_ERROR(TakeSnapshot());
   }
   const auto start = std::chrono::steady_clock::now();
   const int64_t first = step_;

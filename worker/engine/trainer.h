@@ -101,8 +101,11 @@ class Trainer {
   // trajectory's, which a restart must not resume). The policy engine keeps
   // its state (what it learnt from the blow-up that caused the rollback, and
   // the steps taken): a snapshot's is older. *restored names the checkpoint
-  // directory, or "memory snapshot of step N".
-  Status Rollback(int64_t steps, std::string* restored);
+  // directory, or "memory snapshot of step N". With `or_oldest` (the policy's
+  // rollbacks), a target older than every state kept returns to the oldest one
+  // instead of failing: a rule firing again soon after a rollback finds the
+  // ring holding nothing older than the step that rollback restored.
+  Status Rollback(int64_t steps, std::string* restored, bool or_oldest = false);
 
   // Commands from outside (keel-worker, for keeld's Intervene), read before each
   // step in Train: files <run_dir>/commands/*.json (written elsewhere as *.tmp
@@ -145,7 +148,7 @@ class Trainer {
   Status SwitchAndRecord(const PrecisionScheme& scheme, const std::string& suffix,
                          std::vector<std::pair<std::string, std::string>> details);
   Status RollbackAndRecord(int64_t steps, const std::string& suffix,
-                           std::vector<std::pair<std::string, std::string>> details);
+                           std::vector<std::pair<std::string, std::string>> details, bool or_oldest = false);
 
   // Checkpoint: <run_dir>/checkpoints/step_<8 digits>/{model,optimizer}.safetensors;
   // under a policy, optimizer.safetensors' metadata also holds the policy

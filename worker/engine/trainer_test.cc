@@ -699,14 +699,63 @@ TEST(TrainerTest, ARollbackTakesTheNewestSnapshotOrCheckpointAtOrBeforeItsTarget
   ASSERT_TRUE(t->Rollback(5, &restored).ok());
   EXPECT_EQ(t->step(), 15);
   EXPECT_EQ(restored, "memory snapshot of step 15");
-  // Target 3: nothing at or before it; the error says what there is.
-  s = t->Rollback(12, &restored);
+  // Target 3, before the first periodic snapshot: the state the run started from.
+  ASSERT_TRUE(t->Rollback(12, &restored).ok());
+  EXPECT_EQ(t->step(), 0);
+  EXPECT_EQ(restored, "memory snapshot of step 0");
+  // Target -1: nothing at or before it; the error says what there is.
+  s = t->Rollback(1, &restored);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("rollback: no snapshot or checkpoint at or before step 3 (snapshots in memory: steps 5 .. 15; "
+  EXPECT_NE(s.message().find("rollback: no snapshot or checkpoint at or before step -1 (snapshots in memory: steps 0 .. 0; "
                              "checkpoints in "),
             std::string::npos)
       << s.message();
-  EXPECT_EQ(t->step(), 15);  // nothing changed
+  EXPECT_EQ(t->step(), 0);  // nothing changed
+}
+
+// A blow-up before the policy's first periodic snapshot (every 50 steps here;
+// the fault is at step 30) rolls back to the state the run started from
+// instead of failing and switching on from the state that blew up.
+TEST(TrainerTest, ARollbackBeforeTheFirstSnapshotReturnsToTheStart) {
+  const std::string dir = TempDir("snap_start");
+  RunConfig c;
+  Status s = ParseRunConfig(FaultyRunYaml(dir, "[{rollback: 20}, {switch: next}]",
+                                          "  ladder: [mxfp4, mxfp8_e4m3, bf16]\n  snapshots: {every: 50, keep: 2}\n"),
+                            "test", {}, &c);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  t->SetHostAvailableMib([] { return int64_t{1} << 20; });
+  ASSERT_TRUE(t->Train(nullptr, false).ok());
+  const std::string events = ReadAll(c.run_dir + "/events.jsonl");
+  EXPECT_EQ(events.find("rollback_failed"), std::string::npos) << events;
+  EXPECT_NE(events.find("\"to_step\":\"0\""), std::string::npos) << events;
+  EXPECT_NE(events.find("\"checkpoint\":\"memory snapshot of step 0\""), std::string::npos) << events;
+  EXPECT_NE(events.find("\"kind\":\"switch_precision\""), std::string::npos) << events;
+}
+
+// A policy rollback reaching further back than the ring (2 snapshots every 5
+// steps: 25 and 30 when the fault fires at 31, target 11) returns to the
+// oldest snapshot kept and says so, instead of failing and switching on from
+// the state that blew up (MemorySnapshotsStopGrowingWhenTheHostRunsShort: an
+// explicit rollback, keel intervene's, still fails).
+TEST(TrainerTest, APolicyRollbackPastTheRingReturnsToItsOldestSnapshot) {
+  const std::string dir = TempDir("snap_oldest");
+  RunConfig c;
+  Status s = ParseRunConfig(FaultyRunYaml(dir, "[{rollback: 20}, {switch: next}]",
+                                          "  ladder: [mxfp4, mxfp8_e4m3, bf16]\n  snapshots: {every: 5, keep: 2}\n"),
+                            "test", {}, &c);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::unique_ptr<Trainer> t;
+  ASSERT_TRUE(Trainer::Create(c, &t).ok());
+  t->SetHostAvailableMib([] { return int64_t{1} << 20; });
+  ASSERT_TRUE(t->Train(nullptr, false).ok());
+  const std::string events = ReadAll(c.run_dir + "/events.jsonl");
+  EXPECT_EQ(events.find("rollback_failed"), std::string::npos) << events;
+  EXPECT_NE(events.find("rolled back from step 31 to 25 (the oldest state kept: nothing is kept at or before step 11)"),
+            std::string::npos)
+      << events;
+  EXPECT_NE(events.find("\"target_step\":\"11\""), std::string::npos) << events;
 }
 
 // When the host runs short of memory (MemAvailable, here from a probe), the
@@ -724,8 +773,9 @@ TEST(TrainerTest, MemorySnapshotsStopGrowingWhenTheHostRunsShort) {
   int probes = 0;
   t->SetHostAvailableMib([&probes] { return ++probes <= 1 ? int64_t{1} << 20 : int64_t{100}; });
   ASSERT_TRUE(t->Train(nullptr, false).ok());
-  // Snapshots 5 (no probe: the first is always taken) and 10 (room); at 15 the
-  // host is short: the ring keeps 2 and reuses its oldest, so it holds 15 and 20.
+  // Snapshots 0 (the start's; no probe: the first is always taken) and 5
+  // (room); at 10 the host is short: the ring keeps 2 and reuses its oldest,
+  // so it ends holding 15 and 20.
   EXPECT_EQ(probes, 2);
   std::string restored;
   ASSERT_TRUE(t->Rollback(4, &restored).ok());  // target 19
@@ -734,6 +784,17 @@ TEST(TrainerTest, MemorySnapshotsStopGrowingWhenTheHostRunsShort) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("(snapshots in memory: steps 15 .. 15; checkpoints in "), std::string::npos)
       << s.message();
+  EXPECT_EQ(t->step(), 15);
+  // On to step 23 again: at 20 the host is still short, and the ring, down to
+  // 15 alone, keeps 1 (20). A rollback to step 11 finds nothing that old; the
+  // policy's kind (or_oldest) returns to the oldest state kept, 20.
+  ASSERT_TRUE(t->Train(nullptr, false).ok());
+  ASSERT_EQ(t->step(), 23);
+  EXPECT_FALSE(t->Rollback(12, &restored).ok());
+  EXPECT_EQ(t->step(), 23);
+  ASSERT_TRUE(t->Rollback(12, &restored, /*or_oldest=*/true).ok());
+  EXPECT_EQ(t->step(), 20);
+  EXPECT_EQ(restored, "memory snapshot of step 20");
 }
 
 // A rollback restores the detectors' statistics of the step it returns to, so
