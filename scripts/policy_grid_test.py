@@ -192,6 +192,28 @@ class AnalyseTest(unittest.TestCase):
                 "| mxfp8_e4m3 | 4 | 256 | 0.001 | 1 | rescued, 1, fp32, 540, 20 | rescued, 1, fp32, 720, 200 |")
         self.assertNotIn("## Probation", text)
 
+    def test_a_policy_run_pairs_with_the_twin_and_reference_of_its_own_sweep(self):
+        # Two sweeps run seed 2 of the same cell with different builds: in the newer one ("later") the
+        # unprotected run blows up at 700, its policy run acts at 690 and is rescued; its fp32 run
+        # blows up too. The older sweep's seed 2 stays a false alarm against its own twin, and the
+        # newer one's is judged against its own (not the other sweep's healthy fp32 run).
+        later = [dict(r, _source="later") for r in grid() if r["seed"] == 2]
+        for r in later:
+            if r["variant"] == "plain":
+                r.update(blowup_step=700, final_loss=None)
+            elif r["variant"] == "default":
+                r.update(first_action_step=690)
+            else:
+                r.update(blowup_step=650)
+        rows = {(r["source"], r["seed"]): r for r in pg.analyse(grid() + later)}
+        old, new = rows[("grid", 2)], rows[("later", 2)]
+        self.assertTrue(old["false_alarm"] and not old["blew"])
+        self.assertTrue(new["blew"] and new["caught"] and new["rescued"] and not new["false_alarm"])
+        self.assertEqual(new["warning"], 10)
+        self.assertTrue(new["fp32_blew"])
+        self.assertEqual(new["level_from"], "median")  # its own reference blew up
+        self.assertEqual((old["level"], old["level_from"]), (0.95, "fp32"))
+
     def test_the_time_outside_the_steps_is_wall_minus_steps_and_is_reported(self):
         # Seed 2's policy run took 21 s for 1000 steps of 10 ms (11 s outside them: snapshots on disk),
         # its twin 15 s (5 s outside): 6 s more, 60% of the twin's 10 s in steps.
