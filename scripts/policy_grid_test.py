@@ -191,6 +191,13 @@ class AnalyseTest(unittest.TestCase):
                 "replayed steps 200, extra compute mean 92.0%",
                 "| mxfp8_e4m3 | 4 | 256 | 0.001 | 1 | rescued, 1, fp32, 540, 20 | rescued, 1, fp32, 720, 200 |")
         self.assertNotIn("## Probation", text)
+        self.assertNotIn("## Learning-rate fallbacks", text)
+        # The same pair with policy: {preset: default, lr_fallbacks: 2}: its own section.
+        halved = dict(short, variant="lr_fallbacks", id="lr-fallbacks-1")
+        text = report_text(runs + [halved])
+        has_all(self, text, "## Learning-rate fallbacks: policy: default against `{preset: default, lr_fallbacks: N}`",
+                "- with lr_fallbacks: rescued 1/1 (100%)")
+        self.assertNotIn("## Rollback distance", text)
 
     def test_a_policy_run_pairs_with_the_twin_and_reference_of_its_own_sweep(self):
         # Two sweeps run seed 2 of the same cell with different builds: in the newer one ("later") the
@@ -462,6 +469,18 @@ class GenTest(unittest.TestCase):
                          "probation")
         written_out = "{ladder: [mxfp8_e4m3, fp32], rules: [{when: nonfinite, do: [{rollback: 100}, {switch: next}]}]}"
         self.assertEqual(pg.variant_of({"precision": "mxfp8_e4m3", "policy": written_out}), "default")
+        lower, _ = self.gen("--name", "p", "--layers", "3", "--widths", "256", "--lrs", "1e-3", "--seeds", "1",
+                            "--rollback", "200", "--lr-fallbacks", "3")
+        self.assertIn("policy: [{}, default, {preset: default, rollback: 200}, {preset: default, lr_fallbacks: 3}, {}",
+                      lower)
+        self.assertEqual(pg.variant_of({"precision": "mxfp6_e2m3", "policy": "{preset: default, lr_fallbacks: 3}"}),
+                         "lr_fallbacks")
+        self.assertEqual(pg.variant_of({"precision": "mxfp6_e2m3",
+                                        "policy": "{preset: default, rollback: 200, lr_fallbacks: 3}"}),
+                         "rollback+lr_fallbacks")
+        with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+            self.gen("--name", "p", "--layers", "3", "--widths", "256", "--lrs", "1e-3", "--seeds", "1",
+                     "--lr-fallbacks", "9")
 
     def test_the_language_model_needs_its_shards(self):
         with self.assertRaises(SystemExit) as e, contextlib.redirect_stderr(io.StringIO()):

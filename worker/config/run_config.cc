@@ -649,12 +649,16 @@ Status ParsePolicyPreset(const Reader& r, const YAML::Node& node, Policy* p) {
     p->rewarm_steps = -1;  // the preset's
     return Status::Ok();
   }
-  KEEL_RETURN_IF_ERROR(
-      r.CheckKeys(node, f, {"preset", "probation", "rollback", "sweep_rules", "rewarm", "snapshots"}));
+  KEEL_RETURN_IF_ERROR(r.CheckKeys(
+      node, f, {"preset", "probation", "rollback", "lr_fallbacks", "sweep_rules", "rewarm", "snapshots"}));
   KEEL_RETURN_IF_ERROR(r.OneOf(node["preset"], f + ".preset", presets, &p->preset));
   p->rewarm_steps = -1;  // the preset's, unless given
+  p->lr_fallbacks = -1;  // likewise
   if (node["rewarm"]) KEEL_RETURN_IF_ERROR(r.Int(node["rewarm"], f + ".rewarm", 0, 1 << 30, &p->rewarm_steps));
   if (node["rollback"]) KEEL_RETURN_IF_ERROR(r.Int(node["rollback"], f + ".rollback", 1, 1 << 30, &p->rollback_steps));
+  if (node["lr_fallbacks"]) {
+    KEEL_RETURN_IF_ERROR(r.Int(node["lr_fallbacks"], f + ".lr_fallbacks", 0, kMaxLrFallbacks, &p->lr_fallbacks));
+  }
   if (YAML::Node probation = node["probation"]) KEEL_RETURN_IF_ERROR(ParseProbation(r, probation, p));
   if (YAML::Node sweep_rules = node["sweep_rules"]) KEEL_RETURN_IF_ERROR(ParseSweepRules(r, sweep_rules, &p->sweep_rules));
   if (YAML::Node snap = node["snapshots"]) KEEL_RETURN_IF_ERROR(ParseSnapshots(r, snap, p));
@@ -672,8 +676,9 @@ Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
   if (node.IsScalar() || (node.IsMap() && node["preset"])) {
     KEEL_RETURN_IF_ERROR(ParsePolicyPreset(r, node, &p));
   } else {
-    KEEL_RETURN_IF_ERROR(r.CheckKeys(
-        node, f, {"detectors", "ladder", "snapshots", "max_interventions", "rules", "sweep_rules", "probation", "rewarm"}));
+    KEEL_RETURN_IF_ERROR(r.CheckKeys(node, f,
+                                     {"detectors", "ladder", "snapshots", "max_interventions", "rules", "sweep_rules",
+                                      "probation", "rewarm", "lr_fallbacks"}));
     if (YAML::Node d = node["detectors"]) KEEL_RETURN_IF_ERROR(ParseDetectors(r, d, &p.detectors));
     if (YAML::Node ladder = node["ladder"]) KEEL_RETURN_IF_ERROR(ParseLadder(r, ladder, &p.ladder));
     if (YAML::Node snap = node["snapshots"]) KEEL_RETURN_IF_ERROR(ParseSnapshots(r, snap, &p));
@@ -681,6 +686,9 @@ Status ParsePolicy(const Reader& r, const YAML::Node& node, Policy* out) {
       KEEL_RETURN_IF_ERROR(r.Int(node["max_interventions"], f + ".max_interventions", 0, 1 << 20, &p.max_interventions));
     }
     if (node["rewarm"]) KEEL_RETURN_IF_ERROR(r.Int(node["rewarm"], f + ".rewarm", 0, 1 << 30, &p.rewarm_steps));
+    if (node["lr_fallbacks"]) {
+      KEEL_RETURN_IF_ERROR(r.Int(node["lr_fallbacks"], f + ".lr_fallbacks", 0, kMaxLrFallbacks, &p.lr_fallbacks));
+    }
     if (YAML::Node rules = node["rules"]) KEEL_RETURN_IF_ERROR(ParseRules(r, rules, &p));
     if (YAML::Node sweep_rules = node["sweep_rules"]) KEEL_RETURN_IF_ERROR(ParseSweepRules(r, sweep_rules, &p.sweep_rules));
     if (YAML::Node probation = node["probation"]) {
@@ -714,6 +722,10 @@ void ResolvePolicyPreset(RunConfig* c, bool probe_set, bool reference_set) {
   if (bias_rule && !reference_set) c->probe_reference = "bf16";
   resolved.probation_after = c->policy.probation_after;
   if (c->policy.rewarm_steps >= 0) resolved.rewarm_steps = c->policy.rewarm_steps;  // -1: the preset's
+  if (c->policy.lr_fallbacks >= 0) {  // -1: the preset's; each fallback is one more intervention
+    resolved.max_interventions += c->policy.lr_fallbacks - resolved.lr_fallbacks;
+    resolved.lr_fallbacks = c->policy.lr_fallbacks;
+  }
   resolved.sweep_rules = c->policy.sweep_rules;
   if (c->policy.snapshot_every > 0) resolved.snapshot_every = c->policy.snapshot_every;  // 0: the preset's
   if (c->policy.snapshot_keep > 0) resolved.snapshot_keep = c->policy.snapshot_keep;

@@ -433,6 +433,18 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
   EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, rollback: 2000, snapshots: {keep: 4}}\n")
                 .policy.snapshot_keep,
             4);
+  // lr_fallbacks beside the preset: how many times the learning rate halves
+  // past the ladder's top before the run stops (the preset's 1), each one more
+  // intervention allowed.
+  const Policy preset = Parsed("steps: 9000\npolicy: default\n").policy;
+  EXPECT_EQ(preset.lr_fallbacks, 1);
+  const Policy three = Parsed("steps: 9000\npolicy: {preset: default, lr_fallbacks: 3}\n").policy;
+  EXPECT_EQ(three.lr_fallbacks, 3);
+  EXPECT_EQ(three.max_interventions, preset.max_interventions + 2);
+  const Policy none = Parsed("steps: 9000\npolicy: {preset: default, lr_fallbacks: 0}\n").policy;
+  EXPECT_EQ(none.lr_fallbacks, 0);
+  EXPECT_EQ(none.max_interventions, preset.max_interventions - 1);
+  EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, rollback: 200, lr_fallbacks: 2}\n").policy.lr_fallbacks, 2);
   // snapshots beside the preset: what is given replaces the preset's; the
   // memory budget is the host's share (-1) unless given.
   EXPECT_EQ(c.policy.snapshot_memory_mib, -1);
@@ -549,6 +561,7 @@ TEST(RunConfigPolicyTest, EveryRuleActionAndSweepRuleFieldLands) {
                        "  ladder: [mxfp4, mxfp8_e4m3, bf16]\n"
                        "  snapshots: {every: 25, keep: 6, memory_mib: 512}\n"
                        "  max_interventions: 9\n"
+                       "  lr_fallbacks: 3\n"
                        "  rules:\n"
                        "    - name: spike\n"
                        "      when: [loss_zscore, loss_ratio]\n"
@@ -566,6 +579,7 @@ TEST(RunConfigPolicyTest, EveryRuleActionAndSweepRuleFieldLands) {
   EXPECT_EQ(p.ladder, (std::vector<std::string>{"mxfp4", "mxfp8_e4m3", "bf16"}));
   EXPECT_EQ(p.snapshot_every, 25);
   EXPECT_EQ(p.snapshot_keep, 6);
+  EXPECT_EQ(p.lr_fallbacks, 3);
   EXPECT_EQ(p.snapshot_memory_mib, 512);
   EXPECT_EQ(p.max_interventions, 9);
   ASSERT_EQ(p.rules.size(), 2u);
@@ -901,7 +915,8 @@ TEST(RunConfigErrorTest, Precision) {
 }
 
 TEST(RunConfigErrorTest, PolicySectionsAndDetectors) {
-  const std::string policy_keys = "detectors, ladder, max_interventions, probation, rewarm, rules, snapshots, sweep_rules";
+  const std::string policy_keys =
+      "detectors, ladder, lr_fallbacks, max_interventions, probation, rewarm, rules, snapshots, sweep_rules";
   const std::string roles = "fwd_x, fwd_w, dgrad_dy, dgrad_w, wgrad_dy, wgrad_x";
   ExpectErrors({
       {"policy: [a]\n", "r.yaml:1:9: policy: expected a mapping"},
@@ -998,7 +1013,12 @@ TEST(RunConfigErrorTest, PolicyPresetsProbationAndReplays) {
        "r.yaml:1:9: policy: unknown policy 'safest' (allowed: default, or a mapping of detectors, ladder, rules, ...)"},
       {"policy: {preset: safest}\n", "r.yaml:1:18: policy.preset: unknown value 'safest' (allowed: default)"},
       {"policy: {preset: default, rules: []}\n",
-       "r.yaml:1:27: policy.rules: unknown key (allowed: preset, probation, rewarm, rollback, snapshots, sweep_rules)"},
+       "r.yaml:1:27: policy.rules: unknown key (allowed: lr_fallbacks, preset, probation, rewarm, rollback, snapshots, "
+       "sweep_rules)"},
+      {"policy: {preset: default, lr_fallbacks: 9}\n",
+       "r.yaml:1:41: policy.lr_fallbacks: 9 is out of range (allowed: 0 .. 8)"},
+      {"policy: {preset: default, lr_fallbacks: two}\n",
+       "r.yaml:1:41: policy.lr_fallbacks: 'two' is not an integer"},
       {"policy: {preset: default, rollback: 0}\n",
        "r.yaml:1:37: policy.rollback: 0 is out of range (allowed: 1 .. 1073741824)"},
       {"policy: {preset: default, probation: {after: 0}}\n",

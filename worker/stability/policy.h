@@ -120,7 +120,8 @@ struct Policy {
   // scheme; once a rule fires after such a return, the run stays up. 0: off.
   int64_t probation_after = 0;
   // The escalation past the ladder's top: scale the learning rate by
-  // lr_fallback_factor, at most lr_fallbacks times, then stop as diverged.
+  // lr_fallback_factor, at most lr_fallbacks times (`lr_fallbacks: N`, also
+  // beside `preset: default`), then stop as diverged.
   double lr_fallback_factor = 0.5;
   int lr_fallbacks = 1;
   // rewarm: N: after every switch the policy makes (a rule's or probation's),
@@ -135,6 +136,9 @@ struct Policy {
 
   bool active() const { return !rules.empty(); }
 };
+
+// The most learning-rate fallbacks a policy may take (0.5^8: 1/256 of the rate).
+constexpr int kMaxLrFallbacks = 8;
 
 // The policies a config can name (`policy: NAME`): today only "default".
 struct PolicyPresetInfo {
