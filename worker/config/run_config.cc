@@ -647,6 +647,7 @@ Status ParsePolicyPreset(const Reader& r, const YAML::Node& node, Policy* p) {
     }
     p->preset = node.Scalar();
     p->rewarm_steps = -1;  // the preset's
+    p->lr_fallbacks = -1;  // likewise
     return Status::Ok();
   }
   KEEL_RETURN_IF_ERROR(r.CheckKeys(

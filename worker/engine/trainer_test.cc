@@ -713,21 +713,28 @@ TEST(TrainerTest, ARollbackTakesTheNewestSnapshotOrCheckpointAtOrBeforeItsTarget
   EXPECT_EQ(t->step(), 0);  // nothing changed
 }
 
+// The events of FaultyRunYaml's run (fault at step 30) under a rule that rolls
+// back 20 steps and moves one rung up, with `snapshots` (a YAML mapping).
+std::string EventsOfAShortRollback(const std::string& name, const std::string& snapshots) {
+  const std::string dir = TempDir(name);
+  RunConfig c;
+  Status s = ParseRunConfig(FaultyRunYaml(dir, "[{rollback: 20}, {switch: next}]",
+                                          "  ladder: [mxfp4, mxfp8_e4m3, bf16]\n  snapshots: " + snapshots + "\n"),
+                            "test", {}, &c);
+  EXPECT_TRUE(s.ok()) << s.message();
+  std::unique_ptr<Trainer> t;
+  EXPECT_TRUE(Trainer::Create(c, &t).ok());
+  if (t == nullptr) return "";
+  t->SetHostAvailableMib([] { return int64_t{1} << 20; });
+  EXPECT_TRUE(t->Train(nullptr, false).ok());
+  return ReadAll(c.run_dir + "/events.jsonl");
+}
+
 // A blow-up before the policy's first periodic snapshot (every 50 steps here;
 // the fault is at step 30) rolls back to the state the run started from
 // instead of failing and switching on from the state that blew up.
 TEST(TrainerTest, ARollbackBeforeTheFirstSnapshotReturnsToTheStart) {
-  const std::string dir = TempDir("snap_start");
-  RunConfig c;
-  Status s = ParseRunConfig(FaultyRunYaml(dir, "[{rollback: 20}, {switch: next}]",
-                                          "  ladder: [mxfp4, mxfp8_e4m3, bf16]\n  snapshots: {every: 50, keep: 2}\n"),
-                            "test", {}, &c);
-  ASSERT_TRUE(s.ok()) << s.message();
-  std::unique_ptr<Trainer> t;
-  ASSERT_TRUE(Trainer::Create(c, &t).ok());
-  t->SetHostAvailableMib([] { return int64_t{1} << 20; });
-  ASSERT_TRUE(t->Train(nullptr, false).ok());
-  const std::string events = ReadAll(c.run_dir + "/events.jsonl");
+  const std::string events = EventsOfAShortRollback("snap_start", "{every: 50, keep: 2}");
   EXPECT_EQ(events.find("rollback_failed"), std::string::npos) << events;
   EXPECT_NE(events.find("\"to_step\":\"0\""), std::string::npos) << events;
   EXPECT_NE(events.find("\"checkpoint\":\"memory snapshot of step 0\""), std::string::npos) << events;
@@ -740,17 +747,7 @@ TEST(TrainerTest, ARollbackBeforeTheFirstSnapshotReturnsToTheStart) {
 // the state that blew up (MemorySnapshotsStopGrowingWhenTheHostRunsShort: an
 // explicit rollback, keel intervene's, still fails).
 TEST(TrainerTest, APolicyRollbackPastTheRingReturnsToItsOldestSnapshot) {
-  const std::string dir = TempDir("snap_oldest");
-  RunConfig c;
-  Status s = ParseRunConfig(FaultyRunYaml(dir, "[{rollback: 20}, {switch: next}]",
-                                          "  ladder: [mxfp4, mxfp8_e4m3, bf16]\n  snapshots: {every: 5, keep: 2}\n"),
-                            "test", {}, &c);
-  ASSERT_TRUE(s.ok()) << s.message();
-  std::unique_ptr<Trainer> t;
-  ASSERT_TRUE(Trainer::Create(c, &t).ok());
-  t->SetHostAvailableMib([] { return int64_t{1} << 20; });
-  ASSERT_TRUE(t->Train(nullptr, false).ok());
-  const std::string events = ReadAll(c.run_dir + "/events.jsonl");
+  const std::string events = EventsOfAShortRollback("snap_oldest", "{every: 5, keep: 2}");
   EXPECT_EQ(events.find("rollback_failed"), std::string::npos) << events;
   EXPECT_NE(events.find("rolled back from step 31 to 25 (the oldest state kept: nothing is kept at or before step 11)"),
             std::string::npos)
