@@ -811,7 +811,8 @@ Status Trainer::Rollback(int64_t steps, std::string* restored, bool or_oldest) {
       if (s->step <= target) snapshot = s.get();  // oldest first: the last one wins
     }
     int64_t disk_step = -1;
-    for (const auto& c : ListCheckpoints(root)) {
+    const auto disk = ListCheckpoints(root);
+    for (const auto& c : disk) {
       if (c.first <= target) {  // ascending: the last one wins
         best = c.second;
         disk_step = c.first;
@@ -819,7 +820,6 @@ Status Trainer::Rollback(int64_t steps, std::string* restored, bool or_oldest) {
     }
     if (best.empty() && !snapshot && or_oldest) {
       // Nothing that old: the oldest state kept, in memory or on disk.
-      const auto disk = ListCheckpoints(root);
       if (!memory_snapshots_.empty()) snapshot = memory_snapshots_.front().get();
       if (!disk.empty() && (!snapshot || disk.front().first < snapshot->step)) {
         best = disk.front().second;
