@@ -313,8 +313,12 @@ Status CudaBackend::Init() {
   KEEL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   main_stream_ = stream_;
   if (const char* off = std::getenv("KEEL_CUDA_OFF")) {
-    const std::pair<const char*, bool*> fusions[] = {
-        {"dy_one_pass", &dy_one_pass_}, {"mx_cols_tiles", &mx_cols_in_tiles_}, {"ln_backward_fused", &ln_backward_fused_}};
+    const std::pair<const char*, bool*> fusions[] = {{"dy_one_pass", &dy_one_pass_},
+                                                     {"mx_cols_tiles", &mx_cols_in_tiles_},
+                                                     {"ln_backward_fused", &ln_backward_fused_},
+                                                     {"mx_tiles_prefetch", &mx_tiles_prefetch_}};
+    std::string allowed;
+    for (const auto& f : fusions) allowed += (allowed.empty() ? "" : ", ") + std::string(f.first);
     std::string list = off;
     for (size_t start = 0; start <= list.size();) {
       const size_t end = std::min(list.find(',', start), list.size());
@@ -326,8 +330,8 @@ Status CudaBackend::Init() {
         if (name == f.first) flag = f.second;
       }
       if (flag == nullptr) {
-        return Status::Error("backend: cuda: KEEL_CUDA_OFF: unknown '" + name +
-                             "' (allowed: a comma-separated list of dy_one_pass, mx_cols_tiles, ln_backward_fused)");
+        return Status::Error("backend: cuda: KEEL_CUDA_OFF: unknown '" + name + "' (allowed: a comma-separated list of " +
+                             allowed + ")");
       }
       *flag = false;
     }

@@ -728,10 +728,12 @@ class CudaBackend final : public Backend {
   // for A/B timings and the tests that compare the two paths (kCudaFusions):
   // dy_one_pass: LinearBackward quantizes an MX dy for both GEMMs in one read (PrepareDyBothAxes);
   // mx_cols_tiles: Quantize sends MX down columns to QuantizeMxDownColumnsInTiles (else MxColsKernel);
-  // ln_backward_fused: LayerNormBackward computes dx and the dgamma / dbeta partials in one kernel.
+  // ln_backward_fused: LayerNormBackward computes dx and the dgamma / dbeta partials in one kernel;
+  // mx_tiles_prefetch: MxBothAxesColumnPartialsKernel (the kernel of the first two) loads a group of rows ahead.
   bool dy_one_pass_ = true;
   bool mx_cols_in_tiles_ = true;
   bool ln_backward_fused_ = true;
+  bool mx_tiles_prefetch_ = true;
   Scratch codes_;                      // per-tensor FP8 codes, for its statistics
   Scratch partials_;                   // column-sum and reduction partials
   Scratch adam_table_;                 // AdamWTensors' tensor table and per-chunk delta partials

@@ -387,9 +387,12 @@ __global__ void __launch_bounds__(256)
 // 16-byte aligned rows, and nearest rounding; the launcher checks. partial may
 // be null (no dbias). With out_rows null it quantizes down columns only
 // (QuantizeMxDownColumnsInTiles): then cols % 4 == 0 is enough, and the chunks
-// are any multiple of 32 rows.
-template <ElemFormat F, Rounding R, bool kBump>
-__global__ void __launch_bounds__(256)
+// are any multiple of 32 rows. kPrefetch (mx_tiles_prefetch) issues the next
+// group's loads before this group's rounding, a software pipeline: without it
+// a block has no load in flight while it rounds. Either way 80 registers or
+// fewer, so that 3 blocks fit an SM.
+template <ElemFormat F, Rounding R, bool kBump, bool kPrefetch>
+__global__ void __launch_bounds__(256, 3)
     MxBothAxesColumnPartialsKernel(const float* __restrict__ m, int64_t rows, int64_t cols, int64_t rows_per_chunk,
                                    void* __restrict__ out_rows, void* __restrict__ out_cols, bool out_bf16,
                                    float* __restrict__ partial, unsigned long long* counts_rows,
@@ -403,17 +406,35 @@ __global__ void __launch_bounds__(256)
   const int64_t r1 = min(rows, r0 + rows_per_chunk);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   unsigned int sat_rows = 0, nan_rows = 0, sat_cols = 0, nan_cols = 0;
+  // The thread's four float4 of the group of 32 rows from row g.
+  const auto load = [&](int64_t g, float4 v[4]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[k] = active ? *reinterpret_cast<const float4*>(m + (g + threadIdx.y + 8 * k) * cols + col)
+                    : make_float4(0, 0, 0, 0);
+    }
+  };
+  float4 next[4];
+  if constexpr (kPrefetch) {
+    if (r0 < r1) load(r0, next);
+  }
   // r1 - r0 is a multiple of 32: every thread of the block runs the same groups.
   for (int64_t g = r0; g < r1; g += 32) {
+    float4 v[4];
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = next[k];
+      if (g + 32 < r1) load(g + 32, next);
+    } else {
+      load(g, v);
+    }
     float e[4][4];  // [k][j]: row g + threadIdx.y + 8k, column col + j
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const float4 v = active ? *reinterpret_cast<const float4*>(m + (g + threadIdx.y + 8 * k) * cols + col)
-                              : make_float4(0, 0, 0, 0);
-      e[k][0] = v.x;
-      e[k][1] = v.y;
-      e[k][2] = v.z;
-      e[k][3] = v.w;
+      e[k][0] = v[k].x;
+      e[k][1] = v[k].y;
+      e[k][2] = v[k].z;
+      e[k][3] = v[k].w;
     }
     // The column sums, the thread's rows in order.
 #pragma unroll
@@ -536,23 +557,30 @@ bool MxDownColumnsInTiles(const OperandFormat& f, int axis, int64_t rows, int64_
 }
 
 // MxBothAxesColumnPartialsKernel for `options`' element format, exponent rule and
-// (nearest) rounding, in blocks of 32 x 8 threads.
-Status LaunchMxBothAxes(const MxOptions& options, dim3 grid, cudaStream_t stream, const float* x, int64_t rows,
-                        int64_t cols, int64_t rows_per_chunk, void* out_rows, void* out_cols, bool out_bf16,
-                        float* partial, unsigned long long* counts_rows, unsigned long long* counts_cols) {
+// (nearest) rounding, in blocks of 32 x 8 threads, with the next group's loads
+// in flight when `prefetch`.
+Status LaunchMxBothAxes(const MxOptions& options, bool prefetch, dim3 grid, cudaStream_t stream, const float* x,
+                        int64_t rows, int64_t cols, int64_t rows_per_chunk, void* out_rows, void* out_cols,
+                        bool out_bf16, float* partial, unsigned long long* counts_rows,
+                        unsigned long long* counts_cols) {
   return qcuda::WithElem(options.elem, [&](auto fmt) {
     return qcuda::WithBool(options.bump_exponent, [&](auto bump) {
-      constexpr ElemFormat F = decltype(fmt)::value;
-      constexpr bool kBump = decltype(bump)::value;
-      if (options.rounding == Rounding::kNearestAway) {
-        MxBothAxesColumnPartialsKernel<F, Rounding::kNearestAway, kBump><<<grid, dim3(32, 8), 0, stream>>>(
-            x, rows, cols, rows_per_chunk, out_rows, out_cols, out_bf16, partial, counts_rows, counts_cols);
-      } else {
-        MxBothAxesColumnPartialsKernel<F, Rounding::kNearestEven, kBump><<<grid, dim3(32, 8), 0, stream>>>(
-            x, rows, cols, rows_per_chunk, out_rows, out_cols, out_bf16, partial, counts_rows, counts_cols);
-      }
-      NN_LAUNCH_CHECK();
-      return Status::Ok();
+      return qcuda::WithBool(prefetch, [&](auto ahead) {
+        constexpr ElemFormat F = decltype(fmt)::value;
+        constexpr bool kBump = decltype(bump)::value;
+        constexpr bool kPrefetch = decltype(ahead)::value;
+        if (options.rounding == Rounding::kNearestAway) {
+          MxBothAxesColumnPartialsKernel<F, Rounding::kNearestAway, kBump, kPrefetch>
+              <<<grid, dim3(32, 8), 0, stream>>>(x, rows, cols, rows_per_chunk, out_rows, out_cols, out_bf16, partial,
+                                                 counts_rows, counts_cols);
+        } else {
+          MxBothAxesColumnPartialsKernel<F, Rounding::kNearestEven, kBump, kPrefetch>
+              <<<grid, dim3(32, 8), 0, stream>>>(x, rows, cols, rows_per_chunk, out_rows, out_cols, out_bf16, partial,
+                                                 counts_rows, counts_cols);
+        }
+        NN_LAUNCH_CHECK();
+        return Status::Ok();
+      });
     });
   });
 }
@@ -1031,8 +1059,9 @@ Status CudaBackend::QuantizeMxBothAxesWithColumnSums(const float* x, int64_t row
   const int64_t chunks = split.chunks, rows_per_chunk = split.rows_per_chunk;
   float* partial = column_sums != nullptr ? split.partial : nullptr;
   const dim3 grid(static_cast<unsigned int>(CeilDiv(cols, 128)), static_cast<unsigned int>(chunks));
-  KEEL_RETURN_IF_ERROR(LaunchMxBothAxes(MxOptionsOf(along_rows, 1, 0), grid, stream_, x, rows, cols, rows_per_chunk,
-                                        out_rows, out_cols, out_bf16, partial, counts_rows, counts_cols));
+  KEEL_RETURN_IF_ERROR(LaunchMxBothAxes(MxOptionsOf(along_rows, 1, 0), mx_tiles_prefetch_, grid, stream_, x, rows, cols,
+                                        rows_per_chunk, out_rows, out_cols, out_bf16, partial, counts_rows,
+                                        counts_cols));
   if (column_sums == nullptr) return Status::Ok();
   return FinalizeColumnPartials(partial, chunks, cols, column_sums, stream_);
 }
@@ -1051,8 +1080,8 @@ Status CudaBackend::QuantizeMxDownColumnsInTiles(const float* x, int64_t rows, i
   const int64_t rows_per_chunk = CeilDiv(CeilDiv(rows, ColumnChunksOf(rows)), 32) * 32;
   const int64_t chunks = CeilDiv(rows, rows_per_chunk);
   const dim3 grid(static_cast<unsigned int>(CeilDiv(cols, 128)), static_cast<unsigned int>(chunks));
-  return LaunchMxBothAxes(MxOptionsOf(f, 0, 0), grid, stream_, x, rows, cols, rows_per_chunk, nullptr, out, out_bf16,
-                          nullptr, nullptr, counts);
+  return LaunchMxBothAxes(MxOptionsOf(f, 0, 0), mx_tiles_prefetch_, grid, stream_, x, rows, cols, rows_per_chunk,
+                          nullptr, out, out_bf16, nullptr, nullptr, counts);
 }
 
 Status CudaBackend::Aligned16Input(const float** x, int64_t count) {

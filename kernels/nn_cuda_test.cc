@@ -959,7 +959,7 @@ TEST_F(NnCudaTest, KeelCudaOffRefusesAnUnknownName) {
   unsetenv("KEEL_CUDA_OFF");
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("KEEL_CUDA_OFF: unknown 'no_such_fusion' (allowed: a comma-separated list of "
-                             "dy_one_pass, mx_cols_tiles, ln_backward_fused)"),
+                             "dy_one_pass, mx_cols_tiles, ln_backward_fused, mx_tiles_prefetch)"),
             std::string::npos)
       << s.message();
 }
@@ -969,9 +969,12 @@ TEST_F(NnCudaTest, KeelCudaOffRefusesAnUnknownName) {
 // against MxColsKernel: the same bits, for every MX element format, both
 // roundings, the bump rule, NaN and Inf blocks, widths that are not a multiple
 // of 128 or 32, and many row chunks; other shapes and roundings keep MxColsKernel.
+// The tile kernel with and without its loads a group ahead (mx_tiles_prefetch).
 TEST_F(NnCudaTest, MxDownColumnsInTilesGivesTheQuantizersBits) {
   std::unique_ptr<Backend> reference = BackendWithoutMxTiles();
   ASSERT_TRUE(reference != nullptr);
+  std::unique_ptr<Backend> no_prefetch = BackendWithout("mx_tiles_prefetch");  // the tile kernel one group at a time
+  ASSERT_TRUE(no_prefetch != nullptr);
   std::vector<std::pair<std::string, OperandFormat>> formats;
   for (QuantFormat f : {QuantFormat::kMxfp8E4M3, QuantFormat::kMxfp8E5M2, QuantFormat::kMxfp6E3M2,
                         QuantFormat::kMxfp6E2M3, QuantFormat::kMxfp4}) {
@@ -1000,9 +1003,14 @@ TEST_F(NnCudaTest, MxDownColumnsInTilesGivesTheQuantizersBits) {
       ASSERT_OK(gpu_->TakeProfile(&profile));
       ASSERT_OK(gpu_->SetProfiling(false));
       const std::vector<float> tiles = Gpu(out);
+      ASSERT_OK(no_prefetch->QuantizeDequantize(x.g(), k.rows, k.cols, 0, f.second, 7, out.g()));
+      ASSERT_OK(no_prefetch->Sync());
+      const std::vector<float> tiles_one_group = Get(no_prefetch.get(), out.g(), out.bytes);
       ASSERT_OK(reference->QuantizeDequantize(x.g(), k.rows, k.cols, 0, f.second, 7, out.g()));
       ASSERT_OK(reference->Sync());
-      ExpectBits("down columns", Get(reference.get(), out.g(), out.bytes), tiles);
+      const std::vector<float> columns = Get(reference.get(), out.g(), out.bytes);
+      ExpectBits("down columns", columns, tiles);
+      ExpectBits("down columns, no prefetch", columns, tiles_one_group);
       EXPECT_EQ(Ran(profile, "mx down columns in tiles"), f.second.rounding != Rounding::kStochastic &&
                                                              k.rows % 32 == 0);
     }
