@@ -67,8 +67,9 @@ const char kUsage[] =
     "                       checkpoints on disk (whole, fsynced; then removed), and report each\n"
     "                       one's cost amortized over N steps (policy.snapshots.every; the\n"
     "                       default policy's is 100, or steps / 90 on a shorter run). 0: off\n"
-    "  --head-chunk-mib N   GPT cases: the most fp32 logits a BF16 head holds at once, in MiB\n"
-    "                       (Model::HeadAndLoss; 0: the default, 1024)\n"
+    "  --head-chunk-mib N   GPT cases: the most fp32 logits a BF16 or MX head holds at once, in\n"
+    "                       MiB (Model::HeadAndLoss; 0: the default, 1024; one chunk of every\n"
+    "                       row is the one-piece pass)\n"
     "  --profile            time every backend op over the timed steps (CUDA events, and on\n"
     "                       the host; cuda backend only) and print the per-op breakdown of\n"
     "                       each case, with the host time outside every op (with\n"
@@ -577,7 +578,7 @@ int Main(int argc, char** argv) {
     std::printf("then the policy's snapshots, in memory and as checkpoints on disk (cost amortized over %d steps)\n",
                 gpt.snapshots);
   if (gpt.head_chunk_mib > 0)
-    std::printf("GPT cases: a BF16 head holds at most %lld MiB of fp32 logits at once (--head-chunk-mib)\n",
+    std::printf("GPT cases: a BF16 or MX head holds at most %lld MiB of fp32 logits at once (--head-chunk-mib)\n",
                 static_cast<long long>(gpt.head_chunk_mib));
   if (only.empty() || only == "gpt") {
     const int code = RunGpt(common, gpt);

@@ -103,21 +103,73 @@ bool HeadInChunks(const LinearQuant& q) {
   return q.hcp_fwd.count == 0 && q.hcp_dgrad.count == 0 && q.hcp_wgrad_rows == 0;
 }
 
+// Whether the head can run in chunks of a multiple of 32 rows with its
+// backward chunk by chunk, with the bits of the one-piece pass but the weight
+// gradient's order of summation: a role MX (its blocks lie within a row, or
+// within 32 rows of a column) with nearest rounding (stochastic seeds follow
+// the element's index in the whole tensor) and no RHT, or BF16 nearest-even,
+// or not quantized; at least one MX role (an all-BF16 head has its own
+// chunks); no patch.
+bool HeadInChunksWithBackward(const LinearQuant& q) {
+  bool mx = false;
+  for (const OperandFormat& f : q.role) {
+    if (!f.quantized()) continue;
+    if (f.format == QuantFormat::kBf16) {
+      if (f.rounding != Rounding::kNearestEven) return false;
+      continue;
+    }
+    if (!IsMx(f.format) || f.rounding == Rounding::kStochastic || f.rht || f.mx_block <= 0 || 32 % f.mx_block != 0) {
+      return false;
+    }
+    mx = true;
+  }
+  return mx && q.hcp_fwd.count == 0 && q.hcp_dgrad.count == 0 && q.hcp_wgrad_rows == 0;
+}
+
+// The rows of a head chunk: the largest divisor of bt that is a multiple of
+// `multiple` and whose fp32 logits fit `floats`; 0 (one piece) when that is
+// under 64 rows or the whole.
+int64_t HeadChunkRows(int64_t bt, int64_t padded_vocab, int64_t floats, int64_t multiple) {
+  for (int64_t c = std::min<int64_t>(bt, std::max<int64_t>(1, floats / padded_vocab)); c >= 1; --c) {
+    if (bt % c == 0 && c % multiple == 0) return c >= 64 || c == bt ? c : 0;
+  }
+  return 0;
+}
+
 }  // namespace
 
 Status Model::HeadAndLoss(const float* x, const float* w, const int32_t* targets, float* losses, int64_t bt,
                           int64_t d, int64_t padded_vocab, int64_t vocab, const LinearQuant& head,
                           const float* grad_scale, int64_t valid, double* loss) {
   const bool training = grad_scale != nullptr && valid > 0;
+  head_backward_done_ = false;
   int64_t rows = 0;  // the chunk: the largest divisor of bt whose logits fit, 0 for one piece
   if (HeadInChunks(head)) {
-    for (int64_t c = std::min<int64_t>(bt, std::max<int64_t>(1, head_chunk_floats_ / padded_vocab)); c >= 1; --c) {
-      if (bt % c == 0) {
-        rows = c;
-        break;
+    rows = HeadChunkRows(bt, padded_vocab, head_chunk_floats_, 1);
+  } else if (HeadInChunksWithBackward(head) && (!training || (head_dx_ != nullptr && head_dw_ != nullptr))) {
+    rows = HeadChunkRows(bt, padded_vocab, head_chunk_floats_, 32);
+    if (rows == bt) rows = 0;  // one chunk: the one-piece pass, its backward where the caller runs it
+  }
+  if (rows > 0 && !HeadInChunks(head)) {
+    // MX: each chunk's fp32 logits, loss, dlogits in place and the head's backward.
+    KEEL_RETURN_IF_ERROR(GrowScratch(static_cast<size_t>(rows * padded_vocab) * sizeof(float), &head_buf_,
+                                     &head_bytes_));
+    float* logits = static_cast<float*>(head_buf_);
+    const float scale = training ? *grad_scale / static_cast<float>(valid) : 0.0f;
+    dlogits_bf16_ = nullptr;
+    for (int64_t r0 = 0; r0 < bt; r0 += rows) {
+      KEEL_RETURN_IF_ERROR(backend_->LinearForward(x + r0 * d, w, nullptr, nullptr, logits, rows, d, padded_vocab, head));
+      if (!training) {
+        KEEL_RETURN_IF_ERROR(backend_->CrossEntropyForward(logits, targets + r0, losses + r0, rows, padded_vocab, vocab));
+        continue;
       }
+      KEEL_RETURN_IF_ERROR(backend_->CrossEntropyFused(logits, targets + r0, losses + r0, logits, rows, padded_vocab,
+                                                       vocab, scale));
+      KEEL_RETURN_IF_ERROR(backend_->LinearBackward(x + r0 * d, w, logits, head_dx_ + r0 * d, head_dw_, nullptr, rows,
+                                                    d, padded_vocab, head));
     }
-    if (rows < 64 && rows < bt) rows = 0;  // too many launches: one piece
+    head_backward_done_ = training;
+    return MeanLoss(losses, bt, valid, loss);
   }
   if (rows == 0) {
     KEEL_RETURN_IF_ERROR(GrowScratch(static_cast<size_t>(bt * padded_vocab) * sizeof(float), &head_buf_, &head_bytes_));

@@ -66,6 +66,9 @@ class Model {
   // Bytes held now by a language model's head buffers (HeadAndLoss): fp32
   // logits of every row, or of one chunk of rows plus every row's bf16 dlogits.
   int64_t head_bytes() const { return static_cast<int64_t>(head_bytes_); }
+  // Whether the last forward pass ran the head's backward too (an MX head in
+  // chunks, HeadAndLoss), which the model's backward then skipped.
+  bool head_backward_done() const { return head_backward_done_; }
   // The most fp32 logits HeadAndLoss holds at once when it runs in chunks
   // (default kHeadChunkFloats); for tests and benchmarks.
   void SetHeadChunkFloats(int64_t floats) { head_chunk_floats_ = floats; }
@@ -188,9 +191,17 @@ class Model {
   // one chunk's fp32 logits at a time and, when training, every row's bf16
   // dlogits in a buffer of their own (CrossEntropyFusedBf16 with row0), which
   // HeadBackward points the head's backward at. A row's logits, loss and
-  // gradient are those of the one-piece pass. Otherwise in one piece: every
-  // row's fp32 logits, dlogits over them. The buffers grow with the pass's
-  // need and never shrink (head_bytes()).
+  // gradient are those of the one-piece pass. A head whose quantized roles are
+  // MX (nearest rounding, no RHT; the rest BF16 nearest-even or fp32) and has
+  // no patch runs in chunks of a multiple of 32 rows (HeadInChunksWithBackward):
+  // each chunk's logits, loss and, when training with SetHeadGradients given,
+  // dlogits in place and the head's backward on them (dx of the chunk's rows
+  // written, the weight's gradient added to), so that no pass holds every
+  // row's fp32 logits; head_backward_done() then says the caller's backward
+  // must skip the head. The same bits as one piece but the weight's gradient,
+  // summed chunk by chunk. Otherwise in one piece: every row's fp32 logits,
+  // dlogits over them. The buffers grow with the pass's need and never shrink
+  // (head_bytes()).
   Status HeadAndLoss(const float* x, const float* w, const int32_t* targets, float* losses, int64_t bt, int64_t d,
                      int64_t padded_vocab, int64_t vocab, const LinearQuant& head, const float* grad_scale,
                      int64_t valid, double* loss);
@@ -200,6 +211,14 @@ class Model {
   // The head's backward LinearQuant: q, with dy_bf16 set when the last
   // LanguageModelLoss wrote dlogits in bf16.
   LinearQuant HeadBackward(LinearQuant q) const;
+  // Where HeadAndLoss may run the head's backward (a training pass's dx, bt x d
+  // written, and the tied weight's gradient, added to); null: it may not. A
+  // ForwardBackward sets them around its forward pass.
+  void SetHeadGradients(float* dx, float* dw) {
+    head_dx_ = dx;
+    head_dw_ = dw;
+  }
+
   // Activations in bf16 where the scheme allows it. XInBf16: q reading its x
   // from `buffer` as bf16 rows (ld apart) when the layer takes x in bf16
   // (TakesBf16X), else q unchanged; a layer's forward and backward both call it
@@ -255,6 +274,9 @@ class Model {
   void* head_buf_ = nullptr;
   size_t head_bytes_ = 0;
   int64_t head_chunk_floats_ = kHeadChunkFloats;
+  float* head_dx_ = nullptr;  // SetHeadGradients
+  float* head_dw_ = nullptr;
+  bool head_backward_done_ = false;
   std::vector<int64_t> param_copy_at_;  // per parameter: its copy's offset in param_copies_, or -1
 
  private:

@@ -147,12 +147,18 @@ Status DecoderModel::ForwardBackward(const Batch& batch, const PrecisionScheme& 
                                      const GradientReady& ready) {
   const Pass pass{&scheme, quant_seed, stats};
   int64_t valid = 0;
-  KEEL_RETURN_IF_ERROR(Forward(batch, pass, &grad_scale, loss, &valid));
+  SetHeadGradients(dnorm_, Grad(grads, embed_));  // an MX head runs its backward in the forward's chunks
+  const Status forward = Forward(batch, pass, &grad_scale, loss, &valid);
+  SetHeadGradients(nullptr, nullptr);
+  KEEL_RETURN_IF_ERROR(forward);
   if (valid == 0) return Status::Ok();
-  // The tied head, from the dlogits HeadAndLoss left. The embedding's gradient
-  // is final only after the embedding's backward, at the end.
-  KEEL_RETURN_IF_ERROR(backend_->LinearBackward(final_norm_, P(embed_), head_dy(), dnorm_, Grad(grads, embed_),
-                                                nullptr, bt_, d_, m_.padded_vocab, HeadBackward(Quant(pass, -1, 0))));
+  // The tied head, from the dlogits HeadAndLoss left, unless it ran the head's
+  // backward itself. The embedding's gradient is final only after the
+  // embedding's backward, at the end.
+  if (!head_backward_done()) {
+    KEEL_RETURN_IF_ERROR(backend_->LinearBackward(final_norm_, P(embed_), head_dy(), dnorm_, Grad(grads, embed_),
+                                                  nullptr, bt_, d_, m_.padded_vocab, HeadBackward(Quant(pass, -1, 0))));
+  }
   KEEL_RETURN_IF_ERROR(backend_->Fill(dres_, bt_ * d_, 0.0f));
   KEEL_RETURN_IF_ERROR(backend_->RmsNormBackward(res_[blocks_], Gain(norm_), final_rstd_, dnorm_, dres_,
                                                  Grad(grads, norm_), bt_, d_));

@@ -160,14 +160,20 @@ class GptModel : public Model {
                          float grad_scale, bool stats, float* grads, double* loss,
                          const GradientReady& ready) override {
     int64_t valid = 0;
-    KEEL_RETURN_IF_ERROR(Forward(batch, scheme, quant_seed, stats, &grad_scale, loss, &valid));
-    if (valid == 0) return Status::Ok();
     auto G = [&](int index) { return index < 0 ? nullptr : grads + params_[index].offset; };
+    SetHeadGradients(dln_, G(wte_));  // an MX head runs its backward in the forward's chunks
+    const Status forward = Forward(batch, scheme, quant_seed, stats, &grad_scale, loss, &valid);
+    SetHeadGradients(nullptr, nullptr);
+    KEEL_RETURN_IF_ERROR(forward);
+    if (valid == 0) return Status::Ok();
     // Head (tied to wte) and final layernorm. The forward's fused cross-entropy
-    // left dlogits (HeadAndLoss). wte's gradient is final only after the
-    // embedding's backward, at the end.
-    KEEL_RETURN_IF_ERROR(backend_->LinearBackward(lnf_, P(wte_), head_dy(), dln_, G(wte_), nullptr, bt_, d_,
-                                             m_.padded_vocab, HeadBackward(Quant(scheme, -1, 0, quant_seed, stats))));
+    // left dlogits (HeadAndLoss), unless it ran the head's backward itself.
+    // wte's gradient is final only after the embedding's backward, at the end.
+    if (!head_backward_done()) {
+      KEEL_RETURN_IF_ERROR(backend_->LinearBackward(lnf_, P(wte_), head_dy(), dln_, G(wte_), nullptr, bt_, d_,
+                                                    m_.padded_vocab,
+                                                    HeadBackward(Quant(scheme, -1, 0, quant_seed, stats))));
+    }
     KEEL_RETURN_IF_ERROR(backend_->Fill(dres_, bt_ * d_, 0.0f));
     KEEL_RETURN_IF_ERROR(backend_->LayerNormBackward(res_[blocks_], Affine(lnf_w_), lnf_mean_, lnf_rstd_,
                                                 dln_, dres_, G(lnf_w_), G(lnf_b_), bt_, d_));

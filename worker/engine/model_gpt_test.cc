@@ -148,6 +148,65 @@ TEST(GptModelTest, TheHeadInChunksKeepsTheBitsAndHoldsOneChunksLogits) {
   EXPECT_EQ(chunked.model->head_bytes(), kRows * padded * 4);
 }
 
+// An MX head in chunks of a multiple of 32 rows runs its backward chunk by
+// chunk inside the forward pass: the loss, the head's dx and so every gradient
+// below it keep their bits; the tied embedding's gradient (the head's dW summed
+// chunk by chunk, plus the embedding's) is the one-piece one up to summation
+// order. The head holds one chunk's fp32 logits, no dlogits of its own. One
+// chunk of every row is the one-piece pass, with the backward where the model
+// runs it.
+TEST(GptModelTest, AnMxHeadInChunksRunsItsBackwardPerChunkWithTheBits) {
+  constexpr int kRows = 8 * kSeq;  // 128 rows: two chunks of 64
+  const int64_t padded = 256;
+  auto make = [&](TestNet* net, Batch* batch) {
+    MakeTestNet("{type: gpt, layers: 2, width: 64, heads: 2, context: 16, vocab: 256}",
+                "batch: 8\nseq: 16\n", net);
+    std::mt19937 rng(14);
+    RandomWeights(net, &rng);
+    std::uniform_int_distribution<int32_t> token(0, 255);
+    for (int i = 0; i < kRows; ++i) {
+      batch->inputs.push_back(token(rng));
+      batch->targets.push_back(i % 7 == 3 ? -1 : token(rng));
+    }
+  };
+  TestNet whole, chunked;
+  Batch batch, same;
+  ASSERT_NO_FATAL_FAILURE(make(&whole, &batch));
+  ASSERT_NO_FATAL_FAILURE(make(&chunked, &same));
+  whole.model->SetHeadChunkFloats(kRows * padded);  // one chunk: one piece
+  chunked.model->SetHeadChunkFloats(64 * padded);
+  const PrecisionScheme mx = Preset("mxfp8_e4m3");
+  const StepResult a = Step(&whole, batch, mx), b = Step(&chunked, same, mx);
+  ASSERT_TRUE(std::isfinite(a.loss));
+  EXPECT_FALSE(whole.model->head_backward_done());
+  EXPECT_TRUE(chunked.model->head_backward_done());
+  EXPECT_EQ(a.loss, b.loss);
+  const ParamInfo* wte = nullptr;
+  for (const ParamInfo& p : chunked.model->param_info()) {
+    if (p.name == "wte") wte = &p;
+  }
+  ASSERT_NE(wte, nullptr);
+  int64_t differ = 0;
+  for (size_t i = 0; i < a.grads.size(); ++i) {
+    const bool in_wte = static_cast<int64_t>(i) >= wte->offset && static_cast<int64_t>(i) < wte->offset + wte->count;
+    if (in_wte) {
+      EXPECT_NEAR(b.grads[i], a.grads[i], 1e-5 * (std::fabs(a.grads[i]) + 1e-3)) << "wte element " << i;
+      differ += b.grads[i] != a.grads[i];
+    } else {
+      ASSERT_EQ(b.grads[i], a.grads[i]) << "gradient element " << i << " (outside wte)";
+    }
+  }
+  EXPECT_EQ(whole.model->head_bytes(), kRows * padded * 4);  // every row's fp32 logits, dlogits over them
+  EXPECT_EQ(chunked.model->head_bytes(), 64 * padded * 4);   // one chunk's
+  double ea = 0.0, eb = 0.0;
+  ASSERT_TRUE(whole.model->Evaluate(batch, mx, 5, &ea).ok());
+  ASSERT_TRUE(chunked.model->Evaluate(same, mx, 5, &eb).ok());
+  EXPECT_EQ(ea, eb);
+  EXPECT_EQ(chunked.model->head_bytes(), 64 * padded * 4);  // the evaluation in chunks too
+  std::printf("wte gradient elements that differ in their last bits: %lld of %lld\n", static_cast<long long>(differ),
+              static_cast<long long>(wte->count));
+}
+
 // The layernorms' rounded affine copies take their own few floats, not a
 // buffer the size of every parameter: the weights are the one allocation that
 // large (the update's copies live in the trainer).

@@ -269,6 +269,67 @@ TEST(DecoderModelTest, TheHeadInChunksKeepsTheBits) {
   }
 }
 
+// An MX head in chunks (Model::HeadAndLoss) runs its backward in the forward's
+// chunks: the loss and every gradient but the tied embedding's keep the
+// one-piece bits, the embedding's within summation order (llama and gla).
+TEST(DecoderModelTest, AnMxHeadInChunksKeepsTheBitsBelowTheHead) {
+  for (const char* type : {"llama", "gla"}) {
+    int64_t embed_offset = -1, embed_count = 0;  // the tied head's parameters
+    auto run = [&](int64_t chunk_floats, std::vector<float>* grads, bool* done) {
+      TestNet net;
+      [&] {
+        ASSERT_NO_FATAL_FAILURE(MakeTestNet(std::string("{type: ") + type +
+                                                ", layers: 2, width: 64, heads: 2, context: 16, vocab: 256}",
+                                            "batch: 8\nseq: 16\n", &net));
+      }();
+      if (net.model == nullptr) return 0.0;
+      std::mt19937 rng(15);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<float> w(static_cast<size_t>(net.model->param_count()), 0.0f);
+      for (const ParamInfo& p : net.model->param_info()) {
+        for (int64_t i = 0; i < p.count; ++i) {
+          w[static_cast<size_t>(p.offset + i)] = p.shape.size() == 1 ? 1.0f + 0.1f * normal(rng) : 0.05f * normal(rng);
+        }
+        if (embed_offset < 0 && p.block < 0 && p.shape.size() == 2) {  // the tied head: the first matrix outside blocks
+          embed_offset = p.offset;
+          embed_count = p.count;
+        }
+      }
+      EXPECT_TRUE(net.backend->Upload(net.model->params(), w.data(), w.size() * sizeof(float)).ok());
+      Batch batch;
+      std::uniform_int_distribution<int32_t> token(0, 255);
+      for (int i = 0; i < 128; ++i) {
+        batch.inputs.push_back(token(rng));
+        batch.targets.push_back(token(rng));
+      }
+      net.model->SetHeadChunkFloats(chunk_floats);
+      PrecisionScheme mx;
+      EXPECT_TRUE(SchemeFromPreset("mxfp8_e4m3", &mx).ok());
+      grads->assign(static_cast<size_t>(net.model->param_count()), 0.0f);
+      double loss = 0.0;
+      EXPECT_TRUE(net.model->ForwardBackward(batch, mx, 3, 1.0f, false, grads->data(), &loss, nullptr).ok());
+      *done = net.model->head_backward_done();
+      return loss;
+    };
+    std::vector<float> g_whole, g_chunks;
+    bool whole_done = true, chunks_done = false;
+    const double whole = run(128 * 256, &g_whole, &whole_done), chunks = run(64 * 256, &g_chunks, &chunks_done);
+    ASSERT_TRUE(std::isfinite(whole)) << type;
+    EXPECT_FALSE(whole_done) << type;
+    EXPECT_TRUE(chunks_done) << type;
+    EXPECT_EQ(whole, chunks) << type;
+    ASSERT_EQ(g_whole.size(), g_chunks.size());
+    ASSERT_GE(embed_offset, 0) << type;
+    for (size_t i = 0; i < g_whole.size(); ++i) {
+      if (static_cast<int64_t>(i) >= embed_offset && static_cast<int64_t>(i) < embed_offset + embed_count) {
+        EXPECT_NEAR(g_chunks[i], g_whole[i], 1e-5 * (std::fabs(g_whole[i]) + 1e-3)) << type << " embedding " << i;
+      } else {
+        ASSERT_EQ(g_chunks[i], g_whole[i]) << type << " gradient element " << i;
+      }
+    }
+  }
+}
+
 // The rounded copies of the RMSNorm gains take their own few floats, not a
 // buffer the size of every parameter (llama and gla share this code).
 TEST(DecoderModelTest, OnlyTheWeightsTakeABufferTheSizeOfEveryParameter) {
