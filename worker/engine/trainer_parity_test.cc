@@ -55,10 +55,16 @@ double RelDiff(double a, double b) { return std::fabs(a - b) / std::fabs(a); }
 // 0.6%, mxfp8 0.004%; GPT bf16 3.4%, mxfp8 5.4%. nvfp4_recipe 0.5: its flips
 // are E2M1 steps and its gradients are rounded stochastically from inputs that
 // differ in their last bits (measured on an H100: proxy 1.2%, GPT 29.5%).
+// head_chunk_floats > 0: both trainers' language-model heads run in chunks of
+// that many fp32 logits (Model::SetHeadChunkFloats).
 void Compare(const std::string& name, const std::string& yaml, double tolerance, double update_bound,
-             double drift_bound) {
+             double drift_bound, int64_t head_chunk_floats = 0) {
   std::unique_ptr<Trainer> cpu = Make(yaml, "cpu"), cuda = Make(yaml, "cuda");
   ASSERT_TRUE(cpu && cuda);
+  if (head_chunk_floats > 0) {
+    cpu->model()->SetHeadChunkFloats(head_chunk_floats);
+    cuda->model()->SetHeadChunkFloats(head_chunk_floats);
+  }
   double lockstep = 0, weights = 0;
   std::vector<double> cpu_losses;
   for (int i = 0; i < 20; ++i) {
@@ -145,7 +151,7 @@ TEST(TrainerParityTest, Proxy) {
 
 // A language model of `type` (gpt, llama, gla) at one size, on the byte
 // shard KEEL_PARITY_SHARD (default data/fortunes_train.bin), in every scheme.
-void CompareLanguageModel(const std::string& type) {
+void CompareLanguageModel(const std::string& type, int64_t head_chunk_floats = 0) {
   const char* env = std::getenv("KEEL_PARITY_SHARD");
   std::string shard = env ? env : "data/fortunes_train.bin";
   std::vector<Bounds> schemes(std::begin(kSchemes), std::end(kSchemes));
@@ -160,11 +166,16 @@ void CompareLanguageModel(const std::string& type) {
                 "data: {train: " + shard + "}\nbatch: 8\nseq: " + seq + "\nseed: 3\n"
                 "optimizer: {type: adamw, lr: 2.0e-3, beta2: 0.95, weight_decay: 0.1, grad_clip: 1.0}\n"
                 "precision: " + std::string(s.scheme) + "\n",
-            s.lockstep, s.update, s.drift);
+            s.lockstep, s.update, s.drift, head_chunk_floats);
   }
 }
 
 TEST(TrainerParityTest, Gpt) { CompareLanguageModel("gpt"); }
+
+// The GPT with its head in chunks of 128 of its 512 rows: an MX head then runs
+// its backward chunk by chunk inside the forward pass (Model::HeadAndLoss), a
+// BF16 head its own chunks; the same bounds as one piece.
+TEST(TrainerParityTest, GptHeadInChunks) { CompareLanguageModel("gpt", 128 * 256); }
 
 // The llama block (RMSNorm, RoPE, SwiGLU, no biases) at the GPT's size, data
 // and bounds: its new ops agree as the GPT's do (RoPE bit for bit; RMSNorm as
