@@ -107,28 +107,32 @@ TEST(GptModelTest, SchemeSizedActivationsAreHalfInBf16GrowForFp32AndKeepTheBits)
   EXPECT_NE(a_fp32_eval, a_bf16.loss);          // the two schemes do differ
 }
 
+// A 2-layer GPT of width 64 (vocabulary 256) with random weights from `seed`
+// and a batch of 8 x 16 tokens, every `skip`-th target (from the 5th) not
+// counted: what the head-in-chunks tests compare.
+constexpr int kHeadRows = 8 * kSeq;  // 128 rows
+void MakeHeadNet(uint32_t seed, int skip, TestNet* net, Batch* batch) {
+  MakeTestNet("{type: gpt, layers: 2, width: 64, heads: 2, context: 16, vocab: 256}", "batch: 8\nseq: 16\n", net);
+  std::mt19937 rng(seed);
+  RandomWeights(net, &rng);
+  std::uniform_int_distribution<int32_t> token(0, 255);
+  for (int i = 0; i < kHeadRows; ++i) {
+    batch->inputs.push_back(token(rng));
+    batch->targets.push_back(i % skip == 4 % skip ? -1 : token(rng));  // some targets that do not count
+  }
+}
+
 // The head and loss in chunks of rows (a BF16 head): every row's logits, loss
 // and bf16 gradient are the one-chunk pass's, so the loss and the whole
 // gradient keep their bits; the head holds one chunk's fp32 logits plus every
 // row's bf16 dlogits. An fp32 head runs in one piece.
 TEST(GptModelTest, TheHeadInChunksKeepsTheBitsAndHoldsOneChunksLogits) {
-  constexpr int kRows = 8 * kSeq;  // 128 rows: two chunks of 64
+  constexpr int kRows = kHeadRows;  // two chunks of 64
   const int64_t padded = 256;
-  auto make = [&](TestNet* net, Batch* batch) {
-    MakeTestNet("{type: gpt, layers: 2, width: 64, heads: 2, context: 16, vocab: 256}",
-                "batch: 8\nseq: 16\n", net);
-    std::mt19937 rng(12);
-    RandomWeights(net, &rng);
-    std::uniform_int_distribution<int32_t> token(0, 255);
-    for (int i = 0; i < kRows; ++i) {
-      batch->inputs.push_back(token(rng));
-      batch->targets.push_back(i % 9 == 4 ? -1 : token(rng));  // some targets that do not count
-    }
-  };
   TestNet whole, chunked;
   Batch batch, same;
-  ASSERT_NO_FATAL_FAILURE(make(&whole, &batch));
-  ASSERT_NO_FATAL_FAILURE(make(&chunked, &same));
+  ASSERT_NO_FATAL_FAILURE(MakeHeadNet(12, 9, &whole, &batch));
+  ASSERT_NO_FATAL_FAILURE(MakeHeadNet(12, 9, &chunked, &same));
   chunked.model->SetHeadChunkFloats(64 * padded);
   const PrecisionScheme bf16 = Preset("bf16");
   const StepResult a = Step(&whole, batch, bf16), b = Step(&chunked, same, bf16);
@@ -156,23 +160,12 @@ TEST(GptModelTest, TheHeadInChunksKeepsTheBitsAndHoldsOneChunksLogits) {
 // chunk of every row is the one-piece pass, with the backward where the model
 // runs it.
 TEST(GptModelTest, AnMxHeadInChunksRunsItsBackwardPerChunkWithTheBits) {
-  constexpr int kRows = 8 * kSeq;  // 128 rows: two chunks of 64
+  constexpr int kRows = kHeadRows;  // two chunks of 64
   const int64_t padded = 256;
-  auto make = [&](TestNet* net, Batch* batch) {
-    MakeTestNet("{type: gpt, layers: 2, width: 64, heads: 2, context: 16, vocab: 256}",
-                "batch: 8\nseq: 16\n", net);
-    std::mt19937 rng(14);
-    RandomWeights(net, &rng);
-    std::uniform_int_distribution<int32_t> token(0, 255);
-    for (int i = 0; i < kRows; ++i) {
-      batch->inputs.push_back(token(rng));
-      batch->targets.push_back(i % 7 == 3 ? -1 : token(rng));
-    }
-  };
   TestNet whole, chunked;
   Batch batch, same;
-  ASSERT_NO_FATAL_FAILURE(make(&whole, &batch));
-  ASSERT_NO_FATAL_FAILURE(make(&chunked, &same));
+  ASSERT_NO_FATAL_FAILURE(MakeHeadNet(14, 7, &whole, &batch));
+  ASSERT_NO_FATAL_FAILURE(MakeHeadNet(14, 7, &chunked, &same));
   whole.model->SetHeadChunkFloats(kRows * padded);  // one chunk: one piece
   chunked.model->SetHeadChunkFloats(64 * padded);
   const PrecisionScheme mx = Preset("mxfp8_e4m3");

@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/nn.h"
@@ -225,44 +226,57 @@ TEST(LlamaModelTest, PostQkProtectionKeepsWvInBf16) {
   }
 }
 
+// One ForwardBackward of a 2-layer `type` decoder of width 64 (vocabulary 256)
+// with random weights from `seed`, a batch of 8 x 16 random tokens, `scheme`
+// and its head in chunks of `chunk_floats` logits: the loss, into *grads the
+// gradient, into *done whether the head's backward ran in the forward pass,
+// into *embed the tied head's offset and count in the parameters.
+double DecoderHeadStep(const char* type, uint32_t seed, const char* scheme, int64_t chunk_floats,
+                       std::vector<float>* grads, bool* done, std::pair<int64_t, int64_t>* embed) {
+  TestNet net;
+  [&] {
+    ASSERT_NO_FATAL_FAILURE(MakeTestNet(std::string("{type: ") + type +
+                                            ", layers: 2, width: 64, heads: 2, context: 16, vocab: 256}",
+                                        "batch: 8\nseq: 16\n", &net));
+  }();
+  if (net.model == nullptr) return 0.0;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> w(static_cast<size_t>(net.model->param_count()), 0.0f);
+  *embed = {-1, 0};
+  for (const ParamInfo& p : net.model->param_info()) {
+    for (int64_t i = 0; i < p.count; ++i) {
+      w[static_cast<size_t>(p.offset + i)] = p.shape.size() == 1 ? 1.0f + 0.1f * normal(rng) : 0.05f * normal(rng);
+    }
+    if (embed->first < 0 && p.block < 0 && p.shape.size() == 2) *embed = {p.offset, p.count};  // the first matrix
+  }
+  EXPECT_TRUE(net.backend->Upload(net.model->params(), w.data(), w.size() * sizeof(float)).ok());
+  Batch batch;
+  std::uniform_int_distribution<int32_t> token(0, 255);
+  for (int i = 0; i < 128; ++i) {
+    batch.inputs.push_back(token(rng));
+    batch.targets.push_back(token(rng));
+  }
+  net.model->SetHeadChunkFloats(chunk_floats);
+  PrecisionScheme s;
+  EXPECT_TRUE(SchemeFromPreset(scheme, &s).ok());
+  grads->assign(static_cast<size_t>(net.model->param_count()), 0.0f);
+  double loss = 0.0;
+  EXPECT_TRUE(net.model->ForwardBackward(batch, s, 3, 1.0f, false, grads->data(), &loss, nullptr).ok());
+  *done = net.model->head_backward_done();
+  if (std::string(scheme) == "bf16") EXPECT_EQ(net.model->head_bytes(), chunk_floats * 4 + 128 * 256 * 2) << type;
+  return loss;
+}
+
 // The decoder's head in chunks of rows (a BF16 head, Model::HeadAndLoss): the
 // loss and gradient of the one-chunk pass, bit for bit (llama and gla share it).
 TEST(DecoderModelTest, TheHeadInChunksKeepsTheBits) {
   for (const char* type : {"llama", "gla"}) {
-    auto run = [&](int64_t chunk_floats, std::vector<float>* grads) {
-      TestNet net;
-      [&] {
-        ASSERT_NO_FATAL_FAILURE(MakeTestNet(std::string("{type: ") + type +
-                                                ", layers: 2, width: 64, heads: 2, context: 16, vocab: 256}",
-                                            "batch: 8\nseq: 16\n", &net));
-      }();
-      if (net.model == nullptr) return 0.0;
-      std::mt19937 rng(13);
-      std::normal_distribution<float> normal(0.0f, 1.0f);
-      std::vector<float> w(static_cast<size_t>(net.model->param_count()), 0.0f);
-      for (const ParamInfo& p : net.model->param_info()) {
-        for (int64_t i = 0; i < p.count; ++i) {
-          w[static_cast<size_t>(p.offset + i)] = p.shape.size() == 1 ? 1.0f + 0.1f * normal(rng) : 0.05f * normal(rng);
-        }
-      }
-      EXPECT_TRUE(net.backend->Upload(net.model->params(), w.data(), w.size() * sizeof(float)).ok());
-      Batch batch;
-      std::uniform_int_distribution<int32_t> token(0, 255);
-      for (int i = 0; i < 128; ++i) {
-        batch.inputs.push_back(token(rng));
-        batch.targets.push_back(token(rng));
-      }
-      net.model->SetHeadChunkFloats(chunk_floats);
-      PrecisionScheme bf16;
-      EXPECT_TRUE(SchemeFromPreset("bf16", &bf16).ok());
-      grads->assign(static_cast<size_t>(net.model->param_count()), 0.0f);
-      double loss = 0.0;
-      EXPECT_TRUE(net.model->ForwardBackward(batch, bf16, 3, 1.0f, false, grads->data(), &loss, nullptr).ok());
-      EXPECT_EQ(net.model->head_bytes(), chunk_floats * 4 + 128 * 256 * 2) << type;
-      return loss;
-    };
     std::vector<float> g_whole, g_chunks;
-    const double whole = run(128 * 256, &g_whole), chunks = run(64 * 256, &g_chunks);
+    bool done = false;
+    std::pair<int64_t, int64_t> embed;
+    const double whole = DecoderHeadStep(type, 13, "bf16", 128 * 256, &g_whole, &done, &embed);
+    const double chunks = DecoderHeadStep(type, 13, "bf16", 64 * 256, &g_chunks, &done, &embed);
     EXPECT_TRUE(std::isfinite(whole)) << type;
     EXPECT_EQ(whole, chunks) << type;
     EXPECT_EQ(g_whole, g_chunks) << type;
@@ -274,54 +288,19 @@ TEST(DecoderModelTest, TheHeadInChunksKeepsTheBits) {
 // one-piece bits, the embedding's within summation order (llama and gla).
 TEST(DecoderModelTest, AnMxHeadInChunksKeepsTheBitsBelowTheHead) {
   for (const char* type : {"llama", "gla"}) {
-    int64_t embed_offset = -1, embed_count = 0;  // the tied head's parameters
-    auto run = [&](int64_t chunk_floats, std::vector<float>* grads, bool* done) {
-      TestNet net;
-      [&] {
-        ASSERT_NO_FATAL_FAILURE(MakeTestNet(std::string("{type: ") + type +
-                                                ", layers: 2, width: 64, heads: 2, context: 16, vocab: 256}",
-                                            "batch: 8\nseq: 16\n", &net));
-      }();
-      if (net.model == nullptr) return 0.0;
-      std::mt19937 rng(15);
-      std::normal_distribution<float> normal(0.0f, 1.0f);
-      std::vector<float> w(static_cast<size_t>(net.model->param_count()), 0.0f);
-      for (const ParamInfo& p : net.model->param_info()) {
-        for (int64_t i = 0; i < p.count; ++i) {
-          w[static_cast<size_t>(p.offset + i)] = p.shape.size() == 1 ? 1.0f + 0.1f * normal(rng) : 0.05f * normal(rng);
-        }
-        if (embed_offset < 0 && p.block < 0 && p.shape.size() == 2) {  // the tied head: the first matrix outside blocks
-          embed_offset = p.offset;
-          embed_count = p.count;
-        }
-      }
-      EXPECT_TRUE(net.backend->Upload(net.model->params(), w.data(), w.size() * sizeof(float)).ok());
-      Batch batch;
-      std::uniform_int_distribution<int32_t> token(0, 255);
-      for (int i = 0; i < 128; ++i) {
-        batch.inputs.push_back(token(rng));
-        batch.targets.push_back(token(rng));
-      }
-      net.model->SetHeadChunkFloats(chunk_floats);
-      PrecisionScheme mx;
-      EXPECT_TRUE(SchemeFromPreset("mxfp8_e4m3", &mx).ok());
-      grads->assign(static_cast<size_t>(net.model->param_count()), 0.0f);
-      double loss = 0.0;
-      EXPECT_TRUE(net.model->ForwardBackward(batch, mx, 3, 1.0f, false, grads->data(), &loss, nullptr).ok());
-      *done = net.model->head_backward_done();
-      return loss;
-    };
     std::vector<float> g_whole, g_chunks;
     bool whole_done = true, chunks_done = false;
-    const double whole = run(128 * 256, &g_whole, &whole_done), chunks = run(64 * 256, &g_chunks, &chunks_done);
+    std::pair<int64_t, int64_t> embed;
+    const double whole = DecoderHeadStep(type, 15, "mxfp8_e4m3", 128 * 256, &g_whole, &whole_done, &embed);
+    const double chunks = DecoderHeadStep(type, 15, "mxfp8_e4m3", 64 * 256, &g_chunks, &chunks_done, &embed);
     ASSERT_TRUE(std::isfinite(whole)) << type;
     EXPECT_FALSE(whole_done) << type;
     EXPECT_TRUE(chunks_done) << type;
     EXPECT_EQ(whole, chunks) << type;
     ASSERT_EQ(g_whole.size(), g_chunks.size());
-    ASSERT_GE(embed_offset, 0) << type;
+    ASSERT_GE(embed.first, 0) << type;
     for (size_t i = 0; i < g_whole.size(); ++i) {
-      if (static_cast<int64_t>(i) >= embed_offset && static_cast<int64_t>(i) < embed_offset + embed_count) {
+      if (static_cast<int64_t>(i) >= embed.first && static_cast<int64_t>(i) < embed.first + embed.second) {
         EXPECT_NEAR(g_chunks[i], g_whole[i], 1e-5 * (std::fabs(g_whole[i]) + 1e-3)) << type << " embedding " << i;
       } else {
         ASSERT_EQ(g_chunks[i], g_whole[i]) << type << " gradient element " << i;
