@@ -60,7 +60,7 @@ def has_all(test, text, *lines):
         test.assertIn(line, text)
 
 
-def report_text(runs, lm_rule="paired"):
+def report_text(runs, lm_rule="paired", policy="default"):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "grid-runs.jsonl")
         with open(path, "w") as f:
@@ -68,7 +68,8 @@ def report_text(runs, lm_rule="paired"):
                 f.write(json.dumps({k: v for k, v in r.items() if k != "_source"}) + "\n")
         out = os.path.join(d, "report.md")
         with contextlib.redirect_stdout(io.StringIO()):
-            pg.report(type("Args", (), {"runs": [path], "series": [], "o": out, "lm_rule": lm_rule})())
+            pg.report(type("Args", (), {"runs": [path], "series": [], "o": out, "lm_rule": lm_rule,
+                                        "policy": policy})())
         with open(out) as f:
             return f.read()
 
@@ -198,6 +199,29 @@ class AnalyseTest(unittest.TestCase):
         has_all(self, text, "## Learning-rate fallbacks: policy: default against `{preset: default, lr_fallbacks: N}`",
                 "- with lr_fallbacks: rescued 1/1 (100%)")
         self.assertNotIn("## Rollback distance", text)
+
+    def test_report_policy_makes_a_combined_variant_the_policy_the_tables_are_about(self):
+        # A sweep whose policy runs are all {preset: default, rollback: 200, lr_fallbacks: 3}: the
+        # default report has no pair (and no empty section); --policy rollback+lr_fallbacks judges them,
+        # and compares any other variant of the same sweep with them.
+        runs = grid()
+        for r in runs:
+            if r["variant"] == "default":
+                r["variant"] = "rollback+lr_fallbacks"
+        text = report_text(runs)
+        self.assertIn("- configurations x seeds with a policy run and its unprotected twin: 0", text)
+        self.assertNotIn("## Variants", text)
+        text = report_text(runs, policy="rollback+lr_fallbacks")
+        has_all(self, text, "- the policy runs: the variant `rollback+lr_fallbacks` (scripts/policy-grid report --policy)",
+                "- configurations x seeds with a policy run and its unprotected twin: 3",
+                "- rescued (finished, final loss <= 1.1x the healthy level): **1/1 (100%)**")
+        old = dict([r for r in runs if r["variant"] == "rollback+lr_fallbacks" and r["seed"] == 1][0],
+                   variant="default", id="default-1")
+        text = report_text(runs + [old], policy="rollback+lr_fallbacks")
+        has_all(self, text, "## Variants: `rollback+lr_fallbacks` against `default`",
+                "- rollback+lr_fallbacks: rescued 1/1 (100%)", "- default: rescued 1/1 (100%)",
+                "| format | L | d | lr | seed | rollback+lr_fallbacks: verdict, final, scheme, steps above, replayed | "
+                "default: verdict, final, scheme, steps above, replayed |")
 
     def test_a_policy_run_pairs_with_the_twin_and_reference_of_its_own_sweep(self):
         # Two sweeps run seed 2 of the same cell with different builds: in the newer one ("later") the

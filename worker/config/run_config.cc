@@ -730,7 +730,7 @@ void ResolvePolicyPreset(RunConfig* c, bool probe_set, bool reference_set) {
   resolved.sweep_rules = c->policy.sweep_rules;
   if (c->policy.snapshot_every > 0) resolved.snapshot_every = c->policy.snapshot_every;  // 0: the preset's
   if (c->policy.snapshot_keep > 0) resolved.snapshot_keep = c->policy.snapshot_keep;
-  if (c->policy.rollback_steps > 0) {  // 0: the preset's 5 S
+  if (c->policy.rollback_steps > 0) {  // 0: the preset's 2 S
     resolved.rollback_steps = c->policy.rollback_steps;
     for (PolicyRule& rule : resolved.rules) {
       for (PolicyAction& a : rule.actions) {

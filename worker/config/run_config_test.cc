@@ -355,7 +355,7 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
             (std::vector<std::string>{"mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32"}));
   EXPECT_EQ(c.policy.snapshot_every, 100);
   ASSERT_EQ(c.policy.rules.size(), 2u);  // blow-up and drift
-  EXPECT_EQ(c.policy.rules[0].actions[0].steps, 500);
+  EXPECT_EQ(c.policy.rules[0].actions[0].steps, 200);
   EXPECT_EQ(c.policy.rules[1].name, "drift");
   EXPECT_EQ(c.policy.probation_after, 0);
   EXPECT_EQ(c.policy.rewarm_steps, 200);
@@ -424,26 +424,26 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
     }
     return int64_t{-1};
   };
-  EXPECT_EQ(rollback_of(Parsed("steps: 9000\npolicy: default\n")), 500);
-  RunConfig short_rollback = Parsed("steps: 9000\npolicy: {preset: default, rollback: 200}\n");
-  EXPECT_EQ(rollback_of(short_rollback), 200);
-  EXPECT_EQ(short_rollback.policy.rollback_steps, 200);
-  EXPECT_EQ(short_rollback.policy.snapshot_keep, 12);
+  EXPECT_EQ(rollback_of(Parsed("steps: 9000\npolicy: default\n")), 200);
+  RunConfig long_rollback = Parsed("steps: 9000\npolicy: {preset: default, rollback: 500}\n");
+  EXPECT_EQ(rollback_of(long_rollback), 500);
+  EXPECT_EQ(long_rollback.policy.rollback_steps, 500);
+  EXPECT_EQ(long_rollback.policy.snapshot_keep, 12);
   EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, rollback: 2000}\n").policy.snapshot_keep, 21);
   EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, rollback: 2000, snapshots: {keep: 4}}\n")
                 .policy.snapshot_keep,
             4);
   // lr_fallbacks beside the preset: how many times the learning rate halves
-  // past the ladder's top before the run stops (the preset's 1), each one more
+  // past the ladder's top before the run stops (the preset's 3), each one more
   // intervention allowed.
   const Policy preset = Parsed("steps: 9000\npolicy: default\n").policy;
-  EXPECT_EQ(preset.lr_fallbacks, 1);
-  const Policy three = Parsed("steps: 9000\npolicy: {preset: default, lr_fallbacks: 3}\n").policy;
-  EXPECT_EQ(three.lr_fallbacks, 3);
-  EXPECT_EQ(three.max_interventions, preset.max_interventions + 2);
+  EXPECT_EQ(preset.lr_fallbacks, 3);
+  const Policy one = Parsed("steps: 9000\npolicy: {preset: default, lr_fallbacks: 1}\n").policy;
+  EXPECT_EQ(one.lr_fallbacks, 1);
+  EXPECT_EQ(one.max_interventions, preset.max_interventions - 2);
   const Policy none = Parsed("steps: 9000\npolicy: {preset: default, lr_fallbacks: 0}\n").policy;
   EXPECT_EQ(none.lr_fallbacks, 0);
-  EXPECT_EQ(none.max_interventions, preset.max_interventions - 1);
+  EXPECT_EQ(none.max_interventions, preset.max_interventions - 3);
   EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, rollback: 200, lr_fallbacks: 2}\n").policy.lr_fallbacks, 2);
   // snapshots beside the preset: what is given replaces the preset's; the
   // memory budget is the host's share (-1) unless given.

@@ -166,7 +166,7 @@ void PrintPolicyPresets(int64_t steps) {
     }
     std::printf("    snapshots every %d (%d kept; in host memory when they fit policy.snapshots.memory_mib,\n"
                 "    by default an eighth of the host's memory, at most %lld; else on disk); after each switch\n"
-                "    the learning rate re-warms over %lld steps; past the ladder's top: scale_lr %g (%d time),\n"
+                "    the learning rate re-warms over %lld steps; past the ladder's top: scale_lr %g (%d times),\n"
                 "    then stop\n",
                 p.snapshot_every, p.snapshot_keep, static_cast<long long>(kSnapshotMemoryCapMib),
                 static_cast<long long>(p.rewarm_steps), p.lr_fallback_factor, p.lr_fallbacks);

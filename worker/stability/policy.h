@@ -123,14 +123,14 @@ struct Policy {
   // lr_fallback_factor, at most lr_fallbacks times (`lr_fallbacks: N`, also
   // beside `preset: default`), then stop as diverged.
   double lr_fallback_factor = 0.5;
-  int lr_fallbacks = 1;
+  int lr_fallbacks = 1;  // a policy written out; the preset sets 3
   // rewarm: N: after every switch the policy makes (a rule's or probation's),
   // the learning rate starts again from 1/N of its value and ramps linearly
   // back to it over N steps (a new warm-up: Adam's moments were shaped by the
   // old scheme's rounding). 0: off.
   int64_t rewarm_steps = 0;
   // rollback: N beside `preset: default`: how far back its blow-up rule rolls
-  // back (at least N steps, to the newest snapshot there). 0: the preset's, 5 S.
+  // back (at least N steps, to the newest snapshot there). 0: the preset's (2 S).
   int64_t rollback_steps = 0;
   std::string yaml;        // the section as given, for checkpoints and events
 
@@ -154,8 +154,8 @@ std::string PolicyPresetNames();  // comma-separated, for error messages
 // above its running mean, or the loss 10x its running mean for 4 steps ->
 // rollback, switch next. The thresholds are relative to the run's own running
 // statistics; the distances scale with the run's length (S = run_steps / 90
-// clamped to 1 .. 100: the tuned 9000-step run's 100): snapshots every S steps (12 kept), rollback 5 S, the
-// statistics' min_samples 2 S clamped to 8 .. 64 (window twice that), cooldown
+// clamped to 1 .. 100: the tuned 9000-step run's 100): snapshots every S steps (12 kept), rollback 2 S (at
+// least twice min_samples), the statistics' min_samples 2 S clamped to 8 .. 64 (window twice that), cooldown
 // min_samples, and a re-warm of the learning rate over 2 S steps after each
 // switch. max_interventions is the longest escalation the ladder allows,
 // so the policy never goes quiet before its stop. A second rule, "drift",

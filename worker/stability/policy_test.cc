@@ -249,7 +249,7 @@ TEST(DefaultPolicyTest, TwoRulesThatClimbTheLadderWithDistancesFromTheRunLength)
   EXPECT_EQ(r.when, (std::vector<std::string>{"nonfinite", "grad_norm_zscore", "loss_zscore", "loss_ratio"}));
   ASSERT_EQ(r.actions.size(), 2u);
   EXPECT_EQ(r.actions[0].kind, Kind::kRollback);
-  EXPECT_EQ(r.actions[0].steps, 500);
+  EXPECT_EQ(r.actions[0].steps, 200);  // 2 S
   EXPECT_EQ(r.actions[1].scheme, "next");
   EXPECT_TRUE(ValidateRule(r, "policy.rules[0]").ok());
   EXPECT_EQ(p.detectors.at("loss_zscore").z, 30);
@@ -272,16 +272,17 @@ TEST(DefaultPolicyTest, TwoRulesThatClimbTheLadderWithDistancesFromTheRunLength)
   EXPECT_EQ(p.detectors.at("loss_drift").min_samples, 500);
   EXPECT_EQ(p.detectors.at("loss_drift").ratio, 2);
   EXPECT_EQ(drift.cooldown, 250);
-  // 5 climbs by either rule or by drift, 5 probation returns, 1 LR fallback, 1 stop.
-  EXPECT_EQ(p.max_interventions, 17);
+  // 5 climbs by either rule or by drift, 5 probation returns, 3 LR fallbacks, 1 stop.
+  EXPECT_EQ(p.lr_fallbacks, 3);
+  EXPECT_EQ(p.max_interventions, 19);
   EXPECT_EQ(p.rewarm_steps, 200);  // 2 S: each switch re-warms the learning rate
   // A short run: the same proportions, and the statistics armed in time to see
   // a replay diverge again.
   Policy short_run = DefaultPolicy(ladder, 300, false, false);
   EXPECT_EQ(short_run.snapshot_every, 3);
-  EXPECT_EQ(short_run.rules[0].actions[0].steps, 15);
   EXPECT_EQ(short_run.detectors.at("loss_zscore").min_samples, 8);
-  EXPECT_LT(short_run.detectors.at("loss_zscore").min_samples, short_run.rules[0].actions[0].steps);
+  EXPECT_EQ(short_run.rules[0].actions[0].steps, 16);  // 2 min_samples, more than 2 S
+  EXPECT_LE(2 * short_run.detectors.at("loss_zscore").min_samples, short_run.rules[0].actions[0].steps);
   EXPECT_EQ(short_run.detectors.at("loss_drift").window, 16);
   EXPECT_EQ(PolicyPresetNames(), "default");
 }
