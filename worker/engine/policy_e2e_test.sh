@@ -7,7 +7,8 @@
 #  - the first firing rolls back and moves mxfp4 -> mxfp6_e2m3;
 #  - each later firing, before the run passes the step where the rule last fired,
 #    is an `escalate` event naming that step, then one rung up, through every
-#    rung of the derived ladder to fp32 (each once), then scale_lr 0.5, then stop;
+#    rung of the derived ladder to fp32 (each once), then scale_lr 0.5 three times
+#    (the preset's lr_fallbacks), then stop;
 #  - keel-train exits 3 (diverged), with a bounded number of steps taken;
 #  - refusals (exit 2): an unknown policy, probation.after 0, a rollback alone.
 set -euo pipefail
@@ -45,8 +46,8 @@ ladder = ["mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mx_w_e4m3_a_bf16", "bf16", "fp32
 assert switches == list(zip(ladder, ladder[1:])), switches
 escalations = [e for e in events if e["kind"] == "escalate"]
 # The first rescue is the rule as written; each later firing escalates: 4 more
-# rungs, the learning-rate fallback, the stop.
-assert len(escalations) == 6, [e["message"] for e in escalations]
+# rungs, the three learning-rate fallbacks, the stop.
+assert len(escalations) == 8, [e["message"] for e in escalations]
 for e in escalations:
     assert e["details"]["rule"] == "blow-up", e
     assert "fired again at step" in e["message"], e["message"]
@@ -54,15 +55,20 @@ for e in escalations:
 for e, rung in zip(escalations, ladder[2:]):
     assert "escalating to " + rung + " instead of replaying" in e["message"], (rung, e["message"])
     assert e["details"]["actions"].endswith(rung), e["details"]
-assert "scaling the learning rate by 0.5" in escalations[4]["message"], escalations[4]["message"]
-assert "the learning-rate fallback is spent, stopping the run as diverged" in escalations[5]["message"]
-assert kinds.count("scale_lr") == 1 and kinds[-1] == "stop", kinds
+for i in range(3):
+    assert "scaling the learning rate by 0.5 (fallback %d of 3)" % (i + 1) in escalations[4 + i]["message"], \
+        escalations[4 + i]["message"]
+assert "the learning-rate fallback is spent, stopping the run as diverged" in escalations[7]["message"]
+assert kinds.count("scale_lr") == 3 and kinds[-1] == "stop", kinds
 # Every rollback went back before the spike and kept the scheme it rescued from.
 rollbacks = [e for e in events if e["kind"] == "rollback"]
-assert len(rollbacks) == 6, len(rollbacks)
+assert len(rollbacks) == 8, len(rollbacks)
 for e, scheme in zip(rollbacks, ladder):
     assert int(e["details"]["to_step"]) < 150 <= int(e["details"]["from_step"]), e["details"]
     assert e["details"]["precision"] == scheme, (scheme, e["details"])
+for e in rollbacks[len(ladder):]:  # the fallbacks' rollbacks, in fp32
+    assert int(e["details"]["to_step"]) < 150 <= int(e["details"]["from_step"]), e["details"]
+    assert e["details"]["precision"] == "fp32", e["details"]
 print("escalated through %d rungs, then the LR, then stopped" % len(switches))
 PY
 # The metrics end where the run stopped, one line per step.
