@@ -264,7 +264,9 @@ double DecoderHeadStep(const char* type, uint32_t seed, const char* scheme, int6
   double loss = 0.0;
   EXPECT_TRUE(net.model->ForwardBackward(batch, s, 3, 1.0f, false, grads->data(), &loss, nullptr).ok());
   *done = net.model->head_backward_done();
-  if (std::string(scheme) == "bf16") EXPECT_EQ(net.model->head_bytes(), chunk_floats * 4 + 128 * 256 * 2) << type;
+  if (std::string(scheme) == "bf16") {
+    EXPECT_EQ(net.model->head_bytes(), chunk_floats * 4 + 128 * 256 * 2) << type;
+  }
   return loss;
 }
 
