@@ -256,8 +256,22 @@ class AnalyseTest(unittest.TestCase):
         self.assertAlmostEqual(two["outside"], 11.0)
         self.assertAlmostEqual(two["outside_twin"], 5.0)
         self.assertAlmostEqual(two["outside_share"], 0.6)
-        has_all(self, report_text(runs), "- time outside the steps (wall time - steps x median step time",
+        has_all(self, report_text(runs), "- time outside the steps (wall time - (steps + replayed steps) x median step time",
                 "the difference is mean ")
+
+    def test_the_time_outside_the_steps_leaves_out_the_replayed_steps(self):
+        # Seed 1's policy run: 1000 steps and the 20 replayed ones at its median 10 ms, 10.2 s in steps,
+        # so 9.8 s of its 20 s outside them (9.6 s before session 36, which counted the replays there too).
+        runs = grid()
+        for r in runs:
+            if r["seed"] == 1 and r["variant"] == "default":
+                r["wall_s"] = 20.0
+            elif r["seed"] == 1 and r["variant"] == "plain":
+                r["wall_s"] = 15.0
+        one = [r for r in pg.analyse(runs) if r["seed"] == 1][0]
+        self.assertEqual(one["replayed"], 20)
+        self.assertAlmostEqual(one["outside"], 20.0 - 1020 * 10 / 1000.0)
+        self.assertAlmostEqual(one["outside_twin"], 15.0 - 1000 * 10 / 1000.0)
 
     def test_coverage_counts_the_pairs_that_ended_in_the_issues_grid(self):
         # grid(): depth 4, width 256, lr 1e-3, mxfp8_e4m3, seeds 1-3, every pair ended: 3 of 324. A cancelled
