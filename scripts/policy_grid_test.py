@@ -259,6 +259,15 @@ class AnalyseTest(unittest.TestCase):
         has_all(self, report_text(runs), "- time outside the steps (wall time - (steps + replayed steps) x median step time",
                 "the difference is mean ")
 
+    def test_per_configuration_gives_the_warning_and_the_compute_the_issue_asks_for(self):
+        # The grid's one configuration: 3 pairs, seed 1 blew up and was caught 20 steps ahead and
+        # rescued, seed 2 a false alarm; 20 steps replayed and 540 in fp32 (seed 1's), extra compute
+        # mean (56% + 0 + 0) / 3.
+        has_all(self, report_text(grid()),
+                "| format | L | d | lr | runs | blew up | caught | warning (median steps) | rescued | false alarms | "
+                "replayed steps | steps above the start | extra compute (mean) |",
+                "| mxfp8_e4m3 | 4 | 256 | 0.001 | 3 | 1 | 1 | 20 | 1 | 1 | 20 | 540 | 18.7% |")
+
     def test_the_time_outside_the_steps_leaves_out_the_replayed_steps(self):
         # Seed 1's policy run: 1000 steps and the 20 replayed ones at its median 10 ms, 10.2 s in steps,
         # so 9.8 s of its 20 s outside them (9.6 s before session 36, which counted the replays there too).
