@@ -414,7 +414,7 @@ TEST(RunConfigPolicyTest, PolicyDefaultIsResolvedAgainstTheRunsSchemeAndLength) 
   // rewarm given beside the preset: that, 0 included (off).
   EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, rewarm: 50}\n").policy.rewarm_steps, 50);
   EXPECT_EQ(Parsed("steps: 9000\npolicy: {preset: default, rewarm: 0}\n").policy.rewarm_steps, 0);
-  // rollback beside the preset: the blow-up rule's distance (5 S by default), and
+  // rollback beside the preset: the blow-up rule's distance (2 S by default), and
   // enough snapshots kept to reach it.
   auto rollback_of = [](const RunConfig& rc) {
     for (const PolicyRule& rule : rc.policy.rules) {

@@ -144,13 +144,14 @@ Status Model::HeadAndLoss(const float* x, const float* w, const int32_t* targets
   const bool training = grad_scale != nullptr && valid > 0;
   head_backward_done_ = false;
   int64_t rows = 0;  // the chunk: the largest divisor of bt whose logits fit, 0 for one piece
-  if (HeadInChunks(head)) {
+  const bool bf16_chunks = HeadInChunks(head);
+  if (bf16_chunks) {
     rows = HeadChunkRows(bt, padded_vocab, head_chunk_floats_, 1);
   } else if (HeadInChunksWithBackward(head) && (!training || (head_dx_ != nullptr && head_dw_ != nullptr))) {
     rows = HeadChunkRows(bt, padded_vocab, head_chunk_floats_, 32);
     if (rows == bt) rows = 0;  // one chunk: the one-piece pass, its backward where the caller runs it
   }
-  if (rows > 0 && !HeadInChunks(head)) {
+  if (rows > 0 && !bf16_chunks) {
     // MX: each chunk's fp32 logits, loss, dlogits in place and the head's backward.
     KEEL_RETURN_IF_ERROR(GrowScratch(static_cast<size_t>(rows * padded_vocab) * sizeof(float), &head_buf_,
                                      &head_bytes_));
