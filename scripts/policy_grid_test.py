@@ -282,6 +282,69 @@ class AnalyseTest(unittest.TestCase):
         self.assertAlmostEqual(one["outside"], 20.0 - 1020 * 10 / 1000.0)
         self.assertAlmostEqual(one["outside_twin"], 15.0 - 1000 * 10 / 1000.0)
 
+    def write_runs(self, d, name, runs):
+        path = os.path.join(d, f"{name}-runs.jsonl")
+        with open(path, "w") as f:
+            for r in runs:
+                f.write(json.dumps({k: v for k, v in r.items() if k != "_source"}) + "\n")
+        return path
+
+    def test_a_policy_only_sweep_takes_its_twins_and_references_from_earlier_sweeps(self):
+        # "later" ran only grid()'s policy runs (gen --policy-only); "earlier" ran the whole grid with the
+        # same build and "again" its seed-1 twin once more, identically. With --twins the policy runs pair
+        # as if their sweep had run everything: the same caught, rescued and false alarm; but wall times
+        # are not compared across sweeps (other machine, other neighbours).
+        later = [dict(r, wall_s=300.0) for r in grid() if r["variant"] == "default"]
+        with tempfile.TemporaryDirectory() as d:
+            earlier = self.write_runs(d, "earlier", grid())
+            again = self.write_runs(d, "again", [r for r in grid() if r["variant"] == "plain" and r["seed"] == 1])
+            mine = self.write_runs(d, "later", later)
+            runs = pg.adopt_twins(pg.load([mine]), [earlier, again])
+            self.assertEqual(sorted((r["variant"], r["seed"]) for r in runs if r.get("_twin_from")),
+                             [("fp32", 1), ("fp32", 2), ("fp32", 3), ("plain", 1), ("plain", 2), ("plain", 3)])
+            self.assertEqual({r["_source"] for r in runs}, {"later"})
+            rows = {r["seed"]: r for r in pg.analyse(runs)}
+            self.assertTrue(rows[1]["caught"] and rows[1]["rescued"] and rows[1]["warning"] == 20)
+            self.assertTrue(rows[2]["false_alarm"])
+            self.assertEqual((rows[1]["level"], rows[1]["level_from"]), (0.95, "fp32"))
+            self.assertIsNone(rows[1]["wall_ratio"])
+            self.assertIsNone(rows[1]["outside"])
+            self.assertEqual(len(pg.analyse(pg.load([mine]))), 0)  # without --twins: no pairs
+            out = os.path.join(d, "report.md")
+            with contextlib.redirect_stdout(io.StringIO()):
+                pg.report(type("Args", (), {"runs": [mine], "series": [], "o": out, "twins": [earlier, again]})())
+            with open(out) as f:
+                text = f.read()
+            has_all(self, text, "- configurations x seeds with a policy run and its unprotected twin: 3",
+                    "- unprotected twins and references taken from earlier sweeps of the same build (--twins; "
+                    "training is deterministic): 6, from earlier (6)", "**1/1 (100%)**")
+            self.assertNotIn("measured wall time", text)
+            cov = pg.coverage_text(pg.adopt_twins(pg.load([mine]), [earlier]))
+            self.assertIn("**3 of 324**", cov)
+            # A sweep of another build whose seed-1 twin ended elsewhere: the report stops and names both.
+            other = self.write_runs(d, "other", [dict(r, final_loss=0.5) for r in grid()
+                                                  if r["variant"] == "plain" and r["seed"] == 1])
+            with self.assertRaises(SystemExit) as e:
+                pg.adopt_twins(pg.load([mine]), [earlier, other])
+            self.assertIn("the sweeps earlier, other ran plain mxfp8_e4m3 at layers 4, width 256, lr 0.001, seed 1 "
+                          "and disagree", str(e.exception))
+            # A sweep's own twin wins over a donor's.
+            own = pg.adopt_twins(pg.load([mine]) + [dict(grid()[3], _source="later")], [earlier])
+            self.assertEqual(sum(1 for r in own if r["variant"] == "plain" and r["seed"] == 1), 1)
+
+    def test_the_start_is_the_runs_format_when_a_rollback_replayed_every_step_in_a_rescue_scheme(self):
+        # Seed 1's policy run rolled back to step 0 and ran all 1000 steps in fp32 (twice the cost): its
+        # first row's scheme is fp32, but the 1000 steps are above its start (mxfp8_e4m3) and cost 100%.
+        runs = grid()
+        for r in runs:
+            if r["variant"] == "default" and r["seed"] == 1:
+                r.update(start_scheme="fp32", rows_per_scheme={"fp32": 1000},
+                         step_ms_by_scheme={"fp32": 20.0},
+                         events=[{"step": 0, "kind": "rollback", "message": "rolled back from step 20 to 0: rule x"}])
+        one = [r for r in pg.analyse(runs) if r["seed"] == 1][0]
+        self.assertEqual(one["above"], 1000)
+        self.assertAlmostEqual(one["extra"], (20 + 1000 * (20.0 / 10.0 - 1.0)) / 1000)
+
     def test_coverage_counts_the_pairs_that_ended_in_the_issues_grid(self):
         # grid(): depth 4, width 256, lr 1e-3, mxfp8_e4m3, seeds 1-3, every pair ended: 3 of 324. A cancelled
         # policy run takes its pair out; a run at lr 2e-3 lies outside the grid.
@@ -528,6 +591,17 @@ class GenTest(unittest.TestCase):
         with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
             self.gen("--name", "p", "--layers", "3", "--widths", "256", "--lrs", "1e-3", "--seeds", "1",
                      "--lr-fallbacks", "9")
+
+    def test_policy_only_writes_the_policy_runs_and_nothing_else(self):
+        text, said = self.gen("--name", "k", "--layers", "3,4", "--widths", "256", "--lrs", "1e-3", "--seeds", "1",
+                              "--policy-only")
+        has_all(self, text, "precision: [mxfp8_e4m3, mxfp8_e4m3_bwd_e5m2, mxfp6_e2m3]",
+                "policy: [default, default, default]", "(--policy-only: the unprotected twins and")
+        self.assertTrue(said.endswith("sweep.yaml: 6 runs\n"), said)  # 2 depths x 3 formats
+        variant, _ = self.gen("--name", "k", "--layers", "3", "--widths", "256", "--lrs", "1e-3", "--seeds", "1",
+                              "--formats", "mxfp6_e2m3", "--rollback", "200", "--policy-only")
+        self.assertIn("precision: [mxfp6_e2m3, mxfp6_e2m3]", variant)
+        self.assertIn("policy: [default, {preset: default, rollback: 200}]", variant)
 
     def test_the_language_model_needs_its_shards(self):
         with self.assertRaises(SystemExit) as e, contextlib.redirect_stderr(io.StringIO()):
