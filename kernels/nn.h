@@ -154,10 +154,23 @@ class Backend {
   // dbias (out) += column sums of dy (dbias may be null), the same bits whichever
   // formats the roles have (CUDA sums them in the pass that rounds dy when a dy
   // role is BF16, else in a pass of its own, in one fixed order). Operands are
-  // quantized afresh from x, w and dy (never reused from the forward).
+  // quantized afresh from x, w and dy (never reused from the forward; a held
+  // w's copy aside: HoldWeight).
   virtual Status LinearBackward(const float* x, const float* w, const float* dy, float* dx,
                                 float* dw, float* dbias, int64_t rows, int64_t in, int64_t out,
                                 const LinearQuant& q) = 0;
+  // HoldWeight(w): until HoldWeight(nullptr), the caller promises that w does
+  // not change, so a backend may keep its quantized copies of w (the forward's
+  // along rows, the dgrad's down the columns) across the linears that read it
+  // instead of quantizing w again for each: the MX head's chunks (Model::
+  // HeadAndLoss). The results keep their bits (nearest rounding, no per-tensor
+  // scale or RHT: the held formats); the operand statistics count w once
+  // instead of once a call (their fractions do not change). The CPU backend
+  // quantizes afresh every time; the default does nothing.
+  virtual Status HoldWeight(const float* w) {
+    (void)w;
+    return Status::Ok();
+  }
   // Statistics: ResetOperandStats(n) zeroes n slots x 6 roles; ReadOperandStats
   // returns them (slot-major, role-minor, n * 6 entries).
   virtual Status ResetOperandStats(int slots) = 0;

@@ -383,6 +383,7 @@ class CudaBackend final : public Backend {
   Status LinearForward(const float* x, const float* w, const float* bias, const float* residual,
                        float* y, int64_t rows, int64_t in, int64_t out,
                        const LinearQuant& q) override;
+  Status HoldWeight(const float* w) override;
   Status LinearBackward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                         float* dbias, int64_t rows, int64_t in, int64_t out,
                         const LinearQuant& q) override;
@@ -697,6 +698,22 @@ class CudaBackend final : public Backend {
   // else the whole row when it fits, else 0 (no copy).
   int64_t CeSplit(int64_t vocab, int64_t padded, bool vec) const;
   std::vector<std::unique_ptr<KeptOperand>> kept_x_, kept_w_;  // by keep_slot
+  // The weight HoldWeight names and its quantized copies, the forward's
+  // (kFwdW, along rows) and the dgrad's (kDgradW, down the columns).
+  struct HeldOperand {
+    OperandFormat format;
+    int64_t rows = 0, cols = 0;
+    bool bf16 = false;
+    bool valid = false;
+    Scratch values;
+  };
+  const float* held_w_ = nullptr;
+  HeldOperand held_[2];
+  // PrepareOperand for w in role kFwdW (axis 1) or kDgradW (axis 0): while w is
+  // held and its format can be held, the held copy (quantized on first use);
+  // else a fresh one in op_b_.
+  Status PrepareWeight(const float* w, int64_t rows, int64_t cols, int axis, Role role, const LinearQuant& q,
+                       bool bf16, Operand* out);
   // The entry for keep_slot in *kept (grown on demand), or null when the two
   // roles cannot share one rounding (see LinearQuant::keep_slot); an entry
   // that cannot be kept is invalidated.

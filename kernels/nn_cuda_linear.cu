@@ -1161,6 +1161,49 @@ Status CudaBackend::CheckStatsSlot(const char* op, int slot) const {
                        " (ResetOperandStats made " + std::to_string(stats_slots_) + " slots)");
 }
 
+namespace {
+
+// A weight's quantized copy that is the same bits on every call: nearest
+// rounding (stochastic draws could differ by call), no per-tensor scale (alpha
+// reads it from a slot the next quantization overwrites), no RHT.
+bool HoldableWeight(const OperandFormat& f) {
+  return f.quantized() && f.rounding != Rounding::kStochastic && !HasTensorScale(f.format) && !f.rht;
+}
+
+bool SameFormat(const OperandFormat& a, const OperandFormat& b) {
+  return a.kind == b.kind && a.format == b.format && a.rounding == b.rounding && a.mx_block == b.mx_block &&
+         a.bump_exponent == b.bump_exponent && a.tile_16x16 == b.tile_16x16 && a.rht == b.rht;
+}
+
+}  // namespace
+
+Status CudaBackend::HoldWeight(const float* w) {
+  held_w_ = w;
+  for (HeldOperand& h : held_) h.valid = false;
+  return Status::Ok();
+}
+
+Status CudaBackend::PrepareWeight(const float* w, int64_t rows, int64_t cols, int axis, Role role,
+                                  const LinearQuant& q, bool bf16, Operand* out) {
+  const OperandFormat& f = q.role[static_cast<int>(role)];
+  if (w != held_w_ || !HoldableWeight(f)) return PrepareOperand(w, rows, cols, axis, role, q, bf16, &op_b_, out);
+  HeldOperand& h = held_[role == Role::kFwdW ? 0 : 1];
+  if (h.valid && h.rows == rows && h.cols == cols && h.bf16 == bf16 && SameFormat(h.format, f)) {
+    out->data = h.values.get<void>();  // quantized by an earlier call: no pass, no statistics
+    out->tensor_scale = nullptr;
+    return Status::Ok();
+  }
+  h.valid = false;
+  h.values.RefuseWhile(&on_side_);  // like every scratch: not from side work
+  KEEL_RETURN_IF_ERROR(PrepareOperand(w, rows, cols, axis, role, q, bf16, &h.values, out));
+  h.format = f;
+  h.rows = rows;
+  h.cols = cols;
+  h.bf16 = bf16;
+  h.valid = true;
+  return Status::Ok();
+}
+
 Status CudaBackend::LinearForward(const float* x, const float* w, const float* bias, const float* residual,
                                   float* y, int64_t rows, int64_t in, int64_t out, const LinearQuant& q) {
   NN_PROFILE("LinearForward");
@@ -1200,8 +1243,11 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
     KEEL_RETURN_IF_ERROR(PrepareOperand(x, rows, in, 1, Role::kFwdX, q, bf16, kx != nullptr ? &kx->values : &op_a_,
                                         &qx, kx != nullptr ? &kx->stats : nullptr));
   }
-  KEEL_RETURN_IF_ERROR(PrepareOperand(w, out, in, 1, Role::kFwdW, q, bf16, kw != nullptr ? &kw->values : &op_b_, &qw,
-                                      kw != nullptr ? &kw->stats : nullptr));
+  if (kw != nullptr) {
+    KEEL_RETURN_IF_ERROR(PrepareOperand(w, out, in, 1, Role::kFwdW, q, bf16, &kw->values, &qw, &kw->stats));
+  } else {
+    KEEL_RETURN_IF_ERROR(PrepareWeight(w, out, in, 1, Role::kFwdW, q, bf16, &qw));  // held, or fresh in op_b_
+  }
   for (auto [k, source, k_rows, role] : {std::make_tuple(kx, x, rows, Role::kFwdX), std::make_tuple(kw, w, out, Role::kFwdW)}) {
     if (k == nullptr) continue;
     k->source = source;
@@ -1331,7 +1377,7 @@ Status CudaBackend::LinearBackward(const float* x, const float* w, const float* 
     }
     // The forward's rounding of w when it was kept (the same bits), else a fresh one.
     if (!bf16_dgrad || !TakeKept(&kept_w_, q, w, out, in, Role::kDgradW, &qw)) {
-      KEEL_RETURN_IF_ERROR(PrepareOperand(w, out, in, 0, Role::kDgradW, q, bf16_dgrad, &op_b_, &qw));
+      KEEL_RETURN_IF_ERROR(PrepareWeight(w, out, in, 0, Role::kDgradW, q, bf16_dgrad, &qw));  // held, or fresh
     }
     GemmArgs g;
     g.bf16 = bf16_dgrad;

@@ -1109,6 +1109,77 @@ TEST_F(NnCudaTest, LinearDyInOnePassGivesTheBitsOfTwoPasses) {
   }
 }
 
+// The MX head's chunks (Model::HeadAndLoss): with the weight held, each chunk's
+// forward and backward read the quantized copies of w made for the first chunk.
+// Every output keeps the bits of quantizing w per chunk; w's two roles are
+// counted once instead of once a chunk where the format can be held (nearest
+// rounding, no per-tensor scale, no RHT), every call where it cannot.
+TEST_F(NnCudaTest, AHeldWeightIsQuantizedOnceWithTheBitsOfEveryChunk) {
+  struct Case {
+    std::string name;
+    LinearQuant q;
+    bool held;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"mxfp8_e4m3", AllRoles(Quant(QuantFormat::kMxfp8E4M3)), true});
+  cases.push_back({"mxfp4 nearest_away", AllRoles(Quant(QuantFormat::kMxfp4, Rounding::kNearestAway)), true});
+  cases.push_back({"bf16 (w kept from the forward for the dgrad instead)", AllRoles(Quant(QuantFormat::kBf16)), false});
+  cases.push_back({"nvfp4 recipe (per-tensor scale, RHT)", Nvfp4Recipe(), false});
+  {
+    LinearQuant q = AllRoles(Quant(QuantFormat::kMxfp8E4M3));
+    q.role[R(Role::kFwdW)].rounding = Rounding::kStochastic;
+    q.role[R(Role::kDgradW)].rounding = Rounding::kStochastic;
+    cases.push_back({"mxfp8_e4m3, stochastic w", q, false});
+  }
+  const int64_t rows = 128, chunk = 32, in = 64, out = 96, chunks = rows / chunk;
+  std::vector<float> wh = Normal(out * in, 293, 0.05f);
+  wh[7 * in + 9] = 3.0e38f;  // saturates the narrow formats
+  Dual x = Floats(WithOutliers(rows * in, 291)), w = Floats(wh), dy = Floats(WithOutliers(rows * out, 292, 1e-3f));
+  const std::vector<float> dw0 = Normal(out * in, 294, 1e-3f);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    BackwardResult r[2];
+    std::vector<float> y[2];
+    for (int hold = 0; hold < 2; ++hold) {
+      Dual yd = Zeros(rows * out), dx = Zeros(rows * in), dw = Floats(dw0);
+      LinearQuant q = c.q;
+      q.seed = 0x4E1D;
+      q.stats_slot = 0;
+      q.keep_slot = 0;  // as the models pass it: an MX or NVFP4 w is not kept for the backward, a BF16 one is
+      ASSERT_OK(gpu_->ResetOperandStats(1));
+      if (hold == 1) ASSERT_OK(gpu_->HoldWeight(w.g()));
+      for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        ASSERT_OK(gpu_->LinearForward(x.g() + r0 * in, w.g(), nullptr, nullptr, yd.g() + r0 * out, chunk, in, out, q));
+        ASSERT_OK(gpu_->LinearBackward(x.g() + r0 * in, w.g(), dy.g() + r0 * out, dx.g() + r0 * in, dw.g(), nullptr,
+                                       chunk, in, out, q));
+      }
+      ASSERT_OK(gpu_->HoldWeight(nullptr));
+      ASSERT_OK(gpu_->Sync());
+      ASSERT_OK(gpu_->ReadOperandStats(&r[hold].stats));
+      y[hold] = Get(gpu_.get(), yd.g(), yd.bytes);
+      r[hold].dx = Get(gpu_.get(), dx.g(), dx.bytes);
+      r[hold].dw = Get(gpu_.get(), dw.g(), dw.bytes);
+    }
+    ExpectBits("y", y[0], y[1]);
+    ExpectBits("dx", r[0].dx, r[1].dx);
+    ExpectBits("dw", r[0].dw, r[1].dw);
+    ASSERT_EQ(r[0].stats.size(), static_cast<size_t>(kRoleCount));
+    ASSERT_EQ(r[1].stats.size(), static_cast<size_t>(kRoleCount));
+    for (int role = 0; role < kRoleCount; ++role) {
+      const OperandStats &each = r[0].stats[role], &held = r[1].stats[role];
+      SCOPED_TRACE(RoleName(static_cast<Role>(role)));
+      const bool once =
+          c.held && (static_cast<Role>(role) == Role::kFwdW || static_cast<Role>(role) == Role::kDgradW);
+      const int64_t times = once ? chunks : 1;
+      EXPECT_EQ(each.elements, held.elements * times);
+      EXPECT_EQ(each.saturated, held.saturated * times);
+      EXPECT_EQ(each.blocks, held.blocks * times);
+      EXPECT_EQ(each.nan_blocks, held.nan_blocks * times);
+    }
+    EXPECT_EQ(r[1].stats[R(Role::kFwdW)].elements, (c.held ? 1 : chunks) * out * in);
+  }
+}
+
 TEST_F(NnCudaTest, LinearStatsWithNonFiniteInputs) {
   const int64_t rows = 64, in = 96, out = 48;
   std::vector<float> xh = WithOutliers(rows * in, 61), dyh = WithOutliers(rows * out, 62);

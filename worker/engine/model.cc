@@ -158,17 +158,27 @@ Status Model::HeadAndLoss(const float* x, const float* w, const int32_t* targets
     float* logits = static_cast<float*>(head_buf_);
     const float scale = training ? *grad_scale / static_cast<float>(valid) : 0.0f;
     dlogits_bf16_ = nullptr;
-    for (int64_t r0 = 0; r0 < bt; r0 += rows) {
-      KEEL_RETURN_IF_ERROR(backend_->LinearForward(x + r0 * d, w, nullptr, nullptr, logits, rows, d, padded_vocab, head));
-      if (!training) {
-        KEEL_RETURN_IF_ERROR(backend_->CrossEntropyForward(logits, targets + r0, losses + r0, rows, padded_vocab, vocab));
-        continue;
+    // w does not change across the chunks: the backend may quantize it once
+    // for the forwards and once for the dgrads (Backend::HoldWeight).
+    KEEL_RETURN_IF_ERROR(backend_->HoldWeight(w));
+    const Status chunks = [&]() -> Status {
+      for (int64_t r0 = 0; r0 < bt; r0 += rows) {
+        KEEL_RETURN_IF_ERROR(
+            backend_->LinearForward(x + r0 * d, w, nullptr, nullptr, logits, rows, d, padded_vocab, head));
+        if (!training) {
+          KEEL_RETURN_IF_ERROR(
+              backend_->CrossEntropyForward(logits, targets + r0, losses + r0, rows, padded_vocab, vocab));
+          continue;
+        }
+        KEEL_RETURN_IF_ERROR(backend_->CrossEntropyFused(logits, targets + r0, losses + r0, logits, rows, padded_vocab,
+                                                         vocab, scale));
+        KEEL_RETURN_IF_ERROR(backend_->LinearBackward(x + r0 * d, w, logits, head_dx_ + r0 * d, head_dw_, nullptr,
+                                                      rows, d, padded_vocab, head));
       }
-      KEEL_RETURN_IF_ERROR(backend_->CrossEntropyFused(logits, targets + r0, losses + r0, logits, rows, padded_vocab,
-                                                       vocab, scale));
-      KEEL_RETURN_IF_ERROR(backend_->LinearBackward(x + r0 * d, w, logits, head_dx_ + r0 * d, head_dw_, nullptr, rows,
-                                                    d, padded_vocab, head));
-    }
+      return Status::Ok();
+    }();
+    KEEL_RETURN_IF_ERROR(backend_->HoldWeight(nullptr));
+    KEEL_RETURN_IF_ERROR(chunks);
     head_backward_done_ = training;
     return MeanLoss(losses, bt, valid, loss);
   }
