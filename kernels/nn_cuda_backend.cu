@@ -261,7 +261,7 @@ std::vector<Scratch*> CudaBackend::MainStreamScratch() {
           &hcp_means_,     &hcp_scores_, &hcp_sort_,   &hcp_index_,  &hcp_cols_,   &hcp_wide_a_, &hcp_wide_b_,
           &align_in_,      &attn_q_,     &attn_k_,     &attn_v_,     &attn_o_,     &attn_delta_,
           &attn_s_,        &attn_p_,     &attn_dp_,    &attn_ds_,    &attn_dq_,    &attn_dk_,    &attn_dv_,
-          &embed_,         &gla_parts_,  &gla_a_,      &reduce_desc_};
+          &embed_,         &gla_parts_,  &gla_a_,      &reduce_desc_, &held_[0].values, &held_[1].values};
 }
 
 CudaBackend::~CudaBackend() {
@@ -316,7 +316,8 @@ Status CudaBackend::Init() {
     const std::pair<const char*, bool*> fusions[] = {{"dy_one_pass", &dy_one_pass_},
                                                      {"mx_cols_tiles", &mx_cols_in_tiles_},
                                                      {"ln_backward_fused", &ln_backward_fused_},
-                                                     {"mx_tiles_prefetch", &mx_tiles_prefetch_}};
+                                                     {"mx_tiles_prefetch", &mx_tiles_prefetch_},
+                                                     {"held_weight", &held_weight_}};
     std::string allowed;
     for (const auto& f : fusions) allowed += (allowed.empty() ? "" : ", ") + std::string(f.first);
     std::string list = off;

@@ -746,11 +746,14 @@ class CudaBackend final : public Backend {
   // dy_one_pass: LinearBackward quantizes an MX dy for both GEMMs in one read (PrepareDyBothAxes);
   // mx_cols_tiles: Quantize sends MX down columns to QuantizeMxDownColumnsInTiles (else MxColsKernel);
   // ln_backward_fused: LayerNormBackward computes dx and the dgamma / dbeta partials in one kernel;
-  // mx_tiles_prefetch: MxBothAxesColumnPartialsKernel (the kernel of the first two) loads a group of rows ahead.
+  // mx_tiles_prefetch: MxBothAxesColumnPartialsKernel (the kernel of the first two) loads a group of rows ahead;
+  // held_weight: see HoldWeight.
   bool dy_one_pass_ = true;
   bool mx_cols_in_tiles_ = true;
   bool ln_backward_fused_ = true;
   bool mx_tiles_prefetch_ = true;
+  // held_weight: HoldWeight keeps a weight's quantized copies across the calls that read it.
+  bool held_weight_ = true;
   Scratch codes_;                      // per-tensor FP8 codes, for its statistics
   Scratch partials_;                   // column-sum and reduction partials
   Scratch adam_table_;                 // AdamWTensors' tensor table and per-chunk delta partials

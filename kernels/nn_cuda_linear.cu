@@ -1178,7 +1178,7 @@ bool SameFormat(const OperandFormat& a, const OperandFormat& b) {
 }  // namespace
 
 Status CudaBackend::HoldWeight(const float* w) {
-  held_w_ = w;
+  held_w_ = held_weight_ ? w : nullptr;  // KEEL_CUDA_OFF=held_weight: every call quantizes afresh
   for (HeldOperand& h : held_) h.valid = false;
   return Status::Ok();
 }
@@ -1194,7 +1194,6 @@ Status CudaBackend::PrepareWeight(const float* w, int64_t rows, int64_t cols, in
     return Status::Ok();
   }
   h.valid = false;
-  h.values.RefuseWhile(&on_side_);  // like every scratch: not from side work
   KEEL_RETURN_IF_ERROR(PrepareOperand(w, rows, cols, axis, role, q, bf16, &h.values, out));
   h.format = f;
   h.rows = rows;

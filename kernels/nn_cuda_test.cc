@@ -959,7 +959,7 @@ TEST_F(NnCudaTest, KeelCudaOffRefusesAnUnknownName) {
   unsetenv("KEEL_CUDA_OFF");
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("KEEL_CUDA_OFF: unknown 'no_such_fusion' (allowed: a comma-separated list of "
-                             "dy_one_pass, mx_cols_tiles, ln_backward_fused, mx_tiles_prefetch)"),
+                             "dy_one_pass, mx_cols_tiles, ln_backward_fused, mx_tiles_prefetch, held_weight)"),
             std::string::npos)
       << s.message();
 }
@@ -1113,8 +1113,11 @@ TEST_F(NnCudaTest, LinearDyInOnePassGivesTheBitsOfTwoPasses) {
 // forward and backward read the quantized copies of w made for the first chunk.
 // Every output keeps the bits of quantizing w per chunk; w's two roles are
 // counted once instead of once a chunk where the format can be held (nearest
-// rounding, no per-tensor scale, no RHT), every call where it cannot.
+// rounding, no per-tensor scale, no RHT), every call where it cannot, and every
+// call under KEEL_CUDA_OFF=held_weight.
 TEST_F(NnCudaTest, AHeldWeightIsQuantizedOnceWithTheBitsOfEveryChunk) {
+  std::unique_ptr<Backend> not_held = BackendWithout("held_weight");
+  ASSERT_TRUE(not_held != nullptr);
   struct Case {
     std::string name;
     LinearQuant q;
@@ -1138,31 +1141,37 @@ TEST_F(NnCudaTest, AHeldWeightIsQuantizedOnceWithTheBitsOfEveryChunk) {
   const std::vector<float> dw0 = Normal(out * in, 294, 1e-3f);
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    BackwardResult r[2];
-    std::vector<float> y[2];
-    for (int hold = 0; hold < 2; ++hold) {
+    // 0: no hold; 1: held; 2: held, on a backend with held_weight off.
+    BackwardResult r[3];
+    std::vector<float> y[3];
+    for (int mode = 0; mode < 3; ++mode) {
+      Backend* be = mode == 2 ? not_held.get() : gpu_.get();
       Dual yd = Zeros(rows * out), dx = Zeros(rows * in), dw = Floats(dw0);
       LinearQuant q = c.q;
       q.seed = 0x4E1D;
       q.stats_slot = 0;
       q.keep_slot = 0;  // as the models pass it: an MX or NVFP4 w is not kept for the backward, a BF16 one is
-      ASSERT_OK(gpu_->ResetOperandStats(1));
-      if (hold == 1) ASSERT_OK(gpu_->HoldWeight(w.g()));
+      ASSERT_OK(be->ResetOperandStats(1));
+      if (mode > 0) ASSERT_OK(be->HoldWeight(w.g()));
       for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-        ASSERT_OK(gpu_->LinearForward(x.g() + r0 * in, w.g(), nullptr, nullptr, yd.g() + r0 * out, chunk, in, out, q));
-        ASSERT_OK(gpu_->LinearBackward(x.g() + r0 * in, w.g(), dy.g() + r0 * out, dx.g() + r0 * in, dw.g(), nullptr,
-                                       chunk, in, out, q));
+        ASSERT_OK(be->LinearForward(x.g() + r0 * in, w.g(), nullptr, nullptr, yd.g() + r0 * out, chunk, in, out, q));
+        ASSERT_OK(be->LinearBackward(x.g() + r0 * in, w.g(), dy.g() + r0 * out, dx.g() + r0 * in, dw.g(), nullptr,
+                                     chunk, in, out, q));
       }
-      ASSERT_OK(gpu_->HoldWeight(nullptr));
-      ASSERT_OK(gpu_->Sync());
-      ASSERT_OK(gpu_->ReadOperandStats(&r[hold].stats));
-      y[hold] = Get(gpu_.get(), yd.g(), yd.bytes);
-      r[hold].dx = Get(gpu_.get(), dx.g(), dx.bytes);
-      r[hold].dw = Get(gpu_.get(), dw.g(), dw.bytes);
+      ASSERT_OK(be->HoldWeight(nullptr));
+      ASSERT_OK(be->Sync());
+      ASSERT_OK(be->ReadOperandStats(&r[mode].stats));
+      y[mode] = Get(be, yd.g(), yd.bytes);
+      r[mode].dx = Get(be, dx.g(), dx.bytes);
+      r[mode].dw = Get(be, dw.g(), dw.bytes);
     }
-    ExpectBits("y", y[0], y[1]);
-    ExpectBits("dx", r[0].dx, r[1].dx);
-    ExpectBits("dw", r[0].dw, r[1].dw);
+    for (int mode = 1; mode < 3; ++mode) {
+      SCOPED_TRACE(mode == 1 ? "held" : "held_weight off");
+      ExpectBits("y", y[0], y[mode]);
+      ExpectBits("dx", r[0].dx, r[mode].dx);
+      ExpectBits("dw", r[0].dw, r[mode].dw);
+    }
+    ExpectStatsEqual("held_weight off", r[0].stats, r[2].stats);
     ASSERT_EQ(r[0].stats.size(), static_cast<size_t>(kRoleCount));
     ASSERT_EQ(r[1].stats.size(), static_cast<size_t>(kRoleCount));
     for (int role = 0; role < kRoleCount; ++role) {
