@@ -162,7 +162,7 @@ class Backend {
   // HoldWeight(w): until HoldWeight(nullptr), the caller promises that w does
   // not change, so a backend may keep its quantized copies of w (the forward's
   // along rows, the dgrad's down the columns) across the linears that read it
-  // instead of quantizing w again for each: the MX head's chunks (Model::
+  // instead of quantizing w again for each: a head's chunks (Model::
   // HeadAndLoss). The results keep their bits (nearest rounding, no per-tensor
   // scale or RHT: the held formats); the operand statistics count w once
   // instead of once a call (their fractions do not change). The CPU backend

@@ -505,6 +505,7 @@ class CudaBackend final : public Backend {
     bool valid = false;
     Scratch values;  // bf16, row-major like the source
     KeptStats stats;
+    int64_t hold = 0;  // the HoldWeight (hold_count_) during which it was rounded, 0: none
   };
   struct Operand {
     const void* data = nullptr;          // bf16 or fp32 values, row-major like the source
@@ -708,7 +709,12 @@ class CudaBackend final : public Backend {
     Scratch values;
   };
   const float* held_w_ = nullptr;
+  int64_t hold_count_ = 0;  // HoldWeight(w) calls so far: the current hold's number while held_w_ is set
   HeldOperand held_[2];
+  // A BF16 w kept for the backward (keep_slot) by an earlier forward of this
+  // hold: points *out at it and leaves it kept (the chunks' forwards round w
+  // once; the backward after them takes it as before).
+  bool ReuseHeldKept(const LinearQuant& q, const float* w, int64_t rows, int64_t cols, Operand* out);
   // PrepareOperand for w in role kFwdW (axis 1) or kDgradW (axis 0): while w is
   // held and its format can be held, the held copy (quantized on first use);
   // else a fresh one in op_b_.

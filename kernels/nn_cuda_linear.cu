@@ -1179,8 +1179,23 @@ bool SameFormat(const OperandFormat& a, const OperandFormat& b) {
 
 Status CudaBackend::HoldWeight(const float* w) {
   held_w_ = held_weight_ ? w : nullptr;  // KEEL_CUDA_OFF=held_weight: every call quantizes afresh
+  if (held_w_ != nullptr) ++hold_count_;
   for (HeldOperand& h : held_) h.valid = false;
   return Status::Ok();
+}
+
+bool CudaBackend::ReuseHeldKept(const LinearQuant& q, const float* w, int64_t rows, int64_t cols, Operand* out) {
+  if (held_w_ == nullptr || w != held_w_ || q.keep_slot < 0 || static_cast<size_t>(q.keep_slot) >= kept_w_.size())
+    return false;
+  const KeptOperand* k = kept_w_[static_cast<size_t>(q.keep_slot)].get();
+  const OperandFormat& f = q.role[static_cast<int>(Role::kFwdW)];
+  // Rounded in this hold (w unchanged since), from this w and shape, the same rounding.
+  if (k == nullptr || !k->valid || k->hold != hold_count_ || k->source != w || k->rows != rows || k->cols != cols ||
+      !SameBf16Rounding(f, q.role[static_cast<int>(Role::kDgradW)]) || k->rounding != f.rounding)
+    return false;
+  out->data = k->values.get<void>();  // no pass, no statistics: counted by the forward that rounded it
+  out->tensor_scale = nullptr;
+  return true;
 }
 
 Status CudaBackend::PrepareWeight(const float* w, int64_t rows, int64_t cols, int axis, Role role,
@@ -1232,8 +1247,10 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
   // (x given in bf16 needs no copy kept: the backward reads it again.)
   KeptOperand* kx = KeepFor(&kept_x_, q, Role::kFwdX, Role::kWgradX,
                             !bf16_x && bf16 && quantized(Role::kWgradDy) && quantized(Role::kWgradX));
-  KeptOperand* kw = KeepFor(&kept_w_, q, Role::kFwdW, Role::kDgradW,
-                            bf16 && quantized(Role::kDgradDy) && quantized(Role::kDgradW));
+  const bool keep_w = bf16 && quantized(Role::kDgradDy) && quantized(Role::kDgradW);
+  // A held BF16 w that an earlier chunk's forward rounded and kept: used as it is, still kept.
+  const bool w_reused = keep_w && ReuseHeldKept(q, w, out, in, &qw);
+  KeptOperand* kw = w_reused ? nullptr : KeepFor(&kept_w_, q, Role::kFwdW, Role::kDgradW, keep_w);
   if (bf16_x) {
     qx.data = q.x_bf16;
     if (q.stats_slot >= 0)
@@ -1244,7 +1261,8 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
   }
   if (kw != nullptr) {
     KEEL_RETURN_IF_ERROR(PrepareOperand(w, out, in, 1, Role::kFwdW, q, bf16, &kw->values, &qw, &kw->stats));
-  } else {
+    kw->hold = w == held_w_ ? hold_count_ : 0;
+  } else if (!w_reused) {
     KEEL_RETURN_IF_ERROR(PrepareWeight(w, out, in, 1, Role::kFwdW, q, bf16, &qw));  // held, or fresh in op_b_
   }
   for (auto [k, source, k_rows, role] : {std::make_tuple(kx, x, rows, Role::kFwdX), std::make_tuple(kw, w, out, Role::kFwdW)}) {

@@ -1189,6 +1189,51 @@ TEST_F(NnCudaTest, AHeldWeightIsQuantizedOnceWithTheBitsOfEveryChunk) {
   }
 }
 
+// The BF16 head's chunks (Model::HeadAndLoss): each chunk's forward, then one
+// backward over every row after them. With the weight held, the first chunk's
+// forward rounds w and keeps it (keep_slot), the later ones use that copy, and
+// the backward takes it as before: the bits of rounding w per chunk; fwd_w
+// counted once instead of once a chunk, dgrad_w once either way (the kept pair).
+TEST_F(NnCudaTest, AHeldBf16WeightIsRoundedOnceForTheChunksAndKeptForTheBackward) {
+  const int64_t rows = 128, chunk = 32, in = 64, out = 96, chunks = rows / chunk;
+  Dual x = Floats(WithOutliers(rows * in, 295)), w = Floats(Normal(out * in, 296, 0.05f));
+  Dual dy = Floats(WithOutliers(rows * out, 297, 1e-3f));
+  const std::vector<float> dw0 = Normal(out * in, 298, 1e-3f);
+  BackwardResult r[2];
+  std::vector<float> y[2];
+  for (int hold = 0; hold < 2; ++hold) {
+    SCOPED_TRACE(hold ? "held" : "not held");
+    Dual yd = Zeros(rows * out), dx = Zeros(rows * in), dw = Floats(dw0);
+    LinearQuant q = AllRoles(Quant(QuantFormat::kBf16));
+    q.stats_slot = 0;
+    q.keep_slot = 0;
+    ASSERT_OK(gpu_->ResetOperandStats(1));
+    if (hold == 1) ASSERT_OK(gpu_->HoldWeight(w.g()));
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      ASSERT_OK(gpu_->LinearForward(x.g() + r0 * in, w.g(), nullptr, nullptr, yd.g() + r0 * out, chunk, in, out, q));
+    }
+    ASSERT_OK(gpu_->HoldWeight(nullptr));
+    ASSERT_OK(gpu_->LinearBackward(x.g(), w.g(), dy.g(), dx.g(), dw.g(), nullptr, rows, in, out, q));
+    ASSERT_OK(gpu_->Sync());
+    ASSERT_OK(gpu_->ReadOperandStats(&r[hold].stats));
+    y[hold] = Get(gpu_.get(), yd.g(), yd.bytes);
+    r[hold].dx = Get(gpu_.get(), dx.g(), dx.bytes);
+    r[hold].dw = Get(gpu_.get(), dw.g(), dw.bytes);
+  }
+  ExpectBits("y", y[0], y[1]);
+  ExpectBits("dx", r[0].dx, r[1].dx);
+  ExpectBits("dw", r[0].dw, r[1].dw);
+  ASSERT_EQ(r[0].stats.size(), static_cast<size_t>(kRoleCount));
+  ASSERT_EQ(r[1].stats.size(), static_cast<size_t>(kRoleCount));
+  for (int role = 0; role < kRoleCount; ++role) {
+    SCOPED_TRACE(RoleName(static_cast<Role>(role)));
+    const int64_t times = static_cast<Role>(role) == Role::kFwdW ? chunks : 1;
+    EXPECT_EQ(r[0].stats[role].elements, r[1].stats[role].elements * times);
+  }
+  EXPECT_EQ(r[1].stats[R(Role::kFwdW)].elements, out * in);
+  EXPECT_EQ(r[1].stats[R(Role::kDgradW)].elements, out * in);
+}
+
 TEST_F(NnCudaTest, LinearStatsWithNonFiniteInputs) {
   const int64_t rows = 64, in = 96, out = 48;
   std::vector<float> xh = WithOutliers(rows * in, 61), dyh = WithOutliers(rows * out, 62);

@@ -138,6 +138,13 @@ int64_t HeadChunkRows(int64_t bt, int64_t padded_vocab, int64_t floats, int64_t 
 
 }  // namespace
 
+Status Model::WithHeadWeightHeld(const float* w, const std::function<Status()>& chunks) {
+  KEEL_RETURN_IF_ERROR(backend_->HoldWeight(w));
+  const Status s = chunks();
+  KEEL_RETURN_IF_ERROR(backend_->HoldWeight(nullptr));
+  return s;
+}
+
 Status Model::HeadAndLoss(const float* x, const float* w, const int32_t* targets, float* losses, int64_t bt,
                           int64_t d, int64_t padded_vocab, int64_t vocab, const LinearQuant& head,
                           const float* grad_scale, int64_t valid, double* loss) {
@@ -158,10 +165,8 @@ Status Model::HeadAndLoss(const float* x, const float* w, const int32_t* targets
     float* logits = static_cast<float*>(head_buf_);
     const float scale = training ? *grad_scale / static_cast<float>(valid) : 0.0f;
     dlogits_bf16_ = nullptr;
-    // w does not change across the chunks: the backend may quantize it once
-    // for the forwards and once for the dgrads (Backend::HoldWeight).
-    KEEL_RETURN_IF_ERROR(backend_->HoldWeight(w));
-    const Status chunks = [&]() -> Status {
+    // w quantized once for the chunks' forwards and once for their dgrads.
+    KEEL_RETURN_IF_ERROR(WithHeadWeightHeld(w, [&]() -> Status {
       for (int64_t r0 = 0; r0 < bt; r0 += rows) {
         KEEL_RETURN_IF_ERROR(
             backend_->LinearForward(x + r0 * d, w, nullptr, nullptr, logits, rows, d, padded_vocab, head));
@@ -176,9 +181,7 @@ Status Model::HeadAndLoss(const float* x, const float* w, const int32_t* targets
                                                       rows, d, padded_vocab, head));
       }
       return Status::Ok();
-    }();
-    KEEL_RETURN_IF_ERROR(backend_->HoldWeight(nullptr));
-    KEEL_RETURN_IF_ERROR(chunks);
+    }));
     head_backward_done_ = training;
     return MeanLoss(losses, bt, valid, loss);
   }
@@ -195,15 +198,21 @@ Status Model::HeadAndLoss(const float* x, const float* w, const int32_t* targets
   uint16_t* dlogits = reinterpret_cast<uint16_t*>(static_cast<char*>(head_buf_) + chunk_bytes);
   const float scale = training ? *grad_scale / static_cast<float>(valid) : 0.0f;
   dlogits_bf16_ = nullptr;
-  for (int64_t r0 = 0; r0 < bt; r0 += rows) {
-    KEEL_RETURN_IF_ERROR(backend_->LinearForward(x + r0 * d, w, nullptr, nullptr, logits, rows, d, padded_vocab, head));
-    if (training) {
-      KEEL_RETURN_IF_ERROR(backend_->CrossEntropyFusedBf16(logits, targets + r0, losses + r0, dlogits, padded_vocab,
-                                                           rows, padded_vocab, vocab, scale, r0));
-    } else {
-      KEEL_RETURN_IF_ERROR(backend_->CrossEntropyForward(logits, targets + r0, losses + r0, rows, padded_vocab, vocab));
+  // w rounded to bf16 once for the chunks' forwards, and kept for the backward after them.
+  KEEL_RETURN_IF_ERROR(WithHeadWeightHeld(w, [&]() -> Status {
+    for (int64_t r0 = 0; r0 < bt; r0 += rows) {
+      KEEL_RETURN_IF_ERROR(
+          backend_->LinearForward(x + r0 * d, w, nullptr, nullptr, logits, rows, d, padded_vocab, head));
+      if (training) {
+        KEEL_RETURN_IF_ERROR(backend_->CrossEntropyFusedBf16(logits, targets + r0, losses + r0, dlogits, padded_vocab,
+                                                             rows, padded_vocab, vocab, scale, r0));
+      } else {
+        KEEL_RETURN_IF_ERROR(
+            backend_->CrossEntropyForward(logits, targets + r0, losses + r0, rows, padded_vocab, vocab));
+      }
     }
-  }
+    return Status::Ok();
+  }));
   if (training) {
     dlogits_bf16_ = dlogits;
     dlogits_bf16_ld_ = padded_vocab;
