@@ -1068,7 +1068,9 @@ TEST_F(NnCpuTest, AdamWTensorsGivesEachTensorsSquaredDeltas) {
       want += d * d;
     }
     EXPECT_EQ(delta[i], want) << i;
-    if (sizes[i] > 0) EXPECT_GT(delta[i], 0.0) << i;
+    if (sizes[i] > 0) {
+      EXPECT_GT(delta[i], 0.0) << i;
+    }
   }
 }
 
