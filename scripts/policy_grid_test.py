@@ -268,6 +268,21 @@ class AnalyseTest(unittest.TestCase):
                 "replayed steps | steps above the start | extra compute (mean) |",
                 "| mxfp8_e4m3 | 4 | 256 | 0.001 | 3 | 1 | 1 | 20 | 1 | 1 | 20 | 540 | 18.7% |")
 
+    def test_targets_by_learning_rate_and_depth_name_what_each_group_misses(self):
+        # grid(): depth 4, lr 1e-3, 3 pairs: the one blow-up rescued, seed 2 a false alarm (1 of 3 runs),
+        # extra compute 18.7% on average: it misses the false alarms and the compute, not the rescues. A
+        # second group (depth 8) with one healthy untouched pair misses nothing.
+        runs = grid() + [summary("plain", "mxfp8_e4m3", 1, layers=8), summary("default", "mxfp8_e4m3", 1, layers=8),
+                         summary("fp32", "fp32", 1, layers=8, final_loss=0.95, step_ms_median=20.0)]
+        has_all(self, report_text(runs), "## Targets by learning rate and depth",
+                "| lr | L | pairs | blew up | rescued | false alarms | extra compute (mean) | misses |",
+                "| 0.001 | 4 | 3 | 1 | 1/1 (100%) | 1/3 (33%) | 18.7% | false alarms, extra compute |",
+                "| 0.001 | 8 | 1 | 0 | 0/0 | 0/1 (0%) | 0.0% | - |")
+        for r in runs:
+            if r["variant"] == "default" and r["layers"] == 4 and r["seed"] == 1:
+                r["final_loss"] = 2.0  # not rescued: 1 of 1 missed
+        self.assertIn("| 0.001 | 4 | 3 | 1 | 0/1 (0%) | 1/3 (33%) |", report_text(runs))
+
     def test_the_time_outside_the_steps_leaves_out_the_replayed_steps(self):
         # Seed 1's policy run: 1000 steps and the 20 replayed ones at its median 10 ms, 10.2 s in steps,
         # so 9.8 s of its 20 s outside them (9.6 s before session 36, which counted the replays there too).
