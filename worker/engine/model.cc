@@ -138,9 +138,15 @@ int64_t HeadChunkRows(int64_t bt, int64_t padded_vocab, int64_t floats, int64_t 
 
 }  // namespace
 
-Status Model::WithHeadWeightHeld(const float* w, const std::function<Status()>& chunks) {
+Status Model::HeadChunks(const float* x, const float* w, float* logits, int64_t bt, int64_t rows, int64_t d,
+                         int64_t padded_vocab, const LinearQuant& head,
+                         const std::function<Status(int64_t r0)>& after_chunk) {
   KEEL_RETURN_IF_ERROR(backend_->HoldWeight(w));
-  const Status s = chunks();
+  Status s = Status::Ok();
+  for (int64_t r0 = 0; r0 < bt && s.ok(); r0 += rows) {
+    s = backend_->LinearForward(x + r0 * d, w, nullptr, nullptr, logits, rows, d, padded_vocab, head);
+    if (s.ok()) s = after_chunk(r0);
+  }
   KEEL_RETURN_IF_ERROR(backend_->HoldWeight(nullptr));
   return s;
 }
@@ -166,21 +172,12 @@ Status Model::HeadAndLoss(const float* x, const float* w, const int32_t* targets
     const float scale = training ? *grad_scale / static_cast<float>(valid) : 0.0f;
     dlogits_bf16_ = nullptr;
     // w quantized once for the chunks' forwards and once for their dgrads.
-    KEEL_RETURN_IF_ERROR(WithHeadWeightHeld(w, [&]() -> Status {
-      for (int64_t r0 = 0; r0 < bt; r0 += rows) {
-        KEEL_RETURN_IF_ERROR(
-            backend_->LinearForward(x + r0 * d, w, nullptr, nullptr, logits, rows, d, padded_vocab, head));
-        if (!training) {
-          KEEL_RETURN_IF_ERROR(
-              backend_->CrossEntropyForward(logits, targets + r0, losses + r0, rows, padded_vocab, vocab));
-          continue;
-        }
-        KEEL_RETURN_IF_ERROR(backend_->CrossEntropyFused(logits, targets + r0, losses + r0, logits, rows, padded_vocab,
-                                                         vocab, scale));
-        KEEL_RETURN_IF_ERROR(backend_->LinearBackward(x + r0 * d, w, logits, head_dx_ + r0 * d, head_dw_, nullptr,
-                                                      rows, d, padded_vocab, head));
-      }
-      return Status::Ok();
+    KEEL_RETURN_IF_ERROR(HeadChunks(x, w, logits, bt, rows, d, padded_vocab, head, [&](int64_t r0) -> Status {
+      if (!training) return backend_->CrossEntropyForward(logits, targets + r0, losses + r0, rows, padded_vocab, vocab);
+      KEEL_RETURN_IF_ERROR(backend_->CrossEntropyFused(logits, targets + r0, losses + r0, logits, rows, padded_vocab,
+                                                       vocab, scale));
+      return backend_->LinearBackward(x + r0 * d, w, logits, head_dx_ + r0 * d, head_dw_, nullptr, rows, d,
+                                      padded_vocab, head);
     }));
     head_backward_done_ = training;
     return MeanLoss(losses, bt, valid, loss);
@@ -199,19 +196,10 @@ Status Model::HeadAndLoss(const float* x, const float* w, const int32_t* targets
   const float scale = training ? *grad_scale / static_cast<float>(valid) : 0.0f;
   dlogits_bf16_ = nullptr;
   // w rounded to bf16 once for the chunks' forwards, and kept for the backward after them.
-  KEEL_RETURN_IF_ERROR(WithHeadWeightHeld(w, [&]() -> Status {
-    for (int64_t r0 = 0; r0 < bt; r0 += rows) {
-      KEEL_RETURN_IF_ERROR(
-          backend_->LinearForward(x + r0 * d, w, nullptr, nullptr, logits, rows, d, padded_vocab, head));
-      if (training) {
-        KEEL_RETURN_IF_ERROR(backend_->CrossEntropyFusedBf16(logits, targets + r0, losses + r0, dlogits, padded_vocab,
-                                                             rows, padded_vocab, vocab, scale, r0));
-      } else {
-        KEEL_RETURN_IF_ERROR(
-            backend_->CrossEntropyForward(logits, targets + r0, losses + r0, rows, padded_vocab, vocab));
-      }
-    }
-    return Status::Ok();
+  KEEL_RETURN_IF_ERROR(HeadChunks(x, w, logits, bt, rows, d, padded_vocab, head, [&](int64_t r0) -> Status {
+    if (!training) return backend_->CrossEntropyForward(logits, targets + r0, losses + r0, rows, padded_vocab, vocab);
+    return backend_->CrossEntropyFusedBf16(logits, targets + r0, losses + r0, dlogits, padded_vocab, rows,
+                                           padded_vocab, vocab, scale, r0);
   }));
   if (training) {
     dlogits_bf16_ = dlogits;

@@ -205,9 +205,11 @@ class Model {
   Status HeadAndLoss(const float* x, const float* w, const int32_t* targets, float* losses, int64_t bt, int64_t d,
                      int64_t padded_vocab, int64_t vocab, const LinearQuant& head, const float* grad_scale,
                      int64_t valid, double* loss);
-  // Runs a head's chunks with w held (Backend::HoldWeight): w does not change
-  // across them, so the backend may quantize it once for all of them.
-  Status WithHeadWeightHeld(const float* w, const std::function<Status()>& chunks);
+  // The head's logits chunk by chunk (rows of x at a time into `logits`), each followed by
+  // after_chunk(r0), its first row, with w held (Backend::HoldWeight) throughout: w does not
+  // change across the chunks, so the backend may quantize it once for all of them.
+  Status HeadChunks(const float* x, const float* w, float* logits, int64_t bt, int64_t rows, int64_t d,
+                    int64_t padded_vocab, const LinearQuant& head, const std::function<Status(int64_t r0)>& after_chunk);
   // The head backward's fp32 dy: the one-piece pass's dlogits (not read when
   // HeadBackward gives the backward its dy in bf16).
   float* head_dy() const { return static_cast<float*>(head_buf_); }
