@@ -618,6 +618,20 @@ class GenTest(unittest.TestCase):
         self.assertIn("precision: [mxfp6_e2m3, mxfp6_e2m3]", variant)
         self.assertIn("policy: [default, {preset: default, rollback: 200}]", variant)
 
+    def test_twins_only_writes_the_unprotected_runs_and_the_reference_and_nothing_else(self):
+        text, said = self.gen("--name", "m", "--layers", "3,4", "--widths", "256", "--lrs", "3e-4", "--seeds", "1",
+                              "--twins-only")
+        has_all(self, text, "precision: [mxfp8_e4m3, mxfp8_e4m3_bwd_e5m2, mxfp6_e2m3, fp32]",
+                "policy: [{}, {}, {}, {}]", "(--twins-only: the twins and references")
+        self.assertNotIn("default", text.split("axes:")[1])
+        self.assertTrue(said.endswith("sweep.yaml: 8 runs\n"), said)  # 2 depths x (3 formats + fp32)
+        for clash in (["--policy-only"], ["--rollback", "200"], ["--probation", "500"], ["--lr-fallbacks", "3"]):
+            with self.subTest(clash=clash), self.assertRaises(SystemExit) as e, \
+                    contextlib.redirect_stderr(io.StringIO()):
+                self.gen("--name", "m", "--layers", "3", "--widths", "256", "--lrs", "3e-4", "--seeds", "1",
+                         "--twins-only", *clash)
+            self.assertIn("--twins-only runs no policy", str(e.exception))
+
     def test_the_language_model_needs_its_shards(self):
         with self.assertRaises(SystemExit) as e, contextlib.redirect_stderr(io.StringIO()):
             self.gen("--name", "lm", "--model", "gpt", "--widths", "512")
