@@ -344,6 +344,21 @@ class Backend {
   virtual Status AttentionBackward(const float* qkv, const float* out, const float* stats,
                                    const float* dout, float* dqkv, int64_t batch, int64_t seq,
                                    int64_t heads, int64_t dim, bool bf16_operands) = 0;
+  // The same pair with q, k and v kept between them in the form the backend's
+  // kernels read (its heads): AttentionForwardKeep also writes them to `kept`
+  // (at most 3 * batch * seq * dim floats' bytes; the layout is the backend's),
+  // and AttentionBackwardKept reads them from there instead of taking them from
+  // qkv again, so the caller need not keep qkv between the passes. Results are
+  // AttentionForward's and AttentionBackward's on that qkv, bit for bit. Only
+  // where KeepsAttentionHeads(hd, bf16_operands) says so (the defaults: never;
+  // the calls then fail).
+  virtual bool KeepsAttentionHeads(int64_t head_dim, bool bf16_operands) const;
+  virtual Status AttentionForwardKeep(const float* qkv, float* kept, float* out, float* stats,
+                                      int64_t batch, int64_t seq, int64_t heads, int64_t dim,
+                                      bool bf16_operands);
+  virtual Status AttentionBackwardKept(const float* kept, const float* out, const float* stats,
+                                       const float* dout, float* dqkv, int64_t batch, int64_t seq,
+                                       int64_t heads, int64_t dim, bool bf16_operands);
 
   // ---- Gated linear attention (GLA, the gla model; docs/train.md) --------------------
   // y = scale * logsigmoid(x) = -scale * log(1 + exp(-x)), computed as

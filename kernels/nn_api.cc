@@ -75,6 +75,18 @@ Status Backend::CrossEntropyFusedBf16(const float*, const int32_t*, float*, uint
   return Status::Error(std::string("CrossEntropyFusedBf16: not implemented by the ") + name() + " backend");
 }
 
+bool Backend::KeepsAttentionHeads(int64_t, bool) const { return false; }
+
+Status Backend::AttentionForwardKeep(const float*, float*, float*, float*, int64_t, int64_t, int64_t, int64_t,
+                                     bool) {
+  return Status::Error(std::string("AttentionForwardKeep: not implemented by the ") + name() + " backend");
+}
+
+Status Backend::AttentionBackwardKept(const float*, const float*, const float*, const float*, float*, int64_t,
+                                      int64_t, int64_t, int64_t, bool) {
+  return Status::Error(std::string("AttentionBackwardKept: not implemented by the ") + name() + " backend");
+}
+
 Status Backend::GeluForwardBf16(const float*, uint16_t*, int64_t) {
   return Status::Error(std::string("GeluForwardBf16: not implemented by the ") + name() + " backend");
 }

@@ -208,61 +208,114 @@ Status CheckAttentionShape(const char* what, int64_t batch, int64_t seq, int64_t
 // Launchers
 // ============================================================================
 
-Status CudaBackend::AttentionHeads(const float* qkv, const float* dout, int64_t batch, int64_t seq, int64_t heads,
-                                   int64_t dim, bool bf16) {
+// Columns off0, off1, off2 (those not null: out1, out2) of a row-major (batch * seq) x ld matrix, head by head,
+// into [b, h, t, d] arrays of bf16 or fp32: the packed kernel where its alignment and index limits hold,
+// else PermuteKernel (the same bits).
+Status CudaBackend::PackHeads(const float* src, int64_t ld, int64_t off0, int64_t off1, int64_t off2, void* out0,
+                              void* out1, void* out2, int64_t batch, int64_t seq, int64_t heads, int64_t dim,
+                              bool bf16) {
   const Shape s{batch, seq, heads, dim / heads, dim};
   const int64_t n = batch * heads * seq * s.hd;
-  const size_t elem = bf16 ? 2 : 4;
-  KEEL_RETURN_IF_ERROR(attn_q_.Reserve(n * elem, stream_));
-  KEEL_RETURN_IF_ERROR(attn_k_.Reserve(n * elem, stream_));
-  KEEL_RETURN_IF_ERROR(attn_v_.Reserve(n * elem, stream_));
-  if (dout != nullptr) KEEL_RETURN_IF_ERROR(attn_o_.Reserve(n * elem, stream_));
   // The packed kernel needs 16-byte aligned 8-column chunks and 32-bit indices.
-  const bool packed = bf16 && s.hd % 8 == 0 && dim % 4 == 0 && reinterpret_cast<uintptr_t>(qkv) % 16 == 0 &&
-                      (dout == nullptr || reinterpret_cast<uintptr_t>(dout) % 16 == 0) &&
-                      batch * seq * 3 * dim < (int64_t{1} << 31);
+  auto aligned = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool packed = bf16 && s.hd % 8 == 0 && ld % 4 == 0 && off0 % 4 == 0 && off1 % 4 == 0 && off2 % 4 == 0 &&
+                      aligned(src) && aligned(out0) && aligned(out1) && aligned(out2) &&
+                      batch * seq * ld < (int64_t{1} << 31);
   if (packed) {
-    const int rows = static_cast<int>(batch * seq);
-    const int64_t chunks = n / 8;
-    PackBf16Kernel<<<GridFor(chunks), kThreads, 0, stream_>>>(
-        qkv, static_cast<int>(3 * dim), 0, static_cast<int>(dim), static_cast<int>(2 * dim),
-        attn_q_.get<__nv_bfloat16>(), attn_k_.get<__nv_bfloat16>(), attn_v_.get<__nv_bfloat16>(), rows,
-        static_cast<int>(seq), static_cast<int>(heads), static_cast<int>(s.hd));
-    NN_LAUNCH_CHECK();
-    if (dout != nullptr) {
-      PackBf16Kernel<<<GridFor(chunks), kThreads, 0, stream_>>>(
-          dout, static_cast<int>(dim), 0, 0, 0, attn_o_.get<__nv_bfloat16>(), nullptr, nullptr, rows,
-          static_cast<int>(seq), static_cast<int>(heads), static_cast<int>(s.hd));
-    }
+    PackBf16Kernel<<<GridFor(n / 8), kThreads, 0, stream_>>>(
+        src, static_cast<int>(ld), static_cast<int>(off0), static_cast<int>(off1), static_cast<int>(off2),
+        static_cast<__nv_bfloat16*>(out0), static_cast<__nv_bfloat16*>(out1), static_cast<__nv_bfloat16*>(out2),
+        static_cast<int>(batch * seq), static_cast<int>(seq), static_cast<int>(heads), static_cast<int>(s.hd));
   } else if (bf16) {
     PermuteKernel<__nv_bfloat16><<<GridFor(n), kThreads, 0, stream_>>>(
-        qkv, 3 * dim, 0, dim, 2 * dim, attn_q_.get<__nv_bfloat16>(), attn_k_.get<__nv_bfloat16>(),
-        attn_v_.get<__nv_bfloat16>(), s);
-    NN_LAUNCH_CHECK();
-    if (dout != nullptr) {
-      PermuteKernel<__nv_bfloat16><<<GridFor(n), kThreads, 0, stream_>>>(
-          dout, dim, 0, 0, 0, attn_o_.get<__nv_bfloat16>(), nullptr, nullptr, s);
-    }
+        src, ld, off0, off1, off2, static_cast<__nv_bfloat16*>(out0), static_cast<__nv_bfloat16*>(out1),
+        static_cast<__nv_bfloat16*>(out2), s);
   } else {
-    PermuteKernel<float><<<GridFor(n), kThreads, 0, stream_>>>(qkv, 3 * dim, 0, dim, 2 * dim, attn_q_.get<float>(),
-                                                               attn_k_.get<float>(), attn_v_.get<float>(), s);
-    NN_LAUNCH_CHECK();
-    if (dout != nullptr) {
-      PermuteKernel<float><<<GridFor(n), kThreads, 0, stream_>>>(dout, dim, 0, 0, 0, attn_o_.get<float>(), nullptr,
-                                                                 nullptr, s);
-    }
+    PermuteKernel<float><<<GridFor(n), kThreads, 0, stream_>>>(src, ld, off0, off1, off2, static_cast<float*>(out0),
+                                                               static_cast<float*>(out1), static_cast<float*>(out2), s);
   }
   NN_LAUNCH_CHECK();
   return Status::Ok();
 }
 
-FlashArgs CudaBackend::FlashHeads(int64_t batch, int64_t seq, int64_t heads, int64_t dim) {
+Status CudaBackend::AttentionHeads(const float* qkv, const float* dout, int64_t batch, int64_t seq, int64_t heads,
+                                   int64_t dim, bool bf16) {
+  const int64_t n = batch * heads * seq * (dim / heads);
+  const size_t elem = bf16 ? 2 : 4;
+  KEEL_RETURN_IF_ERROR(attn_q_.Reserve(n * elem, stream_));
+  KEEL_RETURN_IF_ERROR(attn_k_.Reserve(n * elem, stream_));
+  KEEL_RETURN_IF_ERROR(attn_v_.Reserve(n * elem, stream_));
+  KEEL_RETURN_IF_ERROR(PackHeads(qkv, 3 * dim, 0, dim, 2 * dim, attn_q_.get<void>(), attn_k_.get<void>(),
+                                 attn_v_.get<void>(), batch, seq, heads, dim, bf16));
+  if (dout == nullptr) return Status::Ok();
+  KEEL_RETURN_IF_ERROR(attn_o_.Reserve(n * elem, stream_));
+  return PackHeads(dout, dim, 0, 0, 0, attn_o_.get<void>(), nullptr, nullptr, batch, seq, heads, dim, bf16);
+}
+
+FlashArgs CudaBackend::FlashHeads(int64_t batch, int64_t seq, int64_t heads, int64_t dim, const void* kept) {
   FlashArgs f;
-  f.q = attn_q_.get<__nv_bfloat16>();
-  f.k = attn_k_.get<__nv_bfloat16>();
-  f.v = attn_v_.get<__nv_bfloat16>();
+  if (kept != nullptr) {
+    // KeptHeads' layout: q, k, v one after the other, each [b, h, t, d] bf16.
+    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(kept);
+    const int64_t n = batch * seq * dim;
+    f.q = q, f.k = q + n, f.v = q + 2 * n;
+  } else {
+    f.q = attn_q_.get<__nv_bfloat16>();
+    f.k = attn_k_.get<__nv_bfloat16>();
+    f.v = attn_v_.get<__nv_bfloat16>();
+  }
   f.batch = batch, f.seq = seq, f.heads = heads, f.dim = dim;
   return f;
+}
+
+bool CudaBackend::KeepsAttentionHeads(int64_t head_dim, bool bf16_operands) const {
+  return kept_heads_ && bf16_operands && FlashSupports(head_dim);
+}
+
+Status CudaBackend::AttentionForwardKeep(const float* qkv, float* kept, float* out, float* stats, int64_t batch,
+                                         int64_t seq, int64_t heads, int64_t dim, bool bf16_operands) {
+  NN_PROFILE("AttentionForward");
+  KEEL_RETURN_IF_ERROR(CheckAttentionShape("AttentionForwardKeep", batch, seq, heads, dim));
+  if (qkv == nullptr || kept == nullptr || out == nullptr || stats == nullptr)
+    return Status::Error("AttentionForwardKeep: qkv, kept, out or stats: null");
+  if (!KeepsAttentionHeads(dim / heads, bf16_operands))
+    return Status::Error("AttentionForwardKeep: head size " + std::to_string(dim / heads) +
+                         (bf16_operands ? "" : " with fp32 operands") +
+                         " is not kept (KeepsAttentionHeads: bf16 operands, head size 32 or 64, kept_heads on)");
+  // The heads go to `kept` (q, k, v one after the other, [b, h, t, d] bf16: half of qkv's bytes) instead of
+  // attn_q_, attn_k_ and attn_v_, and the fused forward reads them from there.
+  const int64_t n = batch * seq * dim;
+  __nv_bfloat16* q = reinterpret_cast<__nv_bfloat16*>(kept);
+  KEEL_RETURN_IF_ERROR(PackHeads(qkv, 3 * dim, 0, dim, 2 * dim, q, q + n, q + 2 * n, batch, seq, heads, dim, true));
+  FlashArgs f = FlashHeads(batch, seq, heads, dim, kept);
+  f.out = out;
+  f.stats = stats;
+  return FlashForward(f, stream_);
+}
+
+Status CudaBackend::AttentionBackwardKept(const float* kept, const float* out, const float* stats, const float* dout,
+                                          float* dqkv, int64_t batch, int64_t seq, int64_t heads, int64_t dim,
+                                          bool bf16_operands) {
+  NN_PROFILE("AttentionBackward");
+  KEEL_RETURN_IF_ERROR(CheckAttentionShape("AttentionBackwardKept", batch, seq, heads, dim));
+  if (kept == nullptr || out == nullptr || stats == nullptr || dout == nullptr || dqkv == nullptr)
+    return Status::Error("AttentionBackwardKept: kept, out, stats, dout or dqkv: null");
+  if (!KeepsAttentionHeads(dim / heads, bf16_operands))
+    return Status::Error("AttentionBackwardKept: head size " + std::to_string(dim / heads) +
+                         (bf16_operands ? "" : " with fp32 operands") +
+                         " is not kept (KeepsAttentionHeads: bf16 operands, head size 32 or 64, kept_heads on)");
+  const int64_t bh = batch * heads, n = batch * seq * dim;
+  KEEL_RETURN_IF_ERROR(attn_delta_.Reserve(static_cast<size_t>(bh * seq) * sizeof(float), stream_));
+  KEEL_RETURN_IF_ERROR(FlashRowDots(dout, out, attn_delta_.get<float>(), batch, seq, heads, dim, stream_));
+  KEEL_RETURN_IF_ERROR(attn_o_.Reserve(n * 2, stream_));
+  KEEL_RETURN_IF_ERROR(
+      PackHeads(dout, dim, 0, 0, 0, attn_o_.get<void>(), nullptr, nullptr, batch, seq, heads, dim, true));
+  FlashArgs f = FlashHeads(batch, seq, heads, dim, kept);
+  f.dout = attn_o_.get<__nv_bfloat16>();
+  f.delta = attn_delta_.get<float>();
+  f.stats = const_cast<float*>(stats);  // read only by the backward kernels
+  f.dqkv = dqkv;
+  return FlashBackward(f, stream_);
 }
 
 Status CudaBackend::AttentionProbabilities(float* stats, bool recompute, int64_t batch, int64_t seq, int64_t heads,

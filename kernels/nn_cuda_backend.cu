@@ -317,7 +317,8 @@ Status CudaBackend::Init() {
                                                      {"mx_cols_tiles", &mx_cols_in_tiles_},
                                                      {"ln_backward_fused", &ln_backward_fused_},
                                                      {"mx_tiles_prefetch", &mx_tiles_prefetch_},
-                                                     {"held_weight", &held_weight_}};
+                                                     {"held_weight", &held_weight_},
+                                                     {"kept_heads", &kept_heads_}};
     std::string allowed;
     for (const auto& f : fusions) allowed += (allowed.empty() ? "" : ", ") + std::string(f.first);
     std::string list = off;

@@ -441,6 +441,12 @@ class CudaBackend final : public Backend {
   Status AttentionBackward(const float* qkv, const float* out, const float* stats,
                            const float* dout, float* dqkv, int64_t batch, int64_t seq,
                            int64_t heads, int64_t dim, bool bf16_operands) override;
+  bool KeepsAttentionHeads(int64_t head_dim, bool bf16_operands) const override;
+  Status AttentionForwardKeep(const float* qkv, float* kept, float* out, float* stats, int64_t batch,
+                              int64_t seq, int64_t heads, int64_t dim, bool bf16_operands) override;
+  Status AttentionBackwardKept(const float* kept, const float* out, const float* stats,
+                               const float* dout, float* dqkv, int64_t batch, int64_t seq,
+                               int64_t heads, int64_t dim, bool bf16_operands) override;
   Status LogSigmoidForward(const float* x, float* y, int64_t count, float scale) override;
   Status LogSigmoidBackward(const float* x, const float* dy, float* dx, int64_t count,
                             float scale) override;
@@ -629,9 +635,14 @@ class CudaBackend final : public Backend {
   // attn_v_ (attn_o_) per head [b, h, t, d], bf16 or fp32.
   Status AttentionHeads(const float* qkv, const float* dout, int64_t batch, int64_t seq, int64_t heads,
                         int64_t dim, bool bf16);
+  // Columns off0, off1, off2 of a row-major (batch * seq) x ld matrix, head by head, into
+  // [b, h, t, d] arrays out0, out1, out2 (out1 and out2 may be null), bf16 or fp32.
+  Status PackHeads(const float* src, int64_t ld, int64_t off0, int64_t off1, int64_t off2, void* out0, void* out1,
+                   void* out2, int64_t batch, int64_t seq, int64_t heads, int64_t dim, bool bf16);
   // The fused kernels' arguments for the bf16 heads AttentionHeads left in
-  // attn_q_, attn_k_ and attn_v_.
-  FlashArgs FlashHeads(int64_t batch, int64_t seq, int64_t heads, int64_t dim);
+  // attn_q_, attn_k_ and attn_v_, or (kept not null) those AttentionForwardKeep
+  // wrote to kept: q, k, v one after the other, each [b, h, t, d].
+  FlashArgs FlashHeads(int64_t batch, int64_t seq, int64_t heads, int64_t dim, const void* kept = nullptr);
   // The GEMM path's P in attn_s_ (and bf16 in attn_p_) from attn_q_ and attn_k_,
   // writing the stats, or with `recompute` reading them.
   Status AttentionProbabilities(float* stats, bool recompute, int64_t batch, int64_t seq, int64_t heads,
@@ -753,13 +764,16 @@ class CudaBackend final : public Backend {
   // mx_cols_tiles: Quantize sends MX down columns to QuantizeMxDownColumnsInTiles (else MxColsKernel);
   // ln_backward_fused: LayerNormBackward computes dx and the dgamma / dbeta partials in one kernel;
   // mx_tiles_prefetch: MxBothAxesColumnPartialsKernel (the kernel of the first two) loads a group of rows ahead;
-  // held_weight: see HoldWeight.
+  // held_weight: see HoldWeight; kept_heads: see KeepsAttentionHeads.
   bool dy_one_pass_ = true;
   bool mx_cols_in_tiles_ = true;
   bool ln_backward_fused_ = true;
   bool mx_tiles_prefetch_ = true;
   // held_weight: HoldWeight keeps a weight's quantized copies across the calls that read it.
   bool held_weight_ = true;
+  // kept_heads: KeepsAttentionHeads says yes (bf16 operands, head size 32 or 64): the attention's
+  // backward reads the heads its forward packed instead of packing qkv again.
+  bool kept_heads_ = true;
   Scratch codes_;                      // per-tensor FP8 codes, for its statistics
   Scratch partials_;                   // column-sum and reduction partials
   Scratch adam_table_;                 // AdamWTensors' tensor table and per-chunk delta partials

@@ -959,7 +959,7 @@ TEST_F(NnCudaTest, KeelCudaOffRefusesAnUnknownName) {
   unsetenv("KEEL_CUDA_OFF");
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("KEEL_CUDA_OFF: unknown 'no_such_fusion' (allowed: a comma-separated list of "
-                             "dy_one_pass, mx_cols_tiles, ln_backward_fused, mx_tiles_prefetch, held_weight)"),
+                             "dy_one_pass, mx_cols_tiles, ln_backward_fused, mx_tiles_prefetch, held_weight, kept_heads)"),
             std::string::npos)
       << s.message();
 }
@@ -2367,6 +2367,50 @@ TEST_F(NnCudaTest, AttentionMatchesCpu) {
       }
     }
   }
+}
+
+// AttentionForwardKeep / AttentionBackwardKept (the heads the forward packed, read again by the
+// backward) against AttentionForward / AttentionBackward on the same qkv: out, stats and dqkv bit for
+// bit, with qkv taken from dqkv's buffer and the backward then writing dqkv over it (how the gpt model
+// uses the pair). Head sizes 64 and 32 are kept; 48 (no fused kernel), fp32 operands, a backend with
+// KEEL_CUDA_OFF=kept_heads and the CPU backend keep nothing, and the calls say why.
+TEST_F(NnCudaTest, AttentionKeptHeadsGiveTheBitsOfTheUnkeptPair) {
+  struct AttentionShape {
+    int64_t batch, seq, heads, dim;
+  };
+  for (const AttentionShape& shape : {AttentionShape{2, 192, 4, 256}, AttentionShape{1, 100, 2, 64}}) {
+    const int64_t batch = shape.batch, seq = shape.seq, heads = shape.heads, dim = shape.dim;
+    SCOPED_TRACE("head size " + std::to_string(dim / heads) + ", seq " + std::to_string(seq));
+    ASSERT_TRUE(gpu_->KeepsAttentionHeads(dim / heads, true));
+    const std::vector<float> qkv_h = Normal(batch * seq * 3 * dim, 121), dout_h = Normal(batch * seq * dim, 122);
+    Dual qkv = Floats(qkv_h), dout = Floats(dout_h);
+    Dual out0 = Zeros(batch * seq * dim), stats0 = Zeros(batch * heads * seq * 2), dqkv0 = Zeros(batch * seq * 3 * dim);
+    ASSERT_OK(gpu_->AttentionForward(qkv.g(), out0.g(), stats0.g(), batch, seq, heads, dim, true));
+    ASSERT_OK(gpu_->AttentionBackward(qkv.g(), out0.g(), stats0.g(), dout.g(), dqkv0.g(), batch, seq, heads, dim,
+                                      true));
+    // kept: qkv's size, filled with NaN so that a head the forward did not write shows.
+    Dual kept = Floats(std::vector<float>(batch * seq * 3 * dim, std::numeric_limits<float>::quiet_NaN()));
+    Dual out1 = Zeros(batch * seq * dim), stats1 = Zeros(batch * heads * seq * 2), dqkv1 = Floats(qkv_h);
+    ASSERT_OK(gpu_->AttentionForwardKeep(dqkv1.g(), kept.g(), out1.g(), stats1.g(), batch, seq, heads, dim, true));
+    ASSERT_OK(gpu_->AttentionBackwardKept(kept.g(), out1.g(), stats1.g(), dout.g(), dqkv1.g(), batch, seq, heads,
+                                          dim, true));
+    ExpectBits("out", Gpu(out0), Gpu(out1));
+    ExpectBits("stats", Gpu(stats0), Gpu(stats1));
+    ExpectBits("dqkv", Gpu(dqkv0), Gpu(dqkv1));
+  }
+  EXPECT_FALSE(gpu_->KeepsAttentionHeads(48, true));
+  EXPECT_FALSE(gpu_->KeepsAttentionHeads(64, false));
+  EXPECT_FALSE(cpu_->KeepsAttentionHeads(64, true));
+  std::unique_ptr<Backend> off = BackendWithout("kept_heads");
+  ASSERT_TRUE(off != nullptr);
+  EXPECT_FALSE(off->KeepsAttentionHeads(64, true));
+  Dual qkv = Floats(Normal(1 * 70 * 3 * 96, 123)), kept = Zeros(1 * 70 * 3 * 96), out = Zeros(1 * 70 * 96),
+       stats = Zeros(1 * 2 * 70 * 2);
+  Status s = gpu_->AttentionForwardKeep(qkv.g(), kept.g(), out.g(), stats.g(), 1, 70, 2, 96, true);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("AttentionForwardKeep: head size 48 is not kept"), std::string::npos) << s.message();
+  s = cpu_->AttentionForwardKeep(qkv.c(), kept.c(), out.c(), stats.c(), 1, 70, 2, 96, true);
+  EXPECT_NE(s.message().find("not implemented by the cpu backend"), std::string::npos) << s.message();
 }
 
 // ---- Gated linear attention (GLA) -------------------------------------------------------

@@ -29,6 +29,9 @@ struct BlockActs {
   // reads them (XInBf16), so sized by the step's scheme (GrowActivation).
   float *ln1 = nullptr, *ln2 = nullptr, *act = nullptr;
   size_t ln1_bytes = 0, ln2_bytes = 0, act_bytes = 0;
+  // Whether the last forward kept the attention's heads in qkv's place (Backend::KeepsAttentionHeads):
+  // qkv then holds them instead of q, k and v, and the backward reads them with AttentionBackwardKept.
+  bool kept = false;
 };
 
 class GptModel : public Model {
@@ -211,9 +214,14 @@ class GptModel : public Model {
                                                G(q.proj_b), bt_, d_, d_,
                                                Quant(scheme, l, 1, quant_seed, stats)));
       KEEL_RETURN_IF_ERROR(Final(ready, {q.proj_w, q.proj_b}));
-      const float* qkv_used = m_.qk_layernorm ? a.qkv_normed : a.qkv;
-      KEEL_RETURN_IF_ERROR(backend_->AttentionBackward(qkv_used, a.att, a.att_stats, datt_, dqkv_, batch_,
-                                                  seq_, m_.heads, d_, AttentionBf16(scheme, l)));
+      if (a.kept) {
+        KEEL_RETURN_IF_ERROR(backend_->AttentionBackwardKept(a.qkv, a.att, a.att_stats, datt_, dqkv_, batch_, seq_,
+                                                             m_.heads, d_, AttentionBf16(scheme, l)));
+      } else {
+        const float* qkv_used = m_.qk_layernorm ? a.qkv_normed : a.qkv;
+        KEEL_RETURN_IF_ERROR(backend_->AttentionBackward(qkv_used, a.att, a.att_stats, datt_, dqkv_, batch_,
+                                                         seq_, m_.heads, d_, AttentionBf16(scheme, l)));
+      }
       if (m_.qk_layernorm) {
         KEEL_RETURN_IF_ERROR(HeadNormBackward(a.q_raw, q.qln_w, q.qln_b, a.q_mean, a.q_rstd, 0, grads));
         KEEL_RETURN_IF_ERROR(Final(ready, {q.qln_w, q.qln_b}));
@@ -326,17 +334,29 @@ class GptModel : public Model {
       const LinearQuant attn_q = XInBf16(attn_plain, a.ln1, d_);
       KEEL_RETURN_IF_ERROR(LayerNormAfter(attn_q, res_[l], pending, Affine(q.ln1_w), Affine(q.ln1_b), a.ln1,
                                           a.ln1_mean, a.ln1_rstd, bt_, d_, m_.ln_eps));
+      // Where the backend keeps the attention's heads (their bf16 copy is what its backward reads), q, k
+      // and v go to dqkv_ (free until the backward) and the heads to a.qkv: nothing packs qkv a second time.
+      const bool att_bf16 = AttentionBf16(scheme, l);
+      a.kept = !m_.qk_layernorm && backend_->KeepsAttentionHeads(d_ / m_.heads, att_bf16);
+      float* qkv_out = a.kept ? dqkv_ : a.qkv;
       KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.ln1, P(q.attn_w), q.attn_b < 0 ? nullptr : P(q.attn_b),
-                                              nullptr, a.qkv, bt_, d_, 3 * d_, attn_q));
-      const float* qkv_used = a.qkv;
-      if (m_.qk_layernorm) {
-        KEEL_RETURN_IF_ERROR(backend_->CopyBytes(a.qkv_normed, a.qkv, bt_ * 3 * d_ * sizeof(float)));
-        KEEL_RETURN_IF_ERROR(HeadNormForward(a.qkv, a.qkv_normed, a.q_raw, q.qln_w, q.qln_b, a.q_mean, a.q_rstd, 0));
-        KEEL_RETURN_IF_ERROR(HeadNormForward(a.qkv, a.qkv_normed, a.k_raw, q.kln_w, q.kln_b, a.k_mean, a.k_rstd, d_));
-        qkv_used = a.qkv_normed;
+                                              nullptr, qkv_out, bt_, d_, 3 * d_, attn_q));
+      if (a.kept) {
+        KEEL_RETURN_IF_ERROR(backend_->AttentionForwardKeep(qkv_out, a.qkv, a.att, a.att_stats, batch_, seq_,
+                                                            m_.heads, d_, att_bf16));
+      } else {
+        const float* qkv_used = a.qkv;
+        if (m_.qk_layernorm) {
+          KEEL_RETURN_IF_ERROR(backend_->CopyBytes(a.qkv_normed, a.qkv, bt_ * 3 * d_ * sizeof(float)));
+          KEEL_RETURN_IF_ERROR(
+              HeadNormForward(a.qkv, a.qkv_normed, a.q_raw, q.qln_w, q.qln_b, a.q_mean, a.q_rstd, 0));
+          KEEL_RETURN_IF_ERROR(
+              HeadNormForward(a.qkv, a.qkv_normed, a.k_raw, q.kln_w, q.kln_b, a.k_mean, a.k_rstd, d_));
+          qkv_used = a.qkv_normed;
+        }
+        KEEL_RETURN_IF_ERROR(backend_->AttentionForward(qkv_used, a.att, a.att_stats, batch_, seq_, m_.heads, d_,
+                                                        att_bf16));
       }
-      KEEL_RETURN_IF_ERROR(backend_->AttentionForward(qkv_used, a.att, a.att_stats, batch_, seq_, m_.heads, d_,
-                                                 AttentionBf16(scheme, l)));
       // mid = res + proj(att), the add done by ln2 when proj has a bias.
       // Nothing reads the projection without the residual (its backward needs
       // att, the weight and dmid).

@@ -126,6 +126,62 @@ void MakeHeadNet(uint32_t seed, int skip, TestNet* net, Batch* batch) {
 // and bf16 gradient are the one-chunk pass's, so the loss and the whole
 // gradient keep their bits; the head holds one chunk's fp32 logits plus every
 // row's bf16 dlogits. An fp32 head runs in one piece.
+// A CPU backend that keeps the attention's heads (Backend::KeepsAttentionHeads) for bf16 operands, as a
+// copy of qkv in `kept`, counting the calls.
+class KeepingCpu : public CpuBackend {
+ public:
+  KeepingCpu() : CpuBackend(2) {}
+  bool KeepsAttentionHeads(int64_t, bool bf16_operands) const override { return bf16_operands; }
+  Status AttentionForwardKeep(const float* qkv, float* kept, float* out, float* stats, int64_t batch, int64_t seq,
+                              int64_t heads, int64_t dim, bool bf16_operands) override {
+    ++keeps;
+    const Status copied = CopyBytes(kept, qkv, static_cast<size_t>(batch * seq * 3 * dim) * sizeof(float));
+    if (!copied.ok()) return copied;
+    return AttentionForward(kept, out, stats, batch, seq, heads, dim, bf16_operands);
+  }
+  Status AttentionBackwardKept(const float* kept, const float* out, const float* stats, const float* dout,
+                               float* dqkv, int64_t batch, int64_t seq, int64_t heads, int64_t dim,
+                               bool bf16_operands) override {
+    ++kepts;
+    return AttentionBackward(kept, out, stats, dout, dqkv, batch, seq, heads, dim, bf16_operands);
+  }
+  int keeps = 0, kepts = 0;
+};
+
+// Where the backend keeps the attention's heads, the gpt model writes qkv into its gradient scratch, has
+// the heads kept in the block's qkv buffer and runs the attention's backward from them: the loss and every
+// gradient keep the bits of the model on a backend that keeps nothing, step after step (each forward
+// overwrites the last one's heads), and under fp32 operands, which nothing keeps, it takes the plain pair.
+TEST(GptModelTest, KeptAttentionHeadsKeepTheBits) {
+  TestNet plain, keeping;
+  ASSERT_NO_FATAL_FAILURE(MakeGpt(&plain));
+  const std::string yaml = "model: {type: gpt, layers: " + std::to_string(kLayers) + ", width: " +
+                           std::to_string(kWidth) + ", heads: 2, context: " + std::to_string(kSeq) + ", vocab: " +
+                           std::to_string(kVocab) + "}\ndata: {train: unused.bin}\nbatch: " + std::to_string(kBatch) +
+                           "\nseq: " + std::to_string(kSeq) + "\n";
+  ASSERT_TRUE(ParseRunConfig(yaml, "test", {}, &keeping.config).ok());
+  auto* backend = new KeepingCpu();
+  keeping.backend.reset(backend);
+  ASSERT_TRUE(MakeModel(keeping.config, keeping.backend.get(), &keeping.model).ok());
+  Batch batch, same;
+  Init(&plain, &batch);
+  Init(&keeping, &same);
+  const PrecisionScheme bf16 = Preset("bf16");
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const StepResult a = Step(&plain, batch, bf16), b = Step(&keeping, same, bf16);
+    ASSERT_TRUE(std::isfinite(a.loss));
+    EXPECT_EQ(a.loss, b.loss);
+    EXPECT_EQ(a.grads, b.grads);
+  }
+  EXPECT_EQ(backend->keeps, 2 * kLayers);
+  EXPECT_EQ(backend->kepts, 2 * kLayers);
+  const StepResult c = Step(&plain, batch, Preset("fp32")), d = Step(&keeping, same, Preset("fp32"));
+  EXPECT_EQ(c.loss, d.loss);
+  EXPECT_EQ(c.grads, d.grads);
+  EXPECT_EQ(backend->keeps, 2 * kLayers);
+}
+
 TEST(GptModelTest, TheHeadInChunksKeepsTheBitsAndHoldsOneChunksLogits) {
   constexpr int kRows = kHeadRows;  // two chunks of 64
   const int64_t padded = 256;
