@@ -346,7 +346,8 @@ class Backend {
                                    int64_t heads, int64_t dim, bool bf16_operands) = 0;
   // The same pair with q, k and v kept between them in the form the backend's
   // kernels read (its heads): AttentionForwardKeep also writes them to `kept`
-  // (at most 3 * batch * seq * dim floats' bytes; the layout is the backend's),
+  // (3 * batch * seq * dim bf16 values, half of qkv's bytes; the layout is the
+  // backend's: kept heads always have bf16 operands),
   // and AttentionBackwardKept reads them from there instead of taking them from
   // qkv again, so the caller need not keep qkv between the passes. Results are
   // AttentionForward's and AttentionBackward's on that qkv, bit for bit. Only

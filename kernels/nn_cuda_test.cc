@@ -2388,8 +2388,9 @@ TEST_F(NnCudaTest, AttentionKeptHeadsGiveTheBitsOfTheUnkeptPair) {
     ASSERT_OK(gpu_->AttentionForward(qkv.g(), out0.g(), stats0.g(), batch, seq, heads, dim, true));
     ASSERT_OK(gpu_->AttentionBackward(qkv.g(), out0.g(), stats0.g(), dout.g(), dqkv0.g(), batch, seq, heads, dim,
                                       true));
-    // kept: qkv's size, filled with NaN so that a head the forward did not write shows.
-    Dual kept = Floats(std::vector<float>(batch * seq * 3 * dim, std::numeric_limits<float>::quiet_NaN()));
+    // kept: 3 * batch * seq * dim bf16 values (half of qkv's floats), filled with NaN so that a head the
+    // forward did not write shows.
+    Dual kept = Floats(std::vector<float>(batch * seq * 3 * dim / 2, std::numeric_limits<float>::quiet_NaN()));
     Dual out1 = Zeros(batch * seq * dim), stats1 = Zeros(batch * heads * seq * 2), dqkv1 = Floats(qkv_h);
     ASSERT_OK(gpu_->AttentionForwardKeep(dqkv1.g(), kept.g(), out1.g(), stats1.g(), batch, seq, heads, dim, true));
     ASSERT_OK(gpu_->AttentionBackwardKept(kept.g(), out1.g(), stats1.g(), dout.g(), dqkv1.g(), batch, seq, heads,

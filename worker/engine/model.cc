@@ -478,7 +478,11 @@ Status Model::GrowScratch(size_t need, void** buffer, size_t* bytes) {
 }
 
 Status Model::GrowActivation(const LinearQuant& q, int64_t count, float** buffer, size_t* bytes) {
-  const size_t need = static_cast<size_t>(count) * (XBf16(q) ? sizeof(uint16_t) : sizeof(float));
+  return GrowActivationBytes(static_cast<size_t>(count) * (XBf16(q) ? sizeof(uint16_t) : sizeof(float)), buffer,
+                             bytes);
+}
+
+Status Model::GrowActivationBytes(size_t need, float** buffer, size_t* bytes) {
   const size_t before = *bytes;
   void* p = *buffer;
   KEEL_RETURN_IF_ERROR(GrowScratch(need, &p, bytes));

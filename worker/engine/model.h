@@ -238,6 +238,9 @@ class Model {
   // its size. Such a buffer grows when a later step's scheme needs fp32, and
   // never shrinks.
   Status GrowActivation(const LinearQuant& q, int64_t count, float** buffer, size_t* bytes);
+  // The same for an activation of `need` bytes whose size follows the step in another way (the gpt
+  // model's qkv: bf16 heads where the backend keeps them, else fp32), counted in scheme_sized_bytes.
+  Status GrowActivationBytes(size_t need, float** buffer, size_t* bytes);
   // Makes *buffer (model scratch) hold `need` bytes, reallocating it (contents
   // not kept) when it is smaller; *bytes is its size.
   Status GrowScratch(size_t need, void** buffer, size_t* bytes);

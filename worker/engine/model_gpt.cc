@@ -22,7 +22,7 @@ struct BlockParams {
 
 // One block's saved activations.
 struct BlockActs {
-  float *ln1_mean, *ln1_rstd, *qkv, *qkv_normed = nullptr, *q_raw = nullptr,
+  float *ln1_mean, *ln1_rstd, *qkv = nullptr, *qkv_normed = nullptr, *q_raw = nullptr,
       *k_raw = nullptr, *q_mean = nullptr, *q_rstd = nullptr, *k_mean = nullptr,
       *k_rstd = nullptr, *att_stats, *att, *mid, *ln2_mean, *ln2_rstd, *fc;
   // The inputs of qkv, fc and the MLP's projection: bf16 or fp32 as the layer
@@ -32,6 +32,8 @@ struct BlockActs {
   // Whether the last forward kept the attention's heads in qkv's place (Backend::KeepsAttentionHeads):
   // qkv then holds them instead of q, k and v, and the backward reads them with AttentionBackwardKept.
   bool kept = false;
+  // qkv's bytes: batch * seq * 3 * width bf16 heads when kept, else fp32 (GrowActivationBytes).
+  size_t qkv_bytes = 0;
 };
 
 class GptModel : public Model {
@@ -94,7 +96,6 @@ class GptModel : public Model {
     for (BlockActs& a : acts_) {
       KEEL_RETURN_IF_ERROR(Scratch(bt_, &a.ln1_mean));
       KEEL_RETURN_IF_ERROR(Scratch(bt_, &a.ln1_rstd));
-      KEEL_RETURN_IF_ERROR(Scratch(bt_ * 3 * d_, &a.qkv));
       if (m_.qk_layernorm) {
         KEEL_RETURN_IF_ERROR(Scratch(bt_ * 3 * d_, &a.qkv_normed));
         KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.q_raw));
@@ -338,6 +339,8 @@ class GptModel : public Model {
       // and v go to dqkv_ (free until the backward) and the heads to a.qkv: nothing packs qkv a second time.
       const bool att_bf16 = AttentionBf16(scheme, l);
       a.kept = !m_.qk_layernorm && backend_->KeepsAttentionHeads(d_ / m_.heads, att_bf16);
+      KEEL_RETURN_IF_ERROR(GrowActivationBytes(static_cast<size_t>(bt_ * 3 * d_) * (a.kept ? 2 : 4), &a.qkv,
+                                               &a.qkv_bytes));
       float* qkv_out = a.kept ? dqkv_ : a.qkv;
       KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.ln1, P(q.attn_w), q.attn_b < 0 ? nullptr : P(q.attn_b),
                                               nullptr, qkv_out, bt_, d_, 3 * d_, attn_q));

@@ -2,10 +2,13 @@
 // step's scheme (ln1, ln2 and act: bf16 when the layer they feed reads them in
 // bf16, else fp32) take half the bytes under bf16, grow when a later step needs
 // fp32, and give the bits of a model that ran in that scheme from the start;
-// and no buffer but the weights is the size of every parameter.
+// and no buffer but the weights is the size of every parameter; where the backend
+// keeps the attention's heads (Backend::KeepsAttentionHeads), the same bits.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -71,8 +74,10 @@ StepResult Step(TestNet* net, const Batch& batch, const PrecisionScheme& scheme)
 
 TEST(GptModelTest, SchemeSizedActivationsAreHalfInBf16GrowForFp32AndKeepTheBits) {
   const PrecisionScheme bf16 = Preset("bf16"), fp32 = Preset("fp32");
-  // The three buffers of a layer: ln1 and ln2 (rows x width) and act (rows x 4 width).
+  // The three buffers of a layer: ln1 and ln2 (rows x width) and act (rows x 4 width); and qkv (rows x 3
+  // width), fp32 on a backend that keeps no attention heads (KeptAttentionHeadsKeepTheBits has the other).
   const int64_t rows = kBatch * kSeq, per_layer = rows * kWidth * (1 + 1 + 4);
+  const int64_t qkv = kLayers * rows * 3 * kWidth * 4;
 
   TestNet a;
   Batch batch;
@@ -80,12 +85,12 @@ TEST(GptModelTest, SchemeSizedActivationsAreHalfInBf16GrowForFp32AndKeepTheBits)
   ASSERT_NO_FATAL_FAILURE(Init(&a, &batch));
   EXPECT_EQ(a.model->scheme_sized_bytes(), 0);  // nothing before the first forward
   const StepResult a_bf16 = Step(&a, batch, bf16);
-  EXPECT_EQ(a.model->scheme_sized_bytes(), kLayers * per_layer * 2);  // bf16: 2 bytes an element
+  EXPECT_EQ(a.model->scheme_sized_bytes(), kLayers * per_layer * 2 + qkv);  // bf16: 2 bytes an element
   double a_fp32_eval = 0.0;
   ASSERT_TRUE(a.model->Evaluate(batch, fp32, 5, &a_fp32_eval).ok());
-  EXPECT_EQ(a.model->scheme_sized_bytes(), kLayers * per_layer * 4);  // grown for fp32
+  EXPECT_EQ(a.model->scheme_sized_bytes(), kLayers * per_layer * 4 + qkv);  // grown for fp32
   const StepResult a_bf16_again = Step(&a, batch, bf16);
-  EXPECT_EQ(a.model->scheme_sized_bytes(), kLayers * per_layer * 4);  // never shrinks
+  EXPECT_EQ(a.model->scheme_sized_bytes(), kLayers * per_layer * 4 + qkv);  // never shrinks
 
   // Fresh models with the same weights, each in one scheme from the start.
   TestNet b, c;
@@ -122,12 +127,9 @@ void MakeHeadNet(uint32_t seed, int skip, TestNet* net, Batch* batch) {
   }
 }
 
-// The head and loss in chunks of rows (a BF16 head): every row's logits, loss
-// and bf16 gradient are the one-chunk pass's, so the loss and the whole
-// gradient keep their bits; the head holds one chunk's fp32 logits plus every
-// row's bf16 dlogits. An fp32 head runs in one piece.
-// A CPU backend that keeps the attention's heads (Backend::KeepsAttentionHeads) for bf16 operands, as a
-// copy of qkv in `kept`, counting the calls.
+// A CPU backend that keeps the attention's heads (Backend::KeepsAttentionHeads) for bf16 operands: `kept`
+// holds q, k and v rounded to bf16 (nearest even; half of qkv's bytes, as nn.h allows), which the CPU's
+// bf16-operand attention rounds them to anyway; the calls are counted.
 class KeepingCpu : public CpuBackend {
  public:
   KeepingCpu() : CpuBackend(2) {}
@@ -135,17 +137,36 @@ class KeepingCpu : public CpuBackend {
   Status AttentionForwardKeep(const float* qkv, float* kept, float* out, float* stats, int64_t batch, int64_t seq,
                               int64_t heads, int64_t dim, bool bf16_operands) override {
     ++keeps;
-    const Status copied = CopyBytes(kept, qkv, static_cast<size_t>(batch * seq * 3 * dim) * sizeof(float));
-    if (!copied.ok()) return copied;
-    return AttentionForward(kept, out, stats, batch, seq, heads, dim, bf16_operands);
+    const int64_t n = batch * seq * 3 * dim;
+    uint16_t* bits = reinterpret_cast<uint16_t*>(kept);
+    for (int64_t i = 0; i < n; ++i) bits[i] = Bf16Bits(qkv[i]);
+    Widen(kept, n);
+    return AttentionForward(wide_.data(), out, stats, batch, seq, heads, dim, bf16_operands);
   }
   Status AttentionBackwardKept(const float* kept, const float* out, const float* stats, const float* dout,
                                float* dqkv, int64_t batch, int64_t seq, int64_t heads, int64_t dim,
                                bool bf16_operands) override {
     ++kepts;
-    return AttentionBackward(kept, out, stats, dout, dqkv, batch, seq, heads, dim, bf16_operands);
+    Widen(kept, batch * seq * 3 * dim);
+    return AttentionBackward(wide_.data(), out, stats, dout, dqkv, batch, seq, heads, dim, bf16_operands);
   }
   int keeps = 0, kepts = 0;
+
+ private:
+  static uint16_t Bf16Bits(float x) {  // nearest even (the values here are finite)
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof(u));
+    return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  }
+  void Widen(const float* kept, int64_t n) {
+    const uint16_t* bits = reinterpret_cast<const uint16_t*>(kept);
+    wide_.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
+      std::memcpy(&wide_[static_cast<size_t>(i)], &u, sizeof(u));
+    }
+  }
+  std::vector<float> wide_;
 };
 
 // Where the backend keeps the attention's heads, the gpt model writes qkv into its gradient scratch, has
@@ -176,12 +197,26 @@ TEST(GptModelTest, KeptAttentionHeadsKeepTheBits) {
   }
   EXPECT_EQ(backend->keeps, 2 * kLayers);
   EXPECT_EQ(backend->kepts, 2 * kLayers);
+  // The kept heads take half of qkv's fp32 bytes; an fp32 step grows the buffer to qkv's.
+  const int64_t rows = kBatch * kSeq, others = kLayers * rows * kWidth * (1 + 1 + 4) * 2;
+  EXPECT_EQ(keeping.model->scheme_sized_bytes(), others + kLayers * rows * 3 * kWidth * 2);
+  EXPECT_EQ(plain.model->scheme_sized_bytes(), others + kLayers * rows * 3 * kWidth * 4);
   const StepResult c = Step(&plain, batch, Preset("fp32")), d = Step(&keeping, same, Preset("fp32"));
   EXPECT_EQ(c.loss, d.loss);
   EXPECT_EQ(c.grads, d.grads);
   EXPECT_EQ(backend->keeps, 2 * kLayers);
+  EXPECT_EQ(keeping.model->scheme_sized_bytes(), plain.model->scheme_sized_bytes());
+  // Back to bf16: the heads kept in the grown buffer, the bits unchanged.
+  const StepResult e = Step(&plain, batch, bf16), f = Step(&keeping, same, bf16);
+  EXPECT_EQ(e.loss, f.loss);
+  EXPECT_EQ(e.grads, f.grads);
+  EXPECT_EQ(backend->keeps, 3 * kLayers);
 }
 
+// The head and loss in chunks of rows (a BF16 head): every row's logits, loss
+// and bf16 gradient are the one-chunk pass's, so the loss and the whole
+// gradient keep their bits; the head holds one chunk's fp32 logits plus every
+// row's bf16 dlogits. An fp32 head runs in one piece.
 TEST(GptModelTest, TheHeadInChunksKeepsTheBitsAndHoldsOneChunksLogits) {
   constexpr int kRows = kHeadRows;  // two chunks of 64
   const int64_t padded = 256;
