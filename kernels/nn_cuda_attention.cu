@@ -306,10 +306,10 @@ Status CudaBackend::AttentionBackwardKept(const float* kept, const float* out, c
                          " is not kept (KeepsAttentionHeads: bf16 operands, head size 32 or 64, kept_heads on)");
   const int64_t bh = batch * heads, n = batch * seq * dim;
   KEEL_RETURN_IF_ERROR(attn_delta_.Reserve(static_cast<size_t>(bh * seq) * sizeof(float), stream_));
-  KEEL_RETURN_IF_ERROR(FlashRowDots(dout, out, attn_delta_.get<float>(), batch, seq, heads, dim, stream_));
+  // D and dout's bf16 heads from one read of dout.
   KEEL_RETURN_IF_ERROR(attn_o_.Reserve(n * 2, stream_));
-  KEEL_RETURN_IF_ERROR(
-      PackHeads(dout, dim, 0, 0, 0, attn_o_.get<void>(), nullptr, nullptr, batch, seq, heads, dim, true));
+  KEEL_RETURN_IF_ERROR(FlashRowDots(dout, out, attn_delta_.get<float>(), batch, seq, heads, dim, stream_,
+                                    attn_o_.get<__nv_bfloat16>()));
   FlashArgs f = FlashHeads(batch, seq, heads, dim, kept);
   f.dout = attn_o_.get<__nv_bfloat16>();
   f.delta = attn_delta_.get<float>();

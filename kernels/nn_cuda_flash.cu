@@ -402,10 +402,14 @@ __global__ void __launch_bounds__(kBlockThreads) FlashForwardKernel(const FlashA
 // Backward
 // ============================================================================
 
-// D[bh][t] = sum_d dout * out over the head's columns; one warp per row.
+// D[bh][t] = sum_d dout * out over the head's columns; one warp per row. With
+// dout_heads, also dout rounded to bf16 (nearest even) per head, [b, h, t, d]: the
+// packed dout the backward kernels read (the bits of PackBf16Kernel's), from the
+// same read.
 __global__ void __launch_bounds__(256) RowDotsKernel(const float* __restrict__ dout, const float* __restrict__ out,
-                                                     float* __restrict__ delta, int64_t rows, int64_t seq,
-                                                     int64_t heads, int64_t dim) {
+                                                     float* __restrict__ delta,
+                                                     __nv_bfloat16* __restrict__ dout_heads, int64_t rows,
+                                                     int64_t seq, int64_t heads, int64_t dim) {
   const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (r >= rows) return;
@@ -413,7 +417,11 @@ __global__ void __launch_bounds__(256) RowDotsKernel(const float* __restrict__ d
   const int64_t t = r % seq, bh = r / seq, b = bh / heads, h = bh % heads;
   const int64_t at = (b * seq + t) * dim + h * hd;
   float acc = 0.0f;
-  for (int64_t d = lane; d < hd; d += 32) acc += dout[at + d] * out[at + d];
+  for (int64_t d = lane; d < hd; d += 32) {
+    const float g = dout[at + d];
+    acc += g * out[at + d];
+    if (dout_heads != nullptr) dout_heads[r * hd + d] = __float2bfloat16_rn(g);
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);
   if (lane == 0) delta[r] = acc;
@@ -565,9 +573,10 @@ Status FlashForward(const FlashArgs& a, cudaStream_t stream) {
 }
 
 Status FlashRowDots(const float* dout, const float* out, float* delta, int64_t batch, int64_t seq, int64_t heads,
-                    int64_t dim, cudaStream_t stream) {
+                    int64_t dim, cudaStream_t stream, __nv_bfloat16* dout_heads) {
   const int64_t rows = batch * heads * seq;
-  RowDotsKernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(dout, out, delta, rows, seq, heads, dim);
+  RowDotsKernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(dout, out, delta, dout_heads, rows, seq,
+                                                                           heads, dim);
   KEEL_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }

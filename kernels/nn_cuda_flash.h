@@ -47,9 +47,10 @@ bool FlashSupports(int64_t hd);
 // Forward: out and stats from q, k, v.
 Status FlashForward(const FlashArgs& a, cudaStream_t stream);
 
-// D[row] = sum over the head's columns of dout * out (fp32), [batch * heads][seq].
+// D[row] = sum over the head's columns of dout * out (fp32), [batch * heads][seq]; with
+// dout_heads, dout rounded to bf16 into it per head ([batch * heads][seq][hd]) from the same read.
 Status FlashRowDots(const float* dout, const float* out, float* delta, int64_t batch, int64_t seq,
-                    int64_t heads, int64_t dim, cudaStream_t stream);
+                    int64_t heads, int64_t dim, cudaStream_t stream, __nv_bfloat16* dout_heads = nullptr);
 
 // Backward: dqkv (all three parts written) from q, k, v, dout, the stats and D.
 Status FlashBackward(const FlashArgs& a, cudaStream_t stream);
