@@ -272,16 +272,20 @@ bool CudaBackend::KeepsAttentionHeads(int64_t head_dim, bool bf16_operands) cons
   return kept_heads_ && bf16_operands && FlashSupports(head_dim);
 }
 
+Status CudaBackend::CheckKept(const char* what, int64_t head_dim, bool bf16_operands) const {
+  if (KeepsAttentionHeads(head_dim, bf16_operands)) return Status::Ok();
+  return Status::Error(std::string(what) + ": head size " + std::to_string(head_dim) +
+                       (bf16_operands ? "" : " with fp32 operands") +
+                       " is not kept (KeepsAttentionHeads: bf16 operands, head size 32 or 64, kept_heads on)");
+}
+
 Status CudaBackend::AttentionForwardKeep(const float* qkv, float* kept, float* out, float* stats, int64_t batch,
                                          int64_t seq, int64_t heads, int64_t dim, bool bf16_operands) {
   NN_PROFILE("AttentionForward");
   KEEL_RETURN_IF_ERROR(CheckAttentionShape("AttentionForwardKeep", batch, seq, heads, dim));
   if (qkv == nullptr || kept == nullptr || out == nullptr || stats == nullptr)
     return Status::Error("AttentionForwardKeep: qkv, kept, out or stats: null");
-  if (!KeepsAttentionHeads(dim / heads, bf16_operands))
-    return Status::Error("AttentionForwardKeep: head size " + std::to_string(dim / heads) +
-                         (bf16_operands ? "" : " with fp32 operands") +
-                         " is not kept (KeepsAttentionHeads: bf16 operands, head size 32 or 64, kept_heads on)");
+  KEEL_RETURN_IF_ERROR(CheckKept("AttentionForwardKeep", dim / heads, bf16_operands));
   // The heads go to `kept` (q, k, v one after the other, [b, h, t, d] bf16: half of qkv's bytes) instead of
   // attn_q_, attn_k_ and attn_v_, and the fused forward reads them from there.
   const int64_t n = batch * seq * dim;
@@ -300,10 +304,7 @@ Status CudaBackend::AttentionBackwardKept(const float* kept, const float* out, c
   KEEL_RETURN_IF_ERROR(CheckAttentionShape("AttentionBackwardKept", batch, seq, heads, dim));
   if (kept == nullptr || out == nullptr || stats == nullptr || dout == nullptr || dqkv == nullptr)
     return Status::Error("AttentionBackwardKept: kept, out, stats, dout or dqkv: null");
-  if (!KeepsAttentionHeads(dim / heads, bf16_operands))
-    return Status::Error("AttentionBackwardKept: head size " + std::to_string(dim / heads) +
-                         (bf16_operands ? "" : " with fp32 operands") +
-                         " is not kept (KeepsAttentionHeads: bf16 operands, head size 32 or 64, kept_heads on)");
+  KEEL_RETURN_IF_ERROR(CheckKept("AttentionBackwardKept", dim / heads, bf16_operands));
   const int64_t bh = batch * heads, n = batch * seq * dim;
   KEEL_RETURN_IF_ERROR(attn_delta_.Reserve(static_cast<size_t>(bh * seq) * sizeof(float), stream_));
   // D and dout's bf16 heads from one read of dout.
