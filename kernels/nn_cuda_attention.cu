@@ -311,6 +311,11 @@ Status CudaBackend::AttentionBackwardKept(const float* kept, const float* out, c
   KEEL_RETURN_IF_ERROR(attn_o_.Reserve(n * 2, stream_));
   KEEL_RETURN_IF_ERROR(FlashRowDots(dout, out, attn_delta_.get<float>(), batch, seq, heads, dim, stream_,
                                     attn_o_.get<__nv_bfloat16>()));
+  return FlashBackwardOf(kept, stats, dqkv, batch, seq, heads, dim);
+}
+
+Status CudaBackend::FlashBackwardOf(const void* kept, const float* stats, float* dqkv, int64_t batch, int64_t seq,
+                                    int64_t heads, int64_t dim) {
   FlashArgs f = FlashHeads(batch, seq, heads, dim, kept);
   f.dout = attn_o_.get<__nv_bfloat16>();
   f.delta = attn_delta_.get<float>();
@@ -390,14 +395,7 @@ Status CudaBackend::AttentionBackward(const float* qkv, const float* out, const 
   KEEL_RETURN_IF_ERROR(attn_delta_.Reserve(static_cast<size_t>(bh * seq) * sizeof(float), stream_));
   KEEL_RETURN_IF_ERROR(FlashRowDots(dout, out, attn_delta_.get<float>(), batch, seq, heads, dim, stream_));
   KEEL_RETURN_IF_ERROR(AttentionHeads(qkv, dout, batch, seq, heads, dim, bf16));
-  if (bf16 && FlashSupports(s.hd)) {
-    FlashArgs f = FlashHeads(batch, seq, heads, dim);
-    f.dout = attn_o_.get<__nv_bfloat16>();
-    f.delta = attn_delta_.get<float>();
-    f.stats = const_cast<float*>(stats);  // read only by the backward kernels
-    f.dqkv = dqkv;
-    return FlashBackward(f, stream_);
-  }
+  if (bf16 && FlashSupports(s.hd)) return FlashBackwardOf(nullptr, stats, dqkv, batch, seq, heads, dim);
   const int64_t head_elems = seq * s.hd;
   const int64_t n = bh * head_elems;
   const int64_t square = bh * seq * seq;

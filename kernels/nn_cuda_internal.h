@@ -643,6 +643,10 @@ class CudaBackend final : public Backend {
   // attn_q_, attn_k_ and attn_v_, or (kept not null) those AttentionForwardKeep
   // wrote to kept: q, k, v one after the other, each [b, h, t, d].
   FlashArgs FlashHeads(int64_t batch, int64_t seq, int64_t heads, int64_t dim, const void* kept = nullptr);
+  // The fused backward into dqkv from the heads FlashHeads(..., kept) names, dout's heads in
+  // attn_o_ and D in attn_delta_.
+  Status FlashBackwardOf(const void* kept, const float* stats, float* dqkv, int64_t batch, int64_t seq,
+                         int64_t heads, int64_t dim);
   // Ok where KeepsAttentionHeads holds, else an error naming `what` and why.
   Status CheckKept(const char* what, int64_t head_dim, bool bf16_operands) const;
   // The GEMM path's P in attn_s_ (and bf16 in attn_p_) from attn_q_ and attn_k_,
