@@ -7,8 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdint>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -127,48 +125,6 @@ void MakeHeadNet(uint32_t seed, int skip, TestNet* net, Batch* batch) {
   }
 }
 
-// A CPU backend that keeps the attention's heads (Backend::KeepsAttentionHeads) for bf16 operands: `kept`
-// holds q, k and v rounded to bf16 (nearest even; half of qkv's bytes, as nn.h allows), which the CPU's
-// bf16-operand attention rounds them to anyway; the calls are counted.
-class KeepingCpu : public CpuBackend {
- public:
-  KeepingCpu() : CpuBackend(2) {}
-  bool KeepsAttentionHeads(int64_t, bool bf16_operands) const override { return bf16_operands; }
-  Status AttentionForwardKeep(const float* qkv, float* kept, float* out, float* stats, int64_t batch, int64_t seq,
-                              int64_t heads, int64_t dim, bool bf16_operands) override {
-    ++keeps;
-    const int64_t n = batch * seq * 3 * dim;
-    uint16_t* bits = reinterpret_cast<uint16_t*>(kept);
-    for (int64_t i = 0; i < n; ++i) bits[i] = Bf16Bits(qkv[i]);
-    Widen(kept, n);
-    return AttentionForward(wide_.data(), out, stats, batch, seq, heads, dim, bf16_operands);
-  }
-  Status AttentionBackwardKept(const float* kept, const float* out, const float* stats, const float* dout,
-                               float* dqkv, int64_t batch, int64_t seq, int64_t heads, int64_t dim,
-                               bool bf16_operands) override {
-    ++kepts;
-    Widen(kept, batch * seq * 3 * dim);
-    return AttentionBackward(wide_.data(), out, stats, dout, dqkv, batch, seq, heads, dim, bf16_operands);
-  }
-  int keeps = 0, kepts = 0;
-
- private:
-  static uint16_t Bf16Bits(float x) {  // nearest even (the values here are finite)
-    uint32_t u;
-    std::memcpy(&u, &x, sizeof(u));
-    return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-  }
-  void Widen(const float* kept, int64_t n) {
-    const uint16_t* bits = reinterpret_cast<const uint16_t*>(kept);
-    wide_.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
-      std::memcpy(&wide_[static_cast<size_t>(i)], &u, sizeof(u));
-    }
-  }
-  std::vector<float> wide_;
-};
-
 // Where the backend keeps the attention's heads, the gpt model writes qkv into its gradient scratch, has
 // the heads kept in the block's qkv buffer and runs the attention's backward from them: the loss and every
 // gradient keep the bits of the model on a backend that keeps nothing, step after step (each forward
@@ -176,14 +132,13 @@ class KeepingCpu : public CpuBackend {
 TEST(GptModelTest, KeptAttentionHeadsKeepTheBits) {
   TestNet plain, keeping;
   ASSERT_NO_FATAL_FAILURE(MakeGpt(&plain));
-  const std::string yaml = "model: {type: gpt, layers: " + std::to_string(kLayers) + ", width: " +
-                           std::to_string(kWidth) + ", heads: 2, context: " + std::to_string(kSeq) + ", vocab: " +
-                           std::to_string(kVocab) + "}\ndata: {train: unused.bin}\nbatch: " + std::to_string(kBatch) +
-                           "\nseq: " + std::to_string(kSeq) + "\n";
-  ASSERT_TRUE(ParseRunConfig(yaml, "test", {}, &keeping.config).ok());
   auto* backend = new KeepingCpu();
-  keeping.backend.reset(backend);
-  ASSERT_TRUE(MakeModel(keeping.config, keeping.backend.get(), &keeping.model).ok());
+  ASSERT_NO_FATAL_FAILURE(MakeTestNetOn(std::unique_ptr<Backend>(backend),
+                                        "{type: gpt, layers: " + std::to_string(kLayers) + ", width: " +
+                                            std::to_string(kWidth) + ", heads: 2, context: " + std::to_string(kSeq) +
+                                            ", vocab: " + std::to_string(kVocab) + "}",
+                                        "batch: " + std::to_string(kBatch) + "\nseq: " + std::to_string(kSeq) + "\n",
+                                        &keeping));
   Batch batch, same;
   Init(&plain, &batch);
   Init(&keeping, &same);

@@ -33,7 +33,6 @@ class LlamaModel : public DecoderModel {
   Status BuildMixer() override {
     const int64_t heads = m_.heads;
     for (Attention& a : attn_) {
-      KEEL_RETURN_IF_ERROR(Scratch(bt_ * 3 * d_, &a.qkv_act));
       KEEL_RETURN_IF_ERROR(Scratch(static_cast<int64_t>(batch_) * heads * seq_ * 2, &a.stats));
       KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &a.att));
     }
@@ -49,19 +48,29 @@ class LlamaModel : public DecoderModel {
   }
 
   Status MixerForward(int block, const float* x, const float* residual, float* out, const Pass& pass) override {
-    const Attention& a = attn_[block];
+    Attention& a = attn_[block];
+    // Where the backend keeps the attention's heads, q, k (rotated) and v are made in dqkv_ (free until the
+    // backward) and the heads kept in qkv_act (bf16: half its fp32 size), which the backward reads.
+    const bool bf16 = pass.scheme->attention_bf16;
+    a.kept = backend_->KeepsAttentionHeads(hd_, bf16);
+    KEEL_RETURN_IF_ERROR(
+        GrowActivationBytes(static_cast<size_t>(bt_ * 3 * d_) * (a.kept ? 2 : 4), &a.qkv_act, &a.qkv_act_bytes));
+    float* qkv = a.kept ? dqkv_ : a.qkv_act;
     if (pass.scheme->post_qk_bf16) {
-      KEEL_RETURN_IF_ERROR(QkvForwardVInBf16(x, a, Quant(pass, block, 0), VQuant(pass, block)));
+      KEEL_RETURN_IF_ERROR(QkvForwardVInBf16(x, a, qkv, Quant(pass, block, 0), VQuant(pass, block)));
     } else {
-      KEEL_RETURN_IF_ERROR(backend_->LinearForward(x, P(a.qkv), nullptr, nullptr, a.qkv_act, bt_, d_, 3 * d_,
-                                                   Quant(pass, block, 0)));
+      KEEL_RETURN_IF_ERROR(
+          backend_->LinearForward(x, P(a.qkv), nullptr, nullptr, qkv, bt_, d_, 3 * d_, Quant(pass, block, 0)));
     }
     // q and k are 2 x heads heads side by side at the start of each qkv row:
     // one in-place rotation for both. The backward needs only the rotated ones.
-    KEEL_RETURN_IF_ERROR(
-        backend_->RopeForward(a.qkv_act, a.qkv_act, rope_cos_, rope_sin_, batch_, seq_, 2 * m_.heads, hd_, 3 * d_));
-    KEEL_RETURN_IF_ERROR(backend_->AttentionForward(a.qkv_act, a.att, a.stats, batch_, seq_, m_.heads, d_,
-                                                    pass.scheme->attention_bf16));
+    KEEL_RETURN_IF_ERROR(backend_->RopeForward(qkv, qkv, rope_cos_, rope_sin_, batch_, seq_, 2 * m_.heads, hd_, 3 * d_));
+    if (a.kept) {
+      KEEL_RETURN_IF_ERROR(
+          backend_->AttentionForwardKeep(qkv, a.qkv_act, a.att, a.stats, batch_, seq_, m_.heads, d_, bf16));
+    } else {
+      KEEL_RETURN_IF_ERROR(backend_->AttentionForward(qkv, a.att, a.stats, batch_, seq_, m_.heads, d_, bf16));
+    }
     return backend_->LinearForward(a.att, P(a.o_proj), nullptr, residual, out, bt_, d_, d_, Quant(pass, block, 1));
   }
 
@@ -71,8 +80,13 @@ class LlamaModel : public DecoderModel {
     KEEL_RETURN_IF_ERROR(backend_->LinearBackward(a.att, P(a.o_proj), dout, datt_, Grad(grads, a.o_proj), nullptr,
                                                   bt_, d_, d_, Quant(pass, block, 1)));
     KEEL_RETURN_IF_ERROR(Final(ready, {a.o_proj}));
-    KEEL_RETURN_IF_ERROR(backend_->AttentionBackward(a.qkv_act, a.att, a.stats, datt_, dqkv_, batch_, seq_, m_.heads,
-                                                     d_, pass.scheme->attention_bf16));
+    if (a.kept) {
+      KEEL_RETURN_IF_ERROR(backend_->AttentionBackwardKept(a.qkv_act, a.att, a.stats, datt_, dqkv_, batch_, seq_,
+                                                           m_.heads, d_, pass.scheme->attention_bf16));
+    } else {
+      KEEL_RETURN_IF_ERROR(backend_->AttentionBackward(a.qkv_act, a.att, a.stats, datt_, dqkv_, batch_, seq_,
+                                                       m_.heads, d_, pass.scheme->attention_bf16));
+    }
     // d/d(q, k before RoPE) = the rotation by minus the angle of d/d(rotated q, k).
     KEEL_RETURN_IF_ERROR(
         backend_->RopeBackward(dqkv_, dqkv_, rope_cos_, rope_sin_, batch_, seq_, 2 * m_.heads, hd_, 3 * d_));
@@ -90,7 +104,9 @@ class LlamaModel : public DecoderModel {
   // One block's attention: parameter indices and saved activations.
   struct Attention {
     int qkv = -1, o_proj = -1;
-    float* qkv_act = nullptr;  // q and k rotated, v
+    float* qkv_act = nullptr;  // q and k rotated, v; or, when kept, the attention's bf16 heads
+    size_t qkv_act_bytes = 0;  // scheme-sized (GrowActivationBytes)
+    bool kept = false;         // whether the last forward kept the heads (Backend::KeepsAttentionHeads)
     float* stats = nullptr;    // the softmax's (max, 1 / sum) per row and head
     float* att = nullptr;      // the heads' outputs, bt x d
   };
@@ -98,7 +114,7 @@ class LlamaModel : public DecoderModel {
   // CHON's post-QK protection for softmax attention: W_v in BF16. attn.qkv's
   // weight holds q, k, v as rows 0..d, d..2d, 2d..3d, so its v rows run as a
   // GEMM of their own, post-QK (every role BF16), beside the q, k GEMM in the
-  // scheme's formats, both into qkv_act's columns. The v GEMM keeps its
+  // scheme's formats, both into the columns of qkv's rows. The v GEMM keeps its
   // operand statistics in attn.qkv's slot and runs no outlier analytics.
   LinearQuant VQuant(const Pass& pass, int block) const {
     LinearQuant v = QuantAs(pass, block, 0, /*post_qk=*/true);
@@ -112,13 +128,14 @@ class LlamaModel : public DecoderModel {
     KEEL_RETURN_IF_ERROR(Scratch(bt_ * d_, &v_tmp_));
     return Scratch(bt_ * d_, &dx_v_);
   }
-  Status QkvForwardVInBf16(const float* x, const Attention& a, const LinearQuant& qkv, const LinearQuant& v) {
+  Status QkvForwardVInBf16(const float* x, const Attention& a, float* qkv_out, const LinearQuant& qkv,
+                           const LinearQuant& v) {
     KEEL_RETURN_IF_ERROR(SplitScratch());
     KEEL_RETURN_IF_ERROR(backend_->LinearForward(x, P(a.qkv), nullptr, nullptr, qk_tmp_, bt_, d_, 2 * d_, qkv));
     KEEL_RETURN_IF_ERROR(
         backend_->LinearForward(x, P(a.qkv) + 2 * d_ * d_, nullptr, nullptr, v_tmp_, bt_, d_, d_, v));
-    KEEL_RETURN_IF_ERROR(backend_->Copy2D(qk_tmp_, 2 * d_, a.qkv_act, 3 * d_, bt_, 2 * d_));
-    return backend_->Copy2D(v_tmp_, d_, a.qkv_act + 2 * d_, 3 * d_, bt_, d_);
+    KEEL_RETURN_IF_ERROR(backend_->Copy2D(qk_tmp_, 2 * d_, qkv_out, 3 * d_, bt_, 2 * d_));
+    return backend_->Copy2D(v_tmp_, d_, qkv_out + 2 * d_, 3 * d_, bt_, d_);
   }
   // Its backward from dqkv_: dx = the q, k GEMM's plus the v GEMM's; each
   // adds its rows of the weight's gradient.

@@ -226,6 +226,57 @@ TEST(LlamaModelTest, PostQkProtectionKeepsWvInBf16) {
   }
 }
 
+// Where the backend keeps the attention's heads, the llama model makes q, k (rotated) and v in its
+// gradient scratch and keeps the heads in qkv_act: the loss and every gradient keep the bits of the
+// model on a backend that keeps nothing, with the post-QK split (W_v in BF16) too, and an fp32 step
+// (nothing kept) takes the plain pair.
+TEST(LlamaModelTest, KeptAttentionHeadsKeepTheBits) {
+  const std::string yaml = "{type: llama, layers: 2, width: 48, heads: 4, context: 32, vocab: 100}";
+  TestNet plain, keeping;
+  ASSERT_NO_FATAL_FAILURE(MakeTestNet(yaml, "batch: 2\nseq: 32\n", &plain));
+  auto* backend = new KeepingCpu();
+  ASSERT_NO_FATAL_FAILURE(MakeTestNetOn(std::unique_ptr<Backend>(backend), yaml, "batch: 2\nseq: 32\n", &keeping));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> w(static_cast<size_t>(plain.model->param_count()));
+  for (const ParamInfo& p : plain.model->param_info()) {
+    for (int64_t i = 0; i < p.count; ++i) {
+      w[static_cast<size_t>(p.offset + i)] = p.shape.size() == 1 ? 1.0f + 0.1f * normal(rng) : 0.05f * normal(rng);
+    }
+  }
+  for (TestNet* n : {&plain, &keeping}) {
+    ASSERT_TRUE(n->backend->Upload(n->model->params(), w.data(), w.size() * sizeof(float)).ok());
+  }
+  Batch batch;
+  std::uniform_int_distribution<int32_t> token(0, 99);
+  for (int i = 0; i < 64; ++i) {
+    batch.inputs.push_back(token(rng));
+    batch.targets.push_back(token(rng));
+  }
+  auto step = [&](TestNet* n, const char* preset, bool post_qk, std::vector<float>* grads) {
+    PrecisionScheme s;
+    EXPECT_TRUE(SchemeFromPreset(preset, &s).ok());
+    s.post_qk_bf16 = post_qk;
+    grads->assign(static_cast<size_t>(n->model->param_count()), 0.0f);
+    double loss = 0.0;
+    EXPECT_TRUE(n->model->ForwardBackward(batch, s, 3, 1.0f, false, grads->data(), &loss, nullptr).ok());
+    return loss;
+  };
+  int kept = 0;
+  for (const auto& c : {std::make_pair("bf16", false), std::make_pair("bf16", true), std::make_pair("fp32", false),
+                        std::make_pair("bf16", false)}) {
+    SCOPED_TRACE(std::string(c.first) + (c.second ? ", post-QK" : ""));
+    std::vector<float> ga, gb;
+    const double a = step(&plain, c.first, c.second, &ga), b = step(&keeping, c.first, c.second, &gb);
+    ASSERT_TRUE(std::isfinite(a));
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(ga, gb);
+    if (std::string(c.first) == "bf16") kept += 2;  // both layers
+    EXPECT_EQ(backend->keeps, kept);
+    EXPECT_EQ(backend->kepts, kept);
+  }
+}
+
 // One ForwardBackward of a 2-layer `type` decoder of width 64 (vocabulary 256)
 // with random weights from `seed`, a batch of 8 x 16 random tokens, `scheme`
 // and its head in chunks of `chunk_floats` logits: the loss, into *grads the
