@@ -482,6 +482,12 @@ Status Model::GrowActivation(const LinearQuant& q, int64_t count, float** buffer
                              bytes);
 }
 
+Status Model::GrowSavedQkv(int64_t count, int64_t head_dim, bool bf16, bool may_keep, bool* kept, float** buffer,
+                           size_t* bytes) {
+  *kept = may_keep && backend_->KeepsAttentionHeads(head_dim, bf16);
+  return GrowActivationBytes(static_cast<size_t>(count) * (*kept ? sizeof(uint16_t) : sizeof(float)), buffer, bytes);
+}
+
 Status Model::GrowActivationBytes(size_t need, float** buffer, size_t* bytes) {
   const size_t before = *bytes;
   void* p = *buffer;

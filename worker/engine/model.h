@@ -238,9 +238,13 @@ class Model {
   // its size. Such a buffer grows when a later step's scheme needs fp32, and
   // never shrinks.
   Status GrowActivation(const LinearQuant& q, int64_t count, float** buffer, size_t* bytes);
-  // The same for an activation of `need` bytes whose size follows the step in another way (the gpt
-  // model's qkv: bf16 heads where the backend keeps them, else fp32), counted in scheme_sized_bytes.
-  Status GrowActivationBytes(size_t need, float** buffer, size_t* bytes);
+  // The buffer a block saves its attention's q, k and v in between the passes (count = batch * seq *
+  // 3 * width values): where `may_keep` and the backend keeps the heads (Backend::KeepsAttentionHeads(
+  // head_dim, bf16)), *kept is set and the buffer holds their bf16 copy, half of qkv's fp32 bytes;
+  // else *kept is cleared and it holds q, k and v in fp32. Grown as GrowActivation grows, counted in
+  // scheme_sized_bytes.
+  Status GrowSavedQkv(int64_t count, int64_t head_dim, bool bf16, bool may_keep, bool* kept, float** buffer,
+                      size_t* bytes);
   // Makes *buffer (model scratch) hold `need` bytes, reallocating it (contents
   // not kept) when it is smaller; *bytes is its size.
   Status GrowScratch(size_t need, void** buffer, size_t* bytes);
@@ -288,6 +292,8 @@ class Model {
   std::vector<int64_t> param_copy_at_;  // per parameter: its copy's offset in param_copies_, or -1
 
  private:
+  // GrowActivation's and GrowSavedQkv's growth for a buffer of `need` bytes.
+  Status GrowActivationBytes(size_t need, float** buffer, size_t* bytes);
   // The contraction widths of linear layer `slot`'s forward (in) and dgrad
   // (out) GEMMs, from its weight tensor (NAME.weight, or the tied embedding
   // for lm_head).

@@ -32,7 +32,7 @@ struct BlockActs {
   // Whether the last forward kept the attention's heads in qkv's place (Backend::KeepsAttentionHeads):
   // qkv then holds them instead of q, k and v, and the backward reads them with AttentionBackwardKept.
   bool kept = false;
-  // qkv's bytes: batch * seq * 3 * width bf16 heads when kept, else fp32 (GrowActivationBytes).
+  // qkv's bytes: batch * seq * 3 * width bf16 heads when kept, else fp32 (GrowSavedQkv).
   size_t qkv_bytes = 0;
 };
 
@@ -338,9 +338,8 @@ class GptModel : public Model {
       // Where the backend keeps the attention's heads (their bf16 copy is what its backward reads), q, k
       // and v go to dqkv_ (free until the backward) and the heads to a.qkv: nothing packs qkv a second time.
       const bool att_bf16 = AttentionBf16(scheme, l);
-      a.kept = !m_.qk_layernorm && backend_->KeepsAttentionHeads(d_ / m_.heads, att_bf16);
-      KEEL_RETURN_IF_ERROR(GrowActivationBytes(static_cast<size_t>(bt_ * 3 * d_) * (a.kept ? 2 : 4), &a.qkv,
-                                               &a.qkv_bytes));
+      KEEL_RETURN_IF_ERROR(
+          GrowSavedQkv(bt_ * 3 * d_, d_ / m_.heads, att_bf16, !m_.qk_layernorm, &a.kept, &a.qkv, &a.qkv_bytes));
       float* qkv_out = a.kept ? dqkv_ : a.qkv;
       KEEL_RETURN_IF_ERROR(backend_->LinearForward(a.ln1, P(q.attn_w), q.attn_b < 0 ? nullptr : P(q.attn_b),
                                               nullptr, qkv_out, bt_, d_, 3 * d_, attn_q));

@@ -52,9 +52,7 @@ class LlamaModel : public DecoderModel {
     // Where the backend keeps the attention's heads, q, k (rotated) and v are made in dqkv_ (free until the
     // backward) and the heads kept in qkv_act (bf16: half its fp32 size), which the backward reads.
     const bool bf16 = pass.scheme->attention_bf16;
-    a.kept = backend_->KeepsAttentionHeads(hd_, bf16);
-    KEEL_RETURN_IF_ERROR(
-        GrowActivationBytes(static_cast<size_t>(bt_ * 3 * d_) * (a.kept ? 2 : 4), &a.qkv_act, &a.qkv_act_bytes));
+    KEEL_RETURN_IF_ERROR(GrowSavedQkv(bt_ * 3 * d_, hd_, bf16, true, &a.kept, &a.qkv_act, &a.qkv_act_bytes));
     float* qkv = a.kept ? dqkv_ : a.qkv_act;
     if (pass.scheme->post_qk_bf16) {
       KEEL_RETURN_IF_ERROR(QkvForwardVInBf16(x, a, qkv, Quant(pass, block, 0), VQuant(pass, block)));
@@ -105,7 +103,7 @@ class LlamaModel : public DecoderModel {
   struct Attention {
     int qkv = -1, o_proj = -1;
     float* qkv_act = nullptr;  // q and k rotated, v; or, when kept, the attention's bf16 heads
-    size_t qkv_act_bytes = 0;  // scheme-sized (GrowActivationBytes)
+    size_t qkv_act_bytes = 0;  // scheme-sized (GrowSavedQkv)
     bool kept = false;         // whether the last forward kept the heads (Backend::KeepsAttentionHeads)
     float* stats = nullptr;    // the softmax's (max, 1 / sum) per row and head
     float* att = nullptr;      // the heads' outputs, bt x d
