@@ -245,6 +245,33 @@ class AnalyseTest(unittest.TestCase):
         self.assertEqual(new["level_from"], "median")  # its own reference blew up
         self.assertEqual((old["level"], old["level_from"]), (0.95, "fp32"))
 
+    def test_where_fp32_blew_up_a_run_is_judged_by_its_own_seeds_healthy_runs(self):
+        # fp32 blows up in seeds 2 and 3. Seed 1's healthy runs end at 0.95 (fp32) and 1.0 (policy); seed 2's
+        # unprotected run ends healthy at 1.2 and its policy run (which acted: a false alarm) at 1.25, so
+        # seed 2's level is the median of its own two, 1.225, not of every seed's (1.1): a 1.25 run is
+        # within 1.1x of its seed and not of the cell. Seed 3 has no healthy run of its own (its
+        # unprotected run blew up, its policy run spiked at 700 and ended at 1.0): the median of the
+        # cell's healthy runs at every seed, [0.95, 1.0, 1.2, 1.25] -> 1.1, and it is rescued.
+        runs = grid()
+        for r in runs:
+            if r["variant"] == "fp32" and r["seed"] in (2, 3):
+                r.update(blowup_step=650, final_loss=None)
+            if r["seed"] == 2 and r["variant"] == "plain":
+                r.update(final_loss=1.2)
+            if r["seed"] == 2 and r["variant"] == "default":
+                r.update(final_loss=1.25)
+            if r["seed"] == 3 and r["variant"] == "plain":
+                r.update(blowup_step=600, final_loss=None)
+            if r["seed"] == 3 and r["variant"] == "default":
+                r.update(first_action_step=590, blowup_step=700)
+        rows = {r["seed"]: r for r in pg.analyse(runs)}
+        self.assertAlmostEqual(rows[2]["level"], 1.225)
+        self.assertEqual(rows[2]["level_from"], "median")
+        self.assertTrue(rows[2]["false_alarm"] and not rows[2]["stalled"])
+        self.assertAlmostEqual(rows[3]["level"], 1.1)
+        self.assertEqual(rows[3]["level_from"], "median, all seeds")
+        self.assertTrue(rows[3]["blew"] and rows[3]["caught"] and rows[3]["rescued"])
+
     def test_the_time_outside_the_steps_is_wall_minus_steps_and_is_reported(self):
         # Seed 2's policy run took 21 s for 1000 steps of 10 ms (11 s outside them: snapshots on disk),
         # its twin 15 s (5 s outside): 6 s more, 60% of the twin's 10 s in steps.
