@@ -164,9 +164,12 @@ class Backend {
   // along rows, the dgrad's down the columns) across the linears that read it
   // instead of quantizing w again for each: a head's chunks (Model::
   // HeadAndLoss). The results keep their bits (nearest rounding, no per-tensor
-  // scale or RHT: the held formats); the operand statistics count w once
-  // instead of once a call (their fractions do not change). The CPU backend
-  // quantizes afresh every time; the default does nothing.
+  // scale or RHT: the held formats; a BF16 w that a forward keeps for its
+  // backward, keep_slot, is rounded by the hold's first forward and serves
+  // every chunk's forward and backward until the hold ends); the operand
+  // statistics count w once instead of once a call (their fractions do not
+  // change). The CPU backend quantizes afresh every time; the default does
+  // nothing.
   virtual Status HoldWeight(const float* w) {
     (void)w;
     return Status::Ok();

@@ -512,6 +512,9 @@ class CudaBackend final : public Backend {
     Scratch values;  // bf16, row-major like the source
     KeptStats stats;
     int64_t hold = 0;  // the HoldWeight (hold_count_) during which it was rounded, 0: none
+    // Taken by a backward during that hold (TakeKept): it stays kept for the next chunk's forward and
+    // backward, its dgrad statistics already counted; once the hold ends no backward may take it.
+    bool taken = false;
   };
   struct Operand {
     const void* data = nullptr;          // bf16 or fp32 values, row-major like the source
@@ -730,7 +733,7 @@ class CudaBackend final : public Backend {
   HeldOperand held_[2];
   // A BF16 w kept for the backward (keep_slot) by an earlier forward of this
   // hold: points *out at it and leaves it kept (the chunks' forwards round w
-  // once; the backward after them takes it as before).
+  // once; each chunk's backward takes it, TakeKept, and leaves it kept too).
   bool ReuseHeldKept(const LinearQuant& q, const float* w, int64_t rows, int64_t cols, Operand* out);
   // PrepareOperand for w in role kFwdW (axis 1) or kDgradW (axis 0): while w is
   // held and its format can be held, the held copy (quantized on first use);

@@ -833,14 +833,25 @@ bool CudaBackend::TakeKept(std::vector<std::unique_ptr<KeptOperand>>* kept, cons
   if (q.keep_slot < 0 || static_cast<size_t>(q.keep_slot) >= kept->size()) return false;
   KeptOperand* k = (*kept)[static_cast<size_t>(q.keep_slot)].get();
   if (k == nullptr || !k->valid || k->source != source || k->rows != rows || k->cols != cols) return false;
+  // A held w's copy serves every chunk's backward while the hold lasts (w unchanged), none after it.
+  const bool held = held_w_ != nullptr && source == held_w_ && k->hold == hold_count_;
+  if (k->taken && !held) {
+    k->valid = false;
+    return false;
+  }
   const OperandFormat& f = q.role[static_cast<int>(backward)];
   if (!f.quantized() || f.format != QuantFormat::kBf16 || f.rounding != k->rounding) return false;
   // Statistics wanted but the forward's pair is gone (a reset between): round again.
   if (q.stats_slot >= 0 && k->stats.pair < 0 && !k->stats.folded) return false;
   out->data = k->values.get<void>();
   out->tensor_scale = nullptr;
-  if (q.stats_slot >= 0) RecordKeptStats(k->stats, rows * cols, q.stats_slot, backward);
-  k->valid = false;  // one backward per forward
+  // Counted once a hold, as a held MX w's dgrad copy is (HoldWeight).
+  if (q.stats_slot >= 0 && !k->taken) RecordKeptStats(k->stats, rows * cols, q.stats_slot, backward);
+  if (held) {
+    k->taken = true;
+  } else {
+    k->valid = false;  // one backward per forward
+  }
   return true;
 }
 
@@ -1271,6 +1282,7 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
     k->rows = k_rows;
     k->cols = in;
     k->rounding = q.role[static_cast<int>(role)].rounding;
+    k->taken = false;
     k->valid = true;
   }
   GemmArgs g;

@@ -1109,12 +1109,13 @@ TEST_F(NnCudaTest, LinearDyInOnePassGivesTheBitsOfTwoPasses) {
   }
 }
 
-// The MX head's chunks (Model::HeadAndLoss): with the weight held, each chunk's
-// forward and backward read the quantized copies of w made for the first chunk.
-// Every output keeps the bits of quantizing w per chunk; w's two roles are
-// counted once instead of once a chunk where the format can be held (nearest
-// rounding, no per-tensor scale, no RHT), every call where it cannot, and every
-// call under KEEL_CUDA_OFF=held_weight.
+// The head's chunks (Model::HeadAndLoss): with the weight held, each chunk's
+// forward and backward read the quantized copies of w made for the first chunk
+// (an MX w: the held forward and dgrad copies; a BF16 w: the forward's rounding,
+// kept for the backward, serving every chunk's). Every output keeps the bits of
+// quantizing w per chunk; w's two roles are counted once instead of once a chunk
+// where the format can be held (nearest rounding, no per-tensor scale, no RHT),
+// every call where it cannot, and every call under KEEL_CUDA_OFF=held_weight.
 TEST_F(NnCudaTest, AHeldWeightIsQuantizedOnceWithTheBitsOfEveryChunk) {
   std::unique_ptr<Backend> not_held = BackendWithout("held_weight");
   ASSERT_TRUE(not_held != nullptr);
@@ -1126,7 +1127,7 @@ TEST_F(NnCudaTest, AHeldWeightIsQuantizedOnceWithTheBitsOfEveryChunk) {
   std::vector<Case> cases;
   cases.push_back({"mxfp8_e4m3", AllRoles(Quant(QuantFormat::kMxfp8E4M3)), true});
   cases.push_back({"mxfp4 nearest_away", AllRoles(Quant(QuantFormat::kMxfp4, Rounding::kNearestAway)), true});
-  cases.push_back({"bf16 (w kept from the forward for the dgrad instead)", AllRoles(Quant(QuantFormat::kBf16)), false});
+  cases.push_back({"bf16 (w rounded by the first forward, kept for every chunk)", AllRoles(Quant(QuantFormat::kBf16)), true});
   cases.push_back({"nvfp4 recipe (per-tensor scale, RHT)", Nvfp4Recipe(), false});
   {
     LinearQuant q = AllRoles(Quant(QuantFormat::kMxfp8E4M3));
@@ -1189,11 +1190,11 @@ TEST_F(NnCudaTest, AHeldWeightIsQuantizedOnceWithTheBitsOfEveryChunk) {
   }
 }
 
-// The BF16 head's chunks (Model::HeadAndLoss): each chunk's forward, then one
-// backward over every row after them. With the weight held, the first chunk's
-// forward rounds w and keeps it (keep_slot), the later ones use that copy, and
-// the backward takes it as before: the bits of rounding w per chunk; fwd_w
-// counted once instead of once a chunk, dgrad_w once either way (the kept pair).
+// Chunks' forwards under a hold, then one backward over every row after the
+// hold: the first chunk's forward rounds a BF16 w and keeps it (keep_slot), the
+// later ones use that copy, and the backward takes it as an unheld backward
+// does: the bits of rounding w per chunk; fwd_w counted once instead of once a
+// chunk, dgrad_w once either way (the kept pair).
 TEST_F(NnCudaTest, AHeldBf16WeightIsRoundedOnceForTheChunksAndKeptForTheBackward) {
   const int64_t rows = 128, chunk = 32, in = 64, out = 96, chunks = rows / chunk;
   Dual x = Floats(WithOutliers(rows * in, 295)), w = Floats(Normal(out * in, 296, 0.05f));
@@ -1232,6 +1233,34 @@ TEST_F(NnCudaTest, AHeldBf16WeightIsRoundedOnceForTheChunksAndKeptForTheBackward
   }
   EXPECT_EQ(r[1].stats[R(Role::kFwdW)].elements, out * in);
   EXPECT_EQ(r[1].stats[R(Role::kDgradW)].elements, out * in);
+}
+
+// A BF16 w's kept copy that a backward took during a hold is not taken once
+// the hold has ended: w may have changed (an optimizer step), so a backward
+// after the hold rounds w afresh and gives the bits of the new w.
+TEST_F(NnCudaTest, AHeldBf16WeightsCopyIsNotTakenAfterTheHold) {
+  const int64_t rows = 64, in = 64, out = 96;
+  Dual x = Floats(WithOutliers(rows * in, 301)), w = Floats(Normal(out * in, 302, 0.05f));
+  Dual dy = Floats(WithOutliers(rows * out, 303, 1e-3f));
+  const std::vector<float> w2 = Normal(out * in, 304, 0.05f);
+  LinearQuant q = AllRoles(Quant(QuantFormat::kBf16));
+  q.keep_slot = 0;
+  Dual y = Zeros(rows * out), dx = Zeros(rows * in), dw = Zeros(out * in);
+  ASSERT_OK(gpu_->HoldWeight(w.g()));
+  ASSERT_OK(gpu_->LinearForward(x.g(), w.g(), nullptr, nullptr, y.g(), rows, in, out, q));
+  ASSERT_OK(gpu_->LinearBackward(x.g(), w.g(), dy.g(), dx.g(), dw.g(), nullptr, rows, in, out, q));
+  ASSERT_OK(gpu_->HoldWeight(nullptr));
+  Set(w, w2);  // the weight changes after the hold
+  Dual dx_after = Zeros(rows * in), dw_after = Zeros(out * in);
+  ASSERT_OK(gpu_->LinearBackward(x.g(), w.g(), dy.g(), dx_after.g(), dw_after.g(), nullptr, rows, in, out, q));
+  // The reference: the same backward with nothing kept (keep_slot -1) on the new w.
+  LinearQuant fresh = q;
+  fresh.keep_slot = -1;
+  Dual dx_ref = Zeros(rows * in), dw_ref = Zeros(out * in);
+  ASSERT_OK(gpu_->LinearBackward(x.g(), w.g(), dy.g(), dx_ref.g(), dw_ref.g(), nullptr, rows, in, out, fresh));
+  ASSERT_OK(gpu_->Sync());
+  ExpectBits("dx after the hold", Gpu(dx_ref), Gpu(dx_after));
+  EXPECT_NE(Gpu(dx), Gpu(dx_after));  // the old w's dx differs: the test can tell the two apart
 }
 
 TEST_F(NnCudaTest, LinearStatsWithNonFiniteInputs) {

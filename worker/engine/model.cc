@@ -93,37 +93,31 @@ Status Model::LanguageModelLoss(float* logits, const int32_t* targets, float* lo
 
 namespace {
 
-// Whether the head's pass gives each row the same bits in chunks of rows as in
-// one piece: BF16 nearest-even in all six roles (a row's rounding is its own;
-// per-tensor scales, stochastic seeds by element and the patch are not).
-bool HeadInChunks(const LinearQuant& q) {
+// The multiple of rows the head's chunks must be for the chunked pass (its
+// backward chunk by chunk) to give every row the bits of the one-piece pass,
+// but the weight gradient's order of summation; 0: the head runs in one piece.
+// 1: BF16 nearest-even in all six roles (a row's rounding is its own). 32: its
+// quantized roles MX (their blocks lie within a row, or within 32 rows of a
+// column) with nearest rounding (stochastic seeds follow the element's index in
+// the whole tensor) and no RHT, the others BF16 nearest-even or fp32, at least
+// one MX. Never with a Hot-Channel Patch (its sets span every row).
+int64_t HeadChunkMultiple(const LinearQuant& q) {
+  if (q.hcp_fwd.count != 0 || q.hcp_dgrad.count != 0 || q.hcp_wgrad_rows != 0) return 0;
+  bool all_bf16 = true, mx = false;
   for (const OperandFormat& f : q.role) {
-    if (!f.quantized() || f.format != QuantFormat::kBf16 || f.rounding != Rounding::kNearestEven) return false;
-  }
-  return q.hcp_fwd.count == 0 && q.hcp_dgrad.count == 0 && q.hcp_wgrad_rows == 0;
-}
-
-// Whether the head can run in chunks of a multiple of 32 rows with its
-// backward chunk by chunk, with the bits of the one-piece pass but the weight
-// gradient's order of summation: a role MX (its blocks lie within a row, or
-// within 32 rows of a column) with nearest rounding (stochastic seeds follow
-// the element's index in the whole tensor) and no RHT, or BF16 nearest-even,
-// or not quantized; at least one MX role (an all-BF16 head has its own
-// chunks); no patch.
-bool HeadInChunksWithBackward(const LinearQuant& q) {
-  bool mx = false;
-  for (const OperandFormat& f : q.role) {
+    const bool bf16 = f.quantized() && f.format == QuantFormat::kBf16;
+    if (!bf16) all_bf16 = false;
     if (!f.quantized()) continue;
-    if (f.format == QuantFormat::kBf16) {
-      if (f.rounding != Rounding::kNearestEven) return false;
+    if (bf16) {
+      if (f.rounding != Rounding::kNearestEven) return 0;
       continue;
     }
     if (!IsMx(f.format) || f.rounding == Rounding::kStochastic || f.rht || f.mx_block <= 0 || 32 % f.mx_block != 0) {
-      return false;
+      return 0;
     }
     mx = true;
   }
-  return mx && q.hcp_fwd.count == 0 && q.hcp_dgrad.count == 0 && q.hcp_wgrad_rows == 0;
+  return all_bf16 ? 1 : mx ? 32 : 0;
 }
 
 // The rows of a head chunk: the largest divisor of bt that is a multiple of
@@ -156,31 +150,13 @@ Status Model::HeadAndLoss(const float* x, const float* w, const int32_t* targets
                           const float* grad_scale, int64_t valid, double* loss) {
   const bool training = grad_scale != nullptr && valid > 0;
   head_backward_done_ = false;
-  int64_t rows = 0;  // the chunk: the largest divisor of bt whose logits fit, 0 for one piece
-  const bool bf16_chunks = HeadInChunks(head);
-  if (bf16_chunks) {
-    rows = HeadChunkRows(bt, padded_vocab, head_chunk_floats_, 1);
-  } else if (HeadInChunksWithBackward(head) && (!training || (head_dx_ != nullptr && head_dw_ != nullptr))) {
-    rows = HeadChunkRows(bt, padded_vocab, head_chunk_floats_, 32);
+  // The chunk: the largest divisor of bt (a multiple of the head's) whose logits fit; 0 for one piece.
+  // Training, chunks need the backward's outputs (SetHeadGradients) to run it chunk by chunk.
+  int64_t rows = 0;
+  const int64_t multiple = HeadChunkMultiple(head);
+  if (multiple > 0 && (!training || (head_dx_ != nullptr && head_dw_ != nullptr))) {
+    rows = HeadChunkRows(bt, padded_vocab, head_chunk_floats_, multiple);
     if (rows == bt) rows = 0;  // one chunk: the one-piece pass, its backward where the caller runs it
-  }
-  if (rows > 0 && !bf16_chunks) {
-    // MX: each chunk's fp32 logits, loss, dlogits in place and the head's backward.
-    KEEL_RETURN_IF_ERROR(GrowScratch(static_cast<size_t>(rows * padded_vocab) * sizeof(float), &head_buf_,
-                                     &head_bytes_));
-    float* logits = static_cast<float*>(head_buf_);
-    const float scale = training ? *grad_scale / static_cast<float>(valid) : 0.0f;
-    dlogits_bf16_ = nullptr;
-    // w quantized once for the chunks' forwards and once for their dgrads.
-    KEEL_RETURN_IF_ERROR(HeadChunks(x, w, logits, bt, rows, d, padded_vocab, head, [&](int64_t r0) -> Status {
-      if (!training) return backend_->CrossEntropyForward(logits, targets + r0, losses + r0, rows, padded_vocab, vocab);
-      KEEL_RETURN_IF_ERROR(backend_->CrossEntropyFused(logits, targets + r0, losses + r0, logits, rows, padded_vocab,
-                                                       vocab, scale));
-      return backend_->LinearBackward(x + r0 * d, w, logits, head_dx_ + r0 * d, head_dw_, nullptr, rows, d,
-                                      padded_vocab, head);
-    }));
-    head_backward_done_ = training;
-    return MeanLoss(losses, bt, valid, loss);
   }
   if (rows == 0) {
     KEEL_RETURN_IF_ERROR(GrowScratch(static_cast<size_t>(bt * padded_vocab) * sizeof(float), &head_buf_, &head_bytes_));
@@ -188,23 +164,34 @@ Status Model::HeadAndLoss(const float* x, const float* w, const int32_t* targets
     KEEL_RETURN_IF_ERROR(backend_->LinearForward(x, w, nullptr, nullptr, logits, bt, d, padded_vocab, head));
     return LanguageModelLoss(logits, targets, losses, bt, padded_vocab, vocab, grad_scale, valid, head, loss);
   }
-  const size_t chunk_bytes = static_cast<size_t>(rows * padded_vocab) * sizeof(float);
-  const size_t dlogits_bytes = training ? static_cast<size_t>(bt * padded_vocab) * sizeof(uint16_t) : 0;
-  KEEL_RETURN_IF_ERROR(GrowScratch(chunk_bytes + dlogits_bytes, &head_buf_, &head_bytes_));
+  // Each chunk's fp32 logits, its loss, its dlogits in place (bf16 over the logits where the head's
+  // backward reads dy in bf16, as LanguageModelLoss writes them) and the head's backward on them.
+  KEEL_RETURN_IF_ERROR(GrowScratch(static_cast<size_t>(rows * padded_vocab) * sizeof(float), &head_buf_,
+                                   &head_bytes_));
   float* logits = static_cast<float*>(head_buf_);
-  uint16_t* dlogits = reinterpret_cast<uint16_t*>(static_cast<char*>(head_buf_) + chunk_bytes);
   const float scale = training ? *grad_scale / static_cast<float>(valid) : 0.0f;
   dlogits_bf16_ = nullptr;
-  // w rounded to bf16 once for the chunks' forwards, and kept for the backward after them.
+  const bool bf16_dy = TakesBf16Dy(head);
+  LinearQuant backward = head;
+  if (bf16_dy) {
+    backward.dy_bf16 = reinterpret_cast<const uint16_t*>(logits);
+    backward.dy_bf16_ld = 2 * padded_vocab;
+  }
+  // w quantized once for the chunks' forwards and once for their dgrads (a BF16 w: rounded once for both).
   KEEL_RETURN_IF_ERROR(HeadChunks(x, w, logits, bt, rows, d, padded_vocab, head, [&](int64_t r0) -> Status {
     if (!training) return backend_->CrossEntropyForward(logits, targets + r0, losses + r0, rows, padded_vocab, vocab);
-    return backend_->CrossEntropyFusedBf16(logits, targets + r0, losses + r0, dlogits, padded_vocab, rows,
-                                           padded_vocab, vocab, scale, r0);
+    if (bf16_dy) {
+      KEEL_RETURN_IF_ERROR(backend_->CrossEntropyFusedBf16(logits, targets + r0, losses + r0,
+                                                           reinterpret_cast<uint16_t*>(logits), 2 * padded_vocab,
+                                                           rows, padded_vocab, vocab, scale, 0));
+    } else {
+      KEEL_RETURN_IF_ERROR(backend_->CrossEntropyFused(logits, targets + r0, losses + r0, logits, rows, padded_vocab,
+                                                       vocab, scale));
+    }
+    return backend_->LinearBackward(x + r0 * d, w, logits, head_dx_ + r0 * d, head_dw_, nullptr, rows, d,
+                                    padded_vocab, backward);
   }));
-  if (training) {
-    dlogits_bf16_ = dlogits;
-    dlogits_bf16_ld_ = padded_vocab;
-  }
+  head_backward_done_ = training;
   return MeanLoss(losses, bt, valid, loss);
 }
 

@@ -185,23 +185,20 @@ class Model {
   Status MeanLoss(const float* losses, int64_t bt, int64_t valid, double* loss);
   // A language model's head and loss: logits = x w^T (bt x padded_vocab; x the
   // final norm's d-wide output, w the tied embedding) and LanguageModelLoss.
-  // When the head is BF16 in all six roles with nearest-even rounding and has
-  // no Hot-Channel Patch, it runs in chunks of rows (the largest divisor of bt
-  // whose fp32 logits fit head_chunk_floats_, unless that is under 64 rows):
-  // one chunk's fp32 logits at a time and, when training, every row's bf16
-  // dlogits in a buffer of their own (CrossEntropyFusedBf16 with row0), which
-  // HeadBackward points the head's backward at. A row's logits, loss and
-  // gradient are those of the one-piece pass. A head whose quantized roles are
-  // MX (nearest rounding, no RHT; the rest BF16 nearest-even or fp32) and has
-  // no patch runs in chunks of a multiple of 32 rows (HeadInChunksWithBackward):
-  // each chunk's logits, loss and, when training with SetHeadGradients given,
-  // dlogits in place and the head's backward on them (dx of the chunk's rows
-  // written, the weight's gradient added to), so that no pass holds every
-  // row's fp32 logits; head_backward_done() then says the caller's backward
-  // must skip the head. The same bits as one piece but the weight's gradient,
-  // summed chunk by chunk. Otherwise in one piece: every row's fp32 logits,
-  // dlogits over them. The buffers grow with the pass's need and never shrink
-  // (head_bytes()).
+  // A head that HeadChunkMultiple allows (BF16 nearest-even in all six roles:
+  // chunks of any rows; MX roles with nearest rounding and no RHT, the rest
+  // BF16 nearest-even or fp32: a multiple of 32 rows; never a Hot-Channel
+  // Patch) runs in chunks: the largest divisor of bt of that multiple whose
+  // fp32 logits fit head_chunk_floats_, unless that is under 64 rows or the
+  // whole. Each chunk's logits, loss and, when training with SetHeadGradients
+  // given, dlogits in place (bf16 over the logits when the head reads dy in
+  // bf16) and the head's backward on them (dx of the chunk's rows written, the
+  // weight's gradient added to), so that no pass holds every row's fp32 logits
+  // or every row's dlogits; head_backward_done() then says the caller's
+  // backward must skip the head. A row's logits, loss, dlogits and dx are
+  // those of the one-piece pass; the weight's gradient is summed chunk by
+  // chunk. Otherwise in one piece: every row's fp32 logits, dlogits over them.
+  // The buffer grows with the pass's need and never shrinks (head_bytes()).
   Status HeadAndLoss(const float* x, const float* w, const int32_t* targets, float* losses, int64_t bt, int64_t d,
                      int64_t padded_vocab, int64_t vocab, const LinearQuant& head, const float* grad_scale,
                      int64_t valid, double* loss);

@@ -168,54 +168,26 @@ TEST(GptModelTest, KeptAttentionHeadsKeepTheBits) {
   EXPECT_EQ(backend->keeps, 3 * kLayers);
 }
 
-// The head and loss in chunks of rows (a BF16 head): every row's logits, loss
-// and bf16 gradient are the one-chunk pass's, so the loss and the whole
-// gradient keep their bits; the head holds one chunk's fp32 logits plus every
-// row's bf16 dlogits. An fp32 head runs in one piece.
-TEST(GptModelTest, TheHeadInChunksKeepsTheBitsAndHoldsOneChunksLogits) {
+// A head in chunks runs its backward chunk by chunk inside the forward pass:
+// the loss, the head's dx and so every gradient below it keep the bits of the
+// one-piece pass; the tied embedding's gradient (the head's dW summed chunk by
+// chunk, plus the embedding's) is the one-piece one up to summation order. The
+// head holds one chunk's fp32 logits and nothing else (dlogits in place: bf16
+// over them for a BF16 head). One chunk of every row is the one-piece pass,
+// with the backward where the model runs it. An evaluation runs in the same
+// chunks with the same loss.
+void ExpectTheHeadInChunksKeepsTheBitsBelowIt(const char* preset, uint32_t seed, int skip) {
+  SCOPED_TRACE(preset);
   constexpr int kRows = kHeadRows;  // two chunks of 64
   const int64_t padded = 256;
   TestNet whole, chunked;
   Batch batch, same;
-  ASSERT_NO_FATAL_FAILURE(MakeHeadNet(12, 9, &whole, &batch));
-  ASSERT_NO_FATAL_FAILURE(MakeHeadNet(12, 9, &chunked, &same));
-  chunked.model->SetHeadChunkFloats(64 * padded);
-  const PrecisionScheme bf16 = Preset("bf16");
-  const StepResult a = Step(&whole, batch, bf16), b = Step(&chunked, same, bf16);
-  ASSERT_TRUE(std::isfinite(a.loss));
-  EXPECT_EQ(a.loss, b.loss);
-  EXPECT_EQ(a.grads, b.grads);
-  EXPECT_EQ(whole.model->head_bytes(), kRows * padded * (4 + 2));            // one chunk of every row
-  EXPECT_EQ(chunked.model->head_bytes(), 64 * padded * 4 + kRows * padded * 2);  // one chunk of 64 rows
-  double ea = 0.0, eb = 0.0;
-  ASSERT_TRUE(whole.model->Evaluate(batch, bf16, 5, &ea).ok());
-  ASSERT_TRUE(chunked.model->Evaluate(same, bf16, 5, &eb).ok());
-  EXPECT_EQ(ea, eb);
-  // fp32: one piece, every row's fp32 logits (dlogits over them); the buffer grows.
-  const StepResult c = Step(&chunked, same, Preset("fp32"));
-  EXPECT_TRUE(std::isfinite(c.loss));
-  EXPECT_NE(c.loss, b.loss);
-  EXPECT_EQ(chunked.model->head_bytes(), kRows * padded * 4);
-}
-
-// An MX head in chunks of a multiple of 32 rows runs its backward chunk by
-// chunk inside the forward pass: the loss, the head's dx and so every gradient
-// below it keep their bits; the tied embedding's gradient (the head's dW summed
-// chunk by chunk, plus the embedding's) is the one-piece one up to summation
-// order. The head holds one chunk's fp32 logits, no dlogits of its own. One
-// chunk of every row is the one-piece pass, with the backward where the model
-// runs it.
-TEST(GptModelTest, AnMxHeadInChunksRunsItsBackwardPerChunkWithTheBits) {
-  constexpr int kRows = kHeadRows;  // two chunks of 64
-  const int64_t padded = 256;
-  TestNet whole, chunked;
-  Batch batch, same;
-  ASSERT_NO_FATAL_FAILURE(MakeHeadNet(14, 7, &whole, &batch));
-  ASSERT_NO_FATAL_FAILURE(MakeHeadNet(14, 7, &chunked, &same));
+  ASSERT_NO_FATAL_FAILURE(MakeHeadNet(seed, skip, &whole, &batch));
+  ASSERT_NO_FATAL_FAILURE(MakeHeadNet(seed, skip, &chunked, &same));
   whole.model->SetHeadChunkFloats(kRows * padded);  // one chunk: one piece
   chunked.model->SetHeadChunkFloats(64 * padded);
-  const PrecisionScheme mx = Preset("mxfp8_e4m3");
-  const StepResult a = Step(&whole, batch, mx), b = Step(&chunked, same, mx);
+  const PrecisionScheme scheme = Preset(preset);
+  const StepResult a = Step(&whole, batch, scheme), b = Step(&chunked, same, scheme);
   ASSERT_TRUE(std::isfinite(a.loss));
   EXPECT_FALSE(whole.model->head_backward_done());
   EXPECT_TRUE(chunked.model->head_backward_done());
@@ -238,12 +210,39 @@ TEST(GptModelTest, AnMxHeadInChunksRunsItsBackwardPerChunkWithTheBits) {
   EXPECT_EQ(whole.model->head_bytes(), kRows * padded * 4);  // every row's fp32 logits, dlogits over them
   EXPECT_EQ(chunked.model->head_bytes(), 64 * padded * 4);   // one chunk's
   double ea = 0.0, eb = 0.0;
-  ASSERT_TRUE(whole.model->Evaluate(batch, mx, 5, &ea).ok());
-  ASSERT_TRUE(chunked.model->Evaluate(same, mx, 5, &eb).ok());
+  ASSERT_TRUE(whole.model->Evaluate(batch, scheme, 5, &ea).ok());
+  ASSERT_TRUE(chunked.model->Evaluate(same, scheme, 5, &eb).ok());
   EXPECT_EQ(ea, eb);
   EXPECT_EQ(chunked.model->head_bytes(), 64 * padded * 4);  // the evaluation in chunks too
-  std::printf("wte gradient elements that differ in their last bits: %lld of %lld\n", static_cast<long long>(differ),
-              static_cast<long long>(wte->count));
+  std::printf("%s: wte gradient elements that differ in their last bits: %lld of %lld\n", preset,
+              static_cast<long long>(differ), static_cast<long long>(wte->count));
+}
+
+TEST(GptModelTest, ABf16HeadInChunksRunsItsBackwardPerChunkWithTheBits) {
+  ExpectTheHeadInChunksKeepsTheBitsBelowIt("bf16", 12, 9);
+}
+
+TEST(GptModelTest, AnMxHeadInChunksRunsItsBackwardPerChunkWithTheBits) {
+  ExpectTheHeadInChunksKeepsTheBitsBelowIt("mxfp8_e4m3", 14, 7);
+}
+
+// An fp32 head runs in one piece (every row's fp32 logits, dlogits over them)
+// whatever the chunk size: its buffer grows from a BF16 step's one chunk.
+TEST(GptModelTest, AnFp32HeadRunsInOnePiece) {
+  constexpr int kRows = kHeadRows;
+  const int64_t padded = 256;
+  TestNet net;
+  Batch batch;
+  ASSERT_NO_FATAL_FAILURE(MakeHeadNet(12, 9, &net, &batch));
+  net.model->SetHeadChunkFloats(64 * padded);
+  const StepResult b = Step(&net, batch, Preset("bf16"));
+  EXPECT_TRUE(net.model->head_backward_done());
+  EXPECT_EQ(net.model->head_bytes(), 64 * padded * 4);
+  const StepResult c = Step(&net, batch, Preset("fp32"));
+  EXPECT_TRUE(std::isfinite(c.loss));
+  EXPECT_NE(c.loss, b.loss);
+  EXPECT_FALSE(net.model->head_backward_done());
+  EXPECT_EQ(net.model->head_bytes(), kRows * padded * 4);
 }
 
 // The layernorms' rounded affine copies take their own few floats, not a

@@ -315,48 +315,37 @@ double DecoderHeadStep(const char* type, uint32_t seed, const char* scheme, int6
   double loss = 0.0;
   EXPECT_TRUE(net.model->ForwardBackward(batch, s, 3, 1.0f, false, grads->data(), &loss, nullptr).ok());
   *done = net.model->head_backward_done();
-  if (std::string(scheme) == "bf16") {
-    EXPECT_EQ(net.model->head_bytes(), chunk_floats * 4 + 128 * 256 * 2) << type;
-  }
+  // One chunk's fp32 logits (or every row's in one piece), dlogits in place: nothing else.
+  EXPECT_EQ(net.model->head_bytes(), chunk_floats * 4) << type << " " << scheme;
   return loss;
 }
 
-// The decoder's head in chunks of rows (a BF16 head, Model::HeadAndLoss): the
-// loss and gradient of the one-chunk pass, bit for bit (llama and gla share it).
-TEST(DecoderModelTest, TheHeadInChunksKeepsTheBits) {
-  for (const char* type : {"llama", "gla"}) {
-    std::vector<float> g_whole, g_chunks;
-    bool done = false;
-    std::pair<int64_t, int64_t> embed;
-    const double whole = DecoderHeadStep(type, 13, "bf16", 128 * 256, &g_whole, &done, &embed);
-    const double chunks = DecoderHeadStep(type, 13, "bf16", 64 * 256, &g_chunks, &done, &embed);
-    EXPECT_TRUE(std::isfinite(whole)) << type;
-    EXPECT_EQ(whole, chunks) << type;
-    EXPECT_EQ(g_whole, g_chunks) << type;
-  }
-}
-
-// An MX head in chunks (Model::HeadAndLoss) runs its backward in the forward's
-// chunks: the loss and every gradient but the tied embedding's keep the
-// one-piece bits, the embedding's within summation order (llama and gla).
-TEST(DecoderModelTest, AnMxHeadInChunksKeepsTheBitsBelowTheHead) {
-  for (const char* type : {"llama", "gla"}) {
-    std::vector<float> g_whole, g_chunks;
-    bool whole_done = true, chunks_done = false;
-    std::pair<int64_t, int64_t> embed;
-    const double whole = DecoderHeadStep(type, 15, "mxfp8_e4m3", 128 * 256, &g_whole, &whole_done, &embed);
-    const double chunks = DecoderHeadStep(type, 15, "mxfp8_e4m3", 64 * 256, &g_chunks, &chunks_done, &embed);
-    ASSERT_TRUE(std::isfinite(whole)) << type;
-    EXPECT_FALSE(whole_done) << type;
-    EXPECT_TRUE(chunks_done) << type;
-    EXPECT_EQ(whole, chunks) << type;
-    ASSERT_EQ(g_whole.size(), g_chunks.size());
-    ASSERT_GE(embed.first, 0) << type;
-    for (size_t i = 0; i < g_whole.size(); ++i) {
-      if (static_cast<int64_t>(i) >= embed.first && static_cast<int64_t>(i) < embed.first + embed.second) {
-        EXPECT_NEAR(g_chunks[i], g_whole[i], 1e-5 * (std::fabs(g_whole[i]) + 1e-3)) << type << " embedding " << i;
-      } else {
-        ASSERT_EQ(g_chunks[i], g_whole[i]) << type << " gradient element " << i;
+// A BF16 or MX head in chunks (Model::HeadAndLoss) runs its backward in the
+// forward's chunks: the loss and every gradient but the tied embedding's keep
+// the one-piece bits, the embedding's within summation order (llama and gla
+// share this code).
+TEST(DecoderModelTest, TheHeadInChunksKeepsTheBitsBelowTheHead) {
+  for (const char* scheme : {"bf16", "mxfp8_e4m3"}) {
+    for (const char* type : {"llama", "gla"}) {
+      SCOPED_TRACE(std::string(type) + " " + scheme);
+      std::vector<float> g_whole, g_chunks;
+      bool whole_done = true, chunks_done = false;
+      std::pair<int64_t, int64_t> embed;
+      const uint32_t seed = std::string(scheme) == "bf16" ? 13 : 15;
+      const double whole = DecoderHeadStep(type, seed, scheme, 128 * 256, &g_whole, &whole_done, &embed);
+      const double chunks = DecoderHeadStep(type, seed, scheme, 64 * 256, &g_chunks, &chunks_done, &embed);
+      ASSERT_TRUE(std::isfinite(whole));
+      EXPECT_FALSE(whole_done);
+      EXPECT_TRUE(chunks_done);
+      EXPECT_EQ(whole, chunks);
+      ASSERT_EQ(g_whole.size(), g_chunks.size());
+      ASSERT_GE(embed.first, 0);
+      for (size_t i = 0; i < g_whole.size(); ++i) {
+        if (static_cast<int64_t>(i) >= embed.first && static_cast<int64_t>(i) < embed.first + embed.second) {
+          EXPECT_NEAR(g_chunks[i], g_whole[i], 1e-5 * (std::fabs(g_whole[i]) + 1e-3)) << "embedding " << i;
+        } else {
+          ASSERT_EQ(g_chunks[i], g_whole[i]) << "gradient element " << i;
+        }
       }
     }
   }
