@@ -291,6 +291,36 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
+namespace {
+
+// Sets each flag that the environment variable `var` (a comma-separated list of
+// names) names to `value`; an unknown name is an error naming the allowed ones.
+Status SetSwitches(const char* var, const std::vector<std::pair<const char*, bool*>>& switches, bool value) {
+  const char* env = std::getenv(var);
+  if (env == nullptr) return Status::Ok();
+  std::string allowed;
+  for (const auto& f : switches) allowed += (allowed.empty() ? "" : ", ") + std::string(f.first);
+  const std::string list = env;
+  for (size_t start = 0; start <= list.size();) {
+    const size_t end = std::min(list.find(',', start), list.size());
+    const std::string name = list.substr(start, end - start);
+    start = end + 1;
+    if (name.empty()) continue;
+    bool* flag = nullptr;
+    for (const auto& f : switches) {
+      if (name == f.first) flag = f.second;
+    }
+    if (flag == nullptr) {
+      return Status::Error(std::string("backend: cuda: ") + var + ": unknown '" + name +
+                           "' (allowed: a comma-separated list of " + allowed + ")");
+    }
+    *flag = value;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status CudaBackend::Init() {
   int devices = 0;
   const cudaError_t probe = cudaGetDeviceCount(&devices);
@@ -312,32 +342,16 @@ Status CudaBackend::Init() {
                  "GEMMs";
   KEEL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   main_stream_ = stream_;
-  if (const char* off = std::getenv("KEEL_CUDA_OFF")) {
-    const std::pair<const char*, bool*> fusions[] = {{"dy_one_pass", &dy_one_pass_},
-                                                     {"mx_cols_tiles", &mx_cols_in_tiles_},
-                                                     {"ln_backward_fused", &ln_backward_fused_},
-                                                     {"mx_tiles_prefetch", &mx_tiles_prefetch_},
-                                                     {"held_weight", &held_weight_},
-                                                     {"kept_heads", &kept_heads_}};
-    std::string allowed;
-    for (const auto& f : fusions) allowed += (allowed.empty() ? "" : ", ") + std::string(f.first);
-    std::string list = off;
-    for (size_t start = 0; start <= list.size();) {
-      const size_t end = std::min(list.find(',', start), list.size());
-      const std::string name = list.substr(start, end - start);
-      start = end + 1;
-      if (name.empty()) continue;
-      bool* flag = nullptr;
-      for (const auto& f : fusions) {
-        if (name == f.first) flag = f.second;
-      }
-      if (flag == nullptr) {
-        return Status::Error("backend: cuda: KEEL_CUDA_OFF: unknown '" + name + "' (allowed: a comma-separated list of " +
-                             allowed + ")");
-      }
-      *flag = false;
-    }
-  }
+  // KEEL_CUDA_OFF turns fusions off, KEEL_CUDA_ON experiments on (comma-separated names).
+  const std::vector<std::pair<const char*, bool*>> fusions = {{"dy_one_pass", &dy_one_pass_},
+                                                              {"mx_cols_tiles", &mx_cols_in_tiles_},
+                                                              {"ln_backward_fused", &ln_backward_fused_},
+                                                              {"mx_tiles_prefetch", &mx_tiles_prefetch_},
+                                                              {"held_weight", &held_weight_},
+                                                              {"kept_heads", &kept_heads_}};
+  const std::vector<std::pair<const char*, bool*>> experiments = {{"mx_keep_x", &mx_keep_x_}};
+  KEEL_RETURN_IF_ERROR(SetSwitches("KEEL_CUDA_OFF", fusions, false));
+  KEEL_RETURN_IF_ERROR(SetSwitches("KEEL_CUDA_ON", experiments, true));
   for (Scratch* s : MainStreamScratch()) s->RefuseWhile(&on_side_);
   // Scratch comes from the device's default pool (cudaMallocAsync): keep what it
   // holds instead of returning it to the driver at every synchronisation.

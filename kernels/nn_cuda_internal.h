@@ -502,12 +502,20 @@ class CudaBackend final : public Backend {
     int64_t pair = -1;
     bool folded = false;
     unsigned long long counts[2] = {0, 0};
+    // How the pair's non-finite count becomes nan_blocks: per tensor (a bf16 rounding: one block,
+    // non-finite if any) or per block (an MX quantization: `blocks` scales, the count is theirs).
+    int64_t blocks = 1;
+    bool per_tensor = true;
   };
   // A forward operand kept for the backward (LinearQuant::keep_slot).
   struct KeptOperand {
     const float* source = nullptr;
     int64_t rows = 0, cols = 0;
     Rounding rounding = Rounding::kNearestEven;
+    // An MX x kept by the forward down its columns for the wgrad (mx_keep_x): `format` is the
+    // wgrad_x format it was quantized in; else a bf16 rounding shared by the two roles.
+    bool mx = false;
+    OperandFormat format;
     bool valid = false;
     Scratch values;  // bf16, row-major like the source
     KeptStats stats;
@@ -628,12 +636,28 @@ class CudaBackend final : public Backend {
   // *x itself when 16-byte aligned, else a copy of its `count` floats in align_in_
   // (the quantizers load 16 bytes at a time).
   Status Aligned16Input(const float** x, int64_t count);
+  // Both of an MX operand's quantizations in one read (QuantizeMxBothAxesWithColumnSums), profiled
+  // as `part`: role along_rows's into *rows_out, down_columns' into *cols_out (bf16 values), with a
+  // statistics pair each when q.stats_slot >= 0 (*pair_rows, *pair_cols; else -1); column_sums as
+  // PrepareOperand's. x as given (any alignment).
+  Status QuantizeBothAxes(const float* x, int64_t rows, int64_t cols, Role along_rows, Role down_columns,
+                          const LinearQuant& q, Scratch* rows_out, Scratch* cols_out, float* column_sums,
+                          const char* part, int64_t* pair_rows, int64_t* pair_cols);
   // LinearBackward's dy for both of its GEMMs in one read
   // (QuantizeMxBothAxesWithColumnSums): the dgrad's along rows into op_a_, the
   // wgrad's down columns into op_dy_cols_, bf16, with both roles' statistics;
   // column_sums as PrepareOperand's.
   Status PrepareDyBothAxes(const float* dy, int64_t rows, int64_t cols, const LinearQuant& q, Operand* along_rows,
                            Operand* down_columns, float* column_sums);
+  // LinearForward's MX x for both of its GEMMs in one read (mx_keep_x): fwd_x along rows into op_a_
+  // (*along_rows, its statistics recorded), wgrad_x down columns into k->values, its statistics
+  // pair left in k->stats for the backward that takes it (TakeKept). x as given (any alignment).
+  Status PrepareXBothAxes(const float* x, int64_t rows, int64_t cols, const LinearQuant& q, Operand* along_rows,
+                          KeptOperand* k);
+  // The keep_slot entry of kept_x_ for an MX x that LinearForward may quantize both ways
+  // (mx_keep_x on, fwd_x and wgrad_x one MX format that MxBothAxesInOnePass allows, both GEMMs
+  // in bf16, no Hot-Channel Patch or RHT, x not given in bf16), grown on demand; else null.
+  KeptOperand* KeepMxX(const LinearQuant& q, int64_t rows, int64_t cols, bool gemms_bf16);
   // Attention: q, k, v of qkv (and dout when not null) into attn_q_, attn_k_,
   // attn_v_ (attn_o_) per head [b, h, t, d], bf16 or fp32.
   Status AttentionHeads(const float* qkv, const float* dout, int64_t batch, int64_t seq, int64_t heads,
@@ -783,6 +807,12 @@ class CudaBackend final : public Backend {
   // kept_heads: KeepsAttentionHeads says yes (bf16 operands, head size 32 or 64): the attention's
   // backward reads the heads its forward packed instead of packing qkv again.
   bool kept_heads_ = true;
+  // Experiments, each off unless KEEL_CUDA_ON (read at Init, a comma-separated list of these
+  // names) names it; they keep the bits and trade memory for time:
+  // mx_keep_x: LinearForward quantizes an MX x both ways in one read and keeps the wgrad's copy
+  // (KeepMxX): the backward's "mx down columns in tiles" pass over x goes, for rows x in bf16
+  // values a layer held from the forward to the backward.
+  bool mx_keep_x_ = false;
   Scratch codes_;                      // per-tensor FP8 codes, for its statistics
   Scratch partials_;                   // column-sum and reduction partials
   Scratch adam_table_;                 // AdamWTensors' tensor table and per-chunk delta partials

@@ -722,14 +722,14 @@ void CudaBackend::RecordStats(int64_t count, int64_t blocks, bool per_tensor, in
 void CudaBackend::RecordKeptStats(const KeptStats& kept, int64_t count, int slot, Role role) {
   if (kept.pair < 0 && !kept.folded) return;  // nothing was kept: the first use did not count
   if (!kept.folded) {
-    RecordStats(count, 1, true, slot, role, kept.pair);
+    RecordStats(count, kept.blocks, kept.per_tensor, slot, role, kept.pair);
     return;
   }
   OperandStats& s = host_stats_[static_cast<size_t>(slot) * kRoleCount + static_cast<int>(role)];
   s.elements += count;
   s.saturated += static_cast<int64_t>(kept.counts[0]);
-  s.blocks += 1;
-  s.nan_blocks += kept.counts[1] > 0 ? 1 : 0;
+  s.blocks += kept.blocks;
+  s.nan_blocks += kept.per_tensor ? (kept.counts[1] > 0 ? 1 : 0) : static_cast<int64_t>(kept.counts[1]);
 }
 
 std::vector<CudaBackend::KeptStats*> CudaBackend::AllKeptStats() {
@@ -806,6 +806,12 @@ bool SameBf16Rounding(const OperandFormat& a, const OperandFormat& b) {
          a.rounding == b.rounding && a.rounding != Rounding::kStochastic;
 }
 
+// Whether two operand formats quantize alike (kind, format, rounding, block, exponent rule, tiles, RHT).
+bool SameFormat(const OperandFormat& a, const OperandFormat& b) {
+  return a.kind == b.kind && a.format == b.format && a.rounding == b.rounding && a.mx_block == b.mx_block &&
+         a.bump_exponent == b.bump_exponent && a.tile_16x16 == b.tile_16x16 && a.rht == b.rht;
+}
+
 }  // namespace
 
 CudaBackend::KeptOperand* CudaBackend::KeepFor(std::vector<std::unique_ptr<KeptOperand>>* kept, const LinearQuant& q,
@@ -825,6 +831,24 @@ CudaBackend::KeptOperand* CudaBackend::KeepFor(std::vector<std::unique_ptr<KeptO
     k->values.RefuseWhile(&on_side_);  // like every scratch: not from side work
   }
   k->valid = false;  // until the rounding below is queued
+  k->mx = false;
+  return k.get();
+}
+
+CudaBackend::KeptOperand* CudaBackend::KeepMxX(const LinearQuant& q, int64_t rows, int64_t cols, bool gemms_bf16) {
+  if (!mx_keep_x_ || q.keep_slot < 0 || !gemms_bf16 || q.x_bf16 != nullptr) return nullptr;
+  const OperandFormat& fwd = q.role[static_cast<int>(Role::kFwdX)];
+  const OperandFormat& wgrad = q.role[static_cast<int>(Role::kWgradX)];
+  if (q.hcp_fwd.count != 0 || q.hcp_wgrad_rows != 0 || fwd.rht || wgrad.rht) return nullptr;
+  if (!MxBothAxesInOnePass(fwd, wgrad, rows, cols)) return nullptr;
+  const size_t slot = static_cast<size_t>(q.keep_slot);
+  if (slot >= kept_x_.size()) kept_x_.resize(slot + 1);
+  std::unique_ptr<KeptOperand>& k = kept_x_[slot];
+  if (k == nullptr) {
+    k = std::make_unique<KeptOperand>();
+    k->values.RefuseWhile(&on_side_);  // like every scratch: not from side work
+  }
+  k->valid = false;  // until the quantization is queued
   return k.get();
 }
 
@@ -840,7 +864,10 @@ bool CudaBackend::TakeKept(std::vector<std::unique_ptr<KeptOperand>>* kept, cons
     return false;
   }
   const OperandFormat& f = q.role[static_cast<int>(backward)];
-  if (!f.quantized() || f.format != QuantFormat::kBf16 || f.rounding != k->rounding) return false;
+  if (k->mx ? !SameFormat(f, k->format)
+            : (!f.quantized() || f.format != QuantFormat::kBf16 || f.rounding != k->rounding)) {
+    return false;
+  }
   // Statistics wanted but the forward's pair is gone (a reset between): round again.
   if (q.stats_slot >= 0 && k->stats.pair < 0 && !k->stats.folded) return false;
   out->data = k->values.get<void>();
@@ -1104,31 +1131,43 @@ Status CudaBackend::Aligned16Input(const float** x, int64_t count) {
   return Status::Ok();
 }
 
+Status CudaBackend::QuantizeBothAxes(const float* x, int64_t rows, int64_t cols, Role along_rows, Role down_columns,
+                                     const LinearQuant& q, Scratch* rows_out, Scratch* cols_out, float* column_sums,
+                                     const char* part, int64_t* pair_rows, int64_t* pair_cols) {
+  const OperandFormat& f_rows = q.role[static_cast<int>(along_rows)];
+  const OperandFormat& f_cols = q.role[static_cast<int>(down_columns)];
+  const int64_t count = rows * cols;
+  KEEL_RETURN_IF_ERROR(Aligned16Input(&x, count));  // the kernel loads 16 bytes at a time
+  KEEL_RETURN_IF_ERROR(rows_out->Reserve(static_cast<size_t>(count) * 2, stream_));
+  KEEL_RETURN_IF_ERROR(cols_out->Reserve(static_cast<size_t>(count) * 2, stream_));
+  unsigned long long *counts_rows = nullptr, *counts_cols = nullptr;
+  *pair_rows = *pair_cols = -1;
+  if (q.stats_slot >= 0) {
+    KEEL_RETURN_IF_ERROR(NextStatsPair(&counts_rows, pair_rows));
+    KEEL_RETURN_IF_ERROR(NextStatsPair(&counts_cols, pair_cols));
+    // The second call folded and regrew the pairs: the first one went with them.
+    if (*pair_cols < *pair_rows) KEEL_RETURN_IF_ERROR(NextStatsPair(&counts_rows, pair_rows));
+  }
+  NN_PROFILE(part);
+  const Status s = QuantizeMxBothAxesWithColumnSums(x, rows, cols, f_rows, f_cols, rows_out->get<void>(),
+                                                    cols_out->get<void>(), true, counts_rows, counts_cols,
+                                                    column_sums);
+  if (!s.ok()) {
+    return Status::Error(std::string("linear: roles ") + RoleName(along_rows) + " and " + RoleName(down_columns) +
+                         ": " + s.message());
+  }
+  return Status::Ok();
+}
+
 Status CudaBackend::PrepareDyBothAxes(const float* dy, int64_t rows, int64_t cols, const LinearQuant& q,
                                       Operand* along_rows, Operand* down_columns, float* column_sums) {
-  const OperandFormat& f_rows = q.role[static_cast<int>(Role::kDgradDy)];
-  const OperandFormat& f_cols = q.role[static_cast<int>(Role::kWgradDy)];
-  const int64_t count = rows * cols;
-  KEEL_RETURN_IF_ERROR(Aligned16Input(&dy, count));  // the kernel loads 16 bytes at a time
-  KEEL_RETURN_IF_ERROR(op_a_.Reserve(static_cast<size_t>(count) * 2, stream_));
-  KEEL_RETURN_IF_ERROR(op_dy_cols_.Reserve(static_cast<size_t>(count) * 2, stream_));
-  const bool stats = q.stats_slot >= 0;
-  unsigned long long *counts_rows = nullptr, *counts_cols = nullptr;
   int64_t pair_rows = -1, pair_cols = -1;
-  if (stats) {
-    KEEL_RETURN_IF_ERROR(NextStatsPair(&counts_rows, &pair_rows));
-    KEEL_RETURN_IF_ERROR(NextStatsPair(&counts_cols, &pair_cols));
-    // The second call folded and regrew the pairs: the first one went with them.
-    if (pair_cols < pair_rows) KEEL_RETURN_IF_ERROR(NextStatsPair(&counts_rows, &pair_rows));
-  }
-  {
-    NN_PROFILE(column_sums != nullptr ? "quantize dy both ways + dbias" : "quantize dy both ways");
-    const Status s = QuantizeMxBothAxesWithColumnSums(dy, rows, cols, f_rows, f_cols, op_a_.get<void>(),
-                                                      op_dy_cols_.get<void>(), true, counts_rows, counts_cols,
-                                                      column_sums);
-    if (!s.ok()) return Status::Error("linear: roles dgrad_dy and wgrad_dy: " + s.message());
-  }
-  if (stats) {
+  KEEL_RETURN_IF_ERROR(QuantizeBothAxes(dy, rows, cols, Role::kDgradDy, Role::kWgradDy, q, &op_a_, &op_dy_cols_,
+                                        column_sums,
+                                        column_sums != nullptr ? "quantize dy both ways + dbias" : "quantize dy both ways",
+                                        &pair_rows, &pair_cols));
+  if (q.stats_slot >= 0) {
+    const int64_t count = rows * cols;
     RecordStats(count, MxScaleCount(rows, cols, 32, 1), false, q.stats_slot, Role::kDgradDy, pair_rows);
     RecordStats(count, MxScaleCount(rows, cols, 32, 0), false, q.stats_slot, Role::kWgradDy, pair_cols);
   }
@@ -1136,6 +1175,23 @@ Status CudaBackend::PrepareDyBothAxes(const float* dy, int64_t rows, int64_t col
   along_rows->tensor_scale = nullptr;
   down_columns->data = op_dy_cols_.get<void>();
   down_columns->tensor_scale = nullptr;
+  return Status::Ok();
+}
+
+Status CudaBackend::PrepareXBothAxes(const float* x, int64_t rows, int64_t cols, const LinearQuant& q,
+                                     Operand* along_rows, KeptOperand* k) {
+  int64_t pair_rows = -1, pair_cols = -1;
+  KEEL_RETURN_IF_ERROR(QuantizeBothAxes(x, rows, cols, Role::kFwdX, Role::kWgradX, q, &op_a_, &k->values, nullptr,
+                                        "quantize x both ways", &pair_rows, &pair_cols));
+  k->stats = KeptStats();
+  if (q.stats_slot >= 0) {
+    RecordStats(rows * cols, MxScaleCount(rows, cols, 32, 1), false, q.stats_slot, Role::kFwdX, pair_rows);
+    k->stats.pair = pair_cols;  // wgrad_x's, recorded by the backward that takes the copy
+    k->stats.blocks = MxScaleCount(rows, cols, 32, 0);
+    k->stats.per_tensor = false;
+  }
+  along_rows->data = op_a_.get<void>();
+  along_rows->tensor_scale = nullptr;
   return Status::Ok();
 }
 
@@ -1179,11 +1235,6 @@ namespace {
 // reads it from a slot the next quantization overwrites), no RHT.
 bool HoldableWeight(const OperandFormat& f) {
   return f.quantized() && f.rounding != Rounding::kStochastic && !HasTensorScale(f.format) && !f.rht;
-}
-
-bool SameFormat(const OperandFormat& a, const OperandFormat& b) {
-  return a.kind == b.kind && a.format == b.format && a.rounding == b.rounding && a.mx_block == b.mx_block &&
-         a.bump_exponent == b.bump_exponent && a.tile_16x16 == b.tile_16x16 && a.rht == b.rht;
 }
 
 }  // namespace
@@ -1256,8 +1307,10 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
   // The backward's wgrad (for x) and dgrad (for w) may reuse these roundings.
   auto quantized = [&q](Role r) { return q.role[static_cast<int>(r)].quantized(); };
   // (x given in bf16 needs no copy kept: the backward reads it again.)
-  KeptOperand* kx = KeepFor(&kept_x_, q, Role::kFwdX, Role::kWgradX,
-                            !bf16_x && bf16 && quantized(Role::kWgradDy) && quantized(Role::kWgradX));
+  const bool wgrad_bf16 = quantized(Role::kWgradDy) && quantized(Role::kWgradX);
+  // An MX x quantized both ways in one read, its wgrad copy kept (mx_keep_x), else a shared bf16 rounding.
+  KeptOperand* kmx = KeepMxX(q, rows, in, bf16 && wgrad_bf16);
+  KeptOperand* kx = kmx != nullptr ? nullptr : KeepFor(&kept_x_, q, Role::kFwdX, Role::kWgradX, !bf16_x && bf16 && wgrad_bf16);
   const bool keep_w = bf16 && quantized(Role::kDgradDy) && quantized(Role::kDgradW);
   // A held BF16 w that an earlier chunk's forward rounded and kept: used as it is, still kept.
   const bool w_reused = keep_w && ReuseHeldKept(q, w, out, in, &qw);
@@ -1266,6 +1319,17 @@ Status CudaBackend::LinearForward(const float* x, const float* w, const float* b
     qx.data = q.x_bf16;
     if (q.stats_slot >= 0)
       KEEL_RETURN_IF_ERROR(RecordBf16Stats(q.x_bf16, q.x_bf16_ld, rows, in, q.stats_slot, Role::kFwdX));
+  } else if (kmx != nullptr) {
+    KEEL_RETURN_IF_ERROR(PrepareXBothAxes(x, rows, in, q, &qx, kmx));
+    kmx->source = x;
+    kmx->rows = rows;
+    kmx->cols = in;
+    kmx->rounding = q.role[static_cast<int>(Role::kWgradX)].rounding;
+    kmx->format = q.role[static_cast<int>(Role::kWgradX)];
+    kmx->mx = true;
+    kmx->hold = 0;
+    kmx->taken = false;
+    kmx->valid = true;
   } else {
     KEEL_RETURN_IF_ERROR(PrepareOperand(x, rows, in, 1, Role::kFwdX, q, bf16, kx != nullptr ? &kx->values : &op_a_,
                                         &qx, kx != nullptr ? &kx->stats : nullptr));

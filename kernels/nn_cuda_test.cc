@@ -895,6 +895,24 @@ std::unique_ptr<Backend> BackendWithout(const char* off) {
   return b;
 }
 std::unique_ptr<Backend> BackendWithoutMxTiles() { return BackendWithout("dy_one_pass,mx_cols_tiles"); }
+// The calls of the parts of a profile named `part`.
+int64_t Calls(const std::vector<OpTime>& profile, const std::string& part) {
+  int64_t calls = 0;
+  for (const OpTime& t : profile) {
+    if (t.op.find(part) != std::string::npos) calls += t.calls;
+  }
+  return calls;
+}
+
+// A CUDA backend with the experiments `on` turned on (KEEL_CUDA_ON).
+std::unique_ptr<Backend> BackendWith(const char* on) {
+  std::unique_ptr<Backend> b;
+  setenv("KEEL_CUDA_ON", on, 1);
+  const Status s = MakeCudaBackend(&b);
+  unsetenv("KEEL_CUDA_ON");
+  EXPECT_TRUE(s.ok()) << s.message();
+  return b;
+}
 
 // Whether the profile of one call shows a part named `part`.
 bool Ran(const std::vector<OpTime>& profile, const std::string& part) {
@@ -1261,6 +1279,99 @@ TEST_F(NnCudaTest, AHeldBf16WeightsCopyIsNotTakenAfterTheHold) {
   ASSERT_OK(gpu_->Sync());
   ExpectBits("dx after the hold", Gpu(dx_ref), Gpu(dx_after));
   EXPECT_NE(Gpu(dx), Gpu(dx_after));  // the old w's dx differs: the test can tell the two apart
+}
+
+// mx_keep_x (KEEL_CUDA_ON): the forward quantizes an MX x both ways in one read
+// and keeps the wgrad's copy for the backward. y, dx, dw and every role's
+// statistics (a NaN and a saturating value in x, so per-block counts matter)
+// are those of quantizing x again in the backward, in the formats that allow
+// it (one MX format both ways, nearest rounding); the forward runs "quantize x
+// both ways" and the backward no "mx down columns in tiles" over x. Nothing is
+// kept without a keep_slot, with x's two roles in different formats, or with a
+// stochastic rounding; a second backward without a forward rounds x again.
+TEST_F(NnCudaTest, MxKeptXGivesTheBitsAndStatsOfQuantizingAgain) {
+  std::unique_ptr<Backend> keeping = BackendWith("mx_keep_x");
+  ASSERT_TRUE(keeping != nullptr);
+  struct Case {
+    std::string name;
+    LinearQuant q;
+    bool kept;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"mxfp8_e4m3", AllRoles(Quant(QuantFormat::kMxfp8E4M3)), true});
+  cases.push_back({"mxfp4 nearest_away", AllRoles(Quant(QuantFormat::kMxfp4, Rounding::kNearestAway)), true});
+  cases.push_back({"mxfp6_e2m3", AllRoles(Quant(QuantFormat::kMxfp6E2M3)), true});
+  {
+    LinearQuant q = AllRoles(Quant(QuantFormat::kMxfp8E4M3));
+    q.role[R(Role::kWgradX)] = Quant(QuantFormat::kMxfp8E5M2);
+    cases.push_back({"wgrad_x in E5M2 (formats apart)", q, false});
+  }
+  {
+    LinearQuant q = AllRoles(Quant(QuantFormat::kMxfp8E4M3));
+    q.role[R(Role::kWgradX)].rounding = Rounding::kStochastic;
+    cases.push_back({"stochastic wgrad_x", q, false});
+  }
+  {
+    LinearQuant q = AllRoles(Quant(QuantFormat::kMxfp8E4M3));
+    q.keep_slot = -1;
+    cases.push_back({"no keep_slot", q, false});
+  }
+  const int64_t rows = 128, in = 64, out = 96;
+  std::vector<float> xh = WithOutliers(rows * in, 311);
+  xh[5 * in + 7] = std::numeric_limits<float>::quiet_NaN();
+  xh[9 * in + 40] = 3.0e38f;
+  Dual x = Floats(xh), w = Floats(Normal(out * in, 312, 0.05f)), dy = Floats(WithOutliers(rows * out, 313, 1e-3f));
+  const std::vector<float> dw0 = Normal(out * in, 314, 1e-3f);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    BackwardResult r[2];
+    std::vector<float> y[2];
+    std::vector<OpTime> profile;
+    for (int b = 0; b < 2; ++b) {
+      Backend* be = b == 0 ? gpu_.get() : keeping.get();
+      Dual yd = Zeros(rows * out), dx = Zeros(rows * in), dw = Floats(dw0);
+      LinearQuant q = c.q;
+      q.seed = 0x5EED;
+      q.stats_slot = 0;
+      if (c.q.keep_slot != -1) q.keep_slot = 0;
+      ASSERT_OK(be->ResetOperandStats(1));
+      if (b == 1) ASSERT_OK(be->SetProfiling(true));
+      ASSERT_OK(be->LinearForward(x.g(), w.g(), nullptr, nullptr, yd.g(), rows, in, out, q));
+      ASSERT_OK(be->LinearBackward(x.g(), w.g(), dy.g(), dx.g(), dw.g(), nullptr, rows, in, out, q));
+      if (b == 1) {
+        ASSERT_OK(be->TakeProfile(&profile));
+        ASSERT_OK(be->SetProfiling(false));
+      }
+      ASSERT_OK(be->Sync());
+      ASSERT_OK(be->ReadOperandStats(&r[b].stats));
+      y[b] = Get(be, yd.g(), yd.bytes);
+      r[b].dx = Get(be, dx.g(), dx.bytes);
+      r[b].dw = Get(be, dw.g(), dw.bytes);
+    }
+    ExpectBits("y", y[0], y[1]);
+    ExpectBits("dx", r[0].dx, r[1].dx);
+    ExpectBits("dw", r[0].dw, r[1].dw);
+    ExpectStatsEqual(c.name, r[0].stats, r[1].stats);
+    EXPECT_EQ(Ran(profile, "quantize x both ways"), c.kept);
+    // Down columns in tiles: w for the dgrad always, x for the wgrad unless it was kept (or is stochastic).
+    const bool x_in_tiles = !c.kept && c.q.role[R(Role::kWgradX)].rounding != Rounding::kStochastic;
+    EXPECT_EQ(Calls(profile, "mx down columns in tiles"), x_in_tiles ? 2 : 1);
+    EXPECT_GT(r[0].stats[R(Role::kWgradX)].nan_blocks, 0);
+  }
+  // The kept copy serves one backward: a second one (no forward between) quantizes x again, the same bits.
+  LinearQuant q = AllRoles(Quant(QuantFormat::kMxfp8E4M3));
+  q.keep_slot = 0;
+  Dual yd = Zeros(rows * out), dx1 = Zeros(rows * in), dw1 = Floats(dw0), dx2 = Zeros(rows * in), dw2 = Floats(dw0);
+  ASSERT_OK(keeping->LinearForward(x.g(), w.g(), nullptr, nullptr, yd.g(), rows, in, out, q));
+  ASSERT_OK(keeping->LinearBackward(x.g(), w.g(), dy.g(), dx1.g(), dw1.g(), nullptr, rows, in, out, q));
+  std::vector<OpTime> again;
+  ASSERT_OK(keeping->SetProfiling(true));
+  ASSERT_OK(keeping->LinearBackward(x.g(), w.g(), dy.g(), dx2.g(), dw2.g(), nullptr, rows, in, out, q));
+  ASSERT_OK(keeping->TakeProfile(&again));
+  ASSERT_OK(keeping->SetProfiling(false));
+  ASSERT_OK(keeping->Sync());
+  EXPECT_EQ(Calls(again, "mx down columns in tiles"), 2);
+  ExpectBits("dw of a second backward", Get(keeping.get(), dw1.g(), dw1.bytes), Get(keeping.get(), dw2.g(), dw2.bytes));
 }
 
 TEST_F(NnCudaTest, LinearStatsWithNonFiniteInputs) {
