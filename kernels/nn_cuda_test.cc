@@ -1296,6 +1296,7 @@ TEST_F(NnCudaTest, MxKeptXGivesTheBitsAndStatsOfQuantizingAgain) {
     std::string name;
     LinearQuant q;
     bool kept;
+    bool slot = true;  // keep_slot 0 (else -1: nothing may be kept)
   };
   std::vector<Case> cases;
   cases.push_back({"mxfp8_e4m3", AllRoles(Quant(QuantFormat::kMxfp8E4M3)), true});
@@ -1311,11 +1312,7 @@ TEST_F(NnCudaTest, MxKeptXGivesTheBitsAndStatsOfQuantizingAgain) {
     q.role[R(Role::kWgradX)].rounding = Rounding::kStochastic;
     cases.push_back({"stochastic wgrad_x", q, false});
   }
-  {
-    LinearQuant q = AllRoles(Quant(QuantFormat::kMxfp8E4M3));
-    q.keep_slot = -1;
-    cases.push_back({"no keep_slot", q, false});
-  }
+  cases.push_back({"no keep_slot", AllRoles(Quant(QuantFormat::kMxfp8E4M3)), false, false});
   const int64_t rows = 128, in = 64, out = 96;
   std::vector<float> xh = WithOutliers(rows * in, 311);
   xh[5 * in + 7] = std::numeric_limits<float>::quiet_NaN();
@@ -1333,7 +1330,7 @@ TEST_F(NnCudaTest, MxKeptXGivesTheBitsAndStatsOfQuantizingAgain) {
       LinearQuant q = c.q;
       q.seed = 0x5EED;
       q.stats_slot = 0;
-      if (c.q.keep_slot != -1) q.keep_slot = 0;
+      q.keep_slot = c.slot ? 0 : -1;
       ASSERT_OK(be->ResetOperandStats(1));
       if (b == 1) ASSERT_OK(be->SetProfiling(true));
       ASSERT_OK(be->LinearForward(x.g(), w.g(), nullptr, nullptr, yd.g(), rows, in, out, q));
