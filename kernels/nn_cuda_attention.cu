@@ -294,6 +294,7 @@ Status CudaBackend::AttentionForwardKeep(const float* qkv, float* kept, float* o
   FlashArgs f = FlashHeads(batch, seq, heads, dim, kept);
   f.out = out;
   f.stats = stats;
+  f.one_pass = flash_one_pass_;
   return FlashForward(f, stream_);
 }
 
@@ -360,6 +361,7 @@ Status CudaBackend::AttentionForward(const float* qkv, float* out, float* stats,
     FlashArgs f = FlashHeads(batch, seq, heads, dim);
     f.out = out;
     f.stats = stats;
+    f.one_pass = flash_one_pass_;
     return FlashForward(f, stream_);
   }
   const int64_t bh = batch * heads;

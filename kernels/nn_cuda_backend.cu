@@ -349,7 +349,8 @@ Status CudaBackend::Init() {
                                                               {"mx_tiles_prefetch", &mx_tiles_prefetch_},
                                                               {"held_weight", &held_weight_},
                                                               {"kept_heads", &kept_heads_}};
-  const std::vector<std::pair<const char*, bool*>> experiments = {{"mx_keep_x", &mx_keep_x_}};
+  const std::vector<std::pair<const char*, bool*>> experiments = {{"mx_keep_x", &mx_keep_x_},
+                                                                  {"flash_one_pass", &flash_one_pass_}};
   KEEL_RETURN_IF_ERROR(SetSwitches("KEEL_CUDA_OFF", fusions, false));
   KEEL_RETURN_IF_ERROR(SetSwitches("KEEL_CUDA_ON", experiments, true));
   for (Scratch* s : MainStreamScratch()) s->RefuseWhile(&on_side_);

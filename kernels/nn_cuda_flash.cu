@@ -287,7 +287,13 @@ struct HeadBlock {
 // Forward: one block per (128 query rows, batch * head), the longest rows first.
 // ============================================================================
 
-template <int HD>
+// kOnePass (the experiment flash_one_pass): one walk over the keys. Each tile's
+// P is exp(s - the running max), rounded to bf16 unnormalized, its product with
+// v added to O after O is rescaled to the new max, and O divided by l at the
+// end: the stats are the two-pass kernel's bit for bit (the same pass 1), O is
+// not (P is rounded before it is normalized, which nn.h's contract does not
+// allow today: an experiment to measure what that contract costs).
+template <int HD, bool kOnePass>
 __global__ void __launch_bounds__(kBlockThreads) FlashForwardKernel(const FlashArgs a, float scale) {
   constexpr int M = kFwdTiles;
   __shared__ TilePair<HD> tiles;
@@ -313,10 +319,13 @@ __global__ void __launch_bounds__(kBlockThreads) FlashForwardKernel(const FlashA
   float mx[M][2], sum[M][2];
 #pragma unroll
   for (int m = 0; m < M; ++m) mx[m][0] = mx[m][1] = -INFINITY, sum[m][0] = sum[m][1] = 0.0f;
+  float o[M][HD / 8][4] = {};
   LoadTileAsync<HD>(k, 0, seq, ks[0]);
+  if (kOnePass) LoadTileAsync<HD>(v, 0, seq, vs[0]);
   CpAsyncCommit();
   for (int kb = 0; kb <= last_tile; ++kb) {
-    NextTiles<HD>(kb < last_tile, (kb + 1) * kTile, seq, k, ks[(kb + 1) & 1], nullptr, nullptr);
+    NextTiles<HD>(kb < last_tile, (kb + 1) * kTile, seq, k, ks[(kb + 1) & 1], kOnePass ? v : nullptr,
+                  vs[(kb + 1) & 1]);
     if (kb * kTile <= first + 16 * M - 1) {  // else the tile is wholly after this warp's rows
       DotTile<HD, M>(qa, ks[kb & 1], l, s);
       const bool edge = kb * kTile + kTile - 1 > first || kb * kTile + kTile > seq;
@@ -336,15 +345,24 @@ __global__ void __launch_bounds__(kBlockThreads) FlashForwardKernel(const FlashA
           float part = 0.0f;
 #pragma unroll
           for (int n = 0; n < kTile / 8; ++n) {
-            part += seen ? exp2f(fmaf(s[m][n][2 * r], sl2, neg)) + exp2f(fmaf(s[m][n][2 * r + 1], sl2, neg)) : 0.0f;
+            const float p0 = seen ? exp2f(fmaf(s[m][n][2 * r], sl2, neg)) : 0.0f;
+            const float p1 = seen ? exp2f(fmaf(s[m][n][2 * r + 1], sl2, neg)) : 0.0f;
+            part += seen ? p0 + p1 : 0.0f;
+            if (kOnePass) s[m][n][2 * r] = p0, s[m][n][2 * r + 1] = p1;  // P against the running max
           }
           part = QuadSum(part);
           if (seen) {
-            sum[m][r] = sum[m][r] * exp2f(fmaf(mx[m][r], sl2, neg)) + part;
+            const float rescale = exp2f(fmaf(mx[m][r], sl2, neg));
+            sum[m][r] = sum[m][r] * rescale + part;
             mx[m][r] = m_new;
+            if (kOnePass) {
+#pragma unroll
+              for (int d = 0; d < HD / 8; ++d) o[m][d][2 * r] *= rescale, o[m][d][2 * r + 1] *= rescale;
+            }
           }
         }
       }
+      if (kOnePass) AccumulateTile<HD, M>(s, vs[kb & 1], l, o);
     }
     __syncthreads();  // the buffer is refilled next
   }
@@ -360,27 +378,35 @@ __global__ void __launch_bounds__(kBlockThreads) FlashForwardKernel(const FlashA
     }
   }
 
-  // Pass 2: O = bf16(P) v with P = exp(s - m) / l.
-  float o[M][HD / 8][4] = {};
-  LoadTileAsync<HD>(k, 0, seq, ks[0]);
-  LoadTileAsync<HD>(v, 0, seq, vs[0]);
-  CpAsyncCommit();
-  for (int kb = 0; kb <= last_tile; ++kb) {
-    NextTiles<HD>(kb < last_tile, (kb + 1) * kTile, seq, k, ks[(kb + 1) & 1], v, vs[(kb + 1) & 1]);
-    if (kb * kTile <= first + 16 * M - 1) {
-      DotTile<HD, M>(qa, ks[kb & 1], l, s);
-      const bool edge = kb * kTile + kTile - 1 > first || kb * kTile + kTile > seq;
+  // Pass 2: O = bf16(P) v with P = exp(s - m) / l (one pass: O / l).
+  if (kOnePass) {
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        if (edge) Mask(s[m], first + 16 * m + l.g, kb * kTile, seq, false, l);
+    for (int m = 0; m < M; ++m)
 #pragma unroll
-        for (int n = 0; n < kTile / 8; ++n)
+      for (int d = 0; d < HD / 8; ++d)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[m][n][e] = exp2f(fmaf(s[m][n][e], sl2, neg[m][e >> 1])) * inv[m][e >> 1];
+        for (int e = 0; e < 4; ++e) o[m][d][e] *= inv[m][e >> 1];
+  } else {
+    LoadTileAsync<HD>(k, 0, seq, ks[0]);
+    LoadTileAsync<HD>(v, 0, seq, vs[0]);
+    CpAsyncCommit();
+    for (int kb = 0; kb <= last_tile; ++kb) {
+      NextTiles<HD>(kb < last_tile, (kb + 1) * kTile, seq, k, ks[(kb + 1) & 1], v, vs[(kb + 1) & 1]);
+      if (kb * kTile <= first + 16 * M - 1) {
+        DotTile<HD, M>(qa, ks[kb & 1], l, s);
+        const bool edge = kb * kTile + kTile - 1 > first || kb * kTile + kTile > seq;
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          if (edge) Mask(s[m], first + 16 * m + l.g, kb * kTile, seq, false, l);
+#pragma unroll
+          for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[m][n][e] = exp2f(fmaf(s[m][n][e], sl2, neg[m][e >> 1])) * inv[m][e >> 1];
+        }
+        AccumulateTile<HD, M>(s, vs[kb & 1], l, o);
       }
-      AccumulateTile<HD, M>(s, vs[kb & 1], l, o);
+      __syncthreads();
     }
-    __syncthreads();
   }
   // Stats hold the largest scaled dot, as the CPU computes it (scaling by a
   // positive number keeps the order).
@@ -562,9 +588,17 @@ Status FlashForward(const FlashArgs& a, cudaStream_t stream) {
   KEEL_RETURN_IF_ERROR(CheckSize(a, "FlashForward"));
   const int64_t hd = a.dim / a.heads;
   if (hd == 64) {
-    FlashForwardKernel<64><<<Grid(a, kFwdRows), kBlockThreads, 0, stream>>>(a, Scale(a));
+    if (a.one_pass) {
+      FlashForwardKernel<64, true><<<Grid(a, kFwdRows), kBlockThreads, 0, stream>>>(a, Scale(a));
+    } else {
+      FlashForwardKernel<64, false><<<Grid(a, kFwdRows), kBlockThreads, 0, stream>>>(a, Scale(a));
+    }
   } else if (hd == 32) {
-    FlashForwardKernel<32><<<Grid(a, kFwdRows), kBlockThreads, 0, stream>>>(a, Scale(a));
+    if (a.one_pass) {
+      FlashForwardKernel<32, true><<<Grid(a, kFwdRows), kBlockThreads, 0, stream>>>(a, Scale(a));
+    } else {
+      FlashForwardKernel<32, false><<<Grid(a, kFwdRows), kBlockThreads, 0, stream>>>(a, Scale(a));
+    }
   } else {
     return Status::Error("FlashForward: head size " + std::to_string(hd) + " is not supported (32 or 64)");
   }

@@ -39,6 +39,9 @@ struct FlashArgs {
   float* stats = nullptr;        // (m, 1 / l) per row, [batch * heads][seq][2]
   float* dqkv = nullptr;         // backward: (batch * seq) x 3 dim
   int64_t batch = 0, seq = 0, heads = 0, dim = 0;
+  // Forward: one walk over the keys, P rounded before it is normalized (the experiment
+  // flash_one_pass, KEEL_CUDA_ON; FlashForwardKernel's comment).
+  bool one_pass = false;
 };
 
 // Whether the fused kernels handle head size `hd` (32 or 64).

@@ -808,11 +808,14 @@ class CudaBackend final : public Backend {
   // backward reads the heads its forward packed instead of packing qkv again.
   bool kept_heads_ = true;
   // Experiments, each off unless KEEL_CUDA_ON (read at Init, a comma-separated list of these
-  // names) names it; they keep the bits and trade memory for time:
+  // names) names it, for A/B timings:
   // mx_keep_x: LinearForward quantizes an MX x both ways in one read and keeps the wgrad's copy
-  // (KeepMxX): the backward's "mx down columns in tiles" pass over x goes, for rows x in bf16
-  // values a layer held from the forward to the backward.
+  // (KeepMxX): the same bits; the backward's "mx down columns in tiles" pass over x goes, for
+  // rows x in bf16 values a layer held from the forward to the backward.
   bool mx_keep_x_ = false;
+  // flash_one_pass: the fused attention forward walks the keys once (FlashForwardKernel's kOnePass):
+  // the same stats, O from P rounded before it is normalized, which nn.h's contract does not allow.
+  bool flash_one_pass_ = false;
   Scratch codes_;                      // per-tensor FP8 codes, for its statistics
   Scratch partials_;                   // column-sum and reduction partials
   Scratch adam_table_;                 // AdamWTensors' tensor table and per-chunk delta partials

@@ -2506,6 +2506,43 @@ TEST_F(NnCudaTest, AttentionMatchesCpu) {
   }
 }
 
+// flash_one_pass (KEEL_CUDA_ON): the fused forward's one walk over the keys keeps
+// the two-pass stats bit for bit, and its output, whose P is rounded to bf16
+// before it is normalized, stays within AttentionMatchesCpu's bf16 tolerance of
+// the CPU reference (and differs from the two-pass output, or the switch did
+// nothing). Head sizes 64 and 32, sequences with a partial last tile.
+TEST_F(NnCudaTest, FlashOnePassForwardKeepsTheStatsAndTheTolerance) {
+  std::unique_ptr<Backend> one_pass = BackendWith("flash_one_pass");
+  ASSERT_TRUE(one_pass != nullptr);
+  struct AttentionShape {
+    int64_t batch, seq, heads, dim;
+  };
+  for (const AttentionShape& shape : {AttentionShape{2, 192, 4, 256}, AttentionShape{1, 100, 2, 64},
+                                      AttentionShape{2, 300, 2, 128}}) {
+    const int64_t batch = shape.batch, seq = shape.seq, heads = shape.heads, dim = shape.dim;
+    SCOPED_TRACE("head size " + std::to_string(dim / heads) + ", seq " + std::to_string(seq));
+    Dual qkv = Floats(Normal(batch * seq * 3 * dim, 121));
+    Dual out_cpu = Zeros(batch * seq * dim), stats_cpu = Zeros(batch * heads * seq * 2);
+    Dual out_two = Zeros(batch * seq * dim), stats_two = Zeros(batch * heads * seq * 2);
+    Dual out_one = Zeros(batch * seq * dim), stats_one = Zeros(batch * heads * seq * 2);
+    ASSERT_OK(cpu_->AttentionForward(qkv.c(), out_cpu.c(), stats_cpu.c(), batch, seq, heads, dim, true));
+    ASSERT_OK(gpu_->AttentionForward(qkv.g(), out_two.g(), stats_two.g(), batch, seq, heads, dim, true));
+    ASSERT_OK(one_pass->AttentionForward(qkv.g(), out_one.g(), stats_one.g(), batch, seq, heads, dim, true));
+    ASSERT_OK(gpu_->Sync());
+    ASSERT_OK(one_pass->Sync());
+    ExpectBits("stats", Get(gpu_.get(), stats_two.g(), stats_two.bytes), Get(one_pass.get(), stats_one.g(), stats_one.bytes));
+    const std::vector<float> c = Cpu(out_cpu), two = Gpu(out_two), one = Get(one_pass.get(), out_one.g(), out_one.bytes);
+    ExpectNormwise("one pass against the CPU", c, one, 4e-3);
+    EXPECT_NE(one, two);
+    double max_ref = 0, max_diff = 0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      max_ref = std::max(max_ref, std::fabs(static_cast<double>(c[i])));
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(one[i]) - two[i]));
+    }
+    std::printf("  one pass against two: largest difference %.3g (largest |out| %.3g)\n", max_diff, max_ref);
+  }
+}
+
 // AttentionForwardKeep / AttentionBackwardKept (the heads the forward packed, read again by the
 // backward) against AttentionForward / AttentionBackward on the same qkv: out, stats and dqkv bit for
 // bit, with qkv taken from dqkv's buffer and the backward then writing dqkv over it (how the gpt model
