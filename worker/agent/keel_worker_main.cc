@@ -1,6 +1,6 @@
 // keel-worker: runs keel-train for keeld on this host.
 //   keel-worker [--server HOST:PORT[,HOST:PORT...]] [--token-file F] [--trainer PATH]
-//               [--work-dir DIR] [--cpu-slots N] [--no-gpus | --fake-gpus N]
+//               [--work-dir DIR] [--cpu-slots N] [--no-gpus | --fake-gpus N] [--mps]
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
@@ -22,6 +22,7 @@
 #include "kernels/base/stop_signal.h"
 #include "proto/channel.h"
 #include "worker/agent/agent.h"
+#include "worker/agent/mps.h"
 
 namespace {
 
@@ -58,6 +59,13 @@ const char kUsage[] =
     "                       CUDA_VISIBLE_DEVICES as for real GPUs (rank k its k-th), but no\n"
     "                       --backend: their trainers run the backend their config names, so\n"
     "                       a run with backend: cpu trains on the CPU. Not with --no-gpus\n"
+    "  --mps                run the trainers through CUDA MPS, so that runs sharing a GPU\n"
+    "                       (fractional resources.gpus) run side by side instead of taking\n"
+    "                       turns: the worker starts an MPS control daemon (pipe and log under\n"
+    "                       <work-dir>/mps/) before its first run and tells it to quit when it\n"
+    "                       exits. One daemon serves every GPU of the host: one --mps worker a\n"
+    "                       host. Not with --no-gpus\n"
+    "  --mps-control PATH   the MPS control program (default nvidia-cuda-mps-control, from PATH)\n"
     "  --tls-ca FILE        speak TLS to keeld, trusting certificates this CA signed\n"
     "  --tls-cert F --tls-key F  a client certificate (keeld --tls-client-ca)\n"
     "  --quiet              no connection/run lines on stderr\n"
@@ -86,7 +94,8 @@ int main(int argc, char** argv) {
   bool gpus = true;
   std::string metrics_listen = "127.0.0.1:9465";
   std::string token_file;
-  bool no_gpus = false, quiet = false;
+  bool no_gpus = false, quiet = false, mps = false;
+  std::string mps_control = "nvidia-cuda-mps-control";
   int fake_gpus = 0;
   std::string only_gpus;
   CLI::App app("keel-worker");
@@ -101,6 +110,8 @@ int main(int argc, char** argv) {
   app.add_option("--tls-cert", options.tls_cert);
   app.add_option("--tls-key", options.tls_key);
   app.add_flag("--no-gpus", no_gpus);
+  app.add_flag("--mps", mps);
+  app.add_option("--mps-control", mps_control);
   app.add_option("--fake-gpus", fake_gpus)->check(keel::IntFlag(1, 1024));
   app.add_option("--gpus", only_gpus);
   app.add_option("--metrics-listen", metrics_listen);
@@ -111,6 +122,8 @@ int main(int argc, char** argv) {
   if (!flags.proceed) return flags.exit_code;
   gpus = !no_gpus;
   if (fake_gpus > 0 && no_gpus) return Fail("--fake-gpus: not allowed with --no-gpus (allowed: one of them)");
+  if (mps && no_gpus) return Fail("--mps: not allowed with --no-gpus (MPS shares GPUs; allowed: --mps on a worker with GPUs)");
+  if (!mps && app.count("--mps-control") > 0) return Fail("--mps-control: not allowed without --mps (allowed: with --mps)");
   if (!only_gpus.empty() && (no_gpus || fake_gpus > 0)) {
     return Fail("--gpus: not allowed with " + std::string(no_gpus ? "--no-gpus" : "--fake-gpus") +
                 " (allowed: one of them)");
@@ -159,6 +172,24 @@ int main(int argc, char** argv) {
       if (!s.ok()) return Fail(s.message());
     }
   }
+  if (mps && options.devices.empty()) return Fail("--mps: no GPU found on this host (NVML), so nothing to share");
+  // The MPS daemon, before the agent starts any trainer (they inherit its pipe directory);
+  // the guard quits it on every way out, the end of main reports how that went.
+  keel::MpsDaemon mps_daemon;
+  if (mps) {
+    std::string work = options.work_dir;
+    if (!work.empty() && work[0] != '/') {
+      char cwd[4096];
+      if (getcwd(cwd, sizeof(cwd)) != nullptr) work = std::string(cwd) + "/" + work;
+    }
+    keel::Status s = keel::StartMps(mps_control, work, &mps_daemon);
+    if (!s.ok()) return Fail(s.message());
+    if (!quiet) std::fprintf(stderr, "keel-worker: CUDA MPS started (CUDA_MPS_PIPE_DIRECTORY=%s)\n", mps_daemon.pipe_dir.c_str());
+  }
+  struct MpsGuard {
+    keel::MpsDaemon* daemon;
+    ~MpsGuard() { (void)keel::StopMps(daemon); }
+  } mps_guard{&mps_daemon};
   std::atomic<bool>& stop = *keel::StopOnSignals();
   keel::Agent agent(options);
   // /metrics: refreshed once a second from the agent's counters and NVML.
@@ -259,6 +290,10 @@ int main(int argc, char** argv) {
   if (metrics_thread.joinable()) metrics_thread.join();
   if (!s.ok()) {
     std::fprintf(stderr, "keel-worker: %s\n", s.message().c_str());
+    return 1;
+  }
+  if (keel::Status q = keel::StopMps(&mps_daemon); !q.ok()) {
+    std::fprintf(stderr, "keel-worker: --mps: %s\n", q.message().c_str());
     return 1;
   }
   return 0;
