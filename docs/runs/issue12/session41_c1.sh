@@ -1,7 +1,8 @@
 #!/bin/bash
 # Planned in session 40 for session 41 (not yet run): one GPU is enough. Three calls, MODE=checks | speed | mps.
-# Prepare here: scripts/dist --pack pack/dist.txz //server:keeld //worker/agent:keel-worker //client:keel (the
-#   default targets plus the service); scripts/fetch-llmc .llmc; scripts/prepare-fortunes; move
+# Prepare here: scripts/dist --pack pack/dist.txz --only //kernels:nn_cuda_test //bench:train_bench
+#   //worker/engine:keel-train //server:keeld //worker/agent:keel-worker //client:keel (about 35 MB: the carry's
+#   64 MiB count the tracked files too); scripts/fetch-llmc .llmc; scripts/prepare-fortunes; move
 #   docs/runs/issue14/*-series.csv.xz aside (docs/gpu.md); cp this file to the repository root; carry
 #   ["pack", ".llmc", "data"] on a fresh machine.
 # MODE=checks (about 5 minutes):
