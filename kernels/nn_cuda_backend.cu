@@ -294,8 +294,10 @@ CudaBackend::~CudaBackend() {
 namespace {
 
 // Sets each flag that the environment variable `var` (a comma-separated list of
-// names) names to `value`; an unknown name is an error naming the allowed ones.
-Status SetSwitches(const char* var, const std::vector<std::pair<const char*, bool*>>& switches, bool value) {
+// names) names to `value`, and appends "; VAR=name,..." to *description when it
+// named any; an unknown name is an error naming the allowed ones.
+Status SetSwitches(const char* var, const std::vector<std::pair<const char*, bool*>>& switches, bool value,
+                   std::string* description) {
   const char* env = std::getenv(var);
   if (env == nullptr) return Status::Ok();
   std::string allowed;
@@ -316,6 +318,11 @@ Status SetSwitches(const char* var, const std::vector<std::pair<const char*, boo
     }
     *flag = value;
   }
+  std::string named;
+  for (const auto& f : switches) {
+    if (*f.second == value) named += (named.empty() ? "" : ",") + std::string(f.first);
+  }
+  if (!named.empty()) *description += std::string("; ") + var + "=" + named;
   return Status::Ok();
 }
 
@@ -351,8 +358,9 @@ Status CudaBackend::Init() {
                                                               {"kept_heads", &kept_heads_}};
   const std::vector<std::pair<const char*, bool*>> experiments = {{"mx_keep_x", &mx_keep_x_},
                                                                   {"flash_one_pass", &flash_one_pass_}};
-  KEEL_RETURN_IF_ERROR(SetSwitches("KEEL_CUDA_OFF", fusions, false));
-  KEEL_RETURN_IF_ERROR(SetSwitches("KEEL_CUDA_ON", experiments, true));
+  // Both named in the backend's description (what train_bench and keel-train print with their figures).
+  KEEL_RETURN_IF_ERROR(SetSwitches("KEEL_CUDA_OFF", fusions, false, &description_));
+  KEEL_RETURN_IF_ERROR(SetSwitches("KEEL_CUDA_ON", experiments, true, &description_));
   for (Scratch* s : MainStreamScratch()) s->RefuseWhile(&on_side_);
   // Scratch comes from the device's default pool (cudaMallocAsync): keep what it
   // holds instead of returning it to the driver at every synchronisation.

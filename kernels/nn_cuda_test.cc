@@ -1292,6 +1292,8 @@ TEST_F(NnCudaTest, AHeldBf16WeightsCopyIsNotTakenAfterTheHold) {
 TEST_F(NnCudaTest, MxKeptXGivesTheBitsAndStatsOfQuantizingAgain) {
   std::unique_ptr<Backend> keeping = BackendWith("mx_keep_x");
   ASSERT_TRUE(keeping != nullptr);
+  EXPECT_NE(keeping->Describe().find("; KEEL_CUDA_ON=mx_keep_x"), std::string::npos) << keeping->Describe();
+  EXPECT_EQ(gpu_->Describe().find("KEEL_CUDA_ON"), std::string::npos) << gpu_->Describe();
   struct Case {
     std::string name;
     LinearQuant q;
@@ -2514,6 +2516,7 @@ TEST_F(NnCudaTest, AttentionMatchesCpu) {
 TEST_F(NnCudaTest, FlashOnePassForwardKeepsTheStatsAndTheTolerance) {
   std::unique_ptr<Backend> one_pass = BackendWith("flash_one_pass");
   ASSERT_TRUE(one_pass != nullptr);
+  EXPECT_NE(one_pass->Describe().find("; KEEL_CUDA_ON=flash_one_pass"), std::string::npos) << one_pass->Describe();
   struct AttentionShape {
     int64_t batch, seq, heads, dim;
   };
