@@ -6,7 +6,8 @@
 #   docs/runs/issue14/*-series.csv.xz aside (docs/gpu.md); cp this file to the repository root; carry
 #   ["pack", ".llmc", "data"] on a fresh machine.
 # MODE=checks (about 5 minutes):
-#   1. nn_cuda_test whole (first runs: MxKeptXGivesTheBitsAndStatsOfQuantizingAgain, FlashOnePassForward...).
+#   1. nn_cuda_test whole (first runs: MxKeptXGivesTheBitsAndStatsOfQuantizingAgain, FlashOnePassForward...,
+#      CublasLtGeluEpilogueIsTheTanhApproximation).
 #   2. train_bench A/B of mx_keep_x (off, on, off, on): gpt2-124m mxfp8_e4m3 and mxfp4 at B16, ms/step and peak;
 #      and of flash_one_pass (bf16, mxfp8_e4m3).
 #   3. The MX head's chunk: train_bench --head-chunk-mib 1024 (the default), 512, 256 (mxfp8_e4m3).
@@ -25,7 +26,8 @@ B=/tmp/k/dist/bin
 { nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader; echo "build $(cat pack/dist.txz.commit) mode $MODE"; } >> $OUT/gpu.txt
 if [ "$MODE" = checks ]; then
   timeout 150 $B/nn_cuda_test > $OUT/nn_cuda_test.txt 2>&1; echo "nn_cuda_test rc=$?" >> $OUT/checks.txt
-  grep -E "^\[  (PASSED|FAILED)|FAILED  \]|MxKeptX|FlashOnePass" $OUT/nn_cuda_test.txt >> $OUT/checks.txt
+  grep -E "^\[  (PASSED|FAILED)|FAILED  \]|MxKeptX|FlashOnePass|CublasLtGelu|GELU epilogue|one pass against" \
+    $OUT/nn_cuda_test.txt >> $OUT/checks.txt
   for mode in off on off on; do
     echo "== mx_keep_x $mode" >> $OUT/ab.txt
     if [ $mode = on ]; then export KEEL_CUDA_ON=mx_keep_x; else unset KEEL_CUDA_ON; fi
