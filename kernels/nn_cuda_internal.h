@@ -764,6 +764,8 @@ class CudaBackend final : public Backend {
   // else a fresh one in op_b_.
   Status PrepareWeight(const float* w, int64_t rows, int64_t cols, int axis, Role role, const LinearQuant& q,
                        bool bf16, Operand* out);
+  // The entry for `slot` (>= 0) in *kept, created (and *kept grown) on demand.
+  KeptOperand* KeptEntry(std::vector<std::unique_ptr<KeptOperand>>* kept, int slot);
   // The entry for keep_slot in *kept (grown on demand), or null when the two
   // roles cannot share one rounding (see LinearQuant::keep_slot); an entry
   // that cannot be kept is invalidated.

@@ -814,25 +814,27 @@ bool SameFormat(const OperandFormat& a, const OperandFormat& b) {
 
 }  // namespace
 
-CudaBackend::KeptOperand* CudaBackend::KeepFor(std::vector<std::unique_ptr<KeptOperand>>* kept, const LinearQuant& q,
-                                                Role forward, Role backward, bool gemms_bf16) {
-  if (q.keep_slot < 0) return nullptr;
-  const size_t slot = static_cast<size_t>(q.keep_slot);
-  if (slot >= kept->size()) kept->resize(slot + 1);
-  std::unique_ptr<KeptOperand>& k = (*kept)[slot];
-  const bool keepable =
-      gemms_bf16 && SameBf16Rounding(q.role[static_cast<int>(forward)], q.role[static_cast<int>(backward)]);
-  if (!keepable) {
-    if (k != nullptr) k->valid = false;
-    return nullptr;
-  }
+CudaBackend::KeptOperand* CudaBackend::KeptEntry(std::vector<std::unique_ptr<KeptOperand>>* kept, int slot) {
+  const size_t i = static_cast<size_t>(slot);
+  if (i >= kept->size()) kept->resize(i + 1);
+  std::unique_ptr<KeptOperand>& k = (*kept)[i];
   if (k == nullptr) {
     k = std::make_unique<KeptOperand>();
     k->values.RefuseWhile(&on_side_);  // like every scratch: not from side work
   }
-  k->valid = false;  // until the rounding below is queued
-  k->mx = false;
   return k.get();
+}
+
+CudaBackend::KeptOperand* CudaBackend::KeepFor(std::vector<std::unique_ptr<KeptOperand>>* kept, const LinearQuant& q,
+                                                Role forward, Role backward, bool gemms_bf16) {
+  if (q.keep_slot < 0) return nullptr;
+  KeptOperand* k = KeptEntry(kept, q.keep_slot);
+  k->valid = false;  // not keepable, or until the rounding below is queued
+  const bool keepable =
+      gemms_bf16 && SameBf16Rounding(q.role[static_cast<int>(forward)], q.role[static_cast<int>(backward)]);
+  if (!keepable) return nullptr;
+  k->mx = false;
+  return k;
 }
 
 CudaBackend::KeptOperand* CudaBackend::KeepMxX(const LinearQuant& q, int64_t rows, int64_t cols, bool gemms_bf16) {
@@ -841,15 +843,9 @@ CudaBackend::KeptOperand* CudaBackend::KeepMxX(const LinearQuant& q, int64_t row
   const OperandFormat& wgrad = q.role[static_cast<int>(Role::kWgradX)];
   if (q.hcp_fwd.count != 0 || q.hcp_wgrad_rows != 0 || fwd.rht || wgrad.rht) return nullptr;
   if (!MxBothAxesInOnePass(fwd, wgrad, rows, cols)) return nullptr;
-  const size_t slot = static_cast<size_t>(q.keep_slot);
-  if (slot >= kept_x_.size()) kept_x_.resize(slot + 1);
-  std::unique_ptr<KeptOperand>& k = kept_x_[slot];
-  if (k == nullptr) {
-    k = std::make_unique<KeptOperand>();
-    k->values.RefuseWhile(&on_side_);  // like every scratch: not from side work
-  }
+  KeptOperand* k = KeptEntry(&kept_x_, q.keep_slot);
   k->valid = false;  // until the quantization is queued
-  return k.get();
+  return k;
 }
 
 bool CudaBackend::TakeKept(std::vector<std::unique_ptr<KeptOperand>>* kept, const LinearQuant& q, const float* source,

@@ -885,17 +885,22 @@ TEST_F(NnCudaDbiasTest, LinearFusedDbiasWithNonFiniteDy) {
   EXPECT_EQ(nonfinite, 5);
 }
 
-// A CUDA backend with every fusion KEEL_CUDA_OFF names turned off: the kernels
-// they replace, pass by pass.
-std::unique_ptr<Backend> BackendWithout(const char* off) {
+// A CUDA backend made while the environment variable `var` is `value` (the backend reads it once).
+std::unique_ptr<Backend> BackendUnder(const char* var, const char* value) {
   std::unique_ptr<Backend> b;
-  setenv("KEEL_CUDA_OFF", off, 1);
+  setenv(var, value, 1);
   const Status s = MakeCudaBackend(&b);
-  unsetenv("KEEL_CUDA_OFF");
+  unsetenv(var);
   EXPECT_TRUE(s.ok()) << s.message();
   return b;
 }
+// A CUDA backend with every fusion KEEL_CUDA_OFF names turned off: the kernels
+// they replace, pass by pass.
+std::unique_ptr<Backend> BackendWithout(const char* off) { return BackendUnder("KEEL_CUDA_OFF", off); }
 std::unique_ptr<Backend> BackendWithoutMxTiles() { return BackendWithout("dy_one_pass,mx_cols_tiles"); }
+// A CUDA backend with the experiments `on` turned on (KEEL_CUDA_ON).
+std::unique_ptr<Backend> BackendWith(const char* on) { return BackendUnder("KEEL_CUDA_ON", on); }
+
 // The calls of the parts of a profile named `part`.
 int64_t Calls(const std::vector<OpTime>& profile, const std::string& part) {
   int64_t calls = 0;
@@ -905,23 +910,8 @@ int64_t Calls(const std::vector<OpTime>& profile, const std::string& part) {
   return calls;
 }
 
-// A CUDA backend with the experiments `on` turned on (KEEL_CUDA_ON).
-std::unique_ptr<Backend> BackendWith(const char* on) {
-  std::unique_ptr<Backend> b;
-  setenv("KEEL_CUDA_ON", on, 1);
-  const Status s = MakeCudaBackend(&b);
-  unsetenv("KEEL_CUDA_ON");
-  EXPECT_TRUE(s.ok()) << s.message();
-  return b;
-}
-
 // Whether the profile of one call shows a part named `part`.
-bool Ran(const std::vector<OpTime>& profile, const std::string& part) {
-  for (const OpTime& t : profile) {
-    if (t.op.find(part) != std::string::npos) return true;
-  }
-  return false;
-}
+bool Ran(const std::vector<OpTime>& profile, const std::string& part) { return Calls(profile, part) > 0; }
 
 
 // LayerNormBackward's one kernel for dx and the dgamma / dbeta partials against

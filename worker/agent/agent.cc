@@ -204,10 +204,7 @@ void Agent::PublishStats(bool connected) {
 Agent::Agent(AgentOptions options) : options_(std::move(options)) {
   // Checkpoint paths go to keeld and may be resumed by another worker on a
   // shared filesystem: make them absolute.
-  if (!options_.work_dir.empty() && options_.work_dir[0] != '/') {
-    char cwd[4096];
-    if (getcwd(cwd, sizeof(cwd)) != nullptr) options_.work_dir = std::string(cwd) + "/" + options_.work_dir;
-  }
+  options_.work_dir = AbsolutePath(options_.work_dir);
   // keel-worker checked the list (ParseServerList); a bad one here is tried as given.
   if (!ParseServerList(options_.server, "server", &servers_).ok()) servers_ = {options_.server};
   if (options_.host.empty()) {

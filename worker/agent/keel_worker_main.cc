@@ -23,6 +23,7 @@
 #include "proto/channel.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/mps.h"
+#include "worker/io/file_util.h"
 
 namespace {
 
@@ -144,13 +145,10 @@ int main(int argc, char** argv) {
   // gRPC aborts on a metadata value with a newline or control character.
   if (keel::Status s = keel::CheckToken(options.token, token_origin); !s.ok()) return Fail(s.message());
   if (options.data_roots.empty()) options.data_roots.push_back("data");
-  for (std::string& root : options.data_roots) {
-    // Absolute, so that trainers (in their run directories' terms) check the same place.
-    if (!root.empty() && root[0] != '/') {
-      char cwd[4096];
-      if (getcwd(cwd, sizeof(cwd)) != nullptr) root = std::string(cwd) + "/" + root;
-    }
-  }
+  // Absolute, so that trainers (in their run directories' terms) check the same place, and the
+  // MPS daemon's directories are where the agent's work dir is.
+  for (std::string& root : options.data_roots) root = keel::AbsolutePath(root);
+  options.work_dir = keel::AbsolutePath(options.work_dir);
   std::vector<std::string> servers;
   if (keel::Status s = keel::ParseServerList(options.server, "--server", &servers); !s.ok()) return Fail(s.message());
   {
@@ -177,12 +175,7 @@ int main(int argc, char** argv) {
   // the guard quits it on every way out, the end of main reports how that went.
   keel::MpsDaemon mps_daemon;
   if (mps) {
-    std::string work = options.work_dir;
-    if (!work.empty() && work[0] != '/') {
-      char cwd[4096];
-      if (getcwd(cwd, sizeof(cwd)) != nullptr) work = std::string(cwd) + "/" + work;
-    }
-    keel::Status s = keel::StartMps(mps_control, work, &mps_daemon);
+    keel::Status s = keel::StartMps(mps_control, options.work_dir, &mps_daemon);
     if (!s.ok()) return Fail(s.message());
     if (!quiet) std::fprintf(stderr, "keel-worker: CUDA MPS started (CUDA_MPS_PIPE_DIRECTORY=%s)\n", mps_daemon.pipe_dir.c_str());
   }

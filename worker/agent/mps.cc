@@ -5,6 +5,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "worker/io/file_util.h"
@@ -21,8 +23,24 @@ std::string ExitWords(int status) {
 }
 
 // Runs `control` with `arg` (none when empty), `input` on its stdin, in this
-// process's environment; *status its wait status. 127: not found or not runnable.
-Status RunControl(const std::string& control, const std::string& arg, const std::string& input, int* status) {
+// process's environment with `env`'s variables set (in the child only); *status
+// its wait status. 127: not found or not runnable. The child only calls
+// async-signal-safe functions before exec (argv and envp are built here).
+Status RunControl(const std::string& control, const std::string& arg, const std::string& input,
+                  const std::vector<std::pair<std::string, std::string>>& env, int* status) {
+  std::vector<std::string> vars;
+  for (char** e = environ; *e != nullptr; ++e) {
+    bool replaced = false;
+    for (const auto& [name, value] : env) replaced |= std::string(*e).rfind(name + "=", 0) == 0;
+    if (!replaced) vars.push_back(*e);
+  }
+  for (const auto& [name, value] : env) vars.push_back(name + "=" + value);
+  std::vector<char*> envp;
+  for (std::string& v : vars) envp.push_back(v.data());
+  envp.push_back(nullptr);
+  std::vector<char*> argv{const_cast<char*>(control.c_str())};
+  if (!arg.empty()) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
   int fds[2];
   if (pipe(fds) != 0) return Status::Error("mps: pipe() failed");
   const pid_t pid = fork();
@@ -35,10 +53,7 @@ Status RunControl(const std::string& control, const std::string& arg, const std:
     dup2(fds[0], 0);
     close(fds[0]);
     close(fds[1]);
-    std::vector<char*> argv{const_cast<char*>(control.c_str())};
-    if (!arg.empty()) argv.push_back(const_cast<char*>(arg.c_str()));
-    argv.push_back(nullptr);
-    execvp(argv[0], argv.data());
+    execvpe(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   close(fds[0]);
@@ -61,33 +76,19 @@ Status StartMps(const std::string& control, const std::string& work_dir, MpsDaem
   d.log_dir = work_dir + "/mps/log";
   KEEL_RETURN_IF_ERROR(MakeDirs(d.pipe_dir));
   KEEL_RETURN_IF_ERROR(MakeDirs(d.log_dir));
-  const char* old_pipe = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
-  const char* old_log = std::getenv("CUDA_MPS_LOG_DIRECTORY");
-  const std::string saved_pipe = old_pipe != nullptr ? old_pipe : "", saved_log = old_log != nullptr ? old_log : "";
-  const bool had_pipe = old_pipe != nullptr, had_log = old_log != nullptr;
-  setenv("CUDA_MPS_PIPE_DIRECTORY", d.pipe_dir.c_str(), 1);
-  setenv("CUDA_MPS_LOG_DIRECTORY", d.log_dir.c_str(), 1);
+  const std::vector<std::pair<std::string, std::string>> env = {{"CUDA_MPS_PIPE_DIRECTORY", d.pipe_dir},
+                                                                {"CUDA_MPS_LOG_DIRECTORY", d.log_dir}};
   int status = 0;
-  Status s = RunControl(control, "-d", "", &status);
-  if (s.ok() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-    s = Status::Error("--mps: '" + control + " -d' (CUDA_MPS_PIPE_DIRECTORY=" + d.pipe_dir + ") ended with " +
-                      ExitWords(status) +
-                      (WIFEXITED(status) && WEXITSTATUS(status) == 127
-                           ? " (not found or not executable; allowed: --mps-control PATH to nvidia-cuda-mps-control)"
-                           : " (see " + d.log_dir + "/control.log; is an MPS daemon already running there?)"));
+  KEEL_RETURN_IF_ERROR(RunControl(control, "-d", "", env, &status));
+  if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+    return Status::Error("--mps: '" + control + " -d' (CUDA_MPS_PIPE_DIRECTORY=" + d.pipe_dir + ") ended with " +
+                         ExitWords(status) +
+                         (WIFEXITED(status) && WEXITSTATUS(status) == 127
+                              ? " (not found or not executable; allowed: --mps-control PATH to nvidia-cuda-mps-control)"
+                              : " (see " + d.log_dir + "/control.log; is an MPS daemon already running there?)"));
   }
-  if (!s.ok()) {  // the environment as it was
-    auto restore = [](const char* name, bool had, const std::string& value) {
-      if (had) {
-        setenv(name, value.c_str(), 1);
-      } else {
-        unsetenv(name);
-      }
-    };
-    restore("CUDA_MPS_PIPE_DIRECTORY", had_pipe, saved_pipe);
-    restore("CUDA_MPS_LOG_DIRECTORY", had_log, saved_log);
-    return s;
-  }
+  // Started: the worker's trainers (and StopMps) inherit the directories from here on.
+  for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
   d.started = true;
   *out = d;
   return Status::Ok();
@@ -97,7 +98,7 @@ Status StopMps(MpsDaemon* daemon) {
   if (!daemon->started) return Status::Ok();
   daemon->started = false;
   int status = 0;
-  KEEL_RETURN_IF_ERROR(RunControl(daemon->control, "", "quit\n", &status));
+  KEEL_RETURN_IF_ERROR(RunControl(daemon->control, "", "quit\n", {}, &status));
   if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
     return Status::Error("mps: 'echo quit | " + daemon->control + "' ended with " + ExitWords(status));
   }

@@ -11,16 +11,10 @@
 #include <gtest/gtest.h>
 
 #include "worker/io/file_util.h"
+#include "worker/io/test_util.h"
 
 namespace keel {
 namespace {
-
-std::string FreshDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(base ? base : "/tmp") + "/" + name;
-  EXPECT_EQ(std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str()), 0);
-  return dir;
-}
 
 // A control that appends "args=<its arguments> pipe=<CUDA_MPS_PIPE_DIRECTORY>
 // log=<CUDA_MPS_LOG_DIRECTORY> stdin=<what it read>" to `record` and exits with `code`.
@@ -50,7 +44,7 @@ bool IsDir(const std::string& path) {
 TEST(MpsTest, StartsTheDaemonInTheWorkDirAndQuitsIt) {
   unsetenv("CUDA_MPS_PIPE_DIRECTORY");
   unsetenv("CUDA_MPS_LOG_DIRECTORY");
-  const std::string dir = FreshDir("mps_start"), record = dir + "/record.txt";
+  const std::string dir = testing_util::TestDir(), record = dir + "/record.txt";
   const std::string control = FakeControl(dir, record, 0);
   MpsDaemon d;
   ASSERT_TRUE(StartMps(control, dir + "/wd", &d).ok());
@@ -77,7 +71,7 @@ TEST(MpsTest, StartsTheDaemonInTheWorkDirAndQuitsIt) {
 TEST(MpsTest, AFailedStartSaysWhyAndLeavesTheEnvironment) {
   setenv("CUDA_MPS_PIPE_DIRECTORY", "/somewhere/else", 1);
   unsetenv("CUDA_MPS_LOG_DIRECTORY");
-  const std::string dir = FreshDir("mps_fail"), record = dir + "/record.txt";
+  const std::string dir = testing_util::TestDir(), record = dir + "/record.txt";
   MpsDaemon d;
   Status s = StartMps(FakeControl(dir, record, 3), dir + "/wd", &d);
   ASSERT_FALSE(s.ok());

@@ -147,6 +147,13 @@ Status WriteFileAtomic(const std::string& path, const std::string& contents) {
   return WriteFileAtomic(path, {ByteSpan{contents.data(), contents.size()}});
 }
 
+std::string AbsolutePath(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  char cwd[4096];
+  if (getcwd(cwd, sizeof(cwd)) == nullptr) return path;
+  return std::string(cwd) + "/" + path;
+}
+
 Status MakeDirs(const std::string& path) {
   if (path.empty()) return Status::Error("cannot create a directory with an empty path");
   // Create each prefix ending before a '/', then the whole path.

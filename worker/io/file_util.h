@@ -45,6 +45,11 @@ Status FsyncDir(const std::string& dir);
 // An existing directory is fine; an existing non-directory is an error.
 Status MakeDirs(const std::string& path);
 
+// `path` made absolute against the current directory ("runs" -> "/cwd/runs");
+// an absolute or empty path, or one when the current directory cannot be read,
+// as it is. Nothing is resolved (no symlinks, no "..").
+std::string AbsolutePath(const std::string& path);
+
 // The names (not paths) of the entries of directory `path`, without "." and
 // "..", sorted bytewise.
 Status ListDir(const std::string& path, std::vector<std::string>* names);

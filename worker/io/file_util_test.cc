@@ -1,6 +1,8 @@
 // Tests of the file helpers: atomic writes, ranges, directories.
 #include "worker/io/file_util.h"
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include "worker/io/test_util.h"
@@ -94,6 +96,14 @@ TEST(FileUtilTest, DirName) {
   EXPECT_EQ(DirName("c"), ".");
   EXPECT_EQ(DirName("/c"), "/");
   EXPECT_EQ(DirName("/x/y"), "/x");
+}
+
+TEST(FileUtilTest, AbsolutePathJoinsTheCurrentDirectoryToARelativePath) {
+  char cwd[4096];
+  ASSERT_NE(getcwd(cwd, sizeof(cwd)), nullptr);
+  EXPECT_EQ(AbsolutePath("runs/a"), std::string(cwd) + "/runs/a");
+  EXPECT_EQ(AbsolutePath("/srv/data"), "/srv/data");
+  EXPECT_EQ(AbsolutePath(""), "");
 }
 
 }  // namespace
