@@ -20,7 +20,9 @@
 // BF16 x BF16 -> FP32; otherwise FP32 GEMMs without TF32.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "kernels/nn_cuda_flash.h"
@@ -192,6 +194,21 @@ __global__ void __launch_bounds__(256) SoftmaxBackwardKernel(const float* __rest
 
 __global__ void SetFloatKernel(float* p, float value) { *p = value; }
 
+// cudnn_attention's results into the fused forward's: out = O (bf16 -> fp32, the
+// same (b * t) x dim layout) and stats[r] = (lse[r], 1), which the backward reads as
+// (m, 1 / l).
+__global__ void CudnnOutKernel(const __nv_bfloat16* __restrict__ o, const float* __restrict__ lse,
+                               float* __restrict__ out, float* __restrict__ stats, int64_t n, int64_t rows) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    out[i] = __bfloat162float(o[i]);
+    if (i < rows) {
+      stats[2 * i] = lse[i];
+      stats[2 * i + 1] = 1.0f;
+    }
+  }
+}
+
 Status CheckAttentionShape(const char* what, int64_t batch, int64_t seq, int64_t heads, int64_t dim) {
   if (batch < 1 || seq < 1 || heads < 1 || dim < 1 || dim % heads != 0)
     return Status::Error(std::string(what) + ": shape: batch " + std::to_string(batch) + ", seq " +
@@ -279,6 +296,39 @@ Status CudaBackend::CheckKept(const char* what, int64_t head_dim, bool bf16_oper
                        " is not kept (KeepsAttentionHeads: bf16 operands, head size 32 or 64, kept_heads on)");
 }
 
+Status CudaBackend::CudnnForward(const FlashArgs& f) {
+  const SdpaShape s{f.batch, f.heads, f.seq, f.dim / f.heads};
+  size_t workspace = 0;
+  std::string engine;
+  KEEL_RETURN_IF_ERROR(cudnn_->PrepareForward(s, &workspace, &engine));
+  const int64_t n = f.batch * f.seq * f.dim, rows = f.batch * f.heads * f.seq;
+  KEEL_RETURN_IF_ERROR(attn_cudnn_o_.Reserve(static_cast<size_t>(n) * 2, stream_));
+  KEEL_RETURN_IF_ERROR(attn_cudnn_lse_.Reserve(static_cast<size_t>(rows) * sizeof(float), stream_));
+  KEEL_RETURN_IF_ERROR(cudnn_workspace_.Reserve(std::max<size_t>(workspace, 1), stream_));
+  KEEL_RETURN_IF_ERROR(cudnn_->Forward(s, f.q, f.k, f.v, attn_cudnn_o_.get<void>(), attn_cudnn_lse_.get<float>(),
+                                       1.0f / sqrtf(static_cast<float>(s.hd)), cudnn_workspace_.get<void>(),
+                                       cudnn_workspace_.bytes(), stream_));
+  CudnnOutKernel<<<GridFor(n), kThreads, 0, stream_>>>(attn_cudnn_o_.get<__nv_bfloat16>(),
+                                                       attn_cudnn_lse_.get<float>(), f.out, f.stats, n, rows);
+  NN_LAUNCH_CHECK();
+  const std::string said = "; attention forward ran on cuDNN " + cudnn_->Version() + " " + engine;
+  if (description_.find(said) == std::string::npos) description_ += said;
+  return Status::Ok();
+}
+
+Status CudaBackend::FusedForward(const FlashArgs& f) {
+  if (cudnn_attention_) {
+    const Status s = CudnnForward(f);
+    if (s.ok()) return s;
+    cudaGetLastError();  // a failed launch must not be reported by the next op
+    cudnn_attention_ = false;
+    description_ += "; cudnn_attention fell back to Keel's kernels (" + s.message() + ")";
+    std::fprintf(stderr, "keel: KEEL_CUDA_ON=cudnn_attention: %s; Keel's attention kernels run instead\n",
+                 s.message().c_str());
+  }
+  return FlashForward(f, stream_);
+}
+
 Status CudaBackend::AttentionForwardKeep(const float* qkv, float* kept, float* out, float* stats, int64_t batch,
                                          int64_t seq, int64_t heads, int64_t dim, bool bf16_operands) {
   NN_PROFILE("AttentionForward");
@@ -295,7 +345,7 @@ Status CudaBackend::AttentionForwardKeep(const float* qkv, float* kept, float* o
   f.out = out;
   f.stats = stats;
   f.one_pass = flash_one_pass_;
-  return FlashForward(f, stream_);
+  return FusedForward(f);
 }
 
 Status CudaBackend::AttentionBackwardKept(const float* kept, const float* out, const float* stats, const float* dout,
@@ -362,7 +412,7 @@ Status CudaBackend::AttentionForward(const float* qkv, float* out, float* stats,
     f.out = out;
     f.stats = stats;
     f.one_pass = flash_one_pass_;
-    return FlashForward(f, stream_);
+    return FusedForward(f);
   }
   const int64_t bh = batch * heads;
   const int64_t head_elems = seq * s.hd;

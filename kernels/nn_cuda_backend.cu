@@ -8,6 +8,7 @@
 // path plus a scalar tail), otherwise one float at a time; all are grid-stride.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -261,7 +262,8 @@ std::vector<Scratch*> CudaBackend::MainStreamScratch() {
           &hcp_means_,     &hcp_scores_, &hcp_sort_,   &hcp_index_,  &hcp_cols_,   &hcp_wide_a_, &hcp_wide_b_,
           &align_in_,      &attn_q_,     &attn_k_,     &attn_v_,     &attn_o_,     &attn_delta_,
           &attn_s_,        &attn_p_,     &attn_dp_,    &attn_ds_,    &attn_dq_,    &attn_dk_,    &attn_dv_,
-          &embed_,         &gla_parts_,  &gla_a_,      &reduce_desc_, &held_[0].values, &held_[1].values};
+          &embed_,         &gla_parts_,  &gla_a_,      &reduce_desc_, &held_[0].values, &held_[1].values,
+          &attn_cudnn_o_,  &attn_cudnn_lse_, &cudnn_workspace_};
 }
 
 CudaBackend::~CudaBackend() {
@@ -357,10 +359,23 @@ Status CudaBackend::Init() {
                                                               {"held_weight", &held_weight_},
                                                               {"kept_heads", &kept_heads_}};
   const std::vector<std::pair<const char*, bool*>> experiments = {{"mx_keep_x", &mx_keep_x_},
-                                                                  {"flash_one_pass", &flash_one_pass_}};
+                                                                  {"flash_one_pass", &flash_one_pass_},
+                                                                  {"cudnn_attention", &cudnn_attention_}};
   // Both named in the backend's description (what train_bench and keel-train print with their figures).
   KEEL_RETURN_IF_ERROR(SetSwitches("KEEL_CUDA_OFF", fusions, false, &description_));
   KEEL_RETURN_IF_ERROR(SetSwitches("KEEL_CUDA_ON", experiments, true, &description_));
+  if (cudnn_attention_) {
+    cudnn_ = std::make_unique<CudnnAttention>();
+    const Status loaded = cudnn_->Load();
+    if (loaded.ok()) {
+      description_ += "; attention forward: cuDNN " + cudnn_->Version() + " SDPA where an engine takes the shape";
+    } else {
+      cudnn_attention_ = false;
+      description_ += "; cudnn_attention unavailable (" + loaded.message() + "): Keel's kernels";
+      std::fprintf(stderr, "keel: KEEL_CUDA_ON=cudnn_attention: %s; Keel's attention kernels run\n",
+                   loaded.message().c_str());
+    }
+  }
   for (Scratch* s : MainStreamScratch()) s->RefuseWhile(&on_side_);
   // Scratch comes from the device's default pool (cudaMallocAsync): keep what it
   // holds instead of returning it to the driver at every synchronisation.

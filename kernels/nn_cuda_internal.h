@@ -22,6 +22,7 @@
 
 #include "kernels/cuda_status.h"
 #include "kernels/nn.h"
+#include "kernels/nn_cuda_cudnn.h"
 #include "kernels/nn_cuda_flash.h"
 #include "kernels/quantize_cuda.h"
 
@@ -674,6 +675,10 @@ class CudaBackend final : public Backend {
   // attn_o_ and D in attn_delta_.
   Status FlashBackwardOf(const void* kept, const float* stats, float* dqkv, int64_t batch, int64_t seq,
                          int64_t heads, int64_t dim);
+  // The fused forward of f (out and stats): cuDNN's where cudnn_attention is on and it
+  // runs (a failure turns the experiment off, says why, and Keel's kernels run), else Keel's.
+  Status FusedForward(const FlashArgs& f);
+  Status CudnnForward(const FlashArgs& f);
   // Ok where KeepsAttentionHeads holds, else an error naming `what` and why.
   Status CheckKept(const char* what, int64_t head_dim, bool bf16_operands) const;
   // The GEMM path's P in attn_s_ (and bf16 in attn_p_) from attn_q_ and attn_k_,
@@ -818,6 +823,12 @@ class CudaBackend final : public Backend {
   // flash_one_pass: the fused attention forward walks the keys once (FlashForwardKernel's kOnePass):
   // the same stats, O from P rounded before it is normalized, which nn.h's contract does not allow.
   bool flash_one_pass_ = false;
+  // cudnn_attention: the fused attention's forward runs cuDNN's SDPA graph (nn_cuda_cudnn.h)
+  // when libcudnn.so.9 loads and an engine takes the shape, else Keel's kernels, with the
+  // reason in the description and on stderr (once). O comes back in bf16 and the stats as
+  // (lse, 1), which Keel's backward reads as (m, 1 / l): P = exp(s - lse).
+  bool cudnn_attention_ = false;
+  std::unique_ptr<CudnnAttention> cudnn_;
   Scratch codes_;                      // per-tensor FP8 codes, for its statistics
   Scratch partials_;                   // column-sum and reduction partials
   Scratch adam_table_;                 // AdamWTensors' tensor table and per-chunk delta partials
@@ -830,6 +841,7 @@ class CudaBackend final : public Backend {
   Scratch align_in_;                   // a quantizer input that is not 16-byte aligned
   Scratch attn_q_, attn_k_, attn_v_, attn_o_;  // attention, per head [b, h, t, d] (attn_o_: dO)
   Scratch attn_delta_;                 // attention backward: D = dout . out per row
+  Scratch attn_cudnn_o_, attn_cudnn_lse_, cudnn_workspace_;  // cudnn_attention's O (bf16), lse, workspace
   // The GEMM path of attention (fp32, or a head size the fused kernels lack):
   Scratch attn_s_;                     // scores, then probabilities, fp32 seq x seq per head
   Scratch attn_p_, attn_dp_, attn_ds_; // probabilities in bf16, dP, dS in bf16
