@@ -2569,7 +2569,10 @@ TEST_F(NnCudaTest, FlashOnePassForwardKeepsTheStatsAndTheTolerance) {
 
 // cudnn_attention (KEEL_CUDA_ON): where libcudnn.so.9 loads (the GPU machine; the test fails
 // where it does not, since its point is to run it), the fused forward runs cuDNN's SDPA graph.
-// Its output within AttentionMatchesCpu's bf16 tolerance of the CPU reference; the stats
+// Its output within 6e-3 normwise of the CPU reference: AttentionMatchesCpu's bf16 tolerance
+// (4e-3) plus 2^-9, the largest relative error of rounding O to bf16, which cuDNN's O is
+// (P is also rounded before it is normalized, as flash_one_pass does; session 41's first run
+// measured 2.8e-3 to 4.5e-3, the largest at head size 32); the stats
 // (lse, 1) with lse the CPU's m + log l within 1e-5 normwise; Keel's backward reading those
 // stats within the same tolerance as with its own; two runs the same bits; the kept-heads pair
 // (how the gpt model calls it) the bits of the unkept one. Head size 64 at GPT-2's shape
@@ -2619,7 +2622,7 @@ TEST_F(NnCudaTest, CudnnAttentionForwardMatchesCpu) {
     ExpectBits("out, kept heads", o, get(out_k));
     ExpectBits("stats, kept heads", st, get(stats_k));
     ExpectBits("dqkv, kept heads", get(dqkv), get(dqkv_k));
-    ExpectNormwise("out against the CPU", Cpu(out_cpu), o, 4e-3);
+    ExpectNormwise("out against the CPU", Cpu(out_cpu), o, ran ? 6e-3 : 4e-3);
     ExpectNormwise("dqkv against the CPU", Cpu(dqkv_cpu), get(dqkv), 4e-3);
     if (ran) {
       std::vector<float> lse_cpu(rows), lse(rows);
