@@ -209,6 +209,21 @@ __global__ void CudnnOutKernel(const __nv_bfloat16* __restrict__ o, const float*
   }
 }
 
+// The fused forward's stats (m, 1 / l) as cuDNN's lse = m + log l.
+__global__ void LseKernel(const float* __restrict__ stats, float* __restrict__ lse, int64_t rows) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows; r += stride) {
+    lse[r] = stats[2 * r] - logf(stats[2 * r + 1]);
+  }
+}
+
+__global__ void WidenBf16Kernel(const __nv_bfloat16* __restrict__ in, float* __restrict__ out, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    out[i] = __bfloat162float(in[i]);
+  }
+}
+
 Status CheckAttentionShape(const char* what, int64_t batch, int64_t seq, int64_t heads, int64_t dim) {
   if (batch < 1 || seq < 1 || heads < 1 || dim < 1 || dim % heads != 0)
     return Status::Error(std::string(what) + ": shape: batch " + std::to_string(batch) + ", seq " +
@@ -362,17 +377,54 @@ Status CudaBackend::AttentionBackwardKept(const float* kept, const float* out, c
   KEEL_RETURN_IF_ERROR(attn_o_.Reserve(n * 2, stream_));
   KEEL_RETURN_IF_ERROR(FlashRowDots(dout, out, attn_delta_.get<float>(), batch, seq, heads, dim, stream_,
                                     attn_o_.get<__nv_bfloat16>()));
-  return FlashBackwardOf(kept, stats, dqkv, batch, seq, heads, dim);
+  return FlashBackwardOf(kept, out, stats, dqkv, batch, seq, heads, dim);
 }
 
-Status CudaBackend::FlashBackwardOf(const void* kept, const float* stats, float* dqkv, int64_t batch, int64_t seq,
-                                    int64_t heads, int64_t dim) {
+Status CudaBackend::FlashBackwardOf(const void* kept, const float* out, const float* stats, float* dqkv,
+                                    int64_t batch, int64_t seq, int64_t heads, int64_t dim) {
   FlashArgs f = FlashHeads(batch, seq, heads, dim, kept);
   f.dout = attn_o_.get<__nv_bfloat16>();
   f.delta = attn_delta_.get<float>();
   f.stats = const_cast<float*>(stats);  // read only by the backward kernels
   f.dqkv = dqkv;
+  if (cudnn_attention_bwd_) {
+    const Status s = CudnnBackward(f, out);
+    if (s.ok()) return s;
+    cudaGetLastError();  // a failed launch must not be reported by the next op
+    cudnn_attention_bwd_ = false;
+    description_ += "; cudnn_attention_bwd fell back to Keel's kernels (" + s.message() + ")";
+    std::fprintf(stderr, "keel: KEEL_CUDA_ON=cudnn_attention_bwd: %s; Keel's attention kernels run instead\n",
+                 s.message().c_str());
+  }
   return FlashBackward(f, stream_);
+}
+
+Status CudaBackend::CudnnBackward(const FlashArgs& f, const float* out) {
+  const SdpaShape s{f.batch, f.heads, f.seq, f.dim / f.heads};
+  size_t workspace = 0;
+  std::string engine;
+  KEEL_RETURN_IF_ERROR(cudnn_->PrepareBackward(s, &workspace, &engine));
+  const int64_t n = f.batch * f.seq * f.dim, rows = f.batch * f.heads * f.seq;
+  // O's bf16 heads (as dout's), the stats as lse, row sums for cuDNN, dq | dk | dv in bf16 rows.
+  KEEL_RETURN_IF_ERROR(attn_cudnn_o_.Reserve(static_cast<size_t>(n) * 2, stream_));
+  KEEL_RETURN_IF_ERROR(attn_cudnn_lse_.Reserve(static_cast<size_t>(2 * rows) * sizeof(float), stream_));
+  KEEL_RETURN_IF_ERROR(attn_cudnn_dqkv_.Reserve(static_cast<size_t>(3 * n) * 2, stream_));
+  KEEL_RETURN_IF_ERROR(cudnn_workspace_.Reserve(std::max<size_t>(workspace, 1), stream_));
+  KEEL_RETURN_IF_ERROR(PackHeads(out, f.dim, 0, 0, 0, attn_cudnn_o_.get<void>(), nullptr, nullptr, f.batch, f.seq,
+                                 f.heads, f.dim, true));
+  float* lse = attn_cudnn_lse_.get<float>();
+  LseKernel<<<GridFor(rows), kThreads, 0, stream_>>>(f.stats, lse, rows);
+  NN_LAUNCH_CHECK();
+  __nv_bfloat16* d = attn_cudnn_dqkv_.get<__nv_bfloat16>();
+  const int64_t ld = 3 * f.dim;
+  KEEL_RETURN_IF_ERROR(cudnn_->Backward(s, f.q, f.k, f.v, attn_cudnn_o_.get<void>(), f.dout, lse, lse + rows, d,
+                                        d + f.dim, d + 2 * f.dim, ld, 1.0f / sqrtf(static_cast<float>(s.hd)),
+                                        cudnn_workspace_.get<void>(), cudnn_workspace_.bytes(), stream_));
+  WidenBf16Kernel<<<GridFor(3 * n), kThreads, 0, stream_>>>(d, f.dqkv, 3 * n);
+  NN_LAUNCH_CHECK();
+  const std::string said = "; attention backward ran on cuDNN " + cudnn_->Version() + " " + engine;
+  if (description_.find(said) == std::string::npos) description_ += said;
+  return Status::Ok();
 }
 
 Status CudaBackend::AttentionProbabilities(float* stats, bool recompute, int64_t batch, int64_t seq, int64_t heads,
@@ -447,7 +499,7 @@ Status CudaBackend::AttentionBackward(const float* qkv, const float* out, const 
   KEEL_RETURN_IF_ERROR(attn_delta_.Reserve(static_cast<size_t>(bh * seq) * sizeof(float), stream_));
   KEEL_RETURN_IF_ERROR(FlashRowDots(dout, out, attn_delta_.get<float>(), batch, seq, heads, dim, stream_));
   KEEL_RETURN_IF_ERROR(AttentionHeads(qkv, dout, batch, seq, heads, dim, bf16));
-  if (bf16 && FlashSupports(s.hd)) return FlashBackwardOf(nullptr, stats, dqkv, batch, seq, heads, dim);
+  if (bf16 && FlashSupports(s.hd)) return FlashBackwardOf(nullptr, out, stats, dqkv, batch, seq, heads, dim);
   const int64_t head_elems = seq * s.hd;
   const int64_t n = bh * head_elems;
   const int64_t square = bh * seq * seq;

@@ -263,7 +263,7 @@ std::vector<Scratch*> CudaBackend::MainStreamScratch() {
           &align_in_,      &attn_q_,     &attn_k_,     &attn_v_,     &attn_o_,     &attn_delta_,
           &attn_s_,        &attn_p_,     &attn_dp_,    &attn_ds_,    &attn_dq_,    &attn_dk_,    &attn_dv_,
           &embed_,         &gla_parts_,  &gla_a_,      &reduce_desc_, &held_[0].values, &held_[1].values,
-          &attn_cudnn_o_,  &attn_cudnn_lse_, &cudnn_workspace_};
+          &attn_cudnn_o_,  &attn_cudnn_lse_, &cudnn_workspace_, &attn_cudnn_dqkv_};
 }
 
 CudaBackend::~CudaBackend() {
@@ -360,20 +360,24 @@ Status CudaBackend::Init() {
                                                               {"kept_heads", &kept_heads_}};
   const std::vector<std::pair<const char*, bool*>> experiments = {{"mx_keep_x", &mx_keep_x_},
                                                                   {"flash_one_pass", &flash_one_pass_},
-                                                                  {"cudnn_attention", &cudnn_attention_}};
+                                                                  {"cudnn_attention", &cudnn_attention_},
+                                                                  {"cudnn_attention_bwd", &cudnn_attention_bwd_}};
   // Both named in the backend's description (what train_bench and keel-train print with their figures).
   KEEL_RETURN_IF_ERROR(SetSwitches("KEEL_CUDA_OFF", fusions, false, &description_));
   KEEL_RETURN_IF_ERROR(SetSwitches("KEEL_CUDA_ON", experiments, true, &description_));
-  if (cudnn_attention_) {
+  if (cudnn_attention_ || cudnn_attention_bwd_) {
     cudnn_ = std::make_unique<CudnnAttention>();
     const Status loaded = cudnn_->Load();
+    const std::string which = cudnn_attention_ && cudnn_attention_bwd_ ? "forward and backward"
+                              : cudnn_attention_                      ? "forward"
+                                                                      : "backward";
     if (loaded.ok()) {
-      description_ += "; attention forward: cuDNN " + cudnn_->Version() + " SDPA where an engine takes the shape";
+      description_ += "; attention " + which + ": cuDNN " + cudnn_->Version() + " SDPA where an engine takes the shape";
     } else {
-      cudnn_attention_ = false;
+      cudnn_attention_ = cudnn_attention_bwd_ = false;
       description_ += "; cudnn_attention unavailable (" + loaded.message() + "): Keel's kernels";
-      std::fprintf(stderr, "keel: KEEL_CUDA_ON=cudnn_attention: %s; Keel's attention kernels run\n",
-                   loaded.message().c_str());
+      std::fprintf(stderr, "keel: KEEL_CUDA_ON cuDNN attention (%s): %s; Keel's attention kernels run\n",
+                   which.c_str(), loaded.message().c_str());
     }
   }
   for (Scratch* s : MainStreamScratch()) s->RefuseWhile(&on_side_);

@@ -93,12 +93,16 @@ struct CudnnAttention::Plan {
   int64_t workspace = 0;
   std::string engine;
   // The by-value scalars' host storage (their uids: kScaleUid, kNegInfUid).
-  float scale = 1.0f, neg_inf = -std::numeric_limits<float>::infinity();
+  float scale = 1.0f, neg_inf = -std::numeric_limits<float>::infinity(), one = 1.0f;
 };
 
 namespace {
 
-enum : int64_t { kQ = 1, kK, kV, kO, kLse, kScaleUid, kNegInfUid, kVirtual = 100 };
+enum : int64_t {
+  kQ = 1, kK, kV, kO, kLse, kScaleUid, kNegInfUid,  // the forward's (and the backward's)
+  kDout, kDq, kDk, kDv, kRowSums, kOneUid,           // the backward's
+  kVirtual = 100
+};
 
 // Builds descriptors onto one list (they must outlive the graph's finalize).
 class GraphBuilder {
@@ -199,6 +203,16 @@ class GraphBuilder {
     return AddOp(std::move(op));
   }
 
+  // y: x's elements under y's own dims and strides (a transposed view).
+  Status Reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    Desc op;
+    KEEL_RETURN_IF_ERROR(op.Create(api_, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape"));
+    KEEL_RETURN_IF_ERROR(Set(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "reshape"));
+    KEEL_RETURN_IF_ERROR(Set(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "reshape"));
+    KEEL_RETURN_IF_ERROR(api_->Check(api_->finalize(op.get()), "finalize reshape operation"));
+    return AddOp(std::move(op));
+  }
+
   const std::vector<cudnnBackendDescriptor_t>& ops() const { return ops_; }
 
  private:
@@ -220,6 +234,20 @@ class GraphBuilder {
   int64_t next_virtual_ = kVirtual;
 };
 
+// y = x where the key index (column) is at most the query index (row), else -inf.
+Status CausalMask(GraphBuilder& g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t neg_inf, const Dims& dims,
+                  const Dims& strides, cudnnBackendDescriptor_t* y) {
+  cudnnBackendDescriptor_t ri, ci, keep;
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_INT32, dims, strides, &ri));
+  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, x, nullptr, nullptr, ri, 2));
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_INT32, dims, strides, &ci));
+  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, x, nullptr, nullptr, ci, 3));
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_BOOLEAN, dims, strides, &keep));
+  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, ri, ci, nullptr, keep));
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, dims, strides, y));
+  return g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, x, neg_inf, keep, *y);
+}
+
 // The causal forward's operation graph (nn_cuda_cudnn.h's comment) for shape s.
 Status BuildForwardGraph(GraphBuilder& g, const SdpaShape& s) {
   const int64_t b = s.batch, h = s.heads, t = s.seq, d = s.hd, dim = h * d;
@@ -238,20 +266,13 @@ Status BuildForwardGraph(GraphBuilder& g, const SdpaShape& s) {
   KEEL_RETURN_IF_ERROR(g.Tensor(kScaleUid, CUDNN_DATA_FLOAT, scalar, scalar, false, true, &scale));
   KEEL_RETURN_IF_ERROR(g.Tensor(kNegInfUid, CUDNN_DATA_FLOAT, scalar, scalar, false, true, &neg_inf));
 
-  cudnnBackendDescriptor_t s0, s1, ri, ci, mask, s2, mx, sub, ex, sum, lg, p;
+  cudnnBackendDescriptor_t s0, s1, s2, mx, sub, ex, sum, lg, p;
   KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, scores, scores_strides, &s0));
   KEEL_RETURN_IF_ERROR(g.Matmul(q, kt, s0));
   KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, scores, scores_strides, &s1));
   KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s0, scale, nullptr, s1));
   // Causal: keep key index <= query index (row >= column).
-  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_INT32, scores, scores_strides, &ri));
-  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s1, nullptr, nullptr, ri, 2));
-  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_INT32, scores, scores_strides, &ci));
-  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s1, nullptr, nullptr, ci, 3));
-  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_BOOLEAN, scores, scores_strides, &mask));
-  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, ri, ci, nullptr, mask));
-  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, scores, scores_strides, &s2));
-  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, s1, neg_inf, mask, s2));
+  KEEL_RETURN_IF_ERROR(CausalMask(g, s1, neg_inf, scores, scores_strides, &s2));
   // Softmax with its statistics.
   KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, row, row_strides, &mx));
   KEEL_RETURN_IF_ERROR(g.Reduction(CUDNN_REDUCE_TENSOR_MAX, s2, mx));
@@ -268,6 +289,72 @@ Status BuildForwardGraph(GraphBuilder& g, const SdpaShape& s) {
   KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_BFLOAT16, scores, scores_strides, &p));
   KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_DIV, CUDNN_DATA_FLOAT, ex, sum, nullptr, p));
   return g.Matmul(p, v, o);
+}
+
+// The backward graph of cuDNN's SDPA (what its frontend builds for a causal
+// backward without dropout or bias, with dQ written by a product rather than
+// accumulated): D = rowsum(dout * o) into row_sums; P = exp(mask(scale * q k^T) -
+// lse); dV = P^T dout; dP = dout v^T; dS = P (dP - D) * scale; dK = dS^T q; dQ = dS k.
+Status BuildBackwardGraph(GraphBuilder& g, const SdpaShape& s, int64_t ld) {
+  const int64_t b = s.batch, h = s.heads, t = s.seq, d = s.hd;
+  const Dims bhtd{b, h, t, d}, packed{h * t * d, t * d, d, 1}, bhdt{b, h, d, t}, transposed{h * t * d, t * d, 1, d};
+  const Dims scores{b, h, t, t}, scores_strides{h * t * t, t * t, t, 1}, scores_t{h * t * t, t * t, 1, t};
+  const Dims row{b, h, t, 1}, row_strides{h * t, t, 1, 1};
+  const Dims scalar{1, 1, 1, 1}, out_strides{t * ld, d, ld, 1};
+  cudnnBackendDescriptor_t q, kt, vt, o, dout, lse, dq, dk, dv, row_sums, scale, neg_inf, one;
+  KEEL_RETURN_IF_ERROR(g.Tensor(kQ, CUDNN_DATA_BFLOAT16, bhtd, packed, false, false, &q));
+  KEEL_RETURN_IF_ERROR(g.Tensor(kK, CUDNN_DATA_BFLOAT16, bhdt, transposed, false, false, &kt));
+  KEEL_RETURN_IF_ERROR(g.Tensor(kV, CUDNN_DATA_BFLOAT16, bhdt, transposed, false, false, &vt));
+  KEEL_RETURN_IF_ERROR(g.Tensor(kO, CUDNN_DATA_BFLOAT16, bhtd, packed, false, false, &o));
+  KEEL_RETURN_IF_ERROR(g.Tensor(kDout, CUDNN_DATA_BFLOAT16, bhtd, packed, false, false, &dout));
+  KEEL_RETURN_IF_ERROR(g.Tensor(kLse, CUDNN_DATA_FLOAT, row, row_strides, false, false, &lse));
+  KEEL_RETURN_IF_ERROR(g.Tensor(kDq, CUDNN_DATA_BFLOAT16, bhtd, out_strides, false, false, &dq));
+  KEEL_RETURN_IF_ERROR(g.Tensor(kDk, CUDNN_DATA_BFLOAT16, bhtd, out_strides, false, false, &dk));
+  KEEL_RETURN_IF_ERROR(g.Tensor(kDv, CUDNN_DATA_BFLOAT16, bhtd, out_strides, false, false, &dv));
+  KEEL_RETURN_IF_ERROR(g.Tensor(kRowSums, CUDNN_DATA_FLOAT, row, row_strides, false, false, &row_sums));
+  KEEL_RETURN_IF_ERROR(g.Tensor(kScaleUid, CUDNN_DATA_FLOAT, scalar, scalar, false, true, &scale));
+  KEEL_RETURN_IF_ERROR(g.Tensor(kNegInfUid, CUDNN_DATA_FLOAT, scalar, scalar, false, true, &neg_inf));
+  KEEL_RETURN_IF_ERROR(g.Tensor(kOneUid, CUDNN_DATA_FLOAT, scalar, scalar, false, true, &one));
+
+  // D = rowsum(dout * o).
+  cudnnBackendDescriptor_t prod, dsum;
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, bhtd, packed, &prod));
+  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dout, o, nullptr, prod));
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, row, row_strides, &dsum));
+  KEEL_RETURN_IF_ERROR(g.Reduction(CUDNN_REDUCE_TENSOR_ADD, prod, dsum));
+  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dsum, one, nullptr, row_sums));
+  // P from the statistics.
+  cudnnBackendDescriptor_t s0, s1, masked, s3, p, pt;
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, scores, scores_strides, &s0));
+  KEEL_RETURN_IF_ERROR(g.Matmul(q, kt, s0));
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, scores, scores_strides, &s1));
+  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s0, scale, nullptr, s1));
+  KEEL_RETURN_IF_ERROR(CausalMask(g, s1, neg_inf, scores, scores_strides, &masked));
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, scores, scores_strides, &s3));
+  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, masked, lse, nullptr, s3));
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, scores, scores_strides, &p));
+  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, s3, nullptr, nullptr, p));
+  // dV = P^T dout (P^T a bf16 view of P).
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_BFLOAT16, scores, scores_t, &pt));
+  KEEL_RETURN_IF_ERROR(g.Reshape(p, pt));
+  KEEL_RETURN_IF_ERROR(g.Matmul(pt, dout, dv));
+  // dS = P (dout v^T - D) * scale.
+  cudnnBackendDescriptor_t dp, dp1, dp2, ds, dst, k;
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, scores, scores_strides, &dp));
+  KEEL_RETURN_IF_ERROR(g.Matmul(dout, vt, dp));
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, scores, scores_strides, &dp1));
+  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, dp, row_sums, nullptr, dp1));
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, scores, scores_strides, &dp2));
+  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dp1, p, nullptr, dp2));
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, scores, scores_strides, &ds));
+  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dp2, scale, nullptr, ds));
+  // dK = dS^T q; dQ = dS k (k a view of k^T).
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_BFLOAT16, scores, scores_t, &dst));
+  KEEL_RETURN_IF_ERROR(g.Reshape(ds, dst));
+  KEEL_RETURN_IF_ERROR(g.Matmul(dst, q, dk));
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, bhtd, packed, &k));
+  KEEL_RETURN_IF_ERROR(g.Reshape(kt, k));
+  return g.Matmul(ds, k, dq);
 }
 
 }  // namespace
@@ -323,106 +410,109 @@ std::string CudnnAttention::Version() const {
   return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }
 
-Status CudnnAttention::PrepareForward(const SdpaShape& s, size_t* workspace_bytes, std::string* engine) {
-  if (api_ == nullptr) return Status::Error("cuDNN: not loaded");
-  const auto key = std::make_tuple(s.batch, s.heads, s.seq, s.hd);
-  auto found = forward_plans_.find(key);
-  if (found == forward_plans_.end()) {
-    auto plan = std::make_unique<Plan>();
-    GraphBuilder g(api_.get(), &plan->keep);
-    KEEL_RETURN_IF_ERROR(BuildForwardGraph(g, s));
-    Desc graph;
-    KEEL_RETURN_IF_ERROR(graph.Create(api_.get(), CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph"));
-    KEEL_RETURN_IF_ERROR(api_->Check(api_->set(graph.get(), CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1,
-                                               &api_->handle),
-                                     "graph handle"));
-    std::vector<cudnnBackendDescriptor_t> ops = g.ops();
-    KEEL_RETURN_IF_ERROR(api_->Check(api_->set(graph.get(), CUDNN_ATTR_OPERATIONGRAPH_OPS,
-                                               CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops.size()),
-                                               ops.data()),
-                                     "graph operations"));
-    KEEL_RETURN_IF_ERROR(api_->Check(api_->finalize(graph.get()), "finalize the operation graph"));
-    // Engine configurations: heuristics mode A, then the fallback list; the first
-    // that builds a plan is kept.
-    std::string failures;
-    int tried = 0;
-    for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-      Desc heur;
-      KEEL_RETURN_IF_ERROR(heur.Create(api_.get(), CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics"));
-      cudnnBackendDescriptor_t gd = graph.get();
-      KEEL_RETURN_IF_ERROR(api_->Check(
-          api_->set(heur.get(), CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &gd),
-          "heuristics graph"));
-      KEEL_RETURN_IF_ERROR(
-          api_->Check(api_->set(heur.get(), CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode),
-                      "heuristics mode"));
-      const Status fin = api_->Check(api_->finalize(heur.get()), "finalize heuristics");
-      if (!fin.ok()) {
-        failures += std::string(failures.empty() ? "" : "; ") + fin.message();
+template <typename Build>
+Status CudnnAttention::MakePlan(const SdpaShape& s, const char* what, Build build, std::unique_ptr<Plan>* out) {
+  auto plan = std::make_unique<Plan>();
+  GraphBuilder g(api_.get(), &plan->keep);
+  KEEL_RETURN_IF_ERROR(build(g));
+  Desc graph;
+  KEEL_RETURN_IF_ERROR(graph.Create(api_.get(), CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph"));
+  KEEL_RETURN_IF_ERROR(api_->Check(
+      api_->set(graph.get(), CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &api_->handle), "graph handle"));
+  std::vector<cudnnBackendDescriptor_t> ops = g.ops();
+  KEEL_RETURN_IF_ERROR(api_->Check(api_->set(graph.get(), CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                             static_cast<int64_t>(ops.size()), ops.data()),
+                                   "graph operations"));
+  KEEL_RETURN_IF_ERROR(api_->Check(api_->finalize(graph.get()), std::string("finalize the ") + what + " graph"));
+  std::string failures;
+  int tried = 0;
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    Desc heur;
+    KEEL_RETURN_IF_ERROR(heur.Create(api_.get(), CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics"));
+    cudnnBackendDescriptor_t gd = graph.get();
+    KEEL_RETURN_IF_ERROR(api_->Check(
+        api_->set(heur.get(), CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &gd),
+        "heuristics graph"));
+    KEEL_RETURN_IF_ERROR(api_->Check(
+        api_->set(heur.get(), CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode), "heuristics mode"));
+    const Status fin = api_->Check(api_->finalize(heur.get()), "finalize heuristics");
+    if (!fin.ok()) {
+      failures += std::string(failures.empty() ? "" : "; ") + fin.message();
+      continue;
+    }
+    int64_t count = 0;
+    KEEL_RETURN_IF_ERROR(api_->Check(
+        api_->get(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
+        "heuristics result count"));
+    std::vector<Desc> cfgs(static_cast<size_t>(count));
+    std::vector<cudnnBackendDescriptor_t> raw;
+    for (Desc& c : cfgs) {
+      KEEL_RETURN_IF_ERROR(c.Create(api_.get(), CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"));
+      raw.push_back(c.get());
+    }
+    int64_t got = 0;
+    if (count > 0) {
+      KEEL_RETURN_IF_ERROR(api_->Check(api_->get(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()),
+                                       "heuristics results"));
+    }
+    failures += std::string(failures.empty() ? "" : "; ") +
+                (mode == CUDNN_HEUR_MODE_A ? "heuristics A: " : "fallback: ") + std::to_string(got) + " configs";
+    for (int64_t i = 0; i < got; ++i) {
+      ++tried;
+      Desc p;
+      KEEL_RETURN_IF_ERROR(p.Create(api_.get(), CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan"));
+      cudnnBackendDescriptor_t cfg = raw[static_cast<size_t>(i)];
+      Status st = api_->Check(
+          api_->set(p.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &api_->handle), "plan handle");
+      if (st.ok()) {
+        st = api_->Check(
+            api_->set(p.get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg),
+            "plan engine config");
+      }
+      if (st.ok()) st = api_->Check(api_->finalize(p.get()), "finalize plan");
+      if (!st.ok()) {
+        if (i < 3) failures += "; config " + std::to_string(i) + ": " + st.message();
         continue;
       }
-      int64_t count = 0;
+      int64_t ws = 0, n = 0;
       KEEL_RETURN_IF_ERROR(api_->Check(
-          api_->get(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
-          "heuristics result count"));
-      std::vector<Desc> cfgs(static_cast<size_t>(count));
-      std::vector<cudnnBackendDescriptor_t> raw;
-      for (Desc& c : cfgs) {
-        KEEL_RETURN_IF_ERROR(c.Create(api_.get(), CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"));
-        raw.push_back(c.get());
+          api_->get(p.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws),
+          "plan workspace size"));
+      // The engine's global index, for the record.
+      Desc eng;
+      int64_t index = -1;
+      if (eng.Create(api_.get(), CUDNN_BACKEND_ENGINE_DESCRIPTOR, "engine").ok() &&
+          api_->get(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, eng.address()) ==
+              CUDNN_STATUS_SUCCESS) {
+        api_->get(eng.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index);
       }
-      int64_t got = 0;
-      if (count > 0) {
-        KEEL_RETURN_IF_ERROR(api_->Check(api_->get(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()),
-                                         "heuristics results"));
-      }
-      failures += std::string(failures.empty() ? "" : "; ") +
-                  (mode == CUDNN_HEUR_MODE_A ? "heuristics A: " : "fallback: ") + std::to_string(got) + " configs";
-      for (int64_t i = 0; i < got; ++i) {
-        ++tried;
-        Desc p;
-        KEEL_RETURN_IF_ERROR(p.Create(api_.get(), CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan"));
-        cudnnBackendDescriptor_t cfg = raw[static_cast<size_t>(i)];
-        Status st = api_->Check(
-            api_->set(p.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &api_->handle), "plan handle");
-        if (st.ok()) {
-          st = api_->Check(
-              api_->set(p.get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg),
-              "plan engine config");
-        }
-        if (st.ok()) st = api_->Check(api_->finalize(p.get()), "finalize plan");
-        if (!st.ok()) {
-          if (i < 3) failures += "; config " + std::to_string(i) + ": " + st.message();
-          continue;
-        }
-        int64_t ws = 0, n = 0;
-        KEEL_RETURN_IF_ERROR(api_->Check(
-            api_->get(p.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws),
-            "plan workspace size"));
-        // The engine's global index, for the record.
-        Desc eng;
-        int64_t index = -1;
-        if (eng.Create(api_.get(), CUDNN_BACKEND_ENGINE_DESCRIPTOR, "engine").ok() &&
-            api_->get(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, eng.address()) ==
-                CUDNN_STATUS_SUCCESS) {
-          api_->get(eng.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index);
-        }
-        plan->engine = "engine " + std::to_string(index) + (mode == CUDNN_HEUR_MODE_A ? "" : " (fallback list)");
-        plan->workspace = ws;
-        plan->plan = std::move(p);
-        for (Desc& c : cfgs) plan->keep.push_back(std::move(c));
-        break;
-      }
-      if (plan->plan.get() != nullptr) break;
+      plan->engine = "engine " + std::to_string(index) + (mode == CUDNN_HEUR_MODE_A ? "" : " (fallback list)");
+      plan->workspace = ws;
+      plan->plan = std::move(p);
+      for (Desc& c : cfgs) plan->keep.push_back(std::move(c));
+      break;
     }
-    if (plan->plan.get() == nullptr) {
-      return Status::Error("cuDNN " + Version() + ": no engine built a plan for the causal attention forward (b " +
-                           std::to_string(s.batch) + ", h " + std::to_string(s.heads) + ", t " +
-                           std::to_string(s.seq) + ", d " + std::to_string(s.hd) + "; " + std::to_string(tried) +
-                           " configs tried: " + failures + ")");
-    }
-    plan->keep.push_back(std::move(graph));
+    if (plan->plan.get() != nullptr) break;
+  }
+  if (plan->plan.get() == nullptr) {
+    return Status::Error("cuDNN " + Version() + ": no engine built a plan for the causal attention " + what + " (b " +
+                         std::to_string(s.batch) + ", h " + std::to_string(s.heads) + ", t " + std::to_string(s.seq) +
+                         ", d " + std::to_string(s.hd) + "; " + std::to_string(tried) + " configs tried: " + failures +
+                         ")");
+  }
+  plan->keep.push_back(std::move(graph));
+  *out = std::move(plan);
+  return Status::Ok();
+}
+
+Status CudnnAttention::PrepareForward(const SdpaShape& s, size_t* workspace_bytes, std::string* engine) {
+  if (api_ == nullptr) return Status::Error("cuDNN: not loaded");
+  const Key key(s.batch, s.heads, s.seq, s.hd);
+  auto found = forward_plans_.find(key);
+  if (found == forward_plans_.end()) {
+    std::unique_ptr<Plan> plan;
+    KEEL_RETURN_IF_ERROR(MakePlan(s, "forward", [&](GraphBuilder& g) { return BuildForwardGraph(g, s); }, &plan));
     found = forward_plans_.emplace(key, std::move(plan)).first;
   }
   *workspace_bytes = static_cast<size_t>(found->second->workspace);
@@ -430,30 +520,71 @@ Status CudnnAttention::PrepareForward(const SdpaShape& s, size_t* workspace_byte
   return Status::Ok();
 }
 
+Status CudnnAttention::PrepareBackward(const SdpaShape& s, size_t* workspace_bytes, std::string* engine) {
+  if (api_ == nullptr) return Status::Error("cuDNN: not loaded");
+  const Key key(s.batch, s.heads, s.seq, s.hd);
+  auto found = backward_plans_.find(key);
+  if (found == backward_plans_.end()) {
+    std::unique_ptr<Plan> plan;
+    KEEL_RETURN_IF_ERROR(MakePlan(s, "backward",
+                                  [&](GraphBuilder& g) { return BuildBackwardGraph(g, s, 3 * s.heads * s.hd); },
+                                  &plan));
+    found = backward_plans_.emplace(key, std::move(plan)).first;
+  }
+  *workspace_bytes = static_cast<size_t>(found->second->workspace);
+  if (engine != nullptr) *engine = found->second->engine;
+  return Status::Ok();
+}
+
+Status CudnnAttention::Execute(Plan& plan, const int64_t* uids, void* const* ptrs, int n, void* workspace,
+                               size_t workspace_bytes, cudaStream_t stream, const char* what) {
+  if (workspace_bytes < static_cast<size_t>(plan.workspace)) {
+    return Status::Error(std::string("cuDNN attention ") + what + ": workspace of " + std::to_string(workspace_bytes) +
+                         " bytes; the plan needs " + std::to_string(plan.workspace));
+  }
+  KEEL_RETURN_IF_ERROR(api_->Check(api_->set_stream(api_->handle, stream), "cudnnSetStream"));
+  Desc pack;
+  KEEL_RETURN_IF_ERROR(pack.Create(api_.get(), CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack"));
+  KEEL_RETURN_IF_ERROR(
+      api_->Check(api_->set(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids), "uids"));
+  KEEL_RETURN_IF_ERROR(api_->Check(
+      api_->set(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs), "pointers"));
+  KEEL_RETURN_IF_ERROR(api_->Check(
+      api_->set(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace), "workspace"));
+  KEEL_RETURN_IF_ERROR(api_->Check(api_->finalize(pack.get()), "finalize the variant pack"));
+  return api_->Check(api_->execute(api_->handle, plan.plan.get(), pack.get()),
+                     std::string("execute the attention ") + what);
+}
+
 Status CudnnAttention::Forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, float* lse,
                                float scale, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   size_t need = 0;
   KEEL_RETURN_IF_ERROR(PrepareForward(s, &need, nullptr));
-  if (workspace_bytes < need) {
-    return Status::Error("cuDNN attention forward: workspace of " + std::to_string(workspace_bytes) +
-                         " bytes; the plan needs " + std::to_string(need));
-  }
-  Plan& plan = *forward_plans_.at(std::make_tuple(s.batch, s.heads, s.seq, s.hd));
+  Plan& plan = *forward_plans_.at(Key(s.batch, s.heads, s.seq, s.hd));
   plan.scale = scale;
-  KEEL_RETURN_IF_ERROR(api_->Check(api_->set_stream(api_->handle, stream), "cudnnSetStream"));
-  int64_t uids[] = {kQ, kK, kV, kO, kLse, kScaleUid, kNegInfUid};
-  void* ptrs[] = {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, lse, &plan.scale,
-                  &plan.neg_inf};
-  Desc pack;
-  KEEL_RETURN_IF_ERROR(pack.Create(api_.get(), CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack"));
-  KEEL_RETURN_IF_ERROR(
-      api_->Check(api_->set(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 7, uids), "uids"));
-  KEEL_RETURN_IF_ERROR(api_->Check(
-      api_->set(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 7, ptrs), "pointers"));
-  KEEL_RETURN_IF_ERROR(api_->Check(
-      api_->set(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace), "workspace"));
-  KEEL_RETURN_IF_ERROR(api_->Check(api_->finalize(pack.get()), "finalize the variant pack"));
-  return api_->Check(api_->execute(api_->handle, plan.plan.get(), pack.get()), "execute the attention forward");
+  const int64_t uids[] = {kQ, kK, kV, kO, kLse, kScaleUid, kNegInfUid};
+  void* const ptrs[] = {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, lse, &plan.scale,
+                        &plan.neg_inf};
+  return Execute(plan, uids, ptrs, 7, workspace, workspace_bytes, stream, "forward");
+}
+
+Status CudnnAttention::Backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* o,
+                                const void* dout, const float* lse, float* row_sums, void* dq, void* dk, void* dv,
+                                int64_t ld, float scale, void* workspace, size_t workspace_bytes,
+                                cudaStream_t stream) {
+  if (ld != 3 * s.heads * s.hd) {
+    return Status::Error("cuDNN attention backward: ld " + std::to_string(ld) + " is not allowed; the plan writes rows of " +
+                         std::to_string(3 * s.heads * s.hd));
+  }
+  size_t need = 0;
+  KEEL_RETURN_IF_ERROR(PrepareBackward(s, &need, nullptr));
+  Plan& plan = *backward_plans_.at(Key(s.batch, s.heads, s.seq, s.hd));
+  plan.scale = scale;
+  const int64_t uids[] = {kQ, kK, kV, kO, kDout, kLse, kDq, kDk, kDv, kRowSums, kScaleUid, kNegInfUid, kOneUid};
+  void* const ptrs[] = {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o),
+                        const_cast<void*>(dout), const_cast<float*>(lse), dq, dk, dv, row_sums, &plan.scale,
+                        &plan.neg_inf, &plan.one};
+  return Execute(plan, uids, ptrs, 13, workspace, workspace_bytes, stream, "backward");
 }
 
 #else  // no cudnn.h at build time
@@ -467,6 +598,12 @@ std::string CudnnAttention::Version() const { return "not built"; }
 Status CudnnAttention::PrepareForward(const SdpaShape&, size_t*, std::string*) { return Load(); }
 Status CudnnAttention::Forward(const SdpaShape&, const void*, const void*, const void*, void*, float*, float, void*,
                                size_t, cudaStream_t) {
+  return Load();
+}
+Status CudnnAttention::PrepareBackward(const SdpaShape&, size_t*, std::string*) { return Load(); }
+Status CudnnAttention::Backward(const SdpaShape&, const void*, const void*, const void*, const void*, const void*,
+                                const float*, float*, void*, void*, void*, int64_t, float, void*, size_t,
+                                cudaStream_t) {
   return Load();
 }
 

@@ -55,12 +55,31 @@ class CudnnAttention {
   Status Forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, float* lse, float scale,
                  void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
+  // The causal backward's plan for shape s (once per shape; kept): its workspace and engine.
+  Status PrepareBackward(const SdpaShape& s, size_t* workspace_bytes, std::string* engine);
+  // The causal backward (cuDNN's SDPA backward graph, the variant that writes dQ with a
+  // product over a dS kept in the workspace instead of atomic adds, so that two runs give
+  // the same bits): q, k, v, o and dout bf16 [b, h, t, d]; lse fp32 [b, h, t] (the
+  // forward's); dq, dk, dv bf16 into rows of (b * t) x ld, head h at column h * d of each
+  // (so three outputs can share one buffer); row_sums fp32 [b, h, t], cuDNN's scratch for
+  // D = dout . o. P is recomputed as exp(scale * q.k - lse), the normalized probabilities.
+  Status Backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* o, const void* dout,
+                  const float* lse, float* row_sums, void* dq, void* dk, void* dv, int64_t ld, float scale,
+                  void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
   struct Api;  // the library's entry points (nn_cuda_cudnn.cu)
 
  private:
   struct Plan;
   std::unique_ptr<Api> api_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> forward_plans_;
+  // The plan of a graph (its operation graph built by `build`) from heuristics mode A, then
+  // the fallback list: the first engine configuration that finalizes.
+  template <typename Build>
+  Status MakePlan(const SdpaShape& s, const char* what, Build build, std::unique_ptr<Plan>* out);
+  Status Execute(Plan& plan, const int64_t* uids, void* const* ptrs, int n, void* workspace, size_t workspace_bytes,
+                 cudaStream_t stream, const char* what);
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t>;
+  std::map<Key, std::unique_ptr<Plan>> forward_plans_, backward_plans_;
 };
 
 }  // namespace nncuda

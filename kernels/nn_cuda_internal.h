@@ -673,8 +673,11 @@ class CudaBackend final : public Backend {
   FlashArgs FlashHeads(int64_t batch, int64_t seq, int64_t heads, int64_t dim, const void* kept = nullptr);
   // The fused backward into dqkv from the heads FlashHeads(..., kept) names, dout's heads in
   // attn_o_ and D in attn_delta_.
-  Status FlashBackwardOf(const void* kept, const float* stats, float* dqkv, int64_t batch, int64_t seq,
-                         int64_t heads, int64_t dim);
+  // With cudnn_attention_bwd on, cuDNN's backward (out packed to bf16 heads for it; a failure
+  // turns the experiment off, says why, and Keel's kernels run).
+  Status FlashBackwardOf(const void* kept, const float* out, const float* stats, float* dqkv, int64_t batch,
+                         int64_t seq, int64_t heads, int64_t dim);
+  Status CudnnBackward(const FlashArgs& f, const float* out);
   // The fused forward of f (out and stats): cuDNN's where cudnn_attention is on and it
   // runs (a failure turns the experiment off, says why, and Keel's kernels run), else Keel's.
   Status FusedForward(const FlashArgs& f);
@@ -828,6 +831,10 @@ class CudaBackend final : public Backend {
   // reason in the description and on stderr (once). O comes back in bf16 and the stats as
   // (lse, 1), which Keel's backward reads as (m, 1 / l): P = exp(s - lse).
   bool cudnn_attention_ = false;
+  // cudnn_attention_bwd: the fused attention's backward runs cuDNN's SDPA backward graph
+  // (P from the stats as exp(s - lse): the normalized probabilities, as nn.h's contract has
+  // them), reading Keel's or cuDNN's forward; dq, dk, dv come back in bf16.
+  bool cudnn_attention_bwd_ = false;
   std::unique_ptr<CudnnAttention> cudnn_;
   Scratch codes_;                      // per-tensor FP8 codes, for its statistics
   Scratch partials_;                   // column-sum and reduction partials
@@ -842,6 +849,7 @@ class CudaBackend final : public Backend {
   Scratch attn_q_, attn_k_, attn_v_, attn_o_;  // attention, per head [b, h, t, d] (attn_o_: dO)
   Scratch attn_delta_;                 // attention backward: D = dout . out per row
   Scratch attn_cudnn_o_, attn_cudnn_lse_, cudnn_workspace_;  // cudnn_attention's O (bf16), lse, workspace
+  Scratch attn_cudnn_dqkv_;            // cudnn_attention_bwd's dq | dk | dv in bf16 rows
   // The GEMM path of attention (fp32, or a head size the fused kernels lack):
   Scratch attn_s_;                     // scores, then probabilities, fp32 seq x seq per head
   Scratch attn_p_, attn_dp_, attn_ds_; // probabilities in bf16, dP, dS in bf16

@@ -2567,73 +2567,87 @@ TEST_F(NnCudaTest, FlashOnePassForwardKeepsTheStatsAndTheTolerance) {
   }
 }
 
-// cudnn_attention (KEEL_CUDA_ON): where libcudnn.so.9 loads (the GPU machine; the test fails
-// where it does not, since its point is to run it), the fused forward runs cuDNN's SDPA graph.
-// Its output within 6e-3 normwise of the CPU reference: AttentionMatchesCpu's bf16 tolerance
-// (4e-3) plus 2^-9, the largest relative error of rounding O to bf16, which cuDNN's O is
-// (P is also rounded before it is normalized, as flash_one_pass does; session 41's first run
-// measured 2.8e-3 to 4.5e-3, the largest at head size 32); the stats
-// (lse, 1) with lse the CPU's m + log l within 1e-5 normwise; Keel's backward reading those
-// stats within the same tolerance as with its own; two runs the same bits; the kept-heads pair
-// (how the gpt model calls it) the bits of the unkept one. Head size 64 at GPT-2's shape
-// (batch 2) and a small one must run on cuDNN (the description says so); head size 32 with
-// seq 100 may fall back, and the description must then say why.
-TEST_F(NnCudaTest, CudnnAttentionForwardMatchesCpu) {
+// cudnn_attention and cudnn_attention_bwd (KEEL_CUDA_ON), each alone and both: where
+// libcudnn.so.9 loads (the GPU machine; the test fails where it does not, since its point
+// is to run it), the fused forward and / or backward run cuDNN's SDPA graphs. Against the
+// CPU reference: out and dqkv within 6e-3 normwise where cuDNN computed them
+// (AttentionMatchesCpu's bf16 tolerance, 4e-3, plus 2^-9, the largest relative error of
+// the bf16 rounding cuDNN's O and dQ, dK, dV get; cuDNN's forward also rounds P before it
+// is normalized, as flash_one_pass does; session 41's first run of the forward measured
+// 2.8e-3 to 4.5e-3, the largest at head size 32), else 4e-3; the stats (lse, 1) with lse
+// the CPU's m + log l within 1e-5 where cuDNN's forward ran. Two runs the same bits (the
+// backward's deterministic variant); the kept-heads pair (how the gpt model calls it) the
+// bits of the unkept one. Head size 64 at GPT-2's shape (batch 2) and a small one must run
+// on cuDNN (the description says so); head size 32 with seq 100 may fall back, and the
+// description must then say why.
+TEST_F(NnCudaTest, CudnnAttentionMatchesCpu) {
   struct AttentionShape {
     int64_t batch, seq, heads, dim;
     bool must_run;
   };
-  for (const AttentionShape& shape : {AttentionShape{2, 1024, 12, 768, true}, AttentionShape{2, 192, 4, 256, true},
-                                      AttentionShape{1, 100, 2, 64, false}}) {
-    const int64_t batch = shape.batch, seq = shape.seq, heads = shape.heads, dim = shape.dim;
-    SCOPED_TRACE("head size " + std::to_string(dim / heads) + ", seq " + std::to_string(seq));
-    std::unique_ptr<Backend> cud = BackendWith("cudnn_attention");
-    ASSERT_TRUE(cud != nullptr);
-    ASSERT_EQ(cud->Describe().find("cudnn_attention unavailable"), std::string::npos) << cud->Describe();
-    const int64_t rows = batch * heads * seq;
-    Dual qkv = Floats(Normal(batch * seq * 3 * dim, 131)), dout = Floats(Normal(batch * seq * dim, 132));
-    Dual out_cpu = Zeros(batch * seq * dim), stats_cpu = Zeros(rows * 2), dqkv_cpu = Zeros(batch * seq * 3 * dim);
-    Dual out = Zeros(batch * seq * dim), stats = Zeros(rows * 2), dqkv = Zeros(batch * seq * 3 * dim);
-    Dual out2 = Zeros(batch * seq * dim), stats2 = Zeros(rows * 2);
-    Dual kept = Zeros(batch * seq * 3 * dim / 2), out_k = Zeros(batch * seq * dim), stats_k = Zeros(rows * 2),
-         dqkv_k = Zeros(batch * seq * 3 * dim);
-    ASSERT_OK(cpu_->AttentionForward(qkv.c(), out_cpu.c(), stats_cpu.c(), batch, seq, heads, dim, true));
-    ASSERT_OK(cpu_->AttentionBackward(qkv.c(), out_cpu.c(), stats_cpu.c(), dout.c(), dqkv_cpu.c(), batch, seq, heads,
-                                      dim, true));
-    ASSERT_OK(cud->AttentionForward(qkv.g(), out.g(), stats.g(), batch, seq, heads, dim, true));
-    ASSERT_OK(cud->AttentionForward(qkv.g(), out2.g(), stats2.g(), batch, seq, heads, dim, true));
-    ASSERT_OK(cud->AttentionBackward(qkv.g(), out.g(), stats.g(), dout.g(), dqkv.g(), batch, seq, heads, dim, true));
-    ASSERT_OK(cud->AttentionForwardKeep(qkv.g(), kept.g(), out_k.g(), stats_k.g(), batch, seq, heads, dim, true));
-    ASSERT_OK(cud->AttentionBackwardKept(kept.g(), out_k.g(), stats_k.g(), dout.g(), dqkv_k.g(), batch, seq, heads,
-                                         dim, true));
-    ASSERT_OK(cud->Sync());
-    const std::string said = cud->Describe();
-    std::printf("  %s\n", said.c_str());
-    const bool ran = said.find("attention forward ran on cuDNN") != std::string::npos;
-    if (shape.must_run) {
-      ASSERT_TRUE(ran) << said;
-    } else if (!ran) {
-      EXPECT_NE(said.find("cudnn_attention fell back to Keel's kernels ("), std::string::npos) << said;
-    }
-    auto get = [&](const Dual& d) { return Get(cud.get(), d.g(), d.bytes); };
-    const std::vector<float> o = get(out), st = get(stats), cs = Cpu(stats_cpu);
-    ExpectBits("out, run twice", o, get(out2));
-    ExpectBits("stats, run twice", st, get(stats2));
-    ExpectBits("out, kept heads", o, get(out_k));
-    ExpectBits("stats, kept heads", st, get(stats_k));
-    ExpectBits("dqkv, kept heads", get(dqkv), get(dqkv_k));
-    ExpectNormwise("out against the CPU", Cpu(out_cpu), o, ran ? 6e-3 : 4e-3);
-    ExpectNormwise("dqkv against the CPU", Cpu(dqkv_cpu), get(dqkv), 4e-3);
-    if (ran) {
-      std::vector<float> lse_cpu(rows), lse(rows);
-      int64_t not_one = 0;
-      for (int64_t r = 0; r < rows; ++r) {
-        lse_cpu[r] = cs[2 * r] - std::log(cs[2 * r + 1]);
-        lse[r] = st[2 * r];
-        not_one += st[2 * r + 1] != 1.0f;
+  for (const char* on : {"cudnn_attention", "cudnn_attention_bwd", "cudnn_attention,cudnn_attention_bwd"}) {
+    const std::string mode(on);
+    const bool forward = mode.find("cudnn_attention,") != std::string::npos || mode == "cudnn_attention";
+    const bool backward = mode.find("cudnn_attention_bwd") != std::string::npos;
+    for (const AttentionShape& shape : {AttentionShape{2, 1024, 12, 768, true}, AttentionShape{2, 192, 4, 256, true},
+                                        AttentionShape{1, 100, 2, 64, false}}) {
+      const int64_t batch = shape.batch, seq = shape.seq, heads = shape.heads, dim = shape.dim;
+      SCOPED_TRACE(mode + ", head size " + std::to_string(dim / heads) + ", seq " + std::to_string(seq));
+      std::unique_ptr<Backend> cud = BackendWith(on);
+      ASSERT_TRUE(cud != nullptr);
+      ASSERT_EQ(cud->Describe().find("cudnn_attention unavailable"), std::string::npos) << cud->Describe();
+      const int64_t rows = batch * heads * seq;
+      Dual qkv = Floats(Normal(batch * seq * 3 * dim, 131)), dout = Floats(Normal(batch * seq * dim, 132));
+      Dual out_cpu = Zeros(batch * seq * dim), stats_cpu = Zeros(rows * 2), dqkv_cpu = Zeros(batch * seq * 3 * dim);
+      Dual out = Zeros(batch * seq * dim), stats = Zeros(rows * 2), dqkv = Zeros(batch * seq * 3 * dim);
+      Dual out2 = Zeros(batch * seq * dim), stats2 = Zeros(rows * 2), dqkv2 = Zeros(batch * seq * 3 * dim);
+      Dual kept = Zeros(batch * seq * 3 * dim / 2), out_k = Zeros(batch * seq * dim), stats_k = Zeros(rows * 2),
+           dqkv_k = Zeros(batch * seq * 3 * dim);
+      ASSERT_OK(cpu_->AttentionForward(qkv.c(), out_cpu.c(), stats_cpu.c(), batch, seq, heads, dim, true));
+      ASSERT_OK(cpu_->AttentionBackward(qkv.c(), out_cpu.c(), stats_cpu.c(), dout.c(), dqkv_cpu.c(), batch, seq,
+                                        heads, dim, true));
+      ASSERT_OK(cud->AttentionForward(qkv.g(), out.g(), stats.g(), batch, seq, heads, dim, true));
+      ASSERT_OK(cud->AttentionBackward(qkv.g(), out.g(), stats.g(), dout.g(), dqkv.g(), batch, seq, heads, dim, true));
+      ASSERT_OK(cud->AttentionForward(qkv.g(), out2.g(), stats2.g(), batch, seq, heads, dim, true));
+      ASSERT_OK(
+          cud->AttentionBackward(qkv.g(), out2.g(), stats2.g(), dout.g(), dqkv2.g(), batch, seq, heads, dim, true));
+      ASSERT_OK(cud->AttentionForwardKeep(qkv.g(), kept.g(), out_k.g(), stats_k.g(), batch, seq, heads, dim, true));
+      ASSERT_OK(cud->AttentionBackwardKept(kept.g(), out_k.g(), stats_k.g(), dout.g(), dqkv_k.g(), batch, seq, heads,
+                                           dim, true));
+      ASSERT_OK(cud->Sync());
+      const std::string said = cud->Describe();
+      std::printf("  %s\n", said.c_str());
+      const bool ran_forward = said.find("attention forward ran on cuDNN") != std::string::npos;
+      const bool ran_backward = said.find("attention backward ran on cuDNN") != std::string::npos;
+      EXPECT_EQ(ran_forward && !forward, false) << said;
+      EXPECT_EQ(ran_backward && !backward, false) << said;
+      if (shape.must_run) {
+        ASSERT_EQ(ran_forward, forward) << said;
+        ASSERT_EQ(ran_backward, backward) << said;
+      } else if (ran_forward != forward || ran_backward != backward) {
+        EXPECT_NE(said.find(" fell back to Keel's kernels ("), std::string::npos) << said;
       }
-      ExpectNormwise("lse against the CPU's m + log l", lse_cpu, lse, 1e-5);
-      EXPECT_EQ(not_one, 0);
+      auto get = [&](const Dual& d) { return Get(cud.get(), d.g(), d.bytes); };
+      const std::vector<float> o = get(out), st = get(stats), cs = Cpu(stats_cpu), dq = get(dqkv);
+      ExpectBits("out, run twice", o, get(out2));
+      ExpectBits("stats, run twice", st, get(stats2));
+      ExpectBits("dqkv, run twice", dq, get(dqkv2));
+      ExpectBits("out, kept heads", o, get(out_k));
+      ExpectBits("stats, kept heads", st, get(stats_k));
+      ExpectBits("dqkv, kept heads", dq, get(dqkv_k));
+      ExpectNormwise("out against the CPU", Cpu(out_cpu), o, ran_forward ? 6e-3 : 4e-3);
+      ExpectNormwise("dqkv against the CPU", Cpu(dqkv_cpu), dq, ran_forward || ran_backward ? 6e-3 : 4e-3);
+      if (ran_forward) {
+        std::vector<float> lse_cpu(rows), lse(rows);
+        int64_t not_one = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          lse_cpu[r] = cs[2 * r] - std::log(cs[2 * r + 1]);
+          lse[r] = st[2 * r];
+          not_one += st[2 * r + 1] != 1.0f;
+        }
+        ExpectNormwise("lse against the CPU's m + log l", lse_cpu, lse, 1e-5);
+        EXPECT_EQ(not_one, 0);
+      }
     }
   }
 }
