@@ -2570,11 +2570,14 @@ TEST_F(NnCudaTest, FlashOnePassForwardKeepsTheStatsAndTheTolerance) {
 // cudnn_attention and cudnn_attention_bwd (KEEL_CUDA_ON), each alone and both: where
 // libcudnn.so.9 loads (the GPU machine; the test fails where it does not, since its point
 // is to run it), the fused forward and / or backward run cuDNN's SDPA graphs. Against the
-// CPU reference: out and dqkv within 6e-3 normwise where cuDNN computed them
+// CPU reference: out within 6e-3 normwise where cuDNN's forward computed it
 // (AttentionMatchesCpu's bf16 tolerance, 4e-3, plus 2^-9, the largest relative error of
-// the bf16 rounding cuDNN's O and dQ, dK, dV get; cuDNN's forward also rounds P before it
-// is normalized, as flash_one_pass does; session 41's first run of the forward measured
-// 2.8e-3 to 4.5e-3, the largest at head size 32), else 4e-3; the stats (lse, 1) with lse
+// the bf16 rounding cuDNN's O gets; cuDNN's forward also rounds P before it is normalized,
+// as flash_one_pass does; session 41 measured 2.8e-3 to 4.5e-3, the largest at head size
+// 32), else 4e-3; dqkv within 8e-3 where cuDNN's backward computed it (dQ, dK, dV rounded
+// to bf16, and D from bf16 dout and O: session 41 measured 2.1e-3 to 3.4e-3 at head size
+// 64 and 6.3e-3 at head size 32 behind Keel's forward), 6e-3 behind cuDNN's forward alone
+// (its out), else 4e-3; the stats (lse, 1) with lse
 // the CPU's m + log l within 1e-5 where cuDNN's forward ran. Two runs the same bits (the
 // backward's deterministic variant); the kept-heads pair (how the gpt model calls it) the
 // bits of the unkept one. Head size 64 at GPT-2's shape (batch 2) and a small one must run
@@ -2636,7 +2639,7 @@ TEST_F(NnCudaTest, CudnnAttentionMatchesCpu) {
       ExpectBits("stats, kept heads", st, get(stats_k));
       ExpectBits("dqkv, kept heads", dq, get(dqkv_k));
       ExpectNormwise("out against the CPU", Cpu(out_cpu), o, ran_forward ? 6e-3 : 4e-3);
-      ExpectNormwise("dqkv against the CPU", Cpu(dqkv_cpu), dq, ran_forward || ran_backward ? 6e-3 : 4e-3);
+      ExpectNormwise("dqkv against the CPU", Cpu(dqkv_cpu), dq, ran_backward ? 8e-3 : ran_forward ? 6e-3 : 4e-3);
       if (ran_forward) {
         std::vector<float> lse_cpu(rows), lse(rows);
         int64_t not_one = 0;
