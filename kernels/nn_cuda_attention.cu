@@ -331,15 +331,19 @@ Status CudaBackend::CudnnForward(const FlashArgs& f) {
   return Status::Ok();
 }
 
+void CudaBackend::CudnnFellBack(const char* name, const Status& why, bool* on) {
+  cudaGetLastError();  // a failed launch must not be reported by the next op
+  *on = false;
+  description_ += std::string("; ") + name + " fell back to Keel's kernels (" + why.message() + ")";
+  std::fprintf(stderr, "keel: KEEL_CUDA_ON=%s: %s; Keel's attention kernels run instead\n", name,
+               why.message().c_str());
+}
+
 Status CudaBackend::FusedForward(const FlashArgs& f) {
   if (cudnn_attention_) {
     const Status s = CudnnForward(f);
     if (s.ok()) return s;
-    cudaGetLastError();  // a failed launch must not be reported by the next op
-    cudnn_attention_ = false;
-    description_ += "; cudnn_attention fell back to Keel's kernels (" + s.message() + ")";
-    std::fprintf(stderr, "keel: KEEL_CUDA_ON=cudnn_attention: %s; Keel's attention kernels run instead\n",
-                 s.message().c_str());
+    CudnnFellBack("cudnn_attention", s, &cudnn_attention_);
   }
   return FlashForward(f, stream_);
 }
@@ -390,11 +394,7 @@ Status CudaBackend::FlashBackwardOf(const void* kept, const float* out, const fl
   if (cudnn_attention_bwd_) {
     const Status s = CudnnBackward(f, out);
     if (s.ok()) return s;
-    cudaGetLastError();  // a failed launch must not be reported by the next op
-    cudnn_attention_bwd_ = false;
-    description_ += "; cudnn_attention_bwd fell back to Keel's kernels (" + s.message() + ")";
-    std::fprintf(stderr, "keel: KEEL_CUDA_ON=cudnn_attention_bwd: %s; Keel's attention kernels run instead\n",
-                 s.message().c_str());
+    CudnnFellBack("cudnn_attention_bwd", s, &cudnn_attention_bwd_);
   }
   return FlashBackward(f, stream_);
 }

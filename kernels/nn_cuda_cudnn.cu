@@ -234,10 +234,16 @@ class GraphBuilder {
   int64_t next_virtual_ = kVirtual;
 };
 
-// y = x where the key index (column) is at most the query index (row), else -inf.
-Status CausalMask(GraphBuilder& g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t neg_inf, const Dims& dims,
-                  const Dims& strides, cudnnBackendDescriptor_t* y) {
-  cudnnBackendDescriptor_t ri, ci, keep;
+// y = scale * q k^T (fp32) where the key index (column) is at most the query
+// index (row), else -inf: the causal scores both graphs start from.
+Status MaskedScores(GraphBuilder& g, cudnnBackendDescriptor_t q, cudnnBackendDescriptor_t kt,
+                    cudnnBackendDescriptor_t scale, cudnnBackendDescriptor_t neg_inf, const Dims& dims,
+                    const Dims& strides, cudnnBackendDescriptor_t* y) {
+  cudnnBackendDescriptor_t s0, x, ri, ci, keep;
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, dims, strides, &s0));
+  KEEL_RETURN_IF_ERROR(g.Matmul(q, kt, s0));
+  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, dims, strides, &x));
+  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s0, scale, nullptr, x));
   KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_INT32, dims, strides, &ri));
   KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, x, nullptr, nullptr, ri, 2));
   KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_INT32, dims, strides, &ci));
@@ -266,13 +272,8 @@ Status BuildForwardGraph(GraphBuilder& g, const SdpaShape& s) {
   KEEL_RETURN_IF_ERROR(g.Tensor(kScaleUid, CUDNN_DATA_FLOAT, scalar, scalar, false, true, &scale));
   KEEL_RETURN_IF_ERROR(g.Tensor(kNegInfUid, CUDNN_DATA_FLOAT, scalar, scalar, false, true, &neg_inf));
 
-  cudnnBackendDescriptor_t s0, s1, s2, mx, sub, ex, sum, lg, p;
-  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, scores, scores_strides, &s0));
-  KEEL_RETURN_IF_ERROR(g.Matmul(q, kt, s0));
-  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, scores, scores_strides, &s1));
-  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s0, scale, nullptr, s1));
-  // Causal: keep key index <= query index (row >= column).
-  KEEL_RETURN_IF_ERROR(CausalMask(g, s1, neg_inf, scores, scores_strides, &s2));
+  cudnnBackendDescriptor_t s2, mx, sub, ex, sum, lg, p;
+  KEEL_RETURN_IF_ERROR(MaskedScores(g, q, kt, scale, neg_inf, scores, scores_strides, &s2));
   // Softmax with its statistics.
   KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, row, row_strides, &mx));
   KEEL_RETURN_IF_ERROR(g.Reduction(CUDNN_REDUCE_TENSOR_MAX, s2, mx));
@@ -324,12 +325,8 @@ Status BuildBackwardGraph(GraphBuilder& g, const SdpaShape& s, int64_t ld) {
   KEEL_RETURN_IF_ERROR(g.Reduction(CUDNN_REDUCE_TENSOR_ADD, prod, dsum));
   KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dsum, one, nullptr, row_sums));
   // P from the statistics.
-  cudnnBackendDescriptor_t s0, s1, masked, s3, p, pt;
-  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, scores, scores_strides, &s0));
-  KEEL_RETURN_IF_ERROR(g.Matmul(q, kt, s0));
-  KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, scores, scores_strides, &s1));
-  KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s0, scale, nullptr, s1));
-  KEEL_RETURN_IF_ERROR(CausalMask(g, s1, neg_inf, scores, scores_strides, &masked));
+  cudnnBackendDescriptor_t masked, s3, p, pt;
+  KEEL_RETURN_IF_ERROR(MaskedScores(g, q, kt, scale, neg_inf, scores, scores_strides, &masked));
   KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, scores, scores_strides, &s3));
   KEEL_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, masked, lse, nullptr, s3));
   KEEL_RETURN_IF_ERROR(g.Virtual(CUDNN_DATA_FLOAT, scores, scores_strides, &p));
@@ -506,33 +503,37 @@ Status CudnnAttention::MakePlan(const SdpaShape& s, const char* what, Build buil
   return Status::Ok();
 }
 
-Status CudnnAttention::PrepareForward(const SdpaShape& s, size_t* workspace_bytes, std::string* engine) {
+template <typename Build>
+Status CudnnAttention::PlanFor(std::map<Key, std::unique_ptr<Plan>>* plans, const SdpaShape& s, const char* what,
+                               Build build, Plan** plan) {
   if (api_ == nullptr) return Status::Error("cuDNN: not loaded");
   const Key key(s.batch, s.heads, s.seq, s.hd);
-  auto found = forward_plans_.find(key);
-  if (found == forward_plans_.end()) {
-    std::unique_ptr<Plan> plan;
-    KEEL_RETURN_IF_ERROR(MakePlan(s, "forward", [&](GraphBuilder& g) { return BuildForwardGraph(g, s); }, &plan));
-    found = forward_plans_.emplace(key, std::move(plan)).first;
+  auto found = plans->find(key);
+  if (found == plans->end()) {
+    std::unique_ptr<Plan> made;
+    KEEL_RETURN_IF_ERROR(MakePlan(s, what, build, &made));
+    found = plans->emplace(key, std::move(made)).first;
   }
-  *workspace_bytes = static_cast<size_t>(found->second->workspace);
-  if (engine != nullptr) *engine = found->second->engine;
+  *plan = found->second.get();
+  return Status::Ok();
+}
+
+Status CudnnAttention::PrepareForward(const SdpaShape& s, size_t* workspace_bytes, std::string* engine) {
+  Plan* plan = nullptr;
+  KEEL_RETURN_IF_ERROR(
+      PlanFor(&forward_plans_, s, "forward", [&](GraphBuilder& g) { return BuildForwardGraph(g, s); }, &plan));
+  *workspace_bytes = static_cast<size_t>(plan->workspace);
+  if (engine != nullptr) *engine = plan->engine;
   return Status::Ok();
 }
 
 Status CudnnAttention::PrepareBackward(const SdpaShape& s, size_t* workspace_bytes, std::string* engine) {
-  if (api_ == nullptr) return Status::Error("cuDNN: not loaded");
-  const Key key(s.batch, s.heads, s.seq, s.hd);
-  auto found = backward_plans_.find(key);
-  if (found == backward_plans_.end()) {
-    std::unique_ptr<Plan> plan;
-    KEEL_RETURN_IF_ERROR(MakePlan(s, "backward",
-                                  [&](GraphBuilder& g) { return BuildBackwardGraph(g, s, 3 * s.heads * s.hd); },
-                                  &plan));
-    found = backward_plans_.emplace(key, std::move(plan)).first;
-  }
-  *workspace_bytes = static_cast<size_t>(found->second->workspace);
-  if (engine != nullptr) *engine = found->second->engine;
+  Plan* plan = nullptr;
+  KEEL_RETURN_IF_ERROR(PlanFor(&backward_plans_, s, "backward",
+                               [&](GraphBuilder& g) { return BuildBackwardGraph(g, s, 3 * s.heads * s.hd); },
+                               &plan));
+  *workspace_bytes = static_cast<size_t>(plan->workspace);
+  if (engine != nullptr) *engine = plan->engine;
   return Status::Ok();
 }
 

@@ -79,6 +79,10 @@ class CudnnAttention {
   Status Execute(Plan& plan, const int64_t* uids, void* const* ptrs, int n, void* workspace, size_t workspace_bytes,
                  cudaStream_t stream, const char* what);
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t>;
+  // The plan of shape s in `plans`, made (MakePlan with `build`) the first time.
+  template <typename Build>
+  Status PlanFor(std::map<Key, std::unique_ptr<Plan>>* plans, const SdpaShape& s, const char* what, Build build,
+                 Plan** plan);
   std::map<Key, std::unique_ptr<Plan>> forward_plans_, backward_plans_;
 };
 

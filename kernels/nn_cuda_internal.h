@@ -682,6 +682,9 @@ class CudaBackend final : public Backend {
   // runs (a failure turns the experiment off, says why, and Keel's kernels run), else Keel's.
   Status FusedForward(const FlashArgs& f);
   Status CudnnForward(const FlashArgs& f);
+  // A cuDNN experiment (`name`, its switch `on`) that failed: turned off for the backend's
+  // life, the reason added to the description and printed once to stderr.
+  void CudnnFellBack(const char* name, const Status& why, bool* on);
   // Ok where KeepsAttentionHeads holds, else an error naming `what` and why.
   Status CheckKept(const char* what, int64_t head_dim, bool bf16_operands) const;
   // The GEMM path's P in attn_s_ (and bf16 in attn_p_) from attn_q_ and attn_k_,
