@@ -66,7 +66,14 @@ std::string DirectLoss(Cluster* cluster, const keel::v1::Run& run, const std::st
 void ExpectEndsAsUninterrupted(Cluster* cluster, const keel::v1::Run& run, int64_t steps, int restarts,
                                const std::string& flags) {
   EXPECT_EQ(run.state(), keel::v1::SUCCEEDED) << run.id() << ": " << run.message();
-  if (restarts >= 0) EXPECT_EQ(run.restarts(), restarts) << run.id();
+  if (restarts >= 0 && run.restarts() != restarts) {
+    // Why each restart happened, for a failure seen only under load.
+    std::string events;
+    for (const keel::v1::Event& e : cluster->Events(run.id())) {
+      events += "\n  step " + std::to_string(e.step()) + " " + e.kind() + ": " + e.message();
+    }
+    ADD_FAILURE() << run.id() << ": restarts " << run.restarts() << ", expected " << restarts << "; events:" << events;
+  }
   if (restarts < 0) EXPECT_GE(run.restarts(), 1) << run.id();
   auto points = cluster->Metrics(run.id());
   ASSERT_EQ(points.size(), static_cast<size_t>(steps)) << run.id();  // every step stored once
