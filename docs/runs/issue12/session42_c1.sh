@@ -15,7 +15,7 @@ B=/tmp/k/dist/bin
 cat $OUT/gpu.txt
 for spec in "bf16 CrossEntropyFusedKernel" "bf16 FlashForwardKernel" "bf16 FlashDqKernel" "bf16 FlashDkvKernel" \
             "bf16 GeluBf16Kernel" "bf16 LayerNormBackwardKernel" "bf16 AdamWTensorsKernel" \
-            "mxfp8_e4m3 MxBothAxes" "mxfp8_e4m3 MxColumnsInTiles" "mxfp8_e4m3 MxRowsKernel"; do
+            "mxfp8_e4m3 MxBothAxesColumnPartialsKernel" "mxfp8_e4m3 MxRowsColumnPartialsKernel" "mxfp8_e4m3 MxRowsKernel"; do
   set -- $spec
   timeout 120 ncu --clock-control none --section SpeedOfLight --section Occupancy -k "regex:$2" -s 8 -c 2 \
     $B/train_bench --only gpt --steps 1 --schemes $1 > $OUT/ncu_$1_$2.txt 2>&1
