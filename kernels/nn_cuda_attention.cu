@@ -415,12 +415,10 @@ Status CudaBackend::CudnnBackward(const FlashArgs& f, const float* out) {
   float* lse = attn_cudnn_lse_.get<float>();
   LseKernel<<<GridFor(rows), kThreads, 0, stream_>>>(f.stats, lse, rows);
   NN_LAUNCH_CHECK();
-  __nv_bfloat16* d = attn_cudnn_dqkv_.get<__nv_bfloat16>();
-  const int64_t ld = 3 * f.dim;
-  KEEL_RETURN_IF_ERROR(cudnn_->Backward(s, f.q, f.k, f.v, attn_cudnn_o_.get<void>(), f.dout, lse, lse + rows, d,
-                                        d + f.dim, d + 2 * f.dim, ld, 1.0f / sqrtf(static_cast<float>(s.hd)),
+  KEEL_RETURN_IF_ERROR(cudnn_->Backward(s, f.q, f.k, f.v, attn_cudnn_o_.get<void>(), f.dout, lse, lse + rows,
+                                        attn_cudnn_dqkv_.get<void>(), 1.0f / sqrtf(static_cast<float>(s.hd)),
                                         cudnn_workspace_.get<void>(), cudnn_workspace_.bytes(), stream_));
-  WidenBf16Kernel<<<GridFor(3 * n), kThreads, 0, stream_>>>(d, f.dqkv, 3 * n);
+  WidenBf16Kernel<<<GridFor(3 * n), kThreads, 0, stream_>>>(attn_cudnn_dqkv_.get<__nv_bfloat16>(), f.dqkv, 3 * n);
   NN_LAUNCH_CHECK();
   const std::string said = "; attention backward ran on cuDNN " + cudnn_->Version() + " " + engine;
   if (description_.find(said) == std::string::npos) description_ += said;

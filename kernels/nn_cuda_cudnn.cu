@@ -92,7 +92,7 @@ struct CudnnAttention::Plan {
   Desc plan;
   int64_t workspace = 0;
   std::string engine;
-  // The by-value scalars' host storage (their uids: kScaleUid, kNegInfUid).
+  // The by-value scalars' host storage (their uids: kScaleUid, kNegInfUid, kOneUid).
   float scale = 1.0f, neg_inf = -std::numeric_limits<float>::infinity(), one = 1.0f;
 };
 
@@ -296,8 +296,8 @@ Status BuildForwardGraph(GraphBuilder& g, const SdpaShape& s) {
 // backward without dropout or bias, with dQ written by a product rather than
 // accumulated): D = rowsum(dout * o) into row_sums; P = exp(mask(scale * q k^T) -
 // lse); dV = P^T dout; dP = dout v^T; dS = P (dP - D) * scale; dK = dS^T q; dQ = dS k.
-Status BuildBackwardGraph(GraphBuilder& g, const SdpaShape& s, int64_t ld) {
-  const int64_t b = s.batch, h = s.heads, t = s.seq, d = s.hd;
+Status BuildBackwardGraph(GraphBuilder& g, const SdpaShape& s) {
+  const int64_t b = s.batch, h = s.heads, t = s.seq, d = s.hd, ld = 3 * h * d;  // rows of dq | dk | dv
   const Dims bhtd{b, h, t, d}, packed{h * t * d, t * d, d, 1}, bhdt{b, h, d, t}, transposed{h * t * d, t * d, 1, d};
   const Dims scores{b, h, t, t}, scores_strides{h * t * t, t * t, t, 1}, scores_t{h * t * t, t * t, 1, t};
   const Dims row{b, h, t, 1}, row_strides{h * t, t, 1, 1};
@@ -518,10 +518,17 @@ Status CudnnAttention::PlanFor(std::map<Key, std::unique_ptr<Plan>>* plans, cons
   return Status::Ok();
 }
 
+Status CudnnAttention::ForwardPlan(const SdpaShape& s, Plan** plan) {
+  return PlanFor(&forward_plans_, s, "forward", [&](GraphBuilder& g) { return BuildForwardGraph(g, s); }, plan);
+}
+
+Status CudnnAttention::BackwardPlan(const SdpaShape& s, Plan** plan) {
+  return PlanFor(&backward_plans_, s, "backward", [&](GraphBuilder& g) { return BuildBackwardGraph(g, s); }, plan);
+}
+
 Status CudnnAttention::PrepareForward(const SdpaShape& s, size_t* workspace_bytes, std::string* engine) {
   Plan* plan = nullptr;
-  KEEL_RETURN_IF_ERROR(
-      PlanFor(&forward_plans_, s, "forward", [&](GraphBuilder& g) { return BuildForwardGraph(g, s); }, &plan));
+  KEEL_RETURN_IF_ERROR(ForwardPlan(s, &plan));
   *workspace_bytes = static_cast<size_t>(plan->workspace);
   if (engine != nullptr) *engine = plan->engine;
   return Status::Ok();
@@ -529,9 +536,7 @@ Status CudnnAttention::PrepareForward(const SdpaShape& s, size_t* workspace_byte
 
 Status CudnnAttention::PrepareBackward(const SdpaShape& s, size_t* workspace_bytes, std::string* engine) {
   Plan* plan = nullptr;
-  KEEL_RETURN_IF_ERROR(PlanFor(&backward_plans_, s, "backward",
-                               [&](GraphBuilder& g) { return BuildBackwardGraph(g, s, 3 * s.heads * s.hd); },
-                               &plan));
+  KEEL_RETURN_IF_ERROR(BackwardPlan(s, &plan));
   *workspace_bytes = static_cast<size_t>(plan->workspace);
   if (engine != nullptr) *engine = plan->engine;
   return Status::Ok();
@@ -559,9 +564,9 @@ Status CudnnAttention::Execute(Plan& plan, const int64_t* uids, void* const* ptr
 
 Status CudnnAttention::Forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, float* lse,
                                float scale, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  size_t need = 0;
-  KEEL_RETURN_IF_ERROR(PrepareForward(s, &need, nullptr));
-  Plan& plan = *forward_plans_.at(Key(s.batch, s.heads, s.seq, s.hd));
+  Plan* p = nullptr;
+  KEEL_RETURN_IF_ERROR(ForwardPlan(s, &p));
+  Plan& plan = *p;
   plan.scale = scale;
   const int64_t uids[] = {kQ, kK, kV, kO, kLse, kScaleUid, kNegInfUid};
   void* const ptrs[] = {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, lse, &plan.scale,
@@ -570,17 +575,18 @@ Status CudnnAttention::Forward(const SdpaShape& s, const void* q, const void* k,
 }
 
 Status CudnnAttention::Backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* o,
-                                const void* dout, const float* lse, float* row_sums, void* dq, void* dk, void* dv,
-                                int64_t ld, float scale, void* workspace, size_t workspace_bytes,
-                                cudaStream_t stream) {
-  if (ld != 3 * s.heads * s.hd) {
-    return Status::Error("cuDNN attention backward: ld " + std::to_string(ld) + " is not allowed; the plan writes rows of " +
-                         std::to_string(3 * s.heads * s.hd));
-  }
-  size_t need = 0;
-  KEEL_RETURN_IF_ERROR(PrepareBackward(s, &need, nullptr));
-  Plan& plan = *backward_plans_.at(Key(s.batch, s.heads, s.seq, s.hd));
+                                const void* dout, const float* lse, float* row_sums, void* dqkv, float scale,
+                                void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  Plan* p = nullptr;
+  KEEL_RETURN_IF_ERROR(BackwardPlan(s, &p));
+  Plan& plan = *p;
   plan.scale = scale;
+  // dq, dk and dv: columns 0, h * d and 2 h * d of the same rows (bf16, 2 bytes each).
+  char* rows = static_cast<char*>(dqkv);
+  const int64_t part = s.heads * s.hd * 2;
+  void* dq = rows;
+  void* dk = rows + part;
+  void* dv = rows + 2 * part;
   const int64_t uids[] = {kQ, kK, kV, kO, kDout, kLse, kDq, kDk, kDv, kRowSums, kScaleUid, kNegInfUid, kOneUid};
   void* const ptrs[] = {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o),
                         const_cast<void*>(dout), const_cast<float*>(lse), dq, dk, dv, row_sums, &plan.scale,
@@ -603,8 +609,7 @@ Status CudnnAttention::Forward(const SdpaShape&, const void*, const void*, const
 }
 Status CudnnAttention::PrepareBackward(const SdpaShape&, size_t*, std::string*) { return Load(); }
 Status CudnnAttention::Backward(const SdpaShape&, const void*, const void*, const void*, const void*, const void*,
-                                const float*, float*, void*, void*, void*, int64_t, float, void*, size_t,
-                                cudaStream_t) {
+                                const float*, float*, void*, float, void*, size_t, cudaStream_t) {
   return Load();
 }
 

@@ -1,17 +1,18 @@
-// cuDNN's fused causal attention forward (its SDPA operation graph through the
-// backend C API), for the CUDA backend's experiment cudnn_attention
-// (KEEL_CUDA_ON). libcudnn.so.9 is loaded at run time (dlopen), so Keel builds
-// and runs without cuDNN: Load says why it is unavailable, and the backend then
-// keeps its own kernels (nn_cuda_flash.h).
+// cuDNN's fused causal attention, forward and backward (its SDPA operation
+// graphs through the backend C API), for the CUDA backend's experiments
+// cudnn_attention and cudnn_attention_bwd (KEEL_CUDA_ON). libcudnn.so.9 is
+// loaded at run time (dlopen), so Keel builds and runs without cuDNN: Load says
+// why it is unavailable, and the backend then keeps its own kernels
+// (nn_cuda_flash.h).
 //
-// The graph is the one cuDNN's fused flash-attention engines take (what cuDNN's
-// frontend builds for a causal SDPA with statistics): S = Q K^T (fp32), S *
-// scale, the causal mask (key index > query index -> -inf), then a softmax
+// The forward graph is the one cuDNN's fused flash-attention engines take (what
+// cuDNN's frontend builds for a causal SDPA with statistics): S = Q K^T (fp32),
+// S * scale, the causal mask (key index > query index -> -inf), then a softmax
 // written as MAX, SUB, EXP, ADD-reduction and DIV, with lse = max + log(sum) as
 // an output, P in bf16, O = P V. What the engine computes in that graph is
 // cuDNN's: an online softmax over key tiles whose P is rounded to bf16 before it
 // is normalized (not nn.h's contract, which rounds the normalized P), and O
-// rounded to bf16.
+// rounded to bf16. The backward graph is described at Backward.
 #ifndef KEEL_KERNELS_NN_CUDA_CUDNN_H_
 #define KEEL_KERNELS_NN_CUDA_CUDNN_H_
 
@@ -60,12 +61,13 @@ class CudnnAttention {
   // The causal backward (cuDNN's SDPA backward graph, the variant that writes dQ with a
   // product over a dS kept in the workspace instead of atomic adds, so that two runs give
   // the same bits): q, k, v, o and dout bf16 [b, h, t, d]; lse fp32 [b, h, t] (the
-  // forward's); dq, dk, dv bf16 into rows of (b * t) x ld, head h at column h * d of each
-  // (so three outputs can share one buffer); row_sums fp32 [b, h, t], cuDNN's scratch for
-  // D = dout . o. P is recomputed as exp(scale * q.k - lse), the normalized probabilities.
+  // forward's); dqkv bf16 rows of (b * t) x 3 h d, dq | dk | dv side by side, each with
+  // head h at column h * d of its part (qkv's layout); row_sums fp32 [b, h, t], cuDNN's
+  // scratch for D = dout . o. P is recomputed as exp(scale * q.k - lse), the normalized
+  // probabilities.
   Status Backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* o, const void* dout,
-                  const float* lse, float* row_sums, void* dq, void* dk, void* dv, int64_t ld, float scale,
-                  void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                  const float* lse, float* row_sums, void* dqkv, float scale, void* workspace,
+                  size_t workspace_bytes, cudaStream_t stream);
 
   struct Api;  // the library's entry points (nn_cuda_cudnn.cu)
 
@@ -83,6 +85,9 @@ class CudnnAttention {
   template <typename Build>
   Status PlanFor(std::map<Key, std::unique_ptr<Plan>>* plans, const SdpaShape& s, const char* what, Build build,
                  Plan** plan);
+  // The forward's and the backward's plans of shape s, made the first time.
+  Status ForwardPlan(const SdpaShape& s, Plan** plan);
+  Status BackwardPlan(const SdpaShape& s, Plan** plan);
   std::map<Key, std::unique_ptr<Plan>> forward_plans_, backward_plans_;
 };
 

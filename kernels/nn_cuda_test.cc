@@ -2588,15 +2588,19 @@ TEST_F(NnCudaTest, CudnnAttentionMatchesCpu) {
     int64_t batch, seq, heads, dim;
     bool must_run;
   };
-  for (const char* on : {"cudnn_attention", "cudnn_attention_bwd", "cudnn_attention,cudnn_attention_bwd"}) {
-    const std::string mode(on);
-    const bool forward = mode.find("cudnn_attention,") != std::string::npos || mode == "cudnn_attention";
-    const bool backward = mode.find("cudnn_attention_bwd") != std::string::npos;
+  struct Mode {
+    const char* on;
+    bool forward, backward;
+  };
+  for (const Mode& m : {Mode{"cudnn_attention", true, false}, Mode{"cudnn_attention_bwd", false, true},
+                        Mode{"cudnn_attention,cudnn_attention_bwd", true, true}}) {
+    const std::string mode(m.on);
+    const bool forward = m.forward, backward = m.backward;
     for (const AttentionShape& shape : {AttentionShape{2, 1024, 12, 768, true}, AttentionShape{2, 192, 4, 256, true},
                                         AttentionShape{1, 100, 2, 64, false}}) {
       const int64_t batch = shape.batch, seq = shape.seq, heads = shape.heads, dim = shape.dim;
       SCOPED_TRACE(mode + ", head size " + std::to_string(dim / heads) + ", seq " + std::to_string(seq));
-      std::unique_ptr<Backend> cud = BackendWith(on);
+      std::unique_ptr<Backend> cud = BackendWith(m.on);
       ASSERT_TRUE(cud != nullptr);
       ASSERT_EQ(cud->Describe().find("cudnn_attention unavailable"), std::string::npos) << cud->Describe();
       const int64_t rows = batch * heads * seq;
@@ -2622,8 +2626,8 @@ TEST_F(NnCudaTest, CudnnAttentionMatchesCpu) {
       std::printf("  %s\n", said.c_str());
       const bool ran_forward = said.find("attention forward ran on cuDNN") != std::string::npos;
       const bool ran_backward = said.find("attention backward ran on cuDNN") != std::string::npos;
-      EXPECT_EQ(ran_forward && !forward, false) << said;
-      EXPECT_EQ(ran_backward && !backward, false) << said;
+      EXPECT_FALSE(ran_forward && !forward) << said;
+      EXPECT_FALSE(ran_backward && !backward) << said;
       if (shape.must_run) {
         ASSERT_EQ(ran_forward, forward) << said;
         ASSERT_EQ(ran_backward, backward) << said;
